@@ -1,0 +1,123 @@
+# Finds the required libraries and the optional parts (CUDA, NCCL, MPI, Gloo, OpenBLAS).
+# Each optional part is DDP_WITH_<NAME>=AUTO|ON|OFF: AUTO uses it when found, ON makes
+# its absence a configure error, OFF leaves it out. ddp_print_summary() reports the result.
+
+set(_ddp_found "")
+set(_ddp_missing "")
+
+function(ddp_optional name)
+  set(DDP_WITH_${name} AUTO CACHE STRING "Build with ${name}: AUTO, ON or OFF")
+  set_property(CACHE DDP_WITH_${name} PROPERTY STRINGS AUTO ON OFF)
+endfunction()
+
+# Records the outcome of one optional part; fails when it was required.
+macro(ddp_report name found detail)
+  if(${found})
+    list(APPEND _ddp_found "${name} (${detail})")
+    set(DDP_HAVE_${name} ON)
+  else()
+    if(DDP_WITH_${name} STREQUAL "ON")
+      message(FATAL_ERROR "DDP_WITH_${name}=ON but ${name} was not found: ${detail}")
+    endif()
+    list(APPEND _ddp_missing "${name} (${detail})")
+    set(DDP_HAVE_${name} OFF)
+  endif()
+endmacro()
+
+# Required: logging, command lines, JSON, gzip.
+find_package(spdlog REQUIRED)
+find_package(cxxopts REQUIRED)
+find_package(nlohmann_json REQUIRED)
+find_package(ZLIB REQUIRED)
+find_package(Threads REQUIRED)
+
+# OpenBLAS (CBLAS) for CPU matrix products; a portable loop fallback otherwise.
+ddp_optional(OPENBLAS)
+if(NOT DDP_WITH_OPENBLAS STREQUAL "OFF")
+  find_path(DDP_CBLAS_INCLUDE_DIR cblas.h PATH_SUFFIXES openblas-pthread openblas)
+  find_library(DDP_OPENBLAS_LIBRARY NAMES openblas)
+  if(DDP_CBLAS_INCLUDE_DIR AND DDP_OPENBLAS_LIBRARY)
+    ddp_report(OPENBLAS TRUE "${DDP_OPENBLAS_LIBRARY}")
+  else()
+    ddp_report(OPENBLAS FALSE "libopenblas-dev not installed: CPU matrix products use slow loops")
+  endif()
+else()
+  ddp_report(OPENBLAS FALSE "switched off")
+endif()
+
+# CUDA toolkit: the GPU model and device binding.
+ddp_optional(CUDA)
+if(NOT DDP_WITH_CUDA STREQUAL "OFF")
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    enable_language(CUDA)
+    set(CMAKE_CUDA_STANDARD 17)
+    set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+    find_package(CUDAToolkit REQUIRED)
+    ddp_report(CUDA TRUE "${CUDAToolkit_VERSION}, architectures ${CMAKE_CUDA_ARCHITECTURES}")
+  else()
+    ddp_report(CUDA FALSE "no nvcc found: set CUDACXX or put the toolkit bin/ on PATH")
+  endif()
+else()
+  ddp_report(CUDA FALSE "switched off")
+endif()
+
+# NCCL: GPU collectives (needs CUDA).
+ddp_optional(NCCL)
+if(NOT DDP_WITH_NCCL STREQUAL "OFF" AND DDP_HAVE_CUDA)
+  find_path(DDP_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
+  find_library(DDP_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64)
+  if(DDP_NCCL_INCLUDE_DIR AND DDP_NCCL_LIBRARY)
+    ddp_report(NCCL TRUE "${DDP_NCCL_LIBRARY}")
+  else()
+    ddp_report(NCCL FALSE "nccl.h or libnccl not found")
+  endif()
+elseif(DDP_WITH_NCCL STREQUAL "OFF")
+  ddp_report(NCCL FALSE "switched off")
+else()
+  ddp_report(NCCL FALSE "needs CUDA")
+endif()
+
+# MPI: CPU collectives and start-up under mpirun.
+ddp_optional(MPI)
+if(NOT DDP_WITH_MPI STREQUAL "OFF")
+  set(MPI_CXX_SKIP_MPICXX ON)  # the C API only, called from C++
+  find_package(MPI COMPONENTS CXX QUIET)
+  if(MPI_CXX_FOUND)
+    ddp_report(MPI TRUE "MPI ${MPI_CXX_VERSION}")
+  else()
+    ddp_report(MPI FALSE "no MPI found (install libopenmpi-dev)")
+  endif()
+else()
+  ddp_report(MPI FALSE "switched off")
+endif()
+
+# Gloo: CPU collectives over TCP.
+ddp_optional(GLOO)
+if(NOT DDP_WITH_GLOO STREQUAL "OFF")
+  find_path(DDP_GLOO_INCLUDE_DIR gloo/config.h)
+  find_library(DDP_GLOO_LIBRARY gloo)
+  if(DDP_GLOO_INCLUDE_DIR AND DDP_GLOO_LIBRARY)
+    ddp_report(GLOO TRUE "${DDP_GLOO_LIBRARY}")
+  else()
+    ddp_report(GLOO FALSE "gloo not found (install libgloo-dev)")
+  endif()
+else()
+  ddp_report(GLOO FALSE "switched off")
+endif()
+
+# GoogleTest for the test suites.
+if(DDP_BUILD_TESTS)
+  find_package(GTest REQUIRED)
+endif()
+
+function(ddp_print_summary)
+  message(STATUS "ddp configuration (${CMAKE_BUILD_TYPE}):")
+  foreach(item IN LISTS _ddp_found)
+    message(STATUS "  found:    ${item}")
+  endforeach()
+  foreach(item IN LISTS _ddp_missing)
+    message(STATUS "  left out: ${item}")
+  endforeach()
+endfunction()

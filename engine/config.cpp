@@ -1,0 +1,200 @@
+// ddptrain's command line through cxxopts; defaults come from TrainConfig's initialisers.
+#include "engine/config.h"
+
+#include <cmath>
+#include <limits>
+#include <type_traits>
+#include <iostream>
+
+#include <cxxopts.hpp>
+#include <fmt/format.h>
+
+#include "models/gemm.h"
+#include "models/mlp.h"
+#include "runtime/error.h"
+
+namespace ddp {
+namespace {
+
+template <typename T>
+std::string text(const T& value) {
+  return fmt::format("{}", value);
+}
+
+// Numbers are declared as strings in cxxopts and converted here, so that a bad value is
+// reported with its flag ("--batch-size abc: expected an integer").
+template <typename T>
+T number(const cxxopts::ParseResult& result, const std::string& name) {
+  const std::string value = result[name].as<std::string>();
+  size_t used = 0;
+  T parsed{};
+  try {
+    if constexpr (std::is_floating_point_v<T>) parsed = static_cast<T>(std::stod(value, &used));
+    else if constexpr (std::is_unsigned_v<T>) {
+      if (!value.empty() && value[0] != '-') parsed = static_cast<T>(std::stoull(value, &used));
+    } else {
+      const long long wide = std::stoll(value, &used);
+      if (wide < std::numeric_limits<T>::min() || wide > std::numeric_limits<T>::max()) used = 0;
+      parsed = static_cast<T>(wide);
+    }
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  DDP_USAGE_CHECK(used == value.size() && used > 0, "--{} {}: expected {}", name, value,
+                  std::is_floating_point_v<T> ? "a number"
+                  : std::is_unsigned_v<T>     ? "a non-negative integer"
+                                              : "an integer");
+  return parsed;
+}
+
+const char* schedule_name(LrSchedule schedule) {
+  return schedule == LrSchedule::kCosine ? "cosine" : "constant";
+}
+
+const char* optimizer_name(OptimizerKind kind) {
+  return kind == OptimizerKind::kAdamW ? "adamw" : "sgd";
+}
+
+}  // namespace
+
+bool parse_train_args(int argc, char** argv, TrainConfig* config) {
+  TrainConfig& c = *config;
+  const TrainConfig d;
+  cxxopts::Options options("ddptrain", "Train an MLP, alone or as one rank of a ddprun/mpirun job.");
+  // clang-format off
+  options.add_options()
+    ("layers", "layer widths: input,hidden...,classes", cxxopts::value<std::string>()->default_value(d.layers))
+    ("data", "dataset: fashion | synthetic | npy", cxxopts::value<std::string>()->default_value(d.data))
+    ("data-dir", "folder of the dataset's files (fashion: IDX .gz; npy: train_x.npy, train_y.npy, ...)",
+        cxxopts::value<std::string>())
+    ("synthetic-samples", "training samples of --data synthetic (the test set is a fifth of it)",
+        cxxopts::value<std::string>()->default_value(text(d.synthetic_samples)))
+    ("batch-size", "global batch size (samples per step over all ranks)", cxxopts::value<std::string>()->default_value(text(d.batch_size)))
+    ("epochs", "passes over the training set", cxxopts::value<std::string>()->default_value(text(d.epochs)))
+    ("steps", "train this many steps instead of --epochs", cxxopts::value<std::string>())
+    ("lr", "peak learning rate", cxxopts::value<std::string>()->default_value(text(d.lr)))
+    ("lr-schedule", "constant | cosine", cxxopts::value<std::string>()->default_value(schedule_name(d.lr_schedule)))
+    ("warmup-steps", "linear warm-up steps", cxxopts::value<std::string>()->default_value(text(d.warmup_steps)))
+    ("optimizer", "sgd | adamw", cxxopts::value<std::string>()->default_value(optimizer_name(d.optimizer.kind)))
+    ("momentum", "SGD momentum", cxxopts::value<std::string>()->default_value(text(d.optimizer.momentum)))
+    ("weight-decay", "weight decay (default: 0 for sgd, 0.01 for adamw, as in torch.optim)", cxxopts::value<std::string>())
+    ("seed", "seed of initialisation, shuffling and synthetic data", cxxopts::value<std::string>()->default_value(text(d.seed)))
+    ("no-shuffle", "take samples in file order")
+    ("init-weights", "start from these weights (.safetensors)", cxxopts::value<std::string>())
+    ("save-weights", "write the final weights here (.safetensors)", cxxopts::value<std::string>())
+    ("metrics", "write one JSON object per logged step and one at the end (.jsonl)", cxxopts::value<std::string>())
+    ("device", "cpu", cxxopts::value<std::string>()->default_value(d.device))
+    ("threads", "CPU threads for matrix products (0: the BLAS default)", cxxopts::value<std::string>()->default_value(text(d.threads)))
+    ("log-every", "log progress every N steps", cxxopts::value<std::string>()->default_value(text(d.log_every)))
+    ("quiet", "print only the configuration and the result")
+    ("version", "print the version and the parts this build has")
+    ("h,help", "print this help");
+  // clang-format on
+  cxxopts::ParseResult result;
+  try {
+    result = options.parse(argc, argv);
+  } catch (const cxxopts::exceptions::exception& e) {
+    throw UsageError(fmt::format("{} (see ddptrain --help)", e.what()));
+  }
+  if (!result.unmatched().empty())
+    throw UsageError(fmt::format("unexpected argument '{}' (see ddptrain --help)",
+                                 result.unmatched().front()));
+  if (result.count("help")) {
+    std::cout << options.help() << std::endl;
+    return false;
+  }
+  if (result.count("version")) {
+    std::cout << fmt::format("ddptrain {} (cuda {}, nccl {}, mpi {}, gloo {}, cpu blas: {})\n",
+                             DDP_VERSION, DDP_HAVE_CUDA ? "yes" : "no", DDP_HAVE_NCCL ? "yes" : "no",
+                             DDP_HAVE_MPI ? "yes" : "no", DDP_HAVE_GLOO ? "yes" : "no",
+                             cpu_blas_name());
+    return false;
+  }
+  try {
+    c.layers = result["layers"].as<std::string>();
+    c.data = result["data"].as<std::string>();
+    if (result.count("data-dir")) c.data_dir = result["data-dir"].as<std::string>();
+    else if (c.data == "npy") c.data_dir.clear();
+    c.synthetic_samples = number<int64_t>(result, "synthetic-samples");
+    c.batch_size = number<int>(result, "batch-size");
+    c.epochs = number<int>(result, "epochs");
+    if (result.count("steps")) {
+      DDP_USAGE_CHECK(!result.count("epochs"), "--steps and --epochs: give one or the other");
+      c.steps = number<int64_t>(result, "steps");
+      DDP_USAGE_CHECK(c.steps > 0, "--steps {}: expected a positive number of steps", c.steps);
+    }
+    c.lr = number<float>(result, "lr");
+    const std::string schedule = result["lr-schedule"].as<std::string>();
+    DDP_USAGE_CHECK(schedule == "constant" || schedule == "cosine",
+                    "--lr-schedule {}: expected constant or cosine", schedule);
+    c.lr_schedule = schedule == "cosine" ? LrSchedule::kCosine : LrSchedule::kConstant;
+    c.warmup_steps = number<int64_t>(result, "warmup-steps");
+    const std::string optimizer = result["optimizer"].as<std::string>();
+    DDP_USAGE_CHECK(optimizer == "sgd" || optimizer == "adamw", "--optimizer {}: expected sgd or adamw",
+                    optimizer);
+    c.optimizer.kind = optimizer == "adamw" ? OptimizerKind::kAdamW : OptimizerKind::kSgd;
+    c.optimizer.momentum = number<float>(result, "momentum");
+    c.optimizer.weight_decay = result.count("weight-decay") ? number<float>(result, "weight-decay")
+                               : c.optimizer.kind == OptimizerKind::kAdamW ? 0.01f
+                                                                           : 0.0f;
+    c.seed = number<uint64_t>(result, "seed");
+    c.shuffle = result.count("no-shuffle") == 0;
+    if (result.count("init-weights")) c.init_weights = result["init-weights"].as<std::string>();
+    if (result.count("save-weights")) c.save_weights = result["save-weights"].as<std::string>();
+    if (result.count("metrics")) c.metrics = result["metrics"].as<std::string>();
+    c.device = result["device"].as<std::string>();
+    c.threads = number<int>(result, "threads");
+    c.log_every = number<int>(result, "log-every");
+    c.quiet = result.count("quiet") > 0;
+  } catch (const cxxopts::exceptions::exception& e) {
+    throw UsageError(fmt::format("{} (see ddptrain --help)", e.what()));
+  }
+  validate(c);
+  return true;
+}
+
+void validate(const TrainConfig& c) {
+  parse_layers(c.layers);  // throws with the flag on a malformed list
+  DDP_USAGE_CHECK(c.data == "fashion" || c.data == "synthetic" || c.data == "npy",
+                  "--data {}: expected fashion, synthetic or npy", c.data);
+  DDP_USAGE_CHECK(c.data != "npy" || !c.data_dir.empty(),
+                  "--data npy: --data-dir is required (a folder with train_x.npy and train_y.npy)");
+  DDP_USAGE_CHECK(c.synthetic_samples >= 1, "--synthetic-samples {}: expected at least 1",
+                  c.synthetic_samples);
+  DDP_USAGE_CHECK(c.batch_size >= 1 && c.batch_size <= (1 << 20),
+                  "--batch-size {}: expected 1 to 1048576", c.batch_size);
+  DDP_USAGE_CHECK(c.epochs >= 1, "--epochs {}: expected at least 1", c.epochs);
+  DDP_USAGE_CHECK(c.lr > 0 && std::isfinite(c.lr), "--lr {}: expected a positive number", c.lr);
+  DDP_USAGE_CHECK(c.warmup_steps >= 0, "--warmup-steps {}: expected 0 or more", c.warmup_steps);
+  DDP_USAGE_CHECK(c.optimizer.momentum >= 0 && c.optimizer.momentum < 1,
+                  "--momentum {}: expected a value in [0, 1)", c.optimizer.momentum);
+  DDP_USAGE_CHECK(c.optimizer.weight_decay >= 0, "--weight-decay {}: expected 0 or more",
+                  c.optimizer.weight_decay);
+  DDP_USAGE_CHECK(c.device == "cpu", "--device {}: expected cpu (this build trains on the CPU only)",
+                  c.device);
+  DDP_USAGE_CHECK(c.threads >= 0 && c.threads <= 1024, "--threads {}: expected 0 to 1024", c.threads);
+  DDP_USAGE_CHECK(c.log_every >= 1, "--log-every {}: expected at least 1", c.log_every);
+}
+
+std::vector<std::string> describe(const TrainConfig& c) {
+  std::vector<std::string> lines;
+  lines.push_back(fmt::format("model      mlp {} on {}", c.layers, c.device));
+  lines.push_back(fmt::format("data       {}{}{}", c.data, c.data == "synthetic" ? "" : " from ",
+                              c.data == "synthetic" ? "" : c.data_dir));
+  lines.push_back(fmt::format("schedule   batch {} {}, lr {} {} (warm-up {}), seed {}{}",
+                              c.batch_size,
+                              c.steps > 0 ? fmt::format("for {} steps", c.steps)
+                                          : fmt::format("for {} epochs", c.epochs),
+                              c.lr, schedule_name(c.lr_schedule), c.warmup_steps, c.seed,
+                              c.shuffle ? "" : ", no shuffle"));
+  if (c.optimizer.kind == OptimizerKind::kSgd)
+    lines.push_back(fmt::format("optimizer  sgd momentum {} weight decay {}", c.optimizer.momentum,
+                                c.optimizer.weight_decay));
+  else
+    lines.push_back(fmt::format("optimizer  adamw betas ({}, {}) eps {} weight decay {}",
+                                c.optimizer.beta1, c.optimizer.beta2, c.optimizer.eps,
+                                c.optimizer.weight_decay));
+  return lines;
+}
+
+}  // namespace ddp

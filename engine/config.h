@@ -1,0 +1,46 @@
+// ddptrain's configuration: one plain struct with every default in one place, the cxxopts
+// parser that fills it (its --help is generated from the same table), and validate().
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "models/optimizer.h"
+
+namespace ddp {
+
+struct TrainConfig {
+  std::string layers = "784,512,512,10";
+  std::string data = "fashion";  // fashion | synthetic | npy
+  std::string data_dir = "/usr/share/datasets/fashion-mnist";
+  int64_t synthetic_samples = 20000;
+  int batch_size = 128;  // global batch
+  int epochs = 15;
+  int64_t steps = 0;     // > 0: train this many steps instead of --epochs
+  float lr = 0.05f;
+  LrSchedule lr_schedule = LrSchedule::kCosine;
+  int64_t warmup_steps = 0;
+  OptimizerConfig optimizer;  // kind, momentum, weight decay, betas, eps
+  uint64_t seed = 0;
+  bool shuffle = true;
+  std::string init_weights;
+  std::string save_weights;
+  std::string metrics;
+  std::string device = "cpu";
+  int threads = 0;  // CPU matrix-product threads; 0: the library's default
+  int log_every = 100;
+  bool quiet = false;
+};
+
+// Parses argv into a config. Returns false when --help or --version was printed (the
+// caller exits 0). Throws UsageError naming the flag on unknown flags or bad values.
+bool parse_train_args(int argc, char** argv, TrainConfig* config);
+
+// Rejects values that cannot work, naming the flag, the value and what is allowed.
+void validate(const TrainConfig& config);
+
+// One line per setting, for the start of a run's log.
+std::vector<std::string> describe(const TrainConfig& config);
+
+}  // namespace ddp

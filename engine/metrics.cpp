@@ -1,0 +1,19 @@
+// MetricsWriter: JSON Lines, one record per call.
+#include "engine/metrics.h"
+
+#include "runtime/error.h"
+
+namespace ddp {
+
+MetricsWriter::MetricsWriter(const std::string& path) : path_(path), out_(path, std::ios::trunc) {
+  DDP_USAGE_CHECK(out_.is_open(), "--metrics {}: cannot create the file", path);
+}
+
+void MetricsWriter::write(const nlohmann::json& record) {
+  if (!out_.is_open()) return;
+  out_ << record.dump() << '\n';
+  out_.flush();
+  DDP_USAGE_CHECK(out_.good(), "--metrics {}: write failed", path_);
+}
+
+}  // namespace ddp

@@ -1,0 +1,34 @@
+// CPU reference ops of the MLP: the specification the GPU kernels are tested against.
+// All tensors are row-major float32; sizes are in elements.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace ddp {
+
+// y[batch, out] = x[batch, in] * w[out, in]^T + b[out]; then max(y, 0) when `relu`.
+void linear_forward_cpu(const float* x, const float* w, const float* b, float* y, int batch,
+                        int in, int out, bool relu);
+
+// dy[i] = 0 where y[i] <= 0 (y is the ReLU output), in place; `count` elements.
+void relu_backward_cpu(const float* y, float* dy, size_t count);
+
+// Given dy[batch, out]: dw[out, in] (+)= dy^T x, db[out] (+)= sum over the batch of dy,
+// and dx[batch, in] = dy w when dx is not null. With `accumulate`, dw and db are added to
+// (gradient accumulation); otherwise they are overwritten.
+void linear_backward_cpu(const float* x, const float* w, const float* dy, float* dx, float* dw,
+                         float* db, int batch, int in, int out, bool accumulate);
+
+struct LossSum {
+  double loss = 0;  // sum over the batch of -log softmax(logits)[label]
+  int correct = 0;  // samples whose arg-max equals the label
+};
+
+// Softmax cross-entropy over logits[batch, classes] and labels[batch] (0 <= label < classes).
+// Writes dlogits = (softmax - one_hot(label)) * grad_scale (grad_scale = 1/batch for a batch
+// mean) when dlogits is not null. Returns the loss summed over the batch, not averaged.
+LossSum softmax_xent_cpu(const float* logits, const int32_t* labels, int batch, int classes,
+                         float grad_scale, float* dlogits);
+
+}  // namespace ddp

@@ -1,0 +1,282 @@
+// Dataset readers. Every failure names the file and what was expected and found.
+#include "models/dataset.h"
+
+#include <sys/stat.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <memory>
+
+#include "models/rng.h"
+#include "runtime/error.h"
+
+namespace ddp {
+namespace {
+
+bool file_exists(const std::string& path) {
+  struct stat info {};
+  return ::stat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode);
+}
+
+std::vector<uint8_t> read_gz_file(const std::string& path) {
+  DDP_USAGE_CHECK(file_exists(path), "{}: no such file", path);
+  std::unique_ptr<gzFile_s, int (*)(gzFile)> file(gzopen(path.c_str(), "rb"), gzclose);
+  DDP_USAGE_CHECK(file != nullptr, "{}: cannot open", path);
+  std::vector<uint8_t> bytes;
+  std::vector<uint8_t> chunk(1 << 20);
+  while (true) {
+    const int got = gzread(file.get(), chunk.data(), static_cast<unsigned>(chunk.size()));
+    if (got < 0) {
+      int code = 0;
+      const char* message = gzerror(file.get(), &code);
+      throw UsageError(fmt::format("{}: corrupt gzip data ({})", path, message));
+    }
+    if (got == 0) break;
+    bytes.insert(bytes.end(), chunk.begin(), chunk.begin() + got);
+  }
+  return bytes;
+}
+
+uint32_t big_endian_u32(const uint8_t* p) {
+  return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | p[3];
+}
+
+}  // namespace
+
+IdxArray read_idx_gz(const std::string& path) {
+  const std::vector<uint8_t> bytes = read_gz_file(path);
+  DDP_USAGE_CHECK(bytes.size() >= 4, "{}: truncated IDX file ({} bytes, expected a 4-byte magic)",
+                  path, bytes.size());
+  DDP_USAGE_CHECK(bytes[0] == 0 && bytes[1] == 0 && bytes[2] == 0x08 && bytes[3] >= 1 &&
+                      bytes[3] <= 4,
+                  "{}: not an IDX file of unsigned bytes (magic {:02x}{:02x}{:02x}{:02x}, expected "
+                  "000008 then 1 to 4 dimensions)",
+                  path, bytes[0], bytes[1], bytes[2], bytes[3]);
+  const int ndims = bytes[3];
+  DDP_USAGE_CHECK(bytes.size() >= 4 + 4u * ndims, "{}: truncated IDX header ({} bytes)", path,
+                  bytes.size());
+  IdxArray array;
+  size_t count = 1;
+  for (int i = 0; i < ndims; ++i) {
+    const uint32_t dim = big_endian_u32(&bytes[4 + 4 * i]);
+    array.dims.push_back(static_cast<int>(dim));
+    count *= dim;
+  }
+  const size_t header = 4 + 4u * ndims;
+  DDP_USAGE_CHECK(bytes.size() - header == count,
+                  "{}: truncated or oversized IDX data: header promises {} bytes, file has {}", path,
+                  count, bytes.size() - header);
+  array.data.assign(bytes.begin() + header, bytes.end());
+  return array;
+}
+
+namespace {
+
+Split load_idx_split(const std::string& images_path, const std::string& labels_path) {
+  const IdxArray images = read_idx_gz(images_path);
+  const IdxArray labels = read_idx_gz(labels_path);
+  DDP_USAGE_CHECK(images.dims.size() == 3, "{}: expected 3 dimensions (n, rows, cols), found {}",
+                  images_path, images.dims.size());
+  DDP_USAGE_CHECK(labels.dims.size() == 1, "{}: expected 1 dimension (n), found {}", labels_path,
+                  labels.dims.size());
+  DDP_USAGE_CHECK(images.dims[0] == labels.dims[0], "{} has {} images but {} has {} labels",
+                  images_path, images.dims[0], labels_path, labels.dims[0]);
+  Split split;
+  split.n = images.dims[0];
+  split.dim = images.dims[1] * images.dims[2];
+  split.x.resize(images.data.size());
+  for (size_t i = 0; i < images.data.size(); ++i) split.x[i] = images.data[i] / 255.0f;
+  split.y.assign(labels.data.begin(), labels.data.end());
+  return split;
+}
+
+int count_classes(const Dataset& data) {
+  int32_t max_label = -1;
+  for (const Split* split : {&data.train, &data.test}) {
+    for (int32_t label : split->y) {
+      DDP_USAGE_CHECK(label >= 0, "{}: negative label {}", data.name, label);
+      max_label = std::max(max_label, label);
+    }
+  }
+  return max_label + 1;
+}
+
+}  // namespace
+
+Dataset load_fashion_mnist(const std::string& dir) {
+  Dataset data;
+  data.name = "fashion-mnist";
+  data.train = load_idx_split(dir + "/train-images-idx3-ubyte.gz", dir + "/train-labels-idx1-ubyte.gz");
+  data.test = load_idx_split(dir + "/t10k-images-idx3-ubyte.gz", dir + "/t10k-labels-idx1-ubyte.gz");
+  DDP_USAGE_CHECK(data.train.dim == data.test.dim, "{}: train images have {} pixels, test images {}",
+                  dir, data.train.dim, data.test.dim);
+  data.classes = std::max(10, count_classes(data));
+  return data;
+}
+
+NpyArray read_npy(const std::string& path) {
+  DDP_USAGE_CHECK(file_exists(path), "{}: no such file", path);
+  std::ifstream in(path, std::ios::binary);
+  char magic[8] = {};
+  in.read(magic, 8);
+  DDP_USAGE_CHECK(in && std::memcmp(magic, "\x93NUMPY", 6) == 0,
+                  "{}: not a .npy file (expected the magic \\x93NUMPY)", path);
+  const int major = static_cast<uint8_t>(magic[6]);
+  uint32_t header_len = 0;
+  if (major == 1) {
+    uint8_t len[2] = {};
+    in.read(reinterpret_cast<char*>(len), 2);
+    header_len = len[0] | (len[1] << 8);
+  } else {
+    DDP_USAGE_CHECK(major == 2 || major == 3, "{}: unsupported .npy version {}", path, major);
+    uint8_t len[4] = {};
+    in.read(reinterpret_cast<char*>(len), 4);
+    header_len = len[0] | (len[1] << 8) | (len[2] << 16) | (uint32_t{len[3]} << 24);
+  }
+  DDP_USAGE_CHECK(in && header_len < (1u << 20), "{}: truncated .npy header", path);
+  std::string header(header_len, '\0');
+  in.read(header.data(), header_len);
+  DDP_USAGE_CHECK(in, "{}: truncated .npy header", path);
+
+  NpyArray array;
+  auto value_of = [&](const std::string& key) {
+    const size_t at = header.find("'" + key + "'");
+    DDP_USAGE_CHECK(at != std::string::npos, "{}: .npy header has no '{}'", path, key);
+    size_t start = header.find(':', at) + 1;
+    while (start < header.size() && header[start] == ' ') ++start;
+    return start;
+  };
+  size_t at = value_of("descr");
+  DDP_USAGE_CHECK(header[at] == '\'', "{}: malformed descr in .npy header", path);
+  array.dtype = header.substr(at + 1, header.find('\'', at + 1) - at - 1);
+  at = value_of("fortran_order");
+  DDP_USAGE_CHECK(header.compare(at, 5, "False") == 0,
+                  "{}: Fortran-ordered arrays are not supported (save with C order)", path);
+  at = value_of("shape");
+  DDP_USAGE_CHECK(header[at] == '(', "{}: malformed shape in .npy header", path);
+  const std::string shape = header.substr(at + 1, header.find(')', at) - at - 1);
+  size_t pos = 0;
+  while (pos < shape.size()) {
+    while (pos < shape.size() && (shape[pos] == ' ' || shape[pos] == ',')) ++pos;
+    if (pos >= shape.size()) break;
+    size_t used = 0;
+    array.shape.push_back(std::stoll(shape.substr(pos), &used));
+    pos += used;
+  }
+  size_t item = 0;
+  if (array.dtype == "<f4" || array.dtype == "<i4") item = 4;
+  else if (array.dtype == "<i8" || array.dtype == "<f8") item = 8;
+  else if (array.dtype == "|u1" || array.dtype == "|i1") item = 1;
+  DDP_USAGE_CHECK(item != 0, "{}: unsupported dtype '{}'", path, array.dtype);
+  int64_t count = 1;
+  for (int64_t d : array.shape) count *= d;
+  array.data.resize(static_cast<size_t>(count) * item);
+  in.read(array.data.data(), static_cast<std::streamsize>(array.data.size()));
+  DDP_USAGE_CHECK(in.gcount() == static_cast<std::streamsize>(array.data.size()),
+                  "{}: truncated .npy data: expected {} bytes, found {}", path, array.data.size(),
+                  in.gcount());
+  return array;
+}
+
+void write_npy(const std::string& path, const std::string& dtype,
+               const std::vector<int64_t>& shape, const void* data, size_t bytes) {
+  std::string shape_text = "(";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    shape_text += std::to_string(shape[i]);
+    if (shape.size() == 1) shape_text += ",";
+    else if (i + 1 < shape.size()) shape_text += ", ";
+  }
+  shape_text += ")";
+  std::string header =
+      "{'descr': '" + dtype + "', 'fortran_order': False, 'shape': " + shape_text + ", }";
+  while ((10 + header.size() + 1) % 64 != 0) header += ' ';
+  header += '\n';
+  std::ofstream out(path, std::ios::binary);
+  DDP_USAGE_CHECK(out, "{}: cannot create", path);
+  out.write("\x93NUMPY\x01\x00", 8);
+  const uint16_t len = static_cast<uint16_t>(header.size());
+  out.put(static_cast<char>(len & 0xff));
+  out.put(static_cast<char>(len >> 8));
+  out.write(header.data(), static_cast<std::streamsize>(header.size()));
+  out.write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
+  DDP_USAGE_CHECK(out.good(), "{}: write failed", path);
+}
+
+namespace {
+
+Split load_npy_split(const std::string& x_path, const std::string& y_path) {
+  const NpyArray x = read_npy(x_path);
+  const NpyArray y = read_npy(y_path);
+  DDP_USAGE_CHECK(x.dtype == "<f4", "{}: expected dtype float32 ('<f4'), found '{}'", x_path, x.dtype);
+  DDP_USAGE_CHECK(x.shape.size() == 2, "{}: expected shape [N, D], found {} dimensions", x_path,
+                  x.shape.size());
+  DDP_USAGE_CHECK(y.dtype == "<i4" || y.dtype == "<i8",
+                  "{}: expected dtype int32 or int64, found '{}'", y_path, y.dtype);
+  DDP_USAGE_CHECK(y.shape.size() == 1 && y.shape[0] == x.shape[0],
+                  "{}: expected shape [{}] to match {}, found {} dimensions{}", y_path, x.shape[0],
+                  x_path, y.shape.size(), y.shape.empty() ? "" : fmt::format(" [{}...]", y.shape[0]));
+  Split split;
+  split.n = x.shape[0];
+  split.dim = static_cast<int>(x.shape[1]);
+  split.x.resize(static_cast<size_t>(split.n) * split.dim);
+  std::memcpy(split.x.data(), x.data.data(), x.data.size());
+  split.y.resize(split.n);
+  for (int64_t i = 0; i < split.n; ++i) {
+    int64_t label = 0;
+    if (y.dtype == "<i4") {
+      int32_t v;
+      std::memcpy(&v, y.data.data() + 4 * i, 4);
+      label = v;
+    } else {
+      std::memcpy(&label, y.data.data() + 8 * i, 8);
+    }
+    DDP_USAGE_CHECK(label >= 0 && label < (1 << 24), "{}: label {} at index {} is out of range",
+                    y_path, label, i);
+    split.y[i] = static_cast<int32_t>(label);
+  }
+  return split;
+}
+
+}  // namespace
+
+Dataset load_npy_dataset(const std::string& dir) {
+  Dataset data;
+  data.name = "npy:" + dir;
+  data.train = load_npy_split(dir + "/train_x.npy", dir + "/train_y.npy");
+  if (file_exists(dir + "/test_x.npy") || file_exists(dir + "/test_y.npy")) {
+    data.test = load_npy_split(dir + "/test_x.npy", dir + "/test_y.npy");
+    DDP_USAGE_CHECK(data.test.dim == data.train.dim,
+                    "{}/test_x.npy: expected {} features like train_x.npy, found {}", dir,
+                    data.train.dim, data.test.dim);
+  }
+  data.classes = count_classes(data);
+  return data;
+}
+
+Dataset make_synthetic(int64_t train_n, int64_t test_n, int dim, int classes, uint64_t seed) {
+  Rng rng(mix_seed(seed, 0x5157));
+  std::vector<float> centers(static_cast<size_t>(classes) * dim);
+  for (float& c : centers) c = rng.uniform(-1.0f, 1.0f);
+  auto fill = [&](Split& split, int64_t n) {
+    split.n = n;
+    split.dim = dim;
+    split.x.resize(static_cast<size_t>(n) * dim);
+    split.y.resize(n);
+    for (int64_t i = 0; i < n; ++i) {
+      const int label = static_cast<int>(rng.below(classes));
+      split.y[i] = label;
+      for (int d = 0; d < dim; ++d)
+        split.x[i * dim + d] = centers[static_cast<size_t>(label) * dim + d] + 0.5f * rng.normal();
+    }
+  };
+  Dataset data;
+  data.name = "synthetic";
+  fill(data.train, train_n);
+  fill(data.test, test_n);
+  data.classes = classes;
+  return data;
+}
+
+}  // namespace ddp

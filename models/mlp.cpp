@@ -1,0 +1,82 @@
+// MLP shape, flat layout and seeded initialisation.
+#include "models/mlp.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "models/rng.h"
+#include "runtime/error.h"
+
+namespace ddp {
+
+MlpShape::MlpShape(std::vector<int> widths) : widths_(std::move(widths)) {
+  DDP_USAGE_CHECK(widths_.size() >= 2, "--layers: expected at least two widths (input and classes), got {}",
+                  widths_.size());
+  size_t offset = 0;
+  for (size_t i = 0; i + 1 < widths_.size(); ++i) {
+    LayerSlice slice;
+    slice.in = widths_[i];
+    slice.out = widths_[i + 1];
+    slice.weight_offset = offset;
+    slice.bias_offset = offset + static_cast<size_t>(slice.in) * slice.out;
+    offset += slice.count();
+    layers_.push_back(slice);
+  }
+  param_count_ = offset;
+}
+
+int MlpShape::max_width() const { return *std::max_element(widths_.begin(), widths_.end()); }
+
+std::string MlpShape::to_string() const {
+  std::string text;
+  for (size_t i = 0; i < widths_.size(); ++i) text += (i ? "," : "") + std::to_string(widths_[i]);
+  return text;
+}
+
+uint64_t MlpShape::fingerprint() const {
+  uint64_t hash = 1469598103934665603ull;  // FNV-1a over the widths
+  for (int w : widths_) {
+    for (int byte = 0; byte < 4; ++byte) {
+      hash ^= static_cast<uint64_t>((static_cast<uint32_t>(w) >> (8 * byte)) & 0xff);
+      hash *= 1099511628211ull;
+    }
+  }
+  return hash;
+}
+
+MlpShape parse_layers(const std::string& text, const std::string& flag) {
+  std::vector<int> widths;
+  std::stringstream stream(text);
+  std::string item;
+  while (std::getline(stream, item, ',')) {
+    size_t used = 0;
+    long value = 0;
+    try {
+      value = std::stol(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    DDP_USAGE_CHECK(used == item.size() && !item.empty() && value > 0 && value <= (1 << 24),
+                    "{} {}: expected comma-separated positive widths like 784,512,512,10, found '{}'",
+                    flag, text, item);
+    widths.push_back(static_cast<int>(value));
+  }
+  DDP_USAGE_CHECK(widths.size() >= 2,
+                  "{} {}: expected at least two widths (input and classes), like 784,512,10", flag,
+                  text);
+  return MlpShape(std::move(widths));
+}
+
+void init_params(const MlpShape& shape, uint64_t seed, float* params) {
+  Rng rng(seed);
+  for (int i = 0; i < shape.num_layers(); ++i) {
+    const LayerSlice& layer = shape.layer(i);
+    const float bound = 1.0f / std::sqrt(static_cast<float>(layer.in));
+    for (size_t k = 0; k < static_cast<size_t>(layer.in) * layer.out; ++k)
+      params[layer.weight_offset + k] = rng.uniform(-bound, bound);
+    for (int k = 0; k < layer.out; ++k) params[layer.bias_offset + k] = rng.uniform(-bound, bound);
+  }
+}
+
+}  // namespace ddp

@@ -1,0 +1,174 @@
+// Safetensors reader and writer on top of nlohmann::json.
+#include "models/safetensors.h"
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/error.h"
+
+namespace ddp {
+namespace {
+
+size_t dtype_bytes(const std::string& dtype) {
+  if (dtype == "F32" || dtype == "I32" || dtype == "U32") return 4;
+  if (dtype == "F64" || dtype == "I64" || dtype == "U64") return 8;
+  if (dtype == "F16" || dtype == "BF16" || dtype == "I16") return 2;
+  if (dtype == "U8" || dtype == "I8" || dtype == "BOOL") return 1;
+  return 0;
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
+}  // namespace
+
+void write_safetensors(const std::string& path, const std::vector<TensorRef>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  nlohmann::ordered_json header;
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  size_t offset = 0;
+  for (const TensorRef& t : tensors) {
+    const size_t item = dtype_bytes(t.dtype);
+    DDP_CHECK(item != 0, "unknown safetensors dtype {}", t.dtype);
+    size_t count = 1;
+    for (int64_t d : t.shape) count *= static_cast<size_t>(d);
+    DDP_CHECK(count * item == t.bytes, "tensor {}: shape {} needs {} bytes, given {}", t.name,
+              shape_text(t.shape), count * item, t.bytes);
+    header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes}}};
+    offset += t.bytes;
+  }
+  std::string text = header.dump();
+  while (text.size() % 8 != 0) text += ' ';  // keeps the data 8-byte aligned
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    DDP_USAGE_CHECK(out, "{}: cannot create (check the directory exists and is writable)", tmp);
+    const uint64_t len = text.size();
+    char len_bytes[8];
+    for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<char>((len >> (8 * i)) & 0xff);
+    out.write(len_bytes, 8);
+    out.write(text.data(), static_cast<std::streamsize>(text.size()));
+    for (const TensorRef& t : tensors)
+      out.write(static_cast<const char*>(t.data), static_cast<std::streamsize>(t.bytes));
+    out.flush();
+    DDP_USAGE_CHECK(out.good(), "{}: write failed (disk full?)", tmp);
+  }
+  DDP_USAGE_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "{}: cannot rename {} over it: {}",
+                  path, tmp, std::strerror(errno));
+}
+
+SafetensorsFile read_safetensors(const std::string& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  DDP_USAGE_CHECK(in, "{}: cannot open safetensors file", path);
+  const uint64_t file_size = static_cast<uint64_t>(in.tellg());
+  in.seekg(0);
+  DDP_USAGE_CHECK(file_size >= 8, "{}: truncated safetensors file ({} bytes)", path, file_size);
+  unsigned char len_bytes[8];
+  in.read(reinterpret_cast<char*>(len_bytes), 8);
+  uint64_t header_len = 0;
+  for (int i = 0; i < 8; ++i) header_len |= static_cast<uint64_t>(len_bytes[i]) << (8 * i);
+  DDP_USAGE_CHECK(header_len <= file_size - 8 && header_len < (100u << 20),
+                  "{}: not a safetensors file (header length {} but file has {} bytes)", path,
+                  header_len, file_size);
+  std::string text(header_len, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(header_len));
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw UsageError(fmt::format("{}: malformed safetensors header: {}", path, e.what()));
+  }
+  DDP_USAGE_CHECK(header.is_object(), "{}: safetensors header is not a JSON object", path);
+  const uint64_t data_size = file_size - 8 - header_len;
+  std::vector<char> data(data_size);
+  in.read(data.data(), static_cast<std::streamsize>(data_size));
+  DDP_USAGE_CHECK(in.gcount() == static_cast<std::streamsize>(data_size), "{}: read failed", path);
+
+  SafetensorsFile file;
+  for (const auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") {
+      DDP_USAGE_CHECK(entry.is_object(), "{}: __metadata__ is not an object", path);
+      for (const auto& [key, value] : entry.items())
+        file.metadata[key] = value.is_string() ? value.get<std::string>() : value.dump();
+      continue;
+    }
+    try {
+      Tensor tensor;
+      tensor.dtype = entry.at("dtype").get<std::string>();
+      tensor.shape = entry.at("shape").get<std::vector<int64_t>>();
+      const auto offsets = entry.at("data_offsets").get<std::vector<uint64_t>>();
+      DDP_USAGE_CHECK(offsets.size() == 2 && offsets[0] <= offsets[1] && offsets[1] <= data_size,
+                      "{}: tensor {} has data offsets outside the file's {} data bytes", path, name,
+                      data_size);
+      const size_t item = dtype_bytes(tensor.dtype);
+      DDP_USAGE_CHECK(item != 0, "{}: tensor {} has unknown dtype {}", path, name, tensor.dtype);
+      uint64_t count = 1;
+      for (int64_t d : tensor.shape) {
+        DDP_USAGE_CHECK(d >= 0, "{}: tensor {} has a negative dimension", path, name);
+        count *= static_cast<uint64_t>(d);
+      }
+      DDP_USAGE_CHECK(count * item == offsets[1] - offsets[0],
+                      "{}: tensor {} of shape {} {} needs {} bytes, its offsets span {}", path, name,
+                      tensor.dtype, shape_text(tensor.shape), count * item, offsets[1] - offsets[0]);
+      tensor.data.assign(data.begin() + static_cast<std::ptrdiff_t>(offsets[0]),
+                         data.begin() + static_cast<std::ptrdiff_t>(offsets[1]));
+      file.tensors.emplace(name, std::move(tensor));
+    } catch (const nlohmann::json::exception& e) {
+      throw UsageError(fmt::format("{}: malformed entry for tensor {}: {}", path, name, e.what()));
+    }
+  }
+  return file;
+}
+
+std::vector<TensorRef> mlp_tensor_refs(const MlpShape& shape, const float* params) {
+  std::vector<TensorRef> refs;
+  for (int i = 0; i < shape.num_layers(); ++i) {
+    const LayerSlice& layer = shape.layer(i);
+    refs.push_back({fmt::format("layers.{}.weight", i), "F32", {layer.out, layer.in},
+                    params + layer.weight_offset, sizeof(float) * layer.in * layer.out});
+    refs.push_back({fmt::format("layers.{}.bias", i), "F32", {layer.out},
+                    params + layer.bias_offset, sizeof(float) * layer.out});
+  }
+  return refs;
+}
+
+void save_mlp_weights(const std::string& path, const MlpShape& shape, const float* params) {
+  write_safetensors(path, mlp_tensor_refs(shape, params), {{"layers", shape.to_string()}});
+}
+
+void mlp_params_from(const SafetensorsFile& file, const std::string& path, const MlpShape& shape,
+                     float* params) {
+  const std::vector<TensorRef> expected = mlp_tensor_refs(shape, params);
+  for (const TensorRef& want : expected) {
+    const auto found = file.tensors.find(want.name);
+    DDP_USAGE_CHECK(found != file.tensors.end(),
+                    "{}: no tensor {} (the model --layers {} needs {} tensors)", path, want.name,
+                    shape.to_string(), expected.size());
+    const Tensor& have = found->second;
+    DDP_USAGE_CHECK(have.dtype == "F32", "{}: tensor {} has dtype {}, expected F32", path,
+                    want.name, have.dtype);
+    DDP_USAGE_CHECK(have.shape == want.shape, "{}: tensor {} has shape {}, expected {} for --layers {}",
+                    path, want.name, shape_text(have.shape), shape_text(want.shape),
+                    shape.to_string());
+    std::memcpy(const_cast<void*>(want.data), have.data.data(), want.bytes);
+  }
+  for (const auto& [name, tensor] : file.tensors) {
+    if (name.rfind("layers.", 0) != 0) continue;
+    bool known = false;
+    for (const TensorRef& want : expected) known = known || want.name == name;
+    DDP_USAGE_CHECK(known, "{}: unexpected tensor {} for --layers {} ({} layers)", path, name,
+                    shape.to_string(), shape.num_layers());
+  }
+}
+
+void load_mlp_weights(const std::string& path, const MlpShape& shape, float* params) {
+  mlp_params_from(read_safetensors(path), path, shape, params);
+}
+
+}  // namespace ddp

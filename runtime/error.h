@@ -1,0 +1,56 @@
+// ddp::Error and the DDP_CHECK* macros: every failure carries the failing statement,
+// file:line and the process context (rank/world, device); user errors carry only a message.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+#include <fmt/format.h>
+
+namespace ddp {
+
+// An error with context. what() is the full one-line message: the cause first, then
+// "[at file:line: statement; rank r/w, device d]" for internal failures.
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& message) : std::runtime_error(message) {}
+};
+
+// A bad flag, value or input file. what() names the flag or file, what was expected and
+// what was found; no source location is added since the user cannot act on it.
+class UsageError : public Error {
+ public:
+  explicit UsageError(const std::string& message) : Error(message) {}
+};
+
+// Process-wide context added to every error and log line; set once at start by main
+// (or by the runtime when the rank and the device are known).
+struct ProcessContext {
+  int rank = 0;
+  int world = 1;
+  std::string device = "cpu";
+};
+void set_process_context(const ProcessContext& context);
+const ProcessContext& process_context();
+
+namespace detail {
+[[noreturn]] void throw_check_failed(const char* file, int line, const char* statement,
+                                     const std::string& message);
+}  // namespace detail
+
+}  // namespace ddp
+
+// Throws ddp::Error with the statement, file:line and rank when `cond` is false.
+// The remaining arguments are an fmt format string and its values.
+#define DDP_CHECK(cond, ...)                                                            \
+  do {                                                                                  \
+    if (!(cond)) {                                                                      \
+      ::ddp::detail::throw_check_failed(__FILE__, __LINE__, #cond, fmt::format(__VA_ARGS__)); \
+    }                                                                                   \
+  } while (0)
+
+// Throws ddp::UsageError (no source location): for bad flags and input files.
+#define DDP_USAGE_CHECK(cond, ...)                              \
+  do {                                                          \
+    if (!(cond)) throw ::ddp::UsageError(fmt::format(__VA_ARGS__)); \
+  } while (0)

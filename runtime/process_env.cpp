@@ -1,0 +1,87 @@
+// Launcher detection: ddprun/torchrun variables first, then Open MPI's, then Slurm's.
+#include "runtime/process_env.h"
+
+#include <cstdlib>
+
+#include "runtime/error.h"
+
+namespace ddp {
+
+const char* launcher_name(Launcher launcher) {
+  switch (launcher) {
+    case Launcher::kNone: return "none";
+    case Launcher::kDdprun: return "ddprun";
+    case Launcher::kMpirun: return "mpirun";
+    case Launcher::kSrun: return "srun";
+  }
+  return "?";
+}
+
+namespace {
+
+using Lookup = std::function<std::optional<std::string>(const char*)>;
+
+int read_int(const Lookup& lookup, const char* name, int fallback) {
+  const auto value = lookup(name);
+  if (!value) return fallback;
+  char* end = nullptr;
+  const long parsed = std::strtol(value->c_str(), &end, 10);
+  DDP_USAGE_CHECK(!value->empty() && *end == '\0' && parsed >= 0 && parsed < (1L << 30),
+                  "environment variable {}={}: expected a non-negative integer", name, *value);
+  return static_cast<int>(parsed);
+}
+
+}  // namespace
+
+ProcessEnv ProcessEnv::detect(const Lookup& lookup) {
+  ProcessEnv env;
+  if (const auto cvd = lookup("CUDA_VISIBLE_DEVICES")) {
+    env.cuda_visible_devices = *cvd;
+    env.cuda_visible_devices_set = true;
+  }
+  if (lookup("RANK") && lookup("WORLD_SIZE")) {
+    env.launcher = Launcher::kDdprun;
+    env.rank = read_int(lookup, "RANK", 0);
+    env.world_size = read_int(lookup, "WORLD_SIZE", 1);
+    env.local_rank = read_int(lookup, "LOCAL_RANK", env.rank);
+    env.local_world_size = read_int(lookup, "LOCAL_WORLD_SIZE", env.world_size);
+    env.group_rank = read_int(lookup, "GROUP_RANK", 0);
+    env.restart_count = read_int(lookup, "DDP_RESTART_COUNT", 0);
+    env.master_addr = lookup("MASTER_ADDR").value_or("127.0.0.1");
+    env.master_port = read_int(lookup, "MASTER_PORT", 0);
+    env.store_token = lookup("DDP_STORE_TOKEN").value_or("");
+  } else if (lookup("OMPI_COMM_WORLD_RANK")) {
+    env.launcher = Launcher::kMpirun;
+    env.rank = read_int(lookup, "OMPI_COMM_WORLD_RANK", 0);
+    env.world_size = read_int(lookup, "OMPI_COMM_WORLD_SIZE", 1);
+    env.local_rank = read_int(lookup, "OMPI_COMM_WORLD_LOCAL_RANK", 0);
+    env.local_world_size = read_int(lookup, "OMPI_COMM_WORLD_LOCAL_SIZE", 1);
+    env.group_rank = read_int(lookup, "OMPI_COMM_WORLD_NODE_RANK", 0);
+  } else if (lookup("SLURM_PROCID") && lookup("SLURM_NTASKS")) {
+    env.launcher = Launcher::kSrun;
+    env.rank = read_int(lookup, "SLURM_PROCID", 0);
+    env.world_size = read_int(lookup, "SLURM_NTASKS", 1);
+    env.local_rank = read_int(lookup, "SLURM_LOCALID", 0);
+    env.local_world_size = read_int(lookup, "SLURM_NTASKS_PER_NODE", 1);
+    env.group_rank = read_int(lookup, "SLURM_NODEID", 0);
+    env.master_addr = lookup("MASTER_ADDR").value_or("");
+    env.master_port = read_int(lookup, "MASTER_PORT", 0);
+  }
+  DDP_USAGE_CHECK(env.world_size >= 1 && env.rank < env.world_size,
+                  "{} environment: rank {} is not below world size {}",
+                  launcher_name(env.launcher), env.rank, env.world_size);
+  DDP_USAGE_CHECK(env.local_rank < env.local_world_size || env.launcher == Launcher::kSrun,
+                  "{} environment: local rank {} is not below local world size {}",
+                  launcher_name(env.launcher), env.local_rank, env.local_world_size);
+  return env;
+}
+
+ProcessEnv ProcessEnv::detect() {
+  return detect([](const char* name) -> std::optional<std::string> {
+    const char* value = std::getenv(name);
+    if (value == nullptr) return std::nullopt;
+    return std::string(value);
+  });
+}
+
+}  // namespace ddp

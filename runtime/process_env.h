@@ -1,0 +1,36 @@
+// ProcessEnv: who this process is (rank, world, local rank) and where the rendezvous store
+// is, read from the launcher's environment: ddprun/torchrun, mpirun (Open MPI), srun
+// (Slurm), or none (a single process). The only place besides the launcher that reads
+// environment variables.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+
+namespace ddp {
+
+enum class Launcher { kNone, kDdprun, kMpirun, kSrun };
+const char* launcher_name(Launcher launcher);
+
+struct ProcessEnv {
+  Launcher launcher = Launcher::kNone;
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  int group_rank = 0;        // node index
+  int restart_count = 0;     // ddprun's restart generation
+  std::string master_addr;   // empty when there is no store
+  int master_port = 0;
+  std::string store_token;   // ddprun's job token for the store
+  std::string cuda_visible_devices;  // as inherited; empty when unset
+  bool cuda_visible_devices_set = false;
+
+  // Reads the real environment.
+  static ProcessEnv detect();
+  // Reads through `lookup` (returns nullopt for unset names); pure, for tests.
+  static ProcessEnv detect(const std::function<std::optional<std::string>(const char*)>& lookup);
+};
+
+}  // namespace ddp

@@ -1,0 +1,94 @@
+// ddptrain as a user runs it: bad flags and inputs give one clear line and a non-zero exit.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "test_util.h"
+
+namespace ddp {
+namespace {
+
+struct RunResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr
+};
+
+// Runs ddptrain; output holds stdout and stderr, or stderr alone with `stderr_only`.
+RunResult run_ddptrain(const std::string& args, bool stderr_only = false) {
+  const std::string command =
+      std::string(DDPTRAIN_PATH) + " " + args + (stderr_only ? " 2>&1 >/dev/null" : " 2>&1");
+  FILE* pipe = ::popen(command.c_str(), "r");
+  RunResult result;
+  std::array<char, 4096> buffer;
+  size_t got;
+  while ((got = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) result.output.append(buffer.data(), got);
+  const int status = ::pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+void expect_usage_error(const std::string& args, const std::string& message) {
+  const RunResult result = run_ddptrain(args, /*stderr_only=*/true);
+  EXPECT_EQ(result.exit_code, 2) << args << "\n" << result.output;
+  EXPECT_NE(result.output.find(message), std::string::npos) << args << "\n" << result.output;
+  EXPECT_EQ(result.output.find("ddptrain: error:"), 0u) << result.output;
+  EXPECT_EQ(std::count(result.output.begin(), result.output.end(), '\n'), 1) << result.output;
+}
+
+TEST(DdptrainCli, HelpListsTheFlags) {
+  const RunResult result = run_ddptrain("--help");
+  EXPECT_EQ(result.exit_code, 0);
+  for (const char* flag : {"--layers", "--batch-size", "--lr-schedule", "--save-weights", "--metrics"})
+    EXPECT_NE(result.output.find(flag), std::string::npos) << flag;
+}
+
+TEST(DdptrainCli, BadFlagsAndValues) {
+  expect_usage_error("--no-such-flag", "no-such-flag");
+  expect_usage_error("--batch-size abc", "--batch-size abc: expected an integer");
+  expect_usage_error("--lr 0.1x", "--lr 0.1x: expected a number");
+  expect_usage_error("--seed -1", "--seed -1: expected a non-negative integer");
+  expect_usage_error("--batch-size 0", "--batch-size 0: expected 1 to 1048576");
+  expect_usage_error("--layers 784,x,10", "--layers 784,x,10");
+  expect_usage_error("--lr-schedule linear", "--lr-schedule linear: expected constant or cosine");
+  expect_usage_error("--optimizer adam", "--optimizer adam: expected sgd or adamw");
+  expect_usage_error("--device tpu", "--device tpu");
+  expect_usage_error("--steps 5 --epochs 2", "give one or the other");
+  expect_usage_error("--data npy", "--data-dir is required");
+}
+
+TEST(DdptrainCli, BadDataAndWeights) {
+  TempDir dir;
+  expect_usage_error("--data fashion --data-dir " + dir.path(), "train-images-idx3-ubyte.gz: no such file");
+  expect_usage_error("--data synthetic --layers 8,4 --init-weights " + dir.file("none.safetensors"),
+                     "none.safetensors: cannot open");
+  expect_usage_error("--data synthetic --layers 8,4 --steps 1 --metrics " + dir.file("no/m.jsonl"),
+                     "--metrics " + dir.file("no/m.jsonl") + ": cannot create the file");
+}
+
+TEST(DdptrainCli, TrainsSyntheticAndWritesMetricsAndWeights) {
+  TempDir dir;
+  const RunResult result = run_ddptrain(
+      "--data synthetic --layers 8,16,3 --synthetic-samples 300 --batch-size 30 --epochs 2 "
+      "--log-every 5 --metrics " + dir.file("m.jsonl") + " --save-weights " + dir.file("w.safetensors"));
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("test accuracy"), std::string::npos) << result.output;
+  std::ifstream metrics(dir.file("m.jsonl"));
+  std::string line, last;
+  int lines = 0;
+  while (std::getline(metrics, line)) ++lines, last = line;
+  EXPECT_EQ(lines, 5);  // steps 5, 10, 15, 20, then the end record
+  EXPECT_NE(last.find("\"event\":\"end\""), std::string::npos) << last;
+  // The weights fit the model they came from, and not another.
+  EXPECT_EQ(run_ddptrain("--data synthetic --layers 8,16,3 --synthetic-samples 30 --steps 1 --quiet "
+                         "--init-weights " + dir.file("w.safetensors")).exit_code, 0);
+  expect_usage_error("--data synthetic --layers 8,12,3 --synthetic-samples 30 --steps 1 "
+                     "--init-weights " + dir.file("w.safetensors"),
+                     "has shape [16, 8], expected [12, 8]");
+}
+
+}  // namespace
+}  // namespace ddp

@@ -1,0 +1,192 @@
+// Dataset readers on small files made here (good and broken), synthetic data, sampler.
+#include <gtest/gtest.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <fstream>
+#include <set>
+
+#include "engine/sampler.h"
+#include "models/dataset.h"
+#include "runtime/error.h"
+#include "test_util.h"
+
+namespace ddp {
+namespace {
+
+std::vector<uint8_t> idx_bytes(const std::vector<int>& dims, const std::vector<uint8_t>& data) {
+  std::vector<uint8_t> bytes = {0, 0, 0x08, static_cast<uint8_t>(dims.size())};
+  for (int d : dims) {
+    bytes.push_back(static_cast<uint8_t>(d >> 24));
+    bytes.push_back(static_cast<uint8_t>(d >> 16));
+    bytes.push_back(static_cast<uint8_t>(d >> 8));
+    bytes.push_back(static_cast<uint8_t>(d));
+  }
+  bytes.insert(bytes.end(), data.begin(), data.end());
+  return bytes;
+}
+
+void write_gz(const std::string& path, const std::vector<uint8_t>& bytes) {
+  gzFile file = gzopen(path.c_str(), "wb");
+  ASSERT_NE(file, nullptr);
+  gzwrite(file, bytes.data(), static_cast<unsigned>(bytes.size()));
+  gzclose(file);
+}
+
+// A 3-image, 2x2-pixel Fashion-MNIST look-alike (train and test the same).
+void write_tiny_fashion(const TempDir& dir) {
+  std::vector<uint8_t> pixels(3 * 4);
+  for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = static_cast<uint8_t>(i * 20);
+  for (const std::string prefix : {"train", "t10k"}) {
+    write_gz(dir.file(prefix + "-images-idx3-ubyte.gz"), idx_bytes({3, 2, 2}, pixels));
+    write_gz(dir.file(prefix + "-labels-idx1-ubyte.gz"), idx_bytes({3}, {0, 9, 4}));
+  }
+}
+
+std::string error_of(const std::function<void()>& action) {
+  try {
+    action();
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(FashionMnist, ReadsImagesScaledAndLabels) {
+  TempDir dir;
+  write_tiny_fashion(dir);
+  const Dataset data = load_fashion_mnist(dir.path());
+  EXPECT_EQ(data.train.n, 3);
+  EXPECT_EQ(data.train.dim, 4);
+  EXPECT_EQ(data.classes, 10);
+  EXPECT_FLOAT_EQ(data.train.x[1], 20.0f / 255.0f);
+  EXPECT_EQ(data.train.y, (std::vector<int32_t>{0, 9, 4}));
+  EXPECT_EQ(data.test.n, 3);
+}
+
+TEST(FashionMnist, MissingFileNamesIt) {
+  TempDir dir;
+  const std::string message = error_of([&] { load_fashion_mnist(dir.path()); });
+  EXPECT_NE(message.find("train-images-idx3-ubyte.gz: no such file"), std::string::npos) << message;
+}
+
+TEST(FashionMnist, WrongMagicIsRefused) {
+  TempDir dir;
+  write_tiny_fashion(dir);
+  write_gz(dir.file("train-images-idx3-ubyte.gz"), {0x1f, 0x00, 0x09, 0x03, 0, 0, 0, 1});
+  const std::string message = error_of([&] { load_fashion_mnist(dir.path()); });
+  EXPECT_NE(message.find("not an IDX file"), std::string::npos) << message;
+}
+
+TEST(FashionMnist, TruncatedDataIsRefused) {
+  TempDir dir;
+  write_tiny_fashion(dir);
+  write_gz(dir.file("train-images-idx3-ubyte.gz"), idx_bytes({3, 2, 2}, std::vector<uint8_t>(11)));
+  const std::string message = error_of([&] { load_fashion_mnist(dir.path()); });
+  EXPECT_NE(message.find("promises 12 bytes, file has 11"), std::string::npos) << message;
+}
+
+TEST(FashionMnist, LabelCountMismatchIsRefused) {
+  TempDir dir;
+  write_tiny_fashion(dir);
+  write_gz(dir.file("train-labels-idx1-ubyte.gz"), idx_bytes({2}, {1, 2}));
+  const std::string message = error_of([&] { load_fashion_mnist(dir.path()); });
+  EXPECT_NE(message.find("has 3 images but"), std::string::npos) << message;
+}
+
+TEST(FashionMnist, CorruptGzipIsRefused) {
+  TempDir dir;
+  write_tiny_fashion(dir);
+  std::ofstream(dir.file("train-images-idx3-ubyte.gz"), std::ios::binary)
+      << std::string("\x1f\x8b\x08\x00garbage-not-deflate", 23);
+  EXPECT_FALSE(error_of([&] { load_fashion_mnist(dir.path()); }).empty());
+}
+
+TEST(Npy, RoundTripWithInt64LabelsAndTestSplit) {
+  TempDir dir;
+  const std::vector<float> x = {1, 2, 3, 4, 5, 6};
+  const std::vector<int64_t> y = {2, 0};
+  write_npy(dir.file("train_x.npy"), "<f4", {2, 3}, x.data(), x.size() * 4);
+  write_npy(dir.file("train_y.npy"), "<i8", {2}, y.data(), y.size() * 8);
+  write_npy(dir.file("test_x.npy"), "<f4", {2, 3}, x.data(), x.size() * 4);
+  const std::vector<int32_t> y32 = {1, 4};
+  write_npy(dir.file("test_y.npy"), "<i4", {2}, y32.data(), y32.size() * 4);
+  const Dataset data = load_npy_dataset(dir.path());
+  EXPECT_EQ(data.train.n, 2);
+  EXPECT_EQ(data.train.dim, 3);
+  EXPECT_EQ(data.train.x, x);
+  EXPECT_EQ(data.train.y, (std::vector<int32_t>{2, 0}));
+  EXPECT_EQ(data.test.y, y32);
+  EXPECT_EQ(data.classes, 5);
+}
+
+TEST(Npy, WrongDtypeShapeAndTruncationAreRefused) {
+  TempDir dir;
+  const std::vector<double> xd = {1, 2};
+  const std::vector<int32_t> y = {0, 1};
+  write_npy(dir.file("train_x.npy"), "<f8", {2, 1}, xd.data(), 16);
+  write_npy(dir.file("train_y.npy"), "<i4", {2}, y.data(), 8);
+  EXPECT_NE(error_of([&] { load_npy_dataset(dir.path()); }).find("expected dtype float32"),
+            std::string::npos);
+
+  const std::vector<float> x = {1, 2, 3};
+  write_npy(dir.file("train_x.npy"), "<f4", {3, 1}, x.data(), 12);
+  EXPECT_NE(error_of([&] { load_npy_dataset(dir.path()); }).find("expected shape [3]"),
+            std::string::npos);
+
+  write_npy(dir.file("train_x.npy"), "<f4", {2, 4}, x.data(), 12);  // promises 32 bytes
+  EXPECT_NE(error_of([&] { load_npy_dataset(dir.path()); }).find("truncated .npy data"),
+            std::string::npos);
+
+  std::ofstream(dir.file("train_x.npy"), std::ios::binary) << "PK\x03\x04 not numpy";
+  EXPECT_NE(error_of([&] { load_npy_dataset(dir.path()); }).find("not a .npy file"),
+            std::string::npos);
+}
+
+TEST(Synthetic, SameSeedSameData) {
+  const Dataset a = make_synthetic(50, 10, 4, 3, 7);
+  const Dataset b = make_synthetic(50, 10, 4, 3, 7);
+  const Dataset c = make_synthetic(50, 10, 4, 3, 8);
+  EXPECT_EQ(a.train.x, b.train.x);
+  EXPECT_EQ(a.train.y, b.train.y);
+  EXPECT_NE(a.train.x, c.train.x);
+  EXPECT_EQ(a.classes, 3);
+  for (int32_t label : a.train.y) EXPECT_LT(label, 3);
+}
+
+TEST(Sampler, EachEpochIsAPermutationAndSeeded) {
+  Sampler a(10, 3, true), b(10, 3, true);
+  std::vector<int32_t> first(20), second(20);
+  a.indices(0, 20, first.data());
+  b.indices(0, 20, second.data());
+  EXPECT_EQ(first, second);
+  const std::set<int32_t> epoch0(first.begin(), first.begin() + 10);
+  const std::set<int32_t> epoch1(first.begin() + 10, first.end());
+  EXPECT_EQ(epoch0.size(), 10u);
+  EXPECT_EQ(epoch1.size(), 10u);
+  EXPECT_NE(std::vector<int32_t>(first.begin(), first.begin() + 10),
+            std::vector<int32_t>(first.begin() + 10, first.end()));
+}
+
+TEST(Sampler, NoShuffleWrapsInFileOrder) {
+  Sampler sampler(5, 0, false);
+  std::vector<int32_t> out(4);
+  sampler.indices(3, 4, out.data());  // batch 1 of size 3 would start at 3
+  EXPECT_EQ(out, (std::vector<int32_t>{3, 4, 0, 1}));
+}
+
+TEST(Sampler, RankSlicesTileTheGlobalBatch) {
+  for (int ranks : {1, 2, 3, 4}) {
+    int64_t expected_begin = 5 * 12;
+    for (int r = 0; r < ranks; ++r) {
+      const BatchSlice slice = rank_slice(5, 12, r, ranks);
+      EXPECT_EQ(slice.begin, expected_begin);
+      EXPECT_EQ(slice.count, 12 / ranks);
+      expected_begin += slice.count;
+    }
+    EXPECT_EQ(expected_begin, 6 * 12);
+  }
+}
+
+}  // namespace
+}  // namespace ddp

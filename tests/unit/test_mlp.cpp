@@ -1,0 +1,62 @@
+// MLP shape parsing, flat layout and initialisation.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "models/mlp.h"
+#include "runtime/error.h"
+
+namespace ddp {
+namespace {
+
+TEST(MlpShape, LayoutIsWeightThenBiasPerLayer) {
+  const MlpShape shape = parse_layers("4,3,2");
+  ASSERT_EQ(shape.num_layers(), 2);
+  EXPECT_EQ(shape.layer(0).weight_offset, 0u);
+  EXPECT_EQ(shape.layer(0).bias_offset, 12u);
+  EXPECT_EQ(shape.layer(1).weight_offset, 15u);
+  EXPECT_EQ(shape.layer(1).bias_offset, 21u);
+  EXPECT_EQ(shape.param_count(), 23u);
+  EXPECT_EQ(shape.to_string(), "4,3,2");
+  EXPECT_EQ(parse_layers("784,512,512,10").param_count(), 669706u);
+}
+
+TEST(MlpShape, MalformedListsAreRefusedWithTheFlag) {
+  for (const char* bad : {"", "784", "784,,10", "784,x,10", "784,-5,10", "784,0,10", "7.5,2"}) {
+    try {
+      parse_layers(bad);
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("--layers"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(MlpShape, FingerprintDependsOnShape) {
+  EXPECT_EQ(parse_layers("4,3,2").fingerprint(), parse_layers("4,3,2").fingerprint());
+  EXPECT_NE(parse_layers("4,3,2").fingerprint(), parse_layers("4,2,3").fingerprint());
+}
+
+TEST(InitParams, FollowsTorchLinearBoundsAndIsSeeded) {
+  const MlpShape shape = parse_layers("100,25,10");
+  std::vector<float> a(shape.param_count()), b(shape.param_count()), c(shape.param_count());
+  init_params(shape, 42, a.data());
+  init_params(shape, 42, b.data());
+  init_params(shape, 43, c.data());
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+  for (int i = 0; i < shape.num_layers(); ++i) {
+    const LayerSlice& layer = shape.layer(i);
+    const float bound = 1.0f / std::sqrt(static_cast<float>(layer.in));
+    float max_abs = 0;
+    for (size_t k = 0; k < layer.count(); ++k) {
+      const float v = a[layer.weight_offset + k];
+      EXPECT_LE(std::fabs(v), bound);
+      max_abs = std::max(max_abs, std::fabs(v));
+    }
+    EXPECT_GT(max_abs, 0.9f * bound);  // spans the range, not a constant
+  }
+}
+
+}  // namespace
+}  // namespace ddp

@@ -1,0 +1,146 @@
+// CPU reference ops: matrix products against naive loops, gradients against finite
+// differences of the loss.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "models/cpu_ops.h"
+#include "models/gemm.h"
+#include "models/mlp_cpu.h"
+#include "models/rng.h"
+
+namespace ddp {
+namespace {
+
+std::vector<float> random_vector(size_t n, uint64_t seed, float scale = 1.0f) {
+  Rng rng(seed);
+  std::vector<float> v(n);
+  for (float& x : v) x = scale * rng.uniform(-1.0f, 1.0f);
+  return v;
+}
+
+TEST(Gemm, MatchesNaiveLoopsForEveryTransposition) {
+  const int m = 7, n = 5, k = 9;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      const auto a = random_vector(m * k, 1);
+      const auto b = random_vector(k * n, 2);
+      auto c = random_vector(m * n, 3);
+      const auto c0 = c;
+      const int lda = ta ? m : k;
+      const int ldb = tb ? k : n;
+      gemm_cpu(ta, tb, m, n, k, 0.5f, a.data(), lda, b.data(), ldb, 2.0f, c.data(), n);
+      for (int i = 0; i < m; ++i) {
+        for (int j = 0; j < n; ++j) {
+          double want = 0;
+          for (int p = 0; p < k; ++p)
+            want += (ta ? a[p * lda + i] : a[i * lda + p]) * (tb ? b[j * ldb + p] : b[p * ldb + j]);
+          want = 0.5 * want + 2.0 * c0[i * n + j];
+          EXPECT_NEAR(c[i * n + j], want, 1e-5) << "ta=" << ta << " tb=" << tb;
+        }
+      }
+    }
+  }
+}
+
+TEST(LinearForward, AddsBiasAndAppliesRelu) {
+  const float x[2 * 3] = {1, 2, 3, -1, 0, 1};
+  const float w[2 * 3] = {1, 0, 0, 0, 1, -1};  // [out=2, in=3]
+  const float b[2] = {0.5f, -0.5f};
+  float y[4];
+  linear_forward_cpu(x, w, b, y, 2, 3, 2, false);
+  EXPECT_FLOAT_EQ(y[0], 1.5f);
+  EXPECT_FLOAT_EQ(y[1], -1.5f);
+  EXPECT_FLOAT_EQ(y[2], -0.5f);
+  EXPECT_FLOAT_EQ(y[3], -1.5f);
+  linear_forward_cpu(x, w, b, y, 2, 3, 2, true);
+  EXPECT_FLOAT_EQ(y[0], 1.5f);
+  EXPECT_FLOAT_EQ(y[1], 0.0f);
+  EXPECT_FLOAT_EQ(y[2], 0.0f);
+}
+
+TEST(SoftmaxXent, LossAndGradientInClosedForm) {
+  // Two equal logits: loss log 2, softmax 1/2 each.
+  const float logits[2] = {3.0f, 3.0f};
+  const int32_t label = 1;
+  float grad[2];
+  const LossSum sum = softmax_xent_cpu(logits, &label, 1, 2, 1.0f, grad);
+  EXPECT_NEAR(sum.loss, std::log(2.0), 1e-6);
+  EXPECT_NEAR(grad[0], 0.5f, 1e-6);
+  EXPECT_NEAR(grad[1], -0.5f, 1e-6);
+}
+
+TEST(SoftmaxXent, StableForLargeLogits) {
+  const float logits[3] = {1000.0f, 0.0f, -1000.0f};
+  const int32_t label = 0;
+  float grad[3];
+  const LossSum sum = softmax_xent_cpu(logits, &label, 1, 3, 1.0f, grad);
+  EXPECT_NEAR(sum.loss, 0.0, 1e-6);
+  EXPECT_EQ(sum.correct, 1);
+  for (float g : grad) EXPECT_TRUE(std::isfinite(g));
+}
+
+// Mean loss of the model on (x, y), in double for the finite differences; `pattern` gets
+// which hidden units are active, so that a difference across a ReLU kink can be skipped.
+double model_loss(CpuMlp& model, const std::vector<float>& x, const std::vector<int32_t>& y,
+                  int batch, std::vector<bool>* pattern) {
+  const float* logits = model.forward(x.data(), batch);
+  pattern->clear();
+  for (int i = 0; i + 1 < model.shape().num_layers(); ++i)
+    for (int k = 0; k < batch * model.shape().layer(i).out; ++k)
+      pattern->push_back(model.activation(i)[k] > 0.0f);
+  return softmax_xent_cpu(logits, y.data(), batch, model.shape().num_classes(), 0.0f, nullptr).loss /
+         batch;
+}
+
+// Checks every parameter's analytic gradient against a central difference.
+void check_gradients(const std::vector<int>& widths, int batch, uint64_t seed) {
+  CpuMlp model(MlpShape(widths), batch);
+  init_params(model.shape(), seed, model.params());
+  const auto x = random_vector(static_cast<size_t>(batch) * widths.front(), seed + 1);
+  std::vector<int32_t> y(batch);
+  Rng rng(seed + 2);
+  for (int32_t& label : y) label = static_cast<int32_t>(rng.below(widths.back()));
+  model.forward(x.data(), batch);
+  model.backward(y.data(), batch, 1.0f / batch);
+  const std::vector<float> analytic(model.grads(), model.grads() + model.shape().param_count());
+  const float eps = 1e-3f;
+  std::vector<bool> base, up_pattern, down_pattern;
+  model_loss(model, x, y, batch, &base);
+  size_t checked = 0;
+  for (size_t i = 0; i < model.shape().param_count(); ++i) {
+    float* p = model.params() + i;
+    const float saved = *p;
+    *p = saved + eps;
+    const double up = model_loss(model, x, y, batch, &up_pattern);
+    *p = saved - eps;
+    const double down = model_loss(model, x, y, batch, &down_pattern);
+    *p = saved;
+    if (up_pattern != base || down_pattern != base) continue;  // crossed a ReLU kink
+    const double numeric = (up - down) / (2.0 * eps);
+    EXPECT_NEAR(analytic[i], numeric, 1e-3 + 1e-2 * std::fabs(numeric)) << "parameter " << i;
+    ++checked;
+  }
+  EXPECT_GT(checked, model.shape().param_count() * 9 / 10);
+}
+
+TEST(MlpGradients, OneLayerMatchesFiniteDifferences) { check_gradients({5, 3}, 4, 11); }
+TEST(MlpGradients, ThreeLayersMatchFiniteDifferences) { check_gradients({6, 7, 5, 4}, 3, 12); }
+TEST(MlpGradients, BatchOfOneMatchesFiniteDifferences) { check_gradients({3, 9, 2}, 1, 13); }
+
+TEST(MlpGradients, AccumulateAddsToGradients) {
+  CpuMlp model(MlpShape({4, 6, 3}), 2);
+  init_params(model.shape(), 5, model.params());
+  const auto x = random_vector(8, 6);
+  const std::vector<int32_t> y = {0, 2};
+  model.forward(x.data(), 2);
+  model.backward(y.data(), 2, 0.5f);
+  const std::vector<float> once(model.grads(), model.grads() + model.shape().param_count());
+  model.forward(x.data(), 2);
+  model.backward(y.data(), 2, 0.5f, /*accumulate=*/true);
+  for (size_t i = 0; i < once.size(); ++i) EXPECT_FLOAT_EQ(model.grads()[i], 2 * once[i]);
+}
+
+}  // namespace
+}  // namespace ddp

@@ -1,0 +1,79 @@
+// ProcessEnv::detect over fake environments: ddprun/torchrun, mpirun, srun and none.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "runtime/error.h"
+#include "runtime/process_env.h"
+
+namespace ddp {
+namespace {
+
+ProcessEnv detect_from(const std::map<std::string, std::string>& vars) {
+  return ProcessEnv::detect([&](const char* name) -> std::optional<std::string> {
+    const auto found = vars.find(name);
+    if (found == vars.end()) return std::nullopt;
+    return found->second;
+  });
+}
+
+TEST(ProcessEnv, SingleProcessWithoutLauncher) {
+  const ProcessEnv env = detect_from({});
+  EXPECT_EQ(env.launcher, Launcher::kNone);
+  EXPECT_EQ(env.rank, 0);
+  EXPECT_EQ(env.world_size, 1);
+  EXPECT_FALSE(env.cuda_visible_devices_set);
+}
+
+TEST(ProcessEnv, DdprunVariables) {
+  const ProcessEnv env = detect_from({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"},
+                                      {"LOCAL_WORLD_SIZE", "2"}, {"GROUP_RANK", "1"},
+                                      {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29500"},
+                                      {"DDP_STORE_TOKEN", "abc"}, {"DDP_RESTART_COUNT", "2"},
+                                      {"CUDA_VISIBLE_DEVICES", "6"}});
+  EXPECT_EQ(env.launcher, Launcher::kDdprun);
+  EXPECT_EQ(env.rank, 3);
+  EXPECT_EQ(env.world_size, 4);
+  EXPECT_EQ(env.local_rank, 1);
+  EXPECT_EQ(env.local_world_size, 2);
+  EXPECT_EQ(env.group_rank, 1);
+  EXPECT_EQ(env.master_addr, "10.0.0.1");
+  EXPECT_EQ(env.master_port, 29500);
+  EXPECT_EQ(env.store_token, "abc");
+  EXPECT_EQ(env.restart_count, 2);
+  EXPECT_EQ(env.cuda_visible_devices, "6");
+}
+
+TEST(ProcessEnv, OpenMpiVariables) {
+  const ProcessEnv env = detect_from({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"},
+                                      {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                                      {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
+  EXPECT_EQ(env.launcher, Launcher::kMpirun);
+  EXPECT_EQ(env.rank, 1);
+  EXPECT_EQ(env.world_size, 2);
+  EXPECT_EQ(env.local_rank, 1);
+}
+
+TEST(ProcessEnv, SlurmVariables) {
+  const ProcessEnv env = detect_from({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"},
+                                      {"SLURM_LOCALID", "1"}, {"SLURM_NTASKS_PER_NODE", "4"},
+                                      {"SLURM_NODEID", "1"}});
+  EXPECT_EQ(env.launcher, Launcher::kSrun);
+  EXPECT_EQ(env.rank, 5);
+  EXPECT_EQ(env.world_size, 8);
+  EXPECT_EQ(env.local_rank, 1);
+  EXPECT_EQ(env.group_rank, 1);
+}
+
+TEST(ProcessEnv, BadValuesNameTheVariable) {
+  try {
+    detect_from({{"RANK", "x"}, {"WORLD_SIZE", "2"}});
+    FAIL();
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("RANK=x"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(detect_from({{"RANK", "2"}, {"WORLD_SIZE", "2"}}), UsageError);
+}
+
+}  // namespace
+}  // namespace ddp

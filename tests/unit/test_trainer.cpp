@@ -1,0 +1,94 @@
+// The training loop on the CPU: determinism, learning, weights in and out, bad shapes.
+#include <gtest/gtest.h>
+
+#include "engine/trainer.h"
+#include "models/safetensors.h"
+#include "runtime/error.h"
+#include "test_util.h"
+
+namespace ddp {
+namespace {
+
+TrainConfig synthetic_config() {
+  TrainConfig config;
+  config.layers = "12,16,4";
+  config.data = "synthetic";
+  config.synthetic_samples = 400;
+  config.batch_size = 20;
+  config.epochs = 3;
+  config.lr = 0.1f;
+  config.seed = 5;
+  config.quiet = true;
+  config.log_every = 1000;
+  return config;
+}
+
+std::vector<float> train_weights(const TrainConfig& config) {
+  const Dataset data = load_dataset(config);
+  Trainer trainer(config, data);
+  trainer.run();
+  return {trainer.params(), trainer.params() + trainer.shape().param_count()};
+}
+
+TEST(Trainer, SameSeedGivesBitwiseSameWeights) {
+  const TrainConfig config = synthetic_config();
+  EXPECT_EQ(train_weights(config), train_weights(config));
+  TrainConfig other = config;
+  other.seed = 6;
+  EXPECT_NE(train_weights(config), train_weights(other));
+}
+
+TEST(Trainer, AdamWIsDeterministicToo) {
+  TrainConfig config = synthetic_config();
+  config.optimizer.kind = OptimizerKind::kAdamW;
+  config.lr = 0.01f;
+  EXPECT_EQ(train_weights(config), train_weights(config));
+}
+
+TEST(Trainer, LearnsSeparableClusters) {
+  const TrainConfig config = synthetic_config();
+  const Dataset data = load_dataset(config);
+  Trainer trainer(config, data);
+  const double before = trainer.evaluate(data.test).accuracy;
+  const TrainResult result = trainer.run();
+  EXPECT_EQ(result.steps, 3 * 400 / 20);
+  EXPECT_GT(result.test.accuracy, 0.95);
+  EXPECT_GT(result.test.accuracy, before);
+}
+
+TEST(Trainer, StepsOverrideEpochs) {
+  TrainConfig config = synthetic_config();
+  config.steps = 7;
+  const Dataset data = load_dataset(config);
+  Trainer trainer(config, data);
+  EXPECT_EQ(trainer.total_steps(), 7);
+}
+
+TEST(Trainer, SavedWeightsRestartTheSameModel) {
+  TempDir dir;
+  TrainConfig config = synthetic_config();
+  config.save_weights = dir.file("w.safetensors");
+  const std::vector<float> trained = train_weights(config);
+  TrainConfig evaluate = synthetic_config();
+  evaluate.init_weights = config.save_weights;
+  const Dataset data = load_dataset(evaluate);
+  Trainer trainer(evaluate, data);
+  EXPECT_EQ(std::vector<float>(trainer.params(), trainer.params() + trained.size()), trained);
+}
+
+TEST(Trainer, LayersThatDoNotFitTheDataAreRefused) {
+  TrainConfig config = synthetic_config();
+  const Dataset data = load_dataset(config);  // 12 features, 4 classes
+  config.layers = "13,16,4";
+  try {
+    Trainer trainer(config, data);
+    FAIL();
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("first width is 13"), std::string::npos) << e.what();
+  }
+  config.layers = "12,16,3";
+  EXPECT_THROW(Trainer(config, data), UsageError);
+}
+
+}  // namespace
+}  // namespace ddp
