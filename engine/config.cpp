@@ -2,12 +2,12 @@
 #include "engine/config.h"
 
 #include <cmath>
+#include <iostream>
 #include <limits>
 #include <type_traits>
-#include <iostream>
 
-#include <cxxopts.hpp>
 #include <fmt/format.h>
+#include <cxxopts.hpp>
 
 #include "models/gemm.h"
 #include "models/mlp.h"
@@ -29,7 +29,8 @@ T number(const cxxopts::ParseResult& result, const std::string& name) {
   size_t used = 0;
   T parsed{};
   try {
-    if constexpr (std::is_floating_point_v<T>) parsed = static_cast<T>(std::stod(value, &used));
+    if constexpr (std::is_floating_point_v<T>)
+      parsed = static_cast<T>(std::stod(value, &used));
     else if constexpr (std::is_unsigned_v<T>) {
       if (!value.empty() && value[0] != '-') parsed = static_cast<T>(std::stoull(value, &used));
     } else {
@@ -60,7 +61,8 @@ const char* optimizer_name(OptimizerKind kind) {
 bool parse_train_args(int argc, char** argv, TrainConfig* config) {
   TrainConfig& c = *config;
   const TrainConfig d;
-  cxxopts::Options options("ddptrain", "Train an MLP, alone or as one rank of a ddprun/mpirun job.");
+  cxxopts::Options options("ddptrain",
+                           "Train an MLP, alone or as one rank of a ddprun/mpirun job.");
   // clang-format off
   options.add_options()
     ("layers", "layer widths: input,hidden...,classes", cxxopts::value<std::string>()->default_value(d.layers))
@@ -97,24 +99,26 @@ bool parse_train_args(int argc, char** argv, TrainConfig* config) {
     throw UsageError(fmt::format("{} (see ddptrain --help)", e.what()));
   }
   if (!result.unmatched().empty())
-    throw UsageError(fmt::format("unexpected argument '{}' (see ddptrain --help)",
-                                 result.unmatched().front()));
+    throw UsageError(
+        fmt::format("unexpected argument '{}' (see ddptrain --help)", result.unmatched().front()));
   if (result.count("help")) {
     std::cout << options.help() << std::endl;
     return false;
   }
   if (result.count("version")) {
     std::cout << fmt::format("ddptrain {} (cuda {}, nccl {}, mpi {}, gloo {}, cpu blas: {})\n",
-                             DDP_VERSION, DDP_HAVE_CUDA ? "yes" : "no", DDP_HAVE_NCCL ? "yes" : "no",
-                             DDP_HAVE_MPI ? "yes" : "no", DDP_HAVE_GLOO ? "yes" : "no",
-                             cpu_blas_name());
+                             DDP_VERSION, DDP_HAVE_CUDA ? "yes" : "no",
+                             DDP_HAVE_NCCL ? "yes" : "no", DDP_HAVE_MPI ? "yes" : "no",
+                             DDP_HAVE_GLOO ? "yes" : "no", cpu_blas_name());
     return false;
   }
   try {
     c.layers = result["layers"].as<std::string>();
     c.data = result["data"].as<std::string>();
-    if (result.count("data-dir")) c.data_dir = result["data-dir"].as<std::string>();
-    else if (c.data == "npy") c.data_dir.clear();
+    if (result.count("data-dir"))
+      c.data_dir = result["data-dir"].as<std::string>();
+    else if (c.data == "npy")
+      c.data_dir.clear();
     c.synthetic_samples = number<int64_t>(result, "synthetic-samples");
     c.batch_size = number<int>(result, "batch-size");
     c.epochs = number<int>(result, "epochs");
@@ -130,8 +134,8 @@ bool parse_train_args(int argc, char** argv, TrainConfig* config) {
     c.lr_schedule = schedule == "cosine" ? LrSchedule::kCosine : LrSchedule::kConstant;
     c.warmup_steps = number<int64_t>(result, "warmup-steps");
     const std::string optimizer = result["optimizer"].as<std::string>();
-    DDP_USAGE_CHECK(optimizer == "sgd" || optimizer == "adamw", "--optimizer {}: expected sgd or adamw",
-                    optimizer);
+    DDP_USAGE_CHECK(optimizer == "sgd" || optimizer == "adamw",
+                    "--optimizer {}: expected sgd or adamw", optimizer);
     c.optimizer.kind = optimizer == "adamw" ? OptimizerKind::kAdamW : OptimizerKind::kSgd;
     c.optimizer.momentum = number<float>(result, "momentum");
     c.optimizer.weight_decay = result.count("weight-decay") ? number<float>(result, "weight-decay")
@@ -170,9 +174,10 @@ void validate(const TrainConfig& c) {
                   "--momentum {}: expected a value in [0, 1)", c.optimizer.momentum);
   DDP_USAGE_CHECK(c.optimizer.weight_decay >= 0, "--weight-decay {}: expected 0 or more",
                   c.optimizer.weight_decay);
-  DDP_USAGE_CHECK(c.device == "cpu", "--device {}: expected cpu (this build trains on the CPU only)",
-                  c.device);
-  DDP_USAGE_CHECK(c.threads >= 0 && c.threads <= 1024, "--threads {}: expected 0 to 1024", c.threads);
+  DDP_USAGE_CHECK(c.device == "cpu",
+                  "--device {}: expected cpu (this build trains on the CPU only)", c.device);
+  DDP_USAGE_CHECK(c.threads >= 0 && c.threads <= 1024, "--threads {}: expected 0 to 1024",
+                  c.threads);
   DDP_USAGE_CHECK(c.log_every >= 1, "--log-every {}: expected at least 1", c.log_every);
 }
 
@@ -181,12 +186,10 @@ std::vector<std::string> describe(const TrainConfig& c) {
   lines.push_back(fmt::format("model      mlp {} on {}", c.layers, c.device));
   lines.push_back(fmt::format("data       {}{}{}", c.data, c.data == "synthetic" ? "" : " from ",
                               c.data == "synthetic" ? "" : c.data_dir));
-  lines.push_back(fmt::format("schedule   batch {} {}, lr {} {} (warm-up {}), seed {}{}",
-                              c.batch_size,
-                              c.steps > 0 ? fmt::format("for {} steps", c.steps)
-                                          : fmt::format("for {} epochs", c.epochs),
-                              c.lr, schedule_name(c.lr_schedule), c.warmup_steps, c.seed,
-                              c.shuffle ? "" : ", no shuffle"));
+  lines.push_back(fmt::format(
+      "schedule   batch {} {}, lr {} {} (warm-up {}), seed {}{}", c.batch_size,
+      c.steps > 0 ? fmt::format("for {} steps", c.steps) : fmt::format("for {} epochs", c.epochs),
+      c.lr, schedule_name(c.lr_schedule), c.warmup_steps, c.seed, c.shuffle ? "" : ", no shuffle"));
   if (c.optimizer.kind == OptimizerKind::kSgd)
     lines.push_back(fmt::format("optimizer  sgd momentum {} weight decay {}", c.optimizer.momentum,
                                 c.optimizer.weight_decay));

@@ -17,7 +17,7 @@ struct TrainConfig {
   int64_t synthetic_samples = 20000;
   int batch_size = 128;  // global batch
   int epochs = 15;
-  int64_t steps = 0;     // > 0: train this many steps instead of --epochs
+  int64_t steps = 0;  // > 0: train this many steps instead of --epochs
   float lr = 0.05f;
   LrSchedule lr_schedule = LrSchedule::kCosine;
   int64_t warmup_steps = 0;

@@ -21,7 +21,8 @@ int main(int argc, char** argv) {
                     env.rank, env.world_size, ddp::launcher_name(env.launcher));
     ddp::set_process_context({env.rank, env.world_size, config.device});
     ddp::init_logging({env.rank, env.world_size, config.device, "", false, false});
-    for (const std::string& line : ddp::describe(config)) spdlog::info("{}", line);
+    for (const std::string& line : ddp::describe(config))
+      spdlog::info("{}", line);
     ddp::Stopwatch load_clock;
     const ddp::Dataset data = ddp::load_dataset(config);
     spdlog::info("loaded {}: {} train, {} test samples, {} features, {} classes in {:.2f}s",

@@ -10,7 +10,8 @@ namespace ddp {
 
 Sampler::Sampler(int64_t num_samples, uint64_t seed, bool shuffle)
     : num_samples_(num_samples), seed_(seed), shuffle_(shuffle) {
-  DDP_CHECK(num_samples > 0 && num_samples < (int64_t{1} << 31), "bad sample count {}", num_samples);
+  DDP_CHECK(num_samples > 0 && num_samples < (int64_t{1} << 31), "bad sample count {}",
+            num_samples);
 }
 
 void Sampler::prepare_epoch(int64_t epoch) {

@@ -31,7 +31,7 @@ struct TrainResult {
   double train_loss = 0;      // mean over the last logging window
   double train_accuracy = 0;  // fraction, same window
   EvalResult test;
-  double seconds = 0;          // training loop only
+  double seconds = 0;  // training loop only
   double samples_per_second = 0;
 };
 

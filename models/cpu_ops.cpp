@@ -8,18 +8,21 @@
 
 namespace ddp {
 
-void linear_forward_cpu(const float* x, const float* w, const float* b, float* y, int batch,
-                        int in, int out, bool relu) {
-  for (int i = 0; i < batch; ++i) std::copy(b, b + out, y + static_cast<size_t>(i) * out);
+void linear_forward_cpu(const float* x, const float* w, const float* b, float* y, int batch, int in,
+                        int out, bool relu) {
+  for (int i = 0; i < batch; ++i)
+    std::copy(b, b + out, y + static_cast<size_t>(i) * out);
   gemm_cpu(false, true, batch, out, in, 1.0f, x, in, w, in, 1.0f, y, out);
   if (relu) {
     const size_t count = static_cast<size_t>(batch) * out;
-    for (size_t i = 0; i < count; ++i) y[i] = std::max(y[i], 0.0f);
+    for (size_t i = 0; i < count; ++i)
+      y[i] = std::max(y[i], 0.0f);
   }
 }
 
 void relu_backward_cpu(const float* y, float* dy, size_t count) {
-  for (size_t i = 0; i < count; ++i) dy[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+  for (size_t i = 0; i < count; ++i)
+    dy[i] = y[i] > 0.0f ? dy[i] : 0.0f;
 }
 
 void linear_backward_cpu(const float* x, const float* w, const float* dy, float* dx, float* dw,
@@ -29,7 +32,8 @@ void linear_backward_cpu(const float* x, const float* w, const float* dy, float*
   if (!accumulate) std::fill(db, db + out, 0.0f);
   for (int i = 0; i < batch; ++i) {
     const float* row = dy + static_cast<size_t>(i) * out;
-    for (int j = 0; j < out; ++j) db[j] += row[j];
+    for (int j = 0; j < out; ++j)
+      db[j] += row[j];
   }
   if (dx != nullptr) gemm_cpu(false, false, batch, in, out, 1.0f, dy, out, w, in, 0.0f, dx, in);
 }
@@ -45,7 +49,8 @@ LossSum softmax_xent_cpu(const float* logits, const int32_t* labels, int batch, 
       if (row[j] > row[arg_max]) arg_max = j;
     const float max_logit = row[arg_max];
     double total = 0;
-    for (int j = 0; j < classes; ++j) total += std::exp(static_cast<double>(row[j] - max_logit));
+    for (int j = 0; j < classes; ++j)
+      total += std::exp(static_cast<double>(row[j] - max_logit));
     const double log_total = std::log(total);
     sum.loss += log_total - static_cast<double>(row[label] - max_logit);
     sum.correct += arg_max == label ? 1 : 0;

@@ -8,8 +8,8 @@
 namespace ddp {
 
 // y[batch, out] = x[batch, in] * w[out, in]^T + b[out]; then max(y, 0) when `relu`.
-void linear_forward_cpu(const float* x, const float* w, const float* b, float* y, int batch,
-                        int in, int out, bool relu);
+void linear_forward_cpu(const float* x, const float* w, const float* b, float* y, int batch, int in,
+                        int out, bool relu);
 
 // dy[i] = 0 where y[i] <= 0 (y is the ReLU output), in place; `count` elements.
 void relu_backward_cpu(const float* y, float* dy, size_t count);

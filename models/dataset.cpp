@@ -49,11 +49,11 @@ IdxArray read_idx_gz(const std::string& path) {
   const std::vector<uint8_t> bytes = read_gz_file(path);
   DDP_USAGE_CHECK(bytes.size() >= 4, "{}: truncated IDX file ({} bytes, expected a 4-byte magic)",
                   path, bytes.size());
-  DDP_USAGE_CHECK(bytes[0] == 0 && bytes[1] == 0 && bytes[2] == 0x08 && bytes[3] >= 1 &&
-                      bytes[3] <= 4,
-                  "{}: not an IDX file of unsigned bytes (magic {:02x}{:02x}{:02x}{:02x}, expected "
-                  "000008 then 1 to 4 dimensions)",
-                  path, bytes[0], bytes[1], bytes[2], bytes[3]);
+  DDP_USAGE_CHECK(
+      bytes[0] == 0 && bytes[1] == 0 && bytes[2] == 0x08 && bytes[3] >= 1 && bytes[3] <= 4,
+      "{}: not an IDX file of unsigned bytes (magic {:02x}{:02x}{:02x}{:02x}, expected "
+      "000008 then 1 to 4 dimensions)",
+      path, bytes[0], bytes[1], bytes[2], bytes[3]);
   const int ndims = bytes[3];
   DDP_USAGE_CHECK(bytes.size() >= 4 + 4u * ndims, "{}: truncated IDX header ({} bytes)", path,
                   bytes.size());
@@ -66,8 +66,8 @@ IdxArray read_idx_gz(const std::string& path) {
   }
   const size_t header = 4 + 4u * ndims;
   DDP_USAGE_CHECK(bytes.size() - header == count,
-                  "{}: truncated or oversized IDX data: header promises {} bytes, file has {}", path,
-                  count, bytes.size() - header);
+                  "{}: truncated or oversized IDX data: header promises {} bytes, file has {}",
+                  path, count, bytes.size() - header);
   array.data.assign(bytes.begin() + header, bytes.end());
   return array;
 }
@@ -87,7 +87,8 @@ Split load_idx_split(const std::string& images_path, const std::string& labels_p
   split.n = images.dims[0];
   split.dim = images.dims[1] * images.dims[2];
   split.x.resize(images.data.size());
-  for (size_t i = 0; i < images.data.size(); ++i) split.x[i] = images.data[i] / 255.0f;
+  for (size_t i = 0; i < images.data.size(); ++i)
+    split.x[i] = images.data[i] / 255.0f;
   split.y.assign(labels.data.begin(), labels.data.end());
   return split;
 }
@@ -108,10 +109,13 @@ int count_classes(const Dataset& data) {
 Dataset load_fashion_mnist(const std::string& dir) {
   Dataset data;
   data.name = "fashion-mnist";
-  data.train = load_idx_split(dir + "/train-images-idx3-ubyte.gz", dir + "/train-labels-idx1-ubyte.gz");
-  data.test = load_idx_split(dir + "/t10k-images-idx3-ubyte.gz", dir + "/t10k-labels-idx1-ubyte.gz");
-  DDP_USAGE_CHECK(data.train.dim == data.test.dim, "{}: train images have {} pixels, test images {}",
-                  dir, data.train.dim, data.test.dim);
+  data.train =
+      load_idx_split(dir + "/train-images-idx3-ubyte.gz", dir + "/train-labels-idx1-ubyte.gz");
+  data.test =
+      load_idx_split(dir + "/t10k-images-idx3-ubyte.gz", dir + "/t10k-labels-idx1-ubyte.gz");
+  DDP_USAGE_CHECK(data.train.dim == data.test.dim,
+                  "{}: train images have {} pixels, test images {}", dir, data.train.dim,
+                  data.test.dim);
   data.classes = std::max(10, count_classes(data));
   return data;
 }
@@ -145,7 +149,8 @@ NpyArray read_npy(const std::string& path) {
     const size_t at = header.find("'" + key + "'");
     DDP_USAGE_CHECK(at != std::string::npos, "{}: .npy header has no '{}'", path, key);
     size_t start = header.find(':', at) + 1;
-    while (start < header.size() && header[start] == ' ') ++start;
+    while (start < header.size() && header[start] == ' ')
+      ++start;
     return start;
   };
   size_t at = value_of("descr");
@@ -159,19 +164,24 @@ NpyArray read_npy(const std::string& path) {
   const std::string shape = header.substr(at + 1, header.find(')', at) - at - 1);
   size_t pos = 0;
   while (pos < shape.size()) {
-    while (pos < shape.size() && (shape[pos] == ' ' || shape[pos] == ',')) ++pos;
+    while (pos < shape.size() && (shape[pos] == ' ' || shape[pos] == ','))
+      ++pos;
     if (pos >= shape.size()) break;
     size_t used = 0;
     array.shape.push_back(std::stoll(shape.substr(pos), &used));
     pos += used;
   }
   size_t item = 0;
-  if (array.dtype == "<f4" || array.dtype == "<i4") item = 4;
-  else if (array.dtype == "<i8" || array.dtype == "<f8") item = 8;
-  else if (array.dtype == "|u1" || array.dtype == "|i1") item = 1;
+  if (array.dtype == "<f4" || array.dtype == "<i4")
+    item = 4;
+  else if (array.dtype == "<i8" || array.dtype == "<f8")
+    item = 8;
+  else if (array.dtype == "|u1" || array.dtype == "|i1")
+    item = 1;
   DDP_USAGE_CHECK(item != 0, "{}: unsupported dtype '{}'", path, array.dtype);
   int64_t count = 1;
-  for (int64_t d : array.shape) count *= d;
+  for (int64_t d : array.shape)
+    count *= d;
   array.data.resize(static_cast<size_t>(count) * item);
   in.read(array.data.data(), static_cast<std::streamsize>(array.data.size()));
   DDP_USAGE_CHECK(in.gcount() == static_cast<std::streamsize>(array.data.size()),
@@ -180,18 +190,21 @@ NpyArray read_npy(const std::string& path) {
   return array;
 }
 
-void write_npy(const std::string& path, const std::string& dtype,
-               const std::vector<int64_t>& shape, const void* data, size_t bytes) {
+void write_npy(const std::string& path, const std::string& dtype, const std::vector<int64_t>& shape,
+               const void* data, size_t bytes) {
   std::string shape_text = "(";
   for (size_t i = 0; i < shape.size(); ++i) {
     shape_text += std::to_string(shape[i]);
-    if (shape.size() == 1) shape_text += ",";
-    else if (i + 1 < shape.size()) shape_text += ", ";
+    if (shape.size() == 1)
+      shape_text += ",";
+    else if (i + 1 < shape.size())
+      shape_text += ", ";
   }
   shape_text += ")";
   std::string header =
       "{'descr': '" + dtype + "', 'fortran_order': False, 'shape': " + shape_text + ", }";
-  while ((10 + header.size() + 1) % 64 != 0) header += ' ';
+  while ((10 + header.size() + 1) % 64 != 0)
+    header += ' ';
   header += '\n';
   std::ofstream out(path, std::ios::binary);
   DDP_USAGE_CHECK(out, "{}: cannot create", path);
@@ -209,14 +222,16 @@ namespace {
 Split load_npy_split(const std::string& x_path, const std::string& y_path) {
   const NpyArray x = read_npy(x_path);
   const NpyArray y = read_npy(y_path);
-  DDP_USAGE_CHECK(x.dtype == "<f4", "{}: expected dtype float32 ('<f4'), found '{}'", x_path, x.dtype);
+  DDP_USAGE_CHECK(x.dtype == "<f4", "{}: expected dtype float32 ('<f4'), found '{}'", x_path,
+                  x.dtype);
   DDP_USAGE_CHECK(x.shape.size() == 2, "{}: expected shape [N, D], found {} dimensions", x_path,
                   x.shape.size());
   DDP_USAGE_CHECK(y.dtype == "<i4" || y.dtype == "<i8",
                   "{}: expected dtype int32 or int64, found '{}'", y_path, y.dtype);
   DDP_USAGE_CHECK(y.shape.size() == 1 && y.shape[0] == x.shape[0],
                   "{}: expected shape [{}] to match {}, found {} dimensions{}", y_path, x.shape[0],
-                  x_path, y.shape.size(), y.shape.empty() ? "" : fmt::format(" [{}...]", y.shape[0]));
+                  x_path, y.shape.size(),
+                  y.shape.empty() ? "" : fmt::format(" [{}...]", y.shape[0]));
   Split split;
   split.n = x.shape[0];
   split.dim = static_cast<int>(x.shape[1]);
@@ -258,7 +273,8 @@ Dataset load_npy_dataset(const std::string& dir) {
 Dataset make_synthetic(int64_t train_n, int64_t test_n, int dim, int classes, uint64_t seed) {
   Rng rng(mix_seed(seed, 0x5157));
   std::vector<float> centers(static_cast<size_t>(classes) * dim);
-  for (float& c : centers) c = rng.uniform(-1.0f, 1.0f);
+  for (float& c : centers)
+    c = rng.uniform(-1.0f, 1.0f);
   auto fill = [&](Split& split, int64_t n) {
     split.n = n;
     split.dim = dim;

@@ -11,7 +11,8 @@
 namespace ddp {
 
 MlpShape::MlpShape(std::vector<int> widths) : widths_(std::move(widths)) {
-  DDP_USAGE_CHECK(widths_.size() >= 2, "--layers: expected at least two widths (input and classes), got {}",
+  DDP_USAGE_CHECK(widths_.size() >= 2,
+                  "--layers: expected at least two widths (input and classes), got {}",
                   widths_.size());
   size_t offset = 0;
   for (size_t i = 0; i + 1 < widths_.size(); ++i) {
@@ -26,11 +27,14 @@ MlpShape::MlpShape(std::vector<int> widths) : widths_(std::move(widths)) {
   param_count_ = offset;
 }
 
-int MlpShape::max_width() const { return *std::max_element(widths_.begin(), widths_.end()); }
+int MlpShape::max_width() const {
+  return *std::max_element(widths_.begin(), widths_.end());
+}
 
 std::string MlpShape::to_string() const {
   std::string text;
-  for (size_t i = 0; i < widths_.size(); ++i) text += (i ? "," : "") + std::to_string(widths_[i]);
+  for (size_t i = 0; i < widths_.size(); ++i)
+    text += (i ? "," : "") + std::to_string(widths_[i]);
   return text;
 }
 
@@ -57,9 +61,10 @@ MlpShape parse_layers(const std::string& text, const std::string& flag) {
     } catch (const std::exception&) {
       used = 0;
     }
-    DDP_USAGE_CHECK(used == item.size() && !item.empty() && value > 0 && value <= (1 << 24),
-                    "{} {}: expected comma-separated positive widths like 784,512,512,10, found '{}'",
-                    flag, text, item);
+    DDP_USAGE_CHECK(
+        used == item.size() && !item.empty() && value > 0 && value <= (1 << 24),
+        "{} {}: expected comma-separated positive widths like 784,512,512,10, found '{}'", flag,
+        text, item);
     widths.push_back(static_cast<int>(value));
   }
   DDP_USAGE_CHECK(widths.size() >= 2,
@@ -75,7 +80,8 @@ void init_params(const MlpShape& shape, uint64_t seed, float* params) {
     const float bound = 1.0f / std::sqrt(static_cast<float>(layer.in));
     for (size_t k = 0; k < static_cast<size_t>(layer.in) * layer.out; ++k)
       params[layer.weight_offset + k] = rng.uniform(-bound, bound);
-    for (int k = 0; k < layer.out; ++k) params[layer.bias_offset + k] = rng.uniform(-bound, bound);
+    for (int k = 0; k < layer.out; ++k)
+      params[layer.bias_offset + k] = rng.uniform(-bound, bound);
   }
 }
 

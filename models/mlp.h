@@ -31,7 +31,7 @@ class MlpShape {
   int num_classes() const { return widths_.back(); }
   int max_width() const;
   size_t param_count() const { return param_count_; }  // elements
-  std::string to_string() const;                          // "784,512,512,10"
+  std::string to_string() const;                       // "784,512,512,10"
   // A hash of the layer shapes, the same on every rank that holds the same model.
   uint64_t fingerprint() const;
 

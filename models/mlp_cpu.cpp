@@ -40,7 +40,8 @@ LossSum CpuMlp::backward(const int32_t* labels, int batch, float grad_scale, boo
                                        shape_.num_classes(), grad_scale, dy);
   for (int i = last; i >= 0; --i) {
     const LayerSlice& layer = shape_.layer(i);
-    if (i < last) relu_backward_cpu(activations_[i].data(), dy, static_cast<size_t>(batch) * layer.out);
+    if (i < last)
+      relu_backward_cpu(activations_[i].data(), dy, static_cast<size_t>(batch) * layer.out);
     const float* x = i == 0 ? input_ : activations_[i - 1].data();
     linear_backward_cpu(x, params_.data() + layer.weight_offset, dy, i == 0 ? nullptr : dx,
                         grads_.data() + layer.weight_offset, grads_.data() + layer.bias_offset,

@@ -22,8 +22,10 @@ void adamw_update(float* params, const float* grads, float* exp_avg, float* exp_
                   size_t count, float lr, float beta1, float beta2, float eps, float weight_decay,
                   int64_t t) {
   // Bias corrections in double, as torch computes these Python scalars.
-  const double bias_correction1 = 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(t));
-  const double bias_correction2 = 1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(t));
+  const double bias_correction1 =
+      1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(t));
+  const double bias_correction2 =
+      1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(t));
   const float step_size = static_cast<float>(lr / bias_correction1);
   const float bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
   for (size_t i = 0; i < count; ++i) {

@@ -35,7 +35,8 @@ class Rng {
   }
   template <typename T>
   void shuffle(std::vector<T>& values) {
-    for (size_t i = values.size(); i > 1; --i) std::swap(values[i - 1], values[below(i)]);
+    for (size_t i = values.size(); i > 1; --i)
+      std::swap(values[i - 1], values[below(i)]);
   }
 
  private:

@@ -22,7 +22,8 @@ size_t dtype_bytes(const std::string& dtype) {
 
 std::string shape_text(const std::vector<int64_t>& shape) {
   std::string text = "[";
-  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  for (size_t i = 0; i < shape.size(); ++i)
+    text += (i ? ", " : "") + std::to_string(shape[i]);
   return text + "]";
 }
 
@@ -37,21 +38,25 @@ void write_safetensors(const std::string& path, const std::vector<TensorRef>& te
     const size_t item = dtype_bytes(t.dtype);
     DDP_CHECK(item != 0, "unknown safetensors dtype {}", t.dtype);
     size_t count = 1;
-    for (int64_t d : t.shape) count *= static_cast<size_t>(d);
+    for (int64_t d : t.shape)
+      count *= static_cast<size_t>(d);
     DDP_CHECK(count * item == t.bytes, "tensor {}: shape {} needs {} bytes, given {}", t.name,
               shape_text(t.shape), count * item, t.bytes);
-    header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes}}};
+    header[t.name] = {
+        {"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes}}};
     offset += t.bytes;
   }
   std::string text = header.dump();
-  while (text.size() % 8 != 0) text += ' ';  // keeps the data 8-byte aligned
+  while (text.size() % 8 != 0)
+    text += ' ';  // keeps the data 8-byte aligned
   const std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     DDP_USAGE_CHECK(out, "{}: cannot create (check the directory exists and is writable)", tmp);
     const uint64_t len = text.size();
     char len_bytes[8];
-    for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<char>((len >> (8 * i)) & 0xff);
+    for (int i = 0; i < 8; ++i)
+      len_bytes[i] = static_cast<char>((len >> (8 * i)) & 0xff);
     out.write(len_bytes, 8);
     out.write(text.data(), static_cast<std::streamsize>(text.size()));
     for (const TensorRef& t : tensors)
@@ -72,7 +77,8 @@ SafetensorsFile read_safetensors(const std::string& path) {
   unsigned char len_bytes[8];
   in.read(reinterpret_cast<char*>(len_bytes), 8);
   uint64_t header_len = 0;
-  for (int i = 0; i < 8; ++i) header_len |= static_cast<uint64_t>(len_bytes[i]) << (8 * i);
+  for (int i = 0; i < 8; ++i)
+    header_len |= static_cast<uint64_t>(len_bytes[i]) << (8 * i);
   DDP_USAGE_CHECK(header_len <= file_size - 8 && header_len < (100u << 20),
                   "{}: not a safetensors file (header length {} but file has {} bytes)", path,
                   header_len, file_size);
@@ -114,8 +120,9 @@ SafetensorsFile read_safetensors(const std::string& path) {
         count *= static_cast<uint64_t>(d);
       }
       DDP_USAGE_CHECK(count * item == offsets[1] - offsets[0],
-                      "{}: tensor {} of shape {} {} needs {} bytes, its offsets span {}", path, name,
-                      tensor.dtype, shape_text(tensor.shape), count * item, offsets[1] - offsets[0]);
+                      "{}: tensor {} of shape {} {} needs {} bytes, its offsets span {}", path,
+                      name, tensor.dtype, shape_text(tensor.shape), count * item,
+                      offsets[1] - offsets[0]);
       tensor.data.assign(data.begin() + static_cast<std::ptrdiff_t>(offsets[0]),
                          data.begin() + static_cast<std::ptrdiff_t>(offsets[1]));
       file.tensors.emplace(name, std::move(tensor));
@@ -130,10 +137,16 @@ std::vector<TensorRef> mlp_tensor_refs(const MlpShape& shape, const float* param
   std::vector<TensorRef> refs;
   for (int i = 0; i < shape.num_layers(); ++i) {
     const LayerSlice& layer = shape.layer(i);
-    refs.push_back({fmt::format("layers.{}.weight", i), "F32", {layer.out, layer.in},
-                    params + layer.weight_offset, sizeof(float) * layer.in * layer.out});
-    refs.push_back({fmt::format("layers.{}.bias", i), "F32", {layer.out},
-                    params + layer.bias_offset, sizeof(float) * layer.out});
+    refs.push_back({fmt::format("layers.{}.weight", i),
+                    "F32",
+                    {layer.out, layer.in},
+                    params + layer.weight_offset,
+                    sizeof(float) * layer.in * layer.out});
+    refs.push_back({fmt::format("layers.{}.bias", i),
+                    "F32",
+                    {layer.out},
+                    params + layer.bias_offset,
+                    sizeof(float) * layer.out});
   }
   return refs;
 }
@@ -153,15 +166,16 @@ void mlp_params_from(const SafetensorsFile& file, const std::string& path, const
     const Tensor& have = found->second;
     DDP_USAGE_CHECK(have.dtype == "F32", "{}: tensor {} has dtype {}, expected F32", path,
                     want.name, have.dtype);
-    DDP_USAGE_CHECK(have.shape == want.shape, "{}: tensor {} has shape {}, expected {} for --layers {}",
-                    path, want.name, shape_text(have.shape), shape_text(want.shape),
-                    shape.to_string());
+    DDP_USAGE_CHECK(have.shape == want.shape,
+                    "{}: tensor {} has shape {}, expected {} for --layers {}", path, want.name,
+                    shape_text(have.shape), shape_text(want.shape), shape.to_string());
     std::memcpy(const_cast<void*>(want.data), have.data.data(), want.bytes);
   }
   for (const auto& [name, tensor] : file.tensors) {
     if (name.rfind("layers.", 0) != 0) continue;
     bool known = false;
-    for (const TensorRef& want : expected) known = known || want.name == name;
+    for (const TensorRef& want : expected)
+      known = known || want.name == name;
     DDP_USAGE_CHECK(known, "{}: unexpected tensor {} for --layers {} ({} layers)", path, name,
                     shape.to_string(), shape.num_layers());
   }

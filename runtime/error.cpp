@@ -6,8 +6,12 @@ namespace {
 ProcessContext g_context;  // plain data, set once by main; owns no GPU or network state
 }  // namespace
 
-void set_process_context(const ProcessContext& context) { g_context = context; }
-const ProcessContext& process_context() { return g_context; }
+void set_process_context(const ProcessContext& context) {
+  g_context = context;
+}
+const ProcessContext& process_context() {
+  return g_context;
+}
 
 namespace detail {
 void throw_check_failed(const char* file, int line, const char* statement,

@@ -42,15 +42,15 @@ namespace detail {
 
 // Throws ddp::Error with the statement, file:line and rank when `cond` is false.
 // The remaining arguments are an fmt format string and its values.
-#define DDP_CHECK(cond, ...)                                                            \
-  do {                                                                                  \
-    if (!(cond)) {                                                                      \
+#define DDP_CHECK(cond, ...)                                                                  \
+  do {                                                                                        \
+    if (!(cond)) {                                                                            \
       ::ddp::detail::throw_check_failed(__FILE__, __LINE__, #cond, fmt::format(__VA_ARGS__)); \
-    }                                                                                   \
+    }                                                                                         \
   } while (0)
 
 // Throws ddp::UsageError (no source location): for bad flags and input files.
-#define DDP_USAGE_CHECK(cond, ...)                              \
-  do {                                                          \
+#define DDP_USAGE_CHECK(cond, ...)                                  \
+  do {                                                              \
     if (!(cond)) throw ::ddp::UsageError(fmt::format(__VA_ARGS__)); \
   } while (0)

@@ -12,9 +12,9 @@ struct LogConfig {
   int rank = 0;
   int world = 1;
   std::string device = "cpu";
-  std::string file;           // empty: no file
-  bool verbose = false;       // debug level on the console
-  bool all_ranks = false;     // every rank prints info on the console
+  std::string file;        // empty: no file
+  bool verbose = false;    // debug level on the console
+  bool all_ranks = false;  // every rank prints info on the console
 };
 
 // Installs the default logger. Call once, early in main; safe to call again (replaces it).

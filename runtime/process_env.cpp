@@ -9,10 +9,14 @@ namespace ddp {
 
 const char* launcher_name(Launcher launcher) {
   switch (launcher) {
-    case Launcher::kNone: return "none";
-    case Launcher::kDdprun: return "ddprun";
-    case Launcher::kMpirun: return "mpirun";
-    case Launcher::kSrun: return "srun";
+    case Launcher::kNone:
+      return "none";
+    case Launcher::kDdprun:
+      return "ddprun";
+    case Launcher::kMpirun:
+      return "mpirun";
+    case Launcher::kSrun:
+      return "srun";
   }
   return "?";
 }
@@ -68,8 +72,8 @@ ProcessEnv ProcessEnv::detect(const Lookup& lookup) {
     env.master_port = read_int(lookup, "MASTER_PORT", 0);
   }
   DDP_USAGE_CHECK(env.world_size >= 1 && env.rank < env.world_size,
-                  "{} environment: rank {} is not below world size {}",
-                  launcher_name(env.launcher), env.rank, env.world_size);
+                  "{} environment: rank {} is not below world size {}", launcher_name(env.launcher),
+                  env.rank, env.world_size);
   DDP_USAGE_CHECK(env.local_rank < env.local_world_size || env.launcher == Launcher::kSrun,
                   "{} environment: local rank {} is not below local world size {}",
                   launcher_name(env.launcher), env.local_rank, env.local_world_size);

@@ -19,11 +19,11 @@ struct ProcessEnv {
   int world_size = 1;
   int local_rank = 0;
   int local_world_size = 1;
-  int group_rank = 0;        // node index
-  int restart_count = 0;     // ddprun's restart generation
-  std::string master_addr;   // empty when there is no store
+  int group_rank = 0;       // node index
+  int restart_count = 0;    // ddprun's restart generation
+  std::string master_addr;  // empty when there is no store
   int master_port = 0;
-  std::string store_token;   // ddprun's job token for the store
+  std::string store_token;           // ddprun's job token for the store
   std::string cuda_visible_devices;  // as inherited; empty when unset
   bool cuda_visible_devices_set = false;
 

@@ -25,7 +25,8 @@ RunResult run_ddptrain(const std::string& args, bool stderr_only = false) {
   RunResult result;
   std::array<char, 4096> buffer;
   size_t got;
-  while ((got = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) result.output.append(buffer.data(), got);
+  while ((got = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0)
+    result.output.append(buffer.data(), got);
   const int status = ::pclose(pipe);
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return result;
@@ -42,7 +43,8 @@ void expect_usage_error(const std::string& args, const std::string& message) {
 TEST(DdptrainCli, HelpListsTheFlags) {
   const RunResult result = run_ddptrain("--help");
   EXPECT_EQ(result.exit_code, 0);
-  for (const char* flag : {"--layers", "--batch-size", "--lr-schedule", "--save-weights", "--metrics"})
+  for (const char* flag :
+       {"--layers", "--batch-size", "--lr-schedule", "--save-weights", "--metrics"})
     EXPECT_NE(result.output.find(flag), std::string::npos) << flag;
 }
 
@@ -62,7 +64,8 @@ TEST(DdptrainCli, BadFlagsAndValues) {
 
 TEST(DdptrainCli, BadDataAndWeights) {
   TempDir dir;
-  expect_usage_error("--data fashion --data-dir " + dir.path(), "train-images-idx3-ubyte.gz: no such file");
+  expect_usage_error("--data fashion --data-dir " + dir.path(),
+                     "train-images-idx3-ubyte.gz: no such file");
   expect_usage_error("--data synthetic --layers 8,4 --init-weights " + dir.file("none.safetensors"),
                      "none.safetensors: cannot open");
   expect_usage_error("--data synthetic --layers 8,4 --steps 1 --metrics " + dir.file("no/m.jsonl"),
@@ -73,21 +76,29 @@ TEST(DdptrainCli, TrainsSyntheticAndWritesMetricsAndWeights) {
   TempDir dir;
   const RunResult result = run_ddptrain(
       "--data synthetic --layers 8,16,3 --synthetic-samples 300 --batch-size 30 --epochs 2 "
-      "--log-every 5 --metrics " + dir.file("m.jsonl") + " --save-weights " + dir.file("w.safetensors"));
+      "--log-every 5 --metrics " +
+      dir.file("m.jsonl") + " --save-weights " + dir.file("w.safetensors"));
   ASSERT_EQ(result.exit_code, 0) << result.output;
   EXPECT_NE(result.output.find("test accuracy"), std::string::npos) << result.output;
   std::ifstream metrics(dir.file("m.jsonl"));
   std::string line, last;
   int lines = 0;
-  while (std::getline(metrics, line)) ++lines, last = line;
+  while (std::getline(metrics, line))
+    ++lines, last = line;
   EXPECT_EQ(lines, 5);  // steps 5, 10, 15, 20, then the end record
   EXPECT_NE(last.find("\"event\":\"end\""), std::string::npos) << last;
   // The weights fit the model they came from, and not another.
-  EXPECT_EQ(run_ddptrain("--data synthetic --layers 8,16,3 --synthetic-samples 30 --steps 1 --quiet "
-                         "--init-weights " + dir.file("w.safetensors")).exit_code, 0);
-  expect_usage_error("--data synthetic --layers 8,12,3 --synthetic-samples 30 --steps 1 "
-                     "--init-weights " + dir.file("w.safetensors"),
-                     "has shape [16, 8], expected [12, 8]");
+  EXPECT_EQ(
+      run_ddptrain("--data synthetic --layers 8,16,3 --synthetic-samples 30 --steps 1 --quiet "
+                   "--init-weights " +
+                   dir.file("w.safetensors"))
+          .exit_code,
+      0);
+  expect_usage_error(
+      "--data synthetic --layers 8,12,3 --synthetic-samples 30 --steps 1 "
+      "--init-weights " +
+          dir.file("w.safetensors"),
+      "has shape [16, 8], expected [12, 8]");
 }
 
 }  // namespace

@@ -36,7 +36,8 @@ void write_gz(const std::string& path, const std::vector<uint8_t>& bytes) {
 // A 3-image, 2x2-pixel Fashion-MNIST look-alike (train and test the same).
 void write_tiny_fashion(const TempDir& dir) {
   std::vector<uint8_t> pixels(3 * 4);
-  for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = static_cast<uint8_t>(i * 20);
+  for (size_t i = 0; i < pixels.size(); ++i)
+    pixels[i] = static_cast<uint8_t>(i * 20);
   for (const std::string prefix : {"train", "t10k"}) {
     write_gz(dir.file(prefix + "-images-idx3-ubyte.gz"), idx_bytes({3, 2, 2}, pixels));
     write_gz(dir.file(prefix + "-labels-idx1-ubyte.gz"), idx_bytes({3}, {0, 9, 4}));
@@ -151,7 +152,8 @@ TEST(Synthetic, SameSeedSameData) {
   EXPECT_EQ(a.train.y, b.train.y);
   EXPECT_NE(a.train.x, c.train.x);
   EXPECT_EQ(a.classes, 3);
-  for (int32_t label : a.train.y) EXPECT_LT(label, 3);
+  for (int32_t label : a.train.y)
+    EXPECT_LT(label, 3);
 }
 
 TEST(Sampler, EachEpochIsAPermutationAndSeeded) {

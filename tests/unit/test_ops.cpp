@@ -16,7 +16,8 @@ namespace {
 std::vector<float> random_vector(size_t n, uint64_t seed, float scale = 1.0f) {
   Rng rng(seed);
   std::vector<float> v(n);
-  for (float& x : v) x = scale * rng.uniform(-1.0f, 1.0f);
+  for (float& x : v)
+    x = scale * rng.uniform(-1.0f, 1.0f);
   return v;
 }
 
@@ -78,7 +79,8 @@ TEST(SoftmaxXent, StableForLargeLogits) {
   const LossSum sum = softmax_xent_cpu(logits, &label, 1, 3, 1.0f, grad);
   EXPECT_NEAR(sum.loss, 0.0, 1e-6);
   EXPECT_EQ(sum.correct, 1);
-  for (float g : grad) EXPECT_TRUE(std::isfinite(g));
+  for (float g : grad)
+    EXPECT_TRUE(std::isfinite(g));
 }
 
 // Mean loss of the model on (x, y), in double for the finite differences; `pattern` gets
@@ -90,7 +92,8 @@ double model_loss(CpuMlp& model, const std::vector<float>& x, const std::vector<
   for (int i = 0; i + 1 < model.shape().num_layers(); ++i)
     for (int k = 0; k < batch * model.shape().layer(i).out; ++k)
       pattern->push_back(model.activation(i)[k] > 0.0f);
-  return softmax_xent_cpu(logits, y.data(), batch, model.shape().num_classes(), 0.0f, nullptr).loss /
+  return softmax_xent_cpu(logits, y.data(), batch, model.shape().num_classes(), 0.0f, nullptr)
+             .loss /
          batch;
 }
 
@@ -101,7 +104,8 @@ void check_gradients(const std::vector<int>& widths, int batch, uint64_t seed) {
   const auto x = random_vector(static_cast<size_t>(batch) * widths.front(), seed + 1);
   std::vector<int32_t> y(batch);
   Rng rng(seed + 2);
-  for (int32_t& label : y) label = static_cast<int32_t>(rng.below(widths.back()));
+  for (int32_t& label : y)
+    label = static_cast<int32_t>(rng.below(widths.back()));
   model.forward(x.data(), batch);
   model.backward(y.data(), batch, 1.0f / batch);
   const std::vector<float> analytic(model.grads(), model.grads() + model.shape().param_count());
@@ -125,9 +129,15 @@ void check_gradients(const std::vector<int>& widths, int batch, uint64_t seed) {
   EXPECT_GT(checked, model.shape().param_count() * 9 / 10);
 }
 
-TEST(MlpGradients, OneLayerMatchesFiniteDifferences) { check_gradients({5, 3}, 4, 11); }
-TEST(MlpGradients, ThreeLayersMatchFiniteDifferences) { check_gradients({6, 7, 5, 4}, 3, 12); }
-TEST(MlpGradients, BatchOfOneMatchesFiniteDifferences) { check_gradients({3, 9, 2}, 1, 13); }
+TEST(MlpGradients, OneLayerMatchesFiniteDifferences) {
+  check_gradients({5, 3}, 4, 11);
+}
+TEST(MlpGradients, ThreeLayersMatchFiniteDifferences) {
+  check_gradients({6, 7, 5, 4}, 3, 12);
+}
+TEST(MlpGradients, BatchOfOneMatchesFiniteDifferences) {
+  check_gradients({3, 9, 2}, 1, 13);
+}
 
 TEST(MlpGradients, AccumulateAddsToGradients) {
   CpuMlp model(MlpShape({4, 6, 3}), 2);
@@ -139,7 +149,8 @@ TEST(MlpGradients, AccumulateAddsToGradients) {
   const std::vector<float> once(model.grads(), model.grads() + model.shape().param_count());
   model.forward(x.data(), 2);
   model.backward(y.data(), 2, 0.5f, /*accumulate=*/true);
-  for (size_t i = 0; i < once.size(); ++i) EXPECT_FLOAT_EQ(model.grads()[i], 2 * once[i]);
+  for (size_t i = 0; i < once.size(); ++i)
+    EXPECT_FLOAT_EQ(model.grads()[i], 2 * once[i]);
 }
 
 }  // namespace

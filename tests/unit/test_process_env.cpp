@@ -26,10 +26,15 @@ TEST(ProcessEnv, SingleProcessWithoutLauncher) {
 }
 
 TEST(ProcessEnv, DdprunVariables) {
-  const ProcessEnv env = detect_from({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"},
-                                      {"LOCAL_WORLD_SIZE", "2"}, {"GROUP_RANK", "1"},
-                                      {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29500"},
-                                      {"DDP_STORE_TOKEN", "abc"}, {"DDP_RESTART_COUNT", "2"},
+  const ProcessEnv env = detect_from({{"RANK", "3"},
+                                      {"WORLD_SIZE", "4"},
+                                      {"LOCAL_RANK", "1"},
+                                      {"LOCAL_WORLD_SIZE", "2"},
+                                      {"GROUP_RANK", "1"},
+                                      {"MASTER_ADDR", "10.0.0.1"},
+                                      {"MASTER_PORT", "29500"},
+                                      {"DDP_STORE_TOKEN", "abc"},
+                                      {"DDP_RESTART_COUNT", "2"},
                                       {"CUDA_VISIBLE_DEVICES", "6"}});
   EXPECT_EQ(env.launcher, Launcher::kDdprun);
   EXPECT_EQ(env.rank, 3);
@@ -45,7 +50,8 @@ TEST(ProcessEnv, DdprunVariables) {
 }
 
 TEST(ProcessEnv, OpenMpiVariables) {
-  const ProcessEnv env = detect_from({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"},
+  const ProcessEnv env = detect_from({{"OMPI_COMM_WORLD_RANK", "1"},
+                                      {"OMPI_COMM_WORLD_SIZE", "2"},
                                       {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
                                       {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
   EXPECT_EQ(env.launcher, Launcher::kMpirun);
@@ -55,8 +61,10 @@ TEST(ProcessEnv, OpenMpiVariables) {
 }
 
 TEST(ProcessEnv, SlurmVariables) {
-  const ProcessEnv env = detect_from({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"},
-                                      {"SLURM_LOCALID", "1"}, {"SLURM_NTASKS_PER_NODE", "4"},
+  const ProcessEnv env = detect_from({{"SLURM_PROCID", "5"},
+                                      {"SLURM_NTASKS", "8"},
+                                      {"SLURM_LOCALID", "1"},
+                                      {"SLURM_NTASKS_PER_NODE", "4"},
                                       {"SLURM_NODEID", "1"}});
   EXPECT_EQ(env.launcher, Launcher::kSrun);
   EXPECT_EQ(env.rank, 5);

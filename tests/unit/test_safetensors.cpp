@@ -57,7 +57,8 @@ TEST(Safetensors, WrongShapeNameAndDtypeAreRefused) {
   const MlpShape shape = parse_layers("5,4,3");
   std::vector<float> params(shape.param_count());
   save_mlp_weights(dir.file("w.safetensors"), shape, params.data());
-  EXPECT_NE(load_error(dir.file("w.safetensors"), parse_layers("5,6,3")).find("has shape [4, 5], expected [6, 5]"),
+  EXPECT_NE(load_error(dir.file("w.safetensors"), parse_layers("5,6,3"))
+                .find("has shape [4, 5], expected [6, 5]"),
             std::string::npos);
   auto refs = mlp_tensor_refs(shape, params.data());
   refs.pop_back();  // drop layers.1.bias
@@ -70,8 +71,9 @@ TEST(Safetensors, WrongShapeNameAndDtypeAreRefused) {
   std::vector<double> wide(20);
   write_safetensors(dir.file("f64.safetensors"),
                     {{"layers.0.weight", "F64", {4, 5}, wide.data(), 160}});
-  EXPECT_NE(load_error(dir.file("f64.safetensors"), parse_layers("5,4")).find("dtype F64, expected F32"),
-            std::string::npos);
+  EXPECT_NE(
+      load_error(dir.file("f64.safetensors"), parse_layers("5,4")).find("dtype F64, expected F32"),
+      std::string::npos);
 }
 
 TEST(Safetensors, ExtraLayerIsRefused) {
@@ -87,14 +89,16 @@ TEST(Safetensors, ExtraLayerIsRefused) {
   const float stray[3] = {};
   refs.push_back({"layers.2.bias", "F32", {3}, stray, 12});
   write_safetensors(dir.file("extra.safetensors"), refs);
-  EXPECT_NE(load_error(dir.file("extra.safetensors"), small).find("unexpected tensor layers.2.bias"),
-            std::string::npos);
+  EXPECT_NE(
+      load_error(dir.file("extra.safetensors"), small).find("unexpected tensor layers.2.bias"),
+      std::string::npos);
 }
 
 TEST(Safetensors, BrokenFilesAreRefused) {
   TempDir dir;
   const MlpShape shape = parse_layers("2,2");
-  EXPECT_NE(load_error(dir.file("missing.safetensors"), shape).find("cannot open"), std::string::npos);
+  EXPECT_NE(load_error(dir.file("missing.safetensors"), shape).find("cannot open"),
+            std::string::npos);
 
   std::ofstream(dir.file("short.safetensors"), std::ios::binary) << "abc";
   EXPECT_NE(load_error(dir.file("short.safetensors"), shape).find("truncated"), std::string::npos);
@@ -108,7 +112,8 @@ TEST(Safetensors, BrokenFilesAreRefused) {
   std::ifstream in(dir.file("w.safetensors"), std::ios::binary);
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   std::ofstream(dir.file("cut.safetensors"), std::ios::binary) << bytes.substr(0, bytes.size() - 4);
-  EXPECT_NE(load_error(dir.file("cut.safetensors"), shape).find("offsets outside"), std::string::npos);
+  EXPECT_NE(load_error(dir.file("cut.safetensors"), shape).find("offsets outside"),
+            std::string::npos);
 
   std::string bad_json = bytes;
   bad_json[8] = '[';
@@ -120,8 +125,9 @@ TEST(Safetensors, FailedWriteLeavesTheOldFile) {
   TempDir dir;
   const float value = 2.0f;
   write_safetensors(dir.file("keep.safetensors"), {{"x", "F32", {1}, &value, 4}});
-  EXPECT_THROW(write_safetensors(dir.file("no-such-dir/keep.safetensors"), {{"x", "F32", {1}, &value, 4}}),
-               UsageError);
+  EXPECT_THROW(
+      write_safetensors(dir.file("no-such-dir/keep.safetensors"), {{"x", "F32", {1}, &value, 4}}),
+      UsageError);
   EXPECT_EQ(read_safetensors(dir.file("keep.safetensors")).tensors.size(), 1u);
 }
 

@@ -1,0 +1,138 @@
+// ddprun: starts one worker per GPU (or CPU worker) with the torchrun environment, hosts the
+// rendezvous store, tees output, stops the job on the first failure and says why, and can
+// restart the group. Never touches CUDA.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "launcher/gpu_discovery.h"
+#include "launcher/launch_config.h"
+#include "launcher/store_server.h"
+#include "launcher/worker_group.h"
+#include "runtime/error.h"
+
+extern char** environ;
+
+namespace {
+
+void on_signal(int signal) {
+  ddp::g_forward_signal = signal;
+}
+
+std::string random_token() {
+  unsigned char bytes[16] = {};
+  const int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    (void)!::read(fd, bytes, sizeof(bytes));
+    ::close(fd);
+  }
+  std::string token;
+  for (unsigned char b : bytes)
+    token += fmt::format("{:02x}", b);
+  return token;
+}
+
+int run(int argc, char** argv) {
+  ddp::LaunchConfig config;
+  if (!ddp::parse_launch_args(argc, argv, &config)) return 0;
+
+  struct sigaction action {};
+  action.sa_handler = on_signal;
+  sigemptyset(&action.sa_mask);
+  ::sigaction(SIGINT, &action, nullptr);
+  ::sigaction(SIGTERM, &action, nullptr);
+
+  ddp::EnvMap parent;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry = *e;
+    const size_t eq = entry.find('=');
+    if (eq != std::string::npos) parent[entry.substr(0, eq)] = entry.substr(eq + 1);
+  }
+  const auto cvd = parent.count("CUDA_VISIBLE_DEVICES")
+                       ? std::optional<std::string>(parent["CUDA_VISIBLE_DEVICES"])
+                       : std::nullopt;
+  const ddp::GpuList gpus = ddp::discover_gpus(cvd);
+  const int cpus = static_cast<int>(std::thread::hardware_concurrency());
+  const ddp::WorkerPlan plan = ddp::plan_workers(config, gpus, cpus);
+
+  std::string token = parent.count("DDP_STORE_TOKEN") ? parent["DDP_STORE_TOKEN"] : "";
+  DDP_USAGE_CHECK(config.nnodes == 1 || !token.empty(),
+                  "--nnodes {}: set the same DDP_STORE_TOKEN on every node", config.nnodes);
+  if (token.empty()) token = random_token();
+
+  std::unique_ptr<ddp::StoreServer> store;
+  int port = config.master_port;
+  if (config.node_rank == 0) {
+    ddp::StoreServerConfig store_config;
+    store_config.bind_addr = config.nnodes == 1 ? "127.0.0.1" : "0.0.0.0";
+    store_config.port = config.master_port;
+    store_config.token = token;
+    store = std::make_unique<ddp::StoreServer>(store_config);
+    port = store->port();
+    store->start();
+  }
+  if (config.nnodes == 1) config.master_addr = "127.0.0.1";
+
+  std::vector<int> ranks;
+  for (int local = 0; local < plan.nproc; ++local)
+    ranks.push_back(config.node_rank * plan.nproc + local);
+  std::fprintf(
+      stderr, "ddprun: starting %d worker%s (%s), store on %s:%d\n", plan.nproc,
+      plan.nproc == 1 ? "" : "s",
+      plan.gpu_ids.empty()
+          ? "CPU"
+          : fmt::format("GPUs {} from {}", fmt::join(plan.gpu_ids, ","), gpus.source).c_str(),
+      config.master_addr.c_str(), port);
+
+  for (int restart = 0;; ++restart) {
+    std::vector<ddp::EnvMap> environments;
+    for (int local = 0; local < plan.nproc; ++local)
+      environments.push_back(
+          ddp::child_environment(parent, config, plan, local, port, token, restart));
+    ddp::WorkerGroup group(config, ranks);
+    group.start(environments, restart);
+    const ddp::GroupOutcome outcome = group.supervise();
+    if (outcome.success) return 0;
+    if (outcome.interrupted) {
+      std::fprintf(stderr, "ddprun: %s; stopped every worker\n", outcome.cause.c_str());
+      return outcome.exit_code;
+    }
+    std::fprintf(stderr, "ddprun: rank %d failed first: %s\n", outcome.failed_rank,
+                 outcome.cause.c_str());
+    if (!outcome.last_lines.empty()) {
+      std::fprintf(stderr, "ddprun: last lines of rank %d:\n", outcome.failed_rank);
+      for (const std::string& line : outcome.last_lines)
+        std::fprintf(stderr, "  | %s\n", line.c_str());
+    }
+    if (restart >= config.max_restarts) {
+      if (config.max_restarts > 0)
+        std::fprintf(stderr, "ddprun: giving up after %d restart%s\n", restart,
+                     restart == 1 ? "" : "s");
+      return outcome.exit_code;
+    }
+    std::fprintf(stderr, "ddprun: restarting the group (restart %d of %d)\n", restart + 1,
+                 config.max_restarts);
+    if (store) store->clear();
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const ddp::UsageError& e) {
+    std::fprintf(stderr, "ddprun: error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ddprun: error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,49 @@
+// ddprun's configuration (cxxopts, defaults in one place, validate()) and the pure
+// function that builds each worker's environment.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "launcher/gpu_discovery.h"
+
+namespace ddp {
+
+struct LaunchConfig {
+  std::string nproc_per_node = "gpu";  // N | gpu | cpu
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;  // 0: pick a free port (single node)
+  std::string log_dir;  // empty: no per-rank files
+  int max_restarts = 0;
+  double grace_period = 5.0;         // seconds between SIGTERM and SIGKILL
+  bool quiet = false;                // only rank 0 on the console
+  std::vector<std::string> command;  // PROGRAM ARGS...
+};
+
+// Parses `ddprun [options] [--] PROGRAM [ARGS...]`. Returns false after printing --help.
+// Throws UsageError naming the flag on bad input.
+bool parse_launch_args(int argc, char** argv, LaunchConfig* config);
+void validate(const LaunchConfig& config);
+
+// How many workers this node runs and which GPU each gets (empty ids: CPU workers).
+struct WorkerPlan {
+  int nproc = 0;
+  std::vector<std::string> gpu_ids;  // gpu_ids[local_rank], or empty for CPU workers
+  bool hide_gpus = false;            // CPU workers asked for with --nproc-per-node cpu
+};
+// `cpu_count`: cores of this machine. Throws UsageError when more GPU workers are asked for
+// than GPUs were found, saying what was found.
+WorkerPlan plan_workers(const LaunchConfig& config, const GpuList& gpus, int cpu_count);
+
+using EnvMap = std::map<std::string, std::string>;
+// The worker's environment: the parent's, plus RANK, LOCAL_RANK, WORLD_SIZE,
+// LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT, DDP_RESTART_COUNT, DDP_STORE_TOKEN,
+// and CUDA_VISIBLE_DEVICES set to exactly its GPU.
+EnvMap child_environment(const EnvMap& parent, const LaunchConfig& config, const WorkerPlan& plan,
+                         int local_rank, int port, const std::string& token, int restart);
+
+}  // namespace ddp

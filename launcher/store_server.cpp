@@ -1,0 +1,283 @@
+// StoreServer: per-connection input buffers, framed requests, waits parked until their keys
+// appear or their deadline passes.
+#include "launcher/store_server.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "runtime/error.h"
+#include "runtime/store.h"
+
+namespace ddp {
+namespace {
+
+struct Connection {
+  UniqueFd fd;
+  bool authenticated = false;
+  std::string input;
+  // A parked wait: keys still wanted and the deadline.
+  bool waiting = false;
+  std::vector<std::string> wait_keys;
+  Deadline wait_deadline;
+};
+
+// A framed reply: u32 length, u8 status, then the body's fields.
+std::string reply_of(StoreStatus status, const MessageWriter& body = MessageWriter()) {
+  MessageWriter reply;
+  reply.u8(static_cast<uint8_t>(status)).raw(body.payload());
+  return reply.framed();
+}
+
+}  // namespace
+
+StoreServer::StoreServer(const StoreServerConfig& config) : config_(config) {
+  listen_fd_ = UniqueFd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  DDP_CHECK(listen_fd_.valid(), "socket() failed: {}", std::strerror(errno));
+  const int one = 1;
+  ::setsockopt(listen_fd_.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(config.port));
+  DDP_USAGE_CHECK(
+      ::inet_pton(AF_INET, config.bind_addr.c_str(), &addr.sin_addr) == 1,
+      "--master-addr {}: expected an IPv4 address of this machine to serve the store on",
+      config.bind_addr);
+  if (::bind(listen_fd_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    const int err = errno;
+    if (err == EADDRINUSE)
+      throw UsageError(
+          fmt::format("--master-port {}: {}:{} is already in use; choose another port or pass "
+                      "--master-port 0 to pick a free one",
+                      config.port, config.bind_addr, config.port));
+    throw UsageError(fmt::format("cannot serve the store on {}:{}: {}", config.bind_addr,
+                                 config.port, std::strerror(err)));
+  }
+  DDP_CHECK(::listen(listen_fd_.get(), 1024) == 0, "listen() failed: {}", std::strerror(errno));
+  socklen_t len = sizeof(addr);
+  ::getsockname(listen_fd_.get(), reinterpret_cast<sockaddr*>(&addr), &len);
+  port_ = ntohs(addr.sin_port);
+  int pipe_fds[2];
+  DDP_CHECK(::pipe2(pipe_fds, O_CLOEXEC | O_NONBLOCK) == 0, "pipe() failed: {}",
+            std::strerror(errno));
+  wake_read_ = UniqueFd(pipe_fds[0]);
+  wake_write_ = UniqueFd(pipe_fds[1]);
+}
+
+StoreServer::~StoreServer() {
+  stop();
+}
+
+void StoreServer::start() {
+  running_ = true;
+  thread_ = std::thread([this] { serve(); });
+}
+
+void StoreServer::stop() {
+  if (!thread_.joinable()) return;
+  running_ = false;
+  const char byte = 0;
+  (void)!::write(wake_write_.get(), &byte, 1);
+  thread_.join();
+}
+
+void StoreServer::clear() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  data_.clear();
+}
+
+void StoreServer::serve() {
+  std::vector<Connection> connections;
+  while (running_) {
+    // Answer parked waits whose keys have all appeared or whose deadline passed.
+    const auto now = std::chrono::steady_clock::now();
+    int poll_ms = 200;
+    for (Connection& c : connections) {
+      if (!c.waiting || !c.fd.valid()) continue;
+      std::vector<std::string> missing;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        for (const std::string& key : c.wait_keys)
+          if (data_.find(key) == data_.end()) missing.push_back(key);
+      }
+      std::string reply;
+      if (missing.empty()) {
+        reply = reply_of(StoreStatus::kOk);
+      } else if (now >= c.wait_deadline) {
+        MessageWriter body;
+        body.u32(static_cast<uint32_t>(missing.size()));
+        for (const std::string& key : missing)
+          body.str(key);
+        reply = reply_of(StoreStatus::kTimeout, body);
+      } else {
+        const auto left =
+            std::chrono::duration_cast<std::chrono::milliseconds>(c.wait_deadline - now).count();
+        poll_ms = static_cast<int>(std::min<int64_t>(poll_ms, std::max<int64_t>(1, left)));
+        continue;
+      }
+      c.waiting = false;
+      try {
+        write_all(c.fd.get(), reply.data(), reply.size());
+      } catch (const Error&) {
+        c.fd.reset();
+      }
+    }
+    connections.erase(std::remove_if(connections.begin(), connections.end(),
+                                     [](const Connection& c) { return !c.fd.valid(); }),
+                      connections.end());
+
+    std::vector<pollfd> fds;
+    fds.push_back({listen_fd_.get(), POLLIN, 0});
+    fds.push_back({wake_read_.get(), POLLIN, 0});
+    for (const Connection& c : connections)
+      fds.push_back({c.fd.get(), POLLIN, 0});
+    // Parked waits are re-checked after every request (a set may complete them) and when
+    // the nearest deadline passes (poll_ms).
+    const int ready = ::poll(fds.data(), fds.size(), poll_ms);
+    if (ready < 0 && errno != EINTR) break;
+    if (ready <= 0) continue;
+    if (fds[0].revents & POLLIN) {
+      UniqueFd client(::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+      if (client.valid()) {
+        Connection c;
+        c.fd = std::move(client);
+        connections.push_back(std::move(c));
+      }
+    }
+    for (size_t i = 2; i < fds.size(); ++i) {
+      if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      Connection& c = connections[i - 2];
+      char buffer[65536];
+      const ssize_t n = ::recv(c.fd.get(), buffer, sizeof(buffer), 0);
+      if (n <= 0) {
+        c.fd.reset();
+        continue;
+      }
+      c.input.append(buffer, static_cast<size_t>(n));
+      // Handle every complete frame; a parked wait holds back later requests.
+      while (c.fd.valid() && !c.waiting && c.input.size() >= 4) {
+        const auto* b = reinterpret_cast<const unsigned char*>(c.input.data());
+        const uint32_t len = b[0] | (b[1] << 8) | (b[2] << 16) | (uint32_t{b[3]} << 24);
+        if (len == 0 || len > kMaxStoreMessageBytes) {
+          ++dropped_;
+          c.fd.reset();
+          break;
+        }
+        if (c.input.size() < 4 + static_cast<size_t>(len)) break;
+        const std::string payload = c.input.substr(4, len);
+        c.input.erase(0, 4 + static_cast<size_t>(len));
+        MessageReader reader(payload);
+        const auto op = static_cast<StoreOp>(reader.u8());
+        std::string reply;
+        bool drop = false;
+        if (!c.authenticated) {
+          const std::string token = reader.str();
+          if (op != StoreOp::kHello || !reader.ok() || !reader.at_end() || token != config_.token)
+            drop = true;
+          else
+            c.authenticated = true, reply = reply_of(StoreStatus::kOk);
+        } else {
+          std::lock_guard<std::mutex> lock(mutex_);
+          switch (op) {
+            case StoreOp::kSet: {
+              std::string key = reader.str();
+              std::string value = reader.str();
+              if (!reader.ok() || !reader.at_end()) {
+                drop = true;
+                break;
+              }
+              data_[key] = std::move(value);
+              reply = reply_of(StoreStatus::kOk);
+              break;
+            }
+            case StoreOp::kGet: {
+              const std::string key = reader.str();
+              if (!reader.ok() || !reader.at_end()) {
+                drop = true;
+                break;
+              }
+              const auto found = data_.find(key);
+              if (found == data_.end()) {
+                reply = reply_of(StoreStatus::kMissing);
+              } else {
+                MessageWriter body;
+                body.str(found->second);
+                reply = reply_of(StoreStatus::kOk, body);
+              }
+              break;
+            }
+            case StoreOp::kWait: {
+              const uint32_t n = reader.u32();
+              std::vector<std::string> keys;
+              for (uint32_t k = 0; k < n && reader.ok(); ++k)
+                keys.push_back(reader.str());
+              const int64_t timeout_ms = reader.i64();
+              if (!reader.ok() || !reader.at_end() || timeout_ms < 0) {
+                drop = true;
+                break;
+              }
+              c.waiting = true;
+              c.wait_keys = std::move(keys);
+              c.wait_deadline =
+                  std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+              break;
+            }
+            case StoreOp::kAdd: {
+              const std::string key = reader.str();
+              const int64_t delta = reader.i64();
+              if (!reader.ok() || !reader.at_end()) {
+                drop = true;
+                break;
+              }
+              int64_t value = 0;
+              const auto found = data_.find(key);
+              if (found != data_.end()) {
+                char* end = nullptr;
+                value = std::strtoll(found->second.c_str(), &end, 10);
+              }
+              value += delta;
+              data_[key] = std::to_string(value);
+              MessageWriter body;
+              body.i64(value);
+              reply = reply_of(StoreStatus::kOk, body);
+              break;
+            }
+            case StoreOp::kDelete: {
+              const std::string key = reader.str();
+              if (!reader.ok() || !reader.at_end()) {
+                drop = true;
+                break;
+              }
+              reply = reply_of(data_.erase(key) ? StoreStatus::kOk : StoreStatus::kMissing);
+              break;
+            }
+            default:
+              drop = true;
+          }
+        }
+        if (drop) {
+          ++dropped_;
+          c.fd.reset();
+          break;
+        }
+        if (!reply.empty()) {
+          try {
+            write_all(c.fd.get(), reply.data(), reply.size());
+          } catch (const Error&) {
+            c.fd.reset();
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace ddp

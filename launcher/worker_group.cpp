@@ -1,0 +1,281 @@
+// WorkerGroup: fork/exec with pipes, a poll() loop over the pipes, waitpid() for exits.
+#include "launcher/worker_group.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "runtime/error.h"
+
+namespace ddp {
+
+volatile std::sig_atomic_t g_forward_signal = 0;
+
+namespace {
+constexpr size_t kTailLines = 20;
+}
+
+std::string signal_name(int signal) {
+  switch (signal) {
+    case SIGHUP:
+      return "SIGHUP";
+    case SIGINT:
+      return "SIGINT";
+    case SIGQUIT:
+      return "SIGQUIT";
+    case SIGILL:
+      return "SIGILL";
+    case SIGABRT:
+      return "SIGABRT";
+    case SIGBUS:
+      return "SIGBUS";
+    case SIGFPE:
+      return "SIGFPE";
+    case SIGKILL:
+      return "SIGKILL";
+    case SIGSEGV:
+      return "SIGSEGV";
+    case SIGPIPE:
+      return "SIGPIPE";
+    case SIGTERM:
+      return "SIGTERM";
+    case SIGUSR1:
+      return "SIGUSR1";
+    case SIGUSR2:
+      return "SIGUSR2";
+    default:
+      return fmt::format("signal {}", signal);
+  }
+}
+
+WorkerGroup::WorkerGroup(const LaunchConfig& config, std::vector<int> ranks)
+    : config_(config), ranks_(std::move(ranks)) {}
+
+WorkerGroup::~WorkerGroup() {
+  for (Worker& w : workers_) {
+    if (!w.exited && w.pid > 0) {
+      ::kill(-w.pid, SIGKILL);
+      ::waitpid(w.pid, nullptr, 0);
+    }
+    for (int fd : {w.out_fd, w.err_fd, w.log_fd})
+      if (fd >= 0) ::close(fd);
+  }
+}
+
+void WorkerGroup::start(const std::vector<EnvMap>& environments, int restart) {
+  workers_.clear();
+  workers_.resize(environments.size());
+  if (!config_.log_dir.empty()) ::mkdir(config_.log_dir.c_str(), 0755);
+  for (size_t i = 0; i < environments.size(); ++i) {
+    Worker& w = workers_[i];
+    w.rank = ranks_[i];
+    if (!config_.log_dir.empty()) {
+      const std::string path = fmt::format("{}/rank-{}.log", config_.log_dir, w.rank);
+      w.log_fd = ::open(path.c_str(),
+                        O_WRONLY | O_CREAT | O_CLOEXEC | (restart ? O_APPEND : O_TRUNC), 0644);
+      DDP_USAGE_CHECK(w.log_fd >= 0, "--log-dir {}: cannot write {}: {}", config_.log_dir, path,
+                      std::strerror(errno));
+      if (restart) {
+        const std::string header = fmt::format("--- ddprun: restart {} ---\n", restart);
+        (void)!::write(w.log_fd, header.data(), header.size());
+      }
+    }
+    int out[2], err[2];
+    DDP_CHECK(::pipe2(out, O_CLOEXEC) == 0 && ::pipe2(err, O_CLOEXEC) == 0, "pipe failed: {}",
+              std::strerror(errno));
+    std::vector<std::string> env_strings;
+    for (const auto& [key, value] : environments[i])
+      env_strings.push_back(key + "=" + value);
+    std::vector<char*> envp;
+    for (std::string& s : env_strings)
+      envp.push_back(s.data());
+    envp.push_back(nullptr);
+    std::vector<char*> argv;
+    for (const std::string& arg : config_.command)
+      argv.push_back(const_cast<char*>(arg.c_str()));
+    argv.push_back(nullptr);
+    const pid_t parent = ::getpid();
+    const pid_t pid = ::fork();
+    DDP_CHECK(pid >= 0, "fork failed: {}", std::strerror(errno));
+    if (pid == 0) {
+      // Child: own process group (ddprun forwards signals itself), dies with ddprun.
+      ::setpgid(0, 0);
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(127);
+      ::signal(SIGINT, SIG_DFL);
+      ::signal(SIGTERM, SIG_DFL);
+      ::signal(SIGPIPE, SIG_DFL);
+      const int devnull = ::open("/dev/null", O_RDONLY);
+      ::dup2(devnull, 0);
+      ::dup2(out[1], 1);
+      ::dup2(err[1], 2);
+      // execvpe looks the program up on the child's PATH.
+      ::execvpe(argv[0], argv.data(), envp.data());
+      std::fprintf(stderr, "ddprun: cannot run %s: %s\n", argv[0], std::strerror(errno));
+      ::_exit(127);
+    }
+    ::setpgid(pid, pid);
+    ::close(out[1]);
+    ::close(err[1]);
+    w.pid = pid;
+    w.out_fd = out[0];
+    w.err_fd = err[0];
+    ::fcntl(w.out_fd, F_SETFL, O_NONBLOCK);
+    ::fcntl(w.err_fd, F_SETFL, O_NONBLOCK);
+  }
+}
+
+void WorkerGroup::emit(Worker& w, const std::string& line, bool is_err) {
+  if (w.log_fd >= 0) {
+    const std::string text = line + "\n";
+    (void)!::write(w.log_fd, text.data(), text.size());
+  }
+  w.tail.push_back(line);
+  if (w.tail.size() > kTailLines) w.tail.pop_front();
+  if (config_.quiet && w.rank != 0) return;
+  std::FILE* stream = is_err ? stderr : stdout;
+  std::fprintf(stream, "[rank %d] %s\n", w.rank, line.c_str());
+  std::fflush(stream);
+}
+
+void WorkerGroup::pump(Worker& w, int fd, std::string& partial, bool is_err, bool flush) {
+  char buffer[65536];
+  const ssize_t n = ::read(fd, buffer, sizeof(buffer));
+  if (n < 0 && (errno == EAGAIN || errno == EINTR) && !flush) return;  // nothing yet
+  if (n > 0) partial.append(buffer, static_cast<size_t>(n));
+  size_t newline;
+  while ((newline = partial.find('\n')) != std::string::npos) {
+    emit(w, partial.substr(0, newline), is_err);
+    partial.erase(0, newline + 1);
+  }
+  if (n <= 0) {  // EOF or error: this stream is done
+    if (!partial.empty() || flush) {
+      if (!partial.empty()) emit(w, partial, is_err);
+      partial.clear();
+    }
+    ::close(fd);
+    (is_err ? w.err_fd : w.out_fd) = -1;
+  }
+}
+
+void WorkerGroup::reap(bool block_until_exit) {
+  for (Worker& w : workers_) {
+    if (w.exited) continue;
+    int status = 0;
+    const pid_t got = ::waitpid(w.pid, &status, block_until_exit ? 0 : WNOHANG);
+    if (got == w.pid) {
+      w.exited = true;
+      w.status = status;
+    }
+  }
+}
+
+void WorkerGroup::stop_all(int signal) {
+  for (Worker& w : workers_)
+    if (!w.exited) ::kill(-w.pid, signal);
+}
+
+GroupOutcome WorkerGroup::supervise() {
+  using Clock = std::chrono::steady_clock;
+  GroupOutcome outcome;
+  bool stopping = false;
+  Clock::time_point kill_at{};
+  Clock::time_point all_exited_at = Clock::time_point::max();
+  while (true) {
+    std::vector<pollfd> fds;
+    std::vector<std::pair<size_t, bool>> owners;  // worker index, is stderr
+    for (size_t i = 0; i < workers_.size(); ++i) {
+      if (workers_[i].out_fd >= 0)
+        fds.push_back({workers_[i].out_fd, POLLIN, 0}), owners.push_back({i, false});
+      if (workers_[i].err_fd >= 0)
+        fds.push_back({workers_[i].err_fd, POLLIN, 0}), owners.push_back({i, true});
+    }
+    if (!fds.empty()) {
+      const int ready = ::poll(fds.data(), fds.size(), 50);
+      if (ready > 0) {
+        for (size_t k = 0; k < fds.size(); ++k) {
+          if (!(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+          Worker& w = workers_[owners[k].first];
+          const bool is_err = owners[k].second;
+          pump(w, is_err ? w.err_fd : w.out_fd, is_err ? w.err_partial : w.out_partial, is_err,
+               false);
+        }
+      }
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    reap(false);
+
+    if (g_forward_signal != 0 && !outcome.interrupted) {
+      const int signal = g_forward_signal;
+      outcome.interrupted = true;
+      outcome.cause = fmt::format("interrupted by {}", signal_name(signal));
+      outcome.exit_code = 128 + signal;
+      stop_all(signal);
+      stopping = true;
+      kill_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                   std::chrono::duration<double>(config_.grace_period));
+    }
+    if (outcome.failed_rank < 0 && !outcome.interrupted) {
+      for (Worker& w : workers_) {
+        if (!w.exited) continue;
+        const bool failed =
+            WIFSIGNALED(w.status) || (WIFEXITED(w.status) && WEXITSTATUS(w.status) != 0);
+        if (!failed) continue;
+        outcome.failed_rank = w.rank;
+        if (WIFSIGNALED(w.status)) {
+          const int signal = WTERMSIG(w.status);
+          outcome.cause = fmt::format("killed by {} ({})", signal_name(signal), signal);
+          outcome.exit_code = 128 + signal;
+        } else {
+          outcome.cause = fmt::format("exit code {}", WEXITSTATUS(w.status));
+          outcome.exit_code = WEXITSTATUS(w.status);
+        }
+        stop_all(SIGTERM);
+        stopping = true;
+        kill_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                     std::chrono::duration<double>(config_.grace_period));
+        break;
+      }
+    }
+    if (stopping && Clock::now() >= kill_at) {
+      stop_all(SIGKILL);
+      kill_at = Clock::time_point::max();
+    }
+    bool all_exited = true;
+    for (const Worker& w : workers_)
+      all_exited = all_exited && w.exited;
+    bool all_drained = true;
+    for (const Worker& w : workers_)
+      all_drained = all_drained && w.out_fd < 0 && w.err_fd < 0;
+    // Output pipes can stay open in a worker's own children; once every worker has exited,
+    // stop waiting for them after a short drain.
+    if (all_exited && all_exited_at == Clock::time_point::max()) all_exited_at = Clock::now();
+    if (all_exited && (all_drained || Clock::now() - all_exited_at > std::chrono::seconds(1))) {
+      for (Worker& w : workers_) {
+        if (w.out_fd >= 0) pump(w, w.out_fd, w.out_partial, false, true);
+        if (w.err_fd >= 0) pump(w, w.err_fd, w.err_partial, true, true);
+      }
+      break;
+    }
+  }
+  if (outcome.failed_rank >= 0) {
+    for (const Worker& w : workers_)
+      if (w.rank == outcome.failed_rank) outcome.last_lines.assign(w.tail.begin(), w.tail.end());
+  }
+  outcome.success = outcome.failed_rank < 0 && !outcome.interrupted;
+  return outcome;
+}
+
+}  // namespace ddp

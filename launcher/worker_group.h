@@ -1,0 +1,66 @@
+// Starts the workers of one node, tees their output line by line (console with a
+// "[rank K] " prefix, and <log-dir>/rank-K.log), and supervises them: the first failure
+// stops the others (SIGTERM, grace period, SIGKILL) and is reported as the root cause.
+#pragma once
+
+#include <sys/types.h>
+
+#include <csignal>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "launcher/launch_config.h"
+
+namespace ddp {
+
+struct GroupOutcome {
+  bool success = false;
+  int exit_code = 0;     // what ddprun should exit with
+  int failed_rank = -1;  // the first rank that failed, or -1
+  std::string cause;     // "exit code 3", "signal SIGKILL (9)", "interrupted by SIGINT"
+  std::vector<std::string> last_lines;  // the failed rank's last output lines
+  bool interrupted = false;             // ddprun itself got SIGINT/SIGTERM
+};
+
+// Set by ddprun's signal handler; the supervision loop forwards it to every worker.
+extern volatile std::sig_atomic_t g_forward_signal;
+
+class WorkerGroup {
+ public:
+  WorkerGroup(const LaunchConfig& config, std::vector<int> ranks);
+  ~WorkerGroup();  // kills workers still running
+  WorkerGroup(const WorkerGroup&) = delete;
+  WorkerGroup& operator=(const WorkerGroup&) = delete;
+
+  // Starts one process per environment (same order as ranks). Throws on fork/exec setup errors.
+  void start(const std::vector<EnvMap>& environments, int restart);
+  // Runs until every worker has exited or the group was stopped; returns the outcome.
+  GroupOutcome supervise();
+
+ private:
+  struct Worker {
+    int rank = 0;
+    pid_t pid = -1;
+    int out_fd = -1;
+    int err_fd = -1;
+    std::string out_partial, err_partial;
+    int log_fd = -1;
+    bool exited = false;
+    int status = 0;
+    std::deque<std::string> tail;
+  };
+  void pump(Worker& worker, int fd, std::string& partial, bool is_err, bool flush);
+  void emit(Worker& worker, const std::string& line, bool is_err);
+  void stop_all(int signal);
+  void reap(bool block_until_exit);
+
+  LaunchConfig config_;
+  std::vector<int> ranks_;
+  std::vector<Worker> workers_;
+};
+
+// "SIGKILL" for 9, etc.
+std::string signal_name(int signal);
+
+}  // namespace ddp

@@ -1,0 +1,157 @@
+// TCP helpers: connect with retries, full writes, reads with a deadline, framing.
+#include "runtime/socket.h"
+
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+#include "runtime/error.h"
+
+namespace ddp {
+
+void UniqueFd::reset(int fd) {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = fd;
+}
+
+UniqueFd tcp_connect(const std::string& host, int port, Deadline deadline) {
+  std::string last_error = "no attempt";
+  while (true) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* found = nullptr;
+    const int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found);
+    if (rc != 0) {
+      last_error = ::gai_strerror(rc);
+    } else {
+      for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+        UniqueFd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
+        if (!fd.valid()) continue;
+        if (::connect(fd.get(), a->ai_addr, a->ai_addrlen) == 0) {
+          const int one = 1;
+          ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+          ::freeaddrinfo(found);
+          return fd;
+        }
+        last_error = std::strerror(errno);
+      }
+      ::freeaddrinfo(found);
+    }
+    if (std::chrono::steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  throw Error(fmt::format(
+      "cannot reach the rendezvous store at {}:{} ({}); check MASTER_ADDR/MASTER_PORT and that "
+      "ddprun is still running",
+      host, port, last_error));
+}
+
+void write_all(int fd, const void* data, size_t bytes) {
+  const char* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::send(fd, p, bytes, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    DDP_CHECK(n > 0, "store connection: send failed: {}", std::strerror(errno));
+    p += n;
+    bytes -= static_cast<size_t>(n);
+  }
+}
+
+bool read_exact(int fd, void* data, size_t bytes, Deadline deadline) {
+  char* p = static_cast<char*>(data);
+  while (bytes > 0) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    pollfd pfd{fd, POLLIN, 0};
+    const int ready = ::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
+    if (ready < 0 && errno == EINTR) continue;
+    DDP_CHECK(ready >= 0, "store connection: poll failed: {}", std::strerror(errno));
+    if (ready == 0) continue;
+    const ssize_t n = ::recv(fd, p, bytes, 0);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    DDP_CHECK(n > 0, "store connection closed by the server{}",
+              n < 0 ? std::string(": ") + std::strerror(errno) : std::string(" (wrong token?)"));
+    p += n;
+    bytes -= static_cast<size_t>(n);
+  }
+  return true;
+}
+
+MessageWriter& MessageWriter::u8(uint8_t v) {
+  payload_.push_back(static_cast<char>(v));
+  return *this;
+}
+MessageWriter& MessageWriter::u32(uint32_t v) {
+  for (int i = 0; i < 4; ++i)
+    payload_.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+  return *this;
+}
+MessageWriter& MessageWriter::i64(int64_t v) {
+  const uint64_t u = static_cast<uint64_t>(v);
+  for (int i = 0; i < 8; ++i)
+    payload_.push_back(static_cast<char>((u >> (8 * i)) & 0xff));
+  return *this;
+}
+MessageWriter& MessageWriter::str(const std::string& v) {
+  u32(static_cast<uint32_t>(v.size()));
+  payload_ += v;
+  return *this;
+}
+MessageWriter& MessageWriter::raw(const std::string& bytes) {
+  payload_ += bytes;
+  return *this;
+}
+std::string MessageWriter::framed() const {
+  MessageWriter frame;
+  frame.u32(static_cast<uint32_t>(payload_.size()));
+  return frame.payload_ + payload_;
+}
+
+bool MessageReader::take(void* out, size_t bytes) {
+  if (!ok_ || data_.size() - pos_ < bytes) {
+    ok_ = false;
+    return false;
+  }
+  std::memcpy(out, data_.data() + pos_, bytes);
+  pos_ += bytes;
+  return true;
+}
+uint8_t MessageReader::u8() {
+  uint8_t v = 0;
+  take(&v, 1);
+  return v;
+}
+uint32_t MessageReader::u32() {
+  unsigned char b[4] = {};
+  if (!take(b, 4)) return 0;
+  return b[0] | (b[1] << 8) | (b[2] << 16) | (uint32_t{b[3]} << 24);
+}
+int64_t MessageReader::i64() {
+  unsigned char b[8] = {};
+  if (!take(b, 8)) return 0;
+  uint64_t u = 0;
+  for (int i = 0; i < 8; ++i)
+    u |= static_cast<uint64_t>(b[i]) << (8 * i);
+  return static_cast<int64_t>(u);
+}
+std::string MessageReader::str() {
+  const uint32_t n = u32();
+  if (!ok_ || data_.size() - pos_ < n) {
+    ok_ = false;
+    return {};
+  }
+  std::string v = data_.substr(pos_, n);
+  pos_ += n;
+  return v;
+}
+
+}  // namespace ddp

@@ -1,0 +1,111 @@
+// StoreClient: one framed request, one framed reply.
+#include "runtime/store.h"
+
+#include "runtime/error.h"
+
+namespace ddp {
+
+StoreClient::StoreClient(const std::string& host, int port, const std::string& token,
+                         double connect_timeout_s)
+    : address_(fmt::format("{}:{}", host, port)),
+      fd_(tcp_connect(host, port, deadline_in(connect_timeout_s))) {
+  MessageWriter hello;
+  hello.u8(static_cast<uint8_t>(StoreOp::kHello)).str(token);
+  MessageReader reply_reader(round_trip(hello, connect_timeout_s));
+  (void)reply_reader;
+}
+
+std::string StoreClient::round_trip(const MessageWriter& request, double timeout_s) {
+  const std::string frame = request.framed();
+  write_all(fd_.get(), frame.data(), frame.size());
+  // The server answers a wait only when it completes or times out: allow it some slack.
+  const Deadline deadline = deadline_in(timeout_s + 10.0);
+  unsigned char len_bytes[4];
+  DDP_CHECK(read_exact(fd_.get(), len_bytes, 4, deadline),
+            "rendezvous store at {} did not answer within {:.0f}s", address_, timeout_s + 10.0);
+  const uint32_t len =
+      len_bytes[0] | (len_bytes[1] << 8) | (len_bytes[2] << 16) | (uint32_t{len_bytes[3]} << 24);
+  DDP_CHECK(len >= 1 && len <= kMaxStoreMessageBytes, "rendezvous store at {}: bad reply length {}",
+            address_, len);
+  std::string payload(len, '\0');
+  DDP_CHECK(read_exact(fd_.get(), payload.data(), len, deadline),
+            "rendezvous store at {}: reply cut short", address_);
+  const auto status = static_cast<StoreStatus>(static_cast<uint8_t>(payload[0]));
+  DDP_CHECK(status != StoreStatus::kBadRequest, "rendezvous store at {} refused a request",
+            address_);
+  return payload;
+}
+
+void StoreClient::set(const std::string& key, const std::string& value) {
+  MessageWriter request;
+  request.u8(static_cast<uint8_t>(StoreOp::kSet)).str(key).str(value);
+  round_trip(request, 30.0);
+}
+
+std::optional<std::string> StoreClient::get(const std::string& key) {
+  MessageWriter request;
+  request.u8(static_cast<uint8_t>(StoreOp::kGet)).str(key);
+  const std::string reply = round_trip(request, 30.0);
+  MessageReader reader(reply);
+  if (static_cast<StoreStatus>(reader.u8()) != StoreStatus::kOk) return std::nullopt;
+  std::string value = reader.str();
+  DDP_CHECK(reader.ok(), "rendezvous store at {}: malformed reply to get({})", address_, key);
+  return value;
+}
+
+std::vector<std::string> StoreClient::missing(const std::vector<std::string>& keys) {
+  std::vector<std::string> result;
+  for (const std::string& key : keys)
+    if (!get(key)) result.push_back(key);
+  return result;
+}
+
+void StoreClient::wait(const std::vector<std::string>& keys, double timeout_s) {
+  MessageWriter request;
+  request.u8(static_cast<uint8_t>(StoreOp::kWait)).u32(static_cast<uint32_t>(keys.size()));
+  for (const std::string& key : keys)
+    request.str(key);
+  request.i64(static_cast<int64_t>(timeout_s * 1000));
+  const std::string reply = round_trip(request, timeout_s);
+  MessageReader reader(reply);
+  const auto status = static_cast<StoreStatus>(reader.u8());
+  if (status == StoreStatus::kOk) return;
+  std::vector<std::string> missing_keys;
+  const uint32_t n = reader.u32();
+  for (uint32_t i = 0; i < n && reader.ok(); ++i)
+    missing_keys.push_back(reader.str());
+  std::string list;
+  for (size_t i = 0; i < missing_keys.size() && i < 16; ++i)
+    list += (i ? ", " : "") + missing_keys[i];
+  throw Error(
+      fmt::format("timed out after {:.1f}s waiting at the rendezvous store {} for {} of "
+                  "{} keys: {}",
+                  timeout_s, address_, missing_keys.size(), keys.size(), list));
+}
+
+std::string StoreClient::wait_get(const std::string& key, double timeout_s) {
+  wait({key}, timeout_s);
+  auto value = get(key);
+  DDP_CHECK(value.has_value(), "key {} vanished from the store at {}", key, address_);
+  return *value;
+}
+
+int64_t StoreClient::add(const std::string& key, int64_t delta) {
+  MessageWriter request;
+  request.u8(static_cast<uint8_t>(StoreOp::kAdd)).str(key).i64(delta);
+  const std::string reply = round_trip(request, 30.0);
+  MessageReader reader(reply);
+  reader.u8();
+  const int64_t value = reader.i64();
+  DDP_CHECK(reader.ok(), "rendezvous store at {}: malformed reply to add({})", address_, key);
+  return value;
+}
+
+bool StoreClient::remove(const std::string& key) {
+  MessageWriter request;
+  request.u8(static_cast<uint8_t>(StoreOp::kDelete)).str(key);
+  MessageReader reader(round_trip(request, 30.0));
+  return static_cast<StoreStatus>(reader.u8()) == StoreStatus::kOk;
+}
+
+}  // namespace ddp

@@ -1,0 +1,57 @@
+// The rendezvous store client: a TCP key-value store served by ddprun (or by any process
+// through launcher/StoreServer). Every connection first presents the job's token.
+// Each call is a blocking round trip; it is safe to use one client from one thread only.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/socket.h"
+
+namespace ddp {
+
+// Wire protocol, shared with the server. Request: u8 op, then fields; reply: u8 status, then
+// fields. Strings are u32 length + bytes, integers little-endian.
+enum class StoreOp : uint8_t {
+  kHello = 1,   // str token                        -> ok
+  kSet = 2,     // str key, str value                -> ok
+  kGet = 3,     // str key                           -> ok + str value | missing
+  kWait = 4,    // u32 n, n x str key, i64 timeout_ms -> ok | timeout + u32 m, m x missing key
+  kAdd = 5,     // str key, i64 delta                -> ok + i64 new value
+  kDelete = 6,  // str key                           -> ok | missing
+};
+enum class StoreStatus : uint8_t { kOk = 0, kMissing = 1, kTimeout = 2, kBadRequest = 3 };
+
+class StoreClient {
+ public:
+  // Connects (retrying until connect_timeout_s) and presents the token.
+  StoreClient(const std::string& host, int port, const std::string& token,
+              double connect_timeout_s = 30.0);
+
+  void set(const std::string& key, const std::string& value);
+  // The value, or nullopt when the key is not set. Does not block.
+  std::optional<std::string> get(const std::string& key);
+  // Blocks until every key is set or timeout_s passes; throws ddp::Error naming the keys
+  // still missing on timeout.
+  void wait(const std::vector<std::string>& keys, double timeout_s);
+  // wait({key}) then get(key).
+  std::string wait_get(const std::string& key, double timeout_s);
+  // Adds delta to the integer at key (0 when unset); returns the new value. Atomic.
+  int64_t add(const std::string& key, int64_t delta);
+  // Removes key; returns whether it existed.
+  bool remove(const std::string& key);
+  // The keys of `keys` that are not set, without waiting.
+  std::vector<std::string> missing(const std::vector<std::string>& keys);
+
+  const std::string& address() const { return address_; }
+
+ private:
+  std::string round_trip(const MessageWriter& request, double timeout_s);
+
+  std::string address_;
+  UniqueFd fd_;
+};
+
+}  // namespace ddp

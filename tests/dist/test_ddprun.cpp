@@ -1,0 +1,250 @@
+// ddprun with real worker processes: the environment contract, failure propagation,
+// signals, restarts, the store end to end, and no CUDA library in ddprun.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "runtime/timer.h"
+
+namespace ddp {
+namespace {
+
+struct RunResult {
+  int exit_code = -1;
+  std::string output;
+  double seconds = 0;
+};
+
+RunResult run(const std::string& command) {
+  Stopwatch clock;
+  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
+  RunResult result;
+  std::array<char, 4096> buffer;
+  size_t got;
+  while ((got = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0)
+    result.output.append(buffer.data(), got);
+  const int status = ::pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  result.seconds = clock.seconds();
+  return result;
+}
+
+std::string ddprun() {
+  return DDPRUN_PATH;
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "ddprun-test-XXXXXX").string();
+    path_ = ::mkdtemp(pattern.data());
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+TEST(Ddprun, EnvironmentContractForEachWorker) {
+  const RunResult r =
+      run("CUDA_VISIBLE_DEVICES=4,6 " + ddprun() +
+          " --nproc-per-node 2 -- sh -c 'echo R=$RANK W=$WORLD_SIZE L=$LOCAL_RANK "
+          "LW=$LOCAL_WORLD_SIZE G=$GROUP_RANK C=$CUDA_VISIBLE_DEVICES "
+          "A=$MASTER_ADDR P=$MASTER_PORT T=${#DDP_STORE_TOKEN} X=$DDP_RESTART_COUNT'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("[rank 0] R=0 W=2 L=0 LW=2 G=0 C=4 A=127.0.0.1 P="), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("[rank 1] R=1 W=2 L=1 LW=2 G=0 C=6 A=127.0.0.1 P="), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("T=32 X=0"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("P=0 "), std::string::npos) << "port 0 must be replaced by the real port";
+}
+
+TEST(Ddprun, MoreGpuWorkersThanGpusIsAnError) {
+  const RunResult r = run("CUDA_VISIBLE_DEVICES=4,6 " + ddprun() + " --nproc-per-node 3 -- true");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("only 2 GPUs found (CUDA_VISIBLE_DEVICES: 4,6)"), std::string::npos)
+      << r.output;
+}
+
+TEST(Ddprun, OutputIsPrefixedAndLoggedPerRank) {
+  TempDir dir;
+  const RunResult r =
+      run(ddprun() + " --nproc-per-node 3 --log-dir " + dir.file("logs") +
+          " -- sh -c 'echo out-$RANK; echo err-$RANK >&2; printf no-newline-$RANK'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (int rank = 0; rank < 3; ++rank) {
+    const std::string k = std::to_string(rank);
+    EXPECT_NE(r.output.find("[rank " + k + "] out-" + k), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("[rank " + k + "] err-" + k), std::string::npos) << r.output;
+    const std::string log = read_file(dir.file("logs/rank-" + k + ".log"));
+    EXPECT_NE(log.find("out-" + k + "\n"), std::string::npos) << log;
+    EXPECT_NE(log.find("err-" + k + "\n"), std::string::npos) << log;
+    EXPECT_NE(log.find("no-newline-" + k), std::string::npos) << log;
+  }
+}
+
+TEST(Ddprun, QuietShowsOnlyRankZero) {
+  const RunResult r = run(ddprun() + " --nproc-per-node 2 --quiet -- sh -c 'echo hi-$RANK'");
+  EXPECT_NE(r.output.find("[rank 0] hi-0"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("hi-1"), std::string::npos) << r.output;
+}
+
+TEST(Ddprun, FirstFailureStopsTheOthersAndSetsTheExitCode) {
+  const RunResult r = run(ddprun() +
+                          " --nproc-per-node 3 --grace-period 2 -- sh -c "
+                          "'if [ $RANK = 1 ]; then echo about to fail; exit 3; fi; exec sleep 60'");
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_LT(r.seconds, 10.0) << "the others were not stopped";
+  EXPECT_NE(r.output.find("rank 1 failed first: exit code 3"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("| about to fail"), std::string::npos) << r.output;
+}
+
+TEST(Ddprun, WorkersIgnoringSigtermAreKilledAfterTheGracePeriod) {
+  const RunResult r =
+      run(ddprun() +
+          " --nproc-per-node 2 --grace-period 1 -- sh -c "
+          "'trap \"\" TERM; if [ $RANK = 0 ]; then exit 5; fi; sleep 60 & wait; sleep 60'");
+  EXPECT_EQ(r.exit_code, 5) << r.output;
+  EXPECT_LT(r.seconds, 10.0);
+}
+
+TEST(Ddprun, SignalDeathIsReportedByName) {
+  const RunResult r = run(ddprun() +
+                          " --nproc-per-node 2 -- sh -c "
+                          "'if [ $RANK = 1 ]; then kill -9 $$; fi; exec sleep 60'");
+  EXPECT_EQ(r.exit_code, 128 + 9) << r.output;
+  EXPECT_NE(r.output.find("rank 1 failed first: killed by SIGKILL (9)"), std::string::npos)
+      << r.output;
+}
+
+TEST(Ddprun, SigintReachesEveryWorker) {
+  TempDir dir;
+  const std::string script = "trap 'echo int > " + dir.path() +
+                             "/got-$RANK; exit 0' INT; "
+                             "echo ready > " +
+                             dir.path() + "/ready-$RANK; while true; do sleep 0.05; done";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::execl(DDPRUN_PATH, "ddprun", "--nproc-per-node", "3", "--", "sh", "-c", script.c_str(),
+            nullptr);
+    ::_exit(127);
+  }
+  for (int i = 0; i < 200; ++i) {
+    bool all = true;
+    for (int r = 0; r < 3; ++r)
+      all = all && std::filesystem::exists(dir.file("ready-" + std::to_string(r)));
+    if (all) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ::kill(pid, SIGINT);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGINT);
+  for (int r = 0; r < 3; ++r)
+    EXPECT_TRUE(std::filesystem::exists(dir.file("got-" + std::to_string(r)))) << "rank " << r;
+}
+
+TEST(Ddprun, RestartsCountUpThenGiveUp) {
+  TempDir dir;
+  const RunResult r = run(ddprun() +
+                          " --nproc-per-node 2 --max-restarts 2 -- sh -c "
+                          "'echo $DDP_RESTART_COUNT >> " +
+                          dir.path() + "/r-$RANK; exit 1'");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_EQ(read_file(dir.file("r-0")), "0\n1\n2\n");
+  EXPECT_EQ(read_file(dir.file("r-1")), "0\n1\n2\n");
+  EXPECT_NE(r.output.find("restarting the group (restart 2 of 2)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("giving up after 2 restarts"), std::string::npos) << r.output;
+}
+
+TEST(Ddprun, RestartSucceedsOnALaterAttempt) {
+  const RunResult r = run(ddprun() +
+                          " --nproc-per-node 2 --max-restarts 3 -- sh -c "
+                          "'test $DDP_RESTART_COUNT -ge 1'");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
+TEST(Ddprun, WorkersMeetAtTheStore) {
+  const RunResult r = run(ddprun() + " --nproc-per-node 4 -- " + WORKER_PATH + " store");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (int rank = 0; rank < 4; ++rank)
+    EXPECT_NE(r.output.find("store ok rank=" + std::to_string(rank) +
+                            " world=4 sum=10 peer=" + std::to_string((rank + 1) % 4 * 10)),
+              std::string::npos)
+        << r.output;
+}
+
+TEST(Ddprun, StoreWorksAgainAfterARestart) {
+  TempDir dir;
+  const std::string once = dir.file("once");
+  const RunResult r =
+      run(ddprun() + " --nproc-per-node 2 --max-restarts 1 -- sh -c '" + WORKER_PATH +
+          " store && if [ $DDP_RESTART_COUNT = 0 ] && [ $RANK = 0 ]; then exit 9; fi'");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("restarting the group"), std::string::npos) << r.output;
+}
+
+TEST(Ddprun, PortInUseIsAClearError) {
+  const RunResult first = run(ddprun() + " --nproc-per-node 1 -- sh -c 'echo port=$MASTER_PORT'");
+  // Hold a port with a worker, then ask a second ddprun for the same one.
+  TempDir dir;
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const std::string script = "echo $MASTER_PORT > " + dir.path() + "/port; sleep 30";
+    ::execl(DDPRUN_PATH, "ddprun", "--nproc-per-node", "1", "--", "sh", "-c", script.c_str(),
+            nullptr);
+    ::_exit(127);
+  }
+  std::string port;
+  for (int i = 0; i < 200 && port.empty(); ++i) {
+    port = read_file(dir.file("port"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  while (!port.empty() && port.back() == '\n')
+    port.pop_back();
+  ASSERT_FALSE(port.empty());
+  const RunResult r = run(ddprun() + " --nproc-per-node 1 --master-port " + port + " -- true");
+  ::kill(pid, SIGTERM);
+  ::waitpid(pid, nullptr, 0);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--master-port " + port + ": 127.0.0.1:" + port + " is already in use"),
+            std::string::npos)
+      << r.output;
+  (void)first;
+}
+
+TEST(Ddprun, MissingProgramIsReported) {
+  const RunResult r = run(ddprun() + " --nproc-per-node 1 -- /no/such/program");
+  EXPECT_EQ(r.exit_code, 127) << r.output;
+  EXPECT_NE(r.output.find("cannot run /no/such/program"), std::string::npos) << r.output;
+}
+
+TEST(Ddprun, LinksNoCudaNcclOrMpiLibrary) {
+  const RunResult r = run("ldd " + ddprun());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* lib : {"libcuda", "libcudart", "libnccl", "libmpi", "libnvidia-ml"})
+    EXPECT_EQ(r.output.find(lib), std::string::npos) << lib << " in\n" << r.output;
+}
+
+}  // namespace
+}  // namespace ddp
