@@ -85,7 +85,14 @@ bool parse_train_args(int argc, char** argv, TrainConfig* config) {
     ("init-weights", "start from these weights (.safetensors)", cxxopts::value<std::string>())
     ("save-weights", "write the final weights here (.safetensors)", cxxopts::value<std::string>())
     ("metrics", "write one JSON object per logged step and one at the end (.jsonl)", cxxopts::value<std::string>())
-    ("device", "cpu", cxxopts::value<std::string>()->default_value(d.device))
+    ("device", "cpu or cuda", cxxopts::value<std::string>()->default_value(d.device))
+    ("precision", "cuda: fp32 (exact float32), tf32 (TF32 tensor cores) or bf16 (bf16 products, float32 master weights)",
+        cxxopts::value<std::string>()->default_value(d.precision))
+    ("no-cuda-graph", "cuda: launch every kernel instead of replaying the captured step")
+    ("no-fused-epilogues", "cuda: plain matrix products plus our own bias/ReLU kernels (for comparison)")
+    ("sync-debug", "cuda: synchronise after every kernel and name the op that failed")
+    ("init-retries", "cuda: retry a failed device start-up this many times, with back-off",
+        cxxopts::value<std::string>()->default_value(text(d.init_retries)))
     ("threads", "CPU threads for matrix products (0: the BLAS default)", cxxopts::value<std::string>()->default_value(text(d.threads)))
     ("log-every", "log progress every N steps", cxxopts::value<std::string>()->default_value(text(d.log_every)))
     ("quiet", "print only the configuration and the result")
@@ -147,6 +154,11 @@ bool parse_train_args(int argc, char** argv, TrainConfig* config) {
     if (result.count("save-weights")) c.save_weights = result["save-weights"].as<std::string>();
     if (result.count("metrics")) c.metrics = result["metrics"].as<std::string>();
     c.device = result["device"].as<std::string>();
+    c.precision = result["precision"].as<std::string>();
+    c.cuda_graph = result.count("no-cuda-graph") == 0;
+    c.fused_epilogues = result.count("no-fused-epilogues") == 0;
+    c.sync_debug = result.count("sync-debug") > 0;
+    c.init_retries = number<int>(result, "init-retries");
     c.threads = number<int>(result, "threads");
     c.log_every = number<int>(result, "log-every");
     c.quiet = result.count("quiet") > 0;
@@ -174,8 +186,14 @@ void validate(const TrainConfig& c) {
                   "--momentum {}: expected a value in [0, 1)", c.optimizer.momentum);
   DDP_USAGE_CHECK(c.optimizer.weight_decay >= 0, "--weight-decay {}: expected 0 or more",
                   c.optimizer.weight_decay);
-  DDP_USAGE_CHECK(c.device == "cpu",
-                  "--device {}: expected cpu (this build trains on the CPU only)", c.device);
+  DDP_USAGE_CHECK(c.device == "cpu" || c.device == "cuda", "--device {}: expected cpu or cuda",
+                  c.device);
+  DDP_USAGE_CHECK(c.precision == "fp32" || c.precision == "tf32" || c.precision == "bf16",
+                  "--precision {}: expected fp32, tf32 or bf16", c.precision);
+  DDP_USAGE_CHECK(c.device == "cuda" || c.precision == "fp32",
+                  "--precision {}: the CPU trains in fp32 only; use --device cuda", c.precision);
+  DDP_USAGE_CHECK(c.init_retries >= 0 && c.init_retries <= 100,
+                  "--init-retries {}: expected 0 to 100", c.init_retries);
   DDP_USAGE_CHECK(c.threads >= 0 && c.threads <= 1024, "--threads {}: expected 0 to 1024",
                   c.threads);
   DDP_USAGE_CHECK(c.log_every >= 1, "--log-every {}: expected at least 1", c.log_every);
@@ -183,7 +201,11 @@ void validate(const TrainConfig& c) {
 
 std::vector<std::string> describe(const TrainConfig& c) {
   std::vector<std::string> lines;
-  lines.push_back(fmt::format("model      mlp {} on {}", c.layers, c.device));
+  lines.push_back(fmt::format("model      mlp {} on {}{}", c.layers, c.device,
+                              c.device == "cuda" ? fmt::format(" ({}{}{})", c.precision,
+                                                               c.cuda_graph ? ", CUDA graph" : "",
+                                                               c.sync_debug ? ", sync-debug" : "")
+                                                 : ""));
   lines.push_back(fmt::format("data       {}{}{}", c.data, c.data == "synthetic" ? "" : " from ",
                               c.data == "synthetic" ? "" : c.data_dir));
   lines.push_back(fmt::format(

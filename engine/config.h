@@ -27,7 +27,12 @@ struct TrainConfig {
   std::string init_weights;
   std::string save_weights;
   std::string metrics;
-  std::string device = "cpu";
+  std::string device = "cpu";  // cpu | cuda
+  std::string precision = "fp32";  // fp32 | tf32 | bf16 (cuda)
+  bool cuda_graph = true;
+  bool fused_epilogues = true;
+  bool sync_debug = false;
+  int init_retries = 0;
   int threads = 0;  // CPU matrix-product threads; 0: the library's default
   int log_every = 100;
   bool quiet = false;

@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include "models/gemm.h"
+#include "engine/progress.h"
 #include "models/safetensors.h"
 #include "runtime/error.h"
 #include "runtime/timer.h"
@@ -91,70 +92,31 @@ EvalResult Trainer::evaluate(const Split& split) {
   return result;
 }
 
-TrainResult Trainer::run() {
-  MetricsWriter metrics =
-      config_.metrics.empty() ? MetricsWriter() : MetricsWriter(config_.metrics);
+TrainResult Trainer::run(MetricsWriter* metrics_in) {
+  MetricsWriter own_metrics =
+      metrics_in != nullptr || config_.metrics.empty() ? MetricsWriter() : MetricsWriter(config_.metrics);
+  MetricsWriter& metrics = metrics_in != nullptr ? *metrics_in : own_metrics;
   TrainResult result;
-  Stopwatch clock;
-  Stopwatch window_clock;
+  ProgressReporter progress(config_, total_steps_, data_.train.n, &metrics);
   double window_loss = 0;
   int64_t window_correct = 0;
   int64_t window_samples = 0;
-  int64_t total_samples = 0;
   while (step_ < total_steps_) {
     const StepStats stats = step();
     window_loss += stats.loss_sum;
     window_correct += stats.correct;
     window_samples += stats.samples;
-    total_samples += stats.samples;
     if (step_ % config_.log_every == 0 || step_ == total_steps_) {
-      const double elapsed = clock.seconds();
-      const double rate = window_samples / std::max(window_clock.seconds(), 1e-9);
-      const double eta = elapsed / step_ * (total_steps_ - step_);
-      result.train_loss = window_loss / window_samples;
-      result.train_accuracy = static_cast<double>(window_correct) / window_samples;
-      const int64_t epoch = sampler_.epoch_of((step_ - 1) * config_.batch_size);
-      const float lr =
-          lr_at(step_ - 1, total_steps_, config_.lr, config_.lr_schedule, config_.warmup_steps);
-      if (!config_.quiet)
-        spdlog::info(
-            "epoch {} step {}/{} loss {:.4f} acc {:.2f}% lr {:.4g} {:.1f}k samples/s, {:.0f}s left",
-            epoch + 1, step_, total_steps_, result.train_loss, 100 * result.train_accuracy, lr,
-            rate / 1e3, eta);
-      metrics.write({{"event", "step"},
-                     {"step", step_},
-                     {"epoch", epoch + 1},
-                     {"loss", result.train_loss},
-                     {"accuracy", result.train_accuracy},
-                     {"lr", lr},
-                     {"samples_per_s", rate},
-                     {"elapsed_s", elapsed}});
+      progress.window(step_, window_loss, window_correct, window_samples, &result);
       window_loss = 0;
       window_correct = 0;
       window_samples = 0;
-      window_clock.reset();
     }
   }
-  result.seconds = clock.seconds();
   result.steps = step_;
-  result.samples_per_second = total_samples / std::max(result.seconds, 1e-9);
+  const double seconds = progress.seconds();
   result.test = evaluate(data_.test);
-  if (data_.test.n > 0)
-    spdlog::info(
-        "test accuracy {:.2f}% (loss {:.4f}, {} samples); trained {} steps in {:.1f}s, "
-        "{:.1f}k samples/s",
-        100 * result.test.accuracy, result.test.loss, result.test.samples, result.steps,
-        result.seconds, result.samples_per_second / 1e3);
-  else
-    spdlog::info("trained {} steps in {:.1f}s, {:.1f}k samples/s (no test split)", result.steps,
-                 result.seconds, result.samples_per_second / 1e3);
-  metrics.write({{"event", "end"},
-                 {"steps", result.steps},
-                 {"train_loss", result.train_loss},
-                 {"test_accuracy", result.test.accuracy},
-                 {"test_loss", result.test.loss},
-                 {"train_seconds", result.seconds},
-                 {"samples_per_s", result.samples_per_second}});
+  progress.finish(seconds, &result);
   if (!config_.save_weights.empty()) {
     save_mlp_weights(config_.save_weights, model_.shape(), model_.params());
     spdlog::info("weights written to {}", config_.save_weights);

@@ -45,8 +45,9 @@ class Trainer {
   // One optimizer step over the next global batch.
   StepStats step();
   EvalResult evaluate(const Split& split);
-  // The whole run: logs progress, writes metrics, evaluates, saves weights.
-  TrainResult run();
+  // The whole run: logs progress, writes metrics (to `metrics` when given, else to
+  // config.metrics), evaluates, saves weights.
+  TrainResult run(MetricsWriter* metrics = nullptr);
 
   const MlpShape& shape() const { return model_.shape(); }
   const float* params() const { return model_.params(); }

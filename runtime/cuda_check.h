@@ -14,11 +14,6 @@ namespace detail {
                                    int line);
 }  // namespace detail
 
-// Bytes held by this process per category, printed with an out-of-memory error. Set by the
-// GPU model (models/) so that the error can say what this process holds.
-using MemoryReportFn = std::string (*)();
-void set_memory_report(MemoryReportFn report);
-
 }  // namespace ddp
 
 #define DDP_CUDA_CHECK(statement)                                                       \

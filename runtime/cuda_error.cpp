@@ -3,11 +3,11 @@
 #include <string>
 
 #include "runtime/cuda_check.h"
+#include "runtime/device_buffer.h"
 #include "runtime/error.h"
 
 namespace ddp {
 namespace {
-MemoryReportFn g_memory_report = nullptr;  // plain function pointer, owns nothing
 
 std::string visible_devices() {
   const char* value = std::getenv("CUDA_VISIBLE_DEVICES");  // read-only echo for the message
@@ -40,7 +40,7 @@ std::string cause_of(cudaError_t error) {
       return fmt::format("the driver reports {:.2f} GiB used and {:.2f} GiB free of {:.2f} GiB{}",
                          (total_bytes - free_bytes) / double(1u << 30),
                          free_bytes / double(1u << 30), total_bytes / double(1u << 30),
-                         g_memory_report ? "; this process holds " + g_memory_report() : "");
+                         "; this process holds " + memory_ledger().describe());
     }
     case cudaErrorInsufficientDriver: {
       int driver = 0, runtime = 0;
@@ -58,10 +58,6 @@ std::string cause_of(cudaError_t error) {
   }
 }
 }  // namespace
-
-void set_memory_report(MemoryReportFn report) {
-  g_memory_report = report;
-}
 
 namespace detail {
 void throw_cuda_error(cudaError_t error, const char* statement, const char* file, int line) {

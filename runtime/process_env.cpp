@@ -2,6 +2,7 @@
 #include "runtime/process_env.h"
 
 #include <cstdlib>
+#include <vector>
 
 #include "runtime/error.h"
 
@@ -78,6 +79,30 @@ ProcessEnv ProcessEnv::detect(const Lookup& lookup) {
                   "{} environment: local rank {} is not below local world size {}",
                   launcher_name(env.launcher), env.local_rank, env.local_world_size);
   return env;
+}
+
+void narrow_visible_devices(ProcessEnv* env) {
+  std::vector<std::string> ids;
+  if (env->cuda_visible_devices_set) {
+    std::string item;
+    for (char c : env->cuda_visible_devices + ",") {
+      if (c == ',') {
+        if (!item.empty()) ids.push_back(item);
+        item.clear();
+      } else if (c != ' ') {
+        item += c;
+      }
+    }
+    if (ids.size() <= 1) return;  // already one GPU (or none): nothing to narrow
+    DDP_USAGE_CHECK(env->local_rank < static_cast<int>(ids.size()),
+                    "{}: local rank {} but CUDA_VISIBLE_DEVICES={} lists only {} GPUs",
+                    launcher_name(env->launcher), env->local_rank, env->cuda_visible_devices, ids.size());
+    env->cuda_visible_devices = ids[env->local_rank];
+  } else {
+    env->cuda_visible_devices = std::to_string(env->local_rank);
+  }
+  env->cuda_visible_devices_set = true;
+  ::setenv("CUDA_VISIBLE_DEVICES", env->cuda_visible_devices.c_str(), 1);
 }
 
 ProcessEnv ProcessEnv::detect() {

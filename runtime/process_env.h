@@ -33,4 +33,9 @@ struct ProcessEnv {
   static ProcessEnv detect(const std::function<std::optional<std::string>(const char*)>& lookup);
 };
 
+// Under mpirun or srun with several GPUs visible: narrows this process's
+// CUDA_VISIBLE_DEVICES to the GPU of its local rank (entry local_rank of the list, or index
+// local_rank when unset), before any CUDA call. Updates env and the process environment.
+void narrow_visible_devices(ProcessEnv* env);
+
 }  // namespace ddp

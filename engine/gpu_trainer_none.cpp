@@ -1,0 +1,11 @@
+// train_on_gpu() in a build without CUDA.
+#include "engine/gpu_trainer.h"
+#include "runtime/error.h"
+
+namespace ddp {
+
+TrainResult train_on_gpu(const TrainConfig&, const Dataset&, MetricsWriter*, std::vector<float>*) {
+  throw UsageError("--device cuda: this build has no CUDA support; rebuild with the CUDA toolkit or use --device cpu");
+}
+
+}  // namespace ddp

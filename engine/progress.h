@@ -1,0 +1,41 @@
+// Progress reporting shared by the CPU and GPU training loops: one log line and one metrics
+// record per window of steps, and the end-of-run summary.
+#pragma once
+
+#include <cstdint>
+
+#include "engine/config.h"
+#include "engine/metrics.h"
+#include "runtime/timer.h"
+
+namespace ddp {
+
+struct EvalResult;
+struct TrainResult;
+
+class ProgressReporter {
+ public:
+  ProgressReporter(const TrainConfig& config, int64_t total_steps, int64_t samples_per_epoch,
+                   MetricsWriter* metrics);
+  // A window of steps ended at `step` (1-based count of steps done): its summed loss, hits and
+  // samples. Updates result's train loss/accuracy.
+  void window(int64_t step, double loss_sum, int64_t correct, int64_t samples, TrainResult* result);
+  // Logs and records the end of the run (result.test must be filled); train_seconds is the
+  // training loop's time, evaluation excluded.
+  void finish(double train_seconds, TrainResult* result);
+  double seconds() const { return clock_.seconds(); }
+
+ private:
+  const TrainConfig& config_;
+  int64_t total_steps_;
+  int64_t samples_per_epoch_;
+  MetricsWriter* metrics_;
+  Stopwatch clock_;
+  Stopwatch window_clock_;
+  int64_t total_samples_ = 0;
+  int windows_ = 0;
+  double steady_samples_ = 0;   // samples after the first window (warm-up excluded)
+  double steady_seconds_ = 0;
+};
+
+}  // namespace ddp

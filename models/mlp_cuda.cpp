@@ -1,0 +1,513 @@
+// CudaMlp: cuBLASLt plans built once per batch size for fixed pointers, kernels for the rest.
+//
+// Row-major tensors are read by cuBLASLt as column-major transposes, so with Y[B,out],
+// X[B,in], W[out,in] (all row-major):
+//   forward  Y^T[out,B]  = W^T'[in,out]^T * X^T[in,B]           (A = W, transposed)
+//   dW       dW^T[in,out] = X^T[in,B] * (dZ^T[out,B])^T          (bias grad: BGRADB over B)
+//   dX       dX^T[in,B]  = W^T'[in,out] * dZ^T[out,B]            (DRELU with the layer below's mask)
+#include "models/mlp_cuda.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include <spdlog/spdlog.h>
+
+#include "runtime/cuda_check.h"
+#include "runtime/error.h"
+
+namespace ddp {
+
+#define DDP_CUBLAS_CHECK(statement)                                                        \
+  do {                                                                                     \
+    const cublasStatus_t ddp_status_ = (statement);                                        \
+    DDP_CHECK(ddp_status_ == CUBLAS_STATUS_SUCCESS, "cuBLASLt error {} in {}",             \
+              lt_status_name(ddp_status_), #statement);                                    \
+  } while (0)
+
+namespace {
+// cublasGetStatusString lives in libcublas; cuBLASLt alone needs its own names.
+const char* lt_status_name(cublasStatus_t status) {
+  switch (status) {
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    default: return "CUBLAS_STATUS_?";
+  }
+}
+}  // namespace
+
+const char* precision_name(Precision precision) {
+  switch (precision) {
+    case Precision::kFp32: return "fp32";
+    case Precision::kTf32: return "tf32";
+    case Precision::kBf16: return "bf16";
+  }
+  return "?";
+}
+
+namespace {
+
+uint32_t alignment_of(const void* p) {
+  const auto address = reinterpret_cast<uintptr_t>(p);
+  uint32_t align = 256;
+  while (align > 1 && address % align != 0) align /= 2;
+  return align;
+}
+
+int64_t round_up(int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
+
+}  // namespace
+
+struct MatmulSpec {
+  bool trans_a = false, trans_b = false;
+  int64_t m = 0, n = 0, k = 0;
+  int64_t lda = 0, ldb = 0, ldd = 0;
+  cudaDataType_t a_type = CUDA_R_32F, b_type = CUDA_R_32F, d_type = CUDA_R_32F;
+  cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  const void* a = nullptr;
+  const void* b = nullptr;
+  void* d = nullptr;
+  void* bias = nullptr;  // bias (forward) or bias gradient (BGRAD)
+  void* aux = nullptr;
+  int64_t aux_ld = 0;
+  float beta = 0.0f;
+};
+
+// One matrix product with fixed pointers: descriptors and algorithm chosen once.
+class LtMatmul {
+ public:
+  LtMatmul(cublasLtHandle_t handle, const MatmulSpec& spec, size_t workspace_bytes)
+      : handle_(handle), spec_(spec) {
+    DDP_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc_, spec.compute, CUDA_R_32F));
+    const cublasOperation_t ta = spec.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t tb = spec.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    set(CUBLASLT_MATMUL_DESC_TRANSA, ta);
+    set(CUBLASLT_MATMUL_DESC_TRANSB, tb);
+    set(CUBLASLT_MATMUL_DESC_EPILOGUE, spec.epilogue);
+    if (spec.bias != nullptr) set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, spec.bias);
+    if (spec.aux != nullptr) {
+      set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, spec.aux);
+      set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, spec.aux_ld);
+    }
+    const int64_t a_rows = spec.trans_a ? spec.k : spec.m, a_cols = spec.trans_a ? spec.m : spec.k;
+    const int64_t b_rows = spec.trans_b ? spec.n : spec.k, b_cols = spec.trans_b ? spec.k : spec.n;
+    DDP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a_, spec.a_type, a_rows, a_cols, spec.lda));
+    DDP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&b_, spec.b_type, b_rows, b_cols, spec.ldb));
+    DDP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d_, spec.d_type, spec.m, spec.n, spec.ldd));
+    cublasLtMatmulPreference_t pref = nullptr;
+    DDP_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    uint64_t ws = workspace_bytes;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+    const uint32_t align_a = alignment_of(spec.a), align_b = alignment_of(spec.b), align_d = alignment_of(spec.d);
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof(align_a));
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof(align_b));
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d, sizeof(align_d));
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof(align_d));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    const cublasStatus_t status =
+        cublasLtMatmulAlgoGetHeuristic(handle_, desc_, a_, b_, d_, d_, pref, 1, &result, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    available_ = status == CUBLAS_STATUS_SUCCESS && found > 0;
+    if (available_) algo_ = result.algo;
+  }
+  ~LtMatmul() {
+    if (a_) cublasLtMatrixLayoutDestroy(a_);
+    if (b_) cublasLtMatrixLayoutDestroy(b_);
+    if (d_) cublasLtMatrixLayoutDestroy(d_);
+    if (desc_) cublasLtMatmulDescDestroy(desc_);
+  }
+  LtMatmul(const LtMatmul&) = delete;
+  LtMatmul& operator=(const LtMatmul&) = delete;
+
+  bool available() const { return available_; }
+  cublasLtEpilogue_t epilogue() const { return spec_.epilogue; }
+
+  void run(void* workspace, size_t workspace_bytes, cudaStream_t stream) const {
+    const float alpha = 1.0f;
+    DDP_CUBLAS_CHECK(cublasLtMatmul(handle_, desc_, &alpha, spec_.a, a_, spec_.b, b_, &spec_.beta,
+                                    spec_.d, d_, spec_.d, d_, &algo_, workspace, workspace_bytes, stream));
+  }
+
+ private:
+  template <typename T>
+  void set(cublasLtMatmulDescAttributes_t attribute, const T& value) {
+    DDP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, attribute, &value, sizeof(value)));
+  }
+
+  cublasLtHandle_t handle_;
+  MatmulSpec spec_;
+  cublasLtMatmulDesc_t desc_ = nullptr;
+  cublasLtMatrixLayout_t a_ = nullptr, b_ = nullptr, d_ = nullptr;
+  cublasLtMatmulAlgo_t algo_{};
+  bool available_ = false;
+};
+
+// Builds the fused plan and, when cuBLASLt has no algorithm for it, the plain one.
+std::unique_ptr<LtMatmul> make_plan(cublasLtHandle_t handle, MatmulSpec spec, size_t ws, bool fused,
+                                    cublasLtEpilogue_t plain_epilogue) {
+  if (fused) {
+    auto plan = std::make_unique<LtMatmul>(handle, spec, ws);
+    if (plan->available()) return plan;
+  }
+  spec.epilogue = plain_epilogue;
+  if (plain_epilogue == CUBLASLT_EPILOGUE_DEFAULT) spec.bias = nullptr;
+  spec.aux = nullptr;
+  auto plan = std::make_unique<LtMatmul>(handle, spec, ws);
+  DDP_CHECK(plan->available(), "cuBLASLt has no algorithm for a {}x{}x{} product", spec.m, spec.n, spec.k);
+  return plan;
+}
+
+CudaMlp::CudaMlp(MlpShape shape, int max_batch, const OptimizerConfig& optimizer, const CudaMlpOptions& options)
+    : shape_(std::move(shape)), max_batch_(max_batch), optimizer_(optimizer), options_(options) {
+  DDP_CUBLAS_CHECK(cublasLtCreate(&lt_));
+  const size_t count = shape_.param_count();
+  params_ = DeviceBuffer<float>(count, MemoryCategory::kParameters);
+  grads_ = DeviceBuffer<float>(count, MemoryCategory::kGradients);
+  if (optimizer.kind == OptimizerKind::kAdamW) {
+    state_a_ = DeviceBuffer<float>(count, MemoryCategory::kOptimizerState);
+    state_b_ = DeviceBuffer<float>(count, MemoryCategory::kOptimizerState);
+    DDP_CUDA_CHECK(cudaMemsetAsync(state_a_.data(), 0, state_a_.bytes(), stream()));
+    DDP_CUDA_CHECK(cudaMemsetAsync(state_b_.data(), 0, state_b_.bytes(), stream()));
+  } else if (optimizer.momentum != 0.0f) {
+    state_a_ = DeviceBuffer<float>(count, MemoryCategory::kOptimizerState);
+  }
+  if (bf16()) params16_ = DeviceBuffer<uint16_t>(count, MemoryCategory::kParameters);
+  for (int i = 0; i < shape_.num_layers(); ++i) {
+    const int out = shape_.layer(i).out;
+    const bool last = i + 1 == shape_.num_layers();
+    acts_.emplace_back(static_cast<size_t>(max_batch) * out * (last ? 4 : act_bytes()), MemoryCategory::kActivations);
+    aux_ld_.push_back(round_up(out, 128));
+    aux_.emplace_back(last ? 0 : static_cast<size_t>(aux_ld_.back() / 8) * max_batch, MemoryCategory::kActivations);
+  }
+  const size_t grad_bytes = static_cast<size_t>(max_batch) * shape_.max_width() * act_bytes();
+  grad_a_ = DeviceBuffer<char>(grad_bytes, MemoryCategory::kActivations);
+  grad_b_ = DeviceBuffer<char>(grad_bytes, MemoryCategory::kActivations);
+  x_batch_ = DeviceBuffer<char>(static_cast<size_t>(max_batch) * shape_.input_width() * act_bytes(),
+                                MemoryCategory::kActivations);
+  y_batch_ = DeviceBuffer<int32_t>(max_batch, MemoryCategory::kActivations);
+  workspace_ = DeviceBuffer<char>(options.workspace_bytes, MemoryCategory::kWorkspace);
+  schedule_indices_ = DeviceBuffer<int32_t>(static_cast<size_t>(options.max_schedule_steps) * max_batch,
+                                            MemoryCategory::kOther);
+  schedule_steps_ = DeviceBuffer<OptStep>(options.max_schedule_steps, MemoryCategory::kOther);
+  pinned_indices_ = PinnedBuffer<int32_t>(schedule_indices_.count());
+  pinned_steps_ = PinnedBuffer<OptStep>(schedule_steps_.count());
+  counter_ = DeviceBuffer<int>(1, MemoryCategory::kOther);
+  loss_sum_ = DeviceBuffer<double>(1, MemoryCategory::kOther);
+  correct_ = DeviceBuffer<int>(1, MemoryCategory::kOther);
+  DDP_CUDA_CHECK(cudaMemsetAsync(counter_.data(), 0, sizeof(int), stream()));
+  DDP_CUDA_CHECK(cudaMemsetAsync(loss_sum_.data(), 0, sizeof(double), stream()));
+  DDP_CUDA_CHECK(cudaMemsetAsync(correct_.data(), 0, sizeof(int), stream()));
+  build_plans(max_batch);
+  DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
+}
+
+CudaMlp::~CudaMlp() {
+  cudaStreamSynchronize(stream());
+  if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
+  if (graph_) cudaGraphDestroy(graph_);
+  plans_.clear();
+  if (lt_) cublasLtDestroy(lt_);
+}
+
+void* CudaMlp::act(int layer) const { return acts_[layer].data(); }
+void* CudaMlp::grad_buffer(int which) const { return which == 0 ? grad_a_.data() : grad_b_.data(); }
+
+void CudaMlp::build_plans(int batch) {
+  if (plans_.count(batch)) return;
+  Plans plans;
+  const cudaDataType_t act_type = bf16() ? CUDA_R_16BF : CUDA_R_32F;
+  const cublasComputeType_t compute =
+      options_.precision == Precision::kTf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  const size_t ws = workspace_.bytes();
+  const bool fused = options_.fused_epilogues;
+  // Weights as the products read them: the bf16 copy in bf16 precision.
+  auto weight = [&](int i) -> void* {
+    const LayerSlice& l = shape_.layer(i);
+    return bf16() ? static_cast<void*>(params16_.data() + l.weight_offset)
+                  : static_cast<void*>(params_.data() + l.weight_offset);
+  };
+  const int last = shape_.num_layers() - 1;
+  for (int i = 0; i <= last; ++i) {
+    const LayerSlice& l = shape_.layer(i);
+    const bool hidden = i < last;
+    const void* input = i == 0 ? x_batch_.data() : act(i - 1);
+    // The layer's gradient lands in grad buffer (last - i) % 2; its input gradient in the other.
+    void* dz = grad_buffer((last - i) % 2);
+    void* dx = grad_buffer((last - i + 1) % 2);
+
+    MatmulSpec f;
+    f.trans_a = true;
+    f.m = l.out, f.n = batch, f.k = l.in;
+    f.lda = l.in, f.ldb = l.in, f.ldd = l.out;
+    f.a_type = act_type, f.b_type = act_type, f.d_type = hidden ? act_type : CUDA_R_32F;
+    f.compute = compute;
+    f.a = weight(i), f.b = input, f.d = act(i);
+    f.bias = (hidden && bf16()) ? static_cast<void*>(params16_.data() + l.bias_offset)
+                                : static_cast<void*>(params_.data() + l.bias_offset);
+    f.epilogue = hidden ? CUBLASLT_EPILOGUE_RELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS;
+    f.aux = hidden ? aux_[i].data() : nullptr;
+    f.aux_ld = aux_ld_[i];
+    // Without the mask output the forward still fuses bias and ReLU; backward then masks
+    // with a kernel.
+    plans.forward.push_back(make_plan(lt_, f, ws, true, hidden ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS));
+    if (!fused && hidden) plans.forward.back() = make_plan(lt_, f, ws, false, CUBLASLT_EPILOGUE_RELU_BIAS);
+
+    MatmulSpec w;
+    w.trans_b = true;
+    w.m = l.in, w.n = l.out, w.k = batch;
+    w.lda = l.in, w.ldb = l.out, w.ldd = l.in;
+    w.a_type = act_type, w.b_type = act_type, w.d_type = CUDA_R_32F;
+    w.compute = compute;
+    w.a = input, w.b = dz, w.d = grads_.data() + l.weight_offset;
+    w.bias = grads_.data() + l.bias_offset;
+    w.epilogue = CUBLASLT_EPILOGUE_BGRADB;
+    plans.dw.push_back(make_plan(lt_, w, ws, fused, CUBLASLT_EPILOGUE_DEFAULT));
+
+    if (i > 0) {
+      const bool below_has_mask = plans.forward[i - 1]->epilogue() == CUBLASLT_EPILOGUE_RELU_AUX_BIAS;
+      MatmulSpec x;
+      x.m = l.in, x.n = batch, x.k = l.out;
+      x.lda = l.in, x.ldb = l.out, x.ldd = l.in;
+      x.a_type = act_type, x.b_type = act_type, x.d_type = act_type;
+      x.compute = compute;
+      x.a = weight(i), x.b = dz, x.d = dx;
+      x.epilogue = CUBLASLT_EPILOGUE_DRELU;
+      x.aux = aux_[i - 1].data();
+      x.aux_ld = aux_ld_[i - 1];
+      plans.dx.push_back(make_plan(lt_, x, ws, fused && below_has_mask, CUBLASLT_EPILOGUE_DEFAULT));
+    } else {
+      plans.dx.push_back(nullptr);
+    }
+  }
+  plans_.emplace(batch, std::move(plans));
+}
+
+std::string CudaMlp::epilogue_summary() const {
+  const Plans& plans = plans_.at(max_batch_);
+  int fused = 0, total = 0;
+  for (const auto* list : {&plans.forward, &plans.dw, &plans.dx})
+    for (const auto& plan : *list) {
+      if (!plan) continue;
+      ++total;
+      const auto e = plan->epilogue();
+      fused += e == CUBLASLT_EPILOGUE_RELU_AUX_BIAS || e == CUBLASLT_EPILOGUE_BGRADB ||
+               e == CUBLASLT_EPILOGUE_DRELU || (e == CUBLASLT_EPILOGUE_BIAS);
+    }
+  return fmt::format("{} of {} products with fused epilogues (bias/ReLU mask, BGRADB, DRELU)", fused, total);
+}
+
+void CudaMlp::after(const char* op) const {
+  if (!options_.sync_debug) return;
+  const cudaError_t error = cudaStreamSynchronize(stream());
+  DDP_CHECK(error == cudaSuccess, "--sync-debug: {} failed: {} ({})", op, cudaGetErrorName(error),
+            cudaGetErrorString(error));
+}
+
+void CudaMlp::forward_layers(int batch, const void* input) {
+  (void)input;
+  const Plans& plans = plans_.at(batch);
+  for (int i = 0; i < shape_.num_layers(); ++i) {
+    plans.forward[i]->run(workspace_.data(), workspace_.bytes(), stream());
+    after("forward matmul");
+  }
+}
+
+void CudaMlp::backward_layers(int batch, const void* input, bool accumulate) {
+  (void)input;
+  const Plans& plans = plans_.at(batch);
+  const int last = shape_.num_layers() - 1;
+  for (int i = last; i >= 0; --i) {
+    const LayerSlice& l = shape_.layer(i);
+    void* dz = grad_buffer((last - i) % 2);
+    DDP_CHECK(!accumulate, "gradient accumulation on the GPU is not supported yet");
+    plans.dw[i]->run(workspace_.data(), workspace_.bytes(), stream());
+    after("weight-gradient matmul");
+    if (plans.dw[i]->epilogue() != CUBLASLT_EPILOGUE_BGRADB) {
+      launch_bias_grad(dz, batch, l.out, bf16(), grads_.data() + l.bias_offset, false, stream());
+      after("bias gradient");
+    }
+    if (i > 0) {
+      plans.dx[i]->run(workspace_.data(), workspace_.bytes(), stream());
+      after("input-gradient matmul");
+      if (plans.dx[i]->epilogue() != CUBLASLT_EPILOGUE_DRELU) {
+        launch_relu_mask(grad_buffer((last - i + 1) % 2), act(i - 1),
+                         static_cast<size_t>(batch) * shape_.layer(i - 1).out, bf16(), stream());
+        after("ReLU mask");
+      }
+    }
+  }
+}
+
+void CudaMlp::set_params(const float* host) {
+  DDP_CUDA_CHECK(cudaMemcpyAsync(params_.data(), host, params_.bytes(), cudaMemcpyHostToDevice, stream()));
+  if (bf16()) launch_to_bf16(params_.data(), params16_.data(), params_.count(), stream());
+  DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
+}
+
+void CudaMlp::get_params(float* host) const {
+  DDP_CUDA_CHECK(cudaMemcpyAsync(host, params_.data(), params_.bytes(), cudaMemcpyDeviceToHost, stream()));
+  DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
+}
+
+void CudaMlp::get_grads(float* host) const {
+  DDP_CUDA_CHECK(cudaMemcpyAsync(host, grads_.data(), grads_.bytes(), cudaMemcpyDeviceToHost, stream()));
+  DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
+}
+
+namespace {
+void upload_split(const Split& split, DeviceBuffer<float>* x, DeviceBuffer<int32_t>* y, cudaStream_t stream) {
+  *x = DeviceBuffer<float>(split.x.size(), MemoryCategory::kData);
+  *y = DeviceBuffer<int32_t>(split.y.size(), MemoryCategory::kData);
+  DDP_CUDA_CHECK(cudaMemcpyAsync(x->data(), split.x.data(), x->bytes(), cudaMemcpyHostToDevice, stream));
+  DDP_CUDA_CHECK(cudaMemcpyAsync(y->data(), split.y.data(), y->bytes(), cudaMemcpyHostToDevice, stream));
+  DDP_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+}  // namespace
+
+void CudaMlp::set_train_data(const Split& split) {
+  upload_split(split, &train_x_, &train_y_, stream());
+  train_n_ = split.n;
+}
+
+void CudaMlp::set_test_data(const Split& split) {
+  upload_split(split, &test_x_, &test_y_, stream());
+  test_n_ = split.n;
+}
+
+void CudaMlp::upload_schedule(const int32_t* indices, const OptStep* steps, int num_steps) {
+  DDP_CHECK(num_steps >= 1 && num_steps <= options_.max_schedule_steps, "schedule chunk of {} steps", num_steps);
+  // The previous chunk's steps must have read the pinned buffers before they are rewritten.
+  DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  std::memcpy(pinned_indices_.data(), indices, sizeof(int32_t) * num_steps * max_batch_);
+  std::memcpy(pinned_steps_.data(), steps, sizeof(OptStep) * num_steps);
+  DDP_CUDA_CHECK(cudaMemcpyAsync(schedule_indices_.data(), pinned_indices_.data(),
+                                 sizeof(int32_t) * num_steps * max_batch_, cudaMemcpyHostToDevice, stream()));
+  DDP_CUDA_CHECK(cudaMemcpyAsync(schedule_steps_.data(), pinned_steps_.data(), sizeof(OptStep) * num_steps,
+                                 cudaMemcpyHostToDevice, stream()));
+  DDP_CUDA_CHECK(cudaMemsetAsync(counter_.data(), 0, sizeof(int), stream()));
+}
+
+void CudaMlp::forward_backward(float grad_scale, bool accumulate) {
+  DDP_CHECK(train_n_ > 0, "set_train_data() must come before training");
+  launch_gather_batch(train_x_.data(), train_y_.data(), shape_.input_width(), schedule_indices_.data(),
+                      counter_.data(), max_batch_, x_batch_.data(), bf16(), y_batch_.data(), stream());
+  after("gather");
+  forward_layers(max_batch_, x_batch_.data());
+  const int last = shape_.num_layers() - 1;
+  launch_softmax_xent(static_cast<const float*>(act(last)), y_batch_.data(), max_batch_, shape_.num_classes(),
+                      grad_scale, grad_buffer(0), bf16(), loss_sum_.data(), correct_.data(), stream());
+  after("softmax cross-entropy");
+  backward_layers(max_batch_, x_batch_.data(), accumulate);
+}
+
+void CudaMlp::optimizer_step() {
+  const size_t count = shape_.param_count();
+  void* p16 = bf16() ? params16_.data() : nullptr;
+  if (optimizer_.kind == OptimizerKind::kAdamW)
+    launch_adamw(params_.data(), grads_.data(), state_a_.data(), state_b_.data(), p16, count,
+                 schedule_steps_.data(), counter_.data(), optimizer_.beta1, optimizer_.beta2, optimizer_.eps,
+                 optimizer_.weight_decay, stream());
+  else
+    launch_sgd(params_.data(), grads_.data(), state_a_.data(), p16, count, schedule_steps_.data(),
+               counter_.data(), optimizer_.momentum, optimizer_.weight_decay, stream());
+  after("optimizer");
+  launch_increment(counter_.data(), stream());
+}
+
+void CudaMlp::train_step() {
+  const float scale = 1.0f / static_cast<float>(max_batch_);
+  const bool use_graph = options_.cuda_graph && !options_.sync_debug;
+  // The first step runs eagerly (cuBLASLt and module loading happen outside the capture).
+  if (!use_graph || steps_taken_ == 0) {
+    forward_backward(scale);
+    optimizer_step();
+  } else {
+    if (graph_exec_ == nullptr) {
+      DDP_CUDA_CHECK(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal));
+      forward_backward(scale);
+      optimizer_step();
+      DDP_CUDA_CHECK(cudaStreamEndCapture(stream(), &graph_));
+      DDP_CUDA_CHECK(cudaGraphInstantiate(&graph_exec_, graph_, 0));
+    }
+    DDP_CUDA_CHECK(cudaGraphLaunch(graph_exec_, stream()));
+  }
+  ++steps_taken_;
+}
+
+CudaMlp::Metrics CudaMlp::take_metrics() {
+  Metrics metrics;
+  int correct = 0;
+  DDP_CUDA_CHECK(cudaMemcpyAsync(&metrics.loss_sum, loss_sum_.data(), sizeof(double), cudaMemcpyDeviceToHost, stream()));
+  DDP_CUDA_CHECK(cudaMemcpyAsync(&correct, correct_.data(), sizeof(int), cudaMemcpyDeviceToHost, stream()));
+  DDP_CUDA_CHECK(cudaMemsetAsync(loss_sum_.data(), 0, sizeof(double), stream()));
+  DDP_CUDA_CHECK(cudaMemsetAsync(correct_.data(), 0, sizeof(int), stream()));
+  DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  metrics.correct = correct;
+  return metrics;
+}
+
+CudaMlp::Eval CudaMlp::evaluate_test() {
+  Eval eval;
+  if (test_n_ == 0) return eval;
+  const Metrics pending = take_metrics();  // keep training metrics apart
+  const int dim = shape_.input_width();
+  const int last = shape_.num_layers() - 1;
+  for (int64_t begin = 0; begin < test_n_; begin += max_batch_) {
+    const int count = static_cast<int>(std::min<int64_t>(max_batch_, test_n_ - begin));
+    build_plans(count);
+    const float* x = test_x_.data() + begin * dim;
+    if (bf16()) launch_to_bf16(x, x_batch_.data(), static_cast<size_t>(count) * dim, stream());
+    else DDP_CUDA_CHECK(cudaMemcpyAsync(x_batch_.data(), x, sizeof(float) * count * dim, cudaMemcpyDeviceToDevice, stream()));
+    forward_layers(count, x_batch_.data());
+    launch_softmax_xent(static_cast<const float*>(act(last)), test_y_.data() + begin, count, shape_.num_classes(),
+                        0.0f, nullptr, bf16(), loss_sum_.data(), correct_.data(), stream());
+  }
+  const Metrics m = take_metrics();
+  eval.samples = test_n_;
+  eval.loss = m.loss_sum / static_cast<double>(test_n_);
+  eval.accuracy = static_cast<double>(m.correct) / static_cast<double>(test_n_);
+  // Put the training metrics back so the caller's window is unaffected.
+  DDP_CUDA_CHECK(cudaMemcpyAsync(loss_sum_.data(), &pending.loss_sum, sizeof(double), cudaMemcpyHostToDevice, stream()));
+  const int correct = static_cast<int>(pending.correct);
+  DDP_CUDA_CHECK(cudaMemcpyAsync(correct_.data(), &correct, sizeof(int), cudaMemcpyHostToDevice, stream()));
+  DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  return eval;
+}
+
+std::vector<float> CudaMlp::forward_host(const float* x, int batch) {
+  DDP_CHECK(batch >= 1 && batch <= max_batch_, "batch {} outside [1, {}]", batch, max_batch_);
+  build_plans(batch);
+  const size_t in_count = static_cast<size_t>(batch) * shape_.input_width();
+  DeviceBuffer<float> staging(in_count, MemoryCategory::kOther);
+  DDP_CUDA_CHECK(cudaMemcpyAsync(staging.data(), x, in_count * 4, cudaMemcpyHostToDevice, stream()));
+  if (bf16()) launch_to_bf16(staging.data(), x_batch_.data(), in_count, stream());
+  else DDP_CUDA_CHECK(cudaMemcpyAsync(x_batch_.data(), staging.data(), in_count * 4, cudaMemcpyDeviceToDevice, stream()));
+  forward_layers(batch, x_batch_.data());
+  std::vector<float> logits(static_cast<size_t>(batch) * shape_.num_classes());
+  DDP_CUDA_CHECK(cudaMemcpyAsync(logits.data(), act(shape_.num_layers() - 1), logits.size() * 4,
+                                 cudaMemcpyDeviceToHost, stream()));
+  DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  return logits;
+}
+
+void CudaMlp::backward_host(const int32_t* labels, int batch, float grad_scale) {
+  build_plans(batch);
+  DDP_CUDA_CHECK(cudaMemcpyAsync(y_batch_.data(), labels, sizeof(int32_t) * batch, cudaMemcpyHostToDevice, stream()));
+  const int last = shape_.num_layers() - 1;
+  launch_softmax_xent(static_cast<const float*>(act(last)), y_batch_.data(), batch, shape_.num_classes(),
+                      grad_scale, grad_buffer(0), bf16(), loss_sum_.data(), correct_.data(), stream());
+  backward_layers(batch, x_batch_.data(), false);
+  take_metrics();
+}
+
+std::string CudaMlp::memory_report() const {
+  return fmt::format("this process holds {}; {}", memory_ledger().describe(), driver_memory_line());
+}
+
+}  // namespace ddp

@@ -1,0 +1,148 @@
+// The MLP on the GPU: flat parameter, gradient and optimizer-state buffers allocated once;
+// Linear layers through cuBLASLt with bias+ReLU fused into the forward epilogue, the ReLU
+// derivative (DRELU) into the input-gradient product and the bias gradient (BGRADB) into the
+// weight-gradient product; fused softmax cross-entropy and one optimizer kernel. The whole
+// training step (gather, forward, loss, backward, optimizer) runs from device-resident data
+// and schedule, so it is captured once in a CUDA graph and replayed.
+// Only built with CUDA. All calls are on the model's compute stream unless stated.
+#pragma once
+
+#include <cublasLt.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "models/cuda_kernels.h"
+#include "models/dataset.h"
+#include "models/mlp.h"
+#include "models/optimizer.h"
+#include "runtime/device_buffer.h"
+
+namespace ddp {
+
+enum class Precision { kFp32, kTf32, kBf16 };
+const char* precision_name(Precision precision);
+
+struct CudaMlpOptions {
+  Precision precision = Precision::kFp32;
+  bool fused_epilogues = true;  // false: plain products + our kernels (comparison, fallback)
+  bool cuda_graph = true;
+  bool sync_debug = false;      // synchronise after every op and name the one that failed
+  size_t workspace_bytes = 32u << 20;
+  int max_schedule_steps = 512;  // steps per uploaded schedule chunk
+};
+
+// One cuBLASLt product with its descriptors and chosen algorithm, for fixed pointers.
+class LtMatmul;
+
+class CudaMlp {
+ public:
+  CudaMlp(MlpShape shape, int max_batch, const OptimizerConfig& optimizer, const CudaMlpOptions& options);
+  ~CudaMlp();
+  CudaMlp(const CudaMlp&) = delete;
+  CudaMlp& operator=(const CudaMlp&) = delete;
+
+  const MlpShape& shape() const { return shape_; }
+  cudaStream_t stream() const { return stream_.get(); }
+  float* device_params() const { return params_.data(); }
+  float* device_grads() const { return grads_.data(); }
+
+  // Host <-> device copies of the flat buffers (synchronous).
+  void set_params(const float* host);
+  void get_params(float* host) const;
+  void get_grads(float* host) const;
+
+  // Uploads a split to the device (once); batches are then gathered on the GPU.
+  void set_train_data(const Split& split);
+  void set_test_data(const Split& split);
+
+  // Uploads the next chunk of the schedule: for each of `steps` steps, `batch` sample indices
+  // (into the training split) and the optimizer scalars; resets the device step counter.
+  void upload_schedule(const int32_t* indices, const OptStep* steps, int num_steps);
+
+  // Forward and backward of the batch at the current step of the schedule: gradients over
+  // device_grads() (added with `accumulate`) scaled by grad_scale. Stream-ordered.
+  void forward_backward(float grad_scale, bool accumulate = false);
+  // The optimizer on the flat buffers with the current step's scalars, then the step counter
+  // moves on. Stream-ordered.
+  void optimizer_step();
+  // forward_backward(1/batch) + optimizer_step(), replayed from a CUDA graph after the first
+  // step when graphs are on.
+  void train_step();
+
+  // Loss summed and hits counted since the last call (synchronises the stream).
+  struct Metrics {
+    double loss_sum = 0;
+    int64_t correct = 0;
+  };
+  Metrics take_metrics();
+
+  // Accuracy and mean loss on the test split (synchronous; no gradients).
+  struct Eval {
+    double loss = 0;
+    double accuracy = 0;
+    int64_t samples = 0;
+  };
+  Eval evaluate_test();
+
+  // Testing hooks: forward on host input x[batch, in]; returns logits[batch, classes].
+  std::vector<float> forward_host(const float* x, int batch);
+  // After forward_host: loss gradient for labels (host), backward into device_grads().
+  void backward_host(const int32_t* labels, int batch, float grad_scale);
+  // Which products use cuBLASLt's fused epilogues (and which fell back), for the log.
+  std::string epilogue_summary() const;
+  // "what this process holds vs what the driver sees"
+  std::string memory_report() const;
+
+ private:
+  void build_plans(int batch);
+  void forward_layers(int batch, const void* input);
+  void backward_layers(int batch, const void* input, bool accumulate);
+  void after(const char* op) const;
+  bool bf16() const { return options_.precision == Precision::kBf16; }
+  size_t act_bytes() const { return bf16() ? 2 : 4; }
+  void* act(int layer) const;
+  void* grad_buffer(int which) const;
+
+  MlpShape shape_;
+  int max_batch_;
+  OptimizerConfig optimizer_;
+  CudaMlpOptions options_;
+  CudaStream stream_;
+  cublasLtHandle_t lt_ = nullptr;
+
+  DeviceBuffer<float> params_, grads_, state_a_, state_b_;
+  DeviceBuffer<uint16_t> params16_;  // bf16 copy of the parameters (bf16 precision only)
+  std::vector<DeviceBuffer<char>> acts_;   // output of each layer, [max_batch, out]
+  std::vector<DeviceBuffer<char>> aux_;    // ReLU bit masks of hidden layers
+  std::vector<int64_t> aux_ld_;
+  DeviceBuffer<char> grad_a_, grad_b_;     // [max_batch, max_width] activation gradients
+  DeviceBuffer<char> x_batch_;             // gathered input [max_batch, in]
+  DeviceBuffer<int32_t> y_batch_;
+  DeviceBuffer<char> workspace_;
+  DeviceBuffer<float> train_x_, test_x_;
+  DeviceBuffer<int32_t> train_y_, test_y_;
+  int64_t train_n_ = 0, test_n_ = 0;
+  DeviceBuffer<int32_t> schedule_indices_;
+  DeviceBuffer<OptStep> schedule_steps_;
+  PinnedBuffer<int32_t> pinned_indices_;
+  PinnedBuffer<OptStep> pinned_steps_;
+  DeviceBuffer<int> counter_;
+  DeviceBuffer<double> loss_sum_;
+  DeviceBuffer<int> correct_;
+  int schedule_batch_ = 0;
+
+  // Plans per batch size: forward[i], dw[i], dx[i].
+  struct Plans {
+    std::vector<std::unique_ptr<LtMatmul>> forward, dw, dx;
+  };
+  std::map<int, Plans> plans_;
+
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t graph_exec_ = nullptr;
+  int64_t steps_taken_ = 0;
+};
+
+}  // namespace ddp
