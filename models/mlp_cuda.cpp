@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include <spdlog/spdlog.h>
 
@@ -504,6 +505,18 @@ void CudaMlp::backward_host(const int32_t* labels, int batch, float grad_scale) 
                       grad_scale, grad_buffer(0), bf16(), loss_sum_.data(), correct_.data(), stream());
   backward_layers(batch, x_batch_.data(), false);
   take_metrics();
+}
+
+void CudaMlp::poison_outputs() {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (int i = 0; i < shape_.num_layers(); ++i) {
+    const bool last = i + 1 == shape_.num_layers();
+    launch_fill(act(i), acts_[i].bytes() / (last ? 4 : act_bytes()), !last && bf16(), nan, stream());
+  }
+  launch_fill(grad_a_.data(), grad_a_.bytes() / act_bytes(), bf16(), nan, stream());
+  launch_fill(grad_b_.data(), grad_b_.bytes() / act_bytes(), bf16(), nan, stream());
+  launch_fill(grads_.data(), grads_.count(), false, nan, stream());
+  DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
 }
 
 std::string CudaMlp::memory_report() const {

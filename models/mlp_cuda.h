@@ -91,6 +91,9 @@ class CudaMlp {
   std::vector<float> forward_host(const float* x, int batch);
   // After forward_host: loss gradient for labels (host), backward into device_grads().
   void backward_host(const int32_t* labels, int batch, float grad_scale);
+  // Fills activations, activation gradients and parameter gradients with NaN, so that a test
+  // sees any element an op failed to write.
+  void poison_outputs();
   // Which products use cuBLASLt's fused epilogues (and which fell back), for the log.
   std::string epilogue_summary() const;
   // "what this process holds vs what the driver sees"

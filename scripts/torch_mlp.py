@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """The PyTorch reference for ddptrain's benchmarks: the same MLP (Linear + ReLU, logits out),
-softmax cross-entropy, SGD with momentum, on Fashion-MNIST read from the same IDX files or on
-random inputs. Prints one JSON line with samples/s so that scripts can compare side by side.
+softmax cross-entropy, SGD with momentum 0.9, on Fashion-MNIST read from the same IDX files or
+on random inputs kept on the device. On the CPU it times whole epochs; on CUDA it times
+`--steps` steps after `--warmup` steps with torch.cuda.synchronize(), eager mode, with
+--precision fp32, tf32 (allow_tf32) or bf16 (autocast, float32 weights). Under torchrun it
+wraps the model in DistributedDataParallel (NCCL). Prints one JSON line.
 """
 import argparse
 import gzip
@@ -22,43 +25,51 @@ def read_idx(path):
     return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndims).reshape(dims)
 
 
+def build_model(widths):
+    layers = []
+    for i in range(len(widths) - 1):
+        layers.append(torch.nn.Linear(widths[i], widths[i + 1]))
+        if i + 2 < len(widths):
+            layers.append(torch.nn.ReLU())
+    return torch.nn.Sequential(*layers)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--layers", default="784,512,512,10")
     p.add_argument("--data", choices=["fashion", "random"], default="fashion")
     p.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
-    p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--precision", choices=["fp32", "tf32", "bf16"], default="fp32")
+    p.add_argument("--batch-size", type=int, default=128, help="per process")
+    p.add_argument("--epochs", type=int, default=1, help="cpu: epochs to time")
+    p.add_argument("--steps", type=int, default=200, help="cuda: steps to time")
+    p.add_argument("--warmup", type=int, default=20, help="cuda: steps before timing")
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
 
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
+    t_start = time.perf_counter()
     widths = [int(w) for w in args.layers.split(",")]
-    layers = []
-    for i in range(len(widths) - 1):
-        layers.append(torch.nn.Linear(widths[i], widths[i + 1]))
-        if i + 2 < len(widths):
-            layers.append(torch.nn.ReLU())
-    model = torch.nn.Sequential(*layers)
+    torch.manual_seed(args.seed)
+    if args.device == "cpu":
+        torch.set_num_threads(args.threads)
+        return run_cpu(args, widths)
+    return run_cuda(args, widths, t_start)
 
-    if args.data == "fashion":
-        x = torch.from_numpy(read_idx(os.path.join(args.data_dir, "train-images-idx3-ubyte.gz"))
-                             .reshape(-1, widths[0]).astype(np.float32) / 255.0)
-        y = torch.from_numpy(read_idx(os.path.join(args.data_dir, "train-labels-idx1-ubyte.gz"))
-                             .astype(np.int64))
-        tx = torch.from_numpy(read_idx(os.path.join(args.data_dir, "t10k-images-idx3-ubyte.gz"))
-                              .reshape(-1, widths[0]).astype(np.float32) / 255.0)
-        ty = torch.from_numpy(read_idx(os.path.join(args.data_dir, "t10k-labels-idx1-ubyte.gz"))
-                              .astype(np.int64))
-    else:
-        x = torch.randn(60000, widths[0])
-        y = torch.randint(0, widths[-1], (60000,))
-        tx, ty = x[:10000], y[:10000]
 
+def run_cpu(args, widths):
+    model = build_model(widths)
+    x = torch.from_numpy(read_idx(os.path.join(args.data_dir, "train-images-idx3-ubyte.gz"))
+                         .reshape(-1, widths[0]).astype(np.float32) / 255.0)
+    y = torch.from_numpy(read_idx(os.path.join(args.data_dir, "train-labels-idx1-ubyte.gz"))
+                         .astype(np.int64))
+    tx = torch.from_numpy(read_idx(os.path.join(args.data_dir, "t10k-images-idx3-ubyte.gz"))
+                          .reshape(-1, widths[0]).astype(np.float32) / 255.0)
+    ty = torch.from_numpy(read_idx(os.path.join(args.data_dir, "t10k-labels-idx1-ubyte.gz"))
+                          .astype(np.int64))
     steps = args.epochs * x.shape[0] // args.batch_size
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -86,6 +97,56 @@ def main():
                       "steps": steps, "seconds": seconds,
                       "samples_per_s": steps * args.batch_size / seconds,
                       "test_accuracy": acc}))
+
+
+def run_cuda(args, widths, t_start):
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local_rank)
+    dev = torch.device("cuda", local_rank)
+    torch.backends.cuda.matmul.allow_tf32 = args.precision == "tf32"
+    torch.backends.cudnn.allow_tf32 = args.precision == "tf32"
+    model = build_model(widths).to(dev)
+    if world > 1:
+        torch.distributed.init_process_group("nccl", device_id=dev)
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank])
+    n = max(4 * args.batch_size, 8192)
+    x = torch.randn(n, widths[0], device=dev)
+    y = torch.randint(0, widths[-1], (n,), device=dev)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    batches = n // args.batch_size
+
+    def step(i):
+        b = i % batches
+        xb = x[b * args.batch_size:(b + 1) * args.batch_size]
+        yb = y[b * args.batch_size:(b + 1) * args.batch_size]
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+            loss = loss_fn(model(xb), yb)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    step(0)
+    torch.cuda.synchronize()
+    first_step_s = time.perf_counter() - t_start
+    for i in range(1, args.warmup):
+        step(i)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for i in range(args.steps):
+        step(i)
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    if world > 1:
+        torch.distributed.destroy_process_group()
+    if rank == 0:
+        print(json.dumps({"impl": "pytorch " + torch.__version__, "world": world,
+                          "precision": args.precision, "steps": args.steps,
+                          "ms_per_step": 1e3 * seconds / args.steps,
+                          "samples_per_s": world * args.batch_size * args.steps / seconds,
+                          "first_step_s": first_step_s}))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Everything that needs a GPU, in one call on the device machine: build (sm_90), the GPU
+# tests, the launcher on every GPU, Fashion-MNIST on one GPU, the benchmarks. Logs go to
+# $OUT (or ./device-out); a short table is printed last.
+# Usage: scripts/device-check.sh [sections...]  sections: build cuda cpu launcher fashion bench
+# Expects .deps/ (made by scripts/device-prepare.sh here): fashion-mnist/, include/ for the
+# headers the device image lacks.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+# Logs are kept in a work folder and packed into $OUT/logs.tgz at the end (the device tool
+# brings back only a few files).
+out="$(mktemp -d)"
+dest="${OUT:-$PWD/device-out}"
+mkdir -p "$dest"
+trap 'tar -C "$out" -czf "$dest/logs.tgz" . 2>/dev/null' EXIT
+sections=("$@")
+[ ${#sections[@]} -eq 0 ] && sections=(build cuda cpu launcher fashion bench)
+want() { local s; for s in "${sections[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
+build=build-gpu
+summary=()
+note() { summary+=("$1"); echo "== $1"; }
+
+if want build || [ ! -x "$build/bin/ddptrain" ]; then
+  extra=()
+  [ -f /usr/include/zlib.h ] || extra+=(-DZLIB_INCLUDE_DIR="$PWD/.deps/include"
+    -DZLIB_LIBRARY="$(ls /usr/lib/x86_64-linux-gnu/libz.so* 2>/dev/null | head -1)")
+  start=$(date +%s)
+  if cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
+       -DCMAKE_PREFIX_PATH="$PWD/.deps" "${extra[@]}" > "$out/configure.log" 2>&1 &&
+     cmake --build "$build" -j "$(nproc)" > "$out/build.log" 2>&1; then
+    note "build: ok in $(( $(date +%s) - start ))s ($(grep -E 'found:|left out:' "$out/configure.log" | tr -s ' ' | tr '\n' ';'))"
+  else
+    tail -30 "$out/configure.log" "$out/build.log"
+    note "build: FAILED"
+    printf '%s\n' "${summary[@]}"
+    exit 1
+  fi
+fi
+
+if want cuda; then
+  (cd "$build" && ctest -L cuda --output-on-failure --timeout 300) > "$out/ctest-cuda.log" 2>&1
+  note "cuda tests: $(grep -E 'tests passed|tests failed' "$out/ctest-cuda.log" | tail -1)"
+  grep -E '\((Failed|Skipped)\)|Failure|error' "$out/ctest-cuda.log" | head -20
+fi
+
+if want cpu; then
+  (cd "$build" && ctest -L 'unit|dist' --timeout 120 -j 8) > "$out/ctest-cpu.log" 2>&1
+  note "cpu tests on the device: $(grep -E 'tests passed|tests failed' "$out/ctest-cpu.log" | tail -1)"
+fi
+
+if want launcher; then
+  {
+    echo "\$ ddprun --nproc-per-node gpu -- ddp_test_worker bind 6"
+    "$build/bin/ddprun" --nproc-per-node gpu -- "$build/bin/ddp_test_worker" bind 6 &
+    pid=$!
+    sleep 4
+    echo "\$ nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory --format=csv"
+    nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory --format=csv
+    echo "\$ nvidia-smi --query-gpu=index,uuid --format=csv"
+    nvidia-smi --query-gpu=index,uuid --format=csv
+    wait $pid
+    echo "exit $?"
+    echo "\$ CUDA_VISIBLE_DEVICES=0,0 ddprun --nproc-per-node 2 -- ddp_test_worker bind"
+    CUDA_VISIBLE_DEVICES=0,0 "$build/bin/ddprun" --nproc-per-node 2 -- "$build/bin/ddp_test_worker" bind
+    echo "exit $?"
+  } > "$out/launcher.log" 2>&1
+  cat "$out/launcher.log"
+  note "launcher: $(grep -c 'bind ok' "$out/launcher.log") workers bound; duplicate check: $(grep -c 'two ranks on one GPU' "$out/launcher.log") messages"
+fi
+
+if want fashion; then
+  for prec in fp32 tf32; do
+    "$build/bin/ddptrain" --device cuda --precision "$prec" --data-dir .deps/fashion-mnist \
+      --metrics "$out/fashion-$prec.jsonl" > "$out/fashion-$prec.log" 2>&1
+    note "fashion-mnist 1 GPU $prec: $(grep -E 'test accuracy' "$out/fashion-$prec.log" | sed 's/.*info: //')"
+  done
+  grep -E 'bound|memory at|fused' "$out/fashion-fp32.log"
+fi
+
+if want bench; then
+  scripts/bench-vs-torch.sh "$build" > "$out/bench.md" 2> "$out/bench.err"
+  cat "$out/bench.md"
+  note "bench: see bench.md"
+fi
+
+echo
+echo "==== summary ===="
+printf '%s\n' "${summary[@]}"

@@ -1,0 +1,295 @@
+// Every GPU op against the CPU reference, on fresh random inputs of awkward sizes, with
+// outputs poisoned first; K training steps against the CPU; graph replay against eager
+// launches. Skips (with the reason) where no GPU is usable.
+//
+// Tolerances (norm-wise relative error ||gpu - cpu|| / ||cpu||): fp32 1e-5; tf32 5e-3
+// (10-bit mantissa products); bf16 6e-2 (8-bit mantissa operands and activations).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "engine/sampler.h"
+#include "models/cpu_ops.h"
+#include "models/cuda_kernels.h"
+#include "models/mlp_cpu.h"
+#include "models/mlp_cuda.h"
+#include "models/optimizer.h"
+#include "models/rng.h"
+
+namespace ddp {
+namespace {
+
+bool gpu_usable(std::string* why) {
+  int count = 0;
+  const cudaError_t error = cudaGetDeviceCount(&count);
+  if (error != cudaSuccess) {
+    *why = std::string("no usable GPU: ") + cudaGetErrorString(error);
+    cudaGetLastError();
+    return false;
+  }
+  if (count == 0) {
+    *why = "no GPU visible";
+    return false;
+  }
+  return true;
+}
+
+#define REQUIRE_GPU()                            \
+  do {                                           \
+    std::string why_;                            \
+    if (!gpu_usable(&why_)) GTEST_SKIP() << why_; \
+  } while (0)
+
+double relative_error(const std::vector<float>& got, const std::vector<float>& want) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;  // an unwritten (poisoned) element
+    diff += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+    norm += double(want[i]) * want[i];
+  }
+  return std::sqrt(diff / std::max(norm, 1e-30));
+}
+
+double tolerance(Precision p) {
+  return p == Precision::kFp32 ? 1e-5 : p == Precision::kTf32 ? 5e-3 : 6e-2;
+}
+
+std::vector<float> random_vector(size_t n, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<float> v(n);
+  for (float& x : v) x = rng.uniform(-1.0f, 1.0f);
+  return v;
+}
+
+struct Case {
+  std::vector<int> widths;
+  int batch;
+  Precision precision;
+  bool fused;
+};
+
+void PrintTo(const Case& c, std::ostream* os) {
+  for (int w : c.widths) *os << w << ",";
+  *os << " batch " << c.batch << " " << precision_name(c.precision) << (c.fused ? " fused" : " plain");
+}
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  std::string name;
+  for (int w : info.param.widths) name += std::to_string(w) + "_";
+  return name + "b" + std::to_string(info.param.batch) + "_" + precision_name(info.param.precision) +
+         (info.param.fused ? "_fused" : "_plain");
+}
+
+class CudaMlpOps : public ::testing::TestWithParam<Case> {};
+
+// Forward logits and every parameter gradient against CpuMlp.
+TEST_P(CudaMlpOps, ForwardAndBackwardMatchTheCpu) {
+  REQUIRE_GPU();
+  const Case& c = GetParam();
+  const MlpShape shape(c.widths);
+  const uint64_t seed = 1000 + c.batch * 7 + c.widths.size();
+  std::vector<float> params(shape.param_count());
+  init_params(shape, seed, params.data());
+  const auto x = random_vector(static_cast<size_t>(c.batch) * shape.input_width(), seed + 1);
+  std::vector<int32_t> y(c.batch);
+  Rng rng(seed + 2);
+  for (int32_t& label : y) label = static_cast<int32_t>(rng.below(shape.num_classes()));
+
+  CpuMlp cpu(shape, c.batch);
+  std::copy(params.begin(), params.end(), cpu.params());
+  const float* cpu_logits = cpu.forward(x.data(), c.batch);
+  const std::vector<float> want_logits(cpu_logits, cpu_logits + c.batch * shape.num_classes());
+  cpu.backward(y.data(), c.batch, 1.0f / c.batch);
+  const std::vector<float> want_grads(cpu.grads(), cpu.grads() + shape.param_count());
+
+  CudaMlpOptions options;
+  options.precision = c.precision;
+  options.fused_epilogues = c.fused;
+  CudaMlp gpu(shape, c.batch, OptimizerConfig{}, options);
+  gpu.set_params(params.data());
+  gpu.poison_outputs();
+  const std::vector<float> logits = gpu.forward_host(x.data(), c.batch);
+  gpu.backward_host(y.data(), c.batch, 1.0f / c.batch);
+  std::vector<float> grads(shape.param_count());
+  gpu.get_grads(grads.data());
+
+  EXPECT_LE(relative_error(logits, want_logits), tolerance(c.precision)) << gpu.epilogue_summary();
+  EXPECT_LE(relative_error(grads, want_grads), tolerance(c.precision)) << gpu.epilogue_summary();
+  // Per layer too, so that a small layer's error is not hidden by a large one.
+  for (int i = 0; i < shape.num_layers(); ++i) {
+    const LayerSlice& l = shape.layer(i);
+    const std::vector<float> g(grads.begin() + l.bias_offset, grads.begin() + l.bias_offset + l.out);
+    const std::vector<float> w(want_grads.begin() + l.bias_offset, want_grads.begin() + l.bias_offset + l.out);
+    EXPECT_LE(relative_error(g, w), tolerance(c.precision)) << "bias gradient of layer " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AwkwardSizes, CudaMlpOps,
+    ::testing::Values(Case{{1, 1}, 1, Precision::kFp32, true}, Case{{5, 3}, 7, Precision::kFp32, true},
+                      Case{{17, 33, 7}, 13, Precision::kFp32, true},
+                      Case{{17, 33, 7}, 13, Precision::kFp32, false},
+                      Case{{31, 129, 65, 10}, 129, Precision::kFp32, true},
+                      Case{{784, 512, 512, 10}, 128, Precision::kFp32, true},
+                      Case{{784, 512, 512, 10}, 128, Precision::kFp32, false},
+                      Case{{31, 129, 65, 10}, 129, Precision::kTf32, true},
+                      Case{{784, 512, 512, 10}, 128, Precision::kTf32, true},
+                      Case{{32, 64, 16}, 24, Precision::kBf16, true},
+                      Case{{31, 129, 65, 10}, 129, Precision::kBf16, true},
+                      Case{{784, 512, 512, 10}, 128, Precision::kBf16, true},
+                      Case{{784, 512, 512, 10}, 128, Precision::kBf16, false}),
+    case_name);
+
+TEST(CudaKernels, SoftmaxCrossEntropyMatchesTheCpu) {
+  REQUIRE_GPU();
+  for (int classes : {1, 3, 10, 1000}) {
+    const int batch = 9;
+    auto logits = random_vector(static_cast<size_t>(batch) * classes, classes);
+    for (float& v : logits) v *= 20.0f;  // wide range: stability matters
+    std::vector<int32_t> labels(batch);
+    for (int i = 0; i < batch; ++i) labels[i] = (i * 7) % classes;
+    std::vector<float> want(logits.size());
+    const LossSum cpu = softmax_xent_cpu(logits.data(), labels.data(), batch, classes, 0.5f, want.data());
+
+    DeviceBuffer<float> d_logits(logits.size(), MemoryCategory::kOther), d_grad(logits.size(), MemoryCategory::kOther);
+    DeviceBuffer<int32_t> d_labels(batch, MemoryCategory::kOther);
+    DeviceBuffer<double> d_loss(1, MemoryCategory::kOther);
+    DeviceBuffer<int> d_correct(1, MemoryCategory::kOther);
+    cudaMemcpy(d_logits.data(), logits.data(), d_logits.bytes(), cudaMemcpyHostToDevice);
+    cudaMemcpy(d_labels.data(), labels.data(), d_labels.bytes(), cudaMemcpyHostToDevice);
+    cudaMemset(d_loss.data(), 0, 8);
+    cudaMemset(d_correct.data(), 0, 4);
+    launch_fill(d_grad.data(), d_grad.count(), false, NAN, nullptr);
+    launch_softmax_xent(d_logits.data(), d_labels.data(), batch, classes, 0.5f, d_grad.data(), false,
+                        d_loss.data(), d_correct.data(), nullptr);
+    std::vector<float> got(logits.size());
+    double loss = 0;
+    int correct = 0;
+    ASSERT_EQ(cudaMemcpy(got.data(), d_grad.data(), d_grad.bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
+    cudaMemcpy(&loss, d_loss.data(), 8, cudaMemcpyDeviceToHost);
+    cudaMemcpy(&correct, d_correct.data(), 4, cudaMemcpyDeviceToHost);
+    EXPECT_LE(relative_error(got, want), 1e-5) << classes << " classes";
+    EXPECT_NEAR(loss, cpu.loss, 1e-5 * std::max(1.0, std::fabs(cpu.loss))) << classes << " classes";
+    EXPECT_EQ(correct, cpu.correct) << classes << " classes";
+  }
+}
+
+TEST(CudaKernels, OptimizersMatchTheCpu) {
+  REQUIRE_GPU();
+  const size_t count = 1001;
+  for (OptimizerKind kind : {OptimizerKind::kSgd, OptimizerKind::kAdamW}) {
+    std::vector<float> p = random_vector(count, 1), a(count, 0.0f), b(count, 0.0f);
+    DeviceBuffer<float> dp(count, MemoryCategory::kOther), dg(count, MemoryCategory::kOther),
+        da(count, MemoryCategory::kOther), db(count, MemoryCategory::kOther);
+    DeviceBuffer<OptStep> dsteps(3, MemoryCategory::kOther);
+    cudaMemcpy(dp.data(), p.data(), count * 4, cudaMemcpyHostToDevice);
+    cudaMemset(da.data(), 0, count * 4);
+    cudaMemset(db.data(), 0, count * 4);
+    std::vector<OptStep> steps(3);
+    for (int t = 0; t < 3; ++t) {
+      steps[t].lr = 0.01f * (t + 1);
+      steps[t].first = t == 0;
+      steps[t].step_size = static_cast<float>(steps[t].lr / (1.0 - std::pow(0.9, t + 1.0)));
+      steps[t].bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(0.999, t + 1.0)));
+    }
+    cudaMemcpy(dsteps.data(), steps.data(), sizeof(OptStep) * 3, cudaMemcpyHostToDevice);
+    DeviceBuffer<int> counter(1, MemoryCategory::kOther);
+    for (int t = 0; t < 3; ++t) {
+      const auto g = random_vector(count, 10 + t);
+      cudaMemcpy(dg.data(), g.data(), count * 4, cudaMemcpyHostToDevice);
+      cudaMemcpy(counter.data(), &t, 4, cudaMemcpyHostToDevice);
+      if (kind == OptimizerKind::kSgd) {
+        sgd_update(p.data(), g.data(), a.data(), count, steps[t].lr, 0.9f, 0.01f, t == 0);
+        launch_sgd(dp.data(), dg.data(), da.data(), nullptr, count, dsteps.data(), counter.data(), 0.9f, 0.01f, nullptr);
+      } else {
+        adamw_update(p.data(), g.data(), a.data(), b.data(), count, steps[t].lr, 0.9f, 0.999f, 1e-8f, 0.01f, t + 1);
+        launch_adamw(dp.data(), dg.data(), da.data(), db.data(), nullptr, count, dsteps.data(), counter.data(),
+                     0.9f, 0.999f, 1e-8f, 0.01f, nullptr);
+      }
+    }
+    std::vector<float> got(count);
+    ASSERT_EQ(cudaMemcpy(got.data(), dp.data(), count * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_LE(relative_error(got, p), 1e-6) << (kind == OptimizerKind::kSgd ? "sgd" : "adamw");
+  }
+}
+
+// K steps through the device-resident schedule against K steps of CpuMlp + Optimizer.
+std::vector<float> gpu_steps(const MlpShape& shape, const Dataset& data, const OptimizerConfig& opt, int batch,
+                             int k, bool graph, const std::vector<float>& init) {
+  CudaMlpOptions options;
+  options.cuda_graph = graph;
+  CudaMlp gpu(shape, batch, opt, options);
+  gpu.set_params(init.data());
+  gpu.set_train_data(data.train);
+  Sampler sampler(data.train.n, 3, true);
+  std::vector<int32_t> indices(static_cast<size_t>(k) * batch);
+  sampler.indices(0, indices.size(), indices.data());
+  std::vector<OptStep> steps(k);
+  for (int t = 0; t < k; ++t) {
+    steps[t].lr = lr_at(t, k, 0.05f, LrSchedule::kCosine, 0);
+    steps[t].first = t == 0;
+    steps[t].step_size = static_cast<float>(steps[t].lr / (1.0 - std::pow(double(opt.beta1), t + 1.0)));
+    steps[t].bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(double(opt.beta2), t + 1.0)));
+  }
+  gpu.upload_schedule(indices.data(), steps.data(), k);
+  for (int t = 0; t < k; ++t) gpu.train_step();
+  std::vector<float> params(shape.param_count());
+  gpu.get_params(params.data());
+  return params;
+}
+
+std::vector<float> cpu_steps(const MlpShape& shape, const Dataset& data, const OptimizerConfig& opt, int batch,
+                             int k, const std::vector<float>& init) {
+  CpuMlp cpu(shape, batch);
+  std::copy(init.begin(), init.end(), cpu.params());
+  auto optimizer = make_optimizer(opt, shape.param_count());
+  Sampler sampler(data.train.n, 3, true);
+  std::vector<int32_t> idx(batch), y(batch);
+  std::vector<float> x(static_cast<size_t>(batch) * shape.input_width());
+  for (int t = 0; t < k; ++t) {
+    sampler.indices(static_cast<int64_t>(t) * batch, batch, idx.data());
+    for (int i = 0; i < batch; ++i) {
+      std::copy_n(&data.train.x[static_cast<size_t>(idx[i]) * shape.input_width()], shape.input_width(),
+                  &x[static_cast<size_t>(i) * shape.input_width()]);
+      y[i] = data.train.y[idx[i]];
+    }
+    cpu.forward(x.data(), batch);
+    cpu.backward(y.data(), batch, 1.0f / batch);
+    optimizer->step(cpu.params(), cpu.grads(), shape.param_count(), lr_at(t, k, 0.05f, LrSchedule::kCosine, 0));
+  }
+  return {cpu.params(), cpu.params() + shape.param_count()};
+}
+
+TEST(CudaTraining, KStepsMatchTheCpu) {
+  REQUIRE_GPU();
+  const MlpShape shape({23, 37, 11, 5});
+  const Dataset data = make_synthetic(300, 10, 23, 5, 9);
+  std::vector<float> init(shape.param_count());
+  init_params(shape, 4, init.data());
+  for (OptimizerKind kind : {OptimizerKind::kSgd, OptimizerKind::kAdamW}) {
+    OptimizerConfig opt;
+    opt.kind = kind;
+    opt.weight_decay = 0.01f;
+    const auto want = cpu_steps(shape, data, opt, 19, 8, init);
+    const auto got = gpu_steps(shape, data, opt, 19, 8, false, init);
+    EXPECT_LE(relative_error(got, want), 1e-5) << (kind == OptimizerKind::kSgd ? "sgd" : "adamw");
+  }
+}
+
+TEST(CudaTraining, GraphReplayEqualsEagerLaunches) {
+  REQUIRE_GPU();
+  const MlpShape shape({64, 96, 10});
+  const Dataset data = make_synthetic(500, 10, 64, 10, 2);
+  std::vector<float> init(shape.param_count());
+  init_params(shape, 5, init.data());
+  OptimizerConfig opt;
+  const auto eager = gpu_steps(shape, data, opt, 32, 12, false, init);
+  const auto graph = gpu_steps(shape, data, opt, 32, 12, true, init);
+  EXPECT_EQ(eager, graph);
+  EXPECT_NE(eager, init);
+}
+
+}  // namespace
+}  // namespace ddp
