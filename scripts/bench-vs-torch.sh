@@ -28,12 +28,12 @@ for run in "${runs[@]}"; do
     *) echo "unknown workload $workload" >&2; exit 2 ;;
   esac
   log_every=$((steps / 6))
-  "$build/bin/ddptrain" --device cuda --precision "$prec" --data synthetic --layers "$layers" \
+  timeout 120 "$build/bin/ddptrain" --device cuda --precision "$prec" --data synthetic --layers "$layers" \
     --batch-size "$batch" --synthetic-samples "$samples" --steps "$steps" --log-every "$log_every" \
     --lr-schedule constant --lr 0.01 --quiet --metrics "$tmp/ddp.jsonl" > "$tmp/ddp.log" 2>&1 ||
     { echo "ddptrain failed on $run:"; tail -5 "$tmp/ddp.log"; continue; }
   ours="$(json "$tmp/ddp.jsonl" steady_samples_per_s)"
-  "$py" scripts/torch_mlp.py --device cuda --data random --precision "$prec" --layers "$layers" \
+  timeout 120 "$py" scripts/torch_mlp.py --device cuda --data random --precision "$prec" --layers "$layers" \
     --batch-size "$batch" --steps "$tsteps" --warmup 10 > "$tmp/torch.json" 2> "$tmp/torch.err" ||
     { echo "torch failed on $run:"; tail -5 "$tmp/torch.err"; continue; }
   theirs="$(json "$tmp/torch.json" samples_per_s)"

@@ -70,7 +70,7 @@ fi
 
 if want fashion; then
   for prec in fp32 tf32; do
-    "$build/bin/ddptrain" --device cuda --precision "$prec" --data-dir .deps/fashion-mnist \
+    timeout 120 "$build/bin/ddptrain" --device cuda --precision "$prec" --data-dir .deps/fashion-mnist \
       --metrics "$out/fashion-$prec.jsonl" > "$out/fashion-$prec.log" 2>&1
     note "fashion-mnist 1 GPU $prec: $(grep -E 'test accuracy' "$out/fashion-$prec.log" | sed 's/.*info: //')"
   done
@@ -78,7 +78,7 @@ if want fashion; then
 fi
 
 if want bench; then
-  scripts/bench-vs-torch.sh "$build" > "$out/bench.md" 2> "$out/bench.err"
+  timeout 400 scripts/bench-vs-torch.sh "$build" > "$out/bench.md" 2> "$out/bench.err"
   cat "$out/bench.md"
   note "bench: see bench.md"
 fi
