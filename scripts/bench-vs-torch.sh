@@ -15,7 +15,8 @@ py="${PYTHON:-python3}"
 tmp="$(mktemp -d)"
 commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 
-json() { "$py" -c "import json,sys; d=json.loads(open(sys.argv[1]).read().strip().splitlines()[-1]); print(d[sys.argv[2]])" "$@"; }
+# The value of KEY in the last JSON line of FILE that has it.
+json() { "$py" -c "import json,sys; print([d for d in map(json.loads, open(sys.argv[1]).read().split(chr(10)) if l.strip()) if sys.argv[2] in d][-1][sys.argv[2]])" "$@"; }
 
 printf '| workload | prec | ddptrain ms/step | PyTorch ms/step | ddptrain samples/s | PyTorch samples/s | ratio | cuBLAS ms (products) | products / ddptrain step |\n'
 printf '|---|---|---|---|---|---|---|---|---|\n'
