@@ -2,7 +2,7 @@
 # Everything that needs a GPU, in one call on the device machine: build (sm_90), the GPU
 # tests, the launcher on every GPU, Fashion-MNIST on one GPU, the benchmarks. Logs go to
 # $OUT (or ./device-out); a short table is printed last.
-# Usage: scripts/device-check.sh [sections...]  sections: build cuda cpu launcher fashion bench
+# Usage: scripts/device-check.sh [sections...]  sections: build cuda cpu launcher fashion options bench
 # Expects .deps/ (made by scripts/device-prepare.sh here): fashion-mnist/, include/ for the
 # headers the device image lacks.
 set -uo pipefail
@@ -75,6 +75,13 @@ if want fashion; then
     note "fashion-mnist 1 GPU $prec: $(grep -E 'test accuracy' "$out/fashion-$prec.log" | sed 's/.*info: //')"
   done
   grep -E 'bound|memory at|fused' "$out/fashion-fp32.log"
+fi
+
+if want options; then
+  for flags in "" "--no-cuda-graph" "--no-fused-epilogues" "--sync-debug" "--precision bf16"; do
+    timeout 120 "$build/bin/ddptrain" --device cuda --epochs 2 --data-dir .deps/fashion-mnist $flags > "$out/opt.log" 2>&1
+    note "fashion 2 epochs ${flags:-(defaults)}: $(grep -E 'test accuracy' "$out/opt.log" | sed 's/.*info: //')"
+  done
 fi
 
 if want bench; then
