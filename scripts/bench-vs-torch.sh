@@ -16,7 +16,7 @@ tmp="$(mktemp -d)"
 commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 
 # The value of KEY in the last JSON line of FILE that has it.
-json() { "$py" -c "import json,sys; print([d for d in map(json.loads, open(sys.argv[1]).read().split(chr(10)) if l.strip()) if sys.argv[2] in d][-1][sys.argv[2]])" "$@"; }
+json() { "$py" -c "import json,sys; d=[json.loads(l) for l in open(sys.argv[1]) if l.strip()]; print([x for x in d if sys.argv[2] in x][-1][sys.argv[2]])" "$@"; }
 
 printf '| workload | prec | ddptrain ms/step | PyTorch ms/step | ddptrain samples/s | PyTorch samples/s | ratio | cuBLAS ms (products) | products / ddptrain step |\n'
 printf '|---|---|---|---|---|---|---|---|---|\n'

@@ -42,6 +42,14 @@ std::string ddprun() {
   return DDPRUN_PATH;
 }
 
+// The tests start CPU workers: hide this machine's GPUs (if any) from ddprun unless a test
+// sets CUDA_VISIBLE_DEVICES itself.
+class HideGpus : public ::testing::Environment {
+ public:
+  void SetUp() override { ::setenv("CUDA_VISIBLE_DEVICES", "", 1); }
+};
+const auto* const kHideGpus = ::testing::AddGlobalTestEnvironment(new HideGpus);
+
 class TempDir {
  public:
   TempDir() {
