@@ -16,6 +16,7 @@ StoreClient::StoreClient(const std::string& host, int port, const std::string& t
 }
 
 std::string StoreClient::round_trip(const MessageWriter& request, double timeout_s) {
+  std::lock_guard<std::mutex> lock(mutex_);
   const std::string frame = request.framed();
   write_all(fd_.get(), frame.data(), frame.size());
   // The server answers a wait only when it completes or times out: allow it some slack.

@@ -1,9 +1,10 @@
 // The rendezvous store client: a TCP key-value store served by ddprun (or by any process
 // through launcher/StoreServer). Every connection first presents the job's token.
-// Each call is a blocking round trip; it is safe to use one client from one thread only.
+// Each call is a blocking round trip; calls from several threads are serialised.
 #pragma once
 
 #include <cstdint>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -52,6 +53,7 @@ class StoreClient {
 
   std::string address_;
   UniqueFd fd_;
+  std::mutex mutex_;  // one request in flight per connection
 };
 
 }  // namespace ddp

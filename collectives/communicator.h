@@ -1,0 +1,115 @@
+// One interface over NCCL (GPU buffers), Gloo (CPU buffers, TCP) and MPI (CPU buffers,
+// under mpirun). Buffers are a pointer plus an element count (never bytes) and a data type.
+// Every call is collective over the communicator's ranks: all of them must make the same
+// calls in the same order with the same counts, or the call fails at its deadline with an
+// error naming the operation, its sequence number, its size and, where the rendezvous
+// store can tell, the ranks that never arrived.
+//
+// Completion: the blocking forms return when this rank's part is complete (host backends:
+// the buffers are ready; NCCL: the work has finished on the device). The *_async forms
+// return a Work to wait on; for NCCL the operation is queued on the communication stream
+// after everything already queued on the compute stream (set_compute_stream), and
+// Work::then_on(stream) makes a stream wait for it without blocking the host.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace ddp {
+
+class StoreClient;
+struct ProcessEnv;
+
+enum class DataType { kFloat32, kBFloat16, kFloat64, kInt32, kInt64 };
+size_t dtype_bytes(DataType type);
+const char* dtype_name(DataType type);
+
+enum class ReduceOp { kSum, kAverage, kMax };
+const char* reduce_name(ReduceOp op);
+
+// A pending operation.
+class Work {
+ public:
+  virtual ~Work() = default;
+  // Blocks until done or timeout_s passes; throws ddp::Error (with the operation, sequence
+  // number, size and missing ranks) on timeout or failure.
+  virtual void wait(double timeout_s) = 0;
+  // NCCL: makes `stream` (a cudaStream_t) wait for the operation on the device; host
+  // backends: wait(default timeout).
+  virtual void then_on(void* stream) = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  virtual const char* backend() const = 0;
+  // Whether buffers are device (GPU) memory.
+  virtual bool device_buffers() const = 0;
+  double timeout() const { return timeout_s_; }
+  void set_timeout(double seconds) { timeout_s_ = seconds; }
+  // NCCL: the stream that produces and consumes the buffers (a cudaStream_t); ignored by
+  // host backends.
+  virtual void set_compute_stream(void* stream) { (void)stream; }
+
+  // In place: buffer[count] becomes the element-wise reduction over ranks.
+  virtual std::unique_ptr<Work> all_reduce_async(void* buffer, size_t count, DataType type, ReduceOp op) = 0;
+  void all_reduce(void* buffer, size_t count, DataType type, ReduceOp op) {
+    all_reduce_async(buffer, count, type, op)->wait(timeout_s_);
+  }
+  // In place: every rank's buffer[count] becomes root's.
+  virtual void broadcast(void* buffer, size_t count, DataType type, int root) = 0;
+  // recv[size * count] holds every rank's send[count], in rank order.
+  virtual void all_gather(const void* send, void* recv, size_t count, DataType type) = 0;
+  // send[size * count]: recv[count] becomes the reduction over ranks of block `rank` of send.
+  virtual void reduce_scatter(const void* send, void* recv, size_t count, DataType type, ReduceOp op) = 0;
+  // Point to point: the peer must make the matching call.
+  virtual void send(const void* buffer, size_t count, DataType type, int peer) = 0;
+  virtual void recv(void* buffer, size_t count, DataType type, int peer) = 0;
+  virtual void barrier() = 0;
+  // Every rank calls; ranks with the same colour form a new communicator, ordered by key
+  // then by rank. The parent stays usable.
+  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+  // Stops pending operations so that peers stop waiting (on fatal errors).
+  virtual void abort() {}
+
+  uint64_t sequence() const { return sequence_; }
+
+ protected:
+  Communicator(int rank, int size) : rank_(rank), size_(size) {}
+  // The next operation's sequence number (every collective call takes one).
+  uint64_t next_sequence() { return ++sequence_; }
+
+  int rank_;
+  int size_;
+  double timeout_s_ = 300.0;
+  uint64_t sequence_ = 0;
+};
+
+// Which backend to use: "auto" = NCCL with GPUs, else Gloo, else MPI under mpirun.
+struct CommConfig {
+  std::string backend = "auto";  // auto | nccl | gloo | mpi
+  double timeout_s = 300.0;
+  bool gpu = false;              // buffers on the GPU (the process has bound its device)
+};
+
+// Makes the world communicator. Collective over the job (every rank calls). The backend
+// names one that this build lacks -> UsageError saying so. `store` may be null under mpirun.
+std::unique_ptr<Communicator> make_communicator(const CommConfig& config, const ProcessEnv& env,
+                                                std::shared_ptr<StoreClient> store);
+
+// What this build has: "nccl gloo mpi" (for --version and ddpdoctor).
+std::string built_backends();
+
+// Describes a timed-out or failed operation and asks the store which ranks never reached
+// it: every rank that times out records its arrival under (group, sequence), waits a little
+// for the others', and names the ranks whose record is missing. Used by every backend.
+std::string describe_stuck_operation(StoreClient* store, const std::string& group, int rank, int size,
+                                     uint64_t sequence, const char* op, size_t count, DataType type,
+                                     const std::string& cause);
+
+}  // namespace ddp

@@ -1,0 +1,134 @@
+// make_communicator(): the one place that knows which backends were built. A backend that
+// was not built answers here with an error naming what to install or rebuild.
+#include <unistd.h>
+
+#include <cstring>
+
+#include "collectives/communicator.h"
+#include "runtime/error.h"
+#include "runtime/process_env.h"
+#include "runtime/store.h"
+
+#if DDP_HAVE_GLOO
+#include "collectives/gloo/gloo_communicator.h"
+#endif
+#if DDP_HAVE_MPI
+#include "collectives/mpi/mpi_communicator.h"
+#endif
+#if DDP_HAVE_NCCL
+#include "collectives/nccl/nccl_communicator.h"
+#endif
+
+namespace ddp {
+namespace {
+
+// One process: every collective is a local copy (or nothing).
+class SelfCommunicator final : public Communicator {
+ public:
+  explicit SelfCommunicator(bool gpu) : Communicator(0, 1), gpu_(gpu) {}
+  const char* backend() const override { return "self"; }
+  bool device_buffers() const override { return gpu_; }
+  std::unique_ptr<Work> all_reduce_async(void*, size_t, DataType, ReduceOp) override {
+    next_sequence();
+    return std::make_unique<Done>();
+  }
+  void broadcast(void*, size_t, DataType, int root) override {
+    DDP_CHECK(root == 0, "broadcast root {} in a group of 1", root);
+    next_sequence();
+  }
+  void all_gather(const void* send, void* recv, size_t count, DataType type) override {
+    next_sequence();
+    DDP_CHECK(!gpu_, "the single-process GPU group copies nothing: use the buffer itself");
+    if (send != recv) std::memmove(recv, send, count * dtype_bytes(type));
+  }
+  void reduce_scatter(const void* send, void* recv, size_t count, DataType type, ReduceOp) override {
+    all_gather(send, recv, count, type);
+  }
+  void send(const void*, size_t, DataType, int peer) override { DDP_CHECK(false, "send to {} in a group of 1", peer); }
+  void recv(void*, size_t, DataType, int peer) override { DDP_CHECK(false, "recv from {} in a group of 1", peer); }
+  void barrier() override { next_sequence(); }
+  std::unique_ptr<Communicator> split(int, int) override { return std::make_unique<SelfCommunicator>(gpu_); }
+
+ private:
+  struct Done final : Work {
+    void wait(double) override {}
+    void then_on(void*) override {}
+  };
+  bool gpu_;
+};
+
+std::string host_name(const ProcessEnv& env) {
+  if (env.local_world_size == env.world_size) return "127.0.0.1";
+  char name[256] = {};
+  ::gethostname(name, sizeof(name) - 1);
+  return name;
+}
+
+}  // namespace
+
+std::string built_backends() {
+  std::string names;
+  if (DDP_HAVE_NCCL) names += "nccl ";
+  if (DDP_HAVE_GLOO) names += "gloo ";
+  if (DDP_HAVE_MPI) names += "mpi ";
+  if (!names.empty()) names.pop_back();
+  return names.empty() ? "none" : names;
+}
+
+std::unique_ptr<Communicator> make_communicator(const CommConfig& config, const ProcessEnv& env,
+                                                std::shared_ptr<StoreClient> store) {
+  std::string backend = config.backend;
+  if (backend == "auto") {
+    if (env.world_size == 1) backend = "self";
+    else if (config.gpu && DDP_HAVE_NCCL) backend = "nccl";
+    else if (!config.gpu && DDP_HAVE_GLOO && store != nullptr) backend = "gloo";
+    else if (!config.gpu && DDP_HAVE_MPI && env.launcher == Launcher::kMpirun) backend = "mpi";
+    else
+      throw UsageError(fmt::format(
+          "--backend auto: no backend fits ({} buffers, launcher {}, built: {}); {}",
+          config.gpu ? "GPU" : "CPU", launcher_name(env.launcher), built_backends(),
+          config.gpu ? "rebuild with NCCL" : "start with ddprun (Gloo) or mpirun (MPI)"));
+  }
+  DDP_USAGE_CHECK(backend == "self" || backend == "nccl" || backend == "gloo" || backend == "mpi",
+                  "--backend {}: expected auto, nccl, gloo or mpi", config.backend);
+  if (backend == "self") return std::make_unique<SelfCommunicator>(config.gpu);
+  DDP_USAGE_CHECK(backend != "nccl" || config.gpu, "--backend nccl works on GPU buffers: use --device cuda");
+  DDP_USAGE_CHECK(backend == "nccl" || !config.gpu,
+                  "--backend {} works on CPU buffers; GPU training uses nccl", backend);
+  if (backend == "gloo") {
+#if DDP_HAVE_GLOO
+    auto comm = make_gloo_communicator(env.rank, env.world_size, store,
+                                       fmt::format("ddp/gloo/{}/world/", env.restart_count), config.timeout_s,
+                                       host_name(env));
+    return comm;
+#else
+    throw UsageError("--backend gloo: this build has no Gloo (install libgloo-dev and rebuild)");
+#endif
+  }
+  if (backend == "mpi") {
+#if DDP_HAVE_MPI
+    DDP_USAGE_CHECK(env.launcher == Launcher::kMpirun, "--backend mpi: start the job with mpirun");
+    return make_mpi_communicator(store, config.timeout_s);
+#else
+    throw UsageError("--backend mpi: this build has no MPI (install libopenmpi-dev and rebuild)");
+#endif
+  }
+#if DDP_HAVE_NCCL
+  std::unique_ptr<Communicator> bootstrap;
+#if DDP_HAVE_MPI
+  if (store == nullptr && env.launcher == Launcher::kMpirun) bootstrap = make_mpi_communicator(nullptr, config.timeout_s);
+#endif
+  auto comm = make_nccl_communicator(env.rank, env.world_size, store, fmt::format("world{}", env.restart_count),
+                                     config.timeout_s, bootstrap.get());
+  if (bootstrap) {
+    // MPI stays initialised for the job's lifetime; the NCCL communicator owns nothing of it.
+    static std::unique_ptr<Communicator> keep;  // plain host state: finalises MPI at exit
+    keep = std::move(bootstrap);
+  }
+  return comm;
+#else
+  throw UsageError("--backend nccl: this build has no NCCL (the CUDA toolkit's NCCL was not found at configure time)");
+#endif
+}
+
+}  // namespace ddp

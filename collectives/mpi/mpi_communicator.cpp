@@ -1,0 +1,206 @@
+// MpiCommunicator: every operation is a non-blocking MPI call whose request is polled with
+// MPI_Test until it completes or the deadline passes.
+#include "collectives/mpi/mpi_communicator.h"
+
+#include <mpi.h>
+
+#include <chrono>
+#include <functional>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "collectives/host_reduce.h"
+#include "runtime/error.h"
+#include "runtime/store.h"
+
+namespace ddp {
+namespace {
+
+#define DDP_MPI_CHECK(statement)                                                  \
+  do {                                                                            \
+    const int ddp_mpi_rc_ = (statement);                                          \
+    if (ddp_mpi_rc_ != MPI_SUCCESS) {                                             \
+      char text[MPI_MAX_ERROR_STRING];                                            \
+      int length = 0;                                                             \
+      MPI_Error_string(ddp_mpi_rc_, text, &length);                               \
+      DDP_CHECK(false, "MPI error: {}", std::string(text, length));               \
+    }                                                                             \
+  } while (0)
+
+MPI_Datatype mpi_type(DataType type) {
+  switch (type) {
+    case DataType::kFloat32: return MPI_FLOAT;
+    case DataType::kFloat64: return MPI_DOUBLE;
+    case DataType::kInt32: return MPI_INT32_T;
+    case DataType::kInt64: return MPI_INT64_T;
+    case DataType::kBFloat16: return MPI_UINT16_T;
+  }
+  return MPI_BYTE;
+}
+
+// MPI has no bfloat16: a user operator that sums or maxes uint16-stored bf16 values.
+void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  reduce_into(inout, inout, in, static_cast<size_t>(*len), DataType::kBFloat16, ReduceOp::kSum);
+}
+void bf16_max(void* in, void* inout, int* len, MPI_Datatype*) {
+  reduce_into(inout, inout, in, static_cast<size_t>(*len), DataType::kBFloat16, ReduceOp::kMax);
+}
+
+class MpiWork final : public Work {
+ public:
+  MpiWork(MPI_Request request, std::function<void()> finish, std::function<std::string(const std::string&)> describe)
+      : request_(request), finish_(std::move(finish)), describe_(std::move(describe)) {}
+  void wait(double timeout_s) override {
+    if (done_) return;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    int flag = 0;
+    while (true) {
+      DDP_MPI_CHECK(MPI_Test(&request_, &flag, MPI_STATUS_IGNORE));
+      if (flag) break;
+      if (std::chrono::steady_clock::now() >= deadline)
+        throw Error(describe_(fmt::format("no completion within the {:.1f}s deadline", timeout_s)));
+      std::this_thread::yield();
+    }
+    done_ = true;
+    if (finish_) finish_();
+  }
+  void then_on(void*) override { wait(300.0); }
+
+ private:
+  MPI_Request request_;
+  std::function<void()> finish_;
+  std::function<std::string(const std::string&)> describe_;
+  bool done_ = false;
+};
+
+class MpiCommunicator final : public Communicator {
+ public:
+  MpiCommunicator(MPI_Comm comm, bool owns_mpi, std::shared_ptr<StoreClient> store, double timeout_s, std::string group)
+      : Communicator(comm_rank(comm), comm_size(comm)), comm_(comm), owns_mpi_(owns_mpi), store_(std::move(store)),
+        group_(std::move(group)) {
+    timeout_s_ = timeout_s;
+    MPI_Op_create(bf16_sum, 1, &bf16_sum_);
+    MPI_Op_create(bf16_max, 1, &bf16_max_);
+  }
+  ~MpiCommunicator() override {
+    MPI_Op_free(&bf16_sum_);
+    MPI_Op_free(&bf16_max_);
+    if (comm_ != MPI_COMM_WORLD) MPI_Comm_free(&comm_);
+    if (owns_mpi_) MPI_Finalize();
+  }
+
+  const char* backend() const override { return "mpi"; }
+  bool device_buffers() const override { return false; }
+
+  std::unique_ptr<Work> all_reduce_async(void* buffer, size_t count, DataType type, ReduceOp op) override {
+    const uint64_t seq = next_sequence();
+    MPI_Request request;
+    DDP_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buffer, checked_count(count), mpi_type(type), mpi_op(type, op), comm_, &request));
+    std::function<void()> finish;
+    if (op == ReduceOp::kAverage) finish = [=] { scale_by(buffer, count, type, size_); };
+    return std::make_unique<MpiWork>(request, finish, describer(seq, "all_reduce", count, type));
+  }
+
+  void broadcast(void* buffer, size_t count, DataType type, int root) override {
+    const uint64_t seq = next_sequence();
+    MPI_Request request;
+    DDP_MPI_CHECK(MPI_Ibcast(buffer, checked_count(count), mpi_type(type), root, comm_, &request));
+    MpiWork(request, nullptr, describer(seq, "broadcast", count, type)).wait(timeout_s_);
+  }
+
+  void all_gather(const void* send, void* recv, size_t count, DataType type) override {
+    const uint64_t seq = next_sequence();
+    MPI_Request request;
+    DDP_MPI_CHECK(MPI_Iallgather(send, checked_count(count), mpi_type(type), recv, checked_count(count), mpi_type(type),
+                                 comm_, &request));
+    MpiWork(request, nullptr, describer(seq, "all_gather", count, type)).wait(timeout_s_);
+  }
+
+  void reduce_scatter(const void* send, void* recv, size_t count, DataType type, ReduceOp op) override {
+    const uint64_t seq = next_sequence();
+    MPI_Request request;
+    DDP_MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, checked_count(count), mpi_type(type), mpi_op(type, op), comm_,
+                                            &request));
+    MpiWork(request, op == ReduceOp::kAverage ? std::function<void()>([=] { scale_by(recv, count, type, size_); }) : nullptr,
+            describer(seq, "reduce_scatter", count, type))
+        .wait(timeout_s_);
+  }
+
+  void send(const void* buffer, size_t count, DataType type, int peer) override {
+    const uint64_t seq = next_sequence();
+    MPI_Request request;
+    DDP_MPI_CHECK(MPI_Isend(buffer, checked_count(count), mpi_type(type), peer, 7, comm_, &request));
+    MpiWork(request, nullptr, describer(seq, "send", count, type)).wait(timeout_s_);
+  }
+
+  void recv(void* buffer, size_t count, DataType type, int peer) override {
+    const uint64_t seq = next_sequence();
+    MPI_Request request;
+    DDP_MPI_CHECK(MPI_Irecv(buffer, checked_count(count), mpi_type(type), peer, 7, comm_, &request));
+    MpiWork(request, nullptr, describer(seq, "recv", count, type)).wait(timeout_s_);
+  }
+
+  void barrier() override {
+    const uint64_t seq = next_sequence();
+    MPI_Request request;
+    DDP_MPI_CHECK(MPI_Ibarrier(comm_, &request));
+    MpiWork(request, nullptr, describer(seq, "barrier", 0, DataType::kFloat32)).wait(timeout_s_);
+  }
+
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    const uint64_t seq = next_sequence();
+    MPI_Comm child;
+    DDP_MPI_CHECK(MPI_Comm_split(comm_, color, key, &child));
+    return std::make_unique<MpiCommunicator>(child, false, store_, timeout_s_,
+                                             fmt::format("{}/split{}c{}", group_, seq, color));
+  }
+
+  void abort() override { MPI_Abort(comm_, 1); }
+
+ private:
+  static int comm_rank(MPI_Comm comm) {
+    int r = 0;
+    MPI_Comm_rank(comm, &r);
+    return r;
+  }
+  static int comm_size(MPI_Comm comm) {
+    int s = 1;
+    MPI_Comm_size(comm, &s);
+    return s;
+  }
+  static int checked_count(size_t count) {
+    DDP_CHECK(count <= static_cast<size_t>(INT32_MAX), "MPI counts are int: {} elements is too many", count);
+    return static_cast<int>(count);
+  }
+  MPI_Op mpi_op(DataType type, ReduceOp op) const {
+    if (type == DataType::kBFloat16) return op == ReduceOp::kMax ? bf16_max_ : bf16_sum_;
+    return op == ReduceOp::kMax ? MPI_MAX : MPI_SUM;
+  }
+  std::function<std::string(const std::string&)> describer(uint64_t seq, const char* op, size_t count, DataType type) {
+    return [this, seq, op, count, type](const std::string& cause) {
+      return describe_stuck_operation(store_.get(), group_, rank_, size_, seq, op, count, type, cause);
+    };
+  }
+
+  MPI_Comm comm_;
+  bool owns_mpi_;
+  std::shared_ptr<StoreClient> store_;
+  std::string group_;
+  MPI_Op bf16_sum_ = MPI_OP_NULL, bf16_max_ = MPI_OP_NULL;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_mpi_communicator(std::shared_ptr<StoreClient> store, double timeout_s) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) {
+    int provided = 0;
+    DDP_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided));
+  }
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, !initialized, std::move(store), timeout_s, "mpi");
+}
+
+}  // namespace ddp

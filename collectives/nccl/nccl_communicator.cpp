@@ -1,0 +1,248 @@
+// NcclCommunicator. Waits poll cudaEventQuery and ncclCommGetAsyncError against the
+// deadline and abort the communicator on error or timeout, so that no rank hangs.
+#include "collectives/nccl/nccl_communicator.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <functional>
+#include <cstring>
+#include <thread>
+
+#include "runtime/cuda_check.h"
+#include "runtime/error.h"
+#include "runtime/store.h"
+
+namespace ddp {
+namespace {
+
+ncclDataType_t nccl_type(DataType type) {
+  switch (type) {
+    case DataType::kFloat32: return ncclFloat32;
+    case DataType::kBFloat16: return ncclBfloat16;
+    case DataType::kFloat64: return ncclFloat64;
+    case DataType::kInt32: return ncclInt32;
+    case DataType::kInt64: return ncclInt64;
+  }
+  return ncclFloat32;
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return ncclSum;
+    case ReduceOp::kAverage: return ncclAvg;
+    case ReduceOp::kMax: return ncclMax;
+  }
+  return ncclSum;
+}
+
+using Clock = std::chrono::steady_clock;
+
+// Polls a non-blocking communicator until its pending call (init, split, enqueue) is done.
+ncclResult_t settle(ncclComm_t comm, ncclResult_t first, Clock::time_point deadline) {
+  ncclResult_t state = first;
+  while (state == ncclInProgress) {
+    if (Clock::now() >= deadline) return ncclInProgress;
+    std::this_thread::yield();
+    ncclCommGetAsyncError(comm, &state);
+  }
+  return state;
+}
+
+class NcclWork final : public Work {
+ public:
+  NcclWork(ncclComm_t comm, cudaEvent_t done, std::function<std::string(const std::string&)> describe)
+      : comm_(comm), done_(done), describe_(std::move(describe)) {}
+  ~NcclWork() override {
+    if (done_ != nullptr) cudaEventDestroy(done_);
+  }
+  void wait(double timeout_s) override {
+    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+    while (true) {
+      const cudaError_t state = cudaEventQuery(done_);
+      if (state == cudaSuccess) return;
+      DDP_CHECK(state == cudaErrorNotReady, "{}", describe_(cudaGetErrorString(state)));
+      ncclResult_t async = ncclSuccess;
+      ncclCommGetAsyncError(comm_, &async);
+      if (async != ncclSuccess && async != ncclInProgress) {
+        ncclCommAbort(comm_);
+        throw Error(describe_(fmt::format("NCCL error {} ({}); communicator aborted", ncclGetErrorString(async),
+                                          ncclGetLastError(comm_))));
+      }
+      if (Clock::now() >= deadline) {
+        const std::string message = describe_(fmt::format("no completion within the {:.1f}s deadline", timeout_s));
+        ncclCommAbort(comm_);
+        throw Error(message + "; communicator aborted");
+      }
+      std::this_thread::yield();
+    }
+  }
+  void then_on(void* stream) override {
+    DDP_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), done_, 0));
+  }
+
+ private:
+  ncclComm_t comm_;
+  cudaEvent_t done_;
+  std::function<std::string(const std::string&)> describe_;
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(int rank, int size, ncclComm_t comm, std::shared_ptr<StoreClient> store, std::string group,
+                   double timeout_s)
+      : Communicator(rank, size), comm_(comm), store_(std::move(store)), group_(std::move(group)) {
+    timeout_s_ = timeout_s;
+    DDP_CUDA_CHECK(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking));
+    DDP_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+    DDP_CUDA_CHECK(cudaMalloc(&scratch_, sizeof(float)));
+  }
+  ~NcclCommunicator() override {
+    cudaStreamSynchronize(comm_stream_);
+    if (comm_ != nullptr) {
+      if (aborted_) {
+        ncclCommAbort(comm_);
+      } else {
+        const ncclResult_t r = settle(comm_, ncclCommFinalize(comm_), Clock::now() + std::chrono::seconds(30));
+        if (r == ncclSuccess) ncclCommDestroy(comm_);
+        else ncclCommAbort(comm_);
+      }
+    }
+    cudaFree(scratch_);
+    cudaEventDestroy(ready_);
+    cudaStreamDestroy(comm_stream_);
+  }
+
+  const char* backend() const override { return "nccl"; }
+  bool device_buffers() const override { return true; }
+  void set_compute_stream(void* stream) override { compute_stream_ = static_cast<cudaStream_t>(stream); }
+  void* communication_stream() const { return comm_stream_; }
+
+  std::unique_ptr<Work> all_reduce_async(void* buffer, size_t count, DataType type, ReduceOp op) override {
+    return enqueue("all_reduce", count, type, [&] {
+      return ncclAllReduce(buffer, buffer, count, nccl_type(type), nccl_op(op), comm_, comm_stream_);
+    });
+  }
+  void broadcast(void* buffer, size_t count, DataType type, int root) override {
+    enqueue("broadcast", count, type, [&] {
+      return ncclBroadcast(buffer, buffer, count, nccl_type(type), root, comm_, comm_stream_);
+    })->wait(timeout_s_);
+  }
+  void all_gather(const void* send, void* recv, size_t count, DataType type) override {
+    enqueue("all_gather", count, type, [&] {
+      return ncclAllGather(send, recv, count, nccl_type(type), comm_, comm_stream_);
+    })->wait(timeout_s_);
+  }
+  void reduce_scatter(const void* send, void* recv, size_t count, DataType type, ReduceOp op) override {
+    enqueue("reduce_scatter", count, type, [&] {
+      return ncclReduceScatter(send, recv, count, nccl_type(type), nccl_op(op), comm_, comm_stream_);
+    })->wait(timeout_s_);
+  }
+  void send(const void* buffer, size_t count, DataType type, int peer) override {
+    enqueue("send", count, type, [&] { return ncclSend(buffer, count, nccl_type(type), peer, comm_, comm_stream_); })
+        ->wait(timeout_s_);
+  }
+  void recv(void* buffer, size_t count, DataType type, int peer) override {
+    enqueue("recv", count, type, [&] { return ncclRecv(buffer, count, nccl_type(type), peer, comm_, comm_stream_); })
+        ->wait(timeout_s_);
+  }
+  void barrier() override {
+    enqueue("barrier", 1, DataType::kFloat32, [&] {
+      return ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, comm_stream_);
+    })->wait(timeout_s_);
+  }
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    const uint64_t seq = next_sequence();
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclComm_t child = nullptr;
+    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s_));
+    const ncclResult_t r = settle(comm_, ncclCommSplit(comm_, color, key, &child, &config), deadline);
+    DDP_CHECK(r == ncclSuccess, "{}", describe_stuck_operation(store_.get(), group_, rank_, size_, seq, "split", 0,
+                                                               DataType::kInt32, ncclGetErrorString(r)));
+    if (child != nullptr) settle(child, ncclInProgress, deadline);
+    int child_rank = 0, child_size = 1;
+    ncclCommUserRank(child, &child_rank);
+    ncclCommCount(child, &child_size);
+    return std::make_unique<NcclCommunicator>(child_rank, child_size, child, store_,
+                                              fmt::format("{}/split{}c{}", group_, seq, color), timeout_s_);
+  }
+  void abort() override {
+    aborted_ = true;
+    ncclCommAbort(comm_);
+    comm_ = nullptr;
+  }
+
+ private:
+  template <typename Launch>
+  std::unique_ptr<Work> enqueue(const char* op, size_t count, DataType type, Launch launch) {
+    const uint64_t seq = next_sequence();
+    auto describe = [this, seq, op, count, type](const std::string& cause) {
+      aborted_ = true;
+      return describe_stuck_operation(store_.get(), group_, rank_, size_, seq, op, count, type, cause);
+    };
+    // The communication stream starts after everything queued so far on the compute stream.
+    DDP_CUDA_CHECK(cudaEventRecord(ready_, compute_stream_));
+    DDP_CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, ready_, 0));
+    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s_));
+    const ncclResult_t r = settle(comm_, launch(), deadline);
+    if (r != ncclSuccess) {
+      const std::string message = describe(fmt::format("NCCL error {} ({})", ncclGetErrorString(r), ncclGetLastError(comm_)));
+      ncclCommAbort(comm_);
+      comm_ = nullptr;
+      throw Error(message);
+    }
+    cudaEvent_t done = nullptr;
+    DDP_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    DDP_CUDA_CHECK(cudaEventRecord(done, comm_stream_));
+    return std::make_unique<NcclWork>(comm_, done, describe);
+  }
+
+  ncclComm_t comm_;
+  std::shared_ptr<StoreClient> store_;
+  std::string group_;
+  cudaStream_t compute_stream_ = nullptr;
+  cudaStream_t comm_stream_ = nullptr;
+  cudaEvent_t ready_ = nullptr;
+  float* scratch_ = nullptr;
+  bool aborted_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_nccl_communicator(int rank, int size, std::shared_ptr<StoreClient> store,
+                                                     const std::string& group, double timeout_s,
+                                                     Communicator* bootstrap) {
+  ncclUniqueId id;
+  const std::string key = fmt::format("ddp/nccl/{}/id", group);
+  if (rank == 0) {
+    const ncclResult_t r = ncclGetUniqueId(&id);
+    DDP_CHECK(r == ncclSuccess, "ncclGetUniqueId failed: {}", ncclGetErrorString(r));
+  }
+  if (store != nullptr) {
+    if (rank == 0) store->set(key, std::string(id.internal, sizeof(id.internal)));
+    const std::string value = store->wait_get(key, timeout_s);
+    DDP_CHECK(value.size() == sizeof(id.internal), "malformed NCCL id in the store ({} bytes)", value.size());
+    std::memcpy(id.internal, value.data(), sizeof(id.internal));
+  } else {
+    DDP_USAGE_CHECK(bootstrap != nullptr,
+                    "--backend nccl needs the rendezvous store (ddprun) or MPI (mpirun) to share its id");
+    bootstrap->broadcast(id.internal, sizeof(id.internal) / 4, DataType::kInt32, 0);  // 128 bytes
+  }
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t comm = nullptr;
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+  const ncclResult_t first = ncclCommInitRankConfig(&comm, size, id, rank, &config);
+  const ncclResult_t r = comm != nullptr ? settle(comm, first, deadline) : first;
+  if (r != ncclSuccess) {
+    if (comm != nullptr) ncclCommAbort(comm);
+    throw Error(fmt::format("NCCL communicator of {} ranks (rank {}) could not start: {}{}", size, rank,
+                            r == ncclInProgress ? "timed out" : ncclGetErrorString(r),
+                            r == ncclInProgress ? " (a rank never joined?)" : ""));
+  }
+  return std::make_unique<NcclCommunicator>(rank, size, comm, std::move(store), group, timeout_s);
+}
+
+}  // namespace ddp

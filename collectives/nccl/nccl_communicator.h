@@ -1,0 +1,18 @@
+// The NCCL backend: GPU buffers; a non-blocking communicator whose operations run on a
+// dedicated communication stream, ordered after the compute stream by events.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "collectives/communicator.h"
+
+namespace ddp {
+
+// Collective over `size` ranks. The unique id comes through the store (rank 0 publishes it
+// under `group`), or through `bootstrap` when there is no store (under mpirun).
+std::unique_ptr<Communicator> make_nccl_communicator(int rank, int size, std::shared_ptr<StoreClient> store,
+                                                     const std::string& group, double timeout_s,
+                                                     Communicator* bootstrap);
+
+}  // namespace ddp
