@@ -70,6 +70,18 @@ class Communicator {
   // Point to point: the peer must make the matching call.
   virtual void send(const void* buffer, size_t count, DataType type, int peer) = 0;
   virtual void recv(void* buffer, size_t count, DataType type, int peer) = 0;
+  // Sends send[count] to send_peer while receiving recv[count] from recv_peer, concurrently
+  // (a ring step); every rank calls it. The default orders the two by rank parity.
+  virtual void send_recv(const void* send_buffer, void* recv_buffer, size_t count, DataType type, int send_peer,
+                         int recv_peer) {
+    if (rank_ % 2 == 0) {
+      send(send_buffer, count, type, send_peer);
+      recv(recv_buffer, count, type, recv_peer);
+    } else {
+      recv(recv_buffer, count, type, recv_peer);
+      send(send_buffer, count, type, send_peer);
+    }
+  }
   virtual void barrier() = 0;
   // Every rank calls; ranks with the same colour form a new communicator, ordered by key
   // then by rank. The parent stays usable.

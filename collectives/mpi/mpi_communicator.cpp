@@ -141,6 +141,16 @@ class MpiCommunicator final : public Communicator {
     MpiWork(request, nullptr, describer(seq, "recv", count, type)).wait(timeout_s_);
   }
 
+  void send_recv(const void* send_buffer, void* recv_buffer, size_t count, DataType type, int send_peer,
+                 int recv_peer) override {
+    const uint64_t seq = next_sequence();
+    MPI_Request requests[2];
+    DDP_MPI_CHECK(MPI_Irecv(recv_buffer, checked_count(count), mpi_type(type), recv_peer, 8, comm_, &requests[0]));
+    DDP_MPI_CHECK(MPI_Isend(send_buffer, checked_count(count), mpi_type(type), send_peer, 8, comm_, &requests[1]));
+    MpiWork(requests[0], nullptr, describer(seq, "send_recv", count, type)).wait(timeout_s_);
+    MpiWork(requests[1], nullptr, describer(seq, "send_recv", count, type)).wait(timeout_s_);
+  }
+
   void barrier() override {
     const uint64_t seq = next_sequence();
     MPI_Request request;

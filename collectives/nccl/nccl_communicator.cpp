@@ -147,6 +147,16 @@ class NcclCommunicator final : public Communicator {
     enqueue("recv", count, type, [&] { return ncclRecv(buffer, count, nccl_type(type), peer, comm_, comm_stream_); })
         ->wait(timeout_s_);
   }
+  void send_recv(const void* send_buffer, void* recv_buffer, size_t count, DataType type, int send_peer,
+                 int recv_peer) override {
+    // Grouped so that NCCL runs both at once.
+    enqueue("send_recv", count, type, [&] {
+      ncclGroupStart();
+      ncclSend(send_buffer, count, nccl_type(type), send_peer, comm_, comm_stream_);
+      ncclRecv(recv_buffer, count, nccl_type(type), recv_peer, comm_, comm_stream_);
+      return ncclGroupEnd();
+    })->wait(timeout_s_);
+  }
   void barrier() override {
     enqueue("barrier", 1, DataType::kFloat32, [&] {
       return ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, comm_stream_);

@@ -68,6 +68,17 @@ TEST(Gloo, RankThatNeverCallsMakesTheOthersFailWithTheTimeoutMessage) {
   EXPECT_EQ(r.output.find("returned without rank 1"), std::string::npos) << r.output;
 }
 
+TEST(Ddpbench, EveryOperationReportsNoWrongElements) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  for (const char* op : {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "sendrecv"}) {
+    const RunResult r = run(kDdprun + " --nproc-per-node 3 --quiet -- " + BENCH_PATH + " collectives --op " + op +
+                            " --min-bytes 12 --max-bytes 3000000 --factor 10 --iters 2 --warmup 1 --json");
+    EXPECT_EQ(r.exit_code, 0) << op << "\n" << r.output;
+    EXPECT_EQ(count_of(r.output, "\"busbw_gbs\""), 6) << op << "\n" << r.output;  // 12 B .. 1.2 MB
+    EXPECT_EQ(count_of(r.output, "\"wrong\":0"), 6) << op << "\n" << r.output;
+  }
+}
+
 TEST(Mpi, EveryOperationMatchesClosedForm) {
   if (!HAVE_MPI) GTEST_SKIP() << "built without MPI";
   const RunResult r = run(kMpirun + " -np 2 " + CHECK_PATH + " mpi all");
