@@ -96,6 +96,21 @@ bool parse_train_args(int argc, char** argv, TrainConfig* config) {
     ("threads", "CPU threads for matrix products (0: the BLAS default)", cxxopts::value<std::string>()->default_value(text(d.threads)))
     ("log-every", "log progress every N steps", cxxopts::value<std::string>()->default_value(text(d.log_every)))
     ("quiet", "print only the configuration and the result")
+    ("backend", "collectives: auto (nccl on GPUs, gloo on CPUs, mpi under mpirun), nccl, gloo or mpi",
+        cxxopts::value<std::string>()->default_value(d.backend))
+    ("timeout", "seconds a collective may take before the job stops with its name",
+        cxxopts::value<std::string>()->default_value(text(d.timeout)))
+    ("bucket-mb", "gradient bucket size in MiB", cxxopts::value<std::string>()->default_value(text(d.bucket_mb)))
+    ("first-bucket-mb", "size of the first bucket (the last layers) in MiB",
+        cxxopts::value<std::string>()->default_value(text(d.first_bucket_mb)))
+    ("no-overlap", "all-reduce after backward instead of during it")
+    ("accumulate", "micro-batches per optimizer step (gradient accumulation)",
+        cxxopts::value<std::string>()->default_value(text(d.accumulate)))
+    ("check-replicas", "after every step, check that every rank holds bitwise the same weights")
+    ("checkpoint-dir", "write checkpoints to DIR/latest.safetensors", cxxopts::value<std::string>())
+    ("checkpoint-every", "steps between checkpoints (0: at the end only)",
+        cxxopts::value<std::string>()->default_value(text(d.checkpoint_every)))
+    ("resume", "start from DIR/latest.safetensors when it exists")
     ("version", "print the version and the parts this build has")
     ("h,help", "print this help");
   // clang-format on
@@ -162,6 +177,16 @@ bool parse_train_args(int argc, char** argv, TrainConfig* config) {
     c.threads = number<int>(result, "threads");
     c.log_every = number<int>(result, "log-every");
     c.quiet = result.count("quiet") > 0;
+    c.backend = result["backend"].as<std::string>();
+    c.timeout = number<double>(result, "timeout");
+    c.bucket_mb = number<double>(result, "bucket-mb");
+    c.first_bucket_mb = number<double>(result, "first-bucket-mb");
+    c.overlap = result.count("no-overlap") == 0;
+    c.accumulate = number<int>(result, "accumulate");
+    c.check_replicas = result.count("check-replicas") > 0;
+    if (result.count("checkpoint-dir")) c.checkpoint_dir = result["checkpoint-dir"].as<std::string>();
+    c.checkpoint_every = number<int64_t>(result, "checkpoint-every");
+    c.resume = result.count("resume") > 0;
   } catch (const cxxopts::exceptions::exception& e) {
     throw UsageError(fmt::format("{} (see ddptrain --help)", e.what()));
   }
@@ -197,6 +222,15 @@ void validate(const TrainConfig& c) {
   DDP_USAGE_CHECK(c.threads >= 0 && c.threads <= 1024, "--threads {}: expected 0 to 1024",
                   c.threads);
   DDP_USAGE_CHECK(c.log_every >= 1, "--log-every {}: expected at least 1", c.log_every);
+  DDP_USAGE_CHECK(c.backend == "auto" || c.backend == "nccl" || c.backend == "gloo" || c.backend == "mpi",
+                  "--backend {}: expected auto, nccl, gloo or mpi", c.backend);
+  DDP_USAGE_CHECK(c.timeout > 0, "--timeout {}: expected a positive number of seconds", c.timeout);
+  DDP_USAGE_CHECK(c.bucket_mb > 0 && c.first_bucket_mb > 0, "--bucket-mb {} --first-bucket-mb {}: expected positive sizes",
+                  c.bucket_mb, c.first_bucket_mb);
+  DDP_USAGE_CHECK(c.accumulate >= 1 && c.accumulate <= 1024, "--accumulate {}: expected 1 to 1024", c.accumulate);
+  DDP_USAGE_CHECK(c.checkpoint_every >= 0, "--checkpoint-every {}: expected 0 or more", c.checkpoint_every);
+  DDP_USAGE_CHECK(!c.resume || !c.checkpoint_dir.empty(), "--resume: needs --checkpoint-dir");
+  DDP_USAGE_CHECK(c.checkpoint_every == 0 || !c.checkpoint_dir.empty(), "--checkpoint-every: needs --checkpoint-dir");
 }
 
 std::vector<std::string> describe(const TrainConfig& c) {

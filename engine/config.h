@@ -36,6 +36,17 @@ struct TrainConfig {
   int threads = 0;  // CPU matrix-product threads; 0: the library's default
   int log_every = 100;
   bool quiet = false;
+  // Data parallelism (under ddprun, mpirun or srun).
+  std::string backend = "auto";  // auto | nccl | gloo | mpi
+  double timeout = 300;          // seconds a collective may take
+  double bucket_mb = 25;
+  double first_bucket_mb = 1;
+  bool overlap = true;
+  int accumulate = 1;            // micro-steps per optimizer step
+  bool check_replicas = false;   // compare every rank's weights after every step
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;  // steps; 0: only at the end when a directory is given
+  bool resume = false;
 };
 
 // Parses argv into a config. Returns false when --help or --version was printed (the

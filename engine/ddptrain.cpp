@@ -1,10 +1,14 @@
-// ddptrain: trains an MLP on the CPU or on this process's GPU; under ddprun, mpirun or srun
-// it binds its device first (the process's first CUDA call).
+// ddptrain: trains an MLP on the CPU or on this process's GPU, alone or as one rank of a
+// data-parallel job started by ddprun, mpirun or srun. A GPU worker binds its device first
+// (the process's first CUDA call); main owns the runtime objects and, on a fatal error,
+// aborts the communicator so that peers stop waiting, then exits non-zero.
 #include <cstdio>
 #include <exception>
+#include <memory>
 
 #include <spdlog/spdlog.h>
 
+#include "collectives/communicator.h"
 #include "engine/config.h"
 #include "engine/gpu_trainer.h"
 #include "engine/metrics.h"
@@ -17,55 +21,66 @@
 #include "runtime/timer.h"
 
 int main(int argc, char** argv) {
+  std::unique_ptr<ddp::Communicator> comm;
   try {
     ddp::Stopwatch process_clock;
     ddp::TrainConfig config;
     if (!ddp::parse_train_args(argc, argv, &config)) return 0;
     ddp::ProcessEnv env = ddp::ProcessEnv::detect();
-    DDP_USAGE_CHECK(env.world_size == 1,
-                    "started as rank {} of {} by {}, but data-parallel training is not built yet; "
-                    "run one process",
-                    env.rank, env.world_size, ddp::launcher_name(env.launcher));
     const bool cuda = config.device == "cuda";
+    const bool lead = env.rank == 0;
     ddp::set_process_context({env.rank, env.world_size, config.device});
     ddp::init_logging({env.rank, env.world_size, config.device, "", false, false});
     ddp::MetricsWriter metrics =
-        config.metrics.empty() ? ddp::MetricsWriter() : ddp::MetricsWriter(config.metrics);
+        config.metrics.empty() || !lead ? ddp::MetricsWriter() : ddp::MetricsWriter(config.metrics);
+    std::shared_ptr<ddp::StoreClient> store;
+    if (!env.master_addr.empty() && env.master_port > 0)
+      store = std::make_shared<ddp::StoreClient>(env.master_addr, env.master_port, env.store_token);
     if (cuda) {
       if (env.launcher == ddp::Launcher::kMpirun || env.launcher == ddp::Launcher::kSrun)
         ddp::narrow_visible_devices(&env);
       const ddp::DeviceInfo device = ddp::bind_device(env, {config.init_retries, 0.5});
-      ddp::set_process_context({env.rank, env.world_size, "cuda:" + device.uuid.substr(0, 12)});
+      ddp::set_process_context({env.rank, env.world_size, "cuda:" + device.uuid.substr(4, 8)});
+      ddp::init_logging({env.rank, env.world_size, "cuda:" + device.uuid.substr(4, 8), "", false, false});
       spdlog::info("{}", ddp::describe_phases(device));
       metrics.write({{"event", "init"}, {"device", device.name}, {"uuid", device.uuid},
                      {"driver_ms", device.phases.driver_ms}, {"context_ms", device.phases.context_ms},
                      {"first_alloc_ms", device.phases.first_alloc_ms},
-                     {"first_kernel_ms", device.phases.first_kernel_ms},
-                     {"attempts", device.phases.attempts}});
-      if (!env.master_addr.empty() && env.master_port > 0) {
-        ddp::StoreClient store(env.master_addr, env.master_port, env.store_token);
-        ddp::check_unique_gpus(store, env, device, 60.0);
-      }
+                     {"first_kernel_ms", device.phases.first_kernel_ms}, {"attempts", device.phases.attempts}});
+      if (store) ddp::check_unique_gpus(*store, env, device, 60.0);
+    }
+    if (env.world_size > 1) {
+      ddp::CommConfig comm_config;
+      comm_config.backend = config.backend;
+      comm_config.timeout_s = config.timeout;
+      comm_config.gpu = cuda;
+      comm = ddp::make_communicator(comm_config, env, store);
+      spdlog::info("rank {} of {} ({}), collectives over {}", env.rank, env.world_size, ddp::launcher_name(env.launcher),
+                   comm->backend());
     }
     for (const std::string& line : ddp::describe(config)) spdlog::info("{}", line);
     ddp::Stopwatch load_clock;
     const ddp::Dataset data = ddp::load_dataset(config);
-    spdlog::info("loaded {}: {} train, {} test samples, {} features, {} classes in {:.2f}s",
-                 data.name, data.train.n, data.test.n, data.train.dim, data.classes,
-                 load_clock.seconds());
+    spdlog::info("loaded {}: {} train, {} test samples, {} features, {} classes in {:.2f}s", data.name, data.train.n,
+                 data.test.n, data.train.dim, data.classes, load_clock.seconds());
     if (cuda) {
-      ddp::train_on_gpu(config, data, &metrics, nullptr);
+      ddp::train_on_gpu(config, data, comm.get(), &metrics, nullptr);
     } else {
-      ddp::Trainer trainer(config, data);
+      ddp::Trainer trainer(config, data, comm.get(), store.get());
       trainer.run(&metrics);
     }
     spdlog::info("process time {:.2f}s", process_clock.seconds());
+    comm.reset();  // before the store and the device go
     return 0;
   } catch (const ddp::UsageError& e) {
     std::fprintf(stderr, "ddptrain: error: %s\n", e.what());
+    std::fflush(stderr);
+    if (comm) comm->abort();
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ddptrain: error: %s\n", e.what());
+    std::fflush(stderr);
+    if (comm) comm->abort();
     return 1;
   }
 }

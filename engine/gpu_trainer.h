@@ -13,7 +13,8 @@ namespace ddp {
 // the captured step, logs and writes metrics like the CPU loop. Writes the final
 // parameters to *final_params when it is not null.
 // Metrics go to `metrics` when given, else to config.metrics.
-TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, MetricsWriter* metrics,
+// `comm` (may be null: one GPU) is the data-parallel group over NCCL.
+TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communicator* comm, MetricsWriter* metrics,
                          std::vector<float>* final_params);
 
 }  // namespace ddp

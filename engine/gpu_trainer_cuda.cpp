@@ -1,11 +1,16 @@
 // train_on_gpu(): the host walks the sampler's stream in chunks (one per logging window),
-// uploads each chunk's sample indices and optimizer scalars, then replays the captured step
-// once per step; it synchronises only at window boundaries to read the loss.
+// uploads each chunk's sample indices (this rank's share) and optimizer scalars, then runs
+// one step per step: replayed from the captured graph on one GPU; with data parallelism,
+// bucket all-reduces are enqueued on NCCL's stream as backward finishes each bucket and the
+// optimizer waits for them on the device. The host synchronises only at window boundaries.
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 
 #include <spdlog/spdlog.h>
 
+#include "engine/checkpoint.h"
+#include "engine/ddp.h"
 #include "engine/gpu_trainer.h"
 #include "engine/progress.h"
 #include "engine/sampler.h"
@@ -21,36 +26,78 @@ Precision precision_of(const std::string& name) {
   if (name == "bf16") return Precision::kBf16;
   return Precision::kFp32;
 }
+
+// Sums a few doubles over the group through a device buffer (NCCL needs device memory).
+void sum_on_device(Communicator* comm, CudaMlp& model, double* values, size_t count) {
+  if (comm == nullptr || comm->size() == 1) return;
+  DeviceBuffer<double> buffer(count, MemoryCategory::kOther);
+  DDP_CUDA_CHECK(cudaMemcpyAsync(buffer.data(), values, count * 8, cudaMemcpyHostToDevice, model.stream()));
+  comm->all_reduce(buffer.data(), count, DataType::kFloat64, ReduceOp::kSum);
+  DDP_CUDA_CHECK(cudaMemcpy(values, buffer.data(), count * 8, cudaMemcpyDeviceToHost));
+}
 }  // namespace
 
-TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, MetricsWriter* metrics_in,
+TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communicator* comm, MetricsWriter* metrics_in,
                          std::vector<float>* final_params) {
   const MlpShape shape = parse_layers(config.layers);
+  const int rank = comm ? comm->rank() : 0;
+  const int ranks = comm ? comm->size() : 1;
+  const bool lead = rank == 0;
   DDP_USAGE_CHECK(shape.input_width() == data.train.dim,
                   "--layers {}: the first width is {} but the {} data has {} features per sample",
                   config.layers, shape.input_width(), data.name, data.train.dim);
   DDP_USAGE_CHECK(shape.num_classes() >= data.classes,
                   "--layers {}: the last width is {} but the {} data has {} classes", config.layers,
                   shape.num_classes(), data.name, data.classes);
+  DDP_USAGE_CHECK(config.accumulate == 1, "--accumulate {}: gradient accumulation runs on the CPU path only so far",
+                  config.accumulate);
+  DDP_USAGE_CHECK(!config.check_replicas, "--check-replicas: runs on the CPU path only so far");
+  DDP_USAGE_CHECK(config.batch_size % ranks == 0,
+                  "--batch-size {}: the global batch must divide among the {} data-parallel ranks (try {})",
+                  config.batch_size, ranks, (config.batch_size / ranks + 1) * ranks);
+  const int local_batch = config.batch_size / ranks;
+  const bool data_parallel = comm != nullptr && ranks > 1;
+
   CudaMlpOptions options;
   options.precision = precision_of(config.precision);
-  options.cuda_graph = config.cuda_graph;
+  options.cuda_graph = config.cuda_graph && !data_parallel;
   options.fused_epilogues = config.fused_epilogues;
   options.sync_debug = config.sync_debug;
   options.max_schedule_steps = std::min(config.log_every, 512);
-  CudaMlp model(shape, config.batch_size, config.optimizer, options);
+  CudaMlp model(shape, local_batch, config.optimizer, options);
 
   std::vector<float> params(shape.param_count());
   if (config.init_weights.empty()) init_params(shape, config.seed, params.data());
   else load_mlp_weights(config.init_weights, shape, params.data());
   model.set_params(params.data());
+  int64_t done = 0;
+  const std::string optimizer_name = config.optimizer.kind == OptimizerKind::kAdamW ? "adamw" : "sgd";
+  if (config.resume && std::ifstream(checkpoint_path(config.checkpoint_dir)).good()) {
+    const Checkpoint c = load_checkpoint(checkpoint_path(config.checkpoint_dir), shape, optimizer_name, config.batch_size);
+    model.set_params(c.params.data());
+    model.set_optimizer_state(c.optimizer_state);
+    done = c.step;
+    if (lead) spdlog::info("resumed from {} at step {}", checkpoint_path(config.checkpoint_dir), c.step);
+  }
+  std::unique_ptr<Ddp> ddp;
+  if (data_parallel) {
+    comm->set_compute_stream(model.stream());
+    ddp = std::make_unique<Ddp>(*comm, shape, static_cast<size_t>(config.bucket_mb * 1048576),
+                                static_cast<size_t>(config.first_bucket_mb * 1048576), config.overlap);
+    ddp->broadcast_parameters(model.device_params(), shape.param_count());
+    model.get_params(params.data());
+    model.set_params(params.data());  // refreshes the bf16 copy from the broadcast weights
+    model.set_layer_hook([&](int layer) { ddp->layer_done(layer); });
+    if (lead) spdlog::info("data parallel over {} GPUs ({}): {} buckets, overlap {}", ranks, comm->backend(),
+                           ddp->buckets().size(), config.overlap ? "on" : "off");
+  }
   model.set_train_data(data.train);
   if (data.test.n > 0) model.set_test_data(data.test);
   spdlog::info("memory at start: {}", model.memory_report());
-  spdlog::info("{}", model.epilogue_summary());
+  if (lead) spdlog::info("{}", model.epilogue_summary());
 
   MetricsWriter own_metrics =
-      metrics_in != nullptr || config.metrics.empty() ? MetricsWriter() : MetricsWriter(config.metrics);
+      metrics_in != nullptr || config.metrics.empty() || !lead ? MetricsWriter() : MetricsWriter(config.metrics);
   MetricsWriter& metrics = metrics_in != nullptr ? *metrics_in : own_metrics;
   const int64_t total_steps = config.steps > 0 ? config.steps
                                                : std::max<int64_t>(1, int64_t{config.epochs} * data.train.n /
@@ -59,17 +106,34 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Metrics
   ProgressReporter progress(config, total_steps, data.train.n, &metrics);
   TrainResult result;
   const int chunk = options.max_schedule_steps;
-  std::vector<int32_t> indices(static_cast<size_t>(chunk) * config.batch_size);
+  std::vector<int32_t> indices(static_cast<size_t>(chunk) * local_batch);
   std::vector<OptStep> steps(chunk);
-  int64_t done = 0;
   int64_t window_samples = 0;
+  auto save = [&] {
+    if (lead) {
+      Checkpoint c;
+      c.step = done;
+      c.optimizer_steps = done;
+      c.optimizer = optimizer_name;
+      c.batch_size = config.batch_size;
+      c.seed = config.seed;
+      c.params.resize(shape.param_count());
+      model.get_params(c.params.data());
+      c.optimizer_state = model.get_optimizer_state();
+      save_checkpoint(config.checkpoint_dir, shape, c);
+      spdlog::info("checkpoint at step {} written to {}", done, checkpoint_path(config.checkpoint_dir));
+    }
+    if (data_parallel) comm->barrier();
+  };
   while (done < total_steps) {
-    // A chunk never crosses a logging boundary, so each window ends on a chunk.
-    const int64_t to_log = config.log_every - done % config.log_every;
-    const int n = static_cast<int>(std::min<int64_t>({chunk, total_steps - done, to_log}));
-    sampler.indices(done * config.batch_size, static_cast<int64_t>(n) * config.batch_size, indices.data());
+    // A chunk never crosses a logging or checkpoint boundary, so each window ends on a chunk.
+    int64_t limit = std::min<int64_t>({chunk, total_steps - done, config.log_every - done % config.log_every});
+    if (config.checkpoint_every > 0) limit = std::min<int64_t>(limit, config.checkpoint_every - done % config.checkpoint_every);
+    const int n = static_cast<int>(limit);
     for (int k = 0; k < n; ++k) {
       const int64_t step = done + k;
+      sampler.indices(step * config.batch_size + static_cast<int64_t>(rank) * local_batch, local_batch,
+                      indices.data() + static_cast<size_t>(k) * local_batch);
       OptStep& s = steps[k];
       s.lr = lr_at(step, total_steps, config.lr, config.lr_schedule, config.warmup_steps);
       s.first = step == 0;
@@ -78,14 +142,27 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Metrics
       s.bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(config.optimizer.beta2), t)));
     }
     model.upload_schedule(indices.data(), steps.data(), n);
-    for (int k = 0; k < n; ++k) model.train_step();
+    for (int k = 0; k < n; ++k) {
+      if (ddp) {
+        ddp->begin_backward(model.device_grads());
+        model.forward_backward(1.0f / static_cast<float>(local_batch));
+        ddp->end_backward();
+        ddp->finish(model.stream());  // the optimizer waits on the device for every bucket
+        model.optimizer_step();
+      } else {
+        model.train_step();
+      }
+    }
     done += n;
-    window_samples += static_cast<int64_t>(n) * config.batch_size;
+    window_samples += static_cast<int64_t>(n) * local_batch;
     if (done % config.log_every == 0 || done == total_steps) {
       const CudaMlp::Metrics m = model.take_metrics();
-      progress.window(done, m.loss_sum, m.correct, window_samples, &result);
+      double window[3] = {m.loss_sum, static_cast<double>(m.correct), static_cast<double>(window_samples)};
+      sum_on_device(data_parallel ? comm : nullptr, model, window, 3);
+      progress.window(done, window[0], static_cast<int64_t>(window[1]), static_cast<int64_t>(window[2]), &result);
       window_samples = 0;
     }
+    if (!config.checkpoint_dir.empty() && config.checkpoint_every > 0 && done % config.checkpoint_every == 0) save();
   }
   model.take_metrics();
   const double seconds = progress.seconds();
@@ -97,10 +174,10 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Metrics
   progress.finish(seconds, &result);
   spdlog::info("memory at end: {}", model.memory_report());
   if (metrics.enabled())
-    metrics.write({{"event", "memory"}, {"report", model.memory_report()},
-                   {"held_bytes", memory_ledger().total()}});
+    metrics.write({{"event", "memory"}, {"report", model.memory_report()}, {"held_bytes", memory_ledger().total()}});
+  if (!config.checkpoint_dir.empty() && (config.checkpoint_every == 0 || done % config.checkpoint_every != 0)) save();
   model.get_params(params.data());
-  if (!config.save_weights.empty()) {
+  if (!config.save_weights.empty() && lead) {
     save_mlp_weights(config.save_weights, shape, params.data());
     spdlog::info("weights written to {}", config.save_weights);
   }

@@ -1,13 +1,17 @@
-// Trainer on the CPU. Batch t of the run is positions [t*B, (t+1)*B) of the sampler's stream.
+// Trainer on the CPU. Global batch t is positions [t*B, (t+1)*B) of the sampler's stream;
+// with accumulation, micro-step k of step t takes the k-th B/K of it; rank r of D takes
+// its contiguous share of each micro-batch.
 #include "engine/trainer.h"
 
 #include <algorithm>
 #include <cstring>
+#include <fstream>
 
 #include <spdlog/spdlog.h>
 
-#include "models/gemm.h"
+#include "engine/checkpoint.h"
 #include "engine/progress.h"
+#include "models/gemm.h"
 #include "models/safetensors.h"
 #include "runtime/error.h"
 #include "runtime/timer.h"
@@ -18,16 +22,39 @@ Dataset load_dataset(const TrainConfig& config) {
   if (config.data == "fashion") return load_fashion_mnist(config.data_dir);
   if (config.data == "npy") return load_npy_dataset(config.data_dir);
   const MlpShape shape = parse_layers(config.layers);
-  return make_synthetic(config.synthetic_samples,
-                        std::max<int64_t>(1, config.synthetic_samples / 5), shape.input_width(),
-                        shape.num_classes(), config.seed);
+  return make_synthetic(config.synthetic_samples, std::max<int64_t>(1, config.synthetic_samples / 5),
+                        shape.input_width(), shape.num_classes(), config.seed);
 }
 
-Trainer::Trainer(const TrainConfig& config, const Dataset& data)
+void sum_over_ranks(Communicator* comm, double* values, size_t count) {
+  if (comm == nullptr || comm->size() == 1) return;
+  DDP_CHECK(!comm->device_buffers(), "sum_over_ranks on the CPU path needs a host communicator");
+  comm->all_reduce(values, count, DataType::kFloat64, ReduceOp::kSum);
+}
+
+namespace {
+int local_batch_of(const TrainConfig& config, int ranks) {
+  const int micro = config.batch_size / config.accumulate;
+  DDP_USAGE_CHECK(config.batch_size % config.accumulate == 0,
+                  "--batch-size {} is not divisible by --accumulate {}", config.batch_size, config.accumulate);
+  DDP_USAGE_CHECK(micro % ranks == 0,
+                  "--batch-size {}: the global batch{} must divide among the {} data-parallel ranks (try {})",
+                  config.batch_size, config.accumulate > 1 ? fmt::format(" / --accumulate {}", config.accumulate) : "",
+                  ranks, (micro / ranks + 1) * ranks * config.accumulate);
+  return micro / ranks;
+}
+}  // namespace
+
+Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* comm, StoreClient* store)
     : config_(config),
       data_(data),
-      model_(parse_layers(config.layers), config.batch_size),
+      comm_(comm),
+      rank_(comm ? comm->rank() : 0),
+      ranks_(comm ? comm->size() : 1),
+      local_batch_(local_batch_of(config, comm ? comm->size() : 1)),
+      model_(parse_layers(config.layers), std::max(local_batch_, std::min(config.batch_size, 1024))),
       sampler_(data.train.n, config.seed, config.shuffle) {
+  (void)store;
   const MlpShape& shape = model_.shape();
   DDP_USAGE_CHECK(shape.input_width() == data.train.dim,
                   "--layers {}: the first width is {} but the {} data has {} features per sample",
@@ -36,18 +63,38 @@ Trainer::Trainer(const TrainConfig& config, const Dataset& data)
                   "--layers {}: the last width is {} but the {} data has {} classes", config.layers,
                   shape.num_classes(), data.name, data.classes);
   set_cpu_threads(config.threads);
-  if (config.init_weights.empty())
-    init_params(shape, config.seed, model_.params());
-  else
-    load_mlp_weights(config.init_weights, shape, model_.params());
+  if (config.init_weights.empty()) init_params(shape, config.seed, model_.params());
+  else load_mlp_weights(config.init_weights, shape, model_.params());
   optimizer_ = make_optimizer(config.optimizer, shape.param_count());
-  total_steps_ =
-      config.steps > 0
-          ? config.steps
-          : std::max<int64_t>(1, int64_t{config.epochs} * data.train.n / config.batch_size);
-  batch_indices_.resize(config.batch_size);
-  batch_x_.resize(static_cast<size_t>(config.batch_size) * data.train.dim);
-  batch_y_.resize(config.batch_size);
+  total_steps_ = config.steps > 0 ? config.steps
+                                  : std::max<int64_t>(1, int64_t{config.epochs} * data.train.n /
+                                                             config.batch_size);
+  if (comm_ != nullptr && ranks_ > 1) {
+    ddp_ = std::make_unique<Ddp>(*comm_, shape, static_cast<size_t>(config.bucket_mb * 1048576),
+                                 static_cast<size_t>(config.first_bucket_mb * 1048576), config.overlap);
+    ddp_->check_same_model(shape);
+    ddp_->broadcast_parameters(model_.params(), shape.param_count());
+  }
+  if (config.resume && !config.checkpoint_dir.empty()) {
+    const std::string path = checkpoint_path(config.checkpoint_dir);
+    if (std::ifstream(path).good()) {
+      const Checkpoint c = load_checkpoint(path, shape, config.optimizer.kind == OptimizerKind::kAdamW ? "adamw" : "sgd",
+                                           config.batch_size);
+      std::copy(c.params.begin(), c.params.end(), model_.params());
+      for (auto& [name, buffer] : optimizer_->state())
+        for (const auto& [saved_name, values] : c.optimizer_state)
+          if (saved_name == name) *buffer = values;
+      optimizer_->set_steps(c.optimizer_steps);
+      step_ = c.step;
+      resumed_from_ = c.step;
+      if (lead()) spdlog::info("resumed from {} at step {}", path, c.step);
+    } else if (lead()) {
+      spdlog::info("no checkpoint at {}: starting afresh", path);
+    }
+  }
+  batch_indices_.resize(local_batch_);
+  batch_x_.resize(static_cast<size_t>(local_batch_) * data.train.dim);
+  batch_y_.resize(local_batch_);
 }
 
 void Trainer::gather_batch(int64_t begin, int count) {
@@ -55,22 +102,46 @@ void Trainer::gather_batch(int64_t begin, int count) {
   const int dim = data_.train.dim;
   for (int i = 0; i < count; ++i) {
     const int32_t index = batch_indices_[i];
-    std::memcpy(&batch_x_[static_cast<size_t>(i) * dim],
-                &data_.train.x[static_cast<size_t>(index) * dim], sizeof(float) * dim);
+    std::memcpy(&batch_x_[static_cast<size_t>(i) * dim], &data_.train.x[static_cast<size_t>(index) * dim],
+                sizeof(float) * dim);
     batch_y_[i] = data_.train.y[index];
   }
 }
 
 StepStats Trainer::step() {
-  const BatchSlice slice = rank_slice(step_, config_.batch_size, 0, 1);
-  gather_batch(slice.begin, slice.count);
-  model_.forward(batch_x_.data(), slice.count);
-  const LossSum sum = model_.backward(batch_y_.data(), slice.count, 1.0f / slice.count);
-  const float lr =
-      lr_at(step_, total_steps_, config_.lr, config_.lr_schedule, config_.warmup_steps);
+  StepStats stats;
+  const int micro_batch = config_.batch_size / config_.accumulate;
+  // Each rank's loss is the mean over its samples of the whole step; the all-reduce
+  // averages over ranks, so the gradient is the global batch mean.
+  const float scale = 1.0f / static_cast<float>(local_batch_ * config_.accumulate);
+  for (int k = 0; k < config_.accumulate; ++k) {
+    const int64_t micro_begin = step_ * config_.batch_size + static_cast<int64_t>(k) * micro_batch;
+    const int64_t begin = micro_begin + static_cast<int64_t>(rank_) * local_batch_;
+    gather_batch(begin, local_batch_);
+    model_.forward(batch_x_.data(), local_batch_);
+    const bool last_micro = k + 1 == config_.accumulate;
+    if (ddp_ && last_micro) ddp_->begin_backward(model_.grads());
+    const LossSum sum = model_.backward(batch_y_.data(), local_batch_, scale, /*accumulate=*/k > 0,
+                                        ddp_ && last_micro ? [this](int layer) { ddp_->layer_done(layer); }
+                                                           : std::function<void(int)>());
+    if (ddp_ && last_micro) ddp_->end_backward();
+    stats.loss_sum += sum.loss;
+    stats.correct += sum.correct;
+    stats.samples += local_batch_;
+  }
+  if (ddp_) ddp_->finish(nullptr);
+  const float lr = lr_at(step_, total_steps_, config_.lr, config_.lr_schedule, config_.warmup_steps);
   optimizer_->step(model_.params(), model_.grads(), model_.shape().param_count(), lr);
   ++step_;
-  return {sum.loss, sum.correct, slice.count};
+  if (config_.check_replicas && comm_ != nullptr && ranks_ > 1) {
+    const int64_t mine = params_checksum(model_.params(), model_.shape().param_count());
+    std::vector<int64_t> all(ranks_);
+    comm_->all_gather(&mine, all.data(), 1, DataType::kInt64);
+    for (int r = 0; r < ranks_; ++r)
+      DDP_CHECK(all[r] == all[0], "--check-replicas: after step {} rank {} holds different weights than rank 0 "
+                "(checksums {:08x} and {:08x})", step_, r, static_cast<uint32_t>(all[r]), static_cast<uint32_t>(all[0]));
+  }
+  return stats;
 }
 
 EvalResult Trainer::evaluate(const Split& split) {
@@ -79,8 +150,9 @@ EvalResult Trainer::evaluate(const Split& split) {
   double loss = 0;
   int64_t correct = 0;
   const int classes = model_.shape().num_classes();
-  for (int64_t begin = 0; begin < split.n; begin += config_.batch_size) {
-    const int count = static_cast<int>(std::min<int64_t>(config_.batch_size, split.n - begin));
+  const int chunk = model_.max_batch();
+  for (int64_t begin = 0; begin < split.n; begin += chunk) {
+    const int count = static_cast<int>(std::min<int64_t>(chunk, split.n - begin));
     const float* logits = model_.forward(&split.x[static_cast<size_t>(begin) * split.dim], count);
     const LossSum sum = softmax_xent_cpu(logits, &split.y[begin], count, classes, 0.0f, nullptr);
     loss += sum.loss;
@@ -92,32 +164,59 @@ EvalResult Trainer::evaluate(const Split& split) {
   return result;
 }
 
+void Trainer::save_checkpoint_now() {
+  if (lead()) {
+    Checkpoint c;
+    c.step = step_;
+    c.optimizer_steps = optimizer_->steps();
+    c.optimizer = config_.optimizer.kind == OptimizerKind::kAdamW ? "adamw" : "sgd";
+    c.batch_size = config_.batch_size;
+    c.seed = config_.seed;
+    c.params.assign(model_.params(), model_.params() + model_.shape().param_count());
+    for (auto& [name, buffer] : optimizer_->state()) c.optimizer_state.emplace_back(name, *buffer);
+    save_checkpoint(config_.checkpoint_dir, model_.shape(), c);
+    spdlog::info("checkpoint at step {} written to {}", step_, checkpoint_path(config_.checkpoint_dir));
+  }
+  // Nobody moves on (and may crash and restart) before the checkpoint is complete.
+  if (comm_ != nullptr && ranks_ > 1) comm_->barrier();
+}
+
 TrainResult Trainer::run(MetricsWriter* metrics_in) {
-  MetricsWriter own_metrics =
-      metrics_in != nullptr || config_.metrics.empty() ? MetricsWriter() : MetricsWriter(config_.metrics);
+  MetricsWriter own_metrics = metrics_in != nullptr || config_.metrics.empty() || !lead()
+                                  ? MetricsWriter()
+                                  : MetricsWriter(config_.metrics);
   MetricsWriter& metrics = metrics_in != nullptr ? *metrics_in : own_metrics;
   TrainResult result;
   ProgressReporter progress(config_, total_steps_, data_.train.n, &metrics);
-  double window_loss = 0;
-  int64_t window_correct = 0;
-  int64_t window_samples = 0;
+  double window[3] = {0, 0, 0};  // loss sum, hits, samples
+  bool first = true;
   while (step_ < total_steps_) {
+    if (first && ddp_) ddp_->clear_events();
     const StepStats stats = step();
-    window_loss += stats.loss_sum;
-    window_correct += stats.correct;
-    window_samples += stats.samples;
-    if (step_ % config_.log_every == 0 || step_ == total_steps_) {
-      progress.window(step_, window_loss, window_correct, window_samples, &result);
-      window_loss = 0;
-      window_correct = 0;
-      window_samples = 0;
+    if (first && ddp_ && lead() && metrics.enabled()) {
+      nlohmann::json events = nlohmann::json::array();
+      for (const DdpEvent& e : ddp_->events()) events.push_back({{"what", e.what}, {"layer", e.layer}, {"bucket", e.bucket}});
+      metrics.write({{"event", "ddp_timeline"}, {"step", step_}, {"buckets", ddp_->buckets().size()}, {"events", events}});
     }
+    first = false;
+    window[0] += stats.loss_sum;
+    window[1] += stats.correct;
+    window[2] += stats.samples;
+    if (step_ % config_.log_every == 0 || step_ == total_steps_) {
+      sum_over_ranks(comm_, window, 3);
+      progress.window(step_, window[0], static_cast<int64_t>(window[1]), static_cast<int64_t>(window[2]), &result);
+      window[0] = window[1] = window[2] = 0;
+    }
+    if (!config_.checkpoint_dir.empty() && config_.checkpoint_every > 0 && step_ % config_.checkpoint_every == 0)
+      save_checkpoint_now();
   }
   result.steps = step_;
   const double seconds = progress.seconds();
   result.test = evaluate(data_.test);
   progress.finish(seconds, &result);
-  if (!config_.save_weights.empty()) {
+  if (!config_.checkpoint_dir.empty() && (config_.checkpoint_every == 0 || step_ % config_.checkpoint_every != 0))
+    save_checkpoint_now();
+  if (!config_.save_weights.empty() && lead()) {
     save_mlp_weights(config_.save_weights, model_.shape(), model_.params());
     spdlog::info("weights written to {}", config_.save_weights);
   }

@@ -31,7 +31,8 @@ const float* CpuMlp::forward(const float* x, int batch) {
   return in;
 }
 
-LossSum CpuMlp::backward(const int32_t* labels, int batch, float grad_scale, bool accumulate) {
+LossSum CpuMlp::backward(const int32_t* labels, int batch, float grad_scale, bool accumulate,
+                         const std::function<void(int)>& on_layer_done) {
   DDP_CHECK(input_ != nullptr, "backward() called before forward()");
   const int last = shape_.num_layers() - 1;
   float* dy = grad_a_.data();
@@ -46,6 +47,7 @@ LossSum CpuMlp::backward(const int32_t* labels, int batch, float grad_scale, boo
     linear_backward_cpu(x, params_.data() + layer.weight_offset, dy, i == 0 ? nullptr : dx,
                         grads_.data() + layer.weight_offset, grads_.data() + layer.bias_offset,
                         batch, layer.in, layer.out, accumulate);
+    if (on_layer_done) on_layer_done(i);
     std::swap(dy, dx);
   }
   return sum;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "models/cpu_ops.h"
@@ -30,7 +31,10 @@ class CpuMlp {
   // After forward() on the same batch: softmax cross-entropy against labels, then backward.
   // Gradients are the loss gradients scaled by grad_scale (1/batch: the batch mean), written
   // over grads() or, with `accumulate`, added to them. Returns the summed loss and hits.
-  LossSum backward(const int32_t* labels, int batch, float grad_scale, bool accumulate = false);
+  // `on_layer_done(i)`, when given, is called as soon as layer i's gradients are written
+  // (layers last to first), so that their all-reduce can start.
+  LossSum backward(const int32_t* labels, int batch, float grad_scale, bool accumulate = false,
+                   const std::function<void(int)>& on_layer_done = {});
 
  private:
   MlpShape shape_;

@@ -333,6 +333,7 @@ void CudaMlp::backward_layers(int batch, const void* input, bool accumulate) {
       launch_bias_grad(dz, batch, l.out, bf16(), grads_.data() + l.bias_offset, false, stream());
       after("bias gradient");
     }
+    if (layer_hook_) layer_hook_(i);
     if (i > 0) {
       plans.dx[i]->run(workspace_.data(), workspace_.bytes(), stream());
       after("input-gradient matmul");
@@ -505,6 +506,34 @@ void CudaMlp::backward_host(const int32_t* labels, int batch, float grad_scale) 
                       grad_scale, grad_buffer(0), bf16(), loss_sum_.data(), correct_.data(), stream());
   backward_layers(batch, x_batch_.data(), false);
   take_metrics();
+}
+
+std::vector<std::pair<std::string, std::vector<float>>> CudaMlp::get_optimizer_state() const {
+  std::vector<std::pair<std::string, std::vector<float>>> state;
+  auto download = [&](const char* name, const DeviceBuffer<float>& buffer) {
+    if (buffer.count() == 0) return;
+    std::vector<float> values(buffer.count());
+    DDP_CUDA_CHECK(cudaMemcpyAsync(values.data(), buffer.data(), buffer.bytes(), cudaMemcpyDeviceToHost, stream()));
+    DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
+    state.emplace_back(name, std::move(values));
+  };
+  if (optimizer_.kind == OptimizerKind::kAdamW) {
+    download("exp_avg", state_a_);
+    download("exp_avg_sq", state_b_);
+  } else {
+    download("momentum", state_a_);
+  }
+  return state;
+}
+
+void CudaMlp::set_optimizer_state(const std::vector<std::pair<std::string, std::vector<float>>>& state) {
+  for (const auto& [name, values] : state) {
+    const DeviceBuffer<float>* target = name == "exp_avg_sq" ? &state_b_ : &state_a_;
+    DDP_CHECK(values.size() == target->count(), "optimizer state {} has {} values, expected {}", name, values.size(),
+              target->count());
+    DDP_CUDA_CHECK(cudaMemcpyAsync(target->data(), values.data(), target->bytes(), cudaMemcpyHostToDevice, stream()));
+  }
+  DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
 }
 
 void CudaMlp::poison_outputs() {

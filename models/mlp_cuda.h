@@ -9,6 +9,7 @@
 
 #include <cublasLt.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -91,6 +92,12 @@ class CudaMlp {
   std::vector<float> forward_host(const float* x, int batch);
   // After forward_host: loss gradient for labels (host), backward into device_grads().
   void backward_host(const int32_t* labels, int batch, float grad_scale);
+  // Called (on the host, in stream order) as soon as layer i's gradients are enqueued,
+  // layers last to first: data parallelism starts that bucket's all-reduce there.
+  void set_layer_hook(std::function<void(int)> hook) { layer_hook_ = std::move(hook); }
+  // Optimizer state for checkpoints: SGD "momentum"; AdamW "exp_avg", "exp_avg_sq".
+  std::vector<std::pair<std::string, std::vector<float>>> get_optimizer_state() const;
+  void set_optimizer_state(const std::vector<std::pair<std::string, std::vector<float>>>& state);
   // Fills activations, activation gradients and parameter gradients with NaN, so that a test
   // sees any element an op failed to write.
   void poison_outputs();
@@ -143,6 +150,7 @@ class CudaMlp {
   };
   std::map<int, Plans> plans_;
 
+  std::function<void(int)> layer_hook_;
   cudaGraph_t graph_ = nullptr;
   cudaGraphExec_t graph_exec_ = nullptr;
   int64_t steps_taken_ = 0;

@@ -1,6 +1,9 @@
 // Safetensors reader and writer on top of nlohmann::json.
 #include "models/safetensors.h"
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -49,23 +52,25 @@ void write_safetensors(const std::string& path, const std::vector<TensorRef>& te
   std::string text = header.dump();
   while (text.size() % 8 != 0)
     text += ' ';  // keeps the data 8-byte aligned
+  // Written to a temporary file, flushed to disk, then renamed over the final name: a crash
+  // leaves either the old file or the complete new one.
   const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    DDP_USAGE_CHECK(out, "{}: cannot create (check the directory exists and is writable)", tmp);
-    const uint64_t len = text.size();
-    char len_bytes[8];
-    for (int i = 0; i < 8; ++i)
-      len_bytes[i] = static_cast<char>((len >> (8 * i)) & 0xff);
-    out.write(len_bytes, 8);
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
-    for (const TensorRef& t : tensors)
-      out.write(static_cast<const char*>(t.data), static_cast<std::streamsize>(t.bytes));
-    out.flush();
-    DDP_USAGE_CHECK(out.good(), "{}: write failed (disk full?)", tmp);
+  std::FILE* out = std::fopen(tmp.c_str(), "wb");
+  DDP_USAGE_CHECK(out != nullptr, "{}: cannot create ({}; check the directory exists and is writable)", tmp,
+                  std::strerror(errno));
+  const uint64_t len = text.size();
+  char len_bytes[8];
+  for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<char>((len >> (8 * i)) & 0xff);
+  bool ok = std::fwrite(len_bytes, 1, 8, out) == 8 && std::fwrite(text.data(), 1, text.size(), out) == text.size();
+  for (const TensorRef& t : tensors) ok = ok && std::fwrite(t.data, 1, t.bytes, out) == t.bytes;
+  ok = ok && std::fflush(out) == 0 && ::fsync(::fileno(out)) == 0;
+  ok = std::fclose(out) == 0 && ok;
+  if (!ok) {
+    std::remove(tmp.c_str());
+    throw UsageError(fmt::format("{}: write failed ({}; disk full?)", tmp, std::strerror(errno)));
   }
-  DDP_USAGE_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "{}: cannot rename {} over it: {}",
-                  path, tmp, std::strerror(errno));
+  DDP_USAGE_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "{}: cannot rename {} over it: {}", path, tmp,
+                  std::strerror(errno));
 }
 
 SafetensorsFile read_safetensors(const std::string& path) {

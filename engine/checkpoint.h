@@ -1,0 +1,36 @@
+// Checkpoints: weights, optimizer state, step and the run's identity in one safetensors
+// file (DIR/latest.safetensors) with a CRC-32 of every tensor's bytes in its metadata.
+// Written to a temporary file, flushed and renamed, so the latest checkpoint is always
+// complete; loading verifies the checksum, the model and the optimizer and says what is wrong.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "models/mlp.h"
+
+namespace ddp {
+
+struct Checkpoint {
+  int64_t step = 0;             // optimizer steps done; the sampler resumes at step * batch
+  int64_t optimizer_steps = 0;
+  std::string optimizer;        // "sgd" | "adamw"
+  int batch_size = 0;           // global
+  uint64_t seed = 0;
+  std::vector<float> params;
+  std::vector<std::pair<std::string, std::vector<float>>> optimizer_state;
+};
+
+std::string checkpoint_path(const std::string& dir);  // DIR/latest.safetensors
+
+// Writes atomically (see above). Only one rank should call it.
+void save_checkpoint(const std::string& dir, const MlpShape& shape, const Checkpoint& checkpoint);
+
+// Reads and verifies; throws UsageError naming the file and the problem (truncated,
+// checksum mismatch, other model, other optimizer, other batch size).
+Checkpoint load_checkpoint(const std::string& path, const MlpShape& shape, const std::string& optimizer,
+                           int batch_size);
+
+}  // namespace ddp

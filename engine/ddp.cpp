@@ -1,0 +1,102 @@
+// Ddp: bucket planning and the backward hooks.
+#include "engine/ddp.h"
+
+#include <zlib.h>
+
+#include <algorithm>
+
+#include "runtime/error.h"
+
+namespace ddp {
+
+std::vector<Bucket> plan_buckets(const MlpShape& shape, size_t bucket_bytes, size_t first_bucket_bytes) {
+  std::vector<Bucket> buckets;
+  const int last = shape.num_layers() - 1;
+  Bucket current;
+  bool open = false;
+  for (int i = last; i >= 0; --i) {
+    const LayerSlice& layer = shape.layer(i);
+    if (!open) {
+      current = Bucket{layer.weight_offset, 0, i, i};
+      open = true;
+    }
+    current.offset = layer.weight_offset;
+    current.count += layer.count();
+    current.first_layer = i;
+    const size_t limit = buckets.empty() ? first_bucket_bytes : bucket_bytes;
+    if (current.count * sizeof(float) >= limit || i == 0) {
+      buckets.push_back(current);
+      open = false;
+    }
+  }
+  return buckets;
+}
+
+Ddp::Ddp(Communicator& comm, const MlpShape& shape, size_t bucket_bytes, size_t first_bucket_bytes, bool overlap)
+    : comm_(comm), buckets_(plan_buckets(shape, bucket_bytes, first_bucket_bytes)), overlap_(overlap) {}
+
+void Ddp::check_same_model(const MlpShape& shape) {
+  const int n = comm_.size();
+  std::vector<int64_t> mine = {static_cast<int64_t>(shape.fingerprint())};
+  std::vector<int64_t> all(n);
+  DDP_CHECK(!comm_.device_buffers(), "check_same_model needs a host communicator");
+  comm_.all_gather(mine.data(), all.data(), 1, DataType::kInt64);
+  std::string differ;
+  for (int r = 0; r < n; ++r)
+    if (all[r] != all[0]) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
+  DDP_USAGE_CHECK(differ.empty(), "--layers: rank(s) {} hold a different model than rank 0 (this rank: {}); every "
+                  "rank must be started with the same --layers",
+                  differ, shape.to_string());
+}
+
+void Ddp::broadcast_parameters(float* params, size_t count) {
+  comm_.broadcast(params, count, DataType::kFloat32, 0);
+}
+
+void Ddp::begin_backward(float* grads) {
+  grads_ = grads;
+  next_bucket_ = 0;
+  pending_.clear();
+}
+
+void Ddp::issue(size_t bucket) {
+  const Bucket& b = buckets_[bucket];
+  pending_.push_back(comm_.all_reduce_async(grads_ + b.offset, b.count, DataType::kFloat32, ReduceOp::kAverage));
+  events_.push_back({"allreduce_issued", b.first_layer, static_cast<int>(bucket)});
+}
+
+void Ddp::layer_done(int layer) {
+  events_.push_back({"layer_done", layer, -1});
+  if (!overlap_) return;
+  // A bucket is complete once its lowest layer is done (layers arrive last to first).
+  while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].first_layer >= layer) issue(next_bucket_++);
+}
+
+void Ddp::end_backward() {
+  events_.push_back({"backward_done", -1, -1});
+  while (next_bucket_ < buckets_.size()) issue(next_bucket_++);
+}
+
+void Ddp::finish(void* stream) {
+  for (auto& work : pending_) {
+    if (comm_.device_buffers()) work->then_on(stream);
+    else work->wait(comm_.timeout());
+  }
+  pending_.clear();
+  events_.push_back({"allreduce_waited", -1, -1});
+}
+
+uint32_t params_checksum(const float* params, size_t count) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  const auto* bytes = reinterpret_cast<const Bytef*>(params);
+  size_t left = count * sizeof(float);
+  while (left > 0) {
+    const uInt chunk = static_cast<uInt>(std::min<size_t>(left, 1u << 30));
+    crc = crc32(crc, bytes, chunk);
+    bytes += chunk;
+    left -= chunk;
+  }
+  return static_cast<uint32_t>(crc);
+}
+
+}  // namespace ddp

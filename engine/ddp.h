@@ -1,0 +1,77 @@
+// Data parallelism: gradient buckets (contiguous ranges of the flat gradient buffer, last
+// layers first, so a bucket is a view and nothing is copied), their all-reduces started as
+// soon as backward has written them, parameter broadcast and the model check at start.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "collectives/communicator.h"
+#include "models/mlp.h"
+
+namespace ddp {
+
+struct Bucket {
+  size_t offset = 0;  // elements from the start of the flat gradient buffer
+  size_t count = 0;   // elements
+  int first_layer = 0;  // lowest layer whose gradients it holds
+  int last_layer = 0;   // highest
+};
+
+// Buckets of about bucket_bytes (the first, holding the last layers, of about
+// first_bucket_bytes so that communication starts early), walking layers from the last to
+// the first; a layer is never split. Pure.
+std::vector<Bucket> plan_buckets(const MlpShape& shape, size_t bucket_bytes, size_t first_bucket_bytes);
+
+// One entry of the engine's own record of a step: what happened, in order.
+struct DdpEvent {
+  std::string what;  // "layer_done", "allreduce_issued", "backward_done", "allreduce_waited"
+  int layer = -1;
+  int bucket = -1;
+};
+
+class Ddp {
+ public:
+  // overlap: start each bucket's all-reduce as soon as its layers are done; otherwise all
+  // of them after backward.
+  Ddp(Communicator& comm, const MlpShape& shape, size_t bucket_bytes, size_t first_bucket_bytes, bool overlap);
+
+  // Collective: every rank must hold the same model (layer shapes); throws naming the ranks
+  // that differ.
+  void check_same_model(const MlpShape& shape);
+  // Collective: parameters (params[count], host or device as the communicator expects)
+  // become rank 0's.
+  void broadcast_parameters(float* params, size_t count);
+
+  // Backward hooks, called on the training thread: start of a step's backward, each layer's
+  // gradients written (layers arrive last to first), end of backward.
+  void begin_backward(float* grads);
+  void layer_done(int layer);
+  void end_backward();
+  // Waits for every bucket's average (host: blocking; NCCL: makes `stream` wait).
+  void finish(void* stream);
+
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+  const std::vector<DdpEvent>& events() const { return events_; }
+  void clear_events() { events_.clear(); }
+  Communicator& comm() { return comm_; }
+
+ private:
+  void issue(size_t bucket);
+
+  Communicator& comm_;
+  std::vector<Bucket> buckets_;
+  bool overlap_;
+  float* grads_ = nullptr;
+  size_t next_bucket_ = 0;  // buckets are issued in order (last layers first)
+  std::vector<std::unique_ptr<Work>> pending_;
+  std::vector<DdpEvent> events_;
+};
+
+// A checksum of a float buffer (host), for checking that replicas hold identical weights.
+uint32_t params_checksum(const float* params, size_t count);
+
+}  // namespace ddp
