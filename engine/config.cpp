@@ -111,6 +111,8 @@ bool parse_train_args(int argc, char** argv, TrainConfig* config) {
     ("checkpoint-every", "steps between checkpoints (0: at the end only)",
         cxxopts::value<std::string>()->default_value(text(d.checkpoint_every)))
     ("resume", "start from DIR/latest.safetensors when it exists")
+    ("fail-at-step", "testing restarts: exit with an error when step N starts (first attempt only)",
+        cxxopts::value<std::string>()->default_value("0"))
     ("version", "print the version and the parts this build has")
     ("h,help", "print this help");
   // clang-format on
@@ -187,6 +189,7 @@ bool parse_train_args(int argc, char** argv, TrainConfig* config) {
     if (result.count("checkpoint-dir")) c.checkpoint_dir = result["checkpoint-dir"].as<std::string>();
     c.checkpoint_every = number<int64_t>(result, "checkpoint-every");
     c.resume = result.count("resume") > 0;
+    c.fail_at_step = number<int64_t>(result, "fail-at-step");
   } catch (const cxxopts::exceptions::exception& e) {
     throw UsageError(fmt::format("{} (see ddptrain --help)", e.what()));
   }

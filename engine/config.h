@@ -47,6 +47,8 @@ struct TrainConfig {
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;  // steps; 0: only at the end when a directory is given
   bool resume = false;
+  int64_t fail_at_step = 0;      // testing: fail when this step starts, first attempt only
+  int restart_count = 0;         // set from the launcher's environment, not a flag
 };
 
 // Parses argv into a config. Returns false when --help or --version was printed (the

@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
     ddp::TrainConfig config;
     if (!ddp::parse_train_args(argc, argv, &config)) return 0;
     ddp::ProcessEnv env = ddp::ProcessEnv::detect();
+    config.restart_count = env.restart_count;
     const bool cuda = config.device == "cuda";
     const bool lead = env.rank == 0;
     ddp::set_process_context({env.rank, env.world_size, config.device});

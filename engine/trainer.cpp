@@ -109,6 +109,8 @@ void Trainer::gather_batch(int64_t begin, int count) {
 }
 
 StepStats Trainer::step() {
+  DDP_CHECK(config_.fail_at_step == 0 || config_.restart_count > 0 || step_ + 1 != config_.fail_at_step,
+            "--fail-at-step {}: failing on purpose at step {}", config_.fail_at_step, step_ + 1);
   StepStats stats;
   const int micro_batch = config_.batch_size / config_.accumulate;
   // Each rank's loss is the mean over its samples of the whole step; the all-reduce
