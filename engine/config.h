@@ -49,6 +49,7 @@ struct TrainConfig {
   bool resume = false;
   int64_t fail_at_step = 0;      // testing: fail when this step starts, first attempt only
   int restart_count = 0;         // set from the launcher's environment, not a flag
+  double start_time_ms = 0;      // ddprun's start, else this process's (wall clock ms); not a flag
 };
 
 // Parses argv into a config. Returns false when --help or --version was printed (the

@@ -24,10 +24,12 @@ int main(int argc, char** argv) {
   std::unique_ptr<ddp::Communicator> comm;
   try {
     ddp::Stopwatch process_clock;
+    const double start_ms = ddp::wall_clock_ms();
     ddp::TrainConfig config;
     if (!ddp::parse_train_args(argc, argv, &config)) return 0;
     ddp::ProcessEnv env = ddp::ProcessEnv::detect();
     config.restart_count = env.restart_count;
+    config.start_time_ms = env.launch_time_ms > 0 ? env.launch_time_ms : start_ms;
     const bool cuda = config.device == "cuda";
     const bool lead = env.rank == 0;
     ddp::set_process_context({env.rank, env.world_size, config.device});
@@ -50,7 +52,9 @@ int main(int argc, char** argv) {
                      {"first_kernel_ms", device.phases.first_kernel_ms}, {"attempts", device.phases.attempts}});
       if (store) ddp::check_unique_gpus(*store, env, device, 60.0);
     }
-    if (env.world_size > 1) {
+    // One process gets a communicator too when a backend is named, so that the data-parallel
+    // path can be checked against the plain one on a single device.
+    if (env.world_size > 1 || config.backend != "auto") {
       ddp::CommConfig comm_config;
       comm_config.backend = config.backend;
       comm_config.timeout_s = config.timeout;

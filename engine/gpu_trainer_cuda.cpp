@@ -56,7 +56,7 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communi
                   "--batch-size {}: the global batch must divide among the {} data-parallel ranks (try {})",
                   config.batch_size, ranks, (config.batch_size / ranks + 1) * ranks);
   const int local_batch = config.batch_size / ranks;
-  const bool data_parallel = comm != nullptr && ranks > 1;
+  const bool data_parallel = comm != nullptr;
 
   CudaMlpOptions options;
   options.precision = precision_of(config.precision);
@@ -151,6 +151,10 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communi
         model.optimizer_step();
       } else {
         model.train_step();
+      }
+      if (done + k == 0) {
+        DDP_CUDA_CHECK(cudaStreamSynchronize(model.stream()));
+        progress.first_step_done();
       }
     }
     done += n;

@@ -36,6 +36,13 @@ void ProgressReporter::window(int64_t step, double loss_sum, int64_t correct, in
                      {"elapsed_s", elapsed}});
 }
 
+void ProgressReporter::first_step_done() {
+  if (config_.start_time_ms <= 0) return;
+  const double since = (wall_clock_ms() - config_.start_time_ms) / 1e3;
+  spdlog::info("first step finished {:.2f}s after launch", since);
+  if (metrics_) metrics_->write({{"event", "first_step"}, {"since_launch_s", since}});
+}
+
 void ProgressReporter::finish(double train_seconds, TrainResult* result) {
   result->seconds = train_seconds;
   result->samples_per_second = total_samples_ / std::max(result->seconds, 1e-9);

@@ -20,6 +20,9 @@ class ProgressReporter {
   // A window of steps ended at `step` (1-based count of steps done): its summed loss, hits and
   // samples. Updates result's train loss/accuracy.
   void window(int64_t step, double loss_sum, int64_t correct, int64_t samples, TrainResult* result);
+  // The first step has finished (its results are on the host): logs and records how long
+  // after the launch (or the process start) that was.
+  void first_step_done();
   // Logs and records the end of the run (result.test must be filled); train_seconds is the
   // training loop's time, evaluation excluded.
   void finish(double train_seconds, TrainResult* result);

@@ -69,7 +69,7 @@ Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* c
   total_steps_ = config.steps > 0 ? config.steps
                                   : std::max<int64_t>(1, int64_t{config.epochs} * data.train.n /
                                                              config.batch_size);
-  if (comm_ != nullptr && ranks_ > 1) {
+  if (comm_ != nullptr) {
     ddp_ = std::make_unique<Ddp>(*comm_, shape, static_cast<size_t>(config.bucket_mb * 1048576),
                                  static_cast<size_t>(config.first_bucket_mb * 1048576), config.overlap);
     ddp_->check_same_model(shape);
@@ -200,6 +200,7 @@ TrainResult Trainer::run(MetricsWriter* metrics_in) {
       for (const DdpEvent& e : ddp_->events()) events.push_back({{"what", e.what}, {"layer", e.layer}, {"bucket", e.bucket}});
       metrics.write({{"event", "ddp_timeline"}, {"step", step_}, {"buckets", ddp_->buckets().size()}, {"events", events}});
     }
+    if (first) progress.first_step_done();
     first = false;
     window[0] += stats.loss_sum;
     window[1] += stats.correct;

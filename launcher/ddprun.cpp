@@ -17,6 +17,7 @@
 #include "launcher/store_server.h"
 #include "launcher/worker_group.h"
 #include "runtime/error.h"
+#include "runtime/timer.h"
 
 extern char** environ;
 
@@ -41,6 +42,7 @@ std::string random_token() {
 
 int run(int argc, char** argv) {
   ddp::LaunchConfig config;
+  config.launch_time_ms = ddp::wall_clock_ms();
   if (!ddp::parse_launch_args(argc, argv, &config)) return 0;
 
   struct sigaction action {};

@@ -22,6 +22,7 @@ struct LaunchConfig {
   double grace_period = 5.0;         // seconds between SIGTERM and SIGKILL
   bool quiet = false;                // only rank 0 on the console
   std::vector<std::string> command;  // PROGRAM ARGS...
+  double launch_time_ms = 0;         // when ddprun started (ms since the epoch); not a flag
 };
 
 // Parses `ddprun [options] [--] PROGRAM [ARGS...]`. Returns false after printing --help.

@@ -55,6 +55,7 @@ ProcessEnv ProcessEnv::detect(const Lookup& lookup) {
     env.master_addr = lookup("MASTER_ADDR").value_or("127.0.0.1");
     env.master_port = read_int(lookup, "MASTER_PORT", 0);
     env.store_token = lookup("DDP_STORE_TOKEN").value_or("");
+    if (const auto launched = lookup("DDP_LAUNCH_TIME_MS")) env.launch_time_ms = std::atof(launched->c_str());
   } else if (lookup("OMPI_COMM_WORLD_RANK")) {
     env.launcher = Launcher::kMpirun;
     env.rank = read_int(lookup, "OMPI_COMM_WORLD_RANK", 0);

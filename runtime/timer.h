@@ -5,6 +5,11 @@
 
 namespace ddp {
 
+// Milliseconds since the epoch (wall clock), to compare moments across processes.
+inline double wall_clock_ms() {
+  return std::chrono::duration<double, std::milli>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
 class Stopwatch {
  public:
   Stopwatch() : start_(std::chrono::steady_clock::now()) {}

@@ -230,7 +230,9 @@ std::unique_ptr<Communicator> make_nccl_communicator(int rank, int size, std::sh
     const ncclResult_t r = ncclGetUniqueId(&id);
     DDP_CHECK(r == ncclSuccess, "ncclGetUniqueId failed: {}", ncclGetErrorString(r));
   }
-  if (store != nullptr) {
+  if (size == 1) {
+    // Nothing to share.
+  } else if (store != nullptr) {
     if (rank == 0) store->set(key, std::string(id.internal, sizeof(id.internal)));
     const std::string value = store->wait_get(key, timeout_s);
     DDP_CHECK(value.size() == sizeof(id.internal), "malformed NCCL id in the store ({} bytes)", value.size());
