@@ -16,7 +16,7 @@ struct TrainConfig {
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   int64_t synthetic_samples = 20000;
   int batch_size = 128;  // global batch
-  int epochs = 15;
+  int epochs = 20;
   int64_t steps = 0;  // > 0: train this many steps instead of --epochs
   float lr = 0.05f;
   LrSchedule lr_schedule = LrSchedule::kCosine;

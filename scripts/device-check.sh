@@ -2,7 +2,7 @@
 # Everything that needs a GPU, in one call on the device machine: build (sm_90), the GPU
 # tests, the launcher on every GPU, Fashion-MNIST on one GPU, the benchmarks. Logs go to
 # $OUT (or ./device-out); a short table is printed last.
-# Usage: scripts/device-check.sh [sections...]  sections: build cuda cpu launcher fashion options bench
+# Usage: scripts/device-check.sh [sections...]  sections: build cuda cpu launcher fashion options ddp1 bench
 # Expects .deps/ (made by scripts/device-prepare.sh here): fashion-mnist/, include/ for the
 # headers the device image lacks.
 set -uo pipefail
@@ -82,6 +82,24 @@ if want options; then
     timeout 120 "$build/bin/ddptrain" --device cuda --epochs 2 --data-dir .deps/fashion-mnist $flags > "$out/opt.log" 2>&1
     note "fashion 2 epochs ${flags:-(defaults)}: $(grep -E 'test accuracy' "$out/opt.log" | sed 's/.*info: //')"
   done
+fi
+
+if want ddp1; then
+  # The data-parallel GPU path (NCCL, buckets, events) on one GPU against the plain path:
+  # with one rank the average is the identity, so the weights must match bitwise.
+  args=(--device cuda --data synthetic --layers 64,256,128,10 --synthetic-samples 4096 --batch-size 128
+        --steps 40 --log-every 10 --quiet)
+  timeout 120 "$build/bin/ddptrain" "${args[@]}" --save-weights "$out/plain.safetensors" > "$out/ddp1.log" 2>&1
+  timeout 120 "$build/bin/ddprun" --nproc-per-node 1 -- "$build/bin/ddptrain" "${args[@]}" --backend nccl \
+    --bucket-mb 0.05 --first-bucket-mb 0.01 --save-weights "$out/nccl.safetensors" >> "$out/ddp1.log" 2>&1
+  if cmp -s "$out/plain.safetensors" "$out/nccl.safetensors"; then same=bitwise-equal; else same=DIFFERENT; fi
+  note "ddp path on 1 GPU (nccl, 4 buckets) vs plain path after 40 steps: $same"
+  timeout 120 "$build/bin/ddprun" --nproc-per-node gpu -- "$build/bin/ddp_collectives_check" nccl all > "$out/nccl1.log" 2>&1
+  note "nccl collectives, 1 rank: $(grep -c 'collectives ok: nccl' "$out/nccl1.log") ok, $(grep -c MISMATCH "$out/nccl1.log") mismatches"
+  grep -E 'error|MISMATCH' "$out/nccl1.log" | head -5
+  timeout 120 "$build/bin/ddprun" --nproc-per-node gpu -- "$build/bin/ddptrain" --device cuda --backend nccl \
+    --data-dir .deps/fashion-mnist > "$out/fashion-ddp.log" 2>&1
+  note "fashion-mnist via ddprun + nccl on 1 GPU: $(grep -E 'test accuracy' "$out/fashion-ddp.log" | sed 's/.*info: //'); $(grep -E 'first step' "$out/fashion-ddp.log" | sed 's/.*info: //')"
 fi
 
 if want bench; then
