@@ -7,7 +7,9 @@
 
 #include <chrono>
 #include <functional>
+#include <algorithm>
 #include <cstring>
+#include <vector>
 #include <thread>
 
 #include "runtime/cuda_check.h"
@@ -172,6 +174,7 @@ class NcclCommunicator final : public Communicator {
     DDP_CHECK(r == ncclSuccess, "{}", describe_stuck_operation(store_.get(), group_, rank_, size_, seq, "split", 0,
                                                                DataType::kInt32, ncclGetErrorString(r)));
     if (child != nullptr) settle(child, ncclInProgress, deadline);
+    if (child == nullptr) child = split_by_ids(color, key, deadline);  // seen with NCCL 2.28, one rank
     int child_rank = 0, child_size = 1;
     ncclCommUserRank(child, &child_rank);
     ncclCommCount(child, &child_size);
@@ -185,6 +188,48 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
+  // A split without ncclCommSplit: the ranks exchange (colour, key) and the new groups'
+  // unique ids over this communicator, then each group initialises its own communicator.
+  ncclComm_t split_by_ids(int color, int key, Clock::time_point deadline) {
+    int32_t* device = nullptr;
+    const size_t words = 2 + sizeof(ncclUniqueId) / 4;  // colour, key, id of the group's root
+    DDP_CUDA_CHECK(cudaMalloc(&device, words * 4 * (size_ + 1)));
+    std::vector<int32_t> mine(words, 0), all(words * size_);
+    mine[0] = color;
+    mine[1] = key;
+    // Pass 1: colours and keys, to find each group's root (smallest key, then rank).
+    DDP_CUDA_CHECK(cudaMemcpy(device, mine.data(), words * 4, cudaMemcpyHostToDevice));
+    all_gather(device, device + words, words, DataType::kInt32);
+    DDP_CUDA_CHECK(cudaMemcpy(all.data(), device + words, all.size() * 4, cudaMemcpyDeviceToHost));
+    std::vector<std::pair<int, int>> members;  // (key, rank) of my colour
+    for (int r = 0; r < size_; ++r)
+      if (all[r * words] == color) members.emplace_back(all[r * words + 1], r);
+    std::sort(members.begin(), members.end());
+    int new_rank = 0;
+    for (size_t i = 0; i < members.size(); ++i)
+      if (members[i].second == rank_) new_rank = static_cast<int>(i);
+    if (new_rank == 0) {
+      ncclUniqueId id;
+      DDP_CHECK(ncclGetUniqueId(&id) == ncclSuccess, "ncclGetUniqueId failed");
+      std::memcpy(mine.data() + 2, id.internal, sizeof(id.internal));
+    }
+    // Pass 2: the roots' ids.
+    DDP_CUDA_CHECK(cudaMemcpy(device, mine.data(), words * 4, cudaMemcpyHostToDevice));
+    all_gather(device, device + words, words, DataType::kInt32);
+    DDP_CUDA_CHECK(cudaMemcpy(all.data(), device + words, all.size() * 4, cudaMemcpyDeviceToHost));
+    cudaFree(device);
+    ncclUniqueId id;
+    std::memcpy(id.internal, all.data() + members[0].second * words + 2, sizeof(id.internal));
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclComm_t child = nullptr;
+    const ncclResult_t first = ncclCommInitRankConfig(&child, static_cast<int>(members.size()), id, new_rank, &config);
+    const ncclResult_t r = child != nullptr ? settle(child, first, deadline) : first;
+    DDP_CHECK(r == ncclSuccess && child != nullptr, "split into colour {}: NCCL communicator init failed: {}", color,
+              ncclGetErrorString(r));
+    return child;
+  }
+
   template <typename Launch>
   std::unique_ptr<Work> enqueue(const char* op, size_t count, DataType type, Launch launch) {
     const uint64_t seq = next_sequence();
