@@ -42,8 +42,12 @@ ncclRedOp_t nccl_op(ReduceOp op) {
 using Clock = std::chrono::steady_clock;
 
 // Polls a non-blocking communicator until its pending call (init, split, enqueue) is done.
+// The communicator's own state is asked even when the call returned ncclSuccess: a split
+// is complete only once the parent leaves ncclInProgress (NCCL issue 1472).
 ncclResult_t settle(ncclComm_t comm, ncclResult_t first, Clock::time_point deadline) {
-  ncclResult_t state = first;
+  if (first != ncclSuccess && first != ncclInProgress) return first;
+  ncclResult_t state = ncclInProgress;
+  ncclCommGetAsyncError(comm, &state);
   while (state == ncclInProgress) {
     if (Clock::now() >= deadline) return ncclInProgress;
     std::this_thread::yield();
