@@ -91,6 +91,8 @@ bool parse_train_args(int argc, char** argv, TrainConfig* config) {
     ("no-cuda-graph", "cuda: launch every kernel instead of replaying the captured step")
     ("no-fused-epilogues", "cuda: plain matrix products plus our own bias/ReLU kernels (for comparison)")
     ("sync-debug", "cuda: synchronise after every kernel and name the op that failed")
+    ("stage-from-host", "cuda: keep the training set on the host and copy batches ahead through pinned memory "
+        "(automatic when it does not fit in half the free device memory)")
     ("init-retries", "cuda: retry a failed device start-up this many times, with back-off",
         cxxopts::value<std::string>()->default_value(text(d.init_retries)))
     ("threads", "CPU threads for matrix products (0: the BLAS default)", cxxopts::value<std::string>()->default_value(text(d.threads)))
@@ -175,6 +177,7 @@ bool parse_train_args(int argc, char** argv, TrainConfig* config) {
     c.cuda_graph = result.count("no-cuda-graph") == 0;
     c.fused_epilogues = result.count("no-fused-epilogues") == 0;
     c.sync_debug = result.count("sync-debug") > 0;
+    c.stage_from_host = result.count("stage-from-host") > 0;
     c.init_retries = number<int>(result, "init-retries");
     c.threads = number<int>(result, "threads");
     c.log_every = number<int>(result, "log-every");

@@ -32,6 +32,7 @@ struct TrainConfig {
   bool cuda_graph = true;
   bool fused_epilogues = true;
   bool sync_debug = false;
+  bool stage_from_host = false;  // cuda: keep the training set on the host
   int init_retries = 0;
   int threads = 0;  // CPU matrix-product threads; 0: the library's default
   int log_every = 100;

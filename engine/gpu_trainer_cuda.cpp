@@ -91,7 +91,16 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communi
     if (lead) spdlog::info("data parallel over {} GPUs ({}): {} buckets, overlap {}", ranks, comm->backend(),
                            ddp->buckets().size(), config.overlap ? "on" : "off");
   }
-  model.set_train_data(data.train);
+  size_t free_bytes = 0, total_bytes = 0;
+  DDP_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  const size_t data_bytes = data.train.x.size() * sizeof(float) + data.train.y.size() * sizeof(int32_t);
+  if (config.stage_from_host || data_bytes > free_bytes / 2) {
+    model.set_train_data_host(data.train);
+    if (lead) spdlog::info("training set ({:.1f} MiB) stays on the host; batches are staged through pinned memory",
+                           data_bytes / 1048576.0);
+  } else {
+    model.set_train_data(data.train);
+  }
   if (data.test.n > 0) model.set_test_data(data.test);
   spdlog::info("memory at start: {}", model.memory_report());
   if (lead) spdlog::info("{}", model.epilogue_summary());
@@ -125,6 +134,13 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communi
     }
     if (data_parallel) comm->barrier();
   };
+  std::vector<int32_t> staged_indices(local_batch);
+  auto stage = [&](int64_t step) {
+    sampler.indices(step * config.batch_size + static_cast<int64_t>(rank) * local_batch, local_batch,
+                    staged_indices.data());
+    model.stage_batch(staged_indices.data());
+  };
+  if (model.host_staged() && done < total_steps) stage(done);
   while (done < total_steps) {
     // A chunk never crosses a logging or checkpoint boundary, so each window ends on a chunk.
     int64_t limit = std::min<int64_t>({chunk, total_steps - done, config.log_every - done % config.log_every});
@@ -152,6 +168,8 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communi
       } else {
         model.train_step();
       }
+      // Host staging: gather the next batch on the host while the GPU runs this one.
+      if (model.host_staged() && done + k + 1 < total_steps) stage(done + k + 1);
       if (done + k == 0) {
         DDP_CUDA_CHECK(cudaStreamSynchronize(model.stream()));
         progress.first_step_done();

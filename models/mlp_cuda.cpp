@@ -377,6 +377,44 @@ void CudaMlp::set_train_data(const Split& split) {
   train_n_ = split.n;
 }
 
+void CudaMlp::set_train_data_host(const Split& split) {
+  host_split_ = &split;
+  train_n_ = split.n;
+  const size_t in_count = static_cast<size_t>(max_batch_) * shape_.input_width();
+  copy_stream_ = std::make_unique<CudaStream>();
+  for (int slot = 0; slot < 2; ++slot) {
+    staged_x_host_[slot] = PinnedBuffer<float>(in_count);
+    staged_y_host_[slot] = PinnedBuffer<int32_t>(max_batch_);
+    staged_x_[slot] = DeviceBuffer<float>(in_count, MemoryCategory::kData);
+    staged_y_[slot] = DeviceBuffer<int32_t>(max_batch_, MemoryCategory::kData);
+    copied_[slot] = std::make_unique<CudaEvent>();
+    consumed_[slot] = std::make_unique<CudaEvent>();
+  }
+}
+
+void CudaMlp::stage_batch(const int32_t* indices) {
+  DDP_CHECK(host_split_ != nullptr, "stage_batch() needs set_train_data_host()");
+  DDP_CHECK(staged_ - consumed_count_ < 2, "two batches are staged already");
+  const int slot = static_cast<int>(staged_ % 2);
+  // The pinned slot is free once its previous copy has finished.
+  if (staged_ >= 2) DDP_CUDA_CHECK(cudaEventSynchronize(copied_[slot]->get()));
+  const int dim = shape_.input_width();
+  float* x = staged_x_host_[slot].data();
+  int32_t* y = staged_y_host_[slot].data();
+  for (int i = 0; i < max_batch_; ++i) {
+    std::memcpy(x + static_cast<size_t>(i) * dim, host_split_->x.data() + static_cast<size_t>(indices[i]) * dim,
+                sizeof(float) * dim);
+    y[i] = host_split_->y[indices[i]];
+  }
+  cudaStream_t copy = copy_stream_->get();
+  // The device slot is free once the step that used it has read it.
+  if (staged_ >= 2) DDP_CUDA_CHECK(cudaStreamWaitEvent(copy, consumed_[slot]->get(), 0));
+  DDP_CUDA_CHECK(cudaMemcpyAsync(staged_x_[slot].data(), x, staged_x_[slot].bytes(), cudaMemcpyHostToDevice, copy));
+  DDP_CUDA_CHECK(cudaMemcpyAsync(staged_y_[slot].data(), y, staged_y_[slot].bytes(), cudaMemcpyHostToDevice, copy));
+  DDP_CUDA_CHECK(cudaEventRecord(copied_[slot]->get(), copy));
+  ++staged_;
+}
+
 void CudaMlp::set_test_data(const Split& split) {
   upload_split(split, &test_x_, &test_y_, stream());
   test_n_ = split.n;
@@ -397,8 +435,21 @@ void CudaMlp::upload_schedule(const int32_t* indices, const OptStep* steps, int 
 
 void CudaMlp::forward_backward(float grad_scale, bool accumulate) {
   DDP_CHECK(train_n_ > 0, "set_train_data() must come before training");
-  launch_gather_batch(train_x_.data(), train_y_.data(), shape_.input_width(), schedule_indices_.data(),
-                      counter_.data(), max_batch_, x_batch_.data(), bf16(), y_batch_.data(), stream());
+  if (host_split_ != nullptr) {
+    DDP_CHECK(consumed_count_ < staged_, "step {} has no staged batch: call stage_batch() first", consumed_count_);
+    const int slot = static_cast<int>(consumed_count_ % 2);
+    const size_t in_count = static_cast<size_t>(max_batch_) * shape_.input_width();
+    DDP_CUDA_CHECK(cudaStreamWaitEvent(stream(), copied_[slot]->get(), 0));
+    if (bf16()) launch_to_bf16(staged_x_[slot].data(), x_batch_.data(), in_count, stream());
+    else DDP_CUDA_CHECK(cudaMemcpyAsync(x_batch_.data(), staged_x_[slot].data(), in_count * 4, cudaMemcpyDeviceToDevice, stream()));
+    DDP_CUDA_CHECK(cudaMemcpyAsync(y_batch_.data(), staged_y_[slot].data(), staged_y_[slot].bytes(),
+                                   cudaMemcpyDeviceToDevice, stream()));
+    DDP_CUDA_CHECK(cudaEventRecord(consumed_[slot]->get(), stream()));
+    ++consumed_count_;
+  } else {
+    launch_gather_batch(train_x_.data(), train_y_.data(), shape_.input_width(), schedule_indices_.data(),
+                        counter_.data(), max_batch_, x_batch_.data(), bf16(), y_batch_.data(), stream());
+  }
   after("gather");
   forward_layers(max_batch_, x_batch_.data());
   const int last = shape_.num_layers() - 1;
@@ -424,7 +475,7 @@ void CudaMlp::optimizer_step() {
 
 void CudaMlp::train_step() {
   const float scale = 1.0f / static_cast<float>(max_batch_);
-  const bool use_graph = options_.cuda_graph && !options_.sync_debug;
+  const bool use_graph = options_.cuda_graph && !options_.sync_debug && host_split_ == nullptr;
   // The first step runs eagerly (cuBLASLt and module loading happen outside the capture).
   if (!use_graph || steps_taken_ == 0) {
     forward_backward(scale);

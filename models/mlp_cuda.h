@@ -57,6 +57,15 @@ class CudaMlp {
 
   // Uploads a split to the device (once); batches are then gathered on the GPU.
   void set_train_data(const Split& split);
+  // For a training set too large for the device: keeps `split` on the host (it must outlive
+  // the model); each batch is gathered on the host into pinned memory and copied on the copy
+  // stream, one batch ahead (stage_batch), and steps run without a graph.
+  void set_train_data_host(const Split& split);
+  bool host_staged() const { return host_split_ != nullptr; }
+  // Host staging: gathers the batch of the next step to run (its sample indices, batch of
+  // them) and starts its copy. Call once before the first step and then once per step, for
+  // the step after the one about to run; at most two batches are staged at a time.
+  void stage_batch(const int32_t* indices);
   void set_test_data(const Split& split);
 
   // Uploads the next chunk of the schedule: for each of `steps` steps, `batch` sample indices
@@ -151,6 +160,16 @@ class CudaMlp {
   std::map<int, Plans> plans_;
 
   std::function<void(int)> layer_hook_;
+  // Host staging: two slots of pinned and device buffers, the copy stream and its events.
+  const Split* host_split_ = nullptr;
+  PinnedBuffer<float> staged_x_host_[2];
+  PinnedBuffer<int32_t> staged_y_host_[2];
+  DeviceBuffer<float> staged_x_[2];
+  DeviceBuffer<int32_t> staged_y_[2];
+  std::unique_ptr<CudaStream> copy_stream_;
+  std::unique_ptr<CudaEvent> copied_[2], consumed_[2];
+  int64_t staged_ = 0;    // batches staged so far
+  int64_t consumed_count_ = 0;  // batches used by steps
   cudaGraph_t graph_ = nullptr;
   cudaGraphExec_t graph_exec_ = nullptr;
   int64_t steps_taken_ = 0;

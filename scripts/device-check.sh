@@ -78,7 +78,7 @@ if want fashion; then
 fi
 
 if want options; then
-  for flags in "" "--no-cuda-graph" "--no-fused-epilogues" "--sync-debug" "--precision bf16"; do
+  for flags in "" "--no-cuda-graph" "--no-fused-epilogues" "--sync-debug" "--precision bf16" "--stage-from-host"; do
     timeout 120 "$build/bin/ddptrain" --device cuda --epochs 2 --data-dir .deps/fashion-mnist $flags > "$out/opt.log" 2>&1
     note "fashion 2 epochs ${flags:-(defaults)}: $(grep -E 'test accuracy' "$out/opt.log" | sed 's/.*info: //')"
   done

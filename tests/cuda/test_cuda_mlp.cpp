@@ -220,12 +220,13 @@ TEST(CudaKernels, OptimizersMatchTheCpu) {
 
 // K steps through the device-resident schedule against K steps of CpuMlp + Optimizer.
 std::vector<float> gpu_steps(const MlpShape& shape, const Dataset& data, const OptimizerConfig& opt, int batch,
-                             int k, bool graph, const std::vector<float>& init) {
+                             int k, bool graph, const std::vector<float>& init, bool staged = false) {
   CudaMlpOptions options;
   options.cuda_graph = graph;
   CudaMlp gpu(shape, batch, opt, options);
   gpu.set_params(init.data());
-  gpu.set_train_data(data.train);
+  if (staged) gpu.set_train_data_host(data.train);
+  else gpu.set_train_data(data.train);
   Sampler sampler(data.train.n, 3, true);
   std::vector<int32_t> indices(static_cast<size_t>(k) * batch);
   sampler.indices(0, indices.size(), indices.data());
@@ -237,7 +238,11 @@ std::vector<float> gpu_steps(const MlpShape& shape, const Dataset& data, const O
     steps[t].bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(double(opt.beta2), t + 1.0)));
   }
   gpu.upload_schedule(indices.data(), steps.data(), k);
-  for (int t = 0; t < k; ++t) gpu.train_step();
+  if (staged) gpu.stage_batch(indices.data());
+  for (int t = 0; t < k; ++t) {
+    gpu.train_step();
+    if (staged && t + 1 < k) gpu.stage_batch(indices.data() + static_cast<size_t>(t + 1) * batch);
+  }
   std::vector<float> params(shape.param_count());
   gpu.get_params(params.data());
   return params;
@@ -292,6 +297,18 @@ TEST(CudaTraining, GraphReplayEqualsEagerLaunches) {
   const auto graph = gpu_steps(shape, data, opt, 32, 12, true, init);
   EXPECT_EQ(eager, graph);
   EXPECT_NE(eager, init);
+}
+
+TEST(CudaTraining, HostStagedBatchesEqualDeviceGather) {
+  REQUIRE_GPU();
+  const MlpShape shape({64, 96, 10});
+  const Dataset data = make_synthetic(500, 10, 64, 10, 7);
+  std::vector<float> init(shape.param_count());
+  init_params(shape, 8, init.data());
+  OptimizerConfig opt;
+  const auto device = gpu_steps(shape, data, opt, 32, 12, false, init);
+  const auto staged = gpu_steps(shape, data, opt, 32, 12, false, init, /*staged=*/true);
+  EXPECT_EQ(device, staged);
 }
 
 }  // namespace
