@@ -60,7 +60,7 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communi
 
   CudaMlpOptions options;
   options.precision = precision_of(config.precision);
-  options.cuda_graph = config.cuda_graph && !data_parallel;
+  options.cuda_graph = config.cuda_graph;  // with data parallelism the NCCL calls are captured too
   options.fused_epilogues = config.fused_epilogues;
   options.sync_debug = config.sync_debug;
   options.max_schedule_steps = std::min(config.log_every, 512);
@@ -161,10 +161,10 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communi
     for (int k = 0; k < n; ++k) {
       if (ddp) {
         ddp->begin_backward(model.device_grads());
-        model.forward_backward(1.0f / static_cast<float>(local_batch));
-        ddp->end_backward();
-        ddp->finish(model.stream());  // the optimizer waits on the device for every bucket
-        model.optimizer_step();
+        model.train_step([&] {
+          ddp->end_backward();
+          ddp->finish(model.stream());  // the optimizer waits on the device for every bucket
+        });
       } else {
         model.train_step();
       }

@@ -473,17 +473,19 @@ void CudaMlp::optimizer_step() {
   launch_increment(counter_.data(), stream());
 }
 
-void CudaMlp::train_step() {
+void CudaMlp::train_step(const std::function<void()>& after_backward) {
   const float scale = 1.0f / static_cast<float>(max_batch_);
   const bool use_graph = options_.cuda_graph && !options_.sync_debug && host_split_ == nullptr;
   // The first step runs eagerly (cuBLASLt and module loading happen outside the capture).
   if (!use_graph || steps_taken_ == 0) {
     forward_backward(scale);
+    if (after_backward) after_backward();
     optimizer_step();
   } else {
     if (graph_exec_ == nullptr) {
       DDP_CUDA_CHECK(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal));
       forward_backward(scale);
+      if (after_backward) after_backward();
       optimizer_step();
       DDP_CUDA_CHECK(cudaStreamEndCapture(stream(), &graph_));
       DDP_CUDA_CHECK(cudaGraphInstantiate(&graph_exec_, graph_, 0));

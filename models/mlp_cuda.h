@@ -78,9 +78,11 @@ class CudaMlp {
   // The optimizer on the flat buffers with the current step's scalars, then the step counter
   // moves on. Stream-ordered.
   void optimizer_step();
-  // forward_backward(1/batch) + optimizer_step(), replayed from a CUDA graph after the first
-  // step when graphs are on.
-  void train_step();
+  // forward_backward(1/batch), after_backward() (data parallelism enqueues its bucket
+  // all-reduces there and makes the stream wait for them), optimizer_step(); replayed from a
+  // CUDA graph after the first step when graphs are on, NCCL calls included. Host code in
+  // the hooks runs only for the eager first step and the captured second.
+  void train_step(const std::function<void()>& after_backward = {});
 
   // Loss summed and hits counted since the last call (synchronises the stream).
   struct Metrics {
