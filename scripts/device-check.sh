@@ -2,7 +2,7 @@
 # Everything that needs a GPU, in one call on the device machine: build (sm_90), the GPU
 # tests, the launcher on every GPU, Fashion-MNIST on one GPU, the benchmarks. Logs go to
 # $OUT (or ./device-out); a short table is printed last.
-# Usage: scripts/device-check.sh [sections...]  sections: build cuda cpu launcher fashion options ddp1 bench
+# Usage: scripts/device-check.sh [sections...]  sections: build cuda cpu launcher fashion options ddp1 multi bench
 # Expects .deps/ (made by scripts/device-prepare.sh here): fashion-mnist/, include/ for the
 # headers the device image lacks.
 set -uo pipefail
@@ -100,6 +100,40 @@ if want ddp1; then
   timeout 120 "$build/bin/ddprun" --nproc-per-node gpu -- "$build/bin/ddptrain" --device cuda --backend nccl \
     --data-dir .deps/fashion-mnist > "$out/fashion-ddp.log" 2>&1
   note "fashion-mnist via ddprun + nccl on 1 GPU: $(grep -E 'test accuracy' "$out/fashion-ddp.log" | sed 's/.*info: //'); $(grep -E 'first step' "$out/fashion-ddp.log" | sed 's/.*info: //')"
+fi
+
+if want multi; then
+  # Needs two or more GPUs (nvidia-h200-x2): NCCL collectives, a rank that never calls,
+  # MPI bootstrap, the collective bandwidth, data-parallel equivalence and Fashion-MNIST.
+  timeout 200 "$build/bin/ddprun" --nproc-per-node gpu -- "$build/bin/ddp_collectives_check" nccl all > "$out/nccl.log" 2>&1
+  note "nccl collectives over $(nvidia-smi -L | wc -l) GPUs: $(grep -c 'collectives ok: nccl' "$out/nccl.log") ranks ok, $(grep -c MISMATCH "$out/nccl.log") mismatches"
+  timeout 100 "$build/bin/ddprun" --nproc-per-node gpu --grace-period 2 -- "$build/bin/ddp_collectives_check" nccl straggler > "$out/nccl-straggler.log" 2>&1
+  note "nccl straggler: $(grep -o 'all_reduce #1.*never reached it' "$out/nccl-straggler.log" | head -1)"
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 200 mpirun --oversubscribe -np 2 \
+    "$build/bin/ddp_collectives_check" nccl all > "$out/nccl-mpi.log" 2>&1
+  note "nccl under mpirun (id through MPI): $(grep -c 'collectives ok: nccl' "$out/nccl-mpi.log") ranks ok"
+  for op in all_reduce sendrecv; do
+    timeout 300 "$build/bin/ddprun" --nproc-per-node gpu --quiet -- "$build/bin/ddpbench" collectives --device cuda \
+      --op "$op" --min-bytes 8 --max-bytes 536870912 --factor 4 --iters 20 --warmup 5 > "$out/bench-$op.txt" 2>&1
+    cat "$out/bench-$op.txt"
+  done
+  args=(--device cuda --data synthetic --layers 64,256,128,10 --synthetic-samples 4096 --batch-size 128
+        --steps 40 --log-every 10 --quiet)
+  timeout 120 "$build/bin/ddptrain" "${args[@]}" --save-weights "$out/one.safetensors" > "$out/dp.log" 2>&1
+  timeout 120 "$build/bin/ddprun" --nproc-per-node gpu -- "$build/bin/ddptrain" "${args[@]}" \
+    --bucket-mb 0.05 --first-bucket-mb 0.01 --save-weights "$out/dp.safetensors" >> "$out/dp.log" 2>&1
+  note "data parallel over GPUs vs one GPU after 40 steps (fp32): $("${PYTHON:-python3}" - "$out/one.safetensors" "$out/dp.safetensors" <<'PY'
+import sys
+from safetensors.numpy import load_file
+a, b = load_file(sys.argv[1]), load_file(sys.argv[2])
+print("max relative error %.2e" % max(abs(a[k] - b[k]).max() / abs(a[k]).max() for k in a))
+PY
+)"
+  timeout 120 "$build/bin/ddprun" --nproc-per-node gpu -- "$build/bin/ddptrain" --device cuda \
+    --data-dir .deps/fashion-mnist > "$out/fashion-multi.log" 2>&1
+  note "fashion-mnist over every GPU: $(grep -E 'test accuracy' "$out/fashion-multi.log" | sed 's/.*info: //'); $(grep -E 'first step' "$out/fashion-multi.log" | sed 's/.*info: //')"
+  timeout 580 scripts/bench-ddp.sh "$build" > "$out/bench-ddp.md" 2> "$out/bench-ddp.err"
+  cat "$out/bench-ddp.md"
 fi
 
 if want bench; then
