@@ -13,45 +13,59 @@ namespace ddp {
 
 size_t dtype_bytes(DataType type) {
   switch (type) {
-    case DataType::kFloat32: return 4;
-    case DataType::kBFloat16: return 2;
-    case DataType::kFloat64: return 8;
-    case DataType::kInt32: return 4;
-    case DataType::kInt64: return 8;
+    case DataType::kFloat32:
+      return 4;
+    case DataType::kBFloat16:
+      return 2;
+    case DataType::kFloat64:
+      return 8;
+    case DataType::kInt32:
+      return 4;
+    case DataType::kInt64:
+      return 8;
   }
   return 0;
 }
 
 const char* dtype_name(DataType type) {
   switch (type) {
-    case DataType::kFloat32: return "float32";
-    case DataType::kBFloat16: return "bfloat16";
-    case DataType::kFloat64: return "float64";
-    case DataType::kInt32: return "int32";
-    case DataType::kInt64: return "int64";
+    case DataType::kFloat32:
+      return "float32";
+    case DataType::kBFloat16:
+      return "bfloat16";
+    case DataType::kFloat64:
+      return "float64";
+    case DataType::kInt32:
+      return "int32";
+    case DataType::kInt64:
+      return "int64";
   }
   return "?";
 }
 
 const char* reduce_name(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kAverage: return "average";
-    case ReduceOp::kMax: return "max";
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kAverage:
+      return "average";
+    case ReduceOp::kMax:
+      return "max";
   }
   return "?";
 }
 
-std::string describe_stuck_operation(StoreClient* store, const std::string& group, int rank, int size,
-                                     uint64_t sequence, const char* op, size_t count, DataType type,
-                                     const std::string& cause) {
+std::string describe_stuck_operation(StoreClient* store, const std::string& group, int rank,
+                                     int size, uint64_t sequence, const char* op, size_t count,
+                                     DataType type, const std::string& cause) {
   std::string missing;
   if (store != nullptr) {
     try {
       const std::string prefix = fmt::format("ddp/arrived/{}/{}/", group, sequence);
       store->set(prefix + std::to_string(rank), "1");
       std::vector<std::string> keys;
-      for (int r = 0; r < size; ++r) keys.push_back(prefix + std::to_string(r));
+      for (int r = 0; r < size; ++r)
+        keys.push_back(prefix + std::to_string(r));
       // Peers that reached this operation time out at about the same moment; give them a
       // little time to record it.
       std::vector<std::string> absent;
@@ -68,8 +82,8 @@ std::string describe_stuck_operation(StoreClient* store, const std::string& grou
       missing = fmt::format("; the store could not tell which ranks are missing ({})", e.what());
     }
   }
-  return fmt::format("{} #{} ({} x {}, {} bytes) in group {} did not complete: {}{}", op, sequence, count,
-                     dtype_name(type), count * dtype_bytes(type), group, cause, missing);
+  return fmt::format("{} #{} ({} x {}, {} bytes) in group {} did not complete: {}{}", op, sequence,
+                     count, dtype_name(type), count * dtype_bytes(type), group, cause, missing);
 }
 
 }  // namespace ddp

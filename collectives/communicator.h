@@ -57,7 +57,8 @@ class Communicator {
   virtual void set_compute_stream(void* stream) { (void)stream; }
 
   // In place: buffer[count] becomes the element-wise reduction over ranks.
-  virtual std::unique_ptr<Work> all_reduce_async(void* buffer, size_t count, DataType type, ReduceOp op) = 0;
+  virtual std::unique_ptr<Work> all_reduce_async(void* buffer, size_t count, DataType type,
+                                                 ReduceOp op) = 0;
   void all_reduce(void* buffer, size_t count, DataType type, ReduceOp op) {
     all_reduce_async(buffer, count, type, op)->wait(timeout_s_);
   }
@@ -66,14 +67,15 @@ class Communicator {
   // recv[size * count] holds every rank's send[count], in rank order.
   virtual void all_gather(const void* send, void* recv, size_t count, DataType type) = 0;
   // send[size * count]: recv[count] becomes the reduction over ranks of block `rank` of send.
-  virtual void reduce_scatter(const void* send, void* recv, size_t count, DataType type, ReduceOp op) = 0;
+  virtual void reduce_scatter(const void* send, void* recv, size_t count, DataType type,
+                              ReduceOp op) = 0;
   // Point to point: the peer must make the matching call.
   virtual void send(const void* buffer, size_t count, DataType type, int peer) = 0;
   virtual void recv(void* buffer, size_t count, DataType type, int peer) = 0;
   // Sends send[count] to send_peer while receiving recv[count] from recv_peer, concurrently
   // (a ring step); every rank calls it. The default orders the two by rank parity.
-  virtual void send_recv(const void* send_buffer, void* recv_buffer, size_t count, DataType type, int send_peer,
-                         int recv_peer) {
+  virtual void send_recv(const void* send_buffer, void* recv_buffer, size_t count, DataType type,
+                         int send_peer, int recv_peer) {
     if (rank_ % 2 == 0) {
       send(send_buffer, count, type, send_peer);
       recv(recv_buffer, count, type, recv_peer);
@@ -106,7 +108,7 @@ class Communicator {
 struct CommConfig {
   std::string backend = "auto";  // auto | nccl | gloo | mpi
   double timeout_s = 300.0;
-  bool gpu = false;              // buffers on the GPU (the process has bound its device)
+  bool gpu = false;  // buffers on the GPU (the process has bound its device)
 };
 
 // Makes the world communicator. Collective over the job (every rank calls). The backend
@@ -120,8 +122,8 @@ std::string built_backends();
 // Describes a timed-out or failed operation and asks the store which ranks never reached
 // it: every rank that times out records its arrival under (group, sequence), waits a little
 // for the others', and names the ranks whose record is missing. Used by every backend.
-std::string describe_stuck_operation(StoreClient* store, const std::string& group, int rank, int size,
-                                     uint64_t sequence, const char* op, size_t count, DataType type,
-                                     const std::string& cause);
+std::string describe_stuck_operation(StoreClient* store, const std::string& group, int rank,
+                                     int size, uint64_t sequence, const char* op, size_t count,
+                                     DataType type, const std::string& cause);
 
 }  // namespace ddp

@@ -7,8 +7,8 @@
 #include <cstring>
 #include <vector>
 
-#include <cxxopts.hpp>
 #include <fmt/format.h>
+#include <cxxopts.hpp>
 #include <nlohmann/json.hpp>
 
 #include "collectives/communicator.h"
@@ -49,8 +49,9 @@ class Buffers {
   Buffers(size_t bytes, bool gpu) : bytes_(std::max<size_t>(bytes, 4)), gpu_(gpu) {
 #if DDP_HAVE_CUDA
     if (gpu_) {
-      DDP_CHECK(cudaMalloc(&send_, bytes_) == cudaSuccess && cudaMalloc(&recv_, bytes_) == cudaSuccess,
-                "cudaMalloc of {} bytes failed", bytes_);
+      DDP_CHECK(
+          cudaMalloc(&send_, bytes_) == cudaSuccess && cudaMalloc(&recv_, bytes_) == cudaSuccess,
+          "cudaMalloc of {} bytes failed", bytes_);
       return;
     }
 #endif
@@ -87,8 +88,12 @@ class Buffers {
     std::memcpy(values.data(), src, count * 4);
     return values;
   }
-  void* send() const { return send_; }
-  void* recv() const { return recv_; }
+  void* send() const {
+    return send_;
+  }
+  void* recv() const {
+    return recv_;
+  }
 
  private:
   size_t bytes_;
@@ -102,11 +107,17 @@ class Buffers {
 void run_op(Communicator& comm, const std::string& op, Buffers& b, size_t total_count) {
   const int n = comm.size();
   const int next = (comm.rank() + 1) % n, prev = (comm.rank() + n - 1) % n;
-  if (op == "all_reduce") comm.all_reduce_async(b.recv(), total_count, DataType::kFloat32, ReduceOp::kSum)->wait(comm.timeout());
-  else if (op == "broadcast") comm.broadcast(b.recv(), total_count, DataType::kFloat32, 0);
-  else if (op == "all_gather") comm.all_gather(b.send(), b.recv(), total_count / n, DataType::kFloat32);
-  else if (op == "reduce_scatter") comm.reduce_scatter(b.send(), b.recv(), total_count / n, DataType::kFloat32, ReduceOp::kSum);
-  else comm.send_recv(b.send(), b.recv(), total_count, DataType::kFloat32, next, prev);
+  if (op == "all_reduce")
+    comm.all_reduce_async(b.recv(), total_count, DataType::kFloat32, ReduceOp::kSum)
+        ->wait(comm.timeout());
+  else if (op == "broadcast")
+    comm.broadcast(b.recv(), total_count, DataType::kFloat32, 0);
+  else if (op == "all_gather")
+    comm.all_gather(b.send(), b.recv(), total_count / n, DataType::kFloat32);
+  else if (op == "reduce_scatter")
+    comm.reduce_scatter(b.send(), b.recv(), total_count / n, DataType::kFloat32, ReduceOp::kSum);
+  else
+    comm.send_recv(b.send(), b.recv(), total_count, DataType::kFloat32, next, prev);
 }
 
 // Fills inputs with closed-form values, runs once, counts wrong elements.
@@ -115,7 +126,8 @@ int64_t check_op(Communicator& comm, const std::string& op, Buffers& b, size_t t
   const int prev = (r + n - 1) % n;
   const size_t block = total / n;
   std::vector<float> in(total);
-  for (size_t i = 0; i < total; ++i) in[i] = float(r + 1 + int(i % 13));
+  for (size_t i = 0; i < total; ++i)
+    in[i] = float(r + 1 + int(i % 13));
   b.upload(op == "all_reduce" || op == "broadcast" ? b.recv() : b.send(), in);
   run_op(comm, op, b, total);
   size_t out_count = op == "reduce_scatter" ? block : total;
@@ -123,11 +135,16 @@ int64_t check_op(Communicator& comm, const std::string& op, Buffers& b, size_t t
   int64_t wrong = 0;
   for (size_t i = 0; i < out_count; ++i) {
     double want = 0;
-    if (op == "all_reduce") want = n * (n + 1) / 2.0 + n * double(i % 13);
-    else if (op == "broadcast") want = 1 + double(i % 13);
-    else if (op == "all_gather") want = double(i / std::max<size_t>(block, 1) + 1 + (i % std::max<size_t>(block, 1)) % 13);
-    else if (op == "reduce_scatter") want = n * (n + 1) / 2.0 + n * double((r * block + i) % 13);
-    else want = prev + 1 + double(i % 13);
+    if (op == "all_reduce")
+      want = n * (n + 1) / 2.0 + n * double(i % 13);
+    else if (op == "broadcast")
+      want = 1 + double(i % 13);
+    else if (op == "all_gather")
+      want = double(i / std::max<size_t>(block, 1) + 1 + (i % std::max<size_t>(block, 1)) % 13);
+    else if (op == "reduce_scatter")
+      want = n * (n + 1) / 2.0 + n * double((r * block + i) % 13);
+    else
+      want = prev + 1 + double(i % 13);
     wrong += std::fabs(out[i] - want) > 1e-3 * std::fabs(want);
   }
   return wrong;
@@ -140,12 +157,14 @@ int bench(const BenchConfig& c, int argc, char** argv) {
   const bool gpu = c.device == "cuda";
   set_process_context({env.rank, env.world_size, c.device});
   if (gpu) {
-    if (env.launcher == Launcher::kMpirun || env.launcher == Launcher::kSrun) narrow_visible_devices(&env);
+    if (env.launcher == Launcher::kMpirun || env.launcher == Launcher::kSrun)
+      narrow_visible_devices(&env);
     const DeviceInfo device = bind_device(env, {});
     if (env.rank == 0) std::fprintf(stderr, "# rank 0: %s\n", describe_phases(device).c_str());
   }
   std::shared_ptr<StoreClient> store;
-  if (env.master_port > 0) store = std::make_shared<StoreClient>(env.master_addr, env.master_port, env.store_token);
+  if (env.master_port > 0)
+    store = std::make_shared<StoreClient>(env.master_addr, env.master_port, env.store_token);
   CommConfig config;
   config.backend = c.backend;
   config.gpu = gpu;
@@ -154,17 +173,22 @@ int bench(const BenchConfig& c, int argc, char** argv) {
   const int n = comm->size();
   nlohmann::json rows = nlohmann::json::array();
   if (comm->rank() == 0 && !c.json) {
-    std::printf("# ddpbench collectives: %s, backend %s, %d ranks, float32, %d iterations after %d warm-up\n",
-                c.op.c_str(), comm->backend(), n, c.iters, c.warmup);
-    std::printf("# %12s %12s %10s %10s %10s %8s\n", "size(B)", "count", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+    std::printf(
+        "# ddpbench collectives: %s, backend %s, %d ranks, float32, %d iterations after %d "
+        "warm-up\n",
+        c.op.c_str(), comm->backend(), n, c.iters, c.warmup);
+    std::printf("# %12s %12s %10s %10s %10s %8s\n", "size(B)", "count", "time(us)", "algbw(GB/s)",
+                "busbw(GB/s)", "#wrong");
   }
   for (double bytes = double(c.min_bytes); bytes <= double(c.max_bytes); bytes *= c.factor) {
     size_t total = static_cast<size_t>(bytes) / 4;
-    if (c.op == "all_gather" || c.op == "reduce_scatter") total = std::max<size_t>(total / n * n, size_t(n));
+    if (c.op == "all_gather" || c.op == "reduce_scatter")
+      total = std::max<size_t>(total / n * n, size_t(n));
     total = std::max<size_t>(total, 1);
     Buffers buffers(total * 4, gpu);
     const int64_t wrong = check_op(*comm, c.op, buffers, total);
-    for (int i = 0; i < c.warmup; ++i) run_op(*comm, c.op, buffers, total);
+    for (int i = 0; i < c.warmup; ++i)
+      run_op(*comm, c.op, buffers, total);
     comm->barrier();
     Stopwatch clock;
     if (c.op == "all_reduce") {
@@ -174,18 +198,26 @@ int bench(const BenchConfig& c, int argc, char** argv) {
         last = comm->all_reduce_async(buffers.recv(), total, DataType::kFloat32, ReduceOp::kSum);
       last->wait(comm->timeout());
     } else {
-      for (int i = 0; i < c.iters; ++i) run_op(*comm, c.op, buffers, total);
+      for (int i = 0; i < c.iters; ++i)
+        run_op(*comm, c.op, buffers, total);
     }
     const double us = clock.seconds() * 1e6 / c.iters;
     const double algbw = total * 4.0 / (us * 1e3);
     const double busbw = algbw * bus_factor(c.op, n);
     if (comm->rank() == 0) {
       if (c.json)
-        rows.push_back({{"op", c.op}, {"backend", comm->backend()}, {"ranks", n}, {"bytes", total * 4}, {"count", total},
-                        {"time_us", us}, {"algbw_gbs", algbw}, {"busbw_gbs", busbw}, {"wrong", wrong}});
+        rows.push_back({{"op", c.op},
+                        {"backend", comm->backend()},
+                        {"ranks", n},
+                        {"bytes", total * 4},
+                        {"count", total},
+                        {"time_us", us},
+                        {"algbw_gbs", algbw},
+                        {"busbw_gbs", busbw},
+                        {"wrong", wrong}});
       else
-        std::printf("  %12zu %12zu %10.1f %10.2f %10.2f %8lld\n", total * 4, total, us, algbw, busbw,
-                    static_cast<long long>(wrong));
+        std::printf("  %12zu %12zu %10.1f %10.2f %10.2f %8lld\n", total * 4, total, us, algbw,
+                    busbw, static_cast<long long>(wrong));
       std::fflush(stdout);
     }
   }
@@ -199,11 +231,13 @@ int bench(const BenchConfig& c, int argc, char** argv) {
 int main(int argc, char** argv) {
   try {
     if (argc < 2 || std::string(argv[1]) != "collectives") {
-      std::fprintf(stderr, "usage: ddpbench collectives [options] (see ddpbench collectives --help)\n");
+      std::fprintf(stderr,
+                   "usage: ddpbench collectives [options] (see ddpbench collectives --help)\n");
       return 2;
     }
     ddp::BenchConfig c;
-    cxxopts::Options options("ddpbench collectives", "Collective bandwidth, like nccl-tests; run under ddprun or mpirun.");
+    cxxopts::Options options("ddpbench collectives",
+                             "Collective bandwidth, like nccl-tests; run under ddprun or mpirun.");
     // clang-format off
     options.add_options()
       ("op", "all_reduce | all_gather | reduce_scatter | broadcast | sendrecv", cxxopts::value<std::string>()->default_value(c.op))
@@ -231,14 +265,17 @@ int main(int argc, char** argv) {
     c.iters = result["iters"].as<int>();
     c.warmup = result["warmup"].as<int>();
     c.json = result.count("json") > 0;
-    DDP_USAGE_CHECK(c.op == "all_reduce" || c.op == "all_gather" || c.op == "reduce_scatter" || c.op == "broadcast" ||
-                        c.op == "sendrecv",
-                    "--op {}: expected all_reduce, all_gather, reduce_scatter, broadcast or sendrecv", c.op);
-    DDP_USAGE_CHECK(c.device == "cpu" || c.device == "cuda", "--device {}: expected cpu or cuda", c.device);
+    DDP_USAGE_CHECK(
+        c.op == "all_reduce" || c.op == "all_gather" || c.op == "reduce_scatter" ||
+            c.op == "broadcast" || c.op == "sendrecv",
+        "--op {}: expected all_reduce, all_gather, reduce_scatter, broadcast or sendrecv", c.op);
+    DDP_USAGE_CHECK(c.device == "cpu" || c.device == "cuda", "--device {}: expected cpu or cuda",
+                    c.device);
     DDP_USAGE_CHECK(c.factor > 1, "--factor {}: expected more than 1", c.factor);
-    DDP_USAGE_CHECK(c.min_bytes >= 4 && c.min_bytes <= c.max_bytes, "--min-bytes {}: expected 4 to --max-bytes {}",
-                    c.min_bytes, c.max_bytes);
-    DDP_USAGE_CHECK(c.iters >= 1 && c.warmup >= 0, "--iters {} --warmup {}: expected at least 1 and 0", c.iters, c.warmup);
+    DDP_USAGE_CHECK(c.min_bytes >= 4 && c.min_bytes <= c.max_bytes,
+                    "--min-bytes {}: expected 4 to --max-bytes {}", c.min_bytes, c.max_bytes);
+    DDP_USAGE_CHECK(c.iters >= 1 && c.warmup >= 0,
+                    "--iters {} --warmup {}: expected at least 1 and 0", c.iters, c.warmup);
     return ddp::bench(c, argc, argv);
   } catch (const cxxopts::exceptions::exception& e) {
     std::fprintf(stderr, "ddpbench: error: %s\n", e.what());

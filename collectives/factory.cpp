@@ -41,13 +41,20 @@ class SelfCommunicator final : public Communicator {
     DDP_CHECK(!gpu_, "the single-process GPU group copies nothing: use the buffer itself");
     if (send != recv) std::memmove(recv, send, count * dtype_bytes(type));
   }
-  void reduce_scatter(const void* send, void* recv, size_t count, DataType type, ReduceOp) override {
+  void reduce_scatter(const void* send, void* recv, size_t count, DataType type,
+                      ReduceOp) override {
     all_gather(send, recv, count, type);
   }
-  void send(const void*, size_t, DataType, int peer) override { DDP_CHECK(false, "send to {} in a group of 1", peer); }
-  void recv(void*, size_t, DataType, int peer) override { DDP_CHECK(false, "recv from {} in a group of 1", peer); }
+  void send(const void*, size_t, DataType, int peer) override {
+    DDP_CHECK(false, "send to {} in a group of 1", peer);
+  }
+  void recv(void*, size_t, DataType, int peer) override {
+    DDP_CHECK(false, "recv from {} in a group of 1", peer);
+  }
   void barrier() override { next_sequence(); }
-  std::unique_ptr<Communicator> split(int, int) override { return std::make_unique<SelfCommunicator>(gpu_); }
+  std::unique_ptr<Communicator> split(int, int) override {
+    return std::make_unique<SelfCommunicator>(gpu_);
+  }
 
  private:
   struct Done final : Work {
@@ -79,10 +86,14 @@ std::unique_ptr<Communicator> make_communicator(const CommConfig& config, const 
                                                 std::shared_ptr<StoreClient> store) {
   std::string backend = config.backend;
   if (backend == "auto") {
-    if (env.world_size == 1) backend = "self";
-    else if (config.gpu && DDP_HAVE_NCCL) backend = "nccl";
-    else if (!config.gpu && DDP_HAVE_GLOO && store != nullptr) backend = "gloo";
-    else if (!config.gpu && DDP_HAVE_MPI && env.launcher == Launcher::kMpirun) backend = "mpi";
+    if (env.world_size == 1)
+      backend = "self";
+    else if (config.gpu && DDP_HAVE_NCCL)
+      backend = "nccl";
+    else if (!config.gpu && DDP_HAVE_GLOO && store != nullptr)
+      backend = "gloo";
+    else if (!config.gpu && DDP_HAVE_MPI && env.launcher == Launcher::kMpirun)
+      backend = "mpi";
     else
       throw UsageError(fmt::format(
           "--backend auto: no backend fits ({} buffers, launcher {}, built: {}); {}",
@@ -92,14 +103,15 @@ std::unique_ptr<Communicator> make_communicator(const CommConfig& config, const 
   DDP_USAGE_CHECK(backend == "self" || backend == "nccl" || backend == "gloo" || backend == "mpi",
                   "--backend {}: expected auto, nccl, gloo or mpi", config.backend);
   if (backend == "self") return std::make_unique<SelfCommunicator>(config.gpu);
-  DDP_USAGE_CHECK(backend != "nccl" || config.gpu, "--backend nccl works on GPU buffers: use --device cuda");
+  DDP_USAGE_CHECK(backend != "nccl" || config.gpu,
+                  "--backend nccl works on GPU buffers: use --device cuda");
   DDP_USAGE_CHECK(backend == "nccl" || !config.gpu,
                   "--backend {} works on CPU buffers; GPU training uses nccl", backend);
   if (backend == "gloo") {
 #if DDP_HAVE_GLOO
     auto comm = make_gloo_communicator(env.rank, env.world_size, store,
-                                       fmt::format("ddp/gloo/{}/world/", env.restart_count), config.timeout_s,
-                                       host_name(env));
+                                       fmt::format("ddp/gloo/{}/world/", env.restart_count),
+                                       config.timeout_s, host_name(env));
     return comm;
 #else
     throw UsageError("--backend gloo: this build has no Gloo (install libgloo-dev and rebuild)");
@@ -116,10 +128,12 @@ std::unique_ptr<Communicator> make_communicator(const CommConfig& config, const 
 #if DDP_HAVE_NCCL
   std::unique_ptr<Communicator> bootstrap;
 #if DDP_HAVE_MPI
-  if (store == nullptr && env.launcher == Launcher::kMpirun) bootstrap = make_mpi_communicator(nullptr, config.timeout_s);
+  if (store == nullptr && env.launcher == Launcher::kMpirun)
+    bootstrap = make_mpi_communicator(nullptr, config.timeout_s);
 #endif
-  auto comm = make_nccl_communicator(env.rank, env.world_size, store, fmt::format("world{}", env.restart_count),
-                                     config.timeout_s, bootstrap.get());
+  auto comm = make_nccl_communicator(env.rank, env.world_size, store,
+                                     fmt::format("world{}", env.restart_count), config.timeout_s,
+                                     bootstrap.get());
   if (bootstrap) {
     // MPI stays initialised for the job's lifetime; the NCCL communicator owns nothing of it.
     static std::unique_ptr<Communicator> keep;  // plain host state: finalises MPI at exit
@@ -127,7 +141,9 @@ std::unique_ptr<Communicator> make_communicator(const CommConfig& config, const 
   }
   return comm;
 #else
-  throw UsageError("--backend nccl: this build has no NCCL (the CUDA toolkit's NCCL was not found at configure time)");
+  throw UsageError(
+      "--backend nccl: this build has no NCCL (the CUDA toolkit's NCCL was not found at configure "
+      "time)");
 #endif
 }
 

@@ -11,23 +11,30 @@ namespace {
 template <typename T>
 void reduce_typed(T* out, const T* a, const T* b, size_t count, ReduceOp op) {
   if (op == ReduceOp::kMax)
-    for (size_t i = 0; i < count; ++i) out[i] = std::max(a[i], b[i]);
+    for (size_t i = 0; i < count; ++i)
+      out[i] = std::max(a[i], b[i]);
   else
-    for (size_t i = 0; i < count; ++i) out[i] = a[i] + b[i];
+    for (size_t i = 0; i < count; ++i)
+      out[i] = a[i] + b[i];
 }
 
 }  // namespace
 
-void reduce_into(void* out, const void* a, const void* b, size_t count, DataType type, ReduceOp op) {
+void reduce_into(void* out, const void* a, const void* b, size_t count, DataType type,
+                 ReduceOp op) {
   switch (type) {
     case DataType::kFloat32:
-      return reduce_typed(static_cast<float*>(out), static_cast<const float*>(a), static_cast<const float*>(b), count, op);
+      return reduce_typed(static_cast<float*>(out), static_cast<const float*>(a),
+                          static_cast<const float*>(b), count, op);
     case DataType::kFloat64:
-      return reduce_typed(static_cast<double*>(out), static_cast<const double*>(a), static_cast<const double*>(b), count, op);
+      return reduce_typed(static_cast<double*>(out), static_cast<const double*>(a),
+                          static_cast<const double*>(b), count, op);
     case DataType::kInt32:
-      return reduce_typed(static_cast<int32_t*>(out), static_cast<const int32_t*>(a), static_cast<const int32_t*>(b), count, op);
+      return reduce_typed(static_cast<int32_t*>(out), static_cast<const int32_t*>(a),
+                          static_cast<const int32_t*>(b), count, op);
     case DataType::kInt64:
-      return reduce_typed(static_cast<int64_t*>(out), static_cast<const int64_t*>(a), static_cast<const int64_t*>(b), count, op);
+      return reduce_typed(static_cast<int64_t*>(out), static_cast<const int64_t*>(a),
+                          static_cast<const int64_t*>(b), count, op);
     case DataType::kBFloat16: {
       auto* o = static_cast<uint16_t*>(out);
       const auto* x = static_cast<const uint16_t*>(a);
@@ -45,22 +52,25 @@ void scale_by(void* buffer, size_t count, DataType type, double divisor) {
   switch (type) {
     case DataType::kFloat32: {
       auto* p = static_cast<float*>(buffer);
-      for (size_t i = 0; i < count; ++i) p[i] = static_cast<float>(p[i] / divisor);
+      for (size_t i = 0; i < count; ++i)
+        p[i] = static_cast<float>(p[i] / divisor);
       return;
     }
     case DataType::kFloat64: {
       auto* p = static_cast<double*>(buffer);
-      for (size_t i = 0; i < count; ++i) p[i] /= divisor;
+      for (size_t i = 0; i < count; ++i)
+        p[i] /= divisor;
       return;
     }
     case DataType::kBFloat16: {
       auto* p = static_cast<uint16_t*>(buffer);
-      for (size_t i = 0; i < count; ++i) p[i] = float_to_bf16(static_cast<float>(bf16_to_float(p[i]) / divisor));
+      for (size_t i = 0; i < count; ++i)
+        p[i] = float_to_bf16(static_cast<float>(bf16_to_float(p[i]) / divisor));
       return;
     }
     default:
-      throw UsageError(fmt::format("average of {} values: use sum (integer types cannot be averaged)",
-                                   dtype_name(type)));
+      throw UsageError(fmt::format(
+          "average of {} values: use sum (integer types cannot be averaged)", dtype_name(type)));
   }
 }
 

@@ -2,7 +2,6 @@
 #include "engine/checkpoint.h"
 
 #include <sys/stat.h>
-#include <zlib.h>
 
 #include <algorithm>
 #include <cstring>
@@ -10,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "engine/ddp.h"
 #include "models/safetensors.h"
 #include "runtime/error.h"
 
@@ -18,36 +18,36 @@ namespace {
 
 constexpr const char* kFormat = "ddp-checkpoint-1";
 
-// CRC-32 over the tensors' bytes in name order.
+// CRC-32 over the tensors' names and bytes in name order.
 uint32_t checksum(const std::map<std::string, std::pair<const void*, size_t>>& tensors) {
-  uLong crc = crc32(0L, Z_NULL, 0);
+  uint32_t crc = 0;
   for (const auto& [name, data] : tensors) {
-    crc = crc32(crc, reinterpret_cast<const Bytef*>(name.data()), static_cast<uInt>(name.size()));
-    const auto* bytes = static_cast<const Bytef*>(data.first);
-    size_t left = data.second;
-    while (left > 0) {
-      const uInt chunk = static_cast<uInt>(std::min<size_t>(left, 1u << 30));
-      crc = crc32(crc, bytes, chunk);
-      bytes += chunk;
-      left -= chunk;
-    }
+    crc = crc32_of(name.data(), name.size(), crc);
+    crc = crc32_of(data.first, data.second, crc);
   }
-  return static_cast<uint32_t>(crc);
+  return crc;
 }
 
 }  // namespace
 
-std::string checkpoint_path(const std::string& dir) { return dir + "/latest.safetensors"; }
+std::string checkpoint_path(const std::string& dir) {
+  return dir + "/latest.safetensors";
+}
 
 void save_checkpoint(const std::string& dir, const MlpShape& shape, const Checkpoint& c) {
   ::mkdir(dir.c_str(), 0755);
   std::vector<TensorRef> refs = mlp_tensor_refs(shape, c.params.data());
   for (const auto& [name, values] : c.optimizer_state)
-    refs.push_back({"optimizer." + name, "F32", {static_cast<int64_t>(values.size())}, values.data(),
+    refs.push_back({"optimizer." + name,
+                    "F32",
+                    {static_cast<int64_t>(values.size())},
+                    values.data(),
                     values.size() * sizeof(float)});
-  std::sort(refs.begin(), refs.end(), [](const TensorRef& a, const TensorRef& b) { return a.name < b.name; });
+  std::sort(refs.begin(), refs.end(),
+            [](const TensorRef& a, const TensorRef& b) { return a.name < b.name; });
   std::map<std::string, std::pair<const void*, size_t>> data;
-  for (const TensorRef& r : refs) data[r.name] = {r.data, r.bytes};
+  for (const TensorRef& r : refs)
+    data[r.name] = {r.data, r.bytes};
   const std::map<std::string, std::string> metadata = {
       {"format", kFormat},
       {"layers", shape.to_string()},
@@ -60,27 +60,34 @@ void save_checkpoint(const std::string& dir, const MlpShape& shape, const Checkp
   write_safetensors(checkpoint_path(dir), refs, metadata);
 }
 
-Checkpoint load_checkpoint(const std::string& path, const MlpShape& shape, const std::string& optimizer,
-                           int batch_size) {
+Checkpoint load_checkpoint(const std::string& path, const MlpShape& shape,
+                           const std::string& optimizer, int batch_size) {
   const SafetensorsFile file = read_safetensors(path);
   auto meta = [&](const char* key) {
     const auto found = file.metadata.find(key);
-    DDP_USAGE_CHECK(found != file.metadata.end(), "{}: not a ddp checkpoint (no '{}' in its metadata)", path, key);
+    DDP_USAGE_CHECK(found != file.metadata.end(),
+                    "{}: not a ddp checkpoint (no '{}' in its metadata)", path, key);
     return found->second;
   };
-  DDP_USAGE_CHECK(meta("format") == kFormat, "{}: checkpoint format '{}', expected '{}'", path, meta("format"), kFormat);
+  DDP_USAGE_CHECK(meta("format") == kFormat, "{}: checkpoint format '{}', expected '{}'", path,
+                  meta("format"), kFormat);
   std::map<std::string, std::pair<const void*, size_t>> data;
-  for (const auto& [name, tensor] : file.tensors) data[name] = {tensor.data.data(), tensor.data.size()};
-  DDP_USAGE_CHECK(std::to_string(checksum(data)) == meta("crc32"),
-                  "{}: checksum mismatch (stored {}, computed {}): the file was altered or is corrupt; "
-                  "remove it to start afresh",
-                  path, meta("crc32"), checksum(data));
-  DDP_USAGE_CHECK(meta("layers") == shape.to_string(), "{}: checkpoint of --layers {}, but this run has --layers {}",
-                  path, meta("layers"), shape.to_string());
-  DDP_USAGE_CHECK(meta("optimizer") == optimizer, "{}: checkpoint of --optimizer {}, but this run has --optimizer {}",
-                  path, meta("optimizer"), optimizer);
+  for (const auto& [name, tensor] : file.tensors)
+    data[name] = {tensor.data.data(), tensor.data.size()};
+  DDP_USAGE_CHECK(
+      std::to_string(checksum(data)) == meta("crc32"),
+      "{}: checksum mismatch (stored {}, computed {}): the file was altered or is corrupt; "
+      "remove it to start afresh",
+      path, meta("crc32"), checksum(data));
+  DDP_USAGE_CHECK(meta("layers") == shape.to_string(),
+                  "{}: checkpoint of --layers {}, but this run has --layers {}", path,
+                  meta("layers"), shape.to_string());
+  DDP_USAGE_CHECK(meta("optimizer") == optimizer,
+                  "{}: checkpoint of --optimizer {}, but this run has --optimizer {}", path,
+                  meta("optimizer"), optimizer);
   DDP_USAGE_CHECK(meta("batch_size") == std::to_string(batch_size),
-                  "{}: checkpoint of --batch-size {}, but this run has --batch-size {} (the sample stream would differ)",
+                  "{}: checkpoint of --batch-size {}, but this run has --batch-size {} (the sample "
+                  "stream would differ)",
                   path, meta("batch_size"), batch_size);
   Checkpoint c;
   c.step = std::stoll(meta("step"));

@@ -14,10 +14,10 @@
 namespace ddp {
 
 struct Checkpoint {
-  int64_t step = 0;             // optimizer steps done; the sampler resumes at step * batch
+  int64_t step = 0;  // optimizer steps done; the sampler resumes at step * batch
   int64_t optimizer_steps = 0;
-  std::string optimizer;        // "sgd" | "adamw"
-  int batch_size = 0;           // global
+  std::string optimizer;  // "sgd" | "adamw"
+  int batch_size = 0;     // global
   uint64_t seed = 0;
   std::vector<float> params;
   std::vector<std::pair<std::string, std::vector<float>>> optimizer_state;
@@ -30,7 +30,7 @@ void save_checkpoint(const std::string& dir, const MlpShape& shape, const Checkp
 
 // Reads and verifies; throws UsageError naming the file and the problem (truncated,
 // checksum mismatch, other model, other optimizer, other batch size).
-Checkpoint load_checkpoint(const std::string& path, const MlpShape& shape, const std::string& optimizer,
-                           int batch_size);
+Checkpoint load_checkpoint(const std::string& path, const MlpShape& shape,
+                           const std::string& optimizer, int batch_size);
 
 }  // namespace ddp

@@ -189,7 +189,8 @@ bool parse_train_args(int argc, char** argv, TrainConfig* config) {
     c.overlap = result.count("no-overlap") == 0;
     c.accumulate = number<int>(result, "accumulate");
     c.check_replicas = result.count("check-replicas") > 0;
-    if (result.count("checkpoint-dir")) c.checkpoint_dir = result["checkpoint-dir"].as<std::string>();
+    if (result.count("checkpoint-dir"))
+      c.checkpoint_dir = result["checkpoint-dir"].as<std::string>();
     c.checkpoint_every = number<int64_t>(result, "checkpoint-every");
     c.resume = result.count("resume") > 0;
     c.fail_at_step = number<int64_t>(result, "fail-at-step");
@@ -228,24 +229,29 @@ void validate(const TrainConfig& c) {
   DDP_USAGE_CHECK(c.threads >= 0 && c.threads <= 1024, "--threads {}: expected 0 to 1024",
                   c.threads);
   DDP_USAGE_CHECK(c.log_every >= 1, "--log-every {}: expected at least 1", c.log_every);
-  DDP_USAGE_CHECK(c.backend == "auto" || c.backend == "nccl" || c.backend == "gloo" || c.backend == "mpi",
-                  "--backend {}: expected auto, nccl, gloo or mpi", c.backend);
+  DDP_USAGE_CHECK(
+      c.backend == "auto" || c.backend == "nccl" || c.backend == "gloo" || c.backend == "mpi",
+      "--backend {}: expected auto, nccl, gloo or mpi", c.backend);
   DDP_USAGE_CHECK(c.timeout > 0, "--timeout {}: expected a positive number of seconds", c.timeout);
-  DDP_USAGE_CHECK(c.bucket_mb > 0 && c.first_bucket_mb > 0, "--bucket-mb {} --first-bucket-mb {}: expected positive sizes",
-                  c.bucket_mb, c.first_bucket_mb);
-  DDP_USAGE_CHECK(c.accumulate >= 1 && c.accumulate <= 1024, "--accumulate {}: expected 1 to 1024", c.accumulate);
-  DDP_USAGE_CHECK(c.checkpoint_every >= 0, "--checkpoint-every {}: expected 0 or more", c.checkpoint_every);
+  DDP_USAGE_CHECK(c.bucket_mb > 0 && c.first_bucket_mb > 0,
+                  "--bucket-mb {} --first-bucket-mb {}: expected positive sizes", c.bucket_mb,
+                  c.first_bucket_mb);
+  DDP_USAGE_CHECK(c.accumulate >= 1 && c.accumulate <= 1024, "--accumulate {}: expected 1 to 1024",
+                  c.accumulate);
+  DDP_USAGE_CHECK(c.checkpoint_every >= 0, "--checkpoint-every {}: expected 0 or more",
+                  c.checkpoint_every);
   DDP_USAGE_CHECK(!c.resume || !c.checkpoint_dir.empty(), "--resume: needs --checkpoint-dir");
-  DDP_USAGE_CHECK(c.checkpoint_every == 0 || !c.checkpoint_dir.empty(), "--checkpoint-every: needs --checkpoint-dir");
+  DDP_USAGE_CHECK(c.checkpoint_every == 0 || !c.checkpoint_dir.empty(),
+                  "--checkpoint-every: needs --checkpoint-dir");
 }
 
 std::vector<std::string> describe(const TrainConfig& c) {
   std::vector<std::string> lines;
-  lines.push_back(fmt::format("model      mlp {} on {}{}", c.layers, c.device,
-                              c.device == "cuda" ? fmt::format(" ({}{}{})", c.precision,
-                                                               c.cuda_graph ? ", CUDA graph" : "",
-                                                               c.sync_debug ? ", sync-debug" : "")
-                                                 : ""));
+  lines.push_back(fmt::format(
+      "model      mlp {} on {}{}", c.layers, c.device,
+      c.device == "cuda" ? fmt::format(" ({}{}{})", c.precision, c.cuda_graph ? ", CUDA graph" : "",
+                                       c.sync_debug ? ", sync-debug" : "")
+                         : ""));
   lines.push_back(fmt::format("data       {}{}{}", c.data, c.data == "synthetic" ? "" : " from ",
                               c.data == "synthetic" ? "" : c.data_dir));
   lines.push_back(fmt::format(

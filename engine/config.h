@@ -27,7 +27,7 @@ struct TrainConfig {
   std::string init_weights;
   std::string save_weights;
   std::string metrics;
-  std::string device = "cpu";  // cpu | cuda
+  std::string device = "cpu";      // cpu | cuda
   std::string precision = "fp32";  // fp32 | tf32 | bf16 (cuda)
   bool cuda_graph = true;
   bool fused_epilogues = true;
@@ -43,14 +43,14 @@ struct TrainConfig {
   double bucket_mb = 25;
   double first_bucket_mb = 1;
   bool overlap = true;
-  int accumulate = 1;            // micro-steps per optimizer step
-  bool check_replicas = false;   // compare every rank's weights after every step
+  int accumulate = 1;           // micro-steps per optimizer step
+  bool check_replicas = false;  // compare every rank's weights after every step
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;  // steps; 0: only at the end when a directory is given
   bool resume = false;
-  int64_t fail_at_step = 0;      // testing: fail when this step starts, first attempt only
-  int restart_count = 0;         // set from the launcher's environment, not a flag
-  double start_time_ms = 0;      // ddprun's start, else this process's (wall clock ms); not a flag
+  int64_t fail_at_step = 0;  // testing: fail when this step starts, first attempt only
+  int restart_count = 0;     // set from the launcher's environment, not a flag
+  double start_time_ms = 0;  // ddprun's start, else this process's (wall clock ms); not a flag
 };
 
 // Parses argv into a config. Returns false when --help or --version was printed (the

@@ -9,7 +9,8 @@
 
 namespace ddp {
 
-std::vector<Bucket> plan_buckets(const MlpShape& shape, size_t bucket_bytes, size_t first_bucket_bytes) {
+std::vector<Bucket> plan_buckets(const MlpShape& shape, size_t bucket_bytes,
+                                 size_t first_bucket_bytes) {
   std::vector<Bucket> buckets;
   const int last = shape.num_layers() - 1;
   Bucket current;
@@ -32,8 +33,11 @@ std::vector<Bucket> plan_buckets(const MlpShape& shape, size_t bucket_bytes, siz
   return buckets;
 }
 
-Ddp::Ddp(Communicator& comm, const MlpShape& shape, size_t bucket_bytes, size_t first_bucket_bytes, bool overlap)
-    : comm_(comm), buckets_(plan_buckets(shape, bucket_bytes, first_bucket_bytes)), overlap_(overlap) {}
+Ddp::Ddp(Communicator& comm, const MlpShape& shape, size_t bucket_bytes, size_t first_bucket_bytes,
+         bool overlap)
+    : comm_(comm),
+      buckets_(plan_buckets(shape, bucket_bytes, first_bucket_bytes)),
+      overlap_(overlap) {}
 
 void Ddp::check_same_model(const MlpShape& shape) {
   const int n = comm_.size();
@@ -44,7 +48,8 @@ void Ddp::check_same_model(const MlpShape& shape) {
   std::string differ;
   for (int r = 0; r < n; ++r)
     if (all[r] != all[0]) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
-  DDP_USAGE_CHECK(differ.empty(), "--layers: rank(s) {} hold a different model than rank 0 (this rank: {}); every "
+  DDP_USAGE_CHECK(differ.empty(),
+                  "--layers: rank(s) {} hold a different model than rank 0 (this rank: {}); every "
                   "rank must be started with the same --layers",
                   differ, shape.to_string());
 }
@@ -61,7 +66,8 @@ void Ddp::begin_backward(float* grads) {
 
 void Ddp::issue(size_t bucket) {
   const Bucket& b = buckets_[bucket];
-  pending_.push_back(comm_.all_reduce_async(grads_ + b.offset, b.count, DataType::kFloat32, ReduceOp::kAverage));
+  pending_.push_back(
+      comm_.all_reduce_async(grads_ + b.offset, b.count, DataType::kFloat32, ReduceOp::kAverage));
   events_.push_back({"allreduce_issued", b.first_layer, static_cast<int>(bucket)});
 }
 
@@ -69,34 +75,37 @@ void Ddp::layer_done(int layer) {
   events_.push_back({"layer_done", layer, -1});
   if (!overlap_) return;
   // A bucket is complete once its lowest layer is done (layers arrive last to first).
-  while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].first_layer >= layer) issue(next_bucket_++);
+  while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].first_layer >= layer)
+    issue(next_bucket_++);
 }
 
 void Ddp::end_backward() {
   events_.push_back({"backward_done", -1, -1});
-  while (next_bucket_ < buckets_.size()) issue(next_bucket_++);
+  while (next_bucket_ < buckets_.size())
+    issue(next_bucket_++);
 }
 
 void Ddp::finish(void* stream) {
   for (auto& work : pending_) {
-    if (comm_.device_buffers()) work->then_on(stream);
-    else work->wait(comm_.timeout());
+    if (comm_.device_buffers())
+      work->then_on(stream);
+    else
+      work->wait(comm_.timeout());
   }
   pending_.clear();
   events_.push_back({"allreduce_waited", -1, -1});
 }
 
-uint32_t params_checksum(const float* params, size_t count) {
-  uLong crc = crc32(0L, Z_NULL, 0);
-  const auto* bytes = reinterpret_cast<const Bytef*>(params);
-  size_t left = count * sizeof(float);
-  while (left > 0) {
-    const uInt chunk = static_cast<uInt>(std::min<size_t>(left, 1u << 30));
-    crc = crc32(crc, bytes, chunk);
-    bytes += chunk;
-    left -= chunk;
+uint32_t crc32_of(const void* bytes, size_t count, uint32_t crc) {
+  uLong value = crc;
+  const auto* p = static_cast<const Bytef*>(bytes);
+  while (count > 0) {  // zlib takes at most 4 GiB a call
+    const uInt chunk = static_cast<uInt>(std::min<size_t>(count, 1u << 30));
+    value = crc32(value, p, chunk);
+    p += chunk;
+    count -= chunk;
   }
-  return static_cast<uint32_t>(crc);
+  return static_cast<uint32_t>(value);
 }
 
 }  // namespace ddp

@@ -15,8 +15,8 @@
 namespace ddp {
 
 struct Bucket {
-  size_t offset = 0;  // elements from the start of the flat gradient buffer
-  size_t count = 0;   // elements
+  size_t offset = 0;    // elements from the start of the flat gradient buffer
+  size_t count = 0;     // elements
   int first_layer = 0;  // lowest layer whose gradients it holds
   int last_layer = 0;   // highest
 };
@@ -24,7 +24,8 @@ struct Bucket {
 // Buckets of about bucket_bytes (the first, holding the last layers, of about
 // first_bucket_bytes so that communication starts early), walking layers from the last to
 // the first; a layer is never split. Pure.
-std::vector<Bucket> plan_buckets(const MlpShape& shape, size_t bucket_bytes, size_t first_bucket_bytes);
+std::vector<Bucket> plan_buckets(const MlpShape& shape, size_t bucket_bytes,
+                                 size_t first_bucket_bytes);
 
 // One entry of the engine's own record of a step: what happened, in order.
 struct DdpEvent {
@@ -37,7 +38,8 @@ class Ddp {
  public:
   // overlap: start each bucket's all-reduce as soon as its layers are done; otherwise all
   // of them after backward.
-  Ddp(Communicator& comm, const MlpShape& shape, size_t bucket_bytes, size_t first_bucket_bytes, bool overlap);
+  Ddp(Communicator& comm, const MlpShape& shape, size_t bucket_bytes, size_t first_bucket_bytes,
+      bool overlap);
 
   // Collective: every rank must hold the same model (layer shapes); throws naming the ranks
   // that differ.
@@ -71,7 +73,11 @@ class Ddp {
   std::vector<DdpEvent> events_;
 };
 
+// CRC-32 (zlib's) of bytes[0, count), continuing from `crc` (0 to start).
+uint32_t crc32_of(const void* bytes, size_t count, uint32_t crc = 0);
 // A checksum of a float buffer (host), for checking that replicas hold identical weights.
-uint32_t params_checksum(const float* params, size_t count);
+inline uint32_t params_checksum(const float* params, size_t count) {
+  return crc32_of(params, count * sizeof(float));
+}
 
 }  // namespace ddp

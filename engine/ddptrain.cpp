@@ -38,7 +38,8 @@ int main(int argc, char** argv) {
     // The dataset loads (and decompresses) on another thread while CUDA and the
     // communicator start: both take hundreds of milliseconds.
     ddp::Stopwatch load_clock;
-    std::future<ddp::Dataset> loading = std::async(std::launch::async, [config] { return ddp::load_dataset(config); });
+    std::future<ddp::Dataset> loading =
+        std::async(std::launch::async, [config] { return ddp::load_dataset(config); });
     ddp::MetricsWriter metrics =
         config.metrics.empty() || !lead ? ddp::MetricsWriter() : ddp::MetricsWriter(config.metrics);
     std::shared_ptr<ddp::StoreClient> store;
@@ -49,12 +50,17 @@ int main(int argc, char** argv) {
         ddp::narrow_visible_devices(&env);
       const ddp::DeviceInfo device = ddp::bind_device(env, {config.init_retries, 0.5});
       ddp::set_process_context({env.rank, env.world_size, "cuda:" + device.uuid.substr(4, 8)});
-      ddp::init_logging({env.rank, env.world_size, "cuda:" + device.uuid.substr(4, 8), "", false, false});
+      ddp::init_logging(
+          {env.rank, env.world_size, "cuda:" + device.uuid.substr(4, 8), "", false, false});
       spdlog::info("{}", ddp::describe_phases(device));
-      metrics.write({{"event", "init"}, {"device", device.name}, {"uuid", device.uuid},
-                     {"driver_ms", device.phases.driver_ms}, {"context_ms", device.phases.context_ms},
+      metrics.write({{"event", "init"},
+                     {"device", device.name},
+                     {"uuid", device.uuid},
+                     {"driver_ms", device.phases.driver_ms},
+                     {"context_ms", device.phases.context_ms},
                      {"first_alloc_ms", device.phases.first_alloc_ms},
-                     {"first_kernel_ms", device.phases.first_kernel_ms}, {"attempts", device.phases.attempts}});
+                     {"first_kernel_ms", device.phases.first_kernel_ms},
+                     {"attempts", device.phases.attempts}});
       if (store) ddp::check_unique_gpus(*store, env, device, 60.0);
     }
     // One process gets a communicator too when a backend is named, so that the data-parallel
@@ -65,13 +71,15 @@ int main(int argc, char** argv) {
       comm_config.timeout_s = config.timeout;
       comm_config.gpu = cuda;
       comm = ddp::make_communicator(comm_config, env, store);
-      spdlog::info("rank {} of {} ({}), collectives over {}", env.rank, env.world_size, ddp::launcher_name(env.launcher),
-                   comm->backend());
+      spdlog::info("rank {} of {} ({}), collectives over {}", env.rank, env.world_size,
+                   ddp::launcher_name(env.launcher), comm->backend());
     }
-    for (const std::string& line : ddp::describe(config)) spdlog::info("{}", line);
+    for (const std::string& line : ddp::describe(config))
+      spdlog::info("{}", line);
     const ddp::Dataset data = loading.get();
-    spdlog::info("loaded {}: {} train, {} test samples, {} features, {} classes ({:.2f}s after start)", data.name,
-                 data.train.n, data.test.n, data.train.dim, data.classes, load_clock.seconds());
+    spdlog::info(
+        "loaded {}: {} train, {} test samples, {} features, {} classes ({:.2f}s after start)",
+        data.name, data.train.n, data.test.n, data.train.dim, data.classes, load_clock.seconds());
     if (cuda) {
       ddp::train_on_gpu(config, data, comm.get(), &metrics, nullptr);
     } else {

@@ -14,7 +14,7 @@ namespace ddp {
 // parameters to *final_params when it is not null.
 // Metrics go to `metrics` when given, else to config.metrics.
 // `comm` (may be null: one GPU) is the data-parallel group over NCCL.
-TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communicator* comm, MetricsWriter* metrics,
-                         std::vector<float>* final_params);
+TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communicator* comm,
+                         MetricsWriter* metrics, std::vector<float>* final_params);
 
 }  // namespace ddp

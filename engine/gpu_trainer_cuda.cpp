@@ -31,30 +31,28 @@ Precision precision_of(const std::string& name) {
 void sum_on_device(Communicator* comm, CudaMlp& model, double* values, size_t count) {
   if (comm == nullptr || comm->size() == 1) return;
   DeviceBuffer<double> buffer(count, MemoryCategory::kOther);
-  DDP_CUDA_CHECK(cudaMemcpyAsync(buffer.data(), values, count * 8, cudaMemcpyHostToDevice, model.stream()));
+  DDP_CUDA_CHECK(
+      cudaMemcpyAsync(buffer.data(), values, count * 8, cudaMemcpyHostToDevice, model.stream()));
   comm->all_reduce(buffer.data(), count, DataType::kFloat64, ReduceOp::kSum);
   DDP_CUDA_CHECK(cudaMemcpy(values, buffer.data(), count * 8, cudaMemcpyDeviceToHost));
 }
 }  // namespace
 
-TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communicator* comm, MetricsWriter* metrics_in,
-                         std::vector<float>* final_params) {
+TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communicator* comm,
+                         MetricsWriter* metrics_in, std::vector<float>* final_params) {
   const MlpShape shape = parse_layers(config.layers);
   const int rank = comm ? comm->rank() : 0;
   const int ranks = comm ? comm->size() : 1;
   const bool lead = rank == 0;
-  DDP_USAGE_CHECK(shape.input_width() == data.train.dim,
-                  "--layers {}: the first width is {} but the {} data has {} features per sample",
-                  config.layers, shape.input_width(), data.name, data.train.dim);
-  DDP_USAGE_CHECK(shape.num_classes() >= data.classes,
-                  "--layers {}: the last width is {} but the {} data has {} classes", config.layers,
-                  shape.num_classes(), data.name, data.classes);
-  DDP_USAGE_CHECK(config.accumulate == 1, "--accumulate {}: gradient accumulation runs on the CPU path only so far",
+  check_model_fits_data(shape, config, data);
+  DDP_USAGE_CHECK(config.accumulate == 1,
+                  "--accumulate {}: gradient accumulation runs on the CPU path only so far",
                   config.accumulate);
   DDP_USAGE_CHECK(!config.check_replicas, "--check-replicas: runs on the CPU path only so far");
-  DDP_USAGE_CHECK(config.batch_size % ranks == 0,
-                  "--batch-size {}: the global batch must divide among the {} data-parallel ranks (try {})",
-                  config.batch_size, ranks, (config.batch_size / ranks + 1) * ranks);
+  DDP_USAGE_CHECK(
+      config.batch_size % ranks == 0,
+      "--batch-size {}: the global batch must divide among the {} data-parallel ranks (try {})",
+      config.batch_size, ranks, (config.batch_size / ranks + 1) * ranks);
   const int local_batch = config.batch_size / ranks;
   const bool data_parallel = comm != nullptr;
 
@@ -67,37 +65,47 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communi
   CudaMlp model(shape, local_batch, config.optimizer, options);
 
   std::vector<float> params(shape.param_count());
-  if (config.init_weights.empty()) init_params(shape, config.seed, params.data());
-  else load_mlp_weights(config.init_weights, shape, params.data());
+  if (config.init_weights.empty())
+    init_params(shape, config.seed, params.data());
+  else
+    load_mlp_weights(config.init_weights, shape, params.data());
   model.set_params(params.data());
   int64_t done = 0;
-  const std::string optimizer_name = config.optimizer.kind == OptimizerKind::kAdamW ? "adamw" : "sgd";
+  const std::string optimizer_name =
+      config.optimizer.kind == OptimizerKind::kAdamW ? "adamw" : "sgd";
   if (config.resume && std::ifstream(checkpoint_path(config.checkpoint_dir)).good()) {
-    const Checkpoint c = load_checkpoint(checkpoint_path(config.checkpoint_dir), shape, optimizer_name, config.batch_size);
+    const Checkpoint c = load_checkpoint(checkpoint_path(config.checkpoint_dir), shape,
+                                         optimizer_name, config.batch_size);
     model.set_params(c.params.data());
     model.set_optimizer_state(c.optimizer_state);
     done = c.step;
-    if (lead) spdlog::info("resumed from {} at step {}", checkpoint_path(config.checkpoint_dir), c.step);
+    if (lead)
+      spdlog::info("resumed from {} at step {}", checkpoint_path(config.checkpoint_dir), c.step);
   }
   std::unique_ptr<Ddp> ddp;
   if (data_parallel) {
     comm->set_compute_stream(model.stream());
     ddp = std::make_unique<Ddp>(*comm, shape, static_cast<size_t>(config.bucket_mb * 1048576),
-                                static_cast<size_t>(config.first_bucket_mb * 1048576), config.overlap);
+                                static_cast<size_t>(config.first_bucket_mb * 1048576),
+                                config.overlap);
     ddp->broadcast_parameters(model.device_params(), shape.param_count());
     model.get_params(params.data());
     model.set_params(params.data());  // refreshes the bf16 copy from the broadcast weights
     model.set_layer_hook([&](int layer) { ddp->layer_done(layer); });
-    if (lead) spdlog::info("data parallel over {} GPUs ({}): {} buckets, overlap {}", ranks, comm->backend(),
-                           ddp->buckets().size(), config.overlap ? "on" : "off");
+    if (lead)
+      spdlog::info("data parallel over {} GPUs ({}): {} buckets, overlap {}", ranks,
+                   comm->backend(), ddp->buckets().size(), config.overlap ? "on" : "off");
   }
   size_t free_bytes = 0, total_bytes = 0;
   DDP_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-  const size_t data_bytes = data.train.x.size() * sizeof(float) + data.train.y.size() * sizeof(int32_t);
+  const size_t data_bytes =
+      data.train.x.size() * sizeof(float) + data.train.y.size() * sizeof(int32_t);
   if (config.stage_from_host || data_bytes > free_bytes / 2) {
     model.set_train_data_host(data.train);
-    if (lead) spdlog::info("training set ({:.1f} MiB) stays on the host; batches are staged through pinned memory",
-                           data_bytes / 1048576.0);
+    if (lead)
+      spdlog::info(
+          "training set ({:.1f} MiB) stays on the host; batches are staged through pinned memory",
+          data_bytes / 1048576.0);
   } else {
     model.set_train_data(data.train);
   }
@@ -105,12 +113,14 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communi
   spdlog::info("memory at start: {}", model.memory_report());
   if (lead) spdlog::info("{}", model.epilogue_summary());
 
-  MetricsWriter own_metrics =
-      metrics_in != nullptr || config.metrics.empty() || !lead ? MetricsWriter() : MetricsWriter(config.metrics);
+  MetricsWriter own_metrics = metrics_in != nullptr || config.metrics.empty() || !lead
+                                  ? MetricsWriter()
+                                  : MetricsWriter(config.metrics);
   MetricsWriter& metrics = metrics_in != nullptr ? *metrics_in : own_metrics;
-  const int64_t total_steps = config.steps > 0 ? config.steps
-                                               : std::max<int64_t>(1, int64_t{config.epochs} * data.train.n /
-                                                                          config.batch_size);
+  const int64_t total_steps =
+      config.steps > 0
+          ? config.steps
+          : std::max<int64_t>(1, int64_t{config.epochs} * data.train.n / config.batch_size);
   Sampler sampler(data.train.n, config.seed, config.shuffle);
   ProgressReporter progress(config, total_steps, data.train.n, &metrics);
   TrainResult result;
@@ -130,32 +140,37 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communi
       model.get_params(c.params.data());
       c.optimizer_state = model.get_optimizer_state();
       save_checkpoint(config.checkpoint_dir, shape, c);
-      spdlog::info("checkpoint at step {} written to {}", done, checkpoint_path(config.checkpoint_dir));
+      spdlog::info("checkpoint at step {} written to {}", done,
+                   checkpoint_path(config.checkpoint_dir));
     }
     if (data_parallel) comm->barrier();
   };
   std::vector<int32_t> staged_indices(local_batch);
   auto stage = [&](int64_t step) {
-    sampler.indices(step * config.batch_size + static_cast<int64_t>(rank) * local_batch, local_batch,
-                    staged_indices.data());
+    sampler.indices(step * config.batch_size + static_cast<int64_t>(rank) * local_batch,
+                    local_batch, staged_indices.data());
     model.stage_batch(staged_indices.data());
   };
   if (model.host_staged() && done < total_steps) stage(done);
   while (done < total_steps) {
     // A chunk never crosses a logging or checkpoint boundary, so each window ends on a chunk.
-    int64_t limit = std::min<int64_t>({chunk, total_steps - done, config.log_every - done % config.log_every});
-    if (config.checkpoint_every > 0) limit = std::min<int64_t>(limit, config.checkpoint_every - done % config.checkpoint_every);
+    int64_t limit =
+        std::min<int64_t>({chunk, total_steps - done, config.log_every - done % config.log_every});
+    if (config.checkpoint_every > 0)
+      limit = std::min<int64_t>(limit, config.checkpoint_every - done % config.checkpoint_every);
     const int n = static_cast<int>(limit);
     for (int k = 0; k < n; ++k) {
       const int64_t step = done + k;
-      sampler.indices(step * config.batch_size + static_cast<int64_t>(rank) * local_batch, local_batch,
-                      indices.data() + static_cast<size_t>(k) * local_batch);
+      sampler.indices(step * config.batch_size + static_cast<int64_t>(rank) * local_batch,
+                      local_batch, indices.data() + static_cast<size_t>(k) * local_batch);
       OptStep& s = steps[k];
       s.lr = lr_at(step, total_steps, config.lr, config.lr_schedule, config.warmup_steps);
       s.first = step == 0;
       const double t = static_cast<double>(step + 1);
-      s.step_size = static_cast<float>(s.lr / (1.0 - std::pow(static_cast<double>(config.optimizer.beta1), t)));
-      s.bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(config.optimizer.beta2), t)));
+      s.step_size = static_cast<float>(
+          s.lr / (1.0 - std::pow(static_cast<double>(config.optimizer.beta1), t)));
+      s.bc2_sqrt = static_cast<float>(
+          std::sqrt(1.0 - std::pow(static_cast<double>(config.optimizer.beta2), t)));
     }
     model.upload_schedule(indices.data(), steps.data(), n);
     for (int k = 0; k < n; ++k) {
@@ -179,12 +194,16 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communi
     window_samples += static_cast<int64_t>(n) * local_batch;
     if (done % config.log_every == 0 || done == total_steps) {
       const CudaMlp::Metrics m = model.take_metrics();
-      double window[3] = {m.loss_sum, static_cast<double>(m.correct), static_cast<double>(window_samples)};
+      double window[3] = {m.loss_sum, static_cast<double>(m.correct),
+                          static_cast<double>(window_samples)};
       sum_on_device(data_parallel ? comm : nullptr, model, window, 3);
-      progress.window(done, window[0], static_cast<int64_t>(window[1]), static_cast<int64_t>(window[2]), &result);
+      progress.window(done, window[0], static_cast<int64_t>(window[1]),
+                      static_cast<int64_t>(window[2]), &result);
       window_samples = 0;
     }
-    if (!config.checkpoint_dir.empty() && config.checkpoint_every > 0 && done % config.checkpoint_every == 0) save();
+    if (!config.checkpoint_dir.empty() && config.checkpoint_every > 0 &&
+        done % config.checkpoint_every == 0)
+      save();
   }
   model.take_metrics();
   const double seconds = progress.seconds();
@@ -196,8 +215,12 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communi
   progress.finish(seconds, &result);
   spdlog::info("memory at end: {}", model.memory_report());
   if (metrics.enabled())
-    metrics.write({{"event", "memory"}, {"report", model.memory_report()}, {"held_bytes", memory_ledger().total()}});
-  if (!config.checkpoint_dir.empty() && (config.checkpoint_every == 0 || done % config.checkpoint_every != 0)) save();
+    metrics.write({{"event", "memory"},
+                   {"report", model.memory_report()},
+                   {"held_bytes", memory_ledger().total()}});
+  if (!config.checkpoint_dir.empty() &&
+      (config.checkpoint_every == 0 || done % config.checkpoint_every != 0))
+    save();
   model.get_params(params.data());
   if (!config.save_weights.empty() && lead) {
     save_mlp_weights(config.save_weights, shape, params.data());

@@ -4,8 +4,11 @@
 
 namespace ddp {
 
-TrainResult train_on_gpu(const TrainConfig&, const Dataset&, Communicator*, MetricsWriter*, std::vector<float>*) {
-  throw UsageError("--device cuda: this build has no CUDA support; rebuild with the CUDA toolkit or use --device cpu");
+TrainResult train_on_gpu(const TrainConfig&, const Dataset&, Communicator*, MetricsWriter*,
+                         std::vector<float>*) {
+  throw UsageError(
+      "--device cuda: this build has no CUDA support; rebuild with the CUDA toolkit or use "
+      "--device cpu");
 }
 
 }  // namespace ddp

@@ -37,7 +37,7 @@ class ProgressReporter {
   Stopwatch window_clock_;
   int64_t total_samples_ = 0;
   int windows_ = 0;
-  double steady_samples_ = 0;   // samples after the first window (warm-up excluded)
+  double steady_samples_ = 0;  // samples after the first window (warm-up excluded)
   double steady_seconds_ = 0;
 };
 

@@ -22,8 +22,18 @@ Dataset load_dataset(const TrainConfig& config) {
   if (config.data == "fashion") return load_fashion_mnist(config.data_dir);
   if (config.data == "npy") return load_npy_dataset(config.data_dir);
   const MlpShape shape = parse_layers(config.layers);
-  return make_synthetic(config.synthetic_samples, std::max<int64_t>(1, config.synthetic_samples / 5),
-                        shape.input_width(), shape.num_classes(), config.seed);
+  return make_synthetic(config.synthetic_samples,
+                        std::max<int64_t>(1, config.synthetic_samples / 5), shape.input_width(),
+                        shape.num_classes(), config.seed);
+}
+
+void check_model_fits_data(const MlpShape& shape, const TrainConfig& config, const Dataset& data) {
+  DDP_USAGE_CHECK(shape.input_width() == data.train.dim,
+                  "--layers {}: the first width is {} but the {} data has {} features per sample",
+                  config.layers, shape.input_width(), data.name, data.train.dim);
+  DDP_USAGE_CHECK(shape.num_classes() >= data.classes,
+                  "--layers {}: the last width is {} but the {} data has {} classes", config.layers,
+                  shape.num_classes(), data.name, data.classes);
 }
 
 void sum_over_ranks(Communicator* comm, double* values, size_t count) {
@@ -36,50 +46,55 @@ namespace {
 int local_batch_of(const TrainConfig& config, int ranks) {
   const int micro = config.batch_size / config.accumulate;
   DDP_USAGE_CHECK(config.batch_size % config.accumulate == 0,
-                  "--batch-size {} is not divisible by --accumulate {}", config.batch_size, config.accumulate);
-  DDP_USAGE_CHECK(micro % ranks == 0,
-                  "--batch-size {}: the global batch{} must divide among the {} data-parallel ranks (try {})",
-                  config.batch_size, config.accumulate > 1 ? fmt::format(" / --accumulate {}", config.accumulate) : "",
-                  ranks, (micro / ranks + 1) * ranks * config.accumulate);
+                  "--batch-size {} is not divisible by --accumulate {}", config.batch_size,
+                  config.accumulate);
+  DDP_USAGE_CHECK(
+      micro % ranks == 0,
+      "--batch-size {}: the global batch{} must divide among the {} data-parallel ranks (try {})",
+      config.batch_size,
+      config.accumulate > 1 ? fmt::format(" / --accumulate {}", config.accumulate) : "", ranks,
+      (micro / ranks + 1) * ranks * config.accumulate);
   return micro / ranks;
 }
 }  // namespace
 
-Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* comm, StoreClient* store)
+Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* comm,
+                 StoreClient* store)
     : config_(config),
       data_(data),
       comm_(comm),
       rank_(comm ? comm->rank() : 0),
       ranks_(comm ? comm->size() : 1),
       local_batch_(local_batch_of(config, comm ? comm->size() : 1)),
-      model_(parse_layers(config.layers), std::max(local_batch_, std::min(config.batch_size, 1024))),
+      model_(parse_layers(config.layers),
+             std::max(local_batch_, std::min(config.batch_size, 1024))),
       sampler_(data.train.n, config.seed, config.shuffle) {
   (void)store;
   const MlpShape& shape = model_.shape();
-  DDP_USAGE_CHECK(shape.input_width() == data.train.dim,
-                  "--layers {}: the first width is {} but the {} data has {} features per sample",
-                  config.layers, shape.input_width(), data.name, data.train.dim);
-  DDP_USAGE_CHECK(shape.num_classes() >= data.classes,
-                  "--layers {}: the last width is {} but the {} data has {} classes", config.layers,
-                  shape.num_classes(), data.name, data.classes);
+  check_model_fits_data(shape, config, data);
   set_cpu_threads(config.threads);
-  if (config.init_weights.empty()) init_params(shape, config.seed, model_.params());
-  else load_mlp_weights(config.init_weights, shape, model_.params());
+  if (config.init_weights.empty())
+    init_params(shape, config.seed, model_.params());
+  else
+    load_mlp_weights(config.init_weights, shape, model_.params());
   optimizer_ = make_optimizer(config.optimizer, shape.param_count());
-  total_steps_ = config.steps > 0 ? config.steps
-                                  : std::max<int64_t>(1, int64_t{config.epochs} * data.train.n /
-                                                             config.batch_size);
+  total_steps_ =
+      config.steps > 0
+          ? config.steps
+          : std::max<int64_t>(1, int64_t{config.epochs} * data.train.n / config.batch_size);
   if (comm_ != nullptr) {
     ddp_ = std::make_unique<Ddp>(*comm_, shape, static_cast<size_t>(config.bucket_mb * 1048576),
-                                 static_cast<size_t>(config.first_bucket_mb * 1048576), config.overlap);
+                                 static_cast<size_t>(config.first_bucket_mb * 1048576),
+                                 config.overlap);
     ddp_->check_same_model(shape);
     ddp_->broadcast_parameters(model_.params(), shape.param_count());
   }
   if (config.resume && !config.checkpoint_dir.empty()) {
     const std::string path = checkpoint_path(config.checkpoint_dir);
     if (std::ifstream(path).good()) {
-      const Checkpoint c = load_checkpoint(path, shape, config.optimizer.kind == OptimizerKind::kAdamW ? "adamw" : "sgd",
-                                           config.batch_size);
+      const Checkpoint c = load_checkpoint(
+          path, shape, config.optimizer.kind == OptimizerKind::kAdamW ? "adamw" : "sgd",
+          config.batch_size);
       std::copy(c.params.begin(), c.params.end(), model_.params());
       for (auto& [name, buffer] : optimizer_->state())
         for (const auto& [saved_name, values] : c.optimizer_state)
@@ -102,15 +117,16 @@ void Trainer::gather_batch(int64_t begin, int count) {
   const int dim = data_.train.dim;
   for (int i = 0; i < count; ++i) {
     const int32_t index = batch_indices_[i];
-    std::memcpy(&batch_x_[static_cast<size_t>(i) * dim], &data_.train.x[static_cast<size_t>(index) * dim],
-                sizeof(float) * dim);
+    std::memcpy(&batch_x_[static_cast<size_t>(i) * dim],
+                &data_.train.x[static_cast<size_t>(index) * dim], sizeof(float) * dim);
     batch_y_[i] = data_.train.y[index];
   }
 }
 
 StepStats Trainer::step() {
-  DDP_CHECK(config_.fail_at_step == 0 || config_.restart_count > 0 || step_ + 1 != config_.fail_at_step,
-            "--fail-at-step {}: failing on purpose at step {}", config_.fail_at_step, step_ + 1);
+  DDP_CHECK(
+      config_.fail_at_step == 0 || config_.restart_count > 0 || step_ + 1 != config_.fail_at_step,
+      "--fail-at-step {}: failing on purpose at step {}", config_.fail_at_step, step_ + 1);
   StepStats stats;
   const int micro_batch = config_.batch_size / config_.accumulate;
   // Each rank's loss is the mean over its samples of the whole step; the all-reduce
@@ -123,16 +139,18 @@ StepStats Trainer::step() {
     model_.forward(batch_x_.data(), local_batch_);
     const bool last_micro = k + 1 == config_.accumulate;
     if (ddp_ && last_micro) ddp_->begin_backward(model_.grads());
-    const LossSum sum = model_.backward(batch_y_.data(), local_batch_, scale, /*accumulate=*/k > 0,
-                                        ddp_ && last_micro ? [this](int layer) { ddp_->layer_done(layer); }
-                                                           : std::function<void(int)>());
+    const LossSum sum =
+        model_.backward(batch_y_.data(), local_batch_, scale, /*accumulate=*/k > 0,
+                        ddp_ && last_micro ? [this](int layer) { ddp_->layer_done(layer); }
+                                           : std::function<void(int)>());
     if (ddp_ && last_micro) ddp_->end_backward();
     stats.loss_sum += sum.loss;
     stats.correct += sum.correct;
     stats.samples += local_batch_;
   }
   if (ddp_) ddp_->finish(nullptr);
-  const float lr = lr_at(step_, total_steps_, config_.lr, config_.lr_schedule, config_.warmup_steps);
+  const float lr =
+      lr_at(step_, total_steps_, config_.lr, config_.lr_schedule, config_.warmup_steps);
   optimizer_->step(model_.params(), model_.grads(), model_.shape().param_count(), lr);
   ++step_;
   if (config_.check_replicas && comm_ != nullptr && ranks_ > 1) {
@@ -140,8 +158,10 @@ StepStats Trainer::step() {
     std::vector<int64_t> all(ranks_);
     comm_->all_gather(&mine, all.data(), 1, DataType::kInt64);
     for (int r = 0; r < ranks_; ++r)
-      DDP_CHECK(all[r] == all[0], "--check-replicas: after step {} rank {} holds different weights than rank 0 "
-                "(checksums {:08x} and {:08x})", step_, r, static_cast<uint32_t>(all[r]), static_cast<uint32_t>(all[0]));
+      DDP_CHECK(all[r] == all[0],
+                "--check-replicas: after step {} rank {} holds different weights than rank 0 "
+                "(checksums {:08x} and {:08x})",
+                step_, r, static_cast<uint32_t>(all[r]), static_cast<uint32_t>(all[0]));
   }
   return stats;
 }
@@ -175,9 +195,11 @@ void Trainer::save_checkpoint_now() {
     c.batch_size = config_.batch_size;
     c.seed = config_.seed;
     c.params.assign(model_.params(), model_.params() + model_.shape().param_count());
-    for (auto& [name, buffer] : optimizer_->state()) c.optimizer_state.emplace_back(name, *buffer);
+    for (auto& [name, buffer] : optimizer_->state())
+      c.optimizer_state.emplace_back(name, *buffer);
     save_checkpoint(config_.checkpoint_dir, model_.shape(), c);
-    spdlog::info("checkpoint at step {} written to {}", step_, checkpoint_path(config_.checkpoint_dir));
+    spdlog::info("checkpoint at step {} written to {}", step_,
+                 checkpoint_path(config_.checkpoint_dir));
   }
   // Nobody moves on (and may crash and restart) before the checkpoint is complete.
   if (comm_ != nullptr && ranks_ > 1) comm_->barrier();
@@ -197,8 +219,12 @@ TrainResult Trainer::run(MetricsWriter* metrics_in) {
     const StepStats stats = step();
     if (first && ddp_ && lead() && metrics.enabled()) {
       nlohmann::json events = nlohmann::json::array();
-      for (const DdpEvent& e : ddp_->events()) events.push_back({{"what", e.what}, {"layer", e.layer}, {"bucket", e.bucket}});
-      metrics.write({{"event", "ddp_timeline"}, {"step", step_}, {"buckets", ddp_->buckets().size()}, {"events", events}});
+      for (const DdpEvent& e : ddp_->events())
+        events.push_back({{"what", e.what}, {"layer", e.layer}, {"bucket", e.bucket}});
+      metrics.write({{"event", "ddp_timeline"},
+                     {"step", step_},
+                     {"buckets", ddp_->buckets().size()},
+                     {"events", events}});
     }
     if (first) progress.first_step_done();
     first = false;
@@ -207,17 +233,20 @@ TrainResult Trainer::run(MetricsWriter* metrics_in) {
     window[2] += stats.samples;
     if (step_ % config_.log_every == 0 || step_ == total_steps_) {
       sum_over_ranks(comm_, window, 3);
-      progress.window(step_, window[0], static_cast<int64_t>(window[1]), static_cast<int64_t>(window[2]), &result);
+      progress.window(step_, window[0], static_cast<int64_t>(window[1]),
+                      static_cast<int64_t>(window[2]), &result);
       window[0] = window[1] = window[2] = 0;
     }
-    if (!config_.checkpoint_dir.empty() && config_.checkpoint_every > 0 && step_ % config_.checkpoint_every == 0)
+    if (!config_.checkpoint_dir.empty() && config_.checkpoint_every > 0 &&
+        step_ % config_.checkpoint_every == 0)
       save_checkpoint_now();
   }
   result.steps = step_;
   const double seconds = progress.seconds();
   result.test = evaluate(data_.test);
   progress.finish(seconds, &result);
-  if (!config_.checkpoint_dir.empty() && (config_.checkpoint_every == 0 || step_ % config_.checkpoint_every != 0))
+  if (!config_.checkpoint_dir.empty() &&
+      (config_.checkpoint_every == 0 || step_ % config_.checkpoint_every != 0))
     save_checkpoint_now();
   if (!config_.save_weights.empty() && lead()) {
     save_mlp_weights(config_.save_weights, model_.shape(), model_.params());

@@ -36,7 +36,7 @@ struct TrainResult {
   double train_loss = 0;      // mean over the last logging window (all ranks)
   double train_accuracy = 0;  // fraction, same window
   EvalResult test;
-  double seconds = 0;          // training loop only
+  double seconds = 0;  // training loop only
   double samples_per_second = 0;
 };
 
@@ -90,6 +90,10 @@ class Trainer {
 
 // Loads the dataset that `config` names (fashion, npy or synthetic).
 Dataset load_dataset(const TrainConfig& config);
+
+// Throws UsageError naming --layers when the model's input width or class count does not
+// fit the data.
+void check_model_fits_data(const MlpShape& shape, const TrainConfig& config, const Dataset& data);
 
 // Sums a few doubles over the group (host memory; with a device communicator the values
 // go through a device buffer). Collective.

@@ -172,7 +172,8 @@ EnvMap child_environment(const EnvMap& parent, const LaunchConfig& config, const
   env["DDP_RESTART_COUNT"] = std::to_string(restart);
   env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(restart);
   env["DDP_STORE_TOKEN"] = token;
-  if (config.launch_time_ms > 0) env["DDP_LAUNCH_TIME_MS"] = fmt::format("{:.0f}", config.launch_time_ms);
+  if (config.launch_time_ms > 0)
+    env["DDP_LAUNCH_TIME_MS"] = fmt::format("{:.0f}", config.launch_time_ms);
   if (!plan.gpu_ids.empty())
     env["CUDA_VISIBLE_DEVICES"] = plan.gpu_ids.at(local_rank);
   else if (plan.hide_gpus)

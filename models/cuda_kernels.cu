@@ -17,15 +17,19 @@ unsigned blocks_for(size_t count) {
 }
 
 __device__ float load(const void* p, size_t i, bool bf16) {
-  return bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]) : static_cast<const float*>(p)[i];
+  return bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i])
+              : static_cast<const float*>(p)[i];
 }
 __device__ void store(void* p, size_t i, float v, bool bf16) {
-  if (bf16) static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16(v);
-  else static_cast<float*>(p)[i] = v;
+  if (bf16)
+    static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16(v);
+  else
+    static_cast<float*>(p)[i] = v;
 }
 
 __global__ void gather_kernel(const float* x, const int32_t* y, int dim, const int32_t* indices,
-                              const int* counter, int batch, void* x_out, bool bf16, int32_t* y_out) {
+                              const int* counter, int batch, void* x_out, bool bf16,
+                              int32_t* y_out) {
   const size_t offset = counter ? static_cast<size_t>(*counter) * batch : 0;
   const int row = blockIdx.x;
   const int32_t src = indices[offset + row];
@@ -55,7 +59,8 @@ __global__ void softmax_xent_kernel(const float* logits, const int32_t* labels, 
     if (threadIdx.x < stride) {
       const float other = s_max[threadIdx.x + stride];
       const int other_arg = s_arg[threadIdx.x + stride];
-      if (other > s_max[threadIdx.x] || (other == s_max[threadIdx.x] && other_arg < s_arg[threadIdx.x]))
+      if (other > s_max[threadIdx.x] ||
+          (other == s_max[threadIdx.x] && other_arg < s_arg[threadIdx.x]))
         s_max[threadIdx.x] = other, s_arg[threadIdx.x] = other_arg;
     }
     __syncthreads();
@@ -63,7 +68,8 @@ __global__ void softmax_xent_kernel(const float* logits, const int32_t* labels, 
   const float max_z = s_max[0];
   const int arg_max = s_arg[0];
   float sum = 0;
-  for (int j = threadIdx.x; j < classes; j += blockDim.x) sum += expf(z[j] - max_z);
+  for (int j = threadIdx.x; j < classes; j += blockDim.x)
+    sum += expf(z[j] - max_z);
   __syncthreads();
   s_sum[threadIdx.x] = sum;
   __syncthreads();
@@ -80,7 +86,8 @@ __global__ void softmax_xent_kernel(const float* logits, const int32_t* labels, 
   if (dlogits != nullptr) {
     for (int j = threadIdx.x; j < classes; j += blockDim.x) {
       const float p = expf(z[j] - max_z - log_total);
-      store(dlogits, static_cast<size_t>(row) * classes + j, (p - (j == label ? 1.0f : 0.0f)) * grad_scale, bf16);
+      store(dlogits, static_cast<size_t>(row) * classes + j,
+            (p - (j == label ? 1.0f : 0.0f)) * grad_scale, bf16);
     }
   }
 }
@@ -92,11 +99,13 @@ __global__ void relu_mask_kernel(void* dz, const void* act, size_t count, bool b
 }
 
 // One block per output column j; threads stride over the batch rows.
-__global__ void bias_grad_kernel(const void* dz, int batch, int out, bool bf16, float* db, bool accumulate) {
+__global__ void bias_grad_kernel(const void* dz, int batch, int out, bool bf16, float* db,
+                                 bool accumulate) {
   __shared__ float s[kThreads];
   const int j = blockIdx.x;
   float sum = 0;
-  for (int b = threadIdx.x; b < batch; b += blockDim.x) sum += load(dz, static_cast<size_t>(b) * out + j, bf16);
+  for (int b = threadIdx.x; b < batch; b += blockDim.x)
+    sum += load(dz, static_cast<size_t>(b) * out + j, bf16);
   s[threadIdx.x] = sum;
   __syncthreads();
   for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
@@ -106,9 +115,9 @@ __global__ void bias_grad_kernel(const void* dz, int batch, int out, bool bf16, 
   if (threadIdx.x == 0) db[j] = accumulate ? db[j] + s[0] : s[0];
 }
 
-__global__ void sgd_kernel(float* params, const float* grads, float* momentum_buf, __nv_bfloat16* p16,
-                           size_t count, const OptStep* steps, const int* counter, float momentum,
-                           float weight_decay) {
+__global__ void sgd_kernel(float* params, const float* grads, float* momentum_buf,
+                           __nv_bfloat16* p16, size_t count, const OptStep* steps,
+                           const int* counter, float momentum, float weight_decay) {
   const OptStep step = steps[counter ? *counter : 0];
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
@@ -127,8 +136,9 @@ __global__ void sgd_kernel(float* params, const float* grads, float* momentum_bu
 }
 
 __global__ void adamw_kernel(float* params, const float* grads, float* exp_avg, float* exp_avg_sq,
-                             __nv_bfloat16* p16, size_t count, const OptStep* steps, const int* counter,
-                             float beta1, float beta2, float eps, float weight_decay) {
+                             __nv_bfloat16* p16, size_t count, const OptStep* steps,
+                             const int* counter, float beta1, float beta2, float eps,
+                             float weight_decay) {
   const OptStep step = steps[counter ? *counter : 0];
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
@@ -158,7 +168,9 @@ __global__ void to_float_kernel(const __nv_bfloat16* in, float* out, size_t coun
     out[i] = __bfloat162float(in[i]);
 }
 
-__global__ void increment_kernel(int* counter) { *counter += 1; }
+__global__ void increment_kernel(int* counter) {
+  *counter += 1;
+}
 
 __global__ void fill_kernel(void* data, size_t count, bool bf16, float value) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < count;
@@ -181,8 +193,8 @@ void launch_softmax_xent(const float* logits, const int32_t* labels, int batch, 
                          cudaStream_t stream) {
   if (batch == 0) return;
   const int threads = classes <= 32 ? 32 : classes <= 128 ? 128 : kThreads;
-  softmax_xent_kernel<<<batch, threads, 0, stream>>>(logits, labels, classes, grad_scale, dlogits, bf16,
-                                                     loss_sum, correct);
+  softmax_xent_kernel<<<batch, threads, 0, stream>>>(logits, labels, classes, grad_scale, dlogits,
+                                                     bf16, loss_sum, correct);
   DDP_CUDA_CHECK_LAUNCH();
 }
 
@@ -201,28 +213,29 @@ void launch_sgd(float* params, const float* grads, float* momentum_buf, void* p1
                 const OptStep* steps, const int* counter, float momentum, float weight_decay,
                 cudaStream_t stream) {
   sgd_kernel<<<blocks_for(count), kThreads, 0, stream>>>(params, grads, momentum_buf,
-                                                         static_cast<__nv_bfloat16*>(p16), count, steps,
-                                                         counter, momentum, weight_decay);
+                                                         static_cast<__nv_bfloat16*>(p16), count,
+                                                         steps, counter, momentum, weight_decay);
   DDP_CUDA_CHECK_LAUNCH();
 }
 
 void launch_adamw(float* params, const float* grads, float* exp_avg, float* exp_avg_sq, void* p16,
                   size_t count, const OptStep* steps, const int* counter, float beta1, float beta2,
                   float eps, float weight_decay, cudaStream_t stream) {
-  adamw_kernel<<<blocks_for(count), kThreads, 0, stream>>>(params, grads, exp_avg, exp_avg_sq,
-                                                           static_cast<__nv_bfloat16*>(p16), count, steps,
-                                                           counter, beta1, beta2, eps, weight_decay);
+  adamw_kernel<<<blocks_for(count), kThreads, 0, stream>>>(
+      params, grads, exp_avg, exp_avg_sq, static_cast<__nv_bfloat16*>(p16), count, steps, counter,
+      beta1, beta2, eps, weight_decay);
   DDP_CUDA_CHECK_LAUNCH();
 }
 
 void launch_to_bf16(const float* in, void* out, size_t count, cudaStream_t stream) {
-  to_bf16_kernel<<<blocks_for(count), kThreads, 0, stream>>>(in, static_cast<__nv_bfloat16*>(out), count);
+  to_bf16_kernel<<<blocks_for(count), kThreads, 0, stream>>>(in, static_cast<__nv_bfloat16*>(out),
+                                                             count);
   DDP_CUDA_CHECK_LAUNCH();
 }
 
 void launch_to_float(const void* in_bf16, float* out, size_t count, cudaStream_t stream) {
-  to_float_kernel<<<blocks_for(count), kThreads, 0, stream>>>(static_cast<const __nv_bfloat16*>(in_bf16),
-                                                              out, count);
+  to_float_kernel<<<blocks_for(count), kThreads, 0, stream>>>(
+      static_cast<const __nv_bfloat16*>(in_bf16), out, count);
   DDP_CUDA_CHECK_LAUNCH();
 }
 

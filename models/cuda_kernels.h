@@ -29,8 +29,8 @@ void launch_gather_batch(const float* x, const int32_t* y, int dim, const int32_
 // loss to *loss_sum and the hits to *correct; writes dlogits = (softmax - onehot) * grad_scale
 // when dlogits is not null (float or bf16).
 void launch_softmax_xent(const float* logits, const int32_t* labels, int batch, int classes,
-                         float grad_scale, void* dlogits, bool bf16, double* loss_sum,
-                         int* correct, cudaStream_t stream);
+                         float grad_scale, void* dlogits, bool bf16, double* loss_sum, int* correct,
+                         cudaStream_t stream);
 
 // dz[i] = 0 where act[i] <= 0 (fallback when cuBLASLt has no DRELU epilogue for a shape).
 void launch_relu_mask(void* dz, const void* act, size_t count, bool bf16, cudaStream_t stream);

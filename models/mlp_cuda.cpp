@@ -4,7 +4,8 @@
 // X[B,in], W[out,in] (all row-major):
 //   forward  Y^T[out,B]  = W^T'[in,out]^T * X^T[in,B]           (A = W, transposed)
 //   dW       dW^T[in,out] = X^T[in,B] * (dZ^T[out,B])^T          (bias grad: BGRADB over B)
-//   dX       dX^T[in,B]  = W^T'[in,out] * dZ^T[out,B]            (DRELU with the layer below's mask)
+//   dX       dX^T[in,B]  = W^T'[in,out] * dZ^T[out,B]            (DRELU with the layer below's
+//   mask)
 #include "models/mlp_cuda.h"
 
 #include <algorithm>
@@ -18,34 +19,45 @@
 
 namespace ddp {
 
-#define DDP_CUBLAS_CHECK(statement)                                                        \
-  do {                                                                                     \
-    const cublasStatus_t ddp_status_ = (statement);                                        \
-    DDP_CHECK(ddp_status_ == CUBLAS_STATUS_SUCCESS, "cuBLASLt error {} in {}",             \
-              lt_status_name(ddp_status_), #statement);                                    \
+#define DDP_CUBLAS_CHECK(statement)                                            \
+  do {                                                                         \
+    const cublasStatus_t ddp_status_ = (statement);                            \
+    DDP_CHECK(ddp_status_ == CUBLAS_STATUS_SUCCESS, "cuBLASLt error {} in {}", \
+              lt_status_name(ddp_status_), #statement);                        \
   } while (0)
 
 namespace {
 // cublasGetStatusString lives in libcublas; cuBLASLt alone needs its own names.
 const char* lt_status_name(cublasStatus_t status) {
   switch (status) {
-    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
-    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
-    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
-    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
-    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
-    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
-    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
-    default: return "CUBLAS_STATUS_?";
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+      return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED:
+      return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH:
+      return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+      return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR:
+      return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      return "CUBLAS_STATUS_NOT_SUPPORTED";
+    default:
+      return "CUBLAS_STATUS_?";
   }
 }
 }  // namespace
 
 const char* precision_name(Precision precision) {
   switch (precision) {
-    case Precision::kFp32: return "fp32";
-    case Precision::kTf32: return "tf32";
-    case Precision::kBf16: return "bf16";
+    case Precision::kFp32:
+      return "fp32";
+    case Precision::kTf32:
+      return "tf32";
+    case Precision::kBf16:
+      return "bf16";
   }
   return "?";
 }
@@ -55,11 +67,14 @@ namespace {
 uint32_t alignment_of(const void* p) {
   const auto address = reinterpret_cast<uintptr_t>(p);
   uint32_t align = 256;
-  while (align > 1 && address % align != 0) align /= 2;
+  while (align > 1 && address % align != 0)
+    align /= 2;
   return align;
 }
 
-int64_t round_up(int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
+int64_t round_up(int64_t value, int64_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
 
 }  // namespace
 
@@ -103,12 +118,18 @@ class LtMatmul {
     cublasLtMatmulPreference_t pref = nullptr;
     DDP_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     uint64_t ws = workspace_bytes;
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
-    const uint32_t align_a = alignment_of(spec.a), align_b = alignment_of(spec.b), align_d = alignment_of(spec.d);
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof(align_a));
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof(align_b));
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d, sizeof(align_d));
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof(align_d));
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                         sizeof(ws));
+    const uint32_t align_a = alignment_of(spec.a), align_b = alignment_of(spec.b),
+                   align_d = alignment_of(spec.d);
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
+                                         sizeof(align_a));
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
+                                         sizeof(align_b));
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d,
+                                         sizeof(align_d));
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d,
+                                         sizeof(align_d));
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     const cublasStatus_t status =
@@ -132,7 +153,8 @@ class LtMatmul {
   void run(void* workspace, size_t workspace_bytes, cudaStream_t stream) const {
     const float alpha = 1.0f;
     DDP_CUBLAS_CHECK(cublasLtMatmul(handle_, desc_, &alpha, spec_.a, a_, spec_.b, b_, &spec_.beta,
-                                    spec_.d, d_, spec_.d, d_, &algo_, workspace, workspace_bytes, stream));
+                                    spec_.d, d_, spec_.d, d_, &algo_, workspace, workspace_bytes,
+                                    stream));
   }
 
  private:
@@ -160,11 +182,13 @@ std::unique_ptr<LtMatmul> make_plan(cublasLtHandle_t handle, MatmulSpec spec, si
   if (plain_epilogue == CUBLASLT_EPILOGUE_DEFAULT) spec.bias = nullptr;
   spec.aux = nullptr;
   auto plan = std::make_unique<LtMatmul>(handle, spec, ws);
-  DDP_CHECK(plan->available(), "cuBLASLt has no algorithm for a {}x{}x{} product", spec.m, spec.n, spec.k);
+  DDP_CHECK(plan->available(), "cuBLASLt has no algorithm for a {}x{}x{} product", spec.m, spec.n,
+            spec.k);
   return plan;
 }
 
-CudaMlp::CudaMlp(MlpShape shape, int max_batch, const OptimizerConfig& optimizer, const CudaMlpOptions& options)
+CudaMlp::CudaMlp(MlpShape shape, int max_batch, const OptimizerConfig& optimizer,
+                 const CudaMlpOptions& options)
     : shape_(std::move(shape)), max_batch_(max_batch), optimizer_(optimizer), options_(options) {
   DDP_CUBLAS_CHECK(cublasLtCreate(&lt_));
   const size_t count = shape_.param_count();
@@ -182,9 +206,11 @@ CudaMlp::CudaMlp(MlpShape shape, int max_batch, const OptimizerConfig& optimizer
   for (int i = 0; i < shape_.num_layers(); ++i) {
     const int out = shape_.layer(i).out;
     const bool last = i + 1 == shape_.num_layers();
-    acts_.emplace_back(static_cast<size_t>(max_batch) * out * (last ? 4 : act_bytes()), MemoryCategory::kActivations);
+    acts_.emplace_back(static_cast<size_t>(max_batch) * out * (last ? 4 : act_bytes()),
+                       MemoryCategory::kActivations);
     aux_ld_.push_back(round_up(out, 128));
-    aux_.emplace_back(last ? 0 : static_cast<size_t>(aux_ld_.back() / 8) * max_batch, MemoryCategory::kActivations);
+    aux_.emplace_back(last ? 0 : static_cast<size_t>(aux_ld_.back() / 8) * max_batch,
+                      MemoryCategory::kActivations);
   }
   const size_t grad_bytes = static_cast<size_t>(max_batch) * shape_.max_width() * act_bytes();
   grad_a_ = DeviceBuffer<char>(grad_bytes, MemoryCategory::kActivations);
@@ -193,8 +219,8 @@ CudaMlp::CudaMlp(MlpShape shape, int max_batch, const OptimizerConfig& optimizer
                                 MemoryCategory::kActivations);
   y_batch_ = DeviceBuffer<int32_t>(max_batch, MemoryCategory::kActivations);
   workspace_ = DeviceBuffer<char>(options.workspace_bytes, MemoryCategory::kWorkspace);
-  schedule_indices_ = DeviceBuffer<int32_t>(static_cast<size_t>(options.max_schedule_steps) * max_batch,
-                                            MemoryCategory::kOther);
+  schedule_indices_ = DeviceBuffer<int32_t>(
+      static_cast<size_t>(options.max_schedule_steps) * max_batch, MemoryCategory::kOther);
   schedule_steps_ = DeviceBuffer<OptStep>(options.max_schedule_steps, MemoryCategory::kOther);
   pinned_indices_ = PinnedBuffer<int32_t>(schedule_indices_.count());
   pinned_steps_ = PinnedBuffer<OptStep>(schedule_steps_.count());
@@ -216,8 +242,12 @@ CudaMlp::~CudaMlp() {
   if (lt_) cublasLtDestroy(lt_);
 }
 
-void* CudaMlp::act(int layer) const { return acts_[layer].data(); }
-void* CudaMlp::grad_buffer(int which) const { return which == 0 ? grad_a_.data() : grad_b_.data(); }
+void* CudaMlp::act(int layer) const {
+  return acts_[layer].data();
+}
+void* CudaMlp::grad_buffer(int which) const {
+  return which == 0 ? grad_a_.data() : grad_b_.data();
+}
 
 void CudaMlp::build_plans(int batch) {
   if (plans_.count(batch)) return;
@@ -256,8 +286,10 @@ void CudaMlp::build_plans(int batch) {
     f.aux_ld = aux_ld_[i];
     // Without the mask output the forward still fuses bias and ReLU; backward then masks
     // with a kernel.
-    plans.forward.push_back(make_plan(lt_, f, ws, true, hidden ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS));
-    if (!fused && hidden) plans.forward.back() = make_plan(lt_, f, ws, false, CUBLASLT_EPILOGUE_RELU_BIAS);
+    plans.forward.push_back(
+        make_plan(lt_, f, ws, true, hidden ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS));
+    if (!fused && hidden)
+      plans.forward.back() = make_plan(lt_, f, ws, false, CUBLASLT_EPILOGUE_RELU_BIAS);
 
     MatmulSpec w;
     w.trans_b = true;
@@ -271,7 +303,8 @@ void CudaMlp::build_plans(int batch) {
     plans.dw.push_back(make_plan(lt_, w, ws, fused, CUBLASLT_EPILOGUE_DEFAULT));
 
     if (i > 0) {
-      const bool below_has_mask = plans.forward[i - 1]->epilogue() == CUBLASLT_EPILOGUE_RELU_AUX_BIAS;
+      const bool below_has_mask =
+          plans.forward[i - 1]->epilogue() == CUBLASLT_EPILOGUE_RELU_AUX_BIAS;
       MatmulSpec x;
       x.m = l.in, x.n = batch, x.k = l.out;
       x.lda = l.in, x.ldb = l.out, x.ldd = l.in;
@@ -300,7 +333,8 @@ std::string CudaMlp::epilogue_summary() const {
       fused += e == CUBLASLT_EPILOGUE_RELU_AUX_BIAS || e == CUBLASLT_EPILOGUE_BGRADB ||
                e == CUBLASLT_EPILOGUE_DRELU || (e == CUBLASLT_EPILOGUE_BIAS);
     }
-  return fmt::format("{} of {} products with fused epilogues (bias/ReLU mask, BGRADB, DRELU)", fused, total);
+  return fmt::format("{} of {} products with fused epilogues (bias/ReLU mask, BGRADB, DRELU)",
+                     fused, total);
 }
 
 void CudaMlp::after(const char* op) const {
@@ -347,27 +381,33 @@ void CudaMlp::backward_layers(int batch, const void* input, bool accumulate) {
 }
 
 void CudaMlp::set_params(const float* host) {
-  DDP_CUDA_CHECK(cudaMemcpyAsync(params_.data(), host, params_.bytes(), cudaMemcpyHostToDevice, stream()));
+  DDP_CUDA_CHECK(
+      cudaMemcpyAsync(params_.data(), host, params_.bytes(), cudaMemcpyHostToDevice, stream()));
   if (bf16()) launch_to_bf16(params_.data(), params16_.data(), params_.count(), stream());
   DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
 }
 
 void CudaMlp::get_params(float* host) const {
-  DDP_CUDA_CHECK(cudaMemcpyAsync(host, params_.data(), params_.bytes(), cudaMemcpyDeviceToHost, stream()));
+  DDP_CUDA_CHECK(
+      cudaMemcpyAsync(host, params_.data(), params_.bytes(), cudaMemcpyDeviceToHost, stream()));
   DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
 }
 
 void CudaMlp::get_grads(float* host) const {
-  DDP_CUDA_CHECK(cudaMemcpyAsync(host, grads_.data(), grads_.bytes(), cudaMemcpyDeviceToHost, stream()));
+  DDP_CUDA_CHECK(
+      cudaMemcpyAsync(host, grads_.data(), grads_.bytes(), cudaMemcpyDeviceToHost, stream()));
   DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
 }
 
 namespace {
-void upload_split(const Split& split, DeviceBuffer<float>* x, DeviceBuffer<int32_t>* y, cudaStream_t stream) {
+void upload_split(const Split& split, DeviceBuffer<float>* x, DeviceBuffer<int32_t>* y,
+                  cudaStream_t stream) {
   *x = DeviceBuffer<float>(split.x.size(), MemoryCategory::kData);
   *y = DeviceBuffer<int32_t>(split.y.size(), MemoryCategory::kData);
-  DDP_CUDA_CHECK(cudaMemcpyAsync(x->data(), split.x.data(), x->bytes(), cudaMemcpyHostToDevice, stream));
-  DDP_CUDA_CHECK(cudaMemcpyAsync(y->data(), split.y.data(), y->bytes(), cudaMemcpyHostToDevice, stream));
+  DDP_CUDA_CHECK(
+      cudaMemcpyAsync(x->data(), split.x.data(), x->bytes(), cudaMemcpyHostToDevice, stream));
+  DDP_CUDA_CHECK(
+      cudaMemcpyAsync(y->data(), split.y.data(), y->bytes(), cudaMemcpyHostToDevice, stream));
   DDP_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 }  // namespace
@@ -402,15 +442,17 @@ void CudaMlp::stage_batch(const int32_t* indices) {
   float* x = staged_x_host_[slot].data();
   int32_t* y = staged_y_host_[slot].data();
   for (int i = 0; i < max_batch_; ++i) {
-    std::memcpy(x + static_cast<size_t>(i) * dim, host_split_->x.data() + static_cast<size_t>(indices[i]) * dim,
-                sizeof(float) * dim);
+    std::memcpy(x + static_cast<size_t>(i) * dim,
+                host_split_->x.data() + static_cast<size_t>(indices[i]) * dim, sizeof(float) * dim);
     y[i] = host_split_->y[indices[i]];
   }
   cudaStream_t copy = copy_stream_->get();
   // The device slot is free once the step that used it has read it.
   if (staged_ >= 2) DDP_CUDA_CHECK(cudaStreamWaitEvent(copy, consumed_[slot]->get(), 0));
-  DDP_CUDA_CHECK(cudaMemcpyAsync(staged_x_[slot].data(), x, staged_x_[slot].bytes(), cudaMemcpyHostToDevice, copy));
-  DDP_CUDA_CHECK(cudaMemcpyAsync(staged_y_[slot].data(), y, staged_y_[slot].bytes(), cudaMemcpyHostToDevice, copy));
+  DDP_CUDA_CHECK(cudaMemcpyAsync(staged_x_[slot].data(), x, staged_x_[slot].bytes(),
+                                 cudaMemcpyHostToDevice, copy));
+  DDP_CUDA_CHECK(cudaMemcpyAsync(staged_y_[slot].data(), y, staged_y_[slot].bytes(),
+                                 cudaMemcpyHostToDevice, copy));
   DDP_CUDA_CHECK(cudaEventRecord(copied_[slot]->get(), copy));
   ++staged_;
 }
@@ -421,40 +463,48 @@ void CudaMlp::set_test_data(const Split& split) {
 }
 
 void CudaMlp::upload_schedule(const int32_t* indices, const OptStep* steps, int num_steps) {
-  DDP_CHECK(num_steps >= 1 && num_steps <= options_.max_schedule_steps, "schedule chunk of {} steps", num_steps);
+  DDP_CHECK(num_steps >= 1 && num_steps <= options_.max_schedule_steps,
+            "schedule chunk of {} steps", num_steps);
   // The previous chunk's steps must have read the pinned buffers before they are rewritten.
   DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
   std::memcpy(pinned_indices_.data(), indices, sizeof(int32_t) * num_steps * max_batch_);
   std::memcpy(pinned_steps_.data(), steps, sizeof(OptStep) * num_steps);
   DDP_CUDA_CHECK(cudaMemcpyAsync(schedule_indices_.data(), pinned_indices_.data(),
-                                 sizeof(int32_t) * num_steps * max_batch_, cudaMemcpyHostToDevice, stream()));
-  DDP_CUDA_CHECK(cudaMemcpyAsync(schedule_steps_.data(), pinned_steps_.data(), sizeof(OptStep) * num_steps,
-                                 cudaMemcpyHostToDevice, stream()));
+                                 sizeof(int32_t) * num_steps * max_batch_, cudaMemcpyHostToDevice,
+                                 stream()));
+  DDP_CUDA_CHECK(cudaMemcpyAsync(schedule_steps_.data(), pinned_steps_.data(),
+                                 sizeof(OptStep) * num_steps, cudaMemcpyHostToDevice, stream()));
   DDP_CUDA_CHECK(cudaMemsetAsync(counter_.data(), 0, sizeof(int), stream()));
 }
 
 void CudaMlp::forward_backward(float grad_scale, bool accumulate) {
   DDP_CHECK(train_n_ > 0, "set_train_data() must come before training");
   if (host_split_ != nullptr) {
-    DDP_CHECK(consumed_count_ < staged_, "step {} has no staged batch: call stage_batch() first", consumed_count_);
+    DDP_CHECK(consumed_count_ < staged_, "step {} has no staged batch: call stage_batch() first",
+              consumed_count_);
     const int slot = static_cast<int>(consumed_count_ % 2);
     const size_t in_count = static_cast<size_t>(max_batch_) * shape_.input_width();
     DDP_CUDA_CHECK(cudaStreamWaitEvent(stream(), copied_[slot]->get(), 0));
-    if (bf16()) launch_to_bf16(staged_x_[slot].data(), x_batch_.data(), in_count, stream());
-    else DDP_CUDA_CHECK(cudaMemcpyAsync(x_batch_.data(), staged_x_[slot].data(), in_count * 4, cudaMemcpyDeviceToDevice, stream()));
+    if (bf16())
+      launch_to_bf16(staged_x_[slot].data(), x_batch_.data(), in_count, stream());
+    else
+      DDP_CUDA_CHECK(cudaMemcpyAsync(x_batch_.data(), staged_x_[slot].data(), in_count * 4,
+                                     cudaMemcpyDeviceToDevice, stream()));
     DDP_CUDA_CHECK(cudaMemcpyAsync(y_batch_.data(), staged_y_[slot].data(), staged_y_[slot].bytes(),
                                    cudaMemcpyDeviceToDevice, stream()));
     DDP_CUDA_CHECK(cudaEventRecord(consumed_[slot]->get(), stream()));
     ++consumed_count_;
   } else {
-    launch_gather_batch(train_x_.data(), train_y_.data(), shape_.input_width(), schedule_indices_.data(),
-                        counter_.data(), max_batch_, x_batch_.data(), bf16(), y_batch_.data(), stream());
+    launch_gather_batch(train_x_.data(), train_y_.data(), shape_.input_width(),
+                        schedule_indices_.data(), counter_.data(), max_batch_, x_batch_.data(),
+                        bf16(), y_batch_.data(), stream());
   }
   after("gather");
   forward_layers(max_batch_, x_batch_.data());
   const int last = shape_.num_layers() - 1;
-  launch_softmax_xent(static_cast<const float*>(act(last)), y_batch_.data(), max_batch_, shape_.num_classes(),
-                      grad_scale, grad_buffer(0), bf16(), loss_sum_.data(), correct_.data(), stream());
+  launch_softmax_xent(static_cast<const float*>(act(last)), y_batch_.data(), max_batch_,
+                      shape_.num_classes(), grad_scale, grad_buffer(0), bf16(), loss_sum_.data(),
+                      correct_.data(), stream());
   after("softmax cross-entropy");
   backward_layers(max_batch_, x_batch_.data(), accumulate);
 }
@@ -464,8 +514,8 @@ void CudaMlp::optimizer_step() {
   void* p16 = bf16() ? params16_.data() : nullptr;
   if (optimizer_.kind == OptimizerKind::kAdamW)
     launch_adamw(params_.data(), grads_.data(), state_a_.data(), state_b_.data(), p16, count,
-                 schedule_steps_.data(), counter_.data(), optimizer_.beta1, optimizer_.beta2, optimizer_.eps,
-                 optimizer_.weight_decay, stream());
+                 schedule_steps_.data(), counter_.data(), optimizer_.beta1, optimizer_.beta2,
+                 optimizer_.eps, optimizer_.weight_decay, stream());
   else
     launch_sgd(params_.data(), grads_.data(), state_a_.data(), p16, count, schedule_steps_.data(),
                counter_.data(), optimizer_.momentum, optimizer_.weight_decay, stream());
@@ -498,8 +548,10 @@ void CudaMlp::train_step(const std::function<void()>& after_backward) {
 CudaMlp::Metrics CudaMlp::take_metrics() {
   Metrics metrics;
   int correct = 0;
-  DDP_CUDA_CHECK(cudaMemcpyAsync(&metrics.loss_sum, loss_sum_.data(), sizeof(double), cudaMemcpyDeviceToHost, stream()));
-  DDP_CUDA_CHECK(cudaMemcpyAsync(&correct, correct_.data(), sizeof(int), cudaMemcpyDeviceToHost, stream()));
+  DDP_CUDA_CHECK(cudaMemcpyAsync(&metrics.loss_sum, loss_sum_.data(), sizeof(double),
+                                 cudaMemcpyDeviceToHost, stream()));
+  DDP_CUDA_CHECK(
+      cudaMemcpyAsync(&correct, correct_.data(), sizeof(int), cudaMemcpyDeviceToHost, stream()));
   DDP_CUDA_CHECK(cudaMemsetAsync(loss_sum_.data(), 0, sizeof(double), stream()));
   DDP_CUDA_CHECK(cudaMemsetAsync(correct_.data(), 0, sizeof(int), stream()));
   DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
@@ -517,20 +569,26 @@ CudaMlp::Eval CudaMlp::evaluate_test() {
     const int count = static_cast<int>(std::min<int64_t>(max_batch_, test_n_ - begin));
     build_plans(count);
     const float* x = test_x_.data() + begin * dim;
-    if (bf16()) launch_to_bf16(x, x_batch_.data(), static_cast<size_t>(count) * dim, stream());
-    else DDP_CUDA_CHECK(cudaMemcpyAsync(x_batch_.data(), x, sizeof(float) * count * dim, cudaMemcpyDeviceToDevice, stream()));
+    if (bf16())
+      launch_to_bf16(x, x_batch_.data(), static_cast<size_t>(count) * dim, stream());
+    else
+      DDP_CUDA_CHECK(cudaMemcpyAsync(x_batch_.data(), x, sizeof(float) * count * dim,
+                                     cudaMemcpyDeviceToDevice, stream()));
     forward_layers(count, x_batch_.data());
-    launch_softmax_xent(static_cast<const float*>(act(last)), test_y_.data() + begin, count, shape_.num_classes(),
-                        0.0f, nullptr, bf16(), loss_sum_.data(), correct_.data(), stream());
+    launch_softmax_xent(static_cast<const float*>(act(last)), test_y_.data() + begin, count,
+                        shape_.num_classes(), 0.0f, nullptr, bf16(), loss_sum_.data(),
+                        correct_.data(), stream());
   }
   const Metrics m = take_metrics();
   eval.samples = test_n_;
   eval.loss = m.loss_sum / static_cast<double>(test_n_);
   eval.accuracy = static_cast<double>(m.correct) / static_cast<double>(test_n_);
   // Put the training metrics back so the caller's window is unaffected.
-  DDP_CUDA_CHECK(cudaMemcpyAsync(loss_sum_.data(), &pending.loss_sum, sizeof(double), cudaMemcpyHostToDevice, stream()));
+  DDP_CUDA_CHECK(cudaMemcpyAsync(loss_sum_.data(), &pending.loss_sum, sizeof(double),
+                                 cudaMemcpyHostToDevice, stream()));
   const int correct = static_cast<int>(pending.correct);
-  DDP_CUDA_CHECK(cudaMemcpyAsync(correct_.data(), &correct, sizeof(int), cudaMemcpyHostToDevice, stream()));
+  DDP_CUDA_CHECK(
+      cudaMemcpyAsync(correct_.data(), &correct, sizeof(int), cudaMemcpyHostToDevice, stream()));
   DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
   return eval;
 }
@@ -540,9 +598,13 @@ std::vector<float> CudaMlp::forward_host(const float* x, int batch) {
   build_plans(batch);
   const size_t in_count = static_cast<size_t>(batch) * shape_.input_width();
   DeviceBuffer<float> staging(in_count, MemoryCategory::kOther);
-  DDP_CUDA_CHECK(cudaMemcpyAsync(staging.data(), x, in_count * 4, cudaMemcpyHostToDevice, stream()));
-  if (bf16()) launch_to_bf16(staging.data(), x_batch_.data(), in_count, stream());
-  else DDP_CUDA_CHECK(cudaMemcpyAsync(x_batch_.data(), staging.data(), in_count * 4, cudaMemcpyDeviceToDevice, stream()));
+  DDP_CUDA_CHECK(
+      cudaMemcpyAsync(staging.data(), x, in_count * 4, cudaMemcpyHostToDevice, stream()));
+  if (bf16())
+    launch_to_bf16(staging.data(), x_batch_.data(), in_count, stream());
+  else
+    DDP_CUDA_CHECK(cudaMemcpyAsync(x_batch_.data(), staging.data(), in_count * 4,
+                                   cudaMemcpyDeviceToDevice, stream()));
   forward_layers(batch, x_batch_.data());
   std::vector<float> logits(static_cast<size_t>(batch) * shape_.num_classes());
   DDP_CUDA_CHECK(cudaMemcpyAsync(logits.data(), act(shape_.num_layers() - 1), logits.size() * 4,
@@ -553,10 +615,12 @@ std::vector<float> CudaMlp::forward_host(const float* x, int batch) {
 
 void CudaMlp::backward_host(const int32_t* labels, int batch, float grad_scale) {
   build_plans(batch);
-  DDP_CUDA_CHECK(cudaMemcpyAsync(y_batch_.data(), labels, sizeof(int32_t) * batch, cudaMemcpyHostToDevice, stream()));
+  DDP_CUDA_CHECK(cudaMemcpyAsync(y_batch_.data(), labels, sizeof(int32_t) * batch,
+                                 cudaMemcpyHostToDevice, stream()));
   const int last = shape_.num_layers() - 1;
-  launch_softmax_xent(static_cast<const float*>(act(last)), y_batch_.data(), batch, shape_.num_classes(),
-                      grad_scale, grad_buffer(0), bf16(), loss_sum_.data(), correct_.data(), stream());
+  launch_softmax_xent(static_cast<const float*>(act(last)), y_batch_.data(), batch,
+                      shape_.num_classes(), grad_scale, grad_buffer(0), bf16(), loss_sum_.data(),
+                      correct_.data(), stream());
   backward_layers(batch, x_batch_.data(), false);
   take_metrics();
 }
@@ -566,7 +630,8 @@ std::vector<std::pair<std::string, std::vector<float>>> CudaMlp::get_optimizer_s
   auto download = [&](const char* name, const DeviceBuffer<float>& buffer) {
     if (buffer.count() == 0) return;
     std::vector<float> values(buffer.count());
-    DDP_CUDA_CHECK(cudaMemcpyAsync(values.data(), buffer.data(), buffer.bytes(), cudaMemcpyDeviceToHost, stream()));
+    DDP_CUDA_CHECK(cudaMemcpyAsync(values.data(), buffer.data(), buffer.bytes(),
+                                   cudaMemcpyDeviceToHost, stream()));
     DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
     state.emplace_back(name, std::move(values));
   };
@@ -579,12 +644,14 @@ std::vector<std::pair<std::string, std::vector<float>>> CudaMlp::get_optimizer_s
   return state;
 }
 
-void CudaMlp::set_optimizer_state(const std::vector<std::pair<std::string, std::vector<float>>>& state) {
+void CudaMlp::set_optimizer_state(
+    const std::vector<std::pair<std::string, std::vector<float>>>& state) {
   for (const auto& [name, values] : state) {
     const DeviceBuffer<float>* target = name == "exp_avg_sq" ? &state_b_ : &state_a_;
-    DDP_CHECK(values.size() == target->count(), "optimizer state {} has {} values, expected {}", name, values.size(),
-              target->count());
-    DDP_CUDA_CHECK(cudaMemcpyAsync(target->data(), values.data(), target->bytes(), cudaMemcpyHostToDevice, stream()));
+    DDP_CHECK(values.size() == target->count(), "optimizer state {} has {} values, expected {}",
+              name, values.size(), target->count());
+    DDP_CUDA_CHECK(cudaMemcpyAsync(target->data(), values.data(), target->bytes(),
+                                   cudaMemcpyHostToDevice, stream()));
   }
   DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
 }
@@ -593,7 +660,8 @@ void CudaMlp::poison_outputs() {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   for (int i = 0; i < shape_.num_layers(); ++i) {
     const bool last = i + 1 == shape_.num_layers();
-    launch_fill(act(i), acts_[i].bytes() / (last ? 4 : act_bytes()), !last && bf16(), nan, stream());
+    launch_fill(act(i), acts_[i].bytes() / (last ? 4 : act_bytes()), !last && bf16(), nan,
+                stream());
   }
   launch_fill(grad_a_.data(), grad_a_.bytes() / act_bytes(), bf16(), nan, stream());
   launch_fill(grad_b_.data(), grad_b_.bytes() / act_bytes(), bf16(), nan, stream());

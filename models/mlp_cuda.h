@@ -30,7 +30,7 @@ struct CudaMlpOptions {
   Precision precision = Precision::kFp32;
   bool fused_epilogues = true;  // false: plain products + our kernels (comparison, fallback)
   bool cuda_graph = true;
-  bool sync_debug = false;      // synchronise after every op and name the one that failed
+  bool sync_debug = false;  // synchronise after every op and name the one that failed
   size_t workspace_bytes = 32u << 20;
   int max_schedule_steps = 512;  // steps per uploaded schedule chunk
 };
@@ -40,7 +40,8 @@ class LtMatmul;
 
 class CudaMlp {
  public:
-  CudaMlp(MlpShape shape, int max_batch, const OptimizerConfig& optimizer, const CudaMlpOptions& options);
+  CudaMlp(MlpShape shape, int max_batch, const OptimizerConfig& optimizer,
+          const CudaMlpOptions& options);
   ~CudaMlp();
   CudaMlp(const CudaMlp&) = delete;
   CudaMlp& operator=(const CudaMlp&) = delete;
@@ -135,12 +136,12 @@ class CudaMlp {
   cublasLtHandle_t lt_ = nullptr;
 
   DeviceBuffer<float> params_, grads_, state_a_, state_b_;
-  DeviceBuffer<uint16_t> params16_;  // bf16 copy of the parameters (bf16 precision only)
-  std::vector<DeviceBuffer<char>> acts_;   // output of each layer, [max_batch, out]
-  std::vector<DeviceBuffer<char>> aux_;    // ReLU bit masks of hidden layers
+  DeviceBuffer<uint16_t> params16_;       // bf16 copy of the parameters (bf16 precision only)
+  std::vector<DeviceBuffer<char>> acts_;  // output of each layer, [max_batch, out]
+  std::vector<DeviceBuffer<char>> aux_;   // ReLU bit masks of hidden layers
   std::vector<int64_t> aux_ld_;
-  DeviceBuffer<char> grad_a_, grad_b_;     // [max_batch, max_width] activation gradients
-  DeviceBuffer<char> x_batch_;             // gathered input [max_batch, in]
+  DeviceBuffer<char> grad_a_, grad_b_;  // [max_batch, max_width] activation gradients
+  DeviceBuffer<char> x_batch_;          // gathered input [max_batch, in]
   DeviceBuffer<int32_t> y_batch_;
   DeviceBuffer<char> workspace_;
   DeviceBuffer<float> train_x_, test_x_;
@@ -170,7 +171,7 @@ class CudaMlp {
   DeviceBuffer<int32_t> staged_y_[2];
   std::unique_ptr<CudaStream> copy_stream_;
   std::unique_ptr<CudaEvent> copied_[2], consumed_[2];
-  int64_t staged_ = 0;    // batches staged so far
+  int64_t staged_ = 0;          // batches staged so far
   int64_t consumed_count_ = 0;  // batches used by steps
   cudaGraph_t graph_ = nullptr;
   cudaGraphExec_t graph_exec_ = nullptr;

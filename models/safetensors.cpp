@@ -56,21 +56,25 @@ void write_safetensors(const std::string& path, const std::vector<TensorRef>& te
   // leaves either the old file or the complete new one.
   const std::string tmp = path + ".tmp";
   std::FILE* out = std::fopen(tmp.c_str(), "wb");
-  DDP_USAGE_CHECK(out != nullptr, "{}: cannot create ({}; check the directory exists and is writable)", tmp,
+  DDP_USAGE_CHECK(out != nullptr,
+                  "{}: cannot create ({}; check the directory exists and is writable)", tmp,
                   std::strerror(errno));
   const uint64_t len = text.size();
   char len_bytes[8];
-  for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<char>((len >> (8 * i)) & 0xff);
-  bool ok = std::fwrite(len_bytes, 1, 8, out) == 8 && std::fwrite(text.data(), 1, text.size(), out) == text.size();
-  for (const TensorRef& t : tensors) ok = ok && std::fwrite(t.data, 1, t.bytes, out) == t.bytes;
+  for (int i = 0; i < 8; ++i)
+    len_bytes[i] = static_cast<char>((len >> (8 * i)) & 0xff);
+  bool ok = std::fwrite(len_bytes, 1, 8, out) == 8 &&
+            std::fwrite(text.data(), 1, text.size(), out) == text.size();
+  for (const TensorRef& t : tensors)
+    ok = ok && std::fwrite(t.data, 1, t.bytes, out) == t.bytes;
   ok = ok && std::fflush(out) == 0 && ::fsync(::fileno(out)) == 0;
   ok = std::fclose(out) == 0 && ok;
   if (!ok) {
     std::remove(tmp.c_str());
     throw UsageError(fmt::format("{}: write failed ({}; disk full?)", tmp, std::strerror(errno)));
   }
-  DDP_USAGE_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "{}: cannot rename {} over it: {}", path, tmp,
-                  std::strerror(errno));
+  DDP_USAGE_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "{}: cannot rename {} over it: {}",
+                  path, tmp, std::strerror(errno));
 }
 
 SafetensorsFile read_safetensors(const std::string& path) {

@@ -7,13 +7,20 @@ namespace ddp {
 
 const char* category_name(MemoryCategory category) {
   switch (category) {
-    case MemoryCategory::kParameters: return "parameters";
-    case MemoryCategory::kGradients: return "gradients";
-    case MemoryCategory::kOptimizerState: return "optimizer state";
-    case MemoryCategory::kActivations: return "activations";
-    case MemoryCategory::kWorkspace: return "workspace";
-    case MemoryCategory::kData: return "data";
-    default: return "other";
+    case MemoryCategory::kParameters:
+      return "parameters";
+    case MemoryCategory::kGradients:
+      return "gradients";
+    case MemoryCategory::kOptimizerState:
+      return "optimizer state";
+    case MemoryCategory::kActivations:
+      return "activations";
+    case MemoryCategory::kWorkspace:
+      return "workspace";
+    case MemoryCategory::kData:
+      return "data";
+    default:
+      return "other";
   }
 }
 
@@ -24,7 +31,8 @@ MemoryLedger& memory_ledger() {
 
 size_t MemoryLedger::total() const {
   size_t sum = 0;
-  for (const auto& b : bytes) sum += b.load();
+  for (const auto& b : bytes)
+    sum += b.load();
   return sum;
 }
 

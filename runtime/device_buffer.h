@@ -16,7 +16,16 @@
 
 namespace ddp {
 
-enum class MemoryCategory { kParameters, kGradients, kOptimizerState, kActivations, kWorkspace, kData, kOther, kCount };
+enum class MemoryCategory {
+  kParameters,
+  kGradients,
+  kOptimizerState,
+  kActivations,
+  kWorkspace,
+  kData,
+  kOther,
+  kCount
+};
 const char* category_name(MemoryCategory category);
 
 // Bytes held per category; updated by DeviceBuffer, read by the memory report.
@@ -79,7 +88,8 @@ class PinnedBuffer {
     if (count) DDP_CUDA_CHECK(cudaMallocHost(&data_, count * sizeof(T)));
   }
   ~PinnedBuffer() {
-    if (data_ != nullptr && cudaFreeHost(data_) != cudaSuccess) spdlog::error("cudaFreeHost failed");
+    if (data_ != nullptr && cudaFreeHost(data_) != cudaSuccess)
+      spdlog::error("cudaFreeHost failed");
   }
   PinnedBuffer(PinnedBuffer&& other) noexcept
       : data_(std::exchange(other.data_, nullptr)), count_(std::exchange(other.count_, 0)) {}
@@ -115,7 +125,8 @@ class CudaStream {
 class CudaEvent {
  public:
   explicit CudaEvent(bool timing = false) {
-    DDP_CUDA_CHECK(cudaEventCreateWithFlags(&event_, timing ? cudaEventDefault : cudaEventDisableTiming));
+    DDP_CUDA_CHECK(
+        cudaEventCreateWithFlags(&event_, timing ? cudaEventDefault : cudaEventDisableTiming));
   }
   ~CudaEvent() {
     if (event_ != nullptr) cudaEventDestroy(event_);

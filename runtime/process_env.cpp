@@ -55,7 +55,8 @@ ProcessEnv ProcessEnv::detect(const Lookup& lookup) {
     env.master_addr = lookup("MASTER_ADDR").value_or("127.0.0.1");
     env.master_port = read_int(lookup, "MASTER_PORT", 0);
     env.store_token = lookup("DDP_STORE_TOKEN").value_or("");
-    if (const auto launched = lookup("DDP_LAUNCH_TIME_MS")) env.launch_time_ms = std::atof(launched->c_str());
+    if (const auto launched = lookup("DDP_LAUNCH_TIME_MS"))
+      env.launch_time_ms = std::atof(launched->c_str());
   } else if (lookup("OMPI_COMM_WORLD_RANK")) {
     env.launcher = Launcher::kMpirun;
     env.rank = read_int(lookup, "OMPI_COMM_WORLD_RANK", 0);
@@ -97,7 +98,8 @@ void narrow_visible_devices(ProcessEnv* env) {
     if (ids.size() <= 1) return;  // already one GPU (or none): nothing to narrow
     DDP_USAGE_CHECK(env->local_rank < static_cast<int>(ids.size()),
                     "{}: local rank {} but CUDA_VISIBLE_DEVICES={} lists only {} GPUs",
-                    launcher_name(env->launcher), env->local_rank, env->cuda_visible_devices, ids.size());
+                    launcher_name(env->launcher), env->local_rank, env->cuda_visible_devices,
+                    ids.size());
     env->cuda_visible_devices = ids[env->local_rank];
   } else {
     env->cuda_visible_devices = std::to_string(env->local_rank);

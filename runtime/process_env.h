@@ -26,7 +26,8 @@ struct ProcessEnv {
   std::string store_token;           // ddprun's job token for the store
   std::string cuda_visible_devices;  // as inherited; empty when unset
   bool cuda_visible_devices_set = false;
-  double launch_time_ms = 0;  // ddprun's start (ms since the epoch, DDP_LAUNCH_TIME_MS); 0 if unknown
+  double launch_time_ms =
+      0;  // ddprun's start (ms since the epoch, DDP_LAUNCH_TIME_MS); 0 if unknown
 
   // Reads the real environment.
   static ProcessEnv detect();

@@ -7,7 +7,9 @@ namespace ddp {
 
 // Milliseconds since the epoch (wall clock), to compare moments across processes.
 inline double wall_clock_ms() {
-  return std::chrono::duration<double, std::milli>(std::chrono::system_clock::now().time_since_epoch()).count();
+  return std::chrono::duration<double, std::milli>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
 class Stopwatch {

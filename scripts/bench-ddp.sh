@@ -14,18 +14,14 @@ runs=("$@")
 py="${PYTHON:-python3}"
 gpus="$(nvidia-smi -L | wc -l)"
 tmp="$(mktemp -d)"
-json() { "$py" -c "import json,sys; d=[json.loads(l) for l in open(sys.argv[1]) if l.strip().startswith('{')]; print([x for x in d if sys.argv[2] in x][-1][sys.argv[2]])" "$@"; }
+source scripts/workloads.sh
+json() { ddp_json "$@"; }
 
 printf '| workload | prec | ddptrain 1 GPU samples/s | ddptrain %d GPU samples/s | ddptrain scaling | PyTorch 1 GPU | PyTorch %d GPU | PyTorch scaling | ratio (%d GPU) | first step ddprun / torchrun |\n' "$gpus" "$gpus" "$gpus"
 printf '|---|---|---|---|---|---|---|---|---|---|\n'
 for run in "${runs[@]}"; do
   workload="${run%%:*}"; prec="${run##*:}"
-  case "$workload" in
-    tiny) layers=784,512,512,10; batch=128; steps=6000; tsteps=2000 ;;
-    medium) layers=1024,4096,4096,4096,4096,1000; batch=1024; steps=600; tsteps=300 ;;
-    large) layers=8192,8192,8192,8192,8192,8192,8192,8192,8192; batch=4096; steps=60; tsteps=30 ;;
-    *) echo "unknown workload $workload" >&2; exit 2 ;;
-  esac
+  ddp_workload "$workload" || exit 2
   common=(--device cuda --precision "$prec" --data synthetic --layers "$layers" --steps "$steps"
           --log-every $((steps / 6)) --lr-schedule constant --lr 0.01 --quiet)
   timeout 200 "$build/bin/ddptrain" "${common[@]}" --batch-size "$batch" --synthetic-samples $((batch * 4)) \

@@ -15,19 +15,14 @@ py="${PYTHON:-python3}"
 tmp="$(mktemp -d)"
 commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 
-# The value of KEY in the last JSON line of FILE that has it.
-json() { "$py" -c "import json,sys; d=[json.loads(l) for l in open(sys.argv[1]) if l.strip()]; print([x for x in d if sys.argv[2] in x][-1][sys.argv[2]])" "$@"; }
+source scripts/workloads.sh
+json() { ddp_json "$@"; }
 
 printf '| workload | prec | ddptrain ms/step | PyTorch ms/step | ddptrain samples/s | PyTorch samples/s | ratio | cuBLAS ms (products) | products / ddptrain step |\n'
 printf '|---|---|---|---|---|---|---|---|---|\n'
 for run in "${runs[@]}"; do
   workload="${run%%:*}"; prec="${run##*:}"
-  case "$workload" in
-    tiny) layers=784,512,512,10; batch=128; steps=6000; tsteps=2000; samples=60000 ;;
-    medium) layers=1024,4096,4096,4096,4096,1000; batch=1024; steps=600; tsteps=300; samples=8192 ;;
-    large) layers=8192,8192,8192,8192,8192,8192,8192,8192,8192; batch=4096; steps=60; tsteps=30; samples=8192 ;;
-    *) echo "unknown workload $workload" >&2; exit 2 ;;
-  esac
+  ddp_workload "$workload" || exit 2
   log_every=$((steps / 6))
   timeout 120 "$build/bin/ddptrain" --device cuda --precision "$prec" --data synthetic --layers "$layers" \
     --batch-size "$batch" --synthetic-samples "$samples" --steps "$steps" --log-every "$log_every" \

@@ -37,10 +37,14 @@ class GlooStore final : public gloo::rendezvous::Store {
     const std::string value = store_->wait_get(prefix_ + key, timeout_s_);
     return {value.begin(), value.end()};
   }
-  void wait(const std::vector<std::string>& keys) override { wait(keys, std::chrono::milliseconds(static_cast<int64_t>(timeout_s_ * 1000))); }
-  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+  void wait(const std::vector<std::string>& keys) override {
+    wait(keys, std::chrono::milliseconds(static_cast<int64_t>(timeout_s_ * 1000)));
+  }
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
     std::vector<std::string> prefixed;
-    for (const std::string& key : keys) prefixed.push_back(prefix_ + key);
+    for (const std::string& key : keys)
+      prefixed.push_back(prefix_ + key);
     store_->wait(prefixed, timeout.count() / 1000.0);
   }
 
@@ -56,9 +60,12 @@ std::chrono::milliseconds ms(double seconds) {
 
 class GlooCommunicator final : public Communicator {
  public:
-  GlooCommunicator(int rank, int size, std::shared_ptr<StoreClient> store, std::string prefix, double timeout_s,
-                   std::string hostname)
-      : Communicator(rank, size), store_(std::move(store)), prefix_(std::move(prefix)), hostname_(std::move(hostname)) {
+  GlooCommunicator(int rank, int size, std::shared_ptr<StoreClient> store, std::string prefix,
+                   double timeout_s, std::string hostname)
+      : Communicator(rank, size),
+        store_(std::move(store)),
+        prefix_(std::move(prefix)),
+        hostname_(std::move(hostname)) {
     timeout_s_ = timeout_s;
     gloo::transport::tcp::attr attr;
     attr.hostname = hostname_;
@@ -69,8 +76,8 @@ class GlooCommunicator final : public Communicator {
     try {
       context_->connectFullMesh(adapter, device_);
     } catch (const std::exception& e) {
-      throw Error(fmt::format("gloo: rank {} of {} could not connect to its peers under {}: {}", rank, size,
-                              prefix_, e.what()));
+      throw Error(fmt::format("gloo: rank {} of {} could not connect to its peers under {}: {}",
+                              rank, size, prefix_, e.what()));
     }
     queue_ = std::make_unique<OperationQueue>();
   }
@@ -79,7 +86,8 @@ class GlooCommunicator final : public Communicator {
   const char* backend() const override { return "gloo"; }
   bool device_buffers() const override { return false; }
 
-  std::unique_ptr<Work> all_reduce_async(void* buffer, size_t count, DataType type, ReduceOp op) override {
+  std::unique_ptr<Work> all_reduce_async(void* buffer, size_t count, DataType type,
+                                         ReduceOp op) override {
     const uint64_t seq = next_sequence();
     auto run = [this, buffer, count, type, op, seq] {
       if (count == 0 || size_ == 1) {
@@ -103,36 +111,43 @@ class GlooCommunicator final : public Communicator {
   void broadcast(void* buffer, size_t count, DataType type, int root) override {
     check_rank(root, "broadcast root");
     const uint64_t seq = next_sequence();
-    submit([=] {
-      if (count == 0 || size_ == 1) return;
-      gloo::BroadcastOptions opts(context_);
-      opts.setTag(static_cast<uint32_t>(seq));
-      opts.setTimeout(ms(timeout_s_));
-      opts.setRoot(root);
-      opts.setOutput(static_cast<char*>(buffer), count * dtype_bytes(type));
-      gloo::broadcast(opts);
-    }, seq, "broadcast", count, type)->wait(timeout_s_);
+    submit(
+        [=] {
+          if (count == 0 || size_ == 1) return;
+          gloo::BroadcastOptions opts(context_);
+          opts.setTag(static_cast<uint32_t>(seq));
+          opts.setTimeout(ms(timeout_s_));
+          opts.setRoot(root);
+          opts.setOutput(static_cast<char*>(buffer), count * dtype_bytes(type));
+          gloo::broadcast(opts);
+        },
+        seq, "broadcast", count, type)
+        ->wait(timeout_s_);
   }
 
   void all_gather(const void* send, void* recv, size_t count, DataType type) override {
     const uint64_t seq = next_sequence();
-    submit([=] {
-      const size_t bytes = count * dtype_bytes(type);
-      if (bytes == 0) return;
-      if (size_ == 1) {
-        std::memcpy(recv, send, bytes);
-        return;
-      }
-      gloo::AllgatherOptions opts(context_);
-      opts.setTag(static_cast<uint32_t>(seq));
-      opts.setTimeout(ms(timeout_s_));
-      opts.setInput(const_cast<char*>(static_cast<const char*>(send)), bytes);
-      opts.setOutput(static_cast<char*>(recv), bytes * size_);
-      gloo::allgather(opts);
-    }, seq, "all_gather", count, type)->wait(timeout_s_);
+    submit(
+        [=] {
+          const size_t bytes = count * dtype_bytes(type);
+          if (bytes == 0) return;
+          if (size_ == 1) {
+            std::memcpy(recv, send, bytes);
+            return;
+          }
+          gloo::AllgatherOptions opts(context_);
+          opts.setTag(static_cast<uint32_t>(seq));
+          opts.setTimeout(ms(timeout_s_));
+          opts.setInput(const_cast<char*>(static_cast<const char*>(send)), bytes);
+          opts.setOutput(static_cast<char*>(recv), bytes * size_);
+          gloo::allgather(opts);
+        },
+        seq, "all_gather", count, type)
+        ->wait(timeout_s_);
   }
 
-  void reduce_scatter(const void* send, void* recv, size_t count, DataType type, ReduceOp op) override {
+  void reduce_scatter(const void* send, void* recv, size_t count, DataType type,
+                      ReduceOp op) override {
     // Gloo has no general reduce-scatter: all-reduce a copy and keep this rank's block.
     std::vector<char> whole(static_cast<const char*>(send),
                             static_cast<const char*>(send) + count * size_ * dtype_bytes(type));
@@ -143,13 +158,18 @@ class GlooCommunicator final : public Communicator {
   void send(const void* buffer, size_t count, DataType type, int peer) override {
     check_rank(peer, "send peer");
     const uint64_t seq = next_sequence();
-    const uint64_t slot = (uint64_t{1} << 40) | (static_cast<uint64_t>(peer) << 32) | pair_sequence_[peer]++;
-    submit([=] {
-      if (count == 0) return;
-      auto buf = context_->createUnboundBuffer(const_cast<void*>(buffer), count * dtype_bytes(type));
-      buf->send(peer, slot);
-      if (!buf->waitSend(ms(timeout_s_))) throw Error("send timed out");
-    }, seq, "send", count, type)->wait(timeout_s_);
+    const uint64_t slot =
+        (uint64_t{1} << 40) | (static_cast<uint64_t>(peer) << 32) | pair_sequence_[peer]++;
+    submit(
+        [=] {
+          if (count == 0) return;
+          auto buf =
+              context_->createUnboundBuffer(const_cast<void*>(buffer), count * dtype_bytes(type));
+          buf->send(peer, slot);
+          if (!buf->waitSend(ms(timeout_s_))) throw Error("send timed out");
+        },
+        seq, "send", count, type)
+        ->wait(timeout_s_);
   }
 
   void recv(void* buffer, size_t count, DataType type, int peer) override {
@@ -157,23 +177,30 @@ class GlooCommunicator final : public Communicator {
     const uint64_t seq = next_sequence();
     // The sender names the slot after the receiver; the pair counters agree when sends and
     // receives between two ranks are made in the same order.
-    const uint64_t slot = (uint64_t{1} << 40) | (static_cast<uint64_t>(rank_) << 32) | pair_sequence_[peer]++;
-    submit([=] {
-      if (count == 0) return;
-      auto buf = context_->createUnboundBuffer(buffer, count * dtype_bytes(type));
-      buf->recv(peer, slot);
-      if (!buf->waitRecv(ms(timeout_s_))) throw Error("recv timed out");
-    }, seq, "recv", count, type)->wait(timeout_s_);
+    const uint64_t slot =
+        (uint64_t{1} << 40) | (static_cast<uint64_t>(rank_) << 32) | pair_sequence_[peer]++;
+    submit(
+        [=] {
+          if (count == 0) return;
+          auto buf = context_->createUnboundBuffer(buffer, count * dtype_bytes(type));
+          buf->recv(peer, slot);
+          if (!buf->waitRecv(ms(timeout_s_))) throw Error("recv timed out");
+        },
+        seq, "recv", count, type)
+        ->wait(timeout_s_);
   }
 
   void barrier() override {
     const uint64_t seq = next_sequence();
-    submit([=] {
-      gloo::BarrierOptions opts(context_);
-      opts.setTag(static_cast<uint32_t>(seq));
-      opts.setTimeout(ms(timeout_s_));
-      gloo::barrier(opts);
-    }, seq, "barrier", 0, DataType::kFloat32)->wait(timeout_s_);
+    submit(
+        [=] {
+          gloo::BarrierOptions opts(context_);
+          opts.setTag(static_cast<uint32_t>(seq));
+          opts.setTimeout(ms(timeout_s_));
+          gloo::barrier(opts);
+        },
+        seq, "barrier", 0, DataType::kFloat32)
+        ->wait(timeout_s_);
   }
 
   std::unique_ptr<Communicator> split(int color, int key) override {
@@ -181,7 +208,8 @@ class GlooCommunicator final : public Communicator {
     const std::string base = fmt::format("{}split{}/", prefix_, seq);
     store_->set(base + std::to_string(rank_), fmt::format("{} {}", color, key));
     std::vector<std::string> keys;
-    for (int r = 0; r < size_; ++r) keys.push_back(base + std::to_string(r));
+    for (int r = 0; r < size_; ++r)
+      keys.push_back(base + std::to_string(r));
     store_->wait(keys, timeout_s_);
     std::vector<std::tuple<int, int>> members;  // (key, rank) of ranks with my colour
     for (int r = 0; r < size_; ++r) {
@@ -194,7 +222,8 @@ class GlooCommunicator final : public Communicator {
     for (size_t i = 0; i < members.size(); ++i)
       if (std::get<1>(members[i]) == rank_) new_rank = static_cast<int>(i);
     return std::make_unique<GlooCommunicator>(new_rank, static_cast<int>(members.size()), store_,
-                                              fmt::format("{}c{}/", base, color), timeout_s_, hostname_);
+                                              fmt::format("{}c{}/", base, color), timeout_s_,
+                                              hostname_);
   }
 
  private:
@@ -204,17 +233,24 @@ class GlooCommunicator final : public Communicator {
 
   static void set_buffers(gloo::AllreduceOptions& opts, void* buffer, size_t count, DataType type) {
     switch (type) {
-      case DataType::kFloat32: return opts.setOutput(static_cast<float*>(buffer), count);
-      case DataType::kFloat64: return opts.setOutput(static_cast<double*>(buffer), count);
-      case DataType::kInt32: return opts.setOutput(static_cast<int32_t*>(buffer), count);
-      case DataType::kInt64: return opts.setOutput(static_cast<int64_t*>(buffer), count);
-      case DataType::kBFloat16: return opts.setOutput(static_cast<uint16_t*>(buffer), count);
+      case DataType::kFloat32:
+        return opts.setOutput(static_cast<float*>(buffer), count);
+      case DataType::kFloat64:
+        return opts.setOutput(static_cast<double*>(buffer), count);
+      case DataType::kInt32:
+        return opts.setOutput(static_cast<int32_t*>(buffer), count);
+      case DataType::kInt64:
+        return opts.setOutput(static_cast<int64_t*>(buffer), count);
+      case DataType::kBFloat16:
+        return opts.setOutput(static_cast<uint16_t*>(buffer), count);
     }
   }
 
-  std::unique_ptr<Work> submit(std::function<void()> run, uint64_t seq, const char* op, size_t count, DataType type) {
+  std::unique_ptr<Work> submit(std::function<void()> run, uint64_t seq, const char* op,
+                               size_t count, DataType type) {
     auto describe = [this, seq, op, count, type](const std::string& cause) {
-      return describe_stuck_operation(store_.get(), prefix_, rank_, size_, seq, op, count, type, cause);
+      return describe_stuck_operation(store_.get(), prefix_, rank_, size_, seq, op, count, type,
+                                      cause);
     };
     return std::make_unique<HostWork>(queue_->submit(std::move(run)), describe);
   }
@@ -230,11 +266,14 @@ class GlooCommunicator final : public Communicator {
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_gloo_communicator(int rank, int size, std::shared_ptr<StoreClient> store,
+std::unique_ptr<Communicator> make_gloo_communicator(int rank, int size,
+                                                     std::shared_ptr<StoreClient> store,
                                                      const std::string& prefix, double timeout_s,
                                                      const std::string& hostname) {
-  DDP_USAGE_CHECK(store != nullptr, "--backend gloo needs the rendezvous store (start the job with ddprun)");
-  return std::make_unique<GlooCommunicator>(rank, size, std::move(store), prefix, timeout_s, hostname);
+  DDP_USAGE_CHECK(store != nullptr,
+                  "--backend gloo needs the rendezvous store (start the job with ddprun)");
+  return std::make_unique<GlooCommunicator>(rank, size, std::move(store), prefix, timeout_s,
+                                            hostname);
 }
 
 }  // namespace ddp

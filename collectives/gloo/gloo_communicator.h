@@ -10,7 +10,8 @@ namespace ddp {
 
 // Collective over `size` ranks: connects a full mesh through `store` under key `prefix`,
 // listening on `hostname` (127.0.0.1 for a single-node job).
-std::unique_ptr<Communicator> make_gloo_communicator(int rank, int size, std::shared_ptr<StoreClient> store,
+std::unique_ptr<Communicator> make_gloo_communicator(int rank, int size,
+                                                     std::shared_ptr<StoreClient> store,
                                                      const std::string& prefix, double timeout_s,
                                                      const std::string& hostname);
 

@@ -5,8 +5,8 @@
 #include <mpi.h>
 
 #include <chrono>
-#include <functional>
 #include <cstring>
+#include <functional>
 #include <thread>
 #include <vector>
 
@@ -17,24 +17,29 @@
 namespace ddp {
 namespace {
 
-#define DDP_MPI_CHECK(statement)                                                  \
-  do {                                                                            \
-    const int ddp_mpi_rc_ = (statement);                                          \
-    if (ddp_mpi_rc_ != MPI_SUCCESS) {                                             \
-      char text[MPI_MAX_ERROR_STRING];                                            \
-      int length = 0;                                                             \
-      MPI_Error_string(ddp_mpi_rc_, text, &length);                               \
-      DDP_CHECK(false, "MPI error: {}", std::string(text, length));               \
-    }                                                                             \
+#define DDP_MPI_CHECK(statement)                                    \
+  do {                                                              \
+    const int ddp_mpi_rc_ = (statement);                            \
+    if (ddp_mpi_rc_ != MPI_SUCCESS) {                               \
+      char text[MPI_MAX_ERROR_STRING];                              \
+      int length = 0;                                               \
+      MPI_Error_string(ddp_mpi_rc_, text, &length);                 \
+      DDP_CHECK(false, "MPI error: {}", std::string(text, length)); \
+    }                                                               \
   } while (0)
 
 MPI_Datatype mpi_type(DataType type) {
   switch (type) {
-    case DataType::kFloat32: return MPI_FLOAT;
-    case DataType::kFloat64: return MPI_DOUBLE;
-    case DataType::kInt32: return MPI_INT32_T;
-    case DataType::kInt64: return MPI_INT64_T;
-    case DataType::kBFloat16: return MPI_UINT16_T;
+    case DataType::kFloat32:
+      return MPI_FLOAT;
+    case DataType::kFloat64:
+      return MPI_DOUBLE;
+    case DataType::kInt32:
+      return MPI_INT32_T;
+    case DataType::kInt64:
+      return MPI_INT64_T;
+    case DataType::kBFloat16:
+      return MPI_UINT16_T;
   }
   return MPI_BYTE;
 }
@@ -49,11 +54,13 @@ void bf16_max(void* in, void* inout, int* len, MPI_Datatype*) {
 
 class MpiWork final : public Work {
  public:
-  MpiWork(MPI_Request request, std::function<void()> finish, std::function<std::string(const std::string&)> describe)
+  MpiWork(MPI_Request request, std::function<void()> finish,
+          std::function<std::string(const std::string&)> describe)
       : request_(request), finish_(std::move(finish)), describe_(std::move(describe)) {}
   void wait(double timeout_s) override {
     if (done_) return;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
     int flag = 0;
     while (true) {
       DDP_MPI_CHECK(MPI_Test(&request_, &flag, MPI_STATUS_IGNORE));
@@ -76,8 +83,12 @@ class MpiWork final : public Work {
 
 class MpiCommunicator final : public Communicator {
  public:
-  MpiCommunicator(MPI_Comm comm, bool owns_mpi, std::shared_ptr<StoreClient> store, double timeout_s, std::string group)
-      : Communicator(comm_rank(comm), comm_size(comm)), comm_(comm), owns_mpi_(owns_mpi), store_(std::move(store)),
+  MpiCommunicator(MPI_Comm comm, bool owns_mpi, std::shared_ptr<StoreClient> store,
+                  double timeout_s, std::string group)
+      : Communicator(comm_rank(comm), comm_size(comm)),
+        comm_(comm),
+        owns_mpi_(owns_mpi),
+        store_(std::move(store)),
         group_(std::move(group)) {
     timeout_s_ = timeout_s;
     MPI_Op_create(bf16_sum, 1, &bf16_sum_);
@@ -93,10 +104,12 @@ class MpiCommunicator final : public Communicator {
   const char* backend() const override { return "mpi"; }
   bool device_buffers() const override { return false; }
 
-  std::unique_ptr<Work> all_reduce_async(void* buffer, size_t count, DataType type, ReduceOp op) override {
+  std::unique_ptr<Work> all_reduce_async(void* buffer, size_t count, DataType type,
+                                         ReduceOp op) override {
     const uint64_t seq = next_sequence();
     MPI_Request request;
-    DDP_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buffer, checked_count(count), mpi_type(type), mpi_op(type, op), comm_, &request));
+    DDP_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buffer, checked_count(count), mpi_type(type),
+                                 mpi_op(type, op), comm_, &request));
     std::function<void()> finish;
     if (op == ReduceOp::kAverage) finish = [=] { scale_by(buffer, count, type, size_); };
     return std::make_unique<MpiWork>(request, finish, describer(seq, "all_reduce", count, type));
@@ -112,17 +125,21 @@ class MpiCommunicator final : public Communicator {
   void all_gather(const void* send, void* recv, size_t count, DataType type) override {
     const uint64_t seq = next_sequence();
     MPI_Request request;
-    DDP_MPI_CHECK(MPI_Iallgather(send, checked_count(count), mpi_type(type), recv, checked_count(count), mpi_type(type),
-                                 comm_, &request));
+    DDP_MPI_CHECK(MPI_Iallgather(send, checked_count(count), mpi_type(type), recv,
+                                 checked_count(count), mpi_type(type), comm_, &request));
     MpiWork(request, nullptr, describer(seq, "all_gather", count, type)).wait(timeout_s_);
   }
 
-  void reduce_scatter(const void* send, void* recv, size_t count, DataType type, ReduceOp op) override {
+  void reduce_scatter(const void* send, void* recv, size_t count, DataType type,
+                      ReduceOp op) override {
     const uint64_t seq = next_sequence();
     MPI_Request request;
-    DDP_MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, checked_count(count), mpi_type(type), mpi_op(type, op), comm_,
-                                            &request));
-    MpiWork(request, op == ReduceOp::kAverage ? std::function<void()>([=] { scale_by(recv, count, type, size_); }) : nullptr,
+    DDP_MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, checked_count(count), mpi_type(type),
+                                            mpi_op(type, op), comm_, &request));
+    MpiWork(request,
+            op == ReduceOp::kAverage
+                ? std::function<void()>([=] { scale_by(recv, count, type, size_); })
+                : nullptr,
             describer(seq, "reduce_scatter", count, type))
         .wait(timeout_s_);
   }
@@ -130,23 +147,27 @@ class MpiCommunicator final : public Communicator {
   void send(const void* buffer, size_t count, DataType type, int peer) override {
     const uint64_t seq = next_sequence();
     MPI_Request request;
-    DDP_MPI_CHECK(MPI_Isend(buffer, checked_count(count), mpi_type(type), peer, 7, comm_, &request));
+    DDP_MPI_CHECK(
+        MPI_Isend(buffer, checked_count(count), mpi_type(type), peer, 7, comm_, &request));
     MpiWork(request, nullptr, describer(seq, "send", count, type)).wait(timeout_s_);
   }
 
   void recv(void* buffer, size_t count, DataType type, int peer) override {
     const uint64_t seq = next_sequence();
     MPI_Request request;
-    DDP_MPI_CHECK(MPI_Irecv(buffer, checked_count(count), mpi_type(type), peer, 7, comm_, &request));
+    DDP_MPI_CHECK(
+        MPI_Irecv(buffer, checked_count(count), mpi_type(type), peer, 7, comm_, &request));
     MpiWork(request, nullptr, describer(seq, "recv", count, type)).wait(timeout_s_);
   }
 
-  void send_recv(const void* send_buffer, void* recv_buffer, size_t count, DataType type, int send_peer,
-                 int recv_peer) override {
+  void send_recv(const void* send_buffer, void* recv_buffer, size_t count, DataType type,
+                 int send_peer, int recv_peer) override {
     const uint64_t seq = next_sequence();
     MPI_Request requests[2];
-    DDP_MPI_CHECK(MPI_Irecv(recv_buffer, checked_count(count), mpi_type(type), recv_peer, 8, comm_, &requests[0]));
-    DDP_MPI_CHECK(MPI_Isend(send_buffer, checked_count(count), mpi_type(type), send_peer, 8, comm_, &requests[1]));
+    DDP_MPI_CHECK(MPI_Irecv(recv_buffer, checked_count(count), mpi_type(type), recv_peer, 8, comm_,
+                            &requests[0]));
+    DDP_MPI_CHECK(MPI_Isend(send_buffer, checked_count(count), mpi_type(type), send_peer, 8, comm_,
+                            &requests[1]));
     MpiWork(requests[0], nullptr, describer(seq, "send_recv", count, type)).wait(timeout_s_);
     MpiWork(requests[1], nullptr, describer(seq, "send_recv", count, type)).wait(timeout_s_);
   }
@@ -180,16 +201,19 @@ class MpiCommunicator final : public Communicator {
     return s;
   }
   static int checked_count(size_t count) {
-    DDP_CHECK(count <= static_cast<size_t>(INT32_MAX), "MPI counts are int: {} elements is too many", count);
+    DDP_CHECK(count <= static_cast<size_t>(INT32_MAX),
+              "MPI counts are int: {} elements is too many", count);
     return static_cast<int>(count);
   }
   MPI_Op mpi_op(DataType type, ReduceOp op) const {
     if (type == DataType::kBFloat16) return op == ReduceOp::kMax ? bf16_max_ : bf16_sum_;
     return op == ReduceOp::kMax ? MPI_MAX : MPI_SUM;
   }
-  std::function<std::string(const std::string&)> describer(uint64_t seq, const char* op, size_t count, DataType type) {
+  std::function<std::string(const std::string&)> describer(uint64_t seq, const char* op,
+                                                           size_t count, DataType type) {
     return [this, seq, op, count, type](const std::string& cause) {
-      return describe_stuck_operation(store_.get(), group_, rank_, size_, seq, op, count, type, cause);
+      return describe_stuck_operation(store_.get(), group_, rank_, size_, seq, op, count, type,
+                                      cause);
     };
   }
 
@@ -202,7 +226,8 @@ class MpiCommunicator final : public Communicator {
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_mpi_communicator(std::shared_ptr<StoreClient> store, double timeout_s) {
+std::unique_ptr<Communicator> make_mpi_communicator(std::shared_ptr<StoreClient> store,
+                                                    double timeout_s) {
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) {
@@ -210,7 +235,8 @@ std::unique_ptr<Communicator> make_mpi_communicator(std::shared_ptr<StoreClient>
     DDP_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided));
   }
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-  return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, !initialized, std::move(store), timeout_s, "mpi");
+  return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, !initialized, std::move(store),
+                                           timeout_s, "mpi");
 }
 
 }  // namespace ddp

@@ -10,6 +10,7 @@ namespace ddp {
 
 // The world communicator; initialises MPI (and finalises it when destroyed) unless the
 // program already did.
-std::unique_ptr<Communicator> make_mpi_communicator(std::shared_ptr<StoreClient> store, double timeout_s);
+std::unique_ptr<Communicator> make_mpi_communicator(std::shared_ptr<StoreClient> store,
+                                                    double timeout_s);
 
 }  // namespace ddp

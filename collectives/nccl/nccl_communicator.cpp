@@ -5,12 +5,12 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
-#include <chrono>
-#include <functional>
 #include <algorithm>
+#include <chrono>
 #include <cstring>
-#include <vector>
+#include <functional>
 #include <thread>
+#include <vector>
 
 #include "runtime/cuda_check.h"
 #include "runtime/error.h"
@@ -21,20 +21,28 @@ namespace {
 
 ncclDataType_t nccl_type(DataType type) {
   switch (type) {
-    case DataType::kFloat32: return ncclFloat32;
-    case DataType::kBFloat16: return ncclBfloat16;
-    case DataType::kFloat64: return ncclFloat64;
-    case DataType::kInt32: return ncclInt32;
-    case DataType::kInt64: return ncclInt64;
+    case DataType::kFloat32:
+      return ncclFloat32;
+    case DataType::kBFloat16:
+      return ncclBfloat16;
+    case DataType::kFloat64:
+      return ncclFloat64;
+    case DataType::kInt32:
+      return ncclInt32;
+    case DataType::kInt64:
+      return ncclInt64;
   }
   return ncclFloat32;
 }
 
 ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return ncclSum;
-    case ReduceOp::kAverage: return ncclAvg;
-    case ReduceOp::kMax: return ncclMax;
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kAverage:
+      return ncclAvg;
+    case ReduceOp::kMax:
+      return ncclMax;
   }
   return ncclSum;
 }
@@ -58,13 +66,15 @@ ncclResult_t settle(ncclComm_t comm, ncclResult_t first, Clock::time_point deadl
 
 class NcclWork final : public Work {
  public:
-  NcclWork(ncclComm_t comm, cudaEvent_t done, std::function<std::string(const std::string&)> describe)
+  NcclWork(ncclComm_t comm, cudaEvent_t done,
+           std::function<std::string(const std::string&)> describe)
       : comm_(comm), done_(done), describe_(std::move(describe)) {}
   ~NcclWork() override {
     if (done_ != nullptr) cudaEventDestroy(done_);
   }
   void wait(double timeout_s) override {
-    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                             std::chrono::duration<double>(timeout_s));
     while (true) {
       const cudaError_t state = cudaEventQuery(done_);
       if (state == cudaSuccess) return;
@@ -73,11 +83,12 @@ class NcclWork final : public Work {
       ncclCommGetAsyncError(comm_, &async);
       if (async != ncclSuccess && async != ncclInProgress) {
         ncclCommAbort(comm_);
-        throw Error(describe_(fmt::format("NCCL error {} ({}); communicator aborted", ncclGetErrorString(async),
-                                          ncclGetLastError(comm_))));
+        throw Error(describe_(fmt::format("NCCL error {} ({}); communicator aborted",
+                                          ncclGetErrorString(async), ncclGetLastError(comm_))));
       }
       if (Clock::now() >= deadline) {
-        const std::string message = describe_(fmt::format("no completion within the {:.1f}s deadline", timeout_s));
+        const std::string message =
+            describe_(fmt::format("no completion within the {:.1f}s deadline", timeout_s));
         ncclCommAbort(comm_);
         throw Error(message + "; communicator aborted");
       }
@@ -96,8 +107,8 @@ class NcclWork final : public Work {
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(int rank, int size, ncclComm_t comm, std::shared_ptr<StoreClient> store, std::string group,
-                   double timeout_s)
+  NcclCommunicator(int rank, int size, ncclComm_t comm, std::shared_ptr<StoreClient> store,
+                   std::string group, double timeout_s)
       : Communicator(rank, size), comm_(comm), store_(std::move(store)), group_(std::move(group)) {
     timeout_s_ = timeout_s;
     DDP_CUDA_CHECK(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking));
@@ -110,9 +121,12 @@ class NcclCommunicator final : public Communicator {
       if (aborted_) {
         ncclCommAbort(comm_);
       } else {
-        const ncclResult_t r = settle(comm_, ncclCommFinalize(comm_), Clock::now() + std::chrono::seconds(30));
-        if (r == ncclSuccess) ncclCommDestroy(comm_);
-        else ncclCommAbort(comm_);
+        const ncclResult_t r =
+            settle(comm_, ncclCommFinalize(comm_), Clock::now() + std::chrono::seconds(30));
+        if (r == ncclSuccess)
+          ncclCommDestroy(comm_);
+        else
+          ncclCommAbort(comm_);
       }
     }
     cudaFree(scratch_);
@@ -122,12 +136,16 @@ class NcclCommunicator final : public Communicator {
 
   const char* backend() const override { return "nccl"; }
   bool device_buffers() const override { return true; }
-  void set_compute_stream(void* stream) override { compute_stream_ = static_cast<cudaStream_t>(stream); }
+  void set_compute_stream(void* stream) override {
+    compute_stream_ = static_cast<cudaStream_t>(stream);
+  }
   void* communication_stream() const { return comm_stream_; }
 
-  std::unique_ptr<Work> all_reduce_async(void* buffer, size_t count, DataType type, ReduceOp op) override {
+  std::unique_ptr<Work> all_reduce_async(void* buffer, size_t count, DataType type,
+                                         ReduceOp op) override {
     return enqueue("all_reduce", count, type, [&] {
-      return ncclAllReduce(buffer, buffer, count, nccl_type(type), nccl_op(op), comm_, comm_stream_);
+      return ncclAllReduce(buffer, buffer, count, nccl_type(type), nccl_op(op), comm_,
+                           comm_stream_);
     });
   }
   void broadcast(void* buffer, size_t count, DataType type, int root) override {
@@ -140,21 +158,25 @@ class NcclCommunicator final : public Communicator {
       return ncclAllGather(send, recv, count, nccl_type(type), comm_, comm_stream_);
     })->wait(timeout_s_);
   }
-  void reduce_scatter(const void* send, void* recv, size_t count, DataType type, ReduceOp op) override {
+  void reduce_scatter(const void* send, void* recv, size_t count, DataType type,
+                      ReduceOp op) override {
     enqueue("reduce_scatter", count, type, [&] {
-      return ncclReduceScatter(send, recv, count, nccl_type(type), nccl_op(op), comm_, comm_stream_);
+      return ncclReduceScatter(send, recv, count, nccl_type(type), nccl_op(op), comm_,
+                               comm_stream_);
     })->wait(timeout_s_);
   }
   void send(const void* buffer, size_t count, DataType type, int peer) override {
-    enqueue("send", count, type, [&] { return ncclSend(buffer, count, nccl_type(type), peer, comm_, comm_stream_); })
-        ->wait(timeout_s_);
+    enqueue("send", count, type, [&] {
+      return ncclSend(buffer, count, nccl_type(type), peer, comm_, comm_stream_);
+    })->wait(timeout_s_);
   }
   void recv(void* buffer, size_t count, DataType type, int peer) override {
-    enqueue("recv", count, type, [&] { return ncclRecv(buffer, count, nccl_type(type), peer, comm_, comm_stream_); })
-        ->wait(timeout_s_);
+    enqueue("recv", count, type, [&] {
+      return ncclRecv(buffer, count, nccl_type(type), peer, comm_, comm_stream_);
+    })->wait(timeout_s_);
   }
-  void send_recv(const void* send_buffer, void* recv_buffer, size_t count, DataType type, int send_peer,
-                 int recv_peer) override {
+  void send_recv(const void* send_buffer, void* recv_buffer, size_t count, DataType type,
+                 int send_peer, int recv_peer) override {
     // Grouped so that NCCL runs both at once.
     enqueue("send_recv", count, type, [&] {
       ncclGroupStart();
@@ -173,17 +195,22 @@ class NcclCommunicator final : public Communicator {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     ncclComm_t child = nullptr;
-    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s_));
-    const ncclResult_t r = settle(comm_, ncclCommSplit(comm_, color, key, &child, &config), deadline);
-    DDP_CHECK(r == ncclSuccess, "{}", describe_stuck_operation(store_.get(), group_, rank_, size_, seq, "split", 0,
-                                                               DataType::kInt32, ncclGetErrorString(r)));
+    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                             std::chrono::duration<double>(timeout_s_));
+    const ncclResult_t r =
+        settle(comm_, ncclCommSplit(comm_, color, key, &child, &config), deadline);
+    DDP_CHECK(r == ncclSuccess, "{}",
+              describe_stuck_operation(store_.get(), group_, rank_, size_, seq, "split", 0,
+                                       DataType::kInt32, ncclGetErrorString(r)));
     if (child != nullptr) settle(child, ncclInProgress, deadline);
-    if (child == nullptr) child = split_by_ids(color, key, deadline);  // seen with NCCL 2.28, one rank
+    if (child == nullptr)
+      child = split_by_ids(color, key, deadline);  // seen with NCCL 2.28, one rank
     int child_rank = 0, child_size = 1;
     ncclCommUserRank(child, &child_rank);
     ncclCommCount(child, &child_size);
     return std::make_unique<NcclCommunicator>(child_rank, child_size, child, store_,
-                                              fmt::format("{}/split{}c{}", group_, seq, color), timeout_s_);
+                                              fmt::format("{}/split{}c{}", group_, seq, color),
+                                              timeout_s_);
   }
   void abort() override {
     aborted_ = true;
@@ -227,9 +254,11 @@ class NcclCommunicator final : public Communicator {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     ncclComm_t child = nullptr;
-    const ncclResult_t first = ncclCommInitRankConfig(&child, static_cast<int>(members.size()), id, new_rank, &config);
+    const ncclResult_t first =
+        ncclCommInitRankConfig(&child, static_cast<int>(members.size()), id, new_rank, &config);
     const ncclResult_t r = child != nullptr ? settle(child, first, deadline) : first;
-    DDP_CHECK(r == ncclSuccess && child != nullptr, "split into colour {}: NCCL communicator init failed: {}", color,
+    DDP_CHECK(r == ncclSuccess && child != nullptr,
+              "split into colour {}: NCCL communicator init failed: {}", color,
               ncclGetErrorString(r));
     return child;
   }
@@ -239,15 +268,18 @@ class NcclCommunicator final : public Communicator {
     const uint64_t seq = next_sequence();
     auto describe = [this, seq, op, count, type](const std::string& cause) {
       aborted_ = true;
-      return describe_stuck_operation(store_.get(), group_, rank_, size_, seq, op, count, type, cause);
+      return describe_stuck_operation(store_.get(), group_, rank_, size_, seq, op, count, type,
+                                      cause);
     };
     // The communication stream starts after everything queued so far on the compute stream.
     DDP_CUDA_CHECK(cudaEventRecord(ready_, compute_stream_));
     DDP_CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, ready_, 0));
-    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s_));
+    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                             std::chrono::duration<double>(timeout_s_));
     const ncclResult_t r = settle(comm_, launch(), deadline);
     if (r != ncclSuccess) {
-      const std::string message = describe(fmt::format("NCCL error {} ({})", ncclGetErrorString(r), ncclGetLastError(comm_)));
+      const std::string message = describe(
+          fmt::format("NCCL error {} ({})", ncclGetErrorString(r), ncclGetLastError(comm_)));
       ncclCommAbort(comm_);
       comm_ = nullptr;
       throw Error(message);
@@ -270,7 +302,8 @@ class NcclCommunicator final : public Communicator {
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_nccl_communicator(int rank, int size, std::shared_ptr<StoreClient> store,
+std::unique_ptr<Communicator> make_nccl_communicator(int rank, int size,
+                                                     std::shared_ptr<StoreClient> store,
                                                      const std::string& group, double timeout_s,
                                                      Communicator* bootstrap) {
   ncclUniqueId id;
@@ -284,23 +317,26 @@ std::unique_ptr<Communicator> make_nccl_communicator(int rank, int size, std::sh
   } else if (store != nullptr) {
     if (rank == 0) store->set(key, std::string(id.internal, sizeof(id.internal)));
     const std::string value = store->wait_get(key, timeout_s);
-    DDP_CHECK(value.size() == sizeof(id.internal), "malformed NCCL id in the store ({} bytes)", value.size());
+    DDP_CHECK(value.size() == sizeof(id.internal), "malformed NCCL id in the store ({} bytes)",
+              value.size());
     std::memcpy(id.internal, value.data(), sizeof(id.internal));
   } else {
-    DDP_USAGE_CHECK(bootstrap != nullptr,
-                    "--backend nccl needs the rendezvous store (ddprun) or MPI (mpirun) to share its id");
+    DDP_USAGE_CHECK(
+        bootstrap != nullptr,
+        "--backend nccl needs the rendezvous store (ddprun) or MPI (mpirun) to share its id");
     bootstrap->broadcast(id.internal, sizeof(id.internal) / 4, DataType::kInt32, 0);  // 128 bytes
   }
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
   ncclComm_t comm = nullptr;
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(timeout_s));
   const ncclResult_t first = ncclCommInitRankConfig(&comm, size, id, rank, &config);
   const ncclResult_t r = comm != nullptr ? settle(comm, first, deadline) : first;
   if (r != ncclSuccess) {
     if (comm != nullptr) ncclCommAbort(comm);
-    throw Error(fmt::format("NCCL communicator of {} ranks (rank {}) could not start: {}{}", size, rank,
-                            r == ncclInProgress ? "timed out" : ncclGetErrorString(r),
+    throw Error(fmt::format("NCCL communicator of {} ranks (rank {}) could not start: {}{}", size,
+                            rank, r == ncclInProgress ? "timed out" : ncclGetErrorString(r),
                             r == ncclInProgress ? " (a rank never joined?)" : ""));
   }
   return std::make_unique<NcclCommunicator>(rank, size, comm, std::move(store), group, timeout_s);

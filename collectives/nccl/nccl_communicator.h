@@ -11,7 +11,8 @@ namespace ddp {
 
 // Collective over `size` ranks. The unique id comes through the store (rank 0 publishes it
 // under `group`), or through `bootstrap` when there is no store (under mpirun).
-std::unique_ptr<Communicator> make_nccl_communicator(int rank, int size, std::shared_ptr<StoreClient> store,
+std::unique_ptr<Communicator> make_nccl_communicator(int rank, int size,
+                                                     std::shared_ptr<StoreClient> store,
                                                      const std::string& group, double timeout_s,
                                                      Communicator* bootstrap);
 

@@ -38,9 +38,9 @@ bool gpu_usable(std::string* why) {
   return true;
 }
 
-#define REQUIRE_GPU()                            \
-  do {                                           \
-    std::string why_;                            \
+#define REQUIRE_GPU()                             \
+  do {                                            \
+    std::string why_;                             \
     if (!gpu_usable(&why_)) GTEST_SKIP() << why_; \
   } while (0)
 
@@ -57,12 +57,15 @@ double relative_error(const std::vector<float>& got, const std::vector<float>& w
 double tolerance(Precision p) {
   return p == Precision::kFp32 ? 1e-5 : p == Precision::kTf32 ? 5e-3 : 6e-2;
 }
-double gradient_tolerance(Precision p) { return p == Precision::kTf32 ? 3e-2 : tolerance(p); }
+double gradient_tolerance(Precision p) {
+  return p == Precision::kTf32 ? 3e-2 : tolerance(p);
+}
 
 std::vector<float> random_vector(size_t n, uint64_t seed) {
   Rng rng(seed);
   std::vector<float> v(n);
-  for (float& x : v) x = rng.uniform(-1.0f, 1.0f);
+  for (float& x : v)
+    x = rng.uniform(-1.0f, 1.0f);
   return v;
 }
 
@@ -74,15 +77,18 @@ struct Case {
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
-  for (int w : c.widths) *os << w << ",";
-  *os << " batch " << c.batch << " " << precision_name(c.precision) << (c.fused ? " fused" : " plain");
+  for (int w : c.widths)
+    *os << w << ",";
+  *os << " batch " << c.batch << " " << precision_name(c.precision)
+      << (c.fused ? " fused" : " plain");
 }
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   std::string name;
-  for (int w : info.param.widths) name += std::to_string(w) + "_";
-  return name + "b" + std::to_string(info.param.batch) + "_" + precision_name(info.param.precision) +
-         (info.param.fused ? "_fused" : "_plain");
+  for (int w : info.param.widths)
+    name += std::to_string(w) + "_";
+  return name + "b" + std::to_string(info.param.batch) + "_" +
+         precision_name(info.param.precision) + (info.param.fused ? "_fused" : "_plain");
 }
 
 class CudaMlpOps : public ::testing::TestWithParam<Case> {};
@@ -98,7 +104,8 @@ TEST_P(CudaMlpOps, ForwardAndBackwardMatchTheCpu) {
   const auto x = random_vector(static_cast<size_t>(c.batch) * shape.input_width(), seed + 1);
   std::vector<int32_t> y(c.batch);
   Rng rng(seed + 2);
-  for (int32_t& label : y) label = static_cast<int32_t>(rng.below(shape.num_classes()));
+  for (int32_t& label : y)
+    label = static_cast<int32_t>(rng.below(shape.num_classes()));
 
   CpuMlp cpu(shape, c.batch);
   std::copy(params.begin(), params.end(), cpu.params());
@@ -119,44 +126,52 @@ TEST_P(CudaMlpOps, ForwardAndBackwardMatchTheCpu) {
   gpu.get_grads(grads.data());
 
   EXPECT_LE(relative_error(logits, want_logits), tolerance(c.precision)) << gpu.epilogue_summary();
-  EXPECT_LE(relative_error(grads, want_grads), gradient_tolerance(c.precision)) << gpu.epilogue_summary();
+  EXPECT_LE(relative_error(grads, want_grads), gradient_tolerance(c.precision))
+      << gpu.epilogue_summary();
   // Per layer too, so that a small layer's error is not hidden by a large one.
   for (int i = 0; i < shape.num_layers(); ++i) {
     const LayerSlice& l = shape.layer(i);
-    const std::vector<float> g(grads.begin() + l.bias_offset, grads.begin() + l.bias_offset + l.out);
-    const std::vector<float> w(want_grads.begin() + l.bias_offset, want_grads.begin() + l.bias_offset + l.out);
-    EXPECT_LE(relative_error(g, w), gradient_tolerance(c.precision)) << "bias gradient of layer " << i;
+    const std::vector<float> g(grads.begin() + l.bias_offset,
+                               grads.begin() + l.bias_offset + l.out);
+    const std::vector<float> w(want_grads.begin() + l.bias_offset,
+                               want_grads.begin() + l.bias_offset + l.out);
+    EXPECT_LE(relative_error(g, w), gradient_tolerance(c.precision))
+        << "bias gradient of layer " << i;
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AwkwardSizes, CudaMlpOps,
-    ::testing::Values(Case{{1, 1}, 1, Precision::kFp32, true}, Case{{5, 3}, 7, Precision::kFp32, true},
-                      Case{{17, 33, 7}, 13, Precision::kFp32, true},
-                      Case{{17, 33, 7}, 13, Precision::kFp32, false},
-                      Case{{31, 129, 65, 10}, 129, Precision::kFp32, true},
-                      Case{{784, 512, 512, 10}, 128, Precision::kFp32, true},
-                      Case{{784, 512, 512, 10}, 128, Precision::kFp32, false},
-                      Case{{31, 129, 65, 10}, 129, Precision::kTf32, true},
-                      Case{{784, 512, 512, 10}, 128, Precision::kTf32, true},
-                      Case{{32, 64, 16}, 24, Precision::kBf16, true},
-                      Case{{31, 129, 65, 10}, 129, Precision::kBf16, true},
-                      Case{{784, 512, 512, 10}, 128, Precision::kBf16, true},
-                      Case{{784, 512, 512, 10}, 128, Precision::kBf16, false}),
-    case_name);
+INSTANTIATE_TEST_SUITE_P(AwkwardSizes, CudaMlpOps,
+                         ::testing::Values(Case{{1, 1}, 1, Precision::kFp32, true},
+                                           Case{{5, 3}, 7, Precision::kFp32, true},
+                                           Case{{17, 33, 7}, 13, Precision::kFp32, true},
+                                           Case{{17, 33, 7}, 13, Precision::kFp32, false},
+                                           Case{{31, 129, 65, 10}, 129, Precision::kFp32, true},
+                                           Case{{784, 512, 512, 10}, 128, Precision::kFp32, true},
+                                           Case{{784, 512, 512, 10}, 128, Precision::kFp32, false},
+                                           Case{{31, 129, 65, 10}, 129, Precision::kTf32, true},
+                                           Case{{784, 512, 512, 10}, 128, Precision::kTf32, true},
+                                           Case{{32, 64, 16}, 24, Precision::kBf16, true},
+                                           Case{{31, 129, 65, 10}, 129, Precision::kBf16, true},
+                                           Case{{784, 512, 512, 10}, 128, Precision::kBf16, true},
+                                           Case{{784, 512, 512, 10}, 128, Precision::kBf16, false}),
+                         case_name);
 
 TEST(CudaKernels, SoftmaxCrossEntropyMatchesTheCpu) {
   REQUIRE_GPU();
   for (int classes : {1, 3, 10, 1000}) {
     const int batch = 9;
     auto logits = random_vector(static_cast<size_t>(batch) * classes, classes);
-    for (float& v : logits) v *= 20.0f;  // wide range: stability matters
+    for (float& v : logits)
+      v *= 20.0f;  // wide range: stability matters
     std::vector<int32_t> labels(batch);
-    for (int i = 0; i < batch; ++i) labels[i] = (i * 7) % classes;
+    for (int i = 0; i < batch; ++i)
+      labels[i] = (i * 7) % classes;
     std::vector<float> want(logits.size());
-    const LossSum cpu = softmax_xent_cpu(logits.data(), labels.data(), batch, classes, 0.5f, want.data());
+    const LossSum cpu =
+        softmax_xent_cpu(logits.data(), labels.data(), batch, classes, 0.5f, want.data());
 
-    DeviceBuffer<float> d_logits(logits.size(), MemoryCategory::kOther), d_grad(logits.size(), MemoryCategory::kOther);
+    DeviceBuffer<float> d_logits(logits.size(), MemoryCategory::kOther),
+        d_grad(logits.size(), MemoryCategory::kOther);
     DeviceBuffer<int32_t> d_labels(batch, MemoryCategory::kOther);
     DeviceBuffer<double> d_loss(1, MemoryCategory::kOther);
     DeviceBuffer<int> d_correct(1, MemoryCategory::kOther);
@@ -165,12 +180,13 @@ TEST(CudaKernels, SoftmaxCrossEntropyMatchesTheCpu) {
     cudaMemset(d_loss.data(), 0, 8);
     cudaMemset(d_correct.data(), 0, 4);
     launch_fill(d_grad.data(), d_grad.count(), false, NAN, nullptr);
-    launch_softmax_xent(d_logits.data(), d_labels.data(), batch, classes, 0.5f, d_grad.data(), false,
-                        d_loss.data(), d_correct.data(), nullptr);
+    launch_softmax_xent(d_logits.data(), d_labels.data(), batch, classes, 0.5f, d_grad.data(),
+                        false, d_loss.data(), d_correct.data(), nullptr);
     std::vector<float> got(logits.size());
     double loss = 0;
     int correct = 0;
-    ASSERT_EQ(cudaMemcpy(got.data(), d_grad.data(), d_grad.bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(got.data(), d_grad.data(), d_grad.bytes(), cudaMemcpyDeviceToHost),
+              cudaSuccess);
     cudaMemcpy(&loss, d_loss.data(), 8, cudaMemcpyDeviceToHost);
     cudaMemcpy(&correct, d_correct.data(), 4, cudaMemcpyDeviceToHost);
     EXPECT_LE(relative_error(got, want), 1e-5) << classes << " classes";
@@ -205,11 +221,13 @@ TEST(CudaKernels, OptimizersMatchTheCpu) {
       cudaMemcpy(counter.data(), &t, 4, cudaMemcpyHostToDevice);
       if (kind == OptimizerKind::kSgd) {
         sgd_update(p.data(), g.data(), a.data(), count, steps[t].lr, 0.9f, 0.01f, t == 0);
-        launch_sgd(dp.data(), dg.data(), da.data(), nullptr, count, dsteps.data(), counter.data(), 0.9f, 0.01f, nullptr);
+        launch_sgd(dp.data(), dg.data(), da.data(), nullptr, count, dsteps.data(), counter.data(),
+                   0.9f, 0.01f, nullptr);
       } else {
-        adamw_update(p.data(), g.data(), a.data(), b.data(), count, steps[t].lr, 0.9f, 0.999f, 1e-8f, 0.01f, t + 1);
-        launch_adamw(dp.data(), dg.data(), da.data(), db.data(), nullptr, count, dsteps.data(), counter.data(),
-                     0.9f, 0.999f, 1e-8f, 0.01f, nullptr);
+        adamw_update(p.data(), g.data(), a.data(), b.data(), count, steps[t].lr, 0.9f, 0.999f,
+                     1e-8f, 0.01f, t + 1);
+        launch_adamw(dp.data(), dg.data(), da.data(), db.data(), nullptr, count, dsteps.data(),
+                     counter.data(), 0.9f, 0.999f, 1e-8f, 0.01f, nullptr);
       }
     }
     std::vector<float> got(count);
@@ -219,14 +237,17 @@ TEST(CudaKernels, OptimizersMatchTheCpu) {
 }
 
 // K steps through the device-resident schedule against K steps of CpuMlp + Optimizer.
-std::vector<float> gpu_steps(const MlpShape& shape, const Dataset& data, const OptimizerConfig& opt, int batch,
-                             int k, bool graph, const std::vector<float>& init, bool staged = false) {
+std::vector<float> gpu_steps(const MlpShape& shape, const Dataset& data, const OptimizerConfig& opt,
+                             int batch, int k, bool graph, const std::vector<float>& init,
+                             bool staged = false) {
   CudaMlpOptions options;
   options.cuda_graph = graph;
   CudaMlp gpu(shape, batch, opt, options);
   gpu.set_params(init.data());
-  if (staged) gpu.set_train_data_host(data.train);
-  else gpu.set_train_data(data.train);
+  if (staged)
+    gpu.set_train_data_host(data.train);
+  else
+    gpu.set_train_data(data.train);
   Sampler sampler(data.train.n, 3, true);
   std::vector<int32_t> indices(static_cast<size_t>(k) * batch);
   sampler.indices(0, indices.size(), indices.data());
@@ -234,7 +255,8 @@ std::vector<float> gpu_steps(const MlpShape& shape, const Dataset& data, const O
   for (int t = 0; t < k; ++t) {
     steps[t].lr = lr_at(t, k, 0.05f, LrSchedule::kCosine, 0);
     steps[t].first = t == 0;
-    steps[t].step_size = static_cast<float>(steps[t].lr / (1.0 - std::pow(double(opt.beta1), t + 1.0)));
+    steps[t].step_size =
+        static_cast<float>(steps[t].lr / (1.0 - std::pow(double(opt.beta1), t + 1.0)));
     steps[t].bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(double(opt.beta2), t + 1.0)));
   }
   gpu.upload_schedule(indices.data(), steps.data(), k);
@@ -248,8 +270,8 @@ std::vector<float> gpu_steps(const MlpShape& shape, const Dataset& data, const O
   return params;
 }
 
-std::vector<float> cpu_steps(const MlpShape& shape, const Dataset& data, const OptimizerConfig& opt, int batch,
-                             int k, const std::vector<float>& init) {
+std::vector<float> cpu_steps(const MlpShape& shape, const Dataset& data, const OptimizerConfig& opt,
+                             int batch, int k, const std::vector<float>& init) {
   CpuMlp cpu(shape, batch);
   std::copy(init.begin(), init.end(), cpu.params());
   auto optimizer = make_optimizer(opt, shape.param_count());
@@ -259,13 +281,14 @@ std::vector<float> cpu_steps(const MlpShape& shape, const Dataset& data, const O
   for (int t = 0; t < k; ++t) {
     sampler.indices(static_cast<int64_t>(t) * batch, batch, idx.data());
     for (int i = 0; i < batch; ++i) {
-      std::copy_n(&data.train.x[static_cast<size_t>(idx[i]) * shape.input_width()], shape.input_width(),
-                  &x[static_cast<size_t>(i) * shape.input_width()]);
+      std::copy_n(&data.train.x[static_cast<size_t>(idx[i]) * shape.input_width()],
+                  shape.input_width(), &x[static_cast<size_t>(i) * shape.input_width()]);
       y[i] = data.train.y[idx[i]];
     }
     cpu.forward(x.data(), batch);
     cpu.backward(y.data(), batch, 1.0f / batch);
-    optimizer->step(cpu.params(), cpu.grads(), shape.param_count(), lr_at(t, k, 0.05f, LrSchedule::kCosine, 0));
+    optimizer->step(cpu.params(), cpu.grads(), shape.param_count(),
+                    lr_at(t, k, 0.05f, LrSchedule::kCosine, 0));
   }
   return {cpu.params(), cpu.params() + shape.param_count()};
 }

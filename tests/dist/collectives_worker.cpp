@@ -54,34 +54,74 @@ struct Checker {
   static void put(std::vector<char>& buffer, size_t i, DataType type, double value) {
     char* p = buffer.data() + i * dtype_bytes(type);
     switch (type) {
-      case DataType::kFloat32: { float v = static_cast<float>(value); std::memcpy(p, &v, 4); break; }
-      case DataType::kFloat64: std::memcpy(p, &value, 8); break;
-      case DataType::kInt32: { int32_t v = static_cast<int32_t>(value); std::memcpy(p, &v, 4); break; }
-      case DataType::kInt64: { int64_t v = static_cast<int64_t>(value); std::memcpy(p, &v, 8); break; }
-      case DataType::kBFloat16: { uint16_t v = float_to_bf16(static_cast<float>(value)); std::memcpy(p, &v, 2); break; }
+      case DataType::kFloat32: {
+        float v = static_cast<float>(value);
+        std::memcpy(p, &v, 4);
+        break;
+      }
+      case DataType::kFloat64:
+        std::memcpy(p, &value, 8);
+        break;
+      case DataType::kInt32: {
+        int32_t v = static_cast<int32_t>(value);
+        std::memcpy(p, &v, 4);
+        break;
+      }
+      case DataType::kInt64: {
+        int64_t v = static_cast<int64_t>(value);
+        std::memcpy(p, &v, 8);
+        break;
+      }
+      case DataType::kBFloat16: {
+        uint16_t v = float_to_bf16(static_cast<float>(value));
+        std::memcpy(p, &v, 2);
+        break;
+      }
     }
   }
   static double get(const std::vector<char>& buffer, size_t i, DataType type) {
     const char* p = buffer.data() + i * dtype_bytes(type);
     switch (type) {
-      case DataType::kFloat32: { float v; std::memcpy(&v, p, 4); return v; }
-      case DataType::kFloat64: { double v; std::memcpy(&v, p, 8); return v; }
-      case DataType::kInt32: { int32_t v; std::memcpy(&v, p, 4); return v; }
-      case DataType::kInt64: { int64_t v; std::memcpy(&v, p, 8); return static_cast<double>(v); }
-      case DataType::kBFloat16: { uint16_t v; std::memcpy(&v, p, 2); return bf16_to_float(v); }
+      case DataType::kFloat32: {
+        float v;
+        std::memcpy(&v, p, 4);
+        return v;
+      }
+      case DataType::kFloat64: {
+        double v;
+        std::memcpy(&v, p, 8);
+        return v;
+      }
+      case DataType::kInt32: {
+        int32_t v;
+        std::memcpy(&v, p, 4);
+        return v;
+      }
+      case DataType::kInt64: {
+        int64_t v;
+        std::memcpy(&v, p, 8);
+        return static_cast<double>(v);
+      }
+      case DataType::kBFloat16: {
+        uint16_t v;
+        std::memcpy(&v, p, 2);
+        return bf16_to_float(v);
+      }
     }
     return 0;
   }
 
   template <typename Want>
-  void expect(const char* what, const std::vector<char>& buffer, size_t count, DataType type, Want want) {
+  void expect(const char* what, const std::vector<char>& buffer, size_t count, DataType type,
+              Want want) {
     for (size_t i = 0; i < count; ++i) {
       const double expected = want(i);
       const double got = get(buffer, i, type);
-      const double tolerance = type == DataType::kBFloat16 ? 1e-2 * std::fabs(expected) : 1e-6 * std::fabs(expected);
+      const double tolerance =
+          type == DataType::kBFloat16 ? 1e-2 * std::fabs(expected) : 1e-6 * std::fabs(expected);
       if (std::fabs(got - expected) > tolerance) {
-        std::printf("MISMATCH %s %s count %zu element %zu: got %g want %g (rank %d)\n", what, dtype_name(type), count, i,
-                    got, expected, comm.rank());
+        std::printf("MISMATCH %s %s count %zu element %zu: got %g want %g (rank %d)\n", what,
+                    dtype_name(type), count, i, got, expected, comm.rank());
         ++failures;
         return;
       }
@@ -91,12 +131,14 @@ struct Checker {
   void run(size_t count, DataType type) {
     const int S = comm.size(), R = comm.rank();
     const size_t b = dtype_bytes(type);
-    const bool floating = type == DataType::kFloat32 || type == DataType::kFloat64 || type == DataType::kBFloat16;
+    const bool floating =
+        type == DataType::kFloat32 || type == DataType::kFloat64 || type == DataType::kBFloat16;
     {  // all_reduce sum / average
       for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage}) {
         if (op == ReduceOp::kAverage && !floating) continue;
         std::vector<char> h(count * b);
-        for (size_t i = 0; i < count; ++i) put(h, i, type, R + 1 + double(i % 7));
+        for (size_t i = 0; i < count; ++i)
+          put(h, i, type, R + 1 + double(i % 7));
         void* d = to_comm(h);
         comm.all_reduce(d, count, type, op);
         from_comm(d, h);
@@ -107,7 +149,8 @@ struct Checker {
     }
     {  // all_reduce max
       std::vector<char> h(count * b);
-      for (size_t i = 0; i < count; ++i) put(h, i, type, (R + 1) * double(i % 3 + 1));
+      for (size_t i = 0; i < count; ++i)
+        put(h, i, type, (R + 1) * double(i % 3 + 1));
       void* d = to_comm(h);
       comm.all_reduce(d, count, type, ReduceOp::kMax);
       from_comm(d, h);
@@ -115,39 +158,46 @@ struct Checker {
     }
     {  // broadcast from the last rank
       std::vector<char> h(count * b);
-      for (size_t i = 0; i < count; ++i) put(h, i, type, R == S - 1 ? double(i % 11 + 3) : -1.0);
+      for (size_t i = 0; i < count; ++i)
+        put(h, i, type, R == S - 1 ? double(i % 11 + 3) : -1.0);
       void* d = to_comm(h);
       comm.broadcast(d, count, type, S - 1);
       from_comm(d, h);
       expect("broadcast", h, count, type, [&](size_t i) { return double(i % 11 + 3); });
     }
     if (count > 100000) return;  // the rest at small and odd sizes
-    {  // all_gather
+    {                            // all_gather
       std::vector<char> send(count * b), recv(count * b * S);
-      for (size_t i = 0; i < count; ++i) put(send, i, type, R * 10 + double(i % 5));
+      for (size_t i = 0; i < count; ++i)
+        put(send, i, type, R * 10 + double(i % 5));
       void* ds = to_comm(send);
       void* dr = to_comm(recv);
       comm.all_gather(ds, dr, count, type);
       from_comm(dr, recv);
       std::vector<char> dummy(send.size());
       from_comm(ds, dummy);
-      expect("all_gather", recv, count * S, type, [&](size_t j) { return (j / std::max<size_t>(count, 1)) * 10 + double(j % std::max<size_t>(count, 1) % 5); });
+      expect("all_gather", recv, count * S, type, [&](size_t j) {
+        return (j / std::max<size_t>(count, 1)) * 10 + double(j % std::max<size_t>(count, 1) % 5);
+      });
     }
     {  // reduce_scatter sum
       std::vector<char> send(count * b * S), recv(count * b);
       for (int block = 0; block < S; ++block)
-        for (size_t i = 0; i < count; ++i) put(send, block * count + i, type, R + block + double(i % 5));
+        for (size_t i = 0; i < count; ++i)
+          put(send, block * count + i, type, R + block + double(i % 5));
       void* ds = to_comm(send);
       void* dr = to_comm(recv);
       comm.reduce_scatter(ds, dr, count, type, ReduceOp::kSum);
       from_comm(dr, recv);
       std::vector<char> dummy(send.size());
       from_comm(ds, dummy);
-      expect("reduce_scatter", recv, count, type, [&](size_t i) { return S * (S - 1) / 2.0 + S * (R + double(i % 5)); });
+      expect("reduce_scatter", recv, count, type,
+             [&](size_t i) { return S * (S - 1) / 2.0 + S * (R + double(i % 5)); });
     }
     if (S > 1) {  // ring send/recv: even ranks send first
       std::vector<char> out(count * b), in(count * b);
-      for (size_t i = 0; i < count; ++i) put(out, i, type, R * 3 + double(i % 4));
+      for (size_t i = 0; i < count; ++i)
+        put(out, i, type, R * 3 + double(i % 4));
       void* dout = to_comm(out);
       void* din = to_comm(in);
       const int next = (R + 1) % S, prev = (R + S - 1) % S;
@@ -169,28 +219,34 @@ struct Checker {
 
 int run_all(Communicator& comm, bool gpu) {
   Checker checker{comm, gpu};
-  for (DataType type : {DataType::kFloat32, DataType::kBFloat16, DataType::kFloat64, DataType::kInt32, DataType::kInt64})
-    for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1001}}) checker.run(count, type);
+  for (DataType type : {DataType::kFloat32, DataType::kBFloat16, DataType::kFloat64,
+                        DataType::kInt32, DataType::kInt64})
+    for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1001}})
+      checker.run(count, type);
   checker.run(3'000'001, DataType::kFloat32);
   // Sub-groups: even and odd ranks.
   auto sub = comm.split(comm.rank() % 2, comm.rank());
   std::vector<char> h(4 * 5);
-  for (size_t i = 0; i < 5; ++i) Checker::put(h, i, DataType::kFloat32, comm.rank());
+  for (size_t i = 0; i < 5; ++i)
+    Checker::put(h, i, DataType::kFloat32, comm.rank());
   void* d = checker.to_comm(h);
   sub->all_reduce(d, 5, DataType::kFloat32, ReduceOp::kSum);
   checker.from_comm(d, h);
   double want = 0;
-  for (int r = comm.rank() % 2; r < comm.size(); r += 2) want += r;
+  for (int r = comm.rank() % 2; r < comm.size(); r += 2)
+    want += r;
   Checker sub_checker{*sub, gpu};
   sub_checker.expect("split all_reduce", h, 5, DataType::kFloat32, [&](size_t) { return want; });
   const int expected_size = (comm.size() + 1 - comm.rank() % 2) / 2;
   if (sub->size() != expected_size || sub->rank() != comm.rank() / 2) {
-    std::printf("MISMATCH split: size %d rank %d, want %d %d\n", sub->size(), sub->rank(), expected_size, comm.rank() / 2);
+    std::printf("MISMATCH split: size %d rank %d, want %d %d\n", sub->size(), sub->rank(),
+                expected_size, comm.rank() / 2);
     ++sub_checker.failures;
   }
   const int failures = checker.failures + sub_checker.failures;
-  if (failures == 0) std::printf("collectives ok: %s rank %d of %d, %llu operations\n", comm.backend(), comm.rank(),
-                                 comm.size(), static_cast<unsigned long long>(comm.sequence()));
+  if (failures == 0)
+    std::printf("collectives ok: %s rank %d of %d, %llu operations\n", comm.backend(), comm.rank(),
+                comm.size(), static_cast<unsigned long long>(comm.sequence()));
   return failures == 0 ? 0 : 1;
 }
 
@@ -212,7 +268,8 @@ int main(int argc, char** argv) {
     }
 #endif
     std::shared_ptr<ddp::StoreClient> store;
-    if (env.master_port > 0) store = std::make_shared<ddp::StoreClient>(env.master_addr, env.master_port, env.store_token);
+    if (env.master_port > 0)
+      store = std::make_shared<ddp::StoreClient>(env.master_addr, env.master_port, env.store_token);
     ddp::CommConfig config;
     config.backend = backend;
     config.gpu = gpu;

@@ -9,48 +9,25 @@
 #include <cstdlib>
 #include <string>
 
-#include "runtime/timer.h"
+#include "tests/support/test_support.h"
 
 namespace ddp {
 namespace {
 
-struct RunResult {
-  int exit_code = -1;
-  std::string output;
-  double seconds = 0;
-};
-
-RunResult run(const std::string& command) {
-  Stopwatch clock;
-  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
-  RunResult result;
-  std::array<char, 4096> buffer;
-  size_t got;
-  while ((got = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) result.output.append(buffer.data(), got);
-  const int status = ::pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  result.seconds = clock.seconds();
-  return result;
-}
-
-int count_of(const std::string& text, const std::string& needle) {
-  int n = 0;
-  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
-  return n;
-}
-
 // CPU workers: hide any GPU from ddprun.
 const std::string kDdprun = std::string("CUDA_VISIBLE_DEVICES= ") + DDPRUN_PATH;
 // Open MPI as root in containers: allow root, shared-memory transport without CMA.
-const std::string kMpirun = std::string("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ") + MPIRUN_PATH +
-                            " --oversubscribe --mca btl self,vader --mca btl_vader_single_copy_mechanism none";
+const std::string kMpirun =
+    std::string("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ") + MPIRUN_PATH +
+    " --oversubscribe --mca btl self,vader --mca btl_vader_single_copy_mechanism none";
 
 class GlooRanks : public ::testing::TestWithParam<int> {};
 
 TEST_P(GlooRanks, EveryOperationMatchesClosedForm) {
   if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
   const int ranks = GetParam();
-  const RunResult r = run(kDdprun + " --nproc-per-node " + std::to_string(ranks) + " -- " + CHECK_PATH + " gloo all");
+  const RunResult r = run_command(kDdprun + " --nproc-per-node " + std::to_string(ranks) + " -- " +
+                                  CHECK_PATH + " gloo all");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(count_of(r.output, "collectives ok: gloo"), ranks) << r.output;
   EXPECT_EQ(r.output.find("MISMATCH"), std::string::npos) << r.output;
@@ -60,7 +37,8 @@ INSTANTIATE_TEST_SUITE_P(Ranks, GlooRanks, ::testing::Values(2, 3, 4));
 
 TEST(Gloo, RankThatNeverCallsMakesTheOthersFailWithTheTimeoutMessage) {
   if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
-  const RunResult r = run(kDdprun + " --nproc-per-node 3 --grace-period 1 -- " + CHECK_PATH + " gloo straggler");
+  const RunResult r = run_command(kDdprun + " --nproc-per-node 3 --grace-period 1 -- " +
+                                  CHECK_PATH + " gloo straggler");
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_LT(r.seconds, 25.0) << "the job hung";
   EXPECT_NE(r.output.find("all_reduce #1 (10 x float32, 40 bytes)"), std::string::npos) << r.output;
@@ -71,8 +49,9 @@ TEST(Gloo, RankThatNeverCallsMakesTheOthersFailWithTheTimeoutMessage) {
 TEST(Ddpbench, EveryOperationReportsNoWrongElements) {
   if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
   for (const char* op : {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "sendrecv"}) {
-    const RunResult r = run(kDdprun + " --nproc-per-node 3 --quiet -- " + BENCH_PATH + " collectives --op " + op +
-                            " --min-bytes 12 --max-bytes 3000000 --factor 10 --iters 2 --warmup 1 --json");
+    const RunResult r = run_command(
+        kDdprun + " --nproc-per-node 3 --quiet -- " + BENCH_PATH + " collectives --op " + op +
+        " --min-bytes 12 --max-bytes 3000000 --factor 10 --iters 2 --warmup 1 --json");
     EXPECT_EQ(r.exit_code, 0) << op << "\n" << r.output;
     EXPECT_EQ(count_of(r.output, "\"busbw_gbs\""), 6) << op << "\n" << r.output;  // 12 B .. 1.2 MB
     EXPECT_EQ(count_of(r.output, "\"wrong\":0"), 6) << op << "\n" << r.output;
@@ -81,18 +60,20 @@ TEST(Ddpbench, EveryOperationReportsNoWrongElements) {
 
 TEST(Mpi, EveryOperationMatchesClosedForm) {
   if (!HAVE_MPI) GTEST_SKIP() << "built without MPI";
-  const RunResult r = run(kMpirun + " -np 2 " + CHECK_PATH + " mpi all");
+  const RunResult r = run_command(kMpirun + " -np 2 " + CHECK_PATH + " mpi all");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(count_of(r.output, "collectives ok: mpi"), 2) << r.output;
 }
 
 TEST(Mpi, RankThatNeverCallsMakesTheOthersFailWithTheTimeoutMessage) {
   if (!HAVE_MPI) GTEST_SKIP() << "built without MPI";
-  const RunResult r = run(kMpirun + " -np 3 " + CHECK_PATH + " mpi straggler");
+  const RunResult r = run_command(kMpirun + " -np 3 " + CHECK_PATH + " mpi straggler");
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_LT(r.seconds, 40.0) << "the job hung";
   EXPECT_NE(r.output.find("all_reduce #1 (10 x float32, 40 bytes)"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("did not complete: no completion within the 3.0s deadline"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("did not complete: no completion within the 3.0s deadline"),
+            std::string::npos)
+      << r.output;
 }
 
 }  // namespace

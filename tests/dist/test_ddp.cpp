@@ -15,42 +15,15 @@
 
 #include "models/mlp.h"
 #include "models/safetensors.h"
+#include "tests/support/test_support.h"
 
 namespace ddp {
 namespace {
 
-struct RunResult {
-  int exit_code = -1;
-  std::string output;
-};
-
-RunResult run(const std::string& command) {
-  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
-  RunResult result;
-  std::array<char, 4096> buffer;
-  size_t got;
-  while ((got = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) result.output.append(buffer.data(), got);
-  const int status = ::pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
-}
-
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "ddp-dp-XXXXXX").string();
-    path_ = ::mkdtemp(pattern.data());
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
-
 const std::string kLayers = "12,32,16,4";
-const std::string kArgs = " --data synthetic --layers " + kLayers +
-                          " --synthetic-samples 240 --batch-size 24 --steps 12 --log-every 4 --quiet --seed 3";
+const std::string kArgs =
+    " --data synthetic --layers " + kLayers +
+    " --synthetic-samples 240 --batch-size 24 --steps 12 --log-every 4 --quiet --seed 3";
 const std::string kDdprun = std::string("CUDA_VISIBLE_DEVICES= ") + DDPRUN_PATH;
 const std::string kTrain = DDPTRAIN_PATH;
 
@@ -75,13 +48,17 @@ class DataParallelRanks : public ::testing::TestWithParam<int> {};
 TEST_P(DataParallelRanks, GlooMatchesOneProcessAndReplicasStayIdentical) {
   if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
   TempDir dir;
-  ASSERT_EQ(run(kTrain + kArgs + " --save-weights " + dir.file("one.safetensors")).exit_code, 0);
+  ASSERT_EQ(
+      run_command(kTrain + kArgs + " --save-weights " + dir.file("one.safetensors")).exit_code, 0);
   const int ranks = GetParam();
-  const RunResult r = run(kDdprun + " --nproc-per-node " + std::to_string(ranks) + " -- " + kTrain + kArgs +
-                          " --check-replicas --bucket-mb 0.0005 --first-bucket-mb 0.0002 --save-weights " +
-                          dir.file("dp.safetensors"));
+  const RunResult r =
+      run_command(kDdprun + " --nproc-per-node " + std::to_string(ranks) + " -- " + kTrain + kArgs +
+                  " --check-replicas --bucket-mb 0.0005 --first-bucket-mb 0.0002 --save-weights " +
+                  dir.file("dp.safetensors"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_LE(max_relative_error(weights(dir.file("dp.safetensors")), weights(dir.file("one.safetensors"))), 1e-5);
+  EXPECT_LE(
+      max_relative_error(weights(dir.file("dp.safetensors")), weights(dir.file("one.safetensors"))),
+      1e-5);
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, DataParallelRanks, ::testing::Values(2, 3, 4));
@@ -89,12 +66,17 @@ INSTANTIATE_TEST_SUITE_P(Ranks, DataParallelRanks, ::testing::Values(2, 3, 4));
 TEST(DataParallel, MpiMatchesOneProcess) {
   if (!HAVE_MPI) GTEST_SKIP() << "built without MPI";
   TempDir dir;
-  ASSERT_EQ(run(kTrain + kArgs + " --save-weights " + dir.file("one.safetensors")).exit_code, 0);
-  const RunResult r = run(std::string("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ") + MPIRUN_PATH +
-                          " --oversubscribe --mca btl self,vader --mca btl_vader_single_copy_mechanism none -np 2 " +
-                          kTrain + kArgs + " --backend mpi --check-replicas --save-weights " + dir.file("dp.safetensors"));
+  ASSERT_EQ(
+      run_command(kTrain + kArgs + " --save-weights " + dir.file("one.safetensors")).exit_code, 0);
+  const RunResult r = run_command(
+      std::string("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ") + MPIRUN_PATH +
+      " --oversubscribe --mca btl self,vader --mca btl_vader_single_copy_mechanism none -np 2 " +
+      kTrain + kArgs + " --backend mpi --check-replicas --save-weights " +
+      dir.file("dp.safetensors"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_LE(max_relative_error(weights(dir.file("dp.safetensors")), weights(dir.file("one.safetensors"))), 1e-5);
+  EXPECT_LE(
+      max_relative_error(weights(dir.file("dp.safetensors")), weights(dir.file("one.safetensors"))),
+      1e-5);
 }
 
 // The engine's own record of the first step, from the metrics file.
@@ -110,9 +92,14 @@ TEST(DataParallel, OverlapIssuesABucketBeforeBackwardEnds) {
   if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
   TempDir dir;
   const std::string small_buckets = " --bucket-mb 0.0005 --first-bucket-mb 0.0002 --metrics ";
-  ASSERT_EQ(run(kDdprun + " --nproc-per-node 2 -- " + kTrain + kArgs + small_buckets + dir.file("on.jsonl")).exit_code, 0);
-  ASSERT_EQ(run(kDdprun + " --nproc-per-node 2 -- " + kTrain + kArgs + small_buckets + dir.file("off.jsonl") +
-                " --no-overlap").exit_code, 0);
+  ASSERT_EQ(run_command(kDdprun + " --nproc-per-node 2 -- " + kTrain + kArgs + small_buckets +
+                        dir.file("on.jsonl"))
+                .exit_code,
+            0);
+  ASSERT_EQ(run_command(kDdprun + " --nproc-per-node 2 -- " + kTrain + kArgs + small_buckets +
+                        dir.file("off.jsonl") + " --no-overlap")
+                .exit_code,
+            0);
   const std::string on = timeline(dir.file("on.jsonl"));
   const std::string off = timeline(dir.file("off.jsonl"));
   ASSERT_FALSE(on.empty());
@@ -125,23 +112,33 @@ TEST(DataParallel, OverlapIssuesABucketBeforeBackwardEnds) {
 
 TEST(DataParallel, GlobalBatchMustDivideAmongRanks) {
   if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
-  const RunResult r = run(kDdprun + " --nproc-per-node 3 -- " + kTrain +
-                          " --data synthetic --layers 12,4 --batch-size 10 --steps 2 --quiet");
+  const RunResult r =
+      run_command(kDdprun + " --nproc-per-node 3 -- " + kTrain +
+                  " --data synthetic --layers 12,4 --batch-size 10 --steps 2 --quiet");
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("--batch-size 10: the global batch must divide among the 3 data-parallel ranks (try 12)"),
-            std::string::npos) << r.output;
+  EXPECT_NE(
+      r.output.find(
+          "--batch-size 10: the global batch must divide among the 3 data-parallel ranks (try 12)"),
+      std::string::npos)
+      << r.output;
 }
 
 TEST(Checkpoint, ResumeGivesBitwiseTheUninterruptedWeights) {
   TempDir dir;
-  ASSERT_EQ(run(kTrain + kArgs + " --optimizer adamw --lr 0.01 --save-weights " + dir.file("straight.safetensors")).exit_code, 0);
-  const std::string ckpt = " --optimizer adamw --lr 0.01 --checkpoint-dir " + dir.file("ckpt") + " --checkpoint-every 5";
-  const RunResult crashed = run(kTrain + kArgs + ckpt + " --fail-at-step 8");
+  ASSERT_EQ(run_command(kTrain + kArgs + " --optimizer adamw --lr 0.01 --save-weights " +
+                        dir.file("straight.safetensors"))
+                .exit_code,
+            0);
+  const std::string ckpt =
+      " --optimizer adamw --lr 0.01 --checkpoint-dir " + dir.file("ckpt") + " --checkpoint-every 5";
+  const RunResult crashed = run_command(kTrain + kArgs + ckpt + " --fail-at-step 8");
   EXPECT_EQ(crashed.exit_code, 1) << crashed.output;
-  EXPECT_NE(crashed.output.find("failing on purpose at step 8"), std::string::npos) << crashed.output;
+  EXPECT_NE(crashed.output.find("failing on purpose at step 8"), std::string::npos)
+      << crashed.output;
   // A restarted process (DDP_RESTART_COUNT > 0, as ddprun sets it) resumes from step 5.
-  const RunResult resumed = run("RANK=0 WORLD_SIZE=1 DDP_RESTART_COUNT=1 " + kTrain + kArgs + ckpt +
-                                " --fail-at-step 8 --resume --save-weights " + dir.file("resumed.safetensors"));
+  const RunResult resumed =
+      run_command("RANK=0 WORLD_SIZE=1 DDP_RESTART_COUNT=1 " + kTrain + kArgs + ckpt +
+                  " --fail-at-step 8 --resume --save-weights " + dir.file("resumed.safetensors"));
   EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_NE(resumed.output.find("resumed from"), std::string::npos) << resumed.output;
   EXPECT_EQ(weights(dir.file("resumed.safetensors")), weights(dir.file("straight.safetensors")));
@@ -150,20 +147,25 @@ TEST(Checkpoint, ResumeGivesBitwiseTheUninterruptedWeights) {
 TEST(Checkpoint, DdprunRestartResumesFromTheLatestCheckpoint) {
   if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
   TempDir dir;
-  ASSERT_EQ(run(kTrain + kArgs + " --save-weights " + dir.file("straight.safetensors")).exit_code, 0);
-  const RunResult r = run(kDdprun + " --nproc-per-node 2 --max-restarts 1 -- " + kTrain + kArgs + " --checkpoint-dir " +
-                          dir.file("ckpt") + " --checkpoint-every 4 --resume --fail-at-step 7 --save-weights " +
-                          dir.file("dp.safetensors"));
+  ASSERT_EQ(
+      run_command(kTrain + kArgs + " --save-weights " + dir.file("straight.safetensors")).exit_code,
+      0);
+  const RunResult r = run_command(
+      kDdprun + " --nproc-per-node 2 --max-restarts 1 -- " + kTrain + kArgs + " --checkpoint-dir " +
+      dir.file("ckpt") + " --checkpoint-every 4 --resume --fail-at-step 7 --save-weights " +
+      dir.file("dp.safetensors"));
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("restarting the group (restart 1 of 1)"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("resumed from"), std::string::npos) << r.output;
-  EXPECT_LE(max_relative_error(weights(dir.file("dp.safetensors")), weights(dir.file("straight.safetensors"))), 1e-5);
+  EXPECT_LE(max_relative_error(weights(dir.file("dp.safetensors")),
+                               weights(dir.file("straight.safetensors"))),
+            1e-5);
 }
 
 TEST(Checkpoint, TruncatedOrAlteredCheckpointsAreRefused) {
   TempDir dir;
   const std::string ckpt = " --checkpoint-dir " + dir.file("ckpt") + " --resume";
-  ASSERT_EQ(run(kTrain + kArgs + ckpt).exit_code, 0);
+  ASSERT_EQ(run_command(kTrain + kArgs + ckpt).exit_code, 0);
   const std::string path = dir.file("ckpt/latest.safetensors");
   std::ifstream in(path, std::ios::binary);
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -172,19 +174,23 @@ TEST(Checkpoint, TruncatedOrAlteredCheckpointsAreRefused) {
   std::string altered = bytes;
   altered[altered.size() - 3] ^= 0x10;  // a bit of the last tensor
   std::ofstream(path, std::ios::binary | std::ios::trunc) << altered;
-  RunResult r = run(kTrain + kArgs + ckpt);
+  RunResult r = run_command(kTrain + kArgs + ckpt);
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("checksum mismatch"), std::string::npos) << r.output;
 
   std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes.substr(0, bytes.size() / 2);
-  r = run(kTrain + kArgs + ckpt);
+  r = run_command(kTrain + kArgs + ckpt);
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("latest.safetensors"), std::string::npos) << r.output;
 
   std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
-  r = run(kTrain + " --data synthetic --layers 12,8,4 --synthetic-samples 240 --batch-size 24 --steps 2 --quiet" + ckpt);
+  r = run_command(kTrain +
+                  " --data synthetic --layers 12,8,4 --synthetic-samples 240 --batch-size 24 "
+                  "--steps 2 --quiet" +
+                  ckpt);
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("checkpoint of --layers 12,32,16,4, but this run has --layers 12,8,4"), std::string::npos)
+  EXPECT_NE(r.output.find("checkpoint of --layers 12,32,16,4, but this run has --layers 12,8,4"),
+            std::string::npos)
       << r.output;
 }
 

@@ -13,30 +13,10 @@
 #include <string>
 #include <thread>
 
-#include "runtime/timer.h"
+#include "tests/support/test_support.h"
 
 namespace ddp {
 namespace {
-
-struct RunResult {
-  int exit_code = -1;
-  std::string output;
-  double seconds = 0;
-};
-
-RunResult run(const std::string& command) {
-  Stopwatch clock;
-  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
-  RunResult result;
-  std::array<char, 4096> buffer;
-  size_t got;
-  while ((got = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0)
-    result.output.append(buffer.data(), got);
-  const int status = ::pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  result.seconds = clock.seconds();
-  return result;
-}
 
 std::string ddprun() {
   return DDPRUN_PATH;
@@ -50,20 +30,6 @@ class HideGpus : public ::testing::Environment {
 };
 const auto* const kHideGpus = ::testing::AddGlobalTestEnvironment(new HideGpus);
 
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "ddprun-test-XXXXXX").string();
-    path_ = ::mkdtemp(pattern.data());
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
 std::string read_file(const std::string& path) {
   std::ifstream in(path);
   std::stringstream text;
@@ -73,10 +39,10 @@ std::string read_file(const std::string& path) {
 
 TEST(Ddprun, EnvironmentContractForEachWorker) {
   const RunResult r =
-      run("CUDA_VISIBLE_DEVICES=4,6 " + ddprun() +
-          " --nproc-per-node 2 -- sh -c 'echo R=$RANK W=$WORLD_SIZE L=$LOCAL_RANK "
-          "LW=$LOCAL_WORLD_SIZE G=$GROUP_RANK C=$CUDA_VISIBLE_DEVICES "
-          "A=$MASTER_ADDR P=$MASTER_PORT T=${#DDP_STORE_TOKEN} X=$DDP_RESTART_COUNT'");
+      run_command("CUDA_VISIBLE_DEVICES=4,6 " + ddprun() +
+                  " --nproc-per-node 2 -- sh -c 'echo R=$RANK W=$WORLD_SIZE L=$LOCAL_RANK "
+                  "LW=$LOCAL_WORLD_SIZE G=$GROUP_RANK C=$CUDA_VISIBLE_DEVICES "
+                  "A=$MASTER_ADDR P=$MASTER_PORT T=${#DDP_STORE_TOKEN} X=$DDP_RESTART_COUNT'");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("[rank 0] R=0 W=2 L=0 LW=2 G=0 C=4 A=127.0.0.1 P="), std::string::npos)
       << r.output;
@@ -87,7 +53,8 @@ TEST(Ddprun, EnvironmentContractForEachWorker) {
 }
 
 TEST(Ddprun, MoreGpuWorkersThanGpusIsAnError) {
-  const RunResult r = run("CUDA_VISIBLE_DEVICES=4,6 " + ddprun() + " --nproc-per-node 3 -- true");
+  const RunResult r =
+      run_command("CUDA_VISIBLE_DEVICES=4,6 " + ddprun() + " --nproc-per-node 3 -- true");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.output.find("only 2 GPUs found (CUDA_VISIBLE_DEVICES: 4,6)"), std::string::npos)
       << r.output;
@@ -96,8 +63,8 @@ TEST(Ddprun, MoreGpuWorkersThanGpusIsAnError) {
 TEST(Ddprun, OutputIsPrefixedAndLoggedPerRank) {
   TempDir dir;
   const RunResult r =
-      run(ddprun() + " --nproc-per-node 3 --log-dir " + dir.file("logs") +
-          " -- sh -c 'echo out-$RANK; echo err-$RANK >&2; printf no-newline-$RANK'");
+      run_command(ddprun() + " --nproc-per-node 3 --log-dir " + dir.file("logs") +
+                  " -- sh -c 'echo out-$RANK; echo err-$RANK >&2; printf no-newline-$RANK'");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   for (int rank = 0; rank < 3; ++rank) {
     const std::string k = std::to_string(rank);
@@ -111,15 +78,17 @@ TEST(Ddprun, OutputIsPrefixedAndLoggedPerRank) {
 }
 
 TEST(Ddprun, QuietShowsOnlyRankZero) {
-  const RunResult r = run(ddprun() + " --nproc-per-node 2 --quiet -- sh -c 'echo hi-$RANK'");
+  const RunResult r =
+      run_command(ddprun() + " --nproc-per-node 2 --quiet -- sh -c 'echo hi-$RANK'");
   EXPECT_NE(r.output.find("[rank 0] hi-0"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("hi-1"), std::string::npos) << r.output;
 }
 
 TEST(Ddprun, FirstFailureStopsTheOthersAndSetsTheExitCode) {
-  const RunResult r = run(ddprun() +
-                          " --nproc-per-node 3 --grace-period 2 -- sh -c "
-                          "'if [ $RANK = 1 ]; then echo about to fail; exit 3; fi; exec sleep 60'");
+  const RunResult r =
+      run_command(ddprun() +
+                  " --nproc-per-node 3 --grace-period 2 -- sh -c "
+                  "'if [ $RANK = 1 ]; then echo about to fail; exit 3; fi; exec sleep 60'");
   EXPECT_EQ(r.exit_code, 3) << r.output;
   EXPECT_LT(r.seconds, 10.0) << "the others were not stopped";
   EXPECT_NE(r.output.find("rank 1 failed first: exit code 3"), std::string::npos) << r.output;
@@ -128,17 +97,17 @@ TEST(Ddprun, FirstFailureStopsTheOthersAndSetsTheExitCode) {
 
 TEST(Ddprun, WorkersIgnoringSigtermAreKilledAfterTheGracePeriod) {
   const RunResult r =
-      run(ddprun() +
-          " --nproc-per-node 2 --grace-period 1 -- sh -c "
-          "'trap \"\" TERM; if [ $RANK = 0 ]; then exit 5; fi; sleep 60 & wait; sleep 60'");
+      run_command(ddprun() +
+                  " --nproc-per-node 2 --grace-period 1 -- sh -c "
+                  "'trap \"\" TERM; if [ $RANK = 0 ]; then exit 5; fi; sleep 60 & wait; sleep 60'");
   EXPECT_EQ(r.exit_code, 5) << r.output;
   EXPECT_LT(r.seconds, 10.0);
 }
 
 TEST(Ddprun, SignalDeathIsReportedByName) {
-  const RunResult r = run(ddprun() +
-                          " --nproc-per-node 2 -- sh -c "
-                          "'if [ $RANK = 1 ]; then kill -9 $$; fi; exec sleep 60'");
+  const RunResult r = run_command(ddprun() +
+                                  " --nproc-per-node 2 -- sh -c "
+                                  "'if [ $RANK = 1 ]; then kill -9 $$; fi; exec sleep 60'");
   EXPECT_EQ(r.exit_code, 128 + 9) << r.output;
   EXPECT_NE(r.output.find("rank 1 failed first: killed by SIGKILL (9)"), std::string::npos)
       << r.output;
@@ -174,10 +143,11 @@ TEST(Ddprun, SigintReachesEveryWorker) {
 
 TEST(Ddprun, RestartsCountUpThenGiveUp) {
   TempDir dir;
-  const RunResult r = run(ddprun() +
-                          " --nproc-per-node 2 --max-restarts 2 -- sh -c "
-                          "'echo $DDP_RESTART_COUNT >> " +
-                          dir.path() + "/r-$RANK; if [ $RANK = 0 ]; then exit 1; fi; exec sleep 30'");
+  const RunResult r =
+      run_command(ddprun() +
+                  " --nproc-per-node 2 --max-restarts 2 -- sh -c "
+                  "'echo $DDP_RESTART_COUNT >> " +
+                  dir.path() + "/r-$RANK; if [ $RANK = 0 ]; then exit 1; fi; exec sleep 30'");
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_LT(r.seconds, 20.0) << "rank 1 was not stopped after each failure";
   EXPECT_EQ(read_file(dir.file("r-0")), "0\n1\n2\n");
@@ -186,14 +156,14 @@ TEST(Ddprun, RestartsCountUpThenGiveUp) {
 }
 
 TEST(Ddprun, RestartSucceedsOnALaterAttempt) {
-  const RunResult r = run(ddprun() +
-                          " --nproc-per-node 2 --max-restarts 3 -- sh -c "
-                          "'test $DDP_RESTART_COUNT -ge 1'");
+  const RunResult r = run_command(ddprun() +
+                                  " --nproc-per-node 2 --max-restarts 3 -- sh -c "
+                                  "'test $DDP_RESTART_COUNT -ge 1'");
   EXPECT_EQ(r.exit_code, 0) << r.output;
 }
 
 TEST(Ddprun, WorkersMeetAtTheStore) {
-  const RunResult r = run(ddprun() + " --nproc-per-node 4 -- " + WORKER_PATH + " store");
+  const RunResult r = run_command(ddprun() + " --nproc-per-node 4 -- " + WORKER_PATH + " store");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   for (int rank = 0; rank < 4; ++rank)
     EXPECT_NE(r.output.find("store ok rank=" + std::to_string(rank) +
@@ -206,14 +176,15 @@ TEST(Ddprun, StoreWorksAgainAfterARestart) {
   TempDir dir;
   const std::string once = dir.file("once");
   const RunResult r =
-      run(ddprun() + " --nproc-per-node 2 --max-restarts 1 -- sh -c '" + WORKER_PATH +
-          " store && if [ $DDP_RESTART_COUNT = 0 ] && [ $RANK = 0 ]; then exit 9; fi'");
+      run_command(ddprun() + " --nproc-per-node 2 --max-restarts 1 -- sh -c '" + WORKER_PATH +
+                  " store && if [ $DDP_RESTART_COUNT = 0 ] && [ $RANK = 0 ]; then exit 9; fi'");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("restarting the group"), std::string::npos) << r.output;
 }
 
 TEST(Ddprun, PortInUseIsAClearError) {
-  const RunResult first = run(ddprun() + " --nproc-per-node 1 -- sh -c 'echo port=$MASTER_PORT'");
+  const RunResult first =
+      run_command(ddprun() + " --nproc-per-node 1 -- sh -c 'echo port=$MASTER_PORT'");
   // Hold a port with a worker, then ask a second ddprun for the same one.
   TempDir dir;
   const pid_t pid = ::fork();
@@ -231,7 +202,8 @@ TEST(Ddprun, PortInUseIsAClearError) {
   while (!port.empty() && port.back() == '\n')
     port.pop_back();
   ASSERT_FALSE(port.empty());
-  const RunResult r = run(ddprun() + " --nproc-per-node 1 --master-port " + port + " -- true");
+  const RunResult r =
+      run_command(ddprun() + " --nproc-per-node 1 --master-port " + port + " -- true");
   ::kill(pid, SIGTERM);
   ::waitpid(pid, nullptr, 0);
   EXPECT_EQ(r.exit_code, 2) << r.output;
@@ -242,13 +214,13 @@ TEST(Ddprun, PortInUseIsAClearError) {
 }
 
 TEST(Ddprun, MissingProgramIsReported) {
-  const RunResult r = run(ddprun() + " --nproc-per-node 1 -- /no/such/program");
+  const RunResult r = run_command(ddprun() + " --nproc-per-node 1 -- /no/such/program");
   EXPECT_EQ(r.exit_code, 127) << r.output;
   EXPECT_NE(r.output.find("cannot run /no/such/program"), std::string::npos) << r.output;
 }
 
 TEST(Ddprun, LinksNoCudaNcclOrMpiLibrary) {
-  const RunResult r = run("ldd " + ddprun());
+  const RunResult r = run_command("ldd " + ddprun());
   ASSERT_EQ(r.exit_code, 0) << r.output;
   for (const char* lib : {"libcuda", "libcudart", "libnccl", "libmpi", "libnvidia-ml"})
     EXPECT_EQ(r.output.find(lib), std::string::npos) << lib << " in\n" << r.output;

@@ -7,29 +7,14 @@
 #include <fstream>
 #include <string>
 
-#include "test_util.h"
+#include "tests/support/test_support.h"
 
 namespace ddp {
 namespace {
 
-struct RunResult {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr
-};
-
 // Runs ddptrain; output holds stdout and stderr, or stderr alone with `stderr_only`.
 RunResult run_ddptrain(const std::string& args, bool stderr_only = false) {
-  const std::string command =
-      std::string(DDPTRAIN_PATH) + " " + args + (stderr_only ? " 2>&1 >/dev/null" : " 2>&1");
-  FILE* pipe = ::popen(command.c_str(), "r");
-  RunResult result;
-  std::array<char, 4096> buffer;
-  size_t got;
-  while ((got = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0)
-    result.output.append(buffer.data(), got);
-  const int status = ::pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
+  return run_command(std::string(DDPTRAIN_PATH) + " " + args, stderr_only);
 }
 
 void expect_usage_error(const std::string& args, const std::string& message) {

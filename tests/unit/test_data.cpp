@@ -9,7 +9,7 @@
 #include "engine/sampler.h"
 #include "models/dataset.h"
 #include "runtime/error.h"
-#include "test_util.h"
+#include "tests/support/test_support.h"
 
 namespace ddp {
 namespace {

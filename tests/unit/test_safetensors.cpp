@@ -6,7 +6,7 @@
 #include "models/mlp.h"
 #include "models/safetensors.h"
 #include "runtime/error.h"
-#include "test_util.h"
+#include "tests/support/test_support.h"
 
 namespace ddp {
 namespace {

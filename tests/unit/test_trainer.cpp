@@ -4,7 +4,7 @@
 #include "engine/trainer.h"
 #include "models/safetensors.h"
 #include "runtime/error.h"
-#include "test_util.h"
+#include "tests/support/test_support.h"
 
 namespace ddp {
 namespace {
