@@ -91,6 +91,8 @@ bool parse_train_args(int argc, char** argv, TrainConfig* config) {
     ("no-cuda-graph", "cuda: launch every kernel instead of replaying the captured step")
     ("no-fused-epilogues", "cuda: plain matrix products plus our own bias/ReLU kernels (for comparison)")
     ("sync-debug", "cuda: synchronise after every kernel and name the op that failed")
+    ("autotune", "cuda: at start, time cuBLASLt's candidate algorithms and the fused epilogues against plain "
+        "products and keep the fastest (results may differ in the last bits from a run without)")
     ("stage-from-host", "cuda: keep the training set on the host and copy batches ahead through pinned memory "
         "(automatic when it does not fit in half the free device memory)")
     ("init-retries", "cuda: retry a failed device start-up this many times, with back-off",
@@ -178,6 +180,7 @@ bool parse_train_args(int argc, char** argv, TrainConfig* config) {
     c.fused_epilogues = result.count("no-fused-epilogues") == 0;
     c.sync_debug = result.count("sync-debug") > 0;
     c.stage_from_host = result.count("stage-from-host") > 0;
+    c.autotune = result.count("autotune") > 0;
     c.init_retries = number<int>(result, "init-retries");
     c.threads = number<int>(result, "threads");
     c.log_every = number<int>(result, "log-every");

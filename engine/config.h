@@ -33,6 +33,7 @@ struct TrainConfig {
   bool fused_epilogues = true;
   bool sync_debug = false;
   bool stage_from_host = false;  // cuda: keep the training set on the host
+  bool autotune = false;         // cuda: time the candidate algorithms at start
   int init_retries = 0;
   int threads = 0;  // CPU matrix-product threads; 0: the library's default
   int log_every = 100;

@@ -61,6 +61,7 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communi
   options.cuda_graph = config.cuda_graph;  // with data parallelism the NCCL calls are captured too
   options.fused_epilogues = config.fused_epilogues;
   options.sync_debug = config.sync_debug;
+  options.autotune = config.autotune;
   options.max_schedule_steps = std::min(config.log_every, 512);
   CudaMlp model(shape, local_batch, config.optimizer, options);
 

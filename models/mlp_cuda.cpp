@@ -130,13 +130,15 @@ class LtMatmul {
                                          sizeof(align_d));
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d,
                                          sizeof(align_d));
-    cublasLtMatmulHeuristicResult_t result{};
+    cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
     int found = 0;
-    const cublasStatus_t status =
-        cublasLtMatmulAlgoGetHeuristic(handle_, desc_, a_, b_, d_, d_, pref, 1, &result, &found);
+    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle_, desc_, a_, b_, d_, d_, pref,
+                                                                 kCandidates, results, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     available_ = status == CUBLAS_STATUS_SUCCESS && found > 0;
-    if (available_) algo_ = result.algo;
+    for (int i = 0; available_ && i < found; ++i)
+      if (results[i].state == CUBLAS_STATUS_SUCCESS) algos_.push_back(results[i].algo);
+    available_ = !algos_.empty();
   }
   ~LtMatmul() {
     if (a_) cublasLtMatrixLayoutDestroy(a_);
@@ -149,11 +151,15 @@ class LtMatmul {
 
   bool available() const { return available_; }
   cublasLtEpilogue_t epilogue() const { return spec_.epilogue; }
+  // The heuristic's candidates, best first; run() uses the selected one (the first unless
+  // autotuning chose another).
+  size_t candidates() const { return algos_.size(); }
+  void select(size_t index) { chosen_ = index; }
 
   void run(void* workspace, size_t workspace_bytes, cudaStream_t stream) const {
     const float alpha = 1.0f;
     DDP_CUBLAS_CHECK(cublasLtMatmul(handle_, desc_, &alpha, spec_.a, a_, spec_.b, b_, &spec_.beta,
-                                    spec_.d, d_, spec_.d, d_, &algo_, workspace, workspace_bytes,
+                                    spec_.d, d_, spec_.d, d_, &algos_[chosen_], workspace, workspace_bytes,
                                     stream));
   }
 
@@ -167,7 +173,9 @@ class LtMatmul {
   MatmulSpec spec_;
   cublasLtMatmulDesc_t desc_ = nullptr;
   cublasLtMatrixLayout_t a_ = nullptr, b_ = nullptr, d_ = nullptr;
-  cublasLtMatmulAlgo_t algo_{};
+  static constexpr int kCandidates = 4;
+  std::vector<cublasLtMatmulAlgo_t> algos_;
+  size_t chosen_ = 0;
   bool available_ = false;
 };
 
@@ -301,6 +309,9 @@ void CudaMlp::build_plans(int batch) {
     w.bias = grads_.data() + l.bias_offset;
     w.epilogue = CUBLASLT_EPILOGUE_BGRADB;
     plans.dw.push_back(make_plan(lt_, w, ws, fused, CUBLASLT_EPILOGUE_DEFAULT));
+    plans.dw_plain.push_back(options_.autotune && batch == max_batch_
+                                 ? make_plan(lt_, w, ws, false, CUBLASLT_EPILOGUE_DEFAULT)
+                                 : nullptr);
 
     if (i > 0) {
       const bool below_has_mask =
@@ -315,11 +326,86 @@ void CudaMlp::build_plans(int batch) {
       x.aux = aux_[i - 1].data();
       x.aux_ld = aux_ld_[i - 1];
       plans.dx.push_back(make_plan(lt_, x, ws, fused && below_has_mask, CUBLASLT_EPILOGUE_DEFAULT));
+      plans.dx_plain.push_back(options_.autotune && batch == max_batch_
+                                   ? make_plan(lt_, x, ws, false, CUBLASLT_EPILOGUE_DEFAULT)
+                                   : nullptr);
     } else {
       plans.dx.push_back(nullptr);
+      plans.dx_plain.push_back(nullptr);
     }
   }
+  if (options_.autotune && batch == max_batch_) autotune(plans, batch);
   plans_.emplace(batch, std::move(plans));
+}
+
+float CudaMlp::time_ms(const std::function<void()>& work) {
+  CudaEvent start(true), stop(true);
+  for (int i = 0; i < 2; ++i) work();
+  DDP_CUDA_CHECK(cudaEventRecord(start.get(), stream()));
+  constexpr int kRepeats = 5;
+  for (int i = 0; i < kRepeats; ++i) work();
+  DDP_CUDA_CHECK(cudaEventRecord(stop.get(), stream()));
+  DDP_CUDA_CHECK(cudaEventSynchronize(stop.get()));
+  float ms = 0;
+  DDP_CUDA_CHECK(cudaEventElapsedTime(&ms, start.get(), stop.get()));
+  return ms / kRepeats;
+}
+
+void CudaMlp::autotune(Plans& plans, int batch) {
+  // Real values (not garbage, not zeros) in every buffer the products read.
+  launch_fill(params_.data(), params_.count(), false, 0.01f, stream());
+  if (bf16()) launch_fill(params16_.data(), params16_.count(), true, 0.01f, stream());
+  for (int i = 0; i < shape_.num_layers(); ++i) {
+    const bool last = i + 1 == shape_.num_layers();
+    launch_fill(act(i), acts_[i].bytes() / (last ? 4 : act_bytes()), !last && bf16(), 0.01f, stream());
+  }
+  launch_fill(grad_a_.data(), grad_a_.bytes() / act_bytes(), bf16(), 0.01f, stream());
+  launch_fill(grad_b_.data(), grad_b_.bytes() / act_bytes(), bf16(), 0.01f, stream());
+  launch_fill(x_batch_.data(), x_batch_.bytes() / act_bytes(), bf16(), 0.01f, stream());
+  // Try every candidate algorithm of a plan; keep the fastest. Returns its time.
+  auto tune = [&](LtMatmul& plan, const std::function<void()>& extra) {
+    size_t best = 0;
+    float best_ms = 1e30f;
+    for (size_t c = 0; c < plan.candidates(); ++c) {
+      plan.select(c);
+      const float ms = time_ms([&] {
+        plan.run(workspace_.data(), workspace_.bytes(), stream());
+        if (extra) extra();
+      });
+      if (ms < best_ms) best_ms = ms, best = c;
+    }
+    plan.select(best);
+    return best_ms;
+  };
+  const int last = shape_.num_layers() - 1;
+  for (int i = 0; i <= last; ++i) {
+    const LayerSlice& l = shape_.layer(i);
+    tune(*plans.forward[i], nullptr);
+    void* dz = grad_buffer((last - i) % 2);
+    // Weight gradient: fused bias gradient (BGRADB) against the plain product + our kernel.
+    if (plans.dw[i]->epilogue() == CUBLASLT_EPILOGUE_BGRADB && plans.dw_plain[i]) {
+      const float fused = tune(*plans.dw[i], nullptr);
+      const float plain = tune(*plans.dw_plain[i], [&] {
+        launch_bias_grad(dz, batch, l.out, bf16(), grads_.data() + l.bias_offset, false, stream());
+      });
+      if (plain < fused) std::swap(plans.dw[i], plans.dw_plain[i]);
+    } else {
+      tune(*plans.dw[i], nullptr);
+    }
+    if (i == 0) continue;
+    // Input gradient: fused ReLU derivative (DRELU) against the plain product + our mask.
+    if (plans.dx[i]->epilogue() == CUBLASLT_EPILOGUE_DRELU && plans.dx_plain[i]) {
+      const float fused = tune(*plans.dx[i], nullptr);
+      const float plain = tune(*plans.dx_plain[i], [&] {
+        launch_relu_mask(grad_buffer((last - i + 1) % 2), act(i - 1),
+                         static_cast<size_t>(batch) * shape_.layer(i - 1).out, bf16(), stream());
+      });
+      if (plain < fused) std::swap(plans.dx[i], plans.dx_plain[i]);
+    } else {
+      tune(*plans.dx[i], nullptr);
+    }
+  }
+  DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
 }
 
 std::string CudaMlp::epilogue_summary() const {

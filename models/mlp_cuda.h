@@ -33,6 +33,10 @@ struct CudaMlpOptions {
   bool sync_debug = false;  // synchronise after every op and name the one that failed
   size_t workspace_bytes = 32u << 20;
   int max_schedule_steps = 512;  // steps per uploaded schedule chunk
+  // At start, time every candidate algorithm of every product, and the fused epilogues
+  // against plain products plus our kernels, and keep the fastest. Results may then differ
+  // in the last bits from a run without it (other algorithms sum in another order).
+  bool autotune = false;
 };
 
 // One cuBLASLt product with its descriptors and chosen algorithm, for fixed pointers.
@@ -159,7 +163,10 @@ class CudaMlp {
   // Plans per batch size: forward[i], dw[i], dx[i].
   struct Plans {
     std::vector<std::unique_ptr<LtMatmul>> forward, dw, dx;
+    std::vector<std::unique_ptr<LtMatmul>> dw_plain, dx_plain;  // alternatives for autotune
   };
+  void autotune(Plans& plans, int batch);
+  float time_ms(const std::function<void()>& work);
   std::map<int, Plans> plans_;
 
   std::function<void(int)> layer_hook_;

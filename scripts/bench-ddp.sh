@@ -23,7 +23,7 @@ for run in "${runs[@]}"; do
   workload="${run%%:*}"; prec="${run##*:}"
   ddp_workload "$workload" || exit 2
   common=(--device cuda --precision "$prec" --data synthetic --layers "$layers" --steps "$steps"
-          --log-every $((steps / 6)) --lr-schedule constant --lr 0.01 --quiet)
+          --log-every $((steps / 6)) --lr-schedule constant --lr 0.01 --quiet --autotune)
   timeout 200 "$build/bin/ddptrain" "${common[@]}" --batch-size "$batch" --synthetic-samples $((batch * 4)) \
     --metrics "$tmp/one.jsonl" > "$tmp/one.log" 2>&1 || { echo "ddptrain 1 GPU failed on $run"; tail -3 "$tmp/one.log"; continue; }
   timeout 300 "$build/bin/ddprun" --nproc-per-node gpu -- "$build/bin/ddptrain" "${common[@]}" \
