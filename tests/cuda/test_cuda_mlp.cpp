@@ -239,9 +239,10 @@ TEST(CudaKernels, OptimizersMatchTheCpu) {
 // K steps through the device-resident schedule against K steps of CpuMlp + Optimizer.
 std::vector<float> gpu_steps(const MlpShape& shape, const Dataset& data, const OptimizerConfig& opt,
                              int batch, int k, bool graph, const std::vector<float>& init,
-                             bool staged = false) {
+                             bool staged = false, bool autotune = false) {
   CudaMlpOptions options;
   options.cuda_graph = graph;
+  options.autotune = autotune;
   CudaMlp gpu(shape, batch, opt, options);
   gpu.set_params(init.data());
   if (staged)
@@ -320,6 +321,18 @@ TEST(CudaTraining, GraphReplayEqualsEagerLaunches) {
   const auto graph = gpu_steps(shape, data, opt, 32, 12, true, init);
   EXPECT_EQ(eager, graph);
   EXPECT_NE(eager, init);
+}
+
+TEST(CudaTraining, AutotunedStepsMatchTheCpu) {
+  REQUIRE_GPU();
+  const MlpShape shape({256, 512, 384, 10});
+  const Dataset data = make_synthetic(1024, 10, 256, 10, 11);
+  std::vector<float> init(shape.param_count());
+  init_params(shape, 12, init.data());
+  OptimizerConfig opt;
+  const auto want = cpu_steps(shape, data, opt, 128, 6, init);
+  const auto got = gpu_steps(shape, data, opt, 128, 6, true, init, false, /*autotune=*/true);
+  EXPECT_LE(relative_error(got, want), 1e-5);
 }
 
 TEST(CudaTraining, HostStagedBatchesEqualDeviceGather) {
