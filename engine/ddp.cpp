@@ -39,12 +39,20 @@ Ddp::Ddp(Communicator& comm, const MlpShape& shape, size_t bucket_bytes, size_t 
       buckets_(plan_buckets(shape, bucket_bytes, first_bucket_bytes)),
       overlap_(overlap) {}
 
-void Ddp::check_same_model(const MlpShape& shape) {
+void Ddp::check_same_model(const MlpShape& shape, void* device_scratch) {
   const int n = comm_.size();
   std::vector<int64_t> mine = {static_cast<int64_t>(shape.fingerprint())};
   std::vector<int64_t> all(n);
-  DDP_CHECK(!comm_.device_buffers(), "check_same_model needs a host communicator");
-  comm_.all_gather(mine.data(), all.data(), 1, DataType::kInt64);
+  if (comm_.device_buffers()) {
+    DDP_CHECK(device_scratch != nullptr, "check_same_model over {} needs a device buffer",
+              comm_.backend());
+    copy_to_device_(device_scratch, mine.data(), sizeof(int64_t));
+    auto* slots = static_cast<int64_t*>(device_scratch);
+    comm_.all_gather(slots, slots + 1, 1, DataType::kInt64);
+    copy_to_host_(all.data(), slots + 1, sizeof(int64_t) * n);
+  } else {
+    comm_.all_gather(mine.data(), all.data(), 1, DataType::kInt64);
+  }
   std::string differ;
   for (int r = 0; r < n; ++r)
     if (all[r] != all[0]) differ += (differ.empty() ? "" : ", ") + std::to_string(r);

@@ -42,8 +42,14 @@ class Ddp {
       bool overlap);
 
   // Collective: every rank must hold the same model (layer shapes); throws naming the ranks
-  // that differ.
-  void check_same_model(const MlpShape& shape);
+  // that differ. A device communicator needs `device_scratch` of size() + 1 int64 and the
+  // copy functions (set_device_copies).
+  void check_same_model(const MlpShape& shape, void* device_scratch = nullptr);
+  using CopyFn = void (*)(void* dst, const void* src, size_t bytes);
+  void set_device_copies(CopyFn to_device, CopyFn to_host) {
+    copy_to_device_ = to_device;
+    copy_to_host_ = to_host;
+  }
   // Collective: parameters (params[count], host or device as the communicator expects)
   // become rank 0's.
   void broadcast_parameters(float* params, size_t count);
@@ -65,6 +71,8 @@ class Ddp {
   void issue(size_t bucket);
 
   Communicator& comm_;
+  CopyFn copy_to_device_ = nullptr;
+  CopyFn copy_to_host_ = nullptr;
   std::vector<Bucket> buckets_;
   bool overlap_;
   float* grads_ = nullptr;

@@ -89,6 +89,16 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communi
     ddp = std::make_unique<Ddp>(*comm, shape, static_cast<size_t>(config.bucket_mb * 1048576),
                                 static_cast<size_t>(config.first_bucket_mb * 1048576),
                                 config.overlap);
+    // Every rank must hold the same model: compare shape fingerprints through the group.
+    ddp->set_device_copies(
+        [](void* dst, const void* src, size_t bytes) {
+          DDP_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+        },
+        [](void* dst, const void* src, size_t bytes) {
+          DDP_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+        });
+    DeviceBuffer<int64_t> scratch(static_cast<size_t>(ranks) + 1, MemoryCategory::kOther);
+    ddp->check_same_model(shape, scratch.data());
     ddp->broadcast_parameters(model.device_params(), shape.param_count());
     model.get_params(params.data());
     model.set_params(params.data());  // refreshes the bf16 copy from the broadcast weights

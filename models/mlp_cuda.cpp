@@ -132,8 +132,8 @@ class LtMatmul {
                                          sizeof(align_d));
     cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
     int found = 0;
-    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle_, desc_, a_, b_, d_, d_, pref,
-                                                                 kCandidates, results, &found);
+    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+        handle_, desc_, a_, b_, d_, d_, pref, kCandidates, results, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     available_ = status == CUBLAS_STATUS_SUCCESS && found > 0;
     for (int i = 0; available_ && i < found; ++i)
@@ -159,8 +159,8 @@ class LtMatmul {
   void run(void* workspace, size_t workspace_bytes, cudaStream_t stream) const {
     const float alpha = 1.0f;
     DDP_CUBLAS_CHECK(cublasLtMatmul(handle_, desc_, &alpha, spec_.a, a_, spec_.b, b_, &spec_.beta,
-                                    spec_.d, d_, spec_.d, d_, &algos_[chosen_], workspace, workspace_bytes,
-                                    stream));
+                                    spec_.d, d_, spec_.d, d_, &algos_[chosen_], workspace,
+                                    workspace_bytes, stream));
   }
 
  private:
@@ -340,10 +340,12 @@ void CudaMlp::build_plans(int batch) {
 
 float CudaMlp::time_ms(const std::function<void()>& work) {
   CudaEvent start(true), stop(true);
-  for (int i = 0; i < 2; ++i) work();
+  for (int i = 0; i < 2; ++i)
+    work();
   DDP_CUDA_CHECK(cudaEventRecord(start.get(), stream()));
   constexpr int kRepeats = 5;
-  for (int i = 0; i < kRepeats; ++i) work();
+  for (int i = 0; i < kRepeats; ++i)
+    work();
   DDP_CUDA_CHECK(cudaEventRecord(stop.get(), stream()));
   DDP_CUDA_CHECK(cudaEventSynchronize(stop.get()));
   float ms = 0;
@@ -357,7 +359,8 @@ void CudaMlp::autotune(Plans& plans, int batch) {
   if (bf16()) launch_fill(params16_.data(), params16_.count(), true, 0.01f, stream());
   for (int i = 0; i < shape_.num_layers(); ++i) {
     const bool last = i + 1 == shape_.num_layers();
-    launch_fill(act(i), acts_[i].bytes() / (last ? 4 : act_bytes()), !last && bf16(), 0.01f, stream());
+    launch_fill(act(i), acts_[i].bytes() / (last ? 4 : act_bytes()), !last && bf16(), 0.01f,
+                stream());
   }
   launch_fill(grad_a_.data(), grad_a_.bytes() / act_bytes(), bf16(), 0.01f, stream());
   launch_fill(grad_b_.data(), grad_b_.bytes() / act_bytes(), bf16(), 0.01f, stream());

@@ -123,6 +123,18 @@ TEST(DataParallel, GlobalBatchMustDivideAmongRanks) {
       << r.output;
 }
 
+TEST(DataParallel, RanksWithDifferentModelsStopAtStart) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  const std::string common = " --data synthetic --batch-size 8 --steps 2 --quiet";
+  const RunResult r = run_command(
+      kDdprun + " --nproc-per-node 2 -- sh -c 'if [ $RANK = 0 ]; then exec " + kTrain + common +
+      " --layers 12,8,4; else exec " + kTrain + common + " --layers 12,16,4; fi'");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--layers: rank(s) 1 hold a different model than rank 0"),
+            std::string::npos)
+      << r.output;
+}
+
 TEST(Checkpoint, ResumeGivesBitwiseTheUninterruptedWeights) {
   TempDir dir;
   ASSERT_EQ(run_command(kTrain + kArgs + " --optimizer adamw --lr 0.01 --save-weights " +
