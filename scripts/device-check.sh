@@ -2,7 +2,7 @@
 # Everything that needs a GPU, in one call on the device machine: build (sm_90), the GPU
 # tests, the launcher on every GPU, Fashion-MNIST on one GPU, the benchmarks. Logs go to
 # $OUT (or ./device-out); a short table is printed last.
-# Usage: scripts/device-check.sh [sections...]  sections: build cuda cpu launcher fashion options ddp1 multi bench
+# Usage: scripts/device-check.sh [sections...]  sections: build doctor cuda cpu launcher fashion options ddp1 multi bench
 # Expects .deps/ (made by scripts/device-prepare.sh here): fashion-mnist/, include/ for the
 # headers the device image lacks.
 set -uo pipefail
@@ -35,6 +35,12 @@ if want build || [ ! -x "$build/bin/ddptrain" ]; then
     printf '%s\n' "${summary[@]}"
     exit 1
   fi
+fi
+
+if want doctor; then
+  "$build/bin/ddpdoctor" > "$out/doctor.log" 2>&1
+  cat "$out/doctor.log"
+  note "ddpdoctor: $(tail -1 "$out/doctor.log")"
 fi
 
 if want cuda; then

@@ -91,5 +91,21 @@ TEST(DdptrainCli, TrainsSyntheticAndWritesMetricsAndWeights) {
       "has shape [16, 8], expected [12, 8]");
 }
 
+TEST(Ddpdoctor, ReportsTheBuildAndTheMachine) {
+  const RunResult r = run_command(DDPDOCTOR_PATH);
+  EXPECT_TRUE(r.exit_code == 0 || r.exit_code == 1)
+      << r.output;  // 1: this machine has a FAIL (no GPU)
+  for (const char* line : {"build: CUDA", "build: NCCL", "build: Gloo", "build: MPI",
+                           "NVIDIA driver", "CUDA_VISIBLE_DEVICES", "failure(s)"})
+    EXPECT_NE(r.output.find(line), std::string::npos) << line << "\n" << r.output;
+}
+
+TEST(Ddpdoctor, AVisibleDeviceThatDoesNotExistIsAFailure) {
+  const RunResult r =
+      run_command(std::string("CUDA_VISIBLE_DEVICES=GPU-00000000-no-such ") + DDPDOCTOR_PATH);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("GPU-00000000-no-such (no such GPU)"), std::string::npos) << r.output;
+}
+
 }  // namespace
 }  // namespace ddp
