@@ -39,6 +39,10 @@ ddp_build() {
   local root build
   root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
   build="${DDP_BUILD_DIR:-$root/build}"
+  # The CUDA toolkit is not always on PATH (e.g. /usr/local/cuda); CMake finds it via CUDACXX.
+  if ! command -v nvcc >/dev/null 2>&1 && [ -z "${CUDACXX:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then
+    export CUDACXX=/usr/local/cuda/bin/nvcc
+  fi
   if [ ! -f "$build/CMakeCache.txt" ]; then
     cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release ${DDP_CMAKE_ARGS:-} || return 1
   fi
