@@ -27,10 +27,11 @@ Precision precision_of(const std::string& name) {
   return Precision::kFp32;
 }
 
-// Sums a few doubles over the group through a device buffer (NCCL needs device memory).
-void sum_on_device(Communicator* comm, CudaMlp& model, double* values, size_t count) {
+// Sums a few doubles over the group through `buffer` (NCCL needs device memory; the
+// buffer is allocated once, outside the steps).
+void sum_on_device(Communicator* comm, CudaMlp& model, DeviceBuffer<double>& buffer, double* values,
+                   size_t count) {
   if (comm == nullptr || comm->size() == 1) return;
-  DeviceBuffer<double> buffer(count, MemoryCategory::kOther);
   DDP_CUDA_CHECK(
       cudaMemcpyAsync(buffer.data(), values, count * 8, cudaMemcpyHostToDevice, model.stream()));
   comm->all_reduce(buffer.data(), count, DataType::kFloat64, ReduceOp::kSum);
@@ -139,6 +140,7 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communi
   std::vector<int32_t> indices(static_cast<size_t>(chunk) * local_batch);
   std::vector<OptStep> steps(chunk);
   int64_t window_samples = 0;
+  DeviceBuffer<double> window_buffer(3, MemoryCategory::kOther);
   auto save = [&] {
     if (lead) {
       Checkpoint c;
@@ -207,7 +209,7 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communi
       const CudaMlp::Metrics m = model.take_metrics();
       double window[3] = {m.loss_sum, static_cast<double>(m.correct),
                           static_cast<double>(window_samples)};
-      sum_on_device(data_parallel ? comm : nullptr, model, window, 3);
+      sum_on_device(data_parallel ? comm : nullptr, model, window_buffer, window, 3);
       progress.window(done, window[0], static_cast<int64_t>(window[1]),
                       static_cast<int64_t>(window[2]), &result);
       window_samples = 0;

@@ -7,14 +7,14 @@
 #   default: tiny:tf32 tiny:bf16 medium:tf32 medium:bf16 large:tf32 large:bf16
 set -uo pipefail
 cd "$(dirname "$0")/.."
+source scripts/workloads.sh
 build="${1:-build}"
 shift || true
 runs=("$@")
-[ ${#runs[@]} -eq 0 ] && runs=(tiny:tf32 tiny:bf16 medium:tf32 medium:bf16 large:tf32 large:bf16)
+[ ${#runs[@]} -eq 0 ] && runs=("${ddp_default_runs[@]}")
 py="${PYTHON:-python3}"
 gpus="$(nvidia-smi -L | wc -l)"
 tmp="$(mktemp -d)"
-source scripts/workloads.sh
 json() { ddp_json "$@"; }
 
 printf '| workload | prec | ddptrain 1 GPU samples/s | ddptrain %d GPU samples/s | ddptrain scaling | PyTorch 1 GPU | PyTorch %d GPU | PyTorch scaling | ratio (%d GPU) | first step ddprun / torchrun |\n' "$gpus" "$gpus" "$gpus"

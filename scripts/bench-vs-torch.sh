@@ -7,15 +7,15 @@
 #   default: tiny:tf32 tiny:bf16 medium:tf32 medium:bf16 large:tf32 large:bf16
 set -uo pipefail
 cd "$(dirname "$0")/.."
+source scripts/workloads.sh
 build="${1:-build}"
 shift || true
 runs=("$@")
-[ ${#runs[@]} -eq 0 ] && runs=(tiny:tf32 tiny:bf16 medium:tf32 medium:bf16 large:tf32 large:bf16)
+[ ${#runs[@]} -eq 0 ] && runs=("${ddp_default_runs[@]}")
 py="${PYTHON:-python3}"
 tmp="$(mktemp -d)"
 commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 
-source scripts/workloads.sh
 json() { ddp_json "$@"; }
 
 printf '| workload | prec | ddptrain ms/step | PyTorch ms/step | ddptrain samples/s | PyTorch samples/s | ratio | cuBLAS ms (products) | products / ddptrain step |\n'

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The reference workloads of shared/BENCHMARKS.md (per-GPU batch) and how long each
 # benchmark runs them. Sourced by bench-vs-torch.sh and bench-ddp.sh.
+# Every workload in both precisions, the benchmarks' default.
+ddp_default_runs=(tiny:tf32 tiny:bf16 medium:tf32 medium:bf16 large:tf32 large:bf16)
+
 # Usage: ddp_workload NAME  -> sets layers, batch, steps (ddptrain), tsteps (PyTorch), samples (synthetic set)
 ddp_workload() {
   case "$1" in
