@@ -24,11 +24,67 @@ macro(ddp_report name found detail)
   endif()
 endmacro()
 
+# A required library that is missing stops the configuration with one message naming it
+# and the three ways to provide it (scripts/deps.sh relies on this instead of dpkg).
+function(ddp_missing_required name apt copy)
+  message(FATAL_ERROR
+    "ddp needs ${name}, which was not found. Provide it in one of three ways:\n"
+    "  1. install it:            sudo apt-get install -y ${apt}\n"
+    "  2. point CMake at it:     -DCMAKE_PREFIX_PATH=/prefix/that/has/it "
+    "(the scripts pass DDP_CMAKE_ARGS to cmake)\n"
+    "  3. ${copy}\n")
+endfunction()
+
+# A header-only library found by its header alone (a copied folder on CMAKE_PREFIX_PATH or
+# CPATH) when no CMake package describes it: an INTERFACE target of the usual name.
+function(ddp_header_only target header)
+  string(MAKE_C_IDENTIFIER "DDP_${target}_INCLUDE_DIR" var)
+  find_path(${var} ${header} PATHS ENV CPATH)
+  if(${var})
+    add_library(${target} INTERFACE IMPORTED GLOBAL)
+    set_target_properties(${target} PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${${var}}")
+    message(STATUS "  header-only ${target} from ${${var}}")
+  endif()
+endfunction()
+
 # Required: logging, command lines, JSON, gzip.
-find_package(spdlog REQUIRED)
-find_package(cxxopts REQUIRED)
-find_package(nlohmann_json REQUIRED)
-find_package(ZLIB REQUIRED)
+find_package(spdlog QUIET)
+if(NOT spdlog_FOUND)
+  ddp_missing_required(spdlog "libspdlog-dev libfmt-dev"
+    "build spdlog and fmt from source with cmake --install into a prefix, and use way 2")
+endif()
+find_package(cxxopts QUIET)
+if(NOT cxxopts_FOUND)
+  ddp_header_only(cxxopts::cxxopts cxxopts.hpp)
+  if(NOT TARGET cxxopts::cxxopts)
+    ddp_missing_required(cxxopts libcxxopts-dev
+      "copy its header-only release: PREFIX/include/cxxopts.hpp, with PREFIX on CMAKE_PREFIX_PATH")
+  endif()
+endif()
+find_package(nlohmann_json QUIET)
+if(NOT nlohmann_json_FOUND)
+  ddp_header_only(nlohmann_json::nlohmann_json nlohmann/json.hpp)
+  if(NOT TARGET nlohmann_json::nlohmann_json)
+    ddp_missing_required(nlohmann-json nlohmann-json3-dev
+      "copy its header-only release: PREFIX/include/nlohmann/json.hpp, with PREFIX on CMAKE_PREFIX_PATH")
+  endif()
+endif()
+find_package(ZLIB QUIET)
+if(NOT ZLIB_FOUND)
+  # Images often ship the runtime library (libz.so.1) without the development symlink.
+  find_path(DDP_ZLIB_INCLUDE_DIR zlib.h PATHS ENV CPATH)
+  find_library(DDP_ZLIB_LIBRARY NAMES z libz.so.1)
+  if(DDP_ZLIB_INCLUDE_DIR AND DDP_ZLIB_LIBRARY)
+    add_library(ZLIB::ZLIB UNKNOWN IMPORTED GLOBAL)
+    set_target_properties(ZLIB::ZLIB PROPERTIES IMPORTED_LOCATION "${DDP_ZLIB_LIBRARY}"
+                                                INTERFACE_INCLUDE_DIRECTORIES "${DDP_ZLIB_INCLUDE_DIR}")
+    message(STATUS "  zlib from ${DDP_ZLIB_LIBRARY} and ${DDP_ZLIB_INCLUDE_DIR}/zlib.h")
+  else()
+    ddp_missing_required(zlib zlib1g-dev
+      "copy zlib.h and zconf.h into PREFIX/include (libz.so.1 is on nearly every system), "
+      "with PREFIX on CMAKE_PREFIX_PATH")
+  endif()
+endif()
 find_package(Threads REQUIRED)
 
 # OpenBLAS (CBLAS) for CPU matrix products; a portable loop fallback otherwise.
@@ -71,7 +127,7 @@ if(NOT DDP_WITH_NCCL STREQUAL "OFF" AND DDP_HAVE_CUDA)
   if(DDP_NCCL_INCLUDE_DIR AND DDP_NCCL_LIBRARY)
     ddp_report(NCCL TRUE "${DDP_NCCL_LIBRARY}")
   else()
-    ddp_report(NCCL FALSE "nccl.h or libnccl not found")
+    ddp_report(NCCL FALSE "nccl.h or libnccl not found (install NCCL, or put its prefix on CMAKE_PREFIX_PATH)")
   endif()
 elseif(DDP_WITH_NCCL STREQUAL "OFF")
   ddp_report(NCCL FALSE "switched off")
@@ -109,7 +165,11 @@ endif()
 
 # GoogleTest for the test suites.
 if(DDP_BUILD_TESTS)
-  find_package(GTest REQUIRED)
+  find_package(GTest QUIET)
+  if(NOT GTest_FOUND)
+    ddp_missing_required(GoogleTest libgtest-dev
+      "or configure with -DDDP_BUILD_TESTS=OFF to build without the tests")
+  endif()
 endif()
 
 function(ddp_print_summary)
@@ -120,4 +180,7 @@ function(ddp_print_summary)
   foreach(item IN LISTS _ddp_missing)
     message(STATUS "  left out: ${item}")
   endforeach()
+  # One line for the scripts to repeat after the build.
+  list(JOIN _ddp_missing "\n" left_out)
+  file(WRITE "${CMAKE_BINARY_DIR}/left-out.txt" "${left_out}")
 endfunction()

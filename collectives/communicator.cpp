@@ -55,35 +55,52 @@ const char* reduce_name(ReduceOp op) {
   return "?";
 }
 
+namespace {
+
+// Records this rank's arrival at `prefix` and names the ranks whose record is missing.
+std::string missing_ranks(StoreClient* store, const std::string& prefix, int rank, int size) {
+  if (store == nullptr) return "";
+  try {
+    store->set(prefix + std::to_string(rank), "1");
+    std::vector<std::string> keys;
+    for (int r = 0; r < size; ++r)
+      keys.push_back(prefix + std::to_string(r));
+    // Peers that reached this point time out at about the same moment; give them a little
+    // time to record it.
+    std::vector<std::string> absent;
+    for (int attempt = 0; attempt < 20; ++attempt) {
+      absent = store->missing(keys);
+      if (absent.empty()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    std::string missing;
+    for (const std::string& key : absent)
+      missing += (missing.empty() ? "" : ", ") + key.substr(prefix.size());
+    return absent.empty() ? "; every rank reached it (a peer failed inside it?)"
+                          : fmt::format("; rank(s) {} never reached it", missing);
+  } catch (const std::exception& e) {
+    return fmt::format("; the store could not tell which ranks are missing ({})", e.what());
+  }
+}
+
+}  // namespace
+
 std::string describe_stuck_operation(StoreClient* store, const std::string& group, int rank,
                                      int size, uint64_t sequence, const char* op, size_t count,
                                      DataType type, const std::string& cause) {
-  std::string missing;
-  if (store != nullptr) {
-    try {
-      const std::string prefix = fmt::format("ddp/arrived/{}/{}/", group, sequence);
-      store->set(prefix + std::to_string(rank), "1");
-      std::vector<std::string> keys;
-      for (int r = 0; r < size; ++r)
-        keys.push_back(prefix + std::to_string(r));
-      // Peers that reached this operation time out at about the same moment; give them a
-      // little time to record it.
-      std::vector<std::string> absent;
-      for (int attempt = 0; attempt < 20; ++attempt) {
-        absent = store->missing(keys);
-        if (absent.empty()) break;
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      }
-      for (const std::string& key : absent)
-        missing += (missing.empty() ? "" : ", ") + key.substr(prefix.size());
-      missing = absent.empty() ? "; every rank reached it (a peer failed inside it?)"
-                               : fmt::format("; rank(s) {} never reached it", missing);
-    } catch (const std::exception& e) {
-      missing = fmt::format("; the store could not tell which ranks are missing ({})", e.what());
-    }
-  }
+  const std::string missing =
+      missing_ranks(store, fmt::format("ddp/arrived/{}/{}/", group, sequence), rank, size);
   return fmt::format("{} #{} ({} x {}, {} bytes) in group {} did not complete: {}{}", op, sequence,
                      count, dtype_name(type), count * dtype_bytes(type), group, cause, missing);
+}
+
+std::string describe_stuck_step(StoreClient* store, const std::string& group, int rank, int size,
+                                const std::string& what, uint64_t sequence,
+                                const std::string& cause) {
+  const std::string missing =
+      missing_ranks(store, fmt::format("ddp/arrived/{}/{}/{}/", group, what, sequence), rank, size);
+  return fmt::format("{} #{} in group {} did not complete: {}{}", what, sequence, group, cause,
+                     missing);
 }
 
 }  // namespace ddp

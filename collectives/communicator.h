@@ -22,6 +22,13 @@ namespace ddp {
 class StoreClient;
 struct ProcessEnv;
 
+// "what #sequence in group G did not complete: cause; rank(s) K never reached it" (the
+// last part from the store: every stuck rank records its arrival and waits briefly for the
+// others' records, as describe_stuck_operation does).
+std::string describe_stuck_step(StoreClient* store, const std::string& group, int rank, int size,
+                                const std::string& what, uint64_t sequence,
+                                const std::string& cause);
+
 enum class DataType { kFloat32, kBFloat16, kFloat64, kInt32, kInt64 };
 size_t dtype_bytes(DataType type);
 const char* dtype_name(DataType type);
@@ -88,8 +95,16 @@ class Communicator {
   // Every rank calls; ranks with the same colour form a new communicator, ordered by key
   // then by rank. The parent stays usable.
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
-  // Stops pending operations so that peers stop waiting (on fatal errors).
+  // Stops pending operations so that peers stop waiting (on fatal errors). Safe to call
+  // from any thread and more than once; the backend's communicator is aborted once.
   virtual void abort() {}
+  // A message for work that never completed and that this rank cannot name by sequence
+  // (e.g. a step replayed from a CUDA graph): `what` #`sequence` with `cause`, and, where
+  // the store can tell, the ranks that never reached it. Every stuck rank should call it.
+  virtual std::string describe_stuck(const std::string& what, uint64_t sequence,
+                                     const std::string& cause) {
+    return describe_stuck_step(nullptr, "world", rank_, size_, what, sequence, cause);
+  }
 
   uint64_t sequence() const { return sequence_; }
 

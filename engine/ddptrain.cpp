@@ -53,6 +53,13 @@ int main(int argc, char** argv) {
       ddp::init_logging(
           {env.rank, env.world_size, "cuda:" + device.uuid.substr(4, 8), "", false, false});
       spdlog::info("{}", ddp::describe_phases(device));
+      if (env.share_gpu)
+        spdlog::warn(
+            "test mode (--share-gpu / DDP_SHARE_GPU=1): the ranks share this GPU, each its own "
+            "NCCL "
+            "host (NCCL_HOSTID={}); NCCL traffic goes through sockets: correct but slow, never a "
+            "performance figure",
+            env.nccl_host_id);
       metrics.write({{"event", "init"},
                      {"device", device.name},
                      {"uuid", device.uuid},

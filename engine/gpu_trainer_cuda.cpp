@@ -14,6 +14,7 @@
 #include "engine/gpu_trainer.h"
 #include "engine/progress.h"
 #include "engine/sampler.h"
+#include "engine/step_watchdog.h"
 #include "models/mlp_cuda.h"
 #include "models/safetensors.h"
 #include "runtime/error.h"
@@ -158,6 +159,24 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communi
     }
     if (data_parallel) comm->barrier();
   };
+  // With peers, every host wait on the stream is bounded: a dead or stopped rank makes the
+  // others fail within --timeout with a message naming it, instead of hanging in a sync.
+  std::unique_ptr<StepWatchdog> watchdog;
+  if (data_parallel && ranks > 1)
+    watchdog = std::make_unique<StepWatchdog>(
+        model.stream(), config.timeout, [comm, &config](int64_t step, double seconds) {
+          const std::string message =
+              comm->describe_stuck("training step", static_cast<uint64_t>(step),
+                                   fmt::format("no progress on this GPU for {:.1f}s (--timeout "
+                                               "{}); communicator aborted",
+                                               seconds, config.timeout));
+          spdlog::error("{}", message);
+          comm->abort();
+          return message;
+        });
+  auto wait_idle = [&] {
+    if (watchdog) watchdog->wait_idle();
+  };
   std::vector<int32_t> staged_indices(local_batch);
   auto stage = [&](int64_t step) {
     sampler.indices(step * config.batch_size + static_cast<int64_t>(rank) * local_batch,
@@ -197,14 +216,20 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communi
         model.train_step();
       }
       // Host staging: gather the next batch on the host while the GPU runs this one.
+      if (watchdog) {
+        watchdog->mark(done + k);
+        watchdog->check();
+      }
       if (model.host_staged() && done + k + 1 < total_steps) stage(done + k + 1);
       if (done + k == 0) {
+        wait_idle();
         DDP_CUDA_CHECK(cudaStreamSynchronize(model.stream()));
         progress.first_step_done();
       }
     }
     done += n;
     window_samples += static_cast<int64_t>(n) * local_batch;
+    wait_idle();  // before any synchronising call at the window's end
     if (done % config.log_every == 0 || done == total_steps) {
       const CudaMlp::Metrics m = model.take_metrics();
       double window[3] = {m.loss_sum, static_cast<double>(m.correct),

@@ -85,6 +85,11 @@ int run(int argc, char** argv) {
   std::vector<int> ranks;
   for (int local = 0; local < plan.nproc; ++local)
     ranks.push_back(config.node_rank * plan.nproc + local);
+  if (config.share_gpu)
+    std::fprintf(stderr,
+                 "ddprun: --share-gpu: all %d workers share GPU %s, each its own NCCL host; NCCL "
+                 "traffic goes through sockets (a test mode: correct, slow)\n",
+                 plan.nproc, plan.gpu_ids.front().c_str());
   std::fprintf(
       stderr, "ddprun: starting %d worker%s (%s), store on %s:%d\n", plan.nproc,
       plan.nproc == 1 ? "" : "s",

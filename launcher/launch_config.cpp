@@ -27,7 +27,8 @@ int parse_int(const std::string& flag, const std::string& value) {
 // Options that take a value: the program starts at the first argument that is not an
 // option or an option's value, or after "--".
 bool takes_value(const std::string& arg) {
-  return arg.find('=') == std::string::npos && arg != "--quiet" && arg != "--help" && arg != "-h";
+  return arg.find('=') == std::string::npos && arg != "--quiet" && arg != "--share-gpu" &&
+         arg != "--help" && arg != "-h";
 }
 
 }  // namespace
@@ -69,6 +70,8 @@ bool parse_launch_args(int argc, char** argv, LaunchConfig* config) {
     ("grace-period", "seconds between SIGTERM and SIGKILL when stopping workers",
         cxxopts::value<std::string>()->default_value("5"))
     ("quiet", "only rank 0's output on the console (all ranks still go to --log-dir)")
+    ("share-gpu", "test mode: every worker on the first GPU, each its own NCCL host (NCCL over "
+        "sockets: correct, slow; never for performance figures)")
     ("h,help", "print this help");
   // clang-format on
   cxxopts::ParseResult result;
@@ -97,6 +100,7 @@ bool parse_launch_args(int argc, char** argv, LaunchConfig* config) {
   }
   DDP_USAGE_CHECK(used == grace.size() && used > 0, "--grace-period {}: expected seconds", grace);
   c.quiet = result.count("quiet") > 0;
+  c.share_gpu = result.count("share-gpu") > 0;
   validate(c);
   return true;
 }
@@ -138,6 +142,13 @@ WorkerPlan plan_workers(const LaunchConfig& config, const GpuList& gpus, int cpu
     plan.hide_gpus = true;
     return plan;
   }
+  if (config.share_gpu) {
+    DDP_USAGE_CHECK(found > 0, "--share-gpu: no GPU found ({}); it puts every worker on one GPU",
+                    gpus.detail.empty() ? gpus.source : gpus.detail);
+    plan.nproc = config.nproc_per_node == "gpu" ? found : std::stoi(config.nproc_per_node);
+    plan.gpu_ids.assign(plan.nproc, gpus.ids.front());
+    return plan;
+  }
   if (config.nproc_per_node == "gpu") {
     DDP_USAGE_CHECK(found > 0,
                     "--nproc-per-node gpu: no GPU found ({}); use --nproc-per-node N or cpu for "
@@ -174,6 +185,11 @@ EnvMap child_environment(const EnvMap& parent, const LaunchConfig& config, const
   env["DDP_STORE_TOKEN"] = token;
   if (config.launch_time_ms > 0)
     env["DDP_LAUNCH_TIME_MS"] = fmt::format("{:.0f}", config.launch_time_ms);
+  if (config.share_gpu) {
+    env["DDP_SHARE_GPU"] = "1";
+    env["NCCL_HOSTID"] = fmt::format("ddp-share-gpu-rank-{}", rank);
+    if (!env.count("NCCL_SOCKET_IFNAME")) env["NCCL_SOCKET_IFNAME"] = "lo";
+  }
   if (!plan.gpu_ids.empty())
     env["CUDA_VISIBLE_DEVICES"] = plan.gpu_ids.at(local_rank);
   else if (plan.hide_gpus)

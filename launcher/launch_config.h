@@ -21,6 +21,7 @@ struct LaunchConfig {
   int max_restarts = 0;
   double grace_period = 5.0;         // seconds between SIGTERM and SIGKILL
   bool quiet = false;                // only rank 0 on the console
+  bool share_gpu = false;            // test mode: every worker on the first GPU (NCCL over sockets)
   std::vector<std::string> command;  // PROGRAM ARGS...
   double launch_time_ms = 0;         // when ddprun started (ms since the epoch); not a flag
 };
@@ -37,13 +38,15 @@ struct WorkerPlan {
   bool hide_gpus = false;            // CPU workers asked for with --nproc-per-node cpu
 };
 // `cpu_count`: cores of this machine. Throws UsageError when more GPU workers are asked for
-// than GPUs were found, saying what was found.
+// than GPUs were found, saying what was found. With share_gpu every worker gets the first GPU.
 WorkerPlan plan_workers(const LaunchConfig& config, const GpuList& gpus, int cpu_count);
 
 using EnvMap = std::map<std::string, std::string>;
 // The worker's environment: the parent's, plus RANK, LOCAL_RANK, WORLD_SIZE,
 // LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT, DDP_RESTART_COUNT, DDP_STORE_TOKEN,
-// and CUDA_VISIBLE_DEVICES set to exactly its GPU.
+// and CUDA_VISIBLE_DEVICES set to exactly its GPU. With share_gpu also DDP_SHARE_GPU=1,
+// NCCL_HOSTID=ddp-share-gpu-rank-R (its own "host" for NCCL) and, unless the parent sets it,
+// NCCL_SOCKET_IFNAME=lo.
 EnvMap child_environment(const EnvMap& parent, const LaunchConfig& config, const WorkerPlan& plan,
                          int local_rank, int port, const std::string& token, int restart);
 

@@ -182,8 +182,12 @@ void WorkerGroup::reap(bool block_until_exit) {
 }
 
 void WorkerGroup::stop_all(int signal) {
-  for (Worker& w : workers_)
-    if (!w.exited) ::kill(-w.pid, signal);
+  for (Worker& w : workers_) {
+    if (w.exited) continue;
+    ::kill(-w.pid, signal);
+    // A stopped worker (SIGSTOP, a debugger) acts on SIGTERM only once continued.
+    if (signal != SIGKILL) ::kill(-w.pid, SIGCONT);
+  }
 }
 
 GroupOutcome WorkerGroup::supervise() {

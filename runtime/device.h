@@ -48,12 +48,15 @@ DeviceInfo bind_device(const ProcessEnv& env, const BindOptions& options);
 bool cuda_built();
 
 // Two ranks on one GPU: given every rank's claim, returns an error message naming the
-// ranks and their CUDA_VISIBLE_DEVICES, or "" when every GPU has one rank. Pure.
+// ranks and their CUDA_VISIBLE_DEVICES, or "" when every GPU has one rank. Ranks that
+// declare different NCCL host ids (the --share-gpu test mode) count as different hosts,
+// as NCCL counts them. Pure.
 struct GpuClaim {
   int rank = 0;
   std::string host;
   std::string uuid;
   std::string visible_devices;
+  std::string host_id;  // NCCL_HOSTID under --share-gpu, else empty
 };
 std::string duplicate_gpu_message(const std::vector<GpuClaim>& claims);
 

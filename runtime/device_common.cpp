@@ -12,7 +12,7 @@ namespace ddp {
 std::string duplicate_gpu_message(const std::vector<GpuClaim>& claims) {
   std::map<std::string, std::vector<const GpuClaim*>> by_gpu;
   for (const GpuClaim& claim : claims)
-    by_gpu[claim.host + "/" + claim.uuid].push_back(&claim);
+    by_gpu[claim.host + "/" + claim.host_id + "/" + claim.uuid].push_back(&claim);
   std::string message;
   for (const auto& [key, owners] : by_gpu) {
     if (owners.size() < 2) continue;
@@ -20,13 +20,18 @@ std::string duplicate_gpu_message(const std::vector<GpuClaim>& claims) {
     for (const GpuClaim* c : owners)
       ranks += fmt::format("{}rank {} (CUDA_VISIBLE_DEVICES='{}')", ranks.empty() ? "" : ", ",
                            c->rank, c->visible_devices);
-    message += fmt::format("{}two ranks on one GPU: {} all use {} on host {}",
-                           message.empty() ? "" : "; ", ranks, owners[0]->uuid, owners[0]->host);
+    message +=
+        fmt::format("{}two ranks on one GPU: {} all use {} on host {}{}",
+                    message.empty() ? "" : "; ", ranks, owners[0]->uuid, owners[0]->host,
+                    owners[0]->host_id.empty()
+                        ? ""
+                        : fmt::format(" with the same NCCL_HOSTID '{}'", owners[0]->host_id));
   }
   if (!message.empty())
     message +=
         "; give each rank its own GPU (ddprun does; under mpirun set CUDA_VISIBLE_DEVICES "
-        "per rank or leave it unset)";
+        "per rank or leave it unset), or, to test several ranks on one GPU, use ddprun "
+        "--share-gpu (DDP_SHARE_GPU=1 under mpirun/srun)";
   return message;
 }
 
@@ -35,8 +40,9 @@ void check_unique_gpus(StoreClient& store, const ProcessEnv& env, const DeviceIn
   char host[256] = {};
   ::gethostname(host, sizeof(host) - 1);
   const std::string prefix = fmt::format("ddp/gpu/{}/", env.restart_count);
+  const std::string host_id = env.share_gpu ? env.nccl_host_id : "";
   store.set(prefix + std::to_string(env.rank),
-            fmt::format("{}\t{}\t{}", host, device.uuid, device.visible_devices));
+            fmt::format("{}\t{}\t{}\t{}", host, device.uuid, device.visible_devices, host_id));
   std::vector<std::string> keys;
   for (int r = 0; r < env.world_size; ++r)
     keys.push_back(prefix + std::to_string(r));
@@ -46,9 +52,11 @@ void check_unique_gpus(StoreClient& store, const ProcessEnv& env, const DeviceIn
     const std::string value = store.get(keys[r]).value_or("");
     const size_t a = value.find('\t');
     const size_t b = value.find('\t', a + 1);
-    DDP_CHECK(a != std::string::npos && b != std::string::npos,
+    const size_t c = value.find('\t', b + 1);
+    DDP_CHECK(a != std::string::npos && b != std::string::npos && c != std::string::npos,
               "malformed GPU claim of rank {}: {}", r, value);
-    claims.push_back({r, value.substr(0, a), value.substr(a + 1, b - a - 1), value.substr(b + 1)});
+    claims.push_back({r, value.substr(0, a), value.substr(a + 1, b - a - 1),
+                      value.substr(b + 1, c - b - 1), value.substr(c + 1)});
   }
   const std::string message = duplicate_gpu_message(claims);
   DDP_CHECK(message.empty(), "{}", message);

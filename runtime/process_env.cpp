@@ -74,6 +74,12 @@ ProcessEnv ProcessEnv::detect(const Lookup& lookup) {
     env.master_addr = lookup("MASTER_ADDR").value_or("");
     env.master_port = read_int(lookup, "MASTER_PORT", 0);
   }
+  if (const auto share = lookup("DDP_SHARE_GPU")) {
+    DDP_USAGE_CHECK(*share == "0" || *share == "1" || share->empty(),
+                    "environment variable DDP_SHARE_GPU={}: expected 0 or 1", *share);
+    env.share_gpu = *share == "1";
+  }
+  env.nccl_host_id = lookup("NCCL_HOSTID").value_or("");
   DDP_USAGE_CHECK(env.world_size >= 1 && env.rank < env.world_size,
                   "{} environment: rank {} is not below world size {}", launcher_name(env.launcher),
                   env.rank, env.world_size);
@@ -84,6 +90,13 @@ ProcessEnv ProcessEnv::detect(const Lookup& lookup) {
 }
 
 void narrow_visible_devices(ProcessEnv* env) {
+  if (env->share_gpu) {
+    if (env->nccl_host_id.empty()) {
+      env->nccl_host_id = "ddp-share-gpu-rank-" + std::to_string(env->rank);
+      ::setenv("NCCL_HOSTID", env->nccl_host_id.c_str(), 1);
+    }
+    ::setenv("NCCL_SOCKET_IFNAME", "lo", 0);
+  }
   std::vector<std::string> ids;
   if (env->cuda_visible_devices_set) {
     std::string item;
@@ -96,13 +109,14 @@ void narrow_visible_devices(ProcessEnv* env) {
       }
     }
     if (ids.size() <= 1) return;  // already one GPU (or none): nothing to narrow
-    DDP_USAGE_CHECK(env->local_rank < static_cast<int>(ids.size()),
+    const int index = env->share_gpu ? 0 : env->local_rank;
+    DDP_USAGE_CHECK(index < static_cast<int>(ids.size()),
                     "{}: local rank {} but CUDA_VISIBLE_DEVICES={} lists only {} GPUs",
                     launcher_name(env->launcher), env->local_rank, env->cuda_visible_devices,
                     ids.size());
-    env->cuda_visible_devices = ids[env->local_rank];
+    env->cuda_visible_devices = ids[index];
   } else {
-    env->cuda_visible_devices = std::to_string(env->local_rank);
+    env->cuda_visible_devices = env->share_gpu ? "0" : std::to_string(env->local_rank);
   }
   env->cuda_visible_devices_set = true;
   ::setenv("CUDA_VISIBLE_DEVICES", env->cuda_visible_devices.c_str(), 1);

@@ -28,6 +28,11 @@ struct ProcessEnv {
   bool cuda_visible_devices_set = false;
   double launch_time_ms =
       0;  // ddprun's start (ms since the epoch, DDP_LAUNCH_TIME_MS); 0 if unknown
+  // Test mode (ddprun --share-gpu, or DDP_SHARE_GPU=1 under mpirun/srun): every rank of a
+  // node uses the same GPU and declares its own NCCL_HOSTID, so that NCCL connects the
+  // ranks through sockets. Correct but slow; never for performance figures.
+  bool share_gpu = false;
+  std::string nccl_host_id;  // NCCL_HOSTID as inherited; empty when unset
 
   // Reads the real environment.
   static ProcessEnv detect();
@@ -38,6 +43,8 @@ struct ProcessEnv {
 // Under mpirun or srun with several GPUs visible: narrows this process's
 // CUDA_VISIBLE_DEVICES to the GPU of its local rank (entry local_rank of the list, or index
 // local_rank when unset), before any CUDA call. Updates env and the process environment.
+// With share_gpu every rank takes the first GPU instead, and gets NCCL_HOSTID
+// "ddp-share-gpu-rank-R" and NCCL_SOCKET_IFNAME=lo where they are unset.
 void narrow_visible_devices(ProcessEnv* env);
 
 }  // namespace ddp

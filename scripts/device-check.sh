@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
-# Everything that needs a GPU, in one call on the device machine: build (sm_90), the GPU
-# tests, the launcher on every GPU, Fashion-MNIST on one GPU, the benchmarks. Logs go to
-# $OUT (or ./device-out); a short table is printed last.
-# Usage: scripts/device-check.sh [sections...]  sections: build doctor cuda cpu launcher fashion options ddp1 multi bench
-# Expects .deps/ (made by scripts/device-prepare.sh here): fashion-mnist/, include/ for the
-# headers the device image lacks.
+# Everything that needs a GPU, in one call on the device machine. It uses the README's two
+# commands as a newcomer would: `scripts/test.sh` (install what it can, build, every test,
+# the GPU ones included) and `scripts/run.sh` (Fashion-MNIST on the GPU); then the launcher,
+# options and benchmarks. Logs go to $OUT (or ./device-out); a short table is printed last,
+# and the exit status is non-zero when any check failed, the failing sections named last.
+# Usage: scripts/device-check.sh [sections...]
+#   sections: test run doctor launcher fashion options ddp1 multi bench (default: test run bench)
+# Expects .deps/ (made by scripts/device-prepare.sh here): fashion-mnist/ and include/ for
+# the headers the device image lacks, passed to CMake as CMAKE_PREFIX_PATH only.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# NVLink multicast stays off on shared machines, in every process started from here.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 # Logs are kept in a work folder and packed into $OUT/logs.tgz at the end (the device tool
 # brings back only a few files).
 out="$(mktemp -d)"
@@ -14,26 +19,39 @@ dest="${OUT:-$PWD/device-out}"
 mkdir -p "$dest"
 trap 'tar -C "$out" -czf "$dest/logs.tgz" . 2>/dev/null' EXIT
 sections=("$@")
-[ ${#sections[@]} -eq 0 ] && sections=(build cuda cpu launcher fashion bench)
+[ ${#sections[@]} -eq 0 ] && sections=(test run bench)
 want() { local s; for s in "${sections[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
-build=build-gpu
+export DDP_BUILD_DIR="$PWD/build-gpu"
+export DDP_CMAKE_ARGS="-DCMAKE_PREFIX_PATH=$PWD/.deps -DCMAKE_CUDA_ARCHITECTURES=90"
+build="$DDP_BUILD_DIR"
 summary=()
+failed=()
 note() { summary+=("$1"); echo "== $1"; }
+fail() { failed+=("$1"); note "FAILED $1: $2"; }
 
-if want build || [ ! -x "$build/bin/ddptrain" ]; then
-  extra=()
-  [ -f /usr/include/zlib.h ] || extra+=(-DZLIB_INCLUDE_DIR="$PWD/.deps/include"
-    -DZLIB_LIBRARY="$(ls /usr/lib/x86_64-linux-gnu/libz.so* 2>/dev/null | head -1)")
+if want test || [ ! -x "$build/bin/ddptrain" ]; then
   start=$(date +%s)
-  if cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
-       -DCMAKE_PREFIX_PATH="$PWD/.deps" "${extra[@]}" > "$out/configure.log" 2>&1 &&
-     cmake --build "$build" -j "$(nproc)" > "$out/build.log" 2>&1; then
-    note "build: ok in $(( $(date +%s) - start ))s ($(grep -E 'found:|left out:' "$out/configure.log" | tr -s ' ' | tr '\n' ';'))"
+  if scripts/test.sh -j 8 > "$out/test.log" 2>&1; then
+    note "scripts/test.sh: $(grep -E 'tests passed|tests failed' "$out/test.log" | tail -1) in $(( $(date +%s) - start ))s"
   else
-    tail -30 "$out/configure.log" "$out/build.log"
-    note "build: FAILED"
-    printf '%s\n' "${summary[@]}"
-    exit 1
+    grep -E 'deps:|found:|left out:|Error|error:' "$out/test.log" | head -20
+    grep -E '\(Failed|\(Timeout|\(SEGFAULT|Not Run' "$out/test.log" | head -20
+    fail test "$(grep -E 'tests passed|tests failed' "$out/test.log" | tail -1)"
+  fi
+  grep -E 'found:|left out:|deps:' "$out/test.log"
+  grep -E 'Skipped' "$out/test.log" | head -5
+  [ -x "$build/bin/ddptrain" ] || { printf '%s\n' "${summary[@]}"; exit 1; }
+fi
+
+if want run; then
+  start=$(date +%s)
+  timeout 300 scripts/run.sh --data-dir .deps/fashion-mnist --metrics "$out/run.jsonl" > "$out/run.log" 2>&1
+  accuracy="$(grep -oE 'test accuracy [0-9.]+' "$out/run.log" | tail -1 | awk '{print $3}')"
+  if [ -n "$accuracy" ] && awk -v a="$accuracy" 'BEGIN { exit !(a >= 89.5) }'; then
+    note "scripts/run.sh on the GPU: $(grep -E 'test accuracy' "$out/run.log" | sed 's/.*info: //') ($(( $(date +%s) - start ))s with the build check)"
+  else
+    tail -20 "$out/run.log"
+    fail run "test accuracy '${accuracy:-none}' (want 89.5 or more)"
   fi
 fi
 
@@ -41,17 +59,6 @@ if want doctor; then
   "$build/bin/ddpdoctor" > "$out/doctor.log" 2>&1
   cat "$out/doctor.log"
   note "ddpdoctor: $(tail -1 "$out/doctor.log")"
-fi
-
-if want cuda; then
-  (cd "$build" && ctest -L cuda --output-on-failure --timeout 300) > "$out/ctest-cuda.log" 2>&1
-  note "cuda tests: $(grep -E 'tests passed|tests failed' "$out/ctest-cuda.log" | tail -1)"
-  grep -E '\((Failed|Skipped)\)|Failure|error' "$out/ctest-cuda.log" | head -20
-fi
-
-if want cpu; then
-  (cd "$build" && ctest -L 'unit|dist' --timeout 120 -j 8) > "$out/ctest-cpu.log" 2>&1
-  note "cpu tests on the device: $(grep -E 'tests passed|tests failed' "$out/ctest-cpu.log" | tail -1)"
 fi
 
 if want launcher; then
@@ -72,6 +79,8 @@ if want launcher; then
   } > "$out/launcher.log" 2>&1
   cat "$out/launcher.log"
   note "launcher: $(grep -c 'bind ok' "$out/launcher.log") workers bound; duplicate check: $(grep -c 'two ranks on one GPU' "$out/launcher.log") messages"
+  [ "$(grep -c 'bind ok' "$out/launcher.log")" -ge 1 ] || fail launcher "no worker bound its GPU"
+  grep -q 'two ranks on one GPU' "$out/launcher.log" || fail launcher "two ranks on one GPU were not refused"
 fi
 
 if want fashion; then
@@ -79,6 +88,7 @@ if want fashion; then
     timeout 120 "$build/bin/ddptrain" --device cuda --precision "$prec" --data-dir .deps/fashion-mnist \
       --metrics "$out/fashion-$prec.jsonl" > "$out/fashion-$prec.log" 2>&1
     note "fashion-mnist 1 GPU $prec: $(grep -E 'test accuracy' "$out/fashion-$prec.log" | sed 's/.*info: //')"
+    grep -q 'test accuracy' "$out/fashion-$prec.log" || fail fashion "$prec: no result"
   done
   grep -E 'bound|memory at|fused' "$out/fashion-fp32.log"
 fi
@@ -87,6 +97,7 @@ if want options; then
   for flags in "" "--no-cuda-graph" "--no-fused-epilogues" "--sync-debug" "--precision bf16" "--stage-from-host"; do
     timeout 120 "$build/bin/ddptrain" --device cuda --epochs 2 --data-dir .deps/fashion-mnist $flags > "$out/opt.log" 2>&1
     note "fashion 2 epochs ${flags:-(defaults)}: $(grep -E 'test accuracy' "$out/opt.log" | sed 's/.*info: //')"
+    grep -q 'test accuracy' "$out/opt.log" || fail options "${flags:-(defaults)}: no result"
   done
 fi
 
@@ -100,8 +111,10 @@ if want ddp1; then
     --bucket-mb 0.05 --first-bucket-mb 0.01 --save-weights "$out/nccl.safetensors" >> "$out/ddp1.log" 2>&1
   if cmp -s "$out/plain.safetensors" "$out/nccl.safetensors"; then same=bitwise-equal; else same=DIFFERENT; fi
   note "ddp path on 1 GPU (nccl, 4 buckets) vs plain path after 40 steps: $same"
+  [ "$same" = bitwise-equal ] || fail ddp1 "the NCCL path differs from the plain path"
   timeout 120 "$build/bin/ddprun" --nproc-per-node gpu -- "$build/bin/ddp_collectives_check" nccl all > "$out/nccl1.log" 2>&1
   note "nccl collectives, 1 rank: $(grep -c 'collectives ok: nccl' "$out/nccl1.log") ok, $(grep -c MISMATCH "$out/nccl1.log") mismatches"
+  grep -q 'collectives ok: nccl' "$out/nccl1.log" || fail ddp1 "nccl collectives with 1 rank"
   grep -E 'error|MISMATCH' "$out/nccl1.log" | head -5
   timeout 120 "$build/bin/ddprun" --nproc-per-node gpu -- "$build/bin/ddptrain" --device cuda --backend nccl \
     --data-dir .deps/fashion-mnist > "$out/fashion-ddp.log" 2>&1
@@ -113,11 +126,14 @@ if want multi; then
   # MPI bootstrap, the collective bandwidth, data-parallel equivalence and Fashion-MNIST.
   timeout 200 "$build/bin/ddprun" --nproc-per-node gpu -- "$build/bin/ddp_collectives_check" nccl all > "$out/nccl.log" 2>&1
   note "nccl collectives over $(nvidia-smi -L | wc -l) GPUs: $(grep -c 'collectives ok: nccl' "$out/nccl.log") ranks ok, $(grep -c MISMATCH "$out/nccl.log") mismatches"
+  [ "$(grep -c 'collectives ok: nccl' "$out/nccl.log")" -eq "$(nvidia-smi -L | wc -l)" ] || fail multi "nccl collectives"
   timeout 100 "$build/bin/ddprun" --nproc-per-node gpu --grace-period 2 -- "$build/bin/ddp_collectives_check" nccl straggler > "$out/nccl-straggler.log" 2>&1
   note "nccl straggler: $(grep -o 'all_reduce #1.*never reached it' "$out/nccl-straggler.log" | head -1)"
+  grep -q 'rank(s) 1 never reached it' "$out/nccl-straggler.log" || fail multi "straggler not named"
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 200 mpirun --oversubscribe -np 2 \
     "$build/bin/ddp_collectives_check" nccl all > "$out/nccl-mpi.log" 2>&1
   note "nccl under mpirun (id through MPI): $(grep -c 'collectives ok: nccl' "$out/nccl-mpi.log") ranks ok"
+  [ "$(grep -c 'collectives ok: nccl' "$out/nccl-mpi.log")" -eq 2 ] || fail multi "nccl under mpirun"
   for op in all_reduce sendrecv; do
     timeout 300 "$build/bin/ddprun" --nproc-per-node gpu --quiet -- "$build/bin/ddpbench" collectives --device cuda \
       --op "$op" --min-bytes 8 --max-bytes 536870912 --factor 4 --iters 20 --warmup 5 > "$out/bench-$op.txt" 2>&1
@@ -143,7 +159,8 @@ PY
 fi
 
 if want bench; then
-  timeout 400 scripts/bench-vs-torch.sh "$build" > "$out/bench.md" 2> "$out/bench.err"
+  timeout 400 scripts/bench-vs-torch.sh "$build" > "$out/bench.md" 2> "$out/bench.err" ||
+    fail bench "bench-vs-torch.sh exited $? ($(tail -1 "$out/bench.err"))"
   cat "$out/bench.md"
   note "bench: see bench.md"
 fi
@@ -151,3 +168,7 @@ fi
 echo
 echo "==== summary ===="
 printf '%s\n' "${summary[@]}"
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "FAILED sections: ${failed[*]}"
+  exit 1
+fi

@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh
-ddp_install_deps
+ddp_install_deps --tests
 ddp_build
 cd "${DDP_BUILD_DIR:-build}"
 ctest --output-on-failure --timeout 600 -j "$(nproc)" "$@"

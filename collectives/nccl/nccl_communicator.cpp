@@ -1,5 +1,7 @@
 // NcclCommunicator. Waits poll cudaEventQuery and ncclCommGetAsyncError against the
-// deadline and abort the communicator on error or timeout, so that no rank hangs.
+// deadline and abort the communicator on error or timeout, so that no rank hangs. The
+// ncclComm_t has one owner, NcclHandle, through which every path (a Work's wait, the
+// communicator's abort(), a watchdog thread, the destructor) aborts it exactly once.
 #include "collectives/nccl/nccl_communicator.h"
 
 #include <cuda_runtime.h>
@@ -9,6 +11,7 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -64,11 +67,47 @@ ncclResult_t settle(ncclComm_t comm, ncclResult_t first, Clock::time_point deadl
   return state;
 }
 
+// The one owner of an ncclComm_t. abort() may be called from any thread, any number of
+// times: ncclCommAbort runs once. The destructor finalises a communicator that was not
+// aborted (bounded: a finalise that does not settle in 30 s aborts instead).
+class NcclHandle {
+ public:
+  explicit NcclHandle(ncclComm_t comm) : comm_(comm) {}
+  ~NcclHandle() {
+    if (comm_ == nullptr || aborted()) return;
+    const ncclResult_t r =
+        settle(comm_, ncclCommFinalize(comm_), Clock::now() + std::chrono::seconds(30));
+    if (r == ncclSuccess)
+      ncclCommDestroy(comm_);
+    else
+      abort();
+  }
+  NcclHandle(const NcclHandle&) = delete;
+  NcclHandle& operator=(const NcclHandle&) = delete;
+
+  ncclComm_t get() const { return comm_; }
+  bool aborted() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return aborted_;
+  }
+  void abort() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (aborted_ || comm_ == nullptr) return;
+    aborted_ = true;
+    ncclCommAbort(comm_);
+  }
+
+ private:
+  ncclComm_t comm_;
+  mutable std::mutex mutex_;
+  bool aborted_ = false;
+};
+
 class NcclWork final : public Work {
  public:
-  NcclWork(ncclComm_t comm, cudaEvent_t done,
+  NcclWork(std::shared_ptr<NcclHandle> comm, cudaEvent_t done,
            std::function<std::string(const std::string&)> describe)
-      : comm_(comm), done_(done), describe_(std::move(describe)) {}
+      : comm_(std::move(comm)), done_(done), describe_(std::move(describe)) {}
   ~NcclWork() override {
     if (done_ != nullptr) cudaEventDestroy(done_);
   }
@@ -76,20 +115,26 @@ class NcclWork final : public Work {
     const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                              std::chrono::duration<double>(timeout_s));
     while (true) {
+      if (comm_->aborted()) {
+        // Another path (a watchdog, an earlier failure) gave up on this communicator.
+        throw Error(describe_("the communicator was aborted while this operation was pending"));
+      }
       const cudaError_t state = cudaEventQuery(done_);
       if (state == cudaSuccess) return;
       DDP_CHECK(state == cudaErrorNotReady, "{}", describe_(cudaGetErrorString(state)));
       ncclResult_t async = ncclSuccess;
-      ncclCommGetAsyncError(comm_, &async);
+      ncclCommGetAsyncError(comm_->get(), &async);
       if (async != ncclSuccess && async != ncclInProgress) {
-        ncclCommAbort(comm_);
-        throw Error(describe_(fmt::format("NCCL error {} ({}); communicator aborted",
-                                          ncclGetErrorString(async), ncclGetLastError(comm_))));
+        const std::string message =
+            describe_(fmt::format("NCCL error {} ({}); communicator aborted",
+                                  ncclGetErrorString(async), ncclGetLastError(comm_->get())));
+        comm_->abort();
+        throw Error(message);
       }
       if (Clock::now() >= deadline) {
         const std::string message =
             describe_(fmt::format("no completion within the {:.1f}s deadline", timeout_s));
-        ncclCommAbort(comm_);
+        comm_->abort();
         throw Error(message + "; communicator aborted");
       }
       std::this_thread::yield();
@@ -100,7 +145,7 @@ class NcclWork final : public Work {
   }
 
  private:
-  ncclComm_t comm_;
+  std::shared_ptr<NcclHandle> comm_;
   cudaEvent_t done_;
   std::function<std::string(const std::string&)> describe_;
 };
@@ -109,26 +154,19 @@ class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(int rank, int size, ncclComm_t comm, std::shared_ptr<StoreClient> store,
                    std::string group, double timeout_s)
-      : Communicator(rank, size), comm_(comm), store_(std::move(store)), group_(std::move(group)) {
+      : Communicator(rank, size),
+        comm_(std::make_shared<NcclHandle>(comm)),
+        store_(std::move(store)),
+        group_(std::move(group)) {
     timeout_s_ = timeout_s;
     DDP_CUDA_CHECK(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking));
     DDP_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
     DDP_CUDA_CHECK(cudaMalloc(&scratch_, sizeof(float)));
   }
   ~NcclCommunicator() override {
-    cudaStreamSynchronize(comm_stream_);
-    if (comm_ != nullptr) {
-      if (aborted_) {
-        ncclCommAbort(comm_);
-      } else {
-        const ncclResult_t r =
-            settle(comm_, ncclCommFinalize(comm_), Clock::now() + std::chrono::seconds(30));
-        if (r == ncclSuccess)
-          ncclCommDestroy(comm_);
-        else
-          ncclCommAbort(comm_);
-      }
-    }
+    // An aborted communicator's stream may never drain (a peer is gone): do not wait on it.
+    if (!comm_->aborted()) cudaStreamSynchronize(comm_stream_);
+    comm_.reset();  // finalises, unless a Work still holds it
     cudaFree(scratch_);
     cudaEventDestroy(ready_);
     cudaStreamDestroy(comm_stream_);
@@ -144,35 +182,35 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<Work> all_reduce_async(void* buffer, size_t count, DataType type,
                                          ReduceOp op) override {
     return enqueue("all_reduce", count, type, [&] {
-      return ncclAllReduce(buffer, buffer, count, nccl_type(type), nccl_op(op), comm_,
+      return ncclAllReduce(buffer, buffer, count, nccl_type(type), nccl_op(op), raw(),
                            comm_stream_);
     });
   }
   void broadcast(void* buffer, size_t count, DataType type, int root) override {
     enqueue("broadcast", count, type, [&] {
-      return ncclBroadcast(buffer, buffer, count, nccl_type(type), root, comm_, comm_stream_);
+      return ncclBroadcast(buffer, buffer, count, nccl_type(type), root, raw(), comm_stream_);
     })->wait(timeout_s_);
   }
   void all_gather(const void* send, void* recv, size_t count, DataType type) override {
     enqueue("all_gather", count, type, [&] {
-      return ncclAllGather(send, recv, count, nccl_type(type), comm_, comm_stream_);
+      return ncclAllGather(send, recv, count, nccl_type(type), raw(), comm_stream_);
     })->wait(timeout_s_);
   }
   void reduce_scatter(const void* send, void* recv, size_t count, DataType type,
                       ReduceOp op) override {
     enqueue("reduce_scatter", count, type, [&] {
-      return ncclReduceScatter(send, recv, count, nccl_type(type), nccl_op(op), comm_,
+      return ncclReduceScatter(send, recv, count, nccl_type(type), nccl_op(op), raw(),
                                comm_stream_);
     })->wait(timeout_s_);
   }
   void send(const void* buffer, size_t count, DataType type, int peer) override {
     enqueue("send", count, type, [&] {
-      return ncclSend(buffer, count, nccl_type(type), peer, comm_, comm_stream_);
+      return ncclSend(buffer, count, nccl_type(type), peer, raw(), comm_stream_);
     })->wait(timeout_s_);
   }
   void recv(void* buffer, size_t count, DataType type, int peer) override {
     enqueue("recv", count, type, [&] {
-      return ncclRecv(buffer, count, nccl_type(type), peer, comm_, comm_stream_);
+      return ncclRecv(buffer, count, nccl_type(type), peer, raw(), comm_stream_);
     })->wait(timeout_s_);
   }
   void send_recv(const void* send_buffer, void* recv_buffer, size_t count, DataType type,
@@ -180,14 +218,14 @@ class NcclCommunicator final : public Communicator {
     // Grouped so that NCCL runs both at once.
     enqueue("send_recv", count, type, [&] {
       ncclGroupStart();
-      ncclSend(send_buffer, count, nccl_type(type), send_peer, comm_, comm_stream_);
-      ncclRecv(recv_buffer, count, nccl_type(type), recv_peer, comm_, comm_stream_);
+      ncclSend(send_buffer, count, nccl_type(type), send_peer, raw(), comm_stream_);
+      ncclRecv(recv_buffer, count, nccl_type(type), recv_peer, raw(), comm_stream_);
       return ncclGroupEnd();
     })->wait(timeout_s_);
   }
   void barrier() override {
     enqueue("barrier", 1, DataType::kFloat32, [&] {
-      return ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, comm_stream_);
+      return ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, raw(), comm_stream_);
     })->wait(timeout_s_);
   }
   std::unique_ptr<Communicator> split(int color, int key) override {
@@ -198,7 +236,7 @@ class NcclCommunicator final : public Communicator {
     const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                              std::chrono::duration<double>(timeout_s_));
     const ncclResult_t r =
-        settle(comm_, ncclCommSplit(comm_, color, key, &child, &config), deadline);
+        settle(raw(), ncclCommSplit(raw(), color, key, &child, &config), deadline);
     DDP_CHECK(r == ncclSuccess, "{}",
               describe_stuck_operation(store_.get(), group_, rank_, size_, seq, "split", 0,
                                        DataType::kInt32, ncclGetErrorString(r)));
@@ -212,10 +250,10 @@ class NcclCommunicator final : public Communicator {
                                               fmt::format("{}/split{}c{}", group_, seq, color),
                                               timeout_s_);
   }
-  void abort() override {
-    aborted_ = true;
-    ncclCommAbort(comm_);
-    comm_ = nullptr;
+  void abort() override { comm_->abort(); }
+  std::string describe_stuck(const std::string& what, uint64_t sequence,
+                             const std::string& cause) override {
+    return describe_stuck_step(store_.get(), group_, rank_, size_, what, sequence, cause);
   }
 
  private:
@@ -266,22 +304,22 @@ class NcclCommunicator final : public Communicator {
   template <typename Launch>
   std::unique_ptr<Work> enqueue(const char* op, size_t count, DataType type, Launch launch) {
     const uint64_t seq = next_sequence();
-    auto describe = [this, seq, op, count, type](const std::string& cause) {
-      aborted_ = true;
-      return describe_stuck_operation(store_.get(), group_, rank_, size_, seq, op, count, type,
-                                      cause);
+    auto describe = [store = store_, group = group_, rank = rank_, size = size_, seq, op, count,
+                     type](const std::string& cause) {
+      return describe_stuck_operation(store.get(), group, rank, size, seq, op, count, type, cause);
     };
+    DDP_CHECK(!comm_->aborted(), "{} #{} on an aborted NCCL communicator (group {})", op, seq,
+              group_);
     // The communication stream starts after everything queued so far on the compute stream.
     DDP_CUDA_CHECK(cudaEventRecord(ready_, compute_stream_));
     DDP_CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, ready_, 0));
     const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                              std::chrono::duration<double>(timeout_s_));
-    const ncclResult_t r = settle(comm_, launch(), deadline);
+    const ncclResult_t r = settle(raw(), launch(), deadline);
     if (r != ncclSuccess) {
       const std::string message = describe(
-          fmt::format("NCCL error {} ({})", ncclGetErrorString(r), ncclGetLastError(comm_)));
-      ncclCommAbort(comm_);
-      comm_ = nullptr;
+          fmt::format("NCCL error {} ({})", ncclGetErrorString(r), ncclGetLastError(raw())));
+      comm_->abort();
       throw Error(message);
     }
     cudaEvent_t done = nullptr;
@@ -290,14 +328,15 @@ class NcclCommunicator final : public Communicator {
     return std::make_unique<NcclWork>(comm_, done, describe);
   }
 
-  ncclComm_t comm_;
+  ncclComm_t raw() const { return comm_->get(); }
+
+  std::shared_ptr<NcclHandle> comm_;
   std::shared_ptr<StoreClient> store_;
   std::string group_;
   cudaStream_t compute_stream_ = nullptr;
   cudaStream_t comm_stream_ = nullptr;
   cudaEvent_t ready_ = nullptr;
   float* scratch_ = nullptr;
-  bool aborted_ = false;
 };
 
 }  // namespace

@@ -110,6 +110,21 @@ TEST(DataParallel, OverlapIssuesABucketBeforeBackwardEnds) {
   EXPECT_GT(off.find("allreduce_issued"), off.find("backward_done")) << off;
 }
 
+TEST(DataParallel, KilledRankIsNamedAndTheOthersStopWithinTheGracePeriod) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  const RunResult r = run_and_signal(
+      dir,
+      kDdprun + " --nproc-per-node 3 --grace-period 2 -- " + kTrain +
+          " --data synthetic --layers 12,32,4 --synthetic-samples 240 --batch-size 24 "
+          "--steps 100000000 --log-every 20 --threads 1 --timeout 60",
+      "step 40/", 1, "KILL");
+  EXPECT_NE(r.output.find("rank 1 failed first: killed by SIGKILL (9)"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("LEFT BEHIND"), std::string::npos) << r.output;
+  EXPECT_LT(stopped_after(r.output), 2.0 + 3.0) << r.output;
+}
+
 TEST(DataParallel, GlobalBatchMustDivideAmongRanks) {
   if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
   const RunResult r =

@@ -7,7 +7,9 @@
 
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "runtime/timer.h"
@@ -60,5 +62,49 @@ class TempDir {
  private:
   std::string path_;
 };
+
+// Runs `job` (a ddprun command line) in the background with its output in a log, sends
+// `signal` to the ddptrain process of rank `rank` once the job has logged `line`, waits for
+// the job, and prints the log, "stopped after S s" (from the signal to ddprun's exit) and
+// "LEFT BEHIND PID" for any of this job's ddptrain processes still running (the job's
+// processes carry DDP_TEST_TAG=<dir>, so that other tests' processes are not counted).
+inline RunResult run_and_signal(const TempDir& dir, const std::string& job, const std::string& line,
+                                int rank, const std::string& signal) {
+  const std::string log = dir.file("job.log");
+  const std::string script =
+      "ours() { [ \"$(cat $1/comm 2>/dev/null)\" = ddptrain ] && "
+      "tr '\\0' '\\n' < $1/environ 2>/dev/null | grep -qx \"DDP_TEST_TAG=" +
+      dir.path() +
+      "\"; }\n"
+      "(export DDP_TEST_TAG=" +
+      dir.path() + "; " + job + " > " + log + " 2>&1; echo \"ddprun exit $?\" >> " + log +
+      "; date +%s.%N > " + log +
+      ".end) &\n"
+      "for i in $(seq 1200); do grep -q '" +
+      line + "' " + log +
+      " && break; sleep 0.05; done\n"
+      "for d in /proc/[0-9]*; do\n"
+      "  ours $d && tr '\\0' '\\n' < $d/environ | grep -qx RANK=" +
+      std::to_string(rank) + " && kill -" + signal + " ${d#/proc/} && date +%s.%N > " + log +
+      ".at\n"
+      "done\n"
+      "wait\n"
+      "cat " +
+      log +
+      "\n"
+      "awk -v a=\"$(cat " +
+      log + ".at)\" -v b=\"$(cat " + log +
+      ".end)\" 'BEGIN { printf \"stopped after %.2f s\\n\", b - a }'\n"
+      "for d in /proc/[0-9]*; do ours $d && echo LEFT BEHIND ${d#/proc/}; done\n"
+      "true\n";
+  std::ofstream(dir.file("run.sh")) << script;
+  return run_command("sh " + dir.file("run.sh"));
+}
+
+// Seconds from the signal to ddprun's exit, from run_and_signal's output (1e9 if absent).
+inline double stopped_after(const std::string& output) {
+  const size_t at = output.find("stopped after ");
+  return at == std::string::npos ? 1e9 : std::atof(output.c_str() + at + 14);
+}
 
 }  // namespace ddp

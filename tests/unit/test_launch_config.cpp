@@ -2,6 +2,8 @@
 // and the duplicate-GPU message.
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include "launcher/gpu_discovery.h"
 #include "launcher/launch_config.h"
 #include "runtime/device.h"
@@ -129,6 +131,47 @@ TEST(GpuDiscovery, VisibleDevicesAreKeptAsGiven) {
   const GpuList list = discover_gpus(std::string("4,6"));
   EXPECT_EQ(list.source, "CUDA_VISIBLE_DEVICES");
   EXPECT_EQ(list.ids.size(), 2u);
+}
+
+TEST(WorkerPlan, ShareGpuPutsEveryWorkerOnTheFirstGpuWithItsOwnNcclHost) {
+  const LaunchConfig config = parse({"--share-gpu", "--nproc-per-node", "3", "--", "prog"});
+  EXPECT_TRUE(config.share_gpu);
+  EXPECT_EQ(config.command, (std::vector<std::string>{"prog"}));
+  const WorkerPlan plan = plan_workers(config, GpuList{"nvml", {"0"}, ""}, 2);
+  EXPECT_EQ(plan.nproc, 3);
+  EXPECT_EQ(plan.gpu_ids, (std::vector<std::string>{"0", "0", "0"}));
+  std::set<std::string> host_ids;
+  for (int local = 0; local < 3; ++local) {
+    const EnvMap env =
+        child_environment({{"NCCL_NVLS_ENABLE", "0"}}, config, plan, local, 1234, "t", 0);
+    EXPECT_EQ(env.at("CUDA_VISIBLE_DEVICES"), "0");
+    EXPECT_EQ(env.at("DDP_SHARE_GPU"), "1");
+    EXPECT_EQ(env.at("NCCL_SOCKET_IFNAME"), "lo");
+    EXPECT_EQ(env.at("NCCL_NVLS_ENABLE"), "0");
+    host_ids.insert(env.at("NCCL_HOSTID"));
+  }
+  EXPECT_EQ(host_ids.size(), 3u);
+  // The parent's interface choice wins; without --share-gpu nothing of this is set.
+  EXPECT_EQ(child_environment({{"NCCL_SOCKET_IFNAME", "eth0"}}, config, plan, 0, 1, "t", 0)
+                .at("NCCL_SOCKET_IFNAME"),
+            "eth0");
+  LaunchConfig plain = config;
+  plain.share_gpu = false;
+  EXPECT_THROW(plan_workers(plain, GpuList{"nvml", {"0"}, ""}, 2), UsageError);
+  const EnvMap env = child_environment({}, plain, plan, 0, 1, "t", 0);
+  EXPECT_EQ(env.count("NCCL_HOSTID"), 0u);
+  EXPECT_EQ(env.count("DDP_SHARE_GPU"), 0u);
+  EXPECT_THROW(plan_workers(config, GpuList{"none", {}, "no driver"}, 2), UsageError);
+}
+
+TEST(DuplicateGpus, RanksWithTheirOwnNcclHostIdsMayShareAGpu) {
+  EXPECT_EQ(duplicate_gpu_message({{0, "h", "GPU-a", "0", "ddp-share-gpu-rank-0"},
+                                   {1, "h", "GPU-a", "0", "ddp-share-gpu-rank-1"}}),
+            "");
+  const std::string same =
+      duplicate_gpu_message({{0, "h", "GPU-a", "0", "x"}, {1, "h", "GPU-a", "0", "x"}});
+  EXPECT_NE(same.find("with the same NCCL_HOSTID 'x'"), std::string::npos) << same;
+  EXPECT_NE(same.find("--share-gpu"), std::string::npos) << same;
 }
 
 TEST(DuplicateGpus, NamesBothRanksAndTheirVisibleDevices) {

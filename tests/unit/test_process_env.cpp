@@ -1,6 +1,7 @@
 // ProcessEnv::detect over fake environments: ddprun/torchrun, mpirun, srun and none.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <map>
 
 #include "runtime/error.h"
@@ -71,6 +72,25 @@ TEST(ProcessEnv, SlurmVariables) {
   EXPECT_EQ(env.world_size, 8);
   EXPECT_EQ(env.local_rank, 1);
   EXPECT_EQ(env.group_rank, 1);
+}
+
+TEST(ProcessEnv, ShareGpuUnderMpirunTakesTheFirstGpuAndItsOwnNcclHost) {
+  ProcessEnv env = detect_from({{"OMPI_COMM_WORLD_RANK", "1"},
+                                {"OMPI_COMM_WORLD_SIZE", "2"},
+                                {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                                {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+                                {"CUDA_VISIBLE_DEVICES", "3,5"},
+                                {"DDP_SHARE_GPU", "1"}});
+  EXPECT_TRUE(env.share_gpu);
+  ::unsetenv("NCCL_HOSTID");
+  narrow_visible_devices(&env);
+  EXPECT_EQ(env.cuda_visible_devices, "3");  // not entry 1: every rank shares the first
+  EXPECT_EQ(env.nccl_host_id, "ddp-share-gpu-rank-1");
+  EXPECT_STREQ(std::getenv("NCCL_HOSTID"), "ddp-share-gpu-rank-1");
+  ::unsetenv("NCCL_HOSTID");
+  ::unsetenv("CUDA_VISIBLE_DEVICES");
+  EXPECT_FALSE(detect_from({{"DDP_SHARE_GPU", "0"}}).share_gpu);
+  EXPECT_THROW(detect_from({{"DDP_SHARE_GPU", "yes"}}), UsageError);
 }
 
 TEST(ProcessEnv, BadValuesNameTheVariable) {

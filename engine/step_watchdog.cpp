@@ -1,0 +1,95 @@
+// The watchdog thread: polls the oldest pending mark every millisecond; completed marks are
+// recycled; no progress for the timeout fires on_stuck once and then only drains.
+#include "engine/step_watchdog.h"
+
+#include <chrono>
+
+#include "runtime/cuda_check.h"
+#include "runtime/error.h"
+
+namespace ddp {
+
+using Clock = std::chrono::steady_clock;
+
+StepWatchdog::StepWatchdog(cudaStream_t stream, double timeout_s,
+                           std::function<std::string(int64_t, double)> on_stuck)
+    : stream_(stream), timeout_s_(timeout_s), on_stuck_(std::move(on_stuck)) {
+  thread_ = std::thread([this] { run(); });
+}
+
+StepWatchdog::~StepWatchdog() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  changed_.notify_all();
+  thread_.join();
+  for (const Mark& m : pending_)
+    cudaEventDestroy(m.event);
+  for (cudaEvent_t e : free_events_)
+    cudaEventDestroy(e);
+}
+
+void StepWatchdog::mark(int64_t step) {
+  cudaEvent_t event = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!free_events_.empty()) {
+      event = free_events_.back();
+      free_events_.pop_back();
+    }
+  }
+  if (event == nullptr) DDP_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  DDP_CUDA_CHECK(cudaEventRecord(event, stream_));
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    pending_.push_back({step, event});
+  }
+  changed_.notify_all();
+}
+
+void StepWatchdog::check() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!failure_.empty()) throw Error(failure_);
+}
+
+void StepWatchdog::wait_idle() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  changed_.wait(lock, [&] { return pending_.empty() || !failure_.empty(); });
+  if (!failure_.empty()) throw Error(failure_);
+}
+
+void StepWatchdog::run() {
+  auto last_progress = Clock::now();
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stop_) {
+    if (pending_.empty()) {
+      changed_.wait(lock, [&] { return stop_ || !pending_.empty(); });
+      last_progress = Clock::now();  // idle time is not a stall
+      continue;
+    }
+    const Mark oldest = pending_.front();
+    lock.unlock();
+    const cudaError_t state = cudaEventQuery(oldest.event);
+    lock.lock();
+    if (state != cudaErrorNotReady) {
+      // Done (or failed: the host's own check reports a CUDA error with its statement).
+      pending_.pop_front();
+      free_events_.push_back(oldest.event);
+      last_progress = Clock::now();
+      changed_.notify_all();
+      continue;
+    }
+    const double stalled = std::chrono::duration<double>(Clock::now() - last_progress).count();
+    if (failure_.empty() && stalled >= timeout_s_) {
+      lock.unlock();
+      std::string message = on_stuck_(oldest.step, stalled);
+      lock.lock();
+      failure_ = std::move(message);
+      changed_.notify_all();
+    }
+    changed_.wait_for(lock, std::chrono::milliseconds(1), [&] { return stop_; });
+  }
+}
+
+}  // namespace ddp

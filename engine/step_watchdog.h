@@ -1,0 +1,60 @@
+// StepWatchdog: bounds every host wait on GPU work that depends on other ranks. The trainer
+// marks each enqueued step; a background thread polls the marks' events (no CUDA sync) and,
+// when the GPU has made no progress for the timeout, calls on_stuck once (which aborts the
+// communicator, so that NCCL kernels waiting for a dead or stopped peer return), as
+// PyTorch's NCCL watchdog does. The host then gets the message from check() or wait_idle()
+// instead of hanging in a stream synchronisation. Only built with CUDA.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+namespace ddp {
+
+class StepWatchdog {
+ public:
+  // on_stuck(step, seconds): called once, on the watchdog thread, with the first step whose
+  // work did not complete; returns the message for the error. `timeout_s` counts from the
+  // last progress (a completed mark), not from the enqueue, so deep queues are fine.
+  StepWatchdog(cudaStream_t stream, double timeout_s,
+               std::function<std::string(int64_t step, double seconds)> on_stuck);
+  ~StepWatchdog();
+  StepWatchdog(const StepWatchdog&) = delete;
+  StepWatchdog& operator=(const StepWatchdog&) = delete;
+
+  // Records an event on the stream after step `step`'s work (host, in stream order).
+  void mark(int64_t step);
+  // Blocks until every marked step has finished on the device; throws ddp::Error with the
+  // watchdog's message if it fired.
+  void wait_idle();
+  // Throws ddp::Error with the watchdog's message if it fired.
+  void check() const;
+
+ private:
+  struct Mark {
+    int64_t step;
+    cudaEvent_t event;
+  };
+  void run();
+
+  cudaStream_t stream_;
+  double timeout_s_;
+  std::function<std::string(int64_t, double)> on_stuck_;
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<Mark> pending_;
+  std::vector<cudaEvent_t> free_events_;
+  std::string failure_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace ddp

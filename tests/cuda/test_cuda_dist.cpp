@@ -1,0 +1,192 @@
+// Multi-rank GPU paths on one GPU (ddprun --share-gpu: each rank its own NCCL host, NCCL
+// over sockets): every collective against closed-form values, sub-groups, the straggler
+// message, data parallelism equal to one rank, checkpoint resume, mpirun with NCCL, a rank
+// killed or stopped mid-run; and the duplicate-GPU check without --share-gpu. Each test
+// skips, saying why, where no GPU is usable. Slow by design; never a performance figure.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "models/mlp.h"
+#include "models/safetensors.h"
+#include "tests/support/test_support.h"
+
+namespace ddp {
+namespace {
+
+// NVLink multicast stays off on the shared machines, in every process we start.
+const std::string kEnv =
+    "NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 ";
+const std::string kShared = kEnv + DDPRUN_PATH + " --share-gpu";
+const std::string kTrain = DDPTRAIN_PATH;
+const std::string kLayers = "24,64,32,6";
+const std::string kArgs = " --device cuda --data synthetic --layers " + kLayers +
+                          " --synthetic-samples 960 --batch-size 48 --steps 24 --log-every 8 "
+                          "--quiet --seed 5 --bucket-mb 0.004 --first-bucket-mb 0.001";
+
+bool gpu_usable(std::string* why) {
+  int count = 0;
+  const cudaError_t error = cudaGetDeviceCount(&count);
+  if (error != cudaSuccess || count == 0) {
+    *why = error != cudaSuccess ? std::string("no usable GPU: ") + cudaGetErrorString(error)
+                                : "no GPU visible";
+    return false;
+  }
+  return true;
+}
+
+#define REQUIRE_GPU()                             \
+  do {                                            \
+    std::string why_;                             \
+    if (!gpu_usable(&why_)) GTEST_SKIP() << why_; \
+  } while (0)
+
+std::vector<float> weights(const std::string& path) {
+  const MlpShape shape = parse_layers(kLayers);
+  std::vector<float> params(shape.param_count());
+  load_mlp_weights(path, shape, params.data());
+  return params;
+}
+
+double max_relative_error(const std::vector<float>& a, const std::vector<float>& b) {
+  double scale = 0, diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    scale = std::max(scale, double(std::fabs(b[i])));
+    diff = std::max(diff, double(std::fabs(a[i] - b[i])));
+  }
+  return diff / scale;
+}
+
+const std::string kLongRun =
+    " --device cuda --data synthetic --layers 24,64,6 --synthetic-samples 960 --batch-size 48 "
+    "--steps 1000000 --log-every 20";
+
+class SharedGpuCollectives : public ::testing::TestWithParam<int> {};
+
+TEST_P(SharedGpuCollectives, EveryOperationAndDtypeMatchesClosedForm) {
+  REQUIRE_GPU();
+  const int ranks = GetParam();
+  const RunResult r = run_command(kShared + " --nproc-per-node " + std::to_string(ranks) + " -- " +
+                                  CHECK_PATH + " nccl all");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(count_of(r.output, "collectives ok: nccl"), ranks) << r.output;
+  EXPECT_EQ(r.output.find("MISMATCH"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("NCCL traffic goes through sockets"), std::string::npos) << r.output;
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, SharedGpuCollectives, ::testing::Values(2, 3));
+
+TEST(SharedGpu, StragglerIsNamedWithinItsDeadline) {
+  REQUIRE_GPU();
+  const RunResult r = run_command(kShared + " --nproc-per-node 3 --grace-period 2 -- " +
+                                  CHECK_PATH + " nccl straggler");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_LT(r.seconds, 40.0) << "the job hung\n" << r.output;
+  EXPECT_NE(r.output.find("all_reduce #1 (10 x float32, 40 bytes)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rank(s) 1 never reached it"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("returned without rank 1"), std::string::npos) << r.output;
+}
+
+TEST(SharedGpu, MpirunWithNccl) {
+  REQUIRE_GPU();
+  if (!HAVE_MPI) GTEST_SKIP() << "built without MPI";
+  const RunResult r = run_command(
+      kEnv + "DDP_SHARE_GPU=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " +
+      MPIRUN_PATH +
+      " --oversubscribe --mca btl self,vader --mca btl_vader_single_copy_mechanism "
+      "none -np 2 " +
+      CHECK_PATH + " nccl all");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(count_of(r.output, "collectives ok: nccl"), 2) << r.output;
+}
+
+class SharedGpuDataParallel : public ::testing::TestWithParam<int> {};
+
+TEST_P(SharedGpuDataParallel, EqualsOneRankWithBucketsOverlapAndGraphs) {
+  REQUIRE_GPU();
+  TempDir dir;
+  const RunResult one =
+      run_command(kEnv + kTrain + kArgs + " --save-weights " + dir.file("one.safetensors"));
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  const int ranks = GetParam();
+  const RunResult r = run_command(kShared + " --nproc-per-node " + std::to_string(ranks) + " -- " +
+                                  kTrain + kArgs + " --metrics " + dir.file("dp.jsonl") +
+                                  " --save-weights " + dir.file("dp.safetensors"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("data parallel over " + std::to_string(ranks) + " GPUs (nccl)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_LE(
+      max_relative_error(weights(dir.file("dp.safetensors")), weights(dir.file("one.safetensors"))),
+      1e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, SharedGpuDataParallel, ::testing::Values(2, 3));
+
+TEST(SharedGpu, CheckpointResumeIsBitwise) {
+  REQUIRE_GPU();
+  TempDir dir;
+  const std::string job = kShared + " --nproc-per-node 2 -- " + kTrain + kArgs +
+                          " --lr-schedule constant --optimizer adamw --lr 0.01";
+  const RunResult straight =
+      run_command(job + " --save-weights " + dir.file("straight.safetensors"));
+  ASSERT_EQ(straight.exit_code, 0) << straight.output;
+  const std::string ckpt = " --checkpoint-dir " + dir.file("ckpt") + " --resume";
+  const RunResult first = run_command(job + ckpt + " --steps 10");
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const RunResult second =
+      run_command(job + ckpt + " --save-weights " + dir.file("resumed.safetensors"));
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  EXPECT_NE(second.output.find("resumed from"), std::string::npos) << second.output;
+  EXPECT_EQ(weights(dir.file("resumed.safetensors")), weights(dir.file("straight.safetensors")));
+}
+
+TEST(SharedGpu, KilledRankIsNamedAndTheOthersStopWithinTheGracePeriod) {
+  REQUIRE_GPU();
+  TempDir dir;
+  const double grace = 3;
+  const RunResult r = run_and_signal(
+      dir,
+      kShared + " --nproc-per-node 3 --grace-period 3 -- " + kTrain + kLongRun + " --timeout 60",
+      "step 40/", 1, "KILL");
+  EXPECT_NE(r.output.find("rank 1 failed first: killed by SIGKILL (9)"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("LEFT BEHIND"), std::string::npos) << r.output;
+  EXPECT_LT(stopped_after(r.output), grace + 3.0) << r.output;
+}
+
+TEST(SharedGpu, StoppedRankDuringGraphReplayMakesTheOthersFailWithinTheTimeout) {
+  REQUIRE_GPU();
+  TempDir dir;
+  const double timeout = 4, grace = 2;
+  const RunResult r = run_and_signal(
+      dir,
+      kShared + " --nproc-per-node 3 --grace-period 2 -- " + kTrain + kLongRun + " --timeout 4",
+      "step 40/", 2, "STOP");
+  EXPECT_NE(r.output.find("training step #"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("no progress on this GPU"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rank(s) 2 never reached it"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("ddprun exit 1"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("LEFT BEHIND"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("core dumped"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("terminate called"), std::string::npos) << r.output;
+  EXPECT_LT(stopped_after(r.output), timeout + grace + 5.0) << r.output;
+}
+
+TEST(SharedGpu, WithoutShareGpuTwoRanksOnOneGpuStayAnError) {
+  REQUIRE_GPU();
+  const RunResult r = run_command(kEnv + "CUDA_VISIBLE_DEVICES=0,0 " + DDPRUN_PATH +
+                                  " --nproc-per-node 2 -- " + WORKER_PATH + " bind");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("two ranks on one GPU"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--share-gpu"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace ddp
