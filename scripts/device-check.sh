@@ -6,8 +6,8 @@
 # and the exit status is non-zero when any check failed, the failing sections named last.
 # Usage: scripts/device-check.sh [sections...]
 #   sections: test run doctor launcher fashion options ddp1 multi bench (default: test run bench)
-# Expects .deps/ (made by scripts/device-prepare.sh here): fashion-mnist/ and include/ for
-# the headers the device image lacks, passed to CMake as CMAKE_PREFIX_PATH only.
+# Expects .deps/ (made by scripts/device-prepare.sh here): fashion-mnist/, and zlib/ and
+# json/, prefixes of the headers the device image lacks (on CMAKE_PREFIX_PATH, nothing else).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # NVLink multicast stays off on shared machines, in every process started from here.
@@ -22,7 +22,7 @@ sections=("$@")
 [ ${#sections[@]} -eq 0 ] && sections=(test run bench)
 want() { local s; for s in "${sections[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 export DDP_BUILD_DIR="$PWD/build-gpu"
-export DDP_CMAKE_ARGS="-DCMAKE_PREFIX_PATH=$PWD/.deps -DCMAKE_CUDA_ARCHITECTURES=90"
+export DDP_CMAKE_ARGS="-DCMAKE_PREFIX_PATH=$PWD/.deps/zlib;$PWD/.deps/json -DCMAKE_CUDA_ARCHITECTURES=90"
 build="$DDP_BUILD_DIR"
 summary=()
 failed=()
@@ -38,7 +38,7 @@ if want test || [ ! -x "$build/bin/ddptrain" ]; then
     grep -E '\(Failed|\(Timeout|\(SEGFAULT|Not Run' "$out/test.log" | head -20
     fail test "$(grep -E 'tests passed|tests failed' "$out/test.log" | tail -1)"
   fi
-  grep -E 'found:|left out:|deps:' "$out/test.log"
+  grep -E 'found:|left out:|deps:|header-only|zlib from' "$out/test.log"
   grep -E 'Skipped' "$out/test.log" | head -5
   [ -x "$build/bin/ddptrain" ] || { printf '%s\n' "${summary[@]}"; exit 1; }
 fi
