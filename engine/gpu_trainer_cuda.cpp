@@ -4,8 +4,12 @@
 // bucket all-reduces are enqueued on NCCL's stream as backward finishes each bucket and the
 // optimizer waits for them on the device. The host synchronises only at window boundaries.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <fstream>
+#include <thread>
 
 #include <spdlog/spdlog.h>
 
@@ -168,10 +172,25 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communi
           const std::string message =
               comm->describe_stuck("training step", static_cast<uint64_t>(step),
                                    fmt::format("no progress on this GPU for {:.1f}s (--timeout "
-                                               "{}); communicator aborted",
+                                               "{}); aborting the communicator",
                                                seconds, config.timeout));
           spdlog::error("{}", message);
+          // ncclCommAbort can itself block (a stopped peer keeps its sockets open), and so
+          // can this process's CUDA calls behind the stuck kernel: if the process has not
+          // ended shortly after the abort, it ends here with the message above, as
+          // PyTorch's NCCL watchdog tears its process down.
+          const double grace = std::min(10.0, std::max(2.0, config.timeout / 2));
+          std::thread([grace, message] {
+            std::this_thread::sleep_for(std::chrono::duration<double>(grace));
+            std::fprintf(stderr,
+                         "ddptrain: error: %s; the process was still blocked %.0fs after the "
+                         "abort, exiting\n",
+                         message.c_str(), grace);
+            std::fflush(stderr);
+            std::_Exit(1);
+          }).detach();
           comm->abort();
+          spdlog::info("communicator aborted after the stall at step {}", step);
           return message;
         });
   auto wait_idle = [&] {
