@@ -111,6 +111,8 @@ bool parse_train_args(int argc, char** argv, TrainConfig* config) {
     ("accumulate", "micro-batches per optimizer step (gradient accumulation)",
         cxxopts::value<std::string>()->default_value(text(d.accumulate)))
     ("check-replicas", "after every step, check that every rank holds bitwise the same weights")
+    ("on-nonfinite", "a NaN/Inf gradient or loss: stop (exit 1, nothing written) or skip-step (CPU)",
+        cxxopts::value<std::string>()->default_value(d.on_nonfinite))
     ("checkpoint-dir", "write checkpoints to DIR/latest.safetensors", cxxopts::value<std::string>())
     ("checkpoint-every", "steps between checkpoints (0: at the end only)",
         cxxopts::value<std::string>()->default_value(text(d.checkpoint_every)))
@@ -192,6 +194,7 @@ bool parse_train_args(int argc, char** argv, TrainConfig* config) {
     c.overlap = result.count("no-overlap") == 0;
     c.accumulate = number<int>(result, "accumulate");
     c.check_replicas = result.count("check-replicas") > 0;
+    c.on_nonfinite = result["on-nonfinite"].as<std::string>();
     if (result.count("checkpoint-dir"))
       c.checkpoint_dir = result["checkpoint-dir"].as<std::string>();
     c.checkpoint_every = number<int64_t>(result, "checkpoint-every");
@@ -235,7 +238,11 @@ void validate(const TrainConfig& c) {
   DDP_USAGE_CHECK(
       c.backend == "auto" || c.backend == "nccl" || c.backend == "gloo" || c.backend == "mpi",
       "--backend {}: expected auto, nccl, gloo or mpi", c.backend);
-  DDP_USAGE_CHECK(c.timeout > 0, "--timeout {}: expected a positive number of seconds", c.timeout);
+  // Gloo and NCCL turn the timeout into milliseconds in 32 or 64 bits: a week is plenty.
+  DDP_USAGE_CHECK(std::isfinite(c.timeout) && c.timeout >= 0.1 && c.timeout <= 604800,
+                  "--timeout {}: expected 0.1 to 604800 seconds (a week)", c.timeout);
+  DDP_USAGE_CHECK(c.on_nonfinite == "stop" || c.on_nonfinite == "skip-step",
+                  "--on-nonfinite {}: expected stop or skip-step", c.on_nonfinite);
   DDP_USAGE_CHECK(c.bucket_mb > 0 && c.first_bucket_mb > 0,
                   "--bucket-mb {} --first-bucket-mb {}: expected positive sizes", c.bucket_mb,
                   c.first_bucket_mb);

@@ -46,6 +46,10 @@ struct TrainConfig {
   bool overlap = true;
   int accumulate = 1;           // micro-steps per optimizer step
   bool check_replicas = false;  // compare every rank's weights after every step
+  // A non-finite gradient (after the all-reduce, so every rank decides alike) or window
+  // loss: "stop" ends the run (exit 1) before any checkpoint or weights are written;
+  // "skip-step" leaves the weights and optimizer state of that step unchanged (CPU path).
+  std::string on_nonfinite = "stop";
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;  // steps; 0: only at the end when a directory is given
   bool resume = false;

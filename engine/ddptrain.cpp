@@ -35,13 +35,22 @@ int main(int argc, char** argv) {
     const bool lead = env.rank == 0;
     ddp::set_process_context({env.rank, env.world_size, config.device});
     ddp::init_logging({env.rank, env.world_size, config.device, "", false, false});
+    // Before anything slow: a run must not train for hours and then fail to write.
+    if (lead) ddp::check_outputs_writable(config);
     // The dataset loads (and decompresses) on another thread while CUDA and the
     // communicator start: both take hundreds of milliseconds.
     ddp::Stopwatch load_clock;
     std::future<ddp::Dataset> loading =
         std::async(std::launch::async, [config] { return ddp::load_dataset(config); });
-    ddp::MetricsWriter metrics =
-        config.metrics.empty() || !lead ? ddp::MetricsWriter() : ddp::MetricsWriter(config.metrics);
+    // A resumed or restarted run appends to the metrics, marked by a "resume" record.
+    const bool continuing = config.resume || env.restart_count > 0;
+    ddp::MetricsWriter metrics = config.metrics.empty() || !lead
+                                     ? ddp::MetricsWriter()
+                                     : ddp::MetricsWriter(config.metrics, continuing);
+    if (continuing)
+      metrics.write({{"event", "resume"},
+                     {"restart_count", env.restart_count},
+                     {"wall_time_ms", ddp::wall_clock_ms()}});
     std::shared_ptr<ddp::StoreClient> store;
     if (!env.master_addr.empty() && env.master_port > 0)
       store = std::make_shared<ddp::StoreClient>(env.master_addr, env.master_port, env.store_token);

@@ -55,6 +55,9 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communi
                   "--accumulate {}: gradient accumulation runs on the CPU path only so far",
                   config.accumulate);
   DDP_USAGE_CHECK(!config.check_replicas, "--check-replicas: runs on the CPU path only so far");
+  DDP_USAGE_CHECK(config.on_nonfinite == "stop",
+                  "--on-nonfinite {}: runs on the CPU path only so far (the GPU path stops)",
+                  config.on_nonfinite);
   DDP_USAGE_CHECK(
       config.batch_size % ranks == 0,
       "--batch-size {}: the global batch must divide among the {} data-parallel ranks (try {})",
@@ -78,6 +81,7 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communi
     load_mlp_weights(config.init_weights, shape, params.data());
   model.set_params(params.data());
   int64_t done = 0;
+  bool resumed = false;
   const std::string optimizer_name =
       config.optimizer.kind == OptimizerKind::kAdamW ? "adamw" : "sgd";
   if (config.resume && std::ifstream(checkpoint_path(config.checkpoint_dir)).good()) {
@@ -86,6 +90,7 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communi
     model.set_params(c.params.data());
     model.set_optimizer_state(c.optimizer_state);
     done = c.step;
+    resumed = true;
     if (lead)
       spdlog::info("resumed from {} at step {}", checkpoint_path(config.checkpoint_dir), c.step);
   }
@@ -140,13 +145,25 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communi
           : std::max<int64_t>(1, int64_t{config.epochs} * data.train.n / config.batch_size);
   Sampler sampler(data.train.n, config.seed, config.shuffle);
   ProgressReporter progress(config, total_steps, data.train.n, &metrics);
+  if (resumed) metrics.write({{"event", "resumed"}, {"step", done}});
   TrainResult result;
   const int chunk = options.max_schedule_steps;
   std::vector<int32_t> indices(static_cast<size_t>(chunk) * local_batch);
   std::vector<OptStep> steps(chunk);
   int64_t window_samples = 0;
   DeviceBuffer<double> window_buffer(3, MemoryCategory::kOther);
+  // Every rank holds the same weights, so every rank decides alike; nothing non-finite is
+  // ever written over a good checkpoint or weights file.
+  auto check_finite_params = [&](const char* before) {
+    model.get_params(params.data());
+    for (size_t i = 0; i < params.size(); ++i)
+      DDP_CHECK(std::isfinite(params[i]),
+                "after step {}: non-finite weight {} at index {} on rank {}; stopped before {} "
+                "(lower --lr or check the data)",
+                done, params[i], i, rank, before);
+  };
   auto save = [&] {
+    check_finite_params("writing the checkpoint (the previous one is kept)");
     if (lead) {
       Checkpoint c;
       c.step = done;
@@ -254,6 +271,10 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communi
       double window[3] = {m.loss_sum, static_cast<double>(m.correct),
                           static_cast<double>(window_samples)};
       sum_on_device(data_parallel ? comm : nullptr, model, window_buffer, window, 3);
+      DDP_CHECK(std::isfinite(window[0]),
+                "steps up to {}: non-finite loss on rank {}; stopped before any checkpoint or "
+                "weights were written (lower --lr or check the data)",
+                done, rank);
       progress.window(done, window[0], static_cast<int64_t>(window[1]),
                       static_cast<int64_t>(window[2]), &result);
       window_samples = 0;
@@ -278,6 +299,7 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communi
   if (!config.checkpoint_dir.empty() &&
       (config.checkpoint_every == 0 || done % config.checkpoint_every != 0))
     save();
+  if (!config.save_weights.empty()) check_finite_params("writing --save-weights");
   model.get_params(params.data());
   if (!config.save_weights.empty() && lead) {
     save_mlp_weights(config.save_weights, shape, params.data());

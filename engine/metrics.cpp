@@ -5,7 +5,8 @@
 
 namespace ddp {
 
-MetricsWriter::MetricsWriter(const std::string& path) : path_(path), out_(path, std::ios::trunc) {
+MetricsWriter::MetricsWriter(const std::string& path, bool append)
+    : path_(path), out_(path, append ? std::ios::app : std::ios::trunc) {
   DDP_USAGE_CHECK(out_.is_open(), "--metrics {}: cannot create the file", path);
 }
 

@@ -12,7 +12,9 @@ namespace ddp {
 class MetricsWriter {
  public:
   MetricsWriter() = default;  // writes nothing
-  explicit MetricsWriter(const std::string& path);
+  // `append`: keep the records already there (a resumed or restarted run adds to its
+  // history instead of erasing it).
+  explicit MetricsWriter(const std::string& path, bool append = false);
   bool enabled() const { return out_.is_open(); }
   void write(const nlohmann::json& record);
 

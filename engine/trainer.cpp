@@ -3,7 +3,12 @@
 // its contiguous share of each micro-batch.
 #include "engine/trainer.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 
@@ -149,6 +154,25 @@ StepStats Trainer::step() {
     stats.samples += local_batch_;
   }
   if (ddp_) ddp_->finish(nullptr);
+  // After the all-reduce every rank holds the same gradient, so every rank decides alike.
+  const float* grads = model_.grads();
+  double norm2 = 0;
+  for (size_t i = 0, n = model_.shape().param_count(); i < n; ++i)
+    norm2 += double(grads[i]) * grads[i];
+  if (!std::isfinite(norm2)) {
+    DDP_CHECK(config_.on_nonfinite == "skip-step",
+              "step {}: non-finite gradient norm on rank {} (loss sum {}); stopped before any "
+              "checkpoint or weights were written (lower --lr, check the data, or "
+              "--on-nonfinite skip-step)",
+              step_ + 1, rank_, stats.loss_sum);
+    spdlog::warn("skipping step {}: non-finite gradient (--on-nonfinite skip-step)", step_ + 1);
+    ++stats.skipped;
+    ++step_;
+    stats.loss_sum = 0;  // its loss is not counted in the window
+    stats.correct = 0;
+    stats.samples = 0;
+    return stats;
+  }
   const float lr =
       lr_at(step_, total_steps_, config_.lr, config_.lr_schedule, config_.warmup_steps);
   optimizer_->step(model_.params(), model_.grads(), model_.shape().param_count(), lr);
@@ -186,7 +210,57 @@ EvalResult Trainer::evaluate(const Split& split) {
   return result;
 }
 
+namespace {
+
+// Creates and removes a scratch file in `dir`; false when that fails.
+bool folder_takes_files(const std::string& dir) {
+  std::string pattern = (dir.empty() ? std::string(".") : dir) + "/.ddp-write-test-XXXXXX";
+  const int fd = ::mkstemp(pattern.data());
+  if (fd < 0) return false;
+  ::close(fd);
+  ::unlink(pattern.c_str());
+  return true;
+}
+
+std::string folder_of(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+}
+
+}  // namespace
+
+void check_outputs_writable(const TrainConfig& config) {
+  for (const auto& [flag, path] :
+       {std::pair<const char*, std::string>{"--save-weights", config.save_weights},
+        {"--metrics", config.metrics}}) {
+    if (path.empty()) continue;
+    struct stat info {};
+    DDP_USAGE_CHECK(::stat(path.c_str(), &info) != 0 || !S_ISDIR(info.st_mode),
+                    "{} {}: is a folder; expected a file path", flag, path);
+    DDP_USAGE_CHECK(folder_takes_files(folder_of(path)),
+                    "{} {}: cannot create files in {} ({}); checked before training", flag, path,
+                    folder_of(path), std::strerror(errno));
+  }
+  if (!config.checkpoint_dir.empty()) {
+    ::mkdir(config.checkpoint_dir.c_str(), 0755);
+    DDP_USAGE_CHECK(folder_takes_files(config.checkpoint_dir),
+                    "--checkpoint-dir {}: cannot create files there ({}); checked before training",
+                    config.checkpoint_dir, std::strerror(errno));
+  }
+}
+
+void Trainer::check_finite_params(const char* before) const {
+  // Every rank holds the same weights, so every rank decides alike.
+  const float* p = model_.params();
+  for (size_t i = 0, n = model_.shape().param_count(); i < n; ++i)
+    DDP_CHECK(std::isfinite(p[i]),
+              "after step {}: non-finite weight {} at index {} on rank {}; stopped before {} "
+              "(lower --lr or check the data)",
+              step_, p[i], i, rank_, before);
+}
+
 void Trainer::save_checkpoint_now() {
+  check_finite_params("writing the checkpoint (the previous one is kept)");
   if (lead()) {
     Checkpoint c;
     c.step = step_;
@@ -212,6 +286,7 @@ TrainResult Trainer::run(MetricsWriter* metrics_in) {
   MetricsWriter& metrics = metrics_in != nullptr ? *metrics_in : own_metrics;
   TrainResult result;
   ProgressReporter progress(config_, total_steps_, data_.train.n, &metrics);
+  if (resumed_from_ >= 0) metrics.write({{"event", "resumed"}, {"step", resumed_from_}});
   double window[3] = {0, 0, 0};  // loss sum, hits, samples
   bool first = true;
   while (step_ < total_steps_) {
@@ -228,11 +303,19 @@ TrainResult Trainer::run(MetricsWriter* metrics_in) {
     }
     if (first) progress.first_step_done();
     first = false;
+    if (stats.skipped > 0) {
+      ++skipped_;
+      metrics.write({{"event", "skipped_step"}, {"step", step_}, {"skipped_total", skipped_}});
+    }
     window[0] += stats.loss_sum;
     window[1] += stats.correct;
     window[2] += stats.samples;
     if (step_ % config_.log_every == 0 || step_ == total_steps_) {
-      sum_over_ranks(comm_, window, 3);
+      sum_over_ranks(comm_, window, 3);  // the same sums on every rank: all decide alike
+      DDP_CHECK(std::isfinite(window[0]),
+                "steps up to {}: non-finite loss on rank {}; stopped before any checkpoint or "
+                "weights were written (lower --lr or check the data)",
+                step_, rank_);
       progress.window(step_, window[0], static_cast<int64_t>(window[1]),
                       static_cast<int64_t>(window[2]), &result);
       window[0] = window[1] = window[2] = 0;
@@ -248,6 +331,7 @@ TrainResult Trainer::run(MetricsWriter* metrics_in) {
   if (!config_.checkpoint_dir.empty() &&
       (config_.checkpoint_every == 0 || step_ % config_.checkpoint_every != 0))
     save_checkpoint_now();
+  if (!config_.save_weights.empty()) check_finite_params("writing --save-weights");
   if (!config_.save_weights.empty() && lead()) {
     save_mlp_weights(config_.save_weights, model_.shape(), model_.params());
     spdlog::info("weights written to {}", config_.save_weights);

@@ -23,6 +23,7 @@ struct StepStats {
   double loss_sum = 0;  // summed over this rank's samples of the step
   int correct = 0;
   int samples = 0;
+  int skipped = 0;  // 1 when --on-nonfinite skip-step skipped this step
 };
 
 struct EvalResult {
@@ -68,6 +69,9 @@ class Trainer {
  private:
   void gather_batch(int64_t begin, int count);
   void save_checkpoint_now();
+  // Throws (exit 1) when a weight is NaN or Inf, naming the step; `before` says what is
+  // then not done.
+  void check_finite_params(const char* before) const;
   bool lead() const { return rank_ == 0; }
 
   TrainConfig config_;
@@ -81,12 +85,19 @@ class Trainer {
   std::unique_ptr<Ddp> ddp_;
   Sampler sampler_;
   int64_t total_steps_ = 0;
+  int64_t skipped_ = 0;  // steps skipped by --on-nonfinite skip-step
   int64_t step_ = 0;
   int64_t resumed_from_ = -1;
   std::vector<int32_t> batch_indices_;
   std::vector<float> batch_x_;
   std::vector<int32_t> batch_y_;
 };
+
+// Checks before any training that every output this rank will write can be written:
+// --save-weights and --metrics (their folder exists and takes a new file; an existing file
+// is not touched), --checkpoint-dir (created if missing, and writable). Throws UsageError
+// naming the flag and the path.
+void check_outputs_writable(const TrainConfig& config);
 
 // Loads the dataset that `config` names (fashion, npy or synthetic).
 Dataset load_dataset(const TrainConfig& config);

@@ -5,6 +5,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -168,7 +169,14 @@ NpyArray read_npy(const std::string& path) {
       ++pos;
     if (pos >= shape.size()) break;
     size_t used = 0;
-    array.shape.push_back(std::stoll(shape.substr(pos), &used));
+    long long dim = -1;
+    try {
+      dim = std::stoll(shape.substr(pos), &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    DDP_USAGE_CHECK(used > 0 && dim >= 0, "{}: malformed shape '({})' in .npy header", path, shape);
+    array.shape.push_back(dim);
     pos += used;
   }
   size_t item = 0;
@@ -179,9 +187,26 @@ NpyArray read_npy(const std::string& path) {
   else if (array.dtype == "|u1" || array.dtype == "|i1")
     item = 1;
   DDP_USAGE_CHECK(item != 0, "{}: unsupported dtype '{}'", path, array.dtype);
-  int64_t count = 1;
-  for (int64_t d : array.shape)
-    count *= d;
+  // The header is checked against the file's size before anything is allocated: a small
+  // file must not claim a huge array.
+  const std::streamoff data_begin = in.tellg();
+  in.seekg(0, std::ios::end);
+  const std::streamoff file_bytes = in.tellg();
+  in.seekg(data_begin);
+  const uint64_t available =
+      static_cast<uint64_t>(std::max<std::streamoff>(0, file_bytes - data_begin));
+  uint64_t count = 1;
+  for (int64_t d : array.shape) {
+    DDP_USAGE_CHECK(
+        d == 0 || count <= available / static_cast<uint64_t>(d),
+        "{}: the .npy header claims shape ({}) but the file holds only {} bytes of data", path,
+        shape, available);
+    count *= static_cast<uint64_t>(d);
+  }
+  DDP_USAGE_CHECK(
+      count * item <= available,
+      "{}: truncated .npy data: the header claims shape ({}) = {} bytes, the file holds {}", path,
+      shape, count * item, available);
   array.data.resize(static_cast<size_t>(count) * item);
   in.read(array.data.data(), static_cast<std::streamsize>(array.data.size()));
   DDP_USAGE_CHECK(in.gcount() == static_cast<std::streamsize>(array.data.size()),
@@ -232,11 +257,19 @@ Split load_npy_split(const std::string& x_path, const std::string& y_path) {
                   "{}: expected shape [{}] to match {}, found {} dimensions{}", y_path, x.shape[0],
                   x_path, y.shape.size(),
                   y.shape.empty() ? "" : fmt::format(" [{}...]", y.shape[0]));
+  DDP_USAGE_CHECK(x.shape[0] > 0 && x.shape[1] > 0 && x.shape[1] < (1 << 24),
+                  "{}: expected a non-empty [N, D] array, found shape [{}, {}]", x_path, x.shape[0],
+                  x.shape[1]);
   Split split;
   split.n = x.shape[0];
   split.dim = static_cast<int>(x.shape[1]);
   split.x.resize(static_cast<size_t>(split.n) * split.dim);
   std::memcpy(split.x.data(), x.data.data(), x.data.size());
+  // NaN or Inf in the input would train to NaN weights: refuse it at load.
+  for (size_t i = 0; i < split.x.size(); ++i)
+    DDP_USAGE_CHECK(std::isfinite(split.x[i]),
+                    "{}: non-finite value {} at index {} (sample {}, feature {})", x_path,
+                    split.x[i], i, i / split.dim, i % split.dim);
   split.y.resize(split.n);
   for (int64_t i = 0; i < split.n; ++i) {
     int64_t label = 0;

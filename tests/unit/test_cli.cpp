@@ -45,6 +45,65 @@ TEST(DdptrainCli, BadFlagsAndValues) {
   expect_usage_error("--device tpu", "--device tpu");
   expect_usage_error("--steps 5 --epochs 2", "give one or the other");
   expect_usage_error("--data npy", "--data-dir is required");
+  for (const char* timeout : {"inf", "1e300", "1e12", "0", "-1", "nan"})
+    expect_usage_error(std::string("--timeout ") + timeout, "expected 0.1 to 604800 seconds");
+  expect_usage_error("--on-nonfinite ignore", "--on-nonfinite ignore: expected stop or skip-step");
+}
+
+TEST(DdptrainCli, OutputsAreCheckedBeforeTheFirstStep) {
+  TempDir dir;
+  const std::string train = "--data synthetic --layers 8,4 --steps 50 --log-every 1 ";
+  RunResult r = run_ddptrain(train + "--save-weights " + dir.file("missing/w.safetensors"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--save-weights " + dir.file("missing/w.safetensors") +
+                          ": cannot create files in " + dir.file("missing")),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("step 1/"), std::string::npos) << "trained first:\n" << r.output;
+  r = run_ddptrain(train + "--metrics " + dir.path());
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("is a folder"), std::string::npos) << r.output;
+  std::ofstream(dir.file("file")) << "x";
+  r = run_ddptrain(train + "--checkpoint-dir " + dir.file("file/ckpt"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--checkpoint-dir " + dir.file("file/ckpt") + ": cannot create files"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("step 1/"), std::string::npos) << r.output;
+}
+
+TEST(DdptrainCli, ADivergedRunStopsAndKeepsTheGoodCheckpoint) {
+  TempDir dir;
+  const std::string run =
+      "--data synthetic --layers 64,128,8 --checkpoint-every 50 --quiet "
+      "--checkpoint-dir " +
+      dir.file("ckpt") + " --resume ";
+  ASSERT_EQ(run_ddptrain(run + "--steps 100").exit_code, 0);
+  auto read = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  const std::string good = read(dir.file("ckpt/latest.safetensors"));
+  const RunResult r =
+      run_ddptrain(run + "--steps 300 --lr 1e30 --save-weights " + dir.file("w.safetensors"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("non-finite"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("on rank 0"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("stopped before"), std::string::npos) << r.output;
+  EXPECT_TRUE(read(dir.file("ckpt/latest.safetensors")) == good) << "the good checkpoint changed";
+  EXPECT_FALSE(std::ifstream(dir.file("w.safetensors")).good());
+}
+
+TEST(DdptrainCli, SkipStepCountsTheSkippedStepsInTheMetrics) {
+  TempDir dir;
+  const RunResult r = run_ddptrain(
+      "--data synthetic --layers 64,128,8 --steps 40 --lr 1e30 --quiet --on-nonfinite skip-step "
+      "--metrics " +
+      dir.file("m.jsonl"));
+  std::ifstream in(dir.file("m.jsonl"));
+  const std::string metrics((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(metrics.find("\"event\":\"skipped_step\""), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("skipping step"), std::string::npos) << r.output;
 }
 
 TEST(DdptrainCli, BadDataAndWeights) {
@@ -54,7 +113,7 @@ TEST(DdptrainCli, BadDataAndWeights) {
   expect_usage_error("--data synthetic --layers 8,4 --init-weights " + dir.file("none.safetensors"),
                      "none.safetensors: cannot open");
   expect_usage_error("--data synthetic --layers 8,4 --steps 1 --metrics " + dir.file("no/m.jsonl"),
-                     "--metrics " + dir.file("no/m.jsonl") + ": cannot create the file");
+                     "--metrics " + dir.file("no/m.jsonl") + ": cannot create files in");
 }
 
 TEST(DdptrainCli, TrainsSyntheticAndWritesMetricsAndWeights) {

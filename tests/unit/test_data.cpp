@@ -1,6 +1,8 @@
 // Dataset readers on small files made here (good and broken), synthetic data, sampler.
 #include <gtest/gtest.h>
+
 #include <zlib.h>
+#include <cmath>
 
 #include <algorithm>
 #include <fstream>
@@ -119,6 +121,40 @@ TEST(Npy, RoundTripWithInt64LabelsAndTestSplit) {
   EXPECT_EQ(data.train.y, (std::vector<int32_t>{2, 0}));
   EXPECT_EQ(data.test.y, y32);
   EXPECT_EQ(data.classes, 5);
+}
+
+TEST(Npy, HeadersThatClaimMoreThanTheFileHoldsAreRefusedBeforeAllocating) {
+  TempDir dir;
+  const std::vector<float> x(20, 1.0f);
+  const std::vector<int32_t> y = {0};
+  write_npy(dir.file("train_y.npy"), "<i4", {1}, y.data(), 4);
+  for (const std::vector<int64_t>& shape : std::vector<std::vector<int64_t>>{
+           {50000000, 20}, {1000000000000LL, 20}, {4611686018427387904LL, 4}}) {
+    write_npy(dir.file("train_x.npy"), "<f4", shape, x.data(), x.size() * 4);
+    const std::string error = error_of([&] { load_npy_dataset(dir.path()); });
+    EXPECT_NE(error.find("train_x.npy: the .npy header claims shape"), std::string::npos) << error;
+  }
+  write_npy(dir.file("train_x.npy"), "<f4", {-5, 20}, x.data(), x.size() * 4);
+  EXPECT_NE(error_of([&] { load_npy_dataset(dir.path()); }).find("malformed shape"),
+            std::string::npos);
+  write_npy(dir.file("train_x.npy"), "<f4", {0, 20}, x.data(), 0);
+  write_npy(dir.file("train_y.npy"), "<i4", {0}, y.data(), 0);
+  EXPECT_NE(error_of([&] { load_npy_dataset(dir.path()); }).find("expected a non-empty [N, D]"),
+            std::string::npos);
+}
+
+TEST(Npy, NonFiniteInputIsRefusedNamingTheFileAndIndex) {
+  TempDir dir;
+  std::vector<float> x = {1, 2, 3, 4, 5, 6};
+  const std::vector<int32_t> y = {0, 1};
+  write_npy(dir.file("train_y.npy"), "<i4", {2}, y.data(), 8);
+  for (float bad : {std::nanf(""), INFINITY, -INFINITY}) {
+    x[4] = bad;
+    write_npy(dir.file("train_x.npy"), "<f4", {2, 3}, x.data(), x.size() * 4);
+    const std::string error = error_of([&] { load_npy_dataset(dir.path()); });
+    EXPECT_NE(error.find("train_x.npy: non-finite value"), std::string::npos) << error;
+    EXPECT_NE(error.find("at index 4 (sample 1, feature 1)"), std::string::npos) << error;
+  }
 }
 
 TEST(Npy, WrongDtypeShapeAndTruncationAreRefused) {
