@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -178,6 +179,39 @@ TEST(SharedGpu, StoppedRankDuringGraphReplayMakesTheOthersFailWithinTheTimeout) 
   EXPECT_EQ(r.output.find("terminate called"), std::string::npos) << r.output;
   EXPECT_LT(stopped_after(r.output), timeout + grace + 5.0) << r.output;
 }
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+class DivergedGpuRun : public ::testing::TestWithParam<int> {};
+
+TEST_P(DivergedGpuRun, StopsOnEveryRankAndKeepsTheGoodCheckpoint) {
+  REQUIRE_GPU();
+  TempDir dir;
+  const int ranks = GetParam();
+  const std::string launch =
+      ranks == 1 ? kEnv + kTrain
+                 : kShared + " --nproc-per-node " + std::to_string(ranks) + " -- " + kTrain;
+  const std::string run = launch +
+                          " --device cuda --data synthetic --layers 64,128,8 --checkpoint-every 50 "
+                          "--quiet --timeout 30 --checkpoint-dir " +
+                          dir.file("ckpt") + " --resume";
+  const RunResult good = run_command(run + " --steps 100");
+  ASSERT_EQ(good.exit_code, 0) << good.output;
+  const std::string before = read_file(dir.file("ckpt/latest.safetensors"));
+  const RunResult r =
+      run_command(run + " --steps 300 --lr 1e30 --save-weights " + dir.file("w.safetensors"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_LT(r.seconds, 25.0) << "a rank hung\n" << r.output;
+  EXPECT_NE(r.output.find("non-finite"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("stopped before"), std::string::npos) << r.output;
+  EXPECT_TRUE(read_file(dir.file("ckpt/latest.safetensors")) == before) << "checkpoint replaced";
+  EXPECT_FALSE(std::ifstream(dir.file("w.safetensors")).good());
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, DivergedGpuRun, ::testing::Values(1, 2));
 
 TEST(SharedGpu, WithoutShareGpuTwoRanksOnOneGpuStayAnError) {
   REQUIRE_GPU();
