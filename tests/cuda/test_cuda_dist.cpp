@@ -16,7 +16,9 @@
 
 #include "models/mlp.h"
 #include "models/safetensors.h"
+#include "tests/support/gpu_support.h"
 #include "tests/support/test_support.h"
+#include "tests/support/weights_support.h"
 
 namespace ddp {
 namespace {
@@ -30,39 +32,6 @@ const std::string kLayers = "24,64,32,6";
 const std::string kArgs = " --device cuda --data synthetic --layers " + kLayers +
                           " --synthetic-samples 960 --batch-size 48 --steps 24 --log-every 8 "
                           "--quiet --seed 5 --bucket-mb 0.004 --first-bucket-mb 0.001";
-
-bool gpu_usable(std::string* why) {
-  int count = 0;
-  const cudaError_t error = cudaGetDeviceCount(&count);
-  if (error != cudaSuccess || count == 0) {
-    *why = error != cudaSuccess ? std::string("no usable GPU: ") + cudaGetErrorString(error)
-                                : "no GPU visible";
-    return false;
-  }
-  return true;
-}
-
-#define REQUIRE_GPU()                             \
-  do {                                            \
-    std::string why_;                             \
-    if (!gpu_usable(&why_)) GTEST_SKIP() << why_; \
-  } while (0)
-
-std::vector<float> weights(const std::string& path) {
-  const MlpShape shape = parse_layers(kLayers);
-  std::vector<float> params(shape.param_count());
-  load_mlp_weights(path, shape, params.data());
-  return params;
-}
-
-double max_relative_error(const std::vector<float>& a, const std::vector<float>& b) {
-  double scale = 0, diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    scale = std::max(scale, double(std::fabs(b[i])));
-    diff = std::max(diff, double(std::fabs(a[i] - b[i])));
-  }
-  return diff / scale;
-}
 
 const std::string kLongRun =
     " --device cuda --data synthetic --layers 24,64,6 --synthetic-samples 960 --batch-size 48 "
@@ -123,9 +92,9 @@ TEST_P(SharedGpuDataParallel, EqualsOneRankWithBucketsOverlapAndGraphs) {
   EXPECT_NE(r.output.find("data parallel over " + std::to_string(ranks) + " GPUs (nccl)"),
             std::string::npos)
       << r.output;
-  EXPECT_LE(
-      max_relative_error(weights(dir.file("dp.safetensors")), weights(dir.file("one.safetensors"))),
-      1e-5);
+  EXPECT_LE(max_relative_error(load_weights(dir.file("dp.safetensors"), kLayers),
+                               load_weights(dir.file("one.safetensors"), kLayers)),
+            1e-5);
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, SharedGpuDataParallel, ::testing::Values(2, 3));
@@ -145,7 +114,8 @@ TEST(SharedGpu, CheckpointResumeIsBitwise) {
       run_command(job + ckpt + " --save-weights " + dir.file("resumed.safetensors"));
   ASSERT_EQ(second.exit_code, 0) << second.output;
   EXPECT_NE(second.output.find("resumed from"), std::string::npos) << second.output;
-  EXPECT_EQ(weights(dir.file("resumed.safetensors")), weights(dir.file("straight.safetensors")));
+  EXPECT_EQ(load_weights(dir.file("resumed.safetensors"), kLayers),
+            load_weights(dir.file("straight.safetensors"), kLayers));
 }
 
 TEST(SharedGpu, KilledRankIsNamedAndTheOthersStopWithinTheGracePeriod) {

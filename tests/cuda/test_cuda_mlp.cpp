@@ -19,30 +19,10 @@
 #include "models/mlp_cuda.h"
 #include "models/optimizer.h"
 #include "models/rng.h"
+#include "tests/support/gpu_support.h"
 
 namespace ddp {
 namespace {
-
-bool gpu_usable(std::string* why) {
-  int count = 0;
-  const cudaError_t error = cudaGetDeviceCount(&count);
-  if (error != cudaSuccess) {
-    *why = std::string("no usable GPU: ") + cudaGetErrorString(error);
-    cudaGetLastError();
-    return false;
-  }
-  if (count == 0) {
-    *why = "no GPU visible";
-    return false;
-  }
-  return true;
-}
-
-#define REQUIRE_GPU()                             \
-  do {                                            \
-    std::string why_;                             \
-    if (!gpu_usable(&why_)) GTEST_SKIP() << why_; \
-  } while (0)
 
 double relative_error(const std::vector<float>& got, const std::vector<float>& want) {
   double diff = 0, norm = 0;

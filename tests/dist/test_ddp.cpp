@@ -16,6 +16,7 @@
 #include "models/mlp.h"
 #include "models/safetensors.h"
 #include "tests/support/test_support.h"
+#include "tests/support/weights_support.h"
 
 namespace ddp {
 namespace {
@@ -26,22 +27,6 @@ const std::string kArgs =
     " --synthetic-samples 240 --batch-size 24 --steps 12 --log-every 4 --quiet --seed 3";
 const std::string kDdprun = std::string("CUDA_VISIBLE_DEVICES= ") + DDPRUN_PATH;
 const std::string kTrain = DDPTRAIN_PATH;
-
-std::vector<float> weights(const std::string& path) {
-  const MlpShape shape = parse_layers(kLayers);
-  std::vector<float> params(shape.param_count());
-  load_mlp_weights(path, shape, params.data());
-  return params;
-}
-
-double max_relative_error(const std::vector<float>& a, const std::vector<float>& b) {
-  double scale = 0, diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    scale = std::max(scale, double(std::fabs(b[i])));
-    diff = std::max(diff, double(std::fabs(a[i] - b[i])));
-  }
-  return diff / scale;
-}
 
 class DataParallelRanks : public ::testing::TestWithParam<int> {};
 
@@ -56,9 +41,9 @@ TEST_P(DataParallelRanks, GlooMatchesOneProcessAndReplicasStayIdentical) {
                   " --check-replicas --bucket-mb 0.0005 --first-bucket-mb 0.0002 --save-weights " +
                   dir.file("dp.safetensors"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_LE(
-      max_relative_error(weights(dir.file("dp.safetensors")), weights(dir.file("one.safetensors"))),
-      1e-5);
+  EXPECT_LE(max_relative_error(load_weights(dir.file("dp.safetensors"), kLayers),
+                               load_weights(dir.file("one.safetensors"), kLayers)),
+            1e-5);
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, DataParallelRanks, ::testing::Values(2, 3, 4));
@@ -74,9 +59,9 @@ TEST(DataParallel, MpiMatchesOneProcess) {
       kTrain + kArgs + " --backend mpi --check-replicas --save-weights " +
       dir.file("dp.safetensors"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_LE(
-      max_relative_error(weights(dir.file("dp.safetensors")), weights(dir.file("one.safetensors"))),
-      1e-5);
+  EXPECT_LE(max_relative_error(load_weights(dir.file("dp.safetensors"), kLayers),
+                               load_weights(dir.file("one.safetensors"), kLayers)),
+            1e-5);
 }
 
 // The engine's own record of the first step, from the metrics file.
@@ -168,7 +153,8 @@ TEST(Checkpoint, ResumeGivesBitwiseTheUninterruptedWeights) {
                   " --fail-at-step 8 --resume --save-weights " + dir.file("resumed.safetensors"));
   EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_NE(resumed.output.find("resumed from"), std::string::npos) << resumed.output;
-  EXPECT_EQ(weights(dir.file("resumed.safetensors")), weights(dir.file("straight.safetensors")));
+  EXPECT_EQ(load_weights(dir.file("resumed.safetensors"), kLayers),
+            load_weights(dir.file("straight.safetensors"), kLayers));
 }
 
 TEST(Checkpoint, DdprunRestartResumesFromTheLatestCheckpoint) {
@@ -184,8 +170,8 @@ TEST(Checkpoint, DdprunRestartResumesFromTheLatestCheckpoint) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("restarting the group (restart 1 of 1)"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("resumed from"), std::string::npos) << r.output;
-  EXPECT_LE(max_relative_error(weights(dir.file("dp.safetensors")),
-                               weights(dir.file("straight.safetensors"))),
+  EXPECT_LE(max_relative_error(load_weights(dir.file("dp.safetensors"), kLayers),
+                               load_weights(dir.file("straight.safetensors"), kLayers)),
             1e-5);
 }
 
