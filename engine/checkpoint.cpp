@@ -16,16 +16,30 @@
 namespace ddp {
 namespace {
 
-constexpr const char* kFormat = "ddp-checkpoint-1";
+// Format 2: the CRC covers the metadata too. Format 1 (tensors only) is still read.
+constexpr const char* kFormat = "ddp-checkpoint-2";
+constexpr const char* kFormatTensorsOnly = "ddp-checkpoint-1";
 
-// CRC-32 over the tensors' names and bytes in name order.
-uint32_t checksum(const std::map<std::string, std::pair<const void*, size_t>>& tensors) {
+// CRC-32 over the tensors' names and bytes in name order, then (format 2) every metadata
+// entry but the CRC itself, in key order.
+uint32_t checksum(const std::map<std::string, std::pair<const void*, size_t>>& tensors,
+                  const std::map<std::string, std::string>* metadata) {
   uint32_t crc = 0;
   for (const auto& [name, data] : tensors) {
     crc = crc32_of(name.data(), name.size(), crc);
     crc = crc32_of(data.first, data.second, crc);
   }
+  if (metadata != nullptr)
+    for (const auto& [key, value] : *metadata) {
+      if (key == "crc32") continue;
+      crc = crc32_of(key.data(), key.size(), crc);
+      crc = crc32_of(value.data(), value.size(), crc);
+    }
   return crc;
+}
+
+std::string text_of(float value) {
+  return fmt::format("{}", value);
 }
 
 }  // namespace
@@ -48,20 +62,25 @@ void save_checkpoint(const std::string& dir, const MlpShape& shape, const Checkp
   std::map<std::string, std::pair<const void*, size_t>> data;
   for (const TensorRef& r : refs)
     data[r.name] = {r.data, r.bytes};
-  const std::map<std::string, std::string> metadata = {
+  std::map<std::string, std::string> metadata = {
       {"format", kFormat},
       {"layers", shape.to_string()},
       {"step", std::to_string(c.step)},
       {"optimizer", c.optimizer},
       {"optimizer_steps", std::to_string(c.optimizer_steps)},
       {"batch_size", std::to_string(c.batch_size)},
-      {"seed", std::to_string(c.seed)},
-      {"crc32", std::to_string(checksum(data))}};
+      {"seed", std::to_string(c.settings.seed)},
+      {"lr", text_of(c.settings.lr)},
+      {"total_steps", std::to_string(c.settings.total_steps)},
+      {"lr_schedule", c.settings.lr_schedule},
+      {"world_size", std::to_string(c.settings.world_size)}};
+  metadata["crc32"] = std::to_string(checksum(data, &metadata));
   write_safetensors(checkpoint_path(dir), refs, metadata);
 }
 
 Checkpoint load_checkpoint(const std::string& path, const MlpShape& shape,
-                           const std::string& optimizer, int batch_size) {
+                           const std::string& optimizer, int batch_size,
+                           const RunSettings& current) {
   const SafetensorsFile file = read_safetensors(path);
   auto meta = [&](const char* key) {
     const auto found = file.metadata.find(key);
@@ -69,16 +88,18 @@ Checkpoint load_checkpoint(const std::string& path, const MlpShape& shape,
                     "{}: not a ddp checkpoint (no '{}' in its metadata)", path, key);
     return found->second;
   };
-  DDP_USAGE_CHECK(meta("format") == kFormat, "{}: checkpoint format '{}', expected '{}'", path,
-                  meta("format"), kFormat);
+  const bool tensors_only = meta("format") == kFormatTensorsOnly;
+  DDP_USAGE_CHECK(meta("format") == kFormat || tensors_only,
+                  "{}: checkpoint format '{}', expected '{}'", path, meta("format"), kFormat);
   std::map<std::string, std::pair<const void*, size_t>> data;
   for (const auto& [name, tensor] : file.tensors)
     data[name] = {tensor.data.data(), tensor.data.size()};
+  const uint32_t crc = checksum(data, tensors_only ? nullptr : &file.metadata);
   DDP_USAGE_CHECK(
-      std::to_string(checksum(data)) == meta("crc32"),
+      std::to_string(crc) == meta("crc32"),
       "{}: checksum mismatch (stored {}, computed {}): the file was altered or is corrupt; "
       "remove it to start afresh",
-      path, meta("crc32"), checksum(data));
+      path, meta("crc32"), crc);
   DDP_USAGE_CHECK(meta("layers") == shape.to_string(),
                   "{}: checkpoint of --layers {}, but this run has --layers {}", path,
                   meta("layers"), shape.to_string());
@@ -89,12 +110,29 @@ Checkpoint load_checkpoint(const std::string& path, const MlpShape& shape,
                   "{}: checkpoint of --batch-size {}, but this run has --batch-size {} (the sample "
                   "stream would differ)",
                   path, meta("batch_size"), batch_size);
+  DDP_USAGE_CHECK(meta("seed") == std::to_string(current.seed),
+                  "{}: checkpoint of --seed {}, but this run has --seed {} (the sample order "
+                  "would differ); resume with --seed {} or start afresh in another "
+                  "--checkpoint-dir",
+                  path, meta("seed"), current.seed, meta("seed"));
   Checkpoint c;
   c.step = std::stoll(meta("step"));
   c.optimizer_steps = std::stoll(meta("optimizer_steps"));
   c.optimizer = optimizer;
   c.batch_size = batch_size;
-  c.seed = std::stoull(meta("seed"));
+  c.settings = current;
+  if (!tensors_only) {
+    const std::pair<const char*, std::string> now[] = {
+        {"lr", text_of(current.lr)},
+        {"total_steps", std::to_string(current.total_steps)},
+        {"lr_schedule", current.lr_schedule},
+        {"world_size", std::to_string(current.world_size)}};
+    const char* flag[] = {"--lr", "the total steps (--steps/--epochs)", "--lr-schedule",
+                          "the number of ranks"};
+    for (size_t i = 0; i < 4; ++i)
+      if (meta(now[i].first) != now[i].second)
+        c.changed.push_back(fmt::format("{} {} -> {}", flag[i], meta(now[i].first), now[i].second));
+  }
   c.params.resize(shape.param_count());
   mlp_params_from(file, path, shape, c.params.data());
   for (const auto& [name, tensor] : file.tensors) {

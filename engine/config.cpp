@@ -48,15 +48,15 @@ T number(const cxxopts::ParseResult& result, const std::string& name) {
   return parsed;
 }
 
-const char* schedule_name(LrSchedule schedule) {
-  return schedule == LrSchedule::kCosine ? "cosine" : "constant";
-}
-
 const char* optimizer_name(OptimizerKind kind) {
   return kind == OptimizerKind::kAdamW ? "adamw" : "sgd";
 }
 
 }  // namespace
+
+const char* schedule_name(LrSchedule schedule) {
+  return schedule == LrSchedule::kCosine ? "cosine" : "constant";
+}
 
 bool parse_train_args(int argc, char** argv, TrainConfig* config) {
   TrainConfig& c = *config;

@@ -62,6 +62,9 @@ struct TrainConfig {
 // caller exits 0). Throws UsageError naming the flag on unknown flags or bad values.
 bool parse_train_args(int argc, char** argv, TrainConfig* config);
 
+// "cosine" or "constant", as --lr-schedule takes it.
+const char* schedule_name(LrSchedule schedule);
+
 // Rejects values that cannot work, naming the flag, the value and what is allowed.
 void validate(const TrainConfig& config);
 

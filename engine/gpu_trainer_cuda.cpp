@@ -84,9 +84,18 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communi
   bool resumed = false;
   const std::string optimizer_name =
       config.optimizer.kind == OptimizerKind::kAdamW ? "adamw" : "sgd";
+  const int64_t total_steps =
+      config.steps > 0
+          ? config.steps
+          : std::max<int64_t>(1, int64_t{config.epochs} * data.train.n / config.batch_size);
+  const RunSettings settings{config.seed, config.lr, total_steps, schedule_name(config.lr_schedule),
+                             ranks};
   if (config.resume && std::ifstream(checkpoint_path(config.checkpoint_dir)).good()) {
     const Checkpoint c = load_checkpoint(checkpoint_path(config.checkpoint_dir), shape,
-                                         optimizer_name, config.batch_size);
+                                         optimizer_name, config.batch_size, settings);
+    if (lead && !c.changed.empty())
+      spdlog::warn("resuming with changed settings (allowed): {}",
+                   fmt::format("{}", fmt::join(c.changed, "; ")));
     model.set_params(c.params.data());
     model.set_optimizer_state(c.optimizer_state);
     done = c.step;
@@ -139,10 +148,6 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communi
                                   ? MetricsWriter()
                                   : MetricsWriter(config.metrics);
   MetricsWriter& metrics = metrics_in != nullptr ? *metrics_in : own_metrics;
-  const int64_t total_steps =
-      config.steps > 0
-          ? config.steps
-          : std::max<int64_t>(1, int64_t{config.epochs} * data.train.n / config.batch_size);
   Sampler sampler(data.train.n, config.seed, config.shuffle);
   ProgressReporter progress(config, total_steps, data.train.n, &metrics);
   if (resumed) metrics.write({{"event", "resumed"}, {"step", done}});
@@ -170,7 +175,7 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communi
       c.optimizer_steps = done;
       c.optimizer = optimizer_name;
       c.batch_size = config.batch_size;
-      c.seed = config.seed;
+      c.settings = settings;
       c.params.resize(shape.param_count());
       model.get_params(c.params.data());
       c.optimizer_state = model.get_optimizer_state();

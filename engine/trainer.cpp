@@ -99,7 +99,10 @@ Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* c
     if (std::ifstream(path).good()) {
       const Checkpoint c = load_checkpoint(
           path, shape, config.optimizer.kind == OptimizerKind::kAdamW ? "adamw" : "sgd",
-          config.batch_size);
+          config.batch_size, settings());
+      if (lead() && !c.changed.empty())
+        spdlog::warn("resuming with changed settings (allowed): {}",
+                     fmt::format("{}", fmt::join(c.changed, "; ")));
       std::copy(c.params.begin(), c.params.end(), model_.params());
       for (auto& [name, buffer] : optimizer_->state())
         for (const auto& [saved_name, values] : c.optimizer_state)
@@ -115,6 +118,10 @@ Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* c
   batch_indices_.resize(local_batch_);
   batch_x_.resize(static_cast<size_t>(local_batch_) * data.train.dim);
   batch_y_.resize(local_batch_);
+}
+
+RunSettings Trainer::settings() const {
+  return {config_.seed, config_.lr, total_steps_, schedule_name(config_.lr_schedule), ranks_};
 }
 
 void Trainer::gather_batch(int64_t begin, int count) {
@@ -267,7 +274,7 @@ void Trainer::save_checkpoint_now() {
     c.optimizer_steps = optimizer_->steps();
     c.optimizer = config_.optimizer.kind == OptimizerKind::kAdamW ? "adamw" : "sgd";
     c.batch_size = config_.batch_size;
-    c.seed = config_.seed;
+    c.settings = settings();
     c.params.assign(model_.params(), model_.params() + model_.shape().param_count());
     for (auto& [name, buffer] : optimizer_->state())
       c.optimizer_state.emplace_back(name, *buffer);

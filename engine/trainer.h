@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "collectives/communicator.h"
+#include "engine/checkpoint.h"
 #include "engine/config.h"
 #include "engine/ddp.h"
 #include "engine/metrics.h"
@@ -69,6 +70,7 @@ class Trainer {
  private:
   void gather_batch(int64_t begin, int count);
   void save_checkpoint_now();
+  RunSettings settings() const;  // what a checkpoint records besides the model
   // Throws (exit 1) when a weight is NaN or Inf, naming the step; `before` says what is
   // then not done.
   void check_finite_params(const char* before) const;

@@ -27,19 +27,6 @@ void on_signal(int signal) {
   ddp::g_forward_signal = signal;
 }
 
-std::string random_token() {
-  unsigned char bytes[16] = {};
-  const int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-  if (fd >= 0) {
-    (void)!::read(fd, bytes, sizeof(bytes));
-    ::close(fd);
-  }
-  std::string token;
-  for (unsigned char b : bytes)
-    token += fmt::format("{:02x}", b);
-  return token;
-}
-
 int run(int argc, char** argv) {
   ddp::LaunchConfig config;
   config.launch_time_ms = ddp::wall_clock_ms();
@@ -67,7 +54,7 @@ int run(int argc, char** argv) {
   std::string token = parent.count("DDP_STORE_TOKEN") ? parent["DDP_STORE_TOKEN"] : "";
   DDP_USAGE_CHECK(config.nnodes == 1 || !token.empty(),
                   "--nnodes {}: set the same DDP_STORE_TOKEN on every node", config.nnodes);
-  if (token.empty()) token = random_token();
+  if (token.empty()) token = ddp::random_token("/dev/urandom");
 
   std::unique_ptr<ddp::StoreServer> store;
   int port = config.master_port;
@@ -76,6 +63,9 @@ int run(int argc, char** argv) {
     store_config.bind_addr = config.nnodes == 1 ? "127.0.0.1" : "0.0.0.0";
     store_config.port = config.master_port;
     store_config.token = token;
+    store_config.on_refused = [](const std::string& line) {
+      std::fprintf(stderr, "ddprun: store refused a connection from %s\n", line.c_str());
+    };
     store = std::make_unique<ddp::StoreServer>(store_config);
     port = store->port();
     store->start();

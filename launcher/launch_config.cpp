@@ -1,6 +1,11 @@
 // ddprun's command line and the worker environment contract.
 #include "launcher/launch_config.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <iostream>
 
 #include <fmt/format.h>
@@ -167,6 +172,31 @@ WorkerPlan plan_workers(const LaunchConfig& config, const GpuList& gpus, int cpu
                   fmt::format("{}", fmt::join(gpus.ids, ",")), found);
   plan.gpu_ids.assign(gpus.ids.begin(), gpus.ids.begin() + plan.nproc);
   return plan;
+}
+
+std::string random_token(const std::string& source) {
+  unsigned char bytes[16] = {};
+  const int fd = ::open(source.c_str(), O_RDONLY | O_CLOEXEC);
+  DDP_CHECK(fd >= 0,
+            "cannot open {} for the store token ({}); refusing to start with a guessable token "
+            "(or set DDP_STORE_TOKEN)",
+            source, std::strerror(errno));
+  size_t got = 0;
+  while (got < sizeof(bytes)) {
+    const ssize_t n = ::read(fd, bytes + got, sizeof(bytes) - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  DDP_CHECK(got == sizeof(bytes),
+            "{} gave {} of 16 random bytes for the store token; refusing to start with a "
+            "guessable token (or set DDP_STORE_TOKEN)",
+            source, got);
+  std::string token;
+  for (unsigned char b : bytes)
+    token += fmt::format("{:02x}", b);
+  return token;
 }
 
 EnvMap child_environment(const EnvMap& parent, const LaunchConfig& config, const WorkerPlan& plan,

@@ -41,6 +41,10 @@ struct WorkerPlan {
 // than GPUs were found, saying what was found. With share_gpu every worker gets the first GPU.
 WorkerPlan plan_workers(const LaunchConfig& config, const GpuList& gpus, int cpu_count);
 
+// 32 hex digits from `source` (ddprun: /dev/urandom). Throws ddp::Error when the source
+// cannot give 16 bytes: a job never runs with a guessable store token.
+std::string random_token(const std::string& source);
+
 using EnvMap = std::map<std::string, std::string>;
 // The worker's environment: the parent's, plus RANK, LOCAL_RANK, WORLD_SIZE,
 // LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT, DDP_RESTART_COUNT, DDP_STORE_TOKEN,

@@ -22,7 +22,9 @@ namespace {
 
 struct Connection {
   UniqueFd fd;
+  std::string peer;  // "address:port"
   bool authenticated = false;
+  Deadline hello_deadline;
   std::string input;
   // A parked wait: keys still wanted and the deadline.
   bool waiting = false;
@@ -94,12 +96,28 @@ void StoreServer::clear() {
   data_.clear();
 }
 
+void StoreServer::refuse(const std::string& peer, const std::string& reason) {
+  ++dropped_;
+  const std::string address = peer.substr(0, peer.rfind(':'));
+  const std::string line = address + ": " + reason;
+  if (refused_.count(line)) return;
+  refused_[line] = true;
+  if (config_.on_refused) config_.on_refused(line);
+}
+
 void StoreServer::serve() {
   std::vector<Connection> connections;
   while (running_) {
     // Answer parked waits whose keys have all appeared or whose deadline passed.
     const auto now = std::chrono::steady_clock::now();
     int poll_ms = 200;
+    for (Connection& c : connections) {
+      if (!c.authenticated && c.fd.valid() && now >= c.hello_deadline) {
+        refuse(c.peer,
+               fmt::format("no hello with the token within {:.1f}s", config_.hello_timeout_s));
+        c.fd.reset();
+      }
+    }
     for (Connection& c : connections) {
       if (!c.waiting || !c.fd.valid()) continue;
       std::vector<std::string> missing;
@@ -145,10 +163,34 @@ void StoreServer::serve() {
     if (ready < 0 && errno != EINTR) break;
     if (ready <= 0) continue;
     if (fds[0].revents & POLLIN) {
-      UniqueFd client(::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+      sockaddr_in peer{};
+      socklen_t peer_len = sizeof(peer);
+      UniqueFd client(
+          ::accept4(listen_fd_.get(), reinterpret_cast<sockaddr*>(&peer), &peer_len, SOCK_CLOEXEC));
       if (client.valid()) {
+        char address[INET_ADDRSTRLEN] = "?";
+        ::inet_ntop(AF_INET, &peer.sin_addr, address, sizeof(address));
         Connection c;
         c.fd = std::move(client);
+        c.peer = fmt::format("{}:{}", address, ntohs(peer.sin_port));
+        c.hello_deadline =
+            std::chrono::steady_clock::now() +
+            std::chrono::milliseconds(static_cast<int64_t>(config_.hello_timeout_s * 1000));
+        // At the cap the oldest stranger goes, not the newcomer: a rank says hello at once,
+        // so a flood of silent connections cannot lock the ranks out.
+        const size_t waiting = static_cast<size_t>(std::count_if(
+            connections.begin(), connections.end(),
+            [](const Connection& other) { return other.fd.valid() && !other.authenticated; }));
+        if (waiting >= config_.max_unauthenticated) {
+          for (Connection& other : connections) {
+            if (!other.fd.valid() || other.authenticated) continue;
+            refuse(other.peer,
+                   fmt::format("dropped: more than {} connections waited for their hello",
+                               config_.max_unauthenticated));
+            other.fd.reset();
+            break;
+          }
+        }
         connections.push_back(std::move(c));
       }
     }
@@ -166,8 +208,9 @@ void StoreServer::serve() {
       while (c.fd.valid() && !c.waiting && c.input.size() >= 4) {
         const auto* b = reinterpret_cast<const unsigned char*>(c.input.data());
         const uint32_t len = b[0] | (b[1] << 8) | (b[2] << 16) | (uint32_t{b[3]} << 24);
-        if (len == 0 || len > kMaxStoreMessageBytes) {
-          ++dropped_;
+        if (len == 0 || len > (c.authenticated ? kMaxStoreMessageBytes : kMaxHelloBytes)) {
+          refuse(c.peer, fmt::format("a frame of {} bytes{}", len,
+                                     c.authenticated ? "" : " before authenticating"));
           c.fd.reset();
           break;
         }
@@ -180,10 +223,17 @@ void StoreServer::serve() {
         bool drop = false;
         if (!c.authenticated) {
           const std::string token = reader.str();
-          if (op != StoreOp::kHello || !reader.ok() || !reader.at_end() || token != config_.token)
-            drop = true;
-          else
-            c.authenticated = true, reply = reply_of(StoreStatus::kOk);
+          if (op != StoreOp::kHello || !reader.ok() || !reader.at_end()) {
+            refuse(c.peer, "not a store hello (another program on this port?)");
+            c.fd.reset();
+            break;
+          }
+          if (token != config_.token) {
+            refuse(c.peer, "wrong token (check DDP_STORE_TOKEN on every node)");
+            c.fd.reset();
+            break;
+          }
+          c.authenticated = true, reply = reply_of(StoreStatus::kOk);
         } else {
           std::lock_guard<std::mutex> lock(mutex_);
           switch (op) {
@@ -275,6 +325,13 @@ void StoreServer::serve() {
             c.fd.reset();
           }
         }
+      }
+      // Nothing large is buffered for a stranger, nor more than two frames for a rank.
+      const size_t limit = c.authenticated ? 2 * (4 + kMaxStoreMessageBytes) : 4 + kMaxHelloBytes;
+      if (c.fd.valid() && c.input.size() > limit) {
+        refuse(c.peer, c.authenticated ? "more than two maximal requests unanswered"
+                                       : "sent more than a hello before authenticating");
+        c.fd.reset();
       }
     }
   }

@@ -1,9 +1,12 @@
 // The rendezvous store server that ddprun hosts: a TCP key-value store on one thread with
-// poll(). A client must present the job's token first or is dropped; a malformed or
-// oversized message drops that connection only, and the server goes on serving.
+// poll(). A client must present the job's token first, in a small hello frame and within
+// a deadline, or is dropped; unauthenticated connections are capped; a malformed or
+// oversized message drops that connection only, and the server goes on serving. Each
+// refused peer is reported once (address and reason) through on_refused.
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -17,7 +20,14 @@ struct StoreServerConfig {
   std::string bind_addr = "127.0.0.1";  // loopback for single-node jobs
   int port = 0;                         // 0: pick a free port
   std::string token;
+  double hello_timeout_s = 10;      // an unauthenticated connection is closed after this
+  size_t max_unauthenticated = 64;  // more waiting for their hello are refused at once
+  // Called on the server thread, once per (peer address, reason): "1.2.3.4: wrong token".
+  std::function<void(const std::string&)> on_refused;
 };
+
+// Before authentication a frame may be at most this long (a hello is a few dozen bytes).
+constexpr size_t kMaxHelloBytes = 4096;
 
 class StoreServer {
  public:
@@ -37,6 +47,7 @@ class StoreServer {
 
  private:
   void serve();
+  void refuse(const std::string& peer, const std::string& reason);
 
   StoreServerConfig config_;
   UniqueFd listen_fd_;
@@ -48,6 +59,7 @@ class StoreServer {
   std::atomic<size_t> dropped_{0};
   std::mutex mutex_;  // guards data_ against clear() from another thread
   std::map<std::string, std::string> data_;
+  std::map<std::string, bool> refused_;  // "peer: reason" already reported (server thread)
 };
 
 }  // namespace ddp

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -59,6 +60,37 @@ std::string signal_name(int signal) {
   }
 }
 
+namespace {
+
+// The guard's reaction to ddprun's death (async-signal-safe): SIGKILL to its process group,
+// which holds the worker, whatever the worker started, and the guard itself.
+void kill_own_group(int) {
+  ::kill(0, SIGKILL);
+}
+
+// The guard: waits for the worker and ends the way it ended (exit code, or the same
+// signal), so that ddprun's supervision sees the worker's own outcome. Signals that
+// ddprun forwards to the group reach the worker directly; the guard ignores them.
+[[noreturn]] void guard(pid_t worker) {
+  ::signal(SIGINT, SIG_IGN);
+  ::signal(SIGTERM, SIG_IGN);
+  ::signal(SIGHUP, SIG_IGN);
+  int status = 0;
+  while (::waitpid(worker, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFSIGNALED(status)) {
+    const int signal = WTERMSIG(status);
+    const rlimit no_core{0, 0};
+    ::setrlimit(RLIMIT_CORE, &no_core);  // the worker already dumped (or not)
+    ::prctl(PR_SET_PDEATHSIG, 0);
+    ::signal(signal, SIG_DFL);
+    ::kill(::getpid(), signal);
+  }
+  ::_exit(WIFEXITED(status) ? WEXITSTATUS(status) : 1);
+}
+
+}  // namespace
+
 WorkerGroup::WorkerGroup(const LaunchConfig& config, std::vector<int> ranks)
     : config_(config), ranks_(std::move(ranks)) {}
 
@@ -109,10 +141,19 @@ void WorkerGroup::start(const std::vector<EnvMap>& environments, int restart) {
     const pid_t pid = ::fork();
     DDP_CHECK(pid >= 0, "fork failed: {}", std::strerror(errno));
     if (pid == 0) {
-      // Child: own process group (ddprun forwards signals itself), dies with ddprun.
+      // Child: own process group (ddprun forwards signals to it), and a guard: this process
+      // stays between ddprun and the worker and, when ddprun dies (even by SIGKILL, which
+      // ddprun cannot act on), kills the whole group, so that a worker started through a
+      // wrapper script does not outlive the job.
       ::setpgid(0, 0);
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      ::signal(SIGUSR1, kill_own_group);
+      ::prctl(PR_SET_PDEATHSIG, SIGUSR1);
       if (::getppid() != parent) ::_exit(127);
+      const pid_t worker = ::fork();
+      if (worker < 0) ::_exit(127);
+      if (worker > 0) guard(worker);  // never returns
+      ::signal(SIGUSR1, SIG_DFL);
+      ::prctl(PR_SET_PDEATHSIG, 0);
       ::signal(SIGINT, SIG_DFL);
       ::signal(SIGTERM, SIG_DFL);
       ::signal(SIGPIPE, SIG_DFL);
@@ -158,6 +199,12 @@ void WorkerGroup::pump(Worker& w, int fd, std::string& partial, bool is_err, boo
   while ((newline = partial.find('\n')) != std::string::npos) {
     emit(w, partial.substr(0, newline), is_err);
     partial.erase(0, newline + 1);
+  }
+  // A worker that writes without newlines must not grow ddprun's memory: past
+  // kMaxLineBytes the text so far goes out as a line of its own.
+  while (partial.size() >= kMaxLineBytes) {
+    emit(w, partial.substr(0, kMaxLineBytes) + " [line split by ddprun]", is_err);
+    partial.erase(0, kMaxLineBytes);
   }
   if (n <= 0) {  // EOF or error: this stream is done
     if (!partial.empty() || flush) {

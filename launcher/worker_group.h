@@ -23,6 +23,9 @@ struct GroupOutcome {
   bool interrupted = false;             // ddprun itself got SIGINT/SIGTERM
 };
 
+// The longest output line ddprun holds before passing it on in pieces.
+constexpr size_t kMaxLineBytes = 1 << 20;
+
 // Set by ddprun's signal handler; the supervision loop forwards it to every worker.
 extern volatile std::sig_atomic_t g_forward_signal;
 

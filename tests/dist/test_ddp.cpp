@@ -188,6 +188,34 @@ TEST(Checkpoint, MetricsOfAResumedRunAreAppendedWithAResumeRecord) {
   EXPECT_NE(metrics.find("{\"event\":\"resumed\",\"step\":8}"), std::string::npos) << metrics;
 }
 
+TEST(Checkpoint, ResumeRefusesAnotherSeedWarnsOfOtherChangesAndCoversTheMetadata) {
+  TempDir dir;
+  const std::string ckpt = " --checkpoint-dir " + dir.file("ckpt") + " --resume";
+  ASSERT_EQ(run_command(kTrain + kArgs + ckpt).exit_code, 0);  // --seed 3, 12 steps
+  RunResult r = run_command(kTrain + kArgs + ckpt + " --seed 4");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("checkpoint of --seed 3, but this run has --seed 4"), std::string::npos)
+      << r.output;
+  r = run_command(kTrain + kArgs + ckpt + " --lr 0.01 --steps 20");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("resuming with changed settings (allowed): --lr 0.05 -> 0.01; the "
+                          "total steps (--steps/--epochs) 12 -> 20"),
+            std::string::npos)
+      << r.output;
+  // The metadata is covered by the checksum: a step count edited in place is refused.
+  const std::string path = dir.file("ckpt/latest.safetensors");
+  std::ifstream in(path, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  in.close();
+  const size_t at = bytes.find("\"step\":\"20\"");
+  ASSERT_NE(at, std::string::npos);
+  bytes[at + 9] = '1';  // "step":"10"
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  r = run_command(kTrain + kArgs + ckpt + " --steps 20");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("checksum mismatch"), std::string::npos) << r.output;
+}
+
 TEST(Checkpoint, TruncatedOrAlteredCheckpointsAreRefused) {
   TempDir dir;
   const std::string ckpt = " --checkpoint-dir " + dir.file("ckpt") + " --resume";

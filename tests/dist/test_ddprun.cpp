@@ -95,6 +95,40 @@ TEST(Ddprun, FirstFailureStopsTheOthersAndSetsTheExitCode) {
   EXPECT_NE(r.output.find("| about to fail"), std::string::npos) << r.output;
 }
 
+TEST(Ddprun, WorkersBehindAWrapperScriptDieWithAKilledDdprun) {
+  TempDir dir;
+  const std::string script =
+      "export DDP_TEST_TAG=" + dir.path() + "\n" + ddprun() +
+      " --nproc-per-node 2 -- sh -c 'sh -c \"sleep 297\"; true' > /dev/null 2>&1 &\n"
+      "launcher=$!\n"
+      "sleeping() { n=0; for d in /proc/[0-9]*; do [ \"$(cat $d/comm 2>/dev/null)\" = sleep ] && "
+      "tr '\\0' '\\n' < $d/environ 2>/dev/null | grep -qx \"DDP_TEST_TAG=" +
+      dir.path() +
+      "\" && n=$((n + 1)); done; echo $n; }\n"
+      "for i in $(seq 100); do [ $(sleeping) -ge 2 ] && break; sleep 0.05; done\n"
+      "echo running $(sleeping)\n"
+      "kill -9 $launcher\n"
+      "sleep 1\n"
+      "for d in /proc/[0-9]*; do tr '\\0' '\\n' < $d/environ 2>/dev/null | "
+      "grep -qx \"DDP_TEST_TAG=" +
+      dir.path() +
+      "\" && echo LEFT BEHIND $(cat $d/comm); done\n"
+      "true\n";
+  std::ofstream(dir.file("run.sh")) << script;
+  const RunResult r = run_command("sh " + dir.file("run.sh"));
+  EXPECT_NE(r.output.find("running 2"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("LEFT BEHIND"), std::string::npos) << r.output;
+}
+
+TEST(Ddprun, ALineWithoutNewlineIsPassedOnInBoundedPieces) {
+  // 5 MiB without a newline: ddprun must not hold it whole.
+  const RunResult r = run_command(ddprun() +
+                                  " --nproc-per-node 1 -- sh -c 'head -c 5242880 /dev/zero | tr "
+                                  "\"\\000\" x; echo; echo done' | awk '{ print length($0) }'");
+  EXPECT_EQ(r.exit_code, 0) << r.output.substr(0, 2000);
+  EXPECT_EQ(count_of(r.output, "1048608\n"), 5) << r.output.substr(0, 2000);  // prefix+piece+mark
+}
+
 TEST(Ddprun, WorkersIgnoringSigtermAreKilledAfterTheGracePeriod) {
   const RunResult r =
       run_command(ddprun() +

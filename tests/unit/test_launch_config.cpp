@@ -174,6 +174,23 @@ TEST(DuplicateGpus, RanksWithTheirOwnNcclHostIdsMayShareAGpu) {
   EXPECT_NE(same.find("--share-gpu"), std::string::npos) << same;
 }
 
+TEST(StoreToken, RandomOrRefused) {
+  const std::string a = random_token("/dev/urandom");
+  EXPECT_EQ(a.size(), 32u);
+  EXPECT_NE(a, random_token("/dev/urandom"));
+  EXPECT_NE(a, std::string(32, '0'));
+  for (const char* broken : {"/dev/null", "/nonexistent/random"}) {
+    try {
+      random_token(broken);
+      ADD_FAILURE() << broken << " gave a token";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("refusing to start with a guessable token"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 TEST(DuplicateGpus, NamesBothRanksAndTheirVisibleDevices) {
   EXPECT_EQ(duplicate_gpu_message({{0, "h", "GPU-a", "0"}, {1, "h", "GPU-b", "1"}}), "");
   EXPECT_EQ(duplicate_gpu_message({{0, "h1", "GPU-a", "0"}, {1, "h2", "GPU-a", "0"}}), "");

@@ -2,15 +2,25 @@
 // port 0 and a port already in use. Server and clients in one process, over loopback.
 #include <gtest/gtest.h>
 
+#include <mutex>
 #include <thread>
+#include <vector>
 
 #include "launcher/store_server.h"
 #include "runtime/error.h"
+#include "runtime/socket.h"
 #include "runtime/store.h"
 #include "runtime/timer.h"
 
 namespace ddp {
 namespace {
+
+int count_lines(const std::string& text, const std::string& needle) {
+  int n = 0;
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1))
+    ++n;
+  return n;
+}
 
 class StoreTest : public ::testing::Test {
  protected:
@@ -122,6 +132,88 @@ TEST_F(StoreTest, GarbageAndOversizedInputDropOnlyThatConnection) {
   EXPECT_GE(server_->dropped_connections(), 3u);
   EXPECT_EQ(good.get("k").value(), "v");
   EXPECT_EQ(client().get("k").value(), "v");
+}
+
+// A server whose refusals are collected, with a short hello deadline and a small cap.
+class GuardedStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    StoreServerConfig config{"127.0.0.1", 0, "secret"};
+    config.hello_timeout_s = 0.5;
+    config.max_unauthenticated = 8;
+    config.on_refused = [this](const std::string& line) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      refused_.push_back(line);
+    };
+    server_ = std::make_unique<StoreServer>(config);
+    server_->start();
+  }
+  std::string refusals() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::string all;
+    for (const std::string& line : refused_)
+      all += line + "\n";
+    return all;
+  }
+  static bool closed_by_server(int fd, double seconds) {
+    char byte;
+    try {
+      read_exact(fd, &byte, 1, deadline_in(seconds));
+    } catch (const Error&) {
+      return true;
+    }
+    return false;
+  }
+  std::unique_ptr<StoreServer> server_;
+  std::mutex mutex_;
+  std::vector<std::string> refused_;
+};
+
+TEST_F(GuardedStoreTest, ALargeFrameBeforeTheHelloIsRefusedAtOnce) {
+  UniqueFd raw = tcp_connect("127.0.0.1", server_->port(), deadline_in(2.0));
+  const unsigned char header[4] = {0x00, 0x00, 0xf0, 0x03};  // announces a 63 MiB frame
+  write_all(raw.get(), header, 4);
+  const std::string some(60000, 'x');
+  try {
+    write_all(raw.get(), some.data(), some.size());
+  } catch (const Error&) {
+    // already closed
+  }
+  Stopwatch clock;
+  EXPECT_TRUE(closed_by_server(raw.get(), 3.0));
+  EXPECT_LT(clock.seconds(), 0.4) << "closed by the hello deadline, not by the size";
+  EXPECT_NE(refusals().find("127.0.0.1: a frame of 66060288 bytes before authenticating"),
+            std::string::npos)
+      << refusals();
+}
+
+TEST_F(GuardedStoreTest, SilentStrangersAreCappedAndTimedOutWhileRanksStillConnect) {
+  std::vector<UniqueFd> strangers;
+  for (int i = 0; i < 20; ++i)
+    strangers.push_back(tcp_connect("127.0.0.1", server_->port(), deadline_in(2.0)));
+  StoreClient rank("127.0.0.1", server_->port(), "secret", 5.0);  // after the cap: still served
+  rank.set("k", "v");
+  EXPECT_EQ(rank.get("k").value(), "v");
+  EXPECT_NE(refusals().find("dropped: more than 8 connections waited for their hello"),
+            std::string::npos)
+      << refusals();
+  Stopwatch clock;
+  for (UniqueFd& fd : strangers)
+    EXPECT_TRUE(closed_by_server(fd.get(), 3.0));
+  EXPECT_LT(clock.seconds(), 2.0);
+  EXPECT_NE(refusals().find("no hello with the token within 0.5s"), std::string::npos)
+      << refusals();
+  EXPECT_EQ(count_lines(refusals(), "no hello"), 1) << "reported once per peer and reason";
+}
+
+TEST_F(GuardedStoreTest, OnlyTheWholeTokenAuthenticatesAndWrongOnesAreReported) {
+  for (const char* token : {"secre", "", "secret!", "Secret"})
+    EXPECT_THROW(StoreClient("127.0.0.1", server_->port(), token, 2.0), Error) << token;
+  EXPECT_NE(refusals().find("127.0.0.1: wrong token (check DDP_STORE_TOKEN on every node)"),
+            std::string::npos)
+      << refusals();
+  StoreClient good("127.0.0.1", server_->port(), "secret", 5.0);
+  good.set("k", "v");
 }
 
 TEST_F(StoreTest, ClearStartsAFreshGeneration) {
