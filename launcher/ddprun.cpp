@@ -80,13 +80,17 @@ int run(int argc, char** argv) {
                  "ddprun: --share-gpu: all %d workers share GPU %s, each its own NCCL host; NCCL "
                  "traffic goes through sockets (a test mode: correct, slow)\n",
                  plan.nproc, plan.gpu_ids.front().c_str());
+  const std::string store_at =
+      config.node_rank == 0 && config.nnodes > 1
+          ? fmt::format("store on 0.0.0.0:{} (all interfaces; workers use {})", port,
+                        config.master_addr)
+          : fmt::format("store on {}:{}", config.master_addr, port);
   std::fprintf(
-      stderr, "ddprun: starting %d worker%s (%s), store on %s:%d\n", plan.nproc,
-      plan.nproc == 1 ? "" : "s",
+      stderr, "ddprun: starting %d worker%s (%s), %s\n", plan.nproc, plan.nproc == 1 ? "" : "s",
       plan.gpu_ids.empty()
           ? "CPU"
           : fmt::format("GPUs {} from {}", fmt::join(plan.gpu_ids, ","), gpus.source).c_str(),
-      config.master_addr.c_str(), port);
+      store_at.c_str());
 
   for (int restart = 0;; ++restart) {
     std::vector<ddp::EnvMap> environments;

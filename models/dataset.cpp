@@ -37,6 +37,13 @@ std::vector<uint8_t> read_gz_file(const std::string& path) {
     if (got == 0) break;
     bytes.insert(bytes.end(), chunk.begin(), chunk.begin() + got);
   }
+  // A stream cut short (no trailer with its CRC and length) reads as a clean end of data;
+  // zlib says so only through gzerror.
+  int code = Z_OK;
+  const char* message = gzerror(file.get(), &code);
+  DDP_USAGE_CHECK(code == Z_OK || code == Z_STREAM_END,
+                  "{}: truncated or corrupt gzip data ({}); download or copy it again", path,
+                  message);
   return bytes;
 }
 

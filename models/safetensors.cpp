@@ -1,6 +1,8 @@
 // Safetensors reader and writer on top of nlohmann::json.
 #include "models/safetensors.h"
 
+#include <sys/stat.h>
+
 #include <unistd.h>
 
 #include <cerrno>
@@ -78,6 +80,13 @@ void write_safetensors(const std::string& path, const std::vector<TensorRef>& te
 }
 
 SafetensorsFile read_safetensors(const std::string& path) {
+  struct stat info {};
+  DDP_USAGE_CHECK(::stat(path.c_str(), &info) == 0, "{}: cannot open safetensors file ({})", path,
+                  std::strerror(errno));
+  DDP_USAGE_CHECK(S_ISREG(info.st_mode),
+                  "{}: is not a regular file (a folder?); expected a "
+                  "safetensors file",
+                  path);
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   DDP_USAGE_CHECK(in, "{}: cannot open safetensors file", path);
   const uint64_t file_size = static_cast<uint64_t>(in.tellg());

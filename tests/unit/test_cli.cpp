@@ -1,11 +1,14 @@
 // ddptrain as a user runs it: bad flags and inputs give one clear line and a non-zero exit.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "tests/support/test_support.h"
 
@@ -31,6 +34,71 @@ TEST(DdptrainCli, HelpListsTheFlags) {
   for (const char* flag :
        {"--layers", "--batch-size", "--lr-schedule", "--save-weights", "--metrics"})
     EXPECT_NE(result.output.find(flag), std::string::npos) << flag;
+}
+
+std::vector<std::string> split_on(const std::string& text, const std::string& separator) {
+  std::vector<std::string> parts;
+  size_t begin = 0;
+  for (size_t at; (at = text.find(separator, begin)) != std::string::npos;
+       begin = at + separator.size())
+    parts.push_back(text.substr(begin, at - begin));
+  parts.push_back(text.substr(begin));
+  return parts;
+}
+
+std::string trimmed(std::string text) {
+  const auto keep = [](char c) { return c != ' ' && c != '`'; };
+  while (!text.empty() && !keep(text.back()))
+    text.pop_back();
+  size_t start = 0;
+  while (start < text.size() && !keep(text[start]))
+    ++start;
+  return text.substr(start);
+}
+
+// The README's flag table against --help: every default the table states is the one the
+// parser has (a value in --help's "(default: X)").
+TEST(DdptrainCli, ReadmeDefaultsMatchHelp) {
+  std::ifstream in(README_PATH);
+  ASSERT_TRUE(in.good()) << README_PATH;
+  std::string help = run_ddptrain("--help").output;
+  std::string flat;  // --help with its line wraps undone
+  for (size_t i = 0; i < help.size(); ++i) {
+    if (help[i] == '\n' || help[i] == ' ') {
+      if (!flat.empty() && flat.back() != ' ') flat += ' ';
+    } else {
+      flat += help[i];
+    }
+  }
+  int checked = 0;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("| `--", 0) != 0) continue;
+    const std::vector<std::string> cells = split_on(line, " | ");
+    if (cells.size() < 3) continue;
+    std::vector<std::string> flags = split_on(cells[0].substr(2), ", ");
+    if (flags.size() == 1) flags = split_on(cells[0].substr(2), " / ");
+    std::vector<std::string> defaults = split_on(cells[1], ", ");
+    if (defaults.size() != flags.size()) defaults = split_on(cells[1], " / ");
+    if (defaults.size() != flags.size()) continue;
+    for (size_t i = 0; i < flags.size(); ++i) {
+      const std::string flag = trimmed(flags[i]);
+      std::string value = trimmed(defaults[i]);
+      value = value.substr(0, value.find(' '));  // "0 (adamw: 0.01)" -> "0"
+      if (value == "—" || value == "off" || value.empty()) continue;
+      const size_t at = flat.find(flag + " arg ");
+      ASSERT_NE(at, std::string::npos) << flag << " is in the README but not in --help";
+      const size_t end = flat.find(" --", at + flag.size());
+      const std::string entry = flat.substr(at, end == std::string::npos ? end : end - at);
+      const size_t d = entry.find("(default: ");
+      if (d == std::string::npos) continue;  // a default the parser does not state
+      const std::string stated = entry.substr(d + 10, entry.find(')', d) - d - 10);
+      EXPECT_EQ(stated.substr(0, stated.find(' ')), value)
+          << flag << ": README says " << value << ", --help says " << stated;
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 15) << "the README table was not found or not parsed";
 }
 
 TEST(DdptrainCli, BadFlagsAndValues) {
@@ -70,6 +138,25 @@ TEST(DdptrainCli, OutputsAreCheckedBeforeTheFirstStep) {
             std::string::npos)
       << r.output;
   EXPECT_EQ(r.output.find("step 1/"), std::string::npos) << r.output;
+}
+
+TEST(DdptrainCli, ACheckpointThatIsAFolderAndAFullDiskSayWhat) {
+  TempDir dir;
+  ASSERT_EQ(::mkdir(dir.file("ckpt").c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir(dir.file("ckpt/latest.safetensors").c_str(), 0755), 0);
+  RunResult r = run_ddptrain(
+      "--data synthetic --layers 8,4 --steps 2 --quiet --resume "
+      "--checkpoint-dir " +
+      dir.file("ckpt"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("latest.safetensors: is not a regular file"), std::string::npos)
+      << r.output;
+  if (::geteuid() != 0) GTEST_SKIP() << "/dev/full needs root to pass the folder check";
+  r = run_ddptrain("--data synthetic --layers 8,4 --steps 2 --quiet --metrics /dev/full");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--metrics /dev/full: write failed (No space left on device)"),
+            std::string::npos)
+      << r.output;
 }
 
 TEST(DdptrainCli, ADivergedRunStopsAndKeepsTheGoodCheckpoint) {

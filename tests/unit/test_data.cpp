@@ -1,6 +1,8 @@
 // Dataset readers on small files made here (good and broken), synthetic data, sampler.
 #include <gtest/gtest.h>
 
+#include <iterator>
+
 #include <zlib.h>
 #include <cmath>
 
@@ -103,6 +105,20 @@ TEST(FashionMnist, CorruptGzipIsRefused) {
   std::ofstream(dir.file("train-images-idx3-ubyte.gz"), std::ios::binary)
       << std::string("\x1f\x8b\x08\x00garbage-not-deflate", 23);
   EXPECT_FALSE(error_of([&] { load_fashion_mnist(dir.path()); }).empty());
+}
+
+TEST(FashionMnist, AGzipWithoutItsTrailerIsRefused) {
+  TempDir dir;
+  write_tiny_fashion(dir);
+  const std::string path = dir.file("train-labels-idx1-ubyte.gz");
+  std::ifstream in(path, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  in.close();
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes.substr(0, bytes.size() - 8);
+  const std::string error = error_of([&] { load_fashion_mnist(dir.path()); });
+  EXPECT_NE(error.find("train-labels-idx1-ubyte.gz: truncated or corrupt gzip data"),
+            std::string::npos)
+      << error;
 }
 
 TEST(Npy, RoundTripWithInt64LabelsAndTestSplit) {
