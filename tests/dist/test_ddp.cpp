@@ -28,6 +28,8 @@ const std::string kArgs =
 const std::string kDdprun = std::string("CUDA_VISIBLE_DEVICES= ") + DDPRUN_PATH;
 const std::string kTrain = DDPTRAIN_PATH;
 
+std::string timeline(const std::string& metrics);
+
 class DataParallelRanks : public ::testing::TestWithParam<int> {};
 
 TEST_P(DataParallelRanks, GlooMatchesOneProcessAndReplicasStayIdentical) {
@@ -47,6 +49,72 @@ TEST_P(DataParallelRanks, GlooMatchesOneProcessAndReplicasStayIdentical) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, DataParallelRanks, ::testing::Values(2, 3, 4));
+
+// Equivalence over the bucket layouts and both overlap modes: buckets of one layer, a
+// bucket of two layers (12,32,16,4: the last layer alone, then layers 1 and 0 together),
+// and one bucket of every layer. The first step's timeline shows one all-reduce a bucket.
+struct BucketCase {
+  const char* name;
+  const char* flags;
+  int buckets;
+  bool overlap;
+};
+
+void PrintTo(const BucketCase& c, std::ostream* os) {
+  *os << c.name << (c.overlap ? " overlap" : " no-overlap");
+}
+
+class DataParallelBuckets : public ::testing::TestWithParam<BucketCase> {};
+
+TEST_P(DataParallelBuckets, GlooMatchesOneProcessWithOneAllReduceABucket) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  const BucketCase& c = GetParam();
+  TempDir dir;
+  ASSERT_EQ(
+      run_command(kTrain + kArgs + " --save-weights " + dir.file("one.safetensors")).exit_code, 0);
+  const RunResult r =
+      run_command(kDdprun + " --nproc-per-node 2 -- " + kTrain + kArgs + " --check-replicas " +
+                  c.flags + (c.overlap ? "" : " --no-overlap") + " --metrics " +
+                  dir.file("m.jsonl") + " --save-weights " + dir.file("dp.safetensors"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_LE(max_relative_error(load_weights(dir.file("dp.safetensors"), kLayers),
+                               load_weights(dir.file("one.safetensors"), kLayers)),
+            1e-5);
+  const std::string first_step = timeline(dir.file("m.jsonl"));
+  EXPECT_NE(first_step.find("\"buckets\":" + std::to_string(c.buckets)), std::string::npos)
+      << first_step;
+  EXPECT_EQ(count_of(first_step, "allreduce_issued"), c.buckets) << first_step;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, DataParallelBuckets,
+    ::testing::Values(
+        BucketCase{"one-layer", "--bucket-mb 0.0005 --first-bucket-mb 0.0002", 3, true},
+        BucketCase{"one-layer", "--bucket-mb 0.0005 --first-bucket-mb 0.0002", 3, false},
+        BucketCase{"two-layer", "--bucket-mb 0.004 --first-bucket-mb 0.0004", 2, true},
+        BucketCase{"two-layer", "--bucket-mb 0.004 --first-bucket-mb 0.0004", 2, false},
+        BucketCase{"all-in-one", "", 1, true}, BucketCase{"all-in-one", "", 1, false}));
+
+TEST(DataParallel, MpiMatchesOneProcessWithMultiLayerBucketsOverlapOnAndOff) {
+  if (!HAVE_MPI) GTEST_SKIP() << "built without MPI";
+  TempDir dir;
+  ASSERT_EQ(
+      run_command(kTrain + kArgs + " --save-weights " + dir.file("one.safetensors")).exit_code, 0);
+  for (const char* overlap : {"", " --no-overlap"}) {
+    const RunResult r = run_command(
+        std::string("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ") + MPIRUN_PATH +
+        " --oversubscribe --mca btl self,vader --mca btl_vader_single_copy_mechanism none -np 2 " +
+        kTrain + kArgs +
+        " --backend mpi --check-replicas --bucket-mb 0.004 --first-bucket-mb "
+        "0.0004" +
+        overlap + " --save-weights " + dir.file("dp.safetensors"));
+    ASSERT_EQ(r.exit_code, 0) << overlap << "\n" << r.output;
+    EXPECT_LE(max_relative_error(load_weights(dir.file("dp.safetensors"), kLayers),
+                                 load_weights(dir.file("one.safetensors"), kLayers)),
+              1e-5)
+        << overlap;
+  }
+}
 
 TEST(DataParallel, MpiMatchesOneProcess) {
   if (!HAVE_MPI) GTEST_SKIP() << "built without MPI";
