@@ -39,6 +39,15 @@ std::string reply_of(StoreStatus status, const MessageWriter& body = MessageWrit
   return reply.framed();
 }
 
+// Compares in time that depends only on the lengths, not on where the first difference is
+// (a remote peer must not learn the token byte by byte from response times).
+bool same_token(const std::string& given, const std::string& token) {
+  unsigned char diff = given.size() == token.size() ? 0 : 1;
+  for (size_t i = 0; i < given.size(); ++i)
+    diff |= static_cast<unsigned char>(given[i] ^ (token.empty() ? 0 : token[i % token.size()]));
+  return diff == 0 && !token.empty();
+}
+
 }  // namespace
 
 StoreServer::StoreServer(const StoreServerConfig& config) : config_(config) {
@@ -228,7 +237,7 @@ void StoreServer::serve() {
             c.fd.reset();
             break;
           }
-          if (token != config_.token) {
+          if (!same_token(token, config_.token)) {
             refuse(c.peer, "wrong token (check DDP_STORE_TOKEN on every node)");
             c.fd.reset();
             break;

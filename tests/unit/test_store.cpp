@@ -216,6 +216,37 @@ TEST_F(GuardedStoreTest, OnlyTheWholeTokenAuthenticatesAndWrongOnesAreReported) 
   good.set("k", "v");
 }
 
+TEST_F(GuardedStoreTest, ARefusedHelloGetsNoKeyAndAWrongLengthPrefixIsRefused) {
+  StoreClient("127.0.0.1", server_->port(), "secret", 5.0).set("k", "v");
+  const size_t dropped = server_->dropped_connections();
+  auto refused = [&](const std::string& hello_payload) {
+    UniqueFd raw = tcp_connect("127.0.0.1", server_->port(), deadline_in(2.0));
+    MessageWriter get;  // pipelined after the hello: must never be answered
+    get.u8(static_cast<uint8_t>(StoreOp::kGet)).str("k");
+    MessageWriter set;
+    set.u8(static_cast<uint8_t>(StoreOp::kSet)).str("k").str("stolen");
+    MessageWriter hello;
+    hello.raw(hello_payload);
+    const std::string frames = hello.framed() + get.framed() + set.framed();
+    write_all(raw.get(), frames.data(), frames.size());
+    return closed_by_server(raw.get(), 3.0);
+  };
+  const std::string op(1, static_cast<char>(StoreOp::kHello));
+  auto with_length = [&](uint32_t length, const std::string& token) {
+    MessageWriter w;
+    w.u32(length);
+    return op + w.payload() + token;
+  };
+  EXPECT_TRUE(refused(with_length(5, "secret")));  // right token, wrong length prefix
+  EXPECT_TRUE(refused(with_length(7, "secret")));
+  EXPECT_TRUE(refused(with_length(0, "")));       // empty token
+  EXPECT_TRUE(refused(with_length(5, "secre")));  // a prefix
+  EXPECT_TRUE(refused(with_length(7, "secret!")));
+  EXPECT_GE(server_->dropped_connections(), dropped + 5);
+  StoreClient good("127.0.0.1", server_->port(), "secret", 5.0);
+  EXPECT_EQ(good.get("k").value(), "v");  // nobody wrote it
+}
+
 TEST_F(StoreTest, ClearStartsAFreshGeneration) {
   StoreClient c = client();
   c.set("k", "v");
