@@ -17,6 +17,7 @@
 #include "launcher/store_server.h"
 #include "launcher/worker_group.h"
 #include "runtime/error.h"
+#include "runtime/store.h"
 #include "runtime/timer.h"
 
 extern char** environ;
@@ -92,6 +93,19 @@ int run(int argc, char** argv) {
           : fmt::format("GPUs {} from {}", fmt::join(plan.gpu_ids, ","), gpus.source).c_str(),
       store_at.c_str());
 
+  // Several nodes agree on the job's generation through the store, as torchrun does: the
+  // first node whose workers fail in generation G moves the job to G + 1, and every node
+  // stops its workers and starts generation G + 1 (or gives up at --max-restarts).
+  std::unique_ptr<ddp::StoreClient> control;
+  if (config.nnodes > 1) {
+    control = std::make_unique<ddp::StoreClient>(
+        config.node_rank == 0 ? "127.0.0.1" : config.master_addr, port, token, 300.0);
+    const int64_t joined = control->add(fmt::format("ddprun/node/{}", config.node_rank), 1);
+    DDP_USAGE_CHECK(joined == 1,
+                    "--node-rank {}: another ddprun has already joined this job as node {} (two "
+                    "nodes started with the same --node-rank?)",
+                    config.node_rank, config.node_rank);
+  }
   for (int restart = 0;; ++restart) {
     std::vector<ddp::EnvMap> environments;
     for (int local = 0; local < plan.nproc; ++local)
@@ -99,18 +113,32 @@ int run(int argc, char** argv) {
           ddp::child_environment(parent, config, plan, local, port, token, restart));
     ddp::WorkerGroup group(config, ranks);
     group.start(environments, restart);
-    const ddp::GroupOutcome outcome = group.supervise();
+    ddp::Stopwatch since_poll;
+    const ddp::GroupOutcome outcome = group.supervise([&]() -> std::string {
+      if (!control || since_poll.seconds() < 0.2) return "";
+      since_poll.reset();
+      const int64_t generation = std::stoll(control->get("ddprun/generation").value_or("0"));
+      if (generation <= restart) return "";
+      return fmt::format("another node's workers failed in generation {}", restart);
+    });
     if (outcome.success) return 0;
     if (outcome.interrupted) {
       std::fprintf(stderr, "ddprun: %s; stopped every worker\n", outcome.cause.c_str());
       return outcome.exit_code;
     }
-    std::fprintf(stderr, "ddprun: rank %d failed first: %s\n", outcome.failed_rank,
-                 outcome.cause.c_str());
-    if (!outcome.last_lines.empty()) {
-      std::fprintf(stderr, "ddprun: last lines of rank %d:\n", outcome.failed_rank);
-      for (const std::string& line : outcome.last_lines)
-        std::fprintf(stderr, "  | %s\n", line.c_str());
+    if (outcome.peer_restart) {
+      std::fprintf(stderr, "ddprun: %s; stopped this node's workers\n", outcome.cause.c_str());
+    } else {
+      std::fprintf(stderr, "ddprun: rank %d failed first: %s\n", outcome.failed_rank,
+                   outcome.cause.c_str());
+      if (!outcome.last_lines.empty()) {
+        std::fprintf(stderr, "ddprun: last lines of rank %d:\n", outcome.failed_rank);
+        for (const std::string& line : outcome.last_lines)
+          std::fprintf(stderr, "  | %s\n", line.c_str());
+      }
+      // The first node to fail in this generation moves the job on; the others follow.
+      if (control && control->add(fmt::format("ddprun/failed/{}", restart), 1) == 1)
+        control->add("ddprun/generation", 1);
     }
     if (restart >= config.max_restarts) {
       if (config.max_restarts > 0)
@@ -120,7 +148,8 @@ int run(int argc, char** argv) {
     }
     std::fprintf(stderr, "ddprun: restarting the group (restart %d of %d)\n", restart + 1,
                  config.max_restarts);
-    if (store) store->clear();
+    if (store && config.nnodes == 1)
+      store->clear();  // with several nodes, keys carry the generation
   }
 }
 

@@ -102,7 +102,9 @@ void StoreServer::stop() {
 
 void StoreServer::clear() {
   std::lock_guard<std::mutex> lock(mutex_);
-  data_.clear();
+  // The launchers' own keys (nodes, generation) outlive a restart; the workers' do not.
+  for (auto it = data_.begin(); it != data_.end();)
+    it = it->first.rfind("ddprun/", 0) == 0 ? std::next(it) : data_.erase(it);
 }
 
 void StoreServer::refuse(const std::string& peer, const std::string& reason) {

@@ -41,7 +41,8 @@ class StoreServer {
   int port() const { return port_; }
   void start();
   void stop();
-  // Drops every key (a fresh generation for a restarted job); connections stay.
+  // Drops every key but the launchers' own ("ddprun/...") for a restarted job; connections
+  // stay.
   void clear();
   size_t dropped_connections() const { return dropped_.load(); }
 

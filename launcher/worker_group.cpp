@@ -237,7 +237,7 @@ void WorkerGroup::stop_all(int signal) {
   }
 }
 
-GroupOutcome WorkerGroup::supervise() {
+GroupOutcome WorkerGroup::supervise(const std::function<std::string()>& peer_failed) {
   using Clock = std::chrono::steady_clock;
   GroupOutcome outcome;
   bool stopping = false;
@@ -278,7 +278,7 @@ GroupOutcome WorkerGroup::supervise() {
       kill_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                    std::chrono::duration<double>(config_.grace_period));
     }
-    if (outcome.failed_rank < 0 && !outcome.interrupted) {
+    if (outcome.failed_rank < 0 && !outcome.interrupted && !outcome.peer_restart) {
       for (Worker& w : workers_) {
         if (!w.exited) continue;
         const bool failed =
@@ -298,6 +298,18 @@ GroupOutcome WorkerGroup::supervise() {
         kill_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                      std::chrono::duration<double>(config_.grace_period));
         break;
+      }
+    }
+    if (!stopping && peer_failed) {
+      const std::string cause = peer_failed();
+      if (!cause.empty()) {
+        outcome.peer_restart = true;
+        outcome.cause = cause;
+        outcome.exit_code = 1;
+        stop_all(SIGTERM);
+        stopping = true;
+        kill_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                     std::chrono::duration<double>(config_.grace_period));
       }
     }
     if (stopping && Clock::now() >= kill_at) {
@@ -325,7 +337,7 @@ GroupOutcome WorkerGroup::supervise() {
     for (const Worker& w : workers_)
       if (w.rank == outcome.failed_rank) outcome.last_lines.assign(w.tail.begin(), w.tail.end());
   }
-  outcome.success = outcome.failed_rank < 0 && !outcome.interrupted;
+  outcome.success = outcome.failed_rank < 0 && !outcome.interrupted && !outcome.peer_restart;
   return outcome;
 }
 

@@ -7,6 +7,7 @@
 
 #include <csignal>
 #include <deque>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,7 @@ struct GroupOutcome {
   std::string cause;     // "exit code 3", "signal SIGKILL (9)", "interrupted by SIGINT"
   std::vector<std::string> last_lines;  // the failed rank's last output lines
   bool interrupted = false;             // ddprun itself got SIGINT/SIGTERM
+  bool peer_restart = false;            // another node failed: this one stopped its workers
 };
 
 // The longest output line ddprun holds before passing it on in pieces.
@@ -39,7 +41,9 @@ class WorkerGroup {
   // Starts one process per environment (same order as ranks). Throws on fork/exec setup errors.
   void start(const std::vector<EnvMap>& environments, int restart);
   // Runs until every worker has exited or the group was stopped; returns the outcome.
-  GroupOutcome supervise();
+  // `peer_failed` (polled about every 50 ms, may be empty) returns a cause when another
+  // node of the job has failed: the workers are then stopped as after a local failure.
+  GroupOutcome supervise(const std::function<std::string()>& peer_failed = {});
 
  private:
   struct Worker {

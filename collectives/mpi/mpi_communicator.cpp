@@ -1,6 +1,7 @@
 // MpiCommunicator: every operation is a non-blocking MPI call whose request is polled with
 // MPI_Test until it completes or the deadline passes.
 #include "collectives/mpi/mpi_communicator.h"
+#include <algorithm>
 
 #include <mpi.h>
 
@@ -91,12 +92,14 @@ class MpiCommunicator final : public Communicator {
         store_(std::move(store)),
         group_(std::move(group)) {
     timeout_s_ = timeout_s;
+    MPI_Comm_dup(comm_, &diagnosis_);
     MPI_Op_create(bf16_sum, 1, &bf16_sum_);
     MPI_Op_create(bf16_max, 1, &bf16_max_);
   }
   ~MpiCommunicator() override {
     MPI_Op_free(&bf16_sum_);
     MPI_Op_free(&bf16_max_);
+    if (diagnosis_ != MPI_COMM_NULL) MPI_Comm_free(&diagnosis_);
     if (comm_ != MPI_COMM_WORLD) MPI_Comm_free(&comm_);
     if (owns_mpi_) MPI_Finalize();
   }
@@ -212,12 +215,53 @@ class MpiCommunicator final : public Communicator {
   std::function<std::string(const std::string&)> describer(uint64_t seq, const char* op,
                                                            size_t count, DataType type) {
     return [this, seq, op, count, type](const std::string& cause) {
-      return describe_stuck_operation(store_.get(), group_, rank_, size_, seq, op, count, type,
-                                      cause);
+      if (store_ != nullptr)
+        return describe_stuck_operation(store_.get(), group_, rank_, size_, seq, op, count, type,
+                                        cause);
+      return describe_stuck_operation(nullptr, group_, rank_, size_, seq, op, count, type, cause) +
+             missing_ranks(seq);
     };
   }
 
+  // Without a store (under mpirun): every rank that gives up on operation `seq` tells the
+  // others so on a communicator of its own, and waits two seconds to hear from them; the
+  // ranks not heard from are named.
+  std::string missing_ranks(uint64_t seq) {
+    constexpr int kTag = 7411;
+    arrived_ = seq;
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      MPI_Request request;
+      if (MPI_Isend(&arrived_, 1, MPI_UINT64_T, r, kTag, diagnosis_, &request) == MPI_SUCCESS)
+        MPI_Request_free(&request);
+    }
+    std::vector<bool> heard(static_cast<size_t>(size_), false);
+    heard[static_cast<size_t>(rank_)] = true;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while (std::chrono::steady_clock::now() < deadline &&
+           std::count(heard.begin(), heard.end(), false) > 0) {
+      int flag = 0;
+      MPI_Status status;
+      MPI_Iprobe(MPI_ANY_SOURCE, kTag, diagnosis_, &flag, &status);
+      if (!flag) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        continue;
+      }
+      uint64_t theirs = 0;
+      MPI_Recv(&theirs, 1, MPI_UINT64_T, status.MPI_SOURCE, kTag, diagnosis_, MPI_STATUS_IGNORE);
+      if (theirs == seq) heard[static_cast<size_t>(status.MPI_SOURCE)] = true;
+    }
+    std::string missing;
+    for (int r = 0; r < size_; ++r)
+      if (!heard[static_cast<size_t>(r)])
+        missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    return missing.empty() ? "; every rank reached it (a peer failed inside it?)"
+                           : fmt::format("; rank(s) {} never reached it", missing);
+  }
+
   MPI_Comm comm_;
+  MPI_Comm diagnosis_ = MPI_COMM_NULL;  // for missing_ranks(), apart from the job's traffic
+  uint64_t arrived_ = 0;                // the send buffer of missing_ranks()
   bool owns_mpi_;
   std::shared_ptr<StoreClient> store_;
   std::string group_;

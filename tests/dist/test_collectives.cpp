@@ -74,6 +74,7 @@ TEST(Mpi, RankThatNeverCallsMakesTheOthersFailWithTheTimeoutMessage) {
   EXPECT_NE(r.output.find("did not complete: no completion within the 3.0s deadline"),
             std::string::npos)
       << r.output;
+  EXPECT_NE(r.output.find("rank(s) 1 never reached it"), std::string::npos) << r.output;
 }
 
 }  // namespace

@@ -1,7 +1,10 @@
 // ddprun with real worker processes: the environment contract, failure propagation,
 // signals, restarts, the store end to end, and no CUDA library in ddprun.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -214,6 +217,62 @@ TEST(Ddprun, StoreWorksAgainAfterARestart) {
                   " store && if [ $DDP_RESTART_COUNT = 0 ] && [ $RANK = 0 ]; then exit 9; fi'");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("restarting the group"), std::string::npos) << r.output;
+}
+
+// A port that was free a moment ago (bound to 0, then released).
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// Two nodes on this machine (two ddprun processes with --nnodes 2).
+std::string two_nodes(int port, const std::string& node0_worker, const std::string& node1_worker,
+                      const std::string& extra = "") {
+  const std::string common = "DDP_STORE_TOKEN=t0k3n " + ddprun() + " --nnodes 2 --master-port " +
+                             std::to_string(port) + " --nproc-per-node 1 --grace-period 1 " + extra;
+  return "{ (" + common + " --node-rank 0 -- sh -c '" + node0_worker +
+         "' 2>&1 | sed 's/^/node0 /') & (" + common + " --node-rank 1 -- sh -c '" + node1_worker +
+         "' 2>&1 | sed 's/^/node1 /'); wait; }";
+}
+
+TEST(Ddprun, NodesAgreeOnTheGenerationWhenOneNodeFails) {
+  // Node 1's worker fails in generation 0; node 0's worker would sleep a minute there. Both
+  // nodes must move to generation 1 at once, where both workers succeed.
+  const std::string worker =
+      "echo gen=$DDP_RESTART_COUNT rank=$RANK; if [ $DDP_RESTART_COUNT = 0 ]; then "
+      "if [ $GROUP_RANK = 1 ]; then exit 3; fi; exec sleep 60; fi";
+  const RunResult r = run_command(two_nodes(free_port(), worker, worker, "--max-restarts 1"));
+  EXPECT_LT(r.seconds, 20.0) << "node 0 waited for its worker\n" << r.output;
+  EXPECT_NE(r.output.find("node1 ddprun: rank 1 failed first: exit code 3"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("node0 ddprun: another node's workers failed in generation 0"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("node0 [rank 0] gen=1 rank=0"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("node1 [rank 1] gen=1 rank=1"), std::string::npos) << r.output;
+}
+
+TEST(Ddprun, TwoNodesWithTheSameNodeRankAreRefused) {
+  const int port = free_port();
+  const std::string common = "DDP_STORE_TOKEN=t0k3n " + ddprun() + " --nnodes 3 --master-port " +
+                             std::to_string(port) + " --nproc-per-node 1 ";
+  const RunResult r =
+      run_command("{ (" + common +
+                  " --node-rank 0 -- sleep 3 >/dev/null 2>&1 &); "
+                  "sleep 0.5; (" +
+                  common + " --node-rank 1 -- sleep 3 >/dev/null 2>&1 &); sleep 0.5; " + common +
+                  " --node-rank 1 -- true; echo exit $?; }");
+  EXPECT_NE(r.output.find("--node-rank 1: another ddprun has already joined this job as node 1"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("exit 2"), std::string::npos) << r.output;
 }
 
 TEST(Ddprun, PortInUseIsAClearError) {
