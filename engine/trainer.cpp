@@ -36,6 +36,14 @@ void check_model_fits_data(const MlpShape& shape, const TrainConfig& config, con
   DDP_USAGE_CHECK(shape.input_width() == data.train.dim,
                   "--layers {}: the first width is {} but the {} data has {} features per sample",
                   config.layers, shape.input_width(), data.name, data.train.dim);
+  // A label past the model's classes is named where it is, not only as a class count.
+  for (const Split* split : {&data.train, &data.test})
+    for (int64_t i = 0; i < split->n && !split->labels_file.empty(); ++i)
+      DDP_USAGE_CHECK(split->y[i] < shape.num_classes(),
+                      "{}: label {} at index {} is out of range for --layers {} (its last width "
+                      "{} means labels 0 to {})",
+                      split->labels_file, split->y[i], i, config.layers, shape.num_classes(),
+                      shape.num_classes() - 1);
   DDP_USAGE_CHECK(shape.num_classes() >= data.classes,
                   "--layers {}: the last width is {} but the {} data has {} classes", config.layers,
                   shape.num_classes(), data.name, data.classes);

@@ -92,6 +92,7 @@ Split load_idx_split(const std::string& images_path, const std::string& labels_p
   DDP_USAGE_CHECK(images.dims[0] == labels.dims[0], "{} has {} images but {} has {} labels",
                   images_path, images.dims[0], labels_path, labels.dims[0]);
   Split split;
+  split.labels_file = labels_path;
   split.n = images.dims[0];
   split.dim = images.dims[1] * images.dims[2];
   split.x.resize(images.data.size());
@@ -268,6 +269,7 @@ Split load_npy_split(const std::string& x_path, const std::string& y_path) {
                   "{}: expected a non-empty [N, D] array, found shape [{}, {}]", x_path, x.shape[0],
                   x.shape[1]);
   Split split;
+  split.labels_file = y_path;
   split.n = x.shape[0];
   split.dim = static_cast<int>(x.shape[1]);
   split.x.resize(static_cast<size_t>(split.n) * split.dim);

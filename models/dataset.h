@@ -13,6 +13,7 @@ struct Split {
   std::vector<int32_t> y;  // [n]
   int64_t n = 0;
   int dim = 0;
+  std::string labels_file;  // where y came from (for messages); empty for generated data
 };
 
 struct Dataset {

@@ -11,6 +11,7 @@
 #include <set>
 
 #include "engine/sampler.h"
+#include "engine/trainer.h"
 #include "models/dataset.h"
 #include "runtime/error.h"
 #include "tests/support/test_support.h"
@@ -117,6 +118,24 @@ TEST(FashionMnist, AGzipWithoutItsTrailerIsRefused) {
   std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes.substr(0, bytes.size() - 8);
   const std::string error = error_of([&] { load_fashion_mnist(dir.path()); });
   EXPECT_NE(error.find("train-labels-idx1-ubyte.gz: truncated or corrupt gzip data"),
+            std::string::npos)
+      << error;
+}
+
+TEST(Npy, ALabelPastTheModelsClassesNamesTheFileAndTheLabel) {
+  TempDir dir;
+  const std::vector<float> x(8 * 4, 0.5f);
+  const std::vector<int64_t> y = {0, 1, 2, 3, 4, 5, 6, 12};
+  write_npy(dir.file("train_x.npy"), "<f4", {8, 4}, x.data(), x.size() * 4);
+  write_npy(dir.file("train_y.npy"), "<i8", {8}, y.data(), y.size() * 8);
+  TrainConfig config;
+  config.layers = "4,8,10";
+  const Dataset data = load_npy_dataset(dir.path());
+  const std::string error =
+      error_of([&] { check_model_fits_data(parse_layers(config.layers), config, data); });
+  EXPECT_NE(error.find(dir.file("train_y.npy") + ": label 12 at index 7 is out of range for "
+                                                 "--layers 4,8,10 (its last width 10 means "
+                                                 "labels 0 to 9)"),
             std::string::npos)
       << error;
 }
