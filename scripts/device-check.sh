@@ -5,7 +5,8 @@
 # options and benchmarks. Logs go to $OUT (or ./device-out); a short table is printed last,
 # and the exit status is non-zero when any check failed, the failing sections named last.
 # Usage: scripts/device-check.sh [sections...]
-#   sections: test run doctor launcher fashion options ddp1 multi bench (default: test run bench)
+#   sections: test run doctor launcher fashion options ddp1 multi bench bench-ddp
+#   (default: test run bench; multi and bench-ddp need two or more GPUs)
 # Expects .deps/ (made by scripts/device-prepare.sh here): fashion-mnist/, and zlib/ and
 # json/, prefixes of the headers the device image lacks (on CMAKE_PREFIX_PATH, nothing else).
 set -uo pipefail
@@ -144,17 +145,26 @@ if want multi; then
   timeout 120 "$build/bin/ddptrain" "${args[@]}" --save-weights "$out/one.safetensors" > "$out/dp.log" 2>&1
   timeout 120 "$build/bin/ddprun" --nproc-per-node gpu -- "$build/bin/ddptrain" "${args[@]}" \
     --bucket-mb 0.05 --first-bucket-mb 0.01 --save-weights "$out/dp.safetensors" >> "$out/dp.log" 2>&1
-  note "data parallel over GPUs vs one GPU after 40 steps (fp32): $("${PYTHON:-python3}" - "$out/one.safetensors" "$out/dp.safetensors" <<'PY'
+  error="$("${PYTHON:-python3}" - "$out/one.safetensors" "$out/dp.safetensors" <<'PY'
 import sys
 from safetensors.numpy import load_file
 a, b = load_file(sys.argv[1]), load_file(sys.argv[2])
-print("max relative error %.2e" % max(abs(a[k] - b[k]).max() / abs(a[k]).max() for k in a))
+print("%.2e" % max(abs(a[k] - b[k]).max() / abs(a[k]).max() for k in a))
 PY
 )"
+  note "data parallel over GPUs vs one GPU after 40 steps (fp32): max relative error ${error:-none}"
+  awk -v e="${error:-1}" 'BEGIN { exit !(e <= 1e-5) }' || fail multi "data parallel differs from one GPU"
   timeout 120 "$build/bin/ddprun" --nproc-per-node gpu -- "$build/bin/ddptrain" --device cuda \
     --data-dir .deps/fashion-mnist > "$out/fashion-multi.log" 2>&1
   note "fashion-mnist over every GPU: $(grep -E 'test accuracy' "$out/fashion-multi.log" | sed 's/.*info: //'); $(grep -E 'first step' "$out/fashion-multi.log" | sed 's/.*info: //')"
-  timeout 580 scripts/bench-ddp.sh "$build" > "$out/bench-ddp.md" 2> "$out/bench-ddp.err"
+  accuracy="$(grep -oE 'test accuracy [0-9.]+' "$out/fashion-multi.log" | awk '{print $3}')"
+  awk -v a="${accuracy:-0}" 'BEGIN { exit !(a >= 89.5) }' || fail multi "fashion-mnist over every GPU: ${accuracy:-no result}"
+fi
+
+if want bench-ddp; then
+  # Needs two or more GPUs: ddprun against torchrun + PyTorch DDP (long: up to ~10 min).
+  timeout 580 scripts/bench-ddp.sh "$build" > "$out/bench-ddp.md" 2> "$out/bench-ddp.err" ||
+    fail bench-ddp "bench-ddp.sh exited $?"
   cat "$out/bench-ddp.md"
 fi
 
