@@ -318,7 +318,11 @@ class NcclCommunicator final : public Communicator {
     const ncclResult_t r = settle(raw(), launch(), deadline);
     if (r != ncclSuccess) {
       const std::string message = describe(
-          fmt::format("NCCL error {} ({})", ncclGetErrorString(r), ncclGetLastError(raw())));
+          r == ncclInProgress
+              ? fmt::format("no completion within the {:.1f}s deadline (NCCL still in progress); "
+                            "communicator aborted",
+                            timeout_s_)
+              : fmt::format("NCCL error {} ({})", ncclGetErrorString(r), ncclGetLastError(raw())));
       comm_->abort();
       throw Error(message);
     }
