@@ -133,6 +133,8 @@ std::unique_ptr<Communicator> make_communicator(const CommConfig& config, const 
 
 // What this build has: "nccl gloo mpi" (for --version and ddpdoctor).
 std::string built_backends();
+// The NCCL library's version ("2.28.3"), or "" without NCCL.
+std::string nccl_version();
 
 // Describes a timed-out or failed operation and asks the store which ranks never reached
 // it: every rank that times out records its arrival under (group, sequence), waits a little

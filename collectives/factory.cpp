@@ -82,6 +82,14 @@ std::string built_backends() {
   return names.empty() ? "none" : names;
 }
 
+std::string nccl_version() {
+#if DDP_HAVE_NCCL
+  return nccl_library_version();
+#else
+  return "";
+#endif
+}
+
 std::unique_ptr<Communicator> make_communicator(const CommConfig& config, const ProcessEnv& env,
                                                 std::shared_ptr<StoreClient> store) {
   std::string backend = config.backend;

@@ -255,6 +255,43 @@ void validate(const TrainConfig& c) {
                   "--checkpoint-every: needs --checkpoint-dir");
 }
 
+nlohmann::json config_json(const TrainConfig& c) {
+  return {{"layers", c.layers},
+          {"data", c.data},
+          {"data-dir", c.data_dir},
+          {"synthetic-samples", c.synthetic_samples},
+          {"batch-size", c.batch_size},
+          {"epochs", c.epochs},
+          {"steps", c.steps},
+          {"lr", c.lr},
+          {"lr-schedule", schedule_name(c.lr_schedule)},
+          {"warmup-steps", c.warmup_steps},
+          {"optimizer", optimizer_name(c.optimizer.kind)},
+          {"momentum", c.optimizer.momentum},
+          {"weight-decay", c.optimizer.weight_decay},
+          {"seed", c.seed},
+          {"shuffle", c.shuffle},
+          {"init-weights", c.init_weights},
+          {"device", c.device},
+          {"precision", c.precision},
+          {"cuda-graph", c.cuda_graph},
+          {"fused-epilogues", c.fused_epilogues},
+          {"autotune", c.autotune},
+          {"stage-from-host", c.stage_from_host},
+          {"threads", c.threads},
+          {"log-every", c.log_every},
+          {"backend", c.backend},
+          {"timeout", c.timeout},
+          {"bucket-mb", c.bucket_mb},
+          {"first-bucket-mb", c.first_bucket_mb},
+          {"overlap", c.overlap},
+          {"accumulate", c.accumulate},
+          {"on-nonfinite", c.on_nonfinite},
+          {"checkpoint-dir", c.checkpoint_dir},
+          {"checkpoint-every", c.checkpoint_every},
+          {"resume", c.resume}};
+}
+
 std::vector<std::string> describe(const TrainConfig& c) {
   std::vector<std::string> lines;
   lines.push_back(fmt::format(

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "models/optimizer.h"
 
 namespace ddp {
@@ -67,6 +69,9 @@ const char* schedule_name(LrSchedule schedule);
 
 // Rejects values that cannot work, naming the flag, the value and what is allowed.
 void validate(const TrainConfig& config);
+
+// Every setting by its flag name (without the dashes), for the metrics' first record.
+nlohmann::json config_json(const TrainConfig& config);
 
 // One line per setting, for the start of a run's log.
 std::vector<std::string> describe(const TrainConfig& config);

@@ -2,6 +2,7 @@
 // data-parallel job started by ddprun, mpirun or srun. A GPU worker binds its device first
 // (the process's first CUDA call); main owns the runtime objects and, on a fatal error,
 // aborts the communicator so that peers stop waiting, then exits non-zero.
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <future>
@@ -47,13 +48,10 @@ int main(int argc, char** argv) {
     ddp::MetricsWriter metrics = config.metrics.empty() || !lead
                                      ? ddp::MetricsWriter()
                                      : ddp::MetricsWriter(config.metrics, continuing);
-    if (continuing)
-      metrics.write({{"event", "resume"},
-                     {"restart_count", env.restart_count},
-                     {"wall_time_ms", ddp::wall_clock_ms()}});
     std::shared_ptr<ddp::StoreClient> store;
     if (!env.master_addr.empty() && env.master_port > 0)
       store = std::make_shared<ddp::StoreClient>(env.master_addr, env.master_port, env.store_token);
+    nlohmann::json device_record = nullptr;
     if (cuda) {
       if (env.launcher == ddp::Launcher::kMpirun || env.launcher == ddp::Launcher::kSrun)
         ddp::narrow_visible_devices(&env);
@@ -69,14 +67,15 @@ int main(int argc, char** argv) {
             "host (NCCL_HOSTID={}); NCCL traffic goes through sockets: correct but slow, never a "
             "performance figure",
             env.nccl_host_id);
-      metrics.write({{"event", "init"},
-                     {"device", device.name},
-                     {"uuid", device.uuid},
-                     {"driver_ms", device.phases.driver_ms},
-                     {"context_ms", device.phases.context_ms},
-                     {"first_alloc_ms", device.phases.first_alloc_ms},
-                     {"first_kernel_ms", device.phases.first_kernel_ms},
-                     {"attempts", device.phases.attempts}});
+      device_record = {{"gpu", device.name},
+                       {"uuid", device.uuid},
+                       {"cuda_runtime", device.runtime_version},
+                       {"cuda_driver", device.driver_version},
+                       {"driver_ms", device.phases.driver_ms},
+                       {"context_ms", device.phases.context_ms},
+                       {"first_alloc_ms", device.phases.first_alloc_ms},
+                       {"first_kernel_ms", device.phases.first_kernel_ms},
+                       {"attempts", device.phases.attempts}};
       if (store) ddp::check_unique_gpus(*store, env, device, 60.0);
     }
     // One process gets a communicator too when a backend is named, so that the data-parallel
@@ -90,6 +89,23 @@ int main(int argc, char** argv) {
       spdlog::info("rank {} of {} ({}), collectives over {}", env.rank, env.world_size,
                    ddp::launcher_name(env.launcher), comm->backend());
     }
+    // The first record says what this run is, so that runs can be told apart later; a
+    // resumed or restarted run appends it again with its restart count.
+    metrics.write({{"event", continuing ? "resume" : "start"},
+                   {"start_time", ddp::iso_time(config.start_time_ms)},
+                   {"restart_count", env.restart_count},
+                   {"config", ddp::config_json(config)},
+                   {"world",
+                    {{"size", env.world_size},
+                     {"local_size", env.local_world_size},
+                     {"nodes", env.world_size / std::max(1, env.local_world_size)},
+                     {"launcher", ddp::launcher_name(env.launcher)},
+                     {"backend", comm ? comm->backend() : "none"}}},
+                   {"versions",
+                    {{"ddp", DDP_VERSION},
+                     {"built_backends", ddp::built_backends()},
+                     {"nccl", ddp::nccl_version()}}},
+                   {"device", device_record}});
     for (const std::string& line : ddp::describe(config))
       spdlog::info("{}", line);
     const ddp::Dataset data = loading.get();

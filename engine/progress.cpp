@@ -43,7 +43,7 @@ void ProgressReporter::window(int64_t step, double loss_sum, int64_t correct, in
                      {"accuracy", result->train_accuracy},
                      {"lr", lr},
                      {"samples_per_s", rate},
-                     {"elapsed_s", elapsed}});
+                     {"train_s", elapsed}});
 }
 
 void ProgressReporter::first_step_done() {

@@ -345,6 +345,12 @@ class NcclCommunicator final : public Communicator {
 
 }  // namespace
 
+std::string nccl_library_version() {
+  int code = 0;
+  if (ncclGetVersion(&code) != ncclSuccess) return "unknown";
+  return fmt::format("{}.{}.{}", code / 10000, code / 100 % 100, code % 100);
+}
+
 std::unique_ptr<Communicator> make_nccl_communicator(int rank, int size,
                                                      std::shared_ptr<StoreClient> store,
                                                      const std::string& group, double timeout_s,

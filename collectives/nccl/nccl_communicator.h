@@ -16,4 +16,7 @@ std::unique_ptr<Communicator> make_nccl_communicator(int rank, int size,
                                                      const std::string& group, double timeout_s,
                                                      Communicator* bootstrap);
 
+// The version of the NCCL library loaded ("2.28.3").
+std::string nccl_library_version();
+
 }  // namespace ddp

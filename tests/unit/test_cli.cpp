@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "tests/support/test_support.h"
 
 namespace ddp {
@@ -99,6 +101,36 @@ TEST(DdptrainCli, ReadmeDefaultsMatchHelp) {
     }
   }
   EXPECT_GE(checked, 15) << "the README table was not found or not parsed";
+}
+
+TEST(DdptrainCli, MetricsStartWithTheRunsContextAndEveryRecordIsTimed) {
+  TempDir dir;
+  const RunResult r = run_ddptrain(
+      "--data synthetic --layers 8,16,4 --steps 20 --log-every 5 "
+      "--quiet --seed 7 --metrics " +
+      dir.file("m.jsonl"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream in(dir.file("m.jsonl"));
+  std::string line;
+  std::vector<nlohmann::json> records;
+  while (std::getline(in, line))
+    records.push_back(nlohmann::json::parse(line));
+  ASSERT_GE(records.size(), 6u);
+  const nlohmann::json& first = records.front();
+  EXPECT_EQ(first["event"], "start");
+  EXPECT_EQ(first["config"]["layers"], "8,16,4");
+  EXPECT_EQ(first["config"]["seed"], 7);
+  EXPECT_EQ(first["config"]["steps"], 20);
+  EXPECT_EQ(first["world"]["size"], 1);
+  EXPECT_FALSE(first["versions"]["ddp"].get<std::string>().empty());
+  EXPECT_EQ(first["start_time"].get<std::string>().size(), 24u);  // 2026-11-29T17:55:02.123Z
+  double last = -1;
+  for (const nlohmann::json& record : records) {
+    EXPECT_TRUE(record.contains("time")) << record.dump();
+    ASSERT_TRUE(record.contains("elapsed_s")) << record.dump();
+    EXPECT_GE(record["elapsed_s"].get<double>(), last) << record.dump();
+    last = record["elapsed_s"].get<double>();
+  }
 }
 
 TEST(DdptrainCli, BadFlagsAndValues) {
