@@ -1,9 +1,13 @@
 // Checkpoint files on top of the safetensors writer.
 #include "engine/checkpoint.h"
 
+#include <dirent.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <map>
 
@@ -48,7 +52,7 @@ std::string checkpoint_path(const std::string& dir) {
   return dir + "/latest.safetensors";
 }
 
-void save_checkpoint(const std::string& dir, const MlpShape& shape, const Checkpoint& c) {
+void save_checkpoint(const std::string& dir, const MlpShape& shape, const Checkpoint& c, int keep) {
   ::mkdir(dir.c_str(), 0755);
   std::vector<TensorRef> refs = mlp_tensor_refs(shape, c.params.data());
   for (const auto& [name, values] : c.optimizer_state)
@@ -75,7 +79,31 @@ void save_checkpoint(const std::string& dir, const MlpShape& shape, const Checkp
       {"lr_schedule", c.settings.lr_schedule},
       {"world_size", std::to_string(c.settings.world_size)}};
   metadata["crc32"] = std::to_string(checksum(data, &metadata));
-  write_safetensors(checkpoint_path(dir), refs, metadata);
+  if (keep <= 0) {
+    write_safetensors(checkpoint_path(dir), refs, metadata);
+    return;
+  }
+  const std::string name = fmt::format("step-{:09d}.safetensors", c.step);
+  write_safetensors(dir + "/" + name, refs, metadata);  // complete before latest points at it
+  const std::string link = checkpoint_path(dir) + ".link";
+  ::unlink(link.c_str());
+  DDP_USAGE_CHECK(::symlink(name.c_str(), link.c_str()) == 0 &&
+                      std::rename(link.c_str(), checkpoint_path(dir).c_str()) == 0,
+                  "--checkpoint-dir {}: cannot point latest.safetensors at {}: {}", dir, name,
+                  std::strerror(errno));
+  std::vector<std::string> steps;
+  if (DIR* folder = ::opendir(dir.c_str())) {
+    while (const dirent* entry = ::readdir(folder)) {
+      const std::string file = entry->d_name;
+      if (file.rfind("step-", 0) == 0 && file.size() == name.size() &&
+          file.compare(file.size() - 12, 12, ".safetensors") == 0)
+        steps.push_back(file);
+    }
+    ::closedir(folder);
+  }
+  std::sort(steps.begin(), steps.end());  // zero-padded: name order is step order
+  for (size_t i = 0; i + static_cast<size_t>(keep) < steps.size(); ++i)
+    ::unlink((dir + "/" + steps[i]).c_str());
 }
 
 Checkpoint load_checkpoint(const std::string& path, const MlpShape& shape,

@@ -38,8 +38,11 @@ struct Checkpoint {
 
 std::string checkpoint_path(const std::string& dir);  // DIR/latest.safetensors
 
-// Writes atomically (see above). Only one rank should call it.
-void save_checkpoint(const std::string& dir, const MlpShape& shape, const Checkpoint& checkpoint);
+// Writes atomically (see above). Only one rank should call it. With keep > 0 the file is
+// DIR/step-NNNNNNNNN.safetensors, latest.safetensors becomes a link to it (swapped in
+// atomically once the file is complete) and only the newest `keep` step files stay.
+void save_checkpoint(const std::string& dir, const MlpShape& shape, const Checkpoint& checkpoint,
+                     int keep = 0);
 
 // Reads and verifies (the CRC covers the tensors and the metadata); throws UsageError
 // naming the file and the problem (truncated, checksum mismatch, other model, optimizer,

@@ -116,6 +116,9 @@ bool parse_train_args(int argc, char** argv, TrainConfig* config) {
     ("checkpoint-dir", "write checkpoints to DIR/latest.safetensors", cxxopts::value<std::string>())
     ("checkpoint-every", "steps between checkpoints (0: at the end only)",
         cxxopts::value<std::string>()->default_value(text(d.checkpoint_every)))
+    ("keep-checkpoints", "keep the newest K step-numbered checkpoints, latest linking to the "
+        "newest (0: one latest.safetensors)",
+        cxxopts::value<std::string>()->default_value(text(d.keep_checkpoints)))
     ("resume", "start from DIR/latest.safetensors when it exists")
     ("fail-at-step", "testing restarts: exit with an error when step N starts (first attempt only)",
         cxxopts::value<std::string>()->default_value("0"))
@@ -199,6 +202,7 @@ bool parse_train_args(int argc, char** argv, TrainConfig* config) {
       c.checkpoint_dir = result["checkpoint-dir"].as<std::string>();
     c.checkpoint_every = number<int64_t>(result, "checkpoint-every");
     c.resume = result.count("resume") > 0;
+    c.keep_checkpoints = number<int>(result, "keep-checkpoints");
     c.fail_at_step = number<int64_t>(result, "fail-at-step");
   } catch (const cxxopts::exceptions::exception& e) {
     throw UsageError(fmt::format("{} (see ddptrain --help)", e.what()));
@@ -251,6 +255,10 @@ void validate(const TrainConfig& c) {
   DDP_USAGE_CHECK(c.checkpoint_every >= 0, "--checkpoint-every {}: expected 0 or more",
                   c.checkpoint_every);
   DDP_USAGE_CHECK(!c.resume || !c.checkpoint_dir.empty(), "--resume: needs --checkpoint-dir");
+  DDP_USAGE_CHECK(c.keep_checkpoints >= 0 && c.keep_checkpoints <= 100000,
+                  "--keep-checkpoints {}: expected 0 to 100000", c.keep_checkpoints);
+  DDP_USAGE_CHECK(c.keep_checkpoints == 0 || !c.checkpoint_dir.empty(),
+                  "--keep-checkpoints: needs --checkpoint-dir");
   DDP_USAGE_CHECK(c.checkpoint_every == 0 || !c.checkpoint_dir.empty(),
                   "--checkpoint-every: needs --checkpoint-dir");
 }
@@ -289,6 +297,7 @@ nlohmann::json config_json(const TrainConfig& c) {
           {"on-nonfinite", c.on_nonfinite},
           {"checkpoint-dir", c.checkpoint_dir},
           {"checkpoint-every", c.checkpoint_every},
+          {"keep-checkpoints", c.keep_checkpoints},
           {"resume", c.resume}};
 }
 

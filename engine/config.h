@@ -54,6 +54,7 @@ struct TrainConfig {
   std::string on_nonfinite = "stop";
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;  // steps; 0: only at the end when a directory is given
+  int keep_checkpoints = 0;      // > 0: step-numbered files, the newest K kept
   bool resume = false;
   int64_t fail_at_step = 0;  // testing: fail when this step starts, first attempt only
   int restart_count = 0;     // set from the launcher's environment, not a flag

@@ -179,7 +179,7 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communi
       c.params.resize(shape.param_count());
       model.get_params(c.params.data());
       c.optimizer_state = model.get_optimizer_state();
-      save_checkpoint(config.checkpoint_dir, shape, c);
+      save_checkpoint(config.checkpoint_dir, shape, c, config.keep_checkpoints);
       spdlog::info("checkpoint at step {} written to {}", done,
                    checkpoint_path(config.checkpoint_dir));
     }

@@ -286,7 +286,7 @@ void Trainer::save_checkpoint_now() {
     c.params.assign(model_.params(), model_.params() + model_.shape().param_count());
     for (auto& [name, buffer] : optimizer_->state())
       c.optimizer_state.emplace_back(name, *buffer);
-    save_checkpoint(config_.checkpoint_dir, model_.shape(), c);
+    save_checkpoint(config_.checkpoint_dir, model_.shape(), c, config_.keep_checkpoints);
     spdlog::info("checkpoint at step {} written to {}", step_,
                  checkpoint_path(config_.checkpoint_dir));
   }

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdio>
@@ -282,6 +283,30 @@ TEST(Checkpoint, ResumeRefusesAnotherSeedWarnsOfOtherChangesAndCoversTheMetadata
   r = run_command(kTrain + kArgs + ckpt + " --steps 20");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("checksum mismatch"), std::string::npos) << r.output;
+}
+
+TEST(Checkpoint, KeepCheckpointsKeepsTheNewestStepsAndLatestLinksToTheNewest) {
+  TempDir dir;
+  const std::string ckpt = " --checkpoint-dir " + dir.file("ckpt") +
+                           " --checkpoint-every 3 --keep-checkpoints 2 --resume";
+  ASSERT_EQ(
+      run_command(kTrain + kArgs + ckpt + " --save-weights " + dir.file("a.safetensors")).exit_code,
+      0);
+  std::vector<std::string> files;
+  for (const auto& entry : std::filesystem::directory_iterator(dir.file("ckpt")))
+    files.push_back(entry.path().filename().string());
+  std::sort(files.begin(), files.end());
+  EXPECT_EQ(files, (std::vector<std::string>{"latest.safetensors", "step-000000009.safetensors",
+                                             "step-000000012.safetensors"}));
+  EXPECT_EQ(std::filesystem::read_symlink(dir.file("ckpt/latest.safetensors")).string(),
+            "step-000000012.safetensors");
+  const RunResult resumed = run_command(kTrain + kArgs + ckpt + " --steps 15 --save-weights " +
+                                        dir.file("b.safetensors"));
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resumed from"), std::string::npos) << resumed.output;
+  EXPECT_EQ(std::filesystem::read_symlink(dir.file("ckpt/latest.safetensors")).string(),
+            "step-000000015.safetensors");
+  EXPECT_FALSE(std::filesystem::exists(dir.file("ckpt/step-000000009.safetensors")));
 }
 
 TEST(Checkpoint, TruncatedOrAlteredCheckpointsAreRefused) {
