@@ -10,6 +10,8 @@
 #include <fstream>
 #include <memory>
 
+#include <spdlog/spdlog.h>
+
 #include "models/rng.h"
 #include "runtime/error.h"
 
@@ -166,8 +168,9 @@ NpyArray read_npy(const std::string& path) {
   DDP_USAGE_CHECK(header[at] == '\'', "{}: malformed descr in .npy header", path);
   array.dtype = header.substr(at + 1, header.find('\'', at + 1) - at - 1);
   at = value_of("fortran_order");
-  DDP_USAGE_CHECK(header.compare(at, 5, "False") == 0,
-                  "{}: Fortran-ordered arrays are not supported (save with C order)", path);
+  DDP_USAGE_CHECK(header.compare(at, 5, "False") == 0 || header.compare(at, 4, "True") == 0,
+                  "{}: malformed fortran_order in .npy header", path);
+  array.fortran_order = header.compare(at, 4, "True") == 0;
   at = value_of("shape");
   DDP_USAGE_CHECK(header[at] == '(', "{}: malformed shape in .npy header", path);
   const std::string shape = header.substr(at + 1, header.find(')', at) - at - 1);
@@ -194,6 +197,8 @@ NpyArray read_npy(const std::string& path) {
     item = 8;
   else if (array.dtype == "|u1" || array.dtype == "|i1")
     item = 1;
+  else if (array.dtype == "<f2" || array.dtype == "<i2")
+    item = 2;
   DDP_USAGE_CHECK(item != 0, "{}: unsupported dtype '{}'", path, array.dtype);
   // The header is checked against the file's size before anything is allocated: a small
   // file must not claim a huge array.
@@ -224,7 +229,7 @@ NpyArray read_npy(const std::string& path) {
 }
 
 void write_npy(const std::string& path, const std::string& dtype, const std::vector<int64_t>& shape,
-               const void* data, size_t bytes) {
+               const void* data, size_t bytes, bool fortran_order) {
   std::string shape_text = "(";
   for (size_t i = 0; i < shape.size(); ++i) {
     shape_text += std::to_string(shape[i]);
@@ -234,8 +239,9 @@ void write_npy(const std::string& path, const std::string& dtype, const std::vec
       shape_text += ", ";
   }
   shape_text += ")";
-  std::string header =
-      "{'descr': '" + dtype + "', 'fortran_order': False, 'shape': " + shape_text + ", }";
+  std::string header = "{'descr': '" + dtype +
+                       "', 'fortran_order': " + (fortran_order ? "True" : "False") +
+                       ", 'shape': " + shape_text + ", }";
   while ((10 + header.size() + 1) % 64 != 0)
     header += ' ';
   header += '\n';
@@ -252,15 +258,65 @@ void write_npy(const std::string& path, const std::string& dtype, const std::vec
 
 namespace {
 
+// IEEE half to float (normal, subnormal, zero, inf, NaN).
+float half_to_float(uint16_t h) {
+  const uint32_t sign = uint32_t{h & 0x8000u} << 16;
+  const int exponent = (h >> 10) & 0x1f;
+  const uint32_t mantissa = h & 0x3ffu;
+  float magnitude;
+  if (exponent == 0)
+    magnitude = std::ldexp(static_cast<float>(mantissa), -24);
+  else if (exponent == 31)
+    magnitude = mantissa == 0 ? INFINITY : NAN;
+  else
+    magnitude = std::ldexp(1.0f + static_cast<float>(mantissa) / 1024.0f, exponent - 15);
+  return sign ? -magnitude : magnitude;
+}
+
+// Element i (in file order) of a numeric .npy array, as a double.
+double npy_element(const NpyArray& a, size_t i) {
+  const char* p = a.data.data();
+  auto as = [&](auto v) {
+    std::memcpy(&v, p + i * sizeof(v), sizeof(v));
+    return static_cast<double>(v);
+  };
+  if (a.dtype == "<f4") return as(float{});
+  if (a.dtype == "<f8") return as(double{});
+  if (a.dtype == "<i4") return as(int32_t{});
+  if (a.dtype == "<i8") return as(int64_t{});
+  if (a.dtype == "<i2") return as(int16_t{});
+  if (a.dtype == "|u1") return as(uint8_t{});
+  if (a.dtype == "|i1") return as(int8_t{});
+  uint16_t h;  // "<f2"
+  std::memcpy(&h, p + 2 * i, 2);
+  return half_to_float(h);
+}
+
+const char* npy_type_name(const std::string& dtype) {
+  if (dtype == "<f4") return "float32";
+  if (dtype == "<f8") return "float64";
+  if (dtype == "<f2") return "float16";
+  if (dtype == "<i4") return "int32";
+  if (dtype == "<i8") return "int64";
+  if (dtype == "<i2") return "int16";
+  if (dtype == "|u1") return "uint8";
+  return "int8";
+}
+
 Split load_npy_split(const std::string& x_path, const std::string& y_path) {
   const NpyArray x = read_npy(x_path);
   const NpyArray y = read_npy(y_path);
-  DDP_USAGE_CHECK(x.dtype == "<f4", "{}: expected dtype float32 ('<f4'), found '{}'", x_path,
+  DDP_USAGE_CHECK(x.dtype == "<f4" || x.dtype == "<f8" || x.dtype == "<f2" || x.dtype == "|u1",
+                  "{}: expected dtype float32, float64, float16 or uint8, found '{}'", x_path,
                   x.dtype);
   DDP_USAGE_CHECK(x.shape.size() == 2, "{}: expected shape [N, D], found {} dimensions", x_path,
                   x.shape.size());
-  DDP_USAGE_CHECK(y.dtype == "<i4" || y.dtype == "<i8",
-                  "{}: expected dtype int32 or int64, found '{}'", y_path, y.dtype);
+  DDP_USAGE_CHECK(y.dtype == "<i4" || y.dtype == "<i8" || y.dtype == "<i2" || y.dtype == "|u1",
+                  "{}: expected labels of dtype uint8, int16, int32 or int64, found '{}'", y_path,
+                  y.dtype);
+  if (x.dtype != "<f4" || x.fortran_order)
+    spdlog::info("{}: {}{} data converted to float32 in C order", x_path, npy_type_name(x.dtype),
+                 x.fortran_order ? " Fortran-ordered" : "");
   DDP_USAGE_CHECK(y.shape.size() == 1 && y.shape[0] == x.shape[0],
                   "{}: expected shape [{}] to match {}, found {} dimensions{}", y_path, x.shape[0],
                   x_path, y.shape.size(),
@@ -273,7 +329,15 @@ Split load_npy_split(const std::string& x_path, const std::string& y_path) {
   split.n = x.shape[0];
   split.dim = static_cast<int>(x.shape[1]);
   split.x.resize(static_cast<size_t>(split.n) * split.dim);
-  std::memcpy(split.x.data(), x.data.data(), x.data.size());
+  if (x.dtype == "<f4" && !x.fortran_order) {
+    std::memcpy(split.x.data(), x.data.data(), x.data.size());
+  } else {
+    const size_t n = static_cast<size_t>(split.n), d = static_cast<size_t>(split.dim);
+    for (size_t r = 0; r < n; ++r)
+      for (size_t c = 0; c < d; ++c)
+        split.x[r * d + c] =
+            static_cast<float>(npy_element(x, x.fortran_order ? c * n + r : r * d + c));
+  }
   // NaN or Inf in the input would train to NaN weights: refuse it at load.
   for (size_t i = 0; i < split.x.size(); ++i)
     DDP_USAGE_CHECK(std::isfinite(split.x[i]),
@@ -281,14 +345,7 @@ Split load_npy_split(const std::string& x_path, const std::string& y_path) {
                     split.x[i], i, i / split.dim, i % split.dim);
   split.y.resize(split.n);
   for (int64_t i = 0; i < split.n; ++i) {
-    int64_t label = 0;
-    if (y.dtype == "<i4") {
-      int32_t v;
-      std::memcpy(&v, y.data.data() + 4 * i, 4);
-      label = v;
-    } else {
-      std::memcpy(&label, y.data.data() + 8 * i, 8);
-    }
+    const int64_t label = static_cast<int64_t>(npy_element(y, static_cast<size_t>(i)));
     DDP_USAGE_CHECK(label >= 0 && label < (1 << 24), "{}: label {} at index {} is out of range",
                     y_path, label, i);
     split.y[i] = static_cast<int32_t>(label);

@@ -44,13 +44,15 @@ struct IdxArray {
 IdxArray read_idx_gz(const std::string& path);
 
 struct NpyArray {
-  std::string dtype;  // "<f4", "<i4", "<i8", ...
+  std::string dtype;  // "<f4", "<f8", "<f2", "<i4", "<i8", "<i2", "|u1", "|i1"
   std::vector<int64_t> shape;
+  bool fortran_order = false;  // column-major data (NumPy's order='F')
   std::vector<char> data;
 };
 NpyArray read_npy(const std::string& path);
-// Writes a float32 or int32/int64 array (used by tests and tools).
+// Writes an array of `dtype` as given (used by tests and tools); `fortran_order` only marks
+// the header: the bytes are written as they are.
 void write_npy(const std::string& path, const std::string& dtype, const std::vector<int64_t>& shape,
-               const void* data, size_t bytes);
+               const void* data, size_t bytes, bool fortran_order = false);
 
 }  // namespace ddp

@@ -140,6 +140,38 @@ TEST(Npy, ALabelPastTheModelsClassesNamesTheFileAndTheLabel) {
       << error;
 }
 
+// NumPy's everyday defaults: float64 data (here Fortran-ordered), float16 and uint8 data,
+// uint8 and int16 labels, converted on load.
+TEST(Npy, EverydayDtypesAndFortranOrderAreConverted) {
+  TempDir dir;
+  // [[1, 2, 3], [4, 5, 6]] stored column by column.
+  const std::vector<double> fortran = {1, 4, 2, 5, 3, 6};
+  const std::vector<uint8_t> labels = {1, 0};
+  write_npy(dir.file("train_x.npy"), "<f8", {2, 3}, fortran.data(), 48, /*fortran_order=*/true);
+  write_npy(dir.file("train_y.npy"), "|u1", {2}, labels.data(), 2);
+  Dataset data = load_npy_dataset(dir.path());
+  EXPECT_EQ(data.train.x, (std::vector<float>{1, 2, 3, 4, 5, 6}));
+  EXPECT_EQ(data.train.y, (std::vector<int32_t>{1, 0}));
+
+  const std::vector<uint16_t> halves = {0x3c00, 0xc000, 0x3800, 0x0000, 0x7bff, 0x0001};
+  const std::vector<int16_t> small = {2, 0};
+  write_npy(dir.file("train_x.npy"), "<f2", {2, 3}, halves.data(), 12);
+  write_npy(dir.file("train_y.npy"), "<i2", {2}, small.data(), 4);
+  data = load_npy_dataset(dir.path());
+  EXPECT_EQ(data.train.x,
+            (std::vector<float>{1.0f, -2.0f, 0.5f, 0.0f, 65504.0f, std::ldexp(1.0f, -24)}));
+  EXPECT_EQ(data.train.y, (std::vector<int32_t>{2, 0}));
+
+  const std::vector<uint8_t> pixels = {0, 255, 7, 9, 10, 11};
+  write_npy(dir.file("train_x.npy"), "|u1", {2, 3}, pixels.data(), 6);
+  data = load_npy_dataset(dir.path());
+  EXPECT_EQ(data.train.x, (std::vector<float>{0, 255, 7, 9, 10, 11}));  // as stored, unscaled
+
+  write_npy(dir.file("train_x.npy"), "<c8", {2, 1}, pixels.data(), 16);
+  EXPECT_NE(error_of([&] { load_npy_dataset(dir.path()); }).find("unsupported dtype '<c8'"),
+            std::string::npos);
+}
+
 TEST(Npy, RoundTripWithInt64LabelsAndTestSplit) {
   TempDir dir;
   const std::vector<float> x = {1, 2, 3, 4, 5, 6};
@@ -194,11 +226,13 @@ TEST(Npy, NonFiniteInputIsRefusedNamingTheFileAndIndex) {
 
 TEST(Npy, WrongDtypeShapeAndTruncationAreRefused) {
   TempDir dir;
-  const std::vector<double> xd = {1, 2};
+  const std::vector<int32_t> xi = {1, 2};
   const std::vector<int32_t> y = {0, 1};
-  write_npy(dir.file("train_x.npy"), "<f8", {2, 1}, xd.data(), 16);
+  write_npy(dir.file("train_x.npy"), "<i4", {2, 1}, xi.data(), 8);
   write_npy(dir.file("train_y.npy"), "<i4", {2}, y.data(), 8);
-  EXPECT_NE(error_of([&] { load_npy_dataset(dir.path()); }).find("expected dtype float32"),
+  EXPECT_NE(error_of([&] {
+              load_npy_dataset(dir.path());
+            }).find("expected dtype float32, float64, float16 or uint8, found '<i4'"),
             std::string::npos);
 
   const std::vector<float> x = {1, 2, 3};
