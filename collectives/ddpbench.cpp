@@ -203,6 +203,8 @@ int bench(const BenchConfig& c, int argc, char** argv) {
     }
     const double us = clock.seconds() * 1e6 / c.iters;
     const double algbw = total * 4.0 / (us * 1e3);
+    // With one rank nothing crosses a bus: there is no bus bandwidth to report.
+    const bool alone = n == 1;
     const double busbw = algbw * bus_factor(c.op, n);
     if (comm->rank() == 0) {
       if (c.json)
@@ -212,9 +214,12 @@ int bench(const BenchConfig& c, int argc, char** argv) {
                         {"bytes", total * 4},
                         {"count", total},
                         {"time_us", us},
-                        {"algbw_gbs", algbw},
-                        {"busbw_gbs", busbw},
+                        {"algbw_gbs", alone ? nlohmann::json(nullptr) : nlohmann::json(algbw)},
+                        {"busbw_gbs", alone ? nlohmann::json(nullptr) : nlohmann::json(busbw)},
                         {"wrong", wrong}});
+      else if (alone)
+        std::printf("  %12zu %12zu %10.1f %10s %10s %8lld\n", total * 4, total, us, "n/a", "n/a",
+                    static_cast<long long>(wrong));
       else
         std::printf("  %12zu %12zu %10.1f %10.2f %10.2f %8lld\n", total * 4, total, us, algbw,
                     busbw, static_cast<long long>(wrong));
@@ -230,9 +235,20 @@ int bench(const BenchConfig& c, int argc, char** argv) {
 
 int main(int argc, char** argv) {
   try {
-    if (argc < 2 || std::string(argv[1]) != "collectives") {
+    const std::string command = argc < 2 ? "" : argv[1];
+    if (command == "--help" || command == "-h" || command == "help") {
+      std::printf(
+          "usage: ddpbench collectives [options]\n"
+          "  collectives  bus bandwidth of all_reduce, all_gather, reduce_scatter, broadcast and\n"
+          "               send/recv, like nccl-tests; run under ddprun or mpirun\n"
+          "               (see ddpbench collectives --help)\n");
+      return 0;
+    }
+    if (command != "collectives") {
       std::fprintf(stderr,
-                   "usage: ddpbench collectives [options] (see ddpbench collectives --help)\n");
+                   "ddpbench: error: %s; usage: ddpbench collectives [options] (see ddpbench "
+                   "--help)\n",
+                   command.empty() ? "no command" : ("unknown command '" + command + "'").c_str());
       return 2;
     }
     ddp::BenchConfig c;

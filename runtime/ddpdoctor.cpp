@@ -20,6 +20,8 @@
 
 namespace {
 
+bool g_require_gpu = false;  // --require-gpu: no GPU is a failure, not a warning
+
 int g_failures = 0;
 int g_warnings = 0;
 
@@ -63,9 +65,9 @@ void check_driver_and_gpus(std::vector<std::string>* uuids) {
   Nvml n;
   n.lib = ::dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
   if (n.lib == nullptr) {
-    report("FAIL", "NVIDIA driver",
-           "libnvidia-ml.so.1 not found: no NVIDIA driver on this machine (CPU training still "
-           "works: --device cpu)");
+    report(g_require_gpu ? "FAIL" : "warn", "NVIDIA driver",
+           "libnvidia-ml.so.1 not found: no NVIDIA driver on this machine (CPU training works: "
+           "--device cpu; --require-gpu makes this a failure)");
     return;
   }
   n.init = reinterpret_cast<int (*)()>(::dlsym(n.lib, "nvmlInit_v2"));
@@ -88,8 +90,10 @@ void check_driver_and_gpus(std::vector<std::string>* uuids) {
   if (n.driver) n.driver(version, sizeof(version));
   unsigned count = 0;
   n.count(&count);
-  report(count > 0 ? "ok" : "FAIL", "NVIDIA driver",
-         fmt::format("driver {}, {} GPU(s) on this machine", version, count));
+  report(count > 0       ? "ok"
+         : g_require_gpu ? "FAIL"
+                         : "warn",
+         "NVIDIA driver", fmt::format("driver {}, {} GPU(s) on this machine", version, count));
   for (unsigned i = 0; i < count; ++i) {
     void* device = nullptr;
     if (n.handle(i, &device) != 0) continue;
@@ -219,12 +223,20 @@ void check_launchers(const ddp::ProcessEnv& env) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc > 1) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--require-gpu") {
+      g_require_gpu = true;
+      continue;
+    }
+    const bool help = arg == "--help" || arg == "-h";
+    if (!help) std::fprintf(stderr, "ddpdoctor: error: unknown argument '%s'\n", argv[i]);
     std::printf(
-        "usage: ddpdoctor\nChecks this machine for ddp: build, driver, runtime, GPUs and "
-        "architectures,\n"
-        "CUDA_VISIBLE_DEVICES mapping, NCCL, peer access, launchers. Exit 1 on any FAIL.\n");
-    return std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h" ? 0 : 2;
+        "usage: ddpdoctor [--require-gpu]\nChecks this machine for ddp: build, driver, runtime, "
+        "GPUs and architectures,\n"
+        "CUDA_VISIBLE_DEVICES mapping, NCCL, peer access, launchers. Exit 1 on any FAIL.\n"
+        "A machine without GPUs is fine for CPU training (warnings only) unless --require-gpu.\n");
+    return help ? 0 : 2;
   }
   const ddp::ProcessEnv env = ddp::ProcessEnv::detect();
   check_build();

@@ -58,6 +58,21 @@ TEST(Ddpbench, EveryOperationReportsNoWrongElements) {
   }
 }
 
+TEST(Ddpbench, HelpExitsZeroAndOneRankReportsNoBandwidth) {
+  EXPECT_EQ(run_command(std::string(BENCH_PATH) + " --help").exit_code, 0);
+  EXPECT_EQ(run_command(std::string(BENCH_PATH) + " collectives --help").exit_code, 0);
+  EXPECT_EQ(run_command(std::string(BENCH_PATH) + " bogus").exit_code, 2);
+  const RunResult table = run_command(std::string(BENCH_PATH) +
+                                      " collectives --min-bytes 64 --max-bytes 256 --iters 2 "
+                                      "--warmup 1");
+  EXPECT_EQ(table.exit_code, 0) << table.output;
+  EXPECT_EQ(count_of(table.output, "n/a"), 6) << table.output;  // algbw and busbw, 3 sizes
+  const RunResult json = run_command(std::string(BENCH_PATH) +
+                                     " collectives --min-bytes 64 --max-bytes 64 --iters 2 "
+                                     "--warmup 1 --json");
+  EXPECT_NE(json.output.find("\"busbw_gbs\":null"), std::string::npos) << json.output;
+}
+
 TEST(Mpi, EveryOperationMatchesClosedForm) {
   if (!HAVE_MPI) GTEST_SKIP() << "built without MPI";
   const RunResult r = run_command(kMpirun + " -np 2 " + CHECK_PATH + " mpi all");

@@ -271,11 +271,21 @@ TEST(DdptrainCli, TrainsSyntheticAndWritesMetricsAndWeights) {
 
 TEST(Ddpdoctor, ReportsTheBuildAndTheMachine) {
   const RunResult r = run_command(DDPDOCTOR_PATH);
-  EXPECT_TRUE(r.exit_code == 0 || r.exit_code == 1)
-      << r.output;  // 1: this machine has a FAIL (no GPU)
   for (const char* line : {"build: CUDA", "build: NCCL", "build: Gloo", "build: MPI",
                            "NVIDIA driver", "CUDA_VISIBLE_DEVICES", "failure(s)"})
     EXPECT_NE(r.output.find(line), std::string::npos) << line << "\n" << r.output;
+  EXPECT_EQ(run_command(std::string(DDPDOCTOR_PATH) + " --help").exit_code, 0);
+  EXPECT_EQ(run_command(std::string(DDPDOCTOR_PATH) + " --bogus").exit_code, 2);
+}
+
+TEST(Ddpdoctor, AMachineWithoutGpusIsFineForCpuTrainingUnlessAGpuIsRequired) {
+  if (run_command("nvidia-smi -L").exit_code == 0) GTEST_SKIP() << "this machine has a GPU";
+  const RunResult cpu = run_command(DDPDOCTOR_PATH);
+  EXPECT_EQ(cpu.exit_code, 0) << cpu.output;
+  EXPECT_NE(cpu.output.find("warn  NVIDIA driver"), std::string::npos) << cpu.output;
+  const RunResult gpu = run_command(std::string(DDPDOCTOR_PATH) + " --require-gpu");
+  EXPECT_EQ(gpu.exit_code, 1) << gpu.output;
+  EXPECT_NE(gpu.output.find("FAIL  NVIDIA driver"), std::string::npos) << gpu.output;
 }
 
 TEST(Ddpdoctor, AVisibleDeviceThatDoesNotExistIsAFailure) {
