@@ -99,6 +99,8 @@ bool parse_train_args(int argc, char** argv, TrainConfig* config) {
         cxxopts::value<std::string>()->default_value(text(d.init_retries)))
     ("threads", "CPU threads for matrix products (0: the BLAS default)", cxxopts::value<std::string>()->default_value(text(d.threads)))
     ("log-every", "log progress every N steps", cxxopts::value<std::string>()->default_value(text(d.log_every)))
+    ("eval-every", "test-split loss and accuracy every N steps (0: at the end only)",
+        cxxopts::value<std::string>()->default_value(text(d.eval_every)))
     ("quiet", "print only the configuration and the result")
     ("backend", "collectives: auto (nccl on GPUs, gloo on CPUs, mpi under mpirun), nccl, gloo or mpi",
         cxxopts::value<std::string>()->default_value(d.backend))
@@ -189,6 +191,7 @@ bool parse_train_args(int argc, char** argv, TrainConfig* config) {
     c.init_retries = number<int>(result, "init-retries");
     c.threads = number<int>(result, "threads");
     c.log_every = number<int>(result, "log-every");
+    c.eval_every = number<int64_t>(result, "eval-every");
     c.quiet = result.count("quiet") > 0;
     c.backend = result["backend"].as<std::string>();
     c.timeout = number<double>(result, "timeout");
@@ -239,6 +242,7 @@ void validate(const TrainConfig& c) {
   DDP_USAGE_CHECK(c.threads >= 0 && c.threads <= 1024, "--threads {}: expected 0 to 1024",
                   c.threads);
   DDP_USAGE_CHECK(c.log_every >= 1, "--log-every {}: expected at least 1", c.log_every);
+  DDP_USAGE_CHECK(c.eval_every >= 0, "--eval-every {}: expected 0 or more", c.eval_every);
   DDP_USAGE_CHECK(
       c.backend == "auto" || c.backend == "nccl" || c.backend == "gloo" || c.backend == "mpi",
       "--backend {}: expected auto, nccl, gloo or mpi", c.backend);
@@ -288,6 +292,7 @@ nlohmann::json config_json(const TrainConfig& c) {
           {"stage-from-host", c.stage_from_host},
           {"threads", c.threads},
           {"log-every", c.log_every},
+          {"eval-every", c.eval_every},
           {"backend", c.backend},
           {"timeout", c.timeout},
           {"bucket-mb", c.bucket_mb},

@@ -39,6 +39,7 @@ struct TrainConfig {
   int init_retries = 0;
   int threads = 0;  // CPU matrix-product threads; 0: the library's default
   int log_every = 100;
+  int64_t eval_every = 0;  // > 0: test loss and accuracy every N steps
   bool quiet = false;
   // Data parallelism (under ddprun, mpirun or srun).
   std::string backend = "auto";  // auto | nccl | gloo | mpi

@@ -231,6 +231,8 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communi
         std::min<int64_t>({chunk, total_steps - done, config.log_every - done % config.log_every});
     if (config.checkpoint_every > 0)
       limit = std::min<int64_t>(limit, config.checkpoint_every - done % config.checkpoint_every);
+    if (config.eval_every > 0)
+      limit = std::min<int64_t>(limit, config.eval_every - done % config.eval_every);
     const int n = static_cast<int>(limit);
     for (int k = 0; k < n; ++k) {
       const int64_t step = done + k;
@@ -283,6 +285,12 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communi
       progress.window(done, window[0], static_cast<int64_t>(window[1]),
                       static_cast<int64_t>(window[2]), &result);
       window_samples = 0;
+    }
+    if (config.eval_every > 0 && done % config.eval_every == 0 && data.test.n > 0) {
+      // Every rank holds the same weights and the whole test split: the results agree.
+      const CudaMlp::Eval e = model.evaluate_test();
+      progress.evaluation(done, e.loss * static_cast<double>(e.samples),
+                          std::llround(e.accuracy * static_cast<double>(e.samples)), e.samples);
     }
     if (!config.checkpoint_dir.empty() && config.checkpoint_every > 0 &&
         done % config.checkpoint_every == 0)

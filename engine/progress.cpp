@@ -46,6 +46,21 @@ void ProgressReporter::window(int64_t step, double loss_sum, int64_t correct, in
                      {"train_s", elapsed}});
 }
 
+void ProgressReporter::evaluation(int64_t step, double loss_sum, int64_t correct, int64_t samples) {
+  if (samples <= 0) return;
+  const double loss = loss_sum / static_cast<double>(samples);
+  const double accuracy = static_cast<double>(correct) / static_cast<double>(samples);
+  if (!config_.quiet)
+    spdlog::info("eval at step {}: test loss {:.4f}, accuracy {:.2f}% ({} samples)", step, loss,
+                 100 * accuracy, samples);
+  if (metrics_)
+    metrics_->write({{"event", "eval"},
+                     {"step", step},
+                     {"test_loss", loss},
+                     {"test_accuracy", accuracy},
+                     {"test_samples", samples}});
+}
+
 void ProgressReporter::first_step_done() {
   if (config_.start_time_ms <= 0) return;
   const double since = (wall_clock_ms() - config_.start_time_ms) / 1e3;

@@ -23,6 +23,8 @@ class ProgressReporter {
   // The first step has finished (its results are on the host): logs and records how long
   // after the launch (or the process start) that was.
   void first_step_done();
+  // A mid-run evaluation of the test split after `step` steps (sums over every rank).
+  void evaluation(int64_t step, double loss_sum, int64_t correct, int64_t samples);
   // Logs and records the end of the run (result.test must be filled); train_seconds is the
   // training loop's time, evaluation excluded.
   void finish(double train_seconds, TrainResult* result);

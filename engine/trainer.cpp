@@ -205,23 +205,27 @@ StepStats Trainer::step() {
   return stats;
 }
 
+LossSum Trainer::evaluate_range(const Split& split, int64_t begin, int64_t end) {
+  LossSum total{};
+  const int classes = model_.shape().num_classes();
+  const int chunk = model_.max_batch();
+  for (int64_t at = begin; at < end; at += chunk) {
+    const int count = static_cast<int>(std::min<int64_t>(chunk, end - at));
+    const float* logits = model_.forward(&split.x[static_cast<size_t>(at) * split.dim], count);
+    const LossSum sum = softmax_xent_cpu(logits, &split.y[at], count, classes, 0.0f, nullptr);
+    total.loss += sum.loss;
+    total.correct += sum.correct;
+  }
+  return total;
+}
+
 EvalResult Trainer::evaluate(const Split& split) {
   EvalResult result;
   if (split.n == 0) return result;
-  double loss = 0;
-  int64_t correct = 0;
-  const int classes = model_.shape().num_classes();
-  const int chunk = model_.max_batch();
-  for (int64_t begin = 0; begin < split.n; begin += chunk) {
-    const int count = static_cast<int>(std::min<int64_t>(chunk, split.n - begin));
-    const float* logits = model_.forward(&split.x[static_cast<size_t>(begin) * split.dim], count);
-    const LossSum sum = softmax_xent_cpu(logits, &split.y[begin], count, classes, 0.0f, nullptr);
-    loss += sum.loss;
-    correct += sum.correct;
-  }
+  const LossSum sum = evaluate_range(split, 0, split.n);
   result.samples = split.n;
-  result.loss = loss / static_cast<double>(split.n);
-  result.accuracy = static_cast<double>(correct) / static_cast<double>(split.n);
+  result.loss = sum.loss / static_cast<double>(split.n);
+  result.accuracy = static_cast<double>(sum.correct) / static_cast<double>(split.n);
   return result;
 }
 
@@ -334,6 +338,17 @@ TrainResult Trainer::run(MetricsWriter* metrics_in) {
       progress.window(step_, window[0], static_cast<int64_t>(window[1]),
                       static_cast<int64_t>(window[2]), &result);
       window[0] = window[1] = window[2] = 0;
+    }
+    if (config_.eval_every > 0 && step_ % config_.eval_every == 0 && data_.test.n > 0) {
+      // Each rank evaluates its contiguous shard of the test split; the sums are combined.
+      const int64_t begin = data_.test.n * rank_ / ranks_;
+      const int64_t end = data_.test.n * (rank_ + 1) / ranks_;
+      const LossSum shard = evaluate_range(data_.test, begin, end);
+      double sums[3] = {shard.loss, static_cast<double>(shard.correct),
+                        static_cast<double>(end - begin)};
+      sum_over_ranks(comm_, sums, 3);
+      progress.evaluation(step_, sums[0], static_cast<int64_t>(sums[1]),
+                          static_cast<int64_t>(sums[2]));
     }
     if (!config_.checkpoint_dir.empty() && config_.checkpoint_every > 0 &&
         step_ % config_.checkpoint_every == 0)

@@ -57,6 +57,8 @@ class Trainer {
   // One optimizer step over the next global batch (collective with a group).
   StepStats step();
   EvalResult evaluate(const Split& split);
+  // Loss sum and hits over samples [begin, end) of `split` (one rank's shard).
+  LossSum evaluate_range(const Split& split, int64_t begin, int64_t end);
   // The whole run: logs progress, writes metrics (to `metrics` when given, else to
   // config.metrics), checkpoints, evaluates, saves weights (rank 0).
   TrainResult run(MetricsWriter* metrics = nullptr);

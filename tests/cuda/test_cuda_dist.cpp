@@ -183,6 +183,24 @@ TEST_P(DivergedGpuRun, StopsOnEveryRankAndKeepsTheGoodCheckpoint) {
 
 INSTANTIATE_TEST_SUITE_P(Ranks, DivergedGpuRun, ::testing::Values(1, 2));
 
+TEST(GpuRun, EvalEveryLogsTheTestSplitMidRunWithoutDisturbingTraining) {
+  REQUIRE_GPU();
+  TempDir dir;
+  const std::string run = kEnv + kTrain + kArgs + " --metrics ";
+  ASSERT_EQ(run_command(run + dir.file("plain.jsonl") + " --save-weights " +
+                        dir.file("plain.safetensors"))
+                .exit_code,
+            0);
+  const RunResult r = run_command(run + dir.file("eval.jsonl") + " --eval-every 8 --save-weights " +
+                                  dir.file("eval.safetensors"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string metrics = read_file(dir.file("eval.jsonl"));
+  EXPECT_EQ(count_of(metrics, "\"event\":\"eval\""), 3) << metrics;  // steps 8, 16, 24
+  // Evaluating between steps changes nothing of the training.
+  EXPECT_EQ(load_weights(dir.file("eval.safetensors"), kLayers),
+            load_weights(dir.file("plain.safetensors"), kLayers));
+}
+
 TEST(SharedGpu, WithoutShareGpuTwoRanksOnOneGpuStayAnError) {
   REQUIRE_GPU();
   const RunResult r = run_command(kEnv + "CUDA_VISIBLE_DEVICES=0,0 " + DDPRUN_PATH +

@@ -14,6 +14,8 @@
 #include <sstream>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "models/mlp.h"
 #include "models/safetensors.h"
 #include "tests/support/test_support.h"
@@ -177,6 +179,39 @@ TEST(DataParallel, KilledRankIsNamedAndTheOthersStopWithinTheGracePeriod) {
       << r.output;
   EXPECT_EQ(r.output.find("LEFT BEHIND"), std::string::npos) << r.output;
   EXPECT_LT(stopped_after(r.output), 2.0 + 3.0) << r.output;
+}
+
+std::vector<nlohmann::json> events_of(const std::string& metrics, const std::string& event) {
+  std::ifstream in(metrics);
+  std::vector<nlohmann::json> found;
+  std::string line;
+  while (std::getline(in, line)) {
+    nlohmann::json record = nlohmann::json::parse(line);
+    if (record["event"] == event) found.push_back(record);
+  }
+  return found;
+}
+
+TEST(DataParallel, EvalEveryGivesTheOneProcessResultsFromShards) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  ASSERT_EQ(
+      run_command(kTrain + kArgs + " --eval-every 4 --metrics " + dir.file("one.jsonl")).exit_code,
+      0);
+  const RunResult r = run_command(kDdprun + " --nproc-per-node 3 -- " + kTrain + kArgs +
+                                  " --eval-every 4 --metrics " + dir.file("dp.jsonl"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto one = events_of(dir.file("one.jsonl"), "eval");
+  const auto dp = events_of(dir.file("dp.jsonl"), "eval");
+  ASSERT_EQ(one.size(), 3u);  // steps 4, 8, 12
+  ASSERT_EQ(dp.size(), one.size());
+  for (size_t i = 0; i < one.size(); ++i) {
+    EXPECT_EQ(dp[i]["step"], one[i]["step"]);
+    EXPECT_EQ(dp[i]["test_samples"], 48);  // every shard counted once
+    EXPECT_NEAR(dp[i]["test_loss"].get<double>(), one[i]["test_loss"].get<double>(), 1e-5);
+    EXPECT_NEAR(dp[i]["test_accuracy"].get<double>(), one[i]["test_accuracy"].get<double>(),
+                1.0 / 48 + 1e-9);
+  }
 }
 
 TEST(DataParallel, GlobalBatchMustDivideAmongRanks) {
