@@ -267,6 +267,13 @@ void validate(const TrainConfig& c) {
                   "--checkpoint-every: needs --checkpoint-dir");
 }
 
+namespace {
+// A float as the double its shortest decimal form names (0.05f -> 0.05, not 0.0500000007).
+double shortest(float value) {
+  return std::stod(fmt::format("{}", value));
+}
+}  // namespace
+
 nlohmann::json config_json(const TrainConfig& c) {
   return {{"layers", c.layers},
           {"data", c.data},
@@ -275,12 +282,12 @@ nlohmann::json config_json(const TrainConfig& c) {
           {"batch-size", c.batch_size},
           {"epochs", c.epochs},
           {"steps", c.steps},
-          {"lr", c.lr},
+          {"lr", shortest(c.lr)},
           {"lr-schedule", schedule_name(c.lr_schedule)},
           {"warmup-steps", c.warmup_steps},
           {"optimizer", optimizer_name(c.optimizer.kind)},
-          {"momentum", c.optimizer.momentum},
-          {"weight-decay", c.optimizer.weight_decay},
+          {"momentum", shortest(c.optimizer.momentum)},
+          {"weight-decay", shortest(c.optimizer.weight_decay)},
           {"seed", c.seed},
           {"shuffle", c.shuffle},
           {"init-weights", c.init_weights},

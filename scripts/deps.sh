@@ -4,7 +4,7 @@
 #
 #   required: a C++17 compiler, CMake >= 3.24 (any origin: apt, pip, modules, conda), and the
 #             libraries spdlog/fmt, cxxopts, nlohmann-json, zlib (+ GoogleTest for the tests);
-#   optional: CUDA, NCCL, MPI, Gloo, OpenBLAS, the Fashion-MNIST dataset.
+#   optional: CUDA, NCCL, MPI, Gloo, OpenBLAS, the Fashion-MNIST dataset, matplotlib (plots).
 #
 # Where it can install (root, or sudo without a password, and apt-get reaching a mirror) it
 # installs the Debian packages that are missing; an optional one that fails to install is
@@ -18,7 +18,7 @@ DDP_REQUIRED_PACKAGES=(g++ make libspdlog-dev libfmt-dev libcxxopts-dev nlohmann
                        zlib1g-dev)
 DDP_TEST_PACKAGES=(libgtest-dev)
 DDP_OPTIONAL_PACKAGES=(libopenblas-dev openmpi-bin libopenmpi-dev libgloo-dev
-                       dataset-fashion-mnist)
+                       dataset-fashion-mnist python3-matplotlib)
 
 ddp_log() { echo "deps: $*" >&2; }
 

@@ -46,10 +46,41 @@ if [ "$data" = "fashion" ] && [ -z "$data_dir" ]; then
   extra=(--data-dir "$data_dir")
 fi
 
+# The run's metrics go to runs/ unless --metrics names a file; a plot is drawn next to them.
+metrics=""
+for ((i = 0; i < ${#args[@]}; ++i)); do
+  case "${args[i]}" in
+    --metrics) metrics="${args[i + 1]:-}" ;;
+    --metrics=*) metrics="${args[i]#--metrics=}" ;;
+  esac
+done
+if [ -z "$metrics" ]; then
+  mkdir -p runs
+  metrics="runs/run-$(date +%Y%m%d-%H%M%S).jsonl"
+  extra+=(--metrics "$metrics")
+fi
+
 model=(--data fashion --layers 784,512,512,10 --batch-size 128 --epochs 20 --lr 0.05 --lr-schedule cosine
-       --momentum 0.9 "${extra[@]}")
+       --momentum 0.9 --eval-every 1000 "${extra[@]}")
+status=0
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 &&
    "$bin/ddptrain" --version | grep -q "cuda yes"; then
-  exec "$bin/ddprun" --nproc-per-node gpu -- "$bin/ddptrain" --device cuda "${model[@]}" "$@"
+  "$bin/ddprun" --nproc-per-node gpu -- "$bin/ddptrain" --device cuda "${model[@]}" "$@" || status=$?
+else
+  "$bin/ddprun" --nproc-per-node 2 -- "$bin/ddptrain" --threads 1 "${model[@]}" "$@" || status=$?
 fi
-exec "$bin/ddprun" --nproc-per-node 2 -- "$bin/ddptrain" --threads 1 "${model[@]}" "$@"
+[ "$status" -eq 0 ] || exit "$status"
+
+py=""
+for candidate in python3 /usr/bin/python3; do
+  if command -v "$candidate" >/dev/null 2>&1 && "$candidate" -c "import matplotlib" 2>/dev/null; then
+    py="$candidate"
+    break
+  fi
+done
+if [ -n "$py" ] && [ -s "$metrics" ]; then
+  "$py" scripts/plot_metrics.py "$metrics" -o "${metrics%.jsonl}.png" >/dev/null &&
+    echo "run.sh: metrics in $metrics, plot in ${metrics%.jsonl}.png"
+else
+  echo "run.sh: metrics in $metrics (no plot: install python3-matplotlib)"
+fi

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# scripts/plot_metrics.py on real metrics: two ddptrain runs that differ in --lr drawn into
+# one PNG whose legend names the difference; one run alone. Exit 77 (skipped) without
+# matplotlib. Usage: test_plot.sh DDPTRAIN
+set -uo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+ddptrain="$1"
+py=""
+for candidate in python3 /usr/bin/python3; do
+  if command -v "$candidate" >/dev/null 2>&1 && "$candidate" -c "import matplotlib" 2>/dev/null; then
+    py="$candidate"
+    break
+  fi
+done
+if [ -z "$py" ]; then
+  echo "skipped: no Python with matplotlib (Debian: python3-matplotlib)"
+  exit 77
+fi
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+failed=0
+check() { if ! "$@"; then echo "FAILED: $*"; failed=1; fi; }
+for lr in 0.05 0.1; do
+  "$ddptrain" --data synthetic --layers 8,16,4 --steps 40 --log-every 5 --eval-every 10 --quiet \
+    --lr "$lr" --metrics "$work/lr-$lr.jsonl" > /dev/null || { echo "ddptrain failed"; exit 1; }
+done
+out="$("$py" "$root/scripts/plot_metrics.py" "$work/lr-0.05.jsonl" "$work/lr-0.1.jsonl" -o "$work/two.png")"
+echo "$out"
+check grep -q "run: lr=0.05" <<<"$out"
+check grep -q "run: lr=0.1" <<<"$out"
+check test "$(head -c 8 "$work/two.png" | od -An -tx1 | tr -d ' \n')" = "89504e470d0a1a0a"
+check test "$(stat -c %s "$work/two.png")" -gt 20000
+out="$("$py" "$root/scripts/plot_metrics.py" "$work/lr-0.05.jsonl" -o "$work/one.png")"
+check grep -q "run: lr-0.05.jsonl" <<<"$out"
+check test -s "$work/one.png"
+: > "$work/empty.jsonl"
+check bash -c "! '$py' '$root/scripts/plot_metrics.py' '$work/empty.jsonl' -o '$work/x.png' 2>/dev/null"
+[ $failed -eq 0 ] && echo "plot: ok"
+exit $failed
