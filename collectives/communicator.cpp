@@ -97,10 +97,36 @@ std::string describe_stuck_operation(StoreClient* store, const std::string& grou
 std::string describe_stuck_step(StoreClient* store, const std::string& group, int rank, int size,
                                 const std::string& what, uint64_t sequence,
                                 const std::string& cause) {
-  const std::string missing =
-      missing_ranks(store, fmt::format("ddp/arrived/{}/{}/{}/", group, what, sequence), rank, size);
+  // Steps are ordered: a rank stuck at a later step has passed this one. Each stuck rank
+  // records the step it is stuck at and reads the others' records; ranks without one never
+  // got here (stopped, dead), ranks at an earlier step are held up behind them.
+  std::string detail;
+  if (store != nullptr) {
+    try {
+      const std::string prefix = fmt::format("ddp/reached/{}/{}/", group, what);
+      store->set(prefix + std::to_string(rank), std::to_string(sequence));
+      std::vector<std::string> keys;
+      for (int r = 0; r < size; ++r)
+        keys.push_back(prefix + std::to_string(r));
+      for (int attempt = 0; attempt < 20 && !store->missing(keys).empty(); ++attempt)
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      std::string absent, behind;
+      for (int r = 0; r < size; ++r) {
+        const auto value = store->get(keys[r]);
+        if (!value)
+          absent += (absent.empty() ? "" : ", ") + std::to_string(r);
+        else if (std::stoull(*value) < sequence)
+          behind += fmt::format("{}{} (at #{})", behind.empty() ? "" : ", ", r, *value);
+      }
+      if (!absent.empty()) detail += fmt::format("; rank(s) {} never reached it", absent);
+      if (!behind.empty()) detail += fmt::format("; rank(s) {} held up at an earlier one", behind);
+      if (detail.empty()) detail = "; every rank reached it (a peer failed inside it?)";
+    } catch (const std::exception& e) {
+      detail = fmt::format("; the store could not tell which ranks are missing ({})", e.what());
+    }
+  }
   return fmt::format("{} #{} in group {} did not complete: {}{}", what, sequence, group, cause,
-                     missing);
+                     detail);
 }
 
 }  // namespace ddp

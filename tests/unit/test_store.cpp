@@ -6,6 +6,7 @@
 #include <thread>
 #include <vector>
 
+#include "collectives/communicator.h"
 #include "launcher/store_server.h"
 #include "runtime/error.h"
 #include "runtime/socket.h"
@@ -245,6 +246,29 @@ TEST_F(GuardedStoreTest, ARefusedHelloGetsNoKeyAndAWrongLengthPrefixIsRefused) {
   EXPECT_GE(server_->dropped_connections(), dropped + 5);
   StoreClient good("127.0.0.1", server_->port(), "secret", 5.0);
   EXPECT_EQ(good.get("k").value(), "v");  // nobody wrote it
+}
+
+// Stuck ranks of a graph-replayed step can be one step apart (a rank whose part of step 56
+// completed is stuck at 57): a rank that never arrived is named by all of them, and one at
+// an earlier step is named as held up, not as missing.
+TEST_F(StoreTest, StuckStepsNameTheRankThatNeverArrivedWhateverStepTheOthersAreAt) {
+  std::string at56, at57;
+  std::thread first([&] {
+    StoreClient c = client();
+    at56 = describe_stuck_step(&c, "world0", 0, 3, "training step", 56, "no progress");
+  });
+  std::thread second([&] {
+    StoreClient c = client();
+    at57 = describe_stuck_step(&c, "world0", 1, 3, "training step", 57, "no progress");
+  });
+  first.join();
+  second.join();
+  EXPECT_EQ(at56,
+            "training step #56 in group world0 did not complete: no progress; rank(s) 2 never "
+            "reached it");
+  EXPECT_EQ(at57,
+            "training step #57 in group world0 did not complete: no progress; rank(s) 2 never "
+            "reached it; rank(s) 0 (at #56) held up at an earlier one");
 }
 
 TEST_F(StoreTest, ClearStartsAFreshGeneration) {
