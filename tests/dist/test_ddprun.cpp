@@ -256,6 +256,10 @@ TEST(Ddprun, NodesAgreeOnTheGenerationWhenOneNodeFails) {
             std::string::npos)
       << r.output;
   EXPECT_NE(r.output.find("node0 [rank 0] gen=1 rank=0"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("node0 ddprun: starting 1 worker (CPU), store on 0.0.0.0:"),
+            std::string::npos)
+      << "node 0 says where its store really listens\n"
+      << r.output;
   EXPECT_NE(r.output.find("node1 [rank 1] gen=1 rank=1"), std::string::npos) << r.output;
 }
 
