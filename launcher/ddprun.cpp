@@ -106,11 +106,22 @@ int run(int argc, char** argv) {
                     "nodes started with the same --node-rank?)",
                     config.node_rank, config.node_rank);
   }
+  // MASTER_PORT is left to the program (a PyTorch rank 0 serves its own store there): a
+  // port free now, the same on every node (node 0 picks it and shares it through the store).
+  ddp::JobPorts ports{port, 0};
+  if (config.nnodes == 1) {
+    ports.program = ddp::free_port("127.0.0.1");
+  } else if (config.node_rank == 0) {
+    ports.program = ddp::free_port("0.0.0.0");
+    control->set("ddprun/master_port", std::to_string(ports.program));
+  } else {
+    ports.program = std::stoi(control->wait_get("ddprun/master_port", 300.0));
+  }
   for (int restart = 0;; ++restart) {
     std::vector<ddp::EnvMap> environments;
     for (int local = 0; local < plan.nproc; ++local)
       environments.push_back(
-          ddp::child_environment(parent, config, plan, local, port, token, restart));
+          ddp::child_environment(parent, config, plan, local, ports, token, restart));
     ddp::WorkerGroup group(config, ranks);
     group.start(environments, restart);
     ddp::Stopwatch since_poll;

@@ -1,7 +1,10 @@
 // ddprun's command line and the worker environment contract.
 #include "launcher/launch_config.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -174,6 +177,20 @@ WorkerPlan plan_workers(const LaunchConfig& config, const GpuList& gpus, int cpu
   return plan;
 }
 
+int free_port(const std::string& address) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  DDP_CHECK(fd >= 0, "socket() failed: {}", std::strerror(errno));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  ::inet_pton(AF_INET, address.c_str(), &addr.sin_addr);
+  const bool bound = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  DDP_CHECK(bound, "cannot find a free port on {}: {}", address, std::strerror(errno));
+  return ntohs(addr.sin_port);
+}
+
 std::string random_token(const std::string& source) {
   unsigned char bytes[16] = {};
   const int fd = ::open(source.c_str(), O_RDONLY | O_CLOEXEC);
@@ -200,7 +217,8 @@ std::string random_token(const std::string& source) {
 }
 
 EnvMap child_environment(const EnvMap& parent, const LaunchConfig& config, const WorkerPlan& plan,
-                         int local_rank, int port, const std::string& token, int restart) {
+                         int local_rank, const JobPorts& ports, const std::string& token,
+                         int restart) {
   EnvMap env = parent;
   const int rank = config.node_rank * plan.nproc + local_rank;
   env["RANK"] = std::to_string(rank);
@@ -208,10 +226,17 @@ EnvMap child_environment(const EnvMap& parent, const LaunchConfig& config, const
   env["WORLD_SIZE"] = std::to_string(config.nnodes * plan.nproc);
   env["LOCAL_WORLD_SIZE"] = std::to_string(plan.nproc);
   env["GROUP_RANK"] = std::to_string(config.node_rank);
+  env["ROLE_RANK"] = env["RANK"];
+  env["ROLE_WORLD_SIZE"] = env["WORLD_SIZE"];
+  env["ROLE_NAME"] = "default";
   env["MASTER_ADDR"] = config.master_addr;
-  env["MASTER_PORT"] = std::to_string(port);
+  env["MASTER_PORT"] = std::to_string(ports.program);
+  env["DDP_STORE_ADDR"] = config.master_addr;
+  env["DDP_STORE_PORT"] = std::to_string(ports.store);
   env["DDP_RESTART_COUNT"] = std::to_string(restart);
   env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(restart);
+  env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(config.max_restarts);
+  env["TORCHELASTIC_RUN_ID"] = "none";  // torchrun's default --rdzv-id
   env["DDP_STORE_TOKEN"] = token;
   if (config.launch_time_ms > 0)
     env["DDP_LAUNCH_TIME_MS"] = fmt::format("{:.0f}", config.launch_time_ms);

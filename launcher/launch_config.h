@@ -41,17 +41,32 @@ struct WorkerPlan {
 // than GPUs were found, saying what was found. With share_gpu every worker gets the first GPU.
 WorkerPlan plan_workers(const LaunchConfig& config, const GpuList& gpus, int cpu_count);
 
+// A TCP port that nobody listens on at `address` now (bound to port 0, then released).
+int free_port(const std::string& address);
+
 // 32 hex digits from `source` (ddprun: /dev/urandom). Throws ddp::Error when the source
 // cannot give 16 bytes: a job never runs with a guessable store token.
 std::string random_token(const std::string& source);
 
 using EnvMap = std::map<std::string, std::string>;
-// The worker's environment: the parent's, plus RANK, LOCAL_RANK, WORLD_SIZE,
-// LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT, DDP_RESTART_COUNT, DDP_STORE_TOKEN,
-// and CUDA_VISIBLE_DEVICES set to exactly its GPU. With share_gpu also DDP_SHARE_GPU=1,
+
+// The two ports of a job: ddprun's store (DDP_STORE_PORT, what ddp programs use) and a free
+// port left to the program (MASTER_PORT, where a PyTorch program's rank 0 serves its own
+// store, as under torchrun).
+struct JobPorts {
+  int store = 0;
+  int program = 0;
+};
+
+// The worker's environment: the parent's, plus what torchrun sets (RANK, LOCAL_RANK,
+// WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR,
+// MASTER_PORT, TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID),
+// ddp's own (DDP_STORE_ADDR, DDP_STORE_PORT, DDP_STORE_TOKEN, DDP_RESTART_COUNT), and
+// CUDA_VISIBLE_DEVICES set to exactly its GPU. With share_gpu also DDP_SHARE_GPU=1,
 // NCCL_HOSTID=ddp-share-gpu-rank-R (its own "host" for NCCL) and, unless the parent sets it,
 // NCCL_SOCKET_IFNAME=lo.
 EnvMap child_environment(const EnvMap& parent, const LaunchConfig& config, const WorkerPlan& plan,
-                         int local_rank, int port, const std::string& token, int restart);
+                         int local_rank, const JobPorts& ports, const std::string& token,
+                         int restart);
 
 }  // namespace ddp

@@ -52,8 +52,12 @@ ProcessEnv ProcessEnv::detect(const Lookup& lookup) {
     env.local_world_size = read_int(lookup, "LOCAL_WORLD_SIZE", env.world_size);
     env.group_rank = read_int(lookup, "GROUP_RANK", 0);
     env.restart_count = read_int(lookup, "DDP_RESTART_COUNT", 0);
-    env.master_addr = lookup("MASTER_ADDR").value_or("127.0.0.1");
-    env.master_port = read_int(lookup, "MASTER_PORT", 0);
+    // ddprun passes its store as DDP_STORE_*, leaving MASTER_* to PyTorch programs; a
+    // launcher that sets only MASTER_* (torchrun's way) is read as before.
+    env.master_addr =
+        lookup("DDP_STORE_ADDR").value_or(lookup("MASTER_ADDR").value_or("127.0.0.1"));
+    env.master_port = lookup("DDP_STORE_PORT") ? read_int(lookup, "DDP_STORE_PORT", 0)
+                                               : read_int(lookup, "MASTER_PORT", 0);
     env.store_token = lookup("DDP_STORE_TOKEN").value_or("");
     if (const auto launched = lookup("DDP_LAUNCH_TIME_MS"))
       env.launch_time_ms = std::atof(launched->c_str());

@@ -21,7 +21,7 @@ struct ProcessEnv {
   int local_world_size = 1;
   int group_rank = 0;       // node index
   int restart_count = 0;    // ddprun's restart generation
-  std::string master_addr;  // empty when there is no store
+  std::string master_addr;  // the store: DDP_STORE_ADDR (ddprun), else MASTER_ADDR; empty: none
   int master_port = 0;
   std::string store_token;           // ddprun's job token for the store
   std::string cuda_visible_devices;  // as inherited; empty when unset

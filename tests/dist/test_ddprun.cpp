@@ -10,6 +10,7 @@
 
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -45,7 +46,8 @@ TEST(Ddprun, EnvironmentContractForEachWorker) {
       run_command("CUDA_VISIBLE_DEVICES=4,6 " + ddprun() +
                   " --nproc-per-node 2 -- sh -c 'echo R=$RANK W=$WORLD_SIZE L=$LOCAL_RANK "
                   "LW=$LOCAL_WORLD_SIZE G=$GROUP_RANK C=$CUDA_VISIBLE_DEVICES "
-                  "A=$MASTER_ADDR P=$MASTER_PORT T=${#DDP_STORE_TOKEN} X=$DDP_RESTART_COUNT'");
+                  "A=$MASTER_ADDR P=$MASTER_PORT T=${#DDP_STORE_TOKEN} X=$DDP_RESTART_COUNT "
+                  "SP=$DDP_STORE_PORT'");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("[rank 0] R=0 W=2 L=0 LW=2 G=0 C=4 A=127.0.0.1 P="), std::string::npos)
       << r.output;
@@ -53,6 +55,46 @@ TEST(Ddprun, EnvironmentContractForEachWorker) {
       << r.output;
   EXPECT_NE(r.output.find("T=32 X=0"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("P=0 "), std::string::npos) << "port 0 must be replaced by the real port";
+  // MASTER_PORT is the program's, not ddprun's store.
+  const size_t p = r.output.find(" P="), sp = r.output.find(" SP=");
+  ASSERT_NE(p, std::string::npos);
+  ASSERT_NE(sp, std::string::npos);
+  EXPECT_NE(std::atoi(r.output.c_str() + p + 3), std::atoi(r.output.c_str() + sp + 4)) << r.output;
+}
+
+// An ordinary PyTorch DDP script runs unchanged under ddprun (as under torchrun): rank 0
+// serves its own store on MASTER_PORT, which ddprun leaves free.
+TEST(Ddprun, RunsAnUnchangedTorchDistributedScript) {
+  std::string py;
+  for (const char* candidate : {"python3", "/usr/bin/python3"})
+    if (run_command(std::string(candidate) + " -c 'import torch.distributed'").exit_code == 0) {
+      py = candidate;
+      break;
+    }
+  if (py.empty()) GTEST_SKIP() << "no Python with torch (Debian: python3-torch)";
+  TempDir dir;
+  std::ofstream(dir.file("train.py")) << R"(import torch
+import torch.distributed as dist
+dist.init_process_group("gloo", init_method="env://")
+rank, world = dist.get_rank(), dist.get_world_size()
+t = torch.ones(3) * (rank + 1)
+dist.all_reduce(t)
+torch.manual_seed(0)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
+model(torch.randn(8, 4)).sum().backward()
+grad = model.module.weight.grad.clone()
+dist.all_reduce(grad)
+same = torch.allclose(grad / world, model.module.weight.grad)
+print(f"rank {rank} of {world}: sum {t.tolist()}, ddp step ok {same}", flush=True)
+dist.destroy_process_group()
+)";
+  const RunResult r =
+      run_command(ddprun() + " --nproc-per-node 2 -- " + py + " " + dir.file("train.py"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("rank 0 of 2: sum [3.0, 3.0, 3.0], ddp step ok True"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("rank 1 of 2: sum [3.0, 3.0, 3.0], ddp step ok True"), std::string::npos)
+      << r.output;
 }
 
 TEST(Ddprun, MoreGpuWorkersThanGpusIsAnError) {
@@ -281,12 +323,12 @@ TEST(Ddprun, TwoNodesWithTheSameNodeRankAreRefused) {
 
 TEST(Ddprun, PortInUseIsAClearError) {
   const RunResult first =
-      run_command(ddprun() + " --nproc-per-node 1 -- sh -c 'echo port=$MASTER_PORT'");
+      run_command(ddprun() + " --nproc-per-node 1 -- sh -c 'echo port=$DDP_STORE_PORT'");
   // Hold a port with a worker, then ask a second ddprun for the same one.
   TempDir dir;
   const pid_t pid = ::fork();
   if (pid == 0) {
-    const std::string script = "echo $MASTER_PORT > " + dir.path() + "/port; sleep 30";
+    const std::string script = "echo $DDP_STORE_PORT > " + dir.path() + "/port; sleep 30";
     ::execl(DDPRUN_PATH, "ddprun", "--nproc-per-node", "1", "--", "sh", "-c", script.c_str(),
             nullptr);
     ::_exit(127);

@@ -95,8 +95,8 @@ TEST(ChildEnvironment, TorchrunContractWithOneGpuEach) {
   config.master_addr = "10.1.2.3";
   const WorkerPlan plan{2, {"4", "6"}, false};
   const EnvMap parent = {{"PATH", "/bin"}, {"CUDA_VISIBLE_DEVICES", "4,6"}};
-  const EnvMap r0 = child_environment(parent, config, plan, 0, 29500, "tok", 0);
-  const EnvMap r1 = child_environment(parent, config, plan, 1, 29500, "tok", 2);
+  const EnvMap r0 = child_environment(parent, config, plan, 0, {29500, 29501}, "tok", 0);
+  const EnvMap r1 = child_environment(parent, config, plan, 1, {29500, 29501}, "tok", 2);
   EXPECT_EQ(r0.at("CUDA_VISIBLE_DEVICES"), "4");
   EXPECT_EQ(r1.at("CUDA_VISIBLE_DEVICES"), "6");
   EXPECT_EQ(r0.at("RANK"), "2");
@@ -106,7 +106,14 @@ TEST(ChildEnvironment, TorchrunContractWithOneGpuEach) {
   EXPECT_EQ(r1.at("LOCAL_WORLD_SIZE"), "2");
   EXPECT_EQ(r1.at("GROUP_RANK"), "1");
   EXPECT_EQ(r1.at("MASTER_ADDR"), "10.1.2.3");
-  EXPECT_EQ(r1.at("MASTER_PORT"), "29500");
+  EXPECT_EQ(r1.at("MASTER_PORT"), "29501");  // left to the program
+  EXPECT_EQ(r1.at("DDP_STORE_ADDR"), "10.1.2.3");
+  EXPECT_EQ(r1.at("DDP_STORE_PORT"), "29500");
+  EXPECT_EQ(r1.at("ROLE_RANK"), "3");
+  EXPECT_EQ(r1.at("ROLE_WORLD_SIZE"), "4");
+  EXPECT_EQ(r1.at("TORCHELASTIC_RESTART_COUNT"), "2");
+  EXPECT_EQ(r1.at("TORCHELASTIC_MAX_RESTARTS"), "0");
+  EXPECT_EQ(r1.at("TORCHELASTIC_RUN_ID"), "none");
   EXPECT_EQ(r1.at("DDP_STORE_TOKEN"), "tok");
   EXPECT_EQ(r1.at("DDP_RESTART_COUNT"), "2");
   EXPECT_EQ(r1.at("PATH"), "/bin");
@@ -115,10 +122,10 @@ TEST(ChildEnvironment, TorchrunContractWithOneGpuEach) {
 TEST(ChildEnvironment, CpuWorkersKeepOrHideGpus) {
   LaunchConfig config;
   const EnvMap parent = {{"CUDA_VISIBLE_DEVICES", "0"}};
-  EXPECT_EQ(child_environment(parent, config, WorkerPlan{2, {}, false}, 1, 1, "t", 0)
+  EXPECT_EQ(child_environment(parent, config, WorkerPlan{2, {}, false}, 1, {1, 1 + 1}, "t", 0)
                 .at("CUDA_VISIBLE_DEVICES"),
             "0");
-  EXPECT_EQ(child_environment(parent, config, WorkerPlan{2, {}, true}, 1, 1, "t", 0)
+  EXPECT_EQ(child_environment(parent, config, WorkerPlan{2, {}, true}, 1, {1, 1 + 1}, "t", 0)
                 .at("CUDA_VISIBLE_DEVICES"),
             "");
 }
@@ -142,8 +149,8 @@ TEST(WorkerPlan, ShareGpuPutsEveryWorkerOnTheFirstGpuWithItsOwnNcclHost) {
   EXPECT_EQ(plan.gpu_ids, (std::vector<std::string>{"0", "0", "0"}));
   std::set<std::string> host_ids;
   for (int local = 0; local < 3; ++local) {
-    const EnvMap env =
-        child_environment({{"NCCL_NVLS_ENABLE", "0"}}, config, plan, local, 1234, "t", 0);
+    const EnvMap env = child_environment({{"NCCL_NVLS_ENABLE", "0"}}, config, plan, local,
+                                         {1234, 1234 + 1}, "t", 0);
     EXPECT_EQ(env.at("CUDA_VISIBLE_DEVICES"), "0");
     EXPECT_EQ(env.at("DDP_SHARE_GPU"), "1");
     EXPECT_EQ(env.at("NCCL_SOCKET_IFNAME"), "lo");
@@ -152,13 +159,13 @@ TEST(WorkerPlan, ShareGpuPutsEveryWorkerOnTheFirstGpuWithItsOwnNcclHost) {
   }
   EXPECT_EQ(host_ids.size(), 3u);
   // The parent's interface choice wins; without --share-gpu nothing of this is set.
-  EXPECT_EQ(child_environment({{"NCCL_SOCKET_IFNAME", "eth0"}}, config, plan, 0, 1, "t", 0)
+  EXPECT_EQ(child_environment({{"NCCL_SOCKET_IFNAME", "eth0"}}, config, plan, 0, {1, 1 + 1}, "t", 0)
                 .at("NCCL_SOCKET_IFNAME"),
             "eth0");
   LaunchConfig plain = config;
   plain.share_gpu = false;
   EXPECT_THROW(plan_workers(plain, GpuList{"nvml", {"0"}, ""}, 2), UsageError);
-  const EnvMap env = child_environment({}, plain, plan, 0, 1, "t", 0);
+  const EnvMap env = child_environment({}, plain, plan, 0, {1, 1 + 1}, "t", 0);
   EXPECT_EQ(env.count("NCCL_HOSTID"), 0u);
   EXPECT_EQ(env.count("DDP_SHARE_GPU"), 0u);
   EXPECT_THROW(plan_workers(config, GpuList{"none", {}, "no driver"}, 2), UsageError);

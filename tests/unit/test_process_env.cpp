@@ -50,6 +50,17 @@ TEST(ProcessEnv, DdprunVariables) {
   EXPECT_EQ(env.cuda_visible_devices, "6");
 }
 
+TEST(ProcessEnv, DdprunsStoreComesFromDdpStoreVariablesAndMasterIsLeftToThePrograms) {
+  const ProcessEnv env = detect_from({{"RANK", "0"},
+                                      {"WORLD_SIZE", "2"},
+                                      {"MASTER_ADDR", "10.0.0.1"},
+                                      {"MASTER_PORT", "29500"},
+                                      {"DDP_STORE_ADDR", "10.0.0.2"},
+                                      {"DDP_STORE_PORT", "41000"}});
+  EXPECT_EQ(env.master_addr, "10.0.0.2");
+  EXPECT_EQ(env.master_port, 41000);
+}
+
 TEST(ProcessEnv, OpenMpiVariables) {
   const ProcessEnv env = detect_from({{"OMPI_COMM_WORLD_RANK", "1"},
                                       {"OMPI_COMM_WORLD_SIZE", "2"},
