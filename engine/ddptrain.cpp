@@ -5,12 +5,14 @@
 #include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <fstream>
 #include <future>
 #include <memory>
 
 #include <spdlog/spdlog.h>
 
 #include "collectives/communicator.h"
+#include "engine/checkpoint.h"
 #include "engine/config.h"
 #include "engine/gpu_trainer.h"
 #include "engine/metrics.h"
@@ -44,7 +46,9 @@ int main(int argc, char** argv) {
     std::future<ddp::Dataset> loading =
         std::async(std::launch::async, [config] { return ddp::load_dataset(config); });
     // A resumed or restarted run appends to the metrics, marked by a "resume" record.
-    const bool continuing = config.resume || env.restart_count > 0;
+    const bool continuing =
+        env.restart_count > 0 ||
+        (config.resume && std::ifstream(ddp::checkpoint_path(config.checkpoint_dir)).good());
     ddp::MetricsWriter metrics = config.metrics.empty() || !lead
                                      ? ddp::MetricsWriter()
                                      : ddp::MetricsWriter(config.metrics, continuing);

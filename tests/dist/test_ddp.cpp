@@ -289,7 +289,9 @@ TEST(Checkpoint, MetricsOfAResumedRunAreAppendedWithAResumeRecord) {
   const std::string metrics((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   EXPECT_EQ(count_of(metrics, "\"event\":\"end\""), 2) << metrics;  // both runs kept
   EXPECT_NE(metrics.find("\"event\":\"resume\""), std::string::npos) << metrics;
-  EXPECT_NE(metrics.find("{\"event\":\"resumed\",\"step\":8}"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("\"event\":\"resumed\",\"step\":8,"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.substr(0, metrics.find('\n')).find("\"event\":\"start\""), std::string::npos)
+      << "the first run starts afresh";
 }
 
 TEST(Checkpoint, ResumeRefusesAnotherSeedWarnsOfOtherChangesAndCoversTheMetadata) {
