@@ -9,20 +9,31 @@
 
 namespace ddp {
 
-std::vector<Bucket> plan_buckets(const MlpShape& shape, size_t bucket_bytes,
+std::vector<ParamSpan> param_spans(const MlpShape& shape) {
+  std::vector<ParamSpan> spans;
+  for (int i = 0; i < shape.num_layers(); ++i)
+    spans.push_back({shape.layer(i).weight_offset, shape.layer(i).count()});
+  return spans;
+}
+
+std::vector<Bucket> plan_buckets(const std::vector<ParamSpan>& layers, size_t bucket_bytes,
                                  size_t first_bucket_bytes) {
   std::vector<Bucket> buckets;
-  const int last = shape.num_layers() - 1;
+  const int last = static_cast<int>(layers.size()) - 1;
   Bucket current;
   bool open = false;
   for (int i = last; i >= 0; --i) {
-    const LayerSlice& layer = shape.layer(i);
+    const ParamSpan& layer = layers[static_cast<size_t>(i)];
+    DDP_CHECK(i == last || layer.offset + layer.count == layers[static_cast<size_t>(i) + 1].offset,
+              "layer {} (elements {} to {}) does not end where layer {} starts: the layers must "
+              "tile one flat buffer in order",
+              i, layer.offset, layer.offset + layer.count, i + 1);
     if (!open) {
-      current = Bucket{layer.weight_offset, 0, i, i};
+      current = Bucket{layer.offset, 0, i, i};
       open = true;
     }
-    current.offset = layer.weight_offset;
-    current.count += layer.count();
+    current.offset = layer.offset;
+    current.count += layer.count;
     current.first_layer = i;
     const size_t limit = buckets.empty() ? first_bucket_bytes : bucket_bytes;
     if (current.count * sizeof(float) >= limit || i == 0) {
@@ -39,9 +50,20 @@ Ddp::Ddp(Communicator& comm, const MlpShape& shape, size_t bucket_bytes, size_t 
       buckets_(plan_buckets(shape, bucket_bytes, first_bucket_bytes)),
       overlap_(overlap) {}
 
+Ddp::Ddp(Communicator& comm, const std::vector<ParamSpan>& layers, size_t bucket_bytes,
+         size_t first_bucket_bytes, bool overlap)
+    : comm_(comm),
+      buckets_(plan_buckets(layers, bucket_bytes, first_bucket_bytes)),
+      overlap_(overlap) {}
+
 void Ddp::check_same_model(const MlpShape& shape, void* device_scratch) {
+  check_same_layout(shape.fingerprint(), shape.to_string(), device_scratch);
+}
+
+void Ddp::check_same_layout(uint64_t fingerprint, const std::string& description,
+                            void* device_scratch) {
   const int n = comm_.size();
-  std::vector<int64_t> mine = {static_cast<int64_t>(shape.fingerprint())};
+  std::vector<int64_t> mine = {static_cast<int64_t>(fingerprint)};
   std::vector<int64_t> all(n);
   if (comm_.device_buffers()) {
     DDP_CHECK(device_scratch != nullptr, "check_same_model over {} needs a device buffer",
@@ -59,7 +81,7 @@ void Ddp::check_same_model(const MlpShape& shape, void* device_scratch) {
   DDP_USAGE_CHECK(differ.empty(),
                   "--layers: rank(s) {} hold a different model than rank 0 (this rank: {}); every "
                   "rank must be started with the same --layers",
-                  differ, shape.to_string());
+                  differ, description);
 }
 
 void Ddp::broadcast_parameters(float* params, size_t count) {

@@ -21,11 +21,25 @@ struct Bucket {
   int last_layer = 0;   // highest
 };
 
+// A layer's parameters as a range of the flat parameter (and gradient) buffer, in elements.
+// Any model can describe itself so: a list of spans in forward order, each contiguous.
+struct ParamSpan {
+  size_t offset = 0;
+  size_t count = 0;
+};
+
+// The MLP's layers (weight then bias of layer i) as spans.
+std::vector<ParamSpan> param_spans(const MlpShape& shape);
+
 // Buckets of about bucket_bytes (the first, holding the last layers, of about
 // first_bucket_bytes so that communication starts early), walking layers from the last to
 // the first; a layer is never split. Pure.
-std::vector<Bucket> plan_buckets(const MlpShape& shape, size_t bucket_bytes,
+std::vector<Bucket> plan_buckets(const std::vector<ParamSpan>& layers, size_t bucket_bytes,
                                  size_t first_bucket_bytes);
+inline std::vector<Bucket> plan_buckets(const MlpShape& shape, size_t bucket_bytes,
+                                        size_t first_bucket_bytes) {
+  return plan_buckets(param_spans(shape), bucket_bytes, first_bucket_bytes);
+}
 
 // One entry of the engine's own record of a step: what happened, in order.
 struct DdpEvent {
@@ -40,11 +54,19 @@ class Ddp {
   // of them after backward.
   Ddp(Communicator& comm, const MlpShape& shape, size_t bucket_bytes, size_t first_bucket_bytes,
       bool overlap);
+  // Any model: its layers as spans of one flat buffer (see ParamSpan); layer_done(i) refers
+  // to layers[i].
+  Ddp(Communicator& comm, const std::vector<ParamSpan>& layers, size_t bucket_bytes,
+      size_t first_bucket_bytes, bool overlap);
 
   // Collective: every rank must hold the same model (layer shapes); throws naming the ranks
   // that differ. A device communicator needs `device_scratch` of size() + 1 int64 and the
   // copy functions (set_device_copies).
   void check_same_model(const MlpShape& shape, void* device_scratch = nullptr);
+  // The same for any model: `fingerprint` identifies its layout, `description` names it in
+  // the message.
+  void check_same_layout(uint64_t fingerprint, const std::string& description,
+                         void* device_scratch = nullptr);
   using CopyFn = void (*)(void* dst, const void* src, size_t bytes);
   void set_device_copies(CopyFn to_device, CopyFn to_host) {
     copy_to_device_ = to_device;

@@ -1,6 +1,7 @@
 // The training loop on the CPU: determinism, learning, weights in and out, bad shapes.
 #include <gtest/gtest.h>
 
+#include "engine/ddp.h"
 #include "engine/trainer.h"
 #include "models/safetensors.h"
 #include "runtime/error.h"
@@ -88,6 +89,37 @@ TEST(Trainer, LayersThatDoNotFitTheDataAreRefused) {
   }
   config.layers = "12,16,3";
   EXPECT_THROW(Trainer(config, data), UsageError);
+}
+
+}  // namespace
+}  // namespace ddp
+
+namespace ddp {
+namespace {
+
+// Buckets over any model's layers (spans of one flat buffer), last layers first.
+TEST(PlanBuckets, AnyModelsLayersLastFirstNeverSplit) {
+  const std::vector<ParamSpan> layers = {{0, 100}, {100, 50}, {150, 10}, {160, 300}};
+  const std::vector<Bucket> buckets = plan_buckets(layers, 60 * 4, 250 * 4);
+  ASSERT_EQ(buckets.size(), 3u);
+  EXPECT_EQ(buckets[0].first_layer, 3);  // 300 elements >= 250: alone
+  EXPECT_EQ(buckets[0].offset, 160u);
+  EXPECT_EQ(buckets[0].count, 300u);
+  EXPECT_EQ(buckets[1].first_layer, 1);  // layers 2 and 1 together reach 60 elements
+  EXPECT_EQ(buckets[1].last_layer, 2);
+  EXPECT_EQ(buckets[1].offset, 100u);
+  EXPECT_EQ(buckets[1].count, 60u);
+  EXPECT_EQ(buckets[2].first_layer, 0);
+  EXPECT_EQ(buckets[2].count, 100u);
+  // The MLP's own planning is the same function over its spans.
+  const MlpShape shape = parse_layers("12,32,16,4");
+  const std::vector<Bucket> mlp = plan_buckets(shape, 2000, 500);
+  const std::vector<Bucket> spans = plan_buckets(param_spans(shape), 2000, 500);
+  ASSERT_EQ(mlp.size(), spans.size());
+  for (size_t i = 0; i < mlp.size(); ++i)
+    EXPECT_EQ(mlp[i].offset, spans[i].offset);
+  // Layers that do not tile the buffer in order are refused.
+  EXPECT_THROW(plan_buckets({{0, 10}, {20, 5}}, 100, 100), Error);
 }
 
 }  // namespace

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The installed package as a user meets it: cmake --install this build into a prefix, build
+# examples/ as a separate CMake project with find_package(ddp), and run both examples under
+# ddprun: hello (sum of rank + 1 over 2 ranks) and own_model (replicas hold identical
+# weights; the loss falls). Usage: test_examples.sh BUILD_DIR. Exit 77 without Gloo.
+set -uo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+build="$1"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+cmake --install "$build" --prefix "$work/prefix" > "$work/install.log" 2>&1 ||
+  { cat "$work/install.log"; echo "FAILED: cmake --install"; exit 1; }
+cmake -S "$root/examples" -B "$work/build" -DCMAKE_PREFIX_PATH="$work/prefix" \
+  -DCMAKE_BUILD_TYPE=Release > "$work/configure.log" 2>&1 ||
+  { cat "$work/configure.log"; echo "FAILED: configure the examples"; exit 1; }
+grep "ddp 0" "$work/configure.log"
+cmake --build "$work/build" -j 2 > "$work/build.log" 2>&1 ||
+  { tail -40 "$work/build.log"; echo "FAILED: build the examples"; exit 1; }
+if ! "$work/prefix/bin/ddptrain" --version | grep -q "gloo yes"; then
+  echo "skipped running: built without Gloo (the examples built)"
+  exit 77
+fi
+failed=0
+out="$(CUDA_VISIBLE_DEVICES= "$work/prefix/bin/ddprun" --nproc-per-node 2 -- "$work/build/hello" 2>&1)"
+echo "$out"
+grep -q "hello from rank 0 of 2 over gloo: sum 3" <<<"$out" || { echo "FAILED: hello rank 0"; failed=1; }
+grep -q "hello from rank 1 of 2 over gloo: sum 3" <<<"$out" || { echo "FAILED: hello rank 1"; failed=1; }
+out="$(CUDA_VISIBLE_DEVICES= "$work/prefix/bin/ddprun" --nproc-per-node 2 -- "$work/build/own_model" 2>&1)"
+echo "$out"
+sums="$(grep -oE 'checksum [0-9a-f]+' <<<"$out" | sort -u | wc -l)"
+[ "$sums" -eq 1 ] || { echo "FAILED: the replicas differ"; failed=1; }
+loss="$(grep -oE 'rank 0 of 2: final loss [0-9.]+' <<<"$out" | awk '{print $NF}')"
+awk -v l="${loss:-9}" 'BEGIN { exit !(l < 0.05) }' || { echo "FAILED: loss ${loss:-none} not below 0.05"; failed=1; }
+[ $failed -eq 0 ] && echo "examples: ok"
+exit $failed
