@@ -17,6 +17,7 @@
 #include "engine/gpu_trainer.h"
 #include "engine/metrics.h"
 #include "engine/trainer.h"
+#include "launcher/store_server.h"
 #include "runtime/device.h"
 #include "runtime/error.h"
 #include "runtime/log.h"
@@ -52,6 +53,23 @@ int main(int argc, char** argv) {
     ddp::MetricsWriter metrics = config.metrics.empty() || !lead
                                      ? ddp::MetricsWriter()
                                      : ddp::MetricsWriter(config.metrics, continuing);
+    // srun without ddprun: rank 0 serves the store the others connect to.
+    std::unique_ptr<ddp::StoreServer> served;
+    if (env.serves_store) {
+      DDP_USAGE_CHECK(!env.store_token.empty(),
+                      "srun: set DDP_STORE_TOKEN to the same secret for every task (outside "
+                      "Slurm there is no SLURM_JOB_ID to derive it from)");
+      ddp::StoreServerConfig store_config;
+      store_config.bind_addr = "0.0.0.0";
+      store_config.port = env.master_port;
+      store_config.token = env.store_token;
+      store_config.on_refused = [](const std::string& line) {
+        spdlog::warn("store refused a connection from {}", line);
+      };
+      served = std::make_unique<ddp::StoreServer>(store_config);
+      served->start();
+      spdlog::info("srun: rank 0 serves the rendezvous store on port {}", env.master_port);
+    }
     std::shared_ptr<ddp::StoreClient> store;
     if (!env.master_addr.empty() && env.master_port > 0)
       store = std::make_shared<ddp::StoreClient>(env.master_addr, env.master_port, env.store_token);

@@ -73,10 +73,23 @@ ProcessEnv ProcessEnv::detect(const Lookup& lookup) {
     env.rank = read_int(lookup, "SLURM_PROCID", 0);
     env.world_size = read_int(lookup, "SLURM_NTASKS", 1);
     env.local_rank = read_int(lookup, "SLURM_LOCALID", 0);
-    env.local_world_size = read_int(lookup, "SLURM_NTASKS_PER_NODE", 1);
     env.group_rank = read_int(lookup, "SLURM_NODEID", 0);
+    if (lookup("SLURM_NTASKS_PER_NODE")) {
+      env.local_world_size = read_int(lookup, "SLURM_NTASKS_PER_NODE", 1);
+    } else {
+      const std::string tasks = lookup("SLURM_TASKS_PER_NODE").value_or("");
+      env.local_world_size = tasks_on_node(tasks, env.group_rank);
+      DDP_USAGE_CHECK(env.local_world_size > 0,
+                      "srun environment: the local world size is unknown (SLURM_NTASKS_PER_NODE "
+                      "unset, SLURM_TASKS_PER_NODE='{}' says nothing of node {}); run with srun "
+                      "--ntasks-per-node N",
+                      tasks, env.group_rank);
+    }
     env.master_addr = lookup("MASTER_ADDR").value_or("");
     env.master_port = read_int(lookup, "MASTER_PORT", 0);
+    const std::string job = lookup("SLURM_JOB_ID").value_or("");
+    env.store_token = lookup("DDP_STORE_TOKEN").value_or(job.empty() ? "" : "slurm-" + job);
+    env.serves_store = env.rank == 0 && env.master_port > 0;
   }
   if (const auto share = lookup("DDP_SHARE_GPU")) {
     DDP_USAGE_CHECK(*share == "0" || *share == "1" || share->empty(),
@@ -87,10 +100,35 @@ ProcessEnv ProcessEnv::detect(const Lookup& lookup) {
   DDP_USAGE_CHECK(env.world_size >= 1 && env.rank < env.world_size,
                   "{} environment: rank {} is not below world size {}", launcher_name(env.launcher),
                   env.rank, env.world_size);
-  DDP_USAGE_CHECK(env.local_rank < env.local_world_size || env.launcher == Launcher::kSrun,
+  DDP_USAGE_CHECK(env.local_rank < env.local_world_size,
                   "{} environment: local rank {} is not below local world size {}",
                   launcher_name(env.launcher), env.local_rank, env.local_world_size);
   return env;
+}
+
+int tasks_on_node(const std::string& tasks_per_node, int node) {
+  // Comma-separated groups "N" or "N(xM)": N tasks on each of the next M nodes.
+  int first = 0;
+  size_t at = 0;
+  while (at < tasks_per_node.size()) {
+    const size_t comma = tasks_per_node.find(',', at);
+    const std::string group =
+        tasks_per_node.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    at = comma == std::string::npos ? tasks_per_node.size() : comma + 1;
+    char* end = nullptr;
+    const long tasks = std::strtol(group.c_str(), &end, 10);
+    long repeat = 1;
+    if (end != nullptr && *end == '(') {
+      if (end[1] != 'x') return 0;
+      repeat = std::strtol(end + 2, &end, 10);
+      if (end == nullptr || *end != ')') return 0;
+      ++end;
+    }
+    if (end == nullptr || *end != '\0' || tasks <= 0 || repeat <= 0) return 0;
+    if (node < first + repeat) return static_cast<int>(tasks);
+    first += static_cast<int>(repeat);
+  }
+  return 0;
 }
 
 void narrow_visible_devices(ProcessEnv* env) {

@@ -32,6 +32,9 @@ struct ProcessEnv {
   // node uses the same GPU and declares its own NCCL_HOSTID, so that NCCL connects the
   // ranks through sockets. Correct but slow; never for performance figures.
   bool share_gpu = false;
+  // srun without ddprun: rank 0 serves the store at MASTER_ADDR:MASTER_PORT (the job script
+  // sets them) and the others connect; the token is DDP_STORE_TOKEN, else "slurm-JOBID".
+  bool serves_store = false;
   std::string nccl_host_id;  // NCCL_HOSTID as inherited; empty when unset
 
   // Reads the real environment.
@@ -39,6 +42,10 @@ struct ProcessEnv {
   // Reads through `lookup` (returns nullopt for unset names); pure, for tests.
   static ProcessEnv detect(const std::function<std::optional<std::string>(const char*)>& lookup);
 };
+
+// Slurm's SLURM_TASKS_PER_NODE ("2(x3),1": 2 tasks on each of nodes 0-2, 1 on node 3): the
+// count of `node`, or 0 when the text does not say. Pure.
+int tasks_on_node(const std::string& tasks_per_node, int node);
 
 // Under mpirun or srun with several GPUs visible: narrows this process's
 // CUDA_VISIBLE_DEVICES to the GPU of its local rank (entry local_rank of the list, or index

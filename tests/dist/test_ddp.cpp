@@ -214,6 +214,33 @@ TEST(DataParallel, EvalEveryGivesTheOneProcessResultsFromShards) {
   }
 }
 
+// srun without ddprun, faked on loopback: rank 0 serves the store at MASTER_ADDR:MASTER_PORT,
+// the local world comes from SLURM_TASKS_PER_NODE, and the ranks train together over Gloo.
+TEST(DataParallel, SrunWithoutDdprunMatchesOneProcess) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  ASSERT_EQ(
+      run_command(kTrain + kArgs + " --save-weights " + dir.file("one.safetensors")).exit_code, 0);
+  const std::string common =
+      "CUDA_VISIBLE_DEVICES= SLURM_NTASKS=2 SLURM_TASKS_PER_NODE=2 "
+      "SLURM_NODEID=0 SLURM_JOB_ID=4242 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+      std::to_string(free_port()) + " ";
+  const RunResult r =
+      run_command("{ " + common + "SLURM_PROCID=1 SLURM_LOCALID=1 " + kTrain + kArgs + " > " +
+                  dir.file("rank1.log") + " 2>&1 & " + common + "SLURM_PROCID=0 SLURM_LOCALID=0 " +
+                  kTrain + kArgs + " --save-weights " + dir.file("srun.safetensors") +
+                  "; echo rank0 exit $?; wait $!; "
+                  "echo rank1 exit $?; cat " +
+                  dir.file("rank1.log") + "; }");
+  EXPECT_NE(r.output.find("rank0 exit 0"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rank1 exit 0"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rank 0 of 2 (srun), collectives over gloo"), std::string::npos)
+      << r.output;
+  EXPECT_LE(max_relative_error(load_weights(dir.file("srun.safetensors"), kLayers),
+                               load_weights(dir.file("one.safetensors"), kLayers)),
+            1e-5);
+}
+
 TEST(DataParallel, GlobalBatchMustDivideAmongRanks) {
   if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
   const RunResult r =

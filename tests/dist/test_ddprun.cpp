@@ -261,19 +261,6 @@ TEST(Ddprun, StoreWorksAgainAfterARestart) {
   EXPECT_NE(r.output.find("restarting the group"), std::string::npos) << r.output;
 }
 
-// A port that was free a moment ago (bound to 0, then released).
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
 // Two nodes on this machine (two ddprun processes with --nnodes 2).
 std::string two_nodes(int port, const std::string& node0_worker, const std::string& node1_worker,
                       const std::string& extra = "") {

@@ -72,6 +72,35 @@ TEST(ProcessEnv, OpenMpiVariables) {
   EXPECT_EQ(env.local_rank, 1);
 }
 
+TEST(ProcessEnv, SlurmTasksPerNodeGivesTheLocalWorld) {
+  EXPECT_EQ(tasks_on_node("2(x3),1", 0), 2);
+  EXPECT_EQ(tasks_on_node("2(x3),1", 2), 2);
+  EXPECT_EQ(tasks_on_node("2(x3),1", 3), 1);
+  EXPECT_EQ(tasks_on_node("2(x3),1", 4), 0);
+  EXPECT_EQ(tasks_on_node("4", 0), 4);
+  EXPECT_EQ(tasks_on_node("4,2", 1), 2);
+  EXPECT_EQ(tasks_on_node("x", 0), 0);
+  EXPECT_EQ(tasks_on_node("", 0), 0);
+  const ProcessEnv env = detect_from({{"SLURM_PROCID", "3"},
+                                      {"SLURM_NTASKS", "4"},
+                                      {"SLURM_LOCALID", "1"},
+                                      {"SLURM_TASKS_PER_NODE", "2(x2)"},
+                                      {"SLURM_NODEID", "1"},
+                                      {"SLURM_JOB_ID", "77"},
+                                      {"MASTER_ADDR", "10.0.0.1"},
+                                      {"MASTER_PORT", "29400"}});
+  EXPECT_EQ(env.local_world_size, 2);
+  EXPECT_EQ(env.store_token, "slurm-77");
+  EXPECT_FALSE(env.serves_store);  // rank 3 connects; rank 0 serves
+  try {
+    detect_from({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "0"}});
+    ADD_FAILURE() << "an unknown local world was accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("the local world size is unknown"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(ProcessEnv, SlurmVariables) {
   const ProcessEnv env = detect_from({{"SLURM_PROCID", "5"},
                                       {"SLURM_NTASKS", "8"},
