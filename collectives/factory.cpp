@@ -65,6 +65,7 @@ class SelfCommunicator final : public Communicator {
 };
 
 std::string host_name(const ProcessEnv& env) {
+  if (!env.socket_iface.empty()) return "iface:" + env.socket_iface;
   if (env.local_world_size == env.world_size) return "127.0.0.1";
   char name[256] = {};
   ::gethostname(name, sizeof(name) - 1);

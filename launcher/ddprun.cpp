@@ -61,7 +61,9 @@ int run(int argc, char** argv) {
   int port = config.master_port;
   if (config.node_rank == 0) {
     ddp::StoreServerConfig store_config;
-    store_config.bind_addr = config.nnodes == 1 ? "127.0.0.1" : "0.0.0.0";
+    store_config.bind_addr = config.nnodes == 1      ? "127.0.0.1"
+                             : !config.iface.empty() ? ddp::interface_address(config.iface)
+                                                     : "0.0.0.0";
     store_config.port = config.master_port;
     store_config.token = token;
     store_config.on_refused = [](const std::string& line) {
@@ -83,7 +85,9 @@ int run(int argc, char** argv) {
                  plan.nproc, plan.gpu_ids.front().c_str());
   const std::string store_at =
       config.node_rank == 0 && config.nnodes > 1
-          ? fmt::format("store on 0.0.0.0:{} (all interfaces; workers use {})", port,
+          ? fmt::format("store on {}:{} ({}; workers use {})",
+                        config.iface.empty() ? "0.0.0.0" : ddp::interface_address(config.iface),
+                        port, config.iface.empty() ? "all interfaces" : "--iface " + config.iface,
                         config.master_addr)
           : fmt::format("store on {}:{}", config.master_addr, port);
   std::fprintf(

@@ -15,6 +15,7 @@
 #include <cxxopts.hpp>
 
 #include "runtime/error.h"
+#include "runtime/socket.h"
 
 namespace ddp {
 namespace {
@@ -80,6 +81,8 @@ bool parse_launch_args(int argc, char** argv, LaunchConfig* config) {
     ("quiet", "only rank 0's output on the console (all ranks still go to --log-dir)")
     ("share-gpu", "test mode: every worker on the first GPU, each its own NCCL host (NCCL over "
         "sockets: correct, slow; never for performance figures)")
+    ("iface", "network interface for Gloo, NCCL's sockets and (several nodes) the store, e.g. eth0",
+        cxxopts::value<std::string>())
     ("h,help", "print this help");
   // clang-format on
   cxxopts::ParseResult result;
@@ -109,6 +112,7 @@ bool parse_launch_args(int argc, char** argv, LaunchConfig* config) {
   DDP_USAGE_CHECK(used == grace.size() && used > 0, "--grace-period {}: expected seconds", grace);
   c.quiet = result.count("quiet") > 0;
   c.share_gpu = result.count("share-gpu") > 0;
+  if (result.count("iface")) c.iface = result["iface"].as<std::string>();
   validate(c);
   return true;
 }
@@ -138,6 +142,10 @@ void validate(const LaunchConfig& c) {
                   "--master-port 0: a job of {} nodes needs a fixed port that every node knows",
                   c.nnodes);
   DDP_USAGE_CHECK(c.max_restarts >= 0, "--max-restarts {}: expected 0 or more", c.max_restarts);
+  if (!c.iface.empty())
+    DDP_USAGE_CHECK(!interface_address(c.iface).empty(),
+                    "--iface {}: no such interface with an IPv4 address (this machine has: {})",
+                    c.iface, fmt::join(interface_addresses(), ", "));
   DDP_USAGE_CHECK(c.grace_period >= 0 && c.grace_period <= 3600,
                   "--grace-period {}: expected 0 to 3600 seconds", c.grace_period);
 }
@@ -240,6 +248,10 @@ EnvMap child_environment(const EnvMap& parent, const LaunchConfig& config, const
   env["DDP_STORE_TOKEN"] = token;
   if (config.launch_time_ms > 0)
     env["DDP_LAUNCH_TIME_MS"] = fmt::format("{:.0f}", config.launch_time_ms);
+  if (!config.iface.empty()) {
+    if (!env.count("GLOO_SOCKET_IFNAME")) env["GLOO_SOCKET_IFNAME"] = config.iface;
+    if (!env.count("NCCL_SOCKET_IFNAME")) env["NCCL_SOCKET_IFNAME"] = config.iface;
+  }
   if (config.share_gpu) {
     env["DDP_SHARE_GPU"] = "1";
     env["NCCL_HOSTID"] = fmt::format("ddp-share-gpu-rank-{}", rank);

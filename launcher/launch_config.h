@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "launcher/gpu_discovery.h"
+#include "runtime/socket.h"
 
 namespace ddp {
 
@@ -22,6 +23,7 @@ struct LaunchConfig {
   double grace_period = 5.0;         // seconds between SIGTERM and SIGKILL
   bool quiet = false;                // only rank 0 on the console
   bool share_gpu = false;            // test mode: every worker on the first GPU (NCCL over sockets)
+  std::string iface;                 // network interface for Gloo, NCCL's sockets and the store
   std::vector<std::string> command;  // PROGRAM ARGS...
   double launch_time_ms = 0;         // when ddprun started (ms since the epoch); not a flag
 };
@@ -62,7 +64,8 @@ struct JobPorts {
 // WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR,
 // MASTER_PORT, TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID),
 // ddp's own (DDP_STORE_ADDR, DDP_STORE_PORT, DDP_STORE_TOKEN, DDP_RESTART_COUNT), and
-// CUDA_VISIBLE_DEVICES set to exactly its GPU. With share_gpu also DDP_SHARE_GPU=1,
+// CUDA_VISIBLE_DEVICES set to exactly its GPU. With --iface, GLOO_SOCKET_IFNAME and
+// NCCL_SOCKET_IFNAME name it (unless the parent set them). With share_gpu also DDP_SHARE_GPU=1,
 // NCCL_HOSTID=ddp-share-gpu-rank-R (its own "host" for NCCL) and, unless the parent sets it,
 // NCCL_SOCKET_IFNAME=lo.
 EnvMap child_environment(const EnvMap& parent, const LaunchConfig& config, const WorkerPlan& plan,

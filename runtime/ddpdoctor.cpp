@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "runtime/process_env.h"
+#include "runtime/socket.h"
 
 #if DDP_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -246,6 +247,20 @@ int main(int argc, char** argv) {
   check_cuda(static_cast<int>(uuids.size()));
   check_nccl();
   check_launchers(env);
+  // Where Gloo and NCCL's sockets would listen: GLOO_SOCKET_IFNAME, else the host name's
+  // address (Debian maps it to 127.0.1.1, fine on one node, not across nodes).
+  const std::vector<std::string> interfaces = ddp::interface_addresses();
+  if (!env.socket_iface.empty())
+    report(ddp::interface_address(env.socket_iface).empty() ? "FAIL" : "ok", "network",
+           fmt::format("GLOO_SOCKET_IFNAME={} ({}); interfaces: {}", env.socket_iface,
+                       ddp::interface_address(env.socket_iface).empty()
+                           ? "no such interface"
+                           : ddp::interface_address(env.socket_iface),
+                       fmt::join(interfaces, ", ")));
+  else
+    report("ok", "network",
+           fmt::format("interfaces: {}; several nodes: choose one with ddprun --iface NAME",
+                       fmt::join(interfaces, ", ")));
   std::printf("%s: %d failure(s), %d warning(s)\n", g_failures ? "FAIL" : "ok", g_failures,
               g_warnings);
   return g_failures ? 1 : 0;

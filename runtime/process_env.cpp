@@ -97,6 +97,7 @@ ProcessEnv ProcessEnv::detect(const Lookup& lookup) {
     env.share_gpu = *share == "1";
   }
   env.nccl_host_id = lookup("NCCL_HOSTID").value_or("");
+  env.socket_iface = lookup("GLOO_SOCKET_IFNAME").value_or("");
   DDP_USAGE_CHECK(env.world_size >= 1 && env.rank < env.world_size,
                   "{} environment: rank {} is not below world size {}", launcher_name(env.launcher),
                   env.rank, env.world_size);

@@ -35,6 +35,7 @@ struct ProcessEnv {
   // srun without ddprun: rank 0 serves the store at MASTER_ADDR:MASTER_PORT (the job script
   // sets them) and the others connect; the token is DDP_STORE_TOKEN, else "slurm-JOBID".
   bool serves_store = false;
+  std::string socket_iface;  // GLOO_SOCKET_IFNAME (ddprun --iface): Gloo's network interface
   std::string nccl_host_id;  // NCCL_HOSTID as inherited; empty when unset
 
   // Reads the real environment.

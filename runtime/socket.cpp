@@ -1,6 +1,9 @@
 // TCP helpers: connect with retries, full writes, reads with a deadline, framing.
 #include "runtime/socket.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -152,6 +155,27 @@ std::string MessageReader::str() {
   std::string v = data_.substr(pos_, n);
   pos_ += n;
   return v;
+}
+
+std::vector<std::string> interface_addresses() {
+  std::vector<std::string> found;
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return found;
+  for (const ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
+    char text[INET_ADDRSTRLEN] = {};
+    ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(a->ifa_addr)->sin_addr, text,
+                sizeof(text));
+    found.push_back(std::string(a->ifa_name) + "=" + text);
+  }
+  ::freeifaddrs(list);
+  return found;
+}
+
+std::string interface_address(const std::string& name) {
+  for (const std::string& entry : interface_addresses())
+    if (entry.rfind(name + "=", 0) == 0) return entry.substr(name.size() + 1);
+  return "";
 }
 
 }  // namespace ddp

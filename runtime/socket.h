@@ -88,4 +88,9 @@ class MessageReader {
   bool ok_ = true;
 };
 
+// Every network interface with an IPv4 address, as "name=address"; and the address of
+// interface `name` ("" when it has none).
+std::vector<std::string> interface_addresses();
+std::string interface_address(const std::string& name);
+
 }  // namespace ddp

@@ -68,7 +68,11 @@ class GlooCommunicator final : public Communicator {
         hostname_(std::move(hostname)) {
     timeout_s_ = timeout_s;
     gloo::transport::tcp::attr attr;
-    attr.hostname = hostname_;
+    // "iface:NAME" (GLOO_SOCKET_IFNAME, ddprun --iface): listen on that interface's address.
+    if (hostname_.rfind("iface:", 0) == 0)
+      attr.iface = hostname_.substr(6);
+    else
+      attr.hostname = hostname_;
     device_ = gloo::transport::tcp::CreateDevice(attr);
     context_ = std::make_shared<gloo::rendezvous::Context>(rank, size);
     context_->setTimeout(ms(timeout_s));

@@ -9,7 +9,8 @@
 namespace ddp {
 
 // Collective over `size` ranks: connects a full mesh through `store` under key `prefix`,
-// listening on `hostname` (127.0.0.1 for a single-node job).
+// listening on `hostname` (127.0.0.1 for a single-node job), or on interface NAME when
+// `hostname` is "iface:NAME".
 std::unique_ptr<Communicator> make_gloo_communicator(int rank, int size,
                                                      std::shared_ptr<StoreClient> store,
                                                      const std::string& prefix, double timeout_s,

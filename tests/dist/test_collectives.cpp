@@ -35,6 +35,17 @@ TEST_P(GlooRanks, EveryOperationMatchesClosedForm) {
 
 INSTANTIATE_TEST_SUITE_P(Ranks, GlooRanks, ::testing::Values(2, 3, 4));
 
+TEST(Gloo, IfaceChoosesTheInterface) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  const RunResult r = run_command(kDdprun +
+                                  " --iface lo --nproc-per-node 2 -- sh -c 'echo "
+                                  "G=$GLOO_SOCKET_IFNAME; exec " +
+                                  CHECK_PATH + " gloo all'");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(count_of(r.output, "G=lo"), 2) << r.output;
+  EXPECT_EQ(count_of(r.output, "collectives ok: gloo"), 2) << r.output;
+}
+
 TEST(Gloo, RankThatNeverCallsMakesTheOthersFailWithTheTimeoutMessage) {
   if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
   const RunResult r = run_command(kDdprun + " --nproc-per-node 3 --grace-period 1 -- " +

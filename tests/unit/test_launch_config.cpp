@@ -181,6 +181,27 @@ TEST(DuplicateGpus, RanksWithTheirOwnNcclHostIdsMayShareAGpu) {
   EXPECT_NE(same.find("--share-gpu"), std::string::npos) << same;
 }
 
+TEST(LaunchArgs, IfaceIsCheckedAndPassedToGlooAndNccl) {
+  const LaunchConfig config = parse({"--iface", "lo", "--nproc-per-node", "2", "--", "prog"});
+  EXPECT_EQ(config.iface, "lo");
+  const WorkerPlan plan{2, {}, false};
+  const EnvMap env = child_environment({}, config, plan, 0, {1, 2}, "t", 0);
+  EXPECT_EQ(env.at("GLOO_SOCKET_IFNAME"), "lo");
+  EXPECT_EQ(env.at("NCCL_SOCKET_IFNAME"), "lo");
+  EXPECT_EQ(child_environment({{"NCCL_SOCKET_IFNAME", "ib0"}}, config, plan, 0, {1, 2}, "t", 0)
+                .at("NCCL_SOCKET_IFNAME"),
+            "ib0");  // the parent's choice wins
+  EXPECT_EQ(interface_address("lo"), "127.0.0.1");
+  try {
+    parse({"--iface", "nosuch9", "--", "prog"});
+    ADD_FAILURE() << "an unknown interface was accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("--iface nosuch9: no such interface"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("lo=127.0.0.1"), std::string::npos) << e.what();
+  }
+}
+
 TEST(StoreToken, RandomOrRefused) {
   const std::string a = random_token("/dev/urandom");
   EXPECT_EQ(a.size(), 32u);
