@@ -153,6 +153,24 @@ ddp_install_deps() {
   return 0
 }
 
+# Prints the first Python (python3 on PATH, then the system's /usr/bin/python3) that can
+# import every module named; prints nothing and returns 1 when none can.
+ddp_python_with() {
+  local candidate module ok
+  for candidate in python3 /usr/bin/python3; do
+    command -v "$candidate" >/dev/null 2>&1 || continue
+    ok=1
+    for module in "$@"; do
+      "$candidate" -c "import $module" 2>/dev/null || { ok=0; break; }
+    done
+    if [ $ok -eq 1 ]; then
+      echo "$candidate"
+      return 0
+    fi
+  done
+  return 1
+}
+
 # Configures (once) and builds into build/ (or $DDP_BUILD_DIR), incrementally, then says in
 # one line what this build was made without.
 ddp_build() {

@@ -71,13 +71,7 @@ else
 fi
 [ "$status" -eq 0 ] || exit "$status"
 
-py=""
-for candidate in python3 /usr/bin/python3; do
-  if command -v "$candidate" >/dev/null 2>&1 && "$candidate" -c "import matplotlib" 2>/dev/null; then
-    py="$candidate"
-    break
-  fi
-done
+py="$(ddp_python_with matplotlib || true)"
 if [ -n "$py" ] && [ -s "$metrics" ]; then
   "$py" scripts/plot_metrics.py "$metrics" -o "${metrics%.jsonl}.png" >/dev/null &&
     echo "run.sh: metrics in $metrics, plot in ${metrics%.jsonl}.png"

@@ -150,11 +150,6 @@ TEST(SharedGpu, StoppedRankDuringGraphReplayMakesTheOthersFailWithinTheTimeout) 
   EXPECT_LT(stopped_after(r.output), timeout + grace + 5.0) << r.output;
 }
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
 class DivergedGpuRun : public ::testing::TestWithParam<int> {};
 
 TEST_P(DivergedGpuRun, StopsOnEveryRankAndKeepsTheGoodCheckpoint) {

@@ -312,8 +312,7 @@ TEST(Checkpoint, MetricsOfAResumedRunAreAppendedWithAResumeRecord) {
                           " --checkpoint-every 4 --resume --metrics " + dir.file("m.jsonl");
   ASSERT_EQ(run_command(kTrain + run + " --steps 8").exit_code, 0);
   ASSERT_EQ(run_command(kTrain + run).exit_code, 0);
-  std::ifstream in(dir.file("m.jsonl"));
-  const std::string metrics((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string metrics = read_file(dir.file("m.jsonl"));
   EXPECT_EQ(count_of(metrics, "\"event\":\"end\""), 2) << metrics;  // both runs kept
   EXPECT_NE(metrics.find("\"event\":\"resume\""), std::string::npos) << metrics;
   EXPECT_NE(metrics.find("\"event\":\"resumed\",\"step\":8,"), std::string::npos) << metrics;

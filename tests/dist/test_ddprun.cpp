@@ -35,13 +35,6 @@ class HideGpus : public ::testing::Environment {
 };
 const auto* const kHideGpus = ::testing::AddGlobalTestEnvironment(new HideGpus);
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 TEST(Ddprun, EnvironmentContractForEachWorker) {
   const RunResult r =
       run_command("CUDA_VISIBLE_DEVICES=4,6 " + ddprun() +

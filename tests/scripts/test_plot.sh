@@ -5,13 +5,8 @@
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 ddptrain="$1"
-py=""
-for candidate in python3 /usr/bin/python3; do
-  if command -v "$candidate" >/dev/null 2>&1 && "$candidate" -c "import matplotlib" 2>/dev/null; then
-    py="$candidate"
-    break
-  fi
-done
+source "$root/scripts/deps.sh"
+py="$(ddp_python_with matplotlib)"
 if [ -z "$py" ]; then
   echo "skipped: no Python with matplotlib (Debian: python3-matplotlib)"
   exit 77

@@ -8,14 +8,8 @@ set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 ddptrain="$1"
 data="${DDP_DATA_DIR:-/usr/share/datasets/fashion-mnist}"
-py=""
-for candidate in python3 /usr/bin/python3; do
-  if command -v "$candidate" >/dev/null 2>&1 &&
-     "$candidate" -c "import torch, safetensors, numpy" 2>/dev/null; then
-    py="$candidate"
-    break
-  fi
-done
+source "$root/scripts/deps.sh"
+py="$(ddp_python_with torch safetensors numpy)"
 [ -n "$py" ] || { echo "skipped: no Python with torch, safetensors and numpy"; exit 77; }
 [ -f "$data/t10k-images-idx3-ubyte.gz" ] || { echo "skipped: no Fashion-MNIST in $data"; exit 77; }
 work="$(mktemp -d)"

@@ -198,18 +198,15 @@ TEST(DdptrainCli, ADivergedRunStopsAndKeepsTheGoodCheckpoint) {
       "--checkpoint-dir " +
       dir.file("ckpt") + " --resume ";
   ASSERT_EQ(run_ddptrain(run + "--steps 100").exit_code, 0);
-  auto read = [](const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  };
-  const std::string good = read(dir.file("ckpt/latest.safetensors"));
+  const std::string good = read_file(dir.file("ckpt/latest.safetensors"));
   const RunResult r =
       run_ddptrain(run + "--steps 300 --lr 1e30 --save-weights " + dir.file("w.safetensors"));
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("non-finite"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("on rank 0"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("stopped before"), std::string::npos) << r.output;
-  EXPECT_TRUE(read(dir.file("ckpt/latest.safetensors")) == good) << "the good checkpoint changed";
+  EXPECT_TRUE(read_file(dir.file("ckpt/latest.safetensors")) == good)
+      << "the good checkpoint changed";
   EXPECT_FALSE(std::ifstream(dir.file("w.safetensors")).good());
 }
 
@@ -219,8 +216,7 @@ TEST(DdptrainCli, SkipStepCountsTheSkippedStepsInTheMetrics) {
       "--data synthetic --layers 64,128,8 --steps 40 --lr 1e30 --quiet --on-nonfinite skip-step "
       "--metrics " +
       dir.file("m.jsonl"));
-  std::ifstream in(dir.file("m.jsonl"));
-  const std::string metrics((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string metrics = read_file(dir.file("m.jsonl"));
   EXPECT_NE(metrics.find("\"event\":\"skipped_step\""), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("skipping step"), std::string::npos) << r.output;
 }
