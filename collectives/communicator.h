@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace ddp {
 
@@ -91,6 +92,19 @@ class Communicator {
       send(send_buffer, count, type, send_peer);
     }
   }
+  // Point to point, asynchronous and grouped (PyTorch's batch_isend_irecv): every send and
+  // receive of `ops` is posted at once, so two ranks that each send to the other and
+  // receive from it never wait on each other's order; the Work completes when all have. The
+  // buffers must stay valid until then. Each peer must post the matching operations, in the
+  // same order per pair of ranks. NCCL: one NCCL group on the communication stream.
+  struct P2pOp {
+    bool send = true;
+    void* buffer = nullptr;
+    size_t count = 0;  // elements
+    DataType type = DataType::kFloat32;
+    int peer = 0;
+  };
+  virtual std::unique_ptr<Work> batch_async(const std::vector<P2pOp>& ops) = 0;
   virtual void barrier() = 0;
   // Every rank calls; ranks with the same colour form a new communicator, ordered by key
   // then by rank. The parent stays usable.

@@ -58,6 +58,44 @@ std::chrono::milliseconds ms(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
 }
 
+// The unbound buffers of one batch_async, waited for together.
+// The slot of the n-th message from `sender` to `receiver`: each direction of each pair
+// counts its own messages, so sends and receives match whatever order a rank posts them in
+// (only messages in one direction must keep their order). Apart from the collectives'
+// slots, which are small tags.
+uint64_t message_slot(int sender, int receiver, uint64_t n) {
+  return (uint64_t{1} << 62) | (static_cast<uint64_t>(sender) << 42) |
+         (static_cast<uint64_t>(receiver) << 22) | (n & 0x3FFFFF);
+}
+
+class GlooBatchWork final : public Work {
+ public:
+  explicit GlooBatchWork(std::function<std::string(const std::string&)> describe)
+      : describe_(std::move(describe)) {}
+  void add(std::unique_ptr<gloo::transport::UnboundBuffer> buffer, bool send) {
+    buffers_.push_back({std::move(buffer), send});
+  }
+  void wait(double timeout_s) override {
+    for (auto& [buffer, send] : buffers_) {
+      bool done = false;
+      try {
+        const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+        done = send ? buffer->waitSend(timeout) : buffer->waitRecv(timeout);
+      } catch (const std::exception& e) {
+        throw Error(describe_(e.what()));
+      }
+      if (!done)
+        throw Error(describe_(fmt::format("no completion within the {:.1f}s deadline", timeout_s)));
+    }
+    buffers_.clear();
+  }
+  void then_on(void*) override { wait(300.0); }
+
+ private:
+  std::vector<std::pair<std::unique_ptr<gloo::transport::UnboundBuffer>, bool>> buffers_;
+  std::function<std::string(const std::string&)> describe_;
+};
+
 class GlooCommunicator final : public Communicator {
  public:
   GlooCommunicator(int rank, int size, std::shared_ptr<StoreClient> store, std::string prefix,
@@ -162,8 +200,7 @@ class GlooCommunicator final : public Communicator {
   void send(const void* buffer, size_t count, DataType type, int peer) override {
     check_rank(peer, "send peer");
     const uint64_t seq = next_sequence();
-    const uint64_t slot =
-        (uint64_t{1} << 40) | (static_cast<uint64_t>(peer) << 32) | pair_sequence_[peer]++;
+    const uint64_t slot = message_slot(rank_, peer, sent_[peer]++);
     submit(
         [=] {
           if (count == 0) return;
@@ -179,10 +216,7 @@ class GlooCommunicator final : public Communicator {
   void recv(void* buffer, size_t count, DataType type, int peer) override {
     check_rank(peer, "recv peer");
     const uint64_t seq = next_sequence();
-    // The sender names the slot after the receiver; the pair counters agree when sends and
-    // receives between two ranks are made in the same order.
-    const uint64_t slot =
-        (uint64_t{1} << 40) | (static_cast<uint64_t>(rank_) << 32) | pair_sequence_[peer]++;
+    const uint64_t slot = message_slot(peer, rank_, received_[peer]++);
     submit(
         [=] {
           if (count == 0) return;
@@ -192,6 +226,30 @@ class GlooCommunicator final : public Communicator {
         },
         seq, "recv", count, type)
         ->wait(timeout_s_);
+  }
+
+  // Posted on the caller's thread (Gloo's unbound buffers are asynchronous), not queued
+  // behind the worker thread's collectives: a batch completes whatever order the peers
+  // post theirs in.
+  std::unique_ptr<Work> batch_async(const std::vector<P2pOp>& ops) override {
+    const uint64_t seq = next_sequence();
+    auto work = std::make_unique<GlooBatchWork>([this, seq](const std::string& cause) {
+      return describe_stuck_operation(store_.get(), prefix_, rank_, size_, seq, "batch_p2p", 0,
+                                      DataType::kFloat32, cause);
+    });
+    for (const P2pOp& op : ops) {
+      check_rank(op.peer, op.send ? "batch_async send peer" : "batch_async recv peer");
+      const uint64_t slot = op.send ? message_slot(rank_, op.peer, sent_[op.peer]++)
+                                    : message_slot(op.peer, rank_, received_[op.peer]++);
+      if (op.count == 0) continue;
+      auto buffer = context_->createUnboundBuffer(op.buffer, op.count * dtype_bytes(op.type));
+      if (op.send)
+        buffer->send(op.peer, slot);
+      else
+        buffer->recv(op.peer, slot);
+      work->add(std::move(buffer), op.send);
+    }
+    return work;
   }
 
   void barrier() override {
@@ -264,7 +322,8 @@ class GlooCommunicator final : public Communicator {
   std::string hostname_;
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::rendezvous::Context> context_;
-  std::map<int, uint64_t> pair_sequence_;
+  std::map<int, uint64_t> sent_;      // messages sent to each peer (point to point)
+  std::map<int, uint64_t> received_;  // messages received from each peer
   std::unique_ptr<OperationQueue> queue_;
 };
 

@@ -82,6 +82,33 @@ class MpiWork final : public Work {
   bool done_ = false;
 };
 
+// Several requests completed together (batch_async).
+class MpiBatchWork final : public Work {
+ public:
+  MpiBatchWork(std::vector<MPI_Request> requests,
+               std::function<std::string(const std::string&)> describe)
+      : requests_(std::move(requests)), describe_(std::move(describe)) {}
+  void wait(double timeout_s) override {
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    int flag = requests_.empty() ? 1 : 0;
+    while (!flag) {
+      DDP_MPI_CHECK(MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &flag,
+                                MPI_STATUSES_IGNORE));
+      if (flag) break;
+      if (std::chrono::steady_clock::now() >= deadline)
+        throw Error(describe_(fmt::format("no completion within the {:.1f}s deadline", timeout_s)));
+      std::this_thread::yield();
+    }
+    requests_.clear();
+  }
+  void then_on(void*) override { wait(300.0); }
+
+ private:
+  std::vector<MPI_Request> requests_;
+  std::function<std::string(const std::string&)> describe_;
+};
+
 class MpiCommunicator final : public Communicator {
  public:
   MpiCommunicator(MPI_Comm comm, bool owns_mpi, std::shared_ptr<StoreClient> store,
@@ -161,6 +188,24 @@ class MpiCommunicator final : public Communicator {
     DDP_MPI_CHECK(
         MPI_Irecv(buffer, checked_count(count), mpi_type(type), peer, 7, comm_, &request));
     MpiWork(request, nullptr, describer(seq, "recv", count, type)).wait(timeout_s_);
+  }
+
+  std::unique_ptr<Work> batch_async(const std::vector<P2pOp>& ops) override {
+    const uint64_t seq = next_sequence();
+    std::vector<MPI_Request> requests(ops.size());
+    size_t total = 0;
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const P2pOp& op = ops[i];
+      total += op.count;
+      if (op.send)
+        DDP_MPI_CHECK(MPI_Isend(op.buffer, checked_count(op.count), mpi_type(op.type), op.peer, 8,
+                                comm_, &requests[i]));
+      else
+        DDP_MPI_CHECK(MPI_Irecv(op.buffer, checked_count(op.count), mpi_type(op.type), op.peer, 8,
+                                comm_, &requests[i]));
+    }
+    return std::make_unique<MpiBatchWork>(std::move(requests),
+                                          describer(seq, "batch_p2p", total, DataType::kFloat32));
   }
 
   void send_recv(const void* send_buffer, void* recv_buffer, size_t count, DataType type,

@@ -223,6 +223,24 @@ class NcclCommunicator final : public Communicator {
       return ncclGroupEnd();
     })->wait(timeout_s_);
   }
+  std::unique_ptr<Work> batch_async(const std::vector<P2pOp>& ops) override {
+    size_t count = 0;
+    for (const P2pOp& op : ops) {
+      DDP_CHECK(op.peer >= 0 && op.peer < size_ && op.peer != rank_,
+                "batch_async: peer {} in a group of {} (this rank is {})", op.peer, size_, rank_);
+      count += op.count;
+    }
+    return enqueue("batch_p2p", count, DataType::kFloat32, [&] {
+      ncclGroupStart();
+      for (const P2pOp& op : ops) {
+        if (op.send)
+          ncclSend(op.buffer, op.count, nccl_type(op.type), op.peer, raw(), comm_stream_);
+        else
+          ncclRecv(op.buffer, op.count, nccl_type(op.type), op.peer, raw(), comm_stream_);
+      }
+      return ncclGroupEnd();
+    });
+  }
   void barrier() override {
     enqueue("barrier", 1, DataType::kFloat32, [&] {
       return ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, raw(), comm_stream_);

@@ -213,6 +213,33 @@ struct Checker {
       from_comm(dout, dummy);
       expect("send/recv", in, count, type, [&](size_t i) { return prev * 3 + double(i % 4); });
     }
+    if (S > 1) {  // batched async send/recv with both neighbours, all sends posted first
+      const int next = (R + 1) % S, prev = (R + S - 1) % S;
+      std::vector<char> to_next(count * b), to_prev(count * b), from_prev(count * b),
+          from_next(count * b);
+      for (size_t i = 0; i < count; ++i) {
+        put(to_next, i, type, R * 100 + 1 + double(i % 3));
+        put(to_prev, i, type, R * 100 + 2 + double(i % 3));
+      }
+      void* d_to_next = to_comm(to_next);
+      void* d_to_prev = to_comm(to_prev);
+      void* d_from_prev = to_comm(from_prev);
+      void* d_from_next = to_comm(from_next);
+      comm.batch_async({{true, d_to_next, count, type, next},
+                        {true, d_to_prev, count, type, prev},
+                        {false, d_from_prev, count, type, prev},
+                        {false, d_from_next, count, type, next}})
+          ->wait(comm.timeout());
+      from_comm(d_from_prev, from_prev);
+      from_comm(d_from_next, from_next);
+      std::vector<char> dummy(count * b);
+      from_comm(d_to_next, dummy);
+      from_comm(d_to_prev, dummy);
+      expect("batch_async from prev", from_prev, count, type,
+             [&](size_t i) { return prev * 100 + 1 + double(i % 3); });
+      expect("batch_async from next", from_next, count, type,
+             [&](size_t i) { return next * 100 + 2 + double(i % 3); });
+    }
     comm.barrier();
   }
 };
