@@ -1,0 +1,154 @@
+// Pipeline schedules and partitions, alone: every micro-batch forwarded and backwarded once
+// per stage, sends matching receives across stages, no deadlock when sends are posted
+// asynchronously and receives wait, 1F1B's live activations bounded by the stage count.
+#include <gtest/gtest.h>
+
+#include <deque>
+#include <map>
+#include <tuple>
+
+#include "engine/pipeline/schedule.h"
+#include "runtime/error.h"
+
+namespace ddp {
+namespace {
+
+using Channel = std::tuple<int, int, ActionKind>;  // from stage, to stage, what flows
+
+// Runs every stage's actions together: a send is posted at once, a receive waits for the
+// next message of its channel, which must be for the same micro-batch. Returns false on a
+// deadlock (no stage can move) or a mismatch.
+bool simulate(PipelineSchedule schedule, int stages, int micro_batches, std::string* why) {
+  std::vector<std::vector<PipelineAction>> plans;
+  for (int s = 0; s < stages; ++s)
+    plans.push_back(plan_schedule(schedule, s, stages, micro_batches));
+  std::vector<size_t> next(stages, 0);
+  std::map<Channel, std::deque<int>> in_flight;
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (int s = 0; s < stages; ++s) {
+      while (next[s] < plans[s].size()) {
+        const PipelineAction& a = plans[s][next[s]];
+        if (a.kind == ActionKind::kSendActivation)
+          in_flight[{s, s + 1, ActionKind::kSendActivation}].push_back(a.micro_batch);
+        else if (a.kind == ActionKind::kSendGradient)
+          in_flight[{s, s - 1, ActionKind::kSendGradient}].push_back(a.micro_batch);
+        else if (a.kind == ActionKind::kRecvActivation || a.kind == ActionKind::kRecvGradient) {
+          const bool activation = a.kind == ActionKind::kRecvActivation;
+          auto& queue =
+              in_flight[{activation ? s - 1 : s + 1, s,
+                         activation ? ActionKind::kSendActivation : ActionKind::kSendGradient}];
+          if (queue.empty()) break;  // waits
+          if (queue.front() != a.micro_batch) {
+            *why = "stage " + std::to_string(s) + " expected micro-batch " +
+                   std::to_string(a.micro_batch) + " but got " + std::to_string(queue.front());
+            return false;
+          }
+          queue.pop_front();
+        }
+        ++next[s];
+        moved = true;
+      }
+    }
+  }
+  for (int s = 0; s < stages; ++s)
+    if (next[s] != plans[s].size()) {
+      *why = "deadlock: stage " + std::to_string(s) + " waits at action " + std::to_string(next[s]);
+      return false;
+    }
+  for (const auto& [channel, queue] : in_flight)
+    if (!queue.empty()) {
+      *why = "a message was never received";
+      return false;
+    }
+  return true;
+}
+
+TEST(PipelineSchedule, EveryStageForwardsAndBackwardsEachMicroBatchOnceInOrder) {
+  for (PipelineSchedule schedule :
+       {PipelineSchedule::kGpipe, PipelineSchedule::kOneForwardOneBackward})
+    for (int stages = 1; stages <= 4; ++stages)
+      for (int micro = 1; micro <= 8; ++micro)
+        for (int stage = 0; stage < stages; ++stage) {
+          const auto actions = plan_schedule(schedule, stage, stages, micro);
+          std::vector<int> forwarded(micro, -1), backwarded(micro, -1);
+          int sends = 0, receives = 0;
+          for (size_t i = 0; i < actions.size(); ++i) {
+            const PipelineAction& a = actions[i];
+            if (a.kind == ActionKind::kForward) {
+              EXPECT_EQ(forwarded[a.micro_batch], -1);
+              forwarded[a.micro_batch] = static_cast<int>(i);
+            }
+            if (a.kind == ActionKind::kBackward) {
+              EXPECT_EQ(backwarded[a.micro_batch], -1);
+              EXPECT_GE(forwarded[a.micro_batch], 0) << "backward before forward";
+              backwarded[a.micro_batch] = static_cast<int>(i);
+            }
+            sends += a.kind == ActionKind::kSendActivation || a.kind == ActionKind::kSendGradient;
+            receives +=
+                a.kind == ActionKind::kRecvActivation || a.kind == ActionKind::kRecvGradient;
+          }
+          for (int mb = 0; mb < micro; ++mb) {
+            EXPECT_GE(forwarded[mb], 0) << schedule_name(schedule) << " mb " << mb;
+            EXPECT_GE(backwarded[mb], 0) << schedule_name(schedule) << " mb " << mb;
+          }
+          const int neighbours = (stage > 0) + (stage + 1 < stages);
+          EXPECT_EQ(sends, neighbours * micro);
+          EXPECT_EQ(receives, neighbours * micro);
+        }
+}
+
+TEST(PipelineSchedule, SendsMatchReceivesWithoutDeadlock) {
+  for (PipelineSchedule schedule :
+       {PipelineSchedule::kGpipe, PipelineSchedule::kOneForwardOneBackward})
+    for (int stages = 1; stages <= 5; ++stages)
+      for (int micro = 1; micro <= 9; ++micro) {
+        std::string why;
+        EXPECT_TRUE(simulate(schedule, stages, micro, &why))
+            << schedule_name(schedule) << " P=" << stages << " M=" << micro << ": " << why;
+      }
+}
+
+TEST(PipelineSchedule, OneFOneBHoldsAtMostTheStageCountOfActivationsGpipeHoldsAll) {
+  for (int stages = 1; stages <= 4; ++stages)
+    for (int micro = 1; micro <= 16; ++micro)
+      for (int stage = 0; stage < stages; ++stage) {
+        EXPECT_LE(peak_live_activations(plan_schedule(PipelineSchedule::kOneForwardOneBackward,
+                                                      stage, stages, micro)),
+                  std::min(stages - stage, micro));
+        EXPECT_EQ(
+            peak_live_activations(plan_schedule(PipelineSchedule::kGpipe, stage, stages, micro)),
+            micro);
+      }
+  // The shape Megatron-LM documents: stage 0 of 4 with 8 micro-batches warms up with 3.
+  const auto first = plan_schedule(PipelineSchedule::kOneForwardOneBackward, 0, 4, 8);
+  EXPECT_EQ(first[0], (PipelineAction{ActionKind::kForward, 0}));
+  EXPECT_EQ(first[6], (PipelineAction{ActionKind::kForward, 3}));   // 4th forward, then
+  EXPECT_EQ(first[9], (PipelineAction{ActionKind::kBackward, 0}));  // the first backward
+}
+
+TEST(PipelinePartition, BalancedByCostAndAsGiven) {
+  EXPECT_EQ(partition_by_cost({1, 1, 1, 1}, 2), (std::vector<int>{0, 2, 4}));
+  EXPECT_EQ(partition_by_cost({4, 1, 1, 1, 1}, 2), (std::vector<int>{0, 1, 5}));
+  EXPECT_EQ(partition_by_cost({1, 2, 3, 4, 5, 6}, 3), (std::vector<int>{0, 3, 5, 6}));
+  EXPECT_EQ(partition_by_cost({5}, 1), (std::vector<int>{0, 1}));
+  EXPECT_THROW(partition_by_cost({1, 1}, 3), UsageError);
+  EXPECT_EQ(parse_partition("0-2,3-5", 6), (std::vector<int>{0, 3, 6}));
+  EXPECT_EQ(parse_partition("0,1-3", 4), (std::vector<int>{0, 1, 4}));
+  auto error = [](const std::string& text, int layers) {
+    try {
+      parse_partition(text, layers);
+    } catch (const UsageError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(error("0-2,4-5", 6).find("stage 1 should start at layer 3"), std::string::npos);
+  EXPECT_NE(error("0-2", 6).find("covers layers 0 to 2, but the model has 6 layers"),
+            std::string::npos);
+  EXPECT_NE(error("a-b", 6).find("'a-b' is not FIRST-LAST"), std::string::npos);
+  EXPECT_NE(error("0-2,3-x", 6).find("'3-x' is not FIRST-LAST"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace ddp
