@@ -8,6 +8,7 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <functional>
@@ -86,21 +87,19 @@ class NcclHandle {
   NcclHandle& operator=(const NcclHandle&) = delete;
 
   ncclComm_t get() const { return comm_; }
-  bool aborted() const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return aborted_;
-  }
+  // Polled by every wait: an atomic read, no lock.
+  bool aborted() const { return aborted_.load(std::memory_order_acquire); }
   void abort() {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (aborted_ || comm_ == nullptr) return;
-    aborted_ = true;
+    if (aborted_.load() || comm_ == nullptr) return;
+    aborted_.store(true, std::memory_order_release);
     ncclCommAbort(comm_);
   }
 
  private:
   ncclComm_t comm_;
-  mutable std::mutex mutex_;
-  bool aborted_ = false;
+  std::mutex mutex_;  // one abort at a time
+  std::atomic<bool> aborted_{false};
 };
 
 class NcclWork final : public Work {
