@@ -126,11 +126,20 @@ class Communicator {
   Communicator(int rank, int size) : rank_(rank), size_(size) {}
   // The next operation's sequence number (every collective call takes one).
   uint64_t next_sequence() { return ++sequence_; }
+  // Point-to-point calls (send, recv, batch_async) are numbered apart: only some ranks make
+  // them, so they must not shift the collectives' numbers, which every rank must agree on
+  // (Gloo's tags, the stuck-rank records). Their stuck-rank records use group + "/p2p".
+  uint64_t next_p2p_sequence() { return ++p2p_sequence_; }
+  static bool is_point_to_point(const char* op) {
+    const std::string name = op;
+    return name == "send" || name == "recv" || name == "batch_p2p";
+  }
 
   int rank_;
   int size_;
   double timeout_s_ = 300.0;
   uint64_t sequence_ = 0;
+  uint64_t p2p_sequence_ = 0;
 };
 
 // Which backend to use: "auto" = NCCL with GPUs, else Gloo, else MPI under mpirun.

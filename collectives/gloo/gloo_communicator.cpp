@@ -199,7 +199,7 @@ class GlooCommunicator final : public Communicator {
 
   void send(const void* buffer, size_t count, DataType type, int peer) override {
     check_rank(peer, "send peer");
-    const uint64_t seq = next_sequence();
+    const uint64_t seq = next_p2p_sequence();
     const uint64_t slot = message_slot(rank_, peer, sent_[peer]++);
     submit(
         [=] {
@@ -215,7 +215,7 @@ class GlooCommunicator final : public Communicator {
 
   void recv(void* buffer, size_t count, DataType type, int peer) override {
     check_rank(peer, "recv peer");
-    const uint64_t seq = next_sequence();
+    const uint64_t seq = next_p2p_sequence();
     const uint64_t slot = message_slot(peer, rank_, received_[peer]++);
     submit(
         [=] {
@@ -232,10 +232,10 @@ class GlooCommunicator final : public Communicator {
   // behind the worker thread's collectives: a batch completes whatever order the peers
   // post theirs in.
   std::unique_ptr<Work> batch_async(const std::vector<P2pOp>& ops) override {
-    const uint64_t seq = next_sequence();
+    const uint64_t seq = next_p2p_sequence();
     auto work = std::make_unique<GlooBatchWork>([this, seq](const std::string& cause) {
-      return describe_stuck_operation(store_.get(), prefix_, rank_, size_, seq, "batch_p2p", 0,
-                                      DataType::kFloat32, cause);
+      return describe_stuck_operation(store_.get(), prefix_ + "p2p", rank_, size_, seq, "batch_p2p",
+                                      0, DataType::kFloat32, cause);
     });
     for (const P2pOp& op : ops) {
       check_rank(op.peer, op.send ? "batch_async send peer" : "batch_async recv peer");
@@ -311,8 +311,9 @@ class GlooCommunicator final : public Communicator {
   std::unique_ptr<Work> submit(std::function<void()> run, uint64_t seq, const char* op,
                                size_t count, DataType type) {
     auto describe = [this, seq, op, count, type](const std::string& cause) {
-      return describe_stuck_operation(store_.get(), prefix_, rank_, size_, seq, op, count, type,
-                                      cause);
+      return describe_stuck_operation(store_.get(),
+                                      is_point_to_point(op) ? prefix_ + "p2p" : prefix_, rank_,
+                                      size_, seq, op, count, type, cause);
     };
     return std::make_unique<HostWork>(queue_->submit(std::move(run)), describe);
   }

@@ -175,7 +175,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   void send(const void* buffer, size_t count, DataType type, int peer) override {
-    const uint64_t seq = next_sequence();
+    const uint64_t seq = next_p2p_sequence();
     MPI_Request request;
     DDP_MPI_CHECK(
         MPI_Isend(buffer, checked_count(count), mpi_type(type), peer, 7, comm_, &request));
@@ -183,7 +183,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   void recv(void* buffer, size_t count, DataType type, int peer) override {
-    const uint64_t seq = next_sequence();
+    const uint64_t seq = next_p2p_sequence();
     MPI_Request request;
     DDP_MPI_CHECK(
         MPI_Irecv(buffer, checked_count(count), mpi_type(type), peer, 7, comm_, &request));
@@ -191,7 +191,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   std::unique_ptr<Work> batch_async(const std::vector<P2pOp>& ops) override {
-    const uint64_t seq = next_sequence();
+    const uint64_t seq = next_p2p_sequence();
     std::vector<MPI_Request> requests(ops.size());
     size_t total = 0;
     for (size_t i = 0; i < ops.size(); ++i) {
@@ -260,6 +260,9 @@ class MpiCommunicator final : public Communicator {
   std::function<std::string(const std::string&)> describer(uint64_t seq, const char* op,
                                                            size_t count, DataType type) {
     return [this, seq, op, count, type](const std::string& cause) {
+      if (is_point_to_point(op))
+        return describe_stuck_operation(store_.get(), group_ + "/p2p", rank_, size_, seq, op, count,
+                                        type, cause);
       if (store_ != nullptr)
         return describe_stuck_operation(store_.get(), group_, rank_, size_, seq, op, count, type,
                                         cause);

@@ -320,9 +320,10 @@ class NcclCommunicator final : public Communicator {
 
   template <typename Launch>
   std::unique_ptr<Work> enqueue(const char* op, size_t count, DataType type, Launch launch) {
-    const uint64_t seq = next_sequence();
-    auto describe = [store = store_, group = group_, rank = rank_, size = size_, seq, op, count,
-                     type](const std::string& cause) {
+    const bool p2p = is_point_to_point(op);
+    const uint64_t seq = p2p ? next_p2p_sequence() : next_sequence();
+    auto describe = [store = store_, group = p2p ? group_ + "/p2p" : group_, rank = rank_,
+                     size = size_, seq, op, count, type](const std::string& cause) {
       return describe_stuck_operation(store.get(), group, rank, size, seq, op, count, type, cause);
     };
     DDP_CHECK(!comm_->aborted(), "{} #{} on an aborted NCCL communicator (group {})", op, seq,
