@@ -1,55 +1,87 @@
-// CpuMlp: forward stores every layer's output; backward walks the layers last to first,
-// ping-ponging between two gradient buffers.
+// CpuStage: forward stores every layer's output in the micro-batch's slot; backward walks
+// the stage's layers last to first, ping-ponging between two gradient buffers.
 #include "models/mlp_cpu.h"
 
 #include "runtime/error.h"
 
 namespace ddp {
 
-CpuMlp::CpuMlp(MlpShape shape, int max_batch)
-    : shape_(std::move(shape)),
-      max_batch_(max_batch),
-      params_(shape_.param_count()),
-      grads_(shape_.param_count()),
-      grad_a_(static_cast<size_t>(max_batch) * shape_.max_width()),
-      grad_b_(static_cast<size_t>(max_batch) * shape_.max_width()) {
-  for (int i = 0; i < shape_.num_layers(); ++i)
-    activations_.emplace_back(static_cast<size_t>(max_batch) * shape_.layer(i).out);
+CpuStage::CpuStage(MlpShape shape, int first, int end, int max_batch, int slots)
+    : shape_(std::move(shape)), first_(first), end_(end), max_batch_(max_batch) {
+  DDP_CHECK(0 <= first_ && first_ < end_ && end_ <= shape_.num_layers() && slots >= 1,
+            "stage of layers [{}, {}) with {} slots for a {}-layer model", first_, end_, slots,
+            shape_.num_layers());
+  const size_t count = shape_.layer(end_ - 1).bias_offset + shape_.layer(end_ - 1).out -
+                       shape_.layer(first_).weight_offset;
+  params_.resize(count);
+  grads_.resize(count);
+  inputs_.assign(slots, nullptr);
+  activations_.resize(slots);
+  for (auto& slot : activations_)
+    for (int i = first_; i < end_; ++i)
+      slot.emplace_back(static_cast<size_t>(max_batch) * shape_.layer(i).out);
+  grad_a_.resize(static_cast<size_t>(max_batch) * shape_.max_width());
+  grad_b_.resize(grad_a_.size());
 }
 
-const float* CpuMlp::forward(const float* x, int batch) {
+const float* CpuStage::forward(const float* x, int batch, int slot) {
   DDP_CHECK(batch > 0 && batch <= max_batch_, "batch {} outside [1, {}]", batch, max_batch_);
-  input_ = x;
+  DDP_CHECK(slot >= 0 && slot < slots(), "slot {} outside [0, {})", slot, slots());
+  inputs_[slot] = x;
   const float* in = x;
-  for (int i = 0; i < shape_.num_layers(); ++i) {
+  const size_t base = param_offset();
+  for (int i = first_; i < end_; ++i) {
     const LayerSlice& layer = shape_.layer(i);
     const bool relu = i + 1 < shape_.num_layers();
-    linear_forward_cpu(in, params_.data() + layer.weight_offset, params_.data() + layer.bias_offset,
-                       activations_[i].data(), batch, layer.in, layer.out, relu);
-    in = activations_[i].data();
+    float* out = activations_[slot][i - first_].data();
+    linear_forward_cpu(in, params_.data() + layer.weight_offset - base,
+                       params_.data() + layer.bias_offset - base, out, batch, layer.in, layer.out,
+                       relu);
+    in = out;
   }
   return in;
 }
 
+const float* CpuStage::backward(float* dy, int batch, int slot, bool accumulate,
+                                const std::function<void(int)>& on_layer_done) {
+  DDP_CHECK(slot >= 0 && slot < slots() && inputs_[slot] != nullptr,
+            "backward() of slot {} before its forward()", slot);
+  const size_t base = param_offset();
+  const int last_layer = shape_.num_layers() - 1;
+  float* buffers[2] = {grad_a_.data(), grad_b_.data()};
+  int next = 0;
+  for (int i = end_ - 1; i >= first_; --i) {
+    const LayerSlice& layer = shape_.layer(i);
+    const std::vector<float>& out = activations_[slot][i - first_];
+    if (i < last_layer) relu_backward_cpu(out.data(), dy, static_cast<size_t>(batch) * layer.out);
+    const float* x = i == first_ ? inputs_[slot] : activations_[slot][i - first_ - 1].data();
+    float* dx = i == 0 ? nullptr : buffers[next];
+    linear_backward_cpu(x, params_.data() + layer.weight_offset - base, dy, dx,
+                        grads_.data() + layer.weight_offset - base,
+                        grads_.data() + layer.bias_offset - base, batch, layer.in, layer.out,
+                        accumulate);
+    if (on_layer_done) on_layer_done(i - first_);
+    dy = dx;
+    next ^= 1;
+  }
+  return dy;
+}
+
+CpuMlp::CpuMlp(MlpShape shape, int max_batch)
+    : stage_(shape, 0, shape.num_layers(), max_batch),
+      dlogits_(static_cast<size_t>(max_batch) * shape.num_classes()) {}
+
+const float* CpuMlp::forward(const float* x, int batch) {
+  logits_ = stage_.forward(x, batch);
+  return logits_;
+}
+
 LossSum CpuMlp::backward(const int32_t* labels, int batch, float grad_scale, bool accumulate,
                          const std::function<void(int)>& on_layer_done) {
-  DDP_CHECK(input_ != nullptr, "backward() called before forward()");
-  const int last = shape_.num_layers() - 1;
-  float* dy = grad_a_.data();
-  float* dx = grad_b_.data();
-  const LossSum sum = softmax_xent_cpu(activations_[last].data(), labels, batch,
-                                       shape_.num_classes(), grad_scale, dy);
-  for (int i = last; i >= 0; --i) {
-    const LayerSlice& layer = shape_.layer(i);
-    if (i < last)
-      relu_backward_cpu(activations_[i].data(), dy, static_cast<size_t>(batch) * layer.out);
-    const float* x = i == 0 ? input_ : activations_[i - 1].data();
-    linear_backward_cpu(x, params_.data() + layer.weight_offset, dy, i == 0 ? nullptr : dx,
-                        grads_.data() + layer.weight_offset, grads_.data() + layer.bias_offset,
-                        batch, layer.in, layer.out, accumulate);
-    if (on_layer_done) on_layer_done(i);
-    std::swap(dy, dx);
-  }
+  DDP_CHECK(logits_ != nullptr, "backward() called before forward()");
+  const LossSum sum =
+      softmax_xent_cpu(logits_, labels, batch, shape().num_classes(), grad_scale, dlogits_.data());
+  stage_.backward(dlogits_.data(), batch, 0, accumulate, on_layer_done);
   return sum;
 }
 

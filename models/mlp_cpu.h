@@ -1,5 +1,8 @@
-// The MLP on the CPU: flat parameter and gradient buffers, activations sized for a maximum
-// batch, forward and backward through the reference ops.
+// The MLP on the CPU. A stage is a contiguous range of layers [first, end) that owns its
+// parameters and gradients (one flat buffer each, in the model's layout) and keeps the
+// activations of several micro-batches at once (slots), so that a pipeline can forward
+// several micro-batches before it backwards the first. The whole MLP is the one-stage case;
+// the loss (softmax cross-entropy, cpu_ops.h) is separate and used by the caller.
 #pragma once
 
 #include <cstdint>
@@ -11,18 +14,72 @@
 
 namespace ddp {
 
-class CpuMlp {
+class CpuStage {
  public:
-  CpuMlp(MlpShape shape, int max_batch);
+  // Layers [first, end) of `shape`, micro-batches of at most max_batch samples, activations
+  // for `slots` micro-batches in flight. 0 <= first < end <= shape.num_layers().
+  CpuStage(MlpShape shape, int first, int end, int max_batch, int slots = 1);
 
   const MlpShape& shape() const { return shape_; }
+  int first_layer() const { return first_; }
+  int end_layer() const { return end_; }
+  bool is_first() const { return first_ == 0; }
+  bool is_last() const { return end_ == shape_.num_layers(); }
+  int in_width() const { return shape_.widths()[first_]; }
+  int out_width() const { return shape_.widths()[end_]; }
   int max_batch() const { return max_batch_; }
+  int slots() const { return static_cast<int>(activations_.size()); }
+  // Where this stage's parameters start in the whole model's flat buffer, and how many.
+  size_t param_offset() const { return shape_.layer(first_).weight_offset; }
+  size_t param_count() const { return params_.size(); }
   float* params() { return params_.data(); }
   const float* params() const { return params_.data(); }
   float* grads() { return grads_.data(); }
   const float* grads() const { return grads_.data(); }
+
+  // Output of layer i (first_layer() <= i < end_layer()) from the slot's last forward().
+  const float* activation(int slot, int i) const { return activations_[slot][i - first_].data(); }
+
+  // Runs the stage's layers on x[batch, in_width()] into slot `slot`; returns the output
+  // [batch, out_width()] (after its ReLU unless this is the last layer), valid until the
+  // slot is forwarded again. `x` must stay valid until backward() of the same slot.
+  const float* forward(const float* x, int batch, int slot = 0);
+
+  // After forward() of `slot`: given dy[batch, out_width()], the loss gradient w.r.t. this
+  // stage's output (overwritten), writes the parameter gradients over grads() or, with
+  // `accumulate`, adds them (micro-batches). Returns the gradient w.r.t. the input
+  // [batch, in_width()], valid until the next backward(), or null for the first stage.
+  // `on_layer_done(i)` (i counted from this stage's first layer) is called as soon as that
+  // layer's gradients are written, last layer first, so that their all-reduce can start.
+  const float* backward(float* dy, int batch, int slot, bool accumulate = false,
+                        const std::function<void(int)>& on_layer_done = {});
+
+ private:
+  MlpShape shape_;
+  int first_;
+  int end_;
+  int max_batch_;
+  std::vector<float> params_;
+  std::vector<float> grads_;
+  std::vector<const float*> inputs_;                          // a slot's input
+  std::vector<std::vector<std::vector<float>>> activations_;  // [slot][layer - first]
+  std::vector<float> grad_a_;                                 // [max_batch, max_width]
+  std::vector<float> grad_b_;
+};
+
+// The whole MLP with its loss: the one-stage case, as the CPU reference.
+class CpuMlp {
+ public:
+  CpuMlp(MlpShape shape, int max_batch);
+
+  const MlpShape& shape() const { return stage_.shape(); }
+  int max_batch() const { return stage_.max_batch(); }
+  float* params() { return stage_.params(); }
+  const float* params() const { return stage_.params(); }
+  float* grads() { return stage_.grads(); }
+  const float* grads() const { return stage_.grads(); }
   // Output of layer i from the last forward() ([batch, layer(i).out], after its ReLU).
-  const float* activation(int i) const { return activations_[i].data(); }
+  const float* activation(int i) const { return stage_.activation(0, i); }
 
   // Runs the layers on x[batch, input_width]; returns logits[batch, classes], valid until
   // the next call. batch <= max_batch.
@@ -31,20 +88,13 @@ class CpuMlp {
   // After forward() on the same batch: softmax cross-entropy against labels, then backward.
   // Gradients are the loss gradients scaled by grad_scale (1/batch: the batch mean), written
   // over grads() or, with `accumulate`, added to them. Returns the summed loss and hits.
-  // `on_layer_done(i)`, when given, is called as soon as layer i's gradients are written
-  // (layers last to first), so that their all-reduce can start.
   LossSum backward(const int32_t* labels, int batch, float grad_scale, bool accumulate = false,
                    const std::function<void(int)>& on_layer_done = {});
 
  private:
-  MlpShape shape_;
-  int max_batch_;
-  std::vector<float> params_;
-  std::vector<float> grads_;
-  const float* input_ = nullptr;
-  std::vector<std::vector<float>> activations_;  // output of layer i, [max_batch, out]
-  std::vector<float> grad_a_;                    // [max_batch, max_width]
-  std::vector<float> grad_b_;
+  CpuStage stage_;
+  std::vector<float> dlogits_;
+  const float* logits_ = nullptr;
 };
 
 }  // namespace ddp

@@ -153,5 +153,49 @@ TEST(MlpGradients, AccumulateAddsToGradients) {
     EXPECT_FLOAT_EQ(model.grads()[i], 2 * once[i]);
 }
 
+// Two stages chained (activations forward, the input gradient back) hold exactly the whole
+// model's gradients, and a stage keeps micro-batches apart in its slots: two forwarded
+// before either is backwarded, in either order, accumulate to the gradient of both.
+TEST(CpuStage, ChainedStagesGiveTheWholeModelsGradientsThroughSlots) {
+  const MlpShape shape({5, 8, 7, 6, 3});
+  const int batch = 4;
+  std::vector<float> whole(shape.param_count());
+  init_params(shape, 21, whole.data());
+  const auto x = random_vector(2 * batch * 5, 22);
+  const std::vector<int32_t> y = {0, 1, 2, 0, 2, 2, 1, 0};
+  CpuMlp model(shape, batch);
+  std::copy(whole.begin(), whole.end(), model.params());
+  for (int mb = 0; mb < 2; ++mb) {
+    model.forward(&x[mb * batch * 5], batch);
+    model.backward(&y[mb * batch], batch, 0.125f, mb > 0);
+  }
+  CpuStage front(shape, 0, 2, batch, 2);
+  CpuStage back(shape, 2, 4, batch, 2);
+  EXPECT_EQ(front.param_count() + back.param_count(), shape.param_count());
+  EXPECT_EQ(back.param_offset(), front.param_count());
+  std::copy_n(whole.begin(), front.param_count(), front.params());
+  std::copy_n(whole.begin() + back.param_offset(), back.param_count(), back.params());
+  std::vector<float> hidden[2], dlogits(batch * 3);
+  for (int mb = 0; mb < 2; ++mb) {
+    const float* h = front.forward(&x[mb * batch * 5], batch, mb);
+    hidden[mb].assign(h, h + batch * 7);
+    back.forward(hidden[mb].data(), batch, mb);
+  }
+  int done = 0;
+  for (int mb : {1, 0}) {  // the later micro-batch first: slots must not mix
+    softmax_xent_cpu(back.activation(mb, 3), &y[mb * batch], batch, 3, 0.125f, dlogits.data());
+    const float* dh = back.backward(dlogits.data(), batch, mb, done > 0);
+    ASSERT_NE(dh, nullptr);
+    std::vector<float> grad_hidden(dh, dh + batch * 7);
+    EXPECT_EQ(front.backward(grad_hidden.data(), batch, mb, done > 0), nullptr);
+    ++done;
+  }
+  for (size_t i = 0; i < front.param_count(); ++i)
+    EXPECT_NEAR(front.grads()[i], model.grads()[i], 1e-6) << "parameter " << i;
+  for (size_t i = 0; i < back.param_count(); ++i)
+    EXPECT_NEAR(back.grads()[i], model.grads()[back.param_offset() + i], 1e-6)
+        << "parameter " << back.param_offset() + i;
+}
+
 }  // namespace
 }  // namespace ddp
