@@ -112,6 +112,14 @@ bool parse_train_args(int argc, char** argv, TrainConfig* config) {
     ("no-overlap", "all-reduce after backward instead of during it")
     ("accumulate", "micro-batches per optimizer step (gradient accumulation)",
         cxxopts::value<std::string>()->default_value(text(d.accumulate)))
+    ("pp", "pipeline stages: the layers split into this many contiguous stages, one a rank "
+        "(world = dp x pp)", cxxopts::value<std::string>()->default_value(text(d.pp)))
+    ("micro-batches", "micro-batches a step with --pp (0: 4 x pp); gradients accumulate over them",
+        cxxopts::value<std::string>()->default_value(text(d.micro_batches)))
+    ("schedule", "pipeline schedule: gpipe | 1f1b", cxxopts::value<std::string>()->default_value(schedule_name(d.schedule)))
+    ("partition", "layers of each stage, like 0-1,2-3 (default: balanced by FLOPs)", cxxopts::value<std::string>())
+    ("timeline", "write a Chrome trace (Perfetto) of every rank's forward, backward, send, recv and "
+        "all-reduce to FILE (.json)", cxxopts::value<std::string>())
     ("check-replicas", "after every step, check that every rank holds bitwise the same weights")
     ("on-nonfinite", "a NaN/Inf gradient or loss: stop (exit 1, nothing written) or skip-step (CPU)",
         cxxopts::value<std::string>()->default_value(d.on_nonfinite))
@@ -199,6 +207,15 @@ bool parse_train_args(int argc, char** argv, TrainConfig* config) {
     c.first_bucket_mb = number<double>(result, "first-bucket-mb");
     c.overlap = result.count("no-overlap") == 0;
     c.accumulate = number<int>(result, "accumulate");
+    c.pp = number<int>(result, "pp");
+    c.micro_batches = number<int>(result, "micro-batches");
+    const std::string pipeline = result["schedule"].as<std::string>();
+    DDP_USAGE_CHECK(pipeline == "gpipe" || pipeline == "1f1b",
+                    "--schedule {}: expected gpipe or 1f1b", pipeline);
+    c.schedule =
+        pipeline == "gpipe" ? PipelineSchedule::kGpipe : PipelineSchedule::kOneForwardOneBackward;
+    if (result.count("partition")) c.partition = result["partition"].as<std::string>();
+    if (result.count("timeline")) c.timeline = result["timeline"].as<std::string>();
     c.check_replicas = result.count("check-replicas") > 0;
     c.on_nonfinite = result["on-nonfinite"].as<std::string>();
     if (result.count("checkpoint-dir"))
@@ -256,6 +273,33 @@ void validate(const TrainConfig& c) {
                   c.first_bucket_mb);
   DDP_USAGE_CHECK(c.accumulate >= 1 && c.accumulate <= 1024, "--accumulate {}: expected 1 to 1024",
                   c.accumulate);
+  const MlpShape shape = parse_layers(c.layers);
+  DDP_USAGE_CHECK(c.pp >= 1 && c.pp <= shape.num_layers(),
+                  "--pp {}: expected 1 to {} (the number of layers of --layers {})", c.pp,
+                  shape.num_layers(), c.layers);
+  DDP_USAGE_CHECK(c.micro_batches >= 0 && c.micro_batches <= 1024,
+                  "--micro-batches {}: expected 0 (4 x --pp) to 1024", c.micro_batches);
+  DDP_USAGE_CHECK(c.pp > 1 || (c.micro_batches <= 1 && c.partition.empty()),
+                  "--micro-batches and --partition split a pipeline: they need --pp 2 or more "
+                  "(gradient accumulation without a pipeline is --accumulate)");
+  DDP_USAGE_CHECK(c.pp == 1 || c.accumulate == 1,
+                  "--accumulate {} with --pp {}: a pipeline accumulates over --micro-batches; "
+                  "give that instead",
+                  c.accumulate, c.pp);
+  DDP_USAGE_CHECK(c.pp == 1 || c.device == "cpu",
+                  "--pp {} --device {}: pipeline stages run on the CPU in this version (the GPU "
+                  "pipeline is not built yet)",
+                  c.pp, c.device);
+  if (!c.partition.empty()) {
+    const std::vector<int> bounds = parse_partition(c.partition, shape.num_layers());
+    DDP_USAGE_CHECK(static_cast<int>(bounds.size()) - 1 == c.pp,
+                    "--partition {}: names {} stages but --pp is {}", c.partition,
+                    bounds.size() - 1, c.pp);
+  }
+  const int micro = micro_batches_of(c);
+  DDP_USAGE_CHECK(c.pp == 1 || c.batch_size % micro == 0,
+                  "--batch-size {}: does not divide into {} micro-batches (--micro-batches{})",
+                  c.batch_size, micro, c.micro_batches == 0 ? " 0 means 4 x --pp" : "");
   DDP_USAGE_CHECK(c.checkpoint_every >= 0, "--checkpoint-every {}: expected 0 or more",
                   c.checkpoint_every);
   DDP_USAGE_CHECK(!c.resume || !c.checkpoint_dir.empty(), "--resume: needs --checkpoint-dir");
@@ -265,6 +309,11 @@ void validate(const TrainConfig& c) {
                   "--keep-checkpoints: needs --checkpoint-dir");
   DDP_USAGE_CHECK(c.checkpoint_every == 0 || !c.checkpoint_dir.empty(),
                   "--checkpoint-every: needs --checkpoint-dir");
+}
+
+int micro_batches_of(const TrainConfig& c) {
+  if (c.pp == 1) return c.accumulate;
+  return c.micro_batches > 0 ? c.micro_batches : 4 * c.pp;
 }
 
 namespace {
@@ -306,6 +355,11 @@ nlohmann::json config_json(const TrainConfig& c) {
           {"first-bucket-mb", c.first_bucket_mb},
           {"overlap", c.overlap},
           {"accumulate", c.accumulate},
+          {"pp", c.pp},
+          {"micro-batches", c.micro_batches},
+          {"schedule", schedule_name(c.schedule)},
+          {"partition", c.partition},
+          {"timeline", c.timeline},
           {"on-nonfinite", c.on_nonfinite},
           {"checkpoint-dir", c.checkpoint_dir},
           {"checkpoint-every", c.checkpoint_every},

@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/pipeline/schedule.h"
 #include "models/optimizer.h"
 
 namespace ddp {
@@ -47,7 +48,13 @@ struct TrainConfig {
   double bucket_mb = 25;
   double first_bucket_mb = 1;
   bool overlap = true;
-  int accumulate = 1;           // micro-steps per optimizer step
+  int accumulate = 1;  // micro-steps per optimizer step
+  // Pipeline parallelism: the world is dp x pp ranks (rank = stage * dp + replica).
+  int pp = 1;             // pipeline stages
+  int micro_batches = 0;  // per step and pipeline; 0: 4 x pp (with pp > 1)
+  PipelineSchedule schedule = PipelineSchedule::kOneForwardOneBackward;
+  std::string partition;  // "0-1,2-3": layers of each stage; empty: balanced by FLOPs
+  std::string timeline;   // Chrome trace of every rank's forward/backward/send/recv/all-reduce
   bool check_replicas = false;  // compare every rank's weights after every step
   // A non-finite gradient (after the all-reduce, so every rank decides alike) or window
   // loss: "stop" ends the run (exit 1) before any checkpoint or weights are written;
@@ -68,6 +75,10 @@ bool parse_train_args(int argc, char** argv, TrainConfig* config);
 
 // "cosine" or "constant", as --lr-schedule takes it.
 const char* schedule_name(LrSchedule schedule);
+
+// Micro-batches of one step: --micro-batches (4 x --pp when 0) with a pipeline, else
+// --accumulate.
+int micro_batches_of(const TrainConfig& config);
 
 // Rejects values that cannot work, naming the flag, the value and what is allowed.
 void validate(const TrainConfig& config);

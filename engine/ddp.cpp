@@ -98,11 +98,11 @@ void Ddp::issue(size_t bucket) {
   const Bucket& b = buckets_[bucket];
   pending_.push_back(
       comm_.all_reduce_async(grads_ + b.offset, b.count, DataType::kFloat32, ReduceOp::kAverage));
-  events_.push_back({"allreduce_issued", b.first_layer, static_cast<int>(bucket)});
+  record({"allreduce_issued", b.first_layer, static_cast<int>(bucket)});
 }
 
 void Ddp::layer_done(int layer) {
-  events_.push_back({"layer_done", layer, -1});
+  record({"layer_done", layer, -1});
   if (!overlap_) return;
   // A bucket is complete once its lowest layer is done (layers arrive last to first).
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].first_layer >= layer)
@@ -110,7 +110,7 @@ void Ddp::layer_done(int layer) {
 }
 
 void Ddp::end_backward() {
-  events_.push_back({"backward_done", -1, -1});
+  record({"backward_done", -1, -1});
   while (next_bucket_ < buckets_.size())
     issue(next_bucket_++);
 }
@@ -123,7 +123,7 @@ void Ddp::finish(void* stream) {
       work->wait(comm_.timeout());
   }
   pending_.clear();
-  events_.push_back({"allreduce_waited", -1, -1});
+  record({"allreduce_waited", -1, -1});
 }
 
 uint32_t crc32_of(const void* bytes, size_t count, uint32_t crc) {

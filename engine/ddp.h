@@ -85,12 +85,20 @@ class Ddp {
   void finish(void* stream);
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
+  // The engine's record of what happened, kept only while asked for (the first step's, for
+  // the metrics, or the tests'), so that it never grows over a run.
+  void record_events(bool on) {
+    recording_ = on;
+    if (on) events_.clear();
+  }
   const std::vector<DdpEvent>& events() const { return events_; }
-  void clear_events() { events_.clear(); }
   Communicator& comm() { return comm_; }
 
  private:
   void issue(size_t bucket);
+  void record(DdpEvent event) {
+    if (recording_) events_.push_back(std::move(event));
+  }
 
   Communicator& comm_;
   CopyFn copy_to_device_ = nullptr;
@@ -101,6 +109,7 @@ class Ddp {
   size_t next_bucket_ = 0;  // buckets are issued in order (last layers first)
   std::vector<std::unique_ptr<Work>> pending_;
   std::vector<DdpEvent> events_;
+  bool recording_ = false;
 };
 
 // CRC-32 (zlib's) of bytes[0, count), continuing from `crc` (0 to start).

@@ -56,19 +56,42 @@ void sum_over_ranks(Communicator* comm, double* values, size_t count) {
 }
 
 namespace {
-int local_batch_of(const TrainConfig& config, int ranks) {
-  const int micro = config.batch_size / config.accumulate;
-  DDP_USAGE_CHECK(config.batch_size % config.accumulate == 0,
-                  "--batch-size {} is not divisible by --accumulate {}", config.batch_size,
-                  config.accumulate);
+
+// Samples per replica per micro-batch; the global batch must divide into both.
+int local_batch_of(const TrainConfig& config, int micro_batches, int replicas) {
+  const char* micro_flag = config.pp > 1 ? "--micro-batches" : "--accumulate";
+  DDP_USAGE_CHECK(config.batch_size % micro_batches == 0,
+                  "--batch-size {} is not divisible by {} {}", config.batch_size, micro_flag,
+                  micro_batches);
+  const int micro = config.batch_size / micro_batches;
   DDP_USAGE_CHECK(
-      micro % ranks == 0,
+      micro % replicas == 0,
       "--batch-size {}: the global batch{} must divide among the {} data-parallel ranks (try {})",
       config.batch_size,
-      config.accumulate > 1 ? fmt::format(" / --accumulate {}", config.accumulate) : "", ranks,
-      (micro / ranks + 1) * ranks * config.accumulate);
-  return micro / ranks;
+      micro_batches > 1 ? fmt::format(" / {} {}", micro_flag, micro_batches) : "", replicas,
+      (micro / replicas + 1) * replicas * micro_batches);
+  return micro / replicas;
 }
+
+PipelineLayout layout_of(const TrainConfig& config, Communicator* comm) {
+  const MlpShape shape = parse_layers(config.layers);
+  std::vector<int> bounds;
+  if (!config.partition.empty()) {
+    bounds = parse_partition(config.partition, shape.num_layers());
+  } else {
+    std::vector<double> flops;  // a layer's multiply-adds per sample
+    for (int i = 0; i < shape.num_layers(); ++i)
+      flops.push_back(static_cast<double>(shape.layer(i).in) * shape.layer(i).out);
+    bounds = partition_by_cost(flops, config.pp);
+  }
+  return plan_layout(comm ? comm->size() : 1, comm ? comm->rank() : 0, config.pp,
+                     std::move(bounds));
+}
+
+int max_batch_of(const TrainConfig& config, int local_batch) {
+  return std::max(local_batch, std::min(config.batch_size, 1024));
+}
+
 }  // namespace
 
 Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* comm,
@@ -78,29 +101,57 @@ Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* c
       comm_(comm),
       rank_(comm ? comm->rank() : 0),
       ranks_(comm ? comm->size() : 1),
-      local_batch_(local_batch_of(config, comm ? comm->size() : 1)),
-      model_(parse_layers(config.layers),
-             std::max(local_batch_, std::min(config.batch_size, 1024))),
-      sampler_(data.train.n, config.seed, config.shuffle) {
+      layout_(layout_of(config, comm)),
+      micro_batches_(micro_batches_of(config)),
+      local_batch_(local_batch_of(config, micro_batches_, layout_.replicas)),
+      actions_(
+          plan_schedule(config.pp > 1 ? config.schedule : PipelineSchedule::kOneForwardOneBackward,
+                        layout_.stage, layout_.stages, micro_batches_)),
+      stage_(parse_layers(config.layers), layout_.bounds[layout_.stage],
+             layout_.bounds[layout_.stage + 1], max_batch_of(config, local_batch_),
+             ddp::peak_live_activations(actions_)),
+      sampler_(data.train.n, config.seed, config.shuffle),
+      timeline_(!config.timeline.empty()) {
   (void)store;
-  const MlpShape& shape = model_.shape();
+  const MlpShape& shape = stage_.shape();
   check_model_fits_data(shape, config, data);
   set_cpu_threads(config.threads);
-  if (config.init_weights.empty())
-    init_params(shape, config.seed, model_.params());
-  else
-    load_mlp_weights(config.init_weights, shape, model_.params());
-  optimizer_ = make_optimizer(config.optimizer, shape.param_count());
+  {
+    // Every stage starts from the one-process initialisation and takes its layers.
+    std::vector<float> whole(shape.param_count());
+    if (config.init_weights.empty())
+      init_params(shape, config.seed, whole.data());
+    else
+      load_mlp_weights(config.init_weights, shape, whole.data());
+    std::copy_n(whole.begin() + stage_.param_offset(), stage_.param_count(), stage_.params());
+  }
+  optimizer_ = make_optimizer(config.optimizer, stage_.param_count());
   total_steps_ =
       config.steps > 0
           ? config.steps
           : std::max<int64_t>(1, int64_t{config.epochs} * data.train.n / config.batch_size);
-  if (comm_ != nullptr) {
-    ddp_ = std::make_unique<Ddp>(*comm_, shape, static_cast<size_t>(config.bucket_mb * 1048576),
+  if (layout_.stages > 1) {
+    // Collective over the world, in the same order on every rank.
+    pipe_group_ = comm_->split(layout_.replica, layout_.stage);
+    if (layout_.replicas > 1) dp_group_ = comm_->split(layout_.stage, layout_.replica);
+    if (lead())
+      spdlog::info("pipeline: dp {} x pp {}, {} micro-batches of {} per replica, {} schedule; {}",
+                   layout_.replicas, layout_.stages, micro_batches_, local_batch_,
+                   schedule_name(config.schedule), describe_layout(layout_));
+  }
+  if (layout_.replicas > 1) {
+    Communicator& group = *dp_comm();
+    std::vector<ParamSpan> spans;
+    for (int i = stage_.first_layer(); i < stage_.end_layer(); ++i)
+      spans.push_back(
+          {shape.layer(i).weight_offset - stage_.param_offset(), shape.layer(i).count()});
+    ddp_ = std::make_unique<Ddp>(group, spans, static_cast<size_t>(config.bucket_mb * 1048576),
                                  static_cast<size_t>(config.first_bucket_mb * 1048576),
                                  config.overlap);
-    ddp_->check_same_model(shape);
-    ddp_->broadcast_parameters(model_.params(), shape.param_count());
+    ddp_->check_same_layout(shape.fingerprint() ^ (uint64_t(stage_.first_layer()) << 48) ^
+                                (uint64_t(stage_.end_layer()) << 56),
+                            shape.to_string());
+    ddp_->broadcast_parameters(stage_.params(), stage_.param_count());
   }
   if (config.resume && !config.checkpoint_dir.empty()) {
     const std::string path = checkpoint_path(config.checkpoint_dir);
@@ -111,10 +162,14 @@ Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* c
       if (lead() && !c.changed.empty())
         spdlog::warn("resuming with changed settings (allowed): {}",
                      fmt::format("{}", fmt::join(c.changed, "; ")));
-      std::copy(c.params.begin(), c.params.end(), model_.params());
+      // A checkpoint holds the whole model, so any layout resumes from it.
+      const size_t offset = stage_.param_offset();
+      const size_t count = stage_.param_count();
+      std::copy_n(c.params.begin() + offset, count, stage_.params());
       for (auto& [name, buffer] : optimizer_->state())
         for (const auto& [saved_name, values] : c.optimizer_state)
-          if (saved_name == name) *buffer = values;
+          if (saved_name == name)
+            buffer->assign(values.begin() + offset, values.begin() + offset + count);
       optimizer_->set_steps(c.optimizer_steps);
       step_ = c.step;
       resumed_from_ = c.step;
@@ -123,101 +178,226 @@ Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* c
       spdlog::info("no checkpoint at {}: starting afresh", path);
     }
   }
+  const size_t rows = static_cast<size_t>(micro_batches_) * local_batch_;
   batch_indices_.resize(local_batch_);
-  batch_x_.resize(static_cast<size_t>(local_batch_) * data.train.dim);
-  batch_y_.resize(local_batch_);
+  batch_y_.resize(rows);
+  if (stage_.is_first()) batch_x_.resize(rows * data.train.dim);
+  if (!stage_.is_first()) {
+    received_x_.resize(rows * stage_.in_width());
+    sent_dx_.resize(rows * stage_.in_width());
+    eval_x_.resize(static_cast<size_t>(stage_.max_batch()) * stage_.in_width());
+  }
+  if (!stage_.is_last()) sent_x_.resize(rows * stage_.out_width());
+  received_dy_.resize(static_cast<size_t>(local_batch_) * stage_.out_width());
 }
 
 RunSettings Trainer::settings() const {
   return {config_.seed, config_.lr, total_steps_, schedule_name(config_.lr_schedule), ranks_};
 }
 
-void Trainer::gather_batch(int64_t begin, int count) {
+void Trainer::gather_batch(int64_t begin, int count, int row) {
   sampler_.indices(begin, count, batch_indices_.data());
   const int dim = data_.train.dim;
   for (int i = 0; i < count; ++i) {
     const int32_t index = batch_indices_[i];
-    std::memcpy(&batch_x_[static_cast<size_t>(i) * dim],
-                &data_.train.x[static_cast<size_t>(index) * dim], sizeof(float) * dim);
-    batch_y_[i] = data_.train.y[index];
+    if (stage_.is_first())
+      std::memcpy(&batch_x_[static_cast<size_t>(row + i) * dim],
+                  &data_.train.x[static_cast<size_t>(index) * dim], sizeof(float) * dim);
+    batch_y_[row + i] = data_.train.y[index];
   }
+}
+
+void Trainer::receive(float* buffer, size_t count, int peer) {
+  pipe_group_->batch_async({{false, buffer, count, DataType::kFloat32, peer}})
+      ->wait(pipe_group_->timeout());
+}
+
+void Trainer::run_schedule(StepStats* stats) {
+  // Each replica's loss is the mean over its samples of the whole step; the all-reduce
+  // averages over replicas, so the gradient is the global batch mean.
+  const float scale = 1.0f / static_cast<float>(local_batch_ * micro_batches_);
+  const int n = local_batch_;
+  const size_t in_width = stage_.in_width();
+  const size_t out_width = stage_.out_width();
+  const int classes = stage_.shape().num_classes();
+  const int64_t step = step_ + 1;
+  // Slots hold the activations of forwarded, not yet backwarded micro-batches.
+  std::vector<int> slot_of(micro_batches_, -1);
+  std::vector<int> free_slots;
+  for (int s = stage_.slots() - 1; s >= 0; --s)
+    free_slots.push_back(s);
+  std::vector<const float*> output_of(micro_batches_, nullptr);
+  std::vector<std::unique_ptr<Work>> sends;  // waited at the end of the step
+  const float* grad_input = nullptr;
+  int backwards = 0;
+  for (const PipelineAction& action : actions_) {
+    const int mb = action.micro_batch;
+    const size_t row = static_cast<size_t>(mb) * n;
+    const double start = timeline_.now_us();
+    Stopwatch clock;
+    switch (action.kind) {
+      case ActionKind::kRecvActivation:
+        receive(&received_x_[row * in_width], n * in_width, layout_.stage - 1);
+        timeline_.add(SpanKind::kRecv, step, mb, start, timeline_.now_us());
+        break;
+      case ActionKind::kForward: {
+        const int64_t begin = step_ * config_.batch_size +
+                              static_cast<int64_t>(mb) * n * layout_.replicas +
+                              static_cast<int64_t>(layout_.replica) * n;
+        if (stage_.is_first() || stage_.is_last()) gather_batch(begin, n, static_cast<int>(row));
+        DDP_CHECK(!free_slots.empty(), "pipeline: no free activation slot for micro-batch {}", mb);
+        slot_of[mb] = free_slots.back();
+        free_slots.pop_back();
+        peak_live_ = std::max(peak_live_, stage_.slots() - static_cast<int>(free_slots.size()));
+        const float* x =
+            stage_.is_first() ? &batch_x_[row * data_.train.dim] : &received_x_[row * in_width];
+        output_of[mb] = stage_.forward(x, n, slot_of[mb]);
+        stats->busy_s += clock.seconds();
+        timeline_.add(SpanKind::kForward, step, mb, start, timeline_.now_us());
+        break;
+      }
+      case ActionKind::kSendActivation: {
+        float* out = &sent_x_[row * out_width];
+        std::copy_n(output_of[mb], n * out_width, out);
+        sends.push_back(pipe_group_->batch_async(
+            {{true, out, n * out_width, DataType::kFloat32, layout_.stage + 1}}));
+        timeline_.add(SpanKind::kSend, step, mb, start, timeline_.now_us());
+        break;
+      }
+      case ActionKind::kRecvGradient:
+        receive(received_dy_.data(), n * out_width, layout_.stage + 1);
+        timeline_.add(SpanKind::kRecv, step, mb, start, timeline_.now_us());
+        break;
+      case ActionKind::kBackward: {
+        if (stage_.is_last()) {
+          const LossSum sum = softmax_xent_cpu(output_of[mb], &batch_y_[row], n, classes, scale,
+                                               received_dy_.data());
+          stats->loss_sum += sum.loss;
+          stats->correct += sum.correct;
+          stats->samples += n;
+        }
+        // Gradient sync starts on the last micro-batch, as its layers finish.
+        const bool last_micro = backwards + 1 == micro_batches_;
+        if (ddp_ && last_micro) ddp_->begin_backward(stage_.grads());
+        grad_input =
+            stage_.backward(received_dy_.data(), n, slot_of[mb], /*accumulate=*/backwards > 0,
+                            ddp_ && last_micro ? [this](int layer) { ddp_->layer_done(layer); }
+                                               : std::function<void(int)>());
+        if (ddp_ && last_micro) ddp_->end_backward();
+        free_slots.push_back(slot_of[mb]);
+        slot_of[mb] = -1;
+        ++backwards;
+        stats->busy_s += clock.seconds();
+        timeline_.add(SpanKind::kBackward, step, mb, start, timeline_.now_us());
+        break;
+      }
+      case ActionKind::kSendGradient: {
+        float* dx = &sent_dx_[row * in_width];
+        std::copy_n(grad_input, n * in_width, dx);
+        sends.push_back(pipe_group_->batch_async(
+            {{true, dx, n * in_width, DataType::kFloat32, layout_.stage - 1}}));
+        timeline_.add(SpanKind::kSend, step, mb, start, timeline_.now_us());
+        break;
+      }
+    }
+  }
+  if (!sends.empty()) {
+    const double start = timeline_.now_us();
+    for (auto& work : sends)
+      work->wait(pipe_group_->timeout());
+    timeline_.add(SpanKind::kSend, step, -1, start, timeline_.now_us());
+  }
+  if (ddp_) {
+    const double start = timeline_.now_us();
+    ddp_->finish(nullptr);
+    timeline_.add(SpanKind::kAllReduce, step, -1, start, timeline_.now_us());
+  }
+}
+
+bool Trainer::any_rank(bool mine) {
+  if (layout_.stages == 1) return mine;  // replicas hold the same values: all decide alike
+  double flag = mine ? 1 : 0;
+  sum_over_ranks(comm_, &flag, 1);
+  return flag > 0;
 }
 
 StepStats Trainer::step() {
   DDP_CHECK(
       config_.fail_at_step == 0 || config_.restart_count > 0 || step_ + 1 != config_.fail_at_step,
       "--fail-at-step {}: failing on purpose at step {}", config_.fail_at_step, step_ + 1);
+  Stopwatch step_clock;
   StepStats stats;
-  const int micro_batch = config_.batch_size / config_.accumulate;
-  // Each rank's loss is the mean over its samples of the whole step; the all-reduce
-  // averages over ranks, so the gradient is the global batch mean.
-  const float scale = 1.0f / static_cast<float>(local_batch_ * config_.accumulate);
-  for (int k = 0; k < config_.accumulate; ++k) {
-    const int64_t micro_begin = step_ * config_.batch_size + static_cast<int64_t>(k) * micro_batch;
-    const int64_t begin = micro_begin + static_cast<int64_t>(rank_) * local_batch_;
-    gather_batch(begin, local_batch_);
-    model_.forward(batch_x_.data(), local_batch_);
-    const bool last_micro = k + 1 == config_.accumulate;
-    if (ddp_ && last_micro) ddp_->begin_backward(model_.grads());
-    const LossSum sum =
-        model_.backward(batch_y_.data(), local_batch_, scale, /*accumulate=*/k > 0,
-                        ddp_ && last_micro ? [this](int layer) { ddp_->layer_done(layer); }
-                                           : std::function<void(int)>());
-    if (ddp_ && last_micro) ddp_->end_backward();
-    stats.loss_sum += sum.loss;
-    stats.correct += sum.correct;
-    stats.samples += local_batch_;
-  }
-  if (ddp_) ddp_->finish(nullptr);
-  // After the all-reduce every rank holds the same gradient, so every rank decides alike.
+  run_schedule(&stats);
+  // After the all-reduce every replica holds the same gradient, so every rank decides alike.
   // A float is Inf or NaN when its exponent bits are all set: an OR over the buffer that
   // vectorises (no sum to overflow on large finite gradients, no serial float chain).
-  const float* grads = model_.grads();
+  const float* grads = stage_.grads();
   uint32_t nonfinite = 0;
-  for (size_t i = 0, n = model_.shape().param_count(); i < n; ++i) {
+  for (size_t i = 0, n = stage_.param_count(); i < n; ++i) {
     uint32_t bits;
     std::memcpy(&bits, grads + i, sizeof(bits));
     nonfinite |= (bits & 0x7f800000u) == 0x7f800000u;
   }
-  if (nonfinite != 0) {
+  if (any_rank(nonfinite != 0)) {
     DDP_CHECK(config_.on_nonfinite == "skip-step",
-              "step {}: non-finite gradient on rank {} (loss sum {}); stopped before any "
+              "step {}: non-finite gradient{} (loss sum {}); stopped before any "
               "checkpoint or weights were written (lower --lr, check the data, or "
               "--on-nonfinite skip-step)",
-              step_ + 1, rank_, stats.loss_sum);
+              step_ + 1, nonfinite ? fmt::format(" on rank {}", rank_) : " on another stage",
+              stats.loss_sum);
     spdlog::warn("skipping step {}: non-finite gradient (--on-nonfinite skip-step)", step_ + 1);
     ++stats.skipped;
     ++step_;
     stats.loss_sum = 0;  // its loss is not counted in the window
     stats.correct = 0;
     stats.samples = 0;
+    stats.step_s = step_clock.seconds();
     return stats;
   }
   const float lr =
       lr_at(step_, total_steps_, config_.lr, config_.lr_schedule, config_.warmup_steps);
-  optimizer_->step(model_.params(), model_.grads(), model_.shape().param_count(), lr);
+  const double start = timeline_.now_us();
+  optimizer_->step(stage_.params(), stage_.grads(), stage_.param_count(), lr);
   ++step_;
-  if (config_.check_replicas && comm_ != nullptr && ranks_ > 1) {
-    const int64_t mine = params_checksum(model_.params(), model_.shape().param_count());
-    std::vector<int64_t> all(ranks_);
-    comm_->all_gather(&mine, all.data(), 1, DataType::kInt64);
-    for (int r = 0; r < ranks_; ++r)
+  timeline_.add(SpanKind::kOptimizer, step_, -1, start, timeline_.now_us());
+  Communicator* replicas = dp_comm();
+  if (config_.check_replicas && replicas != nullptr && replicas->size() > 1) {
+    const int64_t mine = params_checksum(stage_.params(), stage_.param_count());
+    std::vector<int64_t> all(replicas->size());
+    replicas->all_gather(&mine, all.data(), 1, DataType::kInt64);
+    for (int r = 0; r < replicas->size(); ++r)
       DDP_CHECK(all[r] == all[0],
-                "--check-replicas: after step {} rank {} holds different weights than rank 0 "
-                "(checksums {:08x} and {:08x})",
-                step_, r, static_cast<uint32_t>(all[r]), static_cast<uint32_t>(all[0]));
+                "--check-replicas: after step {} replica {} holds different weights than replica "
+                "0{} (checksums {:08x} and {:08x})",
+                step_, r,
+                layout_.stages > 1 ? fmt::format(" in stage {}", layout_.stage) : std::string(),
+                static_cast<uint32_t>(all[r]), static_cast<uint32_t>(all[0]));
   }
+  stats.step_s = step_clock.seconds();
   return stats;
 }
 
 LossSum Trainer::evaluate_range(const Split& split, int64_t begin, int64_t end) {
   LossSum total{};
-  const int classes = model_.shape().num_classes();
-  const int chunk = model_.max_batch();
+  const int classes = stage_.shape().num_classes();
+  const int chunk = stage_.max_batch();
   for (int64_t at = begin; at < end; at += chunk) {
     const int count = static_cast<int>(std::min<int64_t>(chunk, end - at));
-    const float* logits = model_.forward(&split.x[static_cast<size_t>(at) * split.dim], count);
-    const LossSum sum = softmax_xent_cpu(logits, &split.y[at], count, classes, 0.0f, nullptr);
+    const float* x = &split.x[static_cast<size_t>(at) * split.dim];
+    if (!stage_.is_first()) {
+      receive(eval_x_.data(), static_cast<size_t>(count) * stage_.in_width(), layout_.stage - 1);
+      x = eval_x_.data();
+    }
+    const float* out = stage_.forward(x, count, 0);
+    if (!stage_.is_last()) {
+      pipe_group_
+          ->batch_async(
+              {{true, const_cast<float*>(out), static_cast<size_t>(count) * stage_.out_width(),
+                DataType::kFloat32, layout_.stage + 1}})
+          ->wait(pipe_group_->timeout());
+      continue;
+    }
+    const LossSum sum = softmax_xent_cpu(out, &split.y[at], count, classes, 0.0f, nullptr);
     total.loss += sum.loss;
     total.correct += sum.correct;
   }
@@ -227,7 +407,19 @@ LossSum Trainer::evaluate_range(const Split& split, int64_t begin, int64_t end) 
 EvalResult Trainer::evaluate(const Split& split) {
   EvalResult result;
   if (split.n == 0) return result;
-  const LossSum sum = evaluate_range(split, 0, split.n);
+  LossSum sum;
+  if (layout_.stages == 1) {
+    sum = evaluate_range(split, 0, split.n);
+  } else {
+    // Each replica's pipeline evaluates its shard; the last stages' sums are combined.
+    const int64_t begin = split.n * layout_.replica / layout_.replicas;
+    const int64_t end = split.n * (layout_.replica + 1) / layout_.replicas;
+    const LossSum shard = evaluate_range(split, begin, end);
+    double sums[2] = {shard.loss, static_cast<double>(shard.correct)};
+    sum_over_ranks(comm_, sums, 2);
+    sum.loss = sums[0];
+    sum.correct = static_cast<int>(sums[1]);
+  }
   result.samples = split.n;
   result.loss = sum.loss / static_cast<double>(split.n);
   result.accuracy = static_cast<double>(sum.correct) / static_cast<double>(split.n);
@@ -273,34 +465,141 @@ void check_outputs_writable(const TrainConfig& config) {
   }
 }
 
-void Trainer::check_finite_params(const char* before) const {
-  // Every rank holds the same weights, so every rank decides alike.
-  const float* p = model_.params();
-  for (size_t i = 0, n = model_.shape().param_count(); i < n; ++i)
-    DDP_CHECK(std::isfinite(p[i]),
-              "after step {}: non-finite weight {} at index {} on rank {}; stopped before {} "
-              "(lower --lr or check the data)",
-              step_, p[i], i, rank_, before);
+void Trainer::check_finite_params(const char* before) {
+  const float* p = stage_.params();
+  size_t bad = stage_.param_count();
+  for (size_t i = 0; i < stage_.param_count() && bad == stage_.param_count(); ++i)
+    if (!std::isfinite(p[i])) bad = i;
+  const bool mine = bad < stage_.param_count();
+  // Replicas hold the same weights; stages are asked so that every rank stops alike.
+  if (!any_rank(mine)) return;
+  DDP_CHECK(!mine,
+            "after step {}: non-finite weight {} at index {} on rank {}; stopped before {} "
+            "(lower --lr or check the data)",
+            step_, p[bad], stage_.param_offset() + bad, rank_, before);
+  DDP_CHECK(false, "after step {}: non-finite weight on another stage; stopped before {}", step_,
+            before);
+}
+
+void Trainer::gather_model(std::vector<float>* params,
+                           std::vector<std::pair<std::string, std::vector<float>>>* state) {
+  const auto named = optimizer_->state();
+  if (layout_.stages == 1) {
+    if (!lead()) return;
+    params->assign(stage_.params(), stage_.params() + stage_.param_count());
+    for (const auto& [name, buffer] : named)
+      state->emplace_back(name, *buffer);
+    return;
+  }
+  if (layout_.replica != 0) return;  // replicas hold the same weights as replica 0
+  // Replica 0's stages send their parameters and state to stage 0 (rank 0), in stage order.
+  const size_t offset = stage_.param_offset();
+  const size_t count = stage_.param_count();
+  if (layout_.stage > 0) {
+    pipe_group_->send(stage_.params(), count, DataType::kFloat32, 0);
+    for (const auto& entry : named)
+      pipe_group_->send(entry.second->data(), count, DataType::kFloat32, 0);
+    return;
+  }
+  const MlpShape& shape = stage_.shape();
+  params->assign(shape.param_count(), 0.0f);
+  std::copy_n(stage_.params(), count, params->begin() + offset);
+  for (const auto& [name, buffer] : named) {
+    state->emplace_back(name, std::vector<float>(shape.param_count()));
+    std::copy_n(buffer->begin(), count, state->back().second.begin() + offset);
+  }
+  for (int s = 1; s < layout_.stages; ++s) {
+    const size_t begin = shape.layer(layout_.bounds[s]).weight_offset;
+    const LayerSlice& last = shape.layer(layout_.bounds[s + 1] - 1);
+    const size_t theirs = last.bias_offset + last.out - begin;
+    pipe_group_->recv(params->data() + begin, theirs, DataType::kFloat32, s);
+    for (auto& entry : *state)
+      pipe_group_->recv(entry.second.data() + begin, theirs, DataType::kFloat32, s);
+  }
 }
 
 void Trainer::save_checkpoint_now() {
   check_finite_params("writing the checkpoint (the previous one is kept)");
+  Checkpoint c;
+  gather_model(&c.params, &c.optimizer_state);
   if (lead()) {
-    Checkpoint c;
     c.step = step_;
     c.optimizer_steps = optimizer_->steps();
     c.optimizer = config_.optimizer.kind == OptimizerKind::kAdamW ? "adamw" : "sgd";
     c.batch_size = config_.batch_size;
     c.settings = settings();
-    c.params.assign(model_.params(), model_.params() + model_.shape().param_count());
-    for (auto& [name, buffer] : optimizer_->state())
-      c.optimizer_state.emplace_back(name, *buffer);
-    save_checkpoint(config_.checkpoint_dir, model_.shape(), c, config_.keep_checkpoints);
+    save_checkpoint(config_.checkpoint_dir, stage_.shape(), c, config_.keep_checkpoints);
     spdlog::info("checkpoint at step {} written to {}", step_,
                  checkpoint_path(config_.checkpoint_dir));
   }
   // Nobody moves on (and may crash and restart) before the checkpoint is complete.
   if (comm_ != nullptr && ranks_ > 1) comm_->barrier();
+}
+
+void Trainer::write_pipeline_record(MetricsWriter& metrics, int64_t step, double busy_s,
+                                    double step_s) {
+  // Every rank's compute and step time over the window, gathered so that every stage's
+  // share is known; the bubble is the mean idle fraction.
+  const double mine[2] = {busy_s, step_s};
+  std::vector<double> all(2 * static_cast<size_t>(ranks_));
+  comm_->all_gather(mine, all.data(), 2, DataType::kFloat64);
+  if (!lead()) return;
+  nlohmann::json busy = nlohmann::json::array();
+  nlohmann::json idle = nlohmann::json::array();
+  std::string busy_text;
+  double idle_sum = 0;
+  for (int s = 0; s < layout_.stages; ++s) {
+    double b = 0, t = 0;
+    for (int d = 0; d < layout_.replicas; ++d) {
+      b += all[2 * layout_.rank_of(s, d)];
+      t += all[2 * layout_.rank_of(s, d) + 1];
+    }
+    const double fraction = t > 0 ? b / t : 0;
+    busy.push_back(b / layout_.replicas);
+    idle.push_back((t - b) / layout_.replicas);
+    idle_sum += 1 - fraction;
+    busy_text += fmt::format("{}{:.0f}%", s ? " " : "", 100 * fraction);
+  }
+  const double bubble = idle_sum / layout_.stages;
+  const double ideal = ideal_bubble(layout_.stages, micro_batches_);
+  if (!config_.quiet)
+    spdlog::info("pipeline: bubble {:.1f}% (ideal (P-1)/(M+P-1) = {:.1f}%), stages busy {}",
+                 100 * bubble, 100 * ideal, busy_text);
+  metrics.write({{"event", "pipeline"},
+                 {"step", step},
+                 {"stages", layout_.stages},
+                 {"micro_batches", micro_batches_},
+                 {"schedule", schedule_name(config_.schedule)},
+                 {"busy_s", busy},
+                 {"idle_s", idle},
+                 {"bubble", bubble},
+                 {"ideal_bubble", ideal}});
+}
+
+void Trainer::write_timeline() {
+  if (timeline_.dropped() > 0)
+    spdlog::warn("--timeline: kept the first {} spans, {} more not recorded",
+                 timeline_.spans().size(), timeline_.dropped());
+  const std::vector<std::vector<Span>> all = gather_spans(comm_, timeline_.spans());
+  if (!lead()) return;
+  std::vector<std::string> names;
+  for (int r = 0; r < ranks_; ++r) {
+    const int stage = r / layout_.replicas;
+    names.push_back(layout_.stages > 1 ? fmt::format("rank {} (stage {}, replica {})", r, stage,
+                                                     r % layout_.replicas)
+                                       : fmt::format("rank {}", r));
+  }
+  const std::string temp = config_.timeline + ".tmp";
+  {
+    std::ofstream out(temp, std::ios::binary);
+    out << chrome_trace_json(all, names);
+    DDP_CHECK(out.good(), "--timeline {}: could not write {}", config_.timeline, temp);
+  }
+  DDP_CHECK(std::rename(temp.c_str(), config_.timeline.c_str()) == 0,
+            "--timeline {}: could not rename {} ({})", config_.timeline, temp,
+            std::strerror(errno));
+  spdlog::info("timeline of {} ranks written to {} (open it in https://ui.perfetto.dev)", ranks_,
+               config_.timeline);
 }
 
 TrainResult Trainer::run(MetricsWriter* metrics_in) {
@@ -311,10 +610,11 @@ TrainResult Trainer::run(MetricsWriter* metrics_in) {
   TrainResult result;
   ProgressReporter progress(config_, total_steps_, data_.train.n, &metrics);
   if (resumed_from_ >= 0) metrics.write({{"event", "resumed"}, {"step", resumed_from_}});
-  double window[3] = {0, 0, 0};  // loss sum, hits, samples
+  double window[3] = {0, 0, 0};   // loss sum, hits, samples
+  double busy_s = 0, step_s = 0;  // this rank's, over the window
   bool first = true;
   while (step_ < total_steps_) {
-    if (first && ddp_) ddp_->clear_events();
+    if (ddp_) ddp_->record_events(first);
     const StepStats stats = step();
     if (first && ddp_ && lead() && metrics.enabled()) {
       nlohmann::json events = nlohmann::json::array();
@@ -334,6 +634,8 @@ TrainResult Trainer::run(MetricsWriter* metrics_in) {
     window[0] += stats.loss_sum;
     window[1] += stats.correct;
     window[2] += stats.samples;
+    busy_s += stats.busy_s;
+    step_s += stats.step_s;
     if (step_ % config_.log_every == 0 || step_ == total_steps_) {
       sum_over_ranks(comm_, window, 3);  // the same sums on every rank: all decide alike
       DDP_CHECK(std::isfinite(window[0]),
@@ -342,15 +644,17 @@ TrainResult Trainer::run(MetricsWriter* metrics_in) {
                 step_, rank_);
       progress.window(step_, window[0], static_cast<int64_t>(window[1]),
                       static_cast<int64_t>(window[2]), &result);
+      if (layout_.stages > 1) write_pipeline_record(metrics, step_, busy_s, step_s);
       window[0] = window[1] = window[2] = 0;
+      busy_s = step_s = 0;
     }
     if (config_.eval_every > 0 && step_ % config_.eval_every == 0 && data_.test.n > 0) {
-      // Each rank evaluates its contiguous shard of the test split; the sums are combined.
-      const int64_t begin = data_.test.n * rank_ / ranks_;
-      const int64_t end = data_.test.n * (rank_ + 1) / ranks_;
+      // Each replica evaluates its contiguous shard of the test split; the sums are combined.
+      const int64_t begin = data_.test.n * layout_.replica / layout_.replicas;
+      const int64_t end = data_.test.n * (layout_.replica + 1) / layout_.replicas;
       const LossSum shard = evaluate_range(data_.test, begin, end);
       double sums[3] = {shard.loss, static_cast<double>(shard.correct),
-                        static_cast<double>(end - begin)};
+                        stage_.is_last() ? static_cast<double>(end - begin) : 0.0};
       sum_over_ranks(comm_, sums, 3);
       progress.evaluation(step_, sums[0], static_cast<int64_t>(sums[1]),
                           static_cast<int64_t>(sums[2]));
@@ -362,14 +666,33 @@ TrainResult Trainer::run(MetricsWriter* metrics_in) {
   result.steps = step_;
   const double seconds = progress.seconds();
   result.test = evaluate(data_.test);
+  if (layout_.stages > 1) {
+    // The engine's own count of the most activations a stage held, for every rank.
+    const int64_t mine = peak_live_;
+    std::vector<int64_t> peaks(ranks_);
+    comm_->all_gather(&mine, peaks.data(), 1, DataType::kInt64);
+    metrics.write({{"event", "pipeline_summary"},
+                   {"stages", layout_.stages},
+                   {"replicas", layout_.replicas},
+                   {"micro_batches", micro_batches_},
+                   {"schedule", schedule_name(config_.schedule)},
+                   {"layout", describe_layout(layout_)},
+                   {"peak_live_activations", peaks}});
+  }
   progress.finish(seconds, &result);
+  if (!config_.timeline.empty()) write_timeline();
   if (!config_.checkpoint_dir.empty() &&
       (config_.checkpoint_every == 0 || step_ % config_.checkpoint_every != 0))
     save_checkpoint_now();
-  if (!config_.save_weights.empty()) check_finite_params("writing --save-weights");
-  if (!config_.save_weights.empty() && lead()) {
-    save_mlp_weights(config_.save_weights, model_.shape(), model_.params());
-    spdlog::info("weights written to {}", config_.save_weights);
+  if (!config_.save_weights.empty()) {
+    check_finite_params("writing --save-weights");
+    std::vector<float> params;
+    std::vector<std::pair<std::string, std::vector<float>>> state;
+    gather_model(&params, &state);
+    if (lead()) {
+      save_mlp_weights(config_.save_weights, stage_.shape(), params.data());
+      spdlog::info("weights written to {}", config_.save_weights);
+    }
   }
   return result;
 }

@@ -1,6 +1,8 @@
-// Trainer: the training loop on the CPU, alone or as one data-parallel rank: sampler ->
-// this rank's slice of the global batch -> forward and backward (bucket all-reduces started
-// as layers finish) -> optimizer -> metrics, checkpoints; evaluation on the test split.
+// Trainer: the training loop on the CPU, alone, as one data-parallel rank, as one pipeline
+// stage, or both (dp x pp): sampler -> this replica's slice of each micro-batch -> the
+// stage's schedule of forwards, backwards and activation/gradient transfers (bucket
+// all-reduces over the stage's data-parallel group started as layers finish on the last
+// micro-batch) -> optimizer -> metrics, checkpoints; evaluation on the test split.
 #pragma once
 
 #include <cstdint>
@@ -12,7 +14,9 @@
 #include "engine/config.h"
 #include "engine/ddp.h"
 #include "engine/metrics.h"
+#include "engine/pipeline/schedule.h"
 #include "engine/sampler.h"
+#include "engine/timeline.h"
 #include "models/dataset.h"
 #include "models/mlp_cpu.h"
 
@@ -24,7 +28,9 @@ struct StepStats {
   double loss_sum = 0;  // summed over this rank's samples of the step
   int correct = 0;
   int samples = 0;
-  int skipped = 0;  // 1 when --on-nonfinite skip-step skipped this step
+  int skipped = 0;    // 1 when --on-nonfinite skip-step skipped this step
+  double busy_s = 0;  // forward and backward compute of this rank
+  double step_s = 0;  // the whole step
 };
 
 struct EvalResult {
@@ -44,11 +50,12 @@ struct TrainResult {
 
 class Trainer {
  public:
-  // `data` must outlive the trainer. `comm` (may be null: one process) is the data-parallel
-  // group; every rank constructs its Trainer with the same config. Checks that the model
-  // fits the data, that the global batch divides among the ranks, and (collective) that
-  // every rank has the same model; broadcasts rank 0's parameters; resumes from the
-  // latest checkpoint with --resume.
+  // `data` must outlive the trainer. `comm` (may be null: one process) is the world; with
+  // --pp it is split into pipeline and data-parallel groups (collective). Every rank
+  // constructs its Trainer with the same config. Checks that the model fits the data, that
+  // the global batch divides among micro-batches and replicas, and (collective) that every
+  // replica has the same model; broadcasts replica 0's parameters; resumes from the latest
+  // checkpoint with --resume.
   Trainer(const TrainConfig& config, const Dataset& data, Communicator* comm = nullptr,
           StoreClient* store = nullptr);
 
@@ -56,26 +63,47 @@ class Trainer {
   int64_t current_step() const { return step_; }
   // One optimizer step over the next global batch (collective with a group).
   StepStats step();
+  // Collective with a pipeline (every rank gets the result); else this rank alone.
   EvalResult evaluate(const Split& split);
-  // Loss sum and hits over samples [begin, end) of `split` (one rank's shard).
+  // Loss sum and hits over samples [begin, end) of `split` (one replica's shard), forwarded
+  // through the pipeline: the last stage's sums, zero on the other stages.
   LossSum evaluate_range(const Split& split, int64_t begin, int64_t end);
   // The whole run: logs progress, writes metrics (to `metrics` when given, else to
   // config.metrics), checkpoints, evaluates, saves weights (rank 0).
   TrainResult run(MetricsWriter* metrics = nullptr);
 
-  const MlpShape& shape() const { return model_.shape(); }
-  const float* params() const { return model_.params(); }
-  float* params() { return model_.params(); }
+  const MlpShape& shape() const { return stage_.shape(); }
+  // This rank's stage's parameters (the whole model without a pipeline).
+  const float* params() const { return stage_.params(); }
+  float* params() { return stage_.params(); }
   const Ddp* ddp() const { return ddp_.get(); }
   int64_t resumed_from() const { return resumed_from_; }
+  const PipelineLayout& layout() const { return layout_; }
+  // The most micro-batches whose activations this stage held at once in any step so far.
+  int peak_live_activations() const { return peak_live_; }
 
  private:
-  void gather_batch(int64_t begin, int count);
+  // Samples [begin, begin + count) of the stream into row `row` on of the batch buffers.
+  void gather_batch(int64_t begin, int count, int row);
+  // Runs this stage's actions for one step (every micro-batch); fills stats.
+  void run_schedule(StepStats* stats);
+  // Blocking receive from the neighbouring stage `peer` (pipeline group).
+  void receive(float* buffer, size_t count, int peer);
+  // The whole model's parameters and optimizer state on rank 0 (empty elsewhere);
+  // collective over replica 0's pipeline.
+  void gather_model(std::vector<float>* params,
+                    std::vector<std::pair<std::string, std::vector<float>>>* state);
+  // True on every rank when any rank's `mine` is true (a sum over the world with a
+  // pipeline, where stages hold different parameters).
+  bool any_rank(bool mine);
+  void write_pipeline_record(MetricsWriter& metrics, int64_t step, double busy_s, double step_s);
+  void write_timeline();
+  Communicator* dp_comm() { return dp_group_ ? dp_group_.get() : comm_; }
   void save_checkpoint_now();
   RunSettings settings() const;  // what a checkpoint records besides the model
   // Throws (exit 1) when a weight is NaN or Inf, naming the step; `before` says what is
   // then not done.
-  void check_finite_params(const char* before) const;
+  void check_finite_params(const char* before);
   bool lead() const { return rank_ == 0; }
 
   TrainConfig config_;
@@ -83,8 +111,13 @@ class Trainer {
   Communicator* comm_;
   int rank_ = 0;
   int ranks_ = 1;
-  int local_batch_ = 0;  // samples per rank per micro-step
-  CpuMlp model_;
+  PipelineLayout layout_;
+  int micro_batches_ = 1;
+  int local_batch_ = 0;                       // samples per replica per micro-batch
+  std::unique_ptr<Communicator> pipe_group_;  // this replica's stages (pp > 1)
+  std::unique_ptr<Communicator> dp_group_;    // this stage's replicas (pp > 1, dp > 1)
+  std::vector<PipelineAction> actions_;       // this stage's schedule of a step
+  CpuStage stage_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<Ddp> ddp_;
   Sampler sampler_;
@@ -92,9 +125,16 @@ class Trainer {
   int64_t skipped_ = 0;  // steps skipped by --on-nonfinite skip-step
   int64_t step_ = 0;
   int64_t resumed_from_ = -1;
+  int peak_live_ = 0;
+  TimelineRecorder timeline_;
   std::vector<int32_t> batch_indices_;
-  std::vector<float> batch_x_;
-  std::vector<int32_t> batch_y_;
+  std::vector<float> batch_x_;      // [micro_batches * local_batch, input width] (first stage)
+  std::vector<int32_t> batch_y_;    // [micro_batches * local_batch]
+  std::vector<float> received_x_;   // activations from the previous stage, per micro-batch
+  std::vector<float> sent_x_;       // activations to the next stage, per micro-batch
+  std::vector<float> received_dy_;  // gradient from the next stage (or of the loss)
+  std::vector<float> sent_dx_;      // gradients to the previous stage, per micro-batch
+  std::vector<float> eval_x_;       // evaluation: a chunk from the previous stage
 };
 
 // Checks before any training that every output this rank will write can be written:

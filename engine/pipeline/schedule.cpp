@@ -148,4 +148,39 @@ std::vector<int> parse_partition(const std::string& text, int layers) {
   return bounds;
 }
 
+PipelineLayout plan_layout(int world, int rank, int stages, std::vector<int> bounds) {
+  DDP_USAGE_CHECK(stages >= 1 && world % stages == 0,
+                  "--pp {}: the world of {} ranks is not a multiple of the stage count (world = "
+                  "dp x pp; start {} or {} ranks)",
+                  stages, world, std::max(stages, world / stages * stages),
+                  (world / stages + 1) * stages);
+  DDP_CHECK(static_cast<int>(bounds.size()) == stages + 1, "{} layer bounds for {} stages",
+            bounds.size(), stages);
+  PipelineLayout layout;
+  layout.stages = stages;
+  layout.replicas = world / stages;
+  layout.stage = rank / layout.replicas;
+  layout.replica = rank % layout.replicas;
+  layout.bounds = std::move(bounds);
+  return layout;
+}
+
+std::string describe_layout(const PipelineLayout& layout) {
+  std::string text;
+  for (int s = 0; s < layout.stages; ++s) {
+    const int first = layout.bounds[s];
+    const int last = layout.bounds[s + 1] - 1;
+    text += (s ? "; " : "") + std::string("stage ") + std::to_string(s) + ": layers " +
+            std::to_string(first) + (last > first ? "-" + std::to_string(last) : "") +
+            (layout.replicas > 1 ? " on ranks " : " on rank ");
+    for (int d = 0; d < layout.replicas; ++d)
+      text += (d ? "," : "") + std::to_string(layout.rank_of(s, d));
+  }
+  return text;
+}
+
+double ideal_bubble(int stages, int micro_batches) {
+  return static_cast<double>(stages - 1) / static_cast<double>(micro_batches + stages - 1);
+}
+
 }  // namespace ddp

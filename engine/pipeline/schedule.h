@@ -2,7 +2,7 @@
 // as the user gives them) and the order of a stage's actions for one step under GPipe or
 // 1F1B. Schedules are plain lists, tested on their own (every micro-batch forwarded and
 // backwarded once, sends matching receives, no deadlock, bounded live activations); the
-// executor that runs them on CPU and GPU is not built yet.
+// trainer runs them (engine/trainer.cpp). The rank layout of dp x pp.
 #pragma once
 
 #include <string>
@@ -49,5 +49,31 @@ std::vector<int> partition_by_cost(const std::vector<double>& layer_costs, int s
 // "--partition 0-2,3-5" for `layers` layers: contiguous, covering every layer once, in
 // order; throws UsageError naming the flag and what is wrong.
 std::vector<int> parse_partition(const std::string& text, int layers);
+
+// Where a rank sits in a dp x pp job. Ranks of one stage are consecutive (rank = stage *
+// replicas + replica, Megatron-LM's order), so that the data-parallel all-reduce, the
+// heavier traffic, stays among neighbouring ranks; a replica's stages are `replicas` apart.
+struct PipelineLayout {
+  int stages = 1;    // pp
+  int replicas = 1;  // dp
+  int stage = 0;
+  int replica = 0;
+  std::vector<int> bounds;  // stage s owns layers [bounds[s], bounds[s + 1])
+  int rank_of(int stage_index, int replica_index) const {
+    return stage_index * replicas + replica_index;
+  }
+};
+
+// The layout of `rank` in a world of `world` ranks split into `stages` stages over the
+// layer bounds `bounds` (stages + 1 entries). Throws UsageError when the world is not a
+// multiple of the stage count, naming --pp and the world size. Pure.
+PipelineLayout plan_layout(int world, int rank, int stages, std::vector<int> bounds);
+
+// "stage 0: layers 0-1 on ranks 0,1; stage 1: layers 2 on ranks 2,3" for the log. Pure.
+std::string describe_layout(const PipelineLayout& layout);
+
+// The fraction of a step a stage idles in an ideal pipeline of equal stages with free
+// communication: (P - 1) / (M + P - 1).
+double ideal_bubble(int stages, int micro_batches);
 
 }  // namespace ddp

@@ -7,7 +7,10 @@
 #include <map>
 #include <tuple>
 
+#include <nlohmann/json.hpp>
+
 #include "engine/pipeline/schedule.h"
+#include "engine/timeline.h"
 #include "runtime/error.h"
 
 namespace ddp {
@@ -148,6 +151,65 @@ TEST(PipelinePartition, BalancedByCostAndAsGiven) {
             std::string::npos);
   EXPECT_NE(error("a-b", 6).find("'a-b' is not FIRST-LAST"), std::string::npos);
   EXPECT_NE(error("0-2,3-x", 6).find("'3-x' is not FIRST-LAST"), std::string::npos);
+}
+
+TEST(PipelineLayout, RanksOfAStageAreConsecutive) {
+  const std::vector<int> bounds = {0, 2, 4};
+  // dp 2 x pp 2: ranks 0,1 hold stage 0, ranks 2,3 stage 1.
+  for (int rank = 0; rank < 4; ++rank) {
+    const PipelineLayout layout = plan_layout(4, rank, 2, bounds);
+    EXPECT_EQ(layout.replicas, 2);
+    EXPECT_EQ(layout.stage, rank / 2);
+    EXPECT_EQ(layout.replica, rank % 2);
+    EXPECT_EQ(layout.rank_of(layout.stage, layout.replica), rank);
+  }
+  EXPECT_EQ(describe_layout(plan_layout(4, 0, 2, bounds)),
+            "stage 0: layers 0-1 on ranks 0,1; stage 1: layers 2-3 on ranks 2,3");
+  EXPECT_EQ(describe_layout(plan_layout(2, 1, 2, {0, 1, 3})),
+            "stage 0: layers 0 on rank 0; stage 1: layers 1-2 on rank 1");
+  try {
+    plan_layout(6, 0, 4, {0, 1, 2, 3, 4});
+    ADD_FAILURE() << "a world of 6 split into 4 stages was accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("--pp 4: the world of 6 ranks is not a multiple of the "
+                                         "stage count (world = dp x pp; start 4 or 8 ranks)"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_DOUBLE_EQ(ideal_bubble(4, 8), 3.0 / 11.0);
+  EXPECT_DOUBLE_EQ(ideal_bubble(1, 8), 0.0);
+}
+
+TEST(Timeline, ChromeTraceHasATrackPerRankAndSpansFromTheEarliest) {
+  TimelineRecorder off;
+  off.add(SpanKind::kForward, 1, 0, 10, 20);
+  EXPECT_TRUE(off.spans().empty());
+  TimelineRecorder bounded(true, 2);
+  for (int i = 0; i < 3; ++i)
+    bounded.add(SpanKind::kBackward, 1, i, 100 + i, 101 + i);
+  EXPECT_EQ(bounded.spans().size(), 2u);
+  EXPECT_EQ(bounded.dropped(), 1u);
+  const std::vector<std::vector<Span>> spans = {
+      {{SpanKind::kForward, 3, 1, 1000.0, 1250.0}},
+      {{SpanKind::kRecv, 3, 1, 1100.0, 1300.0}, {SpanKind::kAllReduce, 3, -1, 1400.0, 1500.0}}};
+  const nlohmann::json trace =
+      nlohmann::json::parse(chrome_trace_json(spans, {"rank 0 (stage 0)", "rank 1 (stage 1)"}));
+  std::vector<nlohmann::json> bars;
+  std::map<int, std::string> names;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["ph"] == "X") bars.push_back(e);
+    if (e["ph"] == "M" && e["name"] == "thread_name") names[e["tid"]] = e["args"]["name"];
+  }
+  EXPECT_EQ(names[1], "rank 1 (stage 1)");
+  ASSERT_EQ(bars.size(), 3u);
+  EXPECT_EQ(bars[0]["name"], "forward 1");
+  EXPECT_EQ(bars[0]["ts"], 0.0);  // from the earliest span, in microseconds
+  EXPECT_EQ(bars[0]["dur"], 250.0);
+  EXPECT_EQ(bars[1]["tid"], 1);
+  EXPECT_EQ(bars[1]["ts"], 100.0);
+  EXPECT_EQ(bars[2]["name"], "all-reduce");
+  EXPECT_EQ(bars[2]["cat"], "all-reduce");
+  EXPECT_EQ(bars[2]["args"]["step"], 3);
 }
 
 }  // namespace

@@ -1,0 +1,52 @@
+// What each rank did when: spans of forward, backward, send, recv, all-reduce and optimizer
+// work recorded by the training loop, gathered to rank 0 and written as a Chrome trace
+// (one track per rank) that chrome://tracing and Perfetto open.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ddp {
+
+class Communicator;
+
+enum class SpanKind { kForward, kBackward, kSend, kRecv, kAllReduce, kOptimizer };
+const char* span_name(SpanKind kind);
+
+struct Span {
+  SpanKind kind = SpanKind::kForward;
+  int64_t step = 0;      // 1-based optimizer step
+  int micro_batch = -1;  // -1: not of one micro-batch
+  double start_us = 0;   // wall clock, microseconds since the epoch (comparable across ranks)
+  double end_us = 0;
+};
+
+class TimelineRecorder {
+ public:
+  // Records nothing unless `on`; keeps at most `limit` spans (the rest are counted).
+  explicit TimelineRecorder(bool on = false, size_t limit = 200000) : on_(on), limit_(limit) {}
+  bool on() const { return on_; }
+  static double now_us();
+  void add(SpanKind kind, int64_t step, int micro_batch, double start_us, double end_us);
+  const std::vector<Span>& spans() const { return spans_; }
+  size_t dropped() const { return dropped_; }
+
+ private:
+  bool on_;
+  size_t limit_;
+  std::vector<Span> spans_;
+  size_t dropped_ = 0;
+};
+
+// The Chrome trace JSON of every rank's spans (rank_spans[r]), track r named
+// track_names[r], times relative to the earliest span. Pure.
+std::string chrome_trace_json(const std::vector<std::vector<Span>>& rank_spans,
+                              const std::vector<std::string>& track_names);
+
+// Collective over `comm` (host buffers): rank 0 receives every rank's spans (index = rank);
+// the others get an empty list. With a null communicator: this rank's alone.
+std::vector<std::vector<Span>> gather_spans(Communicator* comm, const std::vector<Span>& mine);
+
+}  // namespace ddp

@@ -1,0 +1,240 @@
+// Pipeline parallelism on the CPU: pp = 2 and 3 under both schedules, dp 2 x pp 2 over Gloo
+// and pp = 2 under mpirun reproduce one process's weights (and its file layout); the
+// engine's own count of live activations meets the 1F1B bound; a pipelined run resumes
+// bitwise; evaluation runs through the pipeline; the timeline has a track per rank; bad
+// layouts stop with one line naming the flag; a killed stage ends the job, named.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "models/mlp.h"
+#include "tests/support/test_support.h"
+#include "tests/support/weights_support.h"
+
+namespace ddp {
+namespace {
+
+const std::string kLayers = "12,32,16,8,4";
+const std::string kArgs =
+    " --data synthetic --layers " + kLayers +
+    " --synthetic-samples 240 --batch-size 24 --steps 12 --log-every 4 --quiet --seed 3";
+const std::string kDdprun = std::string("CUDA_VISIBLE_DEVICES= ") + DDPRUN_PATH;
+const std::string kTrain = DDPTRAIN_PATH;
+const std::string kMpirun =
+    std::string("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ") + MPIRUN_PATH +
+    " --oversubscribe --mca btl self,vader --mca btl_vader_single_copy_mechanism none ";
+
+std::vector<nlohmann::json> events_of(const std::string& metrics, const std::string& event) {
+  std::ifstream in(metrics);
+  std::vector<nlohmann::json> found;
+  std::string line;
+  while (std::getline(in, line)) {
+    nlohmann::json record = nlohmann::json::parse(line);
+    if (record["event"] == event) found.push_back(record);
+  }
+  return found;
+}
+
+// One process's weights after the same 12 steps.
+std::vector<float> one_process(const TempDir& dir) {
+  const RunResult r = run_command(kTrain + kArgs + " --save-weights " + dir.file("one.st"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  return load_weights(dir.file("one.st"), kLayers);
+}
+
+struct PipeCase {
+  int pp;
+  const char* schedule;
+  int micro_batches;
+};
+
+void PrintTo(const PipeCase& c, std::ostream* os) {
+  *os << "pp" << c.pp << " " << c.schedule << " x" << c.micro_batches;
+}
+
+class PipelineStages : public ::testing::TestWithParam<PipeCase> {};
+
+TEST_P(PipelineStages, GlooMatchesOneProcessWithinTheActivationBound) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  const PipeCase& c = GetParam();
+  TempDir dir;
+  const std::vector<float> one = one_process(dir);
+  const RunResult r =
+      run_command(kDdprun + " --nproc-per-node " + std::to_string(c.pp) + " -- " + kTrain + kArgs +
+                  " --pp " + std::to_string(c.pp) + " --schedule " + c.schedule +
+                  " --micro-batches " + std::to_string(c.micro_batches) + " --metrics " +
+                  dir.file("m.jsonl") + " --save-weights " + dir.file("pp.st"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // load_weights checks the names, shapes and order of a one-process file.
+  EXPECT_LE(max_relative_error(load_weights(dir.file("pp.st"), kLayers), one), 1e-5);
+  const auto summary = events_of(dir.file("m.jsonl"), "pipeline_summary");
+  ASSERT_EQ(summary.size(), 1u);
+  const auto peaks = summary[0]["peak_live_activations"].get<std::vector<int>>();
+  ASSERT_EQ(peaks.size(), static_cast<size_t>(c.pp));
+  for (int s = 0; s < c.pp; ++s) {
+    const int bound =
+        std::string(c.schedule) == "1f1b" ? std::min(c.pp - s, c.micro_batches) : c.micro_batches;
+    EXPECT_EQ(peaks[s], bound) << "stage " << s;
+  }
+  const auto windows = events_of(dir.file("m.jsonl"), "pipeline");
+  ASSERT_EQ(windows.size(), 3u);  // steps 4, 8, 12
+  EXPECT_NEAR(windows[0]["ideal_bubble"].get<double>(),
+              (c.pp - 1.0) / (c.micro_batches + c.pp - 1.0), 1e-12);
+  EXPECT_GT(windows[0]["bubble"].get<double>(), 0.0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Schedules, PipelineStages,
+                         ::testing::Values(PipeCase{2, "gpipe", 4}, PipeCase{2, "1f1b", 4},
+                                           PipeCase{3, "gpipe", 6}, PipeCase{3, "1f1b", 6},
+                                           PipeCase{4, "1f1b", 3}));
+
+TEST(Pipeline, DataParallelTimesPipelineMatchesOneProcessAndReplicasAgree) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  const std::vector<float> one = one_process(dir);
+  const RunResult r = run_command(
+      kDdprun + " --nproc-per-node 4 -- " + kTrain + kArgs +
+      " --pp 2 --micro-batches 3 --check-replicas --bucket-mb 0.0005 --first-bucket-mb 0.0002 "
+      "--timeline " +
+      dir.file("t.json") + " --save-weights " + dir.file("hybrid.st"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("pipeline: dp 2 x pp 2, 3 micro-batches of 4 per replica, 1f1b "
+                          "schedule; stage 0: layers 0 on ranks 0,1; stage 1: layers 1-3 on "
+                          "ranks 2,3"),
+            std::string::npos)
+      << r.output;
+  EXPECT_LE(max_relative_error(load_weights(dir.file("hybrid.st"), kLayers), one), 1e-5);
+  // One track per rank; every rank forwards and backwards, stages exchange, replicas reduce.
+  const nlohmann::json trace = nlohmann::json::parse(read_file(dir.file("t.json")));
+  std::vector<std::set<std::string>> kinds(4);
+  std::vector<std::string> names(4);
+  for (const auto& e : trace["traceEvents"]) {
+    const int tid = e["tid"].get<int>();
+    ASSERT_LT(tid, 4);
+    if (e["ph"] == "X") kinds[tid].insert(e["cat"].get<std::string>());
+    if (e["ph"] == "M" && e["name"] == "thread_name") names[tid] = e["args"]["name"];
+  }
+  EXPECT_EQ(names[2], "rank 2 (stage 1, replica 0)");
+  for (int rank = 0; rank < 4; ++rank)
+    for (const char* kind : {"forward", "backward", "send", "recv", "all-reduce", "optimizer"})
+      EXPECT_EQ(kinds[rank].count(kind), 1u) << "rank " << rank << " lacks " << kind;
+}
+
+TEST(Pipeline, MpiMatchesOneProcess) {
+  if (!HAVE_MPI) GTEST_SKIP() << "built without MPI";
+  TempDir dir;
+  const std::vector<float> one = one_process(dir);
+  const RunResult r =
+      run_command(kMpirun + "-np 2 " + kTrain + kArgs +
+                  " --backend mpi --pp 2 --schedule gpipe --save-weights " + dir.file("mpi.st"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_LE(max_relative_error(load_weights(dir.file("mpi.st"), kLayers), one), 1e-5);
+}
+
+TEST(Pipeline, ResumeOfAPipelinedRunIsBitwise) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  const std::string job = kDdprun + " --nproc-per-node 2 -- " + kTrain + kArgs +
+                          " --pp 2 --micro-batches 4 --optimizer adamw --lr 0.01 ";
+  ASSERT_EQ(run_command(job + "--save-weights " + dir.file("straight.st")).exit_code, 0);
+  // The same run stopped at step 6 (a checkpoint) and resumed.
+  const std::string first =
+      job + "--checkpoint-dir " + dir.file("ck") + " --checkpoint-every 6 --fail-at-step 7";
+  EXPECT_NE(run_command(first).exit_code, 0);
+  const RunResult r = run_command(job + "--checkpoint-dir " + dir.file("ck") +
+                                  " --resume --save-weights " + dir.file("resumed.st"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("resumed from"), std::string::npos) << r.output;
+  EXPECT_EQ(read_file(dir.file("resumed.st")).size(), read_file(dir.file("straight.st")).size());
+  EXPECT_EQ(load_weights(dir.file("resumed.st"), kLayers),
+            load_weights(dir.file("straight.st"), kLayers));
+}
+
+TEST(Pipeline, EvaluationRunsThroughThePipeline) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  ASSERT_EQ(
+      run_command(kTrain + kArgs + " --eval-every 4 --metrics " + dir.file("one.jsonl")).exit_code,
+      0);
+  const RunResult r =
+      run_command(kDdprun + " --nproc-per-node 4 -- " + kTrain + kArgs +
+                  " --pp 2 --micro-batches 2 --eval-every 4 --metrics " + dir.file("pp.jsonl"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto one = events_of(dir.file("one.jsonl"), "eval");
+  const auto pp = events_of(dir.file("pp.jsonl"), "eval");
+  ASSERT_EQ(one.size(), 3u);
+  ASSERT_EQ(pp.size(), one.size());
+  for (size_t i = 0; i < one.size(); ++i) {
+    EXPECT_EQ(pp[i]["test_samples"], 48);
+    EXPECT_NEAR(pp[i]["test_loss"].get<double>(), one[i]["test_loss"].get<double>(), 1e-5);
+  }
+  const auto end_one = events_of(dir.file("one.jsonl"), "end");
+  const auto end_pp = events_of(dir.file("pp.jsonl"), "end");
+  ASSERT_EQ(end_pp.size(), 1u);
+  EXPECT_NEAR(end_pp[0]["test_loss"].get<double>(), end_one[0]["test_loss"].get<double>(), 1e-5);
+}
+
+struct BadLayout {
+  const char* name;
+  int ranks;
+  const char* flags;
+  const char* message;
+};
+
+void PrintTo(const BadLayout& c, std::ostream* os) {
+  *os << c.name;
+}
+
+class PipelineBadLayouts : public ::testing::TestWithParam<BadLayout> {};
+
+TEST_P(PipelineBadLayouts, StopWithOneLineNamingTheFlag) {
+  const BadLayout& c = GetParam();
+  if (c.ranks > 1 && !HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  const std::string train = kTrain + kArgs + " " + c.flags;
+  const RunResult r = run_command(c.ranks > 1 ? kDdprun + " --nproc-per-node " +
+                                                    std::to_string(c.ranks) + " -- " + train
+                                              : train);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(c.message), std::string::npos) << r.output;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, PipelineBadLayouts,
+    ::testing::Values(
+        BadLayout{"MoreStagesThanLayers", 1, "--pp 5",
+                  "--pp 5: expected 1 to 4 (the number of layers of --layers 12,32,16,8,4)"},
+        BadLayout{"WorldNotAMultiple", 3, "--pp 2",
+                  "--pp 2: the world of 3 ranks is not a multiple of the stage count"},
+        BadLayout{"BatchNotIntoMicroBatches", 1, "--pp 2 --micro-batches 5",
+                  "--batch-size 24: does not divide into 5 micro-batches"},
+        BadLayout{"BatchNotAmongReplicas", 4, "--pp 2 --micro-batches 8",
+                  "--batch-size 24: the global batch / --micro-batches 8 must divide among the 2 "
+                  "data-parallel ranks"},
+        BadLayout{"PartitionGap", 1, "--pp 2 --partition 0-1,3-3", "--partition 0-1,3-3"},
+        BadLayout{"PartitionStagesDiffer", 1, "--pp 3 --partition 0-1,2-3",
+                  "--partition 0-1,2-3: names 2 stages but --pp is 3"},
+        BadLayout{"AccumulateWithPipeline", 1, "--pp 2 --accumulate 2",
+                  "--accumulate 2 with --pp 2: a pipeline accumulates over --micro-batches"}));
+
+TEST(Pipeline, KilledStageIsNamedAndTheOthersStopWithinTheGracePeriod) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  const RunResult r = run_and_signal(
+      dir,
+      kDdprun + " --nproc-per-node 3 --grace-period 2 -- " + kTrain +
+          " --data synthetic --layers 12,32,16,4 --synthetic-samples 240 --batch-size 24 "
+          "--pp 3 --steps 100000000 --log-every 20 --threads 1 --timeout 60",
+      "step 40/", 1, "KILL");
+  EXPECT_NE(r.output.find("rank 1 failed first: killed by SIGKILL (9)"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("LEFT BEHIND"), std::string::npos) << r.output;
+  EXPECT_LT(stopped_after(r.output), 2.0 + 3.0) << r.output;
+}
+
+}  // namespace
+}  // namespace ddp
