@@ -95,6 +95,7 @@ bool parse_train_args(int argc, char** argv, TrainConfig* config) {
         "products and keep the fastest (results may differ in the last bits from a run without)")
     ("stage-from-host", "cuda: keep the training set on the host and copy batches ahead through pinned memory "
         "(automatic when it does not fit in half the free device memory)")
+    ("no-gpu-monitor", "cuda: do not sample the GPU (utilization, memory, power, clocks) through NVML")
     ("init-retries", "cuda: retry a failed device start-up this many times, with back-off",
         cxxopts::value<std::string>()->default_value(text(d.init_retries)))
     ("threads", "CPU threads for matrix products (0: the BLAS default)", cxxopts::value<std::string>()->default_value(text(d.threads)))
@@ -196,6 +197,7 @@ bool parse_train_args(int argc, char** argv, TrainConfig* config) {
     c.sync_debug = result.count("sync-debug") > 0;
     c.stage_from_host = result.count("stage-from-host") > 0;
     c.autotune = result.count("autotune") > 0;
+    c.gpu_monitor = result.count("no-gpu-monitor") == 0;
     c.init_retries = number<int>(result, "init-retries");
     c.threads = number<int>(result, "threads");
     c.log_every = number<int>(result, "log-every");
@@ -346,6 +348,7 @@ nlohmann::json config_json(const TrainConfig& c) {
           {"fused-epilogues", c.fused_epilogues},
           {"autotune", c.autotune},
           {"stage-from-host", c.stage_from_host},
+          {"gpu-monitor", c.gpu_monitor},
           {"threads", c.threads},
           {"log-every", c.log_every},
           {"eval-every", c.eval_every},

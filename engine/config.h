@@ -37,6 +37,7 @@ struct TrainConfig {
   bool sync_debug = false;
   bool stage_from_host = false;  // cuda: keep the training set on the host
   bool autotune = false;         // cuda: time the candidate algorithms at start
+  bool gpu_monitor = true;       // cuda: sample the GPU through NVML on a background thread
   int init_retries = 0;
   int threads = 0;  // CPU matrix-product threads; 0: the library's default
   int log_every = 100;

@@ -74,6 +74,7 @@ int main(int argc, char** argv) {
     if (!env.master_addr.empty() && env.master_port > 0)
       store = std::make_shared<ddp::StoreClient>(env.master_addr, env.master_port, env.store_token);
     nlohmann::json device_record = nullptr;
+    std::unique_ptr<ddp::GpuMonitor> gpu_monitor;
     if (cuda) {
       if (env.launcher == ddp::Launcher::kMpirun || env.launcher == ddp::Launcher::kSrun)
         ddp::narrow_visible_devices(&env);
@@ -99,7 +100,17 @@ int main(int argc, char** argv) {
                        {"first_kernel_ms", device.phases.first_kernel_ms},
                        {"attempts", device.phases.attempts}};
       if (store) ddp::check_unique_gpus(*store, env, device, 60.0);
+      if (config.gpu_monitor) {
+        gpu_monitor = std::make_unique<ddp::GpuMonitor>(device.uuid);
+        if (gpu_monitor->available())
+          spdlog::info(
+              "gpu monitor: sampling {} through NVML every {:.1f}s (--no-gpu-monitor: off)",
+              device.uuid.substr(0, 12), gpu_monitor->period_s());
+        else
+          spdlog::info("gpu monitor: off ({}); no gpu fields in the metrics", gpu_monitor->why());
+      }
     }
+    if (!cuda) spdlog::info("gpu monitor: off (--device cpu)");
     // One process gets a communicator too when a backend is named, so that the data-parallel
     // path can be checked against the plain one on a single device.
     if (env.world_size > 1 || config.backend != "auto") {
@@ -135,7 +146,7 @@ int main(int argc, char** argv) {
         "loaded {}: {} train, {} test samples, {} features, {} classes ({:.2f}s after start)",
         data.name, data.train.n, data.test.n, data.train.dim, data.classes, load_clock.seconds());
     if (cuda) {
-      ddp::train_on_gpu(config, data, comm.get(), &metrics, nullptr);
+      ddp::train_on_gpu(config, data, comm.get(), &metrics, nullptr, gpu_monitor.get());
     } else {
       ddp::Trainer trainer(config, data, comm.get(), store.get());
       trainer.run(&metrics);

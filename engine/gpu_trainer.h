@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "engine/config.h"
+#include "engine/gpu_monitor.h"
 #include "engine/trainer.h"
 
 namespace ddp {
@@ -14,7 +15,10 @@ namespace ddp {
 // parameters to *final_params when it is not null.
 // Metrics go to `metrics` when given, else to config.metrics.
 // `comm` (may be null: one GPU) is the data-parallel group over NCCL.
+// `monitor` (may be null: --no-gpu-monitor) samples this rank's GPU; every rank must pass one
+// or none alike, since the windows are gathered to rank 0.
 TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communicator* comm,
-                         MetricsWriter* metrics, std::vector<float>* final_params);
+                         MetricsWriter* metrics, std::vector<float>* final_params,
+                         GpuMonitor* monitor = nullptr);
 
 }  // namespace ddp

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <set>
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -45,7 +46,8 @@ void sum_on_device(Communicator* comm, CudaMlp& model, DeviceBuffer<double>& buf
 }  // namespace
 
 TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communicator* comm,
-                         MetricsWriter* metrics_in, std::vector<float>* final_params) {
+                         MetricsWriter* metrics_in, std::vector<float>* final_params,
+                         GpuMonitor* monitor) {
   const MlpShape shape = parse_layers(config.layers);
   const int rank = comm ? comm->rank() : 0;
   const int ranks = comm ? comm->size() : 1;
@@ -157,6 +159,19 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communi
   std::vector<OptStep> steps(chunk);
   int64_t window_samples = 0;
   DeviceBuffer<double> window_buffer(3, MemoryCategory::kOther);
+  // The GPU monitor's windows of every rank, gathered as a sum of rank-placed slots.
+  DeviceBuffer<double> gpu_buffer(monitor ? static_cast<size_t>(ranks) * kGpuWindowFields : 1,
+                                  MemoryCategory::kOther);
+  std::set<std::string> gpu_warned;
+  auto gather_gpu = [&](const GpuWindow& mine) {
+    std::vector<double> all(static_cast<size_t>(ranks) * kGpuWindowFields, 0.0);
+    pack_window(mine, &all[static_cast<size_t>(rank) * kGpuWindowFields]);
+    sum_on_device(data_parallel ? comm : nullptr, model, gpu_buffer, all.data(), all.size());
+    std::vector<GpuWindow> windows;
+    for (int r = 0; r < ranks; ++r)
+      windows.push_back(unpack_window(&all[static_cast<size_t>(r) * kGpuWindowFields]));
+    return windows;
+  };
   // Every rank holds the same weights, so every rank decides alike; nothing non-finite is
   // ever written over a good checkpoint or weights file.
   auto check_finite_params = [&](const char* before) {
@@ -282,8 +297,19 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communi
                 "steps up to {}: non-finite loss on rank {}; stopped before any checkpoint or "
                 "weights were written (lower --lr or check the data)",
                 done, rank);
+      nlohmann::json gpu_fields;
+      std::string gpu_note;
+      if (monitor != nullptr) {
+        const std::vector<GpuWindow> gpus = gather_gpu(monitor->take_window());
+        if (lead) {
+          for (const std::string& warning : gpu_warnings(gpus, &gpu_warned))
+            spdlog::warn("{}", warning);
+          gpu_fields = {{"gpu", gpu_windows_json(gpus)}};
+          gpu_note = gpu_compact(gpus[0]);
+        }
+      }
       progress.window(done, window[0], static_cast<int64_t>(window[1]),
-                      static_cast<int64_t>(window[2]), &result);
+                      static_cast<int64_t>(window[2]), &result, gpu_fields, gpu_note);
       window_samples = 0;
     }
     if (config.eval_every > 0 && done % config.eval_every == 0 && data.test.n > 0) {
@@ -304,6 +330,15 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communi
   result.test.accuracy = eval.accuracy;
   result.test.samples = eval.samples;
   progress.finish(seconds, &result);
+  if (monitor != nullptr) {
+    const std::vector<GpuWindow> gpus = gather_gpu(monitor->whole_run());
+    if (lead) {
+      spdlog::info("GPUs over the run (NVML, every {:.1f}s):", monitor->period_s());
+      for (const std::string& line : gpu_summary_table(gpus))
+        spdlog::info("  {}", line);
+      metrics.write({{"event", "gpu_summary"}, {"gpu", gpu_windows_json(gpus)}});
+    }
+  }
   spdlog::info("memory at end: {}", model.memory_report());
   if (metrics.enabled())
     metrics.write({{"event", "memory"},

@@ -5,7 +5,7 @@
 namespace ddp {
 
 TrainResult train_on_gpu(const TrainConfig&, const Dataset&, Communicator*, MetricsWriter*,
-                         std::vector<float>*) {
+                         std::vector<float>*, GpuMonitor*) {
   throw UsageError(
       "--device cuda: this build has no CUDA support; rebuild with the CUDA toolkit or use "
       "--device cpu");

@@ -17,7 +17,8 @@ ProgressReporter::ProgressReporter(const TrainConfig& config, int64_t total_step
       metrics_(metrics) {}
 
 void ProgressReporter::window(int64_t step, double loss_sum, int64_t correct, int64_t samples,
-                              TrainResult* result) {
+                              TrainResult* result, const nlohmann::json& extra,
+                              const std::string& note) {
   const double window_seconds = std::max(window_clock_.seconds(), 1e-9);
   window_clock_.reset();
   const double elapsed = clock_.seconds();
@@ -32,18 +33,21 @@ void ProgressReporter::window(int64_t step, double loss_sum, int64_t correct, in
       lr_at(step - 1, total_steps_, config_.lr, config_.lr_schedule, config_.warmup_steps);
   if (!config_.quiet)
     spdlog::info(
-        "epoch {} step {}/{} loss {:.4f} acc {:.2f}% lr {:.4g} {:.1f}k samples/s, {:.0f}s left",
+        "epoch {} step {}/{} loss {:.4f} acc {:.2f}% lr {:.4g} {:.1f}k samples/s, {:.0f}s left{}",
         epoch, step, total_steps_, result->train_loss, 100 * result->train_accuracy, lr, rate / 1e3,
-        eta);
-  if (metrics_)
-    metrics_->write({{"event", "step"},
-                     {"step", step},
-                     {"epoch", epoch},
-                     {"loss", result->train_loss},
-                     {"accuracy", result->train_accuracy},
-                     {"lr", lr},
-                     {"samples_per_s", rate},
-                     {"train_s", elapsed}});
+        eta, note.empty() ? "" : ", " + note);
+  if (metrics_) {
+    nlohmann::json record = {{"event", "step"},
+                             {"step", step},
+                             {"epoch", epoch},
+                             {"loss", result->train_loss},
+                             {"accuracy", result->train_accuracy},
+                             {"lr", lr},
+                             {"samples_per_s", rate},
+                             {"train_s", elapsed}};
+    if (extra.is_object()) record.update(extra);
+    metrics_->write(record);
+  }
 }
 
 void ProgressReporter::evaluation(int64_t step, double loss_sum, int64_t correct, int64_t samples) {

@@ -19,7 +19,9 @@ class ProgressReporter {
                    MetricsWriter* metrics);
   // A window of steps ended at `step` (1-based count of steps done): its summed loss, hits and
   // samples. Updates result's train loss/accuracy.
-  void window(int64_t step, double loss_sum, int64_t correct, int64_t samples, TrainResult* result);
+  // `extra` fields join the step record and `note` the log line (the GPU monitor's).
+  void window(int64_t step, double loss_sum, int64_t correct, int64_t samples, TrainResult* result,
+              const nlohmann::json& extra = nullptr, const std::string& note = "");
   // The first step has finished (its results are on the host): logs and records how long
   // after the launch (or the process start) that was.
   void first_step_done();

@@ -1,13 +1,14 @@
-// GPU discovery without CUDA: NVML's C API is looked up by name through dlopen so that
-// ddprun links no NVIDIA library at all.
+// GPU discovery without CUDA: NVML (runtime/nvml.h, opened with dlopen) or the driver's /proc
+// entries, so that ddprun links no NVIDIA library at all.
 #include "launcher/gpu_discovery.h"
 
 #include <dirent.h>
-#include <dlfcn.h>
 
 #include <algorithm>
 
 #include <fmt/format.h>
+
+#include "runtime/nvml.h"
 
 namespace ddp {
 
@@ -30,25 +31,13 @@ namespace {
 
 // Counts GPUs through NVML; -1 when NVML is not there or fails.
 int nvml_device_count(std::string* detail) {
-  void* lib = ::dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (lib == nullptr) {
+  const Nvml nvml;
+  const int count = nvml.device_count();
+  if (!nvml.library_found())
     *detail += "NVML: libnvidia-ml.so.1 not found; ";
-    return -1;
-  }
-  using InitFn = int (*)();
-  using CountFn = int (*)(unsigned*);
-  auto init = reinterpret_cast<InitFn>(::dlsym(lib, "nvmlInit_v2"));
-  auto count = reinterpret_cast<CountFn>(::dlsym(lib, "nvmlDeviceGetCount_v2"));
-  auto shutdown = reinterpret_cast<InitFn>(::dlsym(lib, "nvmlShutdown"));
-  int result = -1;
-  if (init != nullptr && count != nullptr && init() == 0) {
-    unsigned n = 0;
-    if (count(&n) == 0) result = static_cast<int>(n);
-    if (shutdown != nullptr) shutdown();
-  }
-  if (result < 0) *detail += "NVML: initialisation failed; ";
-  ::dlclose(lib);
-  return result;
+  else if (count < 0)
+    *detail += "NVML: initialisation failed; ";
+  return count;
 }
 
 int proc_gpu_count(std::string* detail) {

@@ -5,6 +5,7 @@
 // NVML and NCCL are opened with dlopen so that a missing library is reported, not fatal.
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -12,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "runtime/nvml.h"
 #include "runtime/process_env.h"
 #include "runtime/socket.h"
 
@@ -50,59 +52,30 @@ void check_build() {
          yes_no(DDP_HAVE_OPENBLAS, "CPU products use slow loops; install libopenblas-dev"));
 }
 
-struct Nvml {
-  void* lib = nullptr;
-  int (*init)() = nullptr;
-  int (*shutdown)() = nullptr;
-  int (*count)(unsigned*) = nullptr;
-  int (*handle)(unsigned, void**) = nullptr;
-  int (*name)(void*, char*, unsigned) = nullptr;
-  int (*uuid)(void*, char*, unsigned) = nullptr;
-  int (*cc)(void*, int*, int*) = nullptr;
-  int (*driver)(char*, unsigned) = nullptr;
-};
-
 void check_driver_and_gpus(std::vector<std::string>* uuids) {
-  Nvml n;
-  n.lib = ::dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (n.lib == nullptr) {
+  const ddp::Nvml nvml;
+  if (!nvml.library_found()) {
     report(g_require_gpu ? "FAIL" : "warn", "NVIDIA driver",
            "libnvidia-ml.so.1 not found: no NVIDIA driver on this machine (CPU training works: "
            "--device cpu; --require-gpu makes this a failure)");
     return;
   }
-  n.init = reinterpret_cast<int (*)()>(::dlsym(n.lib, "nvmlInit_v2"));
-  n.shutdown = reinterpret_cast<int (*)()>(::dlsym(n.lib, "nvmlShutdown"));
-  n.count = reinterpret_cast<int (*)(unsigned*)>(::dlsym(n.lib, "nvmlDeviceGetCount_v2"));
-  n.handle =
-      reinterpret_cast<int (*)(unsigned, void**)>(::dlsym(n.lib, "nvmlDeviceGetHandleByIndex_v2"));
-  n.name = reinterpret_cast<int (*)(void*, char*, unsigned)>(::dlsym(n.lib, "nvmlDeviceGetName"));
-  n.uuid = reinterpret_cast<int (*)(void*, char*, unsigned)>(::dlsym(n.lib, "nvmlDeviceGetUUID"));
-  n.cc = reinterpret_cast<int (*)(void*, int*, int*)>(
-      ::dlsym(n.lib, "nvmlDeviceGetCudaComputeCapability"));
-  n.driver =
-      reinterpret_cast<int (*)(char*, unsigned)>(::dlsym(n.lib, "nvmlSystemGetDriverVersion"));
-  if (!n.init || !n.count || !n.handle || n.init() != 0) {
-    report("FAIL", "NVIDIA driver",
-           "NVML did not initialise: the driver is installed but not working (check nvidia-smi)");
+  if (!nvml.available()) {
+    report("FAIL", "NVIDIA driver", nvml.why());
     return;
   }
-  char version[96] = {};
-  if (n.driver) n.driver(version, sizeof(version));
-  unsigned count = 0;
-  n.count(&count);
+  const std::string version = nvml.driver_version();
+  const unsigned count = static_cast<unsigned>(std::max(0, nvml.device_count()));
   report(count > 0       ? "ok"
          : g_require_gpu ? "FAIL"
                          : "warn",
          "NVIDIA driver", fmt::format("driver {}, {} GPU(s) on this machine", version, count));
   for (unsigned i = 0; i < count; ++i) {
-    void* device = nullptr;
-    if (n.handle(i, &device) != 0) continue;
-    char name[96] = {}, uuid[96] = {};
-    int major = 0, minor = 0;
-    if (n.name) n.name(device, name, sizeof(name));
-    if (n.uuid) n.uuid(device, uuid, sizeof(uuid));
-    if (n.cc) n.cc(device, &major, &minor);
+    ddp::Nvml::Device device;
+    if (!nvml.device(i, &device)) continue;
+    const std::string& name = device.name;
+    const std::string& uuid = device.uuid;
+    const int major = device.cc_major, minor = device.cc_minor;
     uuids->push_back(uuid);
     const std::string arch = fmt::format("{}{}", major, minor);
 #if DDP_HAVE_CUDA
@@ -118,7 +91,6 @@ void check_driver_and_gpus(std::vector<std::string>* uuids) {
     report("ok", fmt::format("GPU {}", i), fmt::format("{} {} sm_{}", name, uuid, arch));
 #endif
   }
-  if (n.shutdown) n.shutdown();
 }
 
 void check_visible_devices(const ddp::ProcessEnv& env, const std::vector<std::string>& uuids) {

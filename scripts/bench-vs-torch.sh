@@ -26,7 +26,7 @@ for run in "${runs[@]}"; do
   log_every=$((steps / 6))
   timeout 120 "$build/bin/ddptrain" --device cuda --precision "$prec" --data synthetic --layers "$layers" \
     --batch-size "$batch" --synthetic-samples "$samples" --steps "$steps" --log-every "$log_every" \
-    --lr-schedule constant --lr 0.01 --quiet --autotune --metrics "$tmp/ddp.jsonl" > "$tmp/ddp.log" 2>&1 ||
+    --lr-schedule constant --lr 0.01 --quiet --autotune ${DDP_BENCH_FLAGS:-} --metrics "$tmp/ddp.jsonl" > "$tmp/ddp.log" 2>&1 ||
     { echo "ddptrain failed on $run:"; tail -5 "$tmp/ddp.log"; continue; }
   ours="$(json "$tmp/ddp.jsonl" steady_samples_per_s)"
   timeout 120 "$py" scripts/torch_mlp.py --device cuda --data random --precision "$prec" --layers "$layers" \

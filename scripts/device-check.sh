@@ -5,7 +5,7 @@
 # options and benchmarks. Logs go to $OUT (or ./device-out); a short table is printed last,
 # and the exit status is non-zero when any check failed, the failing sections named last.
 # Usage: scripts/device-check.sh [sections...]
-#   sections: test run doctor launcher fashion options ddp1 multi bench bench-ddp
+#   sections: test run doctor launcher fashion monitor options ddp1 multi bench bench-ddp
 #   (default: test run bench; multi and bench-ddp need two or more GPUs)
 # Expects .deps/ (made by scripts/device-prepare.sh here): fashion-mnist/, and zlib/ and
 # json/, prefixes of the headers the device image lacks (on CMAKE_PREFIX_PATH, nothing else).
@@ -92,6 +92,28 @@ if want fashion; then
     grep -q 'test accuracy' "$out/fashion-$prec.log" || fail fashion "$prec: no result"
   done
   grep -E 'bound|memory at|fused' "$out/fashion-fp32.log"
+fi
+
+if want monitor; then
+  # The GPU monitor on Fashion-MNIST, alone and with two ranks sharing the GPU, and its cost:
+  # bench-vs-torch tiny with and without it, alternating, in this one run.
+  timeout 120 "$build/bin/ddptrain" --device cuda --epochs 3 --log-every 500 \
+    --data-dir .deps/fashion-mnist --metrics "$out/monitor.jsonl" > "$out/monitor.log" 2>&1
+  grep -E 'gpu monitor|step 1500/|GPUs over|  +(rank|[0-9]+ ) |test accuracy' "$out/monitor.log" | sed 's/.*info: //'
+  grep -q 'GPUs over the run' "$out/monitor.log" || fail monitor "no GPU table at the end (1 rank)"
+  note "monitor 1 rank: $(grep -A2 'GPUs over the run' "$out/monitor.log" | tail -1 | sed 's/.*info: *//')"
+  timeout 200 "$build/bin/ddprun" --share-gpu --nproc-per-node 2 -- "$build/bin/ddptrain" --device cuda \
+    --epochs 1 --log-every 200 --data-dir .deps/fashion-mnist > "$out/monitor2.log" 2>&1
+  grep -A3 'GPUs over the run' "$out/monitor2.log" | sed 's/.*info: //'
+  [ "$(grep -A3 'GPUs over the run' "$out/monitor2.log" | grep -cE 'info: +[01] ')" -eq 2 ] ||
+    fail monitor "not both ranks in the GPU table"
+  for round in 1 2; do
+    for flags in "--no-gpu-monitor" ""; do
+      rate="$(DDP_BENCH_FLAGS="$flags" timeout 120 scripts/bench-vs-torch.sh "$build" tiny:tf32 tiny:bf16 2>&1 |
+        awk -F'|' '/^\| tiny/ { printf "%s %s ddp %s torch %s; ", $2, $3, $6, $7 }')"
+      note "monitor cost round $round ${flags:-(monitor on)}: $rate"
+    done
+  done
 fi
 
 if want options; then

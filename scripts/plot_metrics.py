@@ -4,7 +4,8 @@
 Usage: plot_metrics.py RUN.jsonl [RUN2.jsonl ...] -o run.png
 
 Four panels against the step: training loss (and test loss where --eval-every logged it),
-accuracy (training, and test), learning rate, and samples/s. Each run's legend names the
+accuracy (training, and test), learning rate, and samples/s; two more, GPU utilization and
+memory per rank, when the runs' records carry the GPU monitor's fields (--device cuda). Each run's legend names the
 settings in which the runs differ (from their first record), or the file when none do.
 Needs matplotlib (Debian: python3-matplotlib). Prints the legend labels and the PNG's path.
 """
@@ -62,8 +63,15 @@ def main():
     args = parser.parse_args()
     runs = [read_run(p) for p in args.runs]
     labels = labels_for(args.runs, [r[0] for r in runs])
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
-    (loss_ax, acc_ax), (lr_ax, rate_ax) = axes
+    gpu = any("gpu" in s for _, steps, _ in runs for s in steps)
+    fig, axes = plt.subplots(3 if gpu else 2, 2, figsize=(12, 12 if gpu else 8))
+    (loss_ax, acc_ax), (lr_ax, rate_ax) = axes[0], axes[1]
+    panels = [(loss_ax, "loss", ""), (acc_ax, "accuracy", "%"), (lr_ax, "learning rate", ""),
+              (rate_ax, "throughput", "k samples/s")]
+    if gpu:
+        util_ax, mem_ax = axes[2]
+        panels += [(util_ax, "GPU utilization (window mean)", "%"),
+                   (mem_ax, "GPU memory in use (window peak)", "GiB")]
     for (config, steps, evals), label in zip(runs, labels):
         x = [s["step"] for s in steps]
         line, = loss_ax.plot(x, [s["loss"] for s in steps], label=f"{label} (train)")
@@ -72,14 +80,25 @@ def main():
         lr_ax.plot(x, [s["lr"] for s in steps], color=line.get_color(), label=label)
         rate_ax.plot(x, [s["samples_per_s"] / 1e3 for s in steps], color=line.get_color(),
                      label=label)
+        gpu_steps = [s for s in steps if "gpu" in s]
+        if gpu and gpu_steps:
+            gx = [s["step"] for s in gpu_steps]
+            ranks = len(gpu_steps[0]["gpu"]["util"]["mean"])
+            for rank in range(ranks):
+                style = ["-", ":", "-.", "--"][rank % 4]
+                util = [s["gpu"]["util"]["mean"][rank] for s in gpu_steps]
+                mem = [s["gpu"]["mem_used_mib"]["max"][rank] for s in gpu_steps]
+                util_ax.plot(gx, [u if u is not None else float("nan") for u in util], style,
+                             color=line.get_color(), label=f"{label} rank {rank}")
+                mem_ax.plot(gx, [m / 1024 if m is not None else float("nan") for m in mem], style,
+                            color=line.get_color(), label=f"{label} rank {rank}")
         if evals:
             ex = [e["step"] for e in evals]
             loss_ax.plot(ex, [e["test_loss"] for e in evals], "--", color=line.get_color(),
                          label=f"{label} (test)")
             acc_ax.plot(ex, [100 * e["test_accuracy"] for e in evals], "--",
                         color=line.get_color(), label=f"{label} (test)")
-    for ax, title, unit in ((loss_ax, "loss", ""), (acc_ax, "accuracy", "%"),
-                            (lr_ax, "learning rate", ""), (rate_ax, "throughput", "k samples/s")):
+    for ax, title, unit in panels:
         ax.set_title(title)
         ax.set_xlabel("step")
         if unit:

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "models/mlp.h"
 #include "models/safetensors.h"
 #include "tests/support/gpu_support.h"
@@ -203,6 +205,59 @@ TEST(SharedGpu, WithoutShareGpuTwoRanksOnOneGpuStayAnError) {
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("two ranks on one GPU"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("--share-gpu"), std::string::npos) << r.output;
+}
+
+std::vector<nlohmann::json> records_of(const std::string& metrics, const std::string& event) {
+  std::ifstream in(metrics);
+  std::vector<nlohmann::json> found;
+  std::string line;
+  while (std::getline(in, line)) {
+    nlohmann::json record = nlohmann::json::parse(line);
+    if (record["event"] == event) found.push_back(record);
+  }
+  return found;
+}
+
+// The GPU monitor: every window's record carries every rank's utilization and memory, the
+// end has a table and a gpu_summary of every rank; --no-gpu-monitor leaves them out.
+TEST(GpuMonitor, EveryRankReportsItsGpuInTheMetricsAndTheEndTable) {
+  REQUIRE_GPU();
+  TempDir dir;
+  const std::string run =
+      " --device cuda --data synthetic --layers 256,1024,1024,10 "
+      "--synthetic-samples 20000 --batch-size 256 --steps 600 --log-every 200 "
+      "--metrics ";
+  for (int ranks : {1, 2}) {
+    const std::string metrics = dir.file("m" + std::to_string(ranks) + ".jsonl");
+    const RunResult r = run_command(kShared + " --nproc-per-node " + std::to_string(ranks) +
+                                    " -- " + kTrain + run + metrics);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("gpu monitor: sampling GPU-"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("GPUs over the run (NVML"), std::string::npos) << r.output;
+    const auto steps = records_of(metrics, "step");
+    ASSERT_EQ(steps.size(), 3u);
+    for (const auto& step : steps) {
+      ASSERT_TRUE(step.contains("gpu")) << step.dump();
+      ASSERT_EQ(step["gpu"]["util"]["mean"].size(), static_cast<size_t>(ranks)) << step.dump();
+      for (int k = 0; k < ranks; ++k) {
+        const auto& util = step["gpu"]["util"]["mean"][k];
+        ASSERT_TRUE(util.is_number()) << step.dump();
+        EXPECT_GE(util.get<double>(), 0.0);
+        EXPECT_LE(util.get<double>(), 100.0);
+        EXPECT_GT(step["gpu"]["mem_used_mib"]["max"][k].get<double>(), 0.0) << step.dump();
+        EXPECT_GT(step["gpu"]["mem_total_mib"][k].get<double>(), 1000.0) << step.dump();
+      }
+    }
+    const auto summary = records_of(metrics, "gpu_summary");
+    ASSERT_EQ(summary.size(), 1u);
+    for (int k = 0; k < ranks; ++k)
+      EXPECT_GE(summary[0]["gpu"]["samples"][k].get<int>(), 1) << summary[0].dump();
+  }
+  const std::string off = dir.file("off.jsonl");
+  ASSERT_EQ(run_command(kEnv + kTrain + run + off + " --no-gpu-monitor").exit_code, 0);
+  for (const auto& step : records_of(off, "step"))
+    EXPECT_FALSE(step.contains("gpu")) << step.dump();
+  EXPECT_TRUE(records_of(off, "gpu_summary").empty());
 }
 
 }  // namespace

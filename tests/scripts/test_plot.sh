@@ -28,6 +28,19 @@ check test "$(stat -c %s "$work/two.png")" -gt 20000
 out="$("$py" "$root/scripts/plot_metrics.py" "$work/lr-0.05.jsonl" -o "$work/one.png")"
 check grep -q "run: lr-0.05.jsonl" <<<"$out"
 check test -s "$work/one.png"
+# GPU monitor fields (a --device cuda run's records, two ranks, one without NVML): two more
+# panels, so the figure is taller.
+{
+  echo '{"event": "start", "config": {"device": "cuda"}}'
+  for step in 100 200 300; do
+    echo '{"event": "step", "step": '$step', "loss": 0.5, "accuracy": 0.8, "lr": 0.05,' \
+      '"samples_per_s": 1e6, "gpu": {"util": {"mean": [95, null], "max": [99, null]},' \
+      '"mem_used_mib": {"mean": [2048, null], "max": [3072, null]}}}'
+  done
+} > "$work/gpu.jsonl"
+check "$py" "$root/scripts/plot_metrics.py" "$work/gpu.jsonl" -o "$work/gpu.png"
+height() { "$py" -c 'import struct, sys; print(struct.unpack(">I", open(sys.argv[1], "rb").read()[20:24])[0])' "$1"; }
+check test "$(height "$work/gpu.png")" -gt "$(height "$work/one.png")"
 : > "$work/empty.jsonl"
 check bash -c "! '$py' '$root/scripts/plot_metrics.py' '$work/empty.jsonl' -o '$work/x.png' 2>/dev/null"
 [ $failed -eq 0 ] && echo "plot: ok"
