@@ -224,6 +224,12 @@ void GpuMonitor::run() {
   }
 }
 
+void GpuMonitor::begin_training() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  window_ = GpuStatsAccumulator();
+  run_ = GpuStatsAccumulator();
+}
+
 GpuWindow GpuMonitor::take_window() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (handle_ == nullptr) {

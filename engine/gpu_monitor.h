@@ -91,6 +91,9 @@ class GpuMonitor {
   bool available() const { return handle_ != nullptr; }
   const std::string& why() const { return why_; }
   double period_s() const { return period_s_; }
+  // Training starts: the windows and the whole-run figures count from here (start-up,
+  // data loading and compilation are left out).
+  void begin_training();
   // The samples since the last call (with none yet, the latest reading alone, samples = 0).
   GpuWindow take_window();
   // Every sample since the start.

@@ -240,6 +240,7 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communi
     model.stage_batch(staged_indices.data());
   };
   if (model.host_staged() && done < total_steps) stage(done);
+  if (monitor != nullptr) monitor->begin_training();
   while (done < total_steps) {
     // A chunk never crosses a logging or checkpoint boundary, so each window ends on a chunk.
     int64_t limit =
