@@ -53,18 +53,14 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communi
   const int ranks = comm ? comm->size() : 1;
   const bool lead = rank == 0;
   check_model_fits_data(shape, config, data);
-  DDP_USAGE_CHECK(config.accumulate == 1,
-                  "--accumulate {}: gradient accumulation runs on the CPU path only so far",
-                  config.accumulate);
   DDP_USAGE_CHECK(!config.check_replicas, "--check-replicas: runs on the CPU path only so far");
   DDP_USAGE_CHECK(config.on_nonfinite == "stop",
                   "--on-nonfinite {}: runs on the CPU path only so far (the GPU path stops)",
                   config.on_nonfinite);
-  DDP_USAGE_CHECK(
-      config.batch_size % ranks == 0,
-      "--batch-size {}: the global batch must divide among the {} data-parallel ranks (try {})",
-      config.batch_size, ranks, (config.batch_size / ranks + 1) * ranks);
-  const int local_batch = config.batch_size / ranks;
+  // Each rank's micro-batch: its share of each of the step's --accumulate micro-batches.
+  const int micro_batches = config.accumulate;
+  const int micro_batch = local_batch_of(config, micro_batches, ranks);
+  const int local_batch = micro_batch * micro_batches;  // this rank's samples a step
   const bool data_parallel = comm != nullptr;
 
   CudaMlpOptions options;
@@ -74,7 +70,8 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communi
   options.sync_debug = config.sync_debug;
   options.autotune = config.autotune;
   options.max_schedule_steps = std::min(config.log_every, 512);
-  CudaMlp model(shape, local_batch, config.optimizer, options);
+  options.accumulate = micro_batches;
+  CudaMlp model(shape, micro_batch, config.optimizer, options);
 
   std::vector<float> params(shape.param_count());
   if (config.init_weights.empty())
@@ -134,6 +131,14 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communi
   const size_t data_bytes =
       data.train.x.size() * sizeof(float) + data.train.y.size() * sizeof(int32_t);
   if (config.stage_from_host || data_bytes > free_bytes / 2) {
+    DDP_USAGE_CHECK(
+        micro_batches == 1,
+        "--accumulate {}: the training set {} on the host{}, and host staging takes one "
+        "batch a step; drop --accumulate (or --stage-from-host) or use --device cpu",
+        micro_batches, config.stage_from_host ? "stays" : "must stay",
+        config.stage_from_host ? " (--stage-from-host)"
+                               : " (it does not fit in half "
+                                 "the free device memory)");
     model.set_train_data_host(data.train);
     if (lead)
       spdlog::info(
@@ -252,8 +257,15 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communi
     const int n = static_cast<int>(limit);
     for (int k = 0; k < n; ++k) {
       const int64_t step = done + k;
-      sampler.indices(step * config.batch_size + static_cast<int64_t>(rank) * local_batch,
-                      local_batch, indices.data() + static_cast<size_t>(k) * local_batch);
+      // Micro-batch j of step t is the j-th 1/accumulate of the global batch; this rank takes
+      // its contiguous share of each, as on the CPU.
+      for (int j = 0; j < micro_batches; ++j)
+        sampler.indices(step * config.batch_size +
+                            static_cast<int64_t>(j) * (config.batch_size / micro_batches) +
+                            static_cast<int64_t>(rank) * micro_batch,
+                        micro_batch,
+                        indices.data() + static_cast<size_t>(k) * local_batch +
+                            static_cast<size_t>(j) * micro_batch);
       OptStep& s = steps[k];
       s.lr = lr_at(step, total_steps, config.lr, config.lr_schedule, config.warmup_steps);
       s.first = step == 0;

@@ -55,9 +55,6 @@ void sum_over_ranks(Communicator* comm, double* values, size_t count) {
   comm->all_reduce(values, count, DataType::kFloat64, ReduceOp::kSum);
 }
 
-namespace {
-
-// Samples per replica per micro-batch; the global batch must divide into both.
 int local_batch_of(const TrainConfig& config, int micro_batches, int replicas) {
   const char* micro_flag = config.pp > 1 ? "--micro-batches" : "--accumulate";
   DDP_USAGE_CHECK(config.batch_size % micro_batches == 0,
@@ -72,6 +69,8 @@ int local_batch_of(const TrainConfig& config, int micro_batches, int replicas) {
       (micro / replicas + 1) * replicas * micro_batches);
   return micro / replicas;
 }
+
+namespace {
 
 PipelineLayout layout_of(const TrainConfig& config, Communicator* comm) {
   const MlpShape shape = parse_layers(config.layers);

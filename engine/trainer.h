@@ -143,6 +143,10 @@ class Trainer {
 // naming the flag and the path.
 void check_outputs_writable(const TrainConfig& config);
 
+// Samples per data-parallel replica per micro-batch (--micro-batches with a pipeline, else
+// --accumulate); throws UsageError naming the flags when the global batch does not divide.
+int local_batch_of(const TrainConfig& config, int micro_batches, int replicas);
+
 // Loads the dataset that `config` names (fashion, npy or synthetic).
 Dataset load_dataset(const TrainConfig& config);
 

@@ -28,9 +28,9 @@ __device__ void store(void* p, size_t i, float v, bool bf16) {
 }
 
 __global__ void gather_kernel(const float* x, const int32_t* y, int dim, const int32_t* indices,
-                              const int* counter, int batch, void* x_out, bool bf16,
+                              const int* counter, int stride, int batch, void* x_out, bool bf16,
                               int32_t* y_out) {
-  const size_t offset = counter ? static_cast<size_t>(*counter) * batch : 0;
+  const size_t offset = counter ? static_cast<size_t>(*counter) * stride : 0;
   const int row = blockIdx.x;
   const int32_t src = indices[offset + row];
   if (threadIdx.x == 0) y_out[row] = y[src];
@@ -181,10 +181,11 @@ __global__ void fill_kernel(void* data, size_t count, bool bf16, float value) {
 }  // namespace
 
 void launch_gather_batch(const float* x, const int32_t* y, int dim, const int32_t* indices,
-                         const int* counter, int batch, void* x_out, bool bf16, int32_t* y_out,
-                         cudaStream_t stream) {
+                         const int* counter, int stride, int batch, void* x_out, bool bf16,
+                         int32_t* y_out, cudaStream_t stream) {
   if (batch == 0) return;
-  gather_kernel<<<batch, 128, 0, stream>>>(x, y, dim, indices, counter, batch, x_out, bf16, y_out);
+  gather_kernel<<<batch, 128, 0, stream>>>(x, y, dim, indices, counter, stride, batch, x_out, bf16,
+                                           y_out);
   DDP_CUDA_CHECK_LAUNCH();
 }
 

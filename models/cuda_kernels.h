@@ -19,11 +19,13 @@ struct OptStep {
   int first = 0;        // SGD: the first step initialises the momentum buffer
 };
 
-// x_out[i, :] = x[indices[*counter * batch + i], :], y_out[i] = y[same]; counter may be null
-// (offset 0). x_out is float or bf16.
+// x_out[i, :] = x[indices[*counter * stride + i], :], y_out[i] = y[same] for i < batch;
+// counter may be null (offset 0). `stride` is the samples of one step (batch, or the
+// micro-batches' sum with gradient accumulation, `indices` then pointing at a micro-batch's
+// first index). x_out is float or bf16.
 void launch_gather_batch(const float* x, const int32_t* y, int dim, const int32_t* indices,
-                         const int* counter, int batch, void* x_out, bool bf16, int32_t* y_out,
-                         cudaStream_t stream);
+                         const int* counter, int stride, int batch, void* x_out, bool bf16,
+                         int32_t* y_out, cudaStream_t stream);
 
 // One block per row: softmax cross-entropy of logits[batch, classes] (float). Adds the summed
 // loss to *loss_sum and the hits to *correct; writes dlogits = (softmax - onehot) * grad_scale

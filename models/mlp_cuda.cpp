@@ -227,8 +227,10 @@ CudaMlp::CudaMlp(MlpShape shape, int max_batch, const OptimizerConfig& optimizer
                                 MemoryCategory::kActivations);
   y_batch_ = DeviceBuffer<int32_t>(max_batch, MemoryCategory::kActivations);
   workspace_ = DeviceBuffer<char>(options.workspace_bytes, MemoryCategory::kWorkspace);
+  DDP_CHECK(options.accumulate >= 1, "accumulate {}", options.accumulate);
   schedule_indices_ = DeviceBuffer<int32_t>(
-      static_cast<size_t>(options.max_schedule_steps) * max_batch, MemoryCategory::kOther);
+      static_cast<size_t>(options.max_schedule_steps) * options.accumulate * max_batch,
+      MemoryCategory::kOther);
   schedule_steps_ = DeviceBuffer<OptStep>(options.max_schedule_steps, MemoryCategory::kOther);
   pinned_indices_ = PinnedBuffer<int32_t>(schedule_indices_.count());
   pinned_steps_ = PinnedBuffer<OptStep>(schedule_steps_.count());
@@ -556,19 +558,22 @@ void CudaMlp::upload_schedule(const int32_t* indices, const OptStep* steps, int 
             "schedule chunk of {} steps", num_steps);
   // The previous chunk's steps must have read the pinned buffers before they are rewritten.
   DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
-  std::memcpy(pinned_indices_.data(), indices, sizeof(int32_t) * num_steps * max_batch_);
+  const size_t count = static_cast<size_t>(num_steps) * options_.accumulate * max_batch_;
+  std::memcpy(pinned_indices_.data(), indices, sizeof(int32_t) * count);
   std::memcpy(pinned_steps_.data(), steps, sizeof(OptStep) * num_steps);
   DDP_CUDA_CHECK(cudaMemcpyAsync(schedule_indices_.data(), pinned_indices_.data(),
-                                 sizeof(int32_t) * num_steps * max_batch_, cudaMemcpyHostToDevice,
-                                 stream()));
+                                 sizeof(int32_t) * count, cudaMemcpyHostToDevice, stream()));
   DDP_CUDA_CHECK(cudaMemcpyAsync(schedule_steps_.data(), pinned_steps_.data(),
                                  sizeof(OptStep) * num_steps, cudaMemcpyHostToDevice, stream()));
   DDP_CUDA_CHECK(cudaMemsetAsync(counter_.data(), 0, sizeof(int), stream()));
 }
 
-void CudaMlp::forward_backward(float grad_scale, bool accumulate) {
+void CudaMlp::forward_backward(float grad_scale, bool accumulate, int micro) {
   DDP_CHECK(train_n_ > 0, "set_train_data() must come before training");
+  DDP_CHECK(micro >= 0 && micro < options_.accumulate, "micro-batch {} of {}", micro,
+            options_.accumulate);
   if (host_split_ != nullptr) {
+    DDP_CHECK(options_.accumulate == 1, "host staging takes one batch a step");
     DDP_CHECK(consumed_count_ < staged_, "step {} has no staged batch: call stage_batch() first",
               consumed_count_);
     const int slot = static_cast<int>(consumed_count_ % 2);
@@ -585,8 +590,9 @@ void CudaMlp::forward_backward(float grad_scale, bool accumulate) {
     ++consumed_count_;
   } else {
     launch_gather_batch(train_x_.data(), train_y_.data(), shape_.input_width(),
-                        schedule_indices_.data(), counter_.data(), max_batch_, x_batch_.data(),
-                        bf16(), y_batch_.data(), stream());
+                        schedule_indices_.data() + static_cast<size_t>(micro) * max_batch_,
+                        counter_.data(), options_.accumulate * max_batch_, max_batch_,
+                        x_batch_.data(), bf16(), y_batch_.data(), stream());
   }
   after("gather");
   forward_layers(max_batch_, x_batch_.data());
@@ -613,19 +619,29 @@ void CudaMlp::optimizer_step() {
 }
 
 void CudaMlp::train_step(const std::function<void()>& after_backward) {
-  const float scale = 1.0f / static_cast<float>(max_batch_);
+  const int micro_batches = options_.accumulate;
+  // The loss of a step is the mean over all its micro-batches' samples.
+  const float scale = 1.0f / static_cast<float>(max_batch_ * micro_batches);
   const bool use_graph = options_.cuda_graph && !options_.sync_debug && host_split_ == nullptr;
-  // The first step runs eagerly (cuBLASLt and module loading happen outside the capture).
-  if (!use_graph || steps_taken_ == 0) {
-    forward_backward(scale);
+  auto whole_step = [&] {
+    // Gradient sync (the layer hook) starts on the last micro-batch, as its layers finish.
+    std::function<void(int)> hook;
+    std::swap(hook, layer_hook_);  // off until the last micro-batch
+    for (int k = 0; k < micro_batches; ++k) {
+      if (k + 1 == micro_batches) layer_hook_ = hook;
+      forward_backward(scale, /*accumulate=*/k > 0, k);
+    }
+    layer_hook_ = std::move(hook);
     if (after_backward) after_backward();
     optimizer_step();
+  };
+  // The first step runs eagerly (cuBLASLt and module loading happen outside the capture).
+  if (!use_graph || steps_taken_ == 0) {
+    whole_step();
   } else {
     if (graph_exec_ == nullptr) {
       DDP_CUDA_CHECK(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal));
-      forward_backward(scale);
-      if (after_backward) after_backward();
-      optimizer_step();
+      whole_step();
       DDP_CUDA_CHECK(cudaStreamEndCapture(stream(), &graph_));
       DDP_CUDA_CHECK(cudaGraphInstantiate(&graph_exec_, graph_, 0));
     }

@@ -33,6 +33,10 @@ struct CudaMlpOptions {
   bool sync_debug = false;  // synchronise after every op and name the one that failed
   size_t workspace_bytes = 32u << 20;
   int max_schedule_steps = 512;  // steps per uploaded schedule chunk
+  // Micro-batches per step (gradient accumulation): the model's batch is one micro-batch;
+  // a step gathers, forwards and backwards each in turn, gradients accumulated on the
+  // device (cuBLASLt beta = 1), then runs the optimizer once; all inside the captured graph.
+  int accumulate = 1;
   // At start, time every candidate algorithm of every product, and the fused epilogues
   // against plain products plus our kernels, and keep the fastest. Results may then differ
   // in the last bits from a run without it (other algorithms sum in another order).
@@ -73,18 +77,21 @@ class CudaMlp {
   void stage_batch(const int32_t* indices);
   void set_test_data(const Split& split);
 
-  // Uploads the next chunk of the schedule: for each of `steps` steps, `batch` sample indices
-  // (into the training split) and the optimizer scalars; resets the device step counter.
+  // Uploads the next chunk of the schedule: for each of `steps` steps, accumulate x batch
+  // sample indices (into the training split; micro-batch k's batch after micro-batch k-1's)
+  // and the optimizer scalars; resets the device step counter.
   void upload_schedule(const int32_t* indices, const OptStep* steps, int num_steps);
 
-  // Forward and backward of the batch at the current step of the schedule: gradients over
-  // device_grads() (added with `accumulate`) scaled by grad_scale. Stream-ordered.
-  void forward_backward(float grad_scale, bool accumulate = false);
+  // Forward and backward of micro-batch `micro` of the current step of the schedule:
+  // gradients over device_grads() (added with `accumulate`) scaled by grad_scale.
+  // Stream-ordered.
+  void forward_backward(float grad_scale, bool accumulate = false, int micro = 0);
   // The optimizer on the flat buffers with the current step's scalars, then the step counter
   // moves on. Stream-ordered.
   void optimizer_step();
-  // forward_backward(1/batch), after_backward() (data parallelism enqueues its bucket
-  // all-reduces there and makes the stream wait for them), optimizer_step(); replayed from a
+  // forward_backward(1/(batch x accumulate)) of every micro-batch (the layer hook only during
+  // the last), after_backward() (data parallelism enqueues its bucket all-reduces there and
+  // makes the stream wait for them), optimizer_step(); replayed from a
   // CUDA graph after the first step when graphs are on, NCCL calls included. Host code in
   // the hooks runs only for the eager first step and the captured second.
   void train_step(const std::function<void()>& after_backward = {});

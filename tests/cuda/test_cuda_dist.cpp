@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
@@ -258,6 +259,39 @@ TEST(GpuMonitor, EveryRankReportsItsGpuInTheMetricsAndTheEndTable) {
   for (const auto& step : records_of(off, "step"))
     EXPECT_FALSE(step.contains("gpu")) << step.dump();
   EXPECT_TRUE(records_of(off, "gpu_summary").empty());
+}
+
+// Gradient accumulation on the GPU (inside the captured graph, and without it): four
+// micro-batches a step give the weights of one step on the whole batch, alone and with two
+// data-parallel ranks (each taking its share of every micro-batch).
+TEST(GpuAccumulate, FourMicroBatchesEqualTheWholeBatchAloneAndWithTwoRanks) {
+  REQUIRE_GPU();
+  TempDir dir;
+  const std::string args = " --device cuda --data synthetic --layers " + kLayers +
+                           " --synthetic-samples 960 --batch-size 48 --steps 12 --log-every 4 "
+                           "--quiet --seed 5 --save-weights ";
+  ASSERT_EQ(run_command(kEnv + kTrain + args + dir.file("whole.st")).exit_code, 0);
+  const std::vector<float> whole = load_weights(dir.file("whole.st"), kLayers);
+  for (const std::string graph : {"", " --no-cuda-graph"}) {
+    const RunResult alone =
+        run_command(kEnv + kTrain + args + dir.file("acc.st") + " --accumulate 4" + graph);
+    ASSERT_EQ(alone.exit_code, 0) << alone.output;
+    const double alone_error = max_relative_error(load_weights(dir.file("acc.st"), kLayers), whole);
+    EXPECT_LE(alone_error, 1e-6) << graph;
+    const RunResult dp = run_command(kShared + " --nproc-per-node 2 -- " + kTrain + args +
+                                     dir.file("dp.st") + " --accumulate 4" + graph);
+    ASSERT_EQ(dp.exit_code, 0) << dp.output;
+    const double dp_error = max_relative_error(load_weights(dir.file("dp.st"), kLayers), whole);
+    EXPECT_LE(dp_error, 1e-6) << graph;
+    std::printf("accumulate 4%s: max relative error alone %.3g, dp 2 %.3g\n", graph.c_str(),
+                alone_error, dp_error);
+  }
+  const RunResult refused =
+      run_command(kEnv + kTrain + args + dir.file("x.st") + " --accumulate 4 --stage-from-host");
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_NE(refused.output.find("--accumulate 4: the training set stays on the host"),
+            std::string::npos)
+      << refused.output;
 }
 
 }  // namespace
