@@ -314,6 +314,13 @@ void CudaMlp::build_plans(int batch) {
     plans.dw_plain.push_back(options_.autotune && batch == max_batch_
                                  ? make_plan(lt_, w, ws, false, CUBLASLT_EPILOGUE_DEFAULT)
                                  : nullptr);
+    // Accumulation: the product adds to the gradient (beta = 1); the bias gradient is our
+    // kernel's, since the BGRADB epilogue overwrites.
+    MatmulSpec wa = w;
+    wa.beta = 1.0f;
+    plans.dw_accumulate.push_back(options_.accumulate > 1
+                                      ? make_plan(lt_, wa, ws, false, CUBLASLT_EPILOGUE_DEFAULT)
+                                      : nullptr);
 
     if (i > 0) {
       const bool below_has_mask =
@@ -451,11 +458,14 @@ void CudaMlp::backward_layers(int batch, const void* input, bool accumulate) {
   for (int i = last; i >= 0; --i) {
     const LayerSlice& l = shape_.layer(i);
     void* dz = grad_buffer((last - i) % 2);
-    DDP_CHECK(!accumulate, "gradient accumulation on the GPU is not supported yet");
-    plans.dw[i]->run(workspace_.data(), workspace_.bytes(), stream());
+    DDP_CHECK(!accumulate || plans.dw_accumulate[i] != nullptr,
+              "gradient accumulation needs CudaMlpOptions::accumulate > 1");
+    const LtMatmul& dw = accumulate ? *plans.dw_accumulate[i] : *plans.dw[i];
+    dw.run(workspace_.data(), workspace_.bytes(), stream());
     after("weight-gradient matmul");
-    if (plans.dw[i]->epilogue() != CUBLASLT_EPILOGUE_BGRADB) {
-      launch_bias_grad(dz, batch, l.out, bf16(), grads_.data() + l.bias_offset, false, stream());
+    if (dw.epilogue() != CUBLASLT_EPILOGUE_BGRADB) {
+      launch_bias_grad(dz, batch, l.out, bf16(), grads_.data() + l.bias_offset, accumulate,
+                       stream());
       after("bias gradient");
     }
     if (layer_hook_) layer_hook_(i);

@@ -171,6 +171,7 @@ class CudaMlp {
   struct Plans {
     std::vector<std::unique_ptr<LtMatmul>> forward, dw, dx;
     std::vector<std::unique_ptr<LtMatmul>> dw_plain, dx_plain;  // alternatives for autotune
+    std::vector<std::unique_ptr<LtMatmul>> dw_accumulate;       // beta = 1 (accumulate > 1)
   };
   void autotune(Plans& plans, int batch);
   float time_ms(const std::function<void()>& work);
