@@ -16,6 +16,7 @@
 #include "engine/ddp.h"
 #include "models/safetensors.h"
 #include "runtime/error.h"
+#include "runtime/parse.h"
 
 namespace ddp {
 namespace {
@@ -144,8 +145,14 @@ Checkpoint load_checkpoint(const std::string& path, const MlpShape& shape,
                   "--checkpoint-dir",
                   path, meta("seed"), current.seed, meta("seed"));
   Checkpoint c;
-  c.step = std::stoll(meta("step"));
-  c.optimizer_steps = std::stoll(meta("optimizer_steps"));
+  // The metadata's CRC has matched, so these were written by save_checkpoint.
+  const auto step = parse_number<int64_t>(meta("step"));
+  const auto optimizer_steps = parse_number<int64_t>(meta("optimizer_steps"));
+  DDP_USAGE_CHECK(step && optimizer_steps && *step >= 0,
+                  "{}: step '{}' and optimizer_steps '{}' are not step counts", path, meta("step"),
+                  meta("optimizer_steps"));
+  c.step = *step;
+  c.optimizer_steps = *optimizer_steps;
   c.optimizer = optimizer;
   c.batch_size = batch_size;
   c.settings = current;

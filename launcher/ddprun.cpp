@@ -17,6 +17,7 @@
 #include "launcher/store_server.h"
 #include "launcher/worker_group.h"
 #include "runtime/error.h"
+#include "runtime/parse.h"
 #include "runtime/store.h"
 #include "runtime/timer.h"
 
@@ -119,7 +120,10 @@ int run(int argc, char** argv) {
     ports.program = ddp::free_port("0.0.0.0");
     control->set("ddprun/master_port", std::to_string(ports.program));
   } else {
-    ports.program = std::stoi(control->wait_get("ddprun/master_port", 300.0));
+    const std::string port = control->wait_get("ddprun/master_port", 300.0);
+    DDP_CHECK(ddp::parse_number<int>(port).has_value(), "ddprun/master_port in the store: '{}'",
+              port);
+    ports.program = *ddp::parse_number<int>(port);
   }
   for (int restart = 0;; ++restart) {
     std::vector<ddp::EnvMap> environments;
@@ -132,7 +136,8 @@ int run(int argc, char** argv) {
     const ddp::GroupOutcome outcome = group.supervise([&]() -> std::string {
       if (!control || since_poll.seconds() < 0.2) return "";
       since_poll.reset();
-      const int64_t generation = std::stoll(control->get("ddprun/generation").value_or("0"));
+      const int64_t generation =
+          ddp::parse_number<int64_t>(control->get("ddprun/generation").value_or("0")).value_or(0);
       if (generation <= restart) return "";
       return fmt::format("another node's workers failed in generation {}", restart);
     });

@@ -15,22 +15,16 @@
 #include <cxxopts.hpp>
 
 #include "runtime/error.h"
+#include "runtime/parse.h"
 #include "runtime/socket.h"
 
 namespace ddp {
 namespace {
 
 int parse_int(const std::string& flag, const std::string& value) {
-  size_t used = 0;
-  long parsed = 0;
-  try {
-    parsed = std::stol(value, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  DDP_USAGE_CHECK(used == value.size() && used > 0 && parsed >= INT32_MIN && parsed <= INT32_MAX,
-                  "{} {}: expected an integer", flag, value);
-  return static_cast<int>(parsed);
+  const std::optional<int> parsed = parse_number<int>(value);
+  DDP_USAGE_CHECK(parsed.has_value(), "{} {}: expected an integer", flag, value);
+  return *parsed;
 }
 
 // Options that take a value: the program starts at the first argument that is not an
@@ -103,13 +97,9 @@ bool parse_launch_args(int argc, char** argv, LaunchConfig* config) {
   if (result.count("log-dir")) c.log_dir = result["log-dir"].as<std::string>();
   c.max_restarts = parse_int("--max-restarts", result["max-restarts"].as<std::string>());
   const std::string grace = result["grace-period"].as<std::string>();
-  size_t used = 0;
-  try {
-    c.grace_period = std::stod(grace, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  DDP_USAGE_CHECK(used == grace.size() && used > 0, "--grace-period {}: expected seconds", grace);
+  const std::optional<double> seconds = parse_number<double>(grace);
+  DDP_USAGE_CHECK(seconds.has_value(), "--grace-period {}: expected seconds", grace);
+  c.grace_period = *seconds;
   c.quiet = result.count("quiet") > 0;
   c.share_gpu = result.count("share-gpu") > 0;
   if (result.count("iface")) c.iface = result["iface"].as<std::string>();
@@ -121,14 +111,8 @@ void validate(const LaunchConfig& c) {
   DDP_USAGE_CHECK(!c.command.empty(),
                   "no program to run: expected ddprun [options] -- PROGRAM [ARGS...]");
   if (c.nproc_per_node != "gpu" && c.nproc_per_node != "cpu") {
-    size_t used = 0;
-    long n = 0;
-    try {
-      n = std::stol(c.nproc_per_node, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    DDP_USAGE_CHECK(used == c.nproc_per_node.size() && n >= 1 && n <= 4096,
+    const int n = parse_number<int>(c.nproc_per_node).value_or(0);
+    DDP_USAGE_CHECK(n >= 1 && n <= 4096,
                     "--nproc-per-node {}: expected a positive number, gpu or cpu",
                     c.nproc_per_node);
   }
@@ -161,7 +145,7 @@ WorkerPlan plan_workers(const LaunchConfig& config, const GpuList& gpus, int cpu
   if (config.share_gpu) {
     DDP_USAGE_CHECK(found > 0, "--share-gpu: no GPU found ({}); it puts every worker on one GPU",
                     gpus.detail.empty() ? gpus.source : gpus.detail);
-    plan.nproc = config.nproc_per_node == "gpu" ? found : std::stoi(config.nproc_per_node);
+    plan.nproc = config.nproc_per_node == "gpu" ? found : *parse_number<int>(config.nproc_per_node);
     plan.gpu_ids.assign(plan.nproc, gpus.ids.front());
     return plan;
   }
@@ -174,8 +158,8 @@ WorkerPlan plan_workers(const LaunchConfig& config, const GpuList& gpus, int cpu
     plan.gpu_ids = gpus.ids;
     return plan;
   }
-  plan.nproc = std::stoi(config.nproc_per_node);
-  if (found == 0) return plan;  // CPU workers
+  plan.nproc = *parse_number<int>(config.nproc_per_node);  // checked by validate()
+  if (found == 0) return plan;                             // CPU workers
   DDP_USAGE_CHECK(plan.nproc <= found,
                   "--nproc-per-node {}: only {} GPU{} found ({}: {}); ask for at most {}, or use "
                   "--nproc-per-node cpu for CPU workers",

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "runtime/error.h"
+#include "runtime/parse.h"
 #include "runtime/store.h"
 
 namespace ddp {
@@ -301,8 +302,7 @@ void StoreServer::serve() {
               int64_t value = 0;
               const auto found = data_.find(key);
               if (found != data_.end()) {
-                char* end = nullptr;
-                value = std::strtoll(found->second.c_str(), &end, 10);
+                value = parse_number<int64_t>(found->second).value_or(0);
               }
               value += delta;
               data_[key] = std::to_string(value);

@@ -7,6 +7,7 @@
 
 #include "models/rng.h"
 #include "runtime/error.h"
+#include "runtime/parse.h"
 
 namespace ddp {
 
@@ -54,15 +55,9 @@ MlpShape parse_layers(const std::string& text, const std::string& flag) {
   std::stringstream stream(text);
   std::string item;
   while (std::getline(stream, item, ',')) {
-    size_t used = 0;
-    long value = 0;
-    try {
-      value = std::stol(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
+    const int value = parse_number<int>(item).value_or(0);
     DDP_USAGE_CHECK(
-        used == item.size() && !item.empty() && value > 0 && value <= (1 << 24),
+        value > 0 && value <= (1 << 24),
         "{} {}: expected comma-separated positive widths like 784,512,512,10, found '{}'", flag,
         text, item);
     widths.push_back(static_cast<int>(value));

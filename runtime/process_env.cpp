@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "runtime/error.h"
+#include "runtime/parse.h"
 
 namespace ddp {
 
@@ -29,11 +30,10 @@ using Lookup = std::function<std::optional<std::string>(const char*)>;
 int read_int(const Lookup& lookup, const char* name, int fallback) {
   const auto value = lookup(name);
   if (!value) return fallback;
-  char* end = nullptr;
-  const long parsed = std::strtol(value->c_str(), &end, 10);
-  DDP_USAGE_CHECK(!value->empty() && *end == '\0' && parsed >= 0 && parsed < (1L << 30),
+  const std::optional<int> parsed = parse_number<int>(*value);
+  DDP_USAGE_CHECK(parsed && *parsed >= 0 && *parsed < (1 << 30),
                   "environment variable {}={}: expected a non-negative integer", name, *value);
-  return static_cast<int>(parsed);
+  return *parsed;
 }
 
 }  // namespace
@@ -60,7 +60,7 @@ ProcessEnv ProcessEnv::detect(const Lookup& lookup) {
                                                : read_int(lookup, "MASTER_PORT", 0);
     env.store_token = lookup("DDP_STORE_TOKEN").value_or("");
     if (const auto launched = lookup("DDP_LAUNCH_TIME_MS"))
-      env.launch_time_ms = std::atof(launched->c_str());
+      env.launch_time_ms = parse_number<double>(*launched).value_or(0.0);
   } else if (lookup("OMPI_COMM_WORLD_RANK")) {
     env.launcher = Launcher::kMpirun;
     env.rank = read_int(lookup, "OMPI_COMM_WORLD_RANK", 0);
@@ -116,16 +116,18 @@ int tasks_on_node(const std::string& tasks_per_node, int node) {
     const std::string group =
         tasks_per_node.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
     at = comma == std::string::npos ? tasks_per_node.size() : comma + 1;
-    char* end = nullptr;
-    const long tasks = std::strtol(group.c_str(), &end, 10);
-    long repeat = 1;
-    if (end != nullptr && *end == '(') {
-      if (end[1] != 'x') return 0;
-      repeat = std::strtol(end + 2, &end, 10);
-      if (end == nullptr || *end != ')') return 0;
-      ++end;
+    // "4" or "4(x3)": tasks on each of `repeat` nodes.
+    long tasks = 0, repeat = 1;
+    size_t used = parse_number_prefix(std::string_view(group), &tasks);
+    if (used == 0) return 0;
+    if (used < group.size()) {
+      const std::string_view rest = std::string_view(group).substr(used);
+      if (rest.size() < 4 || rest.substr(0, 2) != "(x" || rest.back() != ')') return 0;
+      const std::optional<long> times = parse_number<long>(rest.substr(2, rest.size() - 3));
+      if (!times) return 0;
+      repeat = *times;
     }
-    if (end == nullptr || *end != '\0' || tasks <= 0 || repeat <= 0) return 0;
+    if (tasks <= 0 || repeat <= 0) return 0;
     if (node < first + repeat) return static_cast<int>(tasks);
     first += static_cast<int>(repeat);
   }

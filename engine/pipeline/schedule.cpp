@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "runtime/error.h"
+#include "runtime/parse.h"
 
 namespace ddp {
 
@@ -121,24 +122,16 @@ std::vector<int> parse_partition(const std::string& text, int layers) {
     const std::string part =
         text.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
     const size_t dash = part.find('-');
-    char* end = nullptr;
-    const long first = std::strtol(part.c_str(), &end, 10);
-    DDP_USAGE_CHECK(!part.empty() && end != part.c_str(), "--partition {}: '{}' is not FIRST-LAST",
-                    text, part);
-    long last = first;
-    if (dash != std::string::npos) {
-      const char* tail = part.c_str() + dash + 1;
-      last = std::strtol(tail, &end, 10);
-      DDP_USAGE_CHECK(end != tail && *end == '\0', "--partition {}: '{}' is not FIRST-LAST", text,
-                      part);
-    } else {
-      DDP_USAGE_CHECK(*end == '\0', "--partition {}: '{}' is not FIRST-LAST", text, part);
-    }
-    DDP_USAGE_CHECK(first == bounds.back() && last >= first,
+    const std::optional<int> first = parse_number<int>(std::string_view(part).substr(0, dash));
+    const std::optional<int> last =
+        dash == std::string::npos ? first
+                                  : parse_number<int>(std::string_view(part).substr(dash + 1));
+    DDP_USAGE_CHECK(first && last, "--partition {}: '{}' is not FIRST-LAST", text, part);
+    DDP_USAGE_CHECK(*first == bounds.back() && *last >= *first,
                     "--partition {}: stage {} should start at layer {} (stages are contiguous, "
                     "in order)",
                     text, bounds.size() - 1, bounds.back());
-    bounds.push_back(static_cast<int>(last) + 1);
+    bounds.push_back(*last + 1);
     if (comma == std::string::npos) break;
     at = comma + 1;
   }
