@@ -5,6 +5,8 @@
 #include <iostream>
 #include <limits>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 #include <cxxopts.hpp>
@@ -12,6 +14,7 @@
 #include "models/gemm.h"
 #include "models/mlp.h"
 #include "runtime/error.h"
+#include "runtime/parse.h"
 
 namespace ddp {
 namespace {
@@ -26,26 +29,29 @@ std::string text(const T& value) {
 template <typename T>
 T number(const cxxopts::ParseResult& result, const std::string& name) {
   const std::string value = result[name].as<std::string>();
-  size_t used = 0;
-  T parsed{};
-  try {
-    if constexpr (std::is_floating_point_v<T>)
-      parsed = static_cast<T>(std::stod(value, &used));
-    else if constexpr (std::is_unsigned_v<T>) {
-      if (!value.empty() && value[0] != '-') parsed = static_cast<T>(std::stoull(value, &used));
-    } else {
-      const long long wide = std::stoll(value, &used);
-      if (wide < std::numeric_limits<T>::min() || wide > std::numeric_limits<T>::max()) used = 0;
-      parsed = static_cast<T>(wide);
-    }
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  DDP_USAGE_CHECK(used == value.size() && used > 0, "--{} {}: expected {}", name, value,
+  const std::optional<T> parsed = parse_number<T>(value);
+  DDP_USAGE_CHECK(parsed.has_value(), "--{} {}: expected {}", name, value,
                   std::is_floating_point_v<T> ? "a number"
                   : std::is_unsigned_v<T>     ? "a non-negative integer"
                                               : "an integer");
-  return parsed;
+  return *parsed;
+}
+
+// One of a flag's named values, or UsageError listing them: "--precision fp64: expected
+// fp32, tf32 or bf16".
+template <typename E>
+E choice(const cxxopts::ParseResult& result, const std::string& name,
+         const std::vector<std::pair<const char*, E>>& values) {
+  const std::string value = result[name].as<std::string>();
+  std::string allowed;
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (value == values[i].first) return values[i].second;
+    allowed += (i == 0                   ? ""
+                : i + 1 == values.size() ? " or "
+                                         : ", ") +
+               std::string(values[i].first);
+  }
+  throw UsageError(fmt::format("--{} {}: expected {}", name, value, allowed));
 }
 
 const char* optimizer_name(OptimizerKind kind) {
@@ -53,6 +59,28 @@ const char* optimizer_name(OptimizerKind kind) {
 }
 
 }  // namespace
+
+const char* device_name(Device device) {
+  return device == Device::kCuda ? "cuda" : "cpu";
+}
+
+const char* backend_name(Backend backend) {
+  switch (backend) {
+    case Backend::kAuto:
+      return "auto";
+    case Backend::kNccl:
+      return "nccl";
+    case Backend::kGloo:
+      return "gloo";
+    case Backend::kMpi:
+      return "mpi";
+  }
+  return "?";
+}
+
+const char* on_nonfinite_name(OnNonfinite policy) {
+  return policy == OnNonfinite::kSkipStep ? "skip-step" : "stop";
+}
 
 const char* schedule_name(LrSchedule schedule) {
   return schedule == LrSchedule::kCosine ? "cosine" : "constant";
@@ -85,9 +113,9 @@ bool parse_train_args(int argc, char** argv, TrainConfig* config) {
     ("init-weights", "start from these weights (.safetensors)", cxxopts::value<std::string>())
     ("save-weights", "write the final weights here (.safetensors)", cxxopts::value<std::string>())
     ("metrics", "write one JSON object per logged step and one at the end (.jsonl)", cxxopts::value<std::string>())
-    ("device", "cpu or cuda", cxxopts::value<std::string>()->default_value(d.device))
+    ("device", "cpu or cuda", cxxopts::value<std::string>()->default_value(device_name(d.device)))
     ("precision", "cuda: fp32 (exact float32), tf32 (TF32 tensor cores) or bf16 (bf16 products, float32 master weights)",
-        cxxopts::value<std::string>()->default_value(d.precision))
+        cxxopts::value<std::string>()->default_value(precision_name(d.precision)))
     ("no-cuda-graph", "cuda: launch every kernel instead of replaying the captured step")
     ("no-fused-epilogues", "cuda: plain matrix products plus our own bias/ReLU kernels (for comparison)")
     ("sync-debug", "cuda: synchronise after every kernel and name the op that failed")
@@ -104,7 +132,7 @@ bool parse_train_args(int argc, char** argv, TrainConfig* config) {
         cxxopts::value<std::string>()->default_value(text(d.eval_every)))
     ("quiet", "print only the configuration and the result")
     ("backend", "collectives: auto (nccl on GPUs, gloo on CPUs, mpi under mpirun), nccl, gloo or mpi",
-        cxxopts::value<std::string>()->default_value(d.backend))
+        cxxopts::value<std::string>()->default_value(backend_name(d.backend)))
     ("timeout", "seconds a collective may take before the job stops with its name",
         cxxopts::value<std::string>()->default_value(text(d.timeout)))
     ("bucket-mb", "gradient bucket size in MiB", cxxopts::value<std::string>()->default_value(text(d.bucket_mb)))
@@ -123,7 +151,7 @@ bool parse_train_args(int argc, char** argv, TrainConfig* config) {
         "all-reduce to FILE (.json)", cxxopts::value<std::string>())
     ("check-replicas", "after every step, check that every rank holds bitwise the same weights")
     ("on-nonfinite", "a NaN/Inf gradient or loss: stop (exit 1, nothing written) or skip-step (CPU)",
-        cxxopts::value<std::string>()->default_value(d.on_nonfinite))
+        cxxopts::value<std::string>()->default_value(on_nonfinite_name(d.on_nonfinite)))
     ("checkpoint-dir", "write checkpoints to DIR/latest.safetensors", cxxopts::value<std::string>())
     ("checkpoint-every", "steps between checkpoints (0: at the end only)",
         cxxopts::value<std::string>()->default_value(text(d.checkpoint_every)))
@@ -190,8 +218,10 @@ bool parse_train_args(int argc, char** argv, TrainConfig* config) {
     if (result.count("init-weights")) c.init_weights = result["init-weights"].as<std::string>();
     if (result.count("save-weights")) c.save_weights = result["save-weights"].as<std::string>();
     if (result.count("metrics")) c.metrics = result["metrics"].as<std::string>();
-    c.device = result["device"].as<std::string>();
-    c.precision = result["precision"].as<std::string>();
+    c.device = choice<Device>(result, "device", {{"cpu", Device::kCpu}, {"cuda", Device::kCuda}});
+    c.precision = choice<Precision>(
+        result, "precision",
+        {{"fp32", Precision::kFp32}, {"tf32", Precision::kTf32}, {"bf16", Precision::kBf16}});
     c.cuda_graph = result.count("no-cuda-graph") == 0;
     c.fused_epilogues = result.count("no-fused-epilogues") == 0;
     c.sync_debug = result.count("sync-debug") > 0;
@@ -203,7 +233,11 @@ bool parse_train_args(int argc, char** argv, TrainConfig* config) {
     c.log_every = number<int>(result, "log-every");
     c.eval_every = number<int64_t>(result, "eval-every");
     c.quiet = result.count("quiet") > 0;
-    c.backend = result["backend"].as<std::string>();
+    c.backend = choice<Backend>(result, "backend",
+                                {{"auto", Backend::kAuto},
+                                 {"nccl", Backend::kNccl},
+                                 {"gloo", Backend::kGloo},
+                                 {"mpi", Backend::kMpi}});
     c.timeout = number<double>(result, "timeout");
     c.bucket_mb = number<double>(result, "bucket-mb");
     c.first_bucket_mb = number<double>(result, "first-bucket-mb");
@@ -219,7 +253,9 @@ bool parse_train_args(int argc, char** argv, TrainConfig* config) {
     if (result.count("partition")) c.partition = result["partition"].as<std::string>();
     if (result.count("timeline")) c.timeline = result["timeline"].as<std::string>();
     c.check_replicas = result.count("check-replicas") > 0;
-    c.on_nonfinite = result["on-nonfinite"].as<std::string>();
+    c.on_nonfinite =
+        choice<OnNonfinite>(result, "on-nonfinite",
+                            {{"stop", OnNonfinite::kStop}, {"skip-step", OnNonfinite::kSkipStep}});
     if (result.count("checkpoint-dir"))
       c.checkpoint_dir = result["checkpoint-dir"].as<std::string>();
     c.checkpoint_every = number<int64_t>(result, "checkpoint-every");
@@ -250,26 +286,18 @@ void validate(const TrainConfig& c) {
                   "--momentum {}: expected a value in [0, 1)", c.optimizer.momentum);
   DDP_USAGE_CHECK(c.optimizer.weight_decay >= 0, "--weight-decay {}: expected 0 or more",
                   c.optimizer.weight_decay);
-  DDP_USAGE_CHECK(c.device == "cpu" || c.device == "cuda", "--device {}: expected cpu or cuda",
-                  c.device);
-  DDP_USAGE_CHECK(c.precision == "fp32" || c.precision == "tf32" || c.precision == "bf16",
-                  "--precision {}: expected fp32, tf32 or bf16", c.precision);
-  DDP_USAGE_CHECK(c.device == "cuda" || c.precision == "fp32",
-                  "--precision {}: the CPU trains in fp32 only; use --device cuda", c.precision);
+  DDP_USAGE_CHECK(c.device == Device::kCuda || c.precision == Precision::kFp32,
+                  "--precision {}: the CPU trains in fp32 only; use --device cuda",
+                  precision_name(c.precision));
   DDP_USAGE_CHECK(c.init_retries >= 0 && c.init_retries <= 100,
                   "--init-retries {}: expected 0 to 100", c.init_retries);
   DDP_USAGE_CHECK(c.threads >= 0 && c.threads <= 1024, "--threads {}: expected 0 to 1024",
                   c.threads);
   DDP_USAGE_CHECK(c.log_every >= 1, "--log-every {}: expected at least 1", c.log_every);
   DDP_USAGE_CHECK(c.eval_every >= 0, "--eval-every {}: expected 0 or more", c.eval_every);
-  DDP_USAGE_CHECK(
-      c.backend == "auto" || c.backend == "nccl" || c.backend == "gloo" || c.backend == "mpi",
-      "--backend {}: expected auto, nccl, gloo or mpi", c.backend);
   // Gloo and NCCL turn the timeout into milliseconds in 32 or 64 bits: a week is plenty.
   DDP_USAGE_CHECK(std::isfinite(c.timeout) && c.timeout >= 0.1 && c.timeout <= 604800,
                   "--timeout {}: expected 0.1 to 604800 seconds (a week)", c.timeout);
-  DDP_USAGE_CHECK(c.on_nonfinite == "stop" || c.on_nonfinite == "skip-step",
-                  "--on-nonfinite {}: expected stop or skip-step", c.on_nonfinite);
   DDP_USAGE_CHECK(c.bucket_mb > 0 && c.first_bucket_mb > 0,
                   "--bucket-mb {} --first-bucket-mb {}: expected positive sizes", c.bucket_mb,
                   c.first_bucket_mb);
@@ -288,10 +316,10 @@ void validate(const TrainConfig& c) {
                   "--accumulate {} with --pp {}: a pipeline accumulates over --micro-batches; "
                   "give that instead",
                   c.accumulate, c.pp);
-  DDP_USAGE_CHECK(c.pp == 1 || c.device == "cpu",
+  DDP_USAGE_CHECK(c.pp == 1 || c.device == Device::kCpu,
                   "--pp {} --device {}: pipeline stages run on the CPU in this version (the GPU "
                   "pipeline is not built yet)",
-                  c.pp, c.device);
+                  c.pp, device_name(c.device));
   if (!c.partition.empty()) {
     const std::vector<int> bounds = parse_partition(c.partition, shape.num_layers());
     DDP_USAGE_CHECK(static_cast<int>(bounds.size()) - 1 == c.pp,
@@ -342,8 +370,8 @@ nlohmann::json config_json(const TrainConfig& c) {
           {"seed", c.seed},
           {"shuffle", c.shuffle},
           {"init-weights", c.init_weights},
-          {"device", c.device},
-          {"precision", c.precision},
+          {"device", device_name(c.device)},
+          {"precision", precision_name(c.precision)},
           {"cuda-graph", c.cuda_graph},
           {"fused-epilogues", c.fused_epilogues},
           {"autotune", c.autotune},
@@ -352,7 +380,7 @@ nlohmann::json config_json(const TrainConfig& c) {
           {"threads", c.threads},
           {"log-every", c.log_every},
           {"eval-every", c.eval_every},
-          {"backend", c.backend},
+          {"backend", backend_name(c.backend)},
           {"timeout", c.timeout},
           {"bucket-mb", c.bucket_mb},
           {"first-bucket-mb", c.first_bucket_mb},
@@ -363,7 +391,7 @@ nlohmann::json config_json(const TrainConfig& c) {
           {"schedule", schedule_name(c.schedule)},
           {"partition", c.partition},
           {"timeline", c.timeline},
-          {"on-nonfinite", c.on_nonfinite},
+          {"on-nonfinite", on_nonfinite_name(c.on_nonfinite)},
           {"checkpoint-dir", c.checkpoint_dir},
           {"checkpoint-every", c.checkpoint_every},
           {"keep-checkpoints", c.keep_checkpoints},
@@ -373,10 +401,11 @@ nlohmann::json config_json(const TrainConfig& c) {
 std::vector<std::string> describe(const TrainConfig& c) {
   std::vector<std::string> lines;
   lines.push_back(fmt::format(
-      "model      mlp {} on {}{}", c.layers, c.device,
-      c.device == "cuda" ? fmt::format(" ({}{}{})", c.precision, c.cuda_graph ? ", CUDA graph" : "",
-                                       c.sync_debug ? ", sync-debug" : "")
-                         : ""));
+      "model      mlp {} on {}{}", c.layers, device_name(c.device),
+      c.device == Device::kCuda
+          ? fmt::format(" ({}{}{})", precision_name(c.precision),
+                        c.cuda_graph ? ", CUDA graph" : "", c.sync_debug ? ", sync-debug" : "")
+          : ""));
   lines.push_back(fmt::format("data       {}{}{}", c.data, c.data == "synthetic" ? "" : " from ",
                               c.data == "synthetic" ? "" : c.data_dir));
   lines.push_back(fmt::format(

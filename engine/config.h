@@ -10,8 +10,20 @@
 
 #include "engine/pipeline/schedule.h"
 #include "models/optimizer.h"
+#include "models/precision.h"
 
 namespace ddp {
+
+enum class Device { kCpu, kCuda };
+enum class Backend { kAuto, kNccl, kGloo, kMpi };
+// A non-finite gradient (after the all-reduce, so every rank decides alike) or window loss:
+// stop ends the run (exit 1) before any checkpoint or weights are written; skip-step leaves
+// the weights and optimizer state of that step unchanged (CPU path).
+enum class OnNonfinite { kStop, kSkipStep };
+// The names the flags take ("cuda", "nccl", "skip-step").
+const char* device_name(Device device);
+const char* backend_name(Backend backend);
+const char* on_nonfinite_name(OnNonfinite policy);
 
 struct TrainConfig {
   std::string layers = "784,512,512,10";
@@ -30,8 +42,8 @@ struct TrainConfig {
   std::string init_weights;
   std::string save_weights;
   std::string metrics;
-  std::string device = "cpu";      // cpu | cuda
-  std::string precision = "fp32";  // fp32 | tf32 | bf16 (cuda)
+  Device device = Device::kCpu;
+  Precision precision = Precision::kFp32;  // cuda
   bool cuda_graph = true;
   bool fused_epilogues = true;
   bool sync_debug = false;
@@ -44,8 +56,8 @@ struct TrainConfig {
   int64_t eval_every = 0;  // > 0: test loss and accuracy every N steps
   bool quiet = false;
   // Data parallelism (under ddprun, mpirun or srun).
-  std::string backend = "auto";  // auto | nccl | gloo | mpi
-  double timeout = 300;          // seconds a collective may take
+  Backend backend = Backend::kAuto;
+  double timeout = 300;  // seconds a collective may take
   double bucket_mb = 25;
   double first_bucket_mb = 1;
   bool overlap = true;
@@ -57,10 +69,7 @@ struct TrainConfig {
   std::string partition;  // "0-1,2-3": layers of each stage; empty: balanced by FLOPs
   std::string timeline;   // Chrome trace of every rank's forward/backward/send/recv/all-reduce
   bool check_replicas = false;  // compare every rank's weights after every step
-  // A non-finite gradient (after the all-reduce, so every rank decides alike) or window
-  // loss: "stop" ends the run (exit 1) before any checkpoint or weights are written;
-  // "skip-step" leaves the weights and optimizer state of that step unchanged (CPU path).
-  std::string on_nonfinite = "stop";
+  OnNonfinite on_nonfinite = OnNonfinite::kStop;
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;  // steps; 0: only at the end when a directory is given
   int keep_checkpoints = 0;      // > 0: step-numbered files, the newest K kept

@@ -35,10 +35,11 @@ int main(int argc, char** argv) {
     ddp::ProcessEnv env = ddp::ProcessEnv::detect();
     config.restart_count = env.restart_count;
     config.start_time_ms = env.launch_time_ms > 0 ? env.launch_time_ms : start_ms;
-    const bool cuda = config.device == "cuda";
+    const bool cuda = config.device == ddp::Device::kCuda;
     const bool lead = env.rank == 0;
-    ddp::set_process_context({env.rank, env.world_size, config.device});
-    ddp::init_logging({env.rank, env.world_size, config.device, "", false, false});
+    const std::string device = ddp::device_name(config.device);
+    ddp::set_process_context({env.rank, env.world_size, device});
+    ddp::init_logging({env.rank, env.world_size, device, "", false, false});
     // Before anything slow: a run must not train for hours and then fail to write.
     if (lead) ddp::check_outputs_writable(config);
     // The dataset loads (and decompresses) on another thread while CUDA and the
@@ -113,9 +114,9 @@ int main(int argc, char** argv) {
     if (!cuda) spdlog::info("gpu monitor: off (--device cpu)");
     // One process gets a communicator too when a backend is named, so that the data-parallel
     // path can be checked against the plain one on a single device.
-    if (env.world_size > 1 || config.backend != "auto") {
+    if (env.world_size > 1 || config.backend != ddp::Backend::kAuto) {
       ddp::CommConfig comm_config;
-      comm_config.backend = config.backend;
+      comm_config.backend = ddp::backend_name(config.backend);
       comm_config.timeout_s = config.timeout;
       comm_config.gpu = cuda;
       comm = ddp::make_communicator(comm_config, env, store);

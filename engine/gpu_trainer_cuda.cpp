@@ -27,12 +27,6 @@
 namespace ddp {
 
 namespace {
-Precision precision_of(const std::string& name) {
-  if (name == "tf32") return Precision::kTf32;
-  if (name == "bf16") return Precision::kBf16;
-  return Precision::kFp32;
-}
-
 // Sums a few doubles over the group through `buffer` (NCCL needs device memory; the
 // buffer is allocated once, outside the steps).
 void sum_on_device(Communicator* comm, CudaMlp& model, DeviceBuffer<double>& buffer, double* values,
@@ -54,9 +48,9 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communi
   const bool lead = rank == 0;
   check_model_fits_data(shape, config, data);
   DDP_USAGE_CHECK(!config.check_replicas, "--check-replicas: runs on the CPU path only so far");
-  DDP_USAGE_CHECK(config.on_nonfinite == "stop",
+  DDP_USAGE_CHECK(config.on_nonfinite == OnNonfinite::kStop,
                   "--on-nonfinite {}: runs on the CPU path only so far (the GPU path stops)",
-                  config.on_nonfinite);
+                  on_nonfinite_name(config.on_nonfinite));
   // Each rank's micro-batch: its share of each of the step's --accumulate micro-batches.
   const int micro_batches = config.accumulate;
   const int micro_batch = local_batch_of(config, micro_batches, ranks);
@@ -64,7 +58,7 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communi
   const bool data_parallel = comm != nullptr;
 
   CudaMlpOptions options;
-  options.precision = precision_of(config.precision);
+  options.precision = config.precision;
   options.cuda_graph = config.cuda_graph;  // with data parallelism the NCCL calls are captured too
   options.fused_epilogues = config.fused_epilogues;
   options.sync_debug = config.sync_debug;

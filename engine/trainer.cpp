@@ -338,7 +338,7 @@ StepStats Trainer::step() {
     nonfinite |= (bits & 0x7f800000u) == 0x7f800000u;
   }
   if (any_rank(nonfinite != 0)) {
-    DDP_CHECK(config_.on_nonfinite == "skip-step",
+    DDP_CHECK(config_.on_nonfinite == OnNonfinite::kSkipStep,
               "step {}: non-finite gradient{} (loss sum {}); stopped before any "
               "checkpoint or weights were written (lower --lr, check the data, or "
               "--on-nonfinite skip-step)",

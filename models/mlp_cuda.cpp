@@ -50,18 +50,6 @@ const char* lt_status_name(cublasStatus_t status) {
 }
 }  // namespace
 
-const char* precision_name(Precision precision) {
-  switch (precision) {
-    case Precision::kFp32:
-      return "fp32";
-    case Precision::kTf32:
-      return "tf32";
-    case Precision::kBf16:
-      return "bf16";
-  }
-  return "?";
-}
-
 namespace {
 
 uint32_t alignment_of(const void* p) {

@@ -19,12 +19,10 @@
 #include "models/dataset.h"
 #include "models/mlp.h"
 #include "models/optimizer.h"
+#include "models/precision.h"
 #include "runtime/device_buffer.h"
 
 namespace ddp {
-
-enum class Precision { kFp32, kTf32, kBf16 };
-const char* precision_name(Precision precision);
 
 struct CudaMlpOptions {
   Precision precision = Precision::kFp32;
