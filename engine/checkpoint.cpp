@@ -13,8 +13,8 @@
 
 #include <fmt/format.h>
 
-#include "engine/ddp.h"
 #include "models/safetensors.h"
+#include "runtime/checksum.h"
 #include "runtime/error.h"
 #include "runtime/parse.h"
 

@@ -1,8 +1,6 @@
 // Ddp: bucket planning and the backward hooks.
 #include "engine/ddp.h"
 
-#include <zlib.h>
-
 #include <algorithm>
 
 #include "runtime/error.h"
@@ -124,18 +122,6 @@ void Ddp::finish(void* stream) {
   }
   pending_.clear();
   record({"allreduce_waited", -1, -1});
-}
-
-uint32_t crc32_of(const void* bytes, size_t count, uint32_t crc) {
-  uLong value = crc;
-  const auto* p = static_cast<const Bytef*>(bytes);
-  while (count > 0) {  // zlib takes at most 4 GiB a call
-    const uInt chunk = static_cast<uInt>(std::min<size_t>(count, 1u << 30));
-    value = crc32(value, p, chunk);
-    p += chunk;
-    count -= chunk;
-  }
-  return static_cast<uint32_t>(value);
 }
 
 }  // namespace ddp

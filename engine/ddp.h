@@ -11,6 +11,7 @@
 
 #include "collectives/communicator.h"
 #include "models/mlp.h"
+#include "runtime/checksum.h"
 
 namespace ddp {
 
@@ -111,12 +112,5 @@ class Ddp {
   std::vector<DdpEvent> events_;
   bool recording_ = false;
 };
-
-// CRC-32 (zlib's) of bytes[0, count), continuing from `crc` (0 to start).
-uint32_t crc32_of(const void* bytes, size_t count, uint32_t crc = 0);
-// A checksum of a float buffer (host), for checking that replicas hold identical weights.
-inline uint32_t params_checksum(const float* params, size_t count) {
-  return crc32_of(params, count * sizeof(float));
-}
 
 }  // namespace ddp
