@@ -234,8 +234,8 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communi
   };
   std::vector<int32_t> staged_indices(local_batch);
   auto stage = [&](int64_t step) {
-    sampler.indices(step * config.batch_size + static_cast<int64_t>(rank) * local_batch,
-                    local_batch, staged_indices.data());
+    const BatchSlice slice = rank_slice(step, config.batch_size, rank, ranks);
+    sampler.indices(slice.begin, slice.count, staged_indices.data());
     model.stage_batch(staged_indices.data());
   };
   if (model.host_staged() && done < total_steps) stage(done);
@@ -253,13 +253,12 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communi
       const int64_t step = done + k;
       // Micro-batch j of step t is the j-th 1/accumulate of the global batch; this rank takes
       // its contiguous share of each, as on the CPU.
-      for (int j = 0; j < micro_batches; ++j)
-        sampler.indices(step * config.batch_size +
-                            static_cast<int64_t>(j) * (config.batch_size / micro_batches) +
-                            static_cast<int64_t>(rank) * micro_batch,
-                        micro_batch,
+      for (int j = 0; j < micro_batches; ++j) {
+        const BatchSlice slice = rank_slice(step, config.batch_size, rank, ranks, j, micro_batches);
+        sampler.indices(slice.begin, slice.count,
                         indices.data() + static_cast<size_t>(k) * local_batch +
                             static_cast<size_t>(j) * micro_batch);
+      }
       OptStep& s = steps[k];
       s.lr = lr_at(step, total_steps, config.lr, config.lr_schedule, config.warmup_steps);
       s.first = step == 0;

@@ -33,11 +33,17 @@ void Sampler::indices(int64_t begin, int64_t count, int32_t* out) {
   }
 }
 
-BatchSlice rank_slice(int64_t step, int global_batch, int rank, int ranks) {
-  DDP_CHECK(global_batch % ranks == 0, "global batch {} not divisible by {} ranks", global_batch,
-            ranks);
-  const int local = global_batch / ranks;
-  return {step * global_batch + static_cast<int64_t>(rank) * local, local};
+BatchSlice rank_slice(int64_t step, int global_batch, int rank, int ranks, int micro,
+                      int micro_batches) {
+  DDP_CHECK(micro_batches >= 1 && micro >= 0 && micro < micro_batches &&
+                global_batch % (micro_batches * ranks) == 0,
+            "global batch {} not divisible into {} micro-batches over {} ranks", global_batch,
+            micro_batches, ranks);
+  const int micro_size = global_batch / micro_batches;
+  const int local = micro_size / ranks;
+  return {step * global_batch + static_cast<int64_t>(micro) * micro_size +
+              static_cast<int64_t>(rank) * local,
+          local};
 }
 
 }  // namespace ddp

@@ -28,11 +28,15 @@ class Sampler {
   std::vector<int32_t> permutation_;
 };
 
-// The stream positions of data-parallel rank `rank` of `ranks` in global batch `step`.
+// The stream positions of data-parallel rank `rank` of `ranks` in global batch `step`:
+// with `micro_batches` > 1, its contiguous share of micro-batch `micro` (the micro-th
+// 1/micro_batches of the global batch), as gradient accumulation and pipelines take them.
+// The global batch must divide into micro-batches and ranks (checked).
 struct BatchSlice {
   int64_t begin = 0;  // stream position
   int count = 0;      // samples
 };
-BatchSlice rank_slice(int64_t step, int global_batch, int rank, int ranks);
+BatchSlice rank_slice(int64_t step, int global_batch, int rank, int ranks, int micro = 0,
+                      int micro_batches = 1);
 
 }  // namespace ddp

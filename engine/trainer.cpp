@@ -240,10 +240,10 @@ void Trainer::run_schedule(StepStats* stats) {
         timeline_.add(SpanKind::kRecv, step, mb, start, timeline_.now_us());
         break;
       case ActionKind::kForward: {
-        const int64_t begin = step_ * config_.batch_size +
-                              static_cast<int64_t>(mb) * n * layout_.replicas +
-                              static_cast<int64_t>(layout_.replica) * n;
-        if (stage_.is_first() || stage_.is_last()) gather_batch(begin, n, static_cast<int>(row));
+        const BatchSlice slice = rank_slice(step_, config_.batch_size, layout_.replica,
+                                            layout_.replicas, mb, micro_batches_);
+        if (stage_.is_first() || stage_.is_last())
+          gather_batch(slice.begin, slice.count, static_cast<int>(row));
         DDP_CHECK(!free_slots.empty(), "pipeline: no free activation slot for micro-batch {}", mb);
         slot_of[mb] = free_slots.back();
         free_slots.pop_back();

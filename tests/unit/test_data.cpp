@@ -295,5 +295,25 @@ TEST(Sampler, RankSlicesTileTheGlobalBatch) {
   }
 }
 
+// With micro-batches, each micro-batch is a contiguous 1/M of the global batch and the
+// ranks tile each in turn: the same positions as one rank, in the same order.
+TEST(Sampler, MicroBatchSlicesTileTheGlobalBatchMicroBatchByMicroBatch) {
+  for (int micro_batches : {1, 2, 3}) {
+    for (int ranks : {1, 2}) {
+      int64_t expected_begin = 7 * 12;
+      for (int m = 0; m < micro_batches; ++m) {
+        for (int r = 0; r < ranks; ++r) {
+          const BatchSlice slice = rank_slice(7, 12, r, ranks, m, micro_batches);
+          EXPECT_EQ(slice.begin, expected_begin) << micro_batches << " " << ranks;
+          EXPECT_EQ(slice.count, 12 / micro_batches / ranks);
+          expected_begin += slice.count;
+        }
+      }
+      EXPECT_EQ(expected_begin, 8 * 12);
+    }
+  }
+  EXPECT_THROW(rank_slice(0, 12, 0, 2, 0, 4), Error);  // 12 into 4 x 2 does not go
+}
+
 }  // namespace
 }  // namespace ddp
