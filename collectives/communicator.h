@@ -105,6 +105,14 @@ class Communicator {
     int peer = 0;
   };
   virtual std::unique_ptr<Work> batch_async(const std::vector<P2pOp>& ops) = 0;
+  // One asynchronous send or receive (a batch of one): the Work completes when the buffer
+  // may be reused (send) or holds the message (recv).
+  std::unique_ptr<Work> isend(const void* buffer, size_t count, DataType type, int peer) {
+    return batch_async({{true, const_cast<void*>(buffer), count, type, peer}});
+  }
+  std::unique_ptr<Work> irecv(void* buffer, size_t count, DataType type, int peer) {
+    return batch_async({{false, buffer, count, type, peer}});
+  }
   virtual void barrier() = 0;
   // Every rank calls; ranks with the same colour form a new communicator, ordered by key
   // then by rank. The parent stays usable.

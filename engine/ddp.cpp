@@ -42,21 +42,11 @@ std::vector<Bucket> plan_buckets(const std::vector<ParamSpan>& layers, size_t bu
   return buckets;
 }
 
-Ddp::Ddp(Communicator& comm, const MlpShape& shape, size_t bucket_bytes, size_t first_bucket_bytes,
-         bool overlap)
-    : comm_(comm),
-      buckets_(plan_buckets(shape, bucket_bytes, first_bucket_bytes)),
-      overlap_(overlap) {}
-
 Ddp::Ddp(Communicator& comm, const std::vector<ParamSpan>& layers, size_t bucket_bytes,
          size_t first_bucket_bytes, bool overlap)
     : comm_(comm),
       buckets_(plan_buckets(layers, bucket_bytes, first_bucket_bytes)),
       overlap_(overlap) {}
-
-void Ddp::check_same_model(const MlpShape& shape, void* device_scratch) {
-  check_same_layout(shape.fingerprint(), shape.to_string(), device_scratch);
-}
 
 void Ddp::check_same_layout(uint64_t fingerprint, const std::string& description,
                             void* device_scratch) {
@@ -64,7 +54,7 @@ void Ddp::check_same_layout(uint64_t fingerprint, const std::string& description
   std::vector<int64_t> mine = {static_cast<int64_t>(fingerprint)};
   std::vector<int64_t> all(n);
   if (comm_.device_buffers()) {
-    DDP_CHECK(device_scratch != nullptr, "check_same_model over {} needs a device buffer",
+    DDP_CHECK(device_scratch != nullptr, "check_same_layout over {} needs a device buffer",
               comm_.backend());
     copy_to_device_(device_scratch, mine.data(), sizeof(int64_t));
     auto* slots = static_cast<int64_t*>(device_scratch);

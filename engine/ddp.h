@@ -51,21 +51,16 @@ struct DdpEvent {
 
 class Ddp {
  public:
-  // overlap: start each bucket's all-reduce as soon as its layers are done; otherwise all
-  // of them after backward.
-  Ddp(Communicator& comm, const MlpShape& shape, size_t bucket_bytes, size_t first_bucket_bytes,
-      bool overlap);
-  // Any model: its layers as spans of one flat buffer (see ParamSpan); layer_done(i) refers
-  // to layers[i].
+  // Any model: its layers as spans of one flat buffer (see ParamSpan; param_spans(shape)
+  // for the MLP); layer_done(i) refers to layers[i]. overlap: start each bucket's
+  // all-reduce as soon as its layers are done; otherwise all of them after backward.
   Ddp(Communicator& comm, const std::vector<ParamSpan>& layers, size_t bucket_bytes,
       size_t first_bucket_bytes, bool overlap);
 
-  // Collective: every rank must hold the same model (layer shapes); throws naming the ranks
-  // that differ. A device communicator needs `device_scratch` of size() + 1 int64 and the
-  // copy functions (set_device_copies).
-  void check_same_model(const MlpShape& shape, void* device_scratch = nullptr);
-  // The same for any model: `fingerprint` identifies its layout, `description` names it in
-  // the message.
+  // Collective: every rank must hold the same model; `fingerprint` identifies its layout
+  // (MlpShape::fingerprint()), `description` names it in the message; throws naming the
+  // ranks that differ. A device communicator needs `device_scratch` of size() + 1 int64 and
+  // the copy functions (set_device_copies).
   void check_same_layout(uint64_t fingerprint, const std::string& description,
                          void* device_scratch = nullptr);
   using CopyFn = void (*)(void* dst, const void* src, size_t bytes);

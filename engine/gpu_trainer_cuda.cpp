@@ -99,9 +99,9 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communi
   std::unique_ptr<Ddp> ddp;
   if (data_parallel) {
     comm->set_compute_stream(model.stream());
-    ddp = std::make_unique<Ddp>(*comm, shape, static_cast<size_t>(config.bucket_mb * 1048576),
-                                static_cast<size_t>(config.first_bucket_mb * 1048576),
-                                config.overlap);
+    ddp = std::make_unique<Ddp>(
+        *comm, param_spans(shape), static_cast<size_t>(config.bucket_mb * 1048576),
+        static_cast<size_t>(config.first_bucket_mb * 1048576), config.overlap);
     // Every rank must hold the same model: compare shape fingerprints through the group.
     ddp->set_device_copies(
         [](void* dst, const void* src, size_t bytes) {
@@ -111,7 +111,7 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communi
           DDP_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
         });
     DeviceBuffer<int64_t> scratch(static_cast<size_t>(ranks) + 1, MemoryCategory::kOther);
-    ddp->check_same_model(shape, scratch.data());
+    ddp->check_same_layout(shape.fingerprint(), shape.to_string(), scratch.data());
     ddp->broadcast_parameters(model.device_params(), shape.param_count());
     model.get_params(params.data());
     model.set_params(params.data());  // refreshes the bf16 copy from the broadcast weights

@@ -207,8 +207,7 @@ void Trainer::gather_batch(int64_t begin, int count, int row) {
 }
 
 void Trainer::receive(float* buffer, size_t count, int peer) {
-  pipe_group_->batch_async({{false, buffer, count, DataType::kFloat32, peer}})
-      ->wait(pipe_group_->timeout());
+  pipe_group_->irecv(buffer, count, DataType::kFloat32, peer)->wait(pipe_group_->timeout());
 }
 
 void Trainer::run_schedule(StepStats* stats) {
@@ -258,8 +257,8 @@ void Trainer::run_schedule(StepStats* stats) {
       case ActionKind::kSendActivation: {
         float* out = &sent_x_[row * out_width];
         std::copy_n(output_of[mb], n * out_width, out);
-        sends.push_back(pipe_group_->batch_async(
-            {{true, out, n * out_width, DataType::kFloat32, layout_.stage + 1}}));
+        sends.push_back(
+            pipe_group_->isend(out, n * out_width, DataType::kFloat32, layout_.stage + 1));
         timeline_.add(SpanKind::kSend, step, mb, start, timeline_.now_us());
         break;
       }
@@ -293,8 +292,8 @@ void Trainer::run_schedule(StepStats* stats) {
       case ActionKind::kSendGradient: {
         float* dx = &sent_dx_[row * in_width];
         std::copy_n(grad_input, n * in_width, dx);
-        sends.push_back(pipe_group_->batch_async(
-            {{true, dx, n * in_width, DataType::kFloat32, layout_.stage - 1}}));
+        sends.push_back(
+            pipe_group_->isend(dx, n * in_width, DataType::kFloat32, layout_.stage - 1));
         timeline_.add(SpanKind::kSend, step, mb, start, timeline_.now_us());
         break;
       }
@@ -390,9 +389,8 @@ LossSum Trainer::evaluate_range(const Split& split, int64_t begin, int64_t end) 
     const float* out = stage_.forward(x, count, 0);
     if (!stage_.is_last()) {
       pipe_group_
-          ->batch_async(
-              {{true, const_cast<float*>(out), static_cast<size_t>(count) * stage_.out_width(),
-                DataType::kFloat32, layout_.stage + 1}})
+          ->isend(out, static_cast<size_t>(count) * stage_.out_width(), DataType::kFloat32,
+                  layout_.stage + 1)
           ->wait(pipe_group_->timeout());
       continue;
     }
