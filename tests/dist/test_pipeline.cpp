@@ -219,7 +219,11 @@ INSTANTIATE_TEST_SUITE_P(
         BadLayout{"PartitionStagesDiffer", 1, "--pp 3 --partition 0-1,2-3",
                   "--partition 0-1,2-3: names 2 stages but --pp is 3"},
         BadLayout{"AccumulateWithPipeline", 1, "--pp 2 --accumulate 2",
-                  "--accumulate 2 with --pp 2: a pipeline accumulates over --micro-batches"}));
+                  "--accumulate 2 with --pp 2: a pipeline accumulates over --micro-batches"},
+        BadLayout{"PipelineOnTheGpu", 1, "--pp 2 --device cuda",
+                  "--pp 2 --device cuda: pipeline stages run on the CPU in this version"},
+        BadLayout{"TimelineOnTheGpu", 1, "--device cuda --timeline t.json",
+                  "--timeline t.json: records the CPU training loop only in this version"}));
 
 TEST(Pipeline, KilledStageIsNamedAndTheOthersStopWithinTheGracePeriod) {
   if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
