@@ -94,6 +94,26 @@ std::string describe_stuck_operation(StoreClient* store, const std::string& grou
                      count, dtype_name(type), count * dtype_bytes(type), group, cause, missing);
 }
 
+std::string describe_stuck_p2p(const std::string& group, uint64_t sequence,
+                               const std::vector<Communicator::P2pOp>& ops,
+                               const std::string& cause) {
+  std::string what, peers;
+  for (const Communicator::P2pOp& op : ops) {
+    what += fmt::format("{}{} of {} x {} ({} bytes) {} rank {}", what.empty() ? "" : " and ",
+                        op.send ? "send" : "recv", op.count, dtype_name(op.type),
+                        op.count * dtype_bytes(op.type), op.send ? "to" : "from", op.peer);
+    const std::string peer = std::to_string(op.peer);
+    if (("," + peers + ",").find("," + peer + ",") == std::string::npos)
+      peers += (peers.empty() ? "" : ",") + peer;
+  }
+  return fmt::format(
+      "{} (point-to-point #{} in group {}) did not complete: {}; the peer{} (rank {} of that "
+      "group) {} stopped, dead or behind",
+      what.empty() ? "an empty batch" : what, sequence, group, cause,
+      peers.find(',') == std::string::npos ? "" : "s", peers,
+      peers.find(',') == std::string::npos ? "is" : "are");
+}
+
 std::string describe_stuck_step(StoreClient* store, const std::string& group, int rank, int size,
                                 const std::string& what, uint64_t sequence,
                                 const std::string& cause) {

@@ -136,12 +136,9 @@ class Communicator {
   uint64_t next_sequence() { return ++sequence_; }
   // Point-to-point calls (send, recv, batch_async) are numbered apart: only some ranks make
   // them, so they must not shift the collectives' numbers, which every rank must agree on
-  // (Gloo's tags, the stuck-rank records). Their stuck-rank records use group + "/p2p".
+  // (Gloo's tags, the stuck-rank records). They are described by their peers
+  // (describe_stuck_p2p).
   uint64_t next_p2p_sequence() { return ++p2p_sequence_; }
-  static bool is_point_to_point(const char* op) {
-    const std::string name = op;
-    return name == "send" || name == "recv" || name == "batch_p2p";
-  }
 
   int rank_;
   int size_;
@@ -166,6 +163,15 @@ std::unique_ptr<Communicator> make_communicator(const CommConfig& config, const 
 std::string built_backends();
 // The NCCL library's version ("2.28.3"), or "" without NCCL.
 std::string nccl_version();
+
+// Describes a point-to-point operation that did not complete, naming what it moved and the
+// peers: "recv of 48 x float32 (192 bytes) from rank 1 (point-to-point #12 in group G) did
+// not complete: CAUSE; the peer (rank 1 of that group) is stopped, dead or behind". Ranks
+// are the group's (in a pipeline group, the stage). Only the peers take
+// part, so no store record says more. Pure.
+std::string describe_stuck_p2p(const std::string& group, uint64_t sequence,
+                               const std::vector<Communicator::P2pOp>& ops,
+                               const std::string& cause);
 
 // Describes a timed-out or failed operation and asks the store which ranks never reached
 // it: every rank that times out records its arrival under (group, sequence), waits a little

@@ -209,7 +209,7 @@ class GlooCommunicator final : public Communicator {
           buf->send(peer, slot);
           if (!buf->waitSend(ms(timeout_s_))) throw Error("send timed out");
         },
-        seq, "send", count, type)
+        seq, {{true, const_cast<void*>(buffer), count, type, peer}})
         ->wait(timeout_s_);
   }
 
@@ -224,7 +224,7 @@ class GlooCommunicator final : public Communicator {
           buf->recv(peer, slot);
           if (!buf->waitRecv(ms(timeout_s_))) throw Error("recv timed out");
         },
-        seq, "recv", count, type)
+        seq, {{false, buffer, count, type, peer}})
         ->wait(timeout_s_);
   }
 
@@ -233,9 +233,8 @@ class GlooCommunicator final : public Communicator {
   // post theirs in.
   std::unique_ptr<Work> batch_async(const std::vector<P2pOp>& ops) override {
     const uint64_t seq = next_p2p_sequence();
-    auto work = std::make_unique<GlooBatchWork>([this, seq](const std::string& cause) {
-      return describe_stuck_operation(store_.get(), prefix_ + "p2p", rank_, size_, seq, "batch_p2p",
-                                      0, DataType::kFloat32, cause);
+    auto work = std::make_unique<GlooBatchWork>([this, seq, ops](const std::string& cause) {
+      return describe_stuck_p2p(prefix_, seq, ops, cause);
     });
     for (const P2pOp& op : ops) {
       check_rank(op.peer, op.send ? "batch_async send peer" : "batch_async recv peer");
@@ -311,9 +310,15 @@ class GlooCommunicator final : public Communicator {
   std::unique_ptr<Work> submit(std::function<void()> run, uint64_t seq, const char* op,
                                size_t count, DataType type) {
     auto describe = [this, seq, op, count, type](const std::string& cause) {
-      return describe_stuck_operation(store_.get(),
-                                      is_point_to_point(op) ? prefix_ + "p2p" : prefix_, rank_,
-                                      size_, seq, op, count, type, cause);
+      return describe_stuck_operation(store_.get(), prefix_, rank_, size_, seq, op, count, type,
+                                      cause);
+    };
+    return std::make_unique<HostWork>(queue_->submit(std::move(run)), describe);
+  }
+  // Point to point: the description names the peer instead of asking the store.
+  std::unique_ptr<Work> submit(std::function<void()> run, uint64_t seq, std::vector<P2pOp> ops) {
+    auto describe = [this, seq, ops](const std::string& cause) {
+      return describe_stuck_p2p(prefix_, seq, ops, cause);
     };
     return std::make_unique<HostWork>(queue_->submit(std::move(run)), describe);
   }

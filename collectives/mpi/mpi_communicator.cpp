@@ -179,7 +179,9 @@ class MpiCommunicator final : public Communicator {
     MPI_Request request;
     DDP_MPI_CHECK(
         MPI_Isend(buffer, checked_count(count), mpi_type(type), peer, 7, comm_, &request));
-    MpiWork(request, nullptr, describer(seq, "send", count, type)).wait(timeout_s_);
+    MpiWork(request, nullptr,
+            p2p_describer(seq, {{true, const_cast<void*>(buffer), count, type, peer}}))
+        .wait(timeout_s_);
   }
 
   void recv(void* buffer, size_t count, DataType type, int peer) override {
@@ -187,7 +189,8 @@ class MpiCommunicator final : public Communicator {
     MPI_Request request;
     DDP_MPI_CHECK(
         MPI_Irecv(buffer, checked_count(count), mpi_type(type), peer, 7, comm_, &request));
-    MpiWork(request, nullptr, describer(seq, "recv", count, type)).wait(timeout_s_);
+    MpiWork(request, nullptr, p2p_describer(seq, {{false, buffer, count, type, peer}}))
+        .wait(timeout_s_);
   }
 
   std::unique_ptr<Work> batch_async(const std::vector<P2pOp>& ops) override {
@@ -204,8 +207,7 @@ class MpiCommunicator final : public Communicator {
         DDP_MPI_CHECK(MPI_Irecv(op.buffer, checked_count(op.count), mpi_type(op.type), op.peer, 8,
                                 comm_, &requests[i]));
     }
-    return std::make_unique<MpiBatchWork>(std::move(requests),
-                                          describer(seq, "batch_p2p", total, DataType::kFloat32));
+    return std::make_unique<MpiBatchWork>(std::move(requests), p2p_describer(seq, ops));
   }
 
   void send_recv(const void* send_buffer, void* recv_buffer, size_t count, DataType type,
@@ -257,12 +259,15 @@ class MpiCommunicator final : public Communicator {
     if (type == DataType::kBFloat16) return op == ReduceOp::kMax ? bf16_max_ : bf16_sum_;
     return op == ReduceOp::kMax ? MPI_MAX : MPI_SUM;
   }
+  std::function<std::string(const std::string&)> p2p_describer(uint64_t seq,
+                                                               std::vector<P2pOp> ops) {
+    return [this, seq, ops](const std::string& cause) {
+      return describe_stuck_p2p(group_, seq, ops, cause);
+    };
+  }
   std::function<std::string(const std::string&)> describer(uint64_t seq, const char* op,
                                                            size_t count, DataType type) {
     return [this, seq, op, count, type](const std::string& cause) {
-      if (is_point_to_point(op))
-        return describe_stuck_operation(store_.get(), group_ + "/p2p", rank_, size_, seq, op, count,
-                                        type, cause);
       if (store_ != nullptr)
         return describe_stuck_operation(store_.get(), group_, rank_, size_, seq, op, count, type,
                                         cause);

@@ -203,14 +203,16 @@ class NcclCommunicator final : public Communicator {
     })->wait(timeout_s_);
   }
   void send(const void* buffer, size_t count, DataType type, int peer) override {
-    enqueue("send", count, type, [&] {
-      return ncclSend(buffer, count, nccl_type(type), peer, raw(), comm_stream_);
-    })->wait(timeout_s_);
+    enqueue("send", count, type,
+            [&] { return ncclSend(buffer, count, nccl_type(type), peer, raw(), comm_stream_); },
+            {{true, const_cast<void*>(buffer), count, type, peer}})
+        ->wait(timeout_s_);
   }
   void recv(void* buffer, size_t count, DataType type, int peer) override {
-    enqueue("recv", count, type, [&] {
-      return ncclRecv(buffer, count, nccl_type(type), peer, raw(), comm_stream_);
-    })->wait(timeout_s_);
+    enqueue("recv", count, type,
+            [&] { return ncclRecv(buffer, count, nccl_type(type), peer, raw(), comm_stream_); },
+            {{false, buffer, count, type, peer}})
+        ->wait(timeout_s_);
   }
   void send_recv(const void* send_buffer, void* recv_buffer, size_t count, DataType type,
                  int send_peer, int recv_peer) override {
@@ -223,22 +225,26 @@ class NcclCommunicator final : public Communicator {
     })->wait(timeout_s_);
   }
   std::unique_ptr<Work> batch_async(const std::vector<P2pOp>& ops) override {
+    DDP_CHECK(!ops.empty(), "batch_async: no operations to post");
     size_t count = 0;
     for (const P2pOp& op : ops) {
       DDP_CHECK(op.peer >= 0 && op.peer < size_ && op.peer != rank_,
                 "batch_async: peer {} in a group of {} (this rank is {})", op.peer, size_, rank_);
       count += op.count;
     }
-    return enqueue("batch_p2p", count, DataType::kFloat32, [&] {
-      ncclGroupStart();
-      for (const P2pOp& op : ops) {
-        if (op.send)
-          ncclSend(op.buffer, op.count, nccl_type(op.type), op.peer, raw(), comm_stream_);
-        else
-          ncclRecv(op.buffer, op.count, nccl_type(op.type), op.peer, raw(), comm_stream_);
-      }
-      return ncclGroupEnd();
-    });
+    return enqueue(
+        "batch_p2p", count, DataType::kFloat32,
+        [&] {
+          ncclGroupStart();
+          for (const P2pOp& op : ops) {
+            if (op.send)
+              ncclSend(op.buffer, op.count, nccl_type(op.type), op.peer, raw(), comm_stream_);
+            else
+              ncclRecv(op.buffer, op.count, nccl_type(op.type), op.peer, raw(), comm_stream_);
+          }
+          return ncclGroupEnd();
+        },
+        ops);
   }
   void barrier() override {
     enqueue("barrier", 1, DataType::kFloat32, [&] {
@@ -319,11 +325,14 @@ class NcclCommunicator final : public Communicator {
   }
 
   template <typename Launch>
-  std::unique_ptr<Work> enqueue(const char* op, size_t count, DataType type, Launch launch) {
-    const bool p2p = is_point_to_point(op);
+  // `ops`: a point-to-point call's operations (numbered apart, described by their peers).
+  std::unique_ptr<Work> enqueue(const char* op, size_t count, DataType type, Launch launch,
+                                std::vector<P2pOp> ops = {}) {
+    const bool p2p = !ops.empty();
     const uint64_t seq = p2p ? next_p2p_sequence() : next_sequence();
-    auto describe = [store = store_, group = p2p ? group_ + "/p2p" : group_, rank = rank_,
-                     size = size_, seq, op, count, type](const std::string& cause) {
+    auto describe = [store = store_, group = group_, rank = rank_, size = size_, seq, op, count,
+                     type, ops](const std::string& cause) {
+      if (!ops.empty()) return describe_stuck_p2p(group, seq, ops, cause);
       return describe_stuck_operation(store.get(), group, rank, size, seq, op, count, type, cause);
     };
     DDP_CHECK(!comm_->aborted(), "{} #{} on an aborted NCCL communicator (group {})", op, seq,

@@ -240,5 +240,26 @@ TEST(Pipeline, KilledStageIsNamedAndTheOthersStopWithinTheGracePeriod) {
   EXPECT_LT(stopped_after(r.output), 2.0 + 3.0) << r.output;
 }
 
+// A stage that stops (SIGSTOP: alive, silent) is named by its neighbours' receives once
+// --timeout passes, and ddprun ends the job.
+TEST(Pipeline, StoppedStageIsNamedByItsNeighboursWithinTheTimeout) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  const double timeout = 3, grace = 2;
+  const RunResult r = run_and_signal(
+      dir,
+      kDdprun + " --nproc-per-node 3 --grace-period 2 -- " + kTrain +
+          " --data synthetic --layers 12,32,16,4 --synthetic-samples 240 --batch-size 24 "
+          "--pp 3 --steps 100000000 --log-every 20 --threads 1 --timeout 3",
+      "step 40/", 1, "STOP");
+  EXPECT_NE(r.output.find("from rank 1 (point-to-point #"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("the peer (rank 1 of that group) is stopped, dead or behind"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("ddprun exit 0"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("LEFT BEHIND"), std::string::npos) << r.output;
+  EXPECT_LT(stopped_after(r.output), timeout + grace + 5.0) << r.output;
+}
+
 }  // namespace
 }  // namespace ddp

@@ -305,5 +305,30 @@ TEST(StoreClient, UnreachableStoreNamesTheAddress) {
   }
 }
 
+// A stuck send or receive names what it moved and its peers (not the store's arrivals: only
+// the two ranks take part).
+TEST(StuckP2p, NamesTheOperationsAndThePeers) {
+  float buffer[4];
+  const std::string one = describe_stuck_p2p(
+      "g/p", 12, {{false, buffer, 48, DataType::kFloat32, 1}}, "timed out after 3000ms");
+  EXPECT_EQ(
+      one,
+      "recv of 48 x float32 (192 bytes) from rank 1 (point-to-point #12 in group g/p) did "
+      "not complete: timed out after 3000ms; the peer (rank 1 of that group) is stopped, dead "
+      "or behind");
+  const std::string two = describe_stuck_p2p("g", 3,
+                                             {{true, buffer, 2, DataType::kFloat64, 2},
+                                              {false, buffer, 2, DataType::kFloat64, 0},
+                                              {false, buffer, 2, DataType::kFloat64, 2}},
+                                             "closed");
+  EXPECT_NE(two.find("send of 2 x float64 (16 bytes) to rank 2 and recv of 2 x float64 (16 bytes) "
+                     "from rank 0 and recv"),
+            std::string::npos)
+      << two;
+  EXPECT_NE(two.find("the peers (rank 2,0 of that group) are stopped, dead or behind"),
+            std::string::npos)
+      << two;
+}
+
 }  // namespace
 }  // namespace ddp
