@@ -96,7 +96,7 @@ std::string describe_stuck_operation(StoreClient* store, const std::string& grou
 
 std::string describe_stuck_p2p(const std::string& group, uint64_t sequence,
                                const std::vector<Communicator::P2pOp>& ops,
-                               const std::string& cause) {
+                               const std::string& cause, const Communicator* comm) {
   std::string what, peers;
   for (const Communicator::P2pOp& op : ops) {
     what += fmt::format("{}{} of {} x {} ({} bytes) {} rank {}", what.empty() ? "" : " and ",
@@ -106,11 +106,22 @@ std::string describe_stuck_p2p(const std::string& group, uint64_t sequence,
     if (("," + peers + ",").find("," + peer + ",") == std::string::npos)
       peers += (peers.empty() ? "" : ",") + peer;
   }
+  // In a sub-group, say which processes those are as the launcher numbers them.
+  std::string world;
+  if (comm != nullptr && !ops.empty() && comm->world_rank_of(ops.front().peer) >= 0 &&
+      comm->world_rank_of(ops.front().peer) != ops.front().peer) {
+    for (const Communicator::P2pOp& op : ops) {
+      const std::string r = std::to_string(comm->world_rank_of(op.peer));
+      if (("," + world + ",").find("," + r + ",") == std::string::npos)
+        world += (world.empty() ? "" : ",") + r;
+    }
+    world = ", world rank " + world;
+  }
   return fmt::format(
       "{} (point-to-point #{} in group {}) did not complete: {}; the peer{} (rank {} of that "
-      "group) {} stopped, dead or behind",
+      "group{}) {} stopped, dead or behind",
       what.empty() ? "an empty batch" : what, sequence, group, cause,
-      peers.find(',') == std::string::npos ? "" : "s", peers,
+      peers.find(',') == std::string::npos ? "" : "s", peers, world,
       peers.find(',') == std::string::npos ? "is" : "are");
 }
 

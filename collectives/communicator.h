@@ -129,6 +129,21 @@ class Communicator {
   }
 
   uint64_t sequence() const { return sequence_; }
+  // The world rank of this group's rank `group_rank` (the group made by split), so that
+  // messages can name a process as the launcher numbers it; -1 where the backend cannot
+  // tell (NCCL sub-groups). The world is its own identity.
+  int world_rank_of(int group_rank) const {
+    if (world_ranks_.empty()) return is_world_ ? group_rank : -1;
+    return group_rank >= 0 && group_rank < static_cast<int>(world_ranks_.size())
+               ? world_ranks_[group_rank]
+               : -1;
+  }
+  void set_world_ranks(std::vector<int> ranks) {
+    world_ranks_ = std::move(ranks);
+    is_world_ = false;
+  }
+  // A communicator from split() that cannot name its members' world ranks.
+  void set_not_world() { is_world_ = false; }
 
  protected:
   Communicator(int rank, int size) : rank_(rank), size_(size) {}
@@ -145,6 +160,8 @@ class Communicator {
   double timeout_s_ = 300.0;
   uint64_t sequence_ = 0;
   uint64_t p2p_sequence_ = 0;
+  std::vector<int> world_ranks_;  // empty: the world itself, or unknown (is_world_ false)
+  bool is_world_ = true;
 };
 
 // Which backend to use: "auto" = NCCL with GPUs, else Gloo, else MPI under mpirun.
@@ -169,9 +186,10 @@ std::string nccl_version();
 // not complete: CAUSE; the peer (rank 1 of that group) is stopped, dead or behind". Ranks
 // are the group's (in a pipeline group, the stage). Only the peers take
 // part, so no store record says more. Pure.
+// `comm` (may be null) names the peers' world ranks where it knows them.
 std::string describe_stuck_p2p(const std::string& group, uint64_t sequence,
                                const std::vector<Communicator::P2pOp>& ops,
-                               const std::string& cause);
+                               const std::string& cause, const Communicator* comm = nullptr);
 
 // Describes a timed-out or failed operation and asks the store which ranks never reached
 // it: every rank that times out records its arrival under (group, sequence), waits a little

@@ -234,7 +234,7 @@ class GlooCommunicator final : public Communicator {
   std::unique_ptr<Work> batch_async(const std::vector<P2pOp>& ops) override {
     const uint64_t seq = next_p2p_sequence();
     auto work = std::make_unique<GlooBatchWork>([this, seq, ops](const std::string& cause) {
-      return describe_stuck_p2p(prefix_, seq, ops, cause);
+      return describe_stuck_p2p(prefix_, seq, ops, cause, this);
     });
     for (const P2pOp& op : ops) {
       check_rank(op.peer, op.send ? "batch_async send peer" : "batch_async recv peer");
@@ -282,9 +282,14 @@ class GlooCommunicator final : public Communicator {
     int new_rank = 0;
     for (size_t i = 0; i < members.size(); ++i)
       if (std::get<1>(members[i]) == rank_) new_rank = static_cast<int>(i);
-    return std::make_unique<GlooCommunicator>(new_rank, static_cast<int>(members.size()), store_,
-                                              fmt::format("{}c{}/", base, color), timeout_s_,
-                                              hostname_);
+    auto child = std::make_unique<GlooCommunicator>(new_rank, static_cast<int>(members.size()),
+                                                    store_, fmt::format("{}c{}/", base, color),
+                                                    timeout_s_, hostname_);
+    std::vector<int> world;
+    for (const auto& member : members)
+      world.push_back(world_rank_of(std::get<1>(member)));
+    child->set_world_ranks(std::move(world));
+    return child;
   }
 
  private:
@@ -318,7 +323,7 @@ class GlooCommunicator final : public Communicator {
   // Point to point: the description names the peer instead of asking the store.
   std::unique_ptr<Work> submit(std::function<void()> run, uint64_t seq, std::vector<P2pOp> ops) {
     auto describe = [this, seq, ops](const std::string& cause) {
-      return describe_stuck_p2p(prefix_, seq, ops, cause);
+      return describe_stuck_p2p(prefix_, seq, ops, cause, this);
     };
     return std::make_unique<HostWork>(queue_->submit(std::move(run)), describe);
   }

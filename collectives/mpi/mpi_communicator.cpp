@@ -233,8 +233,23 @@ class MpiCommunicator final : public Communicator {
     const uint64_t seq = next_sequence();
     MPI_Comm child;
     DDP_MPI_CHECK(MPI_Comm_split(comm_, color, key, &child));
-    return std::make_unique<MpiCommunicator>(child, false, store_, timeout_s_,
-                                             fmt::format("{}/split{}c{}", group_, seq, color));
+    auto made = std::make_unique<MpiCommunicator>(child, false, store_, timeout_s_,
+                                                  fmt::format("{}/split{}c{}", group_, seq, color));
+    // The members' ranks in MPI_COMM_WORLD, for messages.
+    MPI_Group child_group, world_group;
+    MPI_Comm_group(child, &child_group);
+    MPI_Comm_group(MPI_COMM_WORLD, &world_group);
+    std::vector<int> mine(made->size()), world(made->size());
+    for (int r = 0; r < made->size(); ++r)
+      mine[r] = r;
+    if (MPI_Group_translate_ranks(child_group, made->size(), mine.data(), world_group,
+                                  world.data()) == MPI_SUCCESS)
+      made->set_world_ranks(std::move(world));
+    else
+      made->set_not_world();
+    MPI_Group_free(&child_group);
+    MPI_Group_free(&world_group);
+    return made;
   }
 
   void abort() override { MPI_Abort(comm_, 1); }
@@ -262,7 +277,7 @@ class MpiCommunicator final : public Communicator {
   std::function<std::string(const std::string&)> p2p_describer(uint64_t seq,
                                                                std::vector<P2pOp> ops) {
     return [this, seq, ops](const std::string& cause) {
-      return describe_stuck_p2p(group_, seq, ops, cause);
+      return describe_stuck_p2p(group_, seq, ops, cause, this);
     };
   }
   std::function<std::string(const std::string&)> describer(uint64_t seq, const char* op,

@@ -269,9 +269,11 @@ class NcclCommunicator final : public Communicator {
     int child_rank = 0, child_size = 1;
     ncclCommUserRank(child, &child_rank);
     ncclCommCount(child, &child_size);
-    return std::make_unique<NcclCommunicator>(child_rank, child_size, child, store_,
-                                              fmt::format("{}/split{}c{}", group_, seq, color),
-                                              timeout_s_);
+    auto made = std::make_unique<NcclCommunicator>(child_rank, child_size, child, store_,
+                                                   fmt::format("{}/split{}c{}", group_, seq, color),
+                                                   timeout_s_);
+    made->set_not_world();  // NCCL does not say which world ranks the members are
+    return made;
   }
   void abort() override { comm_->abort(); }
   std::string describe_stuck(const std::string& what, uint64_t sequence,

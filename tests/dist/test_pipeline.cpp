@@ -241,7 +241,7 @@ TEST(Pipeline, KilledStageIsNamedAndTheOthersStopWithinTheGracePeriod) {
 }
 
 // A stage that stops (SIGSTOP: alive, silent) is named by its neighbours' receives once
-// --timeout passes, and ddprun ends the job.
+// --timeout passes (in dp x pp also by its world rank), and ddprun ends the job.
 TEST(Pipeline, StoppedStageIsNamedByItsNeighboursWithinTheTimeout) {
   if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
   TempDir dir;
@@ -259,6 +259,29 @@ TEST(Pipeline, StoppedStageIsNamedByItsNeighboursWithinTheTimeout) {
   EXPECT_EQ(r.output.find("ddprun exit 0"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("LEFT BEHIND"), std::string::npos) << r.output;
   EXPECT_LT(stopped_after(r.output), timeout + grace + 5.0) << r.output;
+}
+
+TEST(Pipeline, StoppedStageOfAHybridJobIsNamedByItsWorldRank) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  // dp 2 x pp 2: world rank 3 is stage 1 of replica 1, rank 1 of its pipeline group.
+  const RunResult r = run_and_signal(
+      dir,
+      kDdprun + " --nproc-per-node 4 --grace-period 2 -- " + kTrain +
+          " --data synthetic --layers 12,32,16,4 --synthetic-samples 240 --batch-size 24 "
+          "--pp 2 --micro-batches 4 --steps 100000000 --log-every 20 --threads 1 --timeout 3",
+      "step 40/", 3, "STOP");
+  // The first rank to give up names the stopped rank 3 or rank 2, its stage neighbour
+  // held up behind it in their data-parallel all-reduce ("stopped, dead or behind"): by
+  // world rank when it is a pipeline peer, or as missing from a world collective.
+  const bool named =
+      r.output.find("of that group, world rank 3) is stopped") != std::string::npos ||
+      r.output.find("of that group, world rank 2) is stopped") != std::string::npos ||
+      r.output.find("3 never reached it") != std::string::npos;
+  EXPECT_TRUE(named) << r.output;
+  EXPECT_EQ(r.output.find("ddprun exit 0"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("LEFT BEHIND"), std::string::npos) << r.output;
+  EXPECT_LT(stopped_after(r.output), 3.0 + 2.0 + 5.0) << r.output;
 }
 
 }  // namespace
