@@ -138,7 +138,9 @@ Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* c
                    layout_.replicas, layout_.stages, micro_batches_, local_batch_,
                    schedule_name(config.schedule), describe_layout(layout_));
   }
-  if (layout_.replicas > 1) {
+  // A data-parallel group of one (a backend named for one process) still runs the
+  // data-parallel path, so that it can be checked against the plain one.
+  if (layout_.replicas > 1 || (layout_.stages == 1 && comm_ != nullptr)) {
     Communicator& group = *dp_comm();
     std::vector<ParamSpan> spans;
     for (int i = stage_.first_layer(); i < stage_.end_layer(); ++i)

@@ -166,6 +166,18 @@ TEST(DataParallel, OverlapIssuesABucketBeforeBackwardEnds) {
   EXPECT_GT(off.find("allreduce_issued"), off.find("backward_done")) << off;
 }
 
+// One rank with a backend named still runs the data-parallel engine (its buckets and their
+// all-reduces), so that path can be checked against the plain one.
+TEST(DataParallel, OneRankWithABackendRunsTheDataParallelPath) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  const RunResult r = run_command(kDdprun + " --nproc-per-node 1 -- " + kTrain + kArgs +
+                                  " --backend gloo --metrics " + dir.file("m.jsonl"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string first_step = timeline(dir.file("m.jsonl"));
+  EXPECT_NE(first_step.find("allreduce_issued"), std::string::npos) << first_step;
+}
+
 TEST(DataParallel, KilledRankIsNamedAndTheOthersStopWithinTheGracePeriod) {
   if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
   TempDir dir;
