@@ -340,11 +340,10 @@ StepStats Trainer::step() {
   }
   if (any_rank(nonfinite != 0)) {
     DDP_CHECK(config_.on_nonfinite == OnNonfinite::kSkipStep,
-              "step {}: non-finite gradient{} (loss sum {}); stopped before any "
-              "checkpoint or weights were written (lower --lr, check the data, or "
-              "--on-nonfinite skip-step)",
+              "step {}: non-finite gradient{}{}; stopped before any checkpoint or weights were "
+              "written (lower --lr, check the data, or --on-nonfinite skip-step)",
               step_ + 1, nonfinite ? fmt::format(" on rank {}", rank_) : " on another stage",
-              stats.loss_sum);
+              stage_.is_last() ? fmt::format(" (loss sum {})", stats.loss_sum) : "");
     spdlog::warn("skipping step {}: non-finite gradient (--on-nonfinite skip-step)", step_ + 1);
     ++stats.skipped;
     ++step_;

@@ -284,5 +284,35 @@ TEST(Pipeline, StoppedStageOfAHybridJobIsNamedByItsWorldRank) {
   EXPECT_LT(stopped_after(r.output), 3.0 + 2.0 + 5.0) << r.output;
 }
 
+// A non-finite gradient on any stage is every stage's decision: all stop (nothing written),
+// or with --on-nonfinite skip-step all skip the same steps.
+TEST(Pipeline, NonFiniteGradientStopsOrSkipsOnEveryStageAlike) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  const std::string job = kDdprun + " --nproc-per-node 2 -- " + kTrain + kArgs +
+                          " --pp 2 --lr 1e8 --save-weights " + dir.file("w.st");
+  const RunResult stopped = run_command(job);
+  EXPECT_EQ(stopped.exit_code, 1) << stopped.output;
+  EXPECT_NE(stopped.output.find("[rank 0] ddptrain: error: step "), std::string::npos)
+      << stopped.output;
+  EXPECT_NE(stopped.output.find("[rank 1] ddptrain: error: step "), std::string::npos)
+      << stopped.output;
+  EXPECT_EQ(count_of(stopped.output, ": non-finite gradient"),
+            count_of(stopped.output, "ddptrain: error:"))
+      << stopped.output;
+  EXPECT_TRUE(read_file(dir.file("w.st")).empty());
+  const RunResult skipped =
+      run_command(job + " --on-nonfinite skip-step --metrics " + dir.file("m.jsonl"));
+  ASSERT_EQ(skipped.exit_code, 0) << skipped.output;
+  const auto records = events_of(dir.file("m.jsonl"), "skipped_step");
+  EXPECT_FALSE(records.empty());
+  // Both stages skipped the same steps: each warns once per skipped step.
+  EXPECT_EQ(count_of(skipped.output, "[0/2 cpu] warning: skipping step"),
+            count_of(skipped.output, "[1/2 cpu] warning: skipping step"))
+      << skipped.output;
+  EXPECT_EQ(count_of(skipped.output, "[0/2 cpu] warning: skipping step"),
+            static_cast<int>(records.size()));
+}
+
 }  // namespace
 }  // namespace ddp
