@@ -20,6 +20,7 @@
 #include "models/mlp.h"
 #include "models/safetensors.h"
 #include "tests/support/gpu_support.h"
+#include "tests/support/metrics_support.h"
 #include "tests/support/test_support.h"
 #include "tests/support/weights_support.h"
 
@@ -208,17 +209,6 @@ TEST(SharedGpu, WithoutShareGpuTwoRanksOnOneGpuStayAnError) {
   EXPECT_NE(r.output.find("--share-gpu"), std::string::npos) << r.output;
 }
 
-std::vector<nlohmann::json> records_of(const std::string& metrics, const std::string& event) {
-  std::ifstream in(metrics);
-  std::vector<nlohmann::json> found;
-  std::string line;
-  while (std::getline(in, line)) {
-    nlohmann::json record = nlohmann::json::parse(line);
-    if (record["event"] == event) found.push_back(record);
-  }
-  return found;
-}
-
 // The GPU monitor: every window's record carries every rank's utilization and memory, the
 // end has a table and a gpu_summary of every rank; --no-gpu-monitor leaves them out.
 TEST(GpuMonitor, EveryRankReportsItsGpuInTheMetricsAndTheEndTable) {
@@ -235,7 +225,7 @@ TEST(GpuMonitor, EveryRankReportsItsGpuInTheMetricsAndTheEndTable) {
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_NE(r.output.find("gpu monitor: sampling GPU-"), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("GPUs over the run (NVML"), std::string::npos) << r.output;
-    const auto steps = records_of(metrics, "step");
+    const auto steps = events_of(metrics, "step");
     ASSERT_EQ(steps.size(), 3u);
     for (const auto& step : steps) {
       ASSERT_TRUE(step.contains("gpu")) << step.dump();
@@ -249,16 +239,16 @@ TEST(GpuMonitor, EveryRankReportsItsGpuInTheMetricsAndTheEndTable) {
         EXPECT_GT(step["gpu"]["mem_total_mib"][k].get<double>(), 1000.0) << step.dump();
       }
     }
-    const auto summary = records_of(metrics, "gpu_summary");
+    const auto summary = events_of(metrics, "gpu_summary");
     ASSERT_EQ(summary.size(), 1u);
     for (int k = 0; k < ranks; ++k)
       EXPECT_GE(summary[0]["gpu"]["samples"][k].get<int>(), 1) << summary[0].dump();
   }
   const std::string off = dir.file("off.jsonl");
   ASSERT_EQ(run_command(kEnv + kTrain + run + off + " --no-gpu-monitor").exit_code, 0);
-  for (const auto& step : records_of(off, "step"))
+  for (const auto& step : events_of(off, "step"))
     EXPECT_FALSE(step.contains("gpu")) << step.dump();
-  EXPECT_TRUE(records_of(off, "gpu_summary").empty());
+  EXPECT_TRUE(events_of(off, "gpu_summary").empty());
 }
 
 // Gradient accumulation on the GPU (inside the captured graph, and without it): four

@@ -18,6 +18,7 @@
 
 #include "models/mlp.h"
 #include "models/safetensors.h"
+#include "tests/support/metrics_support.h"
 #include "tests/support/test_support.h"
 #include "tests/support/weights_support.h"
 
@@ -191,17 +192,6 @@ TEST(DataParallel, KilledRankIsNamedAndTheOthersStopWithinTheGracePeriod) {
       << r.output;
   EXPECT_EQ(r.output.find("LEFT BEHIND"), std::string::npos) << r.output;
   EXPECT_LT(stopped_after(r.output), 2.0 + 3.0) << r.output;
-}
-
-std::vector<nlohmann::json> events_of(const std::string& metrics, const std::string& event) {
-  std::ifstream in(metrics);
-  std::vector<nlohmann::json> found;
-  std::string line;
-  while (std::getline(in, line)) {
-    nlohmann::json record = nlohmann::json::parse(line);
-    if (record["event"] == event) found.push_back(record);
-  }
-  return found;
 }
 
 TEST(DataParallel, EvalEveryGivesTheOneProcessResultsFromShards) {

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "models/mlp.h"
+#include "tests/support/metrics_support.h"
 #include "tests/support/test_support.h"
 #include "tests/support/weights_support.h"
 
@@ -28,17 +29,6 @@ const std::string kTrain = DDPTRAIN_PATH;
 const std::string kMpirun =
     std::string("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ") + MPIRUN_PATH +
     " --oversubscribe --mca btl self,vader --mca btl_vader_single_copy_mechanism none ";
-
-std::vector<nlohmann::json> events_of(const std::string& metrics, const std::string& event) {
-  std::ifstream in(metrics);
-  std::vector<nlohmann::json> found;
-  std::string line;
-  while (std::getline(in, line)) {
-    nlohmann::json record = nlohmann::json::parse(line);
-    if (record["event"] == event) found.push_back(record);
-  }
-  return found;
-}
 
 // One process's weights after the same 12 steps.
 std::vector<float> one_process(const TempDir& dir) {
