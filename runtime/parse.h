@@ -1,5 +1,6 @@
 // The one number parser for flags, environment variables and the files we read: the whole
-// text must be the number (no spaces, no sign for unsigned types, no trailing characters),
+// text must be the number (no spaces, no '+', no '-' for unsigned types: from_chars refuses
+// them; no trailing characters),
 // in range for the type; decimal, and for floating point also exponents ("1e-3").
 // std::from_chars underneath: locale-independent, no exceptions.
 #pragma once
@@ -17,9 +18,6 @@ template <typename T>
 std::optional<T> parse_number(std::string_view text) {
   static_assert(std::is_arithmetic_v<T> && !std::is_same_v<T, bool>, "a number type");
   if (text.empty()) return std::nullopt;
-  // from_chars takes no '+'; a '-' on an unsigned type would wrap, so it is refused here.
-  if constexpr (std::is_unsigned_v<T>)
-    if (text.front() == '-') return std::nullopt;
   T value{};
   const char* end = text.data() + text.size();
   const auto [stop, error] = std::from_chars(text.data(), end, value);
@@ -32,8 +30,6 @@ std::optional<T> parse_number(std::string_view text) {
 template <typename T>
 size_t parse_number_prefix(std::string_view text, T* value) {
   if (text.empty()) return 0;
-  if constexpr (std::is_unsigned_v<T>)
-    if (text.front() == '-') return 0;
   const auto [stop, error] = std::from_chars(text.data(), text.data() + text.size(), *value);
   if (error != std::errc()) return 0;
   return static_cast<size_t>(stop - text.data());
