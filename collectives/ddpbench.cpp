@@ -91,6 +91,9 @@ class Buffers {
   void* send() const {
     return send_;
   }
+  bool gpu() const {
+    return gpu_;
+  }
   void* recv() const {
     return recv_;
   }
@@ -150,6 +153,81 @@ int64_t check_op(Communicator& comm, const std::string& op, Buffers& b, size_t t
   return wrong;
 }
 
+// Whether start_op can start `op` without waiting (the others only block).
+bool queueable(const std::string& op, int ranks) {
+  return op == "all_reduce" || (op == "sendrecv" && ranks > 1);
+}
+
+// Starts one operation without waiting (queueable ops only).
+std::unique_ptr<Work> start_op(Communicator& comm, const std::string& op, Buffers& b,
+                               size_t total_count) {
+  const int n = comm.size();
+  const int next = (comm.rank() + 1) % n, prev = (comm.rank() + n - 1) % n;
+  if (op == "all_reduce")
+    return comm.all_reduce_async(b.recv(), total_count, DataType::kFloat32, ReduceOp::kSum);
+  if (op == "sendrecv" && n > 1)
+    return comm.batch_async({{true, b.send(), total_count, DataType::kFloat32, next},
+                             {false, b.recv(), total_count, DataType::kFloat32, prev}});
+  DDP_CHECK(false, "{} cannot be queued", op);
+  return nullptr;
+}
+
+struct Timings {
+  double queued_us = 0;  // per operation, queued back to back, one wait at the end
+  double device_us = 0;  // the same on the GPU, by events (0: not measured)
+  double call_us = 0;    // per operation, each waited before the next is started
+};
+
+Timings time_op(Communicator& comm, const BenchConfig& c, Buffers& b, size_t total) {
+  Timings t;
+  comm.barrier();
+  {
+    Stopwatch clock;
+    for (int i = 0; i < c.iters; ++i)
+      run_op(comm, c.op, b, total);
+    t.call_us = clock.seconds() * 1e6 / c.iters;
+  }
+  if (!queueable(c.op, comm.size())) {
+    t.queued_us = t.call_us;
+    return t;
+  }
+  comm.barrier();
+#if DDP_HAVE_CUDA
+  cudaEvent_t start = nullptr, stop = nullptr;
+  if (b.gpu()) {
+    DDP_CHECK(cudaEventCreate(&start) == cudaSuccess && cudaEventCreate(&stop) == cudaSuccess,
+              "cudaEventCreate failed");
+    cudaEventRecord(start, nullptr);  // the compute stream (the default one here)
+  }
+#endif
+  Stopwatch clock;
+  // Every Work is kept until the end: a host backend's pending transfer must outlive it.
+  std::vector<std::unique_ptr<Work>> works;
+  works.reserve(c.iters);
+  for (int i = 0; i < c.iters; ++i)
+    works.push_back(start_op(comm, c.op, b, total));
+#if DDP_HAVE_CUDA
+  if (b.gpu()) {
+    works.back()->then_on(nullptr);  // one stream: the last one done means all are
+    cudaEventRecord(stop, nullptr);
+  }
+#endif
+  for (auto& work : works)
+    work->wait(comm.timeout());
+  t.queued_us = clock.seconds() * 1e6 / c.iters;
+#if DDP_HAVE_CUDA
+  if (b.gpu()) {
+    cudaEventSynchronize(stop);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, start, stop);
+    t.device_us = ms * 1e3 / c.iters;
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+  }
+#endif
+  return t;
+}
+
 int bench(const BenchConfig& c, int argc, char** argv) {
   (void)argc;
   (void)argv;
@@ -177,8 +255,13 @@ int bench(const BenchConfig& c, int argc, char** argv) {
         "# ddpbench collectives: %s, backend %s, %d ranks, float32, %d iterations after %d "
         "warm-up\n",
         c.op.c_str(), comm->backend(), n, c.iters, c.warmup);
-    std::printf("# %12s %12s %10s %10s %10s %8s\n", "size(B)", "count", "time(us)", "algbw(GB/s)",
-                "busbw(GB/s)", "#wrong");
+    std::printf(
+        "# time: %d operations queued back to back, then one wait (as nccl-tests times them);\n"
+        "# device: the same on the GPU, by events; call: each operation waited before the next\n"
+        "# (what a caller that waits sees); bandwidths from time\n",
+        c.iters);
+    std::printf("# %12s %12s %10s %10s %10s %10s %10s %8s\n", "size(B)", "count", "time(us)",
+                "device(us)", "call(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
   }
   for (double bytes = double(c.min_bytes); bytes <= double(c.max_bytes); bytes *= c.factor) {
     size_t total = static_cast<size_t>(bytes) / 4;
@@ -189,40 +272,32 @@ int bench(const BenchConfig& c, int argc, char** argv) {
     const int64_t wrong = check_op(*comm, c.op, buffers, total);
     for (int i = 0; i < c.warmup; ++i)
       run_op(*comm, c.op, buffers, total);
-    comm->barrier();
-    Stopwatch clock;
-    if (c.op == "all_reduce") {
-      // Queue them all, then wait for the last: back-to-back as nccl-tests runs them.
-      std::unique_ptr<Work> last;
-      for (int i = 0; i < c.iters; ++i)
-        last = comm->all_reduce_async(buffers.recv(), total, DataType::kFloat32, ReduceOp::kSum);
-      last->wait(comm->timeout());
-    } else {
-      for (int i = 0; i < c.iters; ++i)
-        run_op(*comm, c.op, buffers, total);
-    }
-    const double us = clock.seconds() * 1e6 / c.iters;
+    const Timings t = time_op(*comm, c, buffers, total);
+    const double us = t.queued_us;
     const double algbw = total * 4.0 / (us * 1e3);
     // With one rank nothing crosses a bus: there is no bus bandwidth to report.
     const bool alone = n == 1;
     const double busbw = algbw * bus_factor(c.op, n);
     if (comm->rank() == 0) {
       if (c.json)
-        rows.push_back({{"op", c.op},
-                        {"backend", comm->backend()},
-                        {"ranks", n},
-                        {"bytes", total * 4},
-                        {"count", total},
-                        {"time_us", us},
-                        {"algbw_gbs", alone ? nlohmann::json(nullptr) : nlohmann::json(algbw)},
-                        {"busbw_gbs", alone ? nlohmann::json(nullptr) : nlohmann::json(busbw)},
-                        {"wrong", wrong}});
-      else if (alone)
-        std::printf("  %12zu %12zu %10.1f %10s %10s %8lld\n", total * 4, total, us, "n/a", "n/a",
-                    static_cast<long long>(wrong));
+        rows.push_back(
+            {{"op", c.op},
+             {"backend", comm->backend()},
+             {"ranks", n},
+             {"bytes", total * 4},
+             {"count", total},
+             {"time_us", us},
+             {"device_us", t.device_us > 0 ? nlohmann::json(t.device_us) : nlohmann::json(nullptr)},
+             {"call_us", t.call_us},
+             {"algbw_gbs", alone ? nlohmann::json(nullptr) : nlohmann::json(algbw)},
+             {"busbw_gbs", alone ? nlohmann::json(nullptr) : nlohmann::json(busbw)},
+             {"wrong", wrong}});
       else
-        std::printf("  %12zu %12zu %10.1f %10.2f %10.2f %8lld\n", total * 4, total, us, algbw,
-                    busbw, static_cast<long long>(wrong));
+        std::printf("  %12zu %12zu %10.1f %10s %10.1f %10s %10s %8lld\n", total * 4, total, us,
+                    t.device_us > 0 ? fmt::format("{:.1f}", t.device_us).c_str() : "-", t.call_us,
+                    alone ? "n/a" : fmt::format("{:.2f}", algbw).c_str(),
+                    alone ? "n/a" : fmt::format("{:.2f}", busbw).c_str(),
+                    static_cast<long long>(wrong));
       std::fflush(stdout);
     }
   }

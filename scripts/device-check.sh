@@ -6,7 +6,8 @@
 # and the exit status is non-zero when any check failed, the failing sections named last.
 # Usage: scripts/device-check.sh [sections...]
 #   sections: test run doctor launcher fashion monitor options ddp1 multi bench bench-ddp
-#   (default: test run bench; multi and bench-ddp need two or more GPUs)
+#   collectives (default: test run bench; multi, bench-ddp and collectives need two or more
+#   GPUs; collectives needs nccl-tests' source: scripts/device-prepare.sh --nccl-tests DIR)
 # Expects .deps/ (made by scripts/device-prepare.sh here): fashion-mnist/, and zlib/ and
 # json/, prefixes of the headers the device image lacks (on CMAKE_PREFIX_PATH, nothing else).
 set -uo pipefail
@@ -188,6 +189,13 @@ if want bench-ddp; then
   timeout 580 scripts/bench-ddp.sh "$build" > "$out/bench-ddp.md" 2> "$out/bench-ddp.err" ||
     fail bench-ddp "bench-ddp.sh exited $?"
   cat "$out/bench-ddp.md"
+fi
+
+if want collectives; then
+  # ddpbench against nccl-tests built from source here, in this one run.
+  timeout 400 scripts/bench-collectives.sh "$build" > "$out/collectives.md" 2> "$out/collectives.err" ||
+    fail collectives "bench-collectives.sh exited $? ($(tail -1 "$out/collectives.err"))"
+  cat "$out/collectives.md"
 fi
 
 if want bench; then

@@ -1,7 +1,11 @@
-// NcclCommunicator. Waits poll cudaEventQuery and ncclCommGetAsyncError against the
-// deadline and abort the communicator on error or timeout, so that no rank hangs. The
-// ncclComm_t has one owner, NcclHandle, through which every path (a Work's wait, the
-// communicator's abort(), a watchdog thread, the destructor) aborts it exactly once.
+// NcclCommunicator. A group starts as a non-blocking communicator (its start can be
+// abandoned at the deadline) and runs its operations on a blocking one split from it (a
+// launch on the calling thread, as nccl-tests and PyTorch do; a non-blocking communicator
+// hands every call to a new thread). Waits poll cudaEventQuery and ncclCommGetAsyncError
+// against the deadline, a watchdog bounds the blocking host calls, and either aborts the
+// communicator on error or timeout, so that no rank hangs. The ncclComm_t has one owner,
+// NcclHandle, through which every path (a Work's wait, the communicator's abort(), a
+// watchdog thread, the destructor) aborts it exactly once.
 #include "collectives/nccl/nccl_communicator.h"
 
 #include <cuda_runtime.h>
@@ -10,6 +14,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <functional>
 #include <mutex>
@@ -68,20 +73,80 @@ ncclResult_t settle(ncclComm_t comm, ncclResult_t first, Clock::time_point deadl
   return state;
 }
 
-// The one owner of an ncclComm_t. abort() may be called from any thread, any number of
-// times: ncclCommAbort runs once. The destructor finalises a communicator that was not
-// aborted (bounded: a finalise that does not settle in 30 s aborts instead).
+// Aborts a communicator whose blocking host call (a first connection to a peer, a split, a
+// finalise) outlives its deadline: a blocking NCCL call has no other way out when a peer is
+// gone or stopped. Arming and disarming are two atomic stores, so every call can be guarded;
+// the thread looks every 50 ms.
+class HostWatchdog {
+ public:
+  explicit HostWatchdog(std::function<void()> on_expiry)
+      : on_expiry_(std::move(on_expiry)), thread_([this] { loop(); }) {}
+  ~HostWatchdog() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+  HostWatchdog(const HostWatchdog&) = delete;
+  HostWatchdog& operator=(const HostWatchdog&) = delete;
+
+  void arm(Clock::time_point deadline) {
+    deadline_.store(deadline.time_since_epoch().count(), std::memory_order_release);
+  }
+  void disarm() { deadline_.store(0, std::memory_order_release); }
+  bool fired() const { return fired_.load(std::memory_order_acquire); }
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!stop_) {
+      wake_.wait_for(lock, std::chrono::milliseconds(50));
+      const Clock::rep deadline = deadline_.load(std::memory_order_acquire);
+      if (stop_ || deadline == 0 || fired()) continue;
+      if (Clock::now().time_since_epoch().count() < deadline) continue;
+      fired_.store(true, std::memory_order_release);
+      lock.unlock();
+      on_expiry_();
+      lock.lock();
+    }
+  }
+
+  std::function<void()> on_expiry_;
+  std::atomic<Clock::rep> deadline_{0};  // 0: disarmed
+  std::atomic<bool> fired_{false};
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stop_ = false;
+  std::thread thread_;  // last: starts once the members above exist
+};
+
+// The one owner of the ncclComm_t that runs the operations: a blocking communicator, so
+// that a call launches on the calling thread (a non-blocking one starts a thread for every
+// call, tens of microseconds each), guarded by a HostWatchdog. `bootstrap` (may be null) is
+// the non-blocking communicator it was split from (initialisation there can be abandoned at
+// a deadline), kept until `comm` is gone since the two share resources. abort() may be
+// called from any thread, any number of times: each ncclCommAbort runs once. The
+// destructor finalises a communicator that was not aborted (bounded: after 30 s, abort).
 class NcclHandle {
  public:
-  explicit NcclHandle(ncclComm_t comm) : comm_(comm) {}
+  NcclHandle(ncclComm_t comm, ncclComm_t bootstrap)
+      : comm_(comm), bootstrap_(bootstrap), watchdog_([this] { abort(); }) {}
   ~NcclHandle() {
-    if (comm_ == nullptr || aborted()) return;
-    const ncclResult_t r =
-        settle(comm_, ncclCommFinalize(comm_), Clock::now() + std::chrono::seconds(30));
-    if (r == ncclSuccess)
-      ncclCommDestroy(comm_);
-    else
-      abort();
+    const auto deadline = Clock::now() + std::chrono::seconds(30);
+    if (comm_ != nullptr && !aborted()) {
+      if (guarded(deadline, [&] { return ncclCommFinalize(comm_); }) == ncclSuccess && !aborted())
+        ncclCommDestroy(comm_);
+      else
+        abort();
+    }
+    if (bootstrap_ != nullptr && !aborted()) {
+      if (settle(bootstrap_, ncclCommFinalize(bootstrap_), deadline) == ncclSuccess)
+        ncclCommDestroy(bootstrap_);
+      else
+        abort();
+    }
   }
   NcclHandle(const NcclHandle&) = delete;
   NcclHandle& operator=(const NcclHandle&) = delete;
@@ -89,27 +154,96 @@ class NcclHandle {
   ncclComm_t get() const { return comm_; }
   // Polled by every wait: an atomic read, no lock.
   bool aborted() const { return aborted_.load(std::memory_order_acquire); }
+  // Whether the watchdog gave up on a blocking call.
+  bool expired() const { return watchdog_.fired(); }
   void abort() {
     std::lock_guard<std::mutex> lock(mutex_);
     if (aborted_.load() || comm_ == nullptr) return;
     aborted_.store(true, std::memory_order_release);
     ncclCommAbort(comm_);
+    if (bootstrap_ != nullptr) ncclCommAbort(bootstrap_);
+  }
+  // Runs a blocking NCCL call; the communicator is aborted if it is still running at
+  // `deadline`.
+  template <typename Call>
+  ncclResult_t guarded(Clock::time_point deadline, Call call) {
+    watchdog_.arm(deadline);
+    const ncclResult_t r = call();
+    watchdog_.disarm();
+    return r;
   }
 
  private:
   ncclComm_t comm_;
+  ncclComm_t bootstrap_;
   std::mutex mutex_;  // one abort at a time
   std::atomic<bool> aborted_{false};
+  HostWatchdog watchdog_;  // last: its thread may call abort()
 };
+
+// Completion events, reused: creating one per operation costs microseconds on the host.
+class EventPool {
+ public:
+  ~EventPool() {
+    for (cudaEvent_t event : free_)
+      cudaEventDestroy(event);
+  }
+  cudaEvent_t take() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!free_.empty()) {
+        cudaEvent_t event = free_.back();
+        free_.pop_back();
+        return event;
+      }
+    }
+    cudaEvent_t event = nullptr;
+    DDP_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+    return event;
+  }
+  void give(cudaEvent_t event) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    free_.push_back(event);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<cudaEvent_t> free_;
+};
+
+// The blocking communicator that runs a group's operations, split from the non-blocking
+// `bootstrap` (sharing its resources) so that its start could be abandoned at `deadline`.
+std::shared_ptr<NcclHandle> make_blocking(ncclComm_t bootstrap, int rank,
+                                          Clock::time_point deadline) {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 1;
+  config.splitShare = 1;
+  ncclComm_t comm = nullptr;
+  ncclResult_t r = settle(bootstrap, ncclCommSplit(bootstrap, 0, rank, &comm, &config), deadline);
+  // The split completes on NCCL's thread, which sets `comm` last.
+  auto made = [&] { return *static_cast<volatile ncclComm_t*>(&comm); };
+  while (r == ncclSuccess && made() == nullptr && Clock::now() < deadline)
+    std::this_thread::yield();
+  comm = made();
+  if (r != ncclSuccess || comm == nullptr) {
+    ncclCommAbort(bootstrap);
+    throw Error(
+        fmt::format("NCCL: the blocking communicator could not be split from the "
+                    "bootstrap one: {}",
+                    r == ncclSuccess ? "timed out" : ncclGetErrorString(r)));
+  }
+  return std::make_shared<NcclHandle>(comm, bootstrap);
+}
 
 class NcclWork final : public Work {
  public:
-  NcclWork(std::shared_ptr<NcclHandle> comm, cudaEvent_t done,
+  NcclWork(std::shared_ptr<NcclHandle> comm, std::shared_ptr<EventPool> events, cudaEvent_t done,
            std::function<std::string(const std::string&)> describe)
-      : comm_(std::move(comm)), done_(done), describe_(std::move(describe)) {}
-  ~NcclWork() override {
-    if (done_ != nullptr) cudaEventDestroy(done_);
-  }
+      : comm_(std::move(comm)),
+        events_(std::move(events)),
+        done_(done),
+        describe_(std::move(describe)) {}
+  ~NcclWork() override { events_->give(done_); }
   void wait(double timeout_s) override {
     const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                              std::chrono::duration<double>(timeout_s));
@@ -145,16 +279,17 @@ class NcclWork final : public Work {
 
  private:
   std::shared_ptr<NcclHandle> comm_;
+  std::shared_ptr<EventPool> events_;
   cudaEvent_t done_;
   std::function<std::string(const std::string&)> describe_;
 };
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(int rank, int size, ncclComm_t comm, std::shared_ptr<StoreClient> store,
-                   std::string group, double timeout_s)
+  NcclCommunicator(int rank, int size, std::shared_ptr<NcclHandle> comm,
+                   std::shared_ptr<StoreClient> store, std::string group, double timeout_s)
       : Communicator(rank, size),
-        comm_(std::make_shared<NcclHandle>(comm)),
+        comm_(std::move(comm)),
         store_(std::move(store)),
         group_(std::move(group)) {
     timeout_s_ = timeout_s;
@@ -254,24 +389,28 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<Communicator> split(int color, int key) override {
     const uint64_t seq = next_sequence();
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
+    config.blocking = 1;  // as this one: operations launch on the calling thread
     ncclComm_t child = nullptr;
     const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                              std::chrono::duration<double>(timeout_s_));
     const ncclResult_t r =
-        settle(raw(), ncclCommSplit(raw(), color, key, &child, &config), deadline);
-    DDP_CHECK(r == ncclSuccess, "{}",
-              describe_stuck_operation(store_.get(), group_, rank_, size_, seq, "split", 0,
-                                       DataType::kInt32, ncclGetErrorString(r)));
-    if (child != nullptr) settle(child, ncclInProgress, deadline);
-    if (child == nullptr)
-      child = split_by_ids(color, key, deadline);  // seen with NCCL 2.28, one rank
+        comm_->guarded(deadline, [&] { return ncclCommSplit(raw(), color, key, &child, &config); });
+    DDP_CHECK(r == ncclSuccess && !comm_->aborted(), "{}",
+              describe_stuck_operation(
+                  store_.get(), group_, rank_, size_, seq, "split", 0, DataType::kInt32,
+                  comm_->expired() ? fmt::format("no completion within the {:.1f}s deadline; "
+                                                 "communicator aborted",
+                                                 timeout_s_)
+                                   : ncclGetErrorString(r)));
+    std::shared_ptr<NcclHandle> handle =
+        child != nullptr ? std::make_shared<NcclHandle>(child, nullptr)
+                         : split_by_ids(color, key, deadline);  // seen with NCCL 2.28, one rank
     int child_rank = 0, child_size = 1;
-    ncclCommUserRank(child, &child_rank);
-    ncclCommCount(child, &child_size);
-    auto made = std::make_unique<NcclCommunicator>(child_rank, child_size, child, store_,
-                                                   fmt::format("{}/split{}c{}", group_, seq, color),
-                                                   timeout_s_);
+    ncclCommUserRank(handle->get(), &child_rank);
+    ncclCommCount(handle->get(), &child_size);
+    auto made = std::make_unique<NcclCommunicator>(
+        child_rank, child_size, std::move(handle), store_,
+        fmt::format("{}/split{}c{}", group_, seq, color), timeout_s_);
     made->set_not_world();  // NCCL does not say which world ranks the members are
     return made;
   }
@@ -284,7 +423,7 @@ class NcclCommunicator final : public Communicator {
  private:
   // A split without ncclCommSplit: the ranks exchange (colour, key) and the new groups'
   // unique ids over this communicator, then each group initialises its own communicator.
-  ncclComm_t split_by_ids(int color, int key, Clock::time_point deadline) {
+  std::shared_ptr<NcclHandle> split_by_ids(int color, int key, Clock::time_point deadline) {
     int32_t* device = nullptr;
     const size_t words = 2 + sizeof(ncclUniqueId) / 4;  // colour, key, id of the group's root
     DDP_CUDA_CHECK(cudaMalloc(&device, words * 4 * (size_ + 1)));
@@ -323,7 +462,7 @@ class NcclCommunicator final : public Communicator {
     DDP_CHECK(r == ncclSuccess && child != nullptr,
               "split into colour {}: NCCL communicator init failed: {}", color,
               ncclGetErrorString(r));
-    return child;
+    return make_blocking(child, new_rank, deadline);
   }
 
   template <typename Launch>
@@ -344,26 +483,27 @@ class NcclCommunicator final : public Communicator {
     DDP_CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, ready_, 0));
     const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                              std::chrono::duration<double>(timeout_s_));
-    const ncclResult_t r = settle(raw(), launch(), deadline);
-    if (r != ncclSuccess) {
+    // Blocks on the host only to connect to a peer for the first time.
+    const ncclResult_t r = comm_->guarded(deadline, launch);
+    if (r != ncclSuccess || comm_->aborted()) {
       const std::string message = describe(
-          r == ncclInProgress
-              ? fmt::format("no completion within the {:.1f}s deadline (NCCL still in progress); "
-                            "communicator aborted",
+          comm_->expired()
+              ? fmt::format("no completion within the {:.1f}s deadline (NCCL blocked on the "
+                            "host); communicator aborted",
                             timeout_s_)
               : fmt::format("NCCL error {} ({})", ncclGetErrorString(r), ncclGetLastError(raw())));
       comm_->abort();
       throw Error(message);
     }
-    cudaEvent_t done = nullptr;
-    DDP_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    cudaEvent_t done = events_->take();
     DDP_CUDA_CHECK(cudaEventRecord(done, comm_stream_));
-    return std::make_unique<NcclWork>(comm_, done, describe);
+    return std::make_unique<NcclWork>(comm_, events_, done, describe);
   }
 
   ncclComm_t raw() const { return comm_->get(); }
 
   std::shared_ptr<NcclHandle> comm_;
+  std::shared_ptr<EventPool> events_ = std::make_shared<EventPool>();
   std::shared_ptr<StoreClient> store_;
   std::string group_;
   cudaStream_t compute_stream_ = nullptr;
@@ -417,7 +557,8 @@ std::unique_ptr<Communicator> make_nccl_communicator(int rank, int size,
                             rank, r == ncclInProgress ? "timed out" : ncclGetErrorString(r),
                             r == ncclInProgress ? " (a rank never joined?)" : ""));
   }
-  return std::make_unique<NcclCommunicator>(rank, size, comm, std::move(store), group, timeout_s);
+  return std::make_unique<NcclCommunicator>(rank, size, make_blocking(comm, rank, deadline),
+                                            std::move(store), group, timeout_s);
 }
 
 }  // namespace ddp

@@ -1,5 +1,6 @@
-// The NCCL backend: GPU buffers; a non-blocking communicator whose operations run on a
-// dedicated communication stream, ordered after the compute stream by events.
+// The NCCL backend: GPU buffers; operations run on a dedicated communication stream,
+// ordered after the compute stream by events; every call that can block on the host is
+// bounded by the communicator's timeout.
 #pragma once
 
 #include <memory>

@@ -66,6 +66,8 @@ TEST(Ddpbench, EveryOperationReportsNoWrongElements) {
     EXPECT_EQ(r.exit_code, 0) << op << "\n" << r.output;
     EXPECT_EQ(count_of(r.output, "\"busbw_gbs\""), 6) << op << "\n" << r.output;  // 12 B .. 1.2 MB
     EXPECT_EQ(count_of(r.output, "\"wrong\":0"), 6) << op << "\n" << r.output;
+    EXPECT_EQ(count_of(r.output, "\"call_us\""), 6) << op << "\n" << r.output;
+    EXPECT_EQ(count_of(r.output, "\"device_us\":null"), 6) << op << "\n" << r.output;  // CPU
   }
 }
 
