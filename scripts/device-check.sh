@@ -33,7 +33,7 @@ fail() { failed+=("$1"); note "FAILED $1: $2"; }
 
 if want test || [ ! -x "$build/bin/ddptrain" ]; then
   start=$(date +%s)
-  if scripts/test.sh -j 8 > "$out/test.log" 2>&1; then
+  if scripts/test.sh -j 8 --timeout 150 > "$out/test.log" 2>&1; then
     note "scripts/test.sh: $(grep -E 'tests passed|tests failed' "$out/test.log" | tail -1) in $(( $(date +%s) - start ))s"
   else
     grep -E 'deps:|found:|left out:|Error|error:' "$out/test.log" | head -20
