@@ -30,7 +30,7 @@ for op in all_reduce sendrecv; do
     --op "$op" --min-bytes 8 --max-bytes "$max" --factor 4 --iters 20 --warmup 5 --json > "$tmp/ours.txt" 2> "$tmp/ours.err" ||
     { tail -5 "$tmp/ours.err" >&2; status=1; continue; }
   echo
-  echo "$op, $gpus GPUs ($(grep -m1 -oE 'NCCL version [0-9.]+' "$tmp/ref.txt"), nccl-tests $(grep -m1 -oE 'nccl-tests version [0-9.]+' "$tmp/ref.txt" | awk '{print $3}'))"
+  echo "$op, $gpus GPUs ($(grep -m1 -oE 'nccl-library=[0-9]+' "$tmp/ref.txt"), nccl-tests $(grep -m1 -oE 'nccl-tests version [0-9.]+' "$tmp/ref.txt" | awk '{print $3}'))"
   "${PYTHON:-python3}" - "$tmp/ref.txt" "$tmp/ours.txt" <<'PY' || status=1
 import json, re, sys
 ref = {}
