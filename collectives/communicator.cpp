@@ -55,6 +55,18 @@ const char* reduce_name(ReduceOp op) {
   return "?";
 }
 
+std::unique_ptr<Work> Communicator::all_reduce_bf16_async(float* buffer, void* scratch,
+                                                          size_t count, ReduceOp op) {
+  (void)buffer;
+  (void)scratch;
+  (void)count;
+  (void)op;
+  throw UsageError(fmt::format(
+      "--grad-reduce bf16: the {} backend reduces float32 only; bfloat16 reduction needs NCCL "
+      "(--device cuda)",
+      backend()));
+}
+
 namespace {
 
 // Records this rank's arrival at `prefix` and names the ranks whose record is missing.

@@ -70,6 +70,15 @@ class Communicator {
   void all_reduce(void* buffer, size_t count, DataType type, ReduceOp op) {
     all_reduce_async(buffer, count, type, op)->wait(timeout_s_);
   }
+  // In place, float32 data reduced as bfloat16 (half the bytes on the wire, as PyTorch's
+  // bf16_compress_hook): buffer[count] is rounded to bf16 into scratch[count], reduced
+  // there, and written back as float32. scratch: count bf16 values (2 bytes each) in the
+  // buffers' memory, untouched by the caller until the Work completes. Only backends that
+  // can (NCCL) override it; the others throw UsageError naming the backend.
+  virtual std::unique_ptr<Work> all_reduce_bf16_async(float* buffer, void* scratch, size_t count,
+                                                      ReduceOp op);
+  // Whether all_reduce_bf16_async is supported.
+  virtual bool reduces_bf16() const { return false; }
   // In place: every rank's buffer[count] becomes root's.
   virtual void broadcast(void* buffer, size_t count, DataType type, int root) = 0;
   // recv[size * count] holds every rank's send[count], in rank order.

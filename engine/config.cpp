@@ -82,6 +82,10 @@ const char* on_nonfinite_name(OnNonfinite policy) {
   return policy == OnNonfinite::kSkipStep ? "skip-step" : "stop";
 }
 
+const char* grad_reduce_name(GradReduce reduce) {
+  return reduce == GradReduce::kBf16 ? "bf16" : "fp32";
+}
+
 const char* schedule_name(LrSchedule schedule) {
   return schedule == LrSchedule::kCosine ? "cosine" : "constant";
 }
@@ -139,6 +143,8 @@ bool parse_train_args(int argc, char** argv, TrainConfig* config) {
     ("first-bucket-mb", "size of the first bucket (the last layers) in MiB",
         cxxopts::value<std::string>()->default_value(text(d.first_bucket_mb)))
     ("no-overlap", "all-reduce after backward instead of during it")
+    ("grad-reduce", "gradients on the wire: fp32, or bf16 (half the bytes, rounded; GPU with NCCL)",
+        cxxopts::value<std::string>()->default_value(grad_reduce_name(d.grad_reduce)))
     ("accumulate", "micro-batches per optimizer step (gradient accumulation)",
         cxxopts::value<std::string>()->default_value(text(d.accumulate)))
     ("pp", "pipeline stages: the layers split into this many contiguous stages, one a rank "
@@ -242,6 +248,8 @@ bool parse_train_args(int argc, char** argv, TrainConfig* config) {
     c.bucket_mb = number<double>(result, "bucket-mb");
     c.first_bucket_mb = number<double>(result, "first-bucket-mb");
     c.overlap = result.count("no-overlap") == 0;
+    c.grad_reduce = choice<GradReduce>(result, "grad-reduce",
+                                       {{"fp32", GradReduce::kFp32}, {"bf16", GradReduce::kBf16}});
     c.accumulate = number<int>(result, "accumulate");
     c.pp = number<int>(result, "pp");
     c.micro_batches = number<int>(result, "micro-batches");
@@ -289,6 +297,9 @@ void validate(const TrainConfig& c) {
   DDP_USAGE_CHECK(c.device == Device::kCuda || c.precision == Precision::kFp32,
                   "--precision {}: the CPU trains in fp32 only; use --device cuda",
                   precision_name(c.precision));
+  DDP_USAGE_CHECK(c.device == Device::kCuda || c.grad_reduce == GradReduce::kFp32,
+                  "--grad-reduce {}: the CPU reduces gradients in fp32 only; use --device cuda",
+                  grad_reduce_name(c.grad_reduce));
   DDP_USAGE_CHECK(c.init_retries >= 0 && c.init_retries <= 100,
                   "--init-retries {}: expected 0 to 100", c.init_retries);
   DDP_USAGE_CHECK(c.threads >= 0 && c.threads <= 1024, "--threads {}: expected 0 to 1024",
@@ -389,6 +400,7 @@ nlohmann::json config_json(const TrainConfig& c) {
           {"bucket-mb", c.bucket_mb},
           {"first-bucket-mb", c.first_bucket_mb},
           {"overlap", c.overlap},
+          {"grad-reduce", grad_reduce_name(c.grad_reduce)},
           {"accumulate", c.accumulate},
           {"pp", c.pp},
           {"micro-batches", c.micro_batches},

@@ -20,10 +20,14 @@ enum class Backend { kAuto, kNccl, kGloo, kMpi };
 // stop ends the run (exit 1) before any checkpoint or weights are written; skip-step leaves
 // the weights and optimizer state of that step unchanged (CPU path).
 enum class OnNonfinite { kStop, kSkipStep };
+// What the gradient all-reduce sends: float32, or bfloat16 (half the bytes, rounded; the
+// optimizer still sees float32 gradients). GPU with NCCL only.
+enum class GradReduce { kFp32, kBf16 };
 // The names the flags take ("cuda", "nccl", "skip-step").
 const char* device_name(Device device);
 const char* backend_name(Backend backend);
 const char* on_nonfinite_name(OnNonfinite policy);
+const char* grad_reduce_name(GradReduce reduce);
 
 struct TrainConfig {
   std::string layers = "784,512,512,10";
@@ -61,6 +65,7 @@ struct TrainConfig {
   double bucket_mb = 25;
   double first_bucket_mb = 1;
   bool overlap = true;
+  GradReduce grad_reduce = GradReduce::kFp32;
   int accumulate = 1;  // micro-steps per optimizer step
   // Pipeline parallelism: the world is dp x pp ranks (rank = stage * dp + replica).
   int pp = 1;             // pipeline stages

@@ -82,10 +82,22 @@ void Ddp::begin_backward(float* grads) {
   pending_.clear();
 }
 
+void Ddp::reduce_in_bf16(void* scratch) {
+  DDP_USAGE_CHECK(comm_.reduces_bf16(),
+                  "--grad-reduce bf16: the {} backend reduces float32 only; bfloat16 reduction "
+                  "needs NCCL (--device cuda)",
+                  comm_.backend());
+  DDP_CHECK(scratch != nullptr, "reduce_in_bf16: no scratch buffer");
+  bf16_scratch_ = static_cast<uint16_t*>(scratch);
+}
+
 void Ddp::issue(size_t bucket) {
   const Bucket& b = buckets_[bucket];
-  pending_.push_back(
-      comm_.all_reduce_async(grads_ + b.offset, b.count, DataType::kFloat32, ReduceOp::kAverage));
+  pending_.push_back(bf16_scratch_ != nullptr
+                         ? comm_.all_reduce_bf16_async(grads_ + b.offset, bf16_scratch_ + b.offset,
+                                                       b.count, ReduceOp::kAverage)
+                         : comm_.all_reduce_async(grads_ + b.offset, b.count, DataType::kFloat32,
+                                                  ReduceOp::kAverage));
   record({"allreduce_issued", b.first_layer, static_cast<int>(bucket)});
 }
 

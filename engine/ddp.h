@@ -68,6 +68,11 @@ class Ddp {
     copy_to_device_ = to_device;
     copy_to_host_ = to_host;
   }
+  // Reduce gradients as bfloat16 (Communicator::all_reduce_bf16_async) through `scratch`:
+  // as many bf16 values as the gradient buffer has floats, in the communicator's memory.
+  // UsageError when the backend cannot.
+  void reduce_in_bf16(void* scratch);
+  bool reduces_in_bf16() const { return bf16_scratch_ != nullptr; }
   // Collective: parameters (params[count], host or device as the communicator expects)
   // become rank 0's.
   void broadcast_parameters(float* params, size_t count);
@@ -102,7 +107,8 @@ class Ddp {
   std::vector<Bucket> buckets_;
   bool overlap_;
   float* grads_ = nullptr;
-  size_t next_bucket_ = 0;  // buckets are issued in order (last layers first)
+  uint16_t* bf16_scratch_ = nullptr;  // bf16 gradients on the wire, when asked
+  size_t next_bucket_ = 0;            // buckets are issued in order (last layers first)
   std::vector<std::unique_ptr<Work>> pending_;
   std::vector<DdpEvent> events_;
   bool recording_ = false;

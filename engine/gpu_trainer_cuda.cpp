@@ -97,6 +97,7 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communi
       spdlog::info("resumed from {} at step {}", checkpoint_path(config.checkpoint_dir), c.step);
   }
   std::unique_ptr<Ddp> ddp;
+  DeviceBuffer<uint16_t> bf16_grads;  // the gradients on the wire with --grad-reduce bf16
   if (data_parallel) {
     comm->set_compute_stream(model.stream());
     ddp = std::make_unique<Ddp>(
@@ -115,11 +116,19 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communi
     ddp->broadcast_parameters(model.device_params(), shape.param_count());
     model.get_params(params.data());
     model.set_params(params.data());  // refreshes the bf16 copy from the broadcast weights
+    if (config.grad_reduce == GradReduce::kBf16) {
+      bf16_grads = DeviceBuffer<uint16_t>(shape.param_count(), MemoryCategory::kGradients);
+      ddp->reduce_in_bf16(bf16_grads.data());
+    }
     model.set_layer_hook([&](int layer) { ddp->layer_done(layer); });
     if (lead)
-      spdlog::info("data parallel over {} GPUs ({}): {} buckets, overlap {}", ranks,
-                   comm->backend(), ddp->buckets().size(), config.overlap ? "on" : "off");
+      spdlog::info(
+          "data parallel over {} GPUs ({}): {} buckets, overlap {}, gradients reduced in {}", ranks,
+          comm->backend(), ddp->buckets().size(), config.overlap ? "on" : "off",
+          grad_reduce_name(config.grad_reduce));
   }
+  if (!data_parallel && config.grad_reduce == GradReduce::kBf16 && lead)
+    spdlog::warn("--grad-reduce bf16: one process and no --backend, so nothing is reduced");
   size_t free_bytes = 0, total_bytes = 0;
   DDP_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
   const size_t data_bytes =

@@ -182,6 +182,11 @@ PY
   note "fashion-mnist over every GPU: $(grep -E 'test accuracy' "$out/fashion-multi.log" | sed 's/.*info: //'); $(grep -E 'first step' "$out/fashion-multi.log" | sed 's/.*info: //')"
   accuracy="$(grep -oE 'test accuracy [0-9.]+' "$out/fashion-multi.log" | awk '{print $3}')"
   awk -v a="${accuracy:-0}" 'BEGIN { exit !(a >= 89.5) }' || fail multi "fashion-mnist over every GPU: ${accuracy:-no result}"
+  timeout 120 "$build/bin/ddprun" --nproc-per-node gpu -- "$build/bin/ddptrain" --device cuda --grad-reduce bf16 \
+    --data-dir .deps/fashion-mnist > "$out/fashion-multi-bf16.log" 2>&1
+  note "fashion-mnist over every GPU, --grad-reduce bf16: $(grep -E 'test accuracy' "$out/fashion-multi-bf16.log" | sed 's/.*info: //')"
+  accuracy="$(grep -oE 'test accuracy [0-9.]+' "$out/fashion-multi-bf16.log" | awk '{print $3}')"
+  awk -v a="${accuracy:-0}" 'BEGIN { exit !(a >= 89.5) }' || fail multi "fashion-mnist, --grad-reduce bf16: ${accuracy:-no result}"
 fi
 
 if want bench-ddp; then

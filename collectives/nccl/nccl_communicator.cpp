@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "runtime/cuda_check.h"
+#include "runtime/device_kernels.h"
 #include "runtime/error.h"
 #include "runtime/store.h"
 
@@ -318,6 +319,19 @@ class NcclCommunicator final : public Communicator {
     return enqueue("all_reduce", count, type, [&] {
       return ncclAllReduce(buffer, buffer, count, nccl_type(type), nccl_op(op), raw(),
                            comm_stream_);
+    });
+  }
+  bool reduces_bf16() const override { return true; }
+  std::unique_ptr<Work> all_reduce_bf16_async(float* buffer, void* scratch, size_t count,
+                                              ReduceOp op) override {
+    // All three on the communication stream, so that the conversions overlap the compute
+    // stream's work as the reduction does.
+    return enqueue("all_reduce_bf16", count, DataType::kBFloat16, [&] {
+      launch_float_to_bf16(buffer, scratch, count, comm_stream_);
+      const ncclResult_t r =
+          ncclAllReduce(scratch, scratch, count, ncclBfloat16, nccl_op(op), raw(), comm_stream_);
+      if (r == ncclSuccess) launch_bf16_to_float(scratch, buffer, count, comm_stream_);
+      return r;
     });
   }
   void broadcast(void* buffer, size_t count, DataType type, int root) override {

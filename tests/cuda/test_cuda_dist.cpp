@@ -103,6 +103,29 @@ TEST_P(SharedGpuDataParallel, EqualsOneRankWithBucketsOverlapAndGraphs) {
 
 INSTANTIATE_TEST_SUITE_P(Ranks, SharedGpuDataParallel, ::testing::Values(2, 3));
 
+// --grad-reduce bf16: the gradients cross as bfloat16, so the weights leave one rank's by
+// rounding (more than float32's 1e-5: proof that bf16 was sent) but stay close to them.
+TEST(SharedGpuDataParallel, GradientsReducedInBf16StayCloseToOneRank) {
+  REQUIRE_GPU();
+  TempDir dir;
+  const RunResult one =
+      run_command(kEnv + kTrain + kArgs + " --save-weights " + dir.file("one.safetensors"));
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  for (const std::string graph : {"", " --no-cuda-graph"}) {
+    const RunResult r =
+        run_command(kShared + " --nproc-per-node 2 -- " + kTrain + kArgs + graph +
+                    " --grad-reduce bf16 --save-weights " + dir.file("bf16.safetensors"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("gradients reduced in bf16"), std::string::npos) << r.output;
+    const double error = max_relative_error(load_weights(dir.file("bf16.safetensors"), kLayers),
+                                            load_weights(dir.file("one.safetensors"), kLayers));
+    std::printf("--grad-reduce bf16%s, 2 ranks: max relative error against one rank %.3g\n",
+                graph.c_str(), error);
+    EXPECT_GT(error, 1e-5) << graph;
+    EXPECT_LT(error, 5e-2) << graph;
+  }
+}
+
 TEST(SharedGpu, CheckpointResumeIsBitwise) {
   REQUIRE_GPU();
   TempDir dir;

@@ -251,6 +251,34 @@ int run_all(Communicator& comm, bool gpu) {
     for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1001}})
       checker.run(count, type);
   checker.run(3'000'001, DataType::kFloat32);
+  // float32 reduced as bfloat16 (NCCL); refused with UsageError by the host backends. Odd
+  // elements are small integers (exact in bf16), even ones 1 + 2^-10 on every rank, which
+  // bf16 rounds to 1: the sum is then exactly the rank count, not the float32 sum.
+  for (size_t count : {size_t{1001}, size_t{3'000'001}}) {
+    const int S = comm.size();
+    std::vector<char> h(count * 4), scratch_host(count * 2);
+    for (size_t i = 0; i < count; ++i)
+      Checker::put(h, i, DataType::kFloat32,
+                   i % 2 ? comm.rank() + 1 + double(i % 7) : 1.0 + 1.0 / 1024);
+    void* d = checker.to_comm(h);
+    void* scratch = checker.to_comm(scratch_host);
+    if (!comm.reduces_bf16()) {
+      try {
+        comm.all_reduce_bf16_async(static_cast<float*>(d), scratch, count, ReduceOp::kSum);
+        std::printf("MISMATCH all_reduce_bf16: the %s backend did not refuse it\n", comm.backend());
+        ++checker.failures;
+      } catch (const UsageError&) {
+      }
+      break;
+    }
+    comm.all_reduce_bf16_async(static_cast<float*>(d), scratch, count, ReduceOp::kSum)
+        ->wait(comm.timeout());
+    checker.from_comm(scratch, scratch_host);  // frees it
+    checker.from_comm(d, h);
+    checker.expect("all_reduce_bf16 sum", h, count, DataType::kFloat32, [&](size_t i) {
+      return i % 2 ? S * (S + 1) / 2.0 + S * double(i % 7) : double(S);
+    });
+  }
   // Sub-groups: even and odd ranks.
   auto sub = comm.split(comm.rank() % 2, comm.rank());
   std::vector<char> h(4 * 5);

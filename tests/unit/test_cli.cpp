@@ -148,6 +148,10 @@ TEST(DdptrainCli, BadFlagsAndValues) {
   for (const char* timeout : {"inf", "1e300", "1e12", "0", "-1", "nan"})
     expect_usage_error(std::string("--timeout ") + timeout, "expected 0.1 to 604800 seconds");
   expect_usage_error("--on-nonfinite ignore", "--on-nonfinite ignore: expected stop or skip-step");
+  expect_usage_error("--grad-reduce fp16", "--grad-reduce fp16: expected fp32 or bf16");
+  expect_usage_error(
+      "--grad-reduce bf16",
+      "--grad-reduce bf16: the CPU reduces gradients in fp32 only; use --device cuda");
 }
 
 TEST(DdptrainCli, OutputsAreCheckedBeforeTheFirstStep) {
