@@ -119,9 +119,11 @@ int main(int argc, char** argv) {
       comm_config.backend = ddp::backend_name(config.backend);
       comm_config.timeout_s = config.timeout;
       comm_config.gpu = cuda;
+      ddp::Stopwatch comm_clock;
       comm = ddp::make_communicator(comm_config, env, store);
-      spdlog::info("rank {} of {} ({}), collectives over {}", env.rank, env.world_size,
-                   ddp::launcher_name(env.launcher), comm->backend());
+      spdlog::info("rank {} of {} ({}), collectives over {} (started in {:.2f}s)", env.rank,
+                   env.world_size, ddp::launcher_name(env.launcher), comm->backend(),
+                   comm_clock.seconds());
     }
     // The first record says what this run is, so that runs can be told apart later; a
     // resumed or restarted run appends it again with its restart count.

@@ -23,6 +23,7 @@
 #include "models/mlp_cuda.h"
 #include "models/safetensors.h"
 #include "runtime/error.h"
+#include "runtime/timer.h"
 
 namespace ddp {
 
@@ -65,7 +66,9 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communi
   options.autotune = config.autotune;
   options.max_schedule_steps = std::min(config.log_every, 512);
   options.accumulate = micro_batches;
+  Stopwatch start_clock;
   CudaMlp model(shape, micro_batch, config.optimizer, options);
+  const double model_s = start_clock.seconds();
 
   std::vector<float> params(shape.param_count());
   if (config.init_weights.empty())
@@ -73,6 +76,11 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communi
   else
     load_mlp_weights(config.init_weights, shape, params.data());
   model.set_params(params.data());
+  if (lead)
+    spdlog::info("model ready in {:.2f}s (cuBLASLt plans{}), weights {} and uploaded in {:.2f}s",
+                 model_s, config.autotune ? " and autotuning" : "",
+                 config.init_weights.empty() ? "initialised" : "read",
+                 start_clock.seconds() - model_s);
   int64_t done = 0;
   bool resumed = false;
   const std::string optimizer_name =

@@ -14,6 +14,7 @@
 
 #include "models/rng.h"
 #include "runtime/error.h"
+#include "runtime/parallel.h"
 
 namespace ddp {
 namespace {
@@ -370,26 +371,37 @@ Dataset load_npy_dataset(const std::string& dir) {
 }
 
 Dataset make_synthetic(int64_t train_n, int64_t test_n, int dim, int classes, uint64_t seed) {
-  Rng rng(mix_seed(seed, 0x5157));
+  // Counter-based, filled by threads: the same values for any thread count (large
+  // workloads generate gigabytes before their first step).
+  const uint64_t base = mix_seed(seed, 0x5157);
   std::vector<float> centers(static_cast<size_t>(classes) * dim);
-  for (float& c : centers)
-    c = rng.uniform(-1.0f, 1.0f);
-  auto fill = [&](Split& split, int64_t n) {
+  for (size_t i = 0; i < centers.size(); ++i)
+    centers[i] = -1.0f + 2.0f * counter_uniform01(mix_seed(base, 0), i);
+  auto fill = [&](Split& split, int64_t n, uint64_t stream) {
+    const uint64_t labels = mix_seed(base, stream), noise = mix_seed(base, stream + 1);
     split.n = n;
     split.dim = dim;
     split.x.resize(static_cast<size_t>(n) * dim);
     split.y.resize(n);
-    for (int64_t i = 0; i < n; ++i) {
-      const int label = static_cast<int>(rng.below(classes));
-      split.y[i] = label;
-      for (int d = 0; d < dim; ++d)
-        split.x[i * dim + d] = centers[static_cast<size_t>(label) * dim + d] + 0.5f * rng.normal();
-    }
+    for (int64_t i = 0; i < n; ++i)
+      split.y[i] = static_cast<int>(counter_below(labels, i, static_cast<uint32_t>(classes)));
+    const size_t total = split.x.size();
+    parallel_for((total + 1) / 2, size_t{1} << 16, [&](size_t begin, size_t end) {
+      for (size_t pair = begin; pair < end; ++pair) {
+        float z[2];
+        counter_normal_pair(noise, pair, &z[0], &z[1]);
+        for (size_t k = 0; k < 2 && 2 * pair + k < total; ++k) {
+          const size_t j = 2 * pair + k;
+          const size_t sample = j / dim, feature = j % dim;
+          split.x[j] = centers[static_cast<size_t>(split.y[sample]) * dim + feature] + 0.5f * z[k];
+        }
+      }
+    });
   };
   Dataset data;
   data.name = "synthetic";
-  fill(data.train, train_n);
-  fill(data.test, test_n);
+  fill(data.train, train_n, 1);
+  fill(data.test, test_n, 3);
   data.classes = classes;
   return data;
 }

@@ -7,6 +7,7 @@
 
 #include "models/rng.h"
 #include "runtime/error.h"
+#include "runtime/parallel.h"
 #include "runtime/parse.h"
 
 namespace ddp {
@@ -69,14 +70,20 @@ MlpShape parse_layers(const std::string& text, const std::string& flag) {
 }
 
 void init_params(const MlpShape& shape, uint64_t seed, float* params) {
-  Rng rng(seed);
+  // Counter-based, filled by threads (half a billion weights take seconds on one): the same
+  // values for any thread count. Layer i's weights are elements 0.. of its stream, its
+  // biases the ones after.
   for (int i = 0; i < shape.num_layers(); ++i) {
     const LayerSlice& layer = shape.layer(i);
+    const uint64_t key = mix_seed(seed, static_cast<uint64_t>(i));
     const float bound = 1.0f / std::sqrt(static_cast<float>(layer.in));
-    for (size_t k = 0; k < static_cast<size_t>(layer.in) * layer.out; ++k)
-      params[layer.weight_offset + k] = rng.uniform(-bound, bound);
+    const size_t weights = static_cast<size_t>(layer.in) * layer.out;
+    parallel_for(weights, size_t{1} << 18, [&](size_t begin, size_t end) {
+      for (size_t k = begin; k < end; ++k)
+        params[layer.weight_offset + k] = -bound + 2.0f * bound * counter_uniform01(key, k);
+    });
     for (int k = 0; k < layer.out; ++k)
-      params[layer.bias_offset + k] = rng.uniform(-bound, bound);
+      params[layer.bias_offset + k] = -bound + 2.0f * bound * counter_uniform01(key, weights + k);
   }
 }
 

@@ -1,5 +1,7 @@
 // Seeded random numbers with a fixed definition (mt19937_64 plus our own conversions), so
-// that the same seed gives bitwise the same values with any compiler and standard library.
+// that the same seed gives bitwise the same values with any compiler and standard library;
+// and counter-based ones (element i of a stream a pure function of its key and i) for the
+// large fills, which threads share (synthetic data, initial weights).
 #pragma once
 
 #include <cmath>
@@ -49,6 +51,32 @@ inline uint64_t mix_seed(uint64_t seed, uint64_t stream) {
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   return z ^ (z >> 31);
+}
+
+// Counter-based random numbers: SplitMix64 of (key, index), so that any number of threads
+// fill a range, in any order, with the same values as one.
+inline uint64_t counter_bits(uint64_t key, uint64_t index) {
+  return mix_seed(key, index);
+}
+// Uniform in [0, 1) with 24 random bits (exactly representable in float).
+inline float counter_uniform01(uint64_t key, uint64_t index) {
+  return static_cast<float>(counter_bits(key, index) >> 40) * (1.0f / 16777216.0f);
+}
+// Uniform integer in [0, n) by multiply-shift (a bias below n / 2^64).
+inline uint32_t counter_below(uint64_t key, uint64_t index, uint32_t n) {
+  return static_cast<uint32_t>((static_cast<unsigned __int128>(counter_bits(key, index)) * n) >>
+                               64);
+}
+// Standard normals 2 * pair and 2 * pair + 1 of a stream: both Box-Muller values (computed in
+// double) of that pair's two uniforms.
+inline void counter_normal_pair(uint64_t key, uint64_t pair, float* first, float* second) {
+  const double u1 =
+      (static_cast<double>(counter_bits(key, 2 * pair) >> 11) + 1.0) * (1.0 / 9007199254740992.0);
+  const double u2 =
+      static_cast<double>(counter_bits(key, 2 * pair + 1) >> 11) * (1.0 / 9007199254740992.0);
+  const double radius = std::sqrt(-2.0 * std::log(u1));
+  *first = static_cast<float>(radius * std::cos(6.283185307179586 * u2));
+  *second = static_cast<float>(radius * std::sin(6.283185307179586 * u2));
 }
 
 }  // namespace ddp

@@ -14,6 +14,7 @@
 #include "engine/trainer.h"
 #include "models/dataset.h"
 #include "runtime/error.h"
+#include "runtime/parallel.h"
 #include "tests/support/test_support.h"
 
 namespace ddp {
@@ -259,6 +260,40 @@ TEST(Synthetic, SameSeedSameData) {
   EXPECT_EQ(a.classes, 3);
   for (int32_t label : a.train.y)
     EXPECT_LT(label, 3);
+}
+
+// Counter-based: sample i is a function of the seed and i alone, so a set generated on one
+// thread (10 samples) is the start of one generated on several (3000 x 400 values), and
+// sets whose threads split the work at other places (2999 samples) agree where they overlap.
+TEST(Synthetic, SameValuesWhateverTheThreadsAndTheSize) {
+  const Dataset small = make_synthetic(10, 2, 400, 5, 3);
+  const Dataset large = make_synthetic(3000, 2, 400, 5, 3);
+  const Dataset other = make_synthetic(2999, 2, 400, 5, 3);
+  ASSERT_EQ(large.train.x.size(), size_t{3000} * 400);
+  EXPECT_TRUE(std::equal(small.train.x.begin(), small.train.x.end(), large.train.x.begin()));
+  EXPECT_TRUE(std::equal(small.train.y.begin(), small.train.y.end(), large.train.y.begin()));
+  EXPECT_TRUE(std::equal(other.train.x.begin(), other.train.x.end(), large.train.x.begin()));
+  // Noise of standard deviation 0.5 around each class centre.
+  double sum = 0, sum2 = 0;
+  for (size_t j = 0; j < large.train.x.size(); j += 2) {
+    const double centre_a = large.train.x[j] - large.train.x[j + 1];  // two features, one class
+    sum += centre_a;
+    sum2 += centre_a * centre_a;
+  }
+  const double n = large.train.x.size() / 2.0, mean = sum / n;
+  EXPECT_LT(std::fabs(mean), 0.1);
+  EXPECT_GT(sum2 / n - mean * mean, 0.3);  // variance of a difference of centres plus noise
+}
+
+TEST(ParallelFor, CoversEveryIndexOnce) {
+  for (size_t n : {size_t{0}, size_t{1}, size_t{999}, size_t{1000003}}) {
+    std::vector<int> seen(n, 0);
+    parallel_for(n, 1000, [&](size_t begin, size_t end) {
+      for (size_t i = begin; i < end; ++i)
+        ++seen[i];
+    });
+    EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), static_cast<std::ptrdiff_t>(n)) << n;
+  }
 }
 
 TEST(Sampler, EachEpochIsAPermutationAndSeeded) {
