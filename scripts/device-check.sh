@@ -6,7 +6,7 @@
 # and the exit status is non-zero when any check failed, the failing sections named last.
 # Usage: scripts/device-check.sh [sections...]
 #   sections: test run doctor launcher fashion monitor options ddp1 multi bench bench-ddp
-#   collectives (default: test run bench; multi, bench-ddp and collectives need two or more
+#   collectives levers (default: test run bench; multi, bench-ddp, collectives and levers need two or more
 #   GPUs; collectives needs nccl-tests' source: scripts/device-prepare.sh --nccl-tests DIR)
 # Expects .deps/ (made by scripts/device-prepare.sh here): fashion-mnist/, and zlib/ and
 # json/, prefixes of the headers the device image lacks (on CMAKE_PREFIX_PATH, nothing else).
@@ -194,6 +194,33 @@ if want bench-ddp; then
   timeout 580 scripts/bench-ddp.sh "$build" > "$out/bench-ddp.md" 2> "$out/bench-ddp.err" ||
     fail bench-ddp "bench-ddp.sh exited $?"
   cat "$out/bench-ddp.md"
+fi
+
+if want levers; then
+  # Speed levers one at a time on every GPU, in this one run: medium and large, the defaults
+  # against NCCL's stream at normal priority and against --grad-reduce bf16; steady samples/s
+  # and launch to first step (with the start-up lines of the default run).
+  source scripts/workloads.sh
+  gpus="$(nvidia-smi -L | wc -l)"
+  for run in medium:tf32 large:tf32 medium:bf16 large:bf16; do
+    ddp_workload "${run%%:*}"
+    prec="${run##*:}"
+    for variant in default normal-priority grad-bf16; do
+      vars=()
+      flags=()
+      [ "$variant" = normal-priority ] && vars=(DDP_NCCL_STREAM_PRIORITY=default)
+      [ "$variant" = grad-bf16 ] && flags=(--grad-reduce bf16)
+      rm -f "$out/lever.jsonl"
+      env "${vars[@]}" timeout 200 "$build/bin/ddprun" --nproc-per-node gpu -- "$build/bin/ddptrain" --device cuda \
+        --precision "$prec" --data synthetic --layers "$layers" --steps "$steps" --log-every $((steps / 6)) \
+        --lr-schedule constant --lr 0.01 --autotune --batch-size $((batch * gpus)) \
+        --synthetic-samples $((batch * gpus * 4)) --metrics "$out/lever.jsonl" "${flags[@]}" \
+        > "$out/lever-${run/:/-}-$variant.log" 2>&1 || fail levers "$run $variant exited $?"
+      note "lever $run $variant: $(ddp_json "$out/lever.jsonl" steady_samples_per_s 2>/dev/null | cut -d. -f1) samples/s, first step $(ddp_json "$out/lever.jsonl" since_launch_s 2>/dev/null | cut -c1-5) s"
+    done
+    grep -E 'driver init|started in|loaded |model ready|first step finished' "$out/lever-${run/:/-}-default.log" |
+      grep -v 'rank 1\]' | sed 's/.*info: /  /'
+  done
 fi
 
 if want collectives; then
