@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -184,6 +185,14 @@ struct CommConfig {
 // names one that this build lacks -> UsageError saying so. `store` may be null under mpirun.
 std::unique_ptr<Communicator> make_communicator(const CommConfig& config, const ProcessEnv& env,
                                                 std::shared_ptr<StoreClient> store);
+
+// A communicator that may still be starting: calling it waits and returns it (once).
+// Dropping it uncalled abandons the start without waiting.
+using CommunicatorStart = std::function<std::unique_ptr<Communicator>()>;
+// As make_communicator, but NCCL's initialisation (hundreds of milliseconds) goes on while
+// the caller does other work (builds its model); the other backends start at once.
+CommunicatorStart start_communicator(const CommConfig& config, const ProcessEnv& env,
+                                     std::shared_ptr<StoreClient> store);
 
 // What this build has: "nccl gloo mpi" (for --version and ddpdoctor).
 std::string built_backends();

@@ -96,8 +96,20 @@ std::string nccl_version() {
 #endif
 }
 
+namespace {
+CommunicatorStart ready(std::unique_ptr<Communicator> comm) {
+  auto held = std::make_shared<std::unique_ptr<Communicator>>(std::move(comm));
+  return [held] { return std::move(*held); };
+}
+}  // namespace
+
 std::unique_ptr<Communicator> make_communicator(const CommConfig& config, const ProcessEnv& env,
                                                 std::shared_ptr<StoreClient> store) {
+  return start_communicator(config, env, std::move(store))();
+}
+
+CommunicatorStart start_communicator(const CommConfig& config, const ProcessEnv& env,
+                                     std::shared_ptr<StoreClient> store) {
   std::string backend = config.backend;
   if (backend == "auto") {
     if (env.world_size == 1)
@@ -116,7 +128,7 @@ std::unique_ptr<Communicator> make_communicator(const CommConfig& config, const 
   }
   DDP_USAGE_CHECK(backend == "self" || backend == "nccl" || backend == "gloo" || backend == "mpi",
                   "--backend {}: expected auto, nccl, gloo or mpi", config.backend);
-  if (backend == "self") return std::make_unique<SelfCommunicator>(config.gpu);
+  if (backend == "self") return ready(std::make_unique<SelfCommunicator>(config.gpu));
   DDP_USAGE_CHECK(backend != "nccl" || config.gpu,
                   "--backend nccl works on GPU buffers: use --device cuda");
   DDP_USAGE_CHECK(backend == "nccl" || !config.gpu,
@@ -126,7 +138,7 @@ std::unique_ptr<Communicator> make_communicator(const CommConfig& config, const 
     auto comm = make_gloo_communicator(env.rank, env.world_size, store,
                                        fmt::format("ddp/gloo/{}/world/", env.restart_count),
                                        config.timeout_s, host_name(env));
-    return comm;
+    return ready(std::move(comm));
 #else
     throw UsageError("--backend gloo: this build has no Gloo (install libgloo-dev and rebuild)");
 #endif
@@ -134,7 +146,7 @@ std::unique_ptr<Communicator> make_communicator(const CommConfig& config, const 
   if (backend == "mpi") {
 #if DDP_HAVE_MPI
     DDP_USAGE_CHECK(env.launcher == Launcher::kMpirun, "--backend mpi: start the job with mpirun");
-    return make_mpi_communicator(store, config.timeout_s);
+    return ready(make_mpi_communicator(store, config.timeout_s));
 #else
     throw UsageError("--backend mpi: this build has no MPI (install libopenmpi-dev and rebuild)");
 #endif
@@ -145,9 +157,9 @@ std::unique_ptr<Communicator> make_communicator(const CommConfig& config, const 
   if (store == nullptr && env.launcher == Launcher::kMpirun)
     bootstrap = make_mpi_communicator(nullptr, config.timeout_s);
 #endif
-  auto comm = make_nccl_communicator(env.rank, env.world_size, store,
-                                     fmt::format("world{}", env.restart_count), config.timeout_s,
-                                     bootstrap.get());
+  CommunicatorStart comm = start_nccl_communicator(env.rank, env.world_size, store,
+                                                   fmt::format("world{}", env.restart_count),
+                                                   config.timeout_s, bootstrap.get());
   if (bootstrap) {
     // MPI stays initialised for the job's lifetime; the NCCL communicator owns nothing of it.
     static std::unique_ptr<Communicator> keep;  // plain host state: finalises MPI at exit

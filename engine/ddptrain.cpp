@@ -114,16 +114,24 @@ int main(int argc, char** argv) {
     if (!cuda) spdlog::info("gpu monitor: off (--device cpu)");
     // One process gets a communicator too when a backend is named, so that the data-parallel
     // path can be checked against the plain one on a single device.
+    // On the GPU, NCCL starts while the trainer builds its model (GroupStart); the CPU
+    // backends start here.
+    ddp::CommunicatorStart starting;
+    ddp::Stopwatch comm_clock;
+    auto started = [&] {
+      comm = starting();
+      starting = nullptr;
+      spdlog::info("rank {} of {} ({}), collectives over {} (ready {:.2f}s after its start)",
+                   env.rank, env.world_size, ddp::launcher_name(env.launcher), comm->backend(),
+                   comm_clock.seconds());
+    };
     if (env.world_size > 1 || config.backend != ddp::Backend::kAuto) {
       ddp::CommConfig comm_config;
       comm_config.backend = ddp::backend_name(config.backend);
       comm_config.timeout_s = config.timeout;
       comm_config.gpu = cuda;
-      ddp::Stopwatch comm_clock;
-      comm = ddp::make_communicator(comm_config, env, store);
-      spdlog::info("rank {} of {} ({}), collectives over {} (started in {:.2f}s)", env.rank,
-                   env.world_size, ddp::launcher_name(env.launcher), comm->backend(),
-                   comm_clock.seconds());
+      starting = ddp::start_communicator(comm_config, env, store);
+      if (!cuda) started();
     }
     // The first record says what this run is, so that runs can be told apart later; a
     // resumed or restarted run appends it again with its restart count.
@@ -136,7 +144,9 @@ int main(int argc, char** argv) {
                      {"local_size", env.local_world_size},
                      {"nodes", env.world_size / std::max(1, env.local_world_size)},
                      {"launcher", ddp::launcher_name(env.launcher)},
-                     {"backend", comm ? comm->backend() : "none"}}},
+                     {"backend", comm       ? comm->backend()
+                                 : starting ? "nccl"
+                                            : "none"}}},
                    {"versions",
                     {{"ddp", DDP_VERSION},
                      {"built_backends", ddp::built_backends()},
@@ -149,7 +159,14 @@ int main(int argc, char** argv) {
         "loaded {}: {} train, {} test samples, {} features, {} classes ({:.2f}s after start)",
         data.name, data.train.n, data.test.n, data.train.dim, data.classes, load_clock.seconds());
     if (cuda) {
-      ddp::train_on_gpu(config, data, comm.get(), &metrics, nullptr, gpu_monitor.get());
+      ddp::GroupStart group;
+      group.rank = env.rank;
+      group.size = env.world_size;
+      group.get = [&]() -> ddp::Communicator* {
+        if (starting) started();
+        return comm.get();
+      };
+      ddp::train_on_gpu(config, data, group, &metrics, nullptr, gpu_monitor.get());
     } else {
       ddp::Trainer trainer(config, data, comm.get(), store.get());
       trainer.run(&metrics);

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <future>
 #include <set>
 #include <thread>
 
@@ -40,12 +41,12 @@ void sum_on_device(Communicator* comm, CudaMlp& model, DeviceBuffer<double>& buf
 }
 }  // namespace
 
-TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communicator* comm,
+TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, const GroupStart& group,
                          MetricsWriter* metrics_in, std::vector<float>* final_params,
                          GpuMonitor* monitor) {
   const MlpShape shape = parse_layers(config.layers);
-  const int rank = comm ? comm->rank() : 0;
-  const int ranks = comm ? comm->size() : 1;
+  const int rank = group.rank;
+  const int ranks = group.size;
   const bool lead = rank == 0;
   check_model_fits_data(shape, config, data);
   DDP_USAGE_CHECK(!config.check_replicas, "--check-replicas: runs on the CPU path only so far");
@@ -56,7 +57,6 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communi
   const int micro_batches = config.accumulate;
   const int micro_batch = local_batch_of(config, micro_batches, ranks);
   const int local_batch = micro_batch * micro_batches;  // this rank's samples a step
-  const bool data_parallel = comm != nullptr;
 
   CudaMlpOptions options;
   options.precision = config.precision;
@@ -66,21 +66,30 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communi
   options.autotune = config.autotune;
   options.max_schedule_steps = std::min(config.log_every, 512);
   options.accumulate = micro_batches;
+  // The weights are made on other threads while the model builds its plans (and autotunes)
+  // on the GPU, and both while the communicator starts.
   Stopwatch start_clock;
+  std::vector<float> params;
+  std::future<void> weights = std::async(std::launch::async, [&] {
+    params.resize(shape.param_count());
+    if (config.init_weights.empty())
+      init_params(shape, config.seed, params.data());
+    else
+      load_mlp_weights(config.init_weights, shape, params.data());
+  });
   CudaMlp model(shape, micro_batch, config.optimizer, options);
   const double model_s = start_clock.seconds();
-
-  std::vector<float> params(shape.param_count());
-  if (config.init_weights.empty())
-    init_params(shape, config.seed, params.data());
-  else
-    load_mlp_weights(config.init_weights, shape, params.data());
+  weights.get();
   model.set_params(params.data());
+  const double weights_s = start_clock.seconds();
+  Communicator* comm = group.get ? group.get() : nullptr;
+  const bool data_parallel = comm != nullptr;
   if (lead)
-    spdlog::info("model ready in {:.2f}s (cuBLASLt plans{}), weights {} and uploaded in {:.2f}s",
-                 model_s, config.autotune ? " and autotuning" : "",
-                 config.init_weights.empty() ? "initialised" : "read",
-                 start_clock.seconds() - model_s);
+    spdlog::info(
+        "model ready in {:.2f}s (cuBLASLt plans{}), weights {} and uploaded by {:.2f}s, "
+        "communicator by {:.2f}s",
+        model_s, config.autotune ? " and autotuning" : "",
+        config.init_weights.empty() ? "initialised" : "read", weights_s, start_clock.seconds());
   int64_t done = 0;
   bool resumed = false;
   const std::string optimizer_name =
@@ -122,8 +131,7 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, Communi
     DeviceBuffer<int64_t> scratch(static_cast<size_t>(ranks) + 1, MemoryCategory::kOther);
     ddp->check_same_layout(shape.fingerprint(), shape.to_string(), scratch.data());
     ddp->broadcast_parameters(model.device_params(), shape.param_count());
-    model.get_params(params.data());
-    model.set_params(params.data());  // refreshes the bf16 copy from the broadcast weights
+    model.refresh_low_precision_params();  // the bf16 copy, from the broadcast weights
     if (config.grad_reduce == GradReduce::kBf16) {
       bf16_grads = DeviceBuffer<uint16_t>(shape.param_count(), MemoryCategory::kGradients);
       ddp->reduce_in_bf16(bf16_grads.data());

@@ -4,7 +4,7 @@
 
 namespace ddp {
 
-TrainResult train_on_gpu(const TrainConfig&, const Dataset&, Communicator*, MetricsWriter*,
+TrainResult train_on_gpu(const TrainConfig&, const Dataset&, const GroupStart&, MetricsWriter*,
                          std::vector<float>*, GpuMonitor*) {
   throw UsageError(
       "--device cuda: this build has no CUDA support; rebuild with the CUDA toolkit or use "

@@ -476,6 +476,11 @@ void CudaMlp::set_params(const float* host) {
   DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
 }
 
+void CudaMlp::refresh_low_precision_params() {
+  if (bf16()) launch_to_bf16(params_.data(), params16_.data(), params_.count(), stream());
+  DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
+}
+
 void CudaMlp::get_params(float* host) const {
   DDP_CUDA_CHECK(
       cudaMemcpyAsync(host, params_.data(), params_.bytes(), cudaMemcpyDeviceToHost, stream()));

@@ -59,6 +59,9 @@ class CudaMlp {
 
   // Host <-> device copies of the flat buffers (synchronous).
   void set_params(const float* host);
+  // After the float32 parameters changed on the device (a broadcast): the bf16 copy that
+  // bf16 products read, made again from them.
+  void refresh_low_precision_params();
   void get_params(float* host) const;
   void get_grads(float* host) const;
 

@@ -543,10 +543,9 @@ std::string nccl_library_version() {
   return fmt::format("{}.{}.{}", code / 10000, code / 100 % 100, code % 100);
 }
 
-std::unique_ptr<Communicator> make_nccl_communicator(int rank, int size,
-                                                     std::shared_ptr<StoreClient> store,
-                                                     const std::string& group, double timeout_s,
-                                                     Communicator* bootstrap) {
+CommunicatorStart start_nccl_communicator(int rank, int size, std::shared_ptr<StoreClient> store,
+                                          const std::string& group, double timeout_s,
+                                          Communicator* bootstrap) {
   ncclUniqueId id;
   const std::string key = fmt::format("ddp/nccl/{}/id", group);
   if (rank == 0) {
@@ -567,21 +566,34 @@ std::unique_ptr<Communicator> make_nccl_communicator(int rank, int size,
         "--backend nccl needs the rendezvous store (ddprun) or MPI (mpirun) to share its id");
     bootstrap->broadcast(id.internal, sizeof(id.internal) / 4, DataType::kInt32, 0);  // 128 bytes
   }
+  // Non-blocking: NCCL starts on its own thread while this one goes on; the start is
+  // abandoned (aborted) if the communicator is never asked for.
+  struct Pending {
+    ncclComm_t comm = nullptr;
+    ~Pending() {
+      if (comm != nullptr) ncclCommAbort(comm);
+    }
+  };
+  auto pending = std::make_shared<Pending>();
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
-  ncclComm_t comm = nullptr;
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                            std::chrono::duration<double>(timeout_s));
-  const ncclResult_t first = ncclCommInitRankConfig(&comm, size, id, rank, &config);
-  const ncclResult_t r = comm != nullptr ? settle(comm, first, deadline) : first;
-  if (r != ncclSuccess) {
-    if (comm != nullptr) ncclCommAbort(comm);
-    throw Error(fmt::format("NCCL communicator of {} ranks (rank {}) could not start: {}{}", size,
-                            rank, r == ncclInProgress ? "timed out" : ncclGetErrorString(r),
-                            r == ncclInProgress ? " (a rank never joined?)" : ""));
-  }
-  return std::make_unique<NcclCommunicator>(rank, size, make_blocking(comm, rank, deadline),
-                                            std::move(store), group, timeout_s);
+  const ncclResult_t first = ncclCommInitRankConfig(&pending->comm, size, id, rank, &config);
+  return [pending, first, deadline, rank, size, store, group,
+          timeout_s]() -> std::unique_ptr<Communicator> {
+    ncclComm_t comm = pending->comm;
+    pending->comm = nullptr;  // from here on, owned below (or aborted on failure)
+    const ncclResult_t r = comm != nullptr ? settle(comm, first, deadline) : first;
+    if (r != ncclSuccess) {
+      if (comm != nullptr) ncclCommAbort(comm);
+      throw Error(fmt::format("NCCL communicator of {} ranks (rank {}) could not start: {}{}", size,
+                              rank, r == ncclInProgress ? "timed out" : ncclGetErrorString(r),
+                              r == ncclInProgress ? " (a rank never joined?)" : ""));
+    }
+    return std::make_unique<NcclCommunicator>(rank, size, make_blocking(comm, rank, deadline),
+                                              store, group, timeout_s);
+  };
 }
 
 }  // namespace ddp

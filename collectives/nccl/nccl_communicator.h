@@ -11,11 +11,12 @@
 namespace ddp {
 
 // Collective over `size` ranks. The unique id comes through the store (rank 0 publishes it
-// under `group`), or through `bootstrap` when there is no store (under mpirun).
-std::unique_ptr<Communicator> make_nccl_communicator(int rank, int size,
-                                                     std::shared_ptr<StoreClient> store,
-                                                     const std::string& group, double timeout_s,
-                                                     Communicator* bootstrap);
+// under `group`), or through `bootstrap` when there is no store (under mpirun). Starts
+// NCCL's initialisation and returns at once; calling the result waits for it (and throws
+// if a rank never joined within timeout_s).
+CommunicatorStart start_nccl_communicator(int rank, int size, std::shared_ptr<StoreClient> store,
+                                          const std::string& group, double timeout_s,
+                                          Communicator* bootstrap);
 
 // The version of the NCCL library loaded ("2.28.3").
 std::string nccl_library_version();
