@@ -21,6 +21,7 @@
 #include "engine/progress.h"
 #include "engine/sampler.h"
 #include "engine/step_watchdog.h"
+#include "models/autotune_cache.h"
 #include "models/mlp_cuda.h"
 #include "models/safetensors.h"
 #include "runtime/error.h"
@@ -82,13 +83,19 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, const G
   weights.get();
   model.set_params(params.data());
   const double weights_s = start_clock.seconds();
+  if (lead && config.autotune && !model.autotune_save_error().empty())
+    spdlog::warn("--autotune: the choices were not kept for the next run: {}",
+                 model.autotune_save_error());
   Communicator* comm = group.get ? group.get() : nullptr;
   const bool data_parallel = comm != nullptr;
   if (lead)
     spdlog::info(
         "model ready in {:.2f}s (cuBLASLt plans{}), weights {} and uploaded by {:.2f}s, "
         "communicator by {:.2f}s",
-        model_s, config.autotune ? " and autotuning" : "",
+        model_s,
+        !config.autotune          ? ""
+        : model.autotune_cached() ? " and autotuning, from " + autotune_cache_path()
+                                  : std::string(" and autotuning"),
         config.init_weights.empty() ? "initialised" : "read", weights_s, start_clock.seconds());
   int64_t done = 0;
   bool resumed = false;

@@ -14,6 +14,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "models/autotune_cache.h"
 #include "runtime/cuda_check.h"
 #include "runtime/error.h"
 
@@ -350,7 +351,52 @@ float CudaMlp::time_ms(const std::function<void()>& work) {
   return ms / kRepeats;
 }
 
+// What an autotuning result depends on: the GPU, cuBLASLt, the products and their options.
+std::string CudaMlp::autotune_key(int batch) const {
+  int device = 0;
+  DDP_CUDA_CHECK(cudaGetDevice(&device));
+  cudaDeviceProp prop{};
+  DDP_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  return fmt::format("{} sm_{}{} cublasLt {} | layers {} | batch {} | {} | fused {} | workspace {}",
+                     prop.name, prop.major, prop.minor, cublasLtGetVersion(), shape_.to_string(),
+                     batch, precision_name(options_.precision), options_.fused_epilogues ? 1 : 0,
+                     options_.workspace_bytes);
+}
+
+// Applies cached choices (per layer: forward candidate, weight-gradient plain-or-fused and
+// candidate, input-gradient plain-or-fused and candidate); false, changing nothing, when
+// they do not fit these plans.
+bool CudaMlp::apply_autotune(Plans& plans, const std::vector<int>& choices) {
+  const int layers = shape_.num_layers();
+  if (choices.size() != static_cast<size_t>(5 * layers)) return false;
+  auto fits = [](const std::unique_ptr<LtMatmul>& plan, int index) {
+    return plan && index >= 0 && static_cast<size_t>(index) < plan->candidates();
+  };
+  for (int i = 0; i < layers; ++i) {
+    const int* c = &choices[5 * i];
+    if (!fits(plans.forward[i], c[0])) return false;
+    if (!fits(c[1] ? plans.dw_plain[i] : plans.dw[i], c[2])) return false;
+    if (i > 0 && !fits(c[3] ? plans.dx_plain[i] : plans.dx[i], c[4])) return false;
+  }
+  for (int i = 0; i < layers; ++i) {
+    const int* c = &choices[5 * i];
+    plans.forward[i]->select(c[0]);
+    if (c[1]) std::swap(plans.dw[i], plans.dw_plain[i]);
+    plans.dw[i]->select(c[2]);
+    if (i == 0) continue;
+    if (c[3]) std::swap(plans.dx[i], plans.dx_plain[i]);
+    plans.dx[i]->select(c[4]);
+  }
+  return true;
+}
+
 void CudaMlp::autotune(Plans& plans, int batch) {
+  const std::string key = autotune_key(batch);
+  if (const auto cached = load_autotune(key); cached && apply_autotune(plans, *cached)) {
+    autotune_cached_ = true;
+    return;
+  }
+  std::vector<int> choices;
   // Real values (not garbage, not zeros) in every buffer the products read.
   launch_fill(params_.data(), params_.count(), false, 0.01f, stream());
   if (bf16()) launch_fill(params16_.data(), params16_.count(), true, 0.01f, stream());
@@ -362,7 +408,7 @@ void CudaMlp::autotune(Plans& plans, int batch) {
   launch_fill(grad_a_.data(), grad_a_.bytes() / act_bytes(), bf16(), 0.01f, stream());
   launch_fill(grad_b_.data(), grad_b_.bytes() / act_bytes(), bf16(), 0.01f, stream());
   launch_fill(x_batch_.data(), x_batch_.bytes() / act_bytes(), bf16(), 0.01f, stream());
-  // Try every candidate algorithm of a plan; keep the fastest. Returns its time.
+  // Try every candidate algorithm of a plan; keep the fastest. Returns its time and index.
   auto tune = [&](LtMatmul& plan, const std::function<void()>& extra) {
     size_t best = 0;
     float best_ms = 1e30f;
@@ -375,37 +421,47 @@ void CudaMlp::autotune(Plans& plans, int batch) {
       if (ms < best_ms) best_ms = ms, best = c;
     }
     plan.select(best);
-    return best_ms;
+    return std::make_pair(best_ms, static_cast<int>(best));
   };
   const int last = shape_.num_layers() - 1;
   for (int i = 0; i <= last; ++i) {
     const LayerSlice& l = shape_.layer(i);
-    tune(*plans.forward[i], nullptr);
+    choices.push_back(tune(*plans.forward[i], nullptr).second);
     void* dz = grad_buffer((last - i) % 2);
     // Weight gradient: fused bias gradient (BGRADB) against the plain product + our kernel.
     if (plans.dw[i]->epilogue() == CUBLASLT_EPILOGUE_BGRADB && plans.dw_plain[i]) {
-      const float fused = tune(*plans.dw[i], nullptr);
-      const float plain = tune(*plans.dw_plain[i], [&] {
+      const auto fused = tune(*plans.dw[i], nullptr);
+      const auto plain = tune(*plans.dw_plain[i], [&] {
         launch_bias_grad(dz, batch, l.out, bf16(), grads_.data() + l.bias_offset, false, stream());
       });
-      if (plain < fused) std::swap(plans.dw[i], plans.dw_plain[i]);
+      if (plain.first < fused.first) std::swap(plans.dw[i], plans.dw_plain[i]);
+      choices.push_back(plain.first < fused.first);
+      choices.push_back(plain.first < fused.first ? plain.second : fused.second);
     } else {
-      tune(*plans.dw[i], nullptr);
+      choices.push_back(0);
+      choices.push_back(tune(*plans.dw[i], nullptr).second);
     }
-    if (i == 0) continue;
+    if (i == 0) {
+      choices.insert(choices.end(), {0, 0});
+      continue;
+    }
     // Input gradient: fused ReLU derivative (DRELU) against the plain product + our mask.
     if (plans.dx[i]->epilogue() == CUBLASLT_EPILOGUE_DRELU && plans.dx_plain[i]) {
-      const float fused = tune(*plans.dx[i], nullptr);
-      const float plain = tune(*plans.dx_plain[i], [&] {
+      const auto fused = tune(*plans.dx[i], nullptr);
+      const auto plain = tune(*plans.dx_plain[i], [&] {
         launch_relu_mask(grad_buffer((last - i + 1) % 2), act(i - 1),
                          static_cast<size_t>(batch) * shape_.layer(i - 1).out, bf16(), stream());
       });
-      if (plain < fused) std::swap(plans.dx[i], plans.dx_plain[i]);
+      if (plain.first < fused.first) std::swap(plans.dx[i], plans.dx_plain[i]);
+      choices.push_back(plain.first < fused.first);
+      choices.push_back(plain.first < fused.first ? plain.second : fused.second);
     } else {
-      tune(*plans.dx[i], nullptr);
+      choices.push_back(0);
+      choices.push_back(tune(*plans.dx[i], nullptr).second);
     }
   }
   DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  autotune_save_error_ = save_autotune(key, choices);
 }
 
 std::string CudaMlp::epilogue_summary() const {

@@ -127,6 +127,10 @@ class CudaMlp {
   void poison_outputs();
   // Which products use cuBLASLt's fused epilogues (and which fell back), for the log.
   std::string epilogue_summary() const;
+  // With options.autotune: whether the choices came from the cache (autotune_cache.h), and
+  // why they could not be stored there (empty when they were, or came from it).
+  bool autotune_cached() const { return autotune_cached_; }
+  const std::string& autotune_save_error() const { return autotune_save_error_; }
   // "what this process holds vs what the driver sees"
   std::string memory_report() const;
 
@@ -175,6 +179,10 @@ class CudaMlp {
     std::vector<std::unique_ptr<LtMatmul>> dw_accumulate;       // beta = 1 (accumulate > 1)
   };
   void autotune(Plans& plans, int batch);
+  std::string autotune_key(int batch) const;
+  bool apply_autotune(Plans& plans, const std::vector<int>& choices);
+  bool autotune_cached_ = false;
+  std::string autotune_save_error_;
   float time_ms(const std::function<void()>& work);
   std::map<int, Plans> plans_;
 

@@ -223,6 +223,25 @@ TEST(GpuRun, EvalEveryLogsTheTestSplitMidRunWithoutDisturbingTraining) {
             load_weights(dir.file("plain.safetensors"), kLayers));
 }
 
+// --autotune keeps its choices: the second run takes them from the cache (and says so),
+// so it uses the same algorithms and ends with bitwise the same weights.
+TEST(GpuRun, AutotuneChoicesAreKeptForTheNextRun) {
+  REQUIRE_GPU();
+  TempDir dir;
+  const std::string run = kEnv + "DDP_CACHE_DIR=" + dir.file("cache") + " " + kTrain + kArgs +
+                          " --autotune --save-weights ";
+  const RunResult first = run_command(run + dir.file("first.safetensors"));
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  EXPECT_EQ(first.output.find("autotuning, from"), std::string::npos) << first.output;
+  const RunResult second = run_command(run + dir.file("second.safetensors"));
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  EXPECT_NE(second.output.find("autotuning, from " + dir.file("cache") + "/autotune.json"),
+            std::string::npos)
+      << second.output;
+  EXPECT_EQ(load_weights(dir.file("first.safetensors"), kLayers),
+            load_weights(dir.file("second.safetensors"), kLayers));
+}
+
 TEST(SharedGpu, WithoutShareGpuTwoRanksOnOneGpuStayAnError) {
   REQUIRE_GPU();
   const RunResult r = run_command(kEnv + "CUDA_VISIBLE_DEVICES=0,0 " + DDPRUN_PATH +

@@ -2,9 +2,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <optional>
 
+#include "models/autotune_cache.h"
 #include "models/mlp.h"
 #include "runtime/error.h"
+#include "tests/support/test_support.h"
 
 namespace ddp {
 namespace {
@@ -56,6 +61,68 @@ TEST(InitParams, FollowsTorchLinearBoundsAndIsSeeded) {
     }
     EXPECT_GT(max_abs, 0.9f * bound);  // spans the range, not a constant
   }
+}
+
+}  // namespace
+}  // namespace ddp
+
+namespace ddp {
+namespace {
+
+// Sets an environment variable for one test and puts the old value back.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    ::setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (old_)
+      ::setenv(name_, old_->c_str(), 1);
+    else
+      ::unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+TEST(AutotuneCache, KeepsEveryKeyAndSurvivesABrokenFile) {
+  TempDir dir;
+  ScopedEnv cache("DDP_CACHE_DIR", dir.file("cache"));
+  EXPECT_EQ(autotune_cache_path(), dir.file("cache") + "/autotune.json");
+  EXPECT_FALSE(load_autotune("a").has_value());
+  EXPECT_EQ(save_autotune("a", {1, 0, 2}), "");
+  EXPECT_EQ(save_autotune("b", {3}), "");
+  EXPECT_EQ(load_autotune("a"), (std::vector<int>{1, 0, 2}));
+  EXPECT_EQ(load_autotune("b"), (std::vector<int>{3}));
+  EXPECT_EQ(save_autotune("a", {4}), "");  // replaced, b kept
+  EXPECT_EQ(load_autotune("a"), (std::vector<int>{4}));
+  EXPECT_EQ(load_autotune("b"), (std::vector<int>{3}));
+  std::ofstream(autotune_cache_path()) << "{ not json";
+  EXPECT_FALSE(load_autotune("a").has_value());
+  EXPECT_EQ(save_autotune("c", {5}), "");  // a broken file is replaced, not appended to
+  EXPECT_EQ(load_autotune("c"), (std::vector<int>{5}));
+}
+
+TEST(AutotuneCache, APathThatCannotBeAFolderSaysWhy) {
+  TempDir dir;
+  std::ofstream(dir.file("file")) << "x";
+  ScopedEnv cache("DDP_CACHE_DIR", dir.file("file") + "/sub");
+  EXPECT_NE(save_autotune("a", {1}).find(dir.file("file")), std::string::npos);
+  EXPECT_FALSE(load_autotune("a").has_value());
+}
+
+TEST(AutotuneCache, FallsBackToXdgThenHome) {
+  ScopedEnv none("DDP_CACHE_DIR", "");
+  {
+    ScopedEnv xdg("XDG_CACHE_HOME", "/x");
+    EXPECT_EQ(autotune_cache_path(), "/x/ddp/autotune.json");
+  }
+  ScopedEnv xdg("XDG_CACHE_HOME", "");
+  ScopedEnv home("HOME", "/h");
+  EXPECT_EQ(autotune_cache_path(), "/h/.cache/ddp/autotune.json");
 }
 
 }  // namespace
