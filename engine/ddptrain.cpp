@@ -8,6 +8,7 @@
 #include <fstream>
 #include <future>
 #include <memory>
+#include <optional>
 
 #include <spdlog/spdlog.h>
 
@@ -154,10 +155,17 @@ int main(int argc, char** argv) {
                    {"device", device_record}});
     for (const std::string& line : ddp::describe(config))
       spdlog::info("{}", line);
-    const ddp::Dataset data = loading.get();
-    spdlog::info(
-        "loaded {}: {} train, {} test samples, {} features, {} classes ({:.2f}s after start)",
-        data.name, data.train.n, data.test.n, data.train.dim, data.classes, load_clock.seconds());
+    std::optional<ddp::Dataset> loaded;
+    auto data_ready = [&]() -> const ddp::Dataset& {
+      if (!loaded) {
+        loaded = loading.get();
+        spdlog::info(
+            "loaded {}: {} train, {} test samples, {} features, {} classes ({:.2f}s after start)",
+            loaded->name, loaded->train.n, loaded->test.n, loaded->train.dim, loaded->classes,
+            load_clock.seconds());
+      }
+      return *loaded;
+    };
     if (cuda) {
       ddp::GroupStart group;
       group.rank = env.rank;
@@ -166,9 +174,9 @@ int main(int argc, char** argv) {
         if (starting) started();
         return comm.get();
       };
-      ddp::train_on_gpu(config, data, group, &metrics, nullptr, gpu_monitor.get());
+      ddp::train_on_gpu(config, data_ready, group, &metrics, nullptr, gpu_monitor.get());
     } else {
-      ddp::Trainer trainer(config, data, comm.get(), store.get());
+      ddp::Trainer trainer(config, data_ready(), comm.get(), store.get());
       trainer.run(&metrics);
     }
     spdlog::info("process time {:.2f}s", process_clock.seconds());

@@ -20,14 +20,16 @@ struct GroupStart {
   std::function<Communicator*()> get;
 };
 
-// Trains config's model on `data` on the current device: uploads the data once, replays
+// Trains config's model on the data that data_ready() returns (waiting for it: it may still
+// be loading while the model builds) on the current device: uploads the data once, replays
 // the captured step, logs and writes metrics like the CPU loop. Writes the final
 // parameters to *final_params when it is not null.
 // Metrics go to `metrics` when given, else to config.metrics.
 // `group` is the data-parallel group over NCCL (get() may return null: one GPU).
 // `monitor` (may be null: --no-gpu-monitor) samples this rank's GPU; every rank must pass one
 // or none alike, since the windows are gathered to rank 0.
-TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, const GroupStart& group,
+TrainResult train_on_gpu(const TrainConfig& config,
+                         const std::function<const Dataset&()>& data_ready, const GroupStart& group,
                          MetricsWriter* metrics, std::vector<float>* final_params,
                          GpuMonitor* monitor = nullptr);
 

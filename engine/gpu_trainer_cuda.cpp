@@ -42,14 +42,14 @@ void sum_on_device(Communicator* comm, CudaMlp& model, DeviceBuffer<double>& buf
 }
 }  // namespace
 
-TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, const GroupStart& group,
+TrainResult train_on_gpu(const TrainConfig& config,
+                         const std::function<const Dataset&()>& data_ready, const GroupStart& group,
                          MetricsWriter* metrics_in, std::vector<float>* final_params,
                          GpuMonitor* monitor) {
   const MlpShape shape = parse_layers(config.layers);
   const int rank = group.rank;
   const int ranks = group.size;
   const bool lead = rank == 0;
-  check_model_fits_data(shape, config, data);
   DDP_USAGE_CHECK(!config.check_replicas, "--check-replicas: runs on the CPU path only so far");
   DDP_USAGE_CHECK(config.on_nonfinite == OnNonfinite::kStop,
                   "--on-nonfinite {}: runs on the CPU path only so far (the GPU path stops)",
@@ -80,6 +80,8 @@ TrainResult train_on_gpu(const TrainConfig& config, const Dataset& data, const G
   });
   CudaMlp model(shape, micro_batch, config.optimizer, options);
   const double model_s = start_clock.seconds();
+  const Dataset& data = data_ready();  // loading on its own thread meanwhile
+  check_model_fits_data(shape, config, data);
   weights.get();
   model.set_params(params.data());
   const double weights_s = start_clock.seconds();

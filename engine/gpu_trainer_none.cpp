@@ -4,8 +4,8 @@
 
 namespace ddp {
 
-TrainResult train_on_gpu(const TrainConfig&, const Dataset&, const GroupStart&, MetricsWriter*,
-                         std::vector<float>*, GpuMonitor*) {
+TrainResult train_on_gpu(const TrainConfig&, const std::function<const Dataset&()>&,
+                         const GroupStart&, MetricsWriter*, std::vector<float>*, GpuMonitor*) {
   throw UsageError(
       "--device cuda: this build has no CUDA support; rebuild with the CUDA toolkit or use "
       "--device cpu");
