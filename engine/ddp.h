@@ -86,6 +86,10 @@ class Ddp {
   void finish(void* stream);
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
+  // Buckets issued so far this step (they are issued in order), and bucket b's pending
+  // all-reduce (b < issued(), until finish()).
+  size_t issued() const { return next_bucket_; }
+  Work& pending(size_t bucket) { return *pending_.at(bucket); }
   // The engine's record of what happened, kept only while asked for (the first step's, for
   // the metrics, or the tests'), so that it never grows over a run.
   void record_events(bool on) {

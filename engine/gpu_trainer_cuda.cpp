@@ -40,6 +40,71 @@ void sum_on_device(Communicator* comm, CudaMlp& model, DeviceBuffer<double>& buf
   comm->all_reduce(buffer.data(), count, DataType::kFloat64, ReduceOp::kSum);
   DDP_CUDA_CHECK(cudaMemcpy(values, buffer.data(), count * 8, cudaMemcpyDeviceToHost));
 }
+// The optimizer overlapped with backward (and with the gradient all-reduces): each range of
+// parameters (a data-parallel bucket, or a layer on one GPU) is updated on a side stream as
+// soon as backward no longer reads it (every layer of the range has its weight and input
+// gradients: the hook of the next lower layer, or the end of backward) and, with data
+// parallelism, its average is in place. The ranges' updates are the same elementwise
+// arithmetic as one pass over the buffer: the weights are bitwise those of the plain
+// optimizer. The side stream joins stream() again before the step ends.
+class OptimizerOverlap {
+ public:
+  struct Range {
+    size_t offset = 0, count = 0;  // parameters (elements of the flat buffers)
+    int first_layer = 0;           // lowest layer in the range
+  };
+  // `ranges` in the order backward finishes them (last layers first); with `ddp`, its
+  // buckets in its order.
+  OptimizerOverlap(CudaMlp& model, std::vector<Range> ranges, Ddp* ddp)
+      : model_(model), ranges_(std::move(ranges)), ddp_(ddp), ready_(ranges_.size()) {
+    model_.set_optimizer_in_hooks(true);
+  }
+  static std::vector<Range> of_layers(const MlpShape& shape) {
+    std::vector<Range> ranges;
+    const std::vector<ParamSpan> spans = param_spans(shape);
+    for (int i = shape.num_layers() - 1; i >= 0; --i)
+      ranges.push_back({spans[i].offset, spans[i].count, i});
+    return ranges;
+  }
+  static std::vector<Range> of_buckets(const std::vector<Bucket>& buckets) {
+    std::vector<Range> ranges;
+    for (const Bucket& b : buckets)
+      ranges.push_back({b.offset, b.count, b.first_layer});
+    return ranges;
+  }
+
+  void begin_step() { next_ = 0; }
+  // From the layer hook (after Ddp::layer_done): layers above `layer` are done.
+  void layer_done(int layer) {
+    while (next_ < ranges_.size() && ranges_[next_].first_layer > layer &&
+           (ddp_ == nullptr || next_ < ddp_->issued()))
+      apply(next_++);
+  }
+  // After backward (and Ddp::end_backward): the rest, then the side stream joins stream().
+  void end_backward() {
+    while (next_ < ranges_.size())
+      apply(next_++);
+    if (ddp_ != nullptr) ddp_->finish(side_.get());
+    DDP_CUDA_CHECK(cudaEventRecord(joined_.get(), side_.get()));
+    DDP_CUDA_CHECK(cudaStreamWaitEvent(model_.stream(), joined_.get(), 0));
+  }
+
+ private:
+  void apply(size_t i) {
+    DDP_CUDA_CHECK(cudaEventRecord(ready_[i].get(), model_.stream()));
+    DDP_CUDA_CHECK(cudaStreamWaitEvent(side_.get(), ready_[i].get(), 0));
+    if (ddp_ != nullptr) ddp_->pending(i).then_on(side_.get());
+    model_.optimizer_range(ranges_[i].offset, ranges_[i].count, side_.get());
+  }
+
+  CudaMlp& model_;
+  std::vector<Range> ranges_;
+  Ddp* ddp_;
+  std::vector<CudaEvent> ready_;  // one per range: backward is done with it
+  CudaEvent joined_;
+  CudaStream side_;
+  size_t next_ = 0;
+};
 }  // namespace
 
 TrainResult train_on_gpu(const TrainConfig& config,
@@ -145,13 +210,30 @@ TrainResult train_on_gpu(const TrainConfig& config,
       bf16_grads = DeviceBuffer<uint16_t>(shape.param_count(), MemoryCategory::kGradients);
       ddp->reduce_in_bf16(bf16_grads.data());
     }
-    model.set_layer_hook([&](int layer) { ddp->layer_done(layer); });
+
     if (lead)
       spdlog::info(
           "data parallel over {} GPUs ({}): {} buckets, overlap {}, gradients reduced in {}", ranks,
           comm->backend(), ddp->buckets().size(), config.overlap ? "on" : "off",
           grad_reduce_name(config.grad_reduce));
   }
+  // The optimizer overlapped with backward (--no-overlap-optimizer: after it, as one pass).
+  std::unique_ptr<OptimizerOverlap> overlapped;
+  if (config.overlap_optimizer && !(ddp && !config.overlap))
+    overlapped = std::make_unique<OptimizerOverlap>(
+        model,
+        ddp ? OptimizerOverlap::of_buckets(ddp->buckets()) : OptimizerOverlap::of_layers(shape),
+        ddp.get());
+  if (ddp || overlapped)
+    model.set_layer_hook([&](int layer) {
+      if (ddp) ddp->layer_done(layer);
+      if (overlapped) overlapped->layer_done(layer);
+    });
+  if (lead)
+    spdlog::info("optimizer {}",
+                 overlapped ? fmt::format("overlapped with backward ({} ranges on a side stream)",
+                                          ddp ? ddp->buckets().size() : shape.num_layers())
+                            : std::string("after backward"));
   if (!data_parallel && config.grad_reduce == GradReduce::kBf16 && lead)
     spdlog::warn("--grad-reduce bf16: one process and no --backend, so nothing is reduced");
   size_t free_bytes = 0, total_bytes = 0;
@@ -304,11 +386,15 @@ TrainResult train_on_gpu(const TrainConfig& config,
     }
     model.upload_schedule(indices.data(), steps.data(), n);
     for (int k = 0; k < n; ++k) {
-      if (ddp) {
-        ddp->begin_backward(model.device_grads());
+      if (ddp) ddp->begin_backward(model.device_grads());
+      if (overlapped) overlapped->begin_step();
+      if (ddp || overlapped) {
         model.train_step([&] {
-          ddp->end_backward();
-          ddp->finish(model.stream());  // the optimizer waits on the device for every bucket
+          if (ddp) ddp->end_backward();
+          if (overlapped)
+            overlapped->end_backward();  // the updates, joined into the model's stream
+          else
+            ddp->finish(model.stream());  // the optimizer waits on the device for every bucket
         });
       } else {
         model.train_step();

@@ -663,16 +663,23 @@ void CudaMlp::forward_backward(float grad_scale, bool accumulate, int micro) {
   backward_layers(max_batch_, x_batch_.data(), accumulate);
 }
 
-void CudaMlp::optimizer_step() {
-  const size_t count = shape_.param_count();
-  void* p16 = bf16() ? params16_.data() : nullptr;
+void CudaMlp::optimizer_range(size_t offset, size_t count, cudaStream_t stream) {
+  DDP_CHECK(offset + count <= shape_.param_count(), "optimizer_range {}+{} past {} parameters",
+            offset, count, shape_.param_count());
+  auto at = [offset](float* base) { return base != nullptr ? base + offset : nullptr; };
+  void* p16 = bf16() ? static_cast<void*>(params16_.data() + offset) : nullptr;
   if (optimizer_.kind == OptimizerKind::kAdamW)
-    launch_adamw(params_.data(), grads_.data(), state_a_.data(), state_b_.data(), p16, count,
-                 schedule_steps_.data(), counter_.data(), optimizer_.beta1, optimizer_.beta2,
-                 optimizer_.eps, optimizer_.weight_decay, stream());
+    launch_adamw(at(params_.data()), at(grads_.data()), at(state_a_.data()), at(state_b_.data()),
+                 p16, count, schedule_steps_.data(), counter_.data(), optimizer_.beta1,
+                 optimizer_.beta2, optimizer_.eps, optimizer_.weight_decay, stream);
   else
-    launch_sgd(params_.data(), grads_.data(), state_a_.data(), p16, count, schedule_steps_.data(),
-               counter_.data(), optimizer_.momentum, optimizer_.weight_decay, stream());
+    launch_sgd(at(params_.data()), at(grads_.data()), at(state_a_.data()), p16, count,
+               schedule_steps_.data(), counter_.data(), optimizer_.momentum,
+               optimizer_.weight_decay, stream);
+}
+
+void CudaMlp::optimizer_step() {
+  if (!optimizer_in_hooks_) optimizer_range(0, shape_.param_count(), stream());
   after("optimizer");
   launch_increment(counter_.data(), stream());
 }

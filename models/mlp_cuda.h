@@ -88,8 +88,15 @@ class CudaMlp {
   // Stream-ordered.
   void forward_backward(float grad_scale, bool accumulate = false, int micro = 0);
   // The optimizer on the flat buffers with the current step's scalars, then the step counter
-  // moves on. Stream-ordered.
+  // moves on. Stream-ordered. With set_optimizer_in_hooks(true) only the counter moves: the
+  // caller has updated every parameter with optimizer_range() (after_backward of train_step
+  // joins those updates back into stream()).
   void optimizer_step();
+  // The optimizer on parameters [offset, offset + count) of the flat buffers, on `stream`,
+  // with the current step's scalars: elementwise, so any partition of the buffer gives
+  // bitwise the whole-buffer result.
+  void optimizer_range(size_t offset, size_t count, cudaStream_t stream);
+  void set_optimizer_in_hooks(bool on) { optimizer_in_hooks_ = on; }
   // forward_backward(1/(batch x accumulate)) of every micro-batch (the layer hook only during
   // the last), after_backward() (data parallelism enqueues its bucket all-reduces there and
   // makes the stream wait for them), optimizer_step(); replayed from a
@@ -187,6 +194,7 @@ class CudaMlp {
   std::map<int, Plans> plans_;
 
   std::function<void(int)> layer_hook_;
+  bool optimizer_in_hooks_ = false;
   // Host staging: two slots of pinned and device buffers, the copy stream and its events.
   const Split* host_split_ = nullptr;
   PinnedBuffer<float> staged_x_host_[2];
