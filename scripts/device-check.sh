@@ -20,6 +20,7 @@ out="$(mktemp -d)"
 dest="${OUT:-$PWD/device-out}"
 mkdir -p "$dest"
 trap 'tar -C "$out" -czf "$dest/logs.tgz" . 2>/dev/null' EXIT
+trap 'echo "== stopped by SIGTERM (a timeout)"; printf "%s\n" "${summary[@]}"; exit 143' TERM
 sections=("$@")
 [ ${#sections[@]} -eq 0 ] && sections=(test run bench)
 want() { local s; for s in "${sections[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
@@ -191,9 +192,16 @@ fi
 
 if want bench-ddp; then
   # Needs two or more GPUs: ddprun against torchrun + PyTorch DDP (long: up to ~10 min).
-  timeout 580 scripts/bench-ddp.sh "$build" > "$out/bench-ddp.md" 2> "$out/bench-ddp.err" ||
+  timeout 330 scripts/bench-ddp.sh "$build" > "$out/bench-ddp.md" 2> "$out/bench-ddp.err" ||
     fail bench-ddp "bench-ddp.sh exited $?"
   cat "$out/bench-ddp.md"
+fi
+
+if want collectives; then
+  # ddpbench against nccl-tests built from source here, in this one run.
+  timeout 400 scripts/bench-collectives.sh "$build" > "$out/collectives.md" 2> "$out/collectives.err" ||
+    fail collectives "bench-collectives.sh exited $? ($(tail -1 "$out/collectives.err"))"
+  cat "$out/collectives.md"
 fi
 
 if want levers; then
@@ -202,14 +210,15 @@ if want levers; then
   # and launch to first step (with the start-up lines of the default run).
   source scripts/workloads.sh
   gpus="$(nvidia-smi -L | wc -l)"
-  for run in medium:tf32 large:tf32 medium:bf16 large:bf16; do
+  for run in medium:tf32 large:tf32 medium:bf16; do
     ddp_workload "${run%%:*}"
     prec="${run##*:}"
-    for variant in default normal-priority grad-bf16; do
+    for variant in default no-overlap-optimizer grad-bf16 nccl-8-channels; do
       vars=()
       flags=()
-      [ "$variant" = normal-priority ] && vars=(DDP_NCCL_STREAM_PRIORITY=default)
+      [ "$variant" = no-overlap-optimizer ] && flags=(--no-overlap-optimizer)
       [ "$variant" = grad-bf16 ] && flags=(--grad-reduce bf16)
+      [ "$variant" = nccl-8-channels ] && vars=(NCCL_MAX_NCHANNELS=8)
       rm -f "$out/lever.jsonl"
       env "${vars[@]}" timeout 200 "$build/bin/ddprun" --nproc-per-node gpu -- "$build/bin/ddptrain" --device cuda \
         --precision "$prec" --data synthetic --layers "$layers" --steps "$steps" --log-every $((steps / 6)) \
@@ -218,16 +227,19 @@ if want levers; then
         > "$out/lever-${run/:/-}-$variant.log" 2>&1 || fail levers "$run $variant exited $?"
       note "lever $run $variant: $(ddp_json "$out/lever.jsonl" steady_samples_per_s 2>/dev/null | cut -d. -f1) samples/s, first step $(ddp_json "$out/lever.jsonl" since_launch_s 2>/dev/null | cut -c1-5) s"
     done
-    grep -E 'driver init|started in|loaded |model ready|first step finished' "$out/lever-${run/:/-}-default.log" |
+    grep -E 'driver init|ready .* after its start|loaded |model ready|first step finished' "$out/lever-${run/:/-}-default.log" |
       grep -v 'rank 1\]' | sed 's/.*info: /  /'
+    # Where the time goes: one GPU alone, and one GPU while the other trains the same at once
+    # (power, clocks and host shared, no communication).
+    args=(--device cuda --precision "$prec" --data synthetic --layers "$layers" --steps "$steps"
+          --log-every $((steps / 6)) --lr-schedule constant --lr 0.01 --autotune --batch-size "$batch"
+          --synthetic-samples $((batch * 4)) --quiet)
+    CUDA_VISIBLE_DEVICES=0 timeout 200 "$build/bin/ddptrain" "${args[@]}" --metrics "$out/alone.jsonl" > /dev/null 2>&1
+    CUDA_VISIBLE_DEVICES=1 timeout 200 "$build/bin/ddptrain" "${args[@]}" --metrics "$out/other.jsonl" > /dev/null 2>&1 &
+    CUDA_VISIBLE_DEVICES=0 timeout 200 "$build/bin/ddptrain" "${args[@]}" --metrics "$out/both.jsonl" > /dev/null 2>&1
+    wait
+    note "lever $run one GPU alone: $(ddp_json "$out/alone.jsonl" steady_samples_per_s 2>/dev/null | cut -d. -f1) samples/s; while the other GPU trains too: $(ddp_json "$out/both.jsonl" steady_samples_per_s 2>/dev/null | cut -d. -f1) and $(ddp_json "$out/other.jsonl" steady_samples_per_s 2>/dev/null | cut -d. -f1)"
   done
-fi
-
-if want collectives; then
-  # ddpbench against nccl-tests built from source here, in this one run.
-  timeout 400 scripts/bench-collectives.sh "$build" > "$out/collectives.md" 2> "$out/collectives.err" ||
-    fail collectives "bench-collectives.sh exited $? ($(tail -1 "$out/collectives.err"))"
-  cat "$out/collectives.md"
 fi
 
 if want bench; then
