@@ -245,7 +245,10 @@ class NcclWork final : public Work {
         events_(std::move(events)),
         done_(done),
         describe_(std::move(describe)) {}
-  ~NcclWork() override { events_->give(done_); }
+  // `events` null: the event belongs to a captured graph and stays with the communicator.
+  ~NcclWork() override {
+    if (events_ != nullptr) events_->give(done_);
+  }
   void wait(double timeout_s) override {
     const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                              std::chrono::duration<double>(timeout_s));
@@ -311,6 +314,8 @@ class NcclCommunicator final : public Communicator {
     // An aborted communicator's stream may never drain (a peer is gone): do not wait on it.
     if (!comm_->aborted()) cudaStreamSynchronize(comm_stream_);
     comm_.reset();  // finalises, unless a Work still holds it
+    for (cudaEvent_t event : graph_events_)
+      cudaEventDestroy(event);
     cudaFree(scratch_);
     cudaEventDestroy(ready_);
     cudaStreamDestroy(comm_stream_);
@@ -518,15 +523,28 @@ class NcclCommunicator final : public Communicator {
       comm_->abort();
       throw Error(message);
     }
-    cudaEvent_t done = events_->take();
+    // Inside a CUDA graph capture the event becomes part of the graph, which records it at
+    // every replay: it is never handed to another operation, and lives as long as this
+    // communicator.
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    DDP_CUDA_CHECK(cudaStreamIsCapturing(comm_stream_, &capture));
+    const bool captured = capture != cudaStreamCaptureStatusNone;
+    cudaEvent_t done = nullptr;
+    if (captured) {
+      DDP_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+      graph_events_.push_back(done);
+    } else {
+      done = events_->take();
+    }
     DDP_CUDA_CHECK(cudaEventRecord(done, comm_stream_));
-    return std::make_unique<NcclWork>(comm_, events_, done, describe);
+    return std::make_unique<NcclWork>(comm_, captured ? nullptr : events_, done, describe);
   }
 
   ncclComm_t raw() const { return comm_->get(); }
 
   std::shared_ptr<NcclHandle> comm_;
   std::shared_ptr<EventPool> events_ = std::make_shared<EventPool>();
+  std::vector<cudaEvent_t> graph_events_;  // recorded by captured graphs: kept to the end
   std::shared_ptr<StoreClient> store_;
   std::string group_;
   cudaStream_t compute_stream_ = nullptr;
