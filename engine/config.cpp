@@ -143,8 +143,8 @@ bool parse_train_args(int argc, char** argv, TrainConfig* config) {
     ("first-bucket-mb", "size of the first bucket (the last layers) in MiB",
         cxxopts::value<std::string>()->default_value(text(d.first_bucket_mb)))
     ("no-overlap", "all-reduce after backward instead of during it")
-    ("no-overlap-optimizer", "cuda: the optimizer after backward, in one pass, instead of on each "
-        "range of parameters as soon as backward (and its all-reduce) is done with it")
+    ("overlap-optimizer", "cuda: the optimizer on each range of parameters as soon as backward "
+        "(and its all-reduce) is done with it, on a side stream, instead of one pass after backward")
     ("grad-reduce", "gradients on the wire: fp32, or bf16 (half the bytes, rounded; GPU with NCCL)",
         cxxopts::value<std::string>()->default_value(grad_reduce_name(d.grad_reduce)))
     ("accumulate", "micro-batches per optimizer step (gradient accumulation)",
@@ -250,7 +250,7 @@ bool parse_train_args(int argc, char** argv, TrainConfig* config) {
     c.bucket_mb = number<double>(result, "bucket-mb");
     c.first_bucket_mb = number<double>(result, "first-bucket-mb");
     c.overlap = result.count("no-overlap") == 0;
-    c.overlap_optimizer = result.count("no-overlap-optimizer") == 0;
+    c.overlap_optimizer = result.count("overlap-optimizer") > 0;
     c.grad_reduce = choice<GradReduce>(result, "grad-reduce",
                                        {{"fp32", GradReduce::kFp32}, {"bf16", GradReduce::kBf16}});
     c.accumulate = number<int>(result, "accumulate");

@@ -66,7 +66,7 @@ struct TrainConfig {
   double first_bucket_mb = 1;
   bool overlap = true;
   GradReduce grad_reduce = GradReduce::kFp32;
-  bool overlap_optimizer = true;  // GPU: each parameter range updated as backward finishes it
+  bool overlap_optimizer = false;  // GPU: each parameter range updated as backward finishes it
   int accumulate = 1;             // micro-steps per optimizer step
   // Pipeline parallelism: the world is dp x pp ranks (rank = stage * dp + replica).
   int pp = 1;             // pipeline stages

@@ -217,7 +217,7 @@ TrainResult train_on_gpu(const TrainConfig& config,
           comm->backend(), ddp->buckets().size(), config.overlap ? "on" : "off",
           grad_reduce_name(config.grad_reduce));
   }
-  // The optimizer overlapped with backward (--no-overlap-optimizer: after it, as one pass).
+  // The optimizer overlapped with backward (--overlap-optimizer; else one pass after it).
   std::unique_ptr<OptimizerOverlap> overlapped;
   if (config.overlap_optimizer && !(ddp && !config.overlap))
     overlapped = std::make_unique<OptimizerOverlap>(

@@ -213,10 +213,10 @@ if want levers; then
   for run in medium:tf32 large:tf32 medium:bf16; do
     ddp_workload "${run%%:*}"
     prec="${run##*:}"
-    for variant in default no-overlap-optimizer grad-bf16 nccl-8-channels; do
+    for variant in default overlap-optimizer grad-bf16 nccl-8-channels; do
       vars=()
       flags=()
-      [ "$variant" = no-overlap-optimizer ] && flags=(--no-overlap-optimizer)
+      [ "$variant" = overlap-optimizer ] && flags=(--overlap-optimizer)
       [ "$variant" = grad-bf16 ] && flags=(--grad-reduce bf16)
       [ "$variant" = nccl-8-channels ] && vars=(NCCL_MAX_NCHANNELS=8)
       rm -f "$out/lever.jsonl"

@@ -15,7 +15,6 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <mutex>
@@ -298,15 +297,7 @@ class NcclCommunicator final : public Communicator {
         store_(std::move(store)),
         group_(std::move(group)) {
     timeout_s_ = timeout_s;
-    // The greatest priority, so that when backward's kernels fill the GPU the reduction's
-    // blocks are scheduled first as SMs free up, instead of waiting out backward
-    // (DDP_NCCL_STREAM_PRIORITY=default: the normal priority, for comparison).
-    int least = 0, greatest = 0;
-    DDP_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    const char* priority = std::getenv("DDP_NCCL_STREAM_PRIORITY");
-    const bool normal = priority != nullptr && std::string(priority) == "default";
-    DDP_CUDA_CHECK(cudaStreamCreateWithPriority(&comm_stream_, cudaStreamNonBlocking,
-                                                normal ? least : greatest));
+    DDP_CUDA_CHECK(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking));
     DDP_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
     DDP_CUDA_CHECK(cudaMalloc(&scratch_, sizeof(float)));
   }

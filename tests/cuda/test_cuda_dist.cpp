@@ -223,21 +223,22 @@ TEST(GpuRun, EvalEveryLogsTheTestSplitMidRunWithoutDisturbingTraining) {
             load_weights(dir.file("plain.safetensors"), kLayers));
 }
 
-// The optimizer overlapped with backward (the default) updates each range of parameters with
-// the same elementwise arithmetic as one pass after backward: bitwise the same weights, on
-// one GPU (per layer) and with two ranks (per bucket), in fp32 and bf16, SGD and AdamW.
+// The optimizer overlapped with backward (--overlap-optimizer) updates each range of
+// parameters with the same elementwise arithmetic as one pass after backward (the default):
+// bitwise the same weights, on one GPU (per layer) and with two ranks (per bucket), in fp32
+// and bf16, SGD and AdamW.
 TEST(GpuRun, OptimizerOverlapGivesBitwiseTheWeightsOfOnePass) {
   REQUIRE_GPU();
   TempDir dir;
   for (const std::string extra : {"", " --precision bf16 --optimizer adamw --lr 0.01"}) {
     for (const std::string job : {kEnv + kTrain, kShared + " --nproc-per-node 2 -- " + kTrain}) {
       const std::string run = job + kArgs + extra + " --save-weights ";
-      const RunResult overlapped = run_command(run + dir.file("overlapped.safetensors"));
+      const RunResult overlapped =
+          run_command(run + dir.file("overlapped.safetensors") + " --overlap-optimizer");
       ASSERT_EQ(overlapped.exit_code, 0) << overlapped.output;
       EXPECT_NE(overlapped.output.find("optimizer overlapped with backward"), std::string::npos)
           << overlapped.output;
-      const RunResult plain =
-          run_command(run + dir.file("plain.safetensors") + " --no-overlap-optimizer");
+      const RunResult plain = run_command(run + dir.file("plain.safetensors"));
       ASSERT_EQ(plain.exit_code, 0) << plain.output;
       EXPECT_NE(plain.output.find("optimizer after backward"), std::string::npos) << plain.output;
       EXPECT_EQ(load_weights(dir.file("overlapped.safetensors"), kLayers),
