@@ -230,7 +230,7 @@ TEST(Pipeline, KilledStageIsNamedAndTheOthersStopWithinTheGracePeriod) {
   EXPECT_LT(stopped_after(r.output), 2.0 + 3.0) << r.output;
 }
 
-// A stage that stops (SIGSTOP: alive, silent) is named by its neighbours' receives once
+// A stage that stops (SIGSTOP: alive, silent) is named by its neighbours once
 // --timeout passes (in dp x pp also by its world rank), and ddprun ends the job.
 TEST(Pipeline, StoppedStageIsNamedByItsNeighboursWithinTheTimeout) {
   if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
@@ -242,10 +242,15 @@ TEST(Pipeline, StoppedStageIsNamedByItsNeighboursWithinTheTimeout) {
           " --data synthetic --layers 12,32,16,4 --synthetic-samples 240 --batch-size 24 "
           "--pp 3 --steps 100000000 --log-every 20 --threads 1 --timeout 3",
       "step 40/", 1, "STOP");
-  EXPECT_NE(r.output.find("from rank 1 (point-to-point #"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("the peer (rank 1 of that group) is stopped, dead or behind"),
-            std::string::npos)
-      << r.output;
+  // Rank 1 stops wherever it is: its neighbours wait either on a transfer from it (named as
+  // the peer) or in the step's world all-reduce (named as the rank that never reached it);
+  // which, depends on how far it got before the signal (seen under load).
+  const bool as_peer =
+      r.output.find("from rank 1 (point-to-point #") != std::string::npos &&
+      r.output.find("the peer (rank 1 of that group) is stopped, dead or behind") !=
+          std::string::npos;
+  const bool as_missing = r.output.find("rank(s) 1 never reached it") != std::string::npos;
+  EXPECT_TRUE(as_peer || as_missing) << r.output;
   EXPECT_EQ(r.output.find("ddprun exit 0"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("LEFT BEHIND"), std::string::npos) << r.output;
   EXPECT_LT(stopped_after(r.output), timeout + grace + 5.0) << r.output;
