@@ -25,6 +25,10 @@ const char* span_name(SpanKind kind) {
       return "all-reduce";
     case SpanKind::kOptimizer:
       return "optimizer";
+    case SpanKind::kLayerBackward:
+      return "backward layer";
+    case SpanKind::kBucketAllReduce:
+      return "all-reduce bucket";
   }
   return "?";
 }
@@ -34,13 +38,13 @@ double TimelineRecorder::now_us() {
 }
 
 void TimelineRecorder::add(SpanKind kind, int64_t step, int micro_batch, double start_us,
-                           double end_us) {
+                           double end_us, int lane) {
   if (!on_) return;
   if (spans_.size() >= limit_) {
     ++dropped_;
     return;
   }
-  spans_.push_back({kind, step, micro_batch, start_us, end_us});
+  spans_.push_back({kind, step, micro_batch, start_us, end_us, lane});
 }
 
 std::string chrome_trace_json(const std::vector<std::vector<Span>>& rank_spans,
@@ -50,17 +54,25 @@ std::string chrome_trace_json(const std::vector<std::vector<Span>>& rank_spans,
     for (const Span& s : spans)
       origin = std::min(origin, s.start_us);
   nlohmann::json events = nlohmann::json::array();
-  for (size_t r = 0; r < rank_spans.size(); ++r) {
+  const size_t ranks = rank_spans.size();
+  auto track = [&](size_t tid, const std::string& name) {
     events.push_back({{"ph", "M"},
                       {"name", "thread_name"},
                       {"pid", 0},
-                      {"tid", r},
-                      {"args", {{"name", r < track_names.size() ? track_names[r] : ""}}}});
+                      {"tid", tid},
+                      {"args", {{"name", name}}}});
     events.push_back({{"ph", "M"},
                       {"name", "thread_sort_index"},
                       {"pid", 0},
-                      {"tid", r},
-                      {"args", {{"sort_index", r}}}});
+                      {"tid", tid},
+                      {"args", {{"sort_index", tid >= ranks ? 2 * (tid - ranks) + 1 : 2 * tid}}}});
+  };
+  for (size_t r = 0; r < ranks; ++r) {
+    const std::string name = r < track_names.size() ? track_names[r] : "";
+    track(r, name);
+    if (std::any_of(rank_spans[r].begin(), rank_spans[r].end(),
+                    [](const Span& s) { return s.lane == 1; }))
+      track(ranks + r, name + " communication");
     for (const Span& s : rank_spans[r]) {
       std::string name = span_name(s.kind);
       if (s.micro_batch >= 0) name += " " + std::to_string(s.micro_batch);
@@ -68,7 +80,7 @@ std::string chrome_trace_json(const std::vector<std::vector<Span>>& rank_spans,
                         {"name", name},
                         {"cat", span_name(s.kind)},
                         {"pid", 0},
-                        {"tid", r},
+                        {"tid", s.lane == 1 ? ranks + r : r},
                         {"ts", s.start_us - origin},
                         {"dur", std::max(0.0, s.end_us - s.start_us)},
                         {"args", {{"step", s.step}, {"micro_batch", s.micro_batch}}}});
@@ -77,13 +89,27 @@ std::string chrome_trace_json(const std::vector<std::vector<Span>>& rank_spans,
   return nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump();
 }
 
+std::vector<double> pack_spans(const std::vector<Span>& spans) {
+  std::vector<double> packed;
+  for (const Span& s : spans)
+    packed.insert(packed.end(), {static_cast<double>(s.kind), static_cast<double>(s.step),
+                                 static_cast<double>(s.micro_batch), s.start_us, s.end_us,
+                                 static_cast<double>(s.lane)});
+  return packed;
+}
+
+std::vector<Span> unpack_spans(const std::vector<double>& packed) {
+  std::vector<Span> spans;
+  for (size_t i = 0; i + kSpanDoubles <= packed.size(); i += kSpanDoubles)
+    spans.push_back({static_cast<SpanKind>(static_cast<int>(packed[i])),
+                     static_cast<int64_t>(packed[i + 1]), static_cast<int>(packed[i + 2]),
+                     packed[i + 3], packed[i + 4], static_cast<int>(packed[i + 5])});
+  return spans;
+}
+
 std::vector<std::vector<Span>> gather_spans(Communicator* comm, const std::vector<Span>& mine) {
   if (comm == nullptr || comm->size() == 1) return {mine};
-  // Five doubles a span: kind, step, micro-batch, start, end (all exact in a double).
-  std::vector<double> packed;
-  for (const Span& s : mine)
-    packed.insert(packed.end(), {static_cast<double>(s.kind), static_cast<double>(s.step),
-                                 static_cast<double>(s.micro_batch), s.start_us, s.end_us});
+  std::vector<double> packed = pack_spans(mine);
   const int64_t count = static_cast<int64_t>(mine.size());
   std::vector<int64_t> counts(comm->size());
   comm->all_gather(&count, counts.data(), 1, DataType::kInt64);
@@ -95,12 +121,9 @@ std::vector<std::vector<Span>> gather_spans(Communicator* comm, const std::vecto
   all[0] = mine;
   for (int r = 1; r < comm->size(); ++r) {
     if (counts[r] == 0) continue;
-    std::vector<double> theirs(static_cast<size_t>(counts[r]) * 5);
+    std::vector<double> theirs(static_cast<size_t>(counts[r]) * kSpanDoubles);
     comm->recv(theirs.data(), theirs.size(), DataType::kFloat64, r);
-    for (size_t i = 0; i < theirs.size(); i += 5)
-      all[r].push_back({static_cast<SpanKind>(static_cast<int>(theirs[i])),
-                        static_cast<int64_t>(theirs[i + 1]), static_cast<int>(theirs[i + 2]),
-                        theirs[i + 3], theirs[i + 4]});
+    all[r] = unpack_spans(theirs);
   }
   return all;
 }

@@ -12,15 +12,27 @@ namespace ddp {
 
 class Communicator;
 
-enum class SpanKind { kForward, kBackward, kSend, kRecv, kAllReduce, kOptimizer };
+// kLayerBackward and kBucketAllReduce: the GPU's spans inside a step, numbered by layer and
+// by gradient bucket (in the index field).
+enum class SpanKind {
+  kForward,
+  kBackward,
+  kSend,
+  kRecv,
+  kAllReduce,
+  kOptimizer,
+  kLayerBackward,
+  kBucketAllReduce
+};
 const char* span_name(SpanKind kind);
 
 struct Span {
   SpanKind kind = SpanKind::kForward;
   int64_t step = 0;      // 1-based optimizer step
-  int micro_batch = -1;  // -1: not of one micro-batch
+  int micro_batch = -1;  // -1: not of one micro-batch; the layer or bucket of the GPU's kinds
   double start_us = 0;   // wall clock, microseconds since the epoch (comparable across ranks)
   double end_us = 0;
+  int lane = 0;  // 0: the rank's work; 1: its communication running beside it (GPU)
 };
 
 class TimelineRecorder {
@@ -29,7 +41,8 @@ class TimelineRecorder {
   explicit TimelineRecorder(bool on = false, size_t limit = 200000) : on_(on), limit_(limit) {}
   bool on() const { return on_; }
   static double now_us();
-  void add(SpanKind kind, int64_t step, int micro_batch, double start_us, double end_us);
+  void add(SpanKind kind, int64_t step, int micro_batch, double start_us, double end_us,
+           int lane = 0);
   const std::vector<Span>& spans() const { return spans_; }
   size_t dropped() const { return dropped_; }
 
@@ -41,9 +54,16 @@ class TimelineRecorder {
 };
 
 // The Chrome trace JSON of every rank's spans (rank_spans[r]), track r named
-// track_names[r], times relative to the earliest span. Pure.
+// track_names[r] (lane 1 on track ranks + r, "... communication"), times relative to the
+// earliest span. Pure.
 std::string chrome_trace_json(const std::vector<std::vector<Span>>& rank_spans,
                               const std::vector<std::string>& track_names);
+
+// Spans as doubles (kSpanDoubles each: kind, step, micro-batch, start, end, lane; all exact),
+// for collectives; and back.
+constexpr size_t kSpanDoubles = 6;
+std::vector<double> pack_spans(const std::vector<Span>& spans);
+std::vector<Span> unpack_spans(const std::vector<double>& packed);
 
 // Collective over `comm` (host buffers): rank 0 receives every rank's spans (index = rank);
 // the others get an empty list. With a null communicator: this rank's alone.

@@ -212,5 +212,32 @@ TEST(Timeline, ChromeTraceHasATrackPerRankAndSpansFromTheEarliest) {
   EXPECT_EQ(bars[2]["args"]["step"], 3);
 }
 
+// The GPU's communication runs beside its work: lane 1 spans get a track of their own per
+// rank (after the ranks' tracks), named after the rank; packing keeps every field.
+TEST(Timeline, CommunicationLaneHasItsOwnTrackAndSurvivesPacking) {
+  const std::vector<std::vector<Span>> spans = {{{SpanKind::kLayerBackward, 2, 3, 10.0, 20.0, 0},
+                                                 {SpanKind::kBucketAllReduce, 2, 1, 15.0, 40.0, 1}},
+                                                {{SpanKind::kLayerBackward, 2, 3, 11.0, 21.0, 0}}};
+  const nlohmann::json trace = nlohmann::json::parse(chrome_trace_json(spans, {"r0", "r1"}));
+  std::map<int, std::string> names;
+  std::map<std::string, int> tid_of;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["ph"] == "M" && e["name"] == "thread_name") names[e["tid"]] = e["args"]["name"];
+    if (e["ph"] == "X")
+      tid_of[e["name"].get<std::string>() + "@" + std::to_string(int(e["ts"]))] = e["tid"];
+  }
+  EXPECT_EQ(names.size(), 3u);  // r0, r1, and r0's communication (r1 has none)
+  EXPECT_EQ(names[2], "r0 communication");
+  EXPECT_EQ(tid_of["all-reduce bucket 1@5"], 2);
+  EXPECT_EQ(tid_of["backward layer 3@0"], 0);
+  EXPECT_EQ(tid_of["backward layer 3@1"], 1);
+  const std::vector<Span> back = unpack_spans(pack_spans(spans[0]));
+  ASSERT_EQ(back.size(), 2u);
+  EXPECT_EQ(back[1].kind, SpanKind::kBucketAllReduce);
+  EXPECT_EQ(back[1].micro_batch, 1);
+  EXPECT_EQ(back[1].lane, 1);
+  EXPECT_EQ(back[1].end_us, 40.0);
+}
+
 }  // namespace
 }  // namespace ddp
