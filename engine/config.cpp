@@ -334,10 +334,6 @@ void validate(const TrainConfig& c) {
                   "--pp {} --device {}: pipeline stages run on the CPU in this version (the GPU "
                   "pipeline is not built yet)",
                   c.pp, device_name(c.device));
-  DDP_USAGE_CHECK(c.timeline.empty() || c.device == Device::kCpu,
-                  "--timeline {}: records the CPU training loop only in this version (on the GPU, "
-                  "profile with nsys)",
-                  c.timeline);
   if (!c.partition.empty()) {
     const std::vector<int> bounds = parse_partition(c.partition, shape.num_layers());
     DDP_USAGE_CHECK(static_cast<int>(bounds.size()) - 1 == c.pp,

@@ -21,6 +21,7 @@
 #include "engine/progress.h"
 #include "engine/sampler.h"
 #include "engine/step_watchdog.h"
+#include "engine/timeline.h"
 #include "models/autotune_cache.h"
 #include "models/mlp_cuda.h"
 #include "models/safetensors.h"
@@ -105,6 +106,112 @@ class OptimizerOverlap {
   CudaStream side_;
   size_t next_ = 0;
 };
+// --timeline on the GPU: CUDA events inside the step (recorded by the captured graph at every
+// replay) time the forward, each layer's backward, each gradient bucket's all-reduce (lane 1:
+// NCCL's stream, beside backward) and the optimizer with what it waited for. The host reads
+// them after every step, so a run with it is slower: a diagnostic, like the CPU timeline.
+class GpuTimeline {
+ public:
+  GpuTimeline(CudaMlp& model, int layers, size_t buckets)
+      : model_(model), layer_(layers), issued_(buckets), reduced_(buckets) {}
+
+  // Outside the step (never captured): around train_step().
+  void step_begins() {
+    if (!anchored_) {  // host time of one event: every other is placed from it
+      DDP_CUDA_CHECK(cudaStreamSynchronize(model_.stream()));
+      anchor_us_ = TimelineRecorder::now_us();
+      DDP_CUDA_CHECK(cudaEventRecord(anchor_.get(), model_.stream()));
+      anchored_ = true;
+    }
+    DDP_CUDA_CHECK(cudaEventRecord(start_.get(), model_.stream()));
+  }
+  void step_ends(TimelineRecorder& recorder, int64_t step) {
+    DDP_CUDA_CHECK(cudaEventRecord(end_.get(), model_.stream()));
+    DDP_CUDA_CHECK(cudaEventSynchronize(end_.get()));
+    const int last = static_cast<int>(layer_.size()) - 1;
+    recorder.add(SpanKind::kForward, step, -1, at(start_), at(forward_));
+    for (int i = last; i >= 0; --i)
+      recorder.add(SpanKind::kLayerBackward, step, i, at(i == last ? forward_ : layer_[i + 1]),
+                   at(layer_[i]));
+    double previous = 0;
+    for (size_t b = 0; b < reduced_.size(); ++b) {
+      const double start = std::max(at(issued_[b]), previous);
+      previous = at(reduced_[b]);
+      recorder.add(SpanKind::kBucketAllReduce, step, static_cast<int>(b), start, previous, 1);
+    }
+    // From the end of backward: waiting for the reductions, then the update.
+    recorder.add(SpanKind::kOptimizer, step, -1, at(layer_[0]), at(end_));
+  }
+
+  // Inside the step (captured into the graph after the first).
+  void forward_done() { record(forward_, model_.stream()); }
+  void layer_done(int layer) { record(layer_[layer], model_.stream()); }
+  void bucket_issued(size_t bucket) { record(issued_[bucket], model_.stream()); }
+  // After every bucket is issued: each one's completion, timed on a side stream that joins
+  // the model's stream again.
+  void buckets_issued(Ddp& ddp) {
+    for (size_t b = 0; b < reduced_.size(); ++b) {
+      ddp.pending(b).then_on(side_.get());
+      record(reduced_[b], side_.get());
+    }
+    DDP_CUDA_CHECK(cudaEventRecord(joined_.get(), side_.get()));
+    DDP_CUDA_CHECK(cudaStreamWaitEvent(model_.stream(), joined_.get(), 0));
+  }
+
+ private:
+  // Inside a capture, an event recorded as an external node is recorded at every replay.
+  static void record(CudaEvent& event, cudaStream_t stream) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    DDP_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+    if (capture == cudaStreamCaptureStatusNone)
+      DDP_CUDA_CHECK(cudaEventRecord(event.get(), stream));
+    else
+      DDP_CUDA_CHECK(cudaEventRecordWithFlags(event.get(), stream, cudaEventRecordExternal));
+  }
+  double at(const CudaEvent& event) const {
+    float ms = 0;
+    DDP_CUDA_CHECK(cudaEventElapsedTime(&ms, anchor_.get(), event.get()));
+    return anchor_us_ + 1e3 * static_cast<double>(ms);
+  }
+
+  CudaMlp& model_;
+  CudaEvent anchor_{true}, start_{true}, forward_{true}, end_{true};
+  std::vector<CudaEvent> layer_;             // after layer i's weight gradient
+  std::vector<CudaEvent> issued_, reduced_;  // per bucket
+  CudaEvent joined_;
+  CudaStream side_;
+  double anchor_us_ = 0;
+  bool anchored_ = false;
+};
+
+// Every rank's spans at rank 0 (NCCL works on device buffers).
+std::vector<std::vector<Span>> gather_spans_on_gpu(Communicator* comm,
+                                                   const std::vector<Span>& mine) {
+  if (comm == nullptr || comm->size() == 1) return {mine};
+  const int n = comm->size();
+  DeviceBuffer<int64_t> counts(static_cast<size_t>(n) + 1, MemoryCategory::kOther);
+  const int64_t count = static_cast<int64_t>(mine.size());
+  DDP_CUDA_CHECK(cudaMemcpy(counts.data(), &count, 8, cudaMemcpyHostToDevice));
+  comm->all_gather(counts.data(), counts.data() + 1, 1, DataType::kInt64);
+  std::vector<int64_t> all_counts(n);
+  DDP_CUDA_CHECK(cudaMemcpy(all_counts.data(), counts.data() + 1, 8 * n, cudaMemcpyDeviceToHost));
+  const size_t most = static_cast<size_t>(*std::max_element(all_counts.begin(), all_counts.end()));
+  std::vector<double> packed = pack_spans(mine);
+  packed.resize(std::max<size_t>(most, 1) * kSpanDoubles, 0.0);
+  DeviceBuffer<double> buffer(packed.size() * (static_cast<size_t>(n) + 1), MemoryCategory::kOther);
+  DDP_CUDA_CHECK(
+      cudaMemcpy(buffer.data(), packed.data(), packed.size() * 8, cudaMemcpyHostToDevice));
+  comm->all_gather(buffer.data(), buffer.data() + packed.size(), packed.size(), DataType::kFloat64);
+  std::vector<double> gathered(packed.size() * n);
+  DDP_CUDA_CHECK(cudaMemcpy(gathered.data(), buffer.data() + packed.size(), gathered.size() * 8,
+                            cudaMemcpyDeviceToHost));
+  std::vector<std::vector<Span>> all(n);
+  for (int r = 0; r < n; ++r) {
+    auto first = gathered.begin() + static_cast<std::ptrdiff_t>(r * packed.size());
+    all[r] = unpack_spans(std::vector<double>(first, first + all_counts[r] * kSpanDoubles));
+  }
+  return all;
+}
 }  // namespace
 
 TrainResult train_on_gpu(const TrainConfig& config,
@@ -224,9 +331,22 @@ TrainResult train_on_gpu(const TrainConfig& config,
         model,
         ddp ? OptimizerOverlap::of_buckets(ddp->buckets()) : OptimizerOverlap::of_layers(shape),
         ddp.get());
-  if (ddp || overlapped)
+  TimelineRecorder timeline_spans(!config.timeline.empty());
+  std::unique_ptr<GpuTimeline> timeline;
+  if (timeline_spans.on()) {
+    timeline =
+        std::make_unique<GpuTimeline>(model, shape.num_layers(), ddp ? ddp->buckets().size() : 0);
+    model.set_forward_hook([&] { timeline->forward_done(); });
+  }
+  if (ddp || overlapped || timeline)
     model.set_layer_hook([&](int layer) {
-      if (ddp) ddp->layer_done(layer);
+      if (ddp) {
+        const size_t before = ddp->issued();
+        ddp->layer_done(layer);
+        for (size_t b = before; timeline && b < ddp->issued(); ++b)
+          timeline->bucket_issued(b);
+      }
+      if (timeline) timeline->layer_done(layer);
       if (overlapped) overlapped->layer_done(layer);
     });
   if (lead)
@@ -388,17 +508,25 @@ TrainResult train_on_gpu(const TrainConfig& config,
     for (int k = 0; k < n; ++k) {
       if (ddp) ddp->begin_backward(model.device_grads());
       if (overlapped) overlapped->begin_step();
-      if (ddp || overlapped) {
+      if (timeline) timeline->step_begins();
+      if (ddp || overlapped || timeline) {
         model.train_step([&] {
-          if (ddp) ddp->end_backward();
+          if (ddp) {
+            const size_t before = ddp->issued();
+            ddp->end_backward();
+            for (size_t b = before; timeline && b < ddp->issued(); ++b)
+              timeline->bucket_issued(b);
+            if (timeline) timeline->buckets_issued(*ddp);
+          }
           if (overlapped)
             overlapped->end_backward();  // the updates, joined into the model's stream
-          else
+          else if (ddp)
             ddp->finish(model.stream());  // the optimizer waits on the device for every bucket
         });
       } else {
         model.train_step();
       }
+      if (timeline) timeline->step_ends(timeline_spans, done + k + 1);
       // Host staging: gather the next batch on the host while the GPU runs this one.
       if (watchdog) {
         watchdog->mark(done + k);
@@ -473,6 +601,17 @@ TrainResult train_on_gpu(const TrainConfig& config,
   if (!config.checkpoint_dir.empty() &&
       (config.checkpoint_every == 0 || done % config.checkpoint_every != 0))
     save();
+  if (timeline) {
+    const std::vector<std::vector<Span>> all = gather_spans_on_gpu(comm, timeline_spans.spans());
+    if (lead) {
+      std::vector<std::string> names;
+      for (int r = 0; r < ranks; ++r)
+        names.push_back(fmt::format("rank {} GPU", r));
+      write_chrome_trace(config.timeline, all, names);
+      spdlog::info("timeline of {} ranks written to {} (open it in https://ui.perfetto.dev)", ranks,
+                   config.timeline);
+    }
+  }
   if (!config.save_weights.empty()) check_finite_params("writing --save-weights");
   model.get_params(params.data());
   if (!config.save_weights.empty() && lead) {

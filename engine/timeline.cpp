@@ -2,11 +2,16 @@
 #include "engine/timeline.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
 #include <limits>
 
 #include <nlohmann/json.hpp>
 
 #include "collectives/communicator.h"
+#include "runtime/error.h"
 #include "runtime/timer.h"
 
 namespace ddp {
@@ -87,6 +92,18 @@ std::string chrome_trace_json(const std::vector<std::vector<Span>>& rank_spans,
     }
   }
   return nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump();
+}
+
+void write_chrome_trace(const std::string& path, const std::vector<std::vector<Span>>& rank_spans,
+                        const std::vector<std::string>& track_names) {
+  const std::string temp = path + ".tmp";
+  {
+    std::ofstream out(temp, std::ios::binary);
+    out << chrome_trace_json(rank_spans, track_names);
+    DDP_CHECK(out.good(), "--timeline {}: could not write {}", path, temp);
+  }
+  DDP_CHECK(std::rename(temp.c_str(), path.c_str()) == 0, "--timeline {}: could not rename {} ({})",
+            path, temp, std::strerror(errno));
 }
 
 std::vector<double> pack_spans(const std::vector<Span>& spans) {

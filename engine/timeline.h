@@ -65,6 +65,11 @@ constexpr size_t kSpanDoubles = 6;
 std::vector<double> pack_spans(const std::vector<Span>& spans);
 std::vector<Span> unpack_spans(const std::vector<double>& packed);
 
+// Writes chrome_trace_json(rank_spans, track_names) to `path` whole (a temporary file
+// renamed into place); throws naming the flag and the path when it cannot.
+void write_chrome_trace(const std::string& path, const std::vector<std::vector<Span>>& rank_spans,
+                        const std::vector<std::string>& track_names);
+
 // Collective over `comm` (host buffers): rank 0 receives every rank's spans (index = rank);
 // the others get an empty list. With a null communicator: this rank's alone.
 std::vector<std::vector<Span>> gather_spans(Communicator* comm, const std::vector<Span>& mine);

@@ -587,15 +587,7 @@ void Trainer::write_timeline() {
                                                      r % layout_.replicas)
                                        : fmt::format("rank {}", r));
   }
-  const std::string temp = config_.timeline + ".tmp";
-  {
-    std::ofstream out(temp, std::ios::binary);
-    out << chrome_trace_json(all, names);
-    DDP_CHECK(out.good(), "--timeline {}: could not write {}", config_.timeline, temp);
-  }
-  DDP_CHECK(std::rename(temp.c_str(), config_.timeline.c_str()) == 0,
-            "--timeline {}: could not rename {} ({})", config_.timeline, temp,
-            std::strerror(errno));
+  write_chrome_trace(config_.timeline, all, names);
   spdlog::info("timeline of {} ranks written to {} (open it in https://ui.perfetto.dev)", ranks_,
                config_.timeline);
 }

@@ -660,6 +660,7 @@ void CudaMlp::forward_backward(float grad_scale, bool accumulate, int micro) {
                       shape_.num_classes(), grad_scale, grad_buffer(0), bf16(), loss_sum_.data(),
                       correct_.data(), stream());
   after("softmax cross-entropy");
+  if (forward_hook_) forward_hook_();
   backward_layers(max_batch_, x_batch_.data(), accumulate);
 }
 

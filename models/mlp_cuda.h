@@ -126,6 +126,9 @@ class CudaMlp {
   // Called (on the host, in stream order) as soon as layer i's gradients are enqueued,
   // layers last to first: data parallelism starts that bucket's all-reduce there.
   void set_layer_hook(std::function<void(int)> hook) { layer_hook_ = std::move(hook); }
+  // Called (on the host, in stream order) once a micro-batch's forward and loss are enqueued,
+  // before its backward (the GPU timeline marks it).
+  void set_forward_hook(std::function<void()> hook) { forward_hook_ = std::move(hook); }
   // Optimizer state for checkpoints: SGD "momentum"; AdamW "exp_avg", "exp_avg_sq".
   std::vector<std::pair<std::string, std::vector<float>>> get_optimizer_state() const;
   void set_optimizer_state(const std::vector<std::pair<std::string, std::vector<float>>>& state);
@@ -194,6 +197,7 @@ class CudaMlp {
   std::map<int, Plans> plans_;
 
   std::function<void(int)> layer_hook_;
+  std::function<void()> forward_hook_;
   bool optimizer_in_hooks_ = false;
   // Host staging: two slots of pinned and device buffers, the copy stream and its events.
   const Split* host_split_ = nullptr;

@@ -7,11 +7,13 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -244,6 +246,50 @@ TEST(GpuRun, OptimizerOverlapGivesBitwiseTheWeightsOfOnePass) {
       EXPECT_EQ(load_weights(dir.file("overlapped.safetensors"), kLayers),
                 load_weights(dir.file("plain.safetensors"), kLayers))
           << job << extra;
+    }
+  }
+}
+
+// --timeline on the GPU: per step a forward, every layer's backward and the optimizer on
+// each rank's track, and with two ranks every bucket's all-reduce on a communication track,
+// inside its step; the same with and without the CUDA graph.
+TEST(GpuRun, TimelineHasEveryLayerAndBucketOfEveryStep) {
+  REQUIRE_GPU();
+  TempDir dir;
+  for (const std::string graph : {"", " --no-cuda-graph"}) {
+    for (int ranks : {1, 2}) {
+      const std::string job =
+          ranks == 1 ? kEnv + kTrain : kShared + " --nproc-per-node 2 -- " + kTrain;
+      const RunResult r = run_command(job + kArgs + graph + " --timeline " + dir.file("t.json"));
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+      std::ifstream in(dir.file("t.json"));
+      const nlohmann::json trace = nlohmann::json::parse(in);
+      std::map<std::string, int> bars;  // name -> count
+      std::map<int, std::string> tracks;
+      double forward_end = 0, last_reduce_end = 0;
+      for (const auto& e : trace["traceEvents"]) {
+        if (e["ph"] == "M" && e["name"] == "thread_name") tracks[e["tid"]] = e["args"]["name"];
+        if (e["ph"] != "X") continue;
+        ++bars[e["name"].get<std::string>()];
+        EXPECT_GE(e["dur"].get<double>(), 0.0) << e.dump();
+        if (e["args"]["step"] == 10 && e["tid"] == 0 && e["name"] == "forward")
+          forward_end = e["ts"].get<double>() + e["dur"].get<double>();
+        if (e["args"]["step"] == 10 && e["tid"] == ranks)
+          last_reduce_end =
+              std::max(last_reduce_end, e["ts"].get<double>() + e["dur"].get<double>());
+      }
+      const int steps = 24;  // kArgs
+      EXPECT_EQ(bars["forward"], steps * ranks) << graph;
+      EXPECT_EQ(bars["optimizer"], steps * ranks) << graph;
+      for (int layer = 0; layer < 3; ++layer)
+        EXPECT_EQ(bars["backward layer " + std::to_string(layer)], steps * ranks) << graph;
+      if (ranks == 2) {
+        EXPECT_EQ(tracks[2], "rank 0 GPU communication") << graph;
+        EXPECT_GE(bars["all-reduce bucket 0"], steps * ranks) << graph;
+        EXPECT_GT(last_reduce_end, forward_end) << graph;  // the reductions follow the forward
+      } else {
+        EXPECT_EQ(bars.count("all-reduce bucket 0"), 0u) << graph;
+      }
     }
   }
 }

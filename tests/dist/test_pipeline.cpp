@@ -211,9 +211,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadLayout{"AccumulateWithPipeline", 1, "--pp 2 --accumulate 2",
                   "--accumulate 2 with --pp 2: a pipeline accumulates over --micro-batches"},
         BadLayout{"PipelineOnTheGpu", 1, "--pp 2 --device cuda",
-                  "--pp 2 --device cuda: pipeline stages run on the CPU in this version"},
-        BadLayout{"TimelineOnTheGpu", 1, "--device cuda --timeline t.json",
-                  "--timeline t.json: records the CPU training loop only in this version"}));
+                  "--pp 2 --device cuda: pipeline stages run on the CPU in this version"}));
 
 TEST(Pipeline, KilledStageIsNamedAndTheOthersStopWithinTheGracePeriod) {
   if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
