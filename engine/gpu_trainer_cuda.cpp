@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <fstream>
 #include <future>
 #include <set>
@@ -112,8 +113,14 @@ class OptimizerOverlap {
 // them after every step, so a run with it is slower: a diagnostic, like the CPU timeline.
 class GpuTimeline {
  public:
-  GpuTimeline(CudaMlp& model, int layers, size_t buckets)
-      : model_(model), layer_(layers), issued_(buckets), reduced_(buckets) {}
+  GpuTimeline(CudaMlp& model, int layers, size_t buckets) : model_(model) {
+    for (int i = 0; i < layers; ++i)
+      layer_.emplace_back(true);  // timed (a default CudaEvent is not)
+    for (size_t b = 0; b < buckets; ++b) {
+      issued_.emplace_back(true);
+      reduced_.emplace_back(true);
+    }
+  }
 
   // Outside the step (never captured): around train_step().
   void step_begins() {
@@ -176,8 +183,8 @@ class GpuTimeline {
 
   CudaMlp& model_;
   CudaEvent anchor_{true}, start_{true}, forward_{true}, end_{true};
-  std::vector<CudaEvent> layer_;             // after layer i's weight gradient
-  std::vector<CudaEvent> issued_, reduced_;  // per bucket
+  std::deque<CudaEvent> layer_;             // after layer i's weight gradient
+  std::deque<CudaEvent> issued_, reduced_;  // per bucket (deque: events do not move)
   CudaEvent joined_;
   CudaStream side_;
   double anchor_us_ = 0;
