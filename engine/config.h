@@ -66,8 +66,9 @@ struct TrainConfig {
   double first_bucket_mb = 1;
   bool overlap = true;
   GradReduce grad_reduce = GradReduce::kFp32;
+  std::string cache_dir;           // from the environment (ProcessEnv::cache_dir), not a flag
   bool overlap_optimizer = false;  // GPU: each parameter range updated as backward finishes it
-  int accumulate = 1;             // micro-steps per optimizer step
+  int accumulate = 1;              // micro-steps per optimizer step
   // Pipeline parallelism: the world is dp x pp ranks (rank = stage * dp + replica).
   int pp = 1;             // pipeline stages
   int micro_batches = 0;  // per step and pipeline; 0: 4 x pp (with pp > 1)

@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
     if (!ddp::parse_train_args(argc, argv, &config)) return 0;
     ddp::ProcessEnv env = ddp::ProcessEnv::detect();
     config.restart_count = env.restart_count;
+    config.cache_dir = env.cache_dir;
     config.start_time_ms = env.launch_time_ms > 0 ? env.launch_time_ms : start_ms;
     const bool cuda = config.device == ddp::Device::kCuda;
     const bool lead = env.rank == 0;

@@ -244,6 +244,7 @@ TrainResult train_on_gpu(const TrainConfig& config,
   options.fused_epilogues = config.fused_epilogues;
   options.sync_debug = config.sync_debug;
   options.autotune = config.autotune;
+  options.autotune_cache = autotune_cache_path(config.cache_dir);
   options.max_schedule_steps = std::min(config.log_every, 512);
   options.accumulate = micro_batches;
   // The weights are made on other threads while the model builds its plans (and autotunes)
@@ -275,7 +276,7 @@ TrainResult train_on_gpu(const TrainConfig& config,
         "communicator by {:.2f}s",
         model_s,
         !config.autotune          ? ""
-        : model.autotune_cached() ? " and autotuning, from " + autotune_cache_path()
+        : model.autotune_cached() ? " and autotuning, from " + options.autotune_cache
                                   : std::string(" and autotuning"),
         config.init_weights.empty() ? "initialised" : "read", weights_s, start_clock.seconds());
   int64_t done = 0;

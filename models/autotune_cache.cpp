@@ -2,7 +2,6 @@
 
 #include <unistd.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -21,19 +20,11 @@ nlohmann::json read_all(const std::string& path) {
 
 }  // namespace
 
-std::string autotune_cache_path() {
-  auto set = [](const char* name) {
-    const char* value = std::getenv(name);
-    return value != nullptr && *value != '\0' ? std::string(value) : std::string();
-  };
-  std::string dir = set("DDP_CACHE_DIR");
-  if (dir.empty() && !set("XDG_CACHE_HOME").empty()) dir = set("XDG_CACHE_HOME") + "/ddp";
-  if (dir.empty() && !set("HOME").empty()) dir = set("HOME") + "/.cache/ddp";
-  return dir.empty() ? std::string() : dir + "/autotune.json";
+std::string autotune_cache_path(const std::string& cache_dir) {
+  return cache_dir.empty() ? std::string() : cache_dir + "/autotune.json";
 }
 
-std::optional<std::vector<int>> load_autotune(const std::string& key) {
-  const std::string path = autotune_cache_path();
+std::optional<std::vector<int>> load_autotune(const std::string& path, const std::string& key) {
   if (path.empty()) return std::nullopt;
   const nlohmann::json all = read_all(path);
   const auto found = all.find(key);
@@ -46,8 +37,8 @@ std::optional<std::vector<int>> load_autotune(const std::string& key) {
   return choices;
 }
 
-std::string save_autotune(const std::string& key, const std::vector<int>& choices) {
-  const std::string path = autotune_cache_path();
+std::string save_autotune(const std::string& path, const std::string& key,
+                          const std::vector<int>& choices) {
   if (path.empty()) return "no cache folder (set DDP_CACHE_DIR, XDG_CACHE_HOME or HOME)";
   std::error_code error;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), error);

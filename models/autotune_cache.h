@@ -11,15 +11,17 @@
 
 namespace ddp {
 
-// $DDP_CACHE_DIR, else $XDG_CACHE_HOME/ddp, else $HOME/.cache/ddp; then /autotune.json.
-// Empty when none of them is set.
-std::string autotune_cache_path();
+// The cache file in `cache_dir` (ProcessEnv::cache_dir): cache_dir/autotune.json; empty
+// when cache_dir is.
+std::string autotune_cache_path(const std::string& cache_dir);
 
-// The choices stored under `key`, if the file has them.
-std::optional<std::vector<int>> load_autotune(const std::string& key);
+// The choices stored under `key` in the file at `path`, if it has them.
+std::optional<std::vector<int>> load_autotune(const std::string& path, const std::string& key);
 
-// Stores the choices under `key` (keeping the others). Returns an empty string, or why the
-// file could not be written (the caller warns; the run goes on).
-std::string save_autotune(const std::string& key, const std::vector<int>& choices);
+// Stores the choices under `key` (keeping the others) in the file at `path`, making its
+// folder. Returns an empty string, or why it could not be written (the caller warns; the
+// run goes on).
+std::string save_autotune(const std::string& path, const std::string& key,
+                          const std::vector<int>& choices);
 
 }  // namespace ddp

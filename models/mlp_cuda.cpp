@@ -392,7 +392,8 @@ bool CudaMlp::apply_autotune(Plans& plans, const std::vector<int>& choices) {
 
 void CudaMlp::autotune(Plans& plans, int batch) {
   const std::string key = autotune_key(batch);
-  if (const auto cached = load_autotune(key); cached && apply_autotune(plans, *cached)) {
+  if (const auto cached = load_autotune(options_.autotune_cache, key);
+      cached && apply_autotune(plans, *cached)) {
     autotune_cached_ = true;
     return;
   }
@@ -461,7 +462,7 @@ void CudaMlp::autotune(Plans& plans, int batch) {
     }
   }
   DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
-  autotune_save_error_ = save_autotune(key, choices);
+  autotune_save_error_ = save_autotune(options_.autotune_cache, key, choices);
 }
 
 std::string CudaMlp::epilogue_summary() const {

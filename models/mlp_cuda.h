@@ -39,6 +39,8 @@ struct CudaMlpOptions {
   // against plain products plus our kernels, and keep the fastest. Results may then differ
   // in the last bits from a run without it (other algorithms sum in another order).
   bool autotune = false;
+  // Where autotuning keeps its choices between runs (autotune_cache.h); empty: not kept.
+  std::string autotune_cache;
 };
 
 // One cuBLASLt product with its descriptors and chosen algorithm, for fixed pointers.

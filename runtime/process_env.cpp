@@ -98,6 +98,13 @@ ProcessEnv ProcessEnv::detect(const Lookup& lookup) {
   }
   env.nccl_host_id = lookup("NCCL_HOSTID").value_or("");
   env.socket_iface = lookup("GLOO_SOCKET_IFNAME").value_or("");
+  auto set = [&](const char* name) { return lookup(name).value_or(""); };
+  if (!set("DDP_CACHE_DIR").empty())
+    env.cache_dir = set("DDP_CACHE_DIR");
+  else if (!set("XDG_CACHE_HOME").empty())
+    env.cache_dir = set("XDG_CACHE_HOME") + "/ddp";
+  else if (!set("HOME").empty())
+    env.cache_dir = set("HOME") + "/.cache/ddp";
   DDP_USAGE_CHECK(env.world_size >= 1 && env.rank < env.world_size,
                   "{} environment: rank {} is not below world size {}", launcher_name(env.launcher),
                   env.rank, env.world_size);

@@ -37,6 +37,9 @@ struct ProcessEnv {
   bool serves_store = false;
   std::string socket_iface;  // GLOO_SOCKET_IFNAME (ddprun --iface): Gloo's network interface
   std::string nccl_host_id;  // NCCL_HOSTID as inherited; empty when unset
+  // Where results kept between runs go (--autotune's choices): DDP_CACHE_DIR, else
+  // $XDG_CACHE_HOME/ddp, else $HOME/.cache/ddp; empty when none of them is set.
+  std::string cache_dir;
 
   // Reads the real environment.
   static ProcessEnv detect();

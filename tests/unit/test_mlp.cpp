@@ -2,7 +2,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <fstream>
 #include <optional>
 
@@ -69,60 +68,33 @@ TEST(InitParams, FollowsTorchLinearBoundsAndIsSeeded) {
 namespace ddp {
 namespace {
 
-// Sets an environment variable for one test and puts the old value back.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    ::setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    if (old_)
-      ::setenv(name_, old_->c_str(), 1);
-    else
-      ::unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
-
 TEST(AutotuneCache, KeepsEveryKeyAndSurvivesABrokenFile) {
   TempDir dir;
-  ScopedEnv cache("DDP_CACHE_DIR", dir.file("cache"));
-  EXPECT_EQ(autotune_cache_path(), dir.file("cache") + "/autotune.json");
-  EXPECT_FALSE(load_autotune("a").has_value());
-  EXPECT_EQ(save_autotune("a", {1, 0, 2}), "");
-  EXPECT_EQ(save_autotune("b", {3}), "");
-  EXPECT_EQ(load_autotune("a"), (std::vector<int>{1, 0, 2}));
-  EXPECT_EQ(load_autotune("b"), (std::vector<int>{3}));
-  EXPECT_EQ(save_autotune("a", {4}), "");  // replaced, b kept
-  EXPECT_EQ(load_autotune("a"), (std::vector<int>{4}));
-  EXPECT_EQ(load_autotune("b"), (std::vector<int>{3}));
-  std::ofstream(autotune_cache_path()) << "{ not json";
-  EXPECT_FALSE(load_autotune("a").has_value());
-  EXPECT_EQ(save_autotune("c", {5}), "");  // a broken file is replaced, not appended to
-  EXPECT_EQ(load_autotune("c"), (std::vector<int>{5}));
+  const std::string path = autotune_cache_path(dir.file("cache"));
+  EXPECT_EQ(path, dir.file("cache") + "/autotune.json");
+  EXPECT_EQ(autotune_cache_path(""), "");
+  EXPECT_FALSE(load_autotune(path, "a").has_value());
+  EXPECT_EQ(save_autotune(path, "a", {1, 0, 2}), "");  // makes the folder
+  EXPECT_EQ(save_autotune(path, "b", {3}), "");
+  EXPECT_EQ(load_autotune(path, "a"), (std::vector<int>{1, 0, 2}));
+  EXPECT_EQ(load_autotune(path, "b"), (std::vector<int>{3}));
+  EXPECT_EQ(save_autotune(path, "a", {4}), "");  // replaced, b kept
+  EXPECT_EQ(load_autotune(path, "a"), (std::vector<int>{4}));
+  EXPECT_EQ(load_autotune(path, "b"), (std::vector<int>{3}));
+  std::ofstream(path) << "{ not json";
+  EXPECT_FALSE(load_autotune(path, "a").has_value());
+  EXPECT_EQ(save_autotune(path, "c", {5}), "");  // a broken file is replaced, not appended to
+  EXPECT_EQ(load_autotune(path, "c"), (std::vector<int>{5}));
 }
 
-TEST(AutotuneCache, APathThatCannotBeAFolderSaysWhy) {
+TEST(AutotuneCache, APathThatCannotBeAFolderSaysWhyAndNoCacheKeepsNothing) {
   TempDir dir;
   std::ofstream(dir.file("file")) << "x";
-  ScopedEnv cache("DDP_CACHE_DIR", dir.file("file") + "/sub");
-  EXPECT_NE(save_autotune("a", {1}).find(dir.file("file")), std::string::npos);
-  EXPECT_FALSE(load_autotune("a").has_value());
-}
-
-TEST(AutotuneCache, FallsBackToXdgThenHome) {
-  ScopedEnv none("DDP_CACHE_DIR", "");
-  {
-    ScopedEnv xdg("XDG_CACHE_HOME", "/x");
-    EXPECT_EQ(autotune_cache_path(), "/x/ddp/autotune.json");
-  }
-  ScopedEnv xdg("XDG_CACHE_HOME", "");
-  ScopedEnv home("HOME", "/h");
-  EXPECT_EQ(autotune_cache_path(), "/h/.cache/ddp/autotune.json");
+  const std::string path = autotune_cache_path(dir.file("file") + "/sub");
+  EXPECT_NE(save_autotune(path, "a", {1}).find(dir.file("file")), std::string::npos);
+  EXPECT_FALSE(load_autotune(path, "a").has_value());
+  EXPECT_NE(save_autotune("", "a", {1}).find("DDP_CACHE_DIR"), std::string::npos);
+  EXPECT_FALSE(load_autotune("", "a").has_value());
 }
 
 }  // namespace

@@ -26,6 +26,16 @@ TEST(ProcessEnv, SingleProcessWithoutLauncher) {
   EXPECT_FALSE(env.cuda_visible_devices_set);
 }
 
+TEST(ProcessEnv, CacheDirIsDdpCacheDirThenXdgThenHome) {
+  EXPECT_EQ(detect_from({}).cache_dir, "");
+  EXPECT_EQ(detect_from({{"HOME", "/h"}}).cache_dir, "/h/.cache/ddp");
+  EXPECT_EQ(detect_from({{"HOME", "/h"}, {"XDG_CACHE_HOME", "/x"}}).cache_dir, "/x/ddp");
+  EXPECT_EQ(
+      detect_from({{"HOME", "/h"}, {"XDG_CACHE_HOME", "/x"}, {"DDP_CACHE_DIR", "/d"}}).cache_dir,
+      "/d");
+  EXPECT_EQ(detect_from({{"HOME", "/h"}, {"DDP_CACHE_DIR", ""}}).cache_dir, "/h/.cache/ddp");
+}
+
 TEST(ProcessEnv, DdprunVariables) {
   const ProcessEnv env = detect_from({{"RANK", "3"},
                                       {"WORLD_SIZE", "4"},
