@@ -8,7 +8,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <deque>
 #include <fstream>
 #include <future>
 #include <set>
@@ -18,7 +17,9 @@
 
 #include "engine/checkpoint.h"
 #include "engine/ddp.h"
+#include "engine/gpu_timeline.h"
 #include "engine/gpu_trainer.h"
+#include "engine/optimizer_overlap.h"
 #include "engine/progress.h"
 #include "engine/sampler.h"
 #include "engine/step_watchdog.h"
@@ -41,183 +42,6 @@ void sum_on_device(Communicator* comm, CudaMlp& model, DeviceBuffer<double>& buf
       cudaMemcpyAsync(buffer.data(), values, count * 8, cudaMemcpyHostToDevice, model.stream()));
   comm->all_reduce(buffer.data(), count, DataType::kFloat64, ReduceOp::kSum);
   DDP_CUDA_CHECK(cudaMemcpy(values, buffer.data(), count * 8, cudaMemcpyDeviceToHost));
-}
-// The optimizer overlapped with backward (and with the gradient all-reduces): each range of
-// parameters (a data-parallel bucket, or a layer on one GPU) is updated on a side stream as
-// soon as backward no longer reads it (every layer of the range has its weight and input
-// gradients: the hook of the next lower layer, or the end of backward) and, with data
-// parallelism, its average is in place. The ranges' updates are the same elementwise
-// arithmetic as one pass over the buffer: the weights are bitwise those of the plain
-// optimizer. The side stream joins stream() again before the step ends.
-class OptimizerOverlap {
- public:
-  struct Range {
-    size_t offset = 0, count = 0;  // parameters (elements of the flat buffers)
-    int first_layer = 0;           // lowest layer in the range
-  };
-  // `ranges` in the order backward finishes them (last layers first); with `ddp`, its
-  // buckets in its order.
-  OptimizerOverlap(CudaMlp& model, std::vector<Range> ranges, Ddp* ddp)
-      : model_(model), ranges_(std::move(ranges)), ddp_(ddp), ready_(ranges_.size()) {
-    model_.set_optimizer_in_hooks(true);
-  }
-  static std::vector<Range> of_layers(const MlpShape& shape) {
-    std::vector<Range> ranges;
-    const std::vector<ParamSpan> spans = param_spans(shape);
-    for (int i = shape.num_layers() - 1; i >= 0; --i)
-      ranges.push_back({spans[i].offset, spans[i].count, i});
-    return ranges;
-  }
-  static std::vector<Range> of_buckets(const std::vector<Bucket>& buckets) {
-    std::vector<Range> ranges;
-    for (const Bucket& b : buckets)
-      ranges.push_back({b.offset, b.count, b.first_layer});
-    return ranges;
-  }
-
-  void begin_step() { next_ = 0; }
-  // From the layer hook (after Ddp::layer_done): layers above `layer` are done.
-  void layer_done(int layer) {
-    while (next_ < ranges_.size() && ranges_[next_].first_layer > layer &&
-           (ddp_ == nullptr || next_ < ddp_->issued()))
-      apply(next_++);
-  }
-  // After backward (and Ddp::end_backward): the rest, then the side stream joins stream().
-  void end_backward() {
-    while (next_ < ranges_.size())
-      apply(next_++);
-    if (ddp_ != nullptr) ddp_->finish(side_.get());
-    DDP_CUDA_CHECK(cudaEventRecord(joined_.get(), side_.get()));
-    DDP_CUDA_CHECK(cudaStreamWaitEvent(model_.stream(), joined_.get(), 0));
-  }
-
- private:
-  void apply(size_t i) {
-    DDP_CUDA_CHECK(cudaEventRecord(ready_[i].get(), model_.stream()));
-    DDP_CUDA_CHECK(cudaStreamWaitEvent(side_.get(), ready_[i].get(), 0));
-    if (ddp_ != nullptr) ddp_->pending(i).then_on(side_.get());
-    model_.optimizer_range(ranges_[i].offset, ranges_[i].count, side_.get());
-  }
-
-  CudaMlp& model_;
-  std::vector<Range> ranges_;
-  Ddp* ddp_;
-  std::vector<CudaEvent> ready_;  // one per range: backward is done with it
-  CudaEvent joined_;
-  CudaStream side_;
-  size_t next_ = 0;
-};
-// --timeline on the GPU: CUDA events inside the step (recorded by the captured graph at every
-// replay) time the forward, each layer's backward, each gradient bucket's all-reduce (lane 1:
-// NCCL's stream, beside backward) and the optimizer with what it waited for. The host reads
-// them after every step, so a run with it is slower: a diagnostic, like the CPU timeline.
-class GpuTimeline {
- public:
-  GpuTimeline(CudaMlp& model, int layers, size_t buckets) : model_(model) {
-    for (int i = 0; i < layers; ++i)
-      layer_.emplace_back(true);  // timed (a default CudaEvent is not)
-    for (size_t b = 0; b < buckets; ++b) {
-      issued_.emplace_back(true);
-      reduced_.emplace_back(true);
-    }
-  }
-
-  // Outside the step (never captured): around train_step().
-  void step_begins() {
-    if (!anchored_) {  // host time of one event: every other is placed from it
-      DDP_CUDA_CHECK(cudaStreamSynchronize(model_.stream()));
-      anchor_us_ = TimelineRecorder::now_us();
-      DDP_CUDA_CHECK(cudaEventRecord(anchor_.get(), model_.stream()));
-      anchored_ = true;
-    }
-    DDP_CUDA_CHECK(cudaEventRecord(start_.get(), model_.stream()));
-  }
-  void step_ends(TimelineRecorder& recorder, int64_t step) {
-    DDP_CUDA_CHECK(cudaEventRecord(end_.get(), model_.stream()));
-    DDP_CUDA_CHECK(cudaEventSynchronize(end_.get()));
-    const int last = static_cast<int>(layer_.size()) - 1;
-    recorder.add(SpanKind::kForward, step, -1, at(start_), at(forward_));
-    for (int i = last; i >= 0; --i)
-      recorder.add(SpanKind::kLayerBackward, step, i, at(i == last ? forward_ : layer_[i + 1]),
-                   at(layer_[i]));
-    double previous = 0;
-    for (size_t b = 0; b < reduced_.size(); ++b) {
-      const double start = std::max(at(issued_[b]), previous);
-      previous = at(reduced_[b]);
-      recorder.add(SpanKind::kBucketAllReduce, step, static_cast<int>(b), start, previous, 1);
-    }
-    // From the end of backward: waiting for the reductions, then the update.
-    recorder.add(SpanKind::kOptimizer, step, -1, at(layer_[0]), at(end_));
-  }
-
-  // Inside the step (captured into the graph after the first).
-  void forward_done() { record(forward_, model_.stream()); }
-  void layer_done(int layer) { record(layer_[layer], model_.stream()); }
-  void bucket_issued(size_t bucket) { record(issued_[bucket], model_.stream()); }
-  // After every bucket is issued: each one's completion, timed on a side stream that joins
-  // the model's stream again.
-  void buckets_issued(Ddp& ddp) {
-    for (size_t b = 0; b < reduced_.size(); ++b) {
-      ddp.pending(b).then_on(side_.get());
-      record(reduced_[b], side_.get());
-    }
-    DDP_CUDA_CHECK(cudaEventRecord(joined_.get(), side_.get()));
-    DDP_CUDA_CHECK(cudaStreamWaitEvent(model_.stream(), joined_.get(), 0));
-  }
-
- private:
-  // Inside a capture, an event recorded as an external node is recorded at every replay.
-  static void record(CudaEvent& event, cudaStream_t stream) {
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    DDP_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-    if (capture == cudaStreamCaptureStatusNone)
-      DDP_CUDA_CHECK(cudaEventRecord(event.get(), stream));
-    else
-      DDP_CUDA_CHECK(cudaEventRecordWithFlags(event.get(), stream, cudaEventRecordExternal));
-  }
-  double at(const CudaEvent& event) const {
-    float ms = 0;
-    DDP_CUDA_CHECK(cudaEventElapsedTime(&ms, anchor_.get(), event.get()));
-    return anchor_us_ + 1e3 * static_cast<double>(ms);
-  }
-
-  CudaMlp& model_;
-  CudaEvent anchor_{true}, start_{true}, forward_{true}, end_{true};
-  std::deque<CudaEvent> layer_;             // after layer i's weight gradient
-  std::deque<CudaEvent> issued_, reduced_;  // per bucket (deque: events do not move)
-  CudaEvent joined_;
-  CudaStream side_;
-  double anchor_us_ = 0;
-  bool anchored_ = false;
-};
-
-// Every rank's spans at rank 0 (NCCL works on device buffers).
-std::vector<std::vector<Span>> gather_spans_on_gpu(Communicator* comm,
-                                                   const std::vector<Span>& mine) {
-  if (comm == nullptr || comm->size() == 1) return {mine};
-  const int n = comm->size();
-  DeviceBuffer<int64_t> counts(static_cast<size_t>(n) + 1, MemoryCategory::kOther);
-  const int64_t count = static_cast<int64_t>(mine.size());
-  DDP_CUDA_CHECK(cudaMemcpy(counts.data(), &count, 8, cudaMemcpyHostToDevice));
-  comm->all_gather(counts.data(), counts.data() + 1, 1, DataType::kInt64);
-  std::vector<int64_t> all_counts(n);
-  DDP_CUDA_CHECK(cudaMemcpy(all_counts.data(), counts.data() + 1, 8 * n, cudaMemcpyDeviceToHost));
-  const size_t most = static_cast<size_t>(*std::max_element(all_counts.begin(), all_counts.end()));
-  std::vector<double> packed = pack_spans(mine);
-  packed.resize(std::max<size_t>(most, 1) * kSpanDoubles, 0.0);
-  DeviceBuffer<double> buffer(packed.size() * (static_cast<size_t>(n) + 1), MemoryCategory::kOther);
-  DDP_CUDA_CHECK(
-      cudaMemcpy(buffer.data(), packed.data(), packed.size() * 8, cudaMemcpyHostToDevice));
-  comm->all_gather(buffer.data(), buffer.data() + packed.size(), packed.size(), DataType::kFloat64);
-  std::vector<double> gathered(packed.size() * n);
-  DDP_CUDA_CHECK(cudaMemcpy(gathered.data(), buffer.data() + packed.size(), gathered.size() * 8,
-                            cudaMemcpyDeviceToHost));
-  std::vector<std::vector<Span>> all(n);
-  for (int r = 0; r < n; ++r) {
-    auto first = gathered.begin() + static_cast<std::ptrdiff_t>(r * packed.size());
-    all[r] = unpack_spans(std::vector<double>(first, first + all_counts[r] * kSpanDoubles));
-  }
-  return all;
 }
 }  // namespace
 

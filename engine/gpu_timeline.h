@@ -1,0 +1,107 @@
+// --timeline on the GPU: the step's spans from CUDA events, and their gather to rank 0.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+#include "collectives/communicator.h"
+#include "engine/ddp.h"
+#include "engine/timeline.h"
+#include "models/mlp_cuda.h"
+#include "runtime/cuda_check.h"
+#include "runtime/device_buffer.h"
+
+namespace ddp {
+
+// --timeline on the GPU: CUDA events inside the step (recorded by the captured graph at every
+// replay) time the forward, each layer's backward, each gradient bucket's all-reduce (lane 1:
+// NCCL's stream, beside backward) and the optimizer with what it waited for. The host reads
+// them after every step, so a run with it is slower: a diagnostic, like the CPU timeline.
+class GpuTimeline {
+ public:
+  GpuTimeline(CudaMlp& model, int layers, size_t buckets) : model_(model) {
+    for (int i = 0; i < layers; ++i)
+      layer_.emplace_back(true);  // timed (a default CudaEvent is not)
+    for (size_t b = 0; b < buckets; ++b) {
+      issued_.emplace_back(true);
+      reduced_.emplace_back(true);
+    }
+  }
+
+  // Outside the step (never captured): around train_step().
+  void step_begins() {
+    if (!anchored_) {  // host time of one event: every other is placed from it
+      DDP_CUDA_CHECK(cudaStreamSynchronize(model_.stream()));
+      anchor_us_ = TimelineRecorder::now_us();
+      DDP_CUDA_CHECK(cudaEventRecord(anchor_.get(), model_.stream()));
+      anchored_ = true;
+    }
+    DDP_CUDA_CHECK(cudaEventRecord(start_.get(), model_.stream()));
+  }
+  void step_ends(TimelineRecorder& recorder, int64_t step) {
+    DDP_CUDA_CHECK(cudaEventRecord(end_.get(), model_.stream()));
+    DDP_CUDA_CHECK(cudaEventSynchronize(end_.get()));
+    const int last = static_cast<int>(layer_.size()) - 1;
+    recorder.add(SpanKind::kForward, step, -1, at(start_), at(forward_));
+    for (int i = last; i >= 0; --i)
+      recorder.add(SpanKind::kLayerBackward, step, i, at(i == last ? forward_ : layer_[i + 1]),
+                   at(layer_[i]));
+    double previous = 0;
+    for (size_t b = 0; b < reduced_.size(); ++b) {
+      const double start = std::max(at(issued_[b]), previous);
+      previous = at(reduced_[b]);
+      recorder.add(SpanKind::kBucketAllReduce, step, static_cast<int>(b), start, previous, 1);
+    }
+    // From the end of backward: waiting for the reductions, then the update.
+    recorder.add(SpanKind::kOptimizer, step, -1, at(layer_[0]), at(end_));
+  }
+
+  // Inside the step (captured into the graph after the first).
+  void forward_done() { record(forward_, model_.stream()); }
+  void layer_done(int layer) { record(layer_[layer], model_.stream()); }
+  void bucket_issued(size_t bucket) { record(issued_[bucket], model_.stream()); }
+  // After every bucket is issued: each one's completion, timed on a side stream that joins
+  // the model's stream again.
+  void buckets_issued(Ddp& ddp) {
+    for (size_t b = 0; b < reduced_.size(); ++b) {
+      ddp.pending(b).then_on(side_.get());
+      record(reduced_[b], side_.get());
+    }
+    DDP_CUDA_CHECK(cudaEventRecord(joined_.get(), side_.get()));
+    DDP_CUDA_CHECK(cudaStreamWaitEvent(model_.stream(), joined_.get(), 0));
+  }
+
+ private:
+  // Inside a capture, an event recorded as an external node is recorded at every replay.
+  static void record(CudaEvent& event, cudaStream_t stream) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    DDP_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+    if (capture == cudaStreamCaptureStatusNone)
+      DDP_CUDA_CHECK(cudaEventRecord(event.get(), stream));
+    else
+      DDP_CUDA_CHECK(cudaEventRecordWithFlags(event.get(), stream, cudaEventRecordExternal));
+  }
+  double at(const CudaEvent& event) const {
+    float ms = 0;
+    DDP_CUDA_CHECK(cudaEventElapsedTime(&ms, anchor_.get(), event.get()));
+    return anchor_us_ + 1e3 * static_cast<double>(ms);
+  }
+
+  CudaMlp& model_;
+  CudaEvent anchor_{true}, start_{true}, forward_{true}, end_{true};
+  std::deque<CudaEvent> layer_;             // after layer i's weight gradient
+  std::deque<CudaEvent> issued_, reduced_;  // per bucket (deque: events do not move)
+  CudaEvent joined_;
+  CudaStream side_;
+  double anchor_us_ = 0;
+  bool anchored_ = false;
+};
+
+// Every rank's spans at rank 0 (index = rank; the others get an empty list). Collective over
+// `comm` (NCCL: staged through device memory); null or one rank: this rank's alone.
+std::vector<std::vector<Span>> gather_spans_on_gpu(Communicator* comm,
+                                                   const std::vector<Span>& mine);
+
+}  // namespace ddp
