@@ -71,23 +71,27 @@ TrainResult train_on_gpu(const TrainConfig& config,
   options.autotune_cache = autotune_cache_path(config.cache_dir);
   options.max_schedule_steps = std::min(config.log_every, 512);
   options.accumulate = micro_batches;
-  // The weights are made on other threads while the model builds its plans (and autotunes)
-  // on the GPU, and both while the communicator starts.
+  // --init-weights are read on another thread while the model builds its plans (and
+  // autotunes) on the GPU; initial weights are made on the GPU (the host's values, bitwise).
+  // Both while the communicator starts.
   Stopwatch start_clock;
   std::vector<float> params;
-  std::future<void> weights = std::async(std::launch::async, [&] {
-    params.resize(shape.param_count());
-    if (config.init_weights.empty())
-      init_params(shape, config.seed, params.data());
-    else
+  std::future<void> weights;
+  if (!config.init_weights.empty())
+    weights = std::async(std::launch::async, [&] {
+      params.resize(shape.param_count());
       load_mlp_weights(config.init_weights, shape, params.data());
-  });
+    });
   CudaMlp model(shape, micro_batch, config.optimizer, options);
   const double model_s = start_clock.seconds();
   const Dataset& data = data_ready();  // loading on its own thread meanwhile
   check_model_fits_data(shape, config, data);
-  weights.get();
-  model.set_params(params.data());
+  if (weights.valid()) {
+    weights.get();
+    model.set_params(params.data());
+  } else {
+    model.init_params_on_device(config.seed);
+  }
   const double weights_s = start_clock.seconds();
   if (lead && config.autotune && !model.autotune_save_error().empty())
     spdlog::warn("--autotune: the choices were not kept for the next run: {}",
@@ -96,13 +100,14 @@ TrainResult train_on_gpu(const TrainConfig& config,
   const bool data_parallel = comm != nullptr;
   if (lead)
     spdlog::info(
-        "model ready in {:.2f}s (cuBLASLt plans{}), weights {} and uploaded by {:.2f}s, "
+        "model ready in {:.2f}s (cuBLASLt plans{}), weights {} by {:.2f}s, "
         "communicator by {:.2f}s",
         model_s,
         !config.autotune          ? ""
         : model.autotune_cached() ? " and autotuning, from " + options.autotune_cache
                                   : std::string(" and autotuning"),
-        config.init_weights.empty() ? "initialised" : "read", weights_s, start_clock.seconds());
+        config.init_weights.empty() ? "initialised on the GPU" : "read and uploaded", weights_s,
+        start_clock.seconds());
   int64_t done = 0;
   bool resumed = false;
   const std::string optimizer_name =
@@ -242,6 +247,7 @@ TrainResult train_on_gpu(const TrainConfig& config,
   // Every rank holds the same weights, so every rank decides alike; nothing non-finite is
   // ever written over a good checkpoint or weights file.
   auto check_finite_params = [&](const char* before) {
+    params.resize(shape.param_count());  // the host copy, made when first needed
     model.get_params(params.data());
     for (size_t i = 0; i < params.size(); ++i)
       DDP_CHECK(std::isfinite(params[i]),
@@ -445,6 +451,7 @@ TrainResult train_on_gpu(const TrainConfig& config,
     }
   }
   if (!config.save_weights.empty()) check_finite_params("writing --save-weights");
+  params.resize(shape.param_count());
   model.get_params(params.data());
   if (!config.save_weights.empty() && lead) {
     save_mlp_weights(config.save_weights, shape, params.data());

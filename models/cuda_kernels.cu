@@ -4,6 +4,7 @@
 #include <cfloat>
 
 #include "models/cuda_kernels.h"
+#include "models/rng.h"
 #include "runtime/cuda_check.h"
 
 namespace ddp {
@@ -172,6 +173,13 @@ __global__ void increment_kernel(int* counter) {
   *counter += 1;
 }
 
+__global__ void counter_uniform_kernel(float* out, size_t count, uint64_t key, uint64_t first_index,
+                                       float low, float high) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    out[i] = counter_uniform(key, first_index + i, low, high);
+}
+
 __global__ void fill_kernel(void* data, size_t count, bool bf16, float value) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<size_t>(gridDim.x) * blockDim.x)
@@ -242,6 +250,14 @@ void launch_to_float(const void* in_bf16, float* out, size_t count, cudaStream_t
 
 void launch_increment(int* counter, cudaStream_t stream) {
   increment_kernel<<<1, 1, 0, stream>>>(counter);
+  DDP_CUDA_CHECK_LAUNCH();
+}
+
+void launch_counter_uniform(float* out, size_t count, uint64_t key, uint64_t first_index, float low,
+                            float high, cudaStream_t stream) {
+  if (count == 0) return;
+  counter_uniform_kernel<<<blocks_for(count), kThreads, 0, stream>>>(out, count, key, first_index,
+                                                                     low, high);
   DDP_CUDA_CHECK_LAUNCH();
 }
 

@@ -54,5 +54,8 @@ void launch_to_float(const void* in_bf16, float* out, size_t count, cudaStream_t
 void launch_increment(int* counter, cudaStream_t stream);
 // Fills with a value (to poison outputs in tests). bf16 buffers get the bf16 of value.
 void launch_fill(void* data, size_t count, bool bf16, float value, cudaStream_t stream);
+// out[i] = counter_uniform(key, first_index + i, low, high) (models/rng.h), as on the host.
+void launch_counter_uniform(float* out, size_t count, uint64_t key, uint64_t first_index, float low,
+                            float high, cudaStream_t stream);
 
 }  // namespace ddp

@@ -71,8 +71,9 @@ MlpShape parse_layers(const std::string& text, const std::string& flag) {
 
 void init_params(const MlpShape& shape, uint64_t seed, float* params) {
   // Counter-based, filled by threads (half a billion weights take seconds on one): the same
-  // values for any thread count. Layer i's weights are elements 0.. of its stream, its
-  // biases the ones after.
+  // values for any thread count, and on the GPU (CudaMlp::init_params_on_device). Layer i's
+  // key is mix_seed(seed, i); its weights are elements 0.. of that stream, its biases the
+  // ones after.
   for (int i = 0; i < shape.num_layers(); ++i) {
     const LayerSlice& layer = shape.layer(i);
     const uint64_t key = mix_seed(seed, static_cast<uint64_t>(i));
@@ -80,10 +81,10 @@ void init_params(const MlpShape& shape, uint64_t seed, float* params) {
     const size_t weights = static_cast<size_t>(layer.in) * layer.out;
     parallel_for(weights, size_t{1} << 18, [&](size_t begin, size_t end) {
       for (size_t k = begin; k < end; ++k)
-        params[layer.weight_offset + k] = -bound + 2.0f * bound * counter_uniform01(key, k);
+        params[layer.weight_offset + k] = counter_uniform(key, k, -bound, bound);
     });
     for (int k = 0; k < layer.out; ++k)
-      params[layer.bias_offset + k] = -bound + 2.0f * bound * counter_uniform01(key, weights + k);
+      params[layer.bias_offset + k] = counter_uniform(key, weights + k, -bound, bound);
   }
 }
 

@@ -9,12 +9,14 @@
 #include "models/mlp_cuda.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 
 #include <spdlog/spdlog.h>
 
 #include "models/autotune_cache.h"
+#include "models/rng.h"
 #include "runtime/cuda_check.h"
 #include "runtime/error.h"
 
@@ -531,6 +533,20 @@ void CudaMlp::set_params(const float* host) {
       cudaMemcpyAsync(params_.data(), host, params_.bytes(), cudaMemcpyHostToDevice, stream()));
   if (bf16()) launch_to_bf16(params_.data(), params16_.data(), params_.count(), stream());
   DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
+}
+
+void CudaMlp::init_params_on_device(uint64_t seed) {
+  for (int i = 0; i < shape_.num_layers(); ++i) {
+    const LayerSlice& layer = shape_.layer(i);
+    const uint64_t key = mix_seed(seed, static_cast<uint64_t>(i));  // as init_params
+    const float bound = 1.0f / std::sqrt(static_cast<float>(layer.in));
+    const size_t weights = static_cast<size_t>(layer.in) * layer.out;
+    launch_counter_uniform(params_.data() + layer.weight_offset, weights, key, 0, -bound, bound,
+                           stream());
+    launch_counter_uniform(params_.data() + layer.bias_offset, layer.out, key, weights, -bound,
+                           bound, stream());
+  }
+  refresh_low_precision_params();
 }
 
 void CudaMlp::refresh_low_precision_params() {

@@ -61,6 +61,9 @@ class CudaMlp {
 
   // Host <-> device copies of the flat buffers (synchronous).
   void set_params(const float* host);
+  // init_params(shape, seed) made on the device (bitwise the host's values), without the
+  // host's fill and upload. Synchronises.
+  void init_params_on_device(uint64_t seed);
   // After the float32 parameters changed on the device (a broadcast): the bf16 copy that
   // bf16 products read, made again from them.
   void refresh_low_precision_params();

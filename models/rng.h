@@ -10,6 +10,13 @@
 #include <utility>
 #include <vector>
 
+// The counter-based functions run on the host and in kernels alike (same values, bitwise).
+#if defined(__CUDACC__)
+#define DDP_HOST_DEVICE __host__ __device__
+#else
+#define DDP_HOST_DEVICE
+#endif
+
 namespace ddp {
 
 class Rng {
@@ -46,7 +53,7 @@ class Rng {
 };
 
 // Derives an independent seed for a purpose (e.g. the epoch of a sampler) from a base seed.
-inline uint64_t mix_seed(uint64_t seed, uint64_t stream) {
+DDP_HOST_DEVICE inline uint64_t mix_seed(uint64_t seed, uint64_t stream) {
   uint64_t z = seed + 0x9E3779B97F4A7C15ull * (stream + 1);
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
@@ -55,12 +62,20 @@ inline uint64_t mix_seed(uint64_t seed, uint64_t stream) {
 
 // Counter-based random numbers: SplitMix64 of (key, index), so that any number of threads
 // fill a range, in any order, with the same values as one.
-inline uint64_t counter_bits(uint64_t key, uint64_t index) {
+DDP_HOST_DEVICE inline uint64_t counter_bits(uint64_t key, uint64_t index) {
   return mix_seed(key, index);
 }
 // Uniform in [0, 1) with 24 random bits (exactly representable in float).
-inline float counter_uniform01(uint64_t key, uint64_t index) {
+DDP_HOST_DEVICE inline float counter_uniform01(uint64_t key, uint64_t index) {
   return static_cast<float>(counter_bits(key, index) >> 40) * (1.0f / 16777216.0f);
+}
+// Uniform in [low, high): computed in double, where the product is exact (24-bit factors),
+// then rounded once to float, so that a fused multiply-add (a compiler's or the GPU's) gives
+// the same value as separate operations.
+DDP_HOST_DEVICE inline float counter_uniform(uint64_t key, uint64_t index, float low, float high) {
+  const double span = static_cast<double>(high) - static_cast<double>(low);
+  return static_cast<float>(static_cast<double>(low) +
+                            span * static_cast<double>(counter_uniform01(key, index)));
 }
 // Uniform integer in [0, n) by multiply-shift (a bias below n / 2^64).
 inline uint32_t counter_below(uint64_t key, uint64_t index, uint32_t n) {

@@ -136,6 +136,23 @@ INSTANTIATE_TEST_SUITE_P(AwkwardSizes, CudaMlpOps,
                                            Case{{784, 512, 512, 10}, 128, Precision::kBf16, false}),
                          case_name);
 
+// Initial weights made on the GPU are bitwise the host's (the counter-based generator in
+// double, rounded once), also in a layer of more than one block's grid and in bf16.
+TEST(CudaMlpInit, DeviceInitialisationIsBitwiseTheHosts) {
+  REQUIRE_GPU();
+  for (const Precision precision : {Precision::kFp32, Precision::kBf16}) {
+    const MlpShape shape({300, 1100, 7});
+    std::vector<float> host(shape.param_count()), device(shape.param_count());
+    init_params(shape, 42, host.data());
+    CudaMlpOptions options;
+    options.precision = precision;
+    CudaMlp gpu(shape, 8, OptimizerConfig{}, options);
+    gpu.init_params_on_device(42);
+    gpu.get_params(device.data());
+    EXPECT_EQ(device, host);
+  }
+}
+
 TEST(CudaKernels, SoftmaxCrossEntropyMatchesTheCpu) {
   REQUIRE_GPU();
   for (int classes : {1, 3, 10, 1000}) {
