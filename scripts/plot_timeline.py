@@ -5,7 +5,8 @@ Usage: plot_timeline.py TRACE.json -o timeline.png [--steps A-B]
 
 Forward, backward, send, recv, all-reduce and optimizer spans are bars in their own
 colours, micro-batch numbers written on forward and backward bars wide enough to hold
-them. --steps keeps a range of steps (default: the last two recorded, after warm-up).
+them. A GPU trace's rows are each rank and, under it, its communication (the all-reduce of
+each gradient bucket beside backward); layer and bucket numbers are written on the bars. --steps keeps a range of steps (default: the last two recorded, after warm-up).
 Needs matplotlib (Debian: python3-matplotlib). Prints the ranks, the steps drawn and the
 PNG's path.
 """
@@ -27,6 +28,8 @@ COLOURS = {
     "all-reduce": "#c44e52",
     "optimizer": "#8172b3",
 }
+# The GPU's kinds, drawn as their CPU counterparts.
+SAME_AS = {"backward layer": "backward", "all-reduce bucket": "all-reduce"}
 
 
 def read_trace(path):
@@ -35,15 +38,17 @@ def read_trace(path):
             trace = json.load(f)
     except (OSError, json.JSONDecodeError) as e:
         sys.exit(f"plot_timeline.py: {path}: not a readable Chrome trace ({e})")
-    names, spans = {}, []
+    names, order, spans = {}, {}, []
     for event in trace.get("traceEvents", []):
         if event.get("ph") == "M" and event.get("name") == "thread_name":
             names[event["tid"]] = event["args"]["name"]
+        elif event.get("ph") == "M" and event.get("name") == "thread_sort_index":
+            order[event["tid"]] = event["args"]["sort_index"]
         elif event.get("ph") == "X":
             spans.append(event)
     if not spans:
         sys.exit(f"plot_timeline.py: {path}: no spans (was --timeline given to a run that trained?)")
-    return names, spans
+    return names, order, spans
 
 
 def main():
@@ -52,7 +57,7 @@ def main():
     parser.add_argument("-o", "--output", required=True)
     parser.add_argument("--steps", help="A-B: the steps to draw (default: the last two)")
     args = parser.parse_args()
-    names, spans = read_trace(args.trace)
+    names, order, spans = read_trace(args.trace)
     steps = sorted({s["args"]["step"] for s in spans})
     if args.steps:
         try:
@@ -65,15 +70,17 @@ def main():
     if not shown:
         sys.exit(f"plot_timeline.py: --steps {first}-{last}: none recorded (have {steps[0]}-{steps[-1]})")
     origin = min(s["ts"] for s in shown)
-    ranks = sorted({s["tid"] for s in spans})
+    ranks = sorted({s["tid"] for s in spans}, key=lambda tid: (order.get(tid, tid), tid))
     fig, ax = plt.subplots(figsize=(12, 0.6 * len(ranks) + 1.4))
     width_ms = (max(s["ts"] + s["dur"] for s in shown) - origin) / 1e3
     for s in shown:
         row = ranks.index(s["tid"])
         start, dur = (s["ts"] - origin) / 1e3, s["dur"] / 1e3
+        kind = SAME_AS.get(s["cat"], s["cat"])
         ax.broken_barh([(start, max(dur, width_ms * 1e-4))], (row - 0.4, 0.8),
-                       facecolors=COLOURS.get(s["cat"], "black"))
-        if s["cat"] in ("forward", "backward") and dur > width_ms / 60:
+                       facecolors=COLOURS.get(kind, "black"), edgecolors="white", linewidth=0.5)
+        if (s["cat"] in ("forward", "backward") or s["cat"] in SAME_AS) and \
+                s["args"]["micro_batch"] >= 0 and dur > width_ms / 60:
             ax.text(start + dur / 2, row, str(s["args"]["micro_batch"]), ha="center",
                     va="center", color="white", fontsize=7)
     ax.set_yticks(range(len(ranks)))

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/plot_timeline.py on a real --timeline of a 2-stage pipeline (ddprun, Gloo): a PNG
 # with both ranks; a step range that was not recorded and a file that is not a trace are
-# refused. Exit 77 (skipped) without matplotlib or Gloo.
+# refused. And on a GPU-shaped trace (a communication track beside the rank's), with
+# scripts/timeline_stats.py's figures for it. Exit 77 (skipped) without matplotlib or Gloo.
 # Usage: test_plot_timeline.sh DDPRUN DDPTRAIN
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -29,5 +30,28 @@ check test "$(stat -c %s "$work/t.png")" -gt 10000
 check bash -c "! '$py' '$root/scripts/plot_timeline.py' '$work/t.json' --steps 40-41 -o '$work/x.png' 2>/dev/null"
 echo '{"traceEvents": []}' > "$work/empty.json"
 check bash -c "! '$py' '$root/scripts/plot_timeline.py' '$work/empty.json' -o '$work/x.png' 2>/dev/null"
+# Two steps of one GPU rank: forward 1 ms, two layers' backward 1 ms each, bucket 0 reduced
+# during the second layer, bucket 1 for 0.5 ms after backward, the optimizer to 4 ms.
+"$py" - "$work/gpu.json" <<'PY'
+import json, sys
+events = [{"ph": "M", "name": "thread_name", "pid": 0, "tid": 0, "args": {"name": "rank 0 GPU"}},
+          {"ph": "M", "name": "thread_name", "pid": 0, "tid": 1, "args": {"name": "rank 0 GPU communication"}},
+          {"ph": "M", "name": "thread_sort_index", "pid": 0, "tid": 0, "args": {"sort_index": 0}},
+          {"ph": "M", "name": "thread_sort_index", "pid": 0, "tid": 1, "args": {"sort_index": 1}}]
+for step in (1, 2):
+    t = 10000 * step
+    for cat, index, tid, a, b in [("forward", -1, 0, 0, 1000), ("backward layer", 1, 0, 1000, 2000),
+                                  ("backward layer", 0, 0, 2000, 3000), ("all-reduce bucket", 0, 1, 2000, 2800),
+                                  ("all-reduce bucket", 1, 1, 3000, 3500), ("optimizer", -1, 0, 3000, 4000)]:
+        events.append({"ph": "X", "name": cat, "cat": cat, "pid": 0, "tid": tid, "ts": t + a, "dur": b - a,
+                       "args": {"step": step, "micro_batch": index}})
+json.dump({"traceEvents": events}, open(sys.argv[1], "w"))
+PY
+out="$("$py" "$root/scripts/plot_timeline.py" "$work/gpu.json" -o "$work/gpu.png" --steps 1-2)"
+echo "$out"
+check grep -q "ranks: 2; steps 1-2" <<<"$out"
+stats="$("$py" "$root/scripts/timeline_stats.py" "$work/gpu.json" --skip 0)"
+echo "$stats"
+check grep -qF "| rank 0 GPU | 2 | 4.000 | 1.000 | 2.000 | 1.000 | 1.300 | 0.500 |" <<<"$stats"
 [ $failed -eq 0 ] && echo "plot_timeline: ok"
 exit $failed
