@@ -5,8 +5,9 @@
 # options and benchmarks. Logs go to $OUT (or ./device-out); a short table is printed last,
 # and the exit status is non-zero when any check failed, the failing sections named last.
 # Usage: scripts/device-check.sh [sections...]
-#   sections: test run doctor launcher fashion monitor options ddp1 multi bench bench-ddp
-#   collectives levers (default: test run bench; multi, bench-ddp, collectives and levers need two or more
+#   sections: test cuda run doctor launcher fashion monitor options ddp1 multi bench
+#   bench-ddp collectives levers (cuda: build and only the GPU tests, `ctest -L cuda`, when
+#   CI has run the rest; default: test run bench; multi, bench-ddp, collectives and levers need two or more
 #   GPUs; collectives needs nccl-tests' source: scripts/device-prepare.sh --nccl-tests DIR)
 # Expects .deps/ (made by scripts/device-prepare.sh here): fashion-mnist/, and zlib/ and
 # json/, prefixes of the headers the device image lacks (on CMAKE_PREFIX_PATH, nothing else).
@@ -32,7 +33,18 @@ failed=()
 note() { summary+=("$1"); echo "== $1"; }
 fail() { failed+=("$1"); note "FAILED $1: $2"; }
 
-if want test || [ ! -x "$build/bin/ddptrain" ]; then
+if want cuda; then
+  start=$(date +%s)
+  if (source scripts/deps.sh && ddp_build) > "$out/build.log" 2>&1 &&
+    (cd "$build" && ctest -L cuda -j 8 --timeout 150 --output-on-failure) > "$out/cuda.log" 2>&1; then
+    note "ctest -L cuda: $(grep -E 'tests passed|tests failed' "$out/cuda.log" | tail -1) in $(( $(date +%s) - start ))s with the build"
+  else
+    grep -E 'error:|\(Failed|\(Timeout|Expected|Which is' "$out/build.log" "$out/cuda.log" | head -20
+    fail cuda "$(grep -E 'tests passed|tests failed' "$out/cuda.log" 2>/dev/null | tail -1)"
+  fi
+fi
+
+if want test || { ! want cuda && [ ! -x "$build/bin/ddptrain" ]; }; then
   start=$(date +%s)
   if scripts/test.sh -j 8 --timeout 150 > "$out/test.log" 2>&1; then
     note "scripts/test.sh: $(grep -E 'tests passed|tests failed' "$out/test.log" | tail -1) in $(( $(date +%s) - start ))s"
