@@ -82,14 +82,18 @@ TEST(SharedGpu, MpirunWithNccl) {
   EXPECT_EQ(count_of(r.output, "collectives ok: nccl"), 2) << r.output;
 }
 
+// The one-process run of kArgs, the data-parallel tests' reference; its weights to `file`.
+void run_one_rank(const std::string& file) {
+  const RunResult one = run_command(kEnv + kTrain + kArgs + " --save-weights " + file);
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+}
+
 class SharedGpuDataParallel : public ::testing::TestWithParam<int> {};
 
 TEST_P(SharedGpuDataParallel, EqualsOneRankWithBucketsOverlapAndGraphs) {
   REQUIRE_GPU();
   TempDir dir;
-  const RunResult one =
-      run_command(kEnv + kTrain + kArgs + " --save-weights " + dir.file("one.safetensors"));
-  ASSERT_EQ(one.exit_code, 0) << one.output;
+  ASSERT_NO_FATAL_FAILURE(run_one_rank(dir.file("one.safetensors")));
   const int ranks = GetParam();
   const RunResult r = run_command(kShared + " --nproc-per-node " + std::to_string(ranks) + " -- " +
                                   kTrain + kArgs + " --metrics " + dir.file("dp.jsonl") +
@@ -110,9 +114,7 @@ INSTANTIATE_TEST_SUITE_P(Ranks, SharedGpuDataParallel, ::testing::Values(2, 3));
 TEST(SharedGpuDataParallel, GradientsReducedInBf16StayCloseToOneRank) {
   REQUIRE_GPU();
   TempDir dir;
-  const RunResult one =
-      run_command(kEnv + kTrain + kArgs + " --save-weights " + dir.file("one.safetensors"));
-  ASSERT_EQ(one.exit_code, 0) << one.output;
+  ASSERT_NO_FATAL_FAILURE(run_one_rank(dir.file("one.safetensors")));
   for (const std::string graph : {"", " --no-cuda-graph"}) {
     const RunResult r =
         run_command(kShared + " --nproc-per-node 2 -- " + kTrain + kArgs + graph +
