@@ -61,10 +61,15 @@ std::unique_ptr<Work> Communicator::all_reduce_bf16_async(float* buffer, void* s
   (void)scratch;
   (void)count;
   (void)op;
-  throw UsageError(fmt::format(
-      "--grad-reduce bf16: the {} backend reduces float32 only; bfloat16 reduction needs NCCL "
-      "(--device cuda)",
-      backend()));
+  require_bf16_reduction();
+  return nullptr;  // not reached: only backends that override this can reduce bf16
+}
+
+void Communicator::require_bf16_reduction() const {
+  DDP_USAGE_CHECK(reduces_bf16(),
+                  "--grad-reduce bf16: the {} backend reduces float32 only; bfloat16 reduction "
+                  "needs NCCL (--device cuda)",
+                  backend());
 }
 
 namespace {

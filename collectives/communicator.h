@@ -78,8 +78,9 @@ class Communicator {
   // can (NCCL) override it; the others throw UsageError naming the backend.
   virtual std::unique_ptr<Work> all_reduce_bf16_async(float* buffer, void* scratch, size_t count,
                                                       ReduceOp op);
-  // Whether all_reduce_bf16_async is supported.
+  // Whether all_reduce_bf16_async is supported; and the UsageError naming the backend when not.
   virtual bool reduces_bf16() const { return false; }
+  void require_bf16_reduction() const;
   // In place: every rank's buffer[count] becomes root's.
   virtual void broadcast(void* buffer, size_t count, DataType type, int root) = 0;
   // recv[size * count] holds every rank's send[count], in rank order.

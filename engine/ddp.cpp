@@ -83,10 +83,7 @@ void Ddp::begin_backward(float* grads) {
 }
 
 void Ddp::reduce_in_bf16(void* scratch) {
-  DDP_USAGE_CHECK(comm_.reduces_bf16(),
-                  "--grad-reduce bf16: the {} backend reduces float32 only; bfloat16 reduction "
-                  "needs NCCL (--device cuda)",
-                  comm_.backend());
+  comm_.require_bf16_reduction();  // before training, not at the first step
   DDP_CHECK(scratch != nullptr, "reduce_in_bf16: no scratch buffer");
   bf16_scratch_ = static_cast<uint16_t*>(scratch);
 }
