@@ -195,6 +195,12 @@ using CommunicatorStart = std::function<std::unique_ptr<Communicator>()>;
 CommunicatorStart start_communicator(const CommConfig& config, const ProcessEnv& env,
                                      std::shared_ptr<StoreClient> store);
 
+// A view of a device communicator (NCCL) that takes host buffers: each call is staged
+// through a device buffer and waited for. For bookkeeping (sums of figures, a stage's
+// weights gathered for a checkpoint), never for training data. UsageError in a build
+// without NCCL.
+std::unique_ptr<Communicator> make_host_staged(Communicator& device_comm);
+
 // What this build has: "nccl gloo mpi" (for --version and ddpdoctor).
 std::string built_backends();
 // The NCCL library's version ("2.28.3"), or "" without NCCL.

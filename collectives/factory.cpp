@@ -103,6 +103,19 @@ CommunicatorStart ready(std::unique_ptr<Communicator> comm) {
 }
 }  // namespace
 
+#if DDP_HAVE_NCCL
+std::unique_ptr<Communicator> make_host_staged_nccl(Communicator& device);
+#endif
+
+std::unique_ptr<Communicator> make_host_staged(Communicator& device_comm) {
+#if DDP_HAVE_NCCL
+  return make_host_staged_nccl(device_comm);
+#else
+  (void)device_comm;
+  throw UsageError("device communicators need NCCL, which this build lacks");
+#endif
+}
+
 std::unique_ptr<Communicator> make_communicator(const CommConfig& config, const ProcessEnv& env,
                                                 std::shared_ptr<StoreClient> store) {
   return start_communicator(config, env, std::move(store))();

@@ -330,10 +330,6 @@ void validate(const TrainConfig& c) {
                   "--accumulate {} with --pp {}: a pipeline accumulates over --micro-batches; "
                   "give that instead",
                   c.accumulate, c.pp);
-  DDP_USAGE_CHECK(c.pp == 1 || c.device == Device::kCpu,
-                  "--pp {} --device {}: pipeline stages run on the CPU in this version (the GPU "
-                  "pipeline is not built yet)",
-                  c.pp, device_name(c.device));
   if (!c.partition.empty()) {
     const std::vector<int> bounds = parse_partition(c.partition, shape.num_layers());
     DDP_USAGE_CHECK(static_cast<int>(bounds.size()) - 1 == c.pp,

@@ -167,7 +167,7 @@ int main(int argc, char** argv) {
       }
       return *loaded;
     };
-    if (cuda) {
+    if (cuda && config.pp == 1) {
       ddp::GroupStart group;
       group.rank = env.rank;
       group.size = env.world_size;
@@ -177,6 +177,8 @@ int main(int argc, char** argv) {
       };
       ddp::train_on_gpu(config, data_ready, group, &metrics, nullptr, gpu_monitor.get());
     } else {
+      // Pipelines (on CPUs or GPUs) and data parallelism on CPUs.
+      if (starting) started();
       ddp::Trainer trainer(config, data_ready(), comm.get(), store.get());
       trainer.run(&metrics);
     }

@@ -277,32 +277,9 @@ TrainResult train_on_gpu(const TrainConfig& config,
   // others fail within --timeout with a message naming it, instead of hanging in a sync.
   std::unique_ptr<StepWatchdog> watchdog;
   if (data_parallel && ranks > 1)
-    watchdog = std::make_unique<StepWatchdog>(
-        model.stream(), config.timeout, [comm, &config](int64_t step, double seconds) {
-          const std::string message =
-              comm->describe_stuck("training step", static_cast<uint64_t>(step),
-                                   fmt::format("no progress on this GPU for {:.1f}s (--timeout "
-                                               "{}); aborting the communicator",
-                                               seconds, config.timeout));
-          spdlog::error("{}", message);
-          // ncclCommAbort can itself block (a stopped peer keeps its sockets open), and so
-          // can this process's CUDA calls behind the stuck kernel: if the process has not
-          // ended shortly after the abort, it ends here with the message above, as
-          // PyTorch's NCCL watchdog tears its process down.
-          const double grace = std::min(10.0, std::max(2.0, config.timeout / 2));
-          std::thread([grace, message] {
-            std::this_thread::sleep_for(std::chrono::duration<double>(grace));
-            std::fprintf(stderr,
-                         "ddptrain: error: %s; the process was still blocked %.0fs after the "
-                         "abort, exiting\n",
-                         message.c_str(), grace);
-            std::fflush(stderr);
-            std::_Exit(1);
-          }).detach();
-          comm->abort();
-          spdlog::info("communicator aborted after the stall at step {}", step);
-          return message;
-        });
+    watchdog = std::make_unique<StepWatchdog>(model.stream(), config.timeout,
+                                              abort_on_stall(
+                                                  comm, [comm] { comm->abort(); }, config.timeout));
   auto wait_idle = [&] {
     if (watchdog) watchdog->wait_idle();
   };

@@ -2,7 +2,12 @@
 // recycled; no progress for the timeout fires on_stuck once and then only drains.
 #include "engine/step_watchdog.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
+
+#include <spdlog/spdlog.h>
 
 #include "runtime/cuda_check.h"
 #include "runtime/error.h"
@@ -90,6 +95,31 @@ void StepWatchdog::run() {
     }
     changed_.wait_for(lock, std::chrono::milliseconds(1), [&] { return stop_; });
   }
+}
+
+std::function<std::string(int64_t, double)> abort_on_stall(Communicator* comm,
+                                                           std::function<void()> abort,
+                                                           double timeout_s) {
+  return [comm, abort = std::move(abort), timeout_s](int64_t step, double seconds) {
+    const std::string message = comm->describe_stuck(
+        "training step", static_cast<uint64_t>(step),
+        fmt::format("no progress on this GPU for {:.1f}s (--timeout {}); aborting the communicator",
+                    seconds, timeout_s));
+    spdlog::error("{}", message);
+    const double grace = std::min(10.0, std::max(2.0, timeout_s / 2));
+    std::thread([grace, message] {
+      std::this_thread::sleep_for(std::chrono::duration<double>(grace));
+      std::fprintf(stderr,
+                   "ddptrain: error: %s; the process was still blocked %.0fs after the abort, "
+                   "exiting\n",
+                   message.c_str(), grace);
+      std::fflush(stderr);
+      std::_Exit(1);
+    }).detach();
+    abort();
+    spdlog::info("communicator aborted after the stall at step {}", step);
+    return message;
+  };
 }
 
 }  // namespace ddp

@@ -17,6 +17,8 @@
 
 #include <cuda_runtime.h>
 
+#include "collectives/communicator.h"
+
 namespace ddp {
 
 class StepWatchdog {
@@ -56,5 +58,14 @@ class StepWatchdog {
   bool stop_ = false;
   std::thread thread_;
 };
+
+// The trainers' on_stuck: names the stuck step through `comm` (describe_stuck, which asks
+// the store which ranks never reached it), calls `abort` (every communicator of the job, so
+// that NCCL kernels waiting for a dead peer return) and, since an abort can itself block, ends
+// the process with the message if it is still running a grace period later, as PyTorch's NCCL
+// watchdog tears its process down.
+std::function<std::string(int64_t, double)> abort_on_stall(Communicator* comm,
+                                                           std::function<void()> abort,
+                                                           double timeout_s);
 
 }  // namespace ddp

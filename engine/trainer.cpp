@@ -106,15 +106,44 @@ Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* c
       actions_(
           plan_schedule(config.pp > 1 ? config.schedule : PipelineSchedule::kOneForwardOneBackward,
                         layout_.stage, layout_.stages, micro_batches_)),
-      stage_(parse_layers(config.layers), layout_.bounds[layout_.stage],
-             layout_.bounds[layout_.stage + 1], max_batch_of(config, local_batch_),
-             ddp::peak_live_activations(actions_)),
       sampler_(data.train.n, config.seed, config.shuffle),
       timeline_(!config.timeline.empty()) {
   (void)store;
-  const MlpShape& shape = stage_.shape();
+  spec_.shape = parse_layers(config.layers);
+  spec_.first = layout_.bounds[layout_.stage];
+  spec_.end = layout_.bounds[layout_.stage + 1];
+  spec_.stage = layout_.stage;
+  spec_.stages = layout_.stages;
+  spec_.micro_batches = micro_batches_;
+  spec_.batch = local_batch_;
+  spec_.max_batch = max_batch_of(config, local_batch_);
+  spec_.slots = ddp::peak_live_activations(actions_);
+  const MlpShape& shape = spec_.shape;
   check_model_fits_data(shape, config, data);
   set_cpu_threads(config.threads);
+  const bool gpu = config.device == Device::kCuda;
+  if (comm_ != nullptr && comm_->device_buffers()) host_world_ = make_host_staged(*comm_);
+  if (layout_.stages > 1) {
+    // Collective over the world, in the same order on every rank.
+    pipe_group_ = comm_->split(layout_.replica, layout_.stage);
+    if (gpu) grad_group_ = comm_->split(layout_.replica, layout_.stage);
+    if (layout_.replicas > 1) dp_group_ = comm_->split(layout_.stage, layout_.replica);
+    if (pipe_group_->device_buffers()) host_pipe_ = make_host_staged(*pipe_group_);
+    if (lead())
+      spdlog::info("pipeline: dp {} x pp {}, {} micro-batches of {} per replica, {} schedule; {}",
+                   layout_.replicas, layout_.stages, micro_batches_, local_batch_,
+                   schedule_name(config.schedule), describe_layout(layout_));
+  }
+  const StageLinks links{pipe_group_.get(), grad_group_ ? grad_group_.get() : pipe_group_.get()};
+  if (gpu) {
+    std::vector<Communicator*> all{comm_, pipe_group_.get(), grad_group_.get(), dp_group_.get()};
+    runner_ = make_gpu_runner(spec_, config, data, links, comm_, [all] {
+      for (Communicator* c : all)
+        if (c != nullptr) c->abort();
+    });
+  } else {
+    runner_ = make_cpu_runner(spec_, config, data, links);
+  }
   {
     // Every stage starts from the one-process initialisation and takes its layers.
     std::vector<float> whole(shape.param_count());
@@ -122,37 +151,28 @@ Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* c
       init_params(shape, config.seed, whole.data());
     else
       load_mlp_weights(config.init_weights, shape, whole.data());
-    std::copy_n(whole.begin() + stage_.param_offset(), stage_.param_count(), stage_.params());
+    runner_->set_params(whole.data() + spec_.param_offset());
   }
-  optimizer_ = make_optimizer(config.optimizer, stage_.param_count());
   total_steps_ =
       config.steps > 0
           ? config.steps
           : std::max<int64_t>(1, int64_t{config.epochs} * data.train.n / config.batch_size);
-  if (layout_.stages > 1) {
-    // Collective over the world, in the same order on every rank.
-    pipe_group_ = comm_->split(layout_.replica, layout_.stage);
-    if (layout_.replicas > 1) dp_group_ = comm_->split(layout_.stage, layout_.replica);
-    if (lead())
-      spdlog::info("pipeline: dp {} x pp {}, {} micro-batches of {} per replica, {} schedule; {}",
-                   layout_.replicas, layout_.stages, micro_batches_, local_batch_,
-                   schedule_name(config.schedule), describe_layout(layout_));
-  }
   // A data-parallel group of one (a backend named for one process) still runs the
   // data-parallel path, so that it can be checked against the plain one.
   if (layout_.replicas > 1 || (layout_.stages == 1 && comm_ != nullptr)) {
     Communicator& group = *dp_comm();
     std::vector<ParamSpan> spans;
-    for (int i = stage_.first_layer(); i < stage_.end_layer(); ++i)
+    for (int i = spec_.first; i < spec_.end; ++i)
       spans.push_back(
-          {shape.layer(i).weight_offset - stage_.param_offset(), shape.layer(i).count()});
+          {shape.layer(i).weight_offset - spec_.param_offset(), shape.layer(i).count()});
     ddp_ = std::make_unique<Ddp>(group, spans, static_cast<size_t>(config.bucket_mb * 1048576),
                                  static_cast<size_t>(config.first_bucket_mb * 1048576),
                                  config.overlap);
-    ddp_->check_same_layout(shape.fingerprint() ^ (uint64_t(stage_.first_layer()) << 48) ^
-                                (uint64_t(stage_.end_layer()) << 56),
-                            shape.to_string());
-    ddp_->broadcast_parameters(stage_.params(), stage_.param_count());
+    runner_->prepare_ddp(
+        *ddp_, shape.fingerprint() ^ (uint64_t(spec_.first) << 48) ^ (uint64_t(spec_.end) << 56),
+        shape.to_string());
+    ddp_->broadcast_parameters(runner_->params(), spec_.param_count());
+    runner_->params_changed();
   }
   if (config.resume && !config.checkpoint_dir.empty()) {
     const std::string path = checkpoint_path(config.checkpoint_dir);
@@ -164,14 +184,14 @@ Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* c
         spdlog::warn("resuming with changed settings (allowed): {}",
                      fmt::format("{}", fmt::join(c.changed, "; ")));
       // A checkpoint holds the whole model, so any layout resumes from it.
-      const size_t offset = stage_.param_offset();
-      const size_t count = stage_.param_count();
-      std::copy_n(c.params.begin() + offset, count, stage_.params());
-      for (auto& [name, buffer] : optimizer_->state())
-        for (const auto& [saved_name, values] : c.optimizer_state)
-          if (saved_name == name)
-            buffer->assign(values.begin() + offset, values.begin() + offset + count);
-      optimizer_->set_steps(c.optimizer_steps);
+      const size_t offset = spec_.param_offset();
+      const size_t count = spec_.param_count();
+      runner_->set_params(c.params.data() + offset);
+      NamedState state;
+      for (const auto& [name, values] : c.optimizer_state)
+        state.emplace_back(
+            name, std::vector<float>(values.begin() + offset, values.begin() + offset + count));
+      runner_->set_optimizer_state(state, c.optimizer_steps);
       step_ = c.step;
       resumed_from_ = c.step;
       if (lead()) spdlog::info("resumed from {} at step {}", path, c.step);
@@ -179,137 +199,95 @@ Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* c
       spdlog::info("no checkpoint at {}: starting afresh", path);
     }
   }
-  const size_t rows = static_cast<size_t>(micro_batches_) * local_batch_;
-  batch_indices_.resize(local_batch_);
-  batch_y_.resize(rows);
-  if (stage_.is_first()) batch_x_.resize(rows * data.train.dim);
-  if (!stage_.is_first()) {
-    received_x_.resize(rows * stage_.in_width());
-    sent_dx_.resize(rows * stage_.in_width());
-    eval_x_.resize(static_cast<size_t>(stage_.max_batch()) * stage_.in_width());
-  }
-  if (!stage_.is_last()) sent_x_.resize(rows * stage_.out_width());
-  received_dy_.resize(static_cast<size_t>(local_batch_) * stage_.out_width());
+  batch_indices_.resize(static_cast<size_t>(micro_batches_) * local_batch_);
 }
 
 RunSettings Trainer::settings() const {
   return {config_.seed, config_.lr, total_steps_, schedule_name(config_.lr_schedule), ranks_};
 }
 
-void Trainer::gather_batch(int64_t begin, int count, int row) {
-  sampler_.indices(begin, count, batch_indices_.data());
-  const int dim = data_.train.dim;
-  for (int i = 0; i < count; ++i) {
-    const int32_t index = batch_indices_[i];
-    if (stage_.is_first())
-      std::memcpy(&batch_x_[static_cast<size_t>(row + i) * dim],
-                  &data_.train.x[static_cast<size_t>(index) * dim], sizeof(float) * dim);
-    batch_y_[row + i] = data_.train.y[index];
-  }
-}
-
-void Trainer::receive(float* buffer, size_t count, int peer) {
-  pipe_group_->irecv(buffer, count, DataType::kFloat32, peer)->wait(pipe_group_->timeout());
-}
-
 void Trainer::run_schedule(StepStats* stats) {
   // Each replica's loss is the mean over its samples of the whole step; the all-reduce
   // averages over replicas, so the gradient is the global batch mean.
   const float scale = 1.0f / static_cast<float>(local_batch_ * micro_batches_);
-  const int n = local_batch_;
-  const size_t in_width = stage_.in_width();
-  const size_t out_width = stage_.out_width();
-  const int classes = stage_.shape().num_classes();
   const int64_t step = step_ + 1;
-  // Slots hold the activations of forwarded, not yet backwarded micro-batches.
+  // Slots hold the activations of forwarded, not yet backwarded micro-batches; a slot is
+  // taken when the micro-batch's input arrives (or is gathered) and freed by its backward.
   std::vector<int> slot_of(micro_batches_, -1);
   std::vector<int> free_slots;
-  for (int s = stage_.slots() - 1; s >= 0; --s)
+  for (int s = spec_.slots - 1; s >= 0; --s)
     free_slots.push_back(s);
-  std::vector<const float*> output_of(micro_batches_, nullptr);
-  std::vector<std::unique_ptr<Work>> sends;  // waited at the end of the step
-  const float* grad_input = nullptr;
+  auto take_slot = [&](int mb) {
+    if (slot_of[mb] >= 0) return;
+    DDP_CHECK(!free_slots.empty(), "pipeline: no free activation slot for micro-batch {}", mb);
+    slot_of[mb] = free_slots.back();
+    free_slots.pop_back();
+    peak_live_ = std::max(peak_live_, spec_.slots - static_cast<int>(free_slots.size()));
+  };
   int backwards = 0;
   for (const PipelineAction& action : actions_) {
     const int mb = action.micro_batch;
-    const size_t row = static_cast<size_t>(mb) * n;
     const double start = timeline_.now_us();
     Stopwatch clock;
     switch (action.kind) {
       case ActionKind::kRecvActivation:
-        receive(&received_x_[row * in_width], n * in_width, layout_.stage - 1);
+        take_slot(mb);
+        runner_->recv_activation(mb, slot_of[mb]);
         timeline_.add(SpanKind::kRecv, step, mb, start, timeline_.now_us());
         break;
-      case ActionKind::kForward: {
-        const BatchSlice slice = rank_slice(step_, config_.batch_size, layout_.replica,
-                                            layout_.replicas, mb, micro_batches_);
-        if (stage_.is_first() || stage_.is_last())
-          gather_batch(slice.begin, slice.count, static_cast<int>(row));
-        DDP_CHECK(!free_slots.empty(), "pipeline: no free activation slot for micro-batch {}", mb);
-        slot_of[mb] = free_slots.back();
-        free_slots.pop_back();
-        peak_live_ = std::max(peak_live_, stage_.slots() - static_cast<int>(free_slots.size()));
-        const float* x =
-            stage_.is_first() ? &batch_x_[row * data_.train.dim] : &received_x_[row * in_width];
-        output_of[mb] = stage_.forward(x, n, slot_of[mb]);
+      case ActionKind::kForward:
+        take_slot(mb);
+        runner_->forward(mb, slot_of[mb]);
         stats->busy_s += clock.seconds();
         timeline_.add(SpanKind::kForward, step, mb, start, timeline_.now_us());
         break;
-      }
-      case ActionKind::kSendActivation: {
-        float* out = &sent_x_[row * out_width];
-        std::copy_n(output_of[mb], n * out_width, out);
-        sends.push_back(
-            pipe_group_->isend(out, n * out_width, DataType::kFloat32, layout_.stage + 1));
+      case ActionKind::kSendActivation:
+        runner_->send_activation(mb, slot_of[mb]);
         timeline_.add(SpanKind::kSend, step, mb, start, timeline_.now_us());
         break;
-      }
       case ActionKind::kRecvGradient:
-        receive(received_dy_.data(), n * out_width, layout_.stage + 1);
+        runner_->recv_gradient(mb, slot_of[mb]);
         timeline_.add(SpanKind::kRecv, step, mb, start, timeline_.now_us());
         break;
       case ActionKind::kBackward: {
-        if (stage_.is_last()) {
-          const LossSum sum = softmax_xent_cpu(output_of[mb], &batch_y_[row], n, classes, scale,
-                                               received_dy_.data());
+        if (spec_.is_last()) {
+          const LossSum sum = runner_->loss(mb, slot_of[mb], scale);
           stats->loss_sum += sum.loss;
           stats->correct += sum.correct;
-          stats->samples += n;
         }
         // Gradient sync starts on the last micro-batch, as its layers finish.
         const bool last_micro = backwards + 1 == micro_batches_;
-        if (ddp_ && last_micro) ddp_->begin_backward(stage_.grads());
-        grad_input =
-            stage_.backward(received_dy_.data(), n, slot_of[mb], /*accumulate=*/backwards > 0,
-                            ddp_ && last_micro ? [this](int layer) { ddp_->layer_done(layer); }
-                                               : std::function<void(int)>());
+        if (ddp_ && last_micro) ddp_->begin_backward(runner_->grads());
+        runner_->backward(mb, slot_of[mb], /*accumulate=*/backwards > 0,
+                          ddp_ && last_micro ? [this](int layer) { ddp_->layer_done(layer); }
+                                             : std::function<void(int)>());
         if (ddp_ && last_micro) ddp_->end_backward();
-        free_slots.push_back(slot_of[mb]);
-        slot_of[mb] = -1;
         ++backwards;
         stats->busy_s += clock.seconds();
         timeline_.add(SpanKind::kBackward, step, mb, start, timeline_.now_us());
         break;
       }
-      case ActionKind::kSendGradient: {
-        float* dx = &sent_dx_[row * in_width];
-        std::copy_n(grad_input, n * in_width, dx);
-        sends.push_back(
-            pipe_group_->isend(dx, n * in_width, DataType::kFloat32, layout_.stage - 1));
+      case ActionKind::kSendGradient:
+        runner_->send_gradient(mb, slot_of[mb]);
         timeline_.add(SpanKind::kSend, step, mb, start, timeline_.now_us());
         break;
-      }
+    }
+    // A micro-batch's slot is free once its backward is done and its gradient sent on.
+    const bool sent_on = action.kind == ActionKind::kSendGradient ||
+                         (action.kind == ActionKind::kBackward && spec_.is_first());
+    if (sent_on) {
+      free_slots.push_back(slot_of[mb]);
+      slot_of[mb] = -1;
     }
   }
-  if (!sends.empty()) {
+  {
     const double start = timeline_.now_us();
-    for (auto& work : sends)
-      work->wait(pipe_group_->timeout());
-    timeline_.add(SpanKind::kSend, step, -1, start, timeline_.now_us());
+    runner_->end_schedule();
+    if (layout_.stages > 1) timeline_.add(SpanKind::kSend, step, -1, start, timeline_.now_us());
   }
   if (ddp_) {
     const double start = timeline_.now_us();
-    ddp_->finish(nullptr);
+    ddp_->finish(runner_->stream());
     timeline_.add(SpanKind::kAllReduce, step, -1, start, timeline_.now_us());
   }
 }
@@ -317,7 +295,7 @@ void Trainer::run_schedule(StepStats* stats) {
 bool Trainer::any_rank(bool mine) {
   if (layout_.stages == 1) return mine;  // replicas hold the same values: all decide alike
   double flag = mine ? 1 : 0;
-  sum_over_ranks(comm_, &flag, 1);
+  sum_over_ranks(host_comm(), &flag, 1);
   return flag > 0;
 }
 
@@ -327,23 +305,38 @@ StepStats Trainer::step() {
       "--fail-at-step {}: failing on purpose at step {}", config_.fail_at_step, step_ + 1);
   Stopwatch step_clock;
   StepStats stats;
+  // This replica's contiguous share of each micro-batch of the global batch.
+  for (int mb = 0; mb < micro_batches_; ++mb) {
+    const BatchSlice slice = rank_slice(step_, config_.batch_size, layout_.replica,
+                                        layout_.replicas, mb, micro_batches_);
+    sampler_.indices(slice.begin, slice.count,
+                     &batch_indices_[static_cast<size_t>(mb) * local_batch_]);
+  }
+  const float lr =
+      lr_at(step_, total_steps_, config_.lr, config_.lr_schedule, config_.warmup_steps);
+  runner_->begin_step(batch_indices_.data(), step_, lr);
+  if (spec_.is_last()) stats.samples = local_batch_ * micro_batches_;
+  if (runner_->on_gpu()) {
+    // The whole step on the device (captured once, then replayed); its loss stays there
+    // until the window's end, and a non-finite one stops the run there.
+    runner_->run_step(step_, [&] {
+      run_schedule(&stats);
+      runner_->optimizer_step();
+    });
+    ++step_;
+    stats.busy_s = runner_->last_busy_s();
+    stats.step_s = step_clock.seconds();
+    return stats;
+  }
   run_schedule(&stats);
   // After the all-reduce every replica holds the same gradient, so every rank decides alike.
-  // A float is Inf or NaN when its exponent bits are all set: an OR over the buffer that
-  // vectorises (no sum to overflow on large finite gradients, no serial float chain).
-  const float* grads = stage_.grads();
-  uint32_t nonfinite = 0;
-  for (size_t i = 0, n = stage_.param_count(); i < n; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, grads + i, sizeof(bits));
-    nonfinite |= (bits & 0x7f800000u) == 0x7f800000u;
-  }
-  if (any_rank(nonfinite != 0)) {
+  const bool nonfinite = runner_->grads_nonfinite();
+  if (any_rank(nonfinite)) {
     DDP_CHECK(config_.on_nonfinite == OnNonfinite::kSkipStep,
               "step {}: non-finite gradient{}{}; stopped before any checkpoint or weights were "
               "written (lower --lr, check the data, or --on-nonfinite skip-step)",
               step_ + 1, nonfinite ? fmt::format(" on rank {}", rank_) : " on another stage",
-              stage_.is_last() ? fmt::format(" (loss sum {})", stats.loss_sum) : "");
+              spec_.is_last() ? fmt::format(" (loss sum {})", stats.loss_sum) : "");
     spdlog::warn("skipping step {}: non-finite gradient (--on-nonfinite skip-step)", step_ + 1);
     ++stats.skipped;
     ++step_;
@@ -353,15 +346,13 @@ StepStats Trainer::step() {
     stats.step_s = step_clock.seconds();
     return stats;
   }
-  const float lr =
-      lr_at(step_, total_steps_, config_.lr, config_.lr_schedule, config_.warmup_steps);
   const double start = timeline_.now_us();
-  optimizer_->step(stage_.params(), stage_.grads(), stage_.param_count(), lr);
+  runner_->optimizer_step();
   ++step_;
   timeline_.add(SpanKind::kOptimizer, step_, -1, start, timeline_.now_us());
   Communicator* replicas = dp_comm();
   if (config_.check_replicas && replicas != nullptr && replicas->size() > 1) {
-    const int64_t mine = params_checksum(stage_.params(), stage_.param_count());
+    const int64_t mine = params_checksum(runner_->params(), spec_.param_count());
     std::vector<int64_t> all(replicas->size());
     replicas->all_gather(&mine, all.data(), 1, DataType::kInt64);
     for (int r = 0; r < replicas->size(); ++r)
@@ -377,29 +368,7 @@ StepStats Trainer::step() {
 }
 
 LossSum Trainer::evaluate_range(const Split& split, int64_t begin, int64_t end) {
-  LossSum total{};
-  const int classes = stage_.shape().num_classes();
-  const int chunk = stage_.max_batch();
-  for (int64_t at = begin; at < end; at += chunk) {
-    const int count = static_cast<int>(std::min<int64_t>(chunk, end - at));
-    const float* x = &split.x[static_cast<size_t>(at) * split.dim];
-    if (!stage_.is_first()) {
-      receive(eval_x_.data(), static_cast<size_t>(count) * stage_.in_width(), layout_.stage - 1);
-      x = eval_x_.data();
-    }
-    const float* out = stage_.forward(x, count, 0);
-    if (!stage_.is_last()) {
-      pipe_group_
-          ->isend(out, static_cast<size_t>(count) * stage_.out_width(), DataType::kFloat32,
-                  layout_.stage + 1)
-          ->wait(pipe_group_->timeout());
-      continue;
-    }
-    const LossSum sum = softmax_xent_cpu(out, &split.y[at], count, classes, 0.0f, nullptr);
-    total.loss += sum.loss;
-    total.correct += sum.correct;
-  }
-  return total;
+  return runner_->evaluate(split, begin, end);
 }
 
 EvalResult Trainer::evaluate(const Split& split) {
@@ -414,7 +383,7 @@ EvalResult Trainer::evaluate(const Split& split) {
     const int64_t end = split.n * (layout_.replica + 1) / layout_.replicas;
     const LossSum shard = evaluate_range(split, begin, end);
     double sums[2] = {shard.loss, static_cast<double>(shard.correct)};
-    sum_over_ranks(comm_, sums, 2);
+    sum_over_ranks(host_comm(), sums, 2);
     sum.loss = sums[0];
     sum.correct = static_cast<int>(sums[1]);
   }
@@ -464,55 +433,55 @@ void check_outputs_writable(const TrainConfig& config) {
 }
 
 void Trainer::check_finite_params(const char* before) {
-  const float* p = stage_.params();
-  size_t bad = stage_.param_count();
-  for (size_t i = 0; i < stage_.param_count() && bad == stage_.param_count(); ++i)
+  const std::vector<float> p = runner_->get_params();
+  size_t bad = p.size();
+  for (size_t i = 0; i < p.size() && bad == p.size(); ++i)
     if (!std::isfinite(p[i])) bad = i;
-  const bool mine = bad < stage_.param_count();
+  const bool mine = bad < p.size();
   // Replicas hold the same weights; stages are asked so that every rank stops alike.
   if (!any_rank(mine)) return;
   DDP_CHECK(!mine,
             "after step {}: non-finite weight {} at index {} on rank {}; stopped before {} "
             "(lower --lr or check the data)",
-            step_, p[bad], stage_.param_offset() + bad, rank_, before);
+            step_, mine ? p[bad] : 0.0f, spec_.param_offset() + bad, rank_, before);
   DDP_CHECK(false, "after step {}: non-finite weight on another stage; stopped before {}", step_,
             before);
 }
 
-void Trainer::gather_model(std::vector<float>* params,
-                           std::vector<std::pair<std::string, std::vector<float>>>* state) {
-  const auto named = optimizer_->state();
+void Trainer::gather_model(std::vector<float>* params, NamedState* state) {
   if (layout_.stages == 1) {
     if (!lead()) return;
-    params->assign(stage_.params(), stage_.params() + stage_.param_count());
-    for (const auto& [name, buffer] : named)
-      state->emplace_back(name, *buffer);
+    *params = runner_->get_params();
+    *state = runner_->optimizer_state();
     return;
   }
   if (layout_.replica != 0) return;  // replicas hold the same weights as replica 0
   // Replica 0's stages send their parameters and state to stage 0 (rank 0), in stage order.
-  const size_t offset = stage_.param_offset();
-  const size_t count = stage_.param_count();
+  const size_t offset = spec_.param_offset();
+  const size_t count = spec_.param_count();
+  const std::vector<float> mine = runner_->get_params();
+  const NamedState named = runner_->optimizer_state();
+  Communicator* pipe = host_pipe();
   if (layout_.stage > 0) {
-    pipe_group_->send(stage_.params(), count, DataType::kFloat32, 0);
+    pipe->send(mine.data(), count, DataType::kFloat32, 0);
     for (const auto& entry : named)
-      pipe_group_->send(entry.second->data(), count, DataType::kFloat32, 0);
+      pipe->send(entry.second.data(), count, DataType::kFloat32, 0);
     return;
   }
-  const MlpShape& shape = stage_.shape();
+  const MlpShape& shape = spec_.shape;
   params->assign(shape.param_count(), 0.0f);
-  std::copy_n(stage_.params(), count, params->begin() + offset);
-  for (const auto& [name, buffer] : named) {
+  std::copy_n(mine.begin(), count, params->begin() + offset);
+  for (const auto& [name, values] : named) {
     state->emplace_back(name, std::vector<float>(shape.param_count()));
-    std::copy_n(buffer->begin(), count, state->back().second.begin() + offset);
+    std::copy_n(values.begin(), count, state->back().second.begin() + offset);
   }
   for (int s = 1; s < layout_.stages; ++s) {
     const size_t begin = shape.layer(layout_.bounds[s]).weight_offset;
     const LayerSlice& last = shape.layer(layout_.bounds[s + 1] - 1);
     const size_t theirs = last.bias_offset + last.out - begin;
-    pipe_group_->recv(params->data() + begin, theirs, DataType::kFloat32, s);
+    pipe->recv(params->data() + begin, theirs, DataType::kFloat32, s);
     for (auto& entry : *state)
-      pipe_group_->recv(entry.second.data() + begin, theirs, DataType::kFloat32, s);
+      pipe->recv(entry.second.data() + begin, theirs, DataType::kFloat32, s);
   }
 }
 
@@ -522,11 +491,11 @@ void Trainer::save_checkpoint_now() {
   gather_model(&c.params, &c.optimizer_state);
   if (lead()) {
     c.step = step_;
-    c.optimizer_steps = optimizer_->steps();
+    c.optimizer_steps = runner_->optimizer_steps();
     c.optimizer = config_.optimizer.kind == OptimizerKind::kAdamW ? "adamw" : "sgd";
     c.batch_size = config_.batch_size;
     c.settings = settings();
-    save_checkpoint(config_.checkpoint_dir, stage_.shape(), c, config_.keep_checkpoints);
+    save_checkpoint(config_.checkpoint_dir, spec_.shape, c, config_.keep_checkpoints);
     spdlog::info("checkpoint at step {} written to {}", step_,
                  checkpoint_path(config_.checkpoint_dir));
   }
@@ -540,7 +509,7 @@ void Trainer::write_pipeline_record(MetricsWriter& metrics, int64_t step, double
   // share is known; the bubble is the mean idle fraction.
   const double mine[2] = {busy_s, step_s};
   std::vector<double> all(2 * static_cast<size_t>(ranks_));
-  comm_->all_gather(mine, all.data(), 2, DataType::kFloat64);
+  host_comm()->all_gather(mine, all.data(), 2, DataType::kFloat64);
   if (!lead()) return;
   nlohmann::json busy = nlohmann::json::array();
   nlohmann::json idle = nlohmann::json::array();
@@ -578,7 +547,7 @@ void Trainer::write_timeline() {
   if (timeline_.dropped() > 0)
     spdlog::warn("--timeline: kept the first {} spans, {} more not recorded",
                  timeline_.spans().size(), timeline_.dropped());
-  const std::vector<std::vector<Span>> all = gather_spans(comm_, timeline_.spans());
+  const std::vector<std::vector<Span>> all = gather_spans(host_comm(), timeline_.spans());
   if (!lead()) return;
   std::vector<std::string> names;
   for (int r = 0; r < ranks_; ++r) {
@@ -627,7 +596,10 @@ TrainResult Trainer::run(MetricsWriter* metrics_in) {
     busy_s += stats.busy_s;
     step_s += stats.step_s;
     if (step_ % config_.log_every == 0 || step_ == total_steps_) {
-      sum_over_ranks(comm_, window, 3);  // the same sums on every rank: all decide alike
+      const LossSum kept = runner_->take_loss();  // the GPU's, kept on the device
+      window[0] += kept.loss;
+      window[1] += kept.correct;
+      sum_over_ranks(host_comm(), window, 3);  // the same sums on every rank: all decide alike
       DDP_CHECK(std::isfinite(window[0]),
                 "steps up to {}: non-finite loss on rank {}; stopped before any checkpoint or "
                 "weights were written (lower --lr or check the data)",
@@ -644,8 +616,8 @@ TrainResult Trainer::run(MetricsWriter* metrics_in) {
       const int64_t end = data_.test.n * (layout_.replica + 1) / layout_.replicas;
       const LossSum shard = evaluate_range(data_.test, begin, end);
       double sums[3] = {shard.loss, static_cast<double>(shard.correct),
-                        stage_.is_last() ? static_cast<double>(end - begin) : 0.0};
-      sum_over_ranks(comm_, sums, 3);
+                        spec_.is_last() ? static_cast<double>(end - begin) : 0.0};
+      sum_over_ranks(host_comm(), sums, 3);
       progress.evaluation(step_, sums[0], static_cast<int64_t>(sums[1]),
                           static_cast<int64_t>(sums[2]));
     }
@@ -660,7 +632,7 @@ TrainResult Trainer::run(MetricsWriter* metrics_in) {
     // The engine's own count of the most activations a stage held, for every rank.
     const int64_t mine = peak_live_;
     std::vector<int64_t> peaks(ranks_);
-    comm_->all_gather(&mine, peaks.data(), 1, DataType::kInt64);
+    host_comm()->all_gather(&mine, peaks.data(), 1, DataType::kInt64);
     metrics.write({{"event", "pipeline_summary"},
                    {"stages", layout_.stages},
                    {"replicas", layout_.replicas},
@@ -677,10 +649,10 @@ TrainResult Trainer::run(MetricsWriter* metrics_in) {
   if (!config_.save_weights.empty()) {
     check_finite_params("writing --save-weights");
     std::vector<float> params;
-    std::vector<std::pair<std::string, std::vector<float>>> state;
+    NamedState state;
     gather_model(&params, &state);
     if (lead()) {
-      save_mlp_weights(config_.save_weights, stage_.shape(), params.data());
+      save_mlp_weights(config_.save_weights, spec_.shape, params.data());
       spdlog::info("weights written to {}", config_.save_weights);
     }
   }

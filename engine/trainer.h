@@ -1,8 +1,9 @@
-// Trainer: the training loop on the CPU, alone, as one data-parallel rank, as one pipeline
-// stage, or both (dp x pp): sampler -> this replica's slice of each micro-batch -> the
-// stage's schedule of forwards, backwards and activation/gradient transfers (bucket
-// all-reduces over the stage's data-parallel group started as layers finish on the last
-// micro-batch) -> optimizer -> metrics, checkpoints; evaluation on the test split.
+// Trainer: the training loop, alone, as one data-parallel rank, as one pipeline stage, or
+// both (dp x pp), on the CPU or (a pipeline) on the GPU through its StageRunner: sampler -> this
+// replica's slice of each micro-batch -> the stage's schedule of forwards, backwards and
+// activation/gradient transfers (bucket all-reduces over the stage's data-parallel group started as
+// layers finish on the last micro-batch) -> optimizer -> metrics, checkpoints; evaluation on the
+// test split.
 #pragma once
 
 #include <cstdint>
@@ -16,9 +17,9 @@
 #include "engine/metrics.h"
 #include "engine/pipeline/schedule.h"
 #include "engine/sampler.h"
+#include "engine/stage_runner.h"
 #include "engine/timeline.h"
 #include "models/dataset.h"
-#include "models/mlp_cpu.h"
 
 namespace ddp {
 
@@ -72,10 +73,12 @@ class Trainer {
   // config.metrics), checkpoints, evaluates, saves weights (rank 0).
   TrainResult run(MetricsWriter* metrics = nullptr);
 
-  const MlpShape& shape() const { return stage_.shape(); }
-  // This rank's stage's parameters (the whole model without a pipeline).
-  const float* params() const { return stage_.params(); }
-  float* params() { return stage_.params(); }
+  const MlpShape& shape() const { return spec_.shape; }
+  // This rank's stage's parameters (the whole model without a pipeline), where its device
+  // keeps them (host memory on the CPU); stage_params() copies them to the host.
+  const float* params() const { return runner_->params(); }
+  float* params() { return runner_->params(); }
+  std::vector<float> stage_params() { return runner_->get_params(); }
   const Ddp* ddp() const { return ddp_.get(); }
   int64_t resumed_from() const { return resumed_from_; }
   const PipelineLayout& layout() const { return layout_; }
@@ -83,12 +86,8 @@ class Trainer {
   int peak_live_activations() const { return peak_live_; }
 
  private:
-  // Samples [begin, begin + count) of the stream into row `row` on of the batch buffers.
-  void gather_batch(int64_t begin, int count, int row);
   // Runs this stage's actions for one step (every micro-batch); fills stats.
   void run_schedule(StepStats* stats);
-  // Blocking receive from the neighbouring stage `peer` (pipeline group).
-  void receive(float* buffer, size_t count, int peer);
   // The whole model's parameters and optimizer state on rank 0 (empty elsewhere);
   // collective over replica 0's pipeline.
   void gather_model(std::vector<float>* params,
@@ -99,6 +98,10 @@ class Trainer {
   void write_pipeline_record(MetricsWriter& metrics, int64_t step, double busy_s, double step_s);
   void write_timeline();
   Communicator* dp_comm() { return dp_group_ ? dp_group_.get() : comm_; }
+  // The world and the pipeline group for host buffers (bookkeeping): themselves on the CPU,
+  // views staged through device memory when the communicators are NCCL's.
+  Communicator* host_comm() { return host_world_ ? host_world_.get() : comm_; }
+  Communicator* host_pipe() { return host_pipe_ ? host_pipe_.get() : pipe_group_.get(); }
   void save_checkpoint_now();
   RunSettings settings() const;  // what a checkpoint records besides the model
   // Throws (exit 1) when a weight is NaN or Inf, naming the step; `before` says what is
@@ -115,10 +118,12 @@ class Trainer {
   int micro_batches_ = 1;
   int local_batch_ = 0;                       // samples per replica per micro-batch
   std::unique_ptr<Communicator> pipe_group_;  // this replica's stages (pp > 1)
+  std::unique_ptr<Communicator> grad_group_;  // the same ranks again, for gradients (GPU)
   std::unique_ptr<Communicator> dp_group_;    // this stage's replicas (pp > 1, dp > 1)
-  std::vector<PipelineAction> actions_;       // this stage's schedule of a step
-  CpuStage stage_;
-  std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<Communicator> host_world_, host_pipe_;  // host views (device communicators)
+  std::vector<PipelineAction> actions_;                   // this stage's schedule of a step
+  StageSpec spec_;
+  std::unique_ptr<StageRunner> runner_;
   std::unique_ptr<Ddp> ddp_;
   Sampler sampler_;
   int64_t total_steps_ = 0;
@@ -127,14 +132,7 @@ class Trainer {
   int64_t resumed_from_ = -1;
   int peak_live_ = 0;
   TimelineRecorder timeline_;
-  std::vector<int32_t> batch_indices_;
-  std::vector<float> batch_x_;      // [micro_batches * local_batch, input width] (first stage)
-  std::vector<int32_t> batch_y_;    // [micro_batches * local_batch]
-  std::vector<float> received_x_;   // activations from the previous stage, per micro-batch
-  std::vector<float> sent_x_;       // activations to the next stage, per micro-batch
-  std::vector<float> received_dy_;  // gradient from the next stage (or of the loss)
-  std::vector<float> sent_dx_;      // gradients to the previous stage, per micro-batch
-  std::vector<float> eval_x_;       // evaluation: a chunk from the previous stage
+  std::vector<int32_t> batch_indices_;  // this replica's samples of every micro-batch
 };
 
 // Checks before any training that every output this rank will write can be written:

@@ -34,7 +34,8 @@ __global__ void gather_kernel(const float* x, const int32_t* y, int dim, const i
   const size_t offset = counter ? static_cast<size_t>(*counter) * stride : 0;
   const int row = blockIdx.x;
   const int32_t src = indices[offset + row];
-  if (threadIdx.x == 0) y_out[row] = y[src];
+  if (threadIdx.x == 0 && y_out != nullptr) y_out[row] = y[src];
+  if (x_out == nullptr) return;
   const float* in = x + static_cast<size_t>(src) * dim;
   for (int d = threadIdx.x; d < dim; d += blockDim.x)
     store(x_out, static_cast<size_t>(row) * dim + d, in[d], bf16);

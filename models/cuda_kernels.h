@@ -22,7 +22,8 @@ struct OptStep {
 // x_out[i, :] = x[indices[*counter * stride + i], :], y_out[i] = y[same] for i < batch;
 // counter may be null (offset 0). `stride` is the samples of one step (batch, or the
 // micro-batches' sum with gradient accumulation, `indices` then pointing at a micro-batch's
-// first index). x_out is float or bf16.
+// first index). x_out is float or bf16. Either output may be null (not gathered; its input
+// may then be null too: a pipeline's last stage needs only the labels).
 void launch_gather_batch(const float* x, const int32_t* y, int dim, const int32_t* indices,
                          const int* counter, int stride, int batch, void* x_out, bool bf16,
                          int32_t* y_out, cudaStream_t stream);

@@ -209,9 +209,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadLayout{"PartitionStagesDiffer", 1, "--pp 3 --partition 0-1,2-3",
                   "--partition 0-1,2-3: names 2 stages but --pp is 3"},
         BadLayout{"AccumulateWithPipeline", 1, "--pp 2 --accumulate 2",
-                  "--accumulate 2 with --pp 2: a pipeline accumulates over --micro-batches"},
-        BadLayout{"PipelineOnTheGpu", 1, "--pp 2 --device cuda",
-                  "--pp 2 --device cuda: pipeline stages run on the CPU in this version"}));
+                  "--accumulate 2 with --pp 2: a pipeline accumulates over --micro-batches"}));
 
 TEST(Pipeline, KilledStageIsNamedAndTheOthersStopWithinTheGracePeriod) {
   if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";

@@ -1,0 +1,126 @@
+// What the trainer asks of the device that runs its pipeline stage: per micro-batch the
+// stage's forward, loss and backward (activations kept in slots), the transfers to its
+// neighbouring stages, the optimizer, and host copies of its weights for checkpoints. The
+// trainer's one schedule executor (Trainer::run_schedule) drives either runner: the CPU one
+// (CpuStage, OpenBLAS, Gloo or MPI) or the GPU one (CudaStage, cuBLASLt, NCCL, the step
+// captured in a CUDA graph).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "collectives/communicator.h"
+#include "engine/config.h"
+#include "models/cpu_ops.h"
+#include "models/dataset.h"
+#include "models/mlp.h"
+
+namespace ddp {
+
+class Ddp;
+
+// Which layers a rank runs and how a step is cut.
+struct StageSpec {
+  MlpShape shape;
+  int first = 0;  // layers [first, end)
+  int end = 0;
+  int stage = 0;  // index in the pipeline, and how many stages it has
+  int stages = 1;
+  int micro_batches = 1;  // per step
+  int batch = 0;          // samples of one micro-batch on this replica
+  int max_batch = 0;      // the largest chunk forwarded at once (evaluation)
+  int slots = 1;          // micro-batches whose activations are held at once
+  bool is_first() const { return first == 0; }
+  bool is_last() const { return end == shape.num_layers(); }
+  int in_width() const { return shape.widths()[first]; }
+  int out_width() const { return shape.widths()[end]; }
+  size_t param_offset() const { return shape.layer(first).weight_offset; }
+  size_t param_count() const {
+    const LayerSlice& last = shape.layer(end - 1);
+    return last.bias_offset + last.out - param_offset();
+  }
+};
+
+using NamedState = std::vector<std::pair<std::string, std::vector<float>>>;
+
+class StageRunner {
+ public:
+  virtual ~StageRunner() = default;
+  virtual bool on_gpu() const = 0;
+
+  // The stage's flat parameters and gradients where the data-parallel communicator takes
+  // them (host or device memory); params_changed() after something wrote the parameters
+  // there (a broadcast).
+  virtual float* params() = 0;
+  virtual float* grads() = 0;
+  virtual void params_changed() {}
+  // Sets up data parallelism over the stage's replicas: the model check (collective) and,
+  // where asked, bf16 gradients.
+  virtual void prepare_ddp(Ddp& ddp, uint64_t fingerprint, const std::string& description) = 0;
+  // The stream that Ddp::finish makes wait (GPU), or null.
+  virtual void* stream() { return nullptr; }
+
+  // Host copies of the stage's parameters and optimizer state (its slice of the model).
+  virtual std::vector<float> get_params() = 0;
+  virtual void set_params(const float* host) = 0;
+  virtual NamedState optimizer_state() = 0;
+  virtual void set_optimizer_state(const NamedState& state, int64_t steps) = 0;
+  virtual int64_t optimizer_steps() const = 0;
+
+  // A step: begin_step with this replica's samples of every micro-batch (micro-batch after
+  // micro-batch, batch each) and the optimizer's learning rate; then, inside run_step's
+  // `enqueue`, the schedule's actions, end_schedule() and optimizer_step().
+  virtual void begin_step(const int32_t* indices, int64_t step, float lr) = 0;
+  virtual void recv_activation(int micro, int slot) = 0;
+  virtual void forward(int micro, int slot) = 0;
+  virtual void send_activation(int micro, int slot) = 0;
+  virtual void recv_gradient(int micro, int slot) = 0;
+  // Last stage: the loss of the micro-batch and its gradient (scaled) for backward. The CPU
+  // returns the sums; the GPU keeps them on the device (take_loss) and returns zeros.
+  virtual LossSum loss(int micro, int slot, float grad_scale) = 0;
+  virtual void backward(int micro, int slot, bool accumulate,
+                        const std::function<void(int)>& on_layer_done) = 0;
+  virtual void send_gradient(int micro, int slot) = 0;
+  // Every send of the step complete (host: waited; GPU: the stream waits for them).
+  virtual void end_schedule() = 0;
+  // Whether any gradient is NaN or Inf (host runners; the GPU stops on the loss instead).
+  virtual bool grads_nonfinite() = 0;
+  virtual void optimizer_step() = 0;
+  // Runs `enqueue` (the CPU: at once). The GPU: the first step eagerly, the second captured
+  // in a CUDA graph, later ones replayed from it without calling `enqueue`; then waits for
+  // the step, bounded by --timeout.
+  virtual void run_step(int64_t step, const std::function<void()>& enqueue) {
+    (void)step;
+    enqueue();
+  }
+  // The device's compute time (forwards and backwards) of the last step, in seconds, or -1
+  // when the host's clock measured it (the CPU).
+  virtual double last_busy_s() const { return -1; }
+  // Training loss sums kept on the device since the last call (the CPU keeps none).
+  virtual LossSum take_loss() { return {}; }
+  // Loss sum and hits over samples [begin, end) of `split`, forwarded through the pipeline
+  // in chunks of max_batch: the last stage's sums, zero on the others.
+  virtual LossSum evaluate(const Split& split, int64_t begin, int64_t end) = 0;
+};
+
+// The neighbours a stage talks to: activations go forward on `activations`, gradients back
+// on `gradients` (the same communicator on the CPU; two on the GPU, so that NCCL's queue of
+// forward transfers never waits behind a backward one). Null without a pipeline.
+struct StageLinks {
+  Communicator* activations = nullptr;
+  Communicator* gradients = nullptr;
+};
+
+std::unique_ptr<StageRunner> make_cpu_runner(const StageSpec& spec, const TrainConfig& config,
+                                             const Dataset& data, StageLinks links);
+// Only with CUDA (else a UsageError that says so). `world` names a stuck step in messages;
+// `abort_all` aborts every communicator of the job when a step stalls past --timeout.
+std::unique_ptr<StageRunner> make_gpu_runner(const StageSpec& spec, const TrainConfig& config,
+                                             const Dataset& data, StageLinks links,
+                                             Communicator* world, std::function<void()> abort_all);
+
+}  // namespace ddp

@@ -1,0 +1,323 @@
+// The GPU runner: CudaStage on the compute stream; activations and gradients to the
+// neighbouring stages over NCCL (each direction on its own communicator, so neither queue
+// waits behind the other), made to wait for by the stream, never by the host; the step's
+// samples and optimizer scalars uploaded before it runs, so that the step itself (gather,
+// forwards, backwards, transfers, the data-parallel all-reduces, the optimizer) is captured
+// once in a CUDA graph and replayed. The host waits for each step, bounded by --timeout.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include <spdlog/spdlog.h>
+
+#include "engine/ddp.h"
+#include "engine/stage_runner.h"
+#include "engine/step_watchdog.h"
+#include "models/mlp_stage_cuda.h"
+#include "runtime/cuda_check.h"
+#include "runtime/error.h"
+
+namespace ddp {
+
+namespace {
+
+void copy_to_device(void* dst, const void* src, size_t bytes) {
+  DDP_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+}
+void copy_to_host(void* dst, const void* src, size_t bytes) {
+  DDP_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+}
+
+// Inside a capture, an event recorded as an external node is recorded at every replay.
+void record(cudaEvent_t event, cudaStream_t stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  DDP_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture == cudaStreamCaptureStatusNone)
+    DDP_CUDA_CHECK(cudaEventRecord(event, stream));
+  else
+    DDP_CUDA_CHECK(cudaEventRecordWithFlags(event, stream, cudaEventRecordExternal));
+}
+
+class GpuRunner final : public StageRunner {
+ public:
+  GpuRunner(const StageSpec& spec, const TrainConfig& config, const Dataset& data, StageLinks links,
+            Communicator* world, std::function<void()> abort_all)
+      : spec_(spec),
+        config_(config),
+        links_(links),
+        stage_(spec.shape, spec.first, spec.end, spec.max_batch, spec.slots, config.optimizer,
+               stage_options(config)),
+        act_type_(stage_.bf16() ? DataType::kBFloat16 : DataType::kFloat32) {
+    const size_t rows = static_cast<size_t>(spec.micro_batches) * spec.batch;
+    indices_ = DeviceBuffer<int32_t>(rows, MemoryCategory::kOther);
+    pinned_indices_ = PinnedBuffer<int32_t>(rows);
+    opt_step_ = DeviceBuffer<OptStep>(1, MemoryCategory::kOther);
+    pinned_step_ = PinnedBuffer<OptStep>(1);
+    // The stages that read the data hold the training split on the device.
+    upload(data.train, &train_x_, &train_y_);
+    act_sent_.resize(spec.slots);
+    grad_sent_.resize(spec.slots);
+    for (int i = 0; i < 2 * spec.micro_batches; ++i) {
+      busy_start_.push_back(std::make_unique<CudaEvent>(true));
+      busy_end_.push_back(std::make_unique<CudaEvent>(true));
+    }
+    for (Communicator* c : {links.activations, links.gradients})
+      if (c != nullptr) c->set_compute_stream(stage_.stream());
+    if (world != nullptr && world->size() > 1)
+      watchdog_ = std::make_unique<StepWatchdog>(
+          stage_.stream(), config.timeout,
+          abort_on_stall(world, std::move(abort_all), config.timeout));
+    spdlog::info("stage {}: layers {}-{} on the GPU, {} activation slots; memory: {}", spec.stage,
+                 spec.first, spec.end - 1, spec.slots, stage_.memory_report());
+  }
+
+  ~GpuRunner() override {
+    cudaStreamSynchronize(stage_.stream());
+    if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
+    if (graph_) cudaGraphDestroy(graph_);
+  }
+
+  bool on_gpu() const override { return true; }
+  float* params() override { return stage_.params(); }
+  float* grads() override { return stage_.grads(); }
+  void params_changed() override { stage_.refresh_low_precision_params(); }
+  void* stream() override { return stage_.stream(); }
+  void prepare_ddp(Ddp& ddp, uint64_t fingerprint, const std::string& description) override {
+    ddp.comm().set_compute_stream(stage_.stream());
+    ddp.set_device_copies(copy_to_device, copy_to_host);
+    DeviceBuffer<int64_t> scratch(static_cast<size_t>(ddp.comm().size()) + 1,
+                                  MemoryCategory::kOther);
+    ddp.check_same_layout(fingerprint, description, scratch.data());
+    if (config_.grad_reduce == GradReduce::kBf16) {
+      bf16_grads_ = DeviceBuffer<uint16_t>(spec_.param_count(), MemoryCategory::kGradients);
+      ddp.reduce_in_bf16(bf16_grads_.data());
+    }
+  }
+
+  std::vector<float> get_params() override {
+    std::vector<float> host(stage_.param_count());
+    stage_.get_params(host.data());
+    return host;
+  }
+  void set_params(const float* host) override { stage_.set_params(host); }
+  NamedState optimizer_state() override { return stage_.get_optimizer_state(); }
+  void set_optimizer_state(const NamedState& state, int64_t steps) override {
+    stage_.set_optimizer_state(state);
+    optimizer_steps_ = steps;
+  }
+  int64_t optimizer_steps() const override { return optimizer_steps_; }
+
+  void begin_step(const int32_t* indices, int64_t step, float lr) override {
+    (void)step;
+    // The previous step has finished (run_step waits), so the pinned buffers are free.
+    cudaStream_t s = stage_.stream();
+    if (spec_.is_first() || spec_.is_last()) {
+      std::copy_n(indices, pinned_indices_.count(), pinned_indices_.data());
+      DDP_CUDA_CHECK(cudaMemcpyAsync(indices_.data(), pinned_indices_.data(), indices_.bytes(),
+                                     cudaMemcpyHostToDevice, s));
+    }
+    // The optimizer's scalars for its step t = optimizer_steps_ + 1, as the one-GPU loop's.
+    OptStep& o = *pinned_step_.data();
+    const double t = static_cast<double>(optimizer_steps_ + 1);
+    o.lr = lr;
+    o.first = optimizer_steps_ == 0;
+    o.step_size = static_cast<float>(lr / (1.0 - std::pow(double{config_.optimizer.beta1}, t)));
+    o.bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(double{config_.optimizer.beta2}, t)));
+    DDP_CUDA_CHECK(cudaMemcpyAsync(opt_step_.data(), pinned_step_.data(), sizeof(OptStep),
+                                   cudaMemcpyHostToDevice, s));
+    busy_marks_ = 0;
+  }
+  void recv_activation(int micro, int slot) override {
+    (void)micro;
+    wait_for(&act_sent_[slot]);  // the slot's output may still be on its way out
+    links_.activations
+        ->irecv(stage_.input(slot), count(spec_.in_width()), act_type_, spec_.stage - 1)
+        ->then_on(stage_.stream());
+  }
+  void forward(int micro, int slot) override {
+    wait_for(&act_sent_[slot]);
+    busy_begin();
+    if (spec_.is_first() || spec_.is_last())
+      stage_.gather(train_x_.data(), train_y_.data(), spec_.shape.input_width(),
+                    indices_.data() + static_cast<size_t>(micro) * spec_.batch, spec_.batch, slot);
+    stage_.forward(slot, spec_.batch);
+    busy_end();
+  }
+  void send_activation(int micro, int slot) override {
+    (void)micro;
+    act_sent_[slot] = links_.activations->isend(stage_.output(slot), count(spec_.out_width()),
+                                                act_type_, spec_.stage + 1);
+  }
+  void recv_gradient(int micro, int slot) override {
+    (void)micro;
+    links_.gradients
+        ->irecv(stage_.grad_output(slot), count(spec_.out_width()), act_type_, spec_.stage + 1)
+        ->then_on(stage_.stream());
+  }
+  LossSum loss(int micro, int slot, float grad_scale) override {
+    (void)micro;
+    stage_.loss(slot, spec_.batch, grad_scale);
+    return {};
+  }
+  void backward(int micro, int slot, bool accumulate,
+                const std::function<void(int)>& on_layer_done) override {
+    (void)micro;
+    wait_for(&grad_sent_[slot]);  // grad_input(slot) of an earlier micro-batch is sent
+    busy_begin();
+    stage_.backward(slot, spec_.batch, accumulate, on_layer_done);
+    busy_end();
+  }
+  void send_gradient(int micro, int slot) override {
+    (void)micro;
+    grad_sent_[slot] = links_.gradients->isend(stage_.grad_input(slot), count(spec_.in_width()),
+                                               act_type_, spec_.stage - 1);
+  }
+  void end_schedule() override {
+    for (auto* sent : {&act_sent_, &grad_sent_})
+      for (auto& work : *sent)
+        wait_for(&work);
+  }
+  bool grads_nonfinite() override { return false; }
+  void optimizer_step() override {
+    stage_.optimizer_step(opt_step_.data());
+    ++optimizer_steps_;
+  }
+  void run_step(int64_t step, const std::function<void()>& enqueue) override {
+    const bool use_graph = config_.cuda_graph && !config_.sync_debug;
+    if (!use_graph || steps_run_ == 0) {
+      enqueue();
+    } else {
+      if (graph_exec_ == nullptr) {
+        DDP_CUDA_CHECK(cudaStreamBeginCapture(stage_.stream(), cudaStreamCaptureModeThreadLocal));
+        enqueue();
+        DDP_CUDA_CHECK(cudaStreamEndCapture(stage_.stream(), &graph_));
+        DDP_CUDA_CHECK(cudaGraphInstantiate(&graph_exec_, graph_, 0));
+        captured_marks_ = busy_marks_;
+        if (spec_.stage == 0) spdlog::info("pipeline step captured in a CUDA graph");
+      } else {
+        ++optimizer_steps_;             // the replayed step's optimizer, counted as enqueue() would
+        busy_marks_ = captured_marks_;  // its events, recorded again by the replay
+      }
+      DDP_CUDA_CHECK(cudaGraphLaunch(graph_exec_, stage_.stream()));
+    }
+    ++steps_run_;
+    last_step_ = step + 1;
+    if (watchdog_) {
+      watchdog_->mark(step + 1);
+      watchdog_->wait_idle();
+    } else {
+      DDP_CUDA_CHECK(cudaStreamSynchronize(stage_.stream()));
+    }
+  }
+  double last_busy_s() const override {
+    double ms_total = 0;
+    for (int i = 0; i < busy_marks_; ++i) {
+      float ms = 0;
+      DDP_CUDA_CHECK(cudaEventElapsedTime(&ms, busy_start_[i]->get(), busy_end_[i]->get()));
+      ms_total += ms;
+    }
+    return ms_total / 1e3;
+  }
+  LossSum take_loss() override {
+    if (watchdog_) watchdog_->wait_idle();
+    return stage_.take_sums(false);
+  }
+  LossSum evaluate(const Split& split, int64_t begin, int64_t end) override {
+    if (&split != eval_split_) {
+      upload(split, &eval_x_, &eval_y_);
+      eval_split_ = &split;
+    }
+    cudaStream_t s = stage_.stream();
+    const int chunk = spec_.max_batch;
+    for (int64_t at = begin; at < end; at += chunk) {
+      const int n = static_cast<int>(std::min<int64_t>(chunk, end - at));
+      const size_t in = static_cast<size_t>(n) * spec_.in_width();
+      if (spec_.is_first())
+        stage_.set_input(eval_x_.data() + static_cast<size_t>(at) * split.dim, n, 0);
+      else
+        links_.activations->irecv(stage_.input(0), in, act_type_, spec_.stage - 1)->then_on(s);
+      stage_.forward(0, n);
+      if (spec_.is_last())
+        stage_.loss(0, n, 0.0f, eval_y_.data() + at, /*evaluation=*/true);
+      else
+        links_.activations
+            ->isend(stage_.output(0), static_cast<size_t>(n) * spec_.out_width(), act_type_,
+                    spec_.stage + 1)
+            ->then_on(s);
+    }
+    if (watchdog_) {
+      watchdog_->mark(last_step_);
+      watchdog_->wait_idle();
+    }
+    return stage_.take_sums(true);
+  }
+
+ private:
+  static CudaStageOptions stage_options(const TrainConfig& config) {
+    CudaStageOptions options;
+    options.precision = config.precision;
+    options.fused_epilogues = config.fused_epilogues;
+    options.sync_debug = config.sync_debug;
+    return options;
+  }
+  size_t count(int width) const { return static_cast<size_t>(spec_.batch) * width; }
+  void wait_for(std::unique_ptr<Work>* work) {
+    if (*work) (*work)->then_on(stage_.stream());
+    work->reset();
+  }
+  // The split's features (first stage) and labels (last stage) on the device.
+  void upload(const Split& split, DeviceBuffer<float>* x, DeviceBuffer<int32_t>* y) {
+    if (spec_.is_first() && split.n > 0) {
+      *x = DeviceBuffer<float>(split.x.size(), MemoryCategory::kData);
+      copy_to_device(x->data(), split.x.data(), x->bytes());
+    }
+    if (spec_.is_last() && split.n > 0) {
+      *y = DeviceBuffer<int32_t>(split.y.size(), MemoryCategory::kData);
+      copy_to_device(y->data(), split.y.data(), y->bytes());
+    }
+  }
+  void busy_begin() { record(busy_start_[busy_marks_]->get(), stage_.stream()); }
+  void busy_end() { record(busy_end_[busy_marks_++]->get(), stage_.stream()); }
+
+  StageSpec spec_;
+  TrainConfig config_;
+  StageLinks links_;
+  CudaStage stage_;
+  DataType act_type_;
+  DeviceBuffer<float> train_x_, eval_x_;
+  DeviceBuffer<int32_t> train_y_, eval_y_;
+  const Split* eval_split_ = nullptr;
+  DeviceBuffer<int32_t> indices_;
+  PinnedBuffer<int32_t> pinned_indices_;
+  DeviceBuffer<OptStep> opt_step_;
+  PinnedBuffer<OptStep> pinned_step_;
+  DeviceBuffer<uint16_t> bf16_grads_;
+  std::vector<std::unique_ptr<Work>> act_sent_, grad_sent_;  // by slot, until waited for
+  std::vector<std::unique_ptr<CudaEvent>> busy_start_, busy_end_;
+  int busy_marks_ = 0;      // busy spans recorded this step
+  int captured_marks_ = 0;  // and in the captured step
+  int64_t last_step_ = 0;
+  int64_t optimizer_steps_ = 0;
+  int64_t steps_run_ = 0;
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t graph_exec_ = nullptr;
+  std::unique_ptr<StepWatchdog> watchdog_;
+};
+
+}  // namespace
+
+std::unique_ptr<StageRunner> make_gpu_runner(const StageSpec& spec, const TrainConfig& config,
+                                             const Dataset& data, StageLinks links,
+                                             Communicator* world, std::function<void()> abort_all) {
+  DDP_USAGE_CHECK(!config.check_replicas, "--check-replicas: runs on the CPU path only so far");
+  DDP_USAGE_CHECK(config.on_nonfinite == OnNonfinite::kStop,
+                  "--on-nonfinite {}: runs on the CPU path only so far (the GPU path stops)",
+                  on_nonfinite_name(config.on_nonfinite));
+  DDP_USAGE_CHECK(config.timeline.empty(),
+                  "--timeline with --pp on the GPU: not in this version (the bubble figures are in "
+                  "--metrics; use --device cpu for a pipeline trace)");
+  return std::make_unique<GpuRunner>(spec, config, data, links, world, std::move(abort_all));
+}
+
+}  // namespace ddp

@@ -1,0 +1,95 @@
+// One cuBLASLt matrix product with its descriptors and candidate algorithms, chosen once
+// for fixed shapes, types, epilogue and pointers (the plans of CudaMlp and CudaStage).
+// Only built with CUDA.
+#pragma once
+
+#include <cublasLt.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "runtime/error.h"
+
+namespace ddp {
+
+// cublasGetStatusString lives in libcublas; cuBLASLt alone needs its own names.
+const char* lt_status_name(cublasStatus_t status);
+
+#define DDP_CUBLAS_CHECK(statement)                                            \
+  do {                                                                         \
+    const cublasStatus_t ddp_status_ = (statement);                            \
+    DDP_CHECK(ddp_status_ == CUBLAS_STATUS_SUCCESS, "cuBLASLt error {} in {}", \
+              ::ddp::lt_status_name(ddp_status_), #statement);                 \
+  } while (0)
+
+inline int64_t round_up(int64_t value, int64_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
+
+struct MatmulSpec {
+  bool trans_a = false, trans_b = false;
+  int64_t m = 0, n = 0, k = 0;
+  int64_t lda = 0, ldb = 0, ldd = 0;
+  cudaDataType_t a_type = CUDA_R_32F, b_type = CUDA_R_32F, d_type = CUDA_R_32F;
+  cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  const void* a = nullptr;
+  const void* b = nullptr;
+  void* d = nullptr;
+  void* bias = nullptr;  // bias (forward) or bias gradient (BGRAD)
+  void* aux = nullptr;
+  int64_t aux_ld = 0;
+  float beta = 0.0f;
+};
+
+// One matrix product with fixed pointers: descriptors and algorithm chosen once.
+class LtMatmul {
+ public:
+  LtMatmul(cublasLtHandle_t handle, const MatmulSpec& spec, size_t workspace_bytes);
+  ~LtMatmul() {
+    if (a_) cublasLtMatrixLayoutDestroy(a_);
+    if (b_) cublasLtMatrixLayoutDestroy(b_);
+    if (d_) cublasLtMatrixLayoutDestroy(d_);
+    if (desc_) cublasLtMatmulDescDestroy(desc_);
+  }
+  LtMatmul(const LtMatmul&) = delete;
+  LtMatmul& operator=(const LtMatmul&) = delete;
+
+  bool available() const { return available_; }
+  cublasLtEpilogue_t epilogue() const { return spec_.epilogue; }
+  // The heuristic's candidates, best first; run() uses the selected one (the first unless
+  // autotuning chose another).
+  size_t candidates() const { return algos_.size(); }
+  void select(size_t index) { chosen_ = index; }
+
+  void run(void* workspace, size_t workspace_bytes, cudaStream_t stream) const {
+    const float alpha = 1.0f;
+    DDP_CUBLAS_CHECK(cublasLtMatmul(handle_, desc_, &alpha, spec_.a, a_, spec_.b, b_, &spec_.beta,
+                                    spec_.d, d_, spec_.d, d_, &algos_[chosen_], workspace,
+                                    workspace_bytes, stream));
+  }
+  const MatmulSpec& spec() const { return spec_; }
+
+ private:
+  template <typename T>
+  void set(cublasLtMatmulDescAttributes_t attribute, const T& value) {
+    DDP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, attribute, &value, sizeof(value)));
+  }
+
+  cublasLtHandle_t handle_;
+  MatmulSpec spec_;
+  cublasLtMatmulDesc_t desc_ = nullptr;
+  cublasLtMatrixLayout_t a_ = nullptr, b_ = nullptr, d_ = nullptr;
+  static constexpr int kCandidates = 4;
+  std::vector<cublasLtMatmulAlgo_t> algos_;
+  size_t chosen_ = 0;
+  bool available_ = false;
+};
+
+// Builds the fused plan and, when cuBLASLt has no algorithm for it (or `fused` is false),
+// the plain one with `plain_epilogue`; throws when neither has an algorithm.
+std::unique_ptr<LtMatmul> make_plan(cublasLtHandle_t handle, MatmulSpec spec, size_t ws, bool fused,
+                                    cublasLtEpilogue_t plain_epilogue);
+
+}  // namespace ddp

@@ -1,0 +1,325 @@
+// CudaStage: the products as CudaMlp's (see mlp_cuda.cpp for the row-major/column-major
+// reading), per slot. Between stages the output is after its ReLU, so the stage that
+// receives a gradient applies its own last layer's ReLU derivative (a mask kernel), and a
+// stage's first layer sends its input gradient as is.
+#include "models/mlp_stage_cuda.h"
+
+#include <limits>
+
+#include "models/lt_matmul.h"
+#include "runtime/cuda_check.h"
+#include "runtime/error.h"
+
+namespace ddp {
+
+CudaStage::CudaStage(MlpShape shape, int first, int end, int max_batch, int slots,
+                     const OptimizerConfig& optimizer, const CudaStageOptions& options)
+    : shape_(std::move(shape)),
+      first_(first),
+      end_(end),
+      max_batch_(max_batch),
+      optimizer_(optimizer),
+      options_(options) {
+  DDP_CHECK(first >= 0 && first < end && end <= shape_.num_layers(),
+            "stage layers [{}, {}) of {} layers", first, end, shape_.num_layers());
+  DDP_CHECK(slots >= 1 && max_batch >= 1, "stage with {} slots of {} samples", slots, max_batch);
+  DDP_CUBLAS_CHECK(cublasLtCreate(&lt_));
+  const LayerSlice& last = shape_.layer(end - 1);
+  const size_t count = last.bias_offset + last.out - param_offset();
+  params_ = DeviceBuffer<float>(count, MemoryCategory::kParameters);
+  grads_ = DeviceBuffer<float>(count, MemoryCategory::kGradients);
+  if (optimizer.kind == OptimizerKind::kAdamW) {
+    state_a_ = DeviceBuffer<float>(count, MemoryCategory::kOptimizerState);
+    state_b_ = DeviceBuffer<float>(count, MemoryCategory::kOptimizerState);
+  } else if (optimizer.momentum != 0.0f) {
+    state_a_ = DeviceBuffer<float>(count, MemoryCategory::kOptimizerState);
+  }
+  for (DeviceBuffer<float>* state : {&state_a_, &state_b_})
+    if (state->count() > 0)
+      DDP_CUDA_CHECK(cudaMemsetAsync(state->data(), 0, state->bytes(), stream()));
+  if (bf16()) params16_ = DeviceBuffer<uint16_t>(count, MemoryCategory::kParameters);
+  const size_t rows = static_cast<size_t>(max_batch);
+  int widest = 1;
+  for (int i = first; i < end; ++i) {
+    aux_ld_.push_back(round_up(shape_.layer(i).out, 128));
+    widest = std::max(widest, shape_.layer(i).out);
+  }
+  for (int s = 0; s < slots; ++s) {
+    Slot slot;
+    slot.input = DeviceBuffer<char>(rows * in_width() * act_bytes(), MemoryCategory::kActivations);
+    slot.grad_output =
+        DeviceBuffer<char>(rows * out_width() * act_bytes(), MemoryCategory::kActivations);
+    if (!is_first())
+      slot.grad_input =
+          DeviceBuffer<char>(rows * in_width() * act_bytes(), MemoryCategory::kActivations);
+    if (is_last()) slot.labels = DeviceBuffer<int32_t>(rows, MemoryCategory::kActivations);
+    for (int i = first; i < end; ++i) {
+      const int out = shape_.layer(i).out;
+      slot.acts.emplace_back(rows * out * (hidden(i) ? act_bytes() : 4),
+                             MemoryCategory::kActivations);
+      slot.aux.emplace_back(hidden(i) ? static_cast<size_t>(aux_ld_[i - first] / 8) * rows : 0,
+                            MemoryCategory::kActivations);
+    }
+    slots_.push_back(std::move(slot));
+  }
+  for (auto& buffer : pingpong_)
+    buffer = DeviceBuffer<char>(rows * widest * act_bytes(), MemoryCategory::kActivations);
+  workspace_ = DeviceBuffer<char>(options.workspace_bytes, MemoryCategory::kWorkspace);
+  loss_sum_ = DeviceBuffer<double>(2, MemoryCategory::kOther);
+  correct_ = DeviceBuffer<int>(2, MemoryCategory::kOther);
+  DDP_CUDA_CHECK(cudaMemsetAsync(loss_sum_.data(), 0, loss_sum_.bytes(), stream()));
+  DDP_CUDA_CHECK(cudaMemsetAsync(correct_.data(), 0, correct_.bytes(), stream()));
+  DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
+}
+
+CudaStage::~CudaStage() {
+  cudaStreamSynchronize(stream());
+  plans_.clear();
+  if (lt_) cublasLtDestroy(lt_);
+}
+
+void* CudaStage::output(int slot) const {
+  return act(slot, end_ - 1);
+}
+
+void* CudaStage::grad_input(int slot) const {
+  return is_first() ? nullptr : slots_[slot].grad_input.data();
+}
+
+void* CudaStage::dz(int slot, int layer) const {
+  if (layer == end_ - 1) return grad_output(slot);
+  return pingpong_[(end_ - 1 - layer) % 2].data();
+}
+
+void CudaStage::after(const char* op) const {
+  if (!options_.sync_debug) return;
+  const cudaError_t error = cudaStreamSynchronize(stream());
+  DDP_CHECK(error == cudaSuccess, "--sync-debug: {} failed: {} ({})", op, cudaGetErrorName(error),
+            cudaGetErrorString(error));
+}
+
+const CudaStage::Plans& CudaStage::plans(int slot, int batch) {
+  const auto key = std::make_pair(slot, batch);
+  if (auto found = plans_.find(key); found != plans_.end()) return found->second;
+  DDP_CHECK(batch >= 1 && batch <= max_batch_, "batch {} outside [1, {}]", batch, max_batch_);
+  Plans plans;
+  const cudaDataType_t act_type = bf16() ? CUDA_R_16BF : CUDA_R_32F;
+  const cublasComputeType_t compute =
+      options_.precision == Precision::kTf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  const size_t ws = workspace_.bytes();
+  const bool fused = options_.fused_epilogues;
+  const size_t base = param_offset();
+  auto weight = [&](int i) -> void* {
+    const size_t at = shape_.layer(i).weight_offset - base;
+    return bf16() ? static_cast<void*>(params16_.data() + at)
+                  : static_cast<void*>(params_.data() + at);
+  };
+  for (int i = first_; i < end_; ++i) {
+    const LayerSlice& l = shape_.layer(i);
+    const int local = i - first_;
+    MatmulSpec f;
+    f.trans_a = true;
+    f.m = l.out, f.n = batch, f.k = l.in;
+    f.lda = l.in, f.ldb = l.in, f.ldd = l.out;
+    f.a_type = act_type, f.b_type = act_type, f.d_type = hidden(i) ? act_type : CUDA_R_32F;
+    f.compute = compute;
+    f.a = weight(i), f.b = layer_input(slot, i), f.d = act(slot, i);
+    f.bias = (hidden(i) && bf16()) ? static_cast<void*>(params16_.data() + l.bias_offset - base)
+                                   : static_cast<void*>(params_.data() + l.bias_offset - base);
+    f.epilogue = hidden(i) ? CUBLASLT_EPILOGUE_RELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS;
+    f.aux = hidden(i) ? slots_[slot].aux[local].data() : nullptr;
+    f.aux_ld = aux_ld_[local];
+    // The stage's last hidden layer needs no mask: the gradient it receives is masked by a
+    // kernel from its output.
+    const bool mask = hidden(i) && fused && i + 1 < end_;
+    plans.forward.push_back(make_plan(
+        lt_, f, ws, mask, hidden(i) ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS));
+
+    MatmulSpec w;
+    w.trans_b = true;
+    w.m = l.in, w.n = l.out, w.k = batch;
+    w.lda = l.in, w.ldb = l.out, w.ldd = l.in;
+    w.a_type = act_type, w.b_type = act_type, w.d_type = CUDA_R_32F;
+    w.compute = compute;
+    w.a = layer_input(slot, i), w.b = dz(slot, i), w.d = grads_.data() + l.weight_offset - base;
+    w.bias = grads_.data() + l.bias_offset - base;
+    w.epilogue = CUBLASLT_EPILOGUE_BGRADB;
+    plans.dw.push_back(make_plan(lt_, w, ws, fused, CUBLASLT_EPILOGUE_DEFAULT));
+    // Accumulation adds the product (beta = 1); the bias gradient is then our kernel's.
+    MatmulSpec wa = w;
+    wa.beta = 1.0f;
+    plans.dw_accumulate.push_back(make_plan(lt_, wa, ws, false, CUBLASLT_EPILOGUE_DEFAULT));
+
+    if (i > first_ || !is_first()) {
+      MatmulSpec x;
+      x.m = l.in, x.n = batch, x.k = l.out;
+      x.lda = l.in, x.ldb = l.out, x.ldd = l.in;
+      x.a_type = act_type, x.b_type = act_type, x.d_type = act_type;
+      x.compute = compute;
+      x.a = weight(i), x.b = dz(slot, i);
+      if (i > first_) {
+        // The layer below's ReLU derivative, fused when its forward wrote the mask.
+        const bool below_has_mask =
+            plans.forward[local - 1]->epilogue() == CUBLASLT_EPILOGUE_RELU_AUX_BIAS;
+        x.d = dz(slot, i - 1);
+        x.epilogue = CUBLASLT_EPILOGUE_DRELU;
+        x.aux = slots_[slot].aux[local - 1].data();
+        x.aux_ld = aux_ld_[local - 1];
+        plans.dx.push_back(
+            make_plan(lt_, x, ws, fused && below_has_mask, CUBLASLT_EPILOGUE_DEFAULT));
+      } else {
+        x.d = grad_input(slot);  // for the previous stage, which masks it
+        plans.dx.push_back(make_plan(lt_, x, ws, false, CUBLASLT_EPILOGUE_DEFAULT));
+      }
+    } else {
+      plans.dx.push_back(nullptr);
+    }
+  }
+  return plans_.emplace(key, std::move(plans)).first->second;
+}
+
+void CudaStage::gather(const float* x, const int32_t* y, int dim, const int32_t* indices, int batch,
+                       int slot) {
+  launch_gather_batch(x, y, dim, indices, nullptr, batch, batch, is_first() ? input(slot) : nullptr,
+                      bf16(), is_last() ? labels(slot) : nullptr, stream());
+  after("gather");
+}
+
+void CudaStage::set_input(const float* x, int batch, int slot) {
+  const size_t count = static_cast<size_t>(batch) * in_width();
+  if (bf16())
+    launch_to_bf16(x, input(slot), count, stream());
+  else
+    DDP_CUDA_CHECK(cudaMemcpyAsync(input(slot), x, count * 4, cudaMemcpyDeviceToDevice, stream()));
+}
+
+void CudaStage::forward(int slot, int batch) {
+  const Plans& p = plans(slot, batch);
+  for (const auto& plan : p.forward) {
+    plan->run(workspace_.data(), workspace_.bytes(), stream());
+    after("forward matmul");
+  }
+}
+
+void CudaStage::loss(int slot, int batch, float grad_scale, const int32_t* labels,
+                     bool evaluation) {
+  DDP_CHECK(is_last(), "loss() on a stage without the last layer");
+  const int which = evaluation ? 1 : 0;
+  launch_softmax_xent(static_cast<const float*>(output(slot)),
+                      labels != nullptr ? labels : this->labels(slot), batch, shape_.num_classes(),
+                      grad_scale, grad_scale != 0.0f ? grad_output(slot) : nullptr, bf16(),
+                      loss_sum_.data() + which, correct_.data() + which, stream());
+  after("softmax cross-entropy");
+}
+
+void CudaStage::backward(int slot, int batch, bool accumulate,
+                         const std::function<void(int)>& on_layer_done) {
+  const Plans& p = plans(slot, batch);
+  if (!is_last()) {
+    // The received gradient is w.r.t. this stage's output after its ReLU.
+    launch_relu_mask(grad_output(slot), output(slot), static_cast<size_t>(batch) * out_width(),
+                     bf16(), stream());
+    after("ReLU mask");
+  }
+  const size_t base = param_offset();
+  for (int i = end_ - 1; i >= first_; --i) {
+    const int local = i - first_;
+    const LayerSlice& l = shape_.layer(i);
+    const LtMatmul& dw = accumulate ? *p.dw_accumulate[local] : *p.dw[local];
+    dw.run(workspace_.data(), workspace_.bytes(), stream());
+    after("weight-gradient matmul");
+    if (dw.epilogue() != CUBLASLT_EPILOGUE_BGRADB) {
+      launch_bias_grad(dz(slot, i), batch, l.out, bf16(), grads_.data() + l.bias_offset - base,
+                       accumulate, stream());
+      after("bias gradient");
+    }
+    if (on_layer_done) on_layer_done(local);
+    if (!p.dx[local]) continue;
+    p.dx[local]->run(workspace_.data(), workspace_.bytes(), stream());
+    after("input-gradient matmul");
+    if (i > first_ && p.dx[local]->epilogue() != CUBLASLT_EPILOGUE_DRELU) {
+      launch_relu_mask(dz(slot, i - 1), act(slot, i - 1),
+                       static_cast<size_t>(batch) * shape_.layer(i - 1).out, bf16(), stream());
+      after("ReLU mask");
+    }
+  }
+}
+
+void CudaStage::optimizer_step(const OptStep* step) {
+  void* p16 = bf16() ? static_cast<void*>(params16_.data()) : nullptr;
+  if (optimizer_.kind == OptimizerKind::kAdamW)
+    launch_adamw(params_.data(), grads_.data(), state_a_.data(), state_b_.data(), p16,
+                 params_.count(), step, nullptr, optimizer_.beta1, optimizer_.beta2, optimizer_.eps,
+                 optimizer_.weight_decay, stream());
+  else
+    launch_sgd(params_.data(), grads_.data(), state_a_.data(), p16, params_.count(), step, nullptr,
+               optimizer_.momentum, optimizer_.weight_decay, stream());
+  after("optimizer");
+}
+
+void CudaStage::set_params(const float* host) {
+  DDP_CUDA_CHECK(
+      cudaMemcpyAsync(params_.data(), host, params_.bytes(), cudaMemcpyHostToDevice, stream()));
+  refresh_low_precision_params();
+}
+
+void CudaStage::refresh_low_precision_params() {
+  if (bf16()) launch_to_bf16(params_.data(), params16_.data(), params_.count(), stream());
+  DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
+}
+
+void CudaStage::get_params(float* host) const {
+  DDP_CUDA_CHECK(
+      cudaMemcpyAsync(host, params_.data(), params_.bytes(), cudaMemcpyDeviceToHost, stream()));
+  DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
+}
+
+std::vector<std::pair<std::string, std::vector<float>>> CudaStage::get_optimizer_state() const {
+  std::vector<std::pair<std::string, std::vector<float>>> state;
+  auto download = [&](const char* name, const DeviceBuffer<float>& buffer) {
+    std::vector<float> values(buffer.count());
+    DDP_CUDA_CHECK(cudaMemcpyAsync(values.data(), buffer.data(), buffer.bytes(),
+                                   cudaMemcpyDeviceToHost, stream()));
+    DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
+    state.emplace_back(name, std::move(values));
+  };
+  if (optimizer_.kind == OptimizerKind::kAdamW) {
+    download("exp_avg", state_a_);
+    download("exp_avg_sq", state_b_);
+  } else if (state_a_.count() > 0) {
+    download("momentum", state_a_);
+  }
+  return state;
+}
+
+void CudaStage::set_optimizer_state(
+    const std::vector<std::pair<std::string, std::vector<float>>>& state) {
+  for (const auto& [name, values] : state) {
+    const DeviceBuffer<float>* target = name == "exp_avg_sq" ? &state_b_ : &state_a_;
+    DDP_CHECK(values.size() == target->count(), "optimizer state {} has {} values, expected {}",
+              name, values.size(), target->count());
+    DDP_CUDA_CHECK(cudaMemcpyAsync(target->data(), values.data(), target->bytes(),
+                                   cudaMemcpyHostToDevice, stream()));
+  }
+  DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
+}
+
+LossSum CudaStage::take_sums(bool evaluation) {
+  const int which = evaluation ? 1 : 0;
+  double loss = 0;
+  int correct = 0;
+  DDP_CUDA_CHECK(cudaMemcpyAsync(&loss, loss_sum_.data() + which, sizeof(double),
+                                 cudaMemcpyDeviceToHost, stream()));
+  DDP_CUDA_CHECK(cudaMemcpyAsync(&correct, correct_.data() + which, sizeof(int),
+                                 cudaMemcpyDeviceToHost, stream()));
+  DDP_CUDA_CHECK(cudaMemsetAsync(loss_sum_.data() + which, 0, sizeof(double), stream()));
+  DDP_CUDA_CHECK(cudaMemsetAsync(correct_.data() + which, 0, sizeof(int), stream()));
+  DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  return {loss, correct};
+}
+
+std::string CudaStage::memory_report() const {
+  return fmt::format("this process holds {}; {}", memory_ledger().describe(), driver_memory_line());
+}
+
+}  // namespace ddp

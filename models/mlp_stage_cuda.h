@@ -1,0 +1,154 @@
+// A pipeline stage on the GPU: layers [first, end) of the MLP, as CpuStage is on the CPU.
+// It owns its layers' parameters, gradients and optimizer state (one flat buffer each, in
+// the whole model's layout from the stage's first weight), and keeps the activations of
+// several micro-batches at once (slots). Every buffer a slot uses is its own allocation, so
+// the cuBLASLt plans (built once per slot and batch size, fused epilogues as CudaMlp's) bake
+// in fixed pointers and a step can be captured in a CUDA graph. Gradients accumulate over
+// micro-batches (beta = 1). The loss (fused softmax cross-entropy) is used by the last stage
+// only; the optimizer is the one-kernel update over the flat buffers.
+// Only built with CUDA. All calls are on the stage's compute stream unless stated.
+#pragma once
+
+#include <cublasLt.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "models/cpu_ops.h"
+#include "models/cuda_kernels.h"
+#include "models/mlp.h"
+#include "models/optimizer.h"
+#include "models/precision.h"
+#include "runtime/device_buffer.h"
+
+namespace ddp {
+
+struct CudaStageOptions {
+  Precision precision = Precision::kFp32;
+  bool fused_epilogues = true;
+  bool sync_debug = false;  // synchronise after every op and name the one that failed
+  size_t workspace_bytes = 32u << 20;
+};
+
+class LtMatmul;
+
+class CudaStage {
+ public:
+  // Layers [first, end) of `shape`; micro-batches of at most max_batch samples; `slots`
+  // micro-batches in flight. 0 <= first < end <= shape.num_layers().
+  CudaStage(MlpShape shape, int first, int end, int max_batch, int slots,
+            const OptimizerConfig& optimizer, const CudaStageOptions& options);
+  ~CudaStage();
+  CudaStage(const CudaStage&) = delete;
+  CudaStage& operator=(const CudaStage&) = delete;
+
+  const MlpShape& shape() const { return shape_; }
+  int first_layer() const { return first_; }
+  int end_layer() const { return end_; }
+  bool is_first() const { return first_ == 0; }
+  bool is_last() const { return end_ == shape_.num_layers(); }
+  int in_width() const { return shape_.widths()[first_]; }
+  int out_width() const { return shape_.widths()[end_]; }
+  int max_batch() const { return max_batch_; }
+  int slots() const { return static_cast<int>(slots_.size()); }
+  cudaStream_t stream() const { return stream_.get(); }
+  // Activations between stages are bf16 with bf16 precision, else float32.
+  bool bf16() const { return options_.precision == Precision::kBf16; }
+  size_t act_bytes() const { return bf16() ? 2 : 4; }
+  // Where this stage's parameters start in the whole model's flat buffer, and how many.
+  size_t param_offset() const { return shape_.layer(first_).weight_offset; }
+  size_t param_count() const { return params_.count(); }
+  float* params() const { return params_.data(); }
+  float* grads() const { return grads_.data(); }
+
+  // Host copies of the stage's parameters (synchronous); set_params also makes the bf16 copy.
+  void set_params(const float* host);
+  void get_params(float* host) const;
+  // After the float32 parameters changed on the device (a broadcast): the bf16 copy again.
+  void refresh_low_precision_params();
+  // Optimizer state for checkpoints, this stage's slice: SGD "momentum"; AdamW "exp_avg",
+  // "exp_avg_sq" (the CPU optimizer's names).
+  std::vector<std::pair<std::string, std::vector<float>>> get_optimizer_state() const;
+  void set_optimizer_state(const std::vector<std::pair<std::string, std::vector<float>>>& state);
+
+  // A slot's buffers. input: [max_batch, in_width] in activation type (the first stage's
+  // gathered batch, else the previous stage's output); labels: [max_batch] (last stage);
+  // output: [max_batch, out_width] (float32 logits on the last stage, else activations after
+  // ReLU); grad_output: the loss gradient w.r.t. the output (received from the next stage, or
+  // written by loss()); grad_input: w.r.t. the input, for the previous stage (null on the
+  // first stage).
+  void* input(int slot) const { return slots_[slot].input.data(); }
+  int32_t* labels(int slot) const { return slots_[slot].labels.data(); }
+  void* output(int slot) const;
+  void* grad_output(int slot) const { return slots_[slot].grad_output.data(); }
+  void* grad_input(int slot) const;
+
+  // The first stage: input(slot) = rows x[indices[i]] (float32 data, converted); the last
+  // stage: labels(slot) = y[indices[i]]. Device pointers; the others are ignored (null).
+  void gather(const float* x, const int32_t* y, int dim, const int32_t* indices, int batch,
+              int slot);
+  // input(slot) = x[batch, in_width] (float32, on the device), converted to bf16 if needed.
+  void set_input(const float* x, int batch, int slot);
+  void forward(int slot, int batch);
+  // Last stage, after forward(slot): softmax cross-entropy of output(slot) against `labels`
+  // (default labels(slot)); its gradient, scaled by grad_scale, into grad_output(slot) unless
+  // grad_scale is 0 (evaluation). Loss sum and hits accumulate on the device into the
+  // training or the evaluation sums (take_sums).
+  void loss(int slot, int batch, float grad_scale, const int32_t* labels = nullptr,
+            bool evaluation = false);
+  // After forward(slot) and grad_output(slot) written: parameter gradients over grads()
+  // (added with `accumulate`), grad_input(slot) for the previous stage. on_layer_done(i), i
+  // counted from the stage's first layer, is called (host, in stream order) as soon as that
+  // layer's gradients are enqueued, last first.
+  void backward(int slot, int batch, bool accumulate,
+                const std::function<void(int)>& on_layer_done = {});
+  // The optimizer on the stage's flat buffers with the scalars at `step` (device memory).
+  void optimizer_step(const OptStep* step);
+
+  // Loss summed and hits counted since the last call (synchronises the stream).
+  LossSum take_sums(bool evaluation);
+  // "what this process holds vs what the driver sees"
+  std::string memory_report() const;
+
+ private:
+  struct Slot {
+    DeviceBuffer<char> input, grad_output, grad_input;
+    DeviceBuffer<int32_t> labels;
+    std::vector<DeviceBuffer<char>> acts;  // output of each of the stage's layers
+    std::vector<DeviceBuffer<char>> aux;   // ReLU bit masks of hidden layers
+  };
+  struct Plans {
+    std::vector<std::unique_ptr<LtMatmul>> forward, dw, dw_accumulate, dx;  // by local layer
+  };
+  const Plans& plans(int slot, int batch);
+  void after(const char* op) const;
+  void* act(int slot, int layer) const { return slots_[slot].acts[layer - first_].data(); }
+  void* layer_input(int slot, int layer) const {
+    return layer == first_ ? input(slot) : act(slot, layer - 1);
+  }
+  // Where layer i's output gradient lives during backward.
+  void* dz(int slot, int layer) const;
+  bool hidden(int layer) const { return layer + 1 < shape_.num_layers(); }
+
+  MlpShape shape_;
+  int first_, end_, max_batch_;
+  OptimizerConfig optimizer_;
+  CudaStageOptions options_;
+  CudaStream stream_;
+  cublasLtHandle_t lt_ = nullptr;
+  DeviceBuffer<float> params_, grads_, state_a_, state_b_;
+  DeviceBuffer<uint16_t> params16_;
+  std::vector<Slot> slots_;
+  std::vector<int64_t> aux_ld_;  // by local layer
+  DeviceBuffer<char> pingpong_[2];
+  DeviceBuffer<char> workspace_;
+  DeviceBuffer<double> loss_sum_;  // [training, evaluation]
+  DeviceBuffer<int> correct_;      // [training, evaluation]
+  std::map<std::pair<int, int>, Plans> plans_;
+};
+
+}  // namespace ddp
