@@ -23,16 +23,15 @@
 #include "models/safetensors.h"
 #include "tests/support/gpu_support.h"
 #include "tests/support/metrics_support.h"
+#include "tests/support/shared_gpu.h"
 #include "tests/support/test_support.h"
 #include "tests/support/weights_support.h"
 
 namespace ddp {
 namespace {
 
-// NVLink multicast stays off on the shared machines, in every process we start.
-const std::string kEnv =
-    "NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 ";
-const std::string kShared = kEnv + DDPRUN_PATH + " --share-gpu";
+const std::string& kEnv = kGpuEnv;
+const std::string& kShared = kSharedGpu;
 const std::string kTrain = DDPTRAIN_PATH;
 const std::string kLayers = "24,64,32,6";
 const std::string kArgs = " --device cuda --data synthetic --layers " + kLayers +

@@ -1,0 +1,107 @@
+// Pipeline parallelism on the GPU, its ranks sharing the one GPU (ddprun --share-gpu, NCCL
+// over sockets): GPipe and 1F1B over 2 and 4 stages and dp 2 x pp 2 give the weights of one
+// GPU (the plain one-GPU loop, CudaMlp), with and without graph capture; a pipelined run
+// resumes bitwise; a rank killed mid-pipeline ends the job, named, within the grace period.
+// Slow by design; never a performance figure.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "tests/support/gpu_support.h"
+#include "tests/support/metrics_support.h"
+#include "tests/support/shared_gpu.h"
+#include "tests/support/test_support.h"
+#include "tests/support/weights_support.h"
+
+namespace ddp {
+namespace {
+
+const std::string kTrain = DDPTRAIN_PATH;
+const std::string kLayers = "24,64,48,32,6";  // four layers: up to four stages
+const std::string kArgs = " --device cuda --data synthetic --layers " + kLayers +
+                          " --synthetic-samples 960 --batch-size 48 --steps 12 --log-every 4 "
+                          "--quiet --seed 5";
+
+struct PipelineCase {
+  const char* name;
+  int ranks;
+  const char* flags;
+};
+
+class SharedGpuPipeline : public ::testing::TestWithParam<PipelineCase> {};
+
+TEST_P(SharedGpuPipeline, EqualsOneGpu) {
+  REQUIRE_GPU();
+  TempDir dir;
+  const RunResult one = run_command(kGpuEnv + kTrain + kArgs + " --save-weights " + dir.file("one.st"));
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  const std::vector<float> reference = load_weights(dir.file("one.st"), kLayers);
+  const PipelineCase& c = GetParam();
+  for (const std::string graph : {"", " --no-cuda-graph"}) {
+    const RunResult r = run_command(kSharedGpu + " --nproc-per-node " + std::to_string(c.ranks) +
+                                    " -- " + kTrain + kArgs + " " + c.flags + graph +
+                                    " --metrics " + dir.file("pp.jsonl") + " --save-weights " +
+                                    dir.file("pp.st"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("on the GPU"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("captured in a CUDA graph") != std::string::npos, graph.empty())
+        << r.output;
+    const double error = max_relative_error(load_weights(dir.file("pp.st"), kLayers), reference);
+    std::printf("%s%s: max relative error against one GPU %.3g\n", c.name, graph.c_str(), error);
+    EXPECT_LE(error, 1e-5) << c.name << graph;
+    // The bubble is measured on the device: some compute on every stage, less than the step.
+    const std::vector<nlohmann::json> records = events_of(dir.file("pp.jsonl"), "pipeline");
+    ASSERT_FALSE(records.empty());
+    for (const auto& busy : records.back()["busy_s"]) EXPECT_GT(busy.get<double>(), 0.0);
+    EXPECT_GT(records.back()["bubble"].get<double>(), 0.0);
+    EXPECT_LT(records.back()["bubble"].get<double>(), 1.0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, SharedGpuPipeline,
+    ::testing::Values(PipelineCase{"pp2_gpipe", 2, "--pp 2 --schedule gpipe"},
+                      PipelineCase{"pp2_1f1b", 2, "--pp 2 --schedule 1f1b"},
+                      PipelineCase{"pp4_1f1b", 4, "--pp 4 --schedule 1f1b"},
+                      PipelineCase{"dp2_pp2_gpipe", 4, "--pp 2 --schedule gpipe"}),
+    [](const ::testing::TestParamInfo<PipelineCase>& info) { return info.param.name; });
+
+TEST(SharedGpuPipeline, ResumeIsBitwiseAndWeightsKeepTheOneProcessLayout) {
+  REQUIRE_GPU();
+  TempDir dir;
+  const std::string job = kSharedGpu + " --nproc-per-node 2 -- " + kTrain + kArgs +
+                          " --pp 2 --optimizer adamw --lr 0.01 --lr-schedule constant";
+  const RunResult straight = run_command(job + " --save-weights " + dir.file("straight.st"));
+  ASSERT_EQ(straight.exit_code, 0) << straight.output;
+  const std::string ckpt = " --checkpoint-dir " + dir.file("ckpt") + " --resume";
+  const RunResult first = run_command(job + ckpt + " --steps 6");
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const RunResult second = run_command(job + ckpt + " --save-weights " + dir.file("resumed.st"));
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  EXPECT_NE(second.output.find("resumed from"), std::string::npos) << second.output;
+  // load_weights reads the one-process names and shapes: the layout is the one-process file's.
+  EXPECT_EQ(load_weights(dir.file("resumed.st"), kLayers),
+            load_weights(dir.file("straight.st"), kLayers));
+}
+
+TEST(SharedGpuPipeline, KilledStageIsNamedAndTheOthersStopWithinTheGracePeriod) {
+  REQUIRE_GPU();
+  TempDir dir;
+  const double grace = 3;
+  const RunResult r = run_and_signal(
+      dir,
+      kSharedGpu + " --nproc-per-node 3 --grace-period 3 -- " + kTrain +
+          " --device cuda --data synthetic --layers " + kLayers +
+          " --synthetic-samples 960 --batch-size 48 --pp 3 --steps 100000000 --log-every 20 "
+          "--timeout 60",
+      "step 40/", 1, "KILL");
+  EXPECT_NE(r.output.find("rank 1 failed first: killed by SIGKILL (9)"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("LEFT BEHIND"), std::string::npos) << r.output;
+  EXPECT_LT(stopped_after(r.output), grace + 3.0) << r.output;
+}
+
+}  // namespace
+}  // namespace ddp
