@@ -15,6 +15,7 @@
 
 #include "collectives/communicator.h"
 #include "engine/config.h"
+#include "engine/timeline.h"
 #include "models/cpu_ops.h"
 #include "models/dataset.h"
 #include "models/mlp.h"
@@ -100,6 +101,11 @@ class StageRunner {
   // The device's compute time (forwards and backwards) of the last step, in seconds, or -1
   // when the host's clock measured it (the CPU).
   virtual double last_busy_s() const { return -1; }
+  // The device's spans of the last step (forwards and backwards, from its events) into
+  // `timeline`; the CPU's are the host's, recorded by the trainer.
+  virtual void add_device_spans(TimelineRecorder& timeline, int64_t step) {
+    (void)timeline, (void)step;
+  }
   // Training loss sums kept on the device since the last call (the CPU keeps none).
   virtual LossSum take_loss() { return {}; }
   // Loss sum and hits over samples [begin, end) of `split`, forwarded through the pipeline

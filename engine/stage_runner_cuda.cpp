@@ -14,6 +14,7 @@
 #include "engine/ddp.h"
 #include "engine/stage_runner.h"
 #include "engine/step_watchdog.h"
+#include "engine/timeline.h"
 #include "models/mlp_stage_cuda.h"
 #include "runtime/cuda_check.h"
 #include "runtime/error.h"
@@ -62,6 +63,7 @@ class GpuRunner final : public StageRunner {
       busy_start_.push_back(std::make_unique<CudaEvent>(true));
       busy_end_.push_back(std::make_unique<CudaEvent>(true));
     }
+    busy_what_.resize(busy_start_.size());
     for (Communicator* c : {links.activations, links.gradients})
       if (c != nullptr) c->set_compute_stream(stage_.stream());
     if (world != nullptr && world->size() > 1)
@@ -127,6 +129,10 @@ class GpuRunner final : public StageRunner {
     DDP_CUDA_CHECK(cudaMemcpyAsync(opt_step_.data(), pinned_step_.data(), sizeof(OptStep),
                                    cudaMemcpyHostToDevice, s));
     busy_marks_ = 0;
+    // The stream is idle (the previous step was waited for): this event is placed at the
+    // host's clock now, and every event of the step is placed from it.
+    anchor_us_ = TimelineRecorder::now_us();
+    DDP_CUDA_CHECK(cudaEventRecord(anchor_.get(), s));
   }
   void recv_activation(int micro, int slot) override {
     (void)micro;
@@ -137,7 +143,7 @@ class GpuRunner final : public StageRunner {
   }
   void forward(int micro, int slot) override {
     wait_for(&act_sent_[slot]);
-    busy_begin();
+    busy_begin(SpanKind::kForward, micro);
     if (spec_.is_first() || spec_.is_last())
       stage_.gather(train_x_.data(), train_y_.data(), spec_.shape.input_width(),
                     indices_.data() + static_cast<size_t>(micro) * spec_.batch, spec_.batch, slot);
@@ -164,7 +170,7 @@ class GpuRunner final : public StageRunner {
                 const std::function<void(int)>& on_layer_done) override {
     (void)micro;
     wait_for(&grad_sent_[slot]);  // grad_input(slot) of an earlier micro-batch is sent
-    busy_begin();
+    busy_begin(SpanKind::kBackward, micro);
     stage_.backward(slot, spec_.batch, accumulate, on_layer_done);
     busy_end();
   }
@@ -209,6 +215,11 @@ class GpuRunner final : public StageRunner {
     } else {
       DDP_CUDA_CHECK(cudaStreamSynchronize(stage_.stream()));
     }
+  }
+  void add_device_spans(TimelineRecorder& timeline, int64_t step) override {
+    for (int i = 0; i < busy_marks_; ++i)
+      timeline.add(busy_what_[i].first, step, busy_what_[i].second, at(*busy_start_[i]),
+                   at(*busy_end_[i]));
   }
   double last_busy_s() const override {
     double ms_total = 0;
@@ -277,7 +288,15 @@ class GpuRunner final : public StageRunner {
       copy_to_device(y->data(), split.y.data(), y->bytes());
     }
   }
-  void busy_begin() { record(busy_start_[busy_marks_]->get(), stage_.stream()); }
+  void busy_begin(SpanKind kind, int micro) {
+    busy_what_[busy_marks_] = {kind, micro};
+    record(busy_start_[busy_marks_]->get(), stage_.stream());
+  }
+  double at(const CudaEvent& event) const {
+    float ms = 0;
+    DDP_CUDA_CHECK(cudaEventElapsedTime(&ms, anchor_.get(), event.get()));
+    return anchor_us_ + 1e3 * static_cast<double>(ms);
+  }
   void busy_end() { record(busy_end_[busy_marks_++]->get(), stage_.stream()); }
 
   StageSpec spec_;
@@ -294,7 +313,11 @@ class GpuRunner final : public StageRunner {
   PinnedBuffer<OptStep> pinned_step_;
   DeviceBuffer<uint16_t> bf16_grads_;
   std::vector<std::unique_ptr<Work>> act_sent_, grad_sent_;  // by slot, until waited for
+  // Each forward and backward of the step between two timed events, and what it was.
   std::vector<std::unique_ptr<CudaEvent>> busy_start_, busy_end_;
+  std::vector<std::pair<SpanKind, int>> busy_what_;
+  CudaEvent anchor_{true};
+  double anchor_us_ = 0;
   int busy_marks_ = 0;      // busy spans recorded this step
   int captured_marks_ = 0;  // and in the captured step
   int64_t last_step_ = 0;
@@ -314,9 +337,6 @@ std::unique_ptr<StageRunner> make_gpu_runner(const StageSpec& spec, const TrainC
   DDP_USAGE_CHECK(config.on_nonfinite == OnNonfinite::kStop,
                   "--on-nonfinite {}: runs on the CPU path only so far (the GPU path stops)",
                   on_nonfinite_name(config.on_nonfinite));
-  DDP_USAGE_CHECK(config.timeline.empty(),
-                  "--timeline with --pp on the GPU: not in this version (the bubble figures are in "
-                  "--metrics; use --device cpu for a pipeline trace)");
   return std::make_unique<GpuRunner>(spec, config, data, links, world, std::move(abort_all));
 }
 

@@ -224,6 +224,11 @@ void Trainer::run_schedule(StepStats* stats) {
     free_slots.pop_back();
     peak_live_ = std::max(peak_live_, spec_.slots - static_cast<int>(free_slots.size()));
   };
+  // The host's clock times the CPU's work; the GPU's spans come from its events (the host
+  // only enqueues here, or not at all when the step is replayed from its graph).
+  auto span = [&](SpanKind kind, int mb, double start) {
+    if (!runner_->on_gpu()) timeline_.add(kind, step, mb, start, timeline_.now_us());
+  };
   int backwards = 0;
   for (const PipelineAction& action : actions_) {
     const int mb = action.micro_batch;
@@ -233,21 +238,21 @@ void Trainer::run_schedule(StepStats* stats) {
       case ActionKind::kRecvActivation:
         take_slot(mb);
         runner_->recv_activation(mb, slot_of[mb]);
-        timeline_.add(SpanKind::kRecv, step, mb, start, timeline_.now_us());
+        span(SpanKind::kRecv, mb, start);
         break;
       case ActionKind::kForward:
         take_slot(mb);
         runner_->forward(mb, slot_of[mb]);
         stats->busy_s += clock.seconds();
-        timeline_.add(SpanKind::kForward, step, mb, start, timeline_.now_us());
+        span(SpanKind::kForward, mb, start);
         break;
       case ActionKind::kSendActivation:
         runner_->send_activation(mb, slot_of[mb]);
-        timeline_.add(SpanKind::kSend, step, mb, start, timeline_.now_us());
+        span(SpanKind::kSend, mb, start);
         break;
       case ActionKind::kRecvGradient:
         runner_->recv_gradient(mb, slot_of[mb]);
-        timeline_.add(SpanKind::kRecv, step, mb, start, timeline_.now_us());
+        span(SpanKind::kRecv, mb, start);
         break;
       case ActionKind::kBackward: {
         if (spec_.is_last()) {
@@ -264,12 +269,12 @@ void Trainer::run_schedule(StepStats* stats) {
         if (ddp_ && last_micro) ddp_->end_backward();
         ++backwards;
         stats->busy_s += clock.seconds();
-        timeline_.add(SpanKind::kBackward, step, mb, start, timeline_.now_us());
+        span(SpanKind::kBackward, mb, start);
         break;
       }
       case ActionKind::kSendGradient:
         runner_->send_gradient(mb, slot_of[mb]);
-        timeline_.add(SpanKind::kSend, step, mb, start, timeline_.now_us());
+        span(SpanKind::kSend, mb, start);
         break;
     }
     // A micro-batch's slot is free once its backward is done and its gradient sent on.
@@ -283,12 +288,12 @@ void Trainer::run_schedule(StepStats* stats) {
   {
     const double start = timeline_.now_us();
     runner_->end_schedule();
-    if (layout_.stages > 1) timeline_.add(SpanKind::kSend, step, -1, start, timeline_.now_us());
+    if (layout_.stages > 1) span(SpanKind::kSend, -1, start);
   }
   if (ddp_) {
     const double start = timeline_.now_us();
     ddp_->finish(runner_->stream());
-    timeline_.add(SpanKind::kAllReduce, step, -1, start, timeline_.now_us());
+    span(SpanKind::kAllReduce, -1, start);
   }
 }
 
@@ -325,6 +330,7 @@ StepStats Trainer::step() {
     });
     ++step_;
     stats.busy_s = runner_->last_busy_s();
+    if (timeline_.on()) runner_->add_device_spans(timeline_, step_);
     stats.step_s = step_clock.seconds();
     return stats;
   }
@@ -503,8 +509,8 @@ void Trainer::save_checkpoint_now() {
   if (comm_ != nullptr && ranks_ > 1) comm_->barrier();
 }
 
-void Trainer::write_pipeline_record(MetricsWriter& metrics, int64_t step, double busy_s,
-                                    double step_s) {
+void Trainer::write_pipeline_record(MetricsWriter& metrics, int64_t step, int64_t steps,
+                                    double busy_s, double step_s) {
   // Every rank's compute and step time over the window, gathered so that every stage's
   // share is known; the bubble is the mean idle fraction.
   const double mine[2] = {busy_s, step_s};
@@ -515,12 +521,14 @@ void Trainer::write_pipeline_record(MetricsWriter& metrics, int64_t step, double
   nlohmann::json idle = nlohmann::json::array();
   std::string busy_text;
   double idle_sum = 0;
+  double longest = 0;  // the slowest stage's window
   for (int s = 0; s < layout_.stages; ++s) {
     double b = 0, t = 0;
     for (int d = 0; d < layout_.replicas; ++d) {
       b += all[2 * layout_.rank_of(s, d)];
       t += all[2 * layout_.rank_of(s, d) + 1];
     }
+    longest = std::max(longest, t / layout_.replicas);
     const double fraction = t > 0 ? b / t : 0;
     busy.push_back(b / layout_.replicas);
     idle.push_back((t - b) / layout_.replicas);
@@ -540,7 +548,9 @@ void Trainer::write_pipeline_record(MetricsWriter& metrics, int64_t step, double
                  {"busy_s", busy},
                  {"idle_s", idle},
                  {"bubble", bubble},
-                 {"ideal_bubble", ideal}});
+                 {"ideal_bubble", ideal},
+                 {"steps", steps},
+                 {"step_s", steps > 0 ? longest / static_cast<double>(steps) : 0.0}});
 }
 
 void Trainer::write_timeline() {
@@ -571,6 +581,7 @@ TrainResult Trainer::run(MetricsWriter* metrics_in) {
   if (resumed_from_ >= 0) metrics.write({{"event", "resumed"}, {"step", resumed_from_}});
   double window[3] = {0, 0, 0};   // loss sum, hits, samples
   double busy_s = 0, step_s = 0;  // this rank's, over the window
+  int64_t window_steps = 0;
   bool first = true;
   while (step_ < total_steps_) {
     if (ddp_) ddp_->record_events(first);
@@ -595,6 +606,7 @@ TrainResult Trainer::run(MetricsWriter* metrics_in) {
     window[2] += stats.samples;
     busy_s += stats.busy_s;
     step_s += stats.step_s;
+    ++window_steps;
     if (step_ % config_.log_every == 0 || step_ == total_steps_) {
       const LossSum kept = runner_->take_loss();  // the GPU's, kept on the device
       window[0] += kept.loss;
@@ -606,9 +618,10 @@ TrainResult Trainer::run(MetricsWriter* metrics_in) {
                 step_, rank_);
       progress.window(step_, window[0], static_cast<int64_t>(window[1]),
                       static_cast<int64_t>(window[2]), &result);
-      if (layout_.stages > 1) write_pipeline_record(metrics, step_, busy_s, step_s);
+      if (layout_.stages > 1) write_pipeline_record(metrics, step_, window_steps, busy_s, step_s);
       window[0] = window[1] = window[2] = 0;
       busy_s = step_s = 0;
+      window_steps = 0;
     }
     if (config_.eval_every > 0 && step_ % config_.eval_every == 0 && data_.test.n > 0) {
       // Each replica evaluates its contiguous shard of the test split; the sums are combined.

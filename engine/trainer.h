@@ -95,7 +95,9 @@ class Trainer {
   // True on every rank when any rank's `mine` is true (a sum over the world with a
   // pipeline, where stages hold different parameters).
   bool any_rank(bool mine);
-  void write_pipeline_record(MetricsWriter& metrics, int64_t step, double busy_s, double step_s);
+  // Every stage's busy and idle time over the window of `steps` steps (collective).
+  void write_pipeline_record(MetricsWriter& metrics, int64_t step, int64_t steps, double busy_s,
+                             double step_s);
   void write_timeline();
   Communicator* dp_comm() { return dp_group_ ? dp_group_.get() : comm_; }
   // The world and the pipeline group for host buffers (bookkeeping): themselves on the CPU,
