@@ -59,33 +59,48 @@ void StepWatchdog::check() const {
 }
 
 void StepWatchdog::wait_idle() {
+  // The caller polls too, so that a finished step is seen at once rather than at the
+  // watchdog's next poll (up to a millisecond later: a pipeline waits for every step).
   std::unique_lock<std::mutex> lock(mutex_);
-  changed_.wait(lock, [&] { return pending_.empty() || !failure_.empty(); });
+  while (!pending_.empty() && failure_.empty()) {
+    const Mark oldest = pending_.front();
+    if (cudaEventQuery(oldest.event) != cudaErrorNotReady) {
+      pending_.pop_front();
+      free_events_.push_back(oldest.event);
+      last_progress_ = Clock::now();
+      continue;
+    }
+    lock.unlock();
+    std::this_thread::yield();
+    lock.lock();
+  }
   if (!failure_.empty()) throw Error(failure_);
 }
 
 void StepWatchdog::run() {
-  auto last_progress = Clock::now();
   std::unique_lock<std::mutex> lock(mutex_);
+  last_progress_ = Clock::now();
   while (!stop_) {
     if (pending_.empty()) {
       changed_.wait(lock, [&] { return stop_ || !pending_.empty(); });
-      last_progress = Clock::now();  // idle time is not a stall
+      last_progress_ = Clock::now();  // idle time is not a stall
       continue;
     }
     const Mark oldest = pending_.front();
     lock.unlock();
     const cudaError_t state = cudaEventQuery(oldest.event);
     lock.lock();
+    // wait_idle() may have taken it meanwhile.
+    if (pending_.empty() || pending_.front().event != oldest.event) continue;
     if (state != cudaErrorNotReady) {
       // Done (or failed: the host's own check reports a CUDA error with its statement).
       pending_.pop_front();
       free_events_.push_back(oldest.event);
-      last_progress = Clock::now();
+      last_progress_ = Clock::now();
       changed_.notify_all();
       continue;
     }
-    const double stalled = std::chrono::duration<double>(Clock::now() - last_progress).count();
+    const double stalled = std::chrono::duration<double>(Clock::now() - last_progress_).count();
     if (failure_.empty() && stalled >= timeout_s_) {
       lock.unlock();
       std::string message = on_stuck_(oldest.step, stalled);

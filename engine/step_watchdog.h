@@ -6,6 +6,7 @@
 // instead of hanging in a stream synchronisation. Only built with CUDA.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -34,8 +35,8 @@ class StepWatchdog {
 
   // Records an event on the stream after step `step`'s work (host, in stream order).
   void mark(int64_t step);
-  // Blocks until every marked step has finished on the device; throws ddp::Error with the
-  // watchdog's message if it fired.
+  // Blocks until every marked step has finished on the device (polling, so that it returns as
+  // soon as they have); throws ddp::Error with the watchdog's message if it fired.
   void wait_idle();
   // Throws ddp::Error with the watchdog's message if it fired.
   void check() const;
@@ -55,6 +56,7 @@ class StepWatchdog {
   std::deque<Mark> pending_;
   std::vector<cudaEvent_t> free_events_;
   std::string failure_;
+  std::chrono::steady_clock::time_point last_progress_;  // a mark seen done, or idle
   bool stop_ = false;
   std::thread thread_;
 };

@@ -72,7 +72,7 @@ if want time; then
       > "$tmp/one.log" 2>&1 || { echo "one GPU $prec failed: $(tail -1 "$tmp/one.log")"; failed=1; continue; }
     single="$(ddp_json "$tmp/one.jsonl" steady_samples_per_s)"
     for schedule in gpipe 1f1b; do
-      for m in 4 8 16; do
+      for m in ${PP_MICRO:-4 8 16}; do
         pp --precision "$prec" --schedule "$schedule" --micro-batches "$m" --steps "$steps" \
           --log-every $((steps / 3)) --metrics "$tmp/pp.jsonl" > "$tmp/pp.log" 2>&1 ||
           { echo "| $prec | $schedule | $m | FAILED: $(tail -1 "$tmp/pp.log") |"; failed=1; continue; }
