@@ -6,8 +6,8 @@
 # and the exit status is non-zero when any check failed, the failing sections named last.
 # Usage: scripts/device-check.sh [sections...]
 #   sections: test cuda run doctor launcher fashion monitor options ddp1 multi bench
-#   bench-ddp collectives levers (cuda: build and only the GPU tests, `ctest -L cuda`, when
-#   CI has run the rest; default: test run bench; multi, bench-ddp, collectives and levers need two or more
+#   bench-ddp collectives levers pipeline (cuda: build and only the GPU tests, `ctest -L cuda`, when
+#   CI has run the rest; default: test run bench; multi, bench-ddp, collectives, levers and pipeline need two or more
 #   GPUs; collectives needs nccl-tests' source: scripts/device-prepare.sh --nccl-tests DIR)
 # Expects .deps/ (made by scripts/device-prepare.sh here): fashion-mnist/, and zlib/ and
 # json/, prefixes of the headers the device image lacks (on CMAKE_PREFIX_PATH, nothing else).
@@ -207,6 +207,14 @@ if want bench-ddp; then
   timeout 330 scripts/bench-ddp.sh "$build" > "$out/bench-ddp.md" 2> "$out/bench-ddp.err" ||
     fail bench-ddp "bench-ddp.sh exited $?"
   cat "$out/bench-ddp.md"
+fi
+
+if want pipeline; then
+  # pp 2 on large across two GPUs: equality with one GPU, step time against the ideal,
+  # timelines (kept in $OUT for scripts/plot_timeline.py). About 3.5 minutes.
+  timeout 300 scripts/bench-pipeline.sh "$build" "$dest" > "$out/pipeline.md" 2> "$out/pipeline.err" ||
+    fail pipeline "bench-pipeline.sh exited $? ($(tail -1 "$out/pipeline.err"))"
+  cat "$out/pipeline.md"
 fi
 
 if want collectives; then
