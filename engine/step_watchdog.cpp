@@ -48,7 +48,7 @@ void StepWatchdog::mark(int64_t step) {
   DDP_CUDA_CHECK(cudaEventRecord(event, stream_));
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    pending_.push_back({step, event});
+    pending_.push_back({step, event, next_id_++});
   }
   changed_.notify_all();
 }
@@ -91,7 +91,7 @@ void StepWatchdog::run() {
     const cudaError_t state = cudaEventQuery(oldest.event);
     lock.lock();
     // wait_idle() may have taken it meanwhile.
-    if (pending_.empty() || pending_.front().event != oldest.event) continue;
+    if (pending_.empty() || pending_.front().id != oldest.id) continue;
     if (state != cudaErrorNotReady) {
       // Done (or failed: the host's own check reports a CUDA error with its statement).
       pending_.pop_front();

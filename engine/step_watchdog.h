@@ -45,6 +45,7 @@ class StepWatchdog {
   struct Mark {
     int64_t step;
     cudaEvent_t event;
+    uint64_t id;  // events are reused; ids are not
   };
   void run();
 
@@ -54,6 +55,7 @@ class StepWatchdog {
   mutable std::mutex mutex_;
   std::condition_variable changed_;
   std::deque<Mark> pending_;
+  uint64_t next_id_ = 0;
   std::vector<cudaEvent_t> free_events_;
   std::string failure_;
   std::chrono::steady_clock::time_point last_progress_;  // a mark seen done, or idle
