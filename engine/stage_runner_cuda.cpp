@@ -64,6 +64,11 @@ class GpuRunner final : public StageRunner {
       busy_end_.push_back(std::make_unique<CudaEvent>(true));
     }
     busy_what_.resize(busy_start_.size());
+    if (config.overlap_optimizer) {
+      side_ = std::make_unique<CudaStream>();
+      for (int i = spec.first; i < spec.end; ++i)
+        layer_ready_.push_back(std::make_unique<CudaEvent>());
+    }
     for (Communicator* c : {links.activations, links.gradients})
       if (c != nullptr) c->set_compute_stream(stage_.stream());
     if (world != nullptr && world->size() > 1)
@@ -86,6 +91,11 @@ class GpuRunner final : public StageRunner {
   void params_changed() override { stage_.refresh_low_precision_params(); }
   void* stream() override { return stage_.stream(); }
   void prepare_ddp(Ddp& ddp, uint64_t fingerprint, const std::string& description) override {
+    if (side_ && spec_.stage == 0)
+      spdlog::info(
+          "--overlap-optimizer: not with data parallelism in a pipeline; one pass after "
+          "the gradients are reduced");
+    side_.reset();  // the update would have to wait for each bucket's all-reduce
     ddp.comm().set_compute_stream(stage_.stream());
     ddp.set_device_copies(copy_to_device, copy_to_host);
     DeviceBuffer<int64_t> scratch(static_cast<size_t>(ddp.comm().size()) + 1,
@@ -129,6 +139,7 @@ class GpuRunner final : public StageRunner {
     DDP_CUDA_CHECK(cudaMemcpyAsync(opt_step_.data(), pinned_step_.data(), sizeof(OptStep),
                                    cudaMemcpyHostToDevice, s));
     busy_marks_ = 0;
+    backwards_ = 0;
     // The stream is idle (the previous step was waited for): this event is placed at the
     // host's clock now, and every event of the step is placed from it.
     anchor_us_ = TimelineRecorder::now_us();
@@ -171,7 +182,18 @@ class GpuRunner final : public StageRunner {
     (void)micro;
     wait_for(&grad_sent_[slot]);  // grad_input(slot) of an earlier micro-batch is sent
     busy_begin(SpanKind::kBackward, micro);
-    stage_.backward(slot, spec_.batch, accumulate, on_layer_done);
+    if (++backwards_ == spec_.micro_batches && side_) {
+      // The step's last backward: each layer is updated on the side stream as soon as
+      // backward no longer reads it (its input gradient, which reads its weights, is enqueued
+      // before the next lower layer's hook), beside the layers below.
+      stage_.backward(slot, spec_.batch, accumulate, [&](int local) {
+        if (on_layer_done) on_layer_done(local);
+        if (local + 1 < spec_.end - spec_.first) update_layer(local + 1);
+      });
+      update_layer(0);
+    } else {
+      stage_.backward(slot, spec_.batch, accumulate, on_layer_done);
+    }
     busy_end();
   }
   void send_gradient(int micro, int slot) override {
@@ -186,7 +208,12 @@ class GpuRunner final : public StageRunner {
   }
   bool grads_nonfinite() override { return false; }
   void optimizer_step() override {
-    stage_.optimizer_step(opt_step_.data());
+    if (side_) {  // the updates were issued during the last backward: join them
+      DDP_CUDA_CHECK(cudaEventRecord(side_done_.get(), side_->get()));
+      DDP_CUDA_CHECK(cudaStreamWaitEvent(stage_.stream(), side_done_.get(), 0));
+    } else {
+      stage_.optimizer_step(opt_step_.data());
+    }
     ++optimizer_steps_;
   }
   void run_step(int64_t step, const std::function<void()>& enqueue) override {
@@ -273,6 +300,15 @@ class GpuRunner final : public StageRunner {
     return options;
   }
   size_t count(int width) const { return static_cast<size_t>(spec_.batch) * width; }
+  // --overlap-optimizer: layer `local`'s weights and bias updated on the side stream after
+  // what the compute stream has enqueued so far (their last gradients and every read).
+  void update_layer(int local) {
+    const LayerSlice& layer = spec_.shape.layer(spec_.first + local);
+    DDP_CUDA_CHECK(cudaEventRecord(layer_ready_[local]->get(), stage_.stream()));
+    DDP_CUDA_CHECK(cudaStreamWaitEvent(side_->get(), layer_ready_[local]->get(), 0));
+    stage_.optimizer_range(layer.weight_offset - spec_.param_offset(), layer.count(),
+                           opt_step_.data(), side_->get());
+  }
   void wait_for(std::unique_ptr<Work>* work) {
     if (*work) (*work)->then_on(stage_.stream());
     work->reset();
@@ -322,6 +358,10 @@ class GpuRunner final : public StageRunner {
   int captured_marks_ = 0;  // and in the captured step
   int64_t last_step_ = 0;
   int64_t optimizer_steps_ = 0;
+  int backwards_ = 0;                 // this step's, so far
+  std::unique_ptr<CudaStream> side_;  // --overlap-optimizer without data parallelism
+  std::vector<std::unique_ptr<CudaEvent>> layer_ready_;
+  CudaEvent side_done_;
   int64_t steps_run_ = 0;
   cudaGraph_t graph_ = nullptr;
   cudaGraphExec_t graph_exec_ = nullptr;

@@ -246,15 +246,23 @@ void CudaStage::backward(int slot, int batch, bool accumulate,
 }
 
 void CudaStage::optimizer_step(const OptStep* step) {
-  void* p16 = bf16() ? static_cast<void*>(params16_.data()) : nullptr;
-  if (optimizer_.kind == OptimizerKind::kAdamW)
-    launch_adamw(params_.data(), grads_.data(), state_a_.data(), state_b_.data(), p16,
-                 params_.count(), step, nullptr, optimizer_.beta1, optimizer_.beta2, optimizer_.eps,
-                 optimizer_.weight_decay, stream());
-  else
-    launch_sgd(params_.data(), grads_.data(), state_a_.data(), p16, params_.count(), step, nullptr,
-               optimizer_.momentum, optimizer_.weight_decay, stream());
+  optimizer_range(0, params_.count(), step, stream());
   after("optimizer");
+}
+
+void CudaStage::optimizer_range(size_t offset, size_t count, const OptStep* step,
+                                cudaStream_t stream) {
+  DDP_CHECK(offset + count <= params_.count(), "optimizer_range {}+{} past {} parameters", offset,
+            count, params_.count());
+  auto at = [offset](float* base) { return base != nullptr ? base + offset : nullptr; };
+  void* p16 = bf16() ? static_cast<void*>(params16_.data() + offset) : nullptr;
+  if (optimizer_.kind == OptimizerKind::kAdamW)
+    launch_adamw(at(params_.data()), at(grads_.data()), at(state_a_.data()), at(state_b_.data()),
+                 p16, count, step, nullptr, optimizer_.beta1, optimizer_.beta2, optimizer_.eps,
+                 optimizer_.weight_decay, stream);
+  else
+    launch_sgd(at(params_.data()), at(grads_.data()), at(state_a_.data()), p16, count, step,
+               nullptr, optimizer_.momentum, optimizer_.weight_decay, stream);
 }
 
 void CudaStage::set_params(const float* host) {

@@ -108,6 +108,9 @@ class CudaStage {
                 const std::function<void(int)>& on_layer_done = {});
   // The optimizer on the stage's flat buffers with the scalars at `step` (device memory).
   void optimizer_step(const OptStep* step);
+  // The same on parameters [offset, offset + count) of the stage's buffers, on `stream`:
+  // elementwise, so any partition of the buffer gives bitwise the whole-buffer result.
+  void optimizer_range(size_t offset, size_t count, const OptStep* step, cudaStream_t stream);
 
   // Loss summed and hits counted since the last call (synchronises the stream).
   LossSum take_sums(bool evaluation);

@@ -25,7 +25,8 @@ ddp_workload large
 steps="${PP_STEPS:-24}"
 common=(--device cuda --data synthetic --layers "$layers" --batch-size "$batch"
         --synthetic-samples $((batch * 2)) --lr-schedule constant --lr 0.01 --quiet)
-pp() { timeout 300 "$build/bin/ddprun" --nproc-per-node 2 -- "$build/bin/ddptrain" "${common[@]}" --pp 2 "$@"; }
+# PP_FLAGS: more flags for the pipelined runs (e.g. --overlap-optimizer).
+pp() { timeout 300 "$build/bin/ddprun" --nproc-per-node 2 -- "$build/bin/ddptrain" "${common[@]}" --pp 2 ${PP_FLAGS:-} "$@"; }
 one() { timeout 300 "$build/bin/ddptrain" "${common[@]}" "$@"; }
 failed=0
 

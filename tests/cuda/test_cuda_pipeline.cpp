@@ -76,6 +76,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(PipelineCase{"pp2_gpipe", 2, "--pp 2 --schedule gpipe"},
                       PipelineCase{"pp2_1f1b", 2, "--pp 2 --schedule 1f1b"},
                       PipelineCase{"pp4_1f1b", 4, "--pp 4 --schedule 1f1b"},
+                      PipelineCase{"pp2_1f1b_overlap_optimizer", 2,
+                                   "--pp 2 --schedule 1f1b --overlap-optimizer"},
                       PipelineCase{"dp2_pp2_gpipe", 4, "--pp 2 --schedule gpipe"}),
     [](const ::testing::TestParamInfo<PipelineCase>& info) { return info.param.name; });
 
