@@ -25,19 +25,12 @@ namespace ddp {
 
 CudaMlp::CudaMlp(MlpShape shape, int max_batch, const OptimizerConfig& optimizer,
                  const CudaMlpOptions& options)
-    : shape_(std::move(shape)), max_batch_(max_batch), optimizer_(optimizer), options_(options) {
+    : shape_(std::move(shape)), max_batch_(max_batch), options_(options) {
   DDP_CUBLAS_CHECK(cublasLtCreate(&lt_));
   const size_t count = shape_.param_count();
   params_ = DeviceBuffer<float>(count, MemoryCategory::kParameters);
   grads_ = DeviceBuffer<float>(count, MemoryCategory::kGradients);
-  if (optimizer.kind == OptimizerKind::kAdamW) {
-    state_a_ = DeviceBuffer<float>(count, MemoryCategory::kOptimizerState);
-    state_b_ = DeviceBuffer<float>(count, MemoryCategory::kOptimizerState);
-    DDP_CUDA_CHECK(cudaMemsetAsync(state_a_.data(), 0, state_a_.bytes(), stream()));
-    DDP_CUDA_CHECK(cudaMemsetAsync(state_b_.data(), 0, state_b_.bytes(), stream()));
-  } else if (optimizer.momentum != 0.0f) {
-    state_a_ = DeviceBuffer<float>(count, MemoryCategory::kOptimizerState);
-  }
+  updater_ = std::make_unique<DeviceOptimizer>(optimizer, count, stream());
   if (bf16()) params16_ = DeviceBuffer<uint16_t>(count, MemoryCategory::kParameters);
   for (int i = 0; i < shape_.num_layers(); ++i) {
     const int out = shape_.layer(i).out;
@@ -519,18 +512,8 @@ void CudaMlp::forward_backward(float grad_scale, bool accumulate, int micro) {
 }
 
 void CudaMlp::optimizer_range(size_t offset, size_t count, cudaStream_t stream) {
-  DDP_CHECK(offset + count <= shape_.param_count(), "optimizer_range {}+{} past {} parameters",
-            offset, count, shape_.param_count());
-  auto at = [offset](float* base) { return base != nullptr ? base + offset : nullptr; };
-  void* p16 = bf16() ? static_cast<void*>(params16_.data() + offset) : nullptr;
-  if (optimizer_.kind == OptimizerKind::kAdamW)
-    launch_adamw(at(params_.data()), at(grads_.data()), at(state_a_.data()), at(state_b_.data()),
-                 p16, count, schedule_steps_.data(), counter_.data(), optimizer_.beta1,
-                 optimizer_.beta2, optimizer_.eps, optimizer_.weight_decay, stream);
-  else
-    launch_sgd(at(params_.data()), at(grads_.data()), at(state_a_.data()), p16, count,
-               schedule_steps_.data(), counter_.data(), optimizer_.momentum,
-               optimizer_.weight_decay, stream);
+  updater_->update(params_.data(), grads_.data(), bf16() ? params16_.data() : nullptr, offset,
+                   count, schedule_steps_.data(), counter_.data(), stream);
 }
 
 void CudaMlp::optimizer_step() {
@@ -652,34 +635,12 @@ void CudaMlp::backward_host(const int32_t* labels, int batch, float grad_scale) 
 }
 
 std::vector<std::pair<std::string, std::vector<float>>> CudaMlp::get_optimizer_state() const {
-  std::vector<std::pair<std::string, std::vector<float>>> state;
-  auto download = [&](const char* name, const DeviceBuffer<float>& buffer) {
-    if (buffer.count() == 0) return;
-    std::vector<float> values(buffer.count());
-    DDP_CUDA_CHECK(cudaMemcpyAsync(values.data(), buffer.data(), buffer.bytes(),
-                                   cudaMemcpyDeviceToHost, stream()));
-    DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
-    state.emplace_back(name, std::move(values));
-  };
-  if (optimizer_.kind == OptimizerKind::kAdamW) {
-    download("exp_avg", state_a_);
-    download("exp_avg_sq", state_b_);
-  } else {
-    download("momentum", state_a_);
-  }
-  return state;
+  return updater_->state(stream());
 }
 
 void CudaMlp::set_optimizer_state(
     const std::vector<std::pair<std::string, std::vector<float>>>& state) {
-  for (const auto& [name, values] : state) {
-    const DeviceBuffer<float>* target = name == "exp_avg_sq" ? &state_b_ : &state_a_;
-    DDP_CHECK(values.size() == target->count(), "optimizer state {} has {} values, expected {}",
-              name, values.size(), target->count());
-    DDP_CUDA_CHECK(cudaMemcpyAsync(target->data(), values.data(), target->bytes(),
-                                   cudaMemcpyHostToDevice, stream()));
-  }
-  DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  updater_->set_state(state, stream());
 }
 
 void CudaMlp::poison_outputs() {

@@ -19,6 +19,7 @@
 #include "models/dataset.h"
 #include "models/mlp.h"
 #include "models/optimizer.h"
+#include "models/optimizer_cuda.h"
 #include "models/precision.h"
 #include "runtime/device_buffer.h"
 
@@ -161,12 +162,12 @@ class CudaMlp {
 
   MlpShape shape_;
   int max_batch_;
-  OptimizerConfig optimizer_;
   CudaMlpOptions options_;
   CudaStream stream_;
   cublasLtHandle_t lt_ = nullptr;
 
-  DeviceBuffer<float> params_, grads_, state_a_, state_b_;
+  DeviceBuffer<float> params_, grads_;
+  std::unique_ptr<DeviceOptimizer> updater_;
   DeviceBuffer<uint16_t> params16_;       // bf16 copy of the parameters (bf16 precision only)
   std::vector<DeviceBuffer<char>> acts_;  // output of each layer, [max_batch, out]
   std::vector<DeviceBuffer<char>> aux_;   // ReLU bit masks of hidden layers

@@ -14,12 +14,7 @@ namespace ddp {
 
 CudaStage::CudaStage(MlpShape shape, int first, int end, int max_batch, int slots,
                      const OptimizerConfig& optimizer, const CudaStageOptions& options)
-    : shape_(std::move(shape)),
-      first_(first),
-      end_(end),
-      max_batch_(max_batch),
-      optimizer_(optimizer),
-      options_(options) {
+    : shape_(std::move(shape)), first_(first), end_(end), max_batch_(max_batch), options_(options) {
   DDP_CHECK(first >= 0 && first < end && end <= shape_.num_layers(),
             "stage layers [{}, {}) of {} layers", first, end, shape_.num_layers());
   DDP_CHECK(slots >= 1 && max_batch >= 1, "stage with {} slots of {} samples", slots, max_batch);
@@ -28,15 +23,7 @@ CudaStage::CudaStage(MlpShape shape, int first, int end, int max_batch, int slot
   const size_t count = last.bias_offset + last.out - param_offset();
   params_ = DeviceBuffer<float>(count, MemoryCategory::kParameters);
   grads_ = DeviceBuffer<float>(count, MemoryCategory::kGradients);
-  if (optimizer.kind == OptimizerKind::kAdamW) {
-    state_a_ = DeviceBuffer<float>(count, MemoryCategory::kOptimizerState);
-    state_b_ = DeviceBuffer<float>(count, MemoryCategory::kOptimizerState);
-  } else if (optimizer.momentum != 0.0f) {
-    state_a_ = DeviceBuffer<float>(count, MemoryCategory::kOptimizerState);
-  }
-  for (DeviceBuffer<float>* state : {&state_a_, &state_b_})
-    if (state->count() > 0)
-      DDP_CUDA_CHECK(cudaMemsetAsync(state->data(), 0, state->bytes(), stream()));
+  updater_ = std::make_unique<DeviceOptimizer>(optimizer, count, stream());
   if (bf16()) params16_ = DeviceBuffer<uint16_t>(count, MemoryCategory::kParameters);
   const size_t rows = static_cast<size_t>(max_batch);
   int widest = 1;
@@ -252,17 +239,8 @@ void CudaStage::optimizer_step(const OptStep* step) {
 
 void CudaStage::optimizer_range(size_t offset, size_t count, const OptStep* step,
                                 cudaStream_t stream) {
-  DDP_CHECK(offset + count <= params_.count(), "optimizer_range {}+{} past {} parameters", offset,
-            count, params_.count());
-  auto at = [offset](float* base) { return base != nullptr ? base + offset : nullptr; };
-  void* p16 = bf16() ? static_cast<void*>(params16_.data() + offset) : nullptr;
-  if (optimizer_.kind == OptimizerKind::kAdamW)
-    launch_adamw(at(params_.data()), at(grads_.data()), at(state_a_.data()), at(state_b_.data()),
-                 p16, count, step, nullptr, optimizer_.beta1, optimizer_.beta2, optimizer_.eps,
-                 optimizer_.weight_decay, stream);
-  else
-    launch_sgd(at(params_.data()), at(grads_.data()), at(state_a_.data()), p16, count, step,
-               nullptr, optimizer_.momentum, optimizer_.weight_decay, stream);
+  updater_->update(params_.data(), grads_.data(), bf16() ? params16_.data() : nullptr, offset,
+                   count, step, nullptr, stream);
 }
 
 void CudaStage::set_params(const float* host) {
@@ -283,33 +261,12 @@ void CudaStage::get_params(float* host) const {
 }
 
 std::vector<std::pair<std::string, std::vector<float>>> CudaStage::get_optimizer_state() const {
-  std::vector<std::pair<std::string, std::vector<float>>> state;
-  auto download = [&](const char* name, const DeviceBuffer<float>& buffer) {
-    std::vector<float> values(buffer.count());
-    DDP_CUDA_CHECK(cudaMemcpyAsync(values.data(), buffer.data(), buffer.bytes(),
-                                   cudaMemcpyDeviceToHost, stream()));
-    DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
-    state.emplace_back(name, std::move(values));
-  };
-  if (optimizer_.kind == OptimizerKind::kAdamW) {
-    download("exp_avg", state_a_);
-    download("exp_avg_sq", state_b_);
-  } else if (state_a_.count() > 0) {
-    download("momentum", state_a_);
-  }
-  return state;
+  return updater_->state(stream());
 }
 
 void CudaStage::set_optimizer_state(
     const std::vector<std::pair<std::string, std::vector<float>>>& state) {
-  for (const auto& [name, values] : state) {
-    const DeviceBuffer<float>* target = name == "exp_avg_sq" ? &state_b_ : &state_a_;
-    DDP_CHECK(values.size() == target->count(), "optimizer state {} has {} values, expected {}",
-              name, values.size(), target->count());
-    DDP_CUDA_CHECK(cudaMemcpyAsync(target->data(), values.data(), target->bytes(),
-                                   cudaMemcpyHostToDevice, stream()));
-  }
-  DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  updater_->set_state(state, stream());
 }
 
 LossSum CudaStage::take_sums(bool evaluation) {

@@ -22,6 +22,7 @@
 #include "models/cuda_kernels.h"
 #include "models/mlp.h"
 #include "models/optimizer.h"
+#include "models/optimizer_cuda.h"
 #include "models/precision.h"
 #include "runtime/device_buffer.h"
 
@@ -139,11 +140,11 @@ class CudaStage {
 
   MlpShape shape_;
   int first_, end_, max_batch_;
-  OptimizerConfig optimizer_;
   CudaStageOptions options_;
   CudaStream stream_;
   cublasLtHandle_t lt_ = nullptr;
-  DeviceBuffer<float> params_, grads_, state_a_, state_b_;
+  DeviceBuffer<float> params_, grads_;
+  std::unique_ptr<DeviceOptimizer> updater_;
   DeviceBuffer<uint16_t> params16_;
   std::vector<Slot> slots_;
   std::vector<int64_t> aux_ld_;  // by local layer
