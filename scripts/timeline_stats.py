@@ -3,6 +3,8 @@
 median over steps of the forward, the backward (its layers' spans summed), the time from the
 end of backward to the end of the step (waiting for the reductions, then the optimizer), the
 all-reduces (their spans summed, and how much of them ran after backward ended), and the step.
+A pipeline's GPU trace has no optimizer span: its step runs from its first span to the next
+step's first span on that rank, so "after backward" is the optimizer and the step boundary.
 Usage: scripts/timeline_stats.py TRACE.json [--skip N]   (N first steps left out, default 2)"""
 import json
 import statistics
@@ -35,9 +37,11 @@ def main():
             forward = spans.get("forward", [])
             backward = spans.get("backward layer", []) + spans.get("backward", [])
             optimizer = spans.get("optimizer", [])
-            if not forward or not backward or not optimizer:
+            following = [a for v in steps.get((r, s + 1), {}).values() for a, _ in v]
+            if not forward or not backward or not (optimizer or following):
                 continue
-            start, end = min(a for a, _ in forward), max(b for _, b in optimizer)
+            start = min(a for a, _ in forward)
+            end = max(b for _, b in optimizer) if optimizer else min(following)
             backward_end = max(b for _, b in backward)
             rows["step"].append(end - start)
             rows["forward"].append(sum(b - a for a, b in forward))

@@ -2,7 +2,7 @@
 # scripts/plot_timeline.py on a real --timeline of a 2-stage pipeline (ddprun, Gloo): a PNG
 # with both ranks; a step range that was not recorded and a file that is not a trace are
 # refused. And on a GPU-shaped trace (a communication track beside the rank's), with
-# scripts/timeline_stats.py's figures for it. Exit 77 (skipped) without matplotlib or Gloo.
+# scripts/timeline_stats.py's figures for it, and for a GPU pipeline stage's trace. Exit 77 (skipped) without matplotlib or Gloo.
 # Usage: test_plot_timeline.sh DDPRUN DDPTRAIN
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -53,5 +53,21 @@ check grep -q "ranks: 2; steps 1-2" <<<"$out"
 stats="$("$py" "$root/scripts/timeline_stats.py" "$work/gpu.json" --skip 0)"
 echo "$stats"
 check grep -qF "| rank 0 GPU | 2 | 4.000 | 1.000 | 2.000 | 1.000 | 1.300 | 0.500 |" <<<"$stats"
+# A GPU pipeline stage's trace: two micro-batches' forwards and backwards, no optimizer span;
+# a step runs to the next step's first span (steps 1 and 2 counted, 3 only ends step 2).
+"$py" - "$work/pp.json" <<'PY'
+import json, sys
+events = [{"ph": "M", "name": "thread_name", "pid": 0, "tid": 0, "args": {"name": "rank 0 (stage 0, replica 0)"}}]
+for step in (1, 2, 3):
+    t = 10000 * step
+    for cat, mb, a, b in [("forward", 0, 0, 500), ("forward", 1, 500, 1000),
+                          ("backward", 0, 2000, 3000), ("backward", 1, 3500, 4500)]:
+        events.append({"ph": "X", "name": f"{cat} {mb}", "cat": cat, "pid": 0, "tid": 0, "ts": t + a,
+                       "dur": b - a, "args": {"step": step, "micro_batch": mb}})
+json.dump({"traceEvents": events}, open(sys.argv[1], "w"))
+PY
+stats="$("$py" "$root/scripts/timeline_stats.py" "$work/pp.json" --skip 0)"
+echo "$stats"
+check grep -qF "| rank 0 (stage 0, replica 0) | 2 | 10.000 | 1.000 | 2.000 | 5.500 | 0.000 | 0.000 |" <<<"$stats"
 [ $failed -eq 0 ] && echo "plot_timeline: ok"
 exit $failed
