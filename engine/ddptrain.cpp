@@ -15,8 +15,9 @@
 #include "collectives/communicator.h"
 #include "engine/checkpoint.h"
 #include "engine/config.h"
-#include "engine/gpu_trainer.h"
+#include "engine/gpu_monitor.h"
 #include "engine/metrics.h"
+#include "engine/stage_runner.h"
 #include "engine/trainer.h"
 #include "launcher/store_server.h"
 #include "runtime/device.h"
@@ -116,7 +117,7 @@ int main(int argc, char** argv) {
     if (!cuda) spdlog::info("gpu monitor: off (--device cpu)");
     // One process gets a communicator too when a backend is named, so that the data-parallel
     // path can be checked against the plain one on a single device.
-    // On the GPU, NCCL starts while the trainer builds its model (GroupStart); the CPU
+    // On the GPU, NCCL starts while the model runner builds its plans; the CPU
     // backends start here.
     ddp::CommunicatorStart starting;
     ddp::Stopwatch comm_clock;
@@ -167,20 +168,16 @@ int main(int argc, char** argv) {
       }
       return *loaded;
     };
-    if (cuda && config.pp == 1) {
-      ddp::GroupStart group;
-      group.rank = env.rank;
-      group.size = env.world_size;
-      group.get = [&]() -> ddp::Communicator* {
-        if (starting) started();
-        return comm.get();
-      };
-      ddp::train_on_gpu(config, data_ready, group, &metrics, nullptr, gpu_monitor.get());
-    } else {
-      // Pipelines (on CPUs or GPUs) and data parallelism on CPUs.
-      if (starting) started();
-      ddp::Trainer trainer(config, data_ready(), comm.get(), store.get());
-      trainer.run(&metrics);
+    // The whole model's GPU runner builds its plans (and autotunes) while the data loads and
+    // NCCL starts; a pipeline's stages, and the CPU, are made by the trainer.
+    std::unique_ptr<ddp::StageRunner> runner;
+    if (cuda && config.pp == 1) runner = ddp::make_gpu_model_runner(config, env.world_size);
+    const ddp::Dataset& data = data_ready();
+    if (starting) started();
+    {
+      // Its groups (split from the world) go before the world does.
+      ddp::Trainer trainer(config, data, comm.get(), store.get(), std::move(runner));
+      trainer.run(&metrics, gpu_monitor.get());
     }
     spdlog::info("process time {:.2f}s", process_clock.seconds());
     comm.reset();  // before the store and the device go

@@ -1,4 +1,4 @@
-// --timeline on the GPU: the step's spans from CUDA events, and their gather to rank 0.
+// --timeline on the GPU: the whole model's step's spans from CUDA events.
 #pragma once
 
 #include <cstddef>
@@ -6,7 +6,6 @@
 #include <deque>
 #include <vector>
 
-#include "collectives/communicator.h"
 #include "engine/ddp.h"
 #include "engine/timeline.h"
 #include "models/mlp_cuda.h"
@@ -98,10 +97,5 @@ class GpuTimeline {
   double anchor_us_ = 0;
   bool anchored_ = false;
 };
-
-// Every rank's spans at rank 0 (index = rank; the others get an empty list). Collective over
-// `comm` (NCCL: staged through device memory); null or one rank: this rank's alone.
-std::vector<std::vector<Span>> gather_spans_on_gpu(Communicator* comm,
-                                                   const std::vector<Span>& mine);
 
 }  // namespace ddp

@@ -2,8 +2,8 @@
 // stage's forward, loss and backward (activations kept in slots), the transfers to its
 // neighbouring stages, the optimizer, and host copies of its weights for checkpoints. The
 // trainer's one schedule executor (Trainer::run_schedule) drives either runner: the CPU one
-// (CpuStage, OpenBLAS, Gloo or MPI) or the GPU one (CudaStage, cuBLASLt, NCCL, the step
-// captured in a CUDA graph).
+// (CpuStage, OpenBLAS, Gloo or MPI), the GPU pipeline stage's (CudaStage, cuBLASLt, NCCL, the
+// step captured in a CUDA graph) or, without a pipeline, the whole model's on the GPU (CudaMlp).
 #pragma once
 
 #include <cstdint>
@@ -72,10 +72,15 @@ class StageRunner {
   virtual void set_optimizer_state(const NamedState& state, int64_t steps) = 0;
   virtual int64_t optimizer_steps() const = 0;
 
-  // A step: begin_step with this replica's samples of every micro-batch (micro-batch after
-  // micro-batch, batch each) and the optimizer's learning rate; then, inside run_step's
-  // `enqueue`, the schedule's actions, end_schedule() and optimizer_step().
-  virtual void begin_step(const int32_t* indices, int64_t step, float lr) = 0;
+  // Steps: begin_steps with this replica's samples of the next `steps` steps (each step's
+  // micro-batches in turn, batch samples each) and their learning rates, the first of them
+  // being step `first_step` (0-based); `steps` is at most steps_ahead(), and 1 unless a
+  // runner takes more (the whole model on one GPU uploads a chunk at once and waits for the
+  // device once per chunk). Then, for each step, inside run_step's `enqueue`: the schedule's
+  // actions, end_schedule() and optimizer_step().
+  virtual int steps_ahead() const { return 1; }
+  virtual void begin_steps(const int32_t* indices, const float* lrs, int64_t first_step,
+                           int steps) = 0;
   virtual void recv_activation(int micro, int slot) = 0;
   virtual void forward(int micro, int slot) = 0;
   virtual void send_activation(int micro, int slot) = 0;
@@ -106,6 +111,18 @@ class StageRunner {
   virtual void add_device_spans(TimelineRecorder& timeline, int64_t step) {
     (void)timeline, (void)step;
   }
+  // A runner made before the data and the communicator were ready (make_gpu_model_runner)
+  // takes them here, from the trainer's constructor; the others took them when made.
+  virtual void attach(const Dataset& data, Communicator* world, std::function<void()> abort_all) {
+    (void)data, (void)world, (void)abort_all;
+  }
+  // Sets the initial weights itself (the GPU model makes them on the device, bitwise the
+  // host's, or reads --init-weights while it builds) and returns true; false: the trainer
+  // makes them on the host and calls set_params().
+  virtual bool initial_params() { return false; }
+  // What the device holds, for the log and the metrics' "memory" record (empty on the CPU).
+  virtual std::string memory_report() const { return {}; }
+  virtual int64_t held_bytes() const { return 0; }
   // Training loss sums kept on the device since the last call (the CPU keeps none).
   virtual LossSum take_loss() { return {}; }
   // Loss sum and hits over samples [begin, end) of `split`, forwarded through the pipeline
@@ -125,6 +142,14 @@ std::unique_ptr<StageRunner> make_cpu_runner(const StageSpec& spec, const TrainC
                                              const Dataset& data, StageLinks links);
 // Only with CUDA (else a UsageError that says so). `world` names a stuck step in messages;
 // `abort_all` aborts every communicator of the job when a step stalls past --timeout.
+// The whole model on this process's GPU (no pipeline: one GPU, or one data-parallel rank):
+// CudaMlp with its device-resident data (or host staging), schedule chunks, autotuned plans,
+// the step captured in a CUDA graph, the optimizer overlapped with backward and the per-layer
+// GPU timeline when asked. Made before the data and the communicator are ready (its plans
+// and autotuning run while they load and start); the trainer attaches them. Only with CUDA.
+std::unique_ptr<StageRunner> make_gpu_model_runner(const TrainConfig& config, int replicas);
+// What the GPU runners refuse (flags that run on the CPU path only), as a UsageError.
+void check_gpu_supported(const TrainConfig& config);
 std::unique_ptr<StageRunner> make_gpu_runner(const StageSpec& spec, const TrainConfig& config,
                                              const Dataset& data, StageLinks links,
                                              Communicator* world, std::function<void()> abort_all);

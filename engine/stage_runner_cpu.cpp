@@ -61,10 +61,12 @@ class CpuRunner final : public StageRunner {
   }
   int64_t optimizer_steps() const override { return optimizer_->steps(); }
 
-  void begin_step(const int32_t* indices, int64_t step, float lr) override {
-    (void)step;
+  void begin_steps(const int32_t* indices, const float* lrs, int64_t first_step,
+                   int steps) override {
+    (void)first_step;
+    DDP_CHECK(steps == 1, "the CPU runner takes one step at a time, not {}", steps);
     std::copy_n(indices, indices_.size(), indices_.begin());
-    lr_ = lr;
+    lr_ = lrs[0];
     sends_.clear();
   }
   void recv_activation(int micro, int slot) override {

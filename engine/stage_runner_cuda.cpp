@@ -23,13 +23,6 @@ namespace ddp {
 
 namespace {
 
-void copy_to_device(void* dst, const void* src, size_t bytes) {
-  DDP_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
-}
-void copy_to_host(void* dst, const void* src, size_t bytes) {
-  DDP_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
-}
-
 // Inside a capture, an event recorded as an external node is recorded at every replay.
 void record(cudaEvent_t event, cudaStream_t stream) {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -120,8 +113,11 @@ class GpuRunner final : public StageRunner {
   }
   int64_t optimizer_steps() const override { return optimizer_steps_; }
 
-  void begin_step(const int32_t* indices, int64_t step, float lr) override {
-    (void)step;
+  void begin_steps(const int32_t* indices, const float* lrs, int64_t first_step,
+                   int steps) override {
+    (void)first_step;
+    DDP_CHECK(steps == 1, "a GPU pipeline stage takes one step at a time, not {}", steps);
+    const float lr = lrs[0];
     // The previous step has finished (run_step waits), so the pinned buffers are free.
     cudaStream_t s = stage_.stream();
     if (spec_.is_first() || spec_.is_last()) {
@@ -370,13 +366,17 @@ class GpuRunner final : public StageRunner {
 
 }  // namespace
 
-std::unique_ptr<StageRunner> make_gpu_runner(const StageSpec& spec, const TrainConfig& config,
-                                             const Dataset& data, StageLinks links,
-                                             Communicator* world, std::function<void()> abort_all) {
+void check_gpu_supported(const TrainConfig& config) {
   DDP_USAGE_CHECK(!config.check_replicas, "--check-replicas: runs on the CPU path only so far");
   DDP_USAGE_CHECK(config.on_nonfinite == OnNonfinite::kStop,
                   "--on-nonfinite {}: runs on the CPU path only so far (the GPU path stops)",
                   on_nonfinite_name(config.on_nonfinite));
+}
+
+std::unique_ptr<StageRunner> make_gpu_runner(const StageSpec& spec, const TrainConfig& config,
+                                             const Dataset& data, StageLinks links,
+                                             Communicator* world, std::function<void()> abort_all) {
+  check_gpu_supported(config);
   return std::make_unique<GpuRunner>(spec, config, data, links, world, std::move(abort_all));
 }
 

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <set>
 
 #include <spdlog/spdlog.h>
 
@@ -94,7 +95,7 @@ int max_batch_of(const TrainConfig& config, int local_batch) {
 }  // namespace
 
 Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* comm,
-                 StoreClient* store)
+                 StoreClient* store, std::unique_ptr<StageRunner> runner)
     : config_(config),
       data_(data),
       comm_(comm),
@@ -135,16 +136,24 @@ Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* c
                    schedule_name(config.schedule), describe_layout(layout_));
   }
   const StageLinks links{pipe_group_.get(), grad_group_ ? grad_group_.get() : pipe_group_.get()};
+  DDP_CHECK(runner == nullptr || (gpu && layout_.stages == 1),
+            "a runner made beforehand is the whole model's on the GPU");
   if (gpu) {
     std::vector<Communicator*> all{comm_, pipe_group_.get(), grad_group_.get(), dp_group_.get()};
-    runner_ = make_gpu_runner(spec_, config, data, links, comm_, [all] {
+    auto abort_all = [all] {
       for (Communicator* c : all)
         if (c != nullptr) c->abort();
-    });
+    };
+    if (layout_.stages == 1) {
+      runner_ = runner ? std::move(runner) : make_gpu_model_runner(config, layout_.replicas);
+      runner_->attach(data, comm_, abort_all);
+    } else {
+      runner_ = make_gpu_runner(spec_, config, data, links, comm_, abort_all);
+    }
   } else {
     runner_ = make_cpu_runner(spec_, config, data, links);
   }
-  {
+  if (!runner_->initial_params()) {
     // Every stage starts from the one-process initialisation and takes its layers.
     std::vector<float> whole(shape.param_count());
     if (config.init_weights.empty())
@@ -199,7 +208,34 @@ Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* c
       spdlog::info("no checkpoint at {}: starting afresh", path);
     }
   }
-  batch_indices_.resize(static_cast<size_t>(micro_batches_) * local_batch_);
+  batch_indices_.resize(static_cast<size_t>(runner_->steps_ahead()) * micro_batches_ *
+                        local_batch_);
+  lrs_.resize(runner_->steps_ahead());
+}
+
+void Trainer::plan_steps() {
+  // A chunk never crosses a logging, evaluation or checkpoint boundary, so a runner that
+  // waits for its device once per chunk has waited when the trainer needs its results.
+  const auto to_next = [&](int every) { return every - step_ % every; };
+  int64_t n =
+      std::min<int64_t>({runner_->steps_ahead(), total_steps_ - step_, to_next(config_.log_every)});
+  if (config_.checkpoint_every > 0) n = std::min<int64_t>(n, to_next(config_.checkpoint_every));
+  if (config_.eval_every > 0) n = std::min<int64_t>(n, to_next(config_.eval_every));
+  n = std::max<int64_t>(n, 1);  // step() past total_steps() (the tests') still runs one
+  const size_t per_step = static_cast<size_t>(micro_batches_) * local_batch_;
+  for (int64_t k = 0; k < n; ++k) {
+    const int64_t step = step_ + k;
+    // This replica's contiguous share of each micro-batch of the global batch.
+    for (int mb = 0; mb < micro_batches_; ++mb) {
+      const BatchSlice slice = rank_slice(step, config_.batch_size, layout_.replica,
+                                          layout_.replicas, mb, micro_batches_);
+      sampler_.indices(slice.begin, slice.count,
+                       &batch_indices_[k * per_step + static_cast<size_t>(mb) * local_batch_]);
+    }
+    lrs_[k] = lr_at(step, total_steps_, config_.lr, config_.lr_schedule, config_.warmup_steps);
+  }
+  runner_->begin_steps(batch_indices_.data(), lrs_.data(), step_, static_cast<int>(n));
+  planned_end_ = step_ + n;
 }
 
 RunSettings Trainer::settings() const {
@@ -310,16 +346,7 @@ StepStats Trainer::step() {
       "--fail-at-step {}: failing on purpose at step {}", config_.fail_at_step, step_ + 1);
   Stopwatch step_clock;
   StepStats stats;
-  // This replica's contiguous share of each micro-batch of the global batch.
-  for (int mb = 0; mb < micro_batches_; ++mb) {
-    const BatchSlice slice = rank_slice(step_, config_.batch_size, layout_.replica,
-                                        layout_.replicas, mb, micro_batches_);
-    sampler_.indices(slice.begin, slice.count,
-                     &batch_indices_[static_cast<size_t>(mb) * local_batch_]);
-  }
-  const float lr =
-      lr_at(step_, total_steps_, config_.lr, config_.lr_schedule, config_.warmup_steps);
-  runner_->begin_step(batch_indices_.data(), step_, lr);
+  if (step_ >= planned_end_) plan_steps();
   if (spec_.is_last()) stats.samples = local_batch_ * micro_batches_;
   if (runner_->on_gpu()) {
     // The whole step on the device (captured once, then replayed); its loss stays there
@@ -562,16 +589,28 @@ void Trainer::write_timeline() {
   std::vector<std::string> names;
   for (int r = 0; r < ranks_; ++r) {
     const int stage = r / layout_.replicas;
-    names.push_back(layout_.stages > 1 ? fmt::format("rank {} (stage {}, replica {})", r, stage,
-                                                     r % layout_.replicas)
-                                       : fmt::format("rank {}", r));
+    names.push_back(layout_.stages > 1  ? fmt::format("rank {} (stage {}, replica {})", r, stage,
+                                                      r % layout_.replicas)
+                    : runner_->on_gpu() ? fmt::format("rank {} GPU", r)
+                                        : fmt::format("rank {}", r));
   }
   write_chrome_trace(config_.timeline, all, names);
   spdlog::info("timeline of {} ranks written to {} (open it in https://ui.perfetto.dev)", ranks_,
                config_.timeline);
 }
 
-TrainResult Trainer::run(MetricsWriter* metrics_in) {
+std::vector<GpuWindow> Trainer::gather_gpu_windows(const GpuWindow& mine) {
+  // Every rank's window in its own slot; a sum over the world gathers them.
+  std::vector<double> all(static_cast<size_t>(ranks_) * kGpuWindowFields, 0.0);
+  pack_window(mine, &all[static_cast<size_t>(rank_) * kGpuWindowFields]);
+  sum_over_ranks(host_comm(), all.data(), all.size());
+  std::vector<GpuWindow> windows;
+  for (int r = 0; r < ranks_; ++r)
+    windows.push_back(unpack_window(&all[static_cast<size_t>(r) * kGpuWindowFields]));
+  return windows;
+}
+
+TrainResult Trainer::run(MetricsWriter* metrics_in, GpuMonitor* monitor) {
   MetricsWriter own_metrics = metrics_in != nullptr || config_.metrics.empty() || !lead()
                                   ? MetricsWriter()
                                   : MetricsWriter(config_.metrics);
@@ -583,6 +622,8 @@ TrainResult Trainer::run(MetricsWriter* metrics_in) {
   double busy_s = 0, step_s = 0;  // this rank's, over the window
   int64_t window_steps = 0;
   bool first = true;
+  std::set<std::string> gpu_warned;  // the GPU monitor's warnings, each said once
+  if (monitor != nullptr) monitor->begin_training();
   while (step_ < total_steps_) {
     if (ddp_) ddp_->record_events(first);
     const StepStats stats = step();
@@ -616,8 +657,19 @@ TrainResult Trainer::run(MetricsWriter* metrics_in) {
                 "steps up to {}: non-finite loss on rank {}; stopped before any checkpoint or "
                 "weights were written (lower --lr or check the data)",
                 step_, rank_);
+      nlohmann::json gpu_fields;
+      std::string gpu_note;
+      if (monitor != nullptr) {
+        const std::vector<GpuWindow> gpus = gather_gpu_windows(monitor->take_window());
+        if (lead()) {
+          for (const std::string& warning : gpu_warnings(gpus, &gpu_warned))
+            spdlog::warn("{}", warning);
+          gpu_fields = {{"gpu", gpu_windows_json(gpus)}};
+          gpu_note = gpu_compact(gpus[0]);
+        }
+      }
       progress.window(step_, window[0], static_cast<int64_t>(window[1]),
-                      static_cast<int64_t>(window[2]), &result);
+                      static_cast<int64_t>(window[2]), &result, gpu_fields, gpu_note);
       if (layout_.stages > 1) write_pipeline_record(metrics, step_, window_steps, busy_s, step_s);
       window[0] = window[1] = window[2] = 0;
       busy_s = step_s = 0;
@@ -655,6 +707,22 @@ TrainResult Trainer::run(MetricsWriter* metrics_in) {
                    {"peak_live_activations", peaks}});
   }
   progress.finish(seconds, &result);
+  if (monitor != nullptr) {
+    const std::vector<GpuWindow> gpus = gather_gpu_windows(monitor->whole_run());
+    if (lead()) {
+      spdlog::info("GPUs over the run (NVML, every {:.1f}s):", monitor->period_s());
+      for (const std::string& line : gpu_summary_table(gpus))
+        spdlog::info("  {}", line);
+      metrics.write({{"event", "gpu_summary"}, {"gpu", gpu_windows_json(gpus)}});
+    }
+  }
+  const std::string memory = runner_->memory_report();
+  if (!memory.empty()) {
+    spdlog::info("memory at end: {}", memory);
+    if (metrics.enabled())
+      metrics.write(
+          {{"event", "memory"}, {"report", memory}, {"held_bytes", runner_->held_bytes()}});
+  }
   if (!config_.timeline.empty()) write_timeline();
   if (!config_.checkpoint_dir.empty() &&
       (config_.checkpoint_every == 0 || step_ % config_.checkpoint_every != 0))

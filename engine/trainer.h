@@ -1,5 +1,5 @@
 // Trainer: the training loop, alone, as one data-parallel rank, as one pipeline stage, or
-// both (dp x pp), on the CPU or (a pipeline) on the GPU through its StageRunner: sampler -> this
+// both (dp x pp), on the CPU or the GPU through its StageRunner: sampler -> this
 // replica's slice of each micro-batch -> the stage's schedule of forwards, backwards and
 // activation/gradient transfers (bucket all-reduces over the stage's data-parallel group started as
 // layers finish on the last micro-batch) -> optimizer -> metrics, checkpoints; evaluation on the
@@ -14,6 +14,7 @@
 #include "engine/checkpoint.h"
 #include "engine/config.h"
 #include "engine/ddp.h"
+#include "engine/gpu_monitor.h"
 #include "engine/metrics.h"
 #include "engine/pipeline/schedule.h"
 #include "engine/sampler.h"
@@ -56,9 +57,11 @@ class Trainer {
   // constructs its Trainer with the same config. Checks that the model fits the data, that
   // the global batch divides among micro-batches and replicas, and (collective) that every
   // replica has the same model; broadcasts replica 0's parameters; resumes from the latest
-  // checkpoint with --resume.
+  // checkpoint with --resume. `runner`: the whole model's GPU runner, made beforehand
+  // (make_gpu_model_runner, while the data loaded and the communicator started); null: the
+  // trainer makes the runner its device and layout need.
   Trainer(const TrainConfig& config, const Dataset& data, Communicator* comm = nullptr,
-          StoreClient* store = nullptr);
+          StoreClient* store = nullptr, std::unique_ptr<StageRunner> runner = nullptr);
 
   int64_t total_steps() const { return total_steps_; }
   int64_t current_step() const { return step_; }
@@ -70,8 +73,10 @@ class Trainer {
   // through the pipeline: the last stage's sums, zero on the other stages.
   LossSum evaluate_range(const Split& split, int64_t begin, int64_t end);
   // The whole run: logs progress, writes metrics (to `metrics` when given, else to
-  // config.metrics), checkpoints, evaluates, saves weights (rank 0).
-  TrainResult run(MetricsWriter* metrics = nullptr);
+  // config.metrics), checkpoints, evaluates, saves weights (rank 0). `monitor` (GPU runs; null:
+  // none) samples this rank's GPU: each window's figures of every rank go into the window's
+  // metrics, the whole run's into a gpu_summary; every rank passes one or none alike.
+  TrainResult run(MetricsWriter* metrics = nullptr, GpuMonitor* monitor = nullptr);
 
   const MlpShape& shape() const { return spec_.shape; }
   // This rank's stage's parameters (the whole model without a pipeline), where its device
@@ -86,6 +91,11 @@ class Trainer {
   int peak_live_activations() const { return peak_live_; }
 
  private:
+  // The samples and learning rates of the next steps (as many as the runner takes at once, up
+  // to the next logging, evaluation or checkpoint step), handed to the runner.
+  void plan_steps();
+  // Every rank's GPU monitor window, at every rank (collective).
+  std::vector<GpuWindow> gather_gpu_windows(const GpuWindow& mine);
   // Runs this stage's actions for one step (every micro-batch); fills stats.
   void run_schedule(StepStats* stats);
   // The whole model's parameters and optimizer state on rank 0 (empty elsewhere);
@@ -134,7 +144,9 @@ class Trainer {
   int64_t resumed_from_ = -1;
   int peak_live_ = 0;
   TimelineRecorder timeline_;
-  std::vector<int32_t> batch_indices_;  // this replica's samples of every micro-batch
+  std::vector<int32_t> batch_indices_;  // this replica's samples of the planned steps
+  std::vector<float> lrs_;              // and their learning rates
+  int64_t planned_end_ = 0;             // steps before it are handed to the runner
 };
 
 // Checks before any training that every output this rank will write can be written:

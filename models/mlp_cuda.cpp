@@ -526,8 +526,7 @@ void CudaMlp::train_step(const std::function<void()>& after_backward) {
   const int micro_batches = options_.accumulate;
   // The loss of a step is the mean over all its micro-batches' samples.
   const float scale = 1.0f / static_cast<float>(max_batch_ * micro_batches);
-  const bool use_graph = options_.cuda_graph && !options_.sync_debug && host_split_ == nullptr;
-  auto whole_step = [&] {
+  run_step([&] {
     // Gradient sync (the layer hook) starts on the last micro-batch, as its layers finish.
     std::function<void(int)> hook;
     std::swap(hook, layer_hook_);  // off until the last micro-batch
@@ -538,7 +537,11 @@ void CudaMlp::train_step(const std::function<void()>& after_backward) {
     layer_hook_ = std::move(hook);
     if (after_backward) after_backward();
     optimizer_step();
-  };
+  });
+}
+
+void CudaMlp::run_step(const std::function<void()>& whole_step) {
+  const bool use_graph = options_.cuda_graph && !options_.sync_debug && host_split_ == nullptr;
   // The first step runs eagerly (cuBLASLt and module loading happen outside the capture).
   if (!use_graph || steps_taken_ == 0) {
     whole_step();
@@ -571,27 +574,34 @@ CudaMlp::Metrics CudaMlp::take_metrics() {
 CudaMlp::Eval CudaMlp::evaluate_test() {
   Eval eval;
   if (test_n_ == 0) return eval;
+  const Metrics m = evaluate_range(0, test_n_);
+  eval.samples = test_n_;
+  eval.loss = m.loss_sum / static_cast<double>(test_n_);
+  eval.accuracy = static_cast<double>(m.correct) / static_cast<double>(test_n_);
+  return eval;
+}
+
+CudaMlp::Metrics CudaMlp::evaluate_range(int64_t begin, int64_t end) {
+  DDP_CHECK(begin >= 0 && begin <= end && end <= test_n_, "test samples [{}, {}) of {}", begin, end,
+            test_n_);
   const Metrics pending = take_metrics();  // keep training metrics apart
   const int dim = shape_.input_width();
   const int last = shape_.num_layers() - 1;
-  for (int64_t begin = 0; begin < test_n_; begin += max_batch_) {
-    const int count = static_cast<int>(std::min<int64_t>(max_batch_, test_n_ - begin));
+  for (int64_t at = begin; at < end; at += max_batch_) {
+    const int count = static_cast<int>(std::min<int64_t>(max_batch_, end - at));
     build_plans(count);
-    const float* x = test_x_.data() + begin * dim;
+    const float* x = test_x_.data() + at * dim;
     if (bf16())
       launch_to_bf16(x, x_batch_.data(), static_cast<size_t>(count) * dim, stream());
     else
       DDP_CUDA_CHECK(cudaMemcpyAsync(x_batch_.data(), x, sizeof(float) * count * dim,
                                      cudaMemcpyDeviceToDevice, stream()));
     forward_layers(count, x_batch_.data());
-    launch_softmax_xent(static_cast<const float*>(act(last)), test_y_.data() + begin, count,
+    launch_softmax_xent(static_cast<const float*>(act(last)), test_y_.data() + at, count,
                         shape_.num_classes(), 0.0f, nullptr, bf16(), loss_sum_.data(),
                         correct_.data(), stream());
   }
   const Metrics m = take_metrics();
-  eval.samples = test_n_;
-  eval.loss = m.loss_sum / static_cast<double>(test_n_);
-  eval.accuracy = static_cast<double>(m.correct) / static_cast<double>(test_n_);
   // Put the training metrics back so the caller's window is unaffected.
   DDP_CUDA_CHECK(cudaMemcpyAsync(loss_sum_.data(), &pending.loss_sum, sizeof(double),
                                  cudaMemcpyHostToDevice, stream()));
@@ -599,7 +609,7 @@ CudaMlp::Eval CudaMlp::evaluate_test() {
   DDP_CUDA_CHECK(
       cudaMemcpyAsync(correct_.data(), &correct, sizeof(int), cudaMemcpyHostToDevice, stream()));
   DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
-  return eval;
+  return m;
 }
 
 std::vector<float> CudaMlp::forward_host(const float* x, int batch) {

@@ -109,6 +109,12 @@ class CudaMlp {
   // CUDA graph after the first step when graphs are on, NCCL calls included. Host code in
   // the hooks runs only for the eager first step and the captured second.
   void train_step(const std::function<void()>& after_backward = {});
+  // Runs `whole_step` (one step's work on stream()): eagerly for the first step, captured
+  // into a CUDA graph for the second and replayed from it afterwards (without calling
+  // `whole_step`) when graphs are on; eagerly every time otherwise (host staging, sync_debug).
+  void run_step(const std::function<void()>& whole_step);
+  int accumulate() const { return options_.accumulate; }
+  int max_schedule_steps() const { return options_.max_schedule_steps; }
 
   // Loss summed and hits counted since the last call (synchronises the stream).
   struct Metrics {
@@ -124,6 +130,8 @@ class CudaMlp {
     int64_t samples = 0;
   };
   Eval evaluate_test();
+  // Loss sum and hits over test samples [begin, end) (synchronous; no gradients).
+  Metrics evaluate_range(int64_t begin, int64_t end);
 
   // Testing hooks: forward on host input x[batch, in]; returns logits[batch, classes].
   std::vector<float> forward_host(const float* x, int batch);

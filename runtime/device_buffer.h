@@ -16,6 +16,14 @@
 
 namespace ddp {
 
+// Synchronous host <-> device copies (what Ddp::set_device_copies takes).
+inline void copy_to_device(void* dst, const void* src, size_t bytes) {
+  DDP_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+}
+inline void copy_to_host(void* dst, const void* src, size_t bytes) {
+  DDP_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+}
+
 enum class MemoryCategory {
   kParameters,
   kGradients,

@@ -1,22 +1,28 @@
-// train_on_gpu() in a build without CUDA.
-#include "engine/gpu_trainer.h"
+// The GPU runners in a build without CUDA: the error that says so.
 #include "engine/stage_runner.h"
 #include "runtime/error.h"
 
 namespace ddp {
 
-TrainResult train_on_gpu(const TrainConfig&, const std::function<const Dataset&()>&,
-                         const GroupStart&, MetricsWriter*, std::vector<float>*, GpuMonitor*) {
+namespace {
+[[noreturn]] void no_cuda() {
   throw UsageError(
       "--device cuda: this build has no CUDA support; rebuild with the CUDA toolkit or use "
       "--device cpu");
 }
+}  // namespace
+
+void check_gpu_supported(const TrainConfig&) {
+  no_cuda();
+}
+
+std::unique_ptr<StageRunner> make_gpu_model_runner(const TrainConfig&, int) {
+  no_cuda();
+}
 
 std::unique_ptr<StageRunner> make_gpu_runner(const StageSpec&, const TrainConfig&, const Dataset&,
                                              StageLinks, Communicator*, std::function<void()>) {
-  throw UsageError(
-      "--device cuda: this build has no CUDA support; rebuild with the CUDA toolkit or use "
-      "--device cpu");
+  no_cuda();
 }
 
 }  // namespace ddp

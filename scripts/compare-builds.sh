@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Two builds of ddptrain (say the commit before a change and after it) trained alike on this
+# machine's GPU: the weights after 40 steps must be bitwise the same, alone and data-parallel
+# (two ranks sharing the one GPU through ddprun --share-gpu, NCCL over sockets), in several
+# configurations (accumulation, the overlapped optimizer, bf16 gradients, checkpoints and
+# evaluation cutting the run into chunks). Prints a Markdown table; exits non-zero when any
+# configuration differs or fails.
+# Usage: scripts/compare-builds.sh OLD_BUILD NEW_BUILD [OUT_DIR]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+old="${1:?usage: scripts/compare-builds.sh OLD_BUILD NEW_BUILD [OUT_DIR]}"
+new="${2:?usage: scripts/compare-builds.sh OLD_BUILD NEW_BUILD [OUT_DIR]}"
+out="${3:-$(mktemp -d)}"
+mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+for b in "$old" "$new"; do
+  [ -x "$b/bin/ddptrain" ] || { echo "compare-builds: $b/bin/ddptrain: not built" >&2; exit 2; }
+done
+
+base=(--device cuda --data synthetic --layers 256,512,512,10 --synthetic-samples 8192 --batch-size 256
+      --steps 40 --lr 0.05 --quiet)
+# name | ranks | flags
+configs=(
+  "plain|1|"
+  "adamw, accumulate 4|1|--optimizer adamw --accumulate 4"
+  "overlapped optimizer|1|--overlap-optimizer"
+  "chunks cut by eval and checkpoints|1|--log-every 7 --eval-every 5 --checkpoint-every 9 --checkpoint-dir CKPT"
+  "no graph|1|--no-cuda-graph"
+  "dp 2|2|--bucket-mb 0.2 --first-bucket-mb 0.05"
+  "dp 2, accumulate 4|2|--accumulate 4 --bucket-mb 0.2"
+  "dp 2, overlapped optimizer|2|--overlap-optimizer --bucket-mb 0.2"
+  "dp 2, bf16 gradients|2|--grad-reduce bf16"
+)
+failed=0
+printf '| configuration | ranks | weights | old s | new s |\n|---|---|---|---|---|\n'
+i=0
+for entry in "${configs[@]}"; do
+  IFS='|' read -r name ranks flags <<<"$entry"
+  i=$((i + 1))
+  times=()
+  for side in old new; do
+    build="$old"; [ "$side" = new ] && build="$new"
+    run="$out/$i-$side"
+    rm -rf "$run"; mkdir -p "$run"
+    # shellcheck disable=SC2086
+    set -- ${flags//CKPT/$run/ckpt}
+    start=$(date +%s.%N)
+    if [ "$ranks" -eq 1 ]; then
+      timeout 180 "$build/bin/ddptrain" "${base[@]}" "$@" --save-weights "$run/w.safetensors" > "$run/log" 2>&1
+    else
+      timeout 300 "$build/bin/ddprun" --share-gpu --nproc-per-node "$ranks" -- "$build/bin/ddptrain" \
+        "${base[@]}" "$@" --save-weights "$run/w.safetensors" > "$run/log" 2>&1
+    fi
+    rc=$?
+    times+=("$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')")
+    [ $rc -eq 0 ] || { echo "compare-builds: $name ($side) exited $rc:" >&2; tail -3 "$run/log" >&2; }
+  done
+  if [ -s "$out/$i-old/w.safetensors" ] && cmp -s "$out/$i-old/w.safetensors" "$out/$i-new/w.safetensors"; then
+    verdict="bitwise the same"
+  else
+    verdict="DIFFER"
+    failed=1
+  fi
+  printf '| %s | %s | %s | %s | %s |\n' "$name" "$ranks" "$verdict" "${times[0]}" "${times[1]}"
+done
+echo "(old: $old, new: $new; each configuration 40 steps of ${base[*]:3:2} fp32; logs in $out)"
+exit $failed
