@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Two builds of ddptrain (say the commit before a change and after it) trained alike on this
-# machine's GPU: the weights after 40 steps must be bitwise the same, alone and data-parallel
-# (two ranks sharing the one GPU through ddprun --share-gpu, NCCL over sockets), in several
-# configurations (accumulation, the overlapped optimizer, bf16 gradients, checkpoints and
-# evaluation cutting the run into chunks). Prints a Markdown table; exits non-zero when any
-# configuration differs or fails.
-# Usage: scripts/compare-builds.sh OLD_BUILD NEW_BUILD [OUT_DIR]
+# Two builds of ddptrain (say the commit before a change and after it) trained alike: the
+# weights after 40 steps must be bitwise the same, alone and data-parallel, in several
+# configurations (accumulation, checkpoints and evaluation cutting the run into chunks, and on
+# the GPU the overlapped optimizer, no graph, bf16 gradients). On the GPU the two ranks share
+# this machine's one GPU (ddprun --share-gpu, NCCL over sockets); DEVICE=cpu compares the CPU
+# path (two ranks over Gloo). Prints a Markdown table; exits non-zero when any configuration
+# differs or fails.
+# Usage: [DEVICE=cpu] scripts/compare-builds.sh OLD_BUILD NEW_BUILD [OUT_DIR]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 old="${1:?usage: scripts/compare-builds.sh OLD_BUILD NEW_BUILD [OUT_DIR]}"
@@ -17,20 +18,29 @@ for b in "$old" "$new"; do
   [ -x "$b/bin/ddptrain" ] || { echo "compare-builds: $b/bin/ddptrain: not built" >&2; exit 2; }
 done
 
-base=(--device cuda --data synthetic --layers 256,512,512,10 --synthetic-samples 8192 --batch-size 256
+device="${DEVICE:-cuda}"
+layers=256,512,512,10
+[ "$device" = cpu ] && layers=64,256,128,10  # a few seconds for every run on two cores
+base=(--device "$device" --data synthetic --layers "$layers" --synthetic-samples 8192 --batch-size 256
       --steps 40 --lr 0.05 --quiet)
 # name | ranks | flags
 configs=(
   "plain|1|"
   "adamw, accumulate 4|1|--optimizer adamw --accumulate 4"
-  "overlapped optimizer|1|--overlap-optimizer"
   "chunks cut by eval and checkpoints|1|--log-every 7 --eval-every 5 --checkpoint-every 9 --checkpoint-dir CKPT"
-  "no graph|1|--no-cuda-graph"
   "dp 2|2|--bucket-mb 0.2 --first-bucket-mb 0.05"
   "dp 2, accumulate 4|2|--accumulate 4 --bucket-mb 0.2"
-  "dp 2, overlapped optimizer|2|--overlap-optimizer --bucket-mb 0.2"
-  "dp 2, bf16 gradients|2|--grad-reduce bf16"
 )
+share=()
+if [ "$device" = cuda ]; then
+  share=(--share-gpu)
+  configs+=(
+    "overlapped optimizer|1|--overlap-optimizer"
+    "no graph|1|--no-cuda-graph"
+    "dp 2, overlapped optimizer|2|--overlap-optimizer --bucket-mb 0.2"
+    "dp 2, bf16 gradients|2|--grad-reduce bf16"
+  )
+fi
 failed=0
 printf '| configuration | ranks | weights | old s | new s |\n|---|---|---|---|---|\n'
 i=0
@@ -48,7 +58,7 @@ for entry in "${configs[@]}"; do
     if [ "$ranks" -eq 1 ]; then
       timeout 180 "$build/bin/ddptrain" "${base[@]}" "$@" --save-weights "$run/w.safetensors" > "$run/log" 2>&1
     else
-      timeout 300 "$build/bin/ddprun" --share-gpu --nproc-per-node "$ranks" -- "$build/bin/ddptrain" \
+      timeout 300 "$build/bin/ddprun" "${share[@]}" --nproc-per-node "$ranks" -- "$build/bin/ddptrain" \
         "${base[@]}" "$@" --save-weights "$run/w.safetensors" > "$run/log" 2>&1
     fi
     rc=$?
@@ -63,5 +73,5 @@ for entry in "${configs[@]}"; do
   fi
   printf '| %s | %s | %s | %s | %s |\n' "$name" "$ranks" "$verdict" "${times[0]}" "${times[1]}"
 done
-echo "(old: $old, new: $new; each configuration 40 steps of ${base[*]:3:2} fp32; logs in $out)"
+echo "(old: $old, new: $new; each configuration 40 steps of ${base[*]:4:2} on $device, fp32; logs in $out)"
 exit $failed
