@@ -14,6 +14,7 @@
 #include <spdlog/spdlog.h>
 
 #include "engine/ddp.h"
+#include "engine/ddp_device.h"
 #include "engine/gpu_timeline.h"
 #include "engine/optimizer_overlap.h"
 #include "engine/stage_runner.h"
@@ -134,15 +135,9 @@ class GpuModelRunner final : public StageRunner {
 
   void prepare_ddp(Ddp& ddp, uint64_t fingerprint, const std::string& description) override {
     ddp_ = &ddp;
-    ddp.comm().set_compute_stream(model_->stream());
-    ddp.set_device_copies(copy_to_device, copy_to_host);
-    DeviceBuffer<int64_t> scratch(static_cast<size_t>(ddp.comm().size()) + 1,
-                                  MemoryCategory::kOther);
-    ddp.check_same_layout(fingerprint, description, scratch.data());
-    if (config_.grad_reduce == GradReduce::kBf16) {
-      bf16_grads_ = DeviceBuffer<uint16_t>(shape_.param_count(), MemoryCategory::kGradients);
-      ddp.reduce_in_bf16(bf16_grads_.data());
-    }
+    bf16_grads_ =
+        prepare_device_ddp(ddp, model_->stream(), fingerprint, description,
+                           config_.grad_reduce == GradReduce::kBf16, shape_.param_count());
     if (lead_)
       spdlog::info(
           "data parallel over {} GPUs ({}): {} buckets, overlap {}, gradients reduced in {}",

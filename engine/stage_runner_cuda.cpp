@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "engine/ddp.h"
+#include "engine/ddp_device.h"
 #include "engine/stage_runner.h"
 #include "engine/step_watchdog.h"
 #include "engine/timeline.h"
@@ -89,15 +90,8 @@ class GpuRunner final : public StageRunner {
           "--overlap-optimizer: not with data parallelism in a pipeline; one pass after "
           "the gradients are reduced");
     side_.reset();  // the update would have to wait for each bucket's all-reduce
-    ddp.comm().set_compute_stream(stage_.stream());
-    ddp.set_device_copies(copy_to_device, copy_to_host);
-    DeviceBuffer<int64_t> scratch(static_cast<size_t>(ddp.comm().size()) + 1,
-                                  MemoryCategory::kOther);
-    ddp.check_same_layout(fingerprint, description, scratch.data());
-    if (config_.grad_reduce == GradReduce::kBf16) {
-      bf16_grads_ = DeviceBuffer<uint16_t>(spec_.param_count(), MemoryCategory::kGradients);
-      ddp.reduce_in_bf16(bf16_grads_.data());
-    }
+    bf16_grads_ = prepare_device_ddp(ddp, stage_.stream(), fingerprint, description,
+                                     config_.grad_reduce == GradReduce::kBf16, spec_.param_count());
   }
 
   std::vector<float> get_params() override {
