@@ -255,8 +255,7 @@ class GpuModelRunner final : public StageRunner {
   }
   LossSum take_loss() override {
     wait_idle();
-    const CudaMlp::Metrics m = model_->take_metrics();
-    return {m.loss_sum, static_cast<int>(m.correct)};
+    return model_->take_sums();
   }
   LossSum evaluate(const Split& split, int64_t begin, int64_t end) override {
     wait_idle();
@@ -264,8 +263,7 @@ class GpuModelRunner final : public StageRunner {
       model_->set_test_data(split);
       test_split_ = &split;
     }
-    const CudaMlp::Metrics m = model_->evaluate_range(begin, end);
-    return {m.loss_sum, static_cast<int>(m.correct)};
+    return model_->evaluate_range(begin, end);
   }
   std::string memory_report() const override { return model_->memory_report(); }
   int64_t held_bytes() const override { return static_cast<int64_t>(memory_ledger().total()); }

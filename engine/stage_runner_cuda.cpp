@@ -19,6 +19,7 @@
 #include "models/mlp_stage_cuda.h"
 #include "runtime/cuda_check.h"
 #include "runtime/error.h"
+#include "runtime/step_graph.h"
 
 namespace ddp {
 
@@ -73,11 +74,7 @@ class GpuRunner final : public StageRunner {
                  spec.first, spec.end - 1, spec.slots, stage_.memory_report());
   }
 
-  ~GpuRunner() override {
-    cudaStreamSynchronize(stage_.stream());
-    if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
-    if (graph_) cudaGraphDestroy(graph_);
-  }
+  ~GpuRunner() override { cudaStreamSynchronize(stage_.stream()); }
 
   bool on_gpu() const override { return true; }
   float* params() override { return stage_.params(); }
@@ -207,24 +204,15 @@ class GpuRunner final : public StageRunner {
     ++optimizer_steps_;
   }
   void run_step(int64_t step, const std::function<void()>& enqueue) override {
-    const bool use_graph = config_.cuda_graph && !config_.sync_debug;
-    if (!use_graph || steps_run_ == 0) {
-      enqueue();
-    } else {
-      if (graph_exec_ == nullptr) {
-        DDP_CUDA_CHECK(cudaStreamBeginCapture(stage_.stream(), cudaStreamCaptureModeThreadLocal));
-        enqueue();
-        DDP_CUDA_CHECK(cudaStreamEndCapture(stage_.stream(), &graph_));
-        DDP_CUDA_CHECK(cudaGraphInstantiate(&graph_exec_, graph_, 0));
-        captured_marks_ = busy_marks_;
-        if (spec_.stage == 0) spdlog::info("pipeline step captured in a CUDA graph");
-      } else {
-        ++optimizer_steps_;             // the replayed step's optimizer, counted as enqueue() would
-        busy_marks_ = captured_marks_;  // its events, recorded again by the replay
-      }
-      DDP_CUDA_CHECK(cudaGraphLaunch(graph_exec_, stage_.stream()));
+    const StepGraph::Ran ran =
+        graph_.run(stage_.stream(), config_.cuda_graph && !config_.sync_debug, enqueue);
+    if (ran == StepGraph::Ran::kCaptured) {
+      captured_marks_ = busy_marks_;
+      if (spec_.stage == 0) spdlog::info("pipeline step captured in a CUDA graph");
+    } else if (ran == StepGraph::Ran::kReplayed) {
+      ++optimizer_steps_;             // the replayed step's optimizer, counted as enqueue() would
+      busy_marks_ = captured_marks_;  // its events, recorded again by the replay
     }
-    ++steps_run_;
     last_step_ = step + 1;
     if (watchdog_) {
       watchdog_->mark(step + 1);
@@ -352,9 +340,7 @@ class GpuRunner final : public StageRunner {
   std::unique_ptr<CudaStream> side_;  // --overlap-optimizer without data parallelism
   std::vector<std::unique_ptr<CudaEvent>> layer_ready_;
   CudaEvent side_done_;
-  int64_t steps_run_ = 0;
-  cudaGraph_t graph_ = nullptr;
-  cudaGraphExec_t graph_exec_ = nullptr;
+  StepGraph graph_;  // the step, captured at the second and replayed
   std::unique_ptr<StepWatchdog> watchdog_;
 };
 

@@ -28,10 +28,7 @@ CudaMlp::CudaMlp(MlpShape shape, int max_batch, const OptimizerConfig& optimizer
     : shape_(std::move(shape)), max_batch_(max_batch), options_(options) {
   DDP_CUBLAS_CHECK(cublasLtCreate(&lt_));
   const size_t count = shape_.param_count();
-  params_ = DeviceBuffer<float>(count, MemoryCategory::kParameters);
-  grads_ = DeviceBuffer<float>(count, MemoryCategory::kGradients);
-  updater_ = std::make_unique<DeviceOptimizer>(optimizer, count, stream());
-  if (bf16()) params16_ = DeviceBuffer<uint16_t>(count, MemoryCategory::kParameters);
+  weights_ = std::make_unique<DeviceParameters>(count, bf16(), optimizer, stream());
   for (int i = 0; i < shape_.num_layers(); ++i) {
     const int out = shape_.layer(i).out;
     const bool last = i + 1 == shape_.num_layers();
@@ -56,19 +53,14 @@ CudaMlp::CudaMlp(MlpShape shape, int max_batch, const OptimizerConfig& optimizer
   pinned_indices_ = PinnedBuffer<int32_t>(schedule_indices_.count());
   pinned_steps_ = PinnedBuffer<OptStep>(schedule_steps_.count());
   counter_ = DeviceBuffer<int>(1, MemoryCategory::kOther);
-  loss_sum_ = DeviceBuffer<double>(1, MemoryCategory::kOther);
-  correct_ = DeviceBuffer<int>(1, MemoryCategory::kOther);
+  sums_ = std::make_unique<DeviceLossSums>(stream());
   DDP_CUDA_CHECK(cudaMemsetAsync(counter_.data(), 0, sizeof(int), stream()));
-  DDP_CUDA_CHECK(cudaMemsetAsync(loss_sum_.data(), 0, sizeof(double), stream()));
-  DDP_CUDA_CHECK(cudaMemsetAsync(correct_.data(), 0, sizeof(int), stream()));
   build_plans(max_batch);
   DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
 }
 
 CudaMlp::~CudaMlp() {
   cudaStreamSynchronize(stream());
-  if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
-  if (graph_) cudaGraphDestroy(graph_);
   plans_.clear();
   if (lt_) cublasLtDestroy(lt_);
 }
@@ -91,8 +83,7 @@ void CudaMlp::build_plans(int batch) {
   // Weights as the products read them: the bf16 copy in bf16 precision.
   auto weight = [&](int i) -> void* {
     const LayerSlice& l = shape_.layer(i);
-    return bf16() ? static_cast<void*>(params16_.data() + l.weight_offset)
-                  : static_cast<void*>(params_.data() + l.weight_offset);
+    return weights_->for_products(l.weight_offset);
   };
   const int last = shape_.num_layers() - 1;
   for (int i = 0; i <= last; ++i) {
@@ -110,8 +101,8 @@ void CudaMlp::build_plans(int batch) {
     f.a_type = act_type, f.b_type = act_type, f.d_type = hidden ? act_type : CUDA_R_32F;
     f.compute = compute;
     f.a = weight(i), f.b = input, f.d = act(i);
-    f.bias = (hidden && bf16()) ? static_cast<void*>(params16_.data() + l.bias_offset)
-                                : static_cast<void*>(params_.data() + l.bias_offset);
+    f.bias = hidden ? weights_->for_products(l.bias_offset)
+                    : static_cast<void*>(weights_->params() + l.bias_offset);
     f.epilogue = hidden ? CUBLASLT_EPILOGUE_RELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS;
     f.aux = hidden ? aux_[i].data() : nullptr;
     f.aux_ld = aux_ld_[i];
@@ -128,8 +119,8 @@ void CudaMlp::build_plans(int batch) {
     w.lda = l.in, w.ldb = l.out, w.ldd = l.in;
     w.a_type = act_type, w.b_type = act_type, w.d_type = CUDA_R_32F;
     w.compute = compute;
-    w.a = input, w.b = dz, w.d = grads_.data() + l.weight_offset;
-    w.bias = grads_.data() + l.bias_offset;
+    w.a = input, w.b = dz, w.d = weights_->grads() + l.weight_offset;
+    w.bias = weights_->grads() + l.bias_offset;
     w.epilogue = CUBLASLT_EPILOGUE_BGRADB;
     plans.dw.push_back(make_plan(lt_, w, ws, fused, CUBLASLT_EPILOGUE_DEFAULT));
     plans.dw_plain.push_back(options_.autotune && batch == max_batch_
@@ -231,8 +222,8 @@ void CudaMlp::autotune(Plans& plans, int batch) {
   }
   std::vector<int> choices;
   // Real values (not garbage, not zeros) in every buffer the products read.
-  launch_fill(params_.data(), params_.count(), false, 0.01f, stream());
-  if (bf16()) launch_fill(params16_.data(), params16_.count(), true, 0.01f, stream());
+  launch_fill(weights_->params(), weights_->count(), false, 0.01f, stream());
+  if (bf16()) launch_fill(weights_->params16(), weights_->count(), true, 0.01f, stream());
   for (int i = 0; i < shape_.num_layers(); ++i) {
     const bool last = i + 1 == shape_.num_layers();
     launch_fill(act(i), acts_[i].bytes() / (last ? 4 : act_bytes()), !last && bf16(), 0.01f,
@@ -265,7 +256,8 @@ void CudaMlp::autotune(Plans& plans, int batch) {
     if (plans.dw[i]->epilogue() == CUBLASLT_EPILOGUE_BGRADB && plans.dw_plain[i]) {
       const auto fused = tune(*plans.dw[i], nullptr);
       const auto plain = tune(*plans.dw_plain[i], [&] {
-        launch_bias_grad(dz, batch, l.out, bf16(), grads_.data() + l.bias_offset, false, stream());
+        launch_bias_grad(dz, batch, l.out, bf16(), weights_->grads() + l.bias_offset, false,
+                         stream());
       });
       if (plain.first < fused.first) std::swap(plans.dw[i], plans.dw_plain[i]);
       choices.push_back(plain.first < fused.first);
@@ -341,7 +333,7 @@ void CudaMlp::backward_layers(int batch, const void* input, bool accumulate) {
     dw.run(workspace_.data(), workspace_.bytes(), stream());
     after("weight-gradient matmul");
     if (dw.epilogue() != CUBLASLT_EPILOGUE_BGRADB) {
-      launch_bias_grad(dz, batch, l.out, bf16(), grads_.data() + l.bias_offset, accumulate,
+      launch_bias_grad(dz, batch, l.out, bf16(), weights_->grads() + l.bias_offset, accumulate,
                        stream());
       after("bias gradient");
     }
@@ -359,10 +351,7 @@ void CudaMlp::backward_layers(int batch, const void* input, bool accumulate) {
 }
 
 void CudaMlp::set_params(const float* host) {
-  DDP_CUDA_CHECK(
-      cudaMemcpyAsync(params_.data(), host, params_.bytes(), cudaMemcpyHostToDevice, stream()));
-  if (bf16()) launch_to_bf16(params_.data(), params16_.data(), params_.count(), stream());
-  DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  weights_->set(host);
 }
 
 void CudaMlp::init_params_on_device(uint64_t seed) {
@@ -371,29 +360,24 @@ void CudaMlp::init_params_on_device(uint64_t seed) {
     const uint64_t key = mix_seed(seed, static_cast<uint64_t>(i));  // as init_params
     const float bound = 1.0f / std::sqrt(static_cast<float>(layer.in));
     const size_t weights = static_cast<size_t>(layer.in) * layer.out;
-    launch_counter_uniform(params_.data() + layer.weight_offset, weights, key, 0, -bound, bound,
+    launch_counter_uniform(weights_->params() + layer.weight_offset, weights, key, 0, -bound, bound,
                            stream());
-    launch_counter_uniform(params_.data() + layer.bias_offset, layer.out, key, weights, -bound,
+    launch_counter_uniform(weights_->params() + layer.bias_offset, layer.out, key, weights, -bound,
                            bound, stream());
   }
   refresh_low_precision_params();
 }
 
 void CudaMlp::refresh_low_precision_params() {
-  if (bf16()) launch_to_bf16(params_.data(), params16_.data(), params_.count(), stream());
-  DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  weights_->refresh_low_precision();
 }
 
 void CudaMlp::get_params(float* host) const {
-  DDP_CUDA_CHECK(
-      cudaMemcpyAsync(host, params_.data(), params_.bytes(), cudaMemcpyDeviceToHost, stream()));
-  DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  weights_->get(host);
 }
 
 void CudaMlp::get_grads(float* host) const {
-  DDP_CUDA_CHECK(
-      cudaMemcpyAsync(host, grads_.data(), grads_.bytes(), cudaMemcpyDeviceToHost, stream()));
-  DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  weights_->get_grads(host);
 }
 
 namespace {
@@ -504,16 +488,16 @@ void CudaMlp::forward_backward(float grad_scale, bool accumulate, int micro) {
   forward_layers(max_batch_, x_batch_.data());
   const int last = shape_.num_layers() - 1;
   launch_softmax_xent(static_cast<const float*>(act(last)), y_batch_.data(), max_batch_,
-                      shape_.num_classes(), grad_scale, grad_buffer(0), bf16(), loss_sum_.data(),
-                      correct_.data(), stream());
+                      shape_.num_classes(), grad_scale, grad_buffer(0), bf16(),
+                      sums_->loss(DeviceLossSums::kTraining),
+                      sums_->correct(DeviceLossSums::kTraining), stream());
   after("softmax cross-entropy");
   if (forward_hook_) forward_hook_();
   backward_layers(max_batch_, x_batch_.data(), accumulate);
 }
 
 void CudaMlp::optimizer_range(size_t offset, size_t count, cudaStream_t stream) {
-  updater_->update(params_.data(), grads_.data(), bf16() ? params16_.data() : nullptr, offset,
-                   count, schedule_steps_.data(), counter_.data(), stream);
+  weights_->update(offset, count, schedule_steps_.data(), counter_.data(), stream);
 }
 
 void CudaMlp::optimizer_step() {
@@ -541,50 +525,27 @@ void CudaMlp::train_step(const std::function<void()>& after_backward) {
 }
 
 void CudaMlp::run_step(const std::function<void()>& whole_step) {
-  const bool use_graph = options_.cuda_graph && !options_.sync_debug && host_split_ == nullptr;
-  // The first step runs eagerly (cuBLASLt and module loading happen outside the capture).
-  if (!use_graph || steps_taken_ == 0) {
-    whole_step();
-  } else {
-    if (graph_exec_ == nullptr) {
-      DDP_CUDA_CHECK(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal));
-      whole_step();
-      DDP_CUDA_CHECK(cudaStreamEndCapture(stream(), &graph_));
-      DDP_CUDA_CHECK(cudaGraphInstantiate(&graph_exec_, graph_, 0));
-    }
-    DDP_CUDA_CHECK(cudaGraphLaunch(graph_exec_, stream()));
-  }
-  ++steps_taken_;
+  graph_.run(stream(), options_.cuda_graph && !options_.sync_debug && host_split_ == nullptr,
+             whole_step);
 }
 
-CudaMlp::Metrics CudaMlp::take_metrics() {
-  Metrics metrics;
-  int correct = 0;
-  DDP_CUDA_CHECK(cudaMemcpyAsync(&metrics.loss_sum, loss_sum_.data(), sizeof(double),
-                                 cudaMemcpyDeviceToHost, stream()));
-  DDP_CUDA_CHECK(
-      cudaMemcpyAsync(&correct, correct_.data(), sizeof(int), cudaMemcpyDeviceToHost, stream()));
-  DDP_CUDA_CHECK(cudaMemsetAsync(loss_sum_.data(), 0, sizeof(double), stream()));
-  DDP_CUDA_CHECK(cudaMemsetAsync(correct_.data(), 0, sizeof(int), stream()));
-  DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
-  metrics.correct = correct;
-  return metrics;
+LossSum CudaMlp::take_sums() {
+  return sums_->take(DeviceLossSums::kTraining);
 }
 
 CudaMlp::Eval CudaMlp::evaluate_test() {
   Eval eval;
   if (test_n_ == 0) return eval;
-  const Metrics m = evaluate_range(0, test_n_);
+  const LossSum m = evaluate_range(0, test_n_);
   eval.samples = test_n_;
-  eval.loss = m.loss_sum / static_cast<double>(test_n_);
+  eval.loss = m.loss / static_cast<double>(test_n_);
   eval.accuracy = static_cast<double>(m.correct) / static_cast<double>(test_n_);
   return eval;
 }
 
-CudaMlp::Metrics CudaMlp::evaluate_range(int64_t begin, int64_t end) {
+LossSum CudaMlp::evaluate_range(int64_t begin, int64_t end) {
   DDP_CHECK(begin >= 0 && begin <= end && end <= test_n_, "test samples [{}, {}) of {}", begin, end,
             test_n_);
-  const Metrics pending = take_metrics();  // keep training metrics apart
   const int dim = shape_.input_width();
   const int last = shape_.num_layers() - 1;
   for (int64_t at = begin; at < end; at += max_batch_) {
@@ -598,18 +559,11 @@ CudaMlp::Metrics CudaMlp::evaluate_range(int64_t begin, int64_t end) {
                                      cudaMemcpyDeviceToDevice, stream()));
     forward_layers(count, x_batch_.data());
     launch_softmax_xent(static_cast<const float*>(act(last)), test_y_.data() + at, count,
-                        shape_.num_classes(), 0.0f, nullptr, bf16(), loss_sum_.data(),
-                        correct_.data(), stream());
+                        shape_.num_classes(), 0.0f, nullptr, bf16(),
+                        sums_->loss(DeviceLossSums::kEvaluation),
+                        sums_->correct(DeviceLossSums::kEvaluation), stream());
   }
-  const Metrics m = take_metrics();
-  // Put the training metrics back so the caller's window is unaffected.
-  DDP_CUDA_CHECK(cudaMemcpyAsync(loss_sum_.data(), &pending.loss_sum, sizeof(double),
-                                 cudaMemcpyHostToDevice, stream()));
-  const int correct = static_cast<int>(pending.correct);
-  DDP_CUDA_CHECK(
-      cudaMemcpyAsync(correct_.data(), &correct, sizeof(int), cudaMemcpyHostToDevice, stream()));
-  DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
-  return m;
+  return sums_->take(DeviceLossSums::kEvaluation);
 }
 
 std::vector<float> CudaMlp::forward_host(const float* x, int batch) {
@@ -638,19 +592,20 @@ void CudaMlp::backward_host(const int32_t* labels, int batch, float grad_scale) 
                                  cudaMemcpyHostToDevice, stream()));
   const int last = shape_.num_layers() - 1;
   launch_softmax_xent(static_cast<const float*>(act(last)), y_batch_.data(), batch,
-                      shape_.num_classes(), grad_scale, grad_buffer(0), bf16(), loss_sum_.data(),
-                      correct_.data(), stream());
+                      shape_.num_classes(), grad_scale, grad_buffer(0), bf16(),
+                      sums_->loss(DeviceLossSums::kTraining),
+                      sums_->correct(DeviceLossSums::kTraining), stream());
   backward_layers(batch, x_batch_.data(), false);
-  take_metrics();
+  take_sums();
 }
 
 std::vector<std::pair<std::string, std::vector<float>>> CudaMlp::get_optimizer_state() const {
-  return updater_->state(stream());
+  return weights_->optimizer_state();
 }
 
 void CudaMlp::set_optimizer_state(
     const std::vector<std::pair<std::string, std::vector<float>>>& state) {
-  updater_->set_state(state, stream());
+  weights_->set_optimizer_state(state);
 }
 
 void CudaMlp::poison_outputs() {
@@ -662,7 +617,7 @@ void CudaMlp::poison_outputs() {
   }
   launch_fill(grad_a_.data(), grad_a_.bytes() / act_bytes(), bf16(), nan, stream());
   launch_fill(grad_b_.data(), grad_b_.bytes() / act_bytes(), bf16(), nan, stream());
-  launch_fill(grads_.data(), grads_.count(), false, nan, stream());
+  launch_fill(weights_->grads(), weights_->count(), false, nan, stream());
   DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
 }
 

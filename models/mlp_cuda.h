@@ -17,11 +17,13 @@
 
 #include "models/cuda_kernels.h"
 #include "models/dataset.h"
+#include "models/device_loss.h"
+#include "models/device_parameters.h"
 #include "models/mlp.h"
 #include "models/optimizer.h"
-#include "models/optimizer_cuda.h"
 #include "models/precision.h"
 #include "runtime/device_buffer.h"
+#include "runtime/step_graph.h"
 
 namespace ddp {
 
@@ -57,8 +59,8 @@ class CudaMlp {
 
   const MlpShape& shape() const { return shape_; }
   cudaStream_t stream() const { return stream_.get(); }
-  float* device_params() const { return params_.data(); }
-  float* device_grads() const { return grads_.data(); }
+  float* device_params() const { return weights_->params(); }
+  float* device_grads() const { return weights_->grads(); }
 
   // Host <-> device copies of the flat buffers (synchronous).
   void set_params(const float* host);
@@ -116,12 +118,8 @@ class CudaMlp {
   int accumulate() const { return options_.accumulate; }
   int max_schedule_steps() const { return options_.max_schedule_steps; }
 
-  // Loss summed and hits counted since the last call (synchronises the stream).
-  struct Metrics {
-    double loss_sum = 0;
-    int64_t correct = 0;
-  };
-  Metrics take_metrics();
+  // Training loss summed and hits counted since the last call (synchronises the stream).
+  LossSum take_sums();
 
   // Accuracy and mean loss on the test split (synchronous; no gradients).
   struct Eval {
@@ -131,7 +129,7 @@ class CudaMlp {
   };
   Eval evaluate_test();
   // Loss sum and hits over test samples [begin, end) (synchronous; no gradients).
-  Metrics evaluate_range(int64_t begin, int64_t end);
+  LossSum evaluate_range(int64_t begin, int64_t end);
 
   // Testing hooks: forward on host input x[batch, in]; returns logits[batch, classes].
   std::vector<float> forward_host(const float* x, int batch);
@@ -174,11 +172,9 @@ class CudaMlp {
   CudaStream stream_;
   cublasLtHandle_t lt_ = nullptr;
 
-  DeviceBuffer<float> params_, grads_;
-  std::unique_ptr<DeviceOptimizer> updater_;
-  DeviceBuffer<uint16_t> params16_;       // bf16 copy of the parameters (bf16 precision only)
-  std::vector<DeviceBuffer<char>> acts_;  // output of each layer, [max_batch, out]
-  std::vector<DeviceBuffer<char>> aux_;   // ReLU bit masks of hidden layers
+  std::unique_ptr<DeviceParameters> weights_;  // parameters, gradients, bf16 copy, optimizer
+  std::vector<DeviceBuffer<char>> acts_;       // output of each layer, [max_batch, out]
+  std::vector<DeviceBuffer<char>> aux_;        // ReLU bit masks of hidden layers
   std::vector<int64_t> aux_ld_;
   DeviceBuffer<char> grad_a_, grad_b_;  // [max_batch, max_width] activation gradients
   DeviceBuffer<char> x_batch_;          // gathered input [max_batch, in]
@@ -192,8 +188,7 @@ class CudaMlp {
   PinnedBuffer<int32_t> pinned_indices_;
   PinnedBuffer<OptStep> pinned_steps_;
   DeviceBuffer<int> counter_;
-  DeviceBuffer<double> loss_sum_;
-  DeviceBuffer<int> correct_;
+  std::unique_ptr<DeviceLossSums> sums_;  // the loss's sums, training and evaluation
   int schedule_batch_ = 0;
 
   // Plans per batch size: forward[i], dw[i], dx[i].
@@ -223,9 +218,7 @@ class CudaMlp {
   std::unique_ptr<CudaEvent> copied_[2], consumed_[2];
   int64_t staged_ = 0;          // batches staged so far
   int64_t consumed_count_ = 0;  // batches used by steps
-  cudaGraph_t graph_ = nullptr;
-  cudaGraphExec_t graph_exec_ = nullptr;
-  int64_t steps_taken_ = 0;
+  StepGraph graph_;             // the step, captured at the second and replayed
 };
 
 }  // namespace ddp

@@ -21,10 +21,7 @@ CudaStage::CudaStage(MlpShape shape, int first, int end, int max_batch, int slot
   DDP_CUBLAS_CHECK(cublasLtCreate(&lt_));
   const LayerSlice& last = shape_.layer(end - 1);
   const size_t count = last.bias_offset + last.out - param_offset();
-  params_ = DeviceBuffer<float>(count, MemoryCategory::kParameters);
-  grads_ = DeviceBuffer<float>(count, MemoryCategory::kGradients);
-  updater_ = std::make_unique<DeviceOptimizer>(optimizer, count, stream());
-  if (bf16()) params16_ = DeviceBuffer<uint16_t>(count, MemoryCategory::kParameters);
+  weights_ = std::make_unique<DeviceParameters>(count, bf16(), optimizer, stream());
   const size_t rows = static_cast<size_t>(max_batch);
   int widest = 1;
   for (int i = first; i < end; ++i) {
@@ -52,10 +49,7 @@ CudaStage::CudaStage(MlpShape shape, int first, int end, int max_batch, int slot
   for (auto& buffer : pingpong_)
     buffer = DeviceBuffer<char>(rows * widest * act_bytes(), MemoryCategory::kActivations);
   workspace_ = DeviceBuffer<char>(options.workspace_bytes, MemoryCategory::kWorkspace);
-  loss_sum_ = DeviceBuffer<double>(2, MemoryCategory::kOther);
-  correct_ = DeviceBuffer<int>(2, MemoryCategory::kOther);
-  DDP_CUDA_CHECK(cudaMemsetAsync(loss_sum_.data(), 0, loss_sum_.bytes(), stream()));
-  DDP_CUDA_CHECK(cudaMemsetAsync(correct_.data(), 0, correct_.bytes(), stream()));
+  sums_ = std::make_unique<DeviceLossSums>(stream());
   DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
 }
 
@@ -98,8 +92,7 @@ const CudaStage::Plans& CudaStage::plans(int slot, int batch) {
   const size_t base = param_offset();
   auto weight = [&](int i) -> void* {
     const size_t at = shape_.layer(i).weight_offset - base;
-    return bf16() ? static_cast<void*>(params16_.data() + at)
-                  : static_cast<void*>(params_.data() + at);
+    return weights_->for_products(at);
   };
   for (int i = first_; i < end_; ++i) {
     const LayerSlice& l = shape_.layer(i);
@@ -111,8 +104,8 @@ const CudaStage::Plans& CudaStage::plans(int slot, int batch) {
     f.a_type = act_type, f.b_type = act_type, f.d_type = hidden(i) ? act_type : CUDA_R_32F;
     f.compute = compute;
     f.a = weight(i), f.b = layer_input(slot, i), f.d = act(slot, i);
-    f.bias = (hidden(i) && bf16()) ? static_cast<void*>(params16_.data() + l.bias_offset - base)
-                                   : static_cast<void*>(params_.data() + l.bias_offset - base);
+    f.bias = hidden(i) ? weights_->for_products(l.bias_offset - base)
+                       : static_cast<void*>(weights_->params() + l.bias_offset - base);
     f.epilogue = hidden(i) ? CUBLASLT_EPILOGUE_RELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS;
     f.aux = hidden(i) ? slots_[slot].aux[local].data() : nullptr;
     f.aux_ld = aux_ld_[local];
@@ -128,8 +121,8 @@ const CudaStage::Plans& CudaStage::plans(int slot, int batch) {
     w.lda = l.in, w.ldb = l.out, w.ldd = l.in;
     w.a_type = act_type, w.b_type = act_type, w.d_type = CUDA_R_32F;
     w.compute = compute;
-    w.a = layer_input(slot, i), w.b = dz(slot, i), w.d = grads_.data() + l.weight_offset - base;
-    w.bias = grads_.data() + l.bias_offset - base;
+    w.a = layer_input(slot, i), w.b = dz(slot, i), w.d = weights_->grads() + l.weight_offset - base;
+    w.bias = weights_->grads() + l.bias_offset - base;
     w.epilogue = CUBLASLT_EPILOGUE_BGRADB;
     plans.dw.push_back(make_plan(lt_, w, ws, fused, CUBLASLT_EPILOGUE_DEFAULT));
     // Accumulation adds the product (beta = 1); the bias gradient is then our kernel's.
@@ -191,11 +184,11 @@ void CudaStage::forward(int slot, int batch) {
 void CudaStage::loss(int slot, int batch, float grad_scale, const int32_t* labels,
                      bool evaluation) {
   DDP_CHECK(is_last(), "loss() on a stage without the last layer");
-  const int which = evaluation ? 1 : 0;
+  const auto kind = evaluation ? DeviceLossSums::kEvaluation : DeviceLossSums::kTraining;
   launch_softmax_xent(static_cast<const float*>(output(slot)),
                       labels != nullptr ? labels : this->labels(slot), batch, shape_.num_classes(),
                       grad_scale, grad_scale != 0.0f ? grad_output(slot) : nullptr, bf16(),
-                      loss_sum_.data() + which, correct_.data() + which, stream());
+                      sums_->loss(kind), sums_->correct(kind), stream());
   after("softmax cross-entropy");
 }
 
@@ -216,7 +209,7 @@ void CudaStage::backward(int slot, int batch, bool accumulate,
     dw.run(workspace_.data(), workspace_.bytes(), stream());
     after("weight-gradient matmul");
     if (dw.epilogue() != CUBLASLT_EPILOGUE_BGRADB) {
-      launch_bias_grad(dz(slot, i), batch, l.out, bf16(), grads_.data() + l.bias_offset - base,
+      launch_bias_grad(dz(slot, i), batch, l.out, bf16(), weights_->grads() + l.bias_offset - base,
                        accumulate, stream());
       after("bias gradient");
     }
@@ -233,54 +226,38 @@ void CudaStage::backward(int slot, int batch, bool accumulate,
 }
 
 void CudaStage::optimizer_step(const OptStep* step) {
-  optimizer_range(0, params_.count(), step, stream());
+  optimizer_range(0, weights_->count(), step, stream());
   after("optimizer");
 }
 
 void CudaStage::optimizer_range(size_t offset, size_t count, const OptStep* step,
                                 cudaStream_t stream) {
-  updater_->update(params_.data(), grads_.data(), bf16() ? params16_.data() : nullptr, offset,
-                   count, step, nullptr, stream);
+  weights_->update(offset, count, step, nullptr, stream);
 }
 
 void CudaStage::set_params(const float* host) {
-  DDP_CUDA_CHECK(
-      cudaMemcpyAsync(params_.data(), host, params_.bytes(), cudaMemcpyHostToDevice, stream()));
-  refresh_low_precision_params();
+  weights_->set(host);
 }
 
 void CudaStage::refresh_low_precision_params() {
-  if (bf16()) launch_to_bf16(params_.data(), params16_.data(), params_.count(), stream());
-  DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  weights_->refresh_low_precision();
 }
 
 void CudaStage::get_params(float* host) const {
-  DDP_CUDA_CHECK(
-      cudaMemcpyAsync(host, params_.data(), params_.bytes(), cudaMemcpyDeviceToHost, stream()));
-  DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  weights_->get(host);
 }
 
 std::vector<std::pair<std::string, std::vector<float>>> CudaStage::get_optimizer_state() const {
-  return updater_->state(stream());
+  return weights_->optimizer_state();
 }
 
 void CudaStage::set_optimizer_state(
     const std::vector<std::pair<std::string, std::vector<float>>>& state) {
-  updater_->set_state(state, stream());
+  weights_->set_optimizer_state(state);
 }
 
 LossSum CudaStage::take_sums(bool evaluation) {
-  const int which = evaluation ? 1 : 0;
-  double loss = 0;
-  int correct = 0;
-  DDP_CUDA_CHECK(cudaMemcpyAsync(&loss, loss_sum_.data() + which, sizeof(double),
-                                 cudaMemcpyDeviceToHost, stream()));
-  DDP_CUDA_CHECK(cudaMemcpyAsync(&correct, correct_.data() + which, sizeof(int),
-                                 cudaMemcpyDeviceToHost, stream()));
-  DDP_CUDA_CHECK(cudaMemsetAsync(loss_sum_.data() + which, 0, sizeof(double), stream()));
-  DDP_CUDA_CHECK(cudaMemsetAsync(correct_.data() + which, 0, sizeof(int), stream()));
-  DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
-  return {loss, correct};
+  return sums_->take(evaluation ? DeviceLossSums::kEvaluation : DeviceLossSums::kTraining);
 }
 
 std::string CudaStage::memory_report() const {

@@ -20,9 +20,10 @@
 
 #include "models/cpu_ops.h"
 #include "models/cuda_kernels.h"
+#include "models/device_loss.h"
+#include "models/device_parameters.h"
 #include "models/mlp.h"
 #include "models/optimizer.h"
-#include "models/optimizer_cuda.h"
 #include "models/precision.h"
 #include "runtime/device_buffer.h"
 
@@ -62,9 +63,9 @@ class CudaStage {
   size_t act_bytes() const { return bf16() ? 2 : 4; }
   // Where this stage's parameters start in the whole model's flat buffer, and how many.
   size_t param_offset() const { return shape_.layer(first_).weight_offset; }
-  size_t param_count() const { return params_.count(); }
-  float* params() const { return params_.data(); }
-  float* grads() const { return grads_.data(); }
+  size_t param_count() const { return weights_->count(); }
+  float* params() const { return weights_->params(); }
+  float* grads() const { return weights_->grads(); }
 
   // Host copies of the stage's parameters (synchronous); set_params also makes the bf16 copy.
   void set_params(const float* host);
@@ -143,15 +144,12 @@ class CudaStage {
   CudaStageOptions options_;
   CudaStream stream_;
   cublasLtHandle_t lt_ = nullptr;
-  DeviceBuffer<float> params_, grads_;
-  std::unique_ptr<DeviceOptimizer> updater_;
-  DeviceBuffer<uint16_t> params16_;
+  std::unique_ptr<DeviceParameters> weights_;  // parameters, gradients, bf16 copy, optimizer
   std::vector<Slot> slots_;
   std::vector<int64_t> aux_ld_;  // by local layer
   DeviceBuffer<char> pingpong_[2];
   DeviceBuffer<char> workspace_;
-  DeviceBuffer<double> loss_sum_;  // [training, evaluation]
-  DeviceBuffer<int> correct_;      // [training, evaluation]
+  std::unique_ptr<DeviceLossSums> sums_;  // the loss's sums, training and evaluation
   std::map<std::pair<int, int>, Plans> plans_;
 };
 

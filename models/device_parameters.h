@@ -1,0 +1,61 @@
+// A model's or a pipeline stage's flat parameters on the GPU, their own part: float32
+// parameters and gradients, the bf16 copy the products read with bf16 precision, and the
+// optimizer over them (DeviceOptimizer), with host copies for checkpoints. Used by the whole
+// model (CudaMlp) and by a stage (CudaStage). Only built with CUDA. Every call is on the
+// owner's stream, given at construction, and the host copies synchronise it.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "models/optimizer.h"
+#include "models/optimizer_cuda.h"
+#include "runtime/device_buffer.h"
+
+namespace ddp {
+
+class DeviceParameters {
+ public:
+  DeviceParameters(size_t count, bool bf16, const OptimizerConfig& optimizer, cudaStream_t stream);
+
+  size_t count() const { return params_.count(); }
+  float* params() const { return params_.data(); }
+  float* grads() const { return grads_.data(); }
+  bool bf16() const { return params16_.count() > 0; }
+  uint16_t* params16() const { return params16_.data(); }  // null without bf16
+  // Element `offset` as the products read it: of the bf16 copy with bf16 precision, else of
+  // the float32 parameters.
+  void* for_products(size_t offset) const {
+    return bf16() ? static_cast<void*>(params16_.data() + offset)
+                  : static_cast<void*>(params_.data() + offset);
+  }
+
+  // Host copies (synchronous); set() also makes the bf16 copy.
+  void set(const float* host);
+  void get(float* host) const;
+  void get_grads(float* host) const;
+  // After the float32 parameters changed on the device (initialised there, or a broadcast):
+  // the bf16 copy made again from them. Synchronises.
+  void refresh_low_precision();
+
+  // The optimizer on parameters [offset, offset + count) with the scalars steps[*counter]
+  // (counter null: steps[0]), on `stream`: elementwise, so any partition of the buffer gives
+  // bitwise the whole-buffer result.
+  void update(size_t offset, size_t count, const OptStep* steps, const int* counter,
+              cudaStream_t stream);
+  // The optimizer's state for checkpoints: SGD "momentum"; AdamW "exp_avg", "exp_avg_sq".
+  std::vector<std::pair<std::string, std::vector<float>>> optimizer_state() const;
+  void set_optimizer_state(const std::vector<std::pair<std::string, std::vector<float>>>& state);
+
+ private:
+  cudaStream_t stream_;
+  DeviceBuffer<float> params_, grads_;
+  std::unique_ptr<DeviceOptimizer> optimizer_;
+  DeviceBuffer<uint16_t> params16_;
+};
+
+}  // namespace ddp

@@ -1,0 +1,54 @@
+// StepGraph: a training step captured once in a CUDA graph and replayed. The first run()
+// calls `enqueue` eagerly (cuBLASLt's and the modules' lazy loading happen outside any
+// capture), the second captures what it enqueues on `stream` and launches the graph, later
+// ones launch the graph without calling `enqueue`. Not enabled: eager every time. Used by the
+// whole model (CudaMlp) and by a GPU pipeline stage's runner. Only for code built with CUDA.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <functional>
+
+#include "runtime/cuda_check.h"
+
+namespace ddp {
+
+class StepGraph {
+ public:
+  enum class Ran { kEager, kCaptured, kReplayed };
+
+  StepGraph() = default;
+  ~StepGraph() {
+    if (exec_ != nullptr) cudaGraphExecDestroy(exec_);
+    if (graph_ != nullptr) cudaGraphDestroy(graph_);
+  }
+  StepGraph(const StepGraph&) = delete;
+  StepGraph& operator=(const StepGraph&) = delete;
+
+  Ran run(cudaStream_t stream, bool enabled, const std::function<void()>& enqueue) {
+    const bool first = runs_++ == 0;
+    if (!enabled || first) {
+      enqueue();
+      return Ran::kEager;
+    }
+    Ran ran = Ran::kReplayed;
+    if (exec_ == nullptr) {
+      DDP_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      enqueue();
+      DDP_CUDA_CHECK(cudaStreamEndCapture(stream, &graph_));
+      DDP_CUDA_CHECK(cudaGraphInstantiate(&exec_, graph_, 0));
+      ran = Ran::kCaptured;
+    }
+    DDP_CUDA_CHECK(cudaGraphLaunch(exec_, stream));
+    return ran;
+  }
+  int64_t runs() const { return runs_; }
+
+ private:
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+  int64_t runs_ = 0;
+};
+
+}  // namespace ddp
