@@ -226,6 +226,34 @@ TEST(GpuRun, EvalEveryLogsTheTestSplitMidRunWithoutDisturbingTraining) {
             load_weights(dir.file("plain.safetensors"), kLayers));
 }
 
+// The GPU trains as the CPU does, through the same loop: the same samples in the same order
+// and the same learning rate at every step, although the GPU takes a chunk of steps at once
+// (--log-every 7 cuts chunks of 7, --eval-every 5 and --checkpoint-every 9 cut them again) and
+// the CPU one at a time; fp32 weights after 40 steps within float rounding of the CPU's, SGD
+// and AdamW, on the cosine schedule (so that a step run with another step's rate shows).
+TEST(GpuRun, TrainsAsTheCpuDoes) {
+  REQUIRE_GPU();
+  TempDir dir;
+  const std::string common =
+      " --data synthetic --layers 24,64,32,6 --synthetic-samples 960 --batch-size 48 --steps 40 "
+      "--log-every 7 --eval-every 5 --checkpoint-every 9 --seed 5 --quiet --precision fp32";
+  for (const std::string optimizer : {"sgd", "adamw --lr 0.005"}) {
+    for (const std::string device : {"cpu", "cuda"}) {
+      const RunResult r =
+          run_command(kEnv + kTrain + common + " --optimizer " + optimizer + " --device " + device +
+                      " --checkpoint-dir " + dir.file(device + "-ckpt") + " --save-weights " +
+                      dir.file(device + ".safetensors"));
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+    }
+    const double error =
+        max_relative_error(load_weights(dir.file("cuda.safetensors"), "24,64,32,6"),
+                           load_weights(dir.file("cpu.safetensors"), "24,64,32,6"));
+    std::printf("--optimizer %s: GPU against CPU after 40 steps, max relative error %.3g\n",
+                optimizer.c_str(), error);
+    EXPECT_LT(error, 1e-3) << optimizer;
+  }
+}
+
 // The optimizer overlapped with backward (--overlap-optimizer) updates each range of
 // parameters with the same elementwise arithmetic as one pass after backward (the default):
 // bitwise the same weights, on one GPU (per layer) and with two ranks (per bucket), in fp32
