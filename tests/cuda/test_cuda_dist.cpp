@@ -250,7 +250,7 @@ TEST(GpuRun, TrainsAsTheCpuDoes) {
                            load_weights(dir.file("cpu.safetensors"), "24,64,32,6"));
     std::printf("--optimizer %s: GPU against CPU after 40 steps, max relative error %.3g\n",
                 optimizer.c_str(), error);
-    EXPECT_LT(error, 1e-3) << optimizer;
+    EXPECT_LT(error, 1e-5) << optimizer;  // measured 1.4e-07 (SGD), 1.6e-07 (AdamW)
   }
 }
 
