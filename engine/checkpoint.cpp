@@ -2,6 +2,9 @@
 #include "engine/checkpoint.h"
 
 #include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -10,8 +13,10 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <optional>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "models/safetensors.h"
 #include "runtime/checksum.h"
@@ -78,7 +83,14 @@ void save_checkpoint(const std::string& dir, const MlpShape& shape, const Checkp
       {"lr", text_of(c.settings.lr)},
       {"total_steps", std::to_string(c.settings.total_steps)},
       {"lr_schedule", c.settings.lr_schedule},
-      {"world_size", std::to_string(c.settings.world_size)}};
+      {"world_size", std::to_string(c.settings.world_size)},
+      {"data", c.settings.data},
+      {"synthetic_samples", std::to_string(c.settings.synthetic_samples)},
+      {"shuffle", c.settings.shuffle ? "true" : "false"},
+      {"data_dir", c.settings.data_dir},
+      {"momentum", text_of(c.settings.momentum)},
+      {"weight_decay", text_of(c.settings.weight_decay)},
+      {"warmup_steps", std::to_string(c.settings.warmup_steps)}};
   metadata["crc32"] = std::to_string(checksum(data, &metadata));
   if (keep <= 0) {
     write_safetensors(checkpoint_path(dir), refs, metadata);
@@ -92,19 +104,74 @@ void save_checkpoint(const std::string& dir, const MlpShape& shape, const Checkp
                       std::rename(link.c_str(), checkpoint_path(dir).c_str()) == 0,
                   "--checkpoint-dir {}: cannot point latest.safetensors at {}: {}", dir, name,
                   std::strerror(errno));
-  std::vector<std::string> steps;
+  prune_checkpoints(dir, c.step, keep);
+}
+
+std::optional<int64_t> step_of_checkpoint_file(const std::string& file) {
+  constexpr const char* kPrefix = "step-";
+  constexpr const char* kSuffix = ".safetensors";
+  const size_t prefix = std::strlen(kPrefix), suffix = std::strlen(kSuffix);
+  if (file.size() <= prefix + suffix || file.rfind(kPrefix, 0) != 0 ||
+      file.compare(file.size() - suffix, suffix, kSuffix) != 0)
+    return std::nullopt;
+  const std::string digits = file.substr(prefix, file.size() - prefix - suffix);
+  if (digits.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
+  return parse_number<int64_t>(digits);
+}
+
+std::vector<std::string> checkpoints_to_prune(const std::vector<std::string>& files,
+                                              int64_t current_step, int keep) {
+  // The one just written (latest points at it) is always kept. Of the others, those of
+  // this run's past (step below the current one) are the ones worth keeping, newest first;
+  // files of a later step were left by an earlier run and are pruned first.
+  std::vector<std::pair<int64_t, std::string>> others;
+  for (const std::string& file : files) {
+    const std::optional<int64_t> step = step_of_checkpoint_file(file);
+    if (step && *step != current_step) others.emplace_back(*step, file);
+  }
+  std::sort(others.begin(), others.end(), [&](const auto& a, const auto& b) {
+    const bool a_past = a.first < current_step, b_past = b.first < current_step;
+    if (a_past != b_past) return a_past;  // this run's past first
+    return a.first > b.first;             // then newest first
+  });
+  std::vector<std::string> pruned;
+  for (size_t i = static_cast<size_t>(std::max(keep - 1, 0)); i < others.size(); ++i)
+    pruned.push_back(others[i].second);
+  return pruned;
+}
+
+void prune_checkpoints(const std::string& dir, int64_t current_step, int keep) {
+  std::vector<std::string> files;
   if (DIR* folder = ::opendir(dir.c_str())) {
-    while (const dirent* entry = ::readdir(folder)) {
-      const std::string file = entry->d_name;
-      if (file.rfind("step-", 0) == 0 && file.size() == name.size() &&
-          file.compare(file.size() - 12, 12, ".safetensors") == 0)
-        steps.push_back(file);
-    }
+    while (const dirent* entry = ::readdir(folder))
+      files.push_back(entry->d_name);
     ::closedir(folder);
   }
-  std::sort(steps.begin(), steps.end());  // zero-padded: name order is step order
-  for (size_t i = 0; i + static_cast<size_t>(keep) < steps.size(); ++i)
-    ::unlink((dir + "/" + steps[i]).c_str());
+  for (const std::string& file : checkpoints_to_prune(files, current_step, keep))
+    ::unlink((dir + "/" + file).c_str());
+}
+
+std::optional<std::string> find_latest_checkpoint(const std::string& dir) {
+  const std::string path = checkpoint_path(dir);
+  struct stat entry {};
+  if (::lstat(path.c_str(), &entry) != 0) return std::nullopt;  // no checkpoint yet
+  struct stat target {};
+  if (::stat(path.c_str(), &target) != 0) {
+    const int error = errno;
+    throw UsageError(fmt::format(
+        "--checkpoint-dir {}: latest.safetensors is {} ({}); expected a checkpoint file: "
+        "remove it to start afresh",
+        dir, error == ELOOP ? "a symbolic link loop" : "a dangling symbolic link",
+        std::strerror(error)));
+  }
+  DDP_USAGE_CHECK(S_ISREG(target.st_mode),
+                  "--checkpoint-dir {}: latest.safetensors is {}; expected a checkpoint file: "
+                  "remove it to start afresh",
+                  dir,
+                  S_ISDIR(target.st_mode)    ? "a folder"
+                  : S_ISFIFO(target.st_mode) ? "a FIFO"
+                                             : "not a regular file");
+  return path;
 }
 
 Checkpoint load_checkpoint(const std::string& path, const MlpShape& shape,
@@ -156,17 +223,36 @@ Checkpoint load_checkpoint(const std::string& path, const MlpShape& shape,
   c.optimizer = optimizer;
   c.batch_size = batch_size;
   c.settings = current;
+  // Checkpoints written before a setting was recorded do not have its key: not compared.
+  const auto recorded = [&](const char* key) { return file.metadata.count(key) > 0; };
+  struct Setting {
+    const char* key;
+    std::string now;
+    const char* flag;
+  };
+  const Setting stream[] = {
+      {"data", current.data, "--data"},
+      {"synthetic_samples", std::to_string(current.synthetic_samples), "--synthetic-samples"},
+      {"shuffle", current.shuffle ? "true" : "false", "shuffle (--no-shuffle)"}};
+  for (const Setting& s : stream)
+    DDP_USAGE_CHECK(!recorded(s.key) || meta(s.key) == s.now,
+                    "{}: checkpoint of {} {}, but this run has {} (the sample stream would "
+                    "differ); resume with the checkpoint's value or start afresh in another "
+                    "--checkpoint-dir",
+                    path, s.flag, meta(s.key), s.now);
   if (!tensors_only) {
-    const std::pair<const char*, std::string> now[] = {
-        {"lr", text_of(current.lr)},
-        {"total_steps", std::to_string(current.total_steps)},
-        {"lr_schedule", current.lr_schedule},
-        {"world_size", std::to_string(current.world_size)}};
-    const char* flag[] = {"--lr", "the total steps (--steps/--epochs)", "--lr-schedule",
-                          "the number of ranks"};
-    for (size_t i = 0; i < 4; ++i)
-      if (meta(now[i].first) != now[i].second)
-        c.changed.push_back(fmt::format("{} {} -> {}", flag[i], meta(now[i].first), now[i].second));
+    const Setting allowed[] = {
+        {"lr", text_of(current.lr), "--lr"},
+        {"total_steps", std::to_string(current.total_steps), "the total steps (--steps/--epochs)"},
+        {"lr_schedule", current.lr_schedule, "--lr-schedule"},
+        {"world_size", std::to_string(current.world_size), "the number of ranks"},
+        {"data_dir", current.data_dir, "--data-dir"},
+        {"momentum", text_of(current.momentum), "--momentum"},
+        {"weight_decay", text_of(current.weight_decay), "--weight-decay"},
+        {"warmup_steps", std::to_string(current.warmup_steps), "--warmup-steps"}};
+    for (const Setting& s : allowed)
+      if (recorded(s.key) && meta(s.key) != s.now)
+        c.changed.push_back(fmt::format("{} {} -> {}", s.flag, meta(s.key), s.now));
   }
   c.params.resize(shape.param_count());
   mlp_params_from(file, path, shape, c.params.data());
@@ -180,6 +266,76 @@ Checkpoint load_checkpoint(const std::string& path, const MlpShape& shape,
     c.optimizer_state.emplace_back(name.substr(10), std::move(values));
   }
   return c;
+}
+
+void check_checkpoint_dir_of_this_run(const std::string& dir, const MlpShape& shape, uint64_t seed,
+                                      bool resume) {
+  if (resume || dir.empty()) return;
+  const std::optional<std::string> latest = find_latest_checkpoint(dir);
+  if (!latest) return;
+  const SafetensorsFile file = read_safetensors(*latest, /*metadata_only=*/true);
+  const auto meta = [&](const char* key) {
+    const auto found = file.metadata.find(key);
+    return found == file.metadata.end() ? std::string("?") : found->second;
+  };
+  const bool same = meta("layers") == shape.to_string() && meta("seed") == std::to_string(seed);
+  DDP_USAGE_CHECK(same,
+                  "--checkpoint-dir {}: holds the checkpoint of another run (--layers {} --seed "
+                  "{}, this run: --layers {} --seed {}); give --resume to continue that run "
+                  "or another --checkpoint-dir to start afresh (nothing was overwritten)",
+                  dir, meta("layers"), meta("seed"), shape.to_string(), seed);
+}
+
+namespace {
+std::string this_host() {
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  return host;
+}
+}  // namespace
+
+CheckpointDirLock::CheckpointDirLock(const std::string& dir) : path_(dir + "/.ddp-lock") {
+  ::mkdir(dir.c_str(), 0755);
+  std::string holder;
+  for (int attempt = 0;; ++attempt) {
+    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    DDP_USAGE_CHECK(fd_ >= 0, "--checkpoint-dir {}: cannot create the lock file {} ({})", dir,
+                    path_, std::strerror(errno));
+    char text[512] = {};
+    const ssize_t n = ::pread(fd_, text, sizeof(text) - 1, 0);
+    holder = n > 0 ? std::string(text, static_cast<size_t>(n)) : "";
+    // flock is released by the kernel when its holder dies, however it dies: a lock that
+    // cannot be taken belongs to a live job; one that can, but names a holder, is stale.
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      ::close(fd_);
+      fd_ = -1;
+      throw UsageError(fmt::format(
+          "--checkpoint-dir {}: in use by a running job ({}); two jobs writing one folder would "
+          "overwrite each other's checkpoints: give this one another --checkpoint-dir",
+          dir, holder.empty() ? "lock " + path_ : "held by " + holder));
+    }
+    // The holder may have removed the file between our open and our flock: that lock is on
+    // a name nobody else sees; take the one at the path instead.
+    struct stat held {
+    }, named{};
+    if ((::fstat(fd_, &held) == 0 && ::stat(path_.c_str(), &named) == 0 &&
+         held.st_ino == named.st_ino) ||
+        attempt == 10)
+      break;
+    ::close(fd_);
+  }
+  if (!holder.empty())
+    spdlog::warn("--checkpoint-dir {}: taking over a stale lock (held by {}, no longer running)",
+                 dir, holder);
+  const std::string mine = fmt::format("host {} pid {}", this_host(), ::getpid());
+  (void)!::ftruncate(fd_, 0);
+  (void)!::pwrite(fd_, mine.data(), mine.size(), 0);
+}
+
+CheckpointDirLock::~CheckpointDirLock() {
+  if (fd_ < 0) return;
+  ::unlink(path_.c_str());  // while still held, so that no other job's lock is removed
+  ::close(fd_);
 }
 
 }  // namespace ddp

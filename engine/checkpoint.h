@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,6 +24,15 @@ struct RunSettings {
   int64_t total_steps = 0;
   std::string lr_schedule;  // "cosine" | "constant"
   int world_size = 1;
+  // The sample stream: a change is refused like the seed's.
+  std::string data;               // "fashion" | "synthetic" | "npy"
+  int64_t synthetic_samples = 0;  // 0 unless --data synthetic
+  bool shuffle = true;
+  // May change on purpose: named in the warning.
+  std::string data_dir;
+  float momentum = 0;
+  float weight_decay = 0;
+  int64_t warmup_steps = 0;
 };
 
 struct Checkpoint {
@@ -40,9 +50,24 @@ std::string checkpoint_path(const std::string& dir);  // DIR/latest.safetensors
 
 // Writes atomically (see above). Only one rank should call it. With keep > 0 the file is
 // DIR/step-NNNNNNNNN.safetensors, latest.safetensors becomes a link to it (swapped in
-// atomically once the file is complete) and only the newest `keep` step files stay.
+// atomically once the file is complete) and `keep` step files stay (prune_checkpoints).
 void save_checkpoint(const std::string& dir, const MlpShape& shape, const Checkpoint& checkpoint,
                      int keep = 0);
+
+// The step of a "step-N.safetensors" name (any number of digits), or nullopt.
+std::optional<int64_t> step_of_checkpoint_file(const std::string& file);
+// Which of `files` (names in a checkpoint folder) go when the checkpoint of `current_step`
+// has just been written and `keep` are to stay: never the current one (latest points at it);
+// of the rest, this run's newest earlier steps stay and files of later steps (an earlier
+// run's) go first. Names that are not step files are never listed. Pure.
+std::vector<std::string> checkpoints_to_prune(const std::vector<std::string>& files,
+                                              int64_t current_step, int keep);
+void prune_checkpoints(const std::string& dir, int64_t current_step, int keep);
+
+// DIR/latest.safetensors when it is a checkpoint file (or a link to one); nullopt when there
+// is none. Throws UsageError, without opening it, when it is a dangling link, a link loop, a
+// FIFO, a folder or another non-regular file (a FIFO would block a reader forever).
+std::optional<std::string> find_latest_checkpoint(const std::string& dir);
 
 // Reads and verifies (the CRC covers the tensors and the metadata); throws UsageError
 // naming the file and the problem (truncated, checksum mismatch, other model, optimizer,
@@ -50,5 +75,25 @@ void save_checkpoint(const std::string& dir, const MlpShape& shape, const Checkp
 Checkpoint load_checkpoint(const std::string& path, const MlpShape& shape,
                            const std::string& optimizer, int batch_size,
                            const RunSettings& current);
+
+// Without --resume, refuses (UsageError) a folder whose latest checkpoint is of another run
+// (other --layers or --seed): training afresh there would replace it. Rank 0 calls it.
+void check_checkpoint_dir_of_this_run(const std::string& dir, const MlpShape& shape, uint64_t seed,
+                                      bool resume);
+
+// DIR/.ddp-lock, held (flock) for the lifetime of the object, with the holder's host and pid
+// in it: a second job on the same folder fails at start with a UsageError naming the
+// holder; a lock left by a job that died is taken over with a warning. Rank 0 holds it.
+class CheckpointDirLock {
+ public:
+  explicit CheckpointDirLock(const std::string& dir);
+  ~CheckpointDirLock();
+  CheckpointDirLock(const CheckpointDirLock&) = delete;
+  CheckpointDirLock& operator=(const CheckpointDirLock&) = delete;
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
 
 }  // namespace ddp

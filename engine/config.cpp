@@ -19,6 +19,8 @@
 namespace ddp {
 namespace {
 
+constexpr double kMaxBucketMb = 1 << 20;  // 1 TiB
+
 template <typename T>
 std::string text(const T& value) {
   return fmt::format("{}", value);
@@ -160,6 +162,8 @@ bool parse_train_args(int argc, char** argv, TrainConfig* config) {
     ("check-replicas", "after every step, check that every rank holds bitwise the same weights")
     ("on-nonfinite", "a NaN/Inf gradient or loss: stop (exit 1, nothing written) or skip-step (CPU)",
         cxxopts::value<std::string>()->default_value(on_nonfinite_name(d.on_nonfinite)))
+    ("max-skipped-steps", "with --on-nonfinite skip-step: stop (exit 1) when a logging window skips more "
+        "steps than this (-1: a tenth of --log-every)", cxxopts::value<std::string>()->default_value(text(d.max_skipped_steps)))
     ("checkpoint-dir", "write checkpoints to DIR/latest.safetensors", cxxopts::value<std::string>())
     ("checkpoint-every", "steps between checkpoints (0: at the end only)",
         cxxopts::value<std::string>()->default_value(text(d.checkpoint_every)))
@@ -217,7 +221,18 @@ bool parse_train_args(int argc, char** argv, TrainConfig* config) {
     DDP_USAGE_CHECK(optimizer == "sgd" || optimizer == "adamw",
                     "--optimizer {}: expected sgd or adamw", optimizer);
     c.optimizer.kind = optimizer == "adamw" ? OptimizerKind::kAdamW : OptimizerKind::kSgd;
-    c.optimizer.momentum = number<float>(result, "momentum");
+    {
+      // Checked before float32 rounding: 0.9999999999 would become 1 and be reported so.
+      const double momentum = number<double>(result, "momentum");
+      const std::string given = result["momentum"].as<std::string>();
+      DDP_USAGE_CHECK(momentum >= 0 && momentum < 1, "--momentum {}: expected a value in [0, 1)",
+                      given);
+      DDP_USAGE_CHECK(static_cast<float>(momentum) < 1,
+                      "--momentum {}: rounds to 1 in float32; expected a value in [0, 1) that "
+                      "float32 can tell from 1 (at most 0.99999994)",
+                      given);
+      c.optimizer.momentum = static_cast<float>(momentum);
+    }
     c.optimizer.weight_decay = result.count("weight-decay") ? number<float>(result, "weight-decay")
                                : c.optimizer.kind == OptimizerKind::kAdamW ? 0.01f
                                                                            : 0.0f;
@@ -261,12 +276,18 @@ bool parse_train_args(int argc, char** argv, TrainConfig* config) {
                     "--schedule {}: expected gpipe or 1f1b", pipeline);
     c.schedule =
         pipeline == "gpipe" ? PipelineSchedule::kGpipe : PipelineSchedule::kOneForwardOneBackward;
-    if (result.count("partition")) c.partition = result["partition"].as<std::string>();
+    if (result.count("partition")) {
+      c.partition = result["partition"].as<std::string>();
+      DDP_USAGE_CHECK(!c.partition.empty(),
+                      "--partition '': expected the layers of each stage, like 0-1,2-3 (leave "
+                      "the flag out for a partition balanced by FLOPs)");
+    }
     if (result.count("timeline")) c.timeline = result["timeline"].as<std::string>();
     c.check_replicas = result.count("check-replicas") > 0;
     c.on_nonfinite =
         choice<OnNonfinite>(result, "on-nonfinite",
                             {{"stop", OnNonfinite::kStop}, {"skip-step", OnNonfinite::kSkipStep}});
+    c.max_skipped_steps = number<int64_t>(result, "max-skipped-steps");
     if (result.count("checkpoint-dir"))
       c.checkpoint_dir = result["checkpoint-dir"].as<std::string>();
     c.checkpoint_every = number<int64_t>(result, "checkpoint-every");
@@ -295,7 +316,8 @@ void validate(const TrainConfig& c) {
   DDP_USAGE_CHECK(c.warmup_steps >= 0, "--warmup-steps {}: expected 0 or more", c.warmup_steps);
   DDP_USAGE_CHECK(c.optimizer.momentum >= 0 && c.optimizer.momentum < 1,
                   "--momentum {}: expected a value in [0, 1)", c.optimizer.momentum);
-  DDP_USAGE_CHECK(c.optimizer.weight_decay >= 0, "--weight-decay {}: expected 0 or more",
+  DDP_USAGE_CHECK(std::isfinite(c.optimizer.weight_decay) && c.optimizer.weight_decay >= 0,
+                  "--weight-decay {}: expected a finite number, 0 or more",
                   c.optimizer.weight_decay);
   DDP_USAGE_CHECK(c.device == Device::kCuda || c.precision == Precision::kFp32,
                   "--precision {}: the CPU trains in fp32 only; use --device cuda",
@@ -312,9 +334,11 @@ void validate(const TrainConfig& c) {
   // Gloo and NCCL turn the timeout into milliseconds in 32 or 64 bits: a week is plenty.
   DDP_USAGE_CHECK(std::isfinite(c.timeout) && c.timeout >= 0.1 && c.timeout <= 604800,
                   "--timeout {}: expected 0.1 to 604800 seconds (a week)", c.timeout);
-  DDP_USAGE_CHECK(c.bucket_mb > 0 && c.first_bucket_mb > 0,
-                  "--bucket-mb {} --first-bucket-mb {}: expected positive sizes", c.bucket_mb,
-                  c.first_bucket_mb);
+  // A bucket is a byte count in size_t: past 1 TiB the conversion is meaningless.
+  for (const auto& [flag, mb] : {std::pair<const char*, double>{"--bucket-mb", c.bucket_mb},
+                                 {"--first-bucket-mb", c.first_bucket_mb}})
+    DDP_USAGE_CHECK(std::isfinite(mb) && mb > 0 && mb <= kMaxBucketMb,
+                    "{} {}: expected a size in MiB above 0, at most {}", flag, mb, kMaxBucketMb);
   DDP_USAGE_CHECK(c.accumulate >= 1 && c.accumulate <= 1024, "--accumulate {}: expected 1 to 1024",
                   c.accumulate);
   const MlpShape shape = parse_layers(c.layers);
@@ -340,6 +364,10 @@ void validate(const TrainConfig& c) {
   DDP_USAGE_CHECK(c.pp == 1 || c.batch_size % micro == 0,
                   "--batch-size {}: does not divide into {} micro-batches (--micro-batches{})",
                   c.batch_size, micro, c.micro_batches == 0 ? " 0 means 4 x --pp" : "");
+  DDP_USAGE_CHECK(c.max_skipped_steps >= -1,
+                  "--max-skipped-steps {}: expected -1 (a tenth of "
+                  "--log-every) or a number of steps",
+                  c.max_skipped_steps);
   DDP_USAGE_CHECK(c.checkpoint_every >= 0, "--checkpoint-every {}: expected 0 or more",
                   c.checkpoint_every);
   DDP_USAGE_CHECK(!c.resume || !c.checkpoint_dir.empty(), "--resume: needs --checkpoint-dir");
@@ -404,6 +432,7 @@ nlohmann::json config_json(const TrainConfig& c) {
           {"partition", c.partition},
           {"timeline", c.timeline},
           {"on-nonfinite", on_nonfinite_name(c.on_nonfinite)},
+          {"max-skipped-steps", c.max_skipped_steps},
           {"checkpoint-dir", c.checkpoint_dir},
           {"checkpoint-every", c.checkpoint_every},
           {"keep-checkpoints", c.keep_checkpoints},

@@ -77,6 +77,7 @@ struct TrainConfig {
   std::string timeline;   // Chrome trace of every rank's forward/backward/send/recv/all-reduce
   bool check_replicas = false;  // compare every rank's weights after every step
   OnNonfinite on_nonfinite = OnNonfinite::kStop;
+  int64_t max_skipped_steps = -1;  // skip-step: most skipped steps a window; -1: --log-every / 10
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;  // steps; 0: only at the end when a directory is given
   int keep_checkpoints = 0;      // > 0: step-numbered files, the newest K kept

@@ -20,6 +20,7 @@
 #include "engine/stage_runner.h"
 #include "engine/trainer.h"
 #include "launcher/store_server.h"
+#include "models/mlp.h"
 #include "runtime/device.h"
 #include "runtime/error.h"
 #include "runtime/log.h"
@@ -27,8 +28,30 @@
 #include "runtime/store.h"
 #include "runtime/timer.h"
 
+namespace {
+
+// The metrics' last record when a run fails: why, at which step, on which rank.
+void write_failed(ddp::MetricsWriter& metrics, const std::exception& e, int64_t step, int rank,
+                  int exit_code) {
+  try {
+    metrics.write({{"event", "failed"},
+                   {"reason", e.what()},
+                   {"step", step},
+                   {"rank", rank},
+                   {"exit_code", exit_code},
+                   {"non_finite", dynamic_cast<const ddp::NonFiniteError*>(&e) != nullptr}});
+  } catch (const std::exception&) {
+    // the metrics file itself may be what failed
+  }
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   std::unique_ptr<ddp::Communicator> comm;
+  ddp::MetricsWriter metrics;  // outlives the try: a failure's record goes to it
+  int64_t step_reached = 0;
+  int rank = 0;
   try {
     ddp::Stopwatch process_clock;
     const double start_ms = ddp::wall_clock_ms();
@@ -40,11 +63,32 @@ int main(int argc, char** argv) {
     config.start_time_ms = env.launch_time_ms > 0 ? env.launch_time_ms : start_ms;
     const bool cuda = config.device == ddp::Device::kCuda;
     const bool lead = env.rank == 0;
+    rank = env.rank;
     const std::string device = ddp::device_name(config.device);
     ddp::set_process_context({env.rank, env.world_size, device});
     ddp::init_logging({env.rank, env.world_size, device, "", false, false});
     // Before anything slow: a run must not train for hours and then fail to write.
-    if (lead) ddp::check_outputs_writable(config);
+    std::unique_ptr<ddp::CheckpointDirLock> checkpoint_lock;
+    if (lead) {
+      ddp::check_outputs_writable(config);
+      if (!config.checkpoint_dir.empty()) {
+        checkpoint_lock = std::make_unique<ddp::CheckpointDirLock>(config.checkpoint_dir);
+        ddp::check_checkpoint_dir_of_this_run(
+            config.checkpoint_dir, ddp::parse_layers(config.layers), config.seed, config.resume);
+      }
+    }
+    // Before anything is allocated: what the flags ask for against what this machine has
+    // (its ranks share it); the GPU's part is checked once the device is bound.
+    const ddp::MemoryNeed need = ddp::estimate_memory(config);
+    {
+      ddp::MemoryNeed on_host = need;
+      if (cuda) on_host.model_bytes = on_host.activation_bytes = 0;
+      ddp::check_memory_fits(
+          config, on_host, ddp::available_host_bytes() / std::max(1, env.local_world_size),
+          env.local_world_size > 1
+              ? fmt::format("this machine's share of each of its {} ranks", env.local_world_size)
+              : "this machine");
+    }
     // The dataset loads (and decompresses) on another thread while CUDA and the
     // communicator start: both take hundreds of milliseconds.
     ddp::Stopwatch load_clock;
@@ -53,10 +97,8 @@ int main(int argc, char** argv) {
     // A resumed or restarted run appends to the metrics, marked by a "resume" record.
     const bool continuing =
         env.restart_count > 0 ||
-        (config.resume && std::ifstream(ddp::checkpoint_path(config.checkpoint_dir)).good());
-    ddp::MetricsWriter metrics = config.metrics.empty() || !lead
-                                     ? ddp::MetricsWriter()
-                                     : ddp::MetricsWriter(config.metrics, continuing);
+        (config.resume && ddp::find_latest_checkpoint(config.checkpoint_dir).has_value());
+    if (!config.metrics.empty() && lead) metrics = ddp::MetricsWriter(config.metrics, continuing);
     // srun without ddprun: rank 0 serves the store the others connect to.
     std::unique_ptr<ddp::StoreServer> served;
     if (env.serves_store) {
@@ -87,6 +129,15 @@ int main(int argc, char** argv) {
       ddp::init_logging(
           {env.rank, env.world_size, "cuda:" + device.uuid.substr(4, 8), "", false, false});
       spdlog::info("{}", ddp::describe_phases(device));
+      {
+        ddp::MemoryNeed on_device = need;
+        on_device.data_bytes = 0;  // kept on the host when it does not fit (--stage-from-host)
+        const int sharing = env.share_gpu ? std::max(1, env.local_world_size) : 1;
+        ddp::check_memory_fits(config, on_device, static_cast<double>(device.total_bytes) / sharing,
+                               sharing > 1
+                                   ? fmt::format("the GPU's share of each of its {} ranks", sharing)
+                                   : "the GPU " + device.name);
+      }
       if (env.share_gpu)
         spdlog::warn(
             "test mode (--share-gpu / DDP_SHARE_GPU=1): the ranks share this GPU, each its own "
@@ -177,7 +228,13 @@ int main(int argc, char** argv) {
     {
       // Its groups (split from the world) go before the world does.
       ddp::Trainer trainer(config, data, comm.get(), store.get(), std::move(runner));
-      trainer.run(&metrics, gpu_monitor.get());
+      step_reached = trainer.current_step();
+      try {
+        trainer.run(&metrics, gpu_monitor.get());
+      } catch (...) {
+        step_reached = trainer.current_step();
+        throw;
+      }
     }
     spdlog::info("process time {:.2f}s", process_clock.seconds());
     comm.reset();  // before the store and the device go
@@ -186,11 +243,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ddptrain: error: %s\n", e.what());
     std::fflush(stderr);
     if (comm) comm->abort();
+    write_failed(metrics, e, step_reached, rank, 2);
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ddptrain: error: %s\n", e.what());
     std::fflush(stderr);
     if (comm) comm->abort();
+    write_failed(metrics, e, step_reached, rank, 1);
     return 1;
   }
 }

@@ -4,9 +4,13 @@
 #include <cerrno>
 #include <cstring>
 
+#include <sys/stat.h>
+
+#include <cstdio>
 #include <ctime>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "runtime/error.h"
 #include "runtime/timer.h"
@@ -23,9 +27,25 @@ std::string iso_time(double wall_ms) {
                      static_cast<int>(wall_ms - static_cast<double>(whole) * 1000));
 }
 
+namespace {
+// A new run never erases an earlier run's records: they move to PATH.prev, said in a warning.
+const std::string& keep_earlier(const std::string& path, bool append) {
+  struct stat info {};
+  if (!append && ::stat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode) && info.st_size > 0) {
+    const std::string kept = path + ".prev";
+    DDP_USAGE_CHECK(std::rename(path.c_str(), kept.c_str()) == 0,
+                    "--metrics {}: holds an earlier run's records and cannot be moved to {} ({}); "
+                    "give another path or --resume to append",
+                    path, kept, std::strerror(errno));
+    spdlog::warn("--metrics {}: held an earlier run's records; moved them to {}", path, kept);
+  }
+  return path;
+}
+}  // namespace
+
 MetricsWriter::MetricsWriter(const std::string& path, bool append)
     : path_(path),
-      out_(path, append ? std::ios::app : std::ios::trunc),
+      out_(keep_earlier(path, append), append ? std::ios::app : std::ios::trunc),
       start_ms_(wall_clock_ms()) {
   DDP_USAGE_CHECK(out_.is_open(), "--metrics {}: cannot create the file", path);
 }

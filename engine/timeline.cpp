@@ -97,13 +97,18 @@ std::string chrome_trace_json(const std::vector<std::vector<Span>>& rank_spans,
 void write_chrome_trace(const std::string& path, const std::vector<std::vector<Span>>& rank_spans,
                         const std::vector<std::string>& track_names) {
   const std::string temp = path + ".tmp";
+  bool written = false;
   {
     std::ofstream out(temp, std::ios::binary);
     out << chrome_trace_json(rank_spans, track_names);
-    DDP_CHECK(out.good(), "--timeline {}: could not write {}", path, temp);
+    out.close();
+    written = !out.fail();
   }
-  DDP_CHECK(std::rename(temp.c_str(), path.c_str()) == 0, "--timeline {}: could not rename {} ({})",
-            path, temp, std::strerror(errno));
+  const int error = written && std::rename(temp.c_str(), path.c_str()) == 0 ? 0 : errno;
+  if (error != 0 || !written) std::remove(temp.c_str());  // no stray temporary file
+  DDP_USAGE_CHECK(written, "--timeline {}: could not write {}", path, temp);
+  DDP_USAGE_CHECK(error == 0, "--timeline {}: could not rename {} over it ({})", path, temp,
+                  std::strerror(error));
 }
 
 std::vector<double> pack_spans(const std::vector<Span>& spans) {

@@ -119,6 +119,7 @@ Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* c
   spec_.batch = local_batch_;
   spec_.max_batch = max_batch_of(config, local_batch_);
   spec_.slots = ddp::peak_live_activations(actions_);
+  slot_plan_ = plan_slots(actions_, layout_.stage == 0, micro_batches_, spec_.slots);
   const MlpShape& shape = spec_.shape;
   check_model_fits_data(shape, config, data);
   set_cpu_threads(config.threads);
@@ -160,6 +161,11 @@ Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* c
       init_params(shape, config.seed, whole.data());
     else
       load_mlp_weights(config.init_weights, shape, whole.data());
+    for (size_t i = 0; i < whole.size(); ++i)
+      DDP_USAGE_CHECK(std::isfinite(whole[i]),
+                      "--init-weights {}: weight {} at index {} of the flat parameters is not "
+                      "finite; expected finite weights",
+                      config.init_weights, whole[i], i);
     runner_->set_params(whole.data() + spec_.param_offset());
   }
   total_steps_ =
@@ -185,7 +191,7 @@ Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* c
   }
   if (config.resume && !config.checkpoint_dir.empty()) {
     const std::string path = checkpoint_path(config.checkpoint_dir);
-    if (std::ifstream(path).good()) {
+    if (find_latest_checkpoint(config.checkpoint_dir)) {
       const Checkpoint c = load_checkpoint(
           path, shape, config.optimizer.kind == OptimizerKind::kAdamW ? "adamw" : "sgd",
           config.batch_size, settings());
@@ -221,6 +227,8 @@ void Trainer::plan_steps() {
       std::min<int64_t>({runner_->steps_ahead(), total_steps_ - step_, to_next(config_.log_every)});
   if (config_.checkpoint_every > 0) n = std::min<int64_t>(n, to_next(config_.checkpoint_every));
   if (config_.eval_every > 0) n = std::min<int64_t>(n, to_next(config_.eval_every));
+  // The step after a checkpoint's confirms it (run_loop): it ends a chunk of its own.
+  if (pending_.step >= 0) n = std::min<int64_t>(n, 1);
   n = std::max<int64_t>(n, 1);  // step() past total_steps() (the tests') still runs one
   const size_t per_step = static_cast<size_t>(micro_batches_) * local_batch_;
   for (int64_t k = 0; k < n; ++k) {
@@ -239,7 +247,20 @@ void Trainer::plan_steps() {
 }
 
 RunSettings Trainer::settings() const {
-  return {config_.seed, config_.lr, total_steps_, schedule_name(config_.lr_schedule), ranks_};
+  RunSettings s;
+  s.seed = config_.seed;
+  s.lr = config_.lr;
+  s.total_steps = total_steps_;
+  s.lr_schedule = schedule_name(config_.lr_schedule);
+  s.world_size = ranks_;
+  s.data = config_.data;
+  s.synthetic_samples = config_.data == "synthetic" ? config_.synthetic_samples : 0;
+  s.shuffle = config_.shuffle;
+  s.data_dir = config_.data == "synthetic" ? "" : config_.data_dir;
+  s.momentum = config_.optimizer.momentum;
+  s.weight_decay = config_.optimizer.weight_decay;
+  s.warmup_steps = config_.warmup_steps;
+  return s;
 }
 
 void Trainer::run_schedule(StepStats* stats) {
@@ -247,59 +268,48 @@ void Trainer::run_schedule(StepStats* stats) {
   // averages over replicas, so the gradient is the global batch mean.
   const float scale = 1.0f / static_cast<float>(local_batch_ * micro_batches_);
   const int64_t step = step_ + 1;
-  // Slots hold the activations of forwarded, not yet backwarded micro-batches; a slot is
-  // taken when the micro-batch's input arrives (or is gathered) and freed by its backward.
-  std::vector<int> slot_of(micro_batches_, -1);
-  std::vector<int> free_slots;
-  for (int s = spec_.slots - 1; s >= 0; --s)
-    free_slots.push_back(s);
-  auto take_slot = [&](int mb) {
-    if (slot_of[mb] >= 0) return;
-    DDP_CHECK(!free_slots.empty(), "pipeline: no free activation slot for micro-batch {}", mb);
-    slot_of[mb] = free_slots.back();
-    free_slots.pop_back();
-    peak_live_ = std::max(peak_live_, spec_.slots - static_cast<int>(free_slots.size()));
-  };
+  // Slots hold the activations of forwarded, not yet backwarded micro-batches (plan_slots).
+  peak_live_ = std::max(peak_live_, slot_plan_.peak);
   // The host's clock times the CPU's work; the GPU's spans come from its events (the host
   // only enqueues here, or not at all when the step is replayed from its graph).
   auto span = [&](SpanKind kind, int mb, double start) {
     if (!runner_->on_gpu()) timeline_.add(kind, step, mb, start, timeline_.now_us());
   };
   int backwards = 0;
-  for (const PipelineAction& action : actions_) {
+  for (size_t i = 0; i < actions_.size(); ++i) {
+    const PipelineAction& action = actions_[i];
     const int mb = action.micro_batch;
+    const int slot = slot_plan_.slot[i];
     const double start = timeline_.now_us();
     Stopwatch clock;
     switch (action.kind) {
       case ActionKind::kRecvActivation:
-        take_slot(mb);
-        runner_->recv_activation(mb, slot_of[mb]);
+        runner_->recv_activation(mb, slot);
         span(SpanKind::kRecv, mb, start);
         break;
       case ActionKind::kForward:
-        take_slot(mb);
-        runner_->forward(mb, slot_of[mb]);
+        runner_->forward(mb, slot);
         stats->busy_s += clock.seconds();
         span(SpanKind::kForward, mb, start);
         break;
       case ActionKind::kSendActivation:
-        runner_->send_activation(mb, slot_of[mb]);
+        runner_->send_activation(mb, slot);
         span(SpanKind::kSend, mb, start);
         break;
       case ActionKind::kRecvGradient:
-        runner_->recv_gradient(mb, slot_of[mb]);
+        runner_->recv_gradient(mb, slot);
         span(SpanKind::kRecv, mb, start);
         break;
       case ActionKind::kBackward: {
         if (spec_.is_last()) {
-          const LossSum sum = runner_->loss(mb, slot_of[mb], scale);
+          const LossSum sum = runner_->loss(mb, slot, scale);
           stats->loss_sum += sum.loss;
           stats->correct += sum.correct;
         }
         // Gradient sync starts on the last micro-batch, as its layers finish.
         const bool last_micro = backwards + 1 == micro_batches_;
         if (ddp_ && last_micro) ddp_->begin_backward(runner_->grads());
-        runner_->backward(mb, slot_of[mb], /*accumulate=*/backwards > 0,
+        runner_->backward(mb, slot, /*accumulate=*/backwards > 0,
                           ddp_ && last_micro ? [this](int layer) { ddp_->layer_done(layer); }
                                              : std::function<void(int)>());
         if (ddp_ && last_micro) ddp_->end_backward();
@@ -309,16 +319,9 @@ void Trainer::run_schedule(StepStats* stats) {
         break;
       }
       case ActionKind::kSendGradient:
-        runner_->send_gradient(mb, slot_of[mb]);
+        runner_->send_gradient(mb, slot);
         span(SpanKind::kSend, mb, start);
         break;
-    }
-    // A micro-batch's slot is free once its backward is done and its gradient sent on.
-    const bool sent_on = action.kind == ActionKind::kSendGradient ||
-                         (action.kind == ActionKind::kBackward && spec_.is_first());
-    if (sent_on) {
-      free_slots.push_back(slot_of[mb]);
-      slot_of[mb] = -1;
     }
   }
   {
@@ -365,11 +368,12 @@ StepStats Trainer::step() {
   // After the all-reduce every replica holds the same gradient, so every rank decides alike.
   const bool nonfinite = runner_->grads_nonfinite();
   if (any_rank(nonfinite)) {
-    DDP_CHECK(config_.on_nonfinite == OnNonfinite::kSkipStep,
-              "step {}: non-finite gradient{}{}; stopped before any checkpoint or weights were "
-              "written (lower --lr, check the data, or --on-nonfinite skip-step)",
-              step_ + 1, nonfinite ? fmt::format(" on rank {}", rank_) : " on another stage",
-              spec_.is_last() ? fmt::format(" (loss sum {})", stats.loss_sum) : "");
+    if (config_.on_nonfinite != OnNonfinite::kSkipStep)
+      throw NonFiniteError(fmt::format(
+          "step {}: non-finite gradient{}{}; stopped before any checkpoint or weights were "
+          "written (lower --lr, check the data, or --on-nonfinite skip-step)",
+          step_ + 1, nonfinite ? fmt::format(" on rank {}", rank_) : " on another stage",
+          spec_.is_last() ? fmt::format(" (loss sum {})", stats.loss_sum) : ""));
     spdlog::warn("skipping step {}: non-finite gradient (--on-nonfinite skip-step)", step_ + 1);
     ++stats.skipped;
     ++step_;
@@ -446,9 +450,22 @@ std::string folder_of(const std::string& path) {
 }  // namespace
 
 void check_outputs_writable(const TrainConfig& config) {
-  for (const auto& [flag, path] :
-       {std::pair<const char*, std::string>{"--save-weights", config.save_weights},
-        {"--metrics", config.metrics}}) {
+  const std::pair<const char*, std::string> outputs[] = {{"--save-weights", config.save_weights},
+                                                         {"--metrics", config.metrics},
+                                                         {"--timeline", config.timeline}};
+  for (size_t i = 0; i < std::size(outputs); ++i)
+    for (size_t j = i + 1; j < std::size(outputs); ++j) {
+      const auto& [flag_a, a] = outputs[i];
+      const auto& [flag_b, b] = outputs[j];
+      struct stat sa {
+      }, sb{};
+      const bool same_file = ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 &&
+                             sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+      DDP_USAGE_CHECK(a.empty() || b.empty() || (a != b && !same_file),
+                      "{} {} and {} {}: the same file; each output needs its own path", flag_a, a,
+                      flag_b, b);
+    }
+  for (const auto& [flag, path] : outputs) {
     if (path.empty()) continue;
     struct stat info {};
     DDP_USAGE_CHECK(::stat(path.c_str(), &info) != 0 || !S_ISDIR(info.st_mode),
@@ -465,6 +482,67 @@ void check_outputs_writable(const TrainConfig& config) {
   }
 }
 
+MemoryNeed estimate_memory(const TrainConfig& config) {
+  const MlpShape shape = parse_layers(config.layers);
+  MemoryNeed need;
+  // A stage holds about its share of the layers; the whole model without a pipeline.
+  const double params = static_cast<double>(shape.param_count()) / config.pp;
+  const double states = config.optimizer.kind == OptimizerKind::kAdamW ? 2
+                        : config.optimizer.momentum > 0                ? 1
+                                                                       : 0;
+  // Parameters, gradients and optimizer state in float32 (and the bf16 copy).
+  need.model_bytes =
+      params * 4 * (2 + states) + (config.precision == Precision::kBf16 ? params * 2 : 0);
+  double widths = 0;
+  for (int w : shape.widths())
+    widths += w;
+  const int micro = micro_batches_of(config);
+  const double batch = static_cast<double>(config.batch_size) / micro;
+  // Each layer's output and its gradient, for the micro-batches a stage holds at once.
+  const double live = config.pp > 1 ? std::min(micro, config.pp) : 1;
+  need.activation_bytes = batch * widths * 4 * 2 * live;
+  if (config.data == "synthetic") {
+    const double samples =
+        config.synthetic_samples + std::max<int64_t>(1, config.synthetic_samples / 5);
+    need.data_bytes = samples * (shape.input_width() + 1) * 4;
+  }
+  return need;
+}
+
+namespace {
+std::string gib(double bytes) {
+  return fmt::format("{:.2f} GiB", bytes / (1024.0 * 1024 * 1024));
+}
+}  // namespace
+
+void check_memory_fits(const TrainConfig& config, const MemoryNeed& need, double available,
+                       const std::string& where) {
+  if (available <= 0 || need.total() <= available) return;
+  const std::pair<double, const char*> parts[] = {{need.model_bytes, "--layers"},
+                                                  {need.activation_bytes, "--batch-size"},
+                                                  {need.data_bytes, "--synthetic-samples"}};
+  const auto* largest = std::max_element(std::begin(parts), std::end(parts));
+  throw UsageError(fmt::format(
+      "{} {}: this run needs about {} ({} parameters, gradients and optimizer state, {} "
+      "activations, {} data) but {} has {}; checked before allocating",
+      largest->second,
+      largest->second == std::string("--layers")       ? config.layers
+      : largest->second == std::string("--batch-size") ? std::to_string(config.batch_size)
+                                                       : std::to_string(config.synthetic_samples),
+      gib(need.total()), gib(need.model_bytes), gib(need.activation_bytes), gib(need.data_bytes),
+      where, gib(available)));
+}
+
+double available_host_bytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  double kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return 0;  // unknown: not checked
+}
+
 void Trainer::check_finite_params(const char* before) {
   const std::vector<float> p = runner_->get_params();
   size_t bad = p.size();
@@ -473,12 +551,13 @@ void Trainer::check_finite_params(const char* before) {
   const bool mine = bad < p.size();
   // Replicas hold the same weights; stages are asked so that every rank stops alike.
   if (!any_rank(mine)) return;
-  DDP_CHECK(!mine,
-            "after step {}: non-finite weight {} at index {} on rank {}; stopped before {} "
-            "(lower --lr or check the data)",
-            step_, mine ? p[bad] : 0.0f, spec_.param_offset() + bad, rank_, before);
-  DDP_CHECK(false, "after step {}: non-finite weight on another stage; stopped before {}", step_,
-            before);
+  if (mine)
+    throw NonFiniteError(
+        fmt::format("after step {}: non-finite weight {} at index {} on rank {}; stopped before {} "
+                    "(lower --lr or check the data)",
+                    step_, p[bad], spec_.param_offset() + bad, rank_, before));
+  throw NonFiniteError(fmt::format(
+      "after step {}: non-finite weight on another stage; stopped before {}", step_, before));
 }
 
 void Trainer::gather_model(std::vector<float>* params, NamedState* state) {
@@ -518,22 +597,41 @@ void Trainer::gather_model(std::vector<float>* params, NamedState* state) {
   }
 }
 
-void Trainer::save_checkpoint_now() {
+void Trainer::take_checkpoint() {
   check_finite_params("writing the checkpoint (the previous one is kept)");
-  Checkpoint c;
-  gather_model(&c.params, &c.optimizer_state);
+  pending_ = PendingCheckpoint();
+  gather_model(&pending_.checkpoint.params, &pending_.checkpoint.optimizer_state);
+  pending_.step = step_;
+  Checkpoint& c = pending_.checkpoint;
+  c.step = step_;
+  c.optimizer_steps = runner_->optimizer_steps();
+  c.optimizer = config_.optimizer.kind == OptimizerKind::kAdamW ? "adamw" : "sgd";
+  c.batch_size = config_.batch_size;
+  c.settings = settings();
+}
+
+void Trainer::write_pending_checkpoint(bool barrier) {
+  const int64_t step = pending_.step;
   if (lead()) {
-    c.step = step_;
-    c.optimizer_steps = runner_->optimizer_steps();
-    c.optimizer = config_.optimizer.kind == OptimizerKind::kAdamW ? "adamw" : "sgd";
-    c.batch_size = config_.batch_size;
-    c.settings = settings();
-    save_checkpoint(config_.checkpoint_dir, spec_.shape, c, config_.keep_checkpoints);
-    spdlog::info("checkpoint at step {} written to {}", step_,
+    save_checkpoint(config_.checkpoint_dir, spec_.shape, pending_.checkpoint,
+                    config_.keep_checkpoints);
+    spdlog::info("checkpoint at step {} written to {}", step,
                  checkpoint_path(config_.checkpoint_dir));
   }
+  pending_ = PendingCheckpoint();
   // Nobody moves on (and may crash and restart) before the checkpoint is complete.
-  if (comm_ != nullptr && ranks_ > 1) comm_->barrier();
+  if (barrier && comm_ != nullptr && ranks_ > 1) comm_->barrier();
+}
+
+void Trainer::check_skipped(int64_t skipped, int64_t steps) const {
+  const int64_t limit =
+      config_.max_skipped_steps >= 0 ? config_.max_skipped_steps : config_.log_every / 10;
+  if (skipped <= limit) return;
+  throw NonFiniteError(fmt::format(
+      "steps up to {}: {} of the last {} steps were skipped (non-finite gradients), more than "
+      "--max-skipped-steps {}; stopped before any checkpoint or weights were written (lower --lr "
+      "or check the data)",
+      step_, skipped, steps, limit));
 }
 
 void Trainer::write_pipeline_record(MetricsWriter& metrics, int64_t step, int64_t steps,
@@ -610,7 +708,28 @@ std::vector<GpuWindow> Trainer::gather_gpu_windows(const GpuWindow& mine) {
   return windows;
 }
 
-TrainResult Trainer::run(MetricsWriter* metrics_in, GpuMonitor* monitor) {
+TrainResult Trainer::run(MetricsWriter* metrics, GpuMonitor* monitor) {
+  try {
+    return run_loop(metrics, monitor);
+  } catch (const NonFiniteError&) {
+    throw;  // the pending checkpoint holds what led there: it is dropped
+  } catch (const std::exception& e) {
+    // Any other failure (a peer gone, --fail-at-step, a signal's exception): the pending
+    // checkpoint's weights were checked when it was taken, so it is written, here alone
+    // (the other ranks may be gone: no collective).
+    if (pending_.step >= 0 && lead()) {
+      try {
+        write_pending_checkpoint(/*barrier=*/false);
+      } catch (const std::exception& write_error) {
+        spdlog::warn("the checkpoint of step {} could not be written: {}", pending_.step,
+                     write_error.what());
+      }
+    }
+    throw;
+  }
+}
+
+TrainResult Trainer::run_loop(MetricsWriter* metrics_in, GpuMonitor* monitor) {
   MetricsWriter own_metrics = metrics_in != nullptr || config_.metrics.empty() || !lead()
                                   ? MetricsWriter()
                                   : MetricsWriter(config_.metrics);
@@ -621,6 +740,7 @@ TrainResult Trainer::run(MetricsWriter* metrics_in, GpuMonitor* monitor) {
   double window[3] = {0, 0, 0};   // loss sum, hits, samples
   double busy_s = 0, step_s = 0;  // this rank's, over the window
   int64_t window_steps = 0;
+  int64_t window_skipped = 0;
   bool first = true;
   std::set<std::string> gpu_warned;  // the GPU monitor's warnings, each said once
   if (monitor != nullptr) monitor->begin_training();
@@ -640,11 +760,27 @@ TrainResult Trainer::run(MetricsWriter* metrics_in, GpuMonitor* monitor) {
     first = false;
     if (stats.skipped > 0) {
       ++skipped_;
+      ++window_skipped;
       metrics.write({{"event", "skipped_step"}, {"step", step_}, {"skipped_total", skipped_}});
     }
     window[0] += stats.loss_sum;
     window[1] += stats.correct;
     window[2] += stats.samples;
+    // The checkpoint taken after the step before is written once this step, which starts
+    // from its weights, has a finite loss (and, checked in step(), finite gradients).
+    if (pending_.step >= 0 && stats.skipped == 0) {
+      const LossSum kept = runner_->take_loss();  // the GPU's, kept on the device
+      window[0] += kept.loss;
+      window[1] += kept.correct;
+      double loss = stats.loss_sum + kept.loss;
+      sum_over_ranks(host_comm(), &loss, 1);
+      if (!std::isfinite(loss))
+        throw NonFiniteError(fmt::format(
+            "step {}: non-finite loss; the checkpoint of step {} was not written (the one "
+            "before it is kept; lower --lr or check the data)",
+            step_, pending_.step));
+      write_pending_checkpoint(/*barrier=*/true);
+    }
     busy_s += stats.busy_s;
     step_s += stats.step_s;
     ++window_steps;
@@ -653,10 +789,13 @@ TrainResult Trainer::run(MetricsWriter* metrics_in, GpuMonitor* monitor) {
       window[0] += kept.loss;
       window[1] += kept.correct;
       sum_over_ranks(host_comm(), window, 3);  // the same sums on every rank: all decide alike
-      DDP_CHECK(std::isfinite(window[0]),
-                "steps up to {}: non-finite loss on rank {}; stopped before any checkpoint or "
-                "weights were written (lower --lr or check the data)",
-                step_, rank_);
+      if (!std::isfinite(window[0]))
+        throw NonFiniteError(
+            fmt::format("steps up to {}: non-finite loss on rank {}; stopped before any "
+                        "checkpoint or weights were written (lower --lr or check the data)",
+                        step_, rank_));
+      check_skipped(window_skipped, window_steps);
+      window_skipped = 0;
       nlohmann::json gpu_fields;
       std::string gpu_note;
       if (monitor != nullptr) {
@@ -688,7 +827,7 @@ TrainResult Trainer::run(MetricsWriter* metrics_in, GpuMonitor* monitor) {
     }
     if (!config_.checkpoint_dir.empty() && config_.checkpoint_every > 0 &&
         step_ % config_.checkpoint_every == 0)
-      save_checkpoint_now();
+      take_checkpoint();
   }
   result.steps = step_;
   const double seconds = progress.seconds();
@@ -724,9 +863,17 @@ TrainResult Trainer::run(MetricsWriter* metrics_in, GpuMonitor* monitor) {
           {{"event", "memory"}, {"report", memory}, {"held_bytes", runner_->held_bytes()}});
   }
   if (!config_.timeline.empty()) write_timeline();
-  if (!config_.checkpoint_dir.empty() &&
-      (config_.checkpoint_every == 0 || step_ % config_.checkpoint_every != 0))
-    save_checkpoint_now();
+  if (!config_.checkpoint_dir.empty()) {
+    // No step follows the last one: its weights are known good when the test split's loss,
+    // their forward pass, is finite.
+    if (!std::isfinite(result.test.loss))
+      throw NonFiniteError(fmt::format(
+          "after step {}: non-finite test loss; the final checkpoint was not written (the one "
+          "before it is kept; lower --lr or check the data)",
+          step_));
+    if (pending_.step != step_) take_checkpoint();
+    write_pending_checkpoint(/*barrier=*/true);
+  }
   if (!config_.save_weights.empty()) {
     check_finite_params("writing --save-weights");
     std::vector<float> params;

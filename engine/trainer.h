@@ -114,7 +114,13 @@ class Trainer {
   // views staged through device memory when the communicators are NCCL's.
   Communicator* host_comm() { return host_world_ ? host_world_.get() : comm_; }
   Communicator* host_pipe() { return host_pipe_ ? host_pipe_.get() : pipe_group_.get(); }
-  void save_checkpoint_now();
+  TrainResult run_loop(MetricsWriter* metrics, GpuMonitor* monitor);
+  // Takes the checkpoint of the current step (its weights checked finite) as pending: it is
+  // written by write_pending_checkpoint once the next step's loss is finite (collective).
+  void take_checkpoint();
+  void write_pending_checkpoint(bool barrier);
+  // Throws when a window skipped more steps than --max-skipped-steps allows.
+  void check_skipped(int64_t skipped, int64_t steps) const;
   RunSettings settings() const;  // what a checkpoint records besides the model
   // Throws (exit 1) when a weight is NaN or Inf, naming the step; `before` says what is
   // then not done.
@@ -134,6 +140,7 @@ class Trainer {
   std::unique_ptr<Communicator> dp_group_;    // this stage's replicas (pp > 1, dp > 1)
   std::unique_ptr<Communicator> host_world_, host_pipe_;  // host views (device communicators)
   std::vector<PipelineAction> actions_;                   // this stage's schedule of a step
+  SlotPlan slot_plan_;                                    // and the slots its actions use
   StageSpec spec_;
   std::unique_ptr<StageRunner> runner_;
   std::unique_ptr<Ddp> ddp_;
@@ -147,6 +154,11 @@ class Trainer {
   std::vector<int32_t> batch_indices_;  // this replica's samples of the planned steps
   std::vector<float> lrs_;              // and their learning rates
   int64_t planned_end_ = 0;             // steps before it are handed to the runner
+  struct PendingCheckpoint {
+    int64_t step = -1;      // -1: none
+    Checkpoint checkpoint;  // the whole model on rank 0
+  };
+  PendingCheckpoint pending_;
 };
 
 // Checks before any training that every output this rank will write can be written:
@@ -154,6 +166,21 @@ class Trainer {
 // is not touched), --checkpoint-dir (created if missing, and writable). Throws UsageError
 // naming the flag and the path.
 void check_outputs_writable(const TrainConfig& config);
+
+// What a rank of this run holds, estimated from its flags before anything is allocated.
+struct MemoryNeed {
+  double model_bytes = 0;       // parameters, gradients, optimizer state (+ bf16 copy)
+  double activation_bytes = 0;  // activations and their gradients
+  double data_bytes = 0;        // the data set in memory (synthetic; files are sized as read)
+  double total() const { return model_bytes + activation_bytes + data_bytes; }
+};
+MemoryNeed estimate_memory(const TrainConfig& config);
+// Throws UsageError (exit 2) when `need` exceeds `available` bytes (0: unknown, not
+// checked), naming the flag of the largest part, the bytes and `where` ("this machine").
+void check_memory_fits(const TrainConfig& config, const MemoryNeed& need, double available,
+                       const std::string& where);
+// MemAvailable from /proc/meminfo, in bytes (0 when unknown).
+double available_host_bytes();
 
 // Samples per data-parallel replica per micro-batch (--micro-batches with a pipeline, else
 // --accumulate); throws UsageError naming the flags when the global batch does not divide.

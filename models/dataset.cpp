@@ -19,19 +19,53 @@
 namespace ddp {
 namespace {
 
-bool file_exists(const std::string& path) {
+// Throws UsageError unless `path` is a regular file (or a link to one): a folder, FIFO or
+// device is named as what it is, not as missing (a FIFO would block the reader forever).
+void check_regular_file(const std::string& path) {
   struct stat info {};
-  return ::stat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode);
+  DDP_USAGE_CHECK(::stat(path.c_str(), &info) == 0, "{}: no such file", path);
+  DDP_USAGE_CHECK(S_ISREG(info.st_mode), "{}: is {}; expected a regular file", path,
+                  S_ISDIR(info.st_mode)                            ? "a folder"
+                  : S_ISFIFO(info.st_mode)                         ? "a FIFO"
+                  : S_ISCHR(info.st_mode) || S_ISBLK(info.st_mode) ? "a device"
+                                                                   : "not a regular file");
 }
 
+// True when something is at `path` (what it is, check_regular_file says).
+bool path_exists(const std::string& path) {
+  struct stat info {};
+  return ::stat(path.c_str(), &info) == 0;
+}
+
+uint32_t big_endian_u32(const uint8_t* p);
+
+// The bytes an IDX file declares (header and data) once its header has been read; 0 before.
+uint64_t idx_declared_bytes(const std::vector<uint8_t>& bytes) {
+  if (bytes.size() < 4) return 0;
+  const size_t header = 4 + 4u * bytes[3];
+  if (bytes.size() < header) return 0;
+  uint64_t count = 1;
+  for (int i = 0; i < bytes[3]; ++i)
+    count *= big_endian_u32(&bytes[4 + 4 * i]);
+  return header + count;
+}
+
+// Inflates a gzip file, but never past what its IDX header declares plus one byte: a small
+// file that inflates to gigabytes (a gzip bomb) is refused once it has said too much.
 std::vector<uint8_t> read_gz_file(const std::string& path) {
-  DDP_USAGE_CHECK(file_exists(path), "{}: no such file", path);
+  check_regular_file(path);
   std::unique_ptr<gzFile_s, int (*)(gzFile)> file(gzopen(path.c_str(), "rb"), gzclose);
   DDP_USAGE_CHECK(file != nullptr, "{}: cannot open", path);
   std::vector<uint8_t> bytes;
   std::vector<uint8_t> chunk(1 << 20);
+  uint64_t declared = 0;
   while (true) {
-    const int got = gzread(file.get(), chunk.data(), static_cast<unsigned>(chunk.size()));
+    if (declared == 0) declared = idx_declared_bytes(bytes);
+    // Before the header is known, read only as far as the header can reach.
+    const uint64_t limit = declared > 0 ? declared + 1 : 4 + 4 * 255;
+    if (bytes.size() >= limit) break;
+    const uint64_t want = std::min<uint64_t>(chunk.size(), limit - bytes.size());
+    const int got = gzread(file.get(), chunk.data(), static_cast<unsigned>(want));
     if (got < 0) {
       int code = 0;
       const char* message = gzerror(file.get(), &code);
@@ -40,6 +74,10 @@ std::vector<uint8_t> read_gz_file(const std::string& path) {
     if (got == 0) break;
     bytes.insert(bytes.end(), chunk.begin(), chunk.begin() + got);
   }
+  DDP_USAGE_CHECK(declared == 0 || bytes.size() <= declared,
+                  "{}: oversized IDX data: its header declares {} bytes, the file inflates to "
+                  "more (stopped reading there)",
+                  path, declared);
   // A stream cut short (no trailer with its CRC and length) reads as a clean end of data;
   // zlib says so only through gzerror.
   int code = Z_OK;
@@ -133,7 +171,7 @@ Dataset load_fashion_mnist(const std::string& dir) {
 }
 
 NpyArray read_npy(const std::string& path) {
-  DDP_USAGE_CHECK(file_exists(path), "{}: no such file", path);
+  check_regular_file(path);
   std::ifstream in(path, std::ios::binary);
   char magic[8] = {};
   in.read(magic, 8);
@@ -210,6 +248,9 @@ NpyArray read_npy(const std::string& path) {
   const uint64_t available =
       static_cast<uint64_t>(std::max<std::streamoff>(0, file_bytes - data_begin));
   uint64_t count = 1;
+  for (int64_t d : array.shape)
+    DDP_USAGE_CHECK(d > 0, "{}: shape ({}) has no elements; expected at least one sample{}", path,
+                    shape, array.shape.size() > 1 ? " and one feature" : "");
   for (int64_t d : array.shape) {
     DDP_USAGE_CHECK(
         d == 0 || count <= available / static_cast<uint64_t>(d),
@@ -360,7 +401,7 @@ Dataset load_npy_dataset(const std::string& dir) {
   Dataset data;
   data.name = "npy:" + dir;
   data.train = load_npy_split(dir + "/train_x.npy", dir + "/train_y.npy");
-  if (file_exists(dir + "/test_x.npy") || file_exists(dir + "/test_y.npy")) {
+  if (path_exists(dir + "/test_x.npy") || path_exists(dir + "/test_y.npy")) {
     data.test = load_npy_split(dir + "/test_x.npy", dir + "/test_y.npy");
     DDP_USAGE_CHECK(data.test.dim == data.train.dim,
                     "{}/test_x.npy: expected {} features like train_x.npy, found {}", dir,

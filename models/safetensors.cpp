@@ -75,11 +75,15 @@ void write_safetensors(const std::string& path, const std::vector<TensorRef>& te
     std::remove(tmp.c_str());
     throw UsageError(fmt::format("{}: write failed ({}; disk full?)", tmp, std::strerror(errno)));
   }
-  DDP_USAGE_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "{}: cannot rename {} over it: {}",
-                  path, tmp, std::strerror(errno));
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int error = errno;
+    std::remove(tmp.c_str());  // no stray temporary file next to the one that stays
+    throw UsageError(
+        fmt::format("{}: cannot rename {} over it: {}", path, tmp, std::strerror(error)));
+  }
 }
 
-SafetensorsFile read_safetensors(const std::string& path) {
+SafetensorsFile read_safetensors(const std::string& path, bool metadata_only) {
   struct stat info {};
   DDP_USAGE_CHECK(::stat(path.c_str(), &info) == 0, "{}: cannot open safetensors file ({})", path,
                   std::strerror(errno));
@@ -109,6 +113,13 @@ SafetensorsFile read_safetensors(const std::string& path) {
     throw UsageError(fmt::format("{}: malformed safetensors header: {}", path, e.what()));
   }
   DDP_USAGE_CHECK(header.is_object(), "{}: safetensors header is not a JSON object", path);
+  if (metadata_only) {
+    SafetensorsFile file;
+    if (header.contains("__metadata__") && header["__metadata__"].is_object())
+      for (const auto& [key, value] : header["__metadata__"].items())
+        file.metadata[key] = value.is_string() ? value.get<std::string>() : value.dump();
+    return file;
+  }
   const uint64_t data_size = file_size - 8 - header_len;
   std::vector<char> data(data_size);
   in.read(data.data(), static_cast<std::streamsize>(data_size));

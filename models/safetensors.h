@@ -37,7 +37,8 @@ void write_safetensors(const std::string& path, const std::vector<TensorRef>& te
                        const std::map<std::string, std::string>& metadata = {});
 
 // Reads and validates the whole file; throws UsageError naming the file and the problem.
-SafetensorsFile read_safetensors(const std::string& path);
+// `metadata_only`: reads the header alone and returns its metadata (no tensors).
+SafetensorsFile read_safetensors(const std::string& path, bool metadata_only = false);
 
 // The MLP's tensors: layers.{i}.weight [out, in] and layers.{i}.bias [out], F32.
 std::vector<TensorRef> mlp_tensor_refs(const MlpShape& shape, const float* params);

@@ -23,6 +23,13 @@ class UsageError : public Error {
   explicit UsageError(const std::string& message) : Error(message) {}
 };
 
+// A NaN or Inf found in a loss, a gradient or the weights: the run stops, and nothing it
+// computed since its last good step is written (no checkpoint, no weights).
+class NonFiniteError : public Error {
+ public:
+  explicit NonFiniteError(const std::string& message) : Error(message) {}
+};
+
 // Process-wide context added to every error and log line; set once at start by main
 // (or by the runtime when the rank and the device are known).
 struct ProcessContext {

@@ -141,12 +141,45 @@ std::vector<int> parse_partition(const std::string& text, int layers) {
   return bounds;
 }
 
+SlotPlan plan_slots(const std::vector<PipelineAction>& actions, bool first_stage, int micro_batches,
+                    int slots) {
+  SlotPlan plan;
+  std::vector<int> slot_of(static_cast<size_t>(micro_batches), -1);
+  std::vector<int> free_slots;
+  for (int s = slots - 1; s >= 0; --s)
+    free_slots.push_back(s);
+  for (const PipelineAction& action : actions) {
+    const int mb = action.micro_batch;
+    DDP_CHECK(mb >= 0 && mb < micro_batches, "pipeline: micro-batch {} of {}", mb, micro_batches);
+    if ((action.kind == ActionKind::kRecvActivation || action.kind == ActionKind::kForward) &&
+        slot_of[mb] < 0) {
+      DDP_CHECK(!free_slots.empty(), "pipeline: no free activation slot for micro-batch {}", mb);
+      slot_of[mb] = free_slots.back();
+      free_slots.pop_back();
+      plan.peak = std::max(plan.peak, slots - static_cast<int>(free_slots.size()));
+    }
+    plan.slot.push_back(slot_of[mb]);
+    const bool sent_on = action.kind == ActionKind::kSendGradient ||
+                         (action.kind == ActionKind::kBackward && first_stage);
+    plan.releases.push_back(sent_on);
+    if (sent_on) {
+      free_slots.push_back(slot_of[mb]);
+      slot_of[mb] = -1;
+    }
+  }
+  return plan;
+}
+
 PipelineLayout plan_layout(int world, int rank, int stages, std::vector<int> bounds) {
-  DDP_USAGE_CHECK(stages >= 1 && world % stages == 0,
-                  "--pp {}: the world of {} ranks is not a multiple of the stage count (world = "
-                  "dp x pp; start {} or {} ranks)",
-                  stages, world, std::max(stages, world / stages * stages),
-                  (world / stages + 1) * stages);
+  if (stages < 1 || world % stages != 0) {
+    const int below = stages >= 1 ? world / stages * stages : 0;
+    const std::string fix = below == 0 ? fmt::format("start {} ranks, or a multiple of it", stages)
+                                       : fmt::format("start {} or {} ranks", below, below + stages);
+    throw UsageError(fmt::format(
+        "--pp {}: the world of {} rank{} is not a multiple of the stage count (world = dp x pp; "
+        "{})",
+        stages, world, world == 1 ? "" : "s", fix));
+  }
   DDP_CHECK(static_cast<int>(bounds.size()) == stages + 1, "{} layer bounds for {} stages",
             bounds.size(), stages);
   PipelineLayout layout;

@@ -42,6 +42,20 @@ std::vector<PipelineAction> plan_schedule(PipelineSchedule schedule, int stage, 
 // backwarded) under `actions`. Pure.
 int peak_live_activations(const std::vector<PipelineAction>& actions);
 
+// The activation slot each action of one stage's schedule uses, and where slots come free.
+// A micro-batch takes a slot when its input arrives (its receive, or its forward on the
+// first stage) and gives it back only once its backward is done and its gradient sent on:
+// on a stage after the first that is its gradient's send, since an asynchronous send (the
+// GPU's) still reads the slot until then; on the first stage, its backward. Throws
+// ddp::Error when `slots` are too few for the schedule. Pure.
+struct SlotPlan {
+  std::vector<int> slot;       // slot[i]: the slot action i works on
+  std::vector<bool> releases;  // releases[i]: after action i, its micro-batch's slot is free
+  int peak = 0;                // the most slots held at once
+};
+SlotPlan plan_slots(const std::vector<PipelineAction>& actions, bool first_stage, int micro_batches,
+                    int slots);
+
 // Contiguous stages of layers: stage s owns layers [bounds[s], bounds[s + 1]).
 // Balanced by cost: the split of `layer_costs` (e.g. FLOPs) into `stages` contiguous parts
 // whose largest part is smallest; every stage gets at least one layer. Pure.

@@ -292,8 +292,17 @@ TEST(Pipeline, NonFiniteGradientStopsOrSkipsOnEveryStageAlike) {
             count_of(stopped.output, "ddptrain: error:"))
       << stopped.output;
   EXPECT_TRUE(read_file(dir.file("w.st")).empty());
-  const RunResult skipped =
-      run_command(job + " --on-nonfinite skip-step --metrics " + dir.file("m.jsonl"));
+  // More skipped steps than a window allows (a tenth of --log-every 4: none) stop the run on
+  // every stage, with no weights written.
+  const RunResult too_many = run_command(job + " --on-nonfinite skip-step");
+  EXPECT_EQ(too_many.exit_code, 1) << too_many.output;
+  EXPECT_EQ(count_of(too_many.output, "steps were skipped (non-finite gradients), more than "
+                                      "--max-skipped-steps 0"),
+            2)
+      << too_many.output;
+  EXPECT_TRUE(read_file(dir.file("w.st")).empty());
+  const RunResult skipped = run_command(job + " --on-nonfinite skip-step --max-skipped-steps 4 " +
+                                        "--metrics " + dir.file("m.jsonl"));
   ASSERT_EQ(skipped.exit_code, 0) << skipped.output;
   const auto records = events_of(dir.file("m.jsonl"), "skipped_step");
   EXPECT_FALSE(records.empty());

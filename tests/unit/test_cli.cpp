@@ -185,7 +185,8 @@ TEST(DdptrainCli, ACheckpointThatIsAFolderAndAFullDiskSayWhat) {
       "--checkpoint-dir " +
       dir.file("ckpt"));
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("latest.safetensors: is not a regular file"), std::string::npos)
+  EXPECT_NE(r.output.find("latest.safetensors is a folder; expected a checkpoint file"),
+            std::string::npos)
       << r.output;
   if (::geteuid() != 0) GTEST_SKIP() << "/dev/full needs root to pass the folder check";
   r = run_ddptrain("--data synthetic --layers 8,4 --steps 2 --quiet --metrics /dev/full");

@@ -1,0 +1,426 @@
+// What a run wrote is never lost and bad input never runs (issue 27, round 3), tried as a
+// hostile user would with one ddptrain process: checkpoints pruned and replaced only when
+// known good, a folder of another run or of a live job refused, outputs checked before the
+// first step, memory estimated before allocating, inputs that are not what they claim.
+#include <gtest/gtest.h>
+#include <sys/file.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/checkpoint.h"
+#include "engine/config.h"
+#include "engine/pipeline/schedule.h"
+#include "models/mlp.h"
+#include "models/safetensors.h"
+#include "runtime/error.h"
+#include "tests/support/test_support.h"
+
+namespace ddp {
+namespace {
+
+const std::string kSmall =
+    " --data synthetic --layers 32,64,64,10 --synthetic-samples 2000 --batch-size 64 "
+    "--threads 1 --quiet";
+
+RunResult train(const std::string& args) {
+  return run_command(std::string(DDPTRAIN_PATH) + kSmall + " " + args);
+}
+
+std::vector<std::string> files_in(const std::string& dir) {
+  std::vector<std::string> files;
+  for (const auto& entry : std::filesystem::directory_iterator(dir))
+    files.push_back(entry.path().filename().string());
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+std::string metadata_of(const std::string& path, const std::string& key) {
+  return read_safetensors(path, /*metadata_only=*/true).metadata.at(key);
+}
+
+std::vector<nlohmann::json> records(const std::string& path) {
+  std::vector<nlohmann::json> all;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);)
+    all.push_back(nlohmann::json::parse(line));
+  return all;
+}
+
+// --- 2: pruning never deletes the checkpoint just written -----------------------------------
+
+TEST(CheckpointPruning, KeepsTheOneJustWrittenAndThisRunsNewestBeforeAnEarlierRunsLaterSteps) {
+  const std::vector<std::string> folder = {"latest.safetensors",
+                                           "step-000000010.safetensors",
+                                           "step-000000025.safetensors",
+                                           "step-000000050.safetensors",
+                                           "step-000000075.safetensors",
+                                           "step-000000100.safetensors",
+                                           "notes.txt"};
+  // Step 10 just written into a folder with an earlier run's 25..100: 10 stays, then the
+  // newest of the others, up to 3 in all.
+  EXPECT_EQ(checkpoints_to_prune(folder, 10, 3),
+            (std::vector<std::string>{"step-000000050.safetensors", "step-000000025.safetensors"}));
+  // Step 20 next: this run's step 10 is kept before any later step of the earlier run.
+  const std::vector<std::string> later = {
+      "step-000000010.safetensors", "step-000000020.safetensors", "step-000000075.safetensors",
+      "step-000000100.safetensors"};
+  EXPECT_EQ(checkpoints_to_prune(later, 20, 3),
+            (std::vector<std::string>{"step-000000075.safetensors"}));
+  EXPECT_EQ(checkpoints_to_prune(later, 20, 1),
+            (std::vector<std::string>{"step-000000010.safetensors", "step-000000100.safetensors",
+                                      "step-000000075.safetensors"}));
+}
+
+TEST(CheckpointPruning, StepNumbersOfAnyWidthArePruned) {
+  EXPECT_EQ(step_of_checkpoint_file("step-1000000000.safetensors"), 1000000000);
+  EXPECT_EQ(step_of_checkpoint_file("step-000000007.safetensors"), 7);
+  EXPECT_EQ(step_of_checkpoint_file("step-.safetensors"), std::nullopt);
+  EXPECT_EQ(step_of_checkpoint_file("step-12a.safetensors"), std::nullopt);
+  EXPECT_EQ(step_of_checkpoint_file("latest.safetensors"), std::nullopt);
+  EXPECT_EQ(checkpoints_to_prune({"step-999999999.safetensors", "step-1000000000.safetensors",
+                                  "step-1000000001.safetensors"},
+                                 1000000001, 2),
+            (std::vector<std::string>{"step-999999999.safetensors"}));
+}
+
+TEST(CheckpointPruning, ASecondRunInTheFolderKeepsWhatItWroteAndResumesFromIt) {
+  TempDir dir;
+  const std::string ckpt = " --checkpoint-dir " + dir.file("D") + " --keep-checkpoints 3";
+  ASSERT_EQ(train(ckpt + " --steps 100 --checkpoint-every 25").exit_code, 0);
+  const RunResult second = train(ckpt + " --steps 20 --checkpoint-every 10");
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  EXPECT_EQ(std::filesystem::read_symlink(dir.file("D/latest.safetensors")).string(),
+            "step-000000020.safetensors");
+  EXPECT_TRUE(std::filesystem::exists(dir.file("D/step-000000020.safetensors")));
+  EXPECT_TRUE(std::filesystem::exists(dir.file("D/step-000000010.safetensors")));
+  const RunResult resumed = train(ckpt + " --steps 30 --checkpoint-every 10 --resume");
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("at step 20"), std::string::npos) << resumed.output;
+}
+
+// --- 3, 17: outputs checked before the first step --------------------------------------------
+
+TEST(Outputs, AnUnwritableTimelineFailsBeforeTrainingAndLeavesNothingBehind) {
+  TempDir dir;
+  ASSERT_EQ(::mkdir(dir.file("folder").c_str(), 0755), 0);
+  for (const std::string& timeline : {std::string("/proc/ddp-t.json"), dir.file("folder")}) {
+    const RunResult r = train("--steps 10 --timeline " + timeline + " --save-weights " +
+                              dir.file("w.st") + " --metrics " + dir.file("m.jsonl"));
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("--timeline " + timeline), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("step"), std::string::npos) << "no step ran:\n" << r.output;
+  }
+  EXPECT_EQ(files_in(dir.path()), (std::vector<std::string>{"folder"}));
+}
+
+TEST(Outputs, TwoOutputsOnOnePathAreRefused) {
+  TempDir dir;
+  const RunResult r =
+      train("--steps 2 --metrics " + dir.file("x") + " --save-weights " + dir.file("x"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("the same file"), std::string::npos) << r.output;
+}
+
+TEST(Outputs, AnEarlierRunsMetricsAreKeptAside) {
+  TempDir dir;
+  ASSERT_EQ(train("--steps 2 --seed 1 --metrics " + dir.file("m.jsonl")).exit_code, 0);
+  const RunResult again = train("--steps 2 --seed 2 --metrics " + dir.file("m.jsonl"));
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_NE(again.output.find("moved them to " + dir.file("m.jsonl.prev")), std::string::npos)
+      << again.output;
+  EXPECT_EQ(records(dir.file("m.jsonl.prev")).front()["config"]["seed"], 1);
+  EXPECT_EQ(records(dir.file("m.jsonl")).front()["config"]["seed"], 2);
+}
+
+// --- 8: a diverging run never replaces the good checkpoint --------------------------------
+
+TEST(Divergence, TheCheckpointBeforeADivergingStepStaysAndTheMetricsEndWithTheFailure) {
+  TempDir dir;
+  const std::string ckpt = " --checkpoint-dir " + dir.file("D");
+  ASSERT_EQ(train(ckpt + " --steps 10").exit_code, 0);
+  const RunResult r = train(ckpt + " --steps 20 --resume --lr 1e30 --checkpoint-every 1 " +
+                            "--metrics " + dir.file("m.jsonl"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_EQ(metadata_of(dir.file("D/latest.safetensors"), "step"), "10") << r.output;
+  const nlohmann::json last = records(dir.file("m.jsonl")).back();
+  EXPECT_EQ(last["event"], "failed") << last.dump();
+  EXPECT_EQ(last["rank"], 0);
+  EXPECT_EQ(last["non_finite"], true);
+  EXPECT_GE(last["step"].get<int>(), 10);
+  EXPECT_NE(last["reason"].get<std::string>().find("non-finite"), std::string::npos);
+}
+
+TEST(Divergence, AFailureThatIsNotNonFiniteStillWritesTheLastGoodCheckpoint) {
+  TempDir dir;
+  const RunResult r = train("--steps 20 --checkpoint-every 5 --fail-at-step 11 --checkpoint-dir " +
+                            dir.file("D") + " --metrics " + dir.file("m.jsonl"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_EQ(metadata_of(dir.file("D/latest.safetensors"), "step"), "10") << r.output;
+  const nlohmann::json last = records(dir.file("m.jsonl")).back();
+  EXPECT_EQ(last["event"], "failed");
+  EXPECT_EQ(last["non_finite"], false);
+  EXPECT_EQ(last["step"], 10);
+}
+
+TEST(Divergence, SkippingMoreStepsThanAllowedStopsWithoutWritingWeights) {
+  TempDir dir;
+  const RunResult r =
+      train("--steps 20 --lr 1e30 --on-nonfinite skip-step --save-weights " + dir.file("w.st"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("more than --max-skipped-steps 10"), std::string::npos) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(dir.file("w.st")));
+}
+
+// --- 10, 11, 15: what --checkpoint-dir holds -----------------------------------------------
+
+TEST(CheckpointDir, ResumeRefusesAnotherSampleStreamAndNamesOtherChanges) {
+  TempDir dir;
+  const std::string ckpt = " --checkpoint-dir " + dir.file("D") + " --resume --steps 4";
+  ASSERT_EQ(train(ckpt).exit_code, 0);
+  for (const std::string& change :
+       {std::string("--synthetic-samples 3000"), std::string("--no-shuffle")}) {
+    const RunResult r = train(ckpt + " " + change);
+    EXPECT_EQ(r.exit_code, 2) << change << "\n" << r.output;
+    EXPECT_NE(r.output.find("the sample stream would differ"), std::string::npos) << r.output;
+  }
+  const RunResult r = train(ckpt + " --steps 8 --momentum 0.5 --weight-decay 0.1 --warmup-steps 2");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  for (const char* named :
+       {"--momentum 0.9 -> 0.5", "--weight-decay 0 -> 0.1", "--warmup-steps 0 -> 2"})
+    EXPECT_NE(r.output.find(named), std::string::npos) << named << "\n" << r.output;
+}
+
+TEST(CheckpointDir, ALatestThatIsNotAFileIsNamedNotTakenForNoCheckpoint) {
+  TempDir dir;
+  ASSERT_EQ(::mkdir(dir.file("D").c_str(), 0755), 0);
+  const std::string latest = dir.file("D/latest.safetensors");
+  const std::string ckpt = " --steps 2 --resume --checkpoint-dir " + dir.file("D");
+  ASSERT_EQ(::symlink("latest.safetensors", latest.c_str()), 0);  // a loop
+  RunResult r = train(ckpt);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("a symbolic link loop"), std::string::npos) << r.output;
+  ::unlink(latest.c_str());
+  ASSERT_EQ(::symlink("step-000000004.safetensors", latest.c_str()), 0);  // dangling
+  r = train(ckpt);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("a dangling symbolic link"), std::string::npos) << r.output;
+  ::unlink(latest.c_str());
+  ASSERT_EQ(::mkfifo(latest.c_str(), 0644), 0);
+  r = run_command("timeout 20 " + std::string(DDPTRAIN_PATH) + kSmall + ckpt);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("latest.safetensors is a FIFO"), std::string::npos) << r.output;
+}
+
+TEST(CheckpointDir, AnotherRunsFolderIsRefusedWithoutResume) {
+  TempDir dir;
+  const std::string ckpt = " --steps 2 --checkpoint-dir " + dir.file("D");
+  ASSERT_EQ(train(ckpt + " --seed 1").exit_code, 0);
+  const std::string before = read_file(dir.file("D/latest.safetensors"));
+  RunResult r = train(ckpt + " --seed 2");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("holds the checkpoint of another run"), std::string::npos) << r.output;
+  EXPECT_EQ(read_file(dir.file("D/latest.safetensors")), before);
+  r = run_command(std::string(DDPTRAIN_PATH) +
+                  " --data synthetic --layers 32,16,10 --synthetic-samples 2000 --quiet" + ckpt +
+                  " --seed 1");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--layers 32,64,64,10 --seed 1, this run: --layers 32,16,10"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(train(ckpt + " --seed 1").exit_code, 0) << "the same run may start afresh there";
+}
+
+TEST(CheckpointDir, AFolderHeldByALiveJobIsRefusedAndAStaleLockTakenOver) {
+  TempDir dir;
+  ASSERT_EQ(::mkdir(dir.file("D").c_str(), 0755), 0);
+  const std::string lock = dir.file("D/.ddp-lock");
+  {
+    std::ofstream(lock) << "host elsewhere pid 4242";  // left by a job that died
+  }
+  RunResult r = train("--steps 2 --checkpoint-dir " + dir.file("D"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("taking over a stale lock (held by host elsewhere pid 4242"),
+            std::string::npos)
+      << r.output;
+  EXPECT_FALSE(std::filesystem::exists(lock)) << "removed when the job ends";
+  // A live holder: this test process holds the lock as a running job would.
+  const int fd = ::open(lock.c_str(), O_RDWR | O_CREAT, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX), 0);
+  const std::string holder = "host here pid " + std::to_string(::getpid());
+  ASSERT_EQ(::write(fd, holder.data(), holder.size()), static_cast<ssize_t>(holder.size()));
+  r = train("--steps 2 --resume --checkpoint-dir " + dir.file("D"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("in use by a running job (held by " + holder + ")"), std::string::npos)
+      << r.output;
+  ::close(fd);
+}
+
+// --- 7, 9, 12, 13, 17: bad input refused before it costs anything -----------------------------
+
+TEST(BadInput, AModelOrDataSetLargerThanTheMachineIsRefusedBeforeAllocating) {
+  struct Case {
+    std::string args, flag;
+  };
+  for (const Case& c : {Case{"--layers 32,200000,200000,10", "--layers 32,200000,200000,10"},
+                        Case{"--layers 1000000,100000,10", "--layers 1000000,100000,10"},
+                        Case{"--layers 32,64,10 --synthetic-samples 2000000000",
+                             "--synthetic-samples 2000000000"}}) {
+    const RunResult r =
+        run_command(std::string(DDPTRAIN_PATH) + " --data synthetic --steps 2 " + c.args);
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("ddptrain: error: " + c.flag + ": this run needs about"),
+              std::string::npos)
+        << r.output;
+    EXPECT_LT(r.seconds, 5) << "refused before allocating";
+  }
+}
+
+TEST(BadInput, FlagsThatAreNotFiniteOrRoundAwayAreRefused) {
+  for (const auto& [flag, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--weight-decay inf", "--weight-decay inf: expected a finite number"},
+           {"--bucket-mb inf", "--bucket-mb inf: expected a size in MiB"},
+           {"--bucket-mb 1e300", "--bucket-mb 1e+300: expected a size in MiB"},
+           {"--first-bucket-mb nan", "--first-bucket-mb nan: expected a size"},
+           {"--momentum 0.9999999999", "--momentum 0.9999999999: rounds to 1 in float32"},
+           {"--partition ''", "--partition '': expected the layers of each stage"},
+           {"--max-skipped-steps -2", "--max-skipped-steps -2: expected -1"}}) {
+    const RunResult r = train("--steps 2 " + flag);
+    EXPECT_EQ(r.exit_code, 2) << flag << "\n" << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << flag << "\n" << r.output;
+  }
+}
+
+TEST(BadInput, NonFiniteInitWeightsAreFoundAtLoad) {
+  TempDir dir;
+  const MlpShape shape = parse_layers("32,64,64,10");
+  std::vector<float> params(shape.param_count(), 0.01f);
+  params[1234] = std::numeric_limits<float>::quiet_NaN();
+  save_mlp_weights(dir.file("w.st"), shape, params.data());
+  const RunResult r = train("--steps 2 --init-weights " + dir.file("w.st"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--init-weights " + dir.file("w.st") + ": weight nan at index 1234"),
+            std::string::npos)
+      << r.output;
+}
+
+void write_gz_repeated(const std::string& path, const std::string& header, size_t zeros) {
+  gzFile file = gzopen(path.c_str(), "wb9");
+  gzwrite(file, header.data(), static_cast<unsigned>(header.size()));
+  const std::vector<char> chunk(1 << 20, 0);
+  for (size_t left = zeros; left > 0;) {
+    const size_t n = std::min(left, chunk.size());
+    gzwrite(file, chunk.data(), static_cast<unsigned>(n));
+    left -= n;
+  }
+  gzclose(file);
+}
+
+TEST(BadInput, AGzipBombIsRefusedAtTheSizeItsHeaderDeclares) {
+  TempDir dir;
+  // Labels whose IDX header says 60,000 bytes, inflating to 1 GiB.
+  const std::string header = {0, 0, 8, 1, 0, 0, static_cast<char>(0xea), 0x60};
+  write_gz_repeated(dir.file("train-labels-idx1-ubyte.gz"), header, size_t{1} << 30);
+  const std::string images = {0, 0,  8, 3, 0, 0, static_cast<char>(0xea), 0x60, 0, 0,
+                              0, 28, 0, 0, 0, 28};
+  write_gz_repeated(dir.file("train-images-idx3-ubyte.gz"), images, 60000 * 784);
+  const RunResult r = run_command(std::string(DDPTRAIN_PATH) +
+                                  " --data fashion --steps 1 --data-dir " + dir.path());
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("train-labels-idx1-ubyte.gz: oversized IDX data: its header declares "
+                          "60008 bytes"),
+            std::string::npos)
+      << r.output;
+  // The largest child this test process waited for (ddptrain): the images, not the GiB.
+  rusage usage{};
+  ASSERT_EQ(::getrusage(RUSAGE_CHILDREN, &usage), 0);
+  EXPECT_LT(usage.ru_maxrss, 600 * 1024) << "KiB: the labels were inflated whole";
+}
+
+TEST(BadInput, AnInputThatIsNotARegularFileIsNamedAsWhatItIs) {
+  TempDir dir;
+  ASSERT_EQ(::mkfifo(dir.file("train_x.npy").c_str(), 0644), 0);
+  RunResult r = run_command("timeout 20 " + std::string(DDPTRAIN_PATH) +
+                            " --data npy --steps 1 --data-dir " + dir.path());
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("train_x.npy: is a FIFO; expected a regular file"), std::string::npos)
+      << r.output;
+  ::unlink(dir.file("train_x.npy").c_str());
+  ASSERT_EQ(::mkdir(dir.file("train_x.npy").c_str(), 0755), 0);
+  r = run_command(std::string(DDPTRAIN_PATH) + " --data npy --steps 1 --data-dir " + dir.path());
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("train_x.npy: is a folder; expected a regular file"), std::string::npos)
+      << r.output;
+}
+
+TEST(BadInput, APipelineOnTooFewRanksNamesAWorldItCanRunOn) {
+  const RunResult r = train("--steps 2 --pp 2");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("the world of 1 rank is not a multiple of the stage count (world = "
+                          "dp x pp; start 2 ranks, or a multiple of it)"),
+            std::string::npos)
+      << r.output;
+}
+
+// --- 21, 22: checks that must be able to fail -------------------------------------------------
+
+TEST(MicroBatches, TheDefaultCountIsCheckedAgainstTheBatchToo) {
+  TrainConfig config;
+  config.layers = "8,8,8,4";
+  config.data = "synthetic";
+  config.pp = 2;
+  config.batch_size = 12;  // --micro-batches 0 means 4 x 2 = 8, which 12 does not divide
+  try {
+    validate(config);
+    FAIL() << "--batch-size 12 with 8 micro-batches was accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("does not divide into 8 micro-batches"), std::string::npos)
+        << e.what();
+  }
+  config.batch_size = 16;
+  EXPECT_NO_THROW(validate(config));
+}
+
+TEST(PipelineSlots, ASlotIsHeldUntilItsGradientIsSentOn) {
+  for (PipelineSchedule schedule :
+       {PipelineSchedule::kGpipe, PipelineSchedule::kOneForwardOneBackward})
+    for (int stages : {2, 3, 4})
+      for (int stage = 0; stage < stages; ++stage) {
+        const int micro = 8;
+        const auto actions = plan_schedule(schedule, stage, stages, micro);
+        const SlotPlan plan =
+            plan_slots(actions, stage == 0, micro, peak_live_activations(actions));
+        std::vector<int> holder(static_cast<size_t>(plan.peak) + 1, -1);  // slot -> micro-batch
+        for (size_t i = 0; i < actions.size(); ++i) {
+          const PipelineAction& a = actions[i];
+          const int slot = plan.slot[i];
+          ASSERT_GE(slot, 0) << action_name(a.kind) << " " << a.micro_batch;
+          // No two micro-batches in one slot: a slot's holder lasts until it is released.
+          if (holder[slot] < 0) holder[slot] = a.micro_batch;
+          EXPECT_EQ(holder[slot], a.micro_batch)
+              << "stage " << stage << "/" << stages << ": slot " << slot << " reused by "
+              << a.micro_batch << " while " << holder[slot] << " still holds it";
+          // Released exactly at the send of its gradient (at its backward on stage 0).
+          const bool release_point =
+              stage == 0 ? a.kind == ActionKind::kBackward : a.kind == ActionKind::kSendGradient;
+          EXPECT_EQ(plan.releases[i], release_point) << action_name(a.kind) << " " << a.micro_batch;
+          if (plan.releases[i]) holder[slot] = -1;
+        }
+        EXPECT_EQ(plan.peak, peak_live_activations(actions));
+      }
+}
+
+}  // namespace
+}  // namespace ddp
