@@ -4,16 +4,19 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include <fmt/format.h>
 
 #include "launcher/gpu_discovery.h"
 #include "launcher/launch_config.h"
+#include "launcher/node_watch.h"
 #include "launcher/store_server.h"
 #include "launcher/worker_group.h"
 #include "runtime/error.h"
@@ -27,6 +30,50 @@ namespace {
 
 void on_signal(int signal) {
   ddp::g_forward_signal = signal;
+}
+
+// Thrown when SIGINT/SIGTERM arrives while ddprun waits for the store or another node.
+struct Interrupted {
+  int signal;
+};
+
+void throw_if_interrupted() {
+  if (ddp::g_forward_signal != 0) throw Interrupted{ddp::g_forward_signal};
+}
+
+// Connects to the job's store, retrying until `timeout_s`, in slices of a second so that a
+// signal ends the wait at once.
+std::unique_ptr<ddp::StoreClient> connect_to_store(const std::string& host, int port,
+                                                   const std::string& token, double timeout_s) {
+  ddp::Stopwatch waited;
+  while (true) {
+    throw_if_interrupted();
+    try {
+      return std::make_unique<ddp::StoreClient>(host, port, token, 1.0, timeout_s);
+    } catch (const ddp::UsageError&) {
+      throw;
+    } catch (const ddp::Error& e) {
+      if (std::string(e.what()).find("wrong token") != std::string::npos)
+        throw ddp::UsageError(e.what());
+      if (waited.seconds() >= timeout_s)
+        throw ddp::Error(fmt::format("{} (waited {:.0f}s, --timeout)", e.what(), timeout_s));
+    }
+  }
+}
+
+// The value of `key` once another node has set it, waiting in slices of a second.
+std::string wait_for_key(ddp::StoreClient& store, const std::string& key, double timeout_s) {
+  ddp::Stopwatch waited;
+  while (true) {
+    throw_if_interrupted();
+    if (std::optional<std::string> value = store.get(key)) return *value;
+    if (waited.seconds() >= timeout_s)
+      throw ddp::Error(
+          fmt::format("node 0 did not publish {} at the store {} within {:.0f}s "
+                      "(--timeout): is node 0's ddprun running?",
+                      key, store.address(), timeout_s));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
 }
 
 int run(int argc, char** argv) {
@@ -102,29 +149,57 @@ int run(int argc, char** argv) {
   // first node whose workers fail in generation G moves the job to G + 1, and every node
   // stops its workers and starts generation G + 1 (or gives up at --max-restarts).
   std::unique_ptr<ddp::StoreClient> control;
-  if (config.nnodes > 1) {
-    control = std::make_unique<ddp::StoreClient>(
-        config.node_rank == 0 ? "127.0.0.1" : config.master_addr, port, token, 300.0);
-    const int64_t joined = control->add(fmt::format("ddprun/node/{}", config.node_rank), 1);
-    DDP_USAGE_CHECK(joined == 1,
-                    "--node-rank {}: another ddprun has already joined this job as node {} (two "
-                    "nodes started with the same --node-rank?)",
-                    config.node_rank, config.node_rank);
-  }
+  std::unique_ptr<ddp::NodeWatch> watch;
   // MASTER_PORT is left to the program (a PyTorch rank 0 serves its own store there): a
   // port free now, the same on every node (node 0 picks it and shares it through the store).
   ddp::JobPorts ports{port, 0};
   if (config.nnodes == 1) {
     ports.program = ddp::free_port("127.0.0.1");
-  } else if (config.node_rank == 0) {
-    ports.program = ddp::free_port("0.0.0.0");
-    control->set("ddprun/master_port", std::to_string(ports.program));
   } else {
-    const std::string port = control->wait_get("ddprun/master_port", 300.0);
-    DDP_CHECK(ddp::parse_number<int>(port).has_value(), "ddprun/master_port in the store: '{}'",
-              port);
-    ports.program = *ddp::parse_number<int>(port);
+    // Node 0 reaches its own store where it listens: the interface's address with --iface.
+    const std::string host = config.node_rank != 0                ? config.master_addr
+                             : store->bind_address() == "0.0.0.0" ? "127.0.0.1"
+                                                                  : store->bind_address();
+    control = connect_to_store(host, port, token, config.timeout);
+    const int64_t joined = control->add(fmt::format("ddprun/node/{}", config.node_rank), 1);
+    DDP_USAGE_CHECK(joined == 1,
+                    "--node-rank {}: another ddprun has already joined this job as node {} (two "
+                    "nodes started with the same --node-rank?)",
+                    config.node_rank, config.node_rank);
+    const std::string me = control->local_address();
+    control->set(ddp::node_address_key(config.node_rank), me.substr(0, me.rfind(':')));
+    if (config.node_rank == 0) {
+      ports.program = ddp::free_port("0.0.0.0");
+      control->set("ddprun/master_port", std::to_string(ports.program));
+    } else {
+      const std::string text = wait_for_key(*control, "ddprun/master_port", config.timeout);
+      DDP_CHECK(ddp::parse_number<int>(text).has_value(), "ddprun/master_port in the store: '{}'",
+                text);
+      ports.program = *ddp::parse_number<int>(text);
+    }
+    watch =
+        std::make_unique<ddp::NodeWatch>(*control, config.node_rank, config.nnodes, config.timeout);
   }
+  // Every exit of a multi-node ddprun: says why it ends the job (failures), marks this node
+  // finished, and node 0 keeps the store up until every other node has finished or is gone.
+  const auto leave = [&](int code, const std::string& why) {
+    if (!control || watch->store_lost()) return code;
+    try {
+      if (!why.empty())
+        control->set(ddp::kJobEndedKey, fmt::format("node {} ({}): {}", config.node_rank,
+                                                    control->local_address(), why));
+      control->add(ddp::node_finished_key(config.node_rank), 1);
+    } catch (const std::exception&) {
+      return code;  // the store is gone: nobody to tell
+    }
+    ddp::Stopwatch waited;
+    const int64_t polled = watch->polls();  // a poll that saw this node's state is awaited
+    while (
+        config.node_rank == 0 && (watch->polls() < polled + 2 || !watch->all_others_finished()) &&
+        !watch->check(-1).fatal && ddp::g_forward_signal == 0 && waited.seconds() < config.timeout)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    return code;
+  };
   for (int restart = 0;; ++restart) {
     std::vector<ddp::EnvMap> environments;
     for (int local = 0; local < plan.nproc; ++local)
@@ -132,19 +207,21 @@ int run(int argc, char** argv) {
           ddp::child_environment(parent, config, plan, local, ports, token, restart));
     ddp::WorkerGroup group(config, ranks);
     group.start(environments, restart);
-    ddp::Stopwatch since_poll;
+    bool fatal = false;
     const ddp::GroupOutcome outcome = group.supervise([&]() -> std::string {
-      if (!control || since_poll.seconds() < 0.2) return "";
-      since_poll.reset();
-      const int64_t generation =
-          ddp::parse_number<int64_t>(control->get("ddprun/generation").value_or("0")).value_or(0);
-      if (generation <= restart) return "";
-      return fmt::format("another node's workers failed in generation {}", restart);
+      if (!watch) return "";
+      const ddp::NodeVerdict verdict = watch->check(restart);
+      fatal = verdict.fatal;
+      return verdict.cause;
     });
-    if (outcome.success) return 0;
+    if (outcome.success) return leave(0, "");
     if (outcome.interrupted) {
       std::fprintf(stderr, "ddprun: %s; stopped every worker\n", outcome.cause.c_str());
-      return outcome.exit_code;
+      return leave(outcome.exit_code, outcome.cause);
+    }
+    if (outcome.peer_restart && fatal) {
+      std::fprintf(stderr, "ddprun: %s; stopped this node's workers\n", outcome.cause.c_str());
+      return leave(1, "");
     }
     if (outcome.peer_restart) {
       std::fprintf(stderr, "ddprun: %s; stopped this node's workers\n", outcome.cause.c_str());
@@ -157,14 +234,18 @@ int run(int argc, char** argv) {
           std::fprintf(stderr, "  | %s\n", line.c_str());
       }
       // The first node to fail in this generation moves the job on; the others follow.
-      if (control && control->add(fmt::format("ddprun/failed/{}", restart), 1) == 1)
-        control->add("ddprun/generation", 1);
+      if (control && restart < config.max_restarts &&
+          control->add(fmt::format("ddprun/failed/{}", restart), 1) == 1)
+        control->add(ddp::kGenerationKey, 1);
     }
     if (restart >= config.max_restarts) {
       if (config.max_restarts > 0)
         std::fprintf(stderr, "ddprun: giving up after %d restart%s\n", restart,
                      restart == 1 ? "" : "s");
-      return outcome.exit_code;
+      return leave(outcome.exit_code, outcome.peer_restart
+                                          ? ""
+                                          : fmt::format("rank {} failed first: {}",
+                                                        outcome.failed_rank, outcome.cause));
     }
     std::fprintf(stderr, "ddprun: restarting the group (restart %d of %d)\n", restart + 1,
                  config.max_restarts);
@@ -178,6 +259,10 @@ int run(int argc, char** argv) {
 int main(int argc, char** argv) {
   try {
     return run(argc, argv);
+  } catch (const Interrupted& interrupted) {
+    std::fprintf(stderr, "ddprun: interrupted by %s while waiting for the other nodes\n",
+                 ddp::signal_name(interrupted.signal).c_str());
+    return 128 + interrupted.signal;
   } catch (const ddp::UsageError& e) {
     std::fprintf(stderr, "ddprun: error: %s\n", e.what());
     return 2;

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <iostream>
 
@@ -72,6 +73,8 @@ bool parse_launch_args(int argc, char** argv, LaunchConfig* config) {
         cxxopts::value<std::string>()->default_value(std::to_string(d.max_restarts)))
     ("grace-period", "seconds between SIGTERM and SIGKILL when stopping workers",
         cxxopts::value<std::string>()->default_value("5"))
+    ("timeout", "seconds ddprun waits for the store and the other nodes (connecting, the job's "
+        "port, a node that stops answering)", cxxopts::value<std::string>()->default_value(fmt::format("{}", d.timeout)))
     ("quiet", "only rank 0's output on the console (all ranks still go to --log-dir)")
     ("share-gpu", "test mode: every worker on the first GPU, each its own NCCL host (NCCL over "
         "sockets: correct, slow; never for performance figures)")
@@ -100,6 +103,10 @@ bool parse_launch_args(int argc, char** argv, LaunchConfig* config) {
   const std::optional<double> seconds = parse_number<double>(grace);
   DDP_USAGE_CHECK(seconds.has_value(), "--grace-period {}: expected seconds", grace);
   c.grace_period = *seconds;
+  const std::string timeout = result["timeout"].as<std::string>();
+  const std::optional<double> timeout_s = parse_number<double>(timeout);
+  DDP_USAGE_CHECK(timeout_s.has_value(), "--timeout {}: expected seconds", timeout);
+  c.timeout = *timeout_s;
   c.quiet = result.count("quiet") > 0;
   c.share_gpu = result.count("share-gpu") > 0;
   if (result.count("iface")) c.iface = result["iface"].as<std::string>();
@@ -132,6 +139,8 @@ void validate(const LaunchConfig& c) {
                     c.iface, fmt::join(interface_addresses(), ", "));
   DDP_USAGE_CHECK(c.grace_period >= 0 && c.grace_period <= 3600,
                   "--grace-period {}: expected 0 to 3600 seconds", c.grace_period);
+  DDP_USAGE_CHECK(std::isfinite(c.timeout) && c.timeout >= 0.5 && c.timeout <= 604800,
+                  "--timeout {}: expected 0.5 to 604800 seconds (a week)", c.timeout);
 }
 
 WorkerPlan plan_workers(const LaunchConfig& config, const GpuList& gpus, int cpu_count) {

@@ -21,6 +21,7 @@ struct LaunchConfig {
   std::string log_dir;  // empty: no per-rank files
   int max_restarts = 0;
   double grace_period = 5.0;         // seconds between SIGTERM and SIGKILL
+  double timeout = 300;              // seconds ddprun waits for the store and the other nodes
   bool quiet = false;                // only rank 0 on the console
   bool share_gpu = false;            // test mode: every worker on the first GPU (NCCL over sockets)
   std::string iface;                 // network interface for Gloo, NCCL's sockets and the store

@@ -39,6 +39,8 @@ class StoreServer {
   StoreServer& operator=(const StoreServer&) = delete;
 
   int port() const { return port_; }
+  // The address it listens on ("0.0.0.0": every interface).
+  const std::string& bind_address() const { return config_.bind_addr; }
   void start();
   void stop();
   // Drops every key but the launchers' own ("ddprun/...") for a restarted job; connections

@@ -96,10 +96,8 @@ WorkerGroup::WorkerGroup(const LaunchConfig& config, std::vector<int> ranks)
 
 WorkerGroup::~WorkerGroup() {
   for (Worker& w : workers_) {
-    if (!w.exited && w.pid > 0) {
-      ::kill(-w.pid, SIGKILL);
-      ::waitpid(w.pid, nullptr, 0);
-    }
+    if (w.pid > 0 && (!w.exited || !w.group_gone)) ::kill(-w.pid, SIGKILL);
+    if (!w.exited && w.pid > 0) ::waitpid(w.pid, nullptr, 0);
     for (int fd : {w.out_fd, w.err_fd, w.log_fd})
       if (fd >= 0) ::close(fd);
   }
@@ -224,8 +222,32 @@ void WorkerGroup::reap(bool block_until_exit) {
     if (got == w.pid) {
       w.exited = true;
       w.status = status;
+      // The worker is done, so is everything it started (a wrapper's background jobs):
+      // the group id stays valid while any member lives, so this reaches them.
+      ::kill(-w.pid, SIGTERM);
+      ::kill(-w.pid, SIGCONT);
+      w.group_kill_at = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(config_.grace_period));
     }
   }
+}
+
+bool WorkerGroup::clean_groups() {
+  bool all_gone = true;
+  for (Worker& w : workers_) {
+    if (!w.exited || w.group_gone) {
+      all_gone = all_gone && w.group_gone;
+      continue;
+    }
+    if (::kill(-w.pid, 0) != 0 && errno == ESRCH) {
+      w.group_gone = true;
+      continue;
+    }
+    if (std::chrono::steady_clock::now() >= w.group_kill_at) ::kill(-w.pid, SIGKILL);
+    all_gone = false;
+  }
+  return all_gone;
 }
 
 void WorkerGroup::stop_all(int signal) {
@@ -241,7 +263,12 @@ GroupOutcome WorkerGroup::supervise(const std::function<std::string()>& peer_fai
   using Clock = std::chrono::steady_clock;
   GroupOutcome outcome;
   bool stopping = false;
+  Clock::time_point term_at = Clock::time_point::max();  // SIGINT escalates to SIGTERM
   Clock::time_point kill_at{};
+  const auto after = [](double seconds) {
+    return Clock::now() +
+           std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  };
   Clock::time_point all_exited_at = Clock::time_point::max();
   while (true) {
     std::vector<pollfd> fds;
@@ -275,8 +302,10 @@ GroupOutcome WorkerGroup::supervise(const std::function<std::string()>& peer_fai
       outcome.exit_code = 128 + signal;
       stop_all(signal);
       stopping = true;
-      kill_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                   std::chrono::duration<double>(config_.grace_period));
+      // SIGINT (what a program may catch to save its work), then SIGTERM halfway through the
+      // grace period, then SIGKILL at its end.
+      if (signal == SIGINT) term_at = after(config_.grace_period / 2);
+      kill_at = after(config_.grace_period);
     }
     if (outcome.failed_rank < 0 && !outcome.interrupted && !outcome.peer_restart) {
       for (Worker& w : workers_) {
@@ -295,8 +324,7 @@ GroupOutcome WorkerGroup::supervise(const std::function<std::string()>& peer_fai
         }
         stop_all(SIGTERM);
         stopping = true;
-        kill_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                     std::chrono::duration<double>(config_.grace_period));
+        kill_at = after(config_.grace_period);
         break;
       }
     }
@@ -308,9 +336,12 @@ GroupOutcome WorkerGroup::supervise(const std::function<std::string()>& peer_fai
         outcome.exit_code = 1;
         stop_all(SIGTERM);
         stopping = true;
-        kill_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                     std::chrono::duration<double>(config_.grace_period));
+        kill_at = after(config_.grace_period);
       }
+    }
+    if (stopping && Clock::now() >= term_at) {
+      stop_all(SIGTERM);
+      term_at = Clock::time_point::max();
     }
     if (stopping && Clock::now() >= kill_at) {
       stop_all(SIGKILL);
@@ -325,7 +356,9 @@ GroupOutcome WorkerGroup::supervise(const std::function<std::string()>& peer_fai
     // Output pipes can stay open in a worker's own children; once every worker has exited,
     // stop waiting for them after a short drain.
     if (all_exited && all_exited_at == Clock::time_point::max()) all_exited_at = Clock::now();
-    if (all_exited && (all_drained || Clock::now() - all_exited_at > std::chrono::seconds(1))) {
+    const bool groups_gone = clean_groups();
+    if (all_exited && groups_gone &&
+        (all_drained || Clock::now() - all_exited_at > std::chrono::seconds(1))) {
       for (Worker& w : workers_) {
         if (w.out_fd >= 0) pump(w, w.out_fd, w.out_partial, false, true);
         if (w.err_fd >= 0) pump(w, w.err_fd, w.err_partial, true, true);

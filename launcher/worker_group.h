@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <csignal>
 #include <deque>
 #include <functional>
@@ -55,12 +56,18 @@ class WorkerGroup {
     int log_fd = -1;
     bool exited = false;
     int status = 0;
+    // Once the worker has exited, what it left in its process group is stopped too
+    // (SIGTERM, then SIGKILL after the grace period); true once the group is empty.
+    bool group_gone = false;
+    std::chrono::steady_clock::time_point group_kill_at{};
     std::deque<std::string> tail;
   };
   void pump(Worker& worker, int fd, std::string& partial, bool is_err, bool flush);
   void emit(Worker& worker, const std::string& line, bool is_err);
   void stop_all(int signal);
   void reap(bool block_until_exit);
+  // Stops what exited workers left in their process groups; true when every group is empty.
+  bool clean_groups();
 
   LaunchConfig config_;
   std::vector<int> ranks_;

@@ -4,6 +4,7 @@
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -11,6 +12,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <thread>
@@ -23,6 +25,47 @@ void UniqueFd::reset(int fd) {
   if (fd_ >= 0) ::close(fd_);
   fd_ = fd;
 }
+
+namespace {
+
+// connect() that gives up at the deadline: a blocking one waits out the kernel's SYN
+// retries (about two minutes) when the peer's address does not answer at all (a cut link).
+// The socket is left blocking again on success.
+bool connect_before(int fd, const sockaddr* address, socklen_t length, Deadline deadline,
+                    std::string* error) {
+  const int flags = ::fcntl(fd, F_GETFL, 0);
+  ::fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+  if (::connect(fd, address, length) != 0) {
+    if (errno != EINPROGRESS && errno != EINTR) {
+      *error = std::strerror(errno);
+      return false;
+    }
+    while (true) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      pollfd pfd{fd, POLLOUT, 0};
+      const int ready =
+          ::poll(&pfd, 1, static_cast<int>(std::clamp<int64_t>(left.count(), 0, 1000)));
+      if (ready < 0 && errno == EINTR) continue;
+      if (ready > 0) break;
+      if (left.count() <= 0) {
+        *error = "no answer (connection timed out)";
+        return false;
+      }
+    }
+    int code = 0;
+    socklen_t code_length = sizeof(code);
+    ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &code, &code_length);
+    if (code != 0) {
+      *error = std::strerror(code);
+      return false;
+    }
+  }
+  ::fcntl(fd, F_SETFL, flags);
+  return true;
+}
+
+}  // namespace
 
 UniqueFd tcp_connect(const std::string& host, int port, Deadline deadline) {
   std::string last_error = "no attempt";
@@ -38,13 +81,12 @@ UniqueFd tcp_connect(const std::string& host, int port, Deadline deadline) {
       for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
         UniqueFd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
         if (!fd.valid()) continue;
-        if (::connect(fd.get(), a->ai_addr, a->ai_addrlen) == 0) {
+        if (connect_before(fd.get(), a->ai_addr, a->ai_addrlen, deadline, &last_error)) {
           const int one = 1;
           ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
           ::freeaddrinfo(found);
           return fd;
         }
-        last_error = std::strerror(errno);
       }
       ::freeaddrinfo(found);
     }
@@ -81,8 +123,8 @@ bool read_exact(int fd, void* data, size_t bytes, Deadline deadline) {
     if (ready == 0) continue;
     const ssize_t n = ::recv(fd, p, bytes, 0);
     if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    DDP_CHECK(n > 0, "store connection closed by the server{}",
-              n < 0 ? std::string(": ") + std::strerror(errno) : std::string(" (wrong token?)"));
+    if (n == 0) throw ConnectionClosed("the connection was closed by the other side");
+    DDP_CHECK(n > 0, "store connection: receive failed: {}", std::strerror(errno));
     p += n;
     bytes -= static_cast<size_t>(n);
   }
@@ -176,6 +218,26 @@ std::string interface_address(const std::string& name) {
   for (const std::string& entry : interface_addresses())
     if (entry.rfind(name + "=", 0) == 0) return entry.substr(name.size() + 1);
   return "";
+}
+
+std::string local_address(int fd) {
+  sockaddr_storage address{};
+  socklen_t length = sizeof(address);
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) return "";
+  char host[INET6_ADDRSTRLEN] = {};
+  int port = 0;
+  if (address.ss_family == AF_INET) {
+    const auto* v4 = reinterpret_cast<const sockaddr_in*>(&address);
+    ::inet_ntop(AF_INET, &v4->sin_addr, host, sizeof(host));
+    port = ntohs(v4->sin_port);
+  } else if (address.ss_family == AF_INET6) {
+    const auto* v6 = reinterpret_cast<const sockaddr_in6*>(&address);
+    ::inet_ntop(AF_INET6, &v6->sin6_addr, host, sizeof(host));
+    port = ntohs(v6->sin6_port);
+  } else {
+    return "";
+  }
+  return fmt::format("{}:{}", host, port);
 }
 
 }  // namespace ddp

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "runtime/error.h"
+
 namespace ddp {
 
 // Owns a file descriptor; closes it on destruction. Move-only.
@@ -49,9 +51,19 @@ constexpr uint32_t kMaxStoreMessageBytes = 64u << 20;
 // Throws ddp::Error naming the address on failure.
 UniqueFd tcp_connect(const std::string& host, int port, Deadline deadline);
 
+// The peer closed the connection (read_exact found the end of the stream).
+class ConnectionClosed : public Error {
+ public:
+  explicit ConnectionClosed(const std::string& message) : Error(message) {}
+};
+
+// The local "address:port" of a connected socket ("" when unknown).
+std::string local_address(int fd);
+
 // Writes all bytes or throws.
 void write_all(int fd, const void* data, size_t bytes);
-// Reads exactly `bytes` before the deadline; returns false on timeout, throws on EOF/error.
+// Reads exactly `bytes` before the deadline; returns false on timeout, throws
+// ConnectionClosed on EOF and ddp::Error on other errors.
 bool read_exact(int fd, void* data, size_t bytes, Deadline deadline);
 
 // Message encoding: strings as u32 length + bytes, integers little-endian.

@@ -1,52 +1,80 @@
 // StoreClient: one framed request, one framed reply.
 #include "runtime/store.h"
 
+#include <sys/socket.h>
+
 #include "runtime/error.h"
 
 namespace ddp {
 
 StoreClient::StoreClient(const std::string& host, int port, const std::string& token,
-                         double connect_timeout_s)
+                         double connect_timeout_s, double reply_timeout_s)
     : address_(fmt::format("{}:{}", host, port)),
+      reply_timeout_s_(reply_timeout_s),
       fd_(tcp_connect(host, port, deadline_in(connect_timeout_s))) {
   MessageWriter hello;
   hello.u8(static_cast<uint8_t>(StoreOp::kHello)).str(token);
-  MessageReader reply_reader(round_trip(hello, connect_timeout_s));
-  (void)reply_reader;
+  try {
+    MessageReader reply_reader(round_trip(hello, connect_timeout_s));
+    (void)reply_reader;
+  } catch (const ConnectionClosed&) {
+    throw Error(fmt::format(
+        "the rendezvous store at {} closed the connection at its hello: a wrong token (every "
+        "node of a job needs the same DDP_STORE_TOKEN)",
+        address_));
+  }
 }
 
-std::string StoreClient::round_trip(const MessageWriter& request, double timeout_s) {
+std::string StoreClient::round_trip(const MessageWriter& request, double reply_within_s) {
   std::lock_guard<std::mutex> lock(mutex_);
   const std::string frame = request.framed();
-  write_all(fd_.get(), frame.data(), frame.size());
-  // The server answers a wait only when it completes or times out: allow it some slack.
-  const Deadline deadline = deadline_in(timeout_s + 10.0);
-  unsigned char len_bytes[4];
-  DDP_CHECK(read_exact(fd_.get(), len_bytes, 4, deadline),
-            "rendezvous store at {} did not answer within {:.0f}s", address_, timeout_s + 10.0);
-  const uint32_t len =
-      len_bytes[0] | (len_bytes[1] << 8) | (len_bytes[2] << 16) | (uint32_t{len_bytes[3]} << 24);
-  DDP_CHECK(len >= 1 && len <= kMaxStoreMessageBytes, "rendezvous store at {}: bad reply length {}",
-            address_, len);
-  std::string payload(len, '\0');
-  DDP_CHECK(read_exact(fd_.get(), payload.data(), len, deadline),
-            "rendezvous store at {}: reply cut short", address_);
-  const auto status = static_cast<StoreStatus>(static_cast<uint8_t>(payload[0]));
-  DDP_CHECK(status != StoreStatus::kBadRequest, "rendezvous store at {} refused a request",
-            address_);
-  return payload;
+  const Deadline deadline = deadline_in(reply_within_s);
+  try {
+    write_all(fd_.get(), frame.data(), frame.size());
+    unsigned char len_bytes[4];
+    // Not an internal failure: a server that is gone or cut off (no source location).
+    if (!read_exact(fd_.get(), len_bytes, 4, deadline))
+      throw Error(fmt::format("the rendezvous store at {} did not answer within {:.0f}s",
+                              address_, reply_within_s));
+    const uint32_t len =
+        len_bytes[0] | (len_bytes[1] << 8) | (len_bytes[2] << 16) | (uint32_t{len_bytes[3]} << 24);
+    DDP_CHECK(len >= 1 && len <= kMaxStoreMessageBytes,
+              "rendezvous store at {}: bad reply length {}", address_, len);
+    std::string payload(len, '\0');
+    DDP_CHECK(read_exact(fd_.get(), payload.data(), len, deadline),
+              "rendezvous store at {}: reply cut short", address_);
+    const auto status = static_cast<StoreStatus>(static_cast<uint8_t>(payload[0]));
+    DDP_CHECK(status != StoreStatus::kBadRequest, "rendezvous store at {} refused a request",
+              address_);
+    return payload;
+  } catch (const ConnectionClosed&) {
+    if (interrupted_) throw Error(fmt::format("rendezvous store at {}: interrupted", address_));
+    throw ConnectionClosed(fmt::format(
+        "the rendezvous store at {} closed the connection: the ddprun that serves it (node 0) "
+        "has ended",
+        address_));
+  }
+}
+
+void StoreClient::interrupt() {
+  interrupted_ = true;
+  ::shutdown(fd_.get(), SHUT_RDWR);
+}
+
+std::string StoreClient::local_address() const {
+  return ddp::local_address(fd_.get());
 }
 
 void StoreClient::set(const std::string& key, const std::string& value) {
   MessageWriter request;
   request.u8(static_cast<uint8_t>(StoreOp::kSet)).str(key).str(value);
-  round_trip(request, 30.0);
+  round_trip(request, reply_timeout_s_);
 }
 
 std::optional<std::string> StoreClient::get(const std::string& key) {
   MessageWriter request;
   request.u8(static_cast<uint8_t>(StoreOp::kGet)).str(key);
-  const std::string reply = round_trip(request, 30.0);
+  const std::string reply = round_trip(request, reply_timeout_s_);
   MessageReader reader(reply);
   if (static_cast<StoreStatus>(reader.u8()) != StoreStatus::kOk) return std::nullopt;
   std::string value = reader.str();
@@ -67,7 +95,8 @@ void StoreClient::wait(const std::vector<std::string>& keys, double timeout_s) {
   for (const std::string& key : keys)
     request.str(key);
   request.i64(static_cast<int64_t>(timeout_s * 1000));
-  const std::string reply = round_trip(request, timeout_s);
+  // The server answers a wait only when it completes or times out: allow it some slack.
+  const std::string reply = round_trip(request, timeout_s + reply_timeout_s_);
   MessageReader reader(reply);
   const auto status = static_cast<StoreStatus>(reader.u8());
   if (status == StoreStatus::kOk) return;
@@ -94,7 +123,7 @@ std::string StoreClient::wait_get(const std::string& key, double timeout_s) {
 int64_t StoreClient::add(const std::string& key, int64_t delta) {
   MessageWriter request;
   request.u8(static_cast<uint8_t>(StoreOp::kAdd)).str(key).i64(delta);
-  const std::string reply = round_trip(request, 30.0);
+  const std::string reply = round_trip(request, reply_timeout_s_);
   MessageReader reader(reply);
   reader.u8();
   const int64_t value = reader.i64();
@@ -105,7 +134,7 @@ int64_t StoreClient::add(const std::string& key, int64_t delta) {
 bool StoreClient::remove(const std::string& key) {
   MessageWriter request;
   request.u8(static_cast<uint8_t>(StoreOp::kDelete)).str(key);
-  MessageReader reader(round_trip(request, 30.0));
+  MessageReader reader(round_trip(request, reply_timeout_s_));
   return static_cast<StoreStatus>(reader.u8()) == StoreStatus::kOk;
 }
 

@@ -3,6 +3,7 @@
 // Each call is a blocking round trip; calls from several threads are serialised.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <optional>
@@ -27,9 +28,11 @@ enum class StoreStatus : uint8_t { kOk = 0, kMissing = 1, kTimeout = 2, kBadRequ
 
 class StoreClient {
  public:
-  // Connects (retrying until connect_timeout_s) and presents the token.
+  // Connects (retrying until connect_timeout_s) and presents the token. Every call then
+  // throws ddp::Error when the server has not answered within reply_timeout_s (a wait:
+  // its own timeout plus that), and ConnectionClosed when the server has gone.
   StoreClient(const std::string& host, int port, const std::string& token,
-              double connect_timeout_s = 30.0);
+              double connect_timeout_s = 30.0, double reply_timeout_s = 40.0);
 
   void set(const std::string& key, const std::string& value);
   // The value, or nullopt when the key is not set. Does not block.
@@ -47,11 +50,18 @@ class StoreClient {
   std::vector<std::string> missing(const std::vector<std::string>& keys);
 
   const std::string& address() const { return address_; }
+  // This end's "address:port": the address by which this host reaches the store.
+  std::string local_address() const;
+  // From another thread: a call blocked on the server returns (throwing) at once, and so
+  // does every later call. Safe while a call is in flight.
+  void interrupt();
 
  private:
-  std::string round_trip(const MessageWriter& request, double timeout_s);
+  std::string round_trip(const MessageWriter& request, double reply_within_s);
 
   std::string address_;
+  double reply_timeout_s_;
+  std::atomic<bool> interrupted_{false};
   UniqueFd fd_;
   std::mutex mutex_;  // one request in flight per connection
 };

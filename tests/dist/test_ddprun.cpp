@@ -356,5 +356,154 @@ TEST(Ddprun, LinksNoCudaNcclOrMpiLibrary) {
     EXPECT_EQ(r.output.find(lib), std::string::npos) << lib << " in\n" << r.output;
 }
 
+// --- issue 27: every wait interruptible, every process group cleaned, nodes named ----------
+
+// Starts `command` (through sh, in its own process group), lets it run `after_s`, sends
+// `signal`, and returns its exit status and the seconds from the signal to its exit.
+struct Interrupted {
+  int status = -1;
+  double seconds = 0;
+  std::string output;
+};
+Interrupted signal_after(const std::string& command, double after_s, int signal) {
+  TempDir dir;
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    const std::string line = "exec env " + command + " > " + dir.file("out") + " 2>&1";
+    ::execl("/bin/sh", "sh", "-c", line.c_str(), nullptr);
+    ::_exit(127);
+  }
+  std::this_thread::sleep_for(std::chrono::duration<double>(after_s));
+  ::kill(pid, signal);
+  Stopwatch clock;
+  Interrupted result;
+  int status = 0;
+  for (int i = 0; i < 600 && ::waitpid(pid, &status, WNOHANG) == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  result.seconds = clock.seconds();
+  if (::waitpid(pid, &status, WNOHANG) == 0) {  // still there after 30 s
+    ::kill(-pid, SIGKILL);
+    ::waitpid(pid, &status, 0);
+  }
+  result.status = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+  result.output = read_file(dir.file("out"));
+  return result;
+}
+
+TEST(Ddprun, SignalsEndAWaitForTheStoreOrNodeZeroWithinASecond) {
+  const std::string port = std::to_string(free_port());
+  // Node 1 with no node 0 retries the store connection (up to --timeout, 300 s).
+  for (int signal : {SIGINT, SIGTERM}) {
+    const Interrupted r =
+        signal_after("DDP_STORE_TOKEN=x " + ddprun() + " --nnodes 2 --node-rank 1 --master-port " +
+                         port + " --nproc-per-node 1 -- true",
+                     1.5, signal);
+    EXPECT_EQ(r.status, 128 + signal) << r.output;
+    EXPECT_LT(r.seconds, 1.5) << r.output;
+    EXPECT_NE(
+        r.output.find(std::string("interrupted by ") + (signal == SIGINT ? "SIGINT" : "SIGTERM") +
+                      " while waiting for the other nodes"),
+        std::string::npos)
+        << r.output;
+  }
+}
+
+TEST(Ddprun, AStoreThatNeverAnswersIsBoundedByTheTimeout) {
+  const RunResult r = run_command("DDP_STORE_TOKEN=x " + ddprun() +
+                                  " --nnodes 2 --node-rank 1 --timeout 2 --master-port " +
+                                  std::to_string(free_port()) + " --nproc-per-node 1 -- true");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_LT(r.seconds, 6) << r.output;
+  EXPECT_NE(r.output.find("cannot reach the rendezvous store at 127.0.0.1:"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("(waited 2s, --timeout)"), std::string::npos) << r.output;
+}
+
+// Processes of this test still alive: those whose environment has DDP_TEST_TAG=<tag>.
+std::string left_behind(const std::string& tag) {
+  return run_command(
+             "for d in /proc/[0-9]*; do tr '\\0' '\\n' < $d/environ 2>/dev/null | "
+             "grep -qx 'DDP_TEST_TAG=" +
+             tag + "' && echo \"LEFT BEHIND $(cat $d/comm) ${d#/proc/}\"; done; true")
+      .output;
+}
+
+TEST(Ddprun, WhatAWorkerStartedEndsWithItWhetherItSucceedsFailsOrIsInterrupted) {
+  TempDir dir;
+  const std::string tag = "DDP_TEST_TAG=" + dir.path() + " ";
+  // A background job, and one that ignores SIGTERM, left by a worker that exits by itself.
+  const std::string leaves =
+      " -- sh -c '(trap \"\" TERM; exec sleep 777) & sleep 778 & echo started; exit $X'";
+  for (const char* code : {"0", "4"}) {
+    const RunResult r = run_command(tag + "X=" + code + " " + ddprun() +
+                                    " --nproc-per-node 2 --grace-period 1" + leaves);
+    EXPECT_EQ(r.exit_code, std::stoi(code)) << r.output;
+    EXPECT_LT(r.seconds, 8) << r.output;
+    EXPECT_EQ(left_behind(dir.path()), "") << "worker exit " << code;
+  }
+  // Interrupted while its worker waits: the worker's children go too.
+  const Interrupted r = signal_after(tag + ddprun() +
+                                         " --nproc-per-node 1 --grace-period 1 -- sh -c '(trap "
+                                         "\"\" TERM INT; exec sleep 779) & sleep 60'",
+                                     1.0, SIGINT);
+  EXPECT_EQ(r.status, 128 + SIGINT) << r.output;
+  EXPECT_EQ(left_behind(dir.path()), "");
+}
+
+TEST(Ddprun, SigintEscalatesToSigtermThenSigkill) {
+  TempDir dir;
+  // The worker notes each signal it gets and ignores SIGINT: it must then get SIGTERM
+  // (halfway through the grace period), and SIGKILL ends the one that ignores both.
+  const std::string script = "trap \"echo INT >> " + dir.file("got") +
+                             "\" INT; trap \"echo TERM >> " + dir.file("got") +
+                             "\" TERM; while true; do sleep 0.05; done";
+  const Interrupted r = signal_after(
+      ddprun() + " --nproc-per-node 1 --grace-period 2 -- sh -c '" + script + "'", 1.0, SIGINT);
+  EXPECT_EQ(r.status, 128 + SIGINT) << r.output;
+  EXPECT_GT(r.seconds, 1.5) << "SIGKILL came before the grace period ended";
+  EXPECT_LT(r.seconds, 5) << r.output;
+  EXPECT_EQ(read_file(dir.file("got")), "INT\nTERM\n") << r.output;
+}
+
+TEST(Ddprun, TheOthersGetTheGracePeriodAndAStoppedWorkerIsContinuedFirst) {
+  TempDir dir;
+  // Rank 1 fails. Rank 0 stops itself (SIGSTOP): only a SIGCONT lets it see SIGTERM, and
+  // only the grace period lets its handler finish writing before SIGKILL.
+  const std::string script =
+      "if [ $RANK = 1 ]; then sleep 0.5; exit 3; fi; trap \"sleep 0.3; echo "
+      "clean > " +
+      dir.file("rank0") + "; exit 0\" TERM; kill -STOP $$; sleep 60";
+  const RunResult r =
+      run_command(ddprun() + " --nproc-per-node 2 --grace-period 3 -- sh -c '" + script + "'");
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_EQ(read_file(dir.file("rank0")), "clean\n") << r.output;
+  EXPECT_LT(r.seconds, 3) << "rank 0 ended by its handler, not by SIGKILL";
+}
+
+TEST(Ddprun, WhenNodeZeroGivesUpTheOtherNodesSaySoNotWrongToken) {
+  const std::string node0 = "if [ $DDP_RESTART_COUNT = 0 ]; then sleep 0.5; exit 3; fi";
+  const std::string node1 = "exec sleep 60";
+  const RunResult r = run_command(two_nodes(free_port(), node0, node1));
+  EXPECT_LT(r.seconds, 15.0) << r.output;
+  EXPECT_NE(r.output.find("node0 ddprun: rank 0 failed first: exit code 3"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("node1 ddprun: the job was ended by node 0 (127.0.0.1:"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("rank 0 failed first: exit code 3; stopped this node's workers"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("wrong token"), std::string::npos) << r.output;
+}
+
+TEST(Ddprun, NodeZeroKeepsTheStoreUntilTheOtherNodesFinish) {
+  // Node 0's worker is done at once, node 1's after two seconds: node 1 must still succeed.
+  const RunResult r = run_command(two_nodes(free_port(), "true", "sleep 2; echo done"));
+  EXPECT_EQ(count_of(r.output, "error"), 0) << r.output;
+  EXPECT_NE(r.output.find("node1 [rank 1] done"), std::string::npos) << r.output;
+  EXPECT_GT(r.seconds, 1.9) << r.output;
+}
+
 }  // namespace
 }  // namespace ddp

@@ -140,8 +140,12 @@ TEST(Outputs, AnEarlierRunsMetricsAreKeptAside) {
   ASSERT_EQ(again.exit_code, 0) << again.output;
   EXPECT_NE(again.output.find("moved them to " + dir.file("m.jsonl.prev")), std::string::npos)
       << again.output;
-  EXPECT_EQ(records(dir.file("m.jsonl.prev")).front()["config"]["seed"], 1);
-  EXPECT_EQ(records(dir.file("m.jsonl")).front()["config"]["seed"], 2);
+  const auto earlier = records(dir.file("m.jsonl.prev"));
+  const auto latest = records(dir.file("m.jsonl"));
+  ASSERT_FALSE(earlier.empty());
+  ASSERT_FALSE(latest.empty());
+  EXPECT_EQ(earlier.front()["config"]["seed"], 1);
+  EXPECT_EQ(latest.front()["config"]["seed"], 2);
 }
 
 // --- 8: a diverging run never replaces the good checkpoint --------------------------------
@@ -154,7 +158,9 @@ TEST(Divergence, TheCheckpointBeforeADivergingStepStaysAndTheMetricsEndWithTheFa
                             "--metrics " + dir.file("m.jsonl"));
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_EQ(metadata_of(dir.file("D/latest.safetensors"), "step"), "10") << r.output;
-  const nlohmann::json last = records(dir.file("m.jsonl")).back();
+  const auto all = records(dir.file("m.jsonl"));
+  ASSERT_FALSE(all.empty());
+  const nlohmann::json last = all.back();
   EXPECT_EQ(last["event"], "failed") << last.dump();
   EXPECT_EQ(last["rank"], 0);
   EXPECT_EQ(last["non_finite"], true);
@@ -168,7 +174,9 @@ TEST(Divergence, AFailureThatIsNotNonFiniteStillWritesTheLastGoodCheckpoint) {
                             dir.file("D") + " --metrics " + dir.file("m.jsonl"));
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_EQ(metadata_of(dir.file("D/latest.safetensors"), "step"), "10") << r.output;
-  const nlohmann::json last = records(dir.file("m.jsonl")).back();
+  const auto all = records(dir.file("m.jsonl"));
+  ASSERT_FALSE(all.empty());
+  const nlohmann::json last = all.back();
   EXPECT_EQ(last["event"], "failed");
   EXPECT_EQ(last["non_finite"], false);
   EXPECT_EQ(last["step"], 10);
