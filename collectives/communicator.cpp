@@ -75,7 +75,8 @@ void Communicator::require_bf16_reduction() const {
 namespace {
 
 // Records this rank's arrival at `prefix` and names the ranks whose record is missing.
-std::string missing_ranks(StoreClient* store, const std::string& prefix, int rank, int size) {
+std::string missing_ranks(StoreClient* store, const std::string& prefix, int rank, int size,
+                          const std::vector<int>& world_ranks, const std::string& group) {
   if (store == nullptr) return "";
   try {
     store->set(prefix + std::to_string(rank), "1");
@@ -90,11 +91,12 @@ std::string missing_ranks(StoreClient* store, const std::string& prefix, int ran
       if (absent.empty()) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
-    std::string missing;
+    std::vector<int> missing;
     for (const std::string& key : absent)
-      missing += (missing.empty() ? "" : ", ") + key.substr(prefix.size());
+      missing.push_back(std::stoi(key.substr(prefix.size())));
     return absent.empty() ? "; every rank reached it (a peer failed inside it?)"
-                          : fmt::format("; rank(s) {} never reached it", missing);
+                          : fmt::format("; rank(s) {} never reached it",
+                                        name_ranks(missing, world_ranks, group));
   } catch (const std::exception& e) {
     return fmt::format("; the store could not tell which ranks are missing ({})", e.what());
   }
@@ -102,11 +104,25 @@ std::string missing_ranks(StoreClient* store, const std::string& prefix, int ran
 
 }  // namespace
 
+std::string name_ranks(const std::vector<int>& group_ranks, const std::vector<int>& world_ranks,
+                       const std::string& group) {
+  std::string text;
+  for (int r : group_ranks) {
+    text += text.empty() ? "" : ", ";
+    if (world_ranks.empty() || r < 0 || r >= static_cast<int>(world_ranks.size()))
+      text += std::to_string(r);
+    else
+      text += fmt::format("{} (rank {} of group {})", world_ranks[r], r, group);
+  }
+  return text;
+}
+
 std::string describe_stuck_operation(StoreClient* store, const std::string& group, int rank,
                                      int size, uint64_t sequence, const char* op, size_t count,
-                                     DataType type, const std::string& cause) {
-  const std::string missing =
-      missing_ranks(store, fmt::format("ddp/arrived/{}/{}/", group, sequence), rank, size);
+                                     DataType type, const std::string& cause,
+                                     const std::vector<int>& world_ranks) {
+  const std::string missing = missing_ranks(
+      store, fmt::format("ddp/arrived/{}/{}/", group, sequence), rank, size, world_ranks, group);
   return fmt::format("{} #{} ({} x {}, {} bytes) in group {} did not complete: {}{}", op, sequence,
                      count, dtype_name(type), count * dtype_bytes(type), group, cause, missing);
 }
@@ -144,7 +160,7 @@ std::string describe_stuck_p2p(const std::string& group, uint64_t sequence,
 
 std::string describe_stuck_step(StoreClient* store, const std::string& group, int rank, int size,
                                 const std::string& what, uint64_t sequence,
-                                const std::string& cause) {
+                                const std::string& cause, const std::vector<int>& world_ranks) {
   // Steps are ordered: a rank stuck at a later step has passed this one. Each stuck rank
   // records the step it is stuck at and reads the others' records; ranks without one never
   // got here (stopped, dead), ranks at an earlier step are held up behind them.
@@ -158,15 +174,19 @@ std::string describe_stuck_step(StoreClient* store, const std::string& group, in
         keys.push_back(prefix + std::to_string(r));
       for (int attempt = 0; attempt < 20 && !store->missing(keys).empty(); ++attempt)
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      std::string absent, behind;
+      std::vector<int> absent;
+      std::string behind;
       for (int r = 0; r < size; ++r) {
         const auto value = store->get(keys[r]);
         if (!value)
-          absent += (absent.empty() ? "" : ", ") + std::to_string(r);
+          absent.push_back(r);
         else if (std::stoull(*value) < sequence)
-          behind += fmt::format("{}{} (at #{})", behind.empty() ? "" : ", ", r, *value);
+          behind += fmt::format("{}{} (at #{})", behind.empty() ? "" : ", ",
+                                name_ranks({r}, world_ranks, group), *value);
       }
-      if (!absent.empty()) detail += fmt::format("; rank(s) {} never reached it", absent);
+      if (!absent.empty())
+        detail +=
+            fmt::format("; rank(s) {} never reached it", name_ranks(absent, world_ranks, group));
       if (!behind.empty()) detail += fmt::format("; rank(s) {} held up at an earlier one", behind);
       if (detail.empty()) detail = "; every rank reached it (a peer failed inside it?)";
     } catch (const std::exception& e) {

@@ -27,9 +27,11 @@ struct ProcessEnv;
 // "what #sequence in group G did not complete: cause; rank(s) K never reached it" (the
 // last part from the store: every stuck rank records its arrival and waits briefly for the
 // others' records, as describe_stuck_operation does).
+// `world_ranks` (empty: the group is the world, or its members' world ranks are unknown)
+// names each missing rank as the launcher numbers it, with its rank in the group after it.
 std::string describe_stuck_step(StoreClient* store, const std::string& group, int rank, int size,
                                 const std::string& what, uint64_t sequence,
-                                const std::string& cause);
+                                const std::string& cause, const std::vector<int>& world_ranks = {});
 
 enum class DataType { kFloat32, kBFloat16, kFloat64, kInt32, kInt64 };
 size_t dtype_bytes(DataType type);
@@ -136,7 +138,7 @@ class Communicator {
   // the store can tell, the ranks that never reached it. Every stuck rank should call it.
   virtual std::string describe_stuck(const std::string& what, uint64_t sequence,
                                      const std::string& cause) {
-    return describe_stuck_step(nullptr, "world", rank_, size_, what, sequence, cause);
+    return describe_stuck_step(nullptr, "world", rank_, size_, what, sequence, cause, world_ranks_);
   }
 
   uint64_t sequence() const { return sequence_; }
@@ -221,6 +223,11 @@ std::string describe_stuck_p2p(const std::string& group, uint64_t sequence,
 // for the others', and names the ranks whose record is missing. Used by every backend.
 std::string describe_stuck_operation(StoreClient* store, const std::string& group, int rank,
                                      int size, uint64_t sequence, const char* op, size_t count,
-                                     DataType type, const std::string& cause);
+                                     DataType type, const std::string& cause,
+                                     const std::vector<int>& world_ranks = {});
+// "3 (rank 1 of group G), 5 (rank 2 of group G)" for group ranks {1, 2} of a group whose
+// members are world ranks `world_ranks`; "1, 2" when `world_ranks` is empty. Pure.
+std::string name_ranks(const std::vector<int>& group_ranks, const std::vector<int>& world_ranks,
+                       const std::string& group);
 
 }  // namespace ddp

@@ -5,6 +5,7 @@
 
 #include "engine/ddp.h"
 #include "engine/stage_runner.h"
+#include "models/cpu_ops.h"
 #include "models/mlp_cpu.h"
 #include "models/optimizer.h"
 #include "runtime/error.h"
@@ -115,18 +116,7 @@ class CpuRunner final : public StageRunner {
       work->wait(links_.activations->timeout());
     sends_.clear();
   }
-  bool grads_nonfinite() override {
-    // A float is Inf or NaN when its exponent bits are all set: an OR over the buffer that
-    // vectorises (no sum to overflow on large finite gradients, no serial float chain).
-    const float* grads = stage_.grads();
-    uint32_t nonfinite = 0;
-    for (size_t i = 0, n = stage_.param_count(); i < n; ++i) {
-      uint32_t bits;
-      std::memcpy(&bits, grads + i, sizeof(bits));
-      nonfinite |= (bits & 0x7f800000u) == 0x7f800000u;
-    }
-    return nonfinite != 0;
-  }
+  bool grads_nonfinite() override { return any_nonfinite(stage_.grads(), stage_.param_count()); }
   void optimizer_step() override {
     optimizer_->step(stage_.params(), stage_.grads(), stage_.param_count(), lr_);
   }

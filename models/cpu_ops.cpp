@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "models/gemm.h"
 
@@ -63,6 +64,16 @@ LossSum softmax_xent_cpu(const float* logits, const int32_t* labels, int batch, 
     }
   }
   return sum;
+}
+
+bool any_nonfinite(const float* values, size_t count) {
+  uint32_t nonfinite = 0;
+  for (size_t i = 0; i < count; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, values + i, sizeof(bits));
+    nonfinite |= (bits & 0x7f800000u) == 0x7f800000u;
+  }
+  return nonfinite != 0;
 }
 
 }  // namespace ddp

@@ -31,4 +31,8 @@ struct LossSum {
 LossSum softmax_xent_cpu(const float* logits, const int32_t* labels, int batch, int classes,
                          float grad_scale, float* dlogits);
 
+// Whether any of values[0, count) is NaN or +-Inf (its exponent bits all set). An OR over
+// the buffer that vectorises: no sum to overflow on large finite values, no float chain.
+bool any_nonfinite(const float* values, size_t count);
+
 }  // namespace ddp

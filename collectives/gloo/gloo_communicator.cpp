@@ -316,7 +316,7 @@ class GlooCommunicator final : public Communicator {
                                size_t count, DataType type) {
     auto describe = [this, seq, op, count, type](const std::string& cause) {
       return describe_stuck_operation(store_.get(), prefix_, rank_, size_, seq, op, count, type,
-                                      cause);
+                                      cause, world_ranks_);
     };
     return std::make_unique<HostWork>(queue_->submit(std::move(run)), describe);
   }

@@ -285,8 +285,9 @@ class MpiCommunicator final : public Communicator {
     return [this, seq, op, count, type](const std::string& cause) {
       if (store_ != nullptr)
         return describe_stuck_operation(store_.get(), group_, rank_, size_, seq, op, count, type,
-                                        cause);
-      return describe_stuck_operation(nullptr, group_, rank_, size_, seq, op, count, type, cause) +
+                                        cause, world_ranks_);
+      return describe_stuck_operation(nullptr, group_, rank_, size_, seq, op, count, type, cause,
+                                      world_ranks_) +
              missing_ranks(seq);
     };
   }
@@ -319,12 +320,12 @@ class MpiCommunicator final : public Communicator {
       MPI_Recv(&theirs, 1, MPI_UINT64_T, status.MPI_SOURCE, kTag, diagnosis_, MPI_STATUS_IGNORE);
       if (theirs == seq) heard[static_cast<size_t>(status.MPI_SOURCE)] = true;
     }
-    std::string missing;
+    std::vector<int> missing;
     for (int r = 0; r < size_; ++r)
-      if (!heard[static_cast<size_t>(r)])
-        missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      if (!heard[static_cast<size_t>(r)]) missing.push_back(r);
     return missing.empty() ? "; every rank reached it (a peer failed inside it?)"
-                           : fmt::format("; rank(s) {} never reached it", missing);
+                           : fmt::format("; rank(s) {} never reached it",
+                                         name_ranks(missing, world_ranks_, group_));
   }
 
   MPI_Comm comm_;

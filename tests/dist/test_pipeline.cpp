@@ -262,13 +262,13 @@ TEST(Pipeline, StoppedStageOfAHybridJobIsNamedByItsWorldRank) {
           " --data synthetic --layers 12,32,16,4 --synthetic-samples 240 --batch-size 24 "
           "--pp 2 --micro-batches 4 --steps 100000000 --log-every 20 --threads 1 --timeout 3",
       "step 40/", 3, "STOP");
-  // The first rank to give up names the stopped rank 3 or rank 2, its stage neighbour
-  // held up behind it in their data-parallel all-reduce ("stopped, dead or behind"): by
-  // world rank when it is a pipeline peer, or as missing from a world collective.
+  // Someone names world rank 3: its pipeline peer (waiting on a transfer from it), its stage
+  // neighbour (rank 2, missing it in their data-parallel all-reduce: "3 (rank 1 of group"), or
+  // a world collective. Naming only the neighbour held up behind it is not enough.
   const bool named =
       r.output.find("of that group, world rank 3) is stopped") != std::string::npos ||
-      r.output.find("of that group, world rank 2) is stopped") != std::string::npos ||
-      r.output.find("3 never reached it") != std::string::npos;
+      r.output.find("rank(s) 3 (rank 1 of group") != std::string::npos ||
+      r.output.find("rank(s) 3 never reached it") != std::string::npos;
   EXPECT_TRUE(named) << r.output;
   EXPECT_EQ(r.output.find("ddprun exit 0"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("LEFT BEHIND"), std::string::npos) << r.output;
@@ -296,8 +296,9 @@ TEST(Pipeline, NonFiniteGradientStopsOrSkipsOnEveryStageAlike) {
   // every stage, with no weights written.
   const RunResult too_many = run_command(job + " --on-nonfinite skip-step");
   EXPECT_EQ(too_many.exit_code, 1) << too_many.output;
-  EXPECT_EQ(count_of(too_many.output, "steps were skipped (non-finite gradients), more than "
-                                      "--max-skipped-steps 0"),
+  EXPECT_EQ(count_of(too_many.output,
+                     "steps were skipped (non-finite gradients), more than "
+                     "--max-skipped-steps 0"),
             2)
       << too_many.output;
   EXPECT_TRUE(read_file(dir.file("w.st")).empty());

@@ -22,6 +22,7 @@
 #include "engine/checkpoint.h"
 #include "engine/config.h"
 #include "engine/pipeline/schedule.h"
+#include "models/cpu_ops.h"
 #include "models/mlp.h"
 #include "models/safetensors.h"
 #include "runtime/error.h"
@@ -382,7 +383,25 @@ TEST(BadInput, APipelineOnTooFewRanksNamesAWorldItCanRunOn) {
       << r.output;
 }
 
-// --- 21, 22: checks that must be able to fail -------------------------------------------------
+// --- 18, 21, 22: checks that must be able to fail ---------------------------------------------
+
+TEST(NonFinite, InfinitiesAreFoundAsWellAsNaNs) {
+  std::vector<float> values(1001, 1.0f);
+  EXPECT_FALSE(any_nonfinite(values.data(), values.size()));
+  for (float bad : {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                    std::numeric_limits<float>::quiet_NaN()}) {
+    for (size_t at : {size_t{0}, size_t{517}, values.size() - 1}) {
+      std::vector<float> with = values;
+      with[at] = bad;
+      EXPECT_TRUE(any_nonfinite(with.data(), with.size())) << bad << " at " << at;
+    }
+  }
+  // The largest finite floats and the denormals are finite.
+  values[3] = std::numeric_limits<float>::max();
+  values[4] = -std::numeric_limits<float>::max();
+  values[5] = std::numeric_limits<float>::denorm_min();
+  EXPECT_FALSE(any_nonfinite(values.data(), values.size()));
+}
 
 TEST(MicroBatches, TheDefaultCountIsCheckedAgainstTheBatchToo) {
   TrainConfig config;

@@ -2,6 +2,7 @@
 // port 0 and a port already in use. Server and clients in one process, over loopback.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -205,6 +206,41 @@ TEST_F(GuardedStoreTest, SilentStrangersAreCappedAndTimedOutWhileRanksStillConne
   EXPECT_NE(refusals().find("no hello with the token within 0.5s"), std::string::npos)
       << refusals();
   EXPECT_EQ(count_lines(refusals(), "no hello"), 1) << "reported once per peer and reason";
+}
+
+TEST(GuardedStore, TheCapOnStrangersIsExactlyItsValue) {
+  std::vector<std::string> refused;
+  std::mutex mutex;
+  StoreServerConfig config{"127.0.0.1", 0, "secret"};
+  config.hello_timeout_s = 30;  // no stranger times out during the test
+  config.max_unauthenticated = 4;
+  config.on_refused = [&](const std::string& line) {
+    std::lock_guard<std::mutex> lock(mutex);
+    refused.push_back(line);
+  };
+  StoreServer server(config);
+  server.start();
+  const auto dropped = [&] {
+    std::lock_guard<std::mutex> lock(mutex);
+    return std::count_if(refused.begin(), refused.end(), [](const std::string& line) {
+      return line.find("dropped: more than 4 connections") != std::string::npos;
+    });
+  };
+  // A rank's connection waits for its hello too: 3 strangers and a rank are 4 waiting.
+  std::vector<UniqueFd> strangers;
+  for (int i = 0; i < 3; ++i) {
+    strangers.push_back(tcp_connect("127.0.0.1", server.port(), deadline_in(2.0)));
+    // A served round trip after each: the server has accepted the stranger by then.
+    StoreClient("127.0.0.1", server.port(), "secret", 2.0).set("k", "v");
+  }
+  EXPECT_EQ(dropped(), 0) << "4 waiting are within a cap of 4";
+  strangers.push_back(tcp_connect("127.0.0.1", server.port(), deadline_in(2.0)));
+  StoreClient("127.0.0.1", server.port(), "secret", 2.0).set("k", "v");
+  EXPECT_EQ(dropped(), 1) << "the fifth waiting makes one too many";
+  char byte;
+  EXPECT_THROW(read_exact(strangers[0].get(), &byte, 1, deadline_in(2.0)), Error)
+      << "the oldest stranger goes";
+  EXPECT_FALSE(read_exact(strangers[1].get(), &byte, 1, deadline_in(0.2))) << "the others stay";
 }
 
 TEST_F(GuardedStoreTest, OnlyTheWholeTokenAuthenticatesAndWrongOnesAreReported) {
