@@ -249,8 +249,8 @@ NpyArray read_npy(const std::string& path) {
       static_cast<uint64_t>(std::max<std::streamoff>(0, file_bytes - data_begin));
   uint64_t count = 1;
   for (int64_t d : array.shape)
-    DDP_USAGE_CHECK(d > 0, "{}: shape ({}) has no elements; expected at least one sample{}", path,
-                    shape, array.shape.size() > 1 ? " and one feature" : "");
+    DDP_USAGE_CHECK(d > 0, "{}: shape ({}) has no elements; expected a non-empty [N, D] array",
+                    path, shape);
   for (int64_t d : array.shape) {
     DDP_USAGE_CHECK(
         d == 0 || count <= available / static_cast<uint64_t>(d),

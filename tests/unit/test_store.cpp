@@ -208,6 +208,22 @@ TEST_F(GuardedStoreTest, SilentStrangersAreCappedAndTimedOutWhileRanksStillConne
   EXPECT_EQ(count_lines(refusals(), "no hello"), 1) << "reported once per peer and reason";
 }
 
+// In a sub-group (dp x pp: ranks 2 and 3 of the world form one stage's data-parallel group),
+// a rank that never arrived is named as the launcher numbers it, its group rank after it.
+TEST_F(StoreTest, StuckRanksOfASubGroupAreNamedByTheirWorldRank) {
+  StoreClient c = client();
+  const std::string message = describe_stuck_operation(&c, "dp1", 0, 2, 7, "all_reduce", 16,
+                                                       DataType::kFloat32, "timed out", {2, 3});
+  EXPECT_NE(message.find("rank(s) 3 (rank 1 of group dp1) never reached it"), std::string::npos)
+      << message;
+  const std::string step =
+      describe_stuck_step(&c, "dp2", 1, 2, "training step", 9, "no progress", {2, 3});
+  EXPECT_NE(step.find("rank(s) 2 (rank 0 of group dp2) never reached it"), std::string::npos)
+      << step;
+  EXPECT_EQ(name_ranks({0, 1}, {}, "world"), "0, 1");
+  EXPECT_EQ(name_ranks({1}, {4, 6}, "g"), "6 (rank 1 of group g)");
+}
+
 TEST(GuardedStore, TheCapOnStrangersIsExactlyItsValue) {
   std::vector<std::string> refused;
   std::mutex mutex;
