@@ -2,7 +2,8 @@
 # Two builds of ddptrain (say the commit before a change and after it) trained alike: the
 # weights after 40 steps must be bitwise the same, alone and data-parallel, in several
 # configurations (accumulation, checkpoints and evaluation cutting the run into chunks, and on
-# the GPU the overlapped optimizer, no graph, bf16 gradients). On the GPU the two ranks share
+# the GPU the overlapped optimizer, no graph, bf16 gradients), and two-stage pipelines (1F1B
+# and GPipe). On the GPU the two ranks share
 # this machine's one GPU (ddprun --share-gpu, NCCL over sockets); DEVICE=cpu compares the CPU
 # path (two ranks over Gloo). Prints a Markdown table; exits non-zero when any configuration
 # differs or fails.
@@ -30,6 +31,8 @@ configs=(
   "chunks cut by eval and checkpoints|1|--log-every 7 --eval-every 5 --checkpoint-every 9 --checkpoint-dir CKPT"
   "dp 2|2|--bucket-mb 0.2 --first-bucket-mb 0.05"
   "dp 2, accumulate 4|2|--accumulate 4 --bucket-mb 0.2"
+  "pp 2, 1f1b|2|--pp 2 --micro-batches 4 --schedule 1f1b"
+  "pp 2, gpipe|2|--pp 2 --micro-batches 4 --schedule gpipe"
 )
 share=()
 if [ "$device" = cuda ]; then
