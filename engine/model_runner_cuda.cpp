@@ -171,7 +171,9 @@ class GpuModelRunner final : public StageRunner {
     wait_idle();
     opt_steps_.resize(steps);
     for (int k = 0; k < steps; ++k) {
-      const int64_t step = first_step + k;
+      // The optimizer's own count, as the CPU's and the pipeline stage's: after a resume it
+      // may differ from the training step (steps skipped before the checkpoint).
+      const int64_t step = optimizer_steps_ + k;
       OptStep& s = opt_steps_[k];
       s.lr = lrs[k];
       s.first = step == 0;

@@ -19,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/checkpoint.h"
 #include "models/mlp.h"
 #include "models/safetensors.h"
 #include "tests/support/gpu_support.h"
@@ -252,6 +253,45 @@ TEST(GpuRun, TrainsAsTheCpuDoes) {
                 optimizer.c_str(), error);
     EXPECT_LT(error, 1e-5) << optimizer;  // measured 1.4e-07 (SGD), 1.6e-07 (AdamW)
   }
+}
+
+// A checkpoint whose optimizer took fewer steps than the run did (as after steps skipped by
+// --on-nonfinite skip-step) resumes on the GPU with the optimizer's own step count, as the
+// CPU does: AdamW's bias corrections (and SGD's first step) follow the optimizer, not the
+// training step. The two counts differed on the GPU's plain path before (its chunked
+// scalars were computed from the training step).
+TEST(GpuRun, ResumeFollowsTheOptimizersOwnStepCountAsTheCpuDoes) {
+  REQUIRE_GPU();
+  TempDir dir;
+  const std::string layers = "24,64,32,6";
+  const std::string common = " --data synthetic --layers " + layers +
+                             " --synthetic-samples 960 --batch-size 48 --seed 5 --quiet "
+                             "--precision fp32 --optimizer adamw --lr 0.005 --lr-schedule constant";
+  ASSERT_EQ(run_command(kEnv + kTrain + common + " --steps 10 --checkpoint-dir " + dir.file("a"))
+                .exit_code,
+            0);
+  // The same weights and state, but 6 optimizer steps in 10 training steps.
+  const MlpShape shape = parse_layers(layers);
+  RunSettings settings;
+  settings.seed = 5;
+  settings.data = "synthetic";
+  settings.synthetic_samples = 960;
+  Checkpoint c = load_checkpoint(dir.file("a/latest.safetensors"), shape, "adamw", 48, settings);
+  ASSERT_EQ(c.optimizer_steps, 10);
+  c.optimizer_steps = 6;
+  for (const std::string device : {"cpu", "cuda"})
+    save_checkpoint(dir.file(device), shape, c);
+  for (const std::string device : {"cpu", "cuda"}) {
+    const RunResult r = run_command(kEnv + kTrain + common + " --steps 20 --resume --device " +
+                                    device + " --checkpoint-dir " + dir.file(device) +
+                                    " --save-weights " + dir.file(device + ".safetensors"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  const double error = max_relative_error(load_weights(dir.file("cuda.safetensors"), layers),
+                                          load_weights(dir.file("cpu.safetensors"), layers));
+  std::printf("resumed with 6 optimizer steps in 10: GPU against CPU, max relative error %.3g\n",
+              error);
+  EXPECT_LT(error, 1e-5);
 }
 
 // The optimizer overlapped with backward (--overlap-optimizer) updates each range of
