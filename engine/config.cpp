@@ -155,7 +155,9 @@ bool parse_train_args(int argc, char** argv, TrainConfig* config) {
         "(world = dp x pp)", cxxopts::value<std::string>()->default_value(text(d.pp)))
     ("micro-batches", "micro-batches a step with --pp (0: 4 x pp); gradients accumulate over them",
         cxxopts::value<std::string>()->default_value(text(d.micro_batches)))
-    ("schedule", "pipeline schedule: gpipe | 1f1b", cxxopts::value<std::string>()->default_value(schedule_name(d.schedule)))
+    ("schedule", "pipeline schedule: " + schedule_names(), cxxopts::value<std::string>()->default_value(schedule_name(d.schedule)))
+    ("dp", "data-parallel replicas (0: the world's size / --pp); checked against the world",
+        cxxopts::value<std::string>()->default_value(text(d.dp)))
     ("partition", "layers of each stage, like 0-1,2-3 (default: balanced by FLOPs)", cxxopts::value<std::string>())
     ("timeline", "write a Chrome trace (Perfetto) of every rank's forward, backward, send, recv and "
         "all-reduce to FILE (.json)", cxxopts::value<std::string>())
@@ -272,10 +274,11 @@ bool parse_train_args(int argc, char** argv, TrainConfig* config) {
     c.pp = number<int>(result, "pp");
     c.micro_batches = number<int>(result, "micro-batches");
     const std::string pipeline = result["schedule"].as<std::string>();
-    DDP_USAGE_CHECK(pipeline == "gpipe" || pipeline == "1f1b",
-                    "--schedule {}: expected gpipe or 1f1b", pipeline);
-    c.schedule =
-        pipeline == "gpipe" ? PipelineSchedule::kGpipe : PipelineSchedule::kOneForwardOneBackward;
+    const std::optional<PipelineSchedule> schedule_given = schedule_from_name(pipeline);
+    DDP_USAGE_CHECK(schedule_given.has_value(), "--schedule {}: expected {}", pipeline,
+                    schedule_names());
+    c.schedule = *schedule_given;
+    c.dp = number<int>(result, "dp");
     if (result.count("partition")) {
       c.partition = result["partition"].as<std::string>();
       DDP_USAGE_CHECK(!c.partition.empty(),
@@ -345,6 +348,8 @@ void validate(const TrainConfig& c) {
   DDP_USAGE_CHECK(c.pp >= 1 && c.pp <= shape.num_layers(),
                   "--pp {}: expected 1 to {} (the number of layers of --layers {})", c.pp,
                   shape.num_layers(), c.layers);
+  DDP_USAGE_CHECK(c.dp >= 0 && c.dp <= 65536, "--dp {}: expected 0 (the world / --pp) to 65536",
+                  c.dp);
   DDP_USAGE_CHECK(c.micro_batches >= 0 && c.micro_batches <= 1024,
                   "--micro-batches {}: expected 0 (4 x --pp) to 1024", c.micro_batches);
   DDP_USAGE_CHECK(c.pp > 1 || (c.micro_batches <= 1 && c.partition.empty()),
@@ -427,6 +432,7 @@ nlohmann::json config_json(const TrainConfig& c) {
           {"overlap-optimizer", c.overlap_optimizer},
           {"accumulate", c.accumulate},
           {"pp", c.pp},
+          {"dp", c.dp},
           {"micro-batches", c.micro_batches},
           {"schedule", schedule_name(c.schedule)},
           {"partition", c.partition},

@@ -71,6 +71,7 @@ struct TrainConfig {
   int accumulate = 1;              // micro-steps per optimizer step
   // Pipeline parallelism: the world is dp x pp ranks (rank = stage * dp + replica).
   int pp = 1;             // pipeline stages
+  int dp = 0;             // data-parallel replicas; 0: world / pp (checked against the world)
   int micro_batches = 0;  // per step and pipeline; 0: 4 x pp (with pp > 1)
   PipelineSchedule schedule = PipelineSchedule::kOneForwardOneBackward;
   std::string partition;  // "0-1,2-3": layers of each stage; empty: balanced by FLOPs

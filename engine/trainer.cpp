@@ -84,8 +84,14 @@ PipelineLayout layout_of(const TrainConfig& config, Communicator* comm) {
       flops.push_back(static_cast<double>(shape.layer(i).in) * shape.layer(i).out);
     bounds = partition_by_cost(flops, config.pp);
   }
-  return plan_layout(comm ? comm->size() : 1, comm ? comm->rank() : 0, config.pp,
-                     std::move(bounds));
+  const int world = comm ? comm->size() : 1;
+  DDP_USAGE_CHECK(config.dp == 0 || config.dp * config.pp == world,
+                  "--dp {} --pp {}: the world has {} rank{}, not dp x pp = {} (give --dp {}, or "
+                  "start {} ranks)",
+                  config.dp, config.pp, world, world == 1 ? "" : "s", config.dp * config.pp,
+                  world % config.pp == 0 ? std::to_string(world / config.pp) : "0",
+                  config.dp * config.pp);
+  return plan_layout(world, comm ? comm->rank() : 0, config.pp, std::move(bounds));
 }
 
 int max_batch_of(const TrainConfig& config, int local_batch) {
@@ -104,9 +110,7 @@ Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* c
       layout_(layout_of(config, comm)),
       micro_batches_(micro_batches_of(config)),
       local_batch_(local_batch_of(config, micro_batches_, layout_.replicas)),
-      actions_(
-          plan_schedule(config.pp > 1 ? config.schedule : PipelineSchedule::kOneForwardOneBackward,
-                        layout_.stage, layout_.stages, micro_batches_)),
+
       sampler_(data.train.n, config.seed, config.shuffle),
       timeline_(!config.timeline.empty()) {
   (void)store;
@@ -118,8 +122,12 @@ Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* c
   spec_.micro_batches = micro_batches_;
   spec_.batch = local_batch_;
   spec_.max_batch = max_batch_of(config, local_batch_);
-  spec_.slots = ddp::peak_live_activations(actions_);
-  slot_plan_ = plan_slots(actions_, layout_.stage == 0, micro_batches_, spec_.slots);
+  // The whole model (pp = 1) runs a one-stage pipeline: its micro-batches are --accumulate's.
+  executor_ = std::make_unique<ScheduleExecutor>(
+      plan_schedule(config.pp > 1 ? config.schedule : PipelineSchedule::kOneForwardOneBackward,
+                    layout_.stage, layout_.stages, micro_batches_),
+      spec_);
+  spec_.slots = executor_->slots();
   const MlpShape& shape = spec_.shape;
   check_model_fits_data(shape, config, data);
   set_cpu_threads(config.threads);
@@ -267,73 +275,8 @@ void Trainer::run_schedule(StepStats* stats) {
   // Each replica's loss is the mean over its samples of the whole step; the all-reduce
   // averages over replicas, so the gradient is the global batch mean.
   const float scale = 1.0f / static_cast<float>(local_batch_ * micro_batches_);
-  const int64_t step = step_ + 1;
-  // Slots hold the activations of forwarded, not yet backwarded micro-batches (plan_slots).
-  peak_live_ = std::max(peak_live_, slot_plan_.peak);
-  // The host's clock times the CPU's work; the GPU's spans come from its events (the host
-  // only enqueues here, or not at all when the step is replayed from its graph).
-  auto span = [&](SpanKind kind, int mb, double start) {
-    if (!runner_->on_gpu()) timeline_.add(kind, step, mb, start, timeline_.now_us());
-  };
-  int backwards = 0;
-  for (size_t i = 0; i < actions_.size(); ++i) {
-    const PipelineAction& action = actions_[i];
-    const int mb = action.micro_batch;
-    const int slot = slot_plan_.slot[i];
-    const double start = timeline_.now_us();
-    Stopwatch clock;
-    switch (action.kind) {
-      case ActionKind::kRecvActivation:
-        runner_->recv_activation(mb, slot);
-        span(SpanKind::kRecv, mb, start);
-        break;
-      case ActionKind::kForward:
-        runner_->forward(mb, slot);
-        stats->busy_s += clock.seconds();
-        span(SpanKind::kForward, mb, start);
-        break;
-      case ActionKind::kSendActivation:
-        runner_->send_activation(mb, slot);
-        span(SpanKind::kSend, mb, start);
-        break;
-      case ActionKind::kRecvGradient:
-        runner_->recv_gradient(mb, slot);
-        span(SpanKind::kRecv, mb, start);
-        break;
-      case ActionKind::kBackward: {
-        if (spec_.is_last()) {
-          const LossSum sum = runner_->loss(mb, slot, scale);
-          stats->loss_sum += sum.loss;
-          stats->correct += sum.correct;
-        }
-        // Gradient sync starts on the last micro-batch, as its layers finish.
-        const bool last_micro = backwards + 1 == micro_batches_;
-        if (ddp_ && last_micro) ddp_->begin_backward(runner_->grads());
-        runner_->backward(mb, slot, /*accumulate=*/backwards > 0,
-                          ddp_ && last_micro ? [this](int layer) { ddp_->layer_done(layer); }
-                                             : std::function<void(int)>());
-        if (ddp_ && last_micro) ddp_->end_backward();
-        ++backwards;
-        stats->busy_s += clock.seconds();
-        span(SpanKind::kBackward, mb, start);
-        break;
-      }
-      case ActionKind::kSendGradient:
-        runner_->send_gradient(mb, slot);
-        span(SpanKind::kSend, mb, start);
-        break;
-    }
-  }
-  {
-    const double start = timeline_.now_us();
-    runner_->end_schedule();
-    if (layout_.stages > 1) span(SpanKind::kSend, -1, start);
-  }
-  if (ddp_) {
-    const double start = timeline_.now_us();
-    ddp_->finish(runner_->stream());
-    span(SpanKind::kAllReduce, -1, start);
-  }
+  peak_live_ = std::max(peak_live_, executor_->slots());
+  executor_->run(*runner_, ddp_.get(), timeline_, step_ + 1, scale, stats);
 }
 
 bool Trainer::any_rank(bool mine) {

@@ -14,6 +14,7 @@
 #include "engine/checkpoint.h"
 #include "engine/config.h"
 #include "engine/ddp.h"
+#include "engine/executor.h"
 #include "engine/gpu_monitor.h"
 #include "engine/metrics.h"
 #include "engine/pipeline/schedule.h"
@@ -25,15 +26,6 @@
 namespace ddp {
 
 class StoreClient;
-
-struct StepStats {
-  double loss_sum = 0;  // summed over this rank's samples of the step
-  int correct = 0;
-  int samples = 0;
-  int skipped = 0;    // 1 when --on-nonfinite skip-step skipped this step
-  double busy_s = 0;  // forward and backward compute of this rank
-  double step_s = 0;  // the whole step
-};
 
 struct EvalResult {
   double loss = 0;      // mean over the split
@@ -139,8 +131,7 @@ class Trainer {
   std::unique_ptr<Communicator> grad_group_;  // the same ranks again, for gradients (GPU)
   std::unique_ptr<Communicator> dp_group_;    // this stage's replicas (pp > 1, dp > 1)
   std::unique_ptr<Communicator> host_world_, host_pipe_;  // host views (device communicators)
-  std::vector<PipelineAction> actions_;                   // this stage's schedule of a step
-  SlotPlan slot_plan_;                                    // and the slots its actions use
+  std::unique_ptr<ScheduleExecutor> executor_;            // this stage's schedule of a step
   StageSpec spec_;
   std::unique_ptr<StageRunner> runner_;
   std::unique_ptr<Ddp> ddp_;

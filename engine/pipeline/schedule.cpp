@@ -10,8 +10,85 @@
 
 namespace ddp {
 
+namespace {
+
+using Planner = void (*)(std::vector<PipelineAction>* out, int stage, int stages, int micro);
+
+void forward(std::vector<PipelineAction>* out, int stage, int mb) {
+  out->push_back({ActionKind::kForward, mb, stage});
+}
+void backward(std::vector<PipelineAction>* out, int stage, int mb) {
+  out->push_back({ActionKind::kBackward, mb, stage});
+}
+
+void plan_gpipe(std::vector<PipelineAction>* out, int stage, int, int micro) {
+  for (int mb = 0; mb < micro; ++mb)
+    forward(out, stage, mb);
+  for (int mb = 0; mb < micro; ++mb)
+    backward(out, stage, mb);
+}
+
+// Warm-up, steady one-forward-one-backward, cool-down.
+void plan_1f1b(std::vector<PipelineAction>* out, int stage, int stages, int micro) {
+  const int warmup = std::min(stages - stage - 1, micro);
+  for (int mb = 0; mb < warmup; ++mb)
+    forward(out, stage, mb);
+  const int steady = micro - warmup;
+  for (int i = 0; i < steady; ++i) {
+    forward(out, stage, warmup + i);
+    backward(out, stage, i);
+  }
+  for (int mb = steady; mb < micro; ++mb)
+    backward(out, stage, mb);
+}
+
+void plan_pairs(std::vector<PipelineAction>* out, int stage, int, int micro) {
+  for (int first = 0; first < micro; first += 2) {
+    const int end = std::min(first + 2, micro);
+    for (int mb = first; mb < end; ++mb)
+      forward(out, stage, mb);
+    for (int mb = first; mb < end; ++mb)
+      backward(out, stage, mb);
+  }
+}
+
+struct ScheduleEntry {
+  PipelineSchedule schedule;
+  const char* name;
+  Planner plan;
+};
+// Every schedule: adding one is its planner and a line here.
+constexpr ScheduleEntry kSchedules[] = {
+    {PipelineSchedule::kGpipe, "gpipe", plan_gpipe},
+    {PipelineSchedule::kOneForwardOneBackward, "1f1b", plan_1f1b},
+    {PipelineSchedule::kPairs, "pairs", plan_pairs},
+};
+
+const ScheduleEntry& entry_of(PipelineSchedule schedule) {
+  for (const ScheduleEntry& e : kSchedules)
+    if (e.schedule == schedule) return e;
+  DDP_CHECK(false, "pipeline schedule {} has no planner", static_cast<int>(schedule));
+  return kSchedules[0];  // not reached
+}
+
+}  // namespace
+
 const char* schedule_name(PipelineSchedule schedule) {
-  return schedule == PipelineSchedule::kGpipe ? "gpipe" : "1f1b";
+  return entry_of(schedule).name;
+}
+
+std::optional<PipelineSchedule> schedule_from_name(const std::string& name) {
+  for (const ScheduleEntry& e : kSchedules)
+    if (name == e.name) return e.schedule;
+  return std::nullopt;
+}
+
+std::string schedule_names() {
+  std::string names;
+  const size_t n = std::size(kSchedules);
+  for (size_t i = 0; i < n; ++i)
+    names += std::string(i == 0 ? "" : i + 1 == n ? " or " : ", ") + kSchedules[i].name;
+  return names;
 }
 
 const char* action_name(ActionKind kind) {
@@ -28,50 +105,62 @@ const char* action_name(ActionKind kind) {
       return "backward";
     case ActionKind::kSendGradient:
       return "send_gradient";
+    case ActionKind::kBackwardInput:
+      return "backward_input";
+    case ActionKind::kBackwardWeight:
+      return "backward_weight";
+    case ActionKind::kReduceGrad:
+      return "reduce_grad";
   }
   return "?";
 }
 
-namespace {
-
-void forward(std::vector<PipelineAction>* out, int stage, int stages, int mb) {
-  if (stage > 0) out->push_back({ActionKind::kRecvActivation, mb});
-  out->push_back({ActionKind::kForward, mb});
-  if (stage + 1 < stages) out->push_back({ActionKind::kSendActivation, mb});
+bool is_compute(ActionKind kind) {
+  return kind == ActionKind::kForward || kind == ActionKind::kBackward ||
+         kind == ActionKind::kBackwardInput || kind == ActionKind::kBackwardWeight;
 }
 
-void backward(std::vector<PipelineAction>* out, int stage, int stages, int mb) {
-  if (stage + 1 < stages) out->push_back({ActionKind::kRecvGradient, mb});
-  out->push_back({ActionKind::kBackward, mb});
-  if (stage > 0) out->push_back({ActionKind::kSendGradient, mb});
+std::vector<PipelineAction> plan_compute(PipelineSchedule schedule, int stage, int stages,
+                                         int micro_batches) {
+  DDP_CHECK(stages >= 1 && stage >= 0 && stage < stages && micro_batches >= 1,
+            "plan_compute: stage {} of {} with {} micro-batches", stage, stages, micro_batches);
+  std::vector<PipelineAction> actions;
+  entry_of(schedule).plan(&actions, stage, stages, micro_batches);
+  return actions;
 }
 
-}  // namespace
+std::vector<PipelineAction> lower_schedule(const std::vector<PipelineAction>& compute, int stages) {
+  // Per stage index: the last action that writes its weight gradients (a backward or the
+  // weight half), before which the reduction is announced.
+  std::vector<size_t> last_weight_grad(static_cast<size_t>(stages), compute.size());
+  for (size_t i = 0; i < compute.size(); ++i) {
+    const PipelineAction& a = compute[i];
+    DDP_CHECK(is_compute(a.kind) && a.stage >= 0 && a.stage < stages,
+              "lower_schedule: {} of stage {} (of {}) is not a planner's action",
+              action_name(a.kind), a.stage, stages);
+    if (a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardWeight)
+      last_weight_grad[a.stage] = i;
+  }
+  std::vector<PipelineAction> out;
+  for (size_t i = 0; i < compute.size(); ++i) {
+    const PipelineAction& a = compute[i];
+    const bool first = a.stage == 0, last = a.stage + 1 == stages;
+    const bool input_grad = a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardInput;
+    if (a.kind == ActionKind::kForward && !first)
+      out.push_back({ActionKind::kRecvActivation, a.micro_batch, a.stage});
+    if (input_grad && !last) out.push_back({ActionKind::kRecvGradient, a.micro_batch, a.stage});
+    if (last_weight_grad[a.stage] == i) out.push_back({ActionKind::kReduceGrad, -1, a.stage});
+    out.push_back(a);
+    if (a.kind == ActionKind::kForward && !last)
+      out.push_back({ActionKind::kSendActivation, a.micro_batch, a.stage});
+    if (input_grad && !first) out.push_back({ActionKind::kSendGradient, a.micro_batch, a.stage});
+  }
+  return out;
+}
 
 std::vector<PipelineAction> plan_schedule(PipelineSchedule schedule, int stage, int stages,
                                           int micro_batches) {
-  DDP_CHECK(stages >= 1 && stage >= 0 && stage < stages && micro_batches >= 1,
-            "plan_schedule: stage {} of {} with {} micro-batches", stage, stages, micro_batches);
-  std::vector<PipelineAction> actions;
-  if (schedule == PipelineSchedule::kGpipe) {
-    for (int mb = 0; mb < micro_batches; ++mb)
-      forward(&actions, stage, stages, mb);
-    for (int mb = 0; mb < micro_batches; ++mb)
-      backward(&actions, stage, stages, mb);
-    return actions;
-  }
-  // 1F1B: warm-up, steady one-forward-one-backward, cool-down.
-  const int warmup = std::min(stages - stage - 1, micro_batches);
-  for (int mb = 0; mb < warmup; ++mb)
-    forward(&actions, stage, stages, mb);
-  const int steady = micro_batches - warmup;
-  for (int i = 0; i < steady; ++i) {
-    forward(&actions, stage, stages, warmup + i);
-    backward(&actions, stage, stages, i);
-  }
-  for (int mb = steady; mb < micro_batches; ++mb)
-    backward(&actions, stage, stages, mb);
-  return actions;
+  return lower_schedule(plan_compute(schedule, stage, stages, micro_batches), stages);
 }
 
 int peak_live_activations(const std::vector<PipelineAction>& actions) {
@@ -150,6 +239,11 @@ SlotPlan plan_slots(const std::vector<PipelineAction>& actions, bool first_stage
     free_slots.push_back(s);
   for (const PipelineAction& action : actions) {
     const int mb = action.micro_batch;
+    if (action.kind == ActionKind::kReduceGrad) {  // no micro-batch of its own
+      plan.slot.push_back(-1);
+      plan.releases.push_back(false);
+      continue;
+    }
     DDP_CHECK(mb >= 0 && mb < micro_batches, "pipeline: micro-batch {} of {}", mb, micro_batches);
     if ((action.kind == ActionKind::kRecvActivation || action.kind == ActionKind::kForward) &&
         slot_of[mb] < 0) {

@@ -5,36 +5,62 @@
 // trainer runs them (engine/trainer.cpp). The rank layout of dp x pp.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace ddp {
 
-enum class PipelineSchedule { kGpipe, kOneForwardOneBackward };
+enum class PipelineSchedule { kGpipe, kOneForwardOneBackward, kPairs };
 const char* schedule_name(PipelineSchedule schedule);
+// The schedule a --schedule name means; nullopt for an unknown name.
+std::optional<PipelineSchedule> schedule_from_name(const std::string& name);
+// "gpipe, 1f1b or pairs": the names --schedule takes.
+std::string schedule_names();
 
+// What one stage does for one micro-batch. A planner writes the compute actions only
+// (forward; backward, or its two halves); lower_schedule adds the transfers and the point
+// where the data-parallel gradient reduction starts.
 enum class ActionKind {
   kRecvActivation,  // from the previous stage (stage > 0)
   kForward,
   kSendActivation,  // to the next stage (not the last stage)
   kRecvGradient,    // from the next stage (not the last stage)
-  kBackward,
-  kSendGradient,  // to the previous stage (stage > 0)
+  kBackward,        // the input and weight gradients together
+  kSendGradient,    // to the previous stage (stage > 0)
+  kBackwardInput,   // the input gradient alone (what the previous stage waits for)
+  kBackwardWeight,  // the weight gradient alone (may fill a bubble later)
+  kReduceGrad,      // the next backward completes this stage's gradients: reduce them over
+                    // the data-parallel group as it writes them
 };
 const char* action_name(ActionKind kind);
+// Forward, backward and its halves: what a stage computes (the rest is communication).
+bool is_compute(ActionKind kind);
 
 struct PipelineAction {
   ActionKind kind;
   int micro_batch;
+  int stage = 0;  // the stage index it belongs to (several per rank with interleaving)
   bool operator==(const PipelineAction& other) const {
-    return kind == other.kind && micro_batch == other.micro_batch;
+    return kind == other.kind && micro_batch == other.micro_batch && stage == other.stage;
   }
 };
 
-// Stage `stage` (0-based) of `stages`, `micro_batches` per step. GPipe: every forward, then
-// every backward. 1F1B (as Megatron-LM's non-interleaved schedule): stages - stage - 1
-// warm-up forwards, then one forward one backward, then the remaining backwards, so that a
-// stage holds the activations of at most `stages - stage` micro-batches. Pure.
+// The compute actions of stage `stage` of `stages` for one step of `micro_batches`, in the
+// order the stage runs them. GPipe: every forward, then every backward. 1F1B (as
+// Megatron-LM's non-interleaved schedule): stages - stage - 1 warm-up forwards, then one
+// forward one backward, then the remaining backwards, so that a stage holds the activations
+// of at most `stages - stage` micro-batches. Pairs (a small schedule, the example of adding
+// one): micro-batches two at a time, both forwards then both backwards. Pure.
+std::vector<PipelineAction> plan_compute(PipelineSchedule schedule, int stage, int stages,
+                                         int micro_batches);
+// Adds to a stage's compute actions what connects them (as torch.distributed.pipelining's
+// _add_send_recv): before a forward on a stage after the first, the receive of its input;
+// after it, on a stage before the last, the send of its output; around a backward (or its
+// input half) likewise the gradient's receive and send; and kReduceGrad before the action
+// that last writes the stage's weight gradients. Pure.
+std::vector<PipelineAction> lower_schedule(const std::vector<PipelineAction>& compute, int stages);
+// lower_schedule(plan_compute(...)): what a stage's executor runs. Pure.
 std::vector<PipelineAction> plan_schedule(PipelineSchedule schedule, int stage, int stages,
                                           int micro_batches);
 

@@ -1,5 +1,5 @@
 // Pipeline parallelism on the GPU, its ranks sharing the one GPU (ddprun --share-gpu, NCCL
-// over sockets): GPipe and 1F1B over 2 and 4 stages and dp 2 x pp 2 give the weights and the
+// over sockets): GPipe, 1F1B and pairs over 2 to 4 stages and dp 2 x pp 2 give the weights and the
 // test loss of one GPU (the plain one-GPU loop, CudaMlp), with and without graph capture, and
 // in bf16; --timeline has the device's spans; a pipelined run resumes bitwise; a rank
 // killed mid-pipeline ends the job, named, within the grace period.
@@ -75,6 +75,7 @@ INSTANTIATE_TEST_SUITE_P(
     Layouts, SharedGpuPipeline,
     ::testing::Values(PipelineCase{"pp2_gpipe", 2, "--pp 2 --schedule gpipe"},
                       PipelineCase{"pp2_1f1b", 2, "--pp 2 --schedule 1f1b"},
+                      PipelineCase{"pp3_pairs", 3, "--pp 3 --schedule pairs --micro-batches 6"},
                       PipelineCase{"pp4_1f1b", 4, "--pp 4 --schedule 1f1b"},
                       PipelineCase{"pp2_1f1b_overlap_optimizer", 2,
                                    "--pp 2 --schedule 1f1b --overlap-optimizer"},
