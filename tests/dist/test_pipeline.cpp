@@ -85,15 +85,26 @@ INSTANTIATE_TEST_SUITE_P(Schedules, PipelineStages,
                                            PipeCase{3, "gpipe", 6}, PipeCase{3, "1f1b", 6},
                                            PipeCase{4, "1f1b", 3}, PipeCase{3, "pairs", 3}));
 
+TEST(Pipeline, ADataParallelSizeThatDoesNotFitTheWorldIsOneLine) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  const RunResult r =
+      run_command(kDdprun + " --nproc-per-node 4 -- " + kTrain + kArgs + " --dp 3 --pp 2");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("ddptrain: error: --dp 3 --pp 2: the world has 4 ranks, not dp x pp "
+                          "= 6 (give --dp 2, or start 6 ranks)"),
+            std::string::npos)
+      << r.output;
+}
+
 TEST(Pipeline, DataParallelTimesPipelineMatchesOneProcessAndReplicasAgree) {
   if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
   TempDir dir;
   const std::vector<float> one = one_process(dir);
-  const RunResult r = run_command(
-      kDdprun + " --nproc-per-node 4 -- " + kTrain + kArgs +
-      " --pp 2 --micro-batches 3 --check-replicas --bucket-mb 0.0005 --first-bucket-mb 0.0002 "
-      "--timeline " +
-      dir.file("t.json") + " --save-weights " + dir.file("hybrid.st"));
+  const RunResult r =
+      run_command(kDdprun + " --nproc-per-node 4 -- " + kTrain + kArgs +
+                  " --dp 2 --pp 2 --micro-batches 3 --check-replicas --bucket-mb 0.0005 "
+                  "--first-bucket-mb 0.0002 --timeline " +
+                  dir.file("t.json") + " --save-weights " + dir.file("hybrid.st"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("pipeline: dp 2 x pp 2, 3 micro-batches of 4 per replica, 1f1b "
                           "schedule; stage 0: layers 0 on ranks 0,1; stage 1: layers 1-3 on "
