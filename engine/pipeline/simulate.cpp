@@ -1,0 +1,180 @@
+// simulate_schedule: a loop that moves every rank as far as it can, then matches the heads of
+// the lanes, until every rank is done or nothing can move.
+#include "engine/pipeline/simulate.h"
+
+#include <algorithm>
+#include <deque>
+
+#include <fmt/format.h>
+
+namespace ddp {
+namespace {
+
+struct LaneOp {
+  bool send = false;
+  int peer = 0;   // the other rank
+  int stage = 0;  // the stage index that receives (its message's identity with mb)
+  int micro_batch = 0;
+  double posted = 0;
+};
+
+struct Lane {
+  std::deque<LaneOp> ops;  // posted and not yet completed, in order
+  double free_at = 0;      // when its last operation completed
+};
+
+struct Rank {
+  size_t next = 0;  // the next action
+  double clock = 0;
+  double busy = 0;
+  int live = 0, peak = 0;
+  Lane lanes[2];                    // 0: activations, 1: gradients
+  const LaneOp* waiting = nullptr;  // the receive this rank is blocked on (in its lane)
+};
+
+bool is_activation(ActionKind kind) {
+  return kind == ActionKind::kSendActivation || kind == ActionKind::kRecvActivation;
+}
+
+}  // namespace
+
+SimResult simulate_schedule(const std::vector<std::vector<PipelineAction>>& lists, int stages,
+                            const SimCosts& costs) {
+  SimResult result;
+  const int n = static_cast<int>(lists.size());
+  if (n == 0 || stages < n) {
+    result.error = fmt::format("{} ranks for {} stages", n, stages);
+    return result;
+  }
+  const auto rank_of = [n](int stage) { return stage % n; };
+  std::vector<Rank> ranks(static_cast<size_t>(n));
+  const auto cost_of = [&](ActionKind kind) {
+    switch (kind) {
+      case ActionKind::kForward:
+        return costs.forward;
+      case ActionKind::kBackward:
+        return costs.backward;
+      case ActionKind::kBackwardInput:
+        return costs.backward_input;
+      case ActionKind::kBackwardWeight:
+        return costs.backward_weight;
+      default:
+        return 0.0;
+    }
+  };
+  for (bool moved = true; moved;) {
+    moved = false;
+    // Every rank runs until it must wait for a message.
+    for (int r = 0; r < n; ++r) {
+      Rank& me = ranks[r];
+      while (me.next < lists[r].size()) {
+        const PipelineAction& a = lists[r][me.next];
+        if (a.stage < 0 || a.stage >= stages || rank_of(a.stage) != r) {
+          result.error = fmt::format("rank {}: {} of stage {}, which runs on rank {}", r,
+                                     action_name(a.kind), a.stage, rank_of(a.stage));
+          return result;
+        }
+        if (me.waiting != nullptr) break;  // until its message arrives (below)
+        if (is_compute(a.kind)) {
+          me.clock += cost_of(a.kind);
+          me.busy += cost_of(a.kind);
+          if (a.kind == ActionKind::kForward) me.peak = std::max(me.peak, ++me.live);
+          if (a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardWeight) --me.live;
+        } else if (a.kind != ActionKind::kReduceGrad) {
+          const bool send =
+              a.kind == ActionKind::kSendActivation || a.kind == ActionKind::kSendGradient;
+          const bool forward_flow = is_activation(a.kind);
+          // The message belongs to the stage that receives it.
+          const int to_stage = send ? (forward_flow ? a.stage + 1 : a.stage - 1) : a.stage;
+          const int from_stage = send ? a.stage : (forward_flow ? a.stage - 1 : a.stage + 1);
+          if (to_stage < 0 || to_stage >= stages || from_stage < 0 || from_stage >= stages) {
+            result.error = fmt::format("rank {}: {} of micro-batch {} on stage {} has no peer", r,
+                                       action_name(a.kind), a.micro_batch, a.stage);
+            return result;
+          }
+          Lane& lane = me.lanes[forward_flow ? 0 : 1];
+          lane.ops.push_back(
+              {send, rank_of(send ? to_stage : from_stage), to_stage, a.micro_batch, me.clock});
+          if (!send) {
+            me.waiting = &lane.ops.back();
+            moved = true;
+            continue;  // ++next once it has arrived
+          }
+        }
+        ++me.next;
+        moved = true;
+      }
+    }
+    // Messages move where a send heads its lane and the matching receive heads the peer's.
+    for (int r = 0; r < n; ++r)
+      for (int l = 0; l < 2; ++l) {
+        Lane& lane = ranks[r].lanes[l];
+        if (lane.ops.empty() || !lane.ops.front().send) continue;
+        LaneOp& send = lane.ops.front();
+        Lane& theirs = ranks[send.peer].lanes[l];
+        if (theirs.ops.empty() || theirs.ops.front().send) continue;
+        LaneOp& recv = theirs.ops.front();
+        if (recv.peer != r) continue;  // it waits for another rank first
+        if (recv.micro_batch != send.micro_batch || recv.stage != send.stage) {
+          result.error = fmt::format(
+              "rank {} receives micro-batch {} for stage {} from rank {}, which sends "
+              "micro-batch {} for stage {} first",
+              send.peer, recv.micro_batch, recv.stage, r, send.micro_batch, send.stage);
+          return result;
+        }
+        const double at =
+            std::max({send.posted, recv.posted, lane.free_at, theirs.free_at}) + costs.transfer;
+        lane.free_at = theirs.free_at = at;
+        // Every receive blocks its rank as it is posted: that rank goes on now.
+        Rank& receiver = ranks[send.peer];
+        receiver.clock = std::max(receiver.clock, at);
+        receiver.waiting = nullptr;
+        ++receiver.next;
+        lane.ops.pop_front();
+        theirs.ops.pop_front();
+        moved = true;
+      }
+  }
+  for (int r = 0; r < n; ++r) {
+    Rank& me = ranks[r];
+    if (me.next < lists[r].size()) {
+      const PipelineAction& a = lists[r][me.next];
+      result.error = fmt::format("deadlock: rank {} waits at {} of micro-batch {} (stage {})", r,
+                                 action_name(a.kind), a.micro_batch, a.stage);
+      return result;
+    }
+    for (const Lane& lane : me.lanes)
+      if (!lane.ops.empty()) {
+        result.error = fmt::format(
+            "rank {}: its send of micro-batch {} to rank {} is never "
+            "received",
+            r, lane.ops.front().micro_batch, lane.ops.front().peer);
+        return result;
+      }
+  }
+  for (int r = 0; r < n; ++r) {
+    const Rank& me = ranks[r];
+    double end = me.clock;
+    for (const Lane& lane : me.lanes)
+      end = std::max(end, lane.free_at);
+    result.step_time = std::max(result.step_time, end);
+    result.busy.push_back(me.busy);
+    result.peak_live.push_back(me.peak);
+  }
+  double idle = 0;
+  for (double b : result.busy)
+    idle += result.step_time > 0 ? 1 - b / result.step_time : 0;
+  result.bubble = idle / n;
+  result.ok = true;
+  return result;
+}
+
+std::vector<std::vector<PipelineAction>> plan_all_ranks(PipelineSchedule schedule, int stages,
+                                                        int micro_batches) {
+  std::vector<std::vector<PipelineAction>> all;
+  for (int s = 0; s < stages; ++s)
+    all.push_back(plan_schedule(schedule, s, stages, micro_batches));
+  return all;
+}
+
+}  // namespace ddp

@@ -1,0 +1,47 @@
+// The schedules' oracle: runs every pipeline rank's lowered action list together with a cost
+// for each action and returns the step time, each rank's busy time, the bubble and each
+// rank's peak of live activations, or the deadlock or mismatch that stopped it. Pure.
+//
+// What it models is what the executor has: a rank runs its actions in order; a send is
+// posted without blocking the rank, a receive blocks it until its message has arrived.
+// Transfers are rendezvous (unbuffered, as NCCL's): a message moves once both its send and
+// its receive are posted. Each rank has one lane for activations and one for gradients (the
+// GPU's two communicators), and the operations of a lane complete in the order they were
+// posted, so a send nobody receives holds up its lane. A rank's step ends when its last
+// action is done and its sends have completed (the executor waits for them).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "engine/pipeline/schedule.h"
+
+namespace ddp {
+
+struct SimCosts {
+  double forward = 1;
+  double backward = 2;         // input and weight gradients together
+  double backward_input = 1;   // the input half alone
+  double backward_weight = 1;  // the weight half alone
+  double transfer = 0;         // one activation or gradient between neighbouring ranks
+};
+
+struct SimResult {
+  bool ok = false;
+  std::string error;           // why not ok: deadlock (who waits for what) or mismatch
+  double step_time = 0;        // the slowest rank's
+  std::vector<double> busy;    // per rank: compute time
+  std::vector<int> peak_live;  // per rank: most micro-batches forwarded, not yet backwarded
+  double bubble = 0;           // mean over ranks of idle / step_time
+};
+
+// `ranks[r]`: the actions of pipeline rank r for one step; stage index s runs on rank
+// s % ranks.size() (one stage a rank, or interleaved chunks). `stages`: the stage indices.
+SimResult simulate_schedule(const std::vector<std::vector<PipelineAction>>& ranks, int stages,
+                            const SimCosts& costs);
+
+// Every rank's list of `schedule` for `stages` stages (one a rank) and `micro_batches`.
+std::vector<std::vector<PipelineAction>> plan_all_ranks(PipelineSchedule schedule, int stages,
+                                                        int micro_batches);
+
+}  // namespace ddp

@@ -1,0 +1,120 @@
+// The schedules' oracle on its own and on every schedule: closed forms of the bubble and of
+// the live activations for equal unit costs and free transfers, no deadlock under rendezvous
+// transfers, and lists that are wrong on purpose (a deadlock, a mismatch, a lost message).
+#include <gtest/gtest.h>
+
+#include "engine/pipeline/schedule.h"
+#include "engine/pipeline/simulate.h"
+
+namespace ddp {
+namespace {
+
+SimCosts unit_costs() {
+  SimCosts costs;
+  costs.forward = costs.backward = 1;  // F = B = 1, transfers free
+  return costs;
+}
+
+TEST(Simulator, GpipeAndOneFOneBHaveTheBubbleOfTheirClosedForm) {
+  for (PipelineSchedule schedule :
+       {PipelineSchedule::kGpipe, PipelineSchedule::kOneForwardOneBackward})
+    for (int stages = 1; stages <= 5; ++stages)
+      for (int micro = 1; micro <= 12; ++micro) {
+        const SimResult r =
+            simulate_schedule(plan_all_ranks(schedule, stages, micro), stages, unit_costs());
+        ASSERT_TRUE(r.ok) << r.error;
+        const double ideal = (stages - 1.0) / (micro + stages - 1.0);
+        EXPECT_NEAR(r.bubble, ideal, 1e-12)
+            << schedule_name(schedule) << " P=" << stages << " M=" << micro;
+        EXPECT_DOUBLE_EQ(r.step_time, 2.0 * (micro + stages - 1));
+        for (double busy : r.busy)
+          EXPECT_DOUBLE_EQ(busy, 2.0 * micro);
+      }
+}
+
+TEST(Simulator, LiveActivationsAreTheScheduleBounds) {
+  for (int stages = 1; stages <= 4; ++stages)
+    for (int micro = 1; micro <= 9; ++micro) {
+      const auto run = [&](PipelineSchedule schedule) {
+        const SimResult r =
+            simulate_schedule(plan_all_ranks(schedule, stages, micro), stages, unit_costs());
+        EXPECT_TRUE(r.ok) << r.error;
+        return r.peak_live;
+      };
+      const auto gpipe = run(PipelineSchedule::kGpipe);
+      const auto one_f_one_b = run(PipelineSchedule::kOneForwardOneBackward);
+      const auto pairs = run(PipelineSchedule::kPairs);
+      for (int s = 0; s < stages; ++s) {
+        EXPECT_EQ(gpipe[s], micro);
+        EXPECT_EQ(one_f_one_b[s], std::min(stages - s, micro)) << "P=" << stages << " s=" << s;
+        EXPECT_EQ(pairs[s], std::min(2, micro));
+      }
+    }
+}
+
+TEST(Simulator, EveryScheduleRunsWithoutDeadlockUnderRendezvousTransfers) {
+  SimCosts costs;
+  costs.transfer = 0.25;  // transfers that take time change the timing, never the outcome
+  for (PipelineSchedule schedule :
+       {PipelineSchedule::kGpipe, PipelineSchedule::kOneForwardOneBackward,
+        PipelineSchedule::kPairs})
+    for (int stages = 1; stages <= 5; ++stages)
+      for (int micro = 1; micro <= 9; ++micro) {
+        const SimResult r =
+            simulate_schedule(plan_all_ranks(schedule, stages, micro), stages, costs);
+        EXPECT_TRUE(r.ok) << schedule_name(schedule) << " P=" << stages << " M=" << micro << ": "
+                          << r.error;
+        EXPECT_GT(r.step_time, 0);
+      }
+}
+
+TEST(Simulator, ListsThatCannotWorkAreNamed) {
+  const std::vector<PipelineAction> stage0 = {{ActionKind::kForward, 0, 0},
+                                              {ActionKind::kSendActivation, 0, 0},
+                                              {ActionKind::kRecvGradient, 0, 0},
+                                              {ActionKind::kBackward, 0, 0}};
+  const std::vector<PipelineAction> stage1 = {{ActionKind::kRecvActivation, 0, 1},
+                                              {ActionKind::kForward, 0, 1},
+                                              {ActionKind::kBackward, 0, 1},
+                                              {ActionKind::kSendGradient, 0, 1}};
+  EXPECT_TRUE(simulate_schedule({stage0, stage1}, 2, unit_costs()).ok);
+  // Stage 0 waits for the gradient before it sends the activation: each waits for the other.
+  std::vector<PipelineAction> waits_first = stage0;
+  std::swap(waits_first[1], waits_first[2]);
+  SimResult r = simulate_schedule({waits_first, stage1}, 2, unit_costs());
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.error.find("deadlock: rank 0 waits at recv_gradient of micro-batch 0"),
+            std::string::npos)
+      << r.error;
+  // Two micro-batches sent in one order and received in the other.
+  const auto two = plan_all_ranks(PipelineSchedule::kGpipe, 2, 2);
+  std::vector<PipelineAction> swapped = two[1];
+  std::swap(swapped[0], swapped[3]);  // recv_activation 1 ... recv_activation 0
+  std::swap(swapped[1], swapped[4]);
+  r = simulate_schedule({two[0], swapped}, 2, unit_costs());
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.error.find("which sends micro-batch 0 for stage 1 first"), std::string::npos)
+      << r.error;
+  // A send nobody receives.
+  std::vector<PipelineAction> extra = stage0;
+  extra.push_back({ActionKind::kSendActivation, 1, 0});
+  r = simulate_schedule({extra, stage1}, 2, unit_costs());
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.error.find("never received"), std::string::npos) << r.error;
+  // An action of a stage that another rank runs.
+  r = simulate_schedule({stage1, stage0}, 2, unit_costs());
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.error.find("which runs on rank"), std::string::npos) << r.error;
+}
+
+TEST(Simulator, TransfersAddToTheCriticalPath) {
+  // Two stages, one micro-batch: F0 -> t -> F1 B1 -> t -> B0.
+  SimCosts costs = unit_costs();
+  costs.transfer = 0.5;
+  const SimResult r = simulate_schedule(plan_all_ranks(PipelineSchedule::kGpipe, 2, 1), 2, costs);
+  ASSERT_TRUE(r.ok) << r.error;
+  EXPECT_DOUBLE_EQ(r.step_time, 1 + 0.5 + 1 + 1 + 0.5 + 1);
+}
+
+}  // namespace
+}  // namespace ddp
