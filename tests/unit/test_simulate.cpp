@@ -107,6 +107,30 @@ TEST(Simulator, ListsThatCannotWorkAreNamed) {
   EXPECT_NE(r.error.find("which runs on rank"), std::string::npos) << r.error;
 }
 
+// Four stages on two ranks (rank 0 runs stages 0 and 2): both micro-batches' sends from
+// stage 0 go out before rank 0 receives stage 2's input. With buffered sends that works; with
+// rendezvous transfers on one activation lane a rank, rank 0's second send waits for rank 1,
+// whose lane is held by its own send to rank 0: a deadlock, which NCCL would have too.
+TEST(Simulator, RendezvousTransfersDeadlockWhereBufferedOnesWouldNot) {
+  using K = ActionKind;
+  const std::vector<PipelineAction> rank0 = {{K::kForward, 0, 0},        {K::kSendActivation, 0, 0},
+                                             {K::kForward, 1, 0},        {K::kSendActivation, 1, 0},
+                                             {K::kRecvActivation, 0, 2}, {K::kForward, 0, 2},
+                                             {K::kRecvActivation, 1, 2}, {K::kForward, 1, 2}};
+  const std::vector<PipelineAction> rank1 = {
+      {K::kRecvActivation, 0, 1}, {K::kForward, 0, 1}, {K::kSendActivation, 0, 1},
+      {K::kRecvActivation, 1, 1}, {K::kForward, 1, 1}, {K::kSendActivation, 1, 1}};
+  const SimResult r = simulate_schedule({rank0, rank1}, 3, unit_costs());
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.error.find("deadlock"), std::string::npos) << r.error;
+  // Receiving stage 2's input before the second send resolves it.
+  std::vector<PipelineAction> fixed = rank0;
+  std::swap(fixed[2], fixed[4]);  // recv (s2, 0) before forward (s0, 1)
+  std::swap(fixed[3], fixed[5]);
+  const SimResult ok = simulate_schedule({fixed, rank1}, 3, unit_costs());
+  EXPECT_TRUE(ok.ok) << ok.error;
+}
+
 TEST(Simulator, TransfersAddToTheCriticalPath) {
   // Two stages, one micro-batch: F0 -> t -> F1 B1 -> t -> B0.
   SimCosts costs = unit_costs();
