@@ -50,6 +50,9 @@ class Work {
   // NCCL: makes `stream` (a cudaStream_t) wait for the operation on the device; host
   // backends: wait(default timeout).
   virtual void then_on(void* stream) = 0;
+  // Whether the operation has finished (then wait() returns at once, or throws its error).
+  // Never blocks; callers poll it (a watchdog, an overlap that starts what depends on it).
+  virtual bool is_completed() = 0;
 };
 
 class Communicator {
@@ -83,13 +86,28 @@ class Communicator {
   // Whether all_reduce_bf16_async is supported; and the UsageError naming the backend when not.
   virtual bool reduces_bf16() const { return false; }
   void require_bf16_reduction() const;
-  // In place: every rank's buffer[count] becomes root's.
-  virtual void broadcast(void* buffer, size_t count, DataType type, int root) = 0;
-  // recv[size * count] holds every rank's send[count], in rank order.
-  virtual void all_gather(const void* send, void* recv, size_t count, DataType type) = 0;
-  // send[size * count]: recv[count] becomes the reduction over ranks of block `rank` of send.
-  virtual void reduce_scatter(const void* send, void* recv, size_t count, DataType type,
-                              ReduceOp op) = 0;
+  // In place: every rank's buffer[count] becomes root's. Every rank calls it; the buffer
+  // must stay valid (and, off the root, unread) until the Work completes.
+  virtual std::unique_ptr<Work> broadcast_async(void* buffer, size_t count, DataType type,
+                                                int root) = 0;
+  void broadcast(void* buffer, size_t count, DataType type, int root) {
+    broadcast_async(buffer, count, type, root)->wait(timeout_s_);
+  }
+  // recv[size * count] holds every rank's send[count], in rank order (counts in elements).
+  // Every rank calls it; both buffers stay valid until the Work completes.
+  virtual std::unique_ptr<Work> all_gather_async(const void* send, void* recv, size_t count,
+                                                 DataType type) = 0;
+  void all_gather(const void* send, void* recv, size_t count, DataType type) {
+    all_gather_async(send, recv, count, type)->wait(timeout_s_);
+  }
+  // send[size * count]: recv[count] becomes the reduction over ranks of block `rank` of send
+  // (count: the elements of one block). Every rank calls it; both buffers stay valid until
+  // the Work completes.
+  virtual std::unique_ptr<Work> reduce_scatter_async(const void* send, void* recv, size_t count,
+                                                     DataType type, ReduceOp op) = 0;
+  void reduce_scatter(const void* send, void* recv, size_t count, DataType type, ReduceOp op) {
+    reduce_scatter_async(send, recv, count, type, op)->wait(timeout_s_);
+  }
   // Point to point: the peer must make the matching call.
   virtual void send(const void* buffer, size_t count, DataType type, int peer) = 0;
   virtual void recv(void* buffer, size_t count, DataType type, int peer) = 0;

@@ -32,18 +32,21 @@ class SelfCommunicator final : public Communicator {
     next_sequence();
     return std::make_unique<Done>();
   }
-  void broadcast(void*, size_t, DataType, int root) override {
+  std::unique_ptr<Work> broadcast_async(void*, size_t, DataType, int root) override {
     DDP_CHECK(root == 0, "broadcast root {} in a group of 1", root);
     next_sequence();
+    return std::make_unique<Done>();
   }
-  void all_gather(const void* send, void* recv, size_t count, DataType type) override {
+  std::unique_ptr<Work> all_gather_async(const void* send, void* recv, size_t count,
+                                         DataType type) override {
     next_sequence();
     DDP_CHECK(!gpu_, "the single-process GPU group copies nothing: use the buffer itself");
     if (send != recv) std::memmove(recv, send, count * dtype_bytes(type));
+    return std::make_unique<Done>();
   }
-  void reduce_scatter(const void* send, void* recv, size_t count, DataType type,
-                      ReduceOp) override {
-    all_gather(send, recv, count, type);
+  std::unique_ptr<Work> reduce_scatter_async(const void* send, void* recv, size_t count,
+                                             DataType type, ReduceOp) override {
+    return all_gather_async(send, recv, count, type);
   }
   void send(const void*, size_t, DataType, int peer) override {
     DDP_CHECK(false, "send to {} in a group of 1", peer);
@@ -65,6 +68,7 @@ class SelfCommunicator final : public Communicator {
   struct Done final : Work {
     void wait(double) override {}
     void then_on(void*) override {}
+    bool is_completed() override { return true; }
   };
   bool gpu_;
 };

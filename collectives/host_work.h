@@ -38,6 +38,9 @@ class HostWork final : public Work {
       : future_(std::move(future)), describe_(std::move(describe)) {}
   void wait(double timeout_s) override;
   void then_on(void*) override { wait(300.0); }
+  bool is_completed() override {
+    return done_ || future_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  }
 
  private:
   std::future<void> future_;

@@ -90,6 +90,22 @@ class GlooBatchWork final : public Work {
     buffers_.clear();
   }
   void then_on(void*) override { wait(300.0); }
+  bool is_completed() override {
+    // A wait of no time: a buffer that has completed is taken off the list; one that has
+    // not (Gloo throws on the timeout) stays for wait() to report.
+    for (auto it = buffers_.begin(); it != buffers_.end();) {
+      bool done = false;
+      try {
+        done = it->second ? it->first->waitSend(std::chrono::milliseconds(0))
+                          : it->first->waitRecv(std::chrono::milliseconds(0));
+      } catch (const std::exception&) {
+        done = false;
+      }
+      if (!done) return false;
+      it = buffers_.erase(it);
+    }
+    return true;
+  }
 
  private:
   std::vector<std::pair<std::unique_ptr<gloo::transport::UnboundBuffer>, bool>> buffers_;
@@ -131,29 +147,16 @@ class GlooCommunicator final : public Communicator {
   std::unique_ptr<Work> all_reduce_async(void* buffer, size_t count, DataType type,
                                          ReduceOp op) override {
     const uint64_t seq = next_sequence();
-    auto run = [this, buffer, count, type, op, seq] {
-      if (count == 0 || size_ == 1) {
-        if (op == ReduceOp::kAverage && size_ > 1) scale_by(buffer, count, type, size_);
-        return;
-      }
-      gloo::AllreduceOptions opts(context_);
-      opts.setTag(static_cast<uint32_t>(seq));
-      opts.setTimeout(ms(timeout_s_));
-      set_buffers(opts, buffer, count, type);
-      const ReduceOp combine = op == ReduceOp::kMax ? ReduceOp::kMax : ReduceOp::kSum;
-      opts.setReduceFunction([type, combine](void* c, const void* a, const void* b, size_t n) {
-        reduce_into(c, a, b, n, type, combine);
-      });
-      gloo::allreduce(opts);
-      if (op == ReduceOp::kAverage) scale_by(buffer, count, type, size_);
-    };
-    return submit(run, seq, "all_reduce", count, type);
+    return submit(
+        [this, buffer, count, type, op, seq] { all_reduce_now(buffer, count, type, op, seq); }, seq,
+        "all_reduce", count, type);
   }
 
-  void broadcast(void* buffer, size_t count, DataType type, int root) override {
+  std::unique_ptr<Work> broadcast_async(void* buffer, size_t count, DataType type,
+                                        int root) override {
     check_rank(root, "broadcast root");
     const uint64_t seq = next_sequence();
-    submit(
+    return submit(
         [=] {
           if (count == 0 || size_ == 1) return;
           gloo::BroadcastOptions opts(context_);
@@ -163,13 +166,13 @@ class GlooCommunicator final : public Communicator {
           opts.setOutput(static_cast<char*>(buffer), count * dtype_bytes(type));
           gloo::broadcast(opts);
         },
-        seq, "broadcast", count, type)
-        ->wait(timeout_s_);
+        seq, "broadcast", count, type);
   }
 
-  void all_gather(const void* send, void* recv, size_t count, DataType type) override {
+  std::unique_ptr<Work> all_gather_async(const void* send, void* recv, size_t count,
+                                         DataType type) override {
     const uint64_t seq = next_sequence();
-    submit(
+    return submit(
         [=] {
           const size_t bytes = count * dtype_bytes(type);
           if (bytes == 0) return;
@@ -184,17 +187,23 @@ class GlooCommunicator final : public Communicator {
           opts.setOutput(static_cast<char*>(recv), bytes * size_);
           gloo::allgather(opts);
         },
-        seq, "all_gather", count, type)
-        ->wait(timeout_s_);
+        seq, "all_gather", count, type);
   }
 
-  void reduce_scatter(const void* send, void* recv, size_t count, DataType type,
-                      ReduceOp op) override {
-    // Gloo has no general reduce-scatter: all-reduce a copy and keep this rank's block.
-    std::vector<char> whole(static_cast<const char*>(send),
-                            static_cast<const char*>(send) + count * size_ * dtype_bytes(type));
-    all_reduce_async(whole.data(), count * size_, type, op)->wait(timeout_s_);
-    std::memcpy(recv, whole.data() + rank_ * count * dtype_bytes(type), count * dtype_bytes(type));
+  std::unique_ptr<Work> reduce_scatter_async(const void* send, void* recv, size_t count,
+                                             DataType type, ReduceOp op) override {
+    // Gloo has no general reduce-scatter: all-reduce a copy and keep this rank's block (the
+    // copy is taken now, so `send` may change once the call returns).
+    const size_t bytes = count * dtype_bytes(type);
+    auto whole = std::make_shared<std::vector<char>>(
+        static_cast<const char*>(send), static_cast<const char*>(send) + bytes * size_);
+    const uint64_t seq = next_sequence();
+    return submit(
+        [=] {
+          all_reduce_now(whole->data(), count * size_, type, op, seq);
+          std::memcpy(recv, whole->data() + rank_ * bytes, bytes);
+        },
+        seq, "reduce_scatter", count, type);
   }
 
   void send(const void* buffer, size_t count, DataType type, int peer) override {
@@ -310,6 +319,24 @@ class GlooCommunicator final : public Communicator {
       case DataType::kBFloat16:
         return opts.setOutput(static_cast<uint16_t*>(buffer), count);
     }
+  }
+
+  // The all-reduce itself, on the queue's thread (tag `seq`).
+  void all_reduce_now(void* buffer, size_t count, DataType type, ReduceOp op, uint64_t seq) {
+    if (count == 0 || size_ == 1) {
+      if (op == ReduceOp::kAverage && size_ > 1) scale_by(buffer, count, type, size_);
+      return;
+    }
+    gloo::AllreduceOptions opts(context_);
+    opts.setTag(static_cast<uint32_t>(seq));
+    opts.setTimeout(ms(timeout_s_));
+    set_buffers(opts, buffer, count, type);
+    const ReduceOp combine = op == ReduceOp::kMax ? ReduceOp::kMax : ReduceOp::kSum;
+    opts.setReduceFunction([type, combine](void* c, const void* a, const void* b, size_t n) {
+      reduce_into(c, a, b, n, type, combine);
+    });
+    gloo::allreduce(opts);
+    if (op == ReduceOp::kAverage) scale_by(buffer, count, type, size_);
   }
 
   std::unique_ptr<Work> submit(std::function<void()> run, uint64_t seq, const char* op,

@@ -74,6 +74,15 @@ class MpiWork final : public Work {
     if (finish_) finish_();
   }
   void then_on(void*) override { wait(300.0); }
+  bool is_completed() override {
+    if (done_) return true;
+    int flag = 0;
+    DDP_MPI_CHECK(MPI_Test(&request_, &flag, MPI_STATUS_IGNORE));
+    if (!flag) return false;
+    done_ = true;
+    if (finish_) finish_();
+    return true;
+  }
 
  private:
   MPI_Request request_;
@@ -103,6 +112,14 @@ class MpiBatchWork final : public Work {
     requests_.clear();
   }
   void then_on(void*) override { wait(300.0); }
+  bool is_completed() override {
+    int flag = requests_.empty() ? 1 : 0;
+    if (!flag)
+      DDP_MPI_CHECK(MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &flag,
+                                MPI_STATUSES_IGNORE));
+    if (flag) requests_.clear();
+    return flag != 0;
+  }
 
  private:
   std::vector<MPI_Request> requests_;
@@ -145,33 +162,35 @@ class MpiCommunicator final : public Communicator {
     return std::make_unique<MpiWork>(request, finish, describer(seq, "all_reduce", count, type));
   }
 
-  void broadcast(void* buffer, size_t count, DataType type, int root) override {
+  std::unique_ptr<Work> broadcast_async(void* buffer, size_t count, DataType type,
+                                        int root) override {
     const uint64_t seq = next_sequence();
     MPI_Request request;
     DDP_MPI_CHECK(MPI_Ibcast(buffer, checked_count(count), mpi_type(type), root, comm_, &request));
-    MpiWork(request, nullptr, describer(seq, "broadcast", count, type)).wait(timeout_s_);
+    return std::make_unique<MpiWork>(request, nullptr, describer(seq, "broadcast", count, type));
   }
 
-  void all_gather(const void* send, void* recv, size_t count, DataType type) override {
+  std::unique_ptr<Work> all_gather_async(const void* send, void* recv, size_t count,
+                                         DataType type) override {
     const uint64_t seq = next_sequence();
     MPI_Request request;
     DDP_MPI_CHECK(MPI_Iallgather(send, checked_count(count), mpi_type(type), recv,
                                  checked_count(count), mpi_type(type), comm_, &request));
-    MpiWork(request, nullptr, describer(seq, "all_gather", count, type)).wait(timeout_s_);
+    return std::make_unique<MpiWork>(request, nullptr, describer(seq, "all_gather", count, type));
   }
 
-  void reduce_scatter(const void* send, void* recv, size_t count, DataType type,
-                      ReduceOp op) override {
+  std::unique_ptr<Work> reduce_scatter_async(const void* send, void* recv, size_t count,
+                                             DataType type, ReduceOp op) override {
     const uint64_t seq = next_sequence();
     MPI_Request request;
     DDP_MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, checked_count(count), mpi_type(type),
                                             mpi_op(type, op), comm_, &request));
-    MpiWork(request,
-            op == ReduceOp::kAverage
-                ? std::function<void()>([=] { scale_by(recv, count, type, size_); })
-                : nullptr,
-            describer(seq, "reduce_scatter", count, type))
-        .wait(timeout_s_);
+    return std::make_unique<MpiWork>(request,
+                                     op == ReduceOp::kAverage ? std::function<void()>([=] {
+                                       scale_by(recv, count, type, size_);
+                                     })
+                                                              : nullptr,
+                                     describer(seq, "reduce_scatter", count, type));
   }
 
   void send(const void* buffer, size_t count, DataType type, int peer) override {

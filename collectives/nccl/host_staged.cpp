@@ -18,6 +18,7 @@ class DoneWork final : public Work {
  public:
   void wait(double) override {}
   void then_on(void*) override {}
+  bool is_completed() override { return true; }
 };
 
 class HostStaged final : public Communicator {
@@ -38,27 +39,34 @@ class HostStaged final : public Communicator {
     to_host(buffer, staged, bytes);
     return std::make_unique<DoneWork>();
   }
-  void broadcast(void* buffer, size_t count, DataType type, int root) override {
+  // Host bookkeeping through device memory: each call completes before it returns (the
+  // host buffer is read back), so its Work is already done.
+  std::unique_ptr<Work> broadcast_async(void* buffer, size_t count, DataType type,
+                                        int root) override {
     const size_t bytes = count * dtype_bytes(type);
     void* staged = stage(bytes, 0);
     to_device(staged, buffer, bytes);
     inner_.broadcast(staged, count, type, root);
     to_host(buffer, staged, bytes);
+    return std::make_unique<DoneWork>();
   }
-  void all_gather(const void* send, void* recv, size_t count, DataType type) override {
+  std::unique_ptr<Work> all_gather_async(const void* send, void* recv, size_t count,
+                                         DataType type) override {
     const size_t bytes = count * dtype_bytes(type);
     char* staged = static_cast<char*>(stage(bytes * (size() + 1), 0));
     to_device(staged, send, bytes);
     inner_.all_gather(staged, staged + bytes, count, type);
     to_host(recv, staged + bytes, bytes * size());
+    return std::make_unique<DoneWork>();
   }
-  void reduce_scatter(const void* send, void* recv, size_t count, DataType type,
-                      ReduceOp op) override {
+  std::unique_ptr<Work> reduce_scatter_async(const void* send, void* recv, size_t count,
+                                             DataType type, ReduceOp op) override {
     const size_t bytes = count * dtype_bytes(type);
     char* staged = static_cast<char*>(stage(bytes * (size() + 1), 0));
     to_device(staged, send, bytes * size());
     inner_.reduce_scatter(staged, staged + bytes * size(), count, type, op);
     to_host(recv, staged + bytes * size(), bytes);
+    return std::make_unique<DoneWork>();
   }
   void send(const void* buffer, size_t count, DataType type, int peer) override {
     const size_t bytes = count * dtype_bytes(type);

@@ -280,6 +280,10 @@ class NcclWork final : public Work {
   void then_on(void* stream) override {
     DDP_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), done_, 0));
   }
+  // Done, or failed (wait() then says how).
+  bool is_completed() override {
+    return comm_->aborted() || cudaEventQuery(done_) != cudaErrorNotReady;
+  }
 
  private:
   std::shared_ptr<NcclHandle> comm_;
@@ -339,22 +343,24 @@ class NcclCommunicator final : public Communicator {
       return r;
     });
   }
-  void broadcast(void* buffer, size_t count, DataType type, int root) override {
-    enqueue("broadcast", count, type, [&] {
+  std::unique_ptr<Work> broadcast_async(void* buffer, size_t count, DataType type,
+                                        int root) override {
+    return enqueue("broadcast", count, type, [&] {
       return ncclBroadcast(buffer, buffer, count, nccl_type(type), root, raw(), comm_stream_);
-    })->wait(timeout_s_);
+    });
   }
-  void all_gather(const void* send, void* recv, size_t count, DataType type) override {
-    enqueue("all_gather", count, type, [&] {
+  std::unique_ptr<Work> all_gather_async(const void* send, void* recv, size_t count,
+                                         DataType type) override {
+    return enqueue("all_gather", count, type, [&] {
       return ncclAllGather(send, recv, count, nccl_type(type), raw(), comm_stream_);
-    })->wait(timeout_s_);
+    });
   }
-  void reduce_scatter(const void* send, void* recv, size_t count, DataType type,
-                      ReduceOp op) override {
-    enqueue("reduce_scatter", count, type, [&] {
+  std::unique_ptr<Work> reduce_scatter_async(const void* send, void* recv, size_t count,
+                                             DataType type, ReduceOp op) override {
+    return enqueue("reduce_scatter", count, type, [&] {
       return ncclReduceScatter(send, recv, count, nccl_type(type), nccl_op(op), raw(),
                                comm_stream_);
-    })->wait(timeout_s_);
+    });
   }
   void send(const void* buffer, size_t count, DataType type, int peer) override {
     enqueue("send", count, type,
