@@ -2,6 +2,7 @@
 #include "engine/config.h"
 
 #include <cmath>
+#include <functional>
 #include <iostream>
 #include <limits>
 #include <type_traits>
@@ -24,36 +25,6 @@ constexpr double kMaxBucketMb = 1 << 20;  // 1 TiB
 template <typename T>
 std::string text(const T& value) {
   return fmt::format("{}", value);
-}
-
-// Numbers are declared as strings in cxxopts and converted here, so that a bad value is
-// reported with its flag ("--batch-size abc: expected an integer").
-template <typename T>
-T number(const cxxopts::ParseResult& result, const std::string& name) {
-  const std::string value = result[name].as<std::string>();
-  const std::optional<T> parsed = parse_number<T>(value);
-  DDP_USAGE_CHECK(parsed.has_value(), "--{} {}: expected {}", name, value,
-                  std::is_floating_point_v<T> ? "a number"
-                  : std::is_unsigned_v<T>     ? "a non-negative integer"
-                                              : "an integer");
-  return *parsed;
-}
-
-// One of a flag's named values, or UsageError listing them: "--precision fp64: expected
-// fp32, tf32 or bf16".
-template <typename E>
-E choice(const cxxopts::ParseResult& result, const std::string& name,
-         const std::vector<std::pair<const char*, E>>& values) {
-  const std::string value = result[name].as<std::string>();
-  std::string allowed;
-  for (size_t i = 0; i < values.size(); ++i) {
-    if (value == values[i].first) return values[i].second;
-    allowed += (i == 0                   ? ""
-                : i + 1 == values.size() ? " or "
-                                         : ", ") +
-               std::string(values[i].first);
-  }
-  throw UsageError(fmt::format("--{} {}: expected {}", name, value, allowed));
 }
 
 const char* optimizer_name(OptimizerKind kind) {
@@ -92,92 +63,327 @@ const char* schedule_name(LrSchedule schedule) {
   return schedule == LrSchedule::kCosine ? "cosine" : "constant";
 }
 
+namespace {
+
+// A float as the double its shortest decimal form names (0.05f -> 0.05, not 0.0500000007).
+double shortest(float value) {
+  return std::stod(fmt::format("{}", value));
+}
+
+// One flag: its name and help, the text of its default (from TrainConfig's initialisers;
+// none for flags without a value or without a default), how a given value sets the config,
+// and how the config records it in the metrics' first record. One table of these gives the
+// parser, --help and config_json, so that none of them can leave a flag out.
+struct Flag {
+  std::string name;  // without the dashes
+  std::string help;
+  bool takes_value = true;
+  std::function<std::string(const TrainConfig&)> shown;  // the default's text; null: none
+  std::function<void(TrainConfig&, const std::string&)> set;
+  std::string key;  // config_json's key: the name, or the setting a "no-" switch clears
+  std::function<nlohmann::json(const TrainConfig&)> record;
+};
+
+template <typename T>
+T parse_value(const std::string& name, const std::string& value) {
+  const std::optional<T> parsed = parse_number<T>(value);
+  DDP_USAGE_CHECK(parsed.has_value(), "--{} {}: expected {}", name, value,
+                  std::is_floating_point_v<T> ? "a number"
+                  : std::is_unsigned_v<T>     ? "a non-negative integer"
+                                              : "an integer");
+  return *parsed;
+}
+
+// A number stored in the config through `field` (a pointer into it).
+template <typename T>
+Flag number_flag(const std::string& name, const std::string& help, T TrainConfig::*field) {
+  return {
+      name,
+      help,
+      true,
+      [field](const TrainConfig& c) { return text(c.*field); },
+      [name, field](TrainConfig& c, const std::string& v) { c.*field = parse_value<T>(name, v); },
+      name,
+      [field](const TrainConfig& c) {
+        if constexpr (std::is_same_v<T, float>)
+          return nlohmann::json(shortest(c.*field));
+        else
+          return nlohmann::json(c.*field);
+      }};
+}
+
+// A path or text without a default ("" when not given).
+Flag text_flag(const std::string& name, const std::string& help, std::string TrainConfig::*field) {
+  return {name,
+          help,
+          true,
+          nullptr,
+          [field](TrainConfig& c, const std::string& v) { c.*field = v; },
+          name,
+          [field](const TrainConfig& c) { return nlohmann::json(c.*field); }};
+}
+
+// A switch: given, it sets `field` to `when_given`; recorded under `key`.
+Flag switch_flag(const std::string& name, const std::string& help, bool TrainConfig::*field,
+                 bool when_given, const std::string& key) {
+  return {name,
+          help,
+          false,
+          nullptr,
+          [field, when_given](TrainConfig& c, const std::string&) { c.*field = when_given; },
+          key,
+          [field](const TrainConfig& c) { return nlohmann::json(c.*field); }};
+}
+
+// One of named values: "--precision fp64: expected fp32, tf32 or bf16".
+template <typename E>
+Flag choice_flag(const std::string& name, const std::string& help, E TrainConfig::*field,
+                 std::vector<std::pair<std::string, E>> values) {
+  const auto name_of = [values](E value) {
+    for (const auto& [text, v] : values)
+      if (v == value) return text;
+    return std::string("?");
+  };
+  return {name,
+          help,
+          true,
+          [field, name_of](const TrainConfig& c) { return name_of(c.*field); },
+          [name, field, values](TrainConfig& c, const std::string& v) {
+            std::string allowed;
+            for (size_t i = 0; i < values.size(); ++i) {
+              if (v == values[i].first) {
+                c.*field = values[i].second;
+                return;
+              }
+              allowed += (i == 0 ? "" : i + 1 == values.size() ? " or " : ", ") + values[i].first;
+            }
+            throw UsageError(fmt::format("--{} {}: expected {}", name, v, allowed));
+          },
+          name,
+          [field, name_of](const TrainConfig& c) { return nlohmann::json(name_of(c.*field)); }};
+}
+
+std::vector<std::pair<std::string, PipelineSchedule>> schedule_choices() {
+  std::vector<std::pair<std::string, PipelineSchedule>> choices;
+  for (PipelineSchedule s : {PipelineSchedule::kGpipe, PipelineSchedule::kOneForwardOneBackward,
+                             PipelineSchedule::kPairs})
+    choices.emplace_back(schedule_name(s), s);
+  return choices;
+}
+
+// Every flag of ddptrain, in --help's order.
+const std::vector<Flag>& flags() {
+  using C = TrainConfig;
+  static const std::vector<Flag> table = [] {
+    std::vector<Flag> f;
+    f.push_back(text_flag("layers", "layer widths: input,hidden...,classes", &C::layers));
+    f.back().shown = [](const C& c) { return c.layers; };
+    f.push_back(text_flag("data", "dataset: fashion | synthetic | npy", &C::data));
+    f.back().shown = [](const C& c) { return c.data; };
+    f.push_back(text_flag(
+        "data-dir",
+        "folder of the dataset's files (fashion: IDX .gz; npy: train_x.npy, train_y.npy, ...)",
+        &C::data_dir));
+    f.push_back(number_flag("synthetic-samples",
+                            "training samples of --data synthetic (the test set is a fifth of it)",
+                            &C::synthetic_samples));
+    f.push_back(number_flag("batch-size", "global batch size (samples per step over all ranks)",
+                            &C::batch_size));
+    f.push_back(number_flag("epochs", "passes over the training set", &C::epochs));
+    f.push_back(number_flag("steps", "train this many steps instead of --epochs", &C::steps));
+    f.back().shown = nullptr;
+    f.push_back(number_flag("lr", "peak learning rate", &C::lr));
+    f.push_back(choice_flag<LrSchedule>(
+        "lr-schedule", "constant | cosine", &C::lr_schedule,
+        {{"constant", LrSchedule::kConstant}, {"cosine", LrSchedule::kCosine}}));
+    f.push_back(number_flag("warmup-steps", "linear warm-up steps", &C::warmup_steps));
+    f.push_back(
+        {"optimizer", "sgd | adamw", true,
+         [](const C& c) { return std::string(optimizer_name(c.optimizer.kind)); },
+         [](C& c, const std::string& v) {
+           DDP_USAGE_CHECK(v == "sgd" || v == "adamw", "--optimizer {}: expected sgd or adamw", v);
+           c.optimizer.kind = v == "adamw" ? OptimizerKind::kAdamW : OptimizerKind::kSgd;
+         },
+         "optimizer", [](const C& c) { return nlohmann::json(optimizer_name(c.optimizer.kind)); }});
+    f.push_back(
+        {"momentum", "SGD momentum", true, [](const C& c) { return text(c.optimizer.momentum); },
+         [](C& c, const std::string& v) {
+           // Checked before float32 rounding: 0.9999999999 would become 1.
+           const double momentum = parse_value<double>("momentum", v);
+           DDP_USAGE_CHECK(momentum >= 0 && momentum < 1,
+                           "--momentum {}: expected a value in [0, 1)", v);
+           DDP_USAGE_CHECK(static_cast<float>(momentum) < 1,
+                           "--momentum {}: rounds to 1 in float32; expected a value in "
+                           "[0, 1) that float32 can tell from 1 (at most 0.99999994)",
+                           v);
+           c.optimizer.momentum = static_cast<float>(momentum);
+         },
+         "momentum", [](const C& c) { return nlohmann::json(shortest(c.optimizer.momentum)); }});
+    f.push_back({"weight-decay",
+                 "weight decay (default: 0 for sgd, 0.01 for adamw, as in torch.optim)", true,
+                 nullptr,
+                 [](C& c, const std::string& v) {
+                   c.optimizer.weight_decay = parse_value<float>("weight-decay", v);
+                   c.weight_decay_given = true;
+                 },
+                 "weight-decay",
+                 [](const C& c) { return nlohmann::json(shortest(c.optimizer.weight_decay)); }});
+    f.push_back(
+        number_flag("seed", "seed of initialisation, shuffling and synthetic data", &C::seed));
+    f.push_back(
+        switch_flag("no-shuffle", "take samples in file order", &C::shuffle, false, "shuffle"));
+    f.push_back(
+        text_flag("init-weights", "start from these weights (.safetensors)", &C::init_weights));
+    f.push_back(
+        text_flag("save-weights", "write the final weights here (.safetensors)", &C::save_weights));
+    f.push_back(text_flag("metrics",
+                          "write one JSON object per logged step and one at the end (.jsonl)",
+                          &C::metrics));
+    f.push_back(choice_flag<Device>("device", "cpu or cuda", &C::device,
+                                    {{"cpu", Device::kCpu}, {"cuda", Device::kCuda}}));
+    f.push_back(choice_flag<Precision>(
+        "precision",
+        "cuda: fp32 (exact float32), tf32 (TF32 tensor cores) or bf16 (bf16 products, float32 "
+        "master weights)",
+        &C::precision,
+        {{"fp32", Precision::kFp32}, {"tf32", Precision::kTf32}, {"bf16", Precision::kBf16}}));
+    f.push_back(switch_flag("no-cuda-graph",
+                            "cuda: launch every kernel instead of replaying the captured step",
+                            &C::cuda_graph, false, "cuda-graph"));
+    f.push_back(
+        switch_flag("no-fused-epilogues",
+                    "cuda: plain matrix products plus our own bias/ReLU kernels (for comparison)",
+                    &C::fused_epilogues, false, "fused-epilogues"));
+    f.push_back(switch_flag("sync-debug",
+                            "cuda: synchronise after every kernel and name the op that failed",
+                            &C::sync_debug, true, "sync-debug"));
+    f.push_back(switch_flag(
+        "autotune",
+        "cuda: at start, time cuBLASLt's candidate algorithms and the fused epilogues against "
+        "plain products and keep the fastest (results may differ in the last bits from a run "
+        "without)",
+        &C::autotune, true, "autotune"));
+    f.push_back(switch_flag(
+        "stage-from-host",
+        "cuda: keep the training set on the host and copy batches ahead through pinned memory "
+        "(automatic when it does not fit in half the free device memory)",
+        &C::stage_from_host, true, "stage-from-host"));
+    f.push_back(
+        switch_flag("no-gpu-monitor",
+                    "cuda: do not sample the GPU (utilization, memory, power, clocks) through NVML",
+                    &C::gpu_monitor, false, "gpu-monitor"));
+    f.push_back(number_flag("init-retries",
+                            "cuda: retry a failed device start-up this many times, with back-off",
+                            &C::init_retries));
+    f.push_back(number_flag("threads", "CPU threads for matrix products (0: the BLAS default)",
+                            &C::threads));
+    f.push_back(number_flag("log-every", "log progress every N steps", &C::log_every));
+    f.push_back(number_flag("eval-every",
+                            "test-split loss and accuracy every N steps (0: at the end only)",
+                            &C::eval_every));
+    f.push_back(switch_flag("quiet", "print only the configuration and the result", &C::quiet, true,
+                            "quiet"));
+    f.push_back(choice_flag<Backend>(
+        "backend",
+        "collectives: auto (nccl on GPUs, gloo on CPUs, mpi under mpirun), nccl, gloo or mpi",
+        &C::backend,
+        {{"auto", Backend::kAuto},
+         {"nccl", Backend::kNccl},
+         {"gloo", Backend::kGloo},
+         {"mpi", Backend::kMpi}}));
+    f.push_back(number_flag("timeout",
+                            "seconds a collective may take before the job stops with its name",
+                            &C::timeout));
+    f.push_back(number_flag("bucket-mb", "gradient bucket size in MiB", &C::bucket_mb));
+    f.push_back(number_flag("first-bucket-mb", "size of the first bucket (the last layers) in MiB",
+                            &C::first_bucket_mb));
+    f.push_back(switch_flag("no-overlap", "all-reduce after backward instead of during it",
+                            &C::overlap, false, "overlap"));
+    f.push_back(switch_flag(
+        "overlap-optimizer",
+        "cuda: the optimizer on each range of parameters as soon as backward (and its "
+        "all-reduce) is done with it, on a side stream, instead of one pass after backward",
+        &C::overlap_optimizer, true, "overlap-optimizer"));
+    f.push_back(choice_flag<GradReduce>(
+        "grad-reduce",
+        "gradients on the wire: fp32, or bf16 (half the bytes, rounded; GPU with NCCL)",
+        &C::grad_reduce, {{"fp32", GradReduce::kFp32}, {"bf16", GradReduce::kBf16}}));
+    f.push_back(number_flag(
+        "accumulate", "micro-batches per optimizer step (gradient accumulation)", &C::accumulate));
+    f.push_back(number_flag("pp",
+                            "pipeline stages: the layers split into this many contiguous stages, "
+                            "one a rank (world = dp x pp)",
+                            &C::pp));
+    f.push_back(
+        number_flag("micro-batches",
+                    "micro-batches a step with --pp (0: 4 x pp); gradients accumulate over them",
+                    &C::micro_batches));
+    f.push_back(choice_flag<PipelineSchedule>("schedule", "pipeline schedule: " + schedule_names(),
+                                              &C::schedule, schedule_choices()));
+    f.push_back(number_flag(
+        "dp", "data-parallel replicas (0: the world's size / --pp); checked against the world",
+        &C::dp));
+    f.push_back(text_flag("partition",
+                          "layers of each stage, like 0-1,2-3 (default: balanced by FLOPs)",
+                          &C::partition));
+    f.back().set = [](C& c, const std::string& v) {
+      DDP_USAGE_CHECK(!v.empty(),
+                      "--partition '': expected the layers of each stage, like 0-1,2-3 (leave "
+                      "the flag out for a partition balanced by FLOPs)");
+      c.partition = v;
+    };
+    f.push_back(text_flag("timeline",
+                          "write a Chrome trace (Perfetto) of every rank's forward, backward, "
+                          "send, recv and all-reduce to FILE (.json)",
+                          &C::timeline));
+    f.push_back(switch_flag(
+        "check-replicas", "after every step, check that every rank holds bitwise the same weights",
+        &C::check_replicas, true, "check-replicas"));
+    f.push_back(choice_flag<OnNonfinite>(
+        "on-nonfinite",
+        "a NaN/Inf gradient or loss: stop (exit 1, nothing written) or skip-step (CPU)",
+        &C::on_nonfinite, {{"stop", OnNonfinite::kStop}, {"skip-step", OnNonfinite::kSkipStep}}));
+    f.push_back(number_flag("max-skipped-steps",
+                            "with --on-nonfinite skip-step: stop (exit 1) when a logging window "
+                            "skips more steps than this (-1: a tenth of --log-every)",
+                            &C::max_skipped_steps));
+    f.push_back(text_flag("checkpoint-dir", "write checkpoints to DIR/latest.safetensors",
+                          &C::checkpoint_dir));
+    f.push_back(number_flag("checkpoint-every", "steps between checkpoints (0: at the end only)",
+                            &C::checkpoint_every));
+    f.push_back(number_flag("keep-checkpoints",
+                            "keep the newest K step-numbered checkpoints, latest linking to the "
+                            "newest (0: one latest.safetensors)",
+                            &C::keep_checkpoints));
+    f.push_back(switch_flag("resume", "start from DIR/latest.safetensors when it exists",
+                            &C::resume, true, "resume"));
+    f.push_back(
+        number_flag("fail-at-step",
+                    "testing restarts: exit with an error when step N starts (first attempt only)",
+                    &C::fail_at_step));
+    return f;
+  }();
+  return table;
+}
+
+}  // namespace
+
 bool parse_train_args(int argc, char** argv, TrainConfig* config) {
   TrainConfig& c = *config;
   const TrainConfig d;
   cxxopts::Options options("ddptrain",
                            "Train an MLP, alone or as one rank of a ddprun/mpirun job.");
-  // clang-format off
-  options.add_options()
-    ("layers", "layer widths: input,hidden...,classes", cxxopts::value<std::string>()->default_value(d.layers))
-    ("data", "dataset: fashion | synthetic | npy", cxxopts::value<std::string>()->default_value(d.data))
-    ("data-dir", "folder of the dataset's files (fashion: IDX .gz; npy: train_x.npy, train_y.npy, ...)",
-        cxxopts::value<std::string>())
-    ("synthetic-samples", "training samples of --data synthetic (the test set is a fifth of it)",
-        cxxopts::value<std::string>()->default_value(text(d.synthetic_samples)))
-    ("batch-size", "global batch size (samples per step over all ranks)", cxxopts::value<std::string>()->default_value(text(d.batch_size)))
-    ("epochs", "passes over the training set", cxxopts::value<std::string>()->default_value(text(d.epochs)))
-    ("steps", "train this many steps instead of --epochs", cxxopts::value<std::string>())
-    ("lr", "peak learning rate", cxxopts::value<std::string>()->default_value(text(d.lr)))
-    ("lr-schedule", "constant | cosine", cxxopts::value<std::string>()->default_value(schedule_name(d.lr_schedule)))
-    ("warmup-steps", "linear warm-up steps", cxxopts::value<std::string>()->default_value(text(d.warmup_steps)))
-    ("optimizer", "sgd | adamw", cxxopts::value<std::string>()->default_value(optimizer_name(d.optimizer.kind)))
-    ("momentum", "SGD momentum", cxxopts::value<std::string>()->default_value(text(d.optimizer.momentum)))
-    ("weight-decay", "weight decay (default: 0 for sgd, 0.01 for adamw, as in torch.optim)", cxxopts::value<std::string>())
-    ("seed", "seed of initialisation, shuffling and synthetic data", cxxopts::value<std::string>()->default_value(text(d.seed)))
-    ("no-shuffle", "take samples in file order")
-    ("init-weights", "start from these weights (.safetensors)", cxxopts::value<std::string>())
-    ("save-weights", "write the final weights here (.safetensors)", cxxopts::value<std::string>())
-    ("metrics", "write one JSON object per logged step and one at the end (.jsonl)", cxxopts::value<std::string>())
-    ("device", "cpu or cuda", cxxopts::value<std::string>()->default_value(device_name(d.device)))
-    ("precision", "cuda: fp32 (exact float32), tf32 (TF32 tensor cores) or bf16 (bf16 products, float32 master weights)",
-        cxxopts::value<std::string>()->default_value(precision_name(d.precision)))
-    ("no-cuda-graph", "cuda: launch every kernel instead of replaying the captured step")
-    ("no-fused-epilogues", "cuda: plain matrix products plus our own bias/ReLU kernels (for comparison)")
-    ("sync-debug", "cuda: synchronise after every kernel and name the op that failed")
-    ("autotune", "cuda: at start, time cuBLASLt's candidate algorithms and the fused epilogues against plain "
-        "products and keep the fastest (results may differ in the last bits from a run without)")
-    ("stage-from-host", "cuda: keep the training set on the host and copy batches ahead through pinned memory "
-        "(automatic when it does not fit in half the free device memory)")
-    ("no-gpu-monitor", "cuda: do not sample the GPU (utilization, memory, power, clocks) through NVML")
-    ("init-retries", "cuda: retry a failed device start-up this many times, with back-off",
-        cxxopts::value<std::string>()->default_value(text(d.init_retries)))
-    ("threads", "CPU threads for matrix products (0: the BLAS default)", cxxopts::value<std::string>()->default_value(text(d.threads)))
-    ("log-every", "log progress every N steps", cxxopts::value<std::string>()->default_value(text(d.log_every)))
-    ("eval-every", "test-split loss and accuracy every N steps (0: at the end only)",
-        cxxopts::value<std::string>()->default_value(text(d.eval_every)))
-    ("quiet", "print only the configuration and the result")
-    ("backend", "collectives: auto (nccl on GPUs, gloo on CPUs, mpi under mpirun), nccl, gloo or mpi",
-        cxxopts::value<std::string>()->default_value(backend_name(d.backend)))
-    ("timeout", "seconds a collective may take before the job stops with its name",
-        cxxopts::value<std::string>()->default_value(text(d.timeout)))
-    ("bucket-mb", "gradient bucket size in MiB", cxxopts::value<std::string>()->default_value(text(d.bucket_mb)))
-    ("first-bucket-mb", "size of the first bucket (the last layers) in MiB",
-        cxxopts::value<std::string>()->default_value(text(d.first_bucket_mb)))
-    ("no-overlap", "all-reduce after backward instead of during it")
-    ("overlap-optimizer", "cuda: the optimizer on each range of parameters as soon as backward "
-        "(and its all-reduce) is done with it, on a side stream, instead of one pass after backward")
-    ("grad-reduce", "gradients on the wire: fp32, or bf16 (half the bytes, rounded; GPU with NCCL)",
-        cxxopts::value<std::string>()->default_value(grad_reduce_name(d.grad_reduce)))
-    ("accumulate", "micro-batches per optimizer step (gradient accumulation)",
-        cxxopts::value<std::string>()->default_value(text(d.accumulate)))
-    ("pp", "pipeline stages: the layers split into this many contiguous stages, one a rank "
-        "(world = dp x pp)", cxxopts::value<std::string>()->default_value(text(d.pp)))
-    ("micro-batches", "micro-batches a step with --pp (0: 4 x pp); gradients accumulate over them",
-        cxxopts::value<std::string>()->default_value(text(d.micro_batches)))
-    ("schedule", "pipeline schedule: " + schedule_names(), cxxopts::value<std::string>()->default_value(schedule_name(d.schedule)))
-    ("dp", "data-parallel replicas (0: the world's size / --pp); checked against the world",
-        cxxopts::value<std::string>()->default_value(text(d.dp)))
-    ("partition", "layers of each stage, like 0-1,2-3 (default: balanced by FLOPs)", cxxopts::value<std::string>())
-    ("timeline", "write a Chrome trace (Perfetto) of every rank's forward, backward, send, recv and "
-        "all-reduce to FILE (.json)", cxxopts::value<std::string>())
-    ("check-replicas", "after every step, check that every rank holds bitwise the same weights")
-    ("on-nonfinite", "a NaN/Inf gradient or loss: stop (exit 1, nothing written) or skip-step (CPU)",
-        cxxopts::value<std::string>()->default_value(on_nonfinite_name(d.on_nonfinite)))
-    ("max-skipped-steps", "with --on-nonfinite skip-step: stop (exit 1) when a logging window skips more "
-        "steps than this (-1: a tenth of --log-every)", cxxopts::value<std::string>()->default_value(text(d.max_skipped_steps)))
-    ("checkpoint-dir", "write checkpoints to DIR/latest.safetensors", cxxopts::value<std::string>())
-    ("checkpoint-every", "steps between checkpoints (0: at the end only)",
-        cxxopts::value<std::string>()->default_value(text(d.checkpoint_every)))
-    ("keep-checkpoints", "keep the newest K step-numbered checkpoints, latest linking to the "
-        "newest (0: one latest.safetensors)",
-        cxxopts::value<std::string>()->default_value(text(d.keep_checkpoints)))
-    ("resume", "start from DIR/latest.safetensors when it exists")
-    ("fail-at-step", "testing restarts: exit with an error when step N starts (first attempt only)",
-        cxxopts::value<std::string>()->default_value("0"))
-    ("version", "print the version and the parts this build has")
-    ("h,help", "print this help");
-  // clang-format on
+  auto add = options.add_options();
+  for (const Flag& flag : flags()) {
+    if (!flag.takes_value)
+      add(flag.name, flag.help);
+    else if (flag.shown)
+      add(flag.name, flag.help, cxxopts::value<std::string>()->default_value(flag.shown(d)));
+    else
+      add(flag.name, flag.help, cxxopts::value<std::string>());
+  }
+  add("version", "print the version and the parts this build has");
+  add("h,help", "print this help");
   cxxopts::ParseResult result;
   try {
     result = options.parse(argc, argv);
@@ -199,109 +405,29 @@ bool parse_train_args(int argc, char** argv, TrainConfig* config) {
     return false;
   }
   try {
-    c.layers = result["layers"].as<std::string>();
-    c.data = result["data"].as<std::string>();
-    if (result.count("data-dir"))
-      c.data_dir = result["data-dir"].as<std::string>();
-    else if (c.data == "npy")
-      c.data_dir.clear();
-    c.synthetic_samples = number<int64_t>(result, "synthetic-samples");
-    c.batch_size = number<int>(result, "batch-size");
-    c.epochs = number<int>(result, "epochs");
-    if (result.count("steps")) {
-      DDP_USAGE_CHECK(!result.count("epochs"), "--steps and --epochs: give one or the other");
-      c.steps = number<int64_t>(result, "steps");
-      DDP_USAGE_CHECK(c.steps > 0, "--steps {}: expected a positive number of steps", c.steps);
-    }
-    c.lr = number<float>(result, "lr");
-    const std::string schedule = result["lr-schedule"].as<std::string>();
-    DDP_USAGE_CHECK(schedule == "constant" || schedule == "cosine",
-                    "--lr-schedule {}: expected constant or cosine", schedule);
-    c.lr_schedule = schedule == "cosine" ? LrSchedule::kCosine : LrSchedule::kConstant;
-    c.warmup_steps = number<int64_t>(result, "warmup-steps");
-    const std::string optimizer = result["optimizer"].as<std::string>();
-    DDP_USAGE_CHECK(optimizer == "sgd" || optimizer == "adamw",
-                    "--optimizer {}: expected sgd or adamw", optimizer);
-    c.optimizer.kind = optimizer == "adamw" ? OptimizerKind::kAdamW : OptimizerKind::kSgd;
-    {
-      // Checked before float32 rounding: 0.9999999999 would become 1 and be reported so.
-      const double momentum = number<double>(result, "momentum");
-      const std::string given = result["momentum"].as<std::string>();
-      DDP_USAGE_CHECK(momentum >= 0 && momentum < 1, "--momentum {}: expected a value in [0, 1)",
-                      given);
-      DDP_USAGE_CHECK(static_cast<float>(momentum) < 1,
-                      "--momentum {}: rounds to 1 in float32; expected a value in [0, 1) that "
-                      "float32 can tell from 1 (at most 0.99999994)",
-                      given);
-      c.optimizer.momentum = static_cast<float>(momentum);
-    }
-    c.optimizer.weight_decay = result.count("weight-decay") ? number<float>(result, "weight-decay")
-                               : c.optimizer.kind == OptimizerKind::kAdamW ? 0.01f
-                                                                           : 0.0f;
-    c.seed = number<uint64_t>(result, "seed");
-    c.shuffle = result.count("no-shuffle") == 0;
-    if (result.count("init-weights")) c.init_weights = result["init-weights"].as<std::string>();
-    if (result.count("save-weights")) c.save_weights = result["save-weights"].as<std::string>();
-    if (result.count("metrics")) c.metrics = result["metrics"].as<std::string>();
-    c.device = choice<Device>(result, "device", {{"cpu", Device::kCpu}, {"cuda", Device::kCuda}});
-    c.precision = choice<Precision>(
-        result, "precision",
-        {{"fp32", Precision::kFp32}, {"tf32", Precision::kTf32}, {"bf16", Precision::kBf16}});
-    c.cuda_graph = result.count("no-cuda-graph") == 0;
-    c.fused_epilogues = result.count("no-fused-epilogues") == 0;
-    c.sync_debug = result.count("sync-debug") > 0;
-    c.stage_from_host = result.count("stage-from-host") > 0;
-    c.autotune = result.count("autotune") > 0;
-    c.gpu_monitor = result.count("no-gpu-monitor") == 0;
-    c.init_retries = number<int>(result, "init-retries");
-    c.threads = number<int>(result, "threads");
-    c.log_every = number<int>(result, "log-every");
-    c.eval_every = number<int64_t>(result, "eval-every");
-    c.quiet = result.count("quiet") > 0;
-    c.backend = choice<Backend>(result, "backend",
-                                {{"auto", Backend::kAuto},
-                                 {"nccl", Backend::kNccl},
-                                 {"gloo", Backend::kGloo},
-                                 {"mpi", Backend::kMpi}});
-    c.timeout = number<double>(result, "timeout");
-    c.bucket_mb = number<double>(result, "bucket-mb");
-    c.first_bucket_mb = number<double>(result, "first-bucket-mb");
-    c.overlap = result.count("no-overlap") == 0;
-    c.overlap_optimizer = result.count("overlap-optimizer") > 0;
-    c.grad_reduce = choice<GradReduce>(result, "grad-reduce",
-                                       {{"fp32", GradReduce::kFp32}, {"bf16", GradReduce::kBf16}});
-    c.accumulate = number<int>(result, "accumulate");
-    c.pp = number<int>(result, "pp");
-    c.micro_batches = number<int>(result, "micro-batches");
-    const std::string pipeline = result["schedule"].as<std::string>();
-    const std::optional<PipelineSchedule> schedule_given = schedule_from_name(pipeline);
-    DDP_USAGE_CHECK(schedule_given.has_value(), "--schedule {}: expected {}", pipeline,
-                    schedule_names());
-    c.schedule = *schedule_given;
-    c.dp = number<int>(result, "dp");
-    if (result.count("partition")) {
-      c.partition = result["partition"].as<std::string>();
-      DDP_USAGE_CHECK(!c.partition.empty(),
-                      "--partition '': expected the layers of each stage, like 0-1,2-3 (leave "
-                      "the flag out for a partition balanced by FLOPs)");
-    }
-    if (result.count("timeline")) c.timeline = result["timeline"].as<std::string>();
-    c.check_replicas = result.count("check-replicas") > 0;
-    c.on_nonfinite =
-        choice<OnNonfinite>(result, "on-nonfinite",
-                            {{"stop", OnNonfinite::kStop}, {"skip-step", OnNonfinite::kSkipStep}});
-    c.max_skipped_steps = number<int64_t>(result, "max-skipped-steps");
-    if (result.count("checkpoint-dir"))
-      c.checkpoint_dir = result["checkpoint-dir"].as<std::string>();
-    c.checkpoint_every = number<int64_t>(result, "checkpoint-every");
-    c.resume = result.count("resume") > 0;
-    c.keep_checkpoints = number<int>(result, "keep-checkpoints");
-    c.fail_at_step = number<int64_t>(result, "fail-at-step");
+    for (const Flag& flag : flags())
+      if (result.count(flag.name))
+        flag.set(c, flag.takes_value ? result[flag.name].as<std::string>() : std::string());
   } catch (const cxxopts::exceptions::exception& e) {
     throw UsageError(fmt::format("{} (see ddptrain --help)", e.what()));
   }
+  // What depends on more than one flag.
+  if (!result.count("data-dir") && c.data == "npy") c.data_dir.clear();
+  if (result.count("steps")) {
+    DDP_USAGE_CHECK(!result.count("epochs"), "--steps and --epochs: give one or the other");
+    DDP_USAGE_CHECK(c.steps > 0, "--steps {}: expected a positive number of steps", c.steps);
+  }
+  if (!c.weight_decay_given)
+    c.optimizer.weight_decay = c.optimizer.kind == OptimizerKind::kAdamW ? 0.01f : 0.0f;
   validate(c);
   return true;
+}
+
+std::vector<std::string> flag_names() {
+  std::vector<std::string> names;
+  for (const Flag& flag : flags())
+    names.push_back(flag.name);
+  return names;
 }
 
 void validate(const TrainConfig& c) {
@@ -389,60 +515,11 @@ int micro_batches_of(const TrainConfig& c) {
   return c.micro_batches > 0 ? c.micro_batches : 4 * c.pp;
 }
 
-namespace {
-// A float as the double its shortest decimal form names (0.05f -> 0.05, not 0.0500000007).
-double shortest(float value) {
-  return std::stod(fmt::format("{}", value));
-}
-}  // namespace
-
 nlohmann::json config_json(const TrainConfig& c) {
-  return {{"layers", c.layers},
-          {"data", c.data},
-          {"data-dir", c.data_dir},
-          {"synthetic-samples", c.synthetic_samples},
-          {"batch-size", c.batch_size},
-          {"epochs", c.epochs},
-          {"steps", c.steps},
-          {"lr", shortest(c.lr)},
-          {"lr-schedule", schedule_name(c.lr_schedule)},
-          {"warmup-steps", c.warmup_steps},
-          {"optimizer", optimizer_name(c.optimizer.kind)},
-          {"momentum", shortest(c.optimizer.momentum)},
-          {"weight-decay", shortest(c.optimizer.weight_decay)},
-          {"seed", c.seed},
-          {"shuffle", c.shuffle},
-          {"init-weights", c.init_weights},
-          {"device", device_name(c.device)},
-          {"precision", precision_name(c.precision)},
-          {"cuda-graph", c.cuda_graph},
-          {"fused-epilogues", c.fused_epilogues},
-          {"autotune", c.autotune},
-          {"stage-from-host", c.stage_from_host},
-          {"gpu-monitor", c.gpu_monitor},
-          {"threads", c.threads},
-          {"log-every", c.log_every},
-          {"eval-every", c.eval_every},
-          {"backend", backend_name(c.backend)},
-          {"timeout", c.timeout},
-          {"bucket-mb", c.bucket_mb},
-          {"first-bucket-mb", c.first_bucket_mb},
-          {"overlap", c.overlap},
-          {"grad-reduce", grad_reduce_name(c.grad_reduce)},
-          {"overlap-optimizer", c.overlap_optimizer},
-          {"accumulate", c.accumulate},
-          {"pp", c.pp},
-          {"dp", c.dp},
-          {"micro-batches", c.micro_batches},
-          {"schedule", schedule_name(c.schedule)},
-          {"partition", c.partition},
-          {"timeline", c.timeline},
-          {"on-nonfinite", on_nonfinite_name(c.on_nonfinite)},
-          {"max-skipped-steps", c.max_skipped_steps},
-          {"checkpoint-dir", c.checkpoint_dir},
-          {"checkpoint-every", c.checkpoint_every},
-          {"keep-checkpoints", c.keep_checkpoints},
-          {"resume", c.resume}};
+  nlohmann::json record = nlohmann::json::object();
+  for (const Flag& flag : flags())
+    record[flag.key] = flag.record(c);
+  return record;
 }
 
 std::vector<std::string> describe(const TrainConfig& c) {

@@ -40,7 +40,8 @@ struct TrainConfig {
   float lr = 0.05f;
   LrSchedule lr_schedule = LrSchedule::kCosine;
   int64_t warmup_steps = 0;
-  OptimizerConfig optimizer;  // kind, momentum, weight decay, betas, eps
+  OptimizerConfig optimizer;        // kind, momentum, weight decay, betas, eps
+  bool weight_decay_given = false;  // --weight-decay given; else the optimizer's default
   uint64_t seed = 0;
   bool shuffle = true;
   std::string init_weights;
@@ -102,8 +103,11 @@ int micro_batches_of(const TrainConfig& config);
 // Rejects values that cannot work, naming the flag, the value and what is allowed.
 void validate(const TrainConfig& config);
 
-// Every setting by its flag name (without the dashes), for the metrics' first record.
+// Every setting by its flag name (without the dashes; a "no-" switch by the setting it
+// clears), for the metrics' first record. Made from the same table as the parser.
 nlohmann::json config_json(const TrainConfig& config);
+// Every flag ddptrain takes (without the dashes), in --help's order; not help and version.
+std::vector<std::string> flag_names();
 
 // One line per setting, for the start of a run's log.
 std::vector<std::string> describe(const TrainConfig& config);

@@ -58,6 +58,31 @@ std::string trimmed(std::string text) {
   return text.substr(start);
 }
 
+// Every flag of --help is in the metrics' record of the configuration (a "no-" switch as the
+// setting it clears), so that a run can be told apart from another by any of its flags.
+TEST(DdptrainCli, EveryFlagIsInTheConfigRecord) {
+  TempDir dir;
+  const RunResult r = run_ddptrain("--data synthetic --layers 8,4 --steps 1 --quiet --metrics " +
+                                   dir.file("m.jsonl"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream in(dir.file("m.jsonl"));
+  std::string first;
+  std::getline(in, first);
+  const nlohmann::json config = nlohmann::json::parse(first).at("config");
+  const std::string help = run_ddptrain("--help").output;
+  int flags = 0;
+  for (size_t at = help.find("  --"); at != std::string::npos; at = help.find("  --", at + 1)) {
+    const size_t begin = at + 4;
+    const size_t end = help.find_first_of(" \n", begin);
+    const std::string flag = help.substr(begin, end - begin);
+    if (flag == "help" || flag == "version") continue;
+    ++flags;
+    const std::string key = flag.rfind("no-", 0) == 0 ? flag.substr(3) : flag;
+    EXPECT_TRUE(config.contains(key)) << "--" << flag << " is not in the config record";
+  }
+  EXPECT_GE(flags, 50);
+}
+
 // The README's flag table against --help: every default the table states is the one the
 // parser has (a value in --help's "(default: X)").
 TEST(DdptrainCli, ReadmeDefaultsMatchHelp) {
