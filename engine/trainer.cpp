@@ -17,6 +17,7 @@
 
 #include "engine/checkpoint.h"
 #include "engine/progress.h"
+#include "engine/run_setup.h"
 #include "models/gemm.h"
 #include "models/safetensors.h"
 #include "runtime/error.h"
@@ -24,75 +25,13 @@
 
 namespace ddp {
 
-Dataset load_dataset(const TrainConfig& config) {
-  if (config.data == "fashion") return load_fashion_mnist(config.data_dir);
-  if (config.data == "npy") return load_npy_dataset(config.data_dir);
-  const MlpShape shape = parse_layers(config.layers);
-  return make_synthetic(config.synthetic_samples,
-                        std::max<int64_t>(1, config.synthetic_samples / 5), shape.input_width(),
-                        shape.num_classes(), config.seed);
-}
-
-void check_model_fits_data(const MlpShape& shape, const TrainConfig& config, const Dataset& data) {
-  DDP_USAGE_CHECK(shape.input_width() == data.train.dim,
-                  "--layers {}: the first width is {} but the {} data has {} features per sample",
-                  config.layers, shape.input_width(), data.name, data.train.dim);
-  // A label past the model's classes is named where it is, not only as a class count.
-  for (const Split* split : {&data.train, &data.test})
-    for (int64_t i = 0; i < split->n && !split->labels_file.empty(); ++i)
-      DDP_USAGE_CHECK(split->y[i] < shape.num_classes(),
-                      "{}: label {} at index {} is out of range for --layers {} (its last width "
-                      "{} means labels 0 to {})",
-                      split->labels_file, split->y[i], i, config.layers, shape.num_classes(),
-                      shape.num_classes() - 1);
-  DDP_USAGE_CHECK(shape.num_classes() >= data.classes,
-                  "--layers {}: the last width is {} but the {} data has {} classes", config.layers,
-                  shape.num_classes(), data.name, data.classes);
-}
-
 void sum_over_ranks(Communicator* comm, double* values, size_t count) {
   if (comm == nullptr || comm->size() == 1) return;
   DDP_CHECK(!comm->device_buffers(), "sum_over_ranks on the CPU path needs a host communicator");
   comm->all_reduce(values, count, DataType::kFloat64, ReduceOp::kSum);
 }
 
-int local_batch_of(const TrainConfig& config, int micro_batches, int replicas) {
-  const char* micro_flag = config.pp > 1 ? "--micro-batches" : "--accumulate";
-  DDP_USAGE_CHECK(config.batch_size % micro_batches == 0,
-                  "--batch-size {} is not divisible by {} {}", config.batch_size, micro_flag,
-                  micro_batches);
-  const int micro = config.batch_size / micro_batches;
-  DDP_USAGE_CHECK(
-      micro % replicas == 0,
-      "--batch-size {}: the global batch{} must divide among the {} data-parallel ranks (try {})",
-      config.batch_size,
-      micro_batches > 1 ? fmt::format(" / {} {}", micro_flag, micro_batches) : "", replicas,
-      (micro / replicas + 1) * replicas * micro_batches);
-  return micro / replicas;
-}
-
 namespace {
-
-PipelineLayout layout_of(const TrainConfig& config, Communicator* comm) {
-  const MlpShape shape = parse_layers(config.layers);
-  std::vector<int> bounds;
-  if (!config.partition.empty()) {
-    bounds = parse_partition(config.partition, shape.num_layers());
-  } else {
-    std::vector<double> flops;  // a layer's multiply-adds per sample
-    for (int i = 0; i < shape.num_layers(); ++i)
-      flops.push_back(static_cast<double>(shape.layer(i).in) * shape.layer(i).out);
-    bounds = partition_by_cost(flops, config.pp);
-  }
-  const int world = comm ? comm->size() : 1;
-  DDP_USAGE_CHECK(config.dp == 0 || config.dp * config.pp == world,
-                  "--dp {} --pp {}: the world has {} rank{}, not dp x pp = {} (give --dp {}, or "
-                  "start {} ranks)",
-                  config.dp, config.pp, world, world == 1 ? "" : "s", config.dp * config.pp,
-                  world % config.pp == 0 ? std::to_string(world / config.pp) : "0",
-                  config.dp * config.pp);
-  return plan_layout(world, comm ? comm->rank() : 0, config.pp, std::move(bounds));
-}
 
 int max_batch_of(const TrainConfig& config, int local_batch) {
   return std::max(local_batch, std::min(config.batch_size, 1024));
@@ -107,7 +46,7 @@ Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* c
       comm_(comm),
       rank_(comm ? comm->rank() : 0),
       ranks_(comm ? comm->size() : 1),
-      layout_(layout_of(config, comm)),
+      layout_(layout_of(config, comm ? comm->size() : 1, comm ? comm->rank() : 0)),
       micro_batches_(micro_batches_of(config)),
       local_batch_(local_batch_of(config, micro_batches_, layout_.replicas)),
 
@@ -373,119 +312,6 @@ EvalResult Trainer::evaluate(const Split& split) {
   return result;
 }
 
-namespace {
-
-// Creates and removes a scratch file in `dir`; false when that fails.
-bool folder_takes_files(const std::string& dir) {
-  std::string pattern = (dir.empty() ? std::string(".") : dir) + "/.ddp-write-test-XXXXXX";
-  const int fd = ::mkstemp(pattern.data());
-  if (fd < 0) return false;
-  ::close(fd);
-  ::unlink(pattern.c_str());
-  return true;
-}
-
-std::string folder_of(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  return slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
-}
-
-}  // namespace
-
-void check_outputs_writable(const TrainConfig& config) {
-  const std::pair<const char*, std::string> outputs[] = {{"--save-weights", config.save_weights},
-                                                         {"--metrics", config.metrics},
-                                                         {"--timeline", config.timeline}};
-  for (size_t i = 0; i < std::size(outputs); ++i)
-    for (size_t j = i + 1; j < std::size(outputs); ++j) {
-      const auto& [flag_a, a] = outputs[i];
-      const auto& [flag_b, b] = outputs[j];
-      struct stat sa {
-      }, sb{};
-      const bool same_file = ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 &&
-                             sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
-      DDP_USAGE_CHECK(a.empty() || b.empty() || (a != b && !same_file),
-                      "{} {} and {} {}: the same file; each output needs its own path", flag_a, a,
-                      flag_b, b);
-    }
-  for (const auto& [flag, path] : outputs) {
-    if (path.empty()) continue;
-    struct stat info {};
-    DDP_USAGE_CHECK(::stat(path.c_str(), &info) != 0 || !S_ISDIR(info.st_mode),
-                    "{} {}: is a folder; expected a file path", flag, path);
-    DDP_USAGE_CHECK(folder_takes_files(folder_of(path)),
-                    "{} {}: cannot create files in {} ({}); checked before training", flag, path,
-                    folder_of(path), std::strerror(errno));
-  }
-  if (!config.checkpoint_dir.empty()) {
-    ::mkdir(config.checkpoint_dir.c_str(), 0755);
-    DDP_USAGE_CHECK(folder_takes_files(config.checkpoint_dir),
-                    "--checkpoint-dir {}: cannot create files there ({}); checked before training",
-                    config.checkpoint_dir, std::strerror(errno));
-  }
-}
-
-MemoryNeed estimate_memory(const TrainConfig& config) {
-  const MlpShape shape = parse_layers(config.layers);
-  MemoryNeed need;
-  // A stage holds about its share of the layers; the whole model without a pipeline.
-  const double params = static_cast<double>(shape.param_count()) / config.pp;
-  const double states = config.optimizer.kind == OptimizerKind::kAdamW ? 2
-                        : config.optimizer.momentum > 0                ? 1
-                                                                       : 0;
-  // Parameters, gradients and optimizer state in float32 (and the bf16 copy).
-  need.model_bytes =
-      params * 4 * (2 + states) + (config.precision == Precision::kBf16 ? params * 2 : 0);
-  double widths = 0;
-  for (int w : shape.widths())
-    widths += w;
-  const int micro = micro_batches_of(config);
-  const double batch = static_cast<double>(config.batch_size) / micro;
-  // Each layer's output and its gradient, for the micro-batches a stage holds at once.
-  const double live = config.pp > 1 ? std::min(micro, config.pp) : 1;
-  need.activation_bytes = batch * widths * 4 * 2 * live;
-  if (config.data == "synthetic") {
-    const double samples =
-        config.synthetic_samples + std::max<int64_t>(1, config.synthetic_samples / 5);
-    need.data_bytes = samples * (shape.input_width() + 1) * 4;
-  }
-  return need;
-}
-
-namespace {
-std::string gib(double bytes) {
-  return fmt::format("{:.2f} GiB", bytes / (1024.0 * 1024 * 1024));
-}
-}  // namespace
-
-void check_memory_fits(const TrainConfig& config, const MemoryNeed& need, double available,
-                       const std::string& where) {
-  if (available <= 0 || need.total() <= available) return;
-  const std::pair<double, const char*> parts[] = {{need.model_bytes, "--layers"},
-                                                  {need.activation_bytes, "--batch-size"},
-                                                  {need.data_bytes, "--synthetic-samples"}};
-  const auto* largest = std::max_element(std::begin(parts), std::end(parts));
-  throw UsageError(fmt::format(
-      "{} {}: this run needs about {} ({} parameters, gradients and optimizer state, {} "
-      "activations, {} data) but {} has {}; checked before allocating",
-      largest->second,
-      largest->second == std::string("--layers")       ? config.layers
-      : largest->second == std::string("--batch-size") ? std::to_string(config.batch_size)
-                                                       : std::to_string(config.synthetic_samples),
-      gib(need.total()), gib(need.model_bytes), gib(need.activation_bytes), gib(need.data_bytes),
-      where, gib(available)));
-}
-
-double available_host_bytes() {
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key;
-  double kib = 0;
-  std::string unit;
-  while (meminfo >> key >> kib >> unit)
-    if (key == "MemAvailable:") return kib * 1024;
-  return 0;  // unknown: not checked
-}
-
 void Trainer::check_finite_params(const char* before) {
   const std::vector<float> p = runner_->get_params();
   size_t bad = p.size();
@@ -504,40 +330,7 @@ void Trainer::check_finite_params(const char* before) {
 }
 
 void Trainer::gather_model(std::vector<float>* params, NamedState* state) {
-  if (layout_.stages == 1) {
-    if (!lead()) return;
-    *params = runner_->get_params();
-    *state = runner_->optimizer_state();
-    return;
-  }
-  if (layout_.replica != 0) return;  // replicas hold the same weights as replica 0
-  // Replica 0's stages send their parameters and state to stage 0 (rank 0), in stage order.
-  const size_t offset = spec_.param_offset();
-  const size_t count = spec_.param_count();
-  const std::vector<float> mine = runner_->get_params();
-  const NamedState named = runner_->optimizer_state();
-  Communicator* pipe = host_pipe();
-  if (layout_.stage > 0) {
-    pipe->send(mine.data(), count, DataType::kFloat32, 0);
-    for (const auto& entry : named)
-      pipe->send(entry.second.data(), count, DataType::kFloat32, 0);
-    return;
-  }
-  const MlpShape& shape = spec_.shape;
-  params->assign(shape.param_count(), 0.0f);
-  std::copy_n(mine.begin(), count, params->begin() + offset);
-  for (const auto& [name, values] : named) {
-    state->emplace_back(name, std::vector<float>(shape.param_count()));
-    std::copy_n(values.begin(), count, state->back().second.begin() + offset);
-  }
-  for (int s = 1; s < layout_.stages; ++s) {
-    const size_t begin = shape.layer(layout_.bounds[s]).weight_offset;
-    const LayerSlice& last = shape.layer(layout_.bounds[s + 1] - 1);
-    const size_t theirs = last.bias_offset + last.out - begin;
-    pipe->recv(params->data() + begin, theirs, DataType::kFloat32, s);
-    for (auto& entry : *state)
-      pipe->recv(entry.second.data() + begin, theirs, DataType::kFloat32, s);
-  }
+  gather_whole_model(*runner_, layout_, spec_, host_pipe(), lead(), params, state);
 }
 
 void Trainer::take_checkpoint() {
@@ -575,80 +368,6 @@ void Trainer::check_skipped(int64_t skipped, int64_t steps) const {
       "--max-skipped-steps {}; stopped before any checkpoint or weights were written (lower --lr "
       "or check the data)",
       step_, skipped, steps, limit));
-}
-
-void Trainer::write_pipeline_record(MetricsWriter& metrics, int64_t step, int64_t steps,
-                                    double busy_s, double step_s) {
-  // Every rank's compute and step time over the window, gathered so that every stage's
-  // share is known; the bubble is the mean idle fraction.
-  const double mine[2] = {busy_s, step_s};
-  std::vector<double> all(2 * static_cast<size_t>(ranks_));
-  host_comm()->all_gather(mine, all.data(), 2, DataType::kFloat64);
-  if (!lead()) return;
-  nlohmann::json busy = nlohmann::json::array();
-  nlohmann::json idle = nlohmann::json::array();
-  std::string busy_text;
-  double idle_sum = 0;
-  double longest = 0;  // the slowest stage's window
-  for (int s = 0; s < layout_.stages; ++s) {
-    double b = 0, t = 0;
-    for (int d = 0; d < layout_.replicas; ++d) {
-      b += all[2 * layout_.rank_of(s, d)];
-      t += all[2 * layout_.rank_of(s, d) + 1];
-    }
-    longest = std::max(longest, t / layout_.replicas);
-    const double fraction = t > 0 ? b / t : 0;
-    busy.push_back(b / layout_.replicas);
-    idle.push_back((t - b) / layout_.replicas);
-    idle_sum += 1 - fraction;
-    busy_text += fmt::format("{}{:.0f}%", s ? " " : "", 100 * fraction);
-  }
-  const double bubble = idle_sum / layout_.stages;
-  const double ideal = ideal_bubble(layout_.stages, micro_batches_);
-  if (!config_.quiet)
-    spdlog::info("pipeline: bubble {:.1f}% (ideal (P-1)/(M+P-1) = {:.1f}%), stages busy {}",
-                 100 * bubble, 100 * ideal, busy_text);
-  metrics.write({{"event", "pipeline"},
-                 {"step", step},
-                 {"stages", layout_.stages},
-                 {"micro_batches", micro_batches_},
-                 {"schedule", schedule_name(config_.schedule)},
-                 {"busy_s", busy},
-                 {"idle_s", idle},
-                 {"bubble", bubble},
-                 {"ideal_bubble", ideal},
-                 {"steps", steps},
-                 {"step_s", steps > 0 ? longest / static_cast<double>(steps) : 0.0}});
-}
-
-void Trainer::write_timeline() {
-  if (timeline_.dropped() > 0)
-    spdlog::warn("--timeline: kept the first {} spans, {} more not recorded",
-                 timeline_.spans().size(), timeline_.dropped());
-  const std::vector<std::vector<Span>> all = gather_spans(host_comm(), timeline_.spans());
-  if (!lead()) return;
-  std::vector<std::string> names;
-  for (int r = 0; r < ranks_; ++r) {
-    const int stage = r / layout_.replicas;
-    names.push_back(layout_.stages > 1  ? fmt::format("rank {} (stage {}, replica {})", r, stage,
-                                                      r % layout_.replicas)
-                    : runner_->on_gpu() ? fmt::format("rank {} GPU", r)
-                                        : fmt::format("rank {}", r));
-  }
-  write_chrome_trace(config_.timeline, all, names);
-  spdlog::info("timeline of {} ranks written to {} (open it in https://ui.perfetto.dev)", ranks_,
-               config_.timeline);
-}
-
-std::vector<GpuWindow> Trainer::gather_gpu_windows(const GpuWindow& mine) {
-  // Every rank's window in its own slot; a sum over the world gathers them.
-  std::vector<double> all(static_cast<size_t>(ranks_) * kGpuWindowFields, 0.0);
-  pack_window(mine, &all[static_cast<size_t>(rank_) * kGpuWindowFields]);
-  sum_over_ranks(host_comm(), all.data(), all.size());
-  std::vector<GpuWindow> windows;
-  for (int r = 0; r < ranks_; ++r)
-    windows.push_back(unpack_window(&all[static_cast<size_t>(r) * kGpuWindowFields]));
-  return windows;
 }
 
 TrainResult Trainer::run(MetricsWriter* metrics, GpuMonitor* monitor) {
@@ -742,7 +461,7 @@ TrainResult Trainer::run_loop(MetricsWriter* metrics_in, GpuMonitor* monitor) {
       nlohmann::json gpu_fields;
       std::string gpu_note;
       if (monitor != nullptr) {
-        const std::vector<GpuWindow> gpus = gather_gpu_windows(monitor->take_window());
+        const std::vector<GpuWindow> gpus = gather_gpu_windows(host_comm(), monitor->take_window());
         if (lead()) {
           for (const std::string& warning : gpu_warnings(gpus, &gpu_warned))
             spdlog::warn("{}", warning);
@@ -752,7 +471,9 @@ TrainResult Trainer::run_loop(MetricsWriter* metrics_in, GpuMonitor* monitor) {
       }
       progress.window(step_, window[0], static_cast<int64_t>(window[1]),
                       static_cast<int64_t>(window[2]), &result, gpu_fields, gpu_note);
-      if (layout_.stages > 1) write_pipeline_record(metrics, step_, window_steps, busy_s, step_s);
+      if (layout_.stages > 1)
+        write_pipeline_record(metrics, host_comm(), layout_, micro_batches_, config_.schedule,
+                              lead(), config_.quiet, step_, window_steps, busy_s, step_s);
       window[0] = window[1] = window[2] = 0;
       busy_s = step_s = 0;
       window_steps = 0;
@@ -790,7 +511,7 @@ TrainResult Trainer::run_loop(MetricsWriter* metrics_in, GpuMonitor* monitor) {
   }
   progress.finish(seconds, &result);
   if (monitor != nullptr) {
-    const std::vector<GpuWindow> gpus = gather_gpu_windows(monitor->whole_run());
+    const std::vector<GpuWindow> gpus = gather_gpu_windows(host_comm(), monitor->whole_run());
     if (lead()) {
       spdlog::info("GPUs over the run (NVML, every {:.1f}s):", monitor->period_s());
       for (const std::string& line : gpu_summary_table(gpus))
@@ -805,7 +526,8 @@ TrainResult Trainer::run_loop(MetricsWriter* metrics_in, GpuMonitor* monitor) {
       metrics.write(
           {{"event", "memory"}, {"report", memory}, {"held_bytes", runner_->held_bytes()}});
   }
-  if (!config_.timeline.empty()) write_timeline();
+  if (!config_.timeline.empty())
+    write_timeline(timeline_, host_comm(), layout_, runner_->on_gpu(), lead(), config_.timeline);
   if (!config_.checkpoint_dir.empty()) {
     // No step follows the last one: its weights are known good when the test split's loss,
     // their forward pass, is finite.

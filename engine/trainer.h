@@ -18,6 +18,8 @@
 #include "engine/gpu_monitor.h"
 #include "engine/metrics.h"
 #include "engine/pipeline/schedule.h"
+#include "engine/run_reports.h"
+#include "engine/run_setup.h"
 #include "engine/sampler.h"
 #include "engine/stage_runner.h"
 #include "engine/timeline.h"
@@ -86,8 +88,6 @@ class Trainer {
   // The samples and learning rates of the next steps (as many as the runner takes at once, up
   // to the next logging, evaluation or checkpoint step), handed to the runner.
   void plan_steps();
-  // Every rank's GPU monitor window, at every rank (collective).
-  std::vector<GpuWindow> gather_gpu_windows(const GpuWindow& mine);
   // Runs this stage's actions for one step (every micro-batch); fills stats.
   void run_schedule(StepStats* stats);
   // The whole model's parameters and optimizer state on rank 0 (empty elsewhere);
@@ -97,10 +97,6 @@ class Trainer {
   // True on every rank when any rank's `mine` is true (a sum over the world with a
   // pipeline, where stages hold different parameters).
   bool any_rank(bool mine);
-  // Every stage's busy and idle time over the window of `steps` steps (collective).
-  void write_pipeline_record(MetricsWriter& metrics, int64_t step, int64_t steps, double busy_s,
-                             double step_s);
-  void write_timeline();
   Communicator* dp_comm() { return dp_group_ ? dp_group_.get() : comm_; }
   // The world and the pipeline group for host buffers (bookkeeping): themselves on the CPU,
   // views staged through device memory when the communicators are NCCL's.
@@ -151,38 +147,6 @@ class Trainer {
   };
   PendingCheckpoint pending_;
 };
-
-// Checks before any training that every output this rank will write can be written:
-// --save-weights and --metrics (their folder exists and takes a new file; an existing file
-// is not touched), --checkpoint-dir (created if missing, and writable). Throws UsageError
-// naming the flag and the path.
-void check_outputs_writable(const TrainConfig& config);
-
-// What a rank of this run holds, estimated from its flags before anything is allocated.
-struct MemoryNeed {
-  double model_bytes = 0;       // parameters, gradients, optimizer state (+ bf16 copy)
-  double activation_bytes = 0;  // activations and their gradients
-  double data_bytes = 0;        // the data set in memory (synthetic; files are sized as read)
-  double total() const { return model_bytes + activation_bytes + data_bytes; }
-};
-MemoryNeed estimate_memory(const TrainConfig& config);
-// Throws UsageError (exit 2) when `need` exceeds `available` bytes (0: unknown, not
-// checked), naming the flag of the largest part, the bytes and `where` ("this machine").
-void check_memory_fits(const TrainConfig& config, const MemoryNeed& need, double available,
-                       const std::string& where);
-// MemAvailable from /proc/meminfo, in bytes (0 when unknown).
-double available_host_bytes();
-
-// Samples per data-parallel replica per micro-batch (--micro-batches with a pipeline, else
-// --accumulate); throws UsageError naming the flags when the global batch does not divide.
-int local_batch_of(const TrainConfig& config, int micro_batches, int replicas);
-
-// Loads the dataset that `config` names (fashion, npy or synthetic).
-Dataset load_dataset(const TrainConfig& config);
-
-// Throws UsageError naming --layers when the model's input width or class count does not
-// fit the data.
-void check_model_fits_data(const MlpShape& shape, const TrainConfig& config, const Dataset& data);
 
 // Sums a few doubles over the group (host memory; with a device communicator the values
 // go through a device buffer). Collective.

@@ -1,0 +1,134 @@
+// What the trainer reports and gathers over the ranks: the pipeline's window record, the
+// timeline file, the GPU monitor's windows, and the whole model on rank 0.
+#include "engine/run_reports.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "engine/trainer.h"
+#include "runtime/error.h"
+
+namespace ddp {
+
+void gather_whole_model(StageRunner& runner, const PipelineLayout& layout, const StageSpec& spec,
+                        Communicator* pipe, bool lead, std::vector<float>* params,
+                        NamedState* state) {
+  if (layout.stages == 1) {
+    if (!lead) return;
+    *params = runner.get_params();
+    *state = runner.optimizer_state();
+    return;
+  }
+  if (layout.replica != 0) return;  // replicas hold the same weights as replica 0
+  // Replica 0's stages send their parameters and state to stage 0 (rank 0), in stage order.
+  const size_t offset = spec.param_offset();
+  const size_t count = spec.param_count();
+  const std::vector<float> mine = runner.get_params();
+  const NamedState named = runner.optimizer_state();
+  if (layout.stage > 0) {
+    pipe->send(mine.data(), count, DataType::kFloat32, 0);
+    for (const auto& entry : named)
+      pipe->send(entry.second.data(), count, DataType::kFloat32, 0);
+    return;
+  }
+  const MlpShape& shape = spec.shape;
+  params->assign(shape.param_count(), 0.0f);
+  std::copy_n(mine.begin(), count, params->begin() + offset);
+  for (const auto& [name, values] : named) {
+    state->emplace_back(name, std::vector<float>(shape.param_count()));
+    std::copy_n(values.begin(), count, state->back().second.begin() + offset);
+  }
+  for (int s = 1; s < layout.stages; ++s) {
+    const size_t begin = shape.layer(layout.bounds[s]).weight_offset;
+    const LayerSlice& last = shape.layer(layout.bounds[s + 1] - 1);
+    const size_t theirs = last.bias_offset + last.out - begin;
+    pipe->recv(params->data() + begin, theirs, DataType::kFloat32, s);
+    for (auto& entry : *state)
+      pipe->recv(entry.second.data() + begin, theirs, DataType::kFloat32, s);
+  }
+}
+
+void write_pipeline_record(MetricsWriter& metrics, Communicator* world,
+                           const PipelineLayout& layout, int micro_batches,
+                           PipelineSchedule schedule, bool lead, bool quiet, int64_t step,
+                           int64_t steps, double busy_s, double step_s) {
+  const int ranks = world ? world->size() : 1;
+  // Every rank's compute and step time over the window, gathered so that every stage's
+  // share is known; the bubble is the mean idle fraction.
+  const double mine[2] = {busy_s, step_s};
+  std::vector<double> all(2 * static_cast<size_t>(ranks));
+  world->all_gather(mine, all.data(), 2, DataType::kFloat64);
+  if (!lead) return;
+  nlohmann::json busy = nlohmann::json::array();
+  nlohmann::json idle = nlohmann::json::array();
+  std::string busy_text;
+  double idle_sum = 0;
+  double longest = 0;  // the slowest stage's window
+  for (int s = 0; s < layout.stages; ++s) {
+    double b = 0, t = 0;
+    for (int d = 0; d < layout.replicas; ++d) {
+      b += all[2 * layout.rank_of(s, d)];
+      t += all[2 * layout.rank_of(s, d) + 1];
+    }
+    longest = std::max(longest, t / layout.replicas);
+    const double fraction = t > 0 ? b / t : 0;
+    busy.push_back(b / layout.replicas);
+    idle.push_back((t - b) / layout.replicas);
+    idle_sum += 1 - fraction;
+    busy_text += fmt::format("{}{:.0f}%", s ? " " : "", 100 * fraction);
+  }
+  const double bubble = idle_sum / layout.stages;
+  const double ideal = ideal_bubble(layout.stages, micro_batches);
+  if (!quiet)
+    spdlog::info("pipeline: bubble {:.1f}% (ideal (P-1)/(M+P-1) = {:.1f}%), stages busy {}",
+                 100 * bubble, 100 * ideal, busy_text);
+  metrics.write({{"event", "pipeline"},
+                 {"step", step},
+                 {"stages", layout.stages},
+                 {"micro_batches", micro_batches},
+                 {"schedule", schedule_name(schedule)},
+                 {"busy_s", busy},
+                 {"idle_s", idle},
+                 {"bubble", bubble},
+                 {"ideal_bubble", ideal},
+                 {"steps", steps},
+                 {"step_s", steps > 0 ? longest / static_cast<double>(steps) : 0.0}});
+}
+
+void write_timeline(const TimelineRecorder& timeline, Communicator* world,
+                    const PipelineLayout& layout, bool gpu, bool lead, const std::string& path) {
+  const int ranks = world ? world->size() : 1;
+  if (timeline.dropped() > 0)
+    spdlog::warn("--timeline: kept the first {} spans, {} more not recorded",
+                 timeline.spans().size(), timeline.dropped());
+  const std::vector<std::vector<Span>> all = gather_spans(world, timeline.spans());
+  if (!lead) return;
+  std::vector<std::string> names;
+  for (int r = 0; r < ranks; ++r) {
+    const int stage = r / layout.replicas;
+    names.push_back(layout.stages > 1 ? fmt::format("rank {} (stage {}, replica {})", r, stage,
+                                                    r % layout.replicas)
+                    : gpu             ? fmt::format("rank {} GPU", r)
+                                      : fmt::format("rank {}", r));
+  }
+  write_chrome_trace(path, all, names);
+  spdlog::info("timeline of {} ranks written to {} (open it in https://ui.perfetto.dev)", ranks,
+               path);
+}
+
+std::vector<GpuWindow> gather_gpu_windows(Communicator* world, const GpuWindow& mine) {
+  const int ranks = world ? world->size() : 1;
+  const int rank = world ? world->rank() : 0;
+  // Every rank's window in its own slot; a sum over the world gathers them.
+  std::vector<double> all(static_cast<size_t>(ranks) * kGpuWindowFields, 0.0);
+  pack_window(mine, &all[static_cast<size_t>(rank) * kGpuWindowFields]);
+  sum_over_ranks(world, all.data(), all.size());
+  std::vector<GpuWindow> windows;
+  for (int r = 0; r < ranks; ++r)
+    windows.push_back(unpack_window(&all[static_cast<size_t>(r) * kGpuWindowFields]));
+  return windows;
+}
+
+}  // namespace ddp

@@ -1,0 +1,40 @@
+// What the trainer reports and gathers over the ranks (each function collective over
+// `world` or `pipe`, host buffers: the trainer passes its host views of device
+// communicators): the pipeline's busy and idle time per window, the --timeline file, every
+// rank's GPU monitor window, and the whole model's weights and optimizer state on rank 0.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "collectives/communicator.h"
+#include "engine/gpu_monitor.h"
+#include "engine/metrics.h"
+#include "engine/pipeline/schedule.h"
+#include "engine/stage_runner.h"
+#include "engine/timeline.h"
+
+namespace ddp {
+
+// The whole model's parameters and optimizer state on rank 0 (`lead`; empty elsewhere):
+// with a pipeline, replica 0's stages send theirs to stage 0 over `pipe`, in stage order.
+void gather_whole_model(StageRunner& runner, const PipelineLayout& layout, const StageSpec& spec,
+                        Communicator* pipe, bool lead, std::vector<float>* params,
+                        NamedState* state);
+
+// Every stage's busy and idle time over a window of `steps` steps (this rank's busy_s and
+// step_s), logged and written to `metrics` by rank 0.
+void write_pipeline_record(MetricsWriter& metrics, Communicator* world,
+                           const PipelineLayout& layout, int micro_batches,
+                           PipelineSchedule schedule, bool lead, bool quiet, int64_t step,
+                           int64_t steps, double busy_s, double step_s);
+
+// Every rank's spans in one Chrome trace at `path`, written by rank 0.
+void write_timeline(const TimelineRecorder& timeline, Communicator* world,
+                    const PipelineLayout& layout, bool gpu, bool lead, const std::string& path);
+
+// Every rank's GPU monitor window, at every rank.
+std::vector<GpuWindow> gather_gpu_windows(Communicator* world, const GpuWindow& mine);
+
+}  // namespace ddp

@@ -1,0 +1,194 @@
+// What a run checks and loads before its trainer starts: the data set, the model against
+// it, the rank layout, the outputs, the memory the flags ask for.
+#include "engine/run_setup.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+
+#include <fmt/format.h>
+
+#include "runtime/error.h"
+
+namespace ddp {
+
+Dataset load_dataset(const TrainConfig& config) {
+  if (config.data == "fashion") return load_fashion_mnist(config.data_dir);
+  if (config.data == "npy") return load_npy_dataset(config.data_dir);
+  const MlpShape shape = parse_layers(config.layers);
+  return make_synthetic(config.synthetic_samples,
+                        std::max<int64_t>(1, config.synthetic_samples / 5), shape.input_width(),
+                        shape.num_classes(), config.seed);
+}
+
+void check_model_fits_data(const MlpShape& shape, const TrainConfig& config, const Dataset& data) {
+  DDP_USAGE_CHECK(shape.input_width() == data.train.dim,
+                  "--layers {}: the first width is {} but the {} data has {} features per sample",
+                  config.layers, shape.input_width(), data.name, data.train.dim);
+  // A label past the model's classes is named where it is, not only as a class count.
+  for (const Split* split : {&data.train, &data.test})
+    for (int64_t i = 0; i < split->n && !split->labels_file.empty(); ++i)
+      DDP_USAGE_CHECK(split->y[i] < shape.num_classes(),
+                      "{}: label {} at index {} is out of range for --layers {} (its last width "
+                      "{} means labels 0 to {})",
+                      split->labels_file, split->y[i], i, config.layers, shape.num_classes(),
+                      shape.num_classes() - 1);
+  DDP_USAGE_CHECK(shape.num_classes() >= data.classes,
+                  "--layers {}: the last width is {} but the {} data has {} classes", config.layers,
+                  shape.num_classes(), data.name, data.classes);
+}
+
+int local_batch_of(const TrainConfig& config, int micro_batches, int replicas) {
+  const char* micro_flag = config.pp > 1 ? "--micro-batches" : "--accumulate";
+  DDP_USAGE_CHECK(config.batch_size % micro_batches == 0,
+                  "--batch-size {} is not divisible by {} {}", config.batch_size, micro_flag,
+                  micro_batches);
+  const int micro = config.batch_size / micro_batches;
+  DDP_USAGE_CHECK(
+      micro % replicas == 0,
+      "--batch-size {}: the global batch{} must divide among the {} data-parallel ranks (try {})",
+      config.batch_size,
+      micro_batches > 1 ? fmt::format(" / {} {}", micro_flag, micro_batches) : "", replicas,
+      (micro / replicas + 1) * replicas * micro_batches);
+  return micro / replicas;
+}
+
+PipelineLayout layout_of(const TrainConfig& config, int world, int rank) {
+  const MlpShape shape = parse_layers(config.layers);
+  std::vector<int> bounds;
+  if (!config.partition.empty()) {
+    bounds = parse_partition(config.partition, shape.num_layers());
+  } else {
+    std::vector<double> flops;  // a layer's multiply-adds per sample
+    for (int i = 0; i < shape.num_layers(); ++i)
+      flops.push_back(static_cast<double>(shape.layer(i).in) * shape.layer(i).out);
+    bounds = partition_by_cost(flops, config.pp);
+  }
+  DDP_USAGE_CHECK(config.dp == 0 || config.dp * config.pp == world,
+                  "--dp {} --pp {}: the world has {} rank{}, not dp x pp = {} (give --dp {}, or "
+                  "start {} ranks)",
+                  config.dp, config.pp, world, world == 1 ? "" : "s", config.dp * config.pp,
+                  world % config.pp == 0 ? std::to_string(world / config.pp) : "0",
+                  config.dp * config.pp);
+  return plan_layout(world, rank, config.pp, std::move(bounds));
+}
+
+namespace {
+
+// Creates and removes a scratch file in `dir`; false when that fails.
+bool folder_takes_files(const std::string& dir) {
+  std::string pattern = (dir.empty() ? std::string(".") : dir) + "/.ddp-write-test-XXXXXX";
+  const int fd = ::mkstemp(pattern.data());
+  if (fd < 0) return false;
+  ::close(fd);
+  ::unlink(pattern.c_str());
+  return true;
+}
+
+std::string folder_of(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+}
+
+}  // namespace
+
+void check_outputs_writable(const TrainConfig& config) {
+  const std::pair<const char*, std::string> outputs[] = {{"--save-weights", config.save_weights},
+                                                         {"--metrics", config.metrics},
+                                                         {"--timeline", config.timeline}};
+  for (size_t i = 0; i < std::size(outputs); ++i)
+    for (size_t j = i + 1; j < std::size(outputs); ++j) {
+      const auto& [flag_a, a] = outputs[i];
+      const auto& [flag_b, b] = outputs[j];
+      struct stat sa {
+      }, sb{};
+      const bool same_file = ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 &&
+                             sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+      DDP_USAGE_CHECK(a.empty() || b.empty() || (a != b && !same_file),
+                      "{} {} and {} {}: the same file; each output needs its own path", flag_a, a,
+                      flag_b, b);
+    }
+  for (const auto& [flag, path] : outputs) {
+    if (path.empty()) continue;
+    struct stat info {};
+    DDP_USAGE_CHECK(::stat(path.c_str(), &info) != 0 || !S_ISDIR(info.st_mode),
+                    "{} {}: is a folder; expected a file path", flag, path);
+    DDP_USAGE_CHECK(folder_takes_files(folder_of(path)),
+                    "{} {}: cannot create files in {} ({}); checked before training", flag, path,
+                    folder_of(path), std::strerror(errno));
+  }
+  if (!config.checkpoint_dir.empty()) {
+    ::mkdir(config.checkpoint_dir.c_str(), 0755);
+    DDP_USAGE_CHECK(folder_takes_files(config.checkpoint_dir),
+                    "--checkpoint-dir {}: cannot create files there ({}); checked before training",
+                    config.checkpoint_dir, std::strerror(errno));
+  }
+}
+
+MemoryNeed estimate_memory(const TrainConfig& config) {
+  const MlpShape shape = parse_layers(config.layers);
+  MemoryNeed need;
+  // A stage holds about its share of the layers; the whole model without a pipeline.
+  const double params = static_cast<double>(shape.param_count()) / config.pp;
+  const double states = config.optimizer.kind == OptimizerKind::kAdamW ? 2
+                        : config.optimizer.momentum > 0                ? 1
+                                                                       : 0;
+  // Parameters, gradients and optimizer state in float32 (and the bf16 copy).
+  need.model_bytes =
+      params * 4 * (2 + states) + (config.precision == Precision::kBf16 ? params * 2 : 0);
+  double widths = 0;
+  for (int w : shape.widths())
+    widths += w;
+  const int micro = micro_batches_of(config);
+  const double batch = static_cast<double>(config.batch_size) / micro;
+  // Each layer's output and its gradient, for the micro-batches a stage holds at once.
+  const double live = config.pp > 1 ? std::min(micro, config.pp) : 1;
+  need.activation_bytes = batch * widths * 4 * 2 * live;
+  if (config.data == "synthetic") {
+    const double samples =
+        config.synthetic_samples + std::max<int64_t>(1, config.synthetic_samples / 5);
+    need.data_bytes = samples * (shape.input_width() + 1) * 4;
+  }
+  return need;
+}
+
+namespace {
+std::string gib(double bytes) {
+  return fmt::format("{:.2f} GiB", bytes / (1024.0 * 1024 * 1024));
+}
+}  // namespace
+
+void check_memory_fits(const TrainConfig& config, const MemoryNeed& need, double available,
+                       const std::string& where) {
+  if (available <= 0 || need.total() <= available) return;
+  const std::pair<double, const char*> parts[] = {{need.model_bytes, "--layers"},
+                                                  {need.activation_bytes, "--batch-size"},
+                                                  {need.data_bytes, "--synthetic-samples"}};
+  const auto* largest = std::max_element(std::begin(parts), std::end(parts));
+  throw UsageError(fmt::format(
+      "{} {}: this run needs about {} ({} parameters, gradients and optimizer state, {} "
+      "activations, {} data) but {} has {}; checked before allocating",
+      largest->second,
+      largest->second == std::string("--layers")       ? config.layers
+      : largest->second == std::string("--batch-size") ? std::to_string(config.batch_size)
+                                                       : std::to_string(config.synthetic_samples),
+      gib(need.total()), gib(need.model_bytes), gib(need.activation_bytes), gib(need.data_bytes),
+      where, gib(available)));
+}
+
+double available_host_bytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  double kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return 0;  // unknown: not checked
+}
+
+}  // namespace ddp

@@ -1,0 +1,51 @@
+// What a run checks and loads before its trainer starts: the data set and whether the model
+// fits it, the rank layout of dp x pp, whether every output can be written, and the memory
+// the flags ask for against what the machine has. Pure but for the files it reads.
+#pragma once
+
+#include <string>
+
+#include "engine/config.h"
+#include "engine/pipeline/schedule.h"
+#include "models/dataset.h"
+#include "models/mlp.h"
+
+namespace ddp {
+
+// Checks before any training that every output this rank will write can be written:
+// --save-weights and --metrics (their folder exists and takes a new file; an existing file
+// is not touched), --checkpoint-dir (created if missing, and writable). Throws UsageError
+// naming the flag and the path.
+void check_outputs_writable(const TrainConfig& config);
+
+// What a rank of this run holds, estimated from its flags before anything is allocated.
+struct MemoryNeed {
+  double model_bytes = 0;       // parameters, gradients, optimizer state (+ bf16 copy)
+  double activation_bytes = 0;  // activations and their gradients
+  double data_bytes = 0;        // the data set in memory (synthetic; files are sized as read)
+  double total() const { return model_bytes + activation_bytes + data_bytes; }
+};
+MemoryNeed estimate_memory(const TrainConfig& config);
+// Throws UsageError (exit 2) when `need` exceeds `available` bytes (0: unknown, not
+// checked), naming the flag of the largest part, the bytes and `where` ("this machine").
+void check_memory_fits(const TrainConfig& config, const MemoryNeed& need, double available,
+                       const std::string& where);
+// MemAvailable from /proc/meminfo, in bytes (0 when unknown).
+double available_host_bytes();
+
+// Samples per data-parallel replica per micro-batch (--micro-batches with a pipeline, else
+// --accumulate); throws UsageError naming the flags when the global batch does not divide.
+int local_batch_of(const TrainConfig& config, int micro_batches, int replicas);
+
+// Loads the dataset that `config` names (fashion, npy or synthetic).
+Dataset load_dataset(const TrainConfig& config);
+
+// Throws UsageError naming --layers when the model's input width or class count does not
+// fit the data.
+void check_model_fits_data(const MlpShape& shape, const TrainConfig& config, const Dataset& data);
+
+// The rank layout of `world` ranks for this rank: stages (--pp, --partition or balanced by
+// FLOPs), replicas (--dp, checked against world / pp). Throws UsageError naming the flags.
+PipelineLayout layout_of(const TrainConfig& config, int world, int rank);
+
+}  // namespace ddp
