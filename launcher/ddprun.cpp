@@ -169,9 +169,15 @@ int run(int argc, char** argv) {
     const std::string me = control->local_address();
     control->set(ddp::node_address_key(config.node_rank), me.substr(0, me.rfind(':')));
     if (config.node_rank == 0) {
+      control->set("ddprun/nnodes", std::to_string(config.nnodes));
       ports.program = ddp::free_port("0.0.0.0");
       control->set("ddprun/master_port", std::to_string(ports.program));
     } else {
+      const std::string nnodes = wait_for_key(*control, "ddprun/nnodes", config.timeout);
+      DDP_USAGE_CHECK(nnodes == std::to_string(config.nnodes),
+                      "--nnodes {}: node 0 ({}) started this job with --nnodes {}; every node "
+                      "needs the same --nnodes",
+                      config.nnodes, config.master_addr, nnodes);
       const std::string text = wait_for_key(*control, "ddprun/master_port", config.timeout);
       DDP_CHECK(ddp::parse_number<int>(text).has_value(), "ddprun/master_port in the store: '{}'",
                 text);

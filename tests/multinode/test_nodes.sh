@@ -1,29 +1,52 @@
 #!/usr/bin/env bash
-# Two-node jobs in network namespaces (netns.sh): every node its own address and interface.
+# Multi-node jobs in network namespaces (netns.sh): every node its own address and interface.
 #   test_nodes.sh iface      the README's multi-node command with --iface starts and trains
+#   test_nodes.sh three      3 nodes x 2 workers (dp 6) train to one process's weights (1e-5)
+#   test_nodes.sh pp         dp 2 x pp 2 on 2 nodes x 2 workers, the stages on different
+#                            nodes: one process's weights (1e-5)
 #   test_nodes.sh partition  node 1's link cut mid-run: both nodes exit within --timeout plus
 #                            the grace period, each naming the other node by address
+#   test_nodes.sh killed     node 1's ddprun killed (SIGKILL) mid-run: node 0 ends within
+#                            --timeout plus grace naming node 1, nothing left in any namespace
+#   test_nodes.sh refused    a node with the wrong token, and one with the wrong --nnodes, are
+#                            refused (exit 2) with a line that names what differs
 # Environment: DDPRUN, DDPTRAIN (the binaries). Exit 0 pass, 1 fail, 77 skipped (no
 # namespaces here: not root, or no iproute2).
 set -u
 here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/netns.sh"
-case_name=${1:?usage: test_nodes.sh iface|partition}
+case_name=${1:?usage: test_nodes.sh iface|three|pp|partition|killed|refused}
 mn_available || { echo "skipped: cannot create network namespaces here (needs root and ip)"; exit 77; }
-mn_setup 2 || { echo "FAIL: could not set up the namespaces"; exit 1; }
+nodes=2
+[ "$case_name" = three ] && nodes=3
+mn_setup "$nodes" || { echo "FAIL: could not set up the namespaces"; exit 1; }
 out=$(mktemp -d)
 trap 'mn_cleanup; rm -rf "$out"' EXIT
 export DDP_STORE_TOKEN=multinode-test-token NCCL_NVLS_ENABLE=0 CUDA_VISIBLE_DEVICES=
 port=29611
 fail() { echo "FAIL: $*"; for f in "$out"/*.log; do echo "--- $f"; cat "$f"; done; exit 1; }
 
-# node K runs ddprun ARGS... in the background, its output in $out/node-K.log
+# node K runs ddprun ARGS... in the background, its output in $out/node-K.log; NPROC workers
+# (default 1), NNODES nodes (default: those set up).
 start_node() {
   local k=$1
   shift
-  mn_exec "$k" timeout -k 5 60 "$DDPRUN" --nnodes 2 --node-rank "$k" --master-addr "$(mn_addr 0)" \
-    --master-port "$port" --iface "e$k" --nproc-per-node 1 "$@" > "$out/node-$k.log" 2>&1 &
+  mn_exec "$k" timeout -k 5 60 "$DDPRUN" --nnodes "${NNODES:-$nodes}" --node-rank "$k" \
+    --master-addr "$(mn_addr 0)" --master-port "$port" --iface "e$k" \
+    --nproc-per-node "${NPROC:-1}" "$@" > "$out/node-$k.log" 2>&1 &
   eval "pid_$k=$!"
+}
+# Nothing of the job may be left in any node's namespace.
+nothing_left() {
+  local k
+  for ((k = 0; k < nodes; k++)); do
+    [ -z "$(ip netns pids "$MN_TAG-$k" 2>/dev/null)" ] || fail "processes left in node $k"
+  done
+}
+# The job's weights against one process's (same flags, alone).
+equals_one_process() {
+  "$DDPTRAIN" "$@" --save-weights "$out/one.st" > "$out/one.log" 2>&1 || fail "one process failed"
+  python3 "$here/compare_weights.py" "$out/w.st" "$out/one.st" 1e-5 || fail "weights differ from one process"
 }
 
 train="--data synthetic --layers 16,32,4 --synthetic-samples 512 --batch-size 32 --threads 1"
@@ -39,6 +62,63 @@ case "$case_name" in
     grep -q "store on $(mn_addr 0):$port (--iface e0" "$out/node-0.log" || fail "node 0 did not serve on its interface's address"
     grep -q "rank 0 of 2 (ddprun), collectives over gloo" "$out/node-0.log" || fail "no two-rank job"
     echo "pass: two nodes with --iface trained in ${took}s"
+    ;;
+  three | pp)
+    args=($train --steps 24 --log-every 12 --batch-size 48 --seed 7 --quiet)
+    split=()  # how the job splits the work (one process takes the whole batch)
+    [ "$case_name" = pp ] && { args+=(--layers 16,32,24,4); split=(--pp 2 --micro-batches 4); }
+    # Every rank gets the same flags (rank 0 alone writes the file).
+    for ((k = 0; k < nodes; k++)); do
+      NPROC=2 start_node "$k" -- "$DDPTRAIN" "${args[@]}" "${split[@]}" --save-weights "$out/w.st"
+    done
+    for ((k = 0; k < nodes; k++)); do
+      eval "wait \$pid_$k" || fail "node $k failed"
+    done
+    [ "$case_name" = pp ] && { grep -q "stage 0: .* on ranks 0,1; stage 1: .* on ranks 2,3" "$out/node-0.log" ||
+      fail "the stages are not on different nodes"; }
+    equals_one_process "${args[@]}"
+    nothing_left
+    echo "pass: $case_name on $nodes nodes x 2 workers equals one process"
+    ;;
+  killed)
+    for k in 0 1; do
+      start_node "$k" --timeout 5 --grace-period 2 -- "$DDPTRAIN" $train --steps 1000000 --log-every 200 --timeout 5
+    done
+    for i in $(seq 200); do grep -q "step 200" "$out/node-0.log" 2>/dev/null && break; sleep 0.1; done
+    grep -q "step 200" "$out/node-0.log" || fail "the job never trained"
+    ddprun_1=$(ip netns pids "$MN_TAG-1" | while read -r p; do
+      [ "$(cat /proc/$p/comm 2>/dev/null)" = ddprun ] && echo "$p"; done | head -1)
+    [ -n "$ddprun_1" ] || fail "no ddprun in node 1"
+    kill -9 "$ddprun_1"
+    killed_at=$(date +%s.%N)
+    wait "$pid_0"; rc0=$?
+    t0=$(awk -v a="$(date +%s.%N)" -v b="$killed_at" "BEGIN { printf \"%.2f\", a - b }")
+    echo "node 0 exit $rc0 ${t0}s after node 1's ddprun was killed"
+    [ "$rc0" != 0 ] || fail "node 0 should fail"
+    awk -v a="$t0" 'BEGIN { exit !(a < 12) }' || fail "not within --timeout + grace"
+    grep -Eq "node 1 \($(mn_addr 1)\) stopped answering|rank [01] failed first" "$out/node-0.log" ||
+      fail "node 0 named neither node 1 nor its failed rank"
+    sleep 1
+    nothing_left
+    echo "pass: a killed node ends the job, named"
+    ;;
+  refused)
+    start_node 0 --timeout 5 -- "$DDPTRAIN" $train --steps 2 --timeout 5
+    DDP_STORE_TOKEN=another-token start_node 1 --timeout 5 -- /bin/true
+    wait "$pid_1"; rc1=$?
+    [ "$rc1" = 2 ] || fail "wrong token: node 1 exit $rc1, expected 2"
+    grep -q "wrong token (every node of a job needs the same DDP_STORE_TOKEN)" "$out/node-1.log" ||
+      fail "wrong token not named"
+    cp "$out/node-1.log" "$out/token.log"
+    NNODES=3 start_node 1 --timeout 5 -- /bin/true
+    wait "$pid_1"; rc1=$?
+    [ "$rc1" = 2 ] || fail "wrong --nnodes: node 1 exit $rc1, expected 2"
+    grep -q "nnodes 3: node 0 ($(mn_addr 0)) started this job with --nnodes 2" "$out/node-1.log" ||
+      fail "wrong --nnodes not named"
+    wait "$pid_0"
+    grep -q "store refused a connection from $(mn_addr 1)" "$out/node-0.log" ||
+      fail "node 0 did not report the stranger"
+    echo "pass: a wrong token and a wrong --nnodes are refused, named"
     ;;
   partition)
     for k in 0 1; do
