@@ -37,10 +37,6 @@ std::vector<ParamSpan> param_spans(const MlpShape& shape);
 // the first; a layer is never split. Pure.
 std::vector<Bucket> plan_buckets(const std::vector<ParamSpan>& layers, size_t bucket_bytes,
                                  size_t first_bucket_bytes);
-inline std::vector<Bucket> plan_buckets(const MlpShape& shape, size_t bucket_bytes,
-                                        size_t first_bucket_bytes) {
-  return plan_buckets(param_spans(shape), bucket_bytes, first_bucket_bytes);
-}
 
 // One entry of the engine's own record of a step: what happened, in order.
 struct DdpEvent {

@@ -506,24 +506,6 @@ void CudaMlp::optimizer_step() {
   launch_increment(counter_.data(), stream());
 }
 
-void CudaMlp::train_step(const std::function<void()>& after_backward) {
-  const int micro_batches = options_.accumulate;
-  // The loss of a step is the mean over all its micro-batches' samples.
-  const float scale = 1.0f / static_cast<float>(max_batch_ * micro_batches);
-  run_step([&] {
-    // Gradient sync (the layer hook) starts on the last micro-batch, as its layers finish.
-    std::function<void(int)> hook;
-    std::swap(hook, layer_hook_);  // off until the last micro-batch
-    for (int k = 0; k < micro_batches; ++k) {
-      if (k + 1 == micro_batches) layer_hook_ = hook;
-      forward_backward(scale, /*accumulate=*/k > 0, k);
-    }
-    layer_hook_ = std::move(hook);
-    if (after_backward) after_backward();
-    optimizer_step();
-  });
-}
-
 void CudaMlp::run_step(const std::function<void()>& whole_step) {
   graph_.run(stream(), options_.cuda_graph && !options_.sync_debug && host_split_ == nullptr,
              whole_step);
@@ -531,16 +513,6 @@ void CudaMlp::run_step(const std::function<void()>& whole_step) {
 
 LossSum CudaMlp::take_sums() {
   return sums_->take(DeviceLossSums::kTraining);
-}
-
-CudaMlp::Eval CudaMlp::evaluate_test() {
-  Eval eval;
-  if (test_n_ == 0) return eval;
-  const LossSum m = evaluate_range(0, test_n_);
-  eval.samples = test_n_;
-  eval.loss = m.loss / static_cast<double>(test_n_);
-  eval.accuracy = static_cast<double>(m.correct) / static_cast<double>(test_n_);
-  return eval;
 }
 
 LossSum CudaMlp::evaluate_range(int64_t begin, int64_t end) {

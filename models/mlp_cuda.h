@@ -97,20 +97,14 @@ class CudaMlp {
   void forward_backward(float grad_scale, bool accumulate = false, int micro = 0);
   // The optimizer on the flat buffers with the current step's scalars, then the step counter
   // moves on. Stream-ordered. With set_optimizer_in_hooks(true) only the counter moves: the
-  // caller has updated every parameter with optimizer_range() (after_backward of train_step
-  // joins those updates back into stream()).
+  // caller has updated every parameter with optimizer_range() (and joined those updates back
+  // into stream()).
   void optimizer_step();
   // The optimizer on parameters [offset, offset + count) of the flat buffers, on `stream`,
   // with the current step's scalars: elementwise, so any partition of the buffer gives
   // bitwise the whole-buffer result.
   void optimizer_range(size_t offset, size_t count, cudaStream_t stream);
   void set_optimizer_in_hooks(bool on) { optimizer_in_hooks_ = on; }
-  // forward_backward(1/(batch x accumulate)) of every micro-batch (the layer hook only during
-  // the last), after_backward() (data parallelism enqueues its bucket all-reduces there and
-  // makes the stream wait for them), optimizer_step(); replayed from a
-  // CUDA graph after the first step when graphs are on, NCCL calls included. Host code in
-  // the hooks runs only for the eager first step and the captured second.
-  void train_step(const std::function<void()>& after_backward = {});
   // Runs `whole_step` (one step's work on stream()): eagerly for the first step, captured
   // into a CUDA graph for the second and replayed from it afterwards (without calling
   // `whole_step`) when graphs are on; eagerly every time otherwise (host staging, sync_debug).
@@ -121,13 +115,6 @@ class CudaMlp {
   // Training loss summed and hits counted since the last call (synchronises the stream).
   LossSum take_sums();
 
-  // Accuracy and mean loss on the test split (synchronous; no gradients).
-  struct Eval {
-    double loss = 0;
-    double accuracy = 0;
-    int64_t samples = 0;
-  };
-  Eval evaluate_test();
   // Loss sum and hits over test samples [begin, end) (synchronous; no gradients).
   LossSum evaluate_range(int64_t begin, int64_t end);
 

@@ -260,7 +260,11 @@ std::vector<float> gpu_steps(const MlpShape& shape, const Dataset& data, const O
   gpu.upload_schedule(indices.data(), steps.data(), k);
   if (staged) gpu.stage_batch(indices.data());
   for (int t = 0; t < k; ++t) {
-    gpu.train_step();
+    // One step as the trainer runs it: forward and backward of the batch, then the optimizer.
+    gpu.run_step([&] {
+      gpu.forward_backward(1.0f / static_cast<float>(batch));
+      gpu.optimizer_step();
+    });
     if (staged && t + 1 < k) gpu.stage_batch(indices.data() + static_cast<size_t>(t + 1) * batch);
   }
   std::vector<float> params(shape.param_count());
