@@ -289,12 +289,18 @@ class GpuModelRunner final : public StageRunner {
   void set_up_hooks() {
     hooks_ready_ = true;
     // The optimizer overlapped with backward (--overlap-optimizer; else one pass after it).
-    if (config_.overlap_optimizer && !(ddp_ && !config_.overlap))
-      overlapped_ =
-          std::make_unique<OptimizerOverlap>(*model_,
-                                             ddp_ ? OptimizerOverlap::of_buckets(ddp_->buckets())
-                                                  : OptimizerOverlap::of_layers(shape_),
-                                             ddp_);
+    if (config_.overlap_optimizer && !(ddp_ && !config_.overlap)) {
+      model_->set_optimizer_in_hooks(true);
+      CudaMlp* model = model_.get();
+      overlapped_ = std::make_unique<OptimizerOverlap>(
+          model->stream(),
+          [model](size_t offset, size_t count, cudaStream_t stream) {
+            model->optimizer_range(offset, count, stream);
+          },
+          ddp_ ? OptimizerOverlap::of_buckets(ddp_->buckets())
+               : OptimizerOverlap::of_layers(param_spans(shape_)),
+          ddp_);
+    }
     if (!config_.timeline.empty()) {
       timeline_ = std::make_unique<GpuTimeline>(*model_, shape_.num_layers(),
                                                 ddp_ ? ddp_->buckets().size() : 0);

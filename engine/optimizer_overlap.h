@@ -2,11 +2,14 @@
 // backward (and its all-reduce) is done with it, on a side stream.
 #pragma once
 
+#include <cuda_runtime.h>
+
 #include <cstddef>
+#include <functional>
 #include <vector>
 
 #include "engine/ddp.h"
-#include "models/mlp_cuda.h"
+#include "runtime/cuda_check.h"
 #include "runtime/device_buffer.h"
 
 namespace ddp {
@@ -17,23 +20,30 @@ namespace ddp {
 // gradients: the hook of the next lower layer, or the end of backward) and, with data
 // parallelism, its average is in place. The ranges' updates are the same elementwise
 // arithmetic as one pass over the buffer: the weights are bitwise those of the plain
-// optimizer. The side stream joins stream() again before the step ends.
+// optimizer. The side stream joins the compute stream again at the end of backward. Used by
+// the whole model's runner and by a pipeline stage's alike.
 class OptimizerOverlap {
  public:
   struct Range {
     size_t offset = 0, count = 0;  // parameters (elements of the flat buffers)
     int first_layer = 0;           // lowest layer in the range
   };
+  // The optimizer on parameters [offset, offset + count) on a stream, with the step's
+  // scalars (the model's or the stage's optimizer_range).
+  using Update = std::function<void(size_t offset, size_t count, cudaStream_t stream)>;
   // `ranges` in the order backward finishes them (last layers first); with `ddp`, its
-  // buckets in its order.
-  OptimizerOverlap(CudaMlp& model, std::vector<Range> ranges, Ddp* ddp)
-      : model_(model), ranges_(std::move(ranges)), ddp_(ddp), ready_(ranges_.size()) {
-    model_.set_optimizer_in_hooks(true);
-  }
-  static std::vector<Range> of_layers(const MlpShape& shape) {
+  // buckets in its order. `compute`: the stream backward runs on.
+  OptimizerOverlap(cudaStream_t compute, Update update, std::vector<Range> ranges, Ddp* ddp)
+      : compute_(compute),
+        update_(std::move(update)),
+        ranges_(std::move(ranges)),
+        ddp_(ddp),
+        ready_(ranges_.size()) {}
+  // One range a layer, the last layer first: `spans[i]` is layer i's (offsets into the
+  // buffer the update works on).
+  static std::vector<Range> of_layers(const std::vector<ParamSpan>& spans) {
     std::vector<Range> ranges;
-    const std::vector<ParamSpan> spans = param_spans(shape);
-    for (int i = shape.num_layers() - 1; i >= 0; --i)
+    for (int i = static_cast<int>(spans.size()) - 1; i >= 0; --i)
       ranges.push_back({spans[i].offset, spans[i].count, i});
     return ranges;
   }
@@ -51,24 +61,33 @@ class OptimizerOverlap {
            (ddp_ == nullptr || next_ < ddp_->issued()))
       apply(next_++);
   }
-  // After backward (and Ddp::end_backward): the rest, then the side stream joins stream().
+  // After backward (and Ddp::end_backward): the rest, then the side stream joins the compute
+  // stream (apply_rest, then join; a pipeline stage joins later, at its optimizer step, so
+  // that its last gradient's send does not wait for the updates).
   void end_backward() {
+    apply_rest();
+    join();
+  }
+  void apply_rest() {
     while (next_ < ranges_.size())
       apply(next_++);
+  }
+  void join() {
     if (ddp_ != nullptr) ddp_->finish(side_.get());
     DDP_CUDA_CHECK(cudaEventRecord(joined_.get(), side_.get()));
-    DDP_CUDA_CHECK(cudaStreamWaitEvent(model_.stream(), joined_.get(), 0));
+    DDP_CUDA_CHECK(cudaStreamWaitEvent(compute_, joined_.get(), 0));
   }
 
  private:
   void apply(size_t i) {
-    DDP_CUDA_CHECK(cudaEventRecord(ready_[i].get(), model_.stream()));
+    DDP_CUDA_CHECK(cudaEventRecord(ready_[i].get(), compute_));
     DDP_CUDA_CHECK(cudaStreamWaitEvent(side_.get(), ready_[i].get(), 0));
     if (ddp_ != nullptr) ddp_->pending(i).then_on(side_.get());
-    model_.optimizer_range(ranges_[i].offset, ranges_[i].count, side_.get());
+    update_(ranges_[i].offset, ranges_[i].count, side_.get());
   }
 
-  CudaMlp& model_;
+  cudaStream_t compute_;
+  Update update_;
   std::vector<Range> ranges_;
   Ddp* ddp_;
   std::vector<CudaEvent> ready_;  // one per range: backward is done with it

@@ -13,6 +13,7 @@
 
 #include "engine/ddp.h"
 #include "engine/ddp_device.h"
+#include "engine/optimizer_overlap.h"
 #include "engine/stage_runner.h"
 #include "engine/step_watchdog.h"
 #include "engine/timeline.h"
@@ -60,9 +61,17 @@ class GpuRunner final : public StageRunner {
     }
     busy_what_.resize(busy_start_.size());
     if (config.overlap_optimizer) {
-      side_ = std::make_unique<CudaStream>();
+      // One range a layer of this stage, offsets into the stage's own buffers.
+      std::vector<ParamSpan> spans;
       for (int i = spec.first; i < spec.end; ++i)
-        layer_ready_.push_back(std::make_unique<CudaEvent>());
+        spans.push_back(
+            {spec.shape.layer(i).weight_offset - spec.param_offset(), spec.shape.layer(i).count()});
+      overlapped_ = std::make_unique<OptimizerOverlap>(
+          stage_.stream(),
+          [this](size_t offset, size_t count, cudaStream_t stream) {
+            stage_.optimizer_range(offset, count, opt_step_.data(), stream);
+          },
+          OptimizerOverlap::of_layers(spans), nullptr);
     }
     for (Communicator* c : {links.activations, links.gradients})
       if (c != nullptr) c->set_compute_stream(stage_.stream());
@@ -82,11 +91,11 @@ class GpuRunner final : public StageRunner {
   void params_changed() override { stage_.refresh_low_precision_params(); }
   void* stream() override { return stage_.stream(); }
   void prepare_ddp(Ddp& ddp, uint64_t fingerprint, const std::string& description) override {
-    if (side_ && spec_.stage == 0)
+    if (overlapped_ && spec_.stage == 0)
       spdlog::info(
           "--overlap-optimizer: not with data parallelism in a pipeline; one pass after "
           "the gradients are reduced");
-    side_.reset();  // the update would have to wait for each bucket's all-reduce
+    overlapped_.reset();  // the update would have to wait for each bucket's all-reduce
     bf16_grads_ = prepare_device_ddp(ddp, stage_.stream(), fingerprint, description,
                                      config_.grad_reduce == GradReduce::kBf16, spec_.param_count());
   }
@@ -169,15 +178,16 @@ class GpuRunner final : public StageRunner {
     (void)micro;
     wait_for(&grad_sent_[slot]);  // grad_input(slot) of an earlier micro-batch is sent
     busy_begin(SpanKind::kBackward, micro);
-    if (++backwards_ == spec_.micro_batches && side_) {
+    if (++backwards_ == spec_.micro_batches && overlapped_) {
       // The step's last backward: each layer is updated on the side stream as soon as
       // backward no longer reads it (its input gradient, which reads its weights, is enqueued
       // before the next lower layer's hook), beside the layers below.
+      overlapped_->begin_step();
       stage_.backward(slot, spec_.batch, accumulate, [&](int local) {
         if (on_layer_done) on_layer_done(local);
-        if (local + 1 < spec_.end - spec_.first) update_layer(local + 1);
+        overlapped_->layer_done(local);
       });
-      update_layer(0);
+      overlapped_->apply_rest();  // joined at the optimizer step, as before
     } else {
       stage_.backward(slot, spec_.batch, accumulate, on_layer_done);
     }
@@ -195,12 +205,11 @@ class GpuRunner final : public StageRunner {
   }
   bool grads_nonfinite() override { return false; }
   void optimizer_step() override {
-    if (side_) {  // the updates were issued during the last backward: join them
-      DDP_CUDA_CHECK(cudaEventRecord(side_done_.get(), side_->get()));
-      DDP_CUDA_CHECK(cudaStreamWaitEvent(stage_.stream(), side_done_.get(), 0));
-    } else {
+    // With --overlap-optimizer the updates ran during the last backward: join them.
+    if (overlapped_)
+      overlapped_->join();
+    else
       stage_.optimizer_step(opt_step_.data());
-    }
     ++optimizer_steps_;
   }
   void run_step(int64_t step, const std::function<void()>& enqueue) override {
@@ -278,15 +287,6 @@ class GpuRunner final : public StageRunner {
     return options;
   }
   size_t count(int width) const { return static_cast<size_t>(spec_.batch) * width; }
-  // --overlap-optimizer: layer `local`'s weights and bias updated on the side stream after
-  // what the compute stream has enqueued so far (their last gradients and every read).
-  void update_layer(int local) {
-    const LayerSlice& layer = spec_.shape.layer(spec_.first + local);
-    DDP_CUDA_CHECK(cudaEventRecord(layer_ready_[local]->get(), stage_.stream()));
-    DDP_CUDA_CHECK(cudaStreamWaitEvent(side_->get(), layer_ready_[local]->get(), 0));
-    stage_.optimizer_range(layer.weight_offset - spec_.param_offset(), layer.count(),
-                           opt_step_.data(), side_->get());
-  }
   void wait_for(std::unique_ptr<Work>* work) {
     if (*work) (*work)->then_on(stage_.stream());
     work->reset();
@@ -336,11 +336,9 @@ class GpuRunner final : public StageRunner {
   int captured_marks_ = 0;  // and in the captured step
   int64_t last_step_ = 0;
   int64_t optimizer_steps_ = 0;
-  int backwards_ = 0;                 // this step's, so far
-  std::unique_ptr<CudaStream> side_;  // --overlap-optimizer without data parallelism
-  std::vector<std::unique_ptr<CudaEvent>> layer_ready_;
-  CudaEvent side_done_;
-  StepGraph graph_;  // the step, captured at the second and replayed
+  int backwards_ = 0;                             // this step's, so far
+  std::unique_ptr<OptimizerOverlap> overlapped_;  // --overlap-optimizer without dp
+  StepGraph graph_;                               // the step, captured at the second and replayed
   std::unique_ptr<StepWatchdog> watchdog_;
 };
 
