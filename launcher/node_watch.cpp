@@ -105,7 +105,9 @@ void NodeWatch::poll_once(double now_s) {
   ++polls_;
   generation_ = generation;
   others_finished_ = all_finished;
-  if (ended)
+  // This node's own end (its ddprun wrote it, and waits for the others) is no verdict on it.
+  const bool ended_here = ended && ended->rfind(fmt::format("node {} (", node_rank_), 0) == 0;
+  if (ended && !ended_here)
     fatal_ = {fmt::format("the job was ended by {}", *ended), true};
   else if (!gone.empty())
     fatal_ = {gone, true};
