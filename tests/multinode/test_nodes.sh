@@ -36,6 +36,17 @@ start_node() {
     --nproc-per-node "${NPROC:-1}" "$@" > "$out/node-$k.log" 2>&1 &
   eval "pid_$k=$!"
 }
+# Both nodes train for good (--timeout 5 for ddprun and the workers, grace 2), until node 0
+# has logged step 200.
+start_long_job() {
+  local k i
+  for k in 0 1; do
+    start_node "$k" --timeout 5 --grace-period 2 -- "$DDPTRAIN" $train --steps 1000000 \
+      --log-every 200 --timeout 5
+  done
+  for i in $(seq 200); do grep -q "step 200" "$out/node-0.log" 2>/dev/null && break; sleep 0.1; done
+  grep -q "step 200" "$out/node-0.log" || fail "the job never trained"
+}
 # Nothing of the job may be left in any node's namespace.
 nothing_left() {
   local k
@@ -81,11 +92,7 @@ case "$case_name" in
     echo "pass: $case_name on $nodes nodes x 2 workers equals one process"
     ;;
   killed)
-    for k in 0 1; do
-      start_node "$k" --timeout 5 --grace-period 2 -- "$DDPTRAIN" $train --steps 1000000 --log-every 200 --timeout 5
-    done
-    for i in $(seq 200); do grep -q "step 200" "$out/node-0.log" 2>/dev/null && break; sleep 0.1; done
-    grep -q "step 200" "$out/node-0.log" || fail "the job never trained"
+    start_long_job
     ddprun_1=$(ip netns pids "$MN_TAG-1" | while read -r p; do
       [ "$(cat /proc/$p/comm 2>/dev/null)" = ddprun ] && echo "$p"; done | head -1)
     [ -n "$ddprun_1" ] || fail "no ddprun in node 1"
@@ -121,11 +128,7 @@ case "$case_name" in
     echo "pass: a wrong token and a wrong --nnodes are refused, named"
     ;;
   partition)
-    for k in 0 1; do
-      start_node "$k" --timeout 5 --grace-period 2 -- "$DDPTRAIN" $train --steps 1000000 --log-every 200 --timeout 5
-    done
-    for i in $(seq 200); do grep -q "step 200" "$out/node-0.log" 2>/dev/null && break; sleep 0.1; done
-    grep -q "step 200" "$out/node-0.log" || fail "the job never trained"
+    start_long_job
     mn_cut 1
     cut_at=$(date +%s.%N)
     wait "$pid_0"; rc0=$?; end0=$(date +%s.%N)
