@@ -224,7 +224,6 @@ const std::vector<Flag>& flags() {
                  nullptr,
                  [](C& c, const std::string& v) {
                    c.optimizer.weight_decay = parse_value<float>("weight-decay", v);
-                   c.weight_decay_given = true;
                  },
                  "weight-decay",
                  [](const C& c) { return nlohmann::json(shortest(c.optimizer.weight_decay)); }});
@@ -417,7 +416,7 @@ bool parse_train_args(int argc, char** argv, TrainConfig* config) {
     DDP_USAGE_CHECK(!result.count("epochs"), "--steps and --epochs: give one or the other");
     DDP_USAGE_CHECK(c.steps > 0, "--steps {}: expected a positive number of steps", c.steps);
   }
-  if (!c.weight_decay_given)
+  if (!result.count("weight-decay"))  // torch.optim's defaults
     c.optimizer.weight_decay = c.optimizer.kind == OptimizerKind::kAdamW ? 0.01f : 0.0f;
   validate(c);
   return true;

@@ -41,7 +41,6 @@ struct TrainConfig {
   LrSchedule lr_schedule = LrSchedule::kCosine;
   int64_t warmup_steps = 0;
   OptimizerConfig optimizer;        // kind, momentum, weight decay, betas, eps
-  bool weight_decay_given = false;  // --weight-decay given; else the optimizer's default
   uint64_t seed = 0;
   bool shuffle = true;
   std::string init_weights;
