@@ -95,4 +95,51 @@ std::unique_ptr<LtMatmul> make_plan(cublasLtHandle_t handle, MatmulSpec spec, si
   return plan;
 }
 
+MatmulSpec linear_forward_spec(const LinearProducts& p, const void* weight, const void* input,
+                               void* output, void* bias, void* aux, int64_t aux_ld) {
+  MatmulSpec f;
+  f.trans_a = true;
+  f.m = p.out, f.n = p.batch, f.k = p.in;
+  f.lda = p.in, f.ldb = p.in, f.ldd = p.out;
+  f.a_type = p.act_type, f.b_type = p.act_type, f.d_type = p.hidden ? p.act_type : CUDA_R_32F;
+  f.compute = p.compute;
+  f.a = weight, f.b = input, f.d = output;
+  f.bias = bias;
+  f.epilogue = p.hidden ? CUBLASLT_EPILOGUE_RELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS;
+  f.aux = p.hidden ? aux : nullptr;
+  f.aux_ld = aux_ld;
+  return f;
+}
+
+MatmulSpec linear_weight_grad_spec(const LinearProducts& p, const void* input,
+                                   const void* grad_output, void* grad_weight, void* grad_bias) {
+  MatmulSpec w;
+  w.trans_b = true;
+  w.m = p.in, w.n = p.out, w.k = p.batch;
+  w.lda = p.in, w.ldb = p.out, w.ldd = p.in;
+  w.a_type = p.act_type, w.b_type = p.act_type, w.d_type = CUDA_R_32F;
+  w.compute = p.compute;
+  w.a = input, w.b = grad_output, w.d = grad_weight;
+  w.bias = grad_bias;
+  w.epilogue = CUBLASLT_EPILOGUE_BGRADB;
+  return w;
+}
+
+MatmulSpec linear_input_grad_spec(const LinearProducts& p, const void* weight,
+                                  const void* grad_output, void* grad_input, void* below_aux,
+                                  int64_t below_aux_ld) {
+  MatmulSpec x;
+  x.m = p.in, x.n = p.batch, x.k = p.out;
+  x.lda = p.in, x.ldb = p.out, x.ldd = p.in;
+  x.a_type = p.act_type, x.b_type = p.act_type, x.d_type = p.act_type;
+  x.compute = p.compute;
+  x.a = weight, x.b = grad_output, x.d = grad_input;
+  if (below_aux != nullptr) {
+    x.epilogue = CUBLASLT_EPILOGUE_DRELU;
+    x.aux = below_aux;
+    x.aux_ld = below_aux_ld;
+  }
+  return x;
+}
+
 }  // namespace ddp

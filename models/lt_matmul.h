@@ -87,6 +87,27 @@ class LtMatmul {
   bool available_ = false;
 };
 
+// The three products of one Linear layer (weights [out, in] row-major, activations
+// [batch, width]), as CudaMlp and CudaStage build them; only the buffers differ.
+struct LinearProducts {
+  int64_t in = 0, out = 0, batch = 0;
+  cudaDataType_t act_type = CUDA_R_32F;  // activations and their gradients (bf16 or float32)
+  cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
+  bool hidden = true;  // a ReLU follows (its output in act_type; else float32 logits)
+};
+// output = relu(weight x input + bias) (hidden; the ReLU mask into `aux`, its leading
+// dimension aux_ld) or weight x input + bias (the last layer, float32).
+MatmulSpec linear_forward_spec(const LinearProducts& p, const void* weight, const void* input,
+                               void* output, void* bias, void* aux, int64_t aux_ld);
+// grad_weight = grad_output^T x input and grad_bias = its column sums (BGRADB).
+MatmulSpec linear_weight_grad_spec(const LinearProducts& p, const void* input,
+                                   const void* grad_output, void* grad_weight, void* grad_bias);
+// grad_input = weight^T x grad_output, with the layer below's ReLU derivative (DRELU, its
+// mask `below_aux`) when `below_aux` is not null.
+MatmulSpec linear_input_grad_spec(const LinearProducts& p, const void* weight,
+                                  const void* grad_output, void* grad_input, void* below_aux,
+                                  int64_t below_aux_ld);
+
 // Builds the fused plan and, when cuBLASLt has no algorithm for it (or `fused` is false),
 // the plain one with `plain_epilogue`; throws when neither has an algorithm.
 std::unique_ptr<LtMatmul> make_plan(cublasLtHandle_t handle, MatmulSpec spec, size_t ws, bool fused,

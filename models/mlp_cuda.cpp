@@ -94,18 +94,12 @@ void CudaMlp::build_plans(int batch) {
     void* dz = grad_buffer((last - i) % 2);
     void* dx = grad_buffer((last - i + 1) % 2);
 
-    MatmulSpec f;
-    f.trans_a = true;
-    f.m = l.out, f.n = batch, f.k = l.in;
-    f.lda = l.in, f.ldb = l.in, f.ldd = l.out;
-    f.a_type = act_type, f.b_type = act_type, f.d_type = hidden ? act_type : CUDA_R_32F;
-    f.compute = compute;
-    f.a = weight(i), f.b = input, f.d = act(i);
-    f.bias = hidden ? weights_->for_products(l.bias_offset)
-                    : static_cast<void*>(weights_->params() + l.bias_offset);
-    f.epilogue = hidden ? CUBLASLT_EPILOGUE_RELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS;
-    f.aux = hidden ? aux_[i].data() : nullptr;
-    f.aux_ld = aux_ld_[i];
+    const LinearProducts p{l.in, l.out, batch, act_type, compute, hidden};
+    const MatmulSpec f =
+        linear_forward_spec(p, weight(i), input, act(i),
+                            hidden ? weights_->for_products(l.bias_offset)
+                                   : static_cast<void*>(weights_->params() + l.bias_offset),
+                            hidden ? aux_[i].data() : nullptr, aux_ld_[i]);
     // Without the mask output the forward still fuses bias and ReLU; backward then masks
     // with a kernel.
     plans.forward.push_back(
@@ -113,15 +107,8 @@ void CudaMlp::build_plans(int batch) {
     if (!fused && hidden)
       plans.forward.back() = make_plan(lt_, f, ws, false, CUBLASLT_EPILOGUE_RELU_BIAS);
 
-    MatmulSpec w;
-    w.trans_b = true;
-    w.m = l.in, w.n = l.out, w.k = batch;
-    w.lda = l.in, w.ldb = l.out, w.ldd = l.in;
-    w.a_type = act_type, w.b_type = act_type, w.d_type = CUDA_R_32F;
-    w.compute = compute;
-    w.a = input, w.b = dz, w.d = weights_->grads() + l.weight_offset;
-    w.bias = weights_->grads() + l.bias_offset;
-    w.epilogue = CUBLASLT_EPILOGUE_BGRADB;
+    const MatmulSpec w = linear_weight_grad_spec(p, input, dz, weights_->grads() + l.weight_offset,
+                                                 weights_->grads() + l.bias_offset);
     plans.dw.push_back(make_plan(lt_, w, ws, fused, CUBLASLT_EPILOGUE_DEFAULT));
     plans.dw_plain.push_back(options_.autotune && batch == max_batch_
                                  ? make_plan(lt_, w, ws, false, CUBLASLT_EPILOGUE_DEFAULT)
@@ -137,15 +124,8 @@ void CudaMlp::build_plans(int batch) {
     if (i > 0) {
       const bool below_has_mask =
           plans.forward[i - 1]->epilogue() == CUBLASLT_EPILOGUE_RELU_AUX_BIAS;
-      MatmulSpec x;
-      x.m = l.in, x.n = batch, x.k = l.out;
-      x.lda = l.in, x.ldb = l.out, x.ldd = l.in;
-      x.a_type = act_type, x.b_type = act_type, x.d_type = act_type;
-      x.compute = compute;
-      x.a = weight(i), x.b = dz, x.d = dx;
-      x.epilogue = CUBLASLT_EPILOGUE_DRELU;
-      x.aux = aux_[i - 1].data();
-      x.aux_ld = aux_ld_[i - 1];
+      const MatmulSpec x =
+          linear_input_grad_spec(p, weight(i), dz, dx, aux_[i - 1].data(), aux_ld_[i - 1]);
       plans.dx.push_back(make_plan(lt_, x, ws, fused && below_has_mask, CUBLASLT_EPILOGUE_DEFAULT));
       plans.dx_plain.push_back(options_.autotune && batch == max_batch_
                                    ? make_plan(lt_, x, ws, false, CUBLASLT_EPILOGUE_DEFAULT)

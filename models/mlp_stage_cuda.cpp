@@ -97,33 +97,21 @@ const CudaStage::Plans& CudaStage::plans(int slot, int batch) {
   for (int i = first_; i < end_; ++i) {
     const LayerSlice& l = shape_.layer(i);
     const int local = i - first_;
-    MatmulSpec f;
-    f.trans_a = true;
-    f.m = l.out, f.n = batch, f.k = l.in;
-    f.lda = l.in, f.ldb = l.in, f.ldd = l.out;
-    f.a_type = act_type, f.b_type = act_type, f.d_type = hidden(i) ? act_type : CUDA_R_32F;
-    f.compute = compute;
-    f.a = weight(i), f.b = layer_input(slot, i), f.d = act(slot, i);
-    f.bias = hidden(i) ? weights_->for_products(l.bias_offset - base)
-                       : static_cast<void*>(weights_->params() + l.bias_offset - base);
-    f.epilogue = hidden(i) ? CUBLASLT_EPILOGUE_RELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS;
-    f.aux = hidden(i) ? slots_[slot].aux[local].data() : nullptr;
-    f.aux_ld = aux_ld_[local];
+    const LinearProducts p{l.in, l.out, batch, act_type, compute, hidden(i)};
+    const MatmulSpec f = linear_forward_spec(
+        p, weight(i), layer_input(slot, i), act(slot, i),
+        hidden(i) ? weights_->for_products(l.bias_offset - base)
+                  : static_cast<void*>(weights_->params() + l.bias_offset - base),
+        hidden(i) ? slots_[slot].aux[local].data() : nullptr, aux_ld_[local]);
     // The stage's last hidden layer needs no mask: the gradient it receives is masked by a
     // kernel from its output.
     const bool mask = hidden(i) && fused && i + 1 < end_;
     plans.forward.push_back(make_plan(
         lt_, f, ws, mask, hidden(i) ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS));
 
-    MatmulSpec w;
-    w.trans_b = true;
-    w.m = l.in, w.n = l.out, w.k = batch;
-    w.lda = l.in, w.ldb = l.out, w.ldd = l.in;
-    w.a_type = act_type, w.b_type = act_type, w.d_type = CUDA_R_32F;
-    w.compute = compute;
-    w.a = layer_input(slot, i), w.b = dz(slot, i), w.d = weights_->grads() + l.weight_offset - base;
-    w.bias = weights_->grads() + l.bias_offset - base;
-    w.epilogue = CUBLASLT_EPILOGUE_BGRADB;
+    const MatmulSpec w = linear_weight_grad_spec(p, layer_input(slot, i), dz(slot, i),
+                                                 weights_->grads() + l.weight_offset - base,
+                                                 weights_->grads() + l.bias_offset - base);
     plans.dw.push_back(make_plan(lt_, w, ws, fused, CUBLASLT_EPILOGUE_DEFAULT));
     // Accumulation adds the product (beta = 1); the bias gradient is then our kernel's.
     MatmulSpec wa = w;
@@ -131,24 +119,19 @@ const CudaStage::Plans& CudaStage::plans(int slot, int batch) {
     plans.dw_accumulate.push_back(make_plan(lt_, wa, ws, false, CUBLASLT_EPILOGUE_DEFAULT));
 
     if (i > first_ || !is_first()) {
-      MatmulSpec x;
-      x.m = l.in, x.n = batch, x.k = l.out;
-      x.lda = l.in, x.ldb = l.out, x.ldd = l.in;
-      x.a_type = act_type, x.b_type = act_type, x.d_type = act_type;
-      x.compute = compute;
-      x.a = weight(i), x.b = dz(slot, i);
       if (i > first_) {
         // The layer below's ReLU derivative, fused when its forward wrote the mask.
         const bool below_has_mask =
             plans.forward[local - 1]->epilogue() == CUBLASLT_EPILOGUE_RELU_AUX_BIAS;
-        x.d = dz(slot, i - 1);
-        x.epilogue = CUBLASLT_EPILOGUE_DRELU;
-        x.aux = slots_[slot].aux[local - 1].data();
-        x.aux_ld = aux_ld_[local - 1];
+        const MatmulSpec x =
+            linear_input_grad_spec(p, weight(i), dz(slot, i), dz(slot, i - 1),
+                                   slots_[slot].aux[local - 1].data(), aux_ld_[local - 1]);
         plans.dx.push_back(
             make_plan(lt_, x, ws, fused && below_has_mask, CUBLASLT_EPILOGUE_DEFAULT));
       } else {
-        x.d = grad_input(slot);  // for the previous stage, which masks it
+        // For the previous stage, which masks it.
+        const MatmulSpec x =
+            linear_input_grad_spec(p, weight(i), dz(slot, i), grad_input(slot), nullptr, 0);
         plans.dx.push_back(make_plan(lt_, x, ws, false, CUBLASLT_EPILOGUE_DEFAULT));
       }
     } else {
