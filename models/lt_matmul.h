@@ -9,6 +9,7 @@
 #include <memory>
 #include <vector>
 
+#include "models/precision.h"
 #include "runtime/error.h"
 
 namespace ddp {
@@ -41,6 +42,24 @@ struct MatmulSpec {
   void* aux = nullptr;
   int64_t aux_ld = 0;
   float beta = 0.0f;
+};
+
+// Owns a cuBLASLt handle: created with the object, destroyed with it (after the plans made
+// from it, when it is declared before them). Move-only.
+class LtHandle {
+ public:
+  LtHandle() { DDP_CUBLAS_CHECK(cublasLtCreate(&handle_)); }
+  ~LtHandle() {
+    if (handle_ != nullptr) cublasLtDestroy(handle_);
+  }
+  LtHandle(LtHandle&& other) noexcept : handle_(other.handle_) { other.handle_ = nullptr; }
+  LtHandle& operator=(LtHandle&&) = delete;
+  LtHandle(const LtHandle&) = delete;
+  LtHandle& operator=(const LtHandle&) = delete;
+  operator cublasLtHandle_t() const { return handle_; }
+
+ private:
+  cublasLtHandle_t handle_ = nullptr;
 };
 
 // One matrix product with fixed pointers: descriptors and algorithm chosen once.
@@ -86,6 +105,17 @@ class LtMatmul {
   size_t chosen_ = 0;
   bool available_ = false;
 };
+
+// What the products of `precision` read and compute in: bf16 or float32 activations; TF32
+// tensor cores for tf32, float32 arithmetic otherwise.
+struct ProductTypes {
+  cudaDataType_t act = CUDA_R_32F;
+  cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
+};
+inline ProductTypes product_types(Precision precision) {
+  return {precision == Precision::kBf16 ? CUDA_R_16BF : CUDA_R_32F,
+          precision == Precision::kTf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F};
+}
 
 // The three products of one Linear layer (weights [out, in] row-major, activations
 // [batch, width]), as CudaMlp and CudaStage build them; only the buffers differ.

@@ -88,4 +88,10 @@ void init_params(const MlpShape& shape, uint64_t seed, float* params) {
   }
 }
 
+StageLayers::StageLayers(MlpShape shape, int first, int end)
+    : shape_(std::move(shape)), first_(first), end_(end) {
+  DDP_CHECK(0 <= first_ && first_ < end_ && end_ <= shape_.num_layers(),
+            "stage of layers [{}, {}) of a {}-layer model", first_, end_, shape_.num_layers());
+}
+
 }  // namespace ddp

@@ -41,6 +41,33 @@ class MlpShape {
   size_t param_count_ = 0;
 };
 
+// Layers [first, end) of a model: what a pipeline stage is made of (on the CPU or the GPU)
+// and where it sits: its widths and its part of the whole model's flat parameters. The
+// whole model is the stage [0, layers).
+class StageLayers {
+ public:
+  // Throws ddp::Error unless 0 <= first < end <= shape.num_layers().
+  StageLayers(MlpShape shape, int first, int end);
+
+  const MlpShape& shape() const { return shape_; }
+  int first_layer() const { return first_; }
+  int end_layer() const { return end_; }
+  bool is_first() const { return first_ == 0; }
+  bool is_last() const { return end_ == shape_.num_layers(); }
+  int in_width() const { return shape_.widths()[first_]; }
+  int out_width() const { return shape_.widths()[end_]; }
+  // Where this stage's parameters start in the whole model's flat buffer, and how many.
+  size_t param_offset() const { return shape_.layer(first_).weight_offset; }
+  size_t param_count() const {
+    const LayerSlice& last = shape_.layer(end_ - 1);
+    return last.bias_offset + last.out - param_offset();
+  }
+
+ protected:
+  MlpShape shape_;
+  int first_, end_;
+};
+
 // Parses "784,512,512,10"; throws UsageError naming `flag` on malformed input.
 MlpShape parse_layers(const std::string& text, const std::string& flag = "--layers");
 

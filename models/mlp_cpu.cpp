@@ -7,10 +7,8 @@
 namespace ddp {
 
 CpuStage::CpuStage(MlpShape shape, int first, int end, int max_batch, int slots)
-    : shape_(std::move(shape)), first_(first), end_(end), max_batch_(max_batch) {
-  DDP_CHECK(0 <= first_ && first_ < end_ && end_ <= shape_.num_layers() && slots >= 1,
-            "stage of layers [{}, {}) with {} slots for a {}-layer model", first_, end_, slots,
-            shape_.num_layers());
+    : StageLayers(std::move(shape), first, end), max_batch_(max_batch) {
+  DDP_CHECK(slots >= 1, "stage of layers [{}, {}) with {} slots", first_, end_, slots);
   const size_t count = shape_.layer(end_ - 1).bias_offset + shape_.layer(end_ - 1).out -
                        shape_.layer(first_).weight_offset;
   params_.resize(count);

@@ -14,24 +14,14 @@
 
 namespace ddp {
 
-class CpuStage {
+class CpuStage : public StageLayers {
  public:
   // Layers [first, end) of `shape`, micro-batches of at most max_batch samples, activations
   // for `slots` micro-batches in flight. 0 <= first < end <= shape.num_layers().
   CpuStage(MlpShape shape, int first, int end, int max_batch, int slots = 1);
 
-  const MlpShape& shape() const { return shape_; }
-  int first_layer() const { return first_; }
-  int end_layer() const { return end_; }
-  bool is_first() const { return first_ == 0; }
-  bool is_last() const { return end_ == shape_.num_layers(); }
-  int in_width() const { return shape_.widths()[first_]; }
-  int out_width() const { return shape_.widths()[end_]; }
   int max_batch() const { return max_batch_; }
   int slots() const { return static_cast<int>(activations_.size()); }
-  // Where this stage's parameters start in the whole model's flat buffer, and how many.
-  size_t param_offset() const { return shape_.layer(first_).weight_offset; }
-  size_t param_count() const { return params_.size(); }
   float* params() { return params_.data(); }
   const float* params() const { return params_.data(); }
   float* grads() { return grads_.data(); }
@@ -55,9 +45,6 @@ class CpuStage {
                         const std::function<void(int)>& on_layer_done = {});
 
  private:
-  MlpShape shape_;
-  int first_;
-  int end_;
   int max_batch_;
   std::vector<float> params_;
   std::vector<float> grads_;

@@ -26,7 +26,6 @@ namespace ddp {
 CudaMlp::CudaMlp(MlpShape shape, int max_batch, const OptimizerConfig& optimizer,
                  const CudaMlpOptions& options)
     : shape_(std::move(shape)), max_batch_(max_batch), options_(options) {
-  DDP_CUBLAS_CHECK(cublasLtCreate(&lt_));
   const size_t count = shape_.param_count();
   weights_ = std::make_unique<DeviceParameters>(count, bf16(), optimizer, stream());
   for (int i = 0; i < shape_.num_layers(); ++i) {
@@ -60,9 +59,7 @@ CudaMlp::CudaMlp(MlpShape shape, int max_batch, const OptimizerConfig& optimizer
 }
 
 CudaMlp::~CudaMlp() {
-  cudaStreamSynchronize(stream());
-  plans_.clear();
-  if (lt_) cublasLtDestroy(lt_);
+  cudaStreamSynchronize(stream());  // before the plans and buffers go (then the handle)
 }
 
 void* CudaMlp::act(int layer) const {
@@ -75,9 +72,7 @@ void* CudaMlp::grad_buffer(int which) const {
 void CudaMlp::build_plans(int batch) {
   if (plans_.count(batch)) return;
   Plans plans;
-  const cudaDataType_t act_type = bf16() ? CUDA_R_16BF : CUDA_R_32F;
-  const cublasComputeType_t compute =
-      options_.precision == Precision::kTf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  const ProductTypes types = product_types(options_.precision);
   const size_t ws = workspace_.bytes();
   const bool fused = options_.fused_epilogues;
   // Weights as the products read them: the bf16 copy in bf16 precision.
@@ -94,7 +89,7 @@ void CudaMlp::build_plans(int batch) {
     void* dz = grad_buffer((last - i) % 2);
     void* dx = grad_buffer((last - i + 1) % 2);
 
-    const LinearProducts p{l.in, l.out, batch, act_type, compute, hidden};
+    const LinearProducts p{l.in, l.out, batch, types.act, types.compute, hidden};
     const MatmulSpec f =
         linear_forward_spec(p, weight(i), input, act(i),
                             hidden ? weights_->for_products(l.bias_offset)

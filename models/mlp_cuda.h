@@ -19,6 +19,7 @@
 #include "models/dataset.h"
 #include "models/device_loss.h"
 #include "models/device_parameters.h"
+#include "models/lt_matmul.h"
 #include "models/mlp.h"
 #include "models/optimizer.h"
 #include "models/precision.h"
@@ -157,7 +158,7 @@ class CudaMlp {
   int max_batch_;
   CudaMlpOptions options_;
   CudaStream stream_;
-  cublasLtHandle_t lt_ = nullptr;
+  LtHandle lt_;
 
   std::unique_ptr<DeviceParameters> weights_;  // parameters, gradients, bf16 copy, optimizer
   std::vector<DeviceBuffer<char>> acts_;       // output of each layer, [max_batch, out]

@@ -14,11 +14,8 @@ namespace ddp {
 
 CudaStage::CudaStage(MlpShape shape, int first, int end, int max_batch, int slots,
                      const OptimizerConfig& optimizer, const CudaStageOptions& options)
-    : shape_(std::move(shape)), first_(first), end_(end), max_batch_(max_batch), options_(options) {
-  DDP_CHECK(first >= 0 && first < end && end <= shape_.num_layers(),
-            "stage layers [{}, {}) of {} layers", first, end, shape_.num_layers());
+    : StageLayers(std::move(shape), first, end), max_batch_(max_batch), options_(options) {
   DDP_CHECK(slots >= 1 && max_batch >= 1, "stage with {} slots of {} samples", slots, max_batch);
-  DDP_CUBLAS_CHECK(cublasLtCreate(&lt_));
   const LayerSlice& last = shape_.layer(end - 1);
   const size_t count = last.bias_offset + last.out - param_offset();
   weights_ = std::make_unique<DeviceParameters>(count, bf16(), optimizer, stream());
@@ -54,9 +51,7 @@ CudaStage::CudaStage(MlpShape shape, int first, int end, int max_batch, int slot
 }
 
 CudaStage::~CudaStage() {
-  cudaStreamSynchronize(stream());
-  plans_.clear();
-  if (lt_) cublasLtDestroy(lt_);
+  cudaStreamSynchronize(stream());  // before the plans and buffers go (then the handle)
 }
 
 void* CudaStage::output(int slot) const {
@@ -84,9 +79,7 @@ const CudaStage::Plans& CudaStage::plans(int slot, int batch) {
   if (auto found = plans_.find(key); found != plans_.end()) return found->second;
   DDP_CHECK(batch >= 1 && batch <= max_batch_, "batch {} outside [1, {}]", batch, max_batch_);
   Plans plans;
-  const cudaDataType_t act_type = bf16() ? CUDA_R_16BF : CUDA_R_32F;
-  const cublasComputeType_t compute =
-      options_.precision == Precision::kTf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  const ProductTypes types = product_types(options_.precision);
   const size_t ws = workspace_.bytes();
   const bool fused = options_.fused_epilogues;
   const size_t base = param_offset();
@@ -97,7 +90,7 @@ const CudaStage::Plans& CudaStage::plans(int slot, int batch) {
   for (int i = first_; i < end_; ++i) {
     const LayerSlice& l = shape_.layer(i);
     const int local = i - first_;
-    const LinearProducts p{l.in, l.out, batch, act_type, compute, hidden(i)};
+    const LinearProducts p{l.in, l.out, batch, types.act, types.compute, hidden(i)};
     const MatmulSpec f = linear_forward_spec(
         p, weight(i), layer_input(slot, i), act(slot, i),
         hidden(i) ? weights_->for_products(l.bias_offset - base)

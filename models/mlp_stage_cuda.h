@@ -22,6 +22,7 @@
 #include "models/cuda_kernels.h"
 #include "models/device_loss.h"
 #include "models/device_parameters.h"
+#include "models/lt_matmul.h"
 #include "models/mlp.h"
 #include "models/optimizer.h"
 #include "models/precision.h"
@@ -38,7 +39,7 @@ struct CudaStageOptions {
 
 class LtMatmul;
 
-class CudaStage {
+class CudaStage : public StageLayers {
  public:
   // Layers [first, end) of `shape`; micro-batches of at most max_batch samples; `slots`
   // micro-batches in flight. 0 <= first < end <= shape.num_layers().
@@ -48,22 +49,12 @@ class CudaStage {
   CudaStage(const CudaStage&) = delete;
   CudaStage& operator=(const CudaStage&) = delete;
 
-  const MlpShape& shape() const { return shape_; }
-  int first_layer() const { return first_; }
-  int end_layer() const { return end_; }
-  bool is_first() const { return first_ == 0; }
-  bool is_last() const { return end_ == shape_.num_layers(); }
-  int in_width() const { return shape_.widths()[first_]; }
-  int out_width() const { return shape_.widths()[end_]; }
   int max_batch() const { return max_batch_; }
   int slots() const { return static_cast<int>(slots_.size()); }
   cudaStream_t stream() const { return stream_.get(); }
   // Activations between stages are bf16 with bf16 precision, else float32.
   bool bf16() const { return options_.precision == Precision::kBf16; }
   size_t act_bytes() const { return bf16() ? 2 : 4; }
-  // Where this stage's parameters start in the whole model's flat buffer, and how many.
-  size_t param_offset() const { return shape_.layer(first_).weight_offset; }
-  size_t param_count() const { return weights_->count(); }
   float* params() const { return weights_->params(); }
   float* grads() const { return weights_->grads(); }
 
@@ -139,11 +130,10 @@ class CudaStage {
   void* dz(int slot, int layer) const;
   bool hidden(int layer) const { return layer + 1 < shape_.num_layers(); }
 
-  MlpShape shape_;
-  int first_, end_, max_batch_;
+  int max_batch_;
   CudaStageOptions options_;
   CudaStream stream_;
-  cublasLtHandle_t lt_ = nullptr;
+  LtHandle lt_;
   std::unique_ptr<DeviceParameters> weights_;  // parameters, gradients, bf16 copy, optimizer
   std::vector<Slot> slots_;
   std::vector<int64_t> aux_ld_;  // by local layer
