@@ -129,6 +129,40 @@ std::vector<PipelineAction> plan_compute(PipelineSchedule schedule, int stage, i
   return actions;
 }
 
+std::vector<PipelineAction> plan_interleaved_compute(int rank, int ranks, int chunks,
+                                                     int micro_batches) {
+  DDP_USAGE_CHECK(ranks >= 1 && chunks >= 1 && rank >= 0 && rank < ranks,
+                  "interleaved schedule: rank {} of {} with {} chunks", rank, ranks, chunks);
+  DDP_USAGE_CHECK(micro_batches >= 1 && micro_batches % ranks == 0,
+                  "--micro-batches {}: the interleaved schedule takes micro-batches in groups of "
+                  "the {} pipeline ranks; give a multiple of {}",
+                  micro_batches, ranks, ranks);
+  const int group = ranks * chunks;  // virtual steps of one group of micro-batches
+  const int total = micro_batches * chunks;
+  // Virtual step k: which chunk (backwards run the chunks in reverse) and which micro-batch.
+  const auto chunk_of = [&](int k, bool forward) {
+    const int chunk = (k % group) / ranks;
+    return forward ? chunk : chunks - 1 - chunk;
+  };
+  const auto micro_of = [&](int k) { return (k / group) * ranks + k % ranks; };
+  const auto action = [&](int k, bool forward) {
+    return PipelineAction{forward ? ActionKind::kForward : ActionKind::kBackward, micro_of(k),
+                          chunk_of(k, forward) * ranks + rank};
+  };
+  const int warmup = chunks == 1 ? std::min(ranks - rank - 1, total)
+                                 : std::min((ranks - rank - 1) * 2 + (chunks - 1) * ranks, total);
+  std::vector<PipelineAction> actions;
+  for (int k = 0; k < warmup; ++k)
+    actions.push_back(action(k, true));
+  for (int k = 0; k < total - warmup; ++k) {
+    actions.push_back(action(warmup + k, true));
+    actions.push_back(action(k, false));
+  }
+  for (int k = total - warmup; k < total; ++k)
+    actions.push_back(action(k, false));
+  return actions;
+}
+
 std::vector<PipelineAction> lower_schedule(const std::vector<PipelineAction>& compute, int stages) {
   // Per stage index: the last action that writes its weight gradients (a backward or the
   // weight half), before which the reduction is announced.

@@ -54,6 +54,15 @@ struct PipelineAction {
 // one): micro-batches two at a time, both forwards then both backwards. Pure.
 std::vector<PipelineAction> plan_compute(PipelineSchedule schedule, int stage, int stages,
                                          int micro_batches);
+// Interleaved 1F1B (Megatron-LM's schedule with virtual stages): rank `rank` of `ranks` owns
+// `chunks` chunks of layers, stage indices rank, rank + ranks, ... of ranks x chunks stages;
+// micro-batches go through in groups of `ranks`, each group through every chunk in turn,
+// with Megatron's warm-up of (ranks - rank - 1) x 2 + (chunks - 1) x ranks forwards. Needs
+// micro_batches to be a multiple of ranks (UsageError otherwise). The compute actions of
+// that rank, over all its chunks, in its order; lower them with ranks x chunks stages. Pure.
+std::vector<PipelineAction> plan_interleaved_compute(int rank, int ranks, int chunks,
+                                                     int micro_batches);
+
 // Adds to a stage's compute actions what connects them (as torch.distributed.pipelining's
 // _add_send_recv): before a forward on a stage after the first, the receive of its input;
 // after it, on a stage before the last, the send of its output; around a backward (or its

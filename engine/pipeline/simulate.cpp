@@ -28,7 +28,7 @@ struct Rank {
   double clock = 0;
   double busy = 0;
   int live = 0, peak = 0;
-  Lane lanes[2];                    // 0: activations, 1: gradients
+  Lane lanes[4];                    // activations (0, 1), gradients (2, 3): see lane_of
   const LaneOp* waiting = nullptr;  // the receive this rank is blocked on (in its lane)
 };
 
@@ -47,6 +47,10 @@ SimResult simulate_schedule(const std::vector<std::vector<PipelineAction>>& list
     return result;
   }
   const auto rank_of = [n](int stage) { return stage % n; };
+  // The lane of a flow's sends or receives: one a flow, or one a flow and direction.
+  const auto lane_of = [&](bool activations, bool send) {
+    return (activations ? 0 : 2) + (costs.lane_per_direction && !send ? 1 : 0);
+  };
   std::vector<Rank> ranks(static_cast<size_t>(n));
   const auto cost_of = [&](ActionKind kind) {
     switch (kind) {
@@ -92,7 +96,7 @@ SimResult simulate_schedule(const std::vector<std::vector<PipelineAction>>& list
                                        action_name(a.kind), a.micro_batch, a.stage);
             return result;
           }
-          Lane& lane = me.lanes[forward_flow ? 0 : 1];
+          Lane& lane = me.lanes[lane_of(forward_flow, send)];
           lane.ops.push_back(
               {send, rank_of(send ? to_stage : from_stage), to_stage, a.micro_batch, me.clock});
           if (!send) {
@@ -107,11 +111,11 @@ SimResult simulate_schedule(const std::vector<std::vector<PipelineAction>>& list
     }
     // Messages move where a send heads its lane and the matching receive heads the peer's.
     for (int r = 0; r < n; ++r)
-      for (int l = 0; l < 2; ++l) {
+      for (int l = 0; l < 4; ++l) {
         Lane& lane = ranks[r].lanes[l];
         if (lane.ops.empty() || !lane.ops.front().send) continue;
         LaneOp& send = lane.ops.front();
-        Lane& theirs = ranks[send.peer].lanes[l];
+        Lane& theirs = ranks[send.peer].lanes[lane_of(l < 2, false)];
         if (theirs.ops.empty() || theirs.ops.front().send) continue;
         LaneOp& recv = theirs.ops.front();
         if (recv.peer != r) continue;  // it waits for another rank first

@@ -24,6 +24,11 @@ struct SimCosts {
   double backward_input = 1;   // the input half alone
   double backward_weight = 1;  // the weight half alone
   double transfer = 0;         // one activation or gradient between neighbouring ranks
+  // false: one lane a rank for activations and one for gradients, each carrying that rank's
+  // sends and receives in order (ddp's two NCCL communicators today); true: a lane for each
+  // direction too, so that a rank's receive never queues behind its own send (grouped
+  // send/recv, as Megatron-LM's interleaved schedule needs).
+  bool lane_per_direction = false;
 };
 
 struct SimResult {

@@ -5,6 +5,9 @@
 
 #include "engine/pipeline/schedule.h"
 #include "engine/pipeline/simulate.h"
+#include "runtime/error.h"
+
+#include <map>
 
 namespace ddp {
 namespace {
@@ -138,6 +141,62 @@ TEST(Simulator, TransfersAddToTheCriticalPath) {
   const SimResult r = simulate_schedule(plan_all_ranks(PipelineSchedule::kGpipe, 2, 1), 2, costs);
   ASSERT_TRUE(r.ok) << r.error;
   EXPECT_DOUBLE_EQ(r.step_time, 1 + 0.5 + 1 + 1 + 0.5 + 1);
+}
+
+}  // namespace
+}  // namespace ddp
+
+namespace ddp {
+namespace {
+
+std::vector<std::vector<PipelineAction>> interleaved(int ranks, int chunks, int micro) {
+  std::vector<std::vector<PipelineAction>> all;
+  for (int r = 0; r < ranks; ++r)
+    all.push_back(
+        lower_schedule(plan_interleaved_compute(r, ranks, chunks, micro), ranks * chunks));
+  return all;
+}
+
+// Interleaved 1F1B (the planner alone: the runners hold one chunk a rank today): every chunk's
+// micro-batch forwarded and backwarded once, no deadlock, and the bubble of its closed form
+// (P-1)/(V*M+P-1) with unit costs per chunk action; one chunk is plain 1F1B.
+TEST(Simulator, InterleavedOneFOneBHasTheBubbleOfItsClosedForm) {
+  for (int ranks = 2; ranks <= 4; ++ranks)
+    for (int chunks = 1; chunks <= 3; ++chunks)
+      for (int micro = ranks; micro <= 3 * ranks; micro += ranks) {
+        const auto lists = interleaved(ranks, chunks, micro);
+        for (int r = 0; r < ranks; ++r) {
+          std::map<std::pair<int, int>, int> forwards, backwards;  // (stage, mb) -> count
+          for (const PipelineAction& a : lists[r]) {
+            if (a.kind == ActionKind::kForward) ++forwards[{a.stage, a.micro_batch}];
+            if (a.kind == ActionKind::kBackward) ++backwards[{a.stage, a.micro_batch}];
+          }
+          EXPECT_EQ(forwards.size(), static_cast<size_t>(chunks * micro));
+          EXPECT_EQ(backwards.size(), static_cast<size_t>(chunks * micro));
+          for (const auto& [key, n] : forwards)
+            EXPECT_EQ(n, 1);
+        }
+        // Its chunks' sends and receives share the activation lane: with one lane a flow (ddp's
+        // communicators today) a rank's receive queues behind its own unmatched send, so the
+        // executor needs them grouped (a lane a direction), as Megatron-LM groups them.
+        SimCosts costs = unit_costs();
+        if (chunks > 1) {
+          const SimResult shared = simulate_schedule(lists, ranks * chunks, costs);
+          EXPECT_FALSE(shared.ok) << "P=" << ranks << " V=" << chunks << " M=" << micro;
+          EXPECT_NE(shared.error.find("deadlock"), std::string::npos) << shared.error;
+        }
+        costs.lane_per_direction = true;
+        const SimResult sim = simulate_schedule(lists, ranks * chunks, costs);
+        ASSERT_TRUE(sim.ok) << "P=" << ranks << " V=" << chunks << " M=" << micro << ": "
+                            << sim.error;
+        EXPECT_NEAR(sim.bubble, (ranks - 1.0) / (chunks * micro + ranks - 1.0), 1e-12)
+            << "P=" << ranks << " V=" << chunks << " M=" << micro;
+        if (chunks == 1)
+          for (int r = 0; r < ranks; ++r)
+            EXPECT_EQ(lists[r],
+                      plan_schedule(PipelineSchedule::kOneForwardOneBackward, r, ranks, micro));
+      }
+  EXPECT_THROW(plan_interleaved_compute(0, 4, 2, 6), UsageError);  // 6 is not a multiple of 4
 }
 
 }  // namespace
