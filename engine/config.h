@@ -40,7 +40,7 @@ struct TrainConfig {
   float lr = 0.05f;
   LrSchedule lr_schedule = LrSchedule::kCosine;
   int64_t warmup_steps = 0;
-  OptimizerConfig optimizer;        // kind, momentum, weight decay, betas, eps
+  OptimizerConfig optimizer;  // kind, momentum, weight decay, betas, eps
   uint64_t seed = 0;
   bool shuffle = true;
   std::string init_weights;

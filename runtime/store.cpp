@@ -34,8 +34,8 @@ std::string StoreClient::round_trip(const MessageWriter& request, double reply_w
     unsigned char len_bytes[4];
     // Not an internal failure: a server that is gone or cut off (no source location).
     if (!read_exact(fd_.get(), len_bytes, 4, deadline))
-      throw Error(fmt::format("the rendezvous store at {} did not answer within {:.0f}s",
-                              address_, reply_within_s));
+      throw Error(fmt::format("the rendezvous store at {} did not answer within {:.0f}s", address_,
+                              reply_within_s));
     const uint32_t len =
         len_bytes[0] | (len_bytes[1] << 8) | (len_bytes[2] << 16) | (uint32_t{len_bytes[3]} << 24);
     DDP_CHECK(len >= 1 && len <= kMaxStoreMessageBytes,
