@@ -12,6 +12,7 @@
 #   mn_addr K             node K's address
 #   mn_cut K / mn_mend K  takes node K's link down (a silent partition: its packets are
 #                         dropped, its address stays) / brings it back
+#   mn_slow K RATE        shapes what the bridge sends node K to RATE (tc tbf, e.g. 4mbit)
 #   mn_cleanup            kills what runs in the namespaces and removes them
 
 MN_TAG="ddp-test-$$"
@@ -66,4 +67,7 @@ mn_exec() {
 }
 
 mn_cut() { ip -n "$MN_TAG-br" link set "p$1" down; }
+mn_slow() {
+  ip netns exec "$MN_TAG-br" tc qdisc add dev "p$1" root tbf rate "$2" burst 32kbit latency 400ms
+}
 mn_mend() { ip -n "$MN_TAG-br" link set "p$1" up; }

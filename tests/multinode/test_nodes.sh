@@ -4,6 +4,8 @@
 #   test_nodes.sh three      3 nodes x 2 workers (dp 6) train to one process's weights (1e-5)
 #   test_nodes.sh pp         dp 2 x pp 2 on 2 nodes x 2 workers, the stages on different
 #                            nodes: one process's weights (1e-5)
+#   test_nodes.sh slow       the link to node 1 shaped to 4 Mbit/s (tc tbf): 2 nodes x 2
+#                            workers still train to one process's weights (1e-5)
 #   test_nodes.sh partition  node 1's link cut mid-run: both nodes exit within --timeout plus
 #                            the grace period, each naming the other node by address
 #   test_nodes.sh killed     node 1's ddprun killed (SIGKILL) mid-run: node 0 ends within
@@ -15,7 +17,7 @@
 set -u
 here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/netns.sh"
-case_name=${1:?usage: test_nodes.sh iface|three|pp|partition|killed|refused}
+case_name=${1:?usage: test_nodes.sh iface|three|pp|slow|partition|killed|refused}
 mn_available || { echo "skipped: cannot create network namespaces here (needs root and ip)"; exit 77; }
 nodes=2
 [ "$case_name" = three ] && nodes=3
@@ -74,10 +76,16 @@ case "$case_name" in
     grep -q "rank 0 of 2 (ddprun), collectives over gloo" "$out/node-0.log" || fail "no two-rank job"
     echo "pass: two nodes with --iface trained in ${took}s"
     ;;
-  three | pp)
+  three | pp | slow)
     args=($train --steps 24 --log-every 12 --batch-size 48 --seed 7 --quiet)
     split=()  # how the job splits the work (one process takes the whole batch)
     [ "$case_name" = pp ] && { args+=(--layers 16,32,24,4); split=(--pp 2 --micro-batches 4); }
+    if [ "$case_name" = slow ]; then
+      command -v tc >/dev/null 2>&1 || { echo "skipped: no tc here"; exit 77; }
+      args+=(--layers 16,128,128,4)  # 78 KB of gradients a step: the link is what it waits on
+      mn_slow 1 4mbit || fail "could not shape node 1's link"
+      start=$(date +%s.%N)
+    fi
     # Every rank gets the same flags (rank 0 alone writes the file).
     for ((k = 0; k < nodes; k++)); do
       NPROC=2 start_node "$k" -- "$DDPTRAIN" "${args[@]}" "${split[@]}" --save-weights "$out/w.st"
@@ -89,6 +97,8 @@ case "$case_name" in
       fail "the stages are not on different nodes"; }
     equals_one_process "${args[@]}"
     nothing_left
+    [ "$case_name" = slow ] &&
+      echo "the job took $(awk -v a="$(date +%s.%N)" -v b="$start" 'BEGIN { printf "%.2f", a - b }')s over a 4 Mbit/s link"
     echo "pass: $case_name on $nodes nodes x 2 workers equals one process"
     ;;
   killed)
