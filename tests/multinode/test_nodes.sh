@@ -6,6 +6,9 @@
 #                            nodes: one process's weights (1e-5)
 #   test_nodes.sh slow       the link to node 1 shaped to 4 Mbit/s (tc tbf): 2 nodes x 2
 #                            workers still train to one process's weights (1e-5)
+#   test_nodes.sh mpirun     mpirun with a hostfile of the nodes' addresses and an rsh agent
+#                            that enters the node's namespace (no ssh): 2 nodes x 2 ranks
+#                            over MPI give one process's weights (1e-5)
 #   test_nodes.sh partition  node 1's link cut mid-run: both nodes exit within --timeout plus
 #                            the grace period, each naming the other node by address
 #   test_nodes.sh killed     node 1's ddprun killed (SIGKILL) mid-run: node 0 ends within
@@ -17,7 +20,7 @@
 set -u
 here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/netns.sh"
-case_name=${1:?usage: test_nodes.sh iface|three|pp|slow|partition|killed|refused}
+case_name=${1:?usage: test_nodes.sh iface|three|pp|slow|mpirun|partition|killed|refused}
 mn_available || { echo "skipped: cannot create network namespaces here (needs root and ip)"; exit 77; }
 nodes=2
 [ "$case_name" = three ] && nodes=3
@@ -100,6 +103,35 @@ case "$case_name" in
     [ "$case_name" = slow ] &&
       echo "the job took $(awk -v a="$(date +%s.%N)" -v b="$start" 'BEGIN { printf "%.2f", a - b }')s over a 4 Mbit/s link"
     echo "pass: $case_name on $nodes nodes x 2 workers equals one process"
+    ;;
+  mpirun)
+    command -v mpirun >/dev/null 2>&1 || { echo "skipped: no mpirun here"; exit 77; }
+    "$DDPTRAIN" --version | grep -q "mpi yes" || { echo "skipped: built without MPI"; exit 77; }
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    # Open MPI's rsh agent gets "HOST COMMAND...": the command runs in HOST's namespace.
+    cat > "$out/agent.sh" <<AGENT
+#!/bin/sh
+host=\$1
+shift
+exec ip netns exec $MN_TAG-\$((\${host##*.} - 1)) sh -c "\$*"
+AGENT
+    chmod +x "$out/agent.sh"
+    printf '%s slots=2\n%s slots=2\n' "$(mn_addr 0)" "$(mn_addr 1)" > "$out/hosts"
+    # TCP only: the ranks of both "hosts" share a host name and /dev/shm, which would make
+    # Open MPI's shared-memory transport span the namespaces.
+    mpi=(timeout -k 5 60 mpirun -np 4 --hostfile "$out/hosts" --mca plm_rsh_agent "$out/agent.sh"
+         --mca plm_rsh_no_tree_spawn 1 --mca btl self,tcp --mca btl_tcp_if_include 10.77.0.0/24
+         --mca oob_tcp_if_include 10.77.0.0/24)
+    where=$(mn_exec 0 "${mpi[@]}" sh -c 'ip -o -4 addr show scope global | awk "{print \$4}"' 2>&1)
+    [ "$(grep -c "^$(mn_addr 0)/24$" <<<"$where")" = 2 ] && [ "$(grep -c "^$(mn_addr 1)/24$" <<<"$where")" = 2 ] ||
+      fail "the ranks did not run two on each node: $where"
+    args=($train --steps 24 --log-every 12 --batch-size 48 --seed 7 --quiet)
+    mn_exec 0 "${mpi[@]}" "$DDPTRAIN" --backend mpi "${args[@]}" --save-weights "$out/w.st" \
+      > "$out/node-0.log" 2>&1 || fail "mpirun failed"
+    grep -q "rank 0 of 4 (mpirun), collectives over mpi" "$out/node-0.log" || fail "not over MPI"
+    equals_one_process "${args[@]}"
+    nothing_left
+    echo "pass: mpirun over 2 nodes x 2 ranks equals one process"
     ;;
   killed)
     start_long_job
