@@ -17,6 +17,8 @@ DDP_MIN_CMAKE="3.24"
 DDP_REQUIRED_PACKAGES=(g++ make libspdlog-dev libfmt-dev libcxxopts-dev nlohmann-json3-dev
                        zlib1g-dev)
 DDP_TEST_PACKAGES=(libgtest-dev)
+# Optional for the tests only: a real one-node Slurm cluster (tests/slurm/slurm-test.sh).
+DDP_OPTIONAL_TEST_PACKAGES=(slurm-wlm munge)
 DDP_OPTIONAL_PACKAGES=(libopenblas-dev openmpi-bin libopenmpi-dev libgloo-dev
                        dataset-fashion-mnist python3-matplotlib)
 
@@ -106,6 +108,7 @@ ddp_install_deps() {
   local required=("${DDP_REQUIRED_PACKAGES[@]}")
   [ $with_tests -eq 1 ] && required+=("${DDP_TEST_PACKAGES[@]}")
   local optional=("${DDP_OPTIONAL_PACKAGES[@]}" "$@")
+  [ $with_tests -eq 1 ] && optional+=("${DDP_OPTIONAL_TEST_PACKAGES[@]}")
   local tools_ok=0
   ddp_check_tools 2>/dev/null || tools_ok=1
   # A tool present in any form (a pip cmake, a module's compiler) is not asked of apt.
