@@ -51,10 +51,8 @@ std::unique_ptr<ddp::StoreClient> connect_to_store(const std::string& host, int 
     try {
       return std::make_unique<ddp::StoreClient>(host, port, token, 1.0, timeout_s);
     } catch (const ddp::UsageError&) {
-      throw;
+      throw;  // a wrong token: no use retrying
     } catch (const ddp::Error& e) {
-      if (std::string(e.what()).find("wrong token") != std::string::npos)
-        throw ddp::UsageError(e.what());
       if (waited.seconds() >= timeout_s)
         throw ddp::Error(fmt::format("{} (waited {:.0f}s, --timeout)", e.what(), timeout_s));
     }

@@ -242,6 +242,11 @@ void StoreServer::serve() {
           }
           if (!same_token(token, config_.token)) {
             refuse(c.peer, "wrong token (check DDP_STORE_TOKEN on every node)");
+            // Said before hanging up, so that the peer can tell a wrong token from a store
+            // that is not up yet (best effort: a stranger may not read it).
+            const std::string unauthorized = reply_of(StoreStatus::kUnauthorized);
+            (void)!::send(c.fd.get(), unauthorized.data(), unauthorized.size(),
+                          MSG_NOSIGNAL | MSG_DONTWAIT);
             c.fd.reset();
             break;
           }

@@ -14,15 +14,19 @@ StoreClient::StoreClient(const std::string& host, int port, const std::string& t
       fd_(tcp_connect(host, port, deadline_in(connect_timeout_s))) {
   MessageWriter hello;
   hello.u8(static_cast<uint8_t>(StoreOp::kHello)).str(token);
+  std::string reply;
   try {
-    MessageReader reply_reader(round_trip(hello, connect_timeout_s));
-    (void)reply_reader;
+    reply = round_trip(hello, connect_timeout_s);
   } catch (const ConnectionClosed&) {
+    // No answer at all: not up yet behind something that accepted for it, or not a store.
     throw Error(fmt::format(
-        "the rendezvous store at {} closed the connection at its hello: a wrong token (every "
-        "node of a job needs the same DDP_STORE_TOKEN)",
-        address_));
+        "the rendezvous store at {} closed the connection before answering its hello", address_));
   }
+  if (static_cast<StoreStatus>(static_cast<uint8_t>(reply[0])) == StoreStatus::kUnauthorized)
+    throw UsageError(fmt::format(
+        "the rendezvous store at {} refused this process's token: a wrong token (every node of "
+        "a job needs the same DDP_STORE_TOKEN)",
+        address_));
 }
 
 std::string StoreClient::round_trip(const MessageWriter& request, double reply_within_s) {

@@ -17,14 +17,20 @@ namespace ddp {
 // Wire protocol, shared with the server. Request: u8 op, then fields; reply: u8 status, then
 // fields. Strings are u32 length + bytes, integers little-endian.
 enum class StoreOp : uint8_t {
-  kHello = 1,   // str token                        -> ok
+  kHello = 1,   // str token                        -> ok | unauthorized (then closed)
   kSet = 2,     // str key, str value                -> ok
   kGet = 3,     // str key                           -> ok + str value | missing
   kWait = 4,    // u32 n, n x str key, i64 timeout_ms -> ok | timeout + u32 m, m x missing key
   kAdd = 5,     // str key, i64 delta                -> ok + i64 new value
   kDelete = 6,  // str key                           -> ok | missing
 };
-enum class StoreStatus : uint8_t { kOk = 0, kMissing = 1, kTimeout = 2, kBadRequest = 3 };
+enum class StoreStatus : uint8_t {
+  kOk = 0,
+  kMissing = 1,
+  kTimeout = 2,
+  kBadRequest = 3,
+  kUnauthorized = 4,  // the hello's token is not the job's: said once, then the store hangs up
+};
 
 class StoreClient {
  public:

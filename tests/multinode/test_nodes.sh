@@ -6,6 +6,9 @@
 #                            nodes: one process's weights (1e-5)
 #   test_nodes.sh slow       the link to node 1 shaped to 4 Mbit/s (tc tbf): 2 nodes x 2
 #                            workers still train to one process's weights (1e-5)
+#   test_nodes.sh delay      node 1 reaches the store through a proxy that holds every
+#                            segment back 200 ms each way (delay_proxy.py): the job still
+#                            trains to one process's weights (1e-5)
 #   test_nodes.sh mpirun     mpirun with a hostfile of the nodes' addresses and an rsh agent
 #                            that enters the node's namespace (no ssh): 2 nodes x 2 ranks
 #                            over MPI give one process's weights (1e-5)
@@ -20,7 +23,7 @@
 set -u
 here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/netns.sh"
-case_name=${1:?usage: test_nodes.sh iface|three|pp|slow|mpirun|partition|killed|refused}
+case_name=${1:?usage: test_nodes.sh iface|three|pp|slow|delay|mpirun|partition|killed|refused}
 mn_available || { echo "skipped: cannot create network namespaces here (needs root and ip)"; exit 77; }
 nodes=2
 [ "$case_name" = three ] && nodes=3
@@ -103,6 +106,32 @@ case "$case_name" in
     [ "$case_name" = slow ] &&
       echo "the job took $(awk -v a="$(date +%s.%N)" -v b="$start" 'BEGIN { printf "%.2f", a - b }')s over a 4 Mbit/s link"
     echo "pass: $case_name on $nodes nodes x 2 workers equals one process"
+    ;;
+  delay)
+    # The proxy listens on node 1's own address; node 1's ddprun and workers take it for
+    # node 0's (--master-addr), so every store message crosses it (Gloo's own connections go
+    # straight to the peers).
+    mn_exec 1 python3 "$here/delay_proxy.py" "$(mn_addr 1)" "$port" "$(mn_addr 0)" "$port" 0.2 \
+      > "$out/proxy.log" 2>&1 &
+    proxy=$!
+    for i in $(seq 50); do grep -q listening "$out/proxy.log" && break; sleep 0.1; done
+    args=($train --steps 24 --log-every 12 --batch-size 48 --seed 7 --quiet)
+    start=$(date +%s.%N)
+    start_node 0 -- "$DDPTRAIN" "${args[@]}" --save-weights "$out/w.st"
+    mn_exec 1 timeout -k 5 90 "$DDPRUN" --nnodes 2 --node-rank 1 --master-addr "$(mn_addr 1)" \
+      --master-port "$port" --iface e1 --nproc-per-node 1 -- "$DDPTRAIN" "${args[@]}" \
+      --save-weights "$out/w.st" > "$out/node-1.log" 2>&1 &
+    pid_1=$!
+    wait "$pid_0" || fail "node 0 failed"
+    wait "$pid_1" || fail "node 1 failed"
+    # The job is over: what is left in node 1 is the proxy.
+    ip netns pids "$MN_TAG-1" | xargs -r kill 2>/dev/null
+    wait "$proxy" 2>/dev/null
+    echo "the job took $(awk -v a="$(date +%s.%N)" -v b="$start" 'BEGIN { printf "%.2f", a - b }')s with 200 ms each way to the store"
+    grep -q "store on $(mn_addr 1):$port" "$out/node-1.log" || fail "node 1 did not use the proxy"
+    equals_one_process "${args[@]}"
+    nothing_left
+    echo "pass: a store 200 ms away still trains to one process's weights"
     ;;
   mpirun)
     command -v mpirun >/dev/null 2>&1 || { echo "skipped: no mpirun here"; exit 77; }

@@ -1,6 +1,10 @@
 // The rendezvous store: operations, deadlines, token check, garbage and oversized input,
 // port 0 and a port already in use. Server and clients in one process, over loopback.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <mutex>
@@ -87,6 +91,37 @@ TEST_F(StoreTest, WaitDeadlineNamesTheMissingKeys) {
   EXPECT_EQ(c.get("after").value(), "still works");
 }
 
+// A wrong token is said as such (UsageError: no use retrying); a listener that hangs up
+// without answering (a proxy whose store is not up yet) is not taken for one (Error, which
+// ddprun retries until --timeout).
+TEST_F(StoreTest, AWrongTokenIsToldApartFromAStoreThatDoesNotAnswer) {
+  EXPECT_THROW(StoreClient("127.0.0.1", server_->port(), "guess", 2.0), UsageError);
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(fd, 4), 0);
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  std::thread hang_up([fd] {
+    const int client = ::accept(fd, nullptr, nullptr);
+    ::close(client);
+  });
+  try {
+    StoreClient("127.0.0.1", ntohs(addr.sin_port), "secret", 2.0);
+    ADD_FAILURE() << "a store that hung up was accepted";
+  } catch (const UsageError& e) {
+    ADD_FAILURE() << "taken for a wrong token: " << e.what();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("closed the connection before answering its hello"),
+              std::string::npos)
+        << e.what();
+  }
+  hang_up.join();
+  ::close(fd);
+}
+
 TEST_F(StoreTest, WrongTokenIsDropped) {
   EXPECT_THROW(StoreClient("127.0.0.1", server_->port(), "guess", 2.0), Error);
   EXPECT_GE(server_->dropped_connections(), 1u);
@@ -157,12 +192,18 @@ class GuardedStoreTest : public ::testing::Test {
       all += line + "\n";
     return all;
   }
+  // True when the server hangs up within `seconds`, having sent nothing but (for a wrong
+  // token) its one "unauthorized" reply: nothing pipelined after the hello was answered.
   static bool closed_by_server(int fd, double seconds) {
-    char byte;
+    std::string received;
+    const Deadline deadline = deadline_in(seconds);
     try {
-      read_exact(fd, &byte, 1, deadline_in(seconds));
+      char byte;
+      while (read_exact(fd, &byte, 1, deadline))
+        received.push_back(byte);
     } catch (const Error&) {
-      return true;
+      const std::string unauthorized = {1, 0, 0, 0, 4};
+      return received.empty() || received == unauthorized;
     }
     return false;
   }
