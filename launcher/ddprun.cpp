@@ -165,7 +165,12 @@ int run(int argc, char** argv) {
                     "nodes started with the same --node-rank?)",
                     config.node_rank, config.node_rank);
     const std::string me = control->local_address();
-    control->set(ddp::node_address_key(config.node_rank), me.substr(0, me.rfind(':')));
+    // How the other nodes name this one: its address and its ranks.
+    control->set(
+        ddp::node_address_key(config.node_rank),
+        fmt::format("{}, rank{} {}", me.substr(0, me.rfind(':')), ranks.size() == 1 ? "" : "s",
+                    ranks.size() == 1 ? std::to_string(ranks.front())
+                                      : fmt::format("{}-{}", ranks.front(), ranks.back())));
     if (config.node_rank == 0) {
       control->set("ddprun/nnodes", std::to_string(config.nnodes));
       ports.program = ddp::free_port("0.0.0.0");

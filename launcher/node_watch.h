@@ -15,7 +15,7 @@ namespace ddp {
 
 // Store keys of a multi-node job, shared by every node's ddprun.
 std::string node_beat_key(int node);      // "ddprun/beat/K": K's heartbeat counter
-std::string node_address_key(int node);   // "ddprun/node/K/addr": how K reaches the store
+std::string node_address_key(int node);   // "ddprun/node/K/addr": "ADDR, ranks A-B" of node K
 std::string node_finished_key(int node);  // "ddprun/finished/K": K's ddprun is exiting
 constexpr const char* kJobEndedKey = "ddprun/ended";  // why a node ended the whole job
 constexpr const char* kGenerationKey = "ddprun/generation";

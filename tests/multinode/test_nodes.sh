@@ -45,12 +45,15 @@ start_node() {
   eval "pid_$k=$!"
 }
 # Both nodes train for good (--timeout 5 for ddprun and the workers, grace 2), until node 0
-# has logged step 200.
+# has logged step 200. With WRAP_1, node 1's worker runs behind `sh -c 'WRAP_1'` (a wrapper
+# that leaves a child of its own).
 start_long_job() {
   local k i
   for k in 0 1; do
-    start_node "$k" --timeout 5 --grace-period 2 -- "$DDPTRAIN" $train --steps 1000000 \
-      --log-every 200 --timeout 5
+    local wrap=()
+    [ "$k" = 1 ] && [ -n "${WRAP_1:-}" ] && wrap=(sh -c "$WRAP_1" sh)
+    start_node "$k" --timeout 5 --grace-period 2 -- "${wrap[@]}" "$DDPTRAIN" $train \
+      --steps 1000000 --log-every 200 --timeout 5
   done
   for i in $(seq 200); do grep -q "step 200" "$out/node-0.log" 2>/dev/null && break; sleep 0.1; done
   grep -q "step 200" "$out/node-0.log" || fail "the job never trained"
@@ -163,7 +166,9 @@ AGENT
     echo "pass: mpirun over 2 nodes x 2 ranks equals one process"
     ;;
   killed)
-    start_long_job
+    # Node 1's worker leaves a child that would sleep on: the guard between ddprun and each
+    # worker must take the whole group down when ddprun dies.
+    WRAP_1='sleep 600 & exec "$@"' start_long_job
     ddprun_1=$(ip netns pids "$MN_TAG-1" | while read -r p; do
       [ "$(cat /proc/$p/comm 2>/dev/null)" = ddprun ] && echo "$p"; done | head -1)
     [ -n "$ddprun_1" ] || fail "no ddprun in node 1"
@@ -174,7 +179,7 @@ AGENT
     echo "node 0 exit $rc0 ${t0}s after node 1's ddprun was killed"
     [ "$rc0" != 0 ] || fail "node 0 should fail"
     awk -v a="$t0" 'BEGIN { exit !(a < 12) }' || fail "not within --timeout + grace"
-    grep -Eq "node 1 \($(mn_addr 1)\) stopped answering|rank [01] failed first" "$out/node-0.log" ||
+    grep -Eq "node 1 \($(mn_addr 1), rank 1\) stopped answering|rank [01] failed first" "$out/node-0.log" ||
       fail "node 0 named neither node 1 nor its failed rank"
     sleep 1
     nothing_left
@@ -211,11 +216,13 @@ AGENT
     [ "$rc0" != 0 ] && [ "$rc1" != 0 ] || fail "both nodes should fail (exits $rc0 and $rc1)"
     # --timeout 5 + --grace-period 2, plus a heartbeat and a margin for a loaded machine.
     awk -v a="$t0" -v b="$t1" 'BEGIN { exit !(a < 12 && b < 12) }' || fail "not within --timeout + grace"
-    grep -q "node 1 ($(mn_addr 1)) stopped answering" "$out/node-0.log" ||
+    grep -q "node 1 ($(mn_addr 1), rank 1) stopped answering" "$out/node-0.log" ||
       grep -q "rank 0 failed first" "$out/node-0.log" || fail "node 0 did not name node 1 or its failed rank"
     grep -q "lost the rendezvous store at $(mn_addr 0):$port (on node 0)" "$out/node-1.log" ||
       fail "node 1 did not name node 0's store"
     grep -q "wrong token" "$out"/node-*.log && fail "a partition reported as a wrong token"
+    sleep 1
+    nothing_left
     echo "pass: a cut link ends both nodes, each naming the other"
     ;;
   *) echo "unknown case $case_name"; exit 2 ;;

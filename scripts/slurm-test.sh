@@ -112,14 +112,14 @@ start=$(date +%s.%N)
 timeout 120 sbatch --wait "$work/job.sh" > "$work/sbatch.log" 2>&1 || fail "sbatch --wait failed"
 echo "sbatch job done in $(awk -v a="$(date +%s.%N)" -v b="$start" 'BEGIN { printf "%.1f", a - b }')s"
 grep -q "rank 0 of 2 (srun)" "$work"/job-*.out || fail "the job's ranks were not srun's"
-python3 "$here/../multinode/compare_weights.py" "$work/sbatch.st" "$work/one.st" 1e-5 ||
+python3 "$here/../tests/multinode/compare_weights.py" "$work/sbatch.st" "$work/one.st" 1e-5 ||
   fail "sbatch's weights differ from one process"
 
 # srun directly.
 MASTER_ADDR=127.0.0.1 MASTER_PORT=$(free_port) DDP_STORE_TOKEN=direct-token \
   timeout 120 srun -n 2 "$ddptrain" "${args[@]}" --save-weights "$work/srun.st" > "$work/srun.log" 2>&1 ||
   fail "srun -n 2 failed"
-python3 "$here/../multinode/compare_weights.py" "$work/srun.st" "$work/one.st" 1e-5 ||
+python3 "$here/../tests/multinode/compare_weights.py" "$work/srun.st" "$work/one.st" 1e-5 ||
   fail "srun's weights differ from one process"
 
 # scancel ends every task of a running job.
@@ -140,6 +140,8 @@ for i in $(seq 300); do
   sleep 0.1
 done
 [ -z "$(ours "SLURM_JOB_ID=$job")" ] || fail "processes of job $job left 30 s after scancel: $(ours "SLURM_JOB_ID=$job")"
+state=$(scontrol show job "$job" 2>/dev/null | grep -o 'JobState=[A-Z_]*')
+[ "$state" = JobState=CANCELLED ] || fail "the job reports $state after scancel, not CANCELLED"
 echo "scancel: every task gone $(awk -v a="$(date +%s.%N)" -v b="$cancelled" 'BEGIN { printf "%.1f", a - b }')s later"
 echo "pass: sbatch and srun -n 2 on a real Slurm give one process's weights; scancel ends the tasks"
 exit 0
