@@ -104,6 +104,8 @@ void write_all(int fd, const void* data, size_t bytes) {
   while (bytes > 0) {
     const ssize_t n = ::send(fd, p, bytes, MSG_NOSIGNAL);
     if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == ECONNRESET || errno == EPIPE))
+      throw ConnectionClosed("the connection was closed by the other side");
     DDP_CHECK(n > 0, "store connection: send failed: {}", std::strerror(errno));
     p += n;
     bytes -= static_cast<size_t>(n);
@@ -123,7 +125,10 @@ bool read_exact(int fd, void* data, size_t bytes, Deadline deadline) {
     if (ready == 0) continue;
     const ssize_t n = ::recv(fd, p, bytes, 0);
     if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (n == 0) throw ConnectionClosed("the connection was closed by the other side");
+    // A peer that closes with our bytes unread resets the connection instead of ending it:
+    // either way it hung up.
+    if (n == 0 || (n < 0 && errno == ECONNRESET))
+      throw ConnectionClosed("the connection was closed by the other side");
     DDP_CHECK(n > 0, "store connection: receive failed: {}", std::strerror(errno));
     p += n;
     bytes -= static_cast<size_t>(n);

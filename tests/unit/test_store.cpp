@@ -104,21 +104,29 @@ TEST_F(StoreTest, AWrongTokenIsToldApartFromAStoreThatDoesNotAnswer) {
   ASSERT_EQ(::listen(fd, 4), 0);
   socklen_t len = sizeof(addr);
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  std::thread hang_up([fd] {
-    const int client = ::accept(fd, nullptr, nullptr);
-    ::close(client);
-  });
-  try {
-    StoreClient("127.0.0.1", ntohs(addr.sin_port), "secret", 2.0);
-    ADD_FAILURE() << "a store that hung up was accepted";
-  } catch (const UsageError& e) {
-    ADD_FAILURE() << "taken for a wrong token: " << e.what();
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("closed the connection before answering its hello"),
-              std::string::npos)
-        << e.what();
+  // Hung up with a plain close (the client may see the end of the stream or, when its hello
+  // was already there unread, a reset) and with a reset for sure (SO_LINGER of 0).
+  for (const bool reset : {false, true}) {
+    std::thread hang_up([fd, reset] {
+      const int client = ::accept(fd, nullptr, nullptr);
+      if (reset) {
+        const linger abort_on_close{1, 0};
+        ::setsockopt(client, SOL_SOCKET, SO_LINGER, &abort_on_close, sizeof(abort_on_close));
+      }
+      ::close(client);
+    });
+    try {
+      StoreClient("127.0.0.1", ntohs(addr.sin_port), "secret", 2.0);
+      ADD_FAILURE() << "a store that hung up was accepted";
+    } catch (const UsageError& e) {
+      ADD_FAILURE() << "taken for a wrong token: " << e.what();
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("closed the connection before answering its hello"),
+                std::string::npos)
+          << (reset ? "reset: " : "closed: ") << e.what();
+    }
+    hang_up.join();
   }
-  hang_up.join();
   ::close(fd);
 }
 
