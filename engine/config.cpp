@@ -165,8 +165,7 @@ Flag choice_flag(const std::string& name, const std::string& help, E TrainConfig
 
 std::vector<std::pair<std::string, PipelineSchedule>> schedule_choices() {
   std::vector<std::pair<std::string, PipelineSchedule>> choices;
-  for (PipelineSchedule s : {PipelineSchedule::kGpipe, PipelineSchedule::kOneForwardOneBackward,
-                             PipelineSchedule::kPairs})
+  for (PipelineSchedule s : all_schedules())
     choices.emplace_back(schedule_name(s), s);
   return choices;
 }

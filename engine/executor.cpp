@@ -11,15 +11,7 @@ namespace ddp {
 ScheduleExecutor::ScheduleExecutor(std::vector<PipelineAction> actions, const StageSpec& spec)
     : actions_(std::move(actions)),
       spec_(spec),
-      slot_plan_(plan_slots(actions_, spec.is_first(), spec.micro_batches,
-                            peak_live_activations(actions_))) {
-  for (const PipelineAction& a : actions_)
-    DDP_CHECK(a.kind != ActionKind::kBackwardInput && a.kind != ActionKind::kBackwardWeight,
-              "pipeline: {} needs a runner that splits backward into its input and weight "
-              "halves; the MLP's runners compute both at once (use a schedule with whole "
-              "backwards)",
-              action_name(a.kind));
-}
+      slot_plan_(plan_slots(actions_, spec.micro_batches, peak_live_activations(actions_))) {}
 
 void ScheduleExecutor::run(StageRunner& runner, Ddp* ddp, TimelineRecorder& timeline, int64_t step,
                            float scale, StepStats* stats) const {
@@ -29,8 +21,30 @@ void ScheduleExecutor::run(StageRunner& runner, Ddp* ddp, TimelineRecorder& time
   auto span = [&](SpanKind kind, int mb, double start) {
     if (!gpu) timeline.add(kind, step, mb, start, timeline.now_us());
   };
-  int backwards = 0;
-  bool reduce_next = false;  // the next backward completes the gradients: reduce as written
+  for (const PipelineAction& a : actions_)
+    DDP_CHECK(runner.splits_backward() ||
+                  (a.kind != ActionKind::kBackwardInput && a.kind != ActionKind::kBackwardWeight),
+              "pipeline: {} needs a runner that splits backward into its input and weight "
+              "halves; this one computes both at once",
+              action_name(a.kind));
+  int weight_grads = 0;      // backwards and weight halves so far: later ones accumulate
+  bool reduce_next = false;  // the next one completes the gradients: reduce them as written
+  // The weight gradients of one backward or weight half, reduced as written where it is the
+  // last one of the step.
+  auto weight_grad = [&](const std::function<void(const std::function<void(int)>&)>& compute) {
+    if (reduce_next) ddp->begin_backward(runner.grads());
+    compute(reduce_next ? [ddp](int layer) { ddp->layer_done(layer); }
+                        : std::function<void(int)>());
+    if (reduce_next) ddp->end_backward();
+    reduce_next = false;
+    ++weight_grads;
+  };
+  auto loss = [&](int mb, int slot) {
+    if (!spec_.is_last()) return;
+    const LossSum sum = runner.loss(mb, slot, scale);
+    stats->loss_sum += sum.loss;
+    stats->correct += sum.correct;
+  };
   for (size_t i = 0; i < actions_.size(); ++i) {
     const PipelineAction& action = actions_[i];
     const int mb = action.micro_batch;
@@ -58,30 +72,31 @@ void ScheduleExecutor::run(StageRunner& runner, Ddp* ddp, TimelineRecorder& time
       case ActionKind::kReduceGrad:
         reduce_next = ddp != nullptr;
         break;
-      case ActionKind::kBackward: {
-        if (spec_.is_last()) {
-          const LossSum sum = runner.loss(mb, slot, scale);
-          stats->loss_sum += sum.loss;
-          stats->correct += sum.correct;
-        }
-        if (reduce_next) ddp->begin_backward(runner.grads());
-        runner.backward(mb, slot, /*accumulate=*/backwards > 0,
-                        reduce_next ? [ddp](int layer) { ddp->layer_done(layer); }
-                                    : std::function<void(int)>());
-        if (reduce_next) ddp->end_backward();
-        reduce_next = false;
-        ++backwards;
+      case ActionKind::kBackward:
+        loss(mb, slot);
+        weight_grad([&](const std::function<void(int)>& on_layer_done) {
+          runner.backward(mb, slot, /*accumulate=*/weight_grads > 0, on_layer_done);
+        });
         stats->busy_s += clock.seconds();
         span(SpanKind::kBackward, mb, start);
         break;
-      }
+      case ActionKind::kBackwardInput:
+        loss(mb, slot);
+        runner.backward_input(mb, slot);
+        stats->busy_s += clock.seconds();
+        span(SpanKind::kBackwardInput, mb, start);
+        break;
+      case ActionKind::kBackwardWeight:
+        weight_grad([&](const std::function<void(int)>& on_layer_done) {
+          runner.backward_weight(mb, slot, /*accumulate=*/weight_grads > 0, on_layer_done);
+        });
+        stats->busy_s += clock.seconds();
+        span(SpanKind::kBackwardWeight, mb, start);
+        break;
       case ActionKind::kSendGradient:
         runner.send_gradient(mb, slot);
         span(SpanKind::kSend, mb, start);
         break;
-      case ActionKind::kBackwardInput:
-      case ActionKind::kBackwardWeight:
-        break;  // refused at construction
     }
   }
   {

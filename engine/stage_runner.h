@@ -19,6 +19,7 @@
 #include "models/cpu_ops.h"
 #include "models/dataset.h"
 #include "models/mlp.h"
+#include "runtime/error.h"
 
 namespace ddp {
 
@@ -90,6 +91,24 @@ class StageRunner {
   virtual LossSum loss(int micro, int slot, float grad_scale) = 0;
   virtual void backward(int micro, int slot, bool accumulate,
                         const std::function<void(int)>& on_layer_done) = 0;
+  // The two halves of backward, for the zero-bubble schedules, where splits_backward():
+  // backward_input (after loss() on the last stage) computes the gradient that
+  // send_gradient sends and keeps what backward_weight needs; backward_weight then writes
+  // (or, with `accumulate`, adds) the weight gradients, calling on_layer_done as backward.
+  virtual bool splits_backward() const { return false; }
+  // The most micro-batches whose activations the runner held at once (forwarded, their
+  // weight gradients not yet written) in any step so far, as it counted them; -1 where it
+  // does not count (the GPU's: its slots are the schedule's plan).
+  virtual int peak_held_activations() const { return -1; }
+  virtual void backward_input(int micro, int slot) {
+    (void)micro, (void)slot;
+    throw UsageError("this runner computes backward whole");
+  }
+  virtual void backward_weight(int micro, int slot, bool accumulate,
+                               const std::function<void(int)>& on_layer_done) {
+    (void)micro, (void)slot, (void)accumulate, (void)on_layer_done;
+    throw UsageError("this runner computes backward whole");
+  }
   virtual void send_gradient(int micro, int slot) = 0;
   // Every send of the step complete (host: waited; GPU: the stream waits for them).
   virtual void end_schedule() = 0;

@@ -80,6 +80,7 @@ class CpuRunner final : public StageRunner {
     const float* x = spec_.is_first() ? &batch_x_[row(micro) * data_.train.dim]
                                       : &received_x_[row(micro) * spec_.in_width()];
     output_of_[micro] = stage_.forward(x, spec_.batch, slot);
+    peak_held_ = std::max(peak_held_, ++held_);
   }
   void send_activation(int micro, int slot) override {
     (void)slot;
@@ -103,7 +104,20 @@ class CpuRunner final : public StageRunner {
     (void)micro;
     grad_input_ =
         stage_.backward(received_dy_.data(), spec_.batch, slot, accumulate, on_layer_done);
+    --held_;
   }
+  bool splits_backward() const override { return true; }
+  void backward_input(int micro, int slot) override {
+    (void)micro;
+    grad_input_ = stage_.backward_input(received_dy_.data(), spec_.batch, slot);
+  }
+  void backward_weight(int micro, int slot, bool accumulate,
+                       const std::function<void(int)>& on_layer_done) override {
+    (void)micro;
+    stage_.backward_weight(slot, accumulate, on_layer_done);
+    --held_;
+  }
+  int peak_held_activations() const override { return peak_held_; }
   void send_gradient(int micro, int slot) override {
     (void)slot;
     float* dx = &sent_dx_[row(micro) * spec_.in_width()];
@@ -181,6 +195,7 @@ class CpuRunner final : public StageRunner {
   std::vector<float> eval_x_;       // evaluation: a chunk from the previous stage
   std::vector<const float*> output_of_;
   const float* grad_input_ = nullptr;
+  int held_ = 0, peak_held_ = 0;  // micro-batches forwarded, weight gradients not yet written
   std::vector<std::unique_ptr<Work>> sends_;  // waited at the end of the step
 };
 

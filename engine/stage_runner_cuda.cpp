@@ -349,6 +349,10 @@ void check_gpu_supported(const TrainConfig& config) {
   DDP_USAGE_CHECK(config.on_nonfinite == OnNonfinite::kStop,
                   "--on-nonfinite {}: runs on the CPU path only so far (the GPU path stops)",
                   on_nonfinite_name(config.on_nonfinite));
+  DDP_USAGE_CHECK(config.pp == 1 || !splits_backward(config.schedule),
+                  "--schedule {}: runs on the CPU path only so far (the GPU runners compute "
+                  "backward whole); give --device cpu or another --schedule",
+                  schedule_name(config.schedule));
 }
 
 std::unique_ptr<StageRunner> make_gpu_runner(const StageSpec& spec, const TrainConfig& config,

@@ -34,6 +34,10 @@ const char* span_name(SpanKind kind) {
       return "backward layer";
     case SpanKind::kBucketAllReduce:
       return "all-reduce bucket";
+    case SpanKind::kBackwardInput:
+      return "backward input";
+    case SpanKind::kBackwardWeight:
+      return "backward weight";
   }
   return "?";
 }

@@ -22,7 +22,9 @@ enum class SpanKind {
   kAllReduce,
   kOptimizer,
   kLayerBackward,
-  kBucketAllReduce
+  kBucketAllReduce,
+  kBackwardInput,  // a backward split in two (zero-bubble schedules): the input half
+  kBackwardWeight  // and the weight half
 };
 const char* span_name(SpanKind kind);
 

@@ -214,8 +214,10 @@ void Trainer::run_schedule(StepStats* stats) {
   // Each replica's loss is the mean over its samples of the whole step; the all-reduce
   // averages over replicas, so the gradient is the global batch mean.
   const float scale = 1.0f / static_cast<float>(local_batch_ * micro_batches_);
-  peak_live_ = std::max(peak_live_, executor_->slots());
   executor_->run(*runner_, ddp_.get(), timeline_, step_ + 1, scale, stats);
+  // What the runner counted as it ran, or (the GPU) the slots the schedule planned.
+  const int held = runner_->peak_held_activations();
+  peak_live_ = std::max(peak_live_, held >= 0 ? held : executor_->slots());
 }
 
 bool Trainer::any_rank(bool mine) {

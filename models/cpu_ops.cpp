@@ -26,8 +26,8 @@ void relu_backward_cpu(const float* y, float* dy, size_t count) {
     dy[i] = y[i] > 0.0f ? dy[i] : 0.0f;
 }
 
-void linear_backward_cpu(const float* x, const float* w, const float* dy, float* dx, float* dw,
-                         float* db, int batch, int in, int out, bool accumulate) {
+void linear_weight_grad_cpu(const float* x, const float* dy, float* dw, float* db, int batch,
+                            int in, int out, bool accumulate) {
   const float beta = accumulate ? 1.0f : 0.0f;
   gemm_cpu(true, false, out, in, batch, 1.0f, dy, out, x, in, beta, dw, in);
   if (!accumulate) std::fill(db, db + out, 0.0f);
@@ -36,7 +36,16 @@ void linear_backward_cpu(const float* x, const float* w, const float* dy, float*
     for (int j = 0; j < out; ++j)
       db[j] += row[j];
   }
-  if (dx != nullptr) gemm_cpu(false, false, batch, in, out, 1.0f, dy, out, w, in, 0.0f, dx, in);
+}
+
+void linear_input_grad_cpu(const float* w, const float* dy, float* dx, int batch, int in, int out) {
+  gemm_cpu(false, false, batch, in, out, 1.0f, dy, out, w, in, 0.0f, dx, in);
+}
+
+void linear_backward_cpu(const float* x, const float* w, const float* dy, float* dx, float* dw,
+                         float* db, int batch, int in, int out, bool accumulate) {
+  linear_weight_grad_cpu(x, dy, dw, db, batch, in, out, accumulate);
+  if (dx != nullptr) linear_input_grad_cpu(w, dy, dx, batch, in, out);
 }
 
 LossSum softmax_xent_cpu(const float* logits, const int32_t* labels, int batch, int classes,

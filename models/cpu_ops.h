@@ -17,6 +17,11 @@ void relu_backward_cpu(const float* y, float* dy, size_t count);
 // Given dy[batch, out]: dw[out, in] (+)= dy^T x, db[out] (+)= sum over the batch of dy,
 // and dx[batch, in] = dy w when dx is not null. With `accumulate`, dw and db are added to
 // (gradient accumulation); otherwise they are overwritten.
+// Its two halves, as the zero-bubble schedules run them apart: the weight and bias
+// gradients alone, and the input gradient alone.
+void linear_weight_grad_cpu(const float* x, const float* dy, float* dw, float* db, int batch,
+                            int in, int out, bool accumulate);
+void linear_input_grad_cpu(const float* w, const float* dy, float* dx, int batch, int in, int out);
 void linear_backward_cpu(const float* x, const float* w, const float* dy, float* dx, float* dw,
                          float* db, int batch, int in, int out, bool accumulate);
 

@@ -2,6 +2,8 @@
 // the stage's layers last to first, ping-ponging between two gradient buffers.
 #include "models/mlp_cpu.h"
 
+#include <algorithm>
+
 #include "runtime/error.h"
 
 namespace ddp {
@@ -63,6 +65,53 @@ const float* CpuStage::backward(float* dy, int batch, int slot, bool accumulate,
     next ^= 1;
   }
   return dy;
+}
+
+const float* CpuStage::backward_input(const float* dy, int batch, int slot) {
+  DDP_CHECK(slot >= 0 && slot < slots() && inputs_[slot] != nullptr,
+            "backward_input() of slot {} before its forward()", slot);
+  if (output_grads_.empty()) {
+    output_grads_.resize(activations_.size());
+    for (auto& grads : output_grads_)
+      for (int i = first_; i < end_; ++i)
+        grads.emplace_back(static_cast<size_t>(max_batch_) * shape_.layer(i).out);
+    split_batch_.assign(activations_.size(), 0);
+  }
+  std::vector<std::vector<float>>& grads = output_grads_[slot];
+  split_batch_[slot] = batch;
+  const size_t base = param_offset();
+  const int last_layer = shape_.num_layers() - 1;
+  std::copy_n(dy, static_cast<size_t>(batch) * shape_.layer(end_ - 1).out, grads.back().data());
+  // Layer i's output gradient is layer i + 1's input gradient: written where layer i keeps it.
+  for (int i = end_ - 1; i >= first_; --i) {
+    const LayerSlice& layer = shape_.layer(i);
+    float* g = grads[i - first_].data();
+    if (i < last_layer)
+      relu_backward_cpu(activations_[slot][i - first_].data(), g,
+                        static_cast<size_t>(batch) * layer.out);
+    if (i == 0) return nullptr;
+    float* dx = i == first_ ? grad_a_.data() : grads[i - first_ - 1].data();
+    linear_input_grad_cpu(params_.data() + layer.weight_offset - base, g, dx, batch, layer.in,
+                          layer.out);
+  }
+  return grad_a_.data();
+}
+
+void CpuStage::backward_weight(int slot, bool accumulate,
+                               const std::function<void(int)>& on_layer_done) {
+  DDP_CHECK(slot >= 0 && slot < static_cast<int>(split_batch_.size()) && split_batch_[slot] > 0,
+            "backward_weight() of slot {} before its backward_input()", slot);
+  const int batch = split_batch_[slot];
+  const size_t base = param_offset();
+  for (int i = end_ - 1; i >= first_; --i) {
+    const LayerSlice& layer = shape_.layer(i);
+    const float* x = i == first_ ? inputs_[slot] : activations_[slot][i - first_ - 1].data();
+    linear_weight_grad_cpu(
+        x, output_grads_[slot][i - first_].data(), grads_.data() + layer.weight_offset - base,
+        grads_.data() + layer.bias_offset - base, batch, layer.in, layer.out, accumulate);
+    if (on_layer_done) on_layer_done(i - first_);
+  }
+  split_batch_[slot] = 0;
 }
 
 CpuMlp::CpuMlp(MlpShape shape, int max_batch)

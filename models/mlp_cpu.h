@@ -44,13 +44,24 @@ class CpuStage : public StageLayers {
   const float* backward(float* dy, int batch, int slot, bool accumulate = false,
                         const std::function<void(int)>& on_layer_done = {});
 
+  // backward() in two halves, bitwise the same gradients (zero-bubble schedules).
+  // backward_input: the input gradient as backward() returns it (dy is read, not changed),
+  // keeping each layer's output gradient in the slot; backward_weight: then the parameter
+  // gradients from them, as backward() writes them. The slot is forwarded again only after.
+  const float* backward_input(const float* dy, int batch, int slot);
+  void backward_weight(int slot, bool accumulate = false,
+                       const std::function<void(int)>& on_layer_done = {});
+
  private:
   int max_batch_;
   std::vector<float> params_;
   std::vector<float> grads_;
   std::vector<const float*> inputs_;                          // a slot's input
   std::vector<std::vector<std::vector<float>>> activations_;  // [slot][layer - first]
-  std::vector<float> grad_a_;                                 // [max_batch, max_width]
+  // backward_input's output gradients (ReLU applied) for backward_weight, made on first use.
+  std::vector<std::vector<std::vector<float>>> output_grads_;  // [slot][layer - first]
+  std::vector<int> split_batch_;                               // [slot]: its batch
+  std::vector<float> grad_a_;                                  // [max_batch, max_width]
   std::vector<float> grad_b_;
 };
 

@@ -42,6 +42,30 @@ void plan_1f1b(std::vector<PipelineAction>* out, int stage, int stages, int micr
     backward(out, stage, mb);
 }
 
+// 1F1B's order of forwards and input halves B; stage s holds back the weight halves W of
+// its last s micro-batches, each done after a later B, so that the last stage runs its Bs
+// early (the gradient reaches the first stage sooner) and every stage ends on s + 1 Ws that
+// fill what would be its tail bubble. A stage holds at most P micro-batches (1F1B's peak).
+void plan_zb_h1(std::vector<PipelineAction>* out, int stage, int stages, int micro) {
+  const int warmup = std::min(stages - stage - 1, micro);
+  for (int mb = 0; mb < warmup; ++mb)
+    forward(out, stage, mb);
+  int next_w = 0;  // the oldest micro-batch whose W is still to do
+  const auto input_half = [&](int mb) {
+    out->push_back({ActionKind::kBackwardInput, mb, stage});
+    if (mb + 1 - next_w > stage) out->push_back({ActionKind::kBackwardWeight, next_w++, stage});
+  };
+  const int steady = micro - warmup;
+  for (int i = 0; i < steady; ++i) {
+    forward(out, stage, warmup + i);
+    input_half(i);
+  }
+  for (int mb = steady; mb < micro; ++mb)
+    input_half(mb);
+  while (next_w < micro)
+    out->push_back({ActionKind::kBackwardWeight, next_w++, stage});
+}
+
 void plan_pairs(std::vector<PipelineAction>* out, int stage, int, int micro) {
   for (int first = 0; first < micro; first += 2) {
     const int end = std::min(first + 2, micro);
@@ -56,12 +80,14 @@ struct ScheduleEntry {
   PipelineSchedule schedule;
   const char* name;
   Planner plan;
+  bool splits_backward;
 };
 // Every schedule: adding one is its planner and a line here.
 constexpr ScheduleEntry kSchedules[] = {
-    {PipelineSchedule::kGpipe, "gpipe", plan_gpipe},
-    {PipelineSchedule::kOneForwardOneBackward, "1f1b", plan_1f1b},
-    {PipelineSchedule::kPairs, "pairs", plan_pairs},
+    {PipelineSchedule::kGpipe, "gpipe", plan_gpipe, false},
+    {PipelineSchedule::kOneForwardOneBackward, "1f1b", plan_1f1b, false},
+    {PipelineSchedule::kPairs, "pairs", plan_pairs, false},
+    {PipelineSchedule::kZeroBubbleH1, "zb-h1", plan_zb_h1, true},
 };
 
 const ScheduleEntry& entry_of(PipelineSchedule schedule) {
@@ -81,6 +107,17 @@ std::optional<PipelineSchedule> schedule_from_name(const std::string& name) {
   for (const ScheduleEntry& e : kSchedules)
     if (name == e.name) return e.schedule;
   return std::nullopt;
+}
+
+std::vector<PipelineSchedule> all_schedules() {
+  std::vector<PipelineSchedule> all;
+  for (const ScheduleEntry& e : kSchedules)
+    all.push_back(e.schedule);
+  return all;
+}
+
+bool splits_backward(PipelineSchedule schedule) {
+  return entry_of(schedule).splits_backward;
 }
 
 std::string schedule_names() {
@@ -201,7 +238,7 @@ int peak_live_activations(const std::vector<PipelineAction>& actions) {
   int live = 0, peak = 0;
   for (const PipelineAction& a : actions) {
     if (a.kind == ActionKind::kForward) peak = std::max(peak, ++live);
-    if (a.kind == ActionKind::kBackward) --live;
+    if (a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardWeight) --live;
   }
   return peak;
 }
@@ -264,14 +301,19 @@ std::vector<int> parse_partition(const std::string& text, int layers) {
   return bounds;
 }
 
-SlotPlan plan_slots(const std::vector<PipelineAction>& actions, bool first_stage, int micro_batches,
-                    int slots) {
+SlotPlan plan_slots(const std::vector<PipelineAction>& actions, int micro_batches, int slots) {
   SlotPlan plan;
   std::vector<int> slot_of(static_cast<size_t>(micro_batches), -1);
+  std::vector<size_t> last_of(static_cast<size_t>(micro_batches), actions.size());
+  for (size_t i = 0; i < actions.size(); ++i)
+    if (actions[i].kind != ActionKind::kReduceGrad && actions[i].micro_batch >= 0 &&
+        actions[i].micro_batch < micro_batches)
+      last_of[actions[i].micro_batch] = i;
   std::vector<int> free_slots;
   for (int s = slots - 1; s >= 0; --s)
     free_slots.push_back(s);
-  for (const PipelineAction& action : actions) {
+  for (size_t i = 0; i < actions.size(); ++i) {
+    const PipelineAction& action = actions[i];
     const int mb = action.micro_batch;
     if (action.kind == ActionKind::kReduceGrad) {  // no micro-batch of its own
       plan.slot.push_back(-1);
@@ -287,10 +329,9 @@ SlotPlan plan_slots(const std::vector<PipelineAction>& actions, bool first_stage
       plan.peak = std::max(plan.peak, slots - static_cast<int>(free_slots.size()));
     }
     plan.slot.push_back(slot_of[mb]);
-    const bool sent_on = action.kind == ActionKind::kSendGradient ||
-                         (action.kind == ActionKind::kBackward && first_stage);
-    plan.releases.push_back(sent_on);
-    if (sent_on) {
+    const bool done = last_of[mb] == i;
+    plan.releases.push_back(done);
+    if (done) {
       free_slots.push_back(slot_of[mb]);
       slot_of[mb] = -1;
     }

@@ -11,12 +11,16 @@
 
 namespace ddp {
 
-enum class PipelineSchedule { kGpipe, kOneForwardOneBackward, kPairs };
+enum class PipelineSchedule { kGpipe, kOneForwardOneBackward, kPairs, kZeroBubbleH1 };
 const char* schedule_name(PipelineSchedule schedule);
 // The schedule a --schedule name means; nullopt for an unknown name.
 std::optional<PipelineSchedule> schedule_from_name(const std::string& name);
-// "gpipe, 1f1b or pairs": the names --schedule takes.
+// "gpipe, 1f1b, pairs or zb-h1": the names --schedule takes.
 std::string schedule_names();
+// Every schedule, in --help's order.
+std::vector<PipelineSchedule> all_schedules();
+// Whether the schedule splits backward into its input and weight halves (the runner must too).
+bool splits_backward(PipelineSchedule schedule);
 
 // What one stage does for one micro-batch. A planner writes the compute actions only
 // (forward; backward, or its two halves); lower_schedule adds the transfers and the point
@@ -51,7 +55,13 @@ struct PipelineAction {
 // Megatron-LM's non-interleaved schedule): stages - stage - 1 warm-up forwards, then one
 // forward one backward, then the remaining backwards, so that a stage holds the activations
 // of at most `stages - stage` micro-batches. Pairs (a small schedule, the example of adding
-// one): micro-batches two at a time, both forwards then both backwards. Pure.
+// one): micro-batches two at a time, both forwards then both backwards. ZB-H1 (Qi et al.,
+// "Zero Bubble Pipeline Parallelism", ICLR 2024): each backward split into its input half B,
+// which the previous stage waits for, and its weight half W; 1F1B's order of forwards and
+// Bs, with stage s running each W s micro-batches late and its last s + 1 Ws at the end, so
+// that the gradient crosses a stage in B's time and the Ws fill the tail: with F = B = W a
+// stage idles P - 1 units a step against 1F1B's 3 (P - 1), and holds at most P micro-batches
+// (1F1B's peak, on its first stage). Pure.
 std::vector<PipelineAction> plan_compute(PipelineSchedule schedule, int stage, int stages,
                                          int micro_batches);
 // Interleaved 1F1B (Megatron-LM's schedule with virtual stages): rank `rank` of `ranks` owns
@@ -73,23 +83,22 @@ std::vector<PipelineAction> lower_schedule(const std::vector<PipelineAction>& co
 std::vector<PipelineAction> plan_schedule(PipelineSchedule schedule, int stage, int stages,
                                           int micro_batches);
 
-// The most micro-batches whose activations a stage holds at once (forwarded, not yet
-// backwarded) under `actions`. Pure.
+// The most micro-batches whose activations a stage holds at once (forwarded, and their
+// weight gradients not yet computed) under `actions`. Pure.
 int peak_live_activations(const std::vector<PipelineAction>& actions);
 
 // The activation slot each action of one stage's schedule uses, and where slots come free.
 // A micro-batch takes a slot when its input arrives (its receive, or its forward on the
-// first stage) and gives it back only once its backward is done and its gradient sent on:
-// on a stage after the first that is its gradient's send, since an asynchronous send (the
-// GPU's) still reads the slot until then; on the first stage, its backward. Throws
-// ddp::Error when `slots` are too few for the schedule. Pure.
+// first stage) and gives it back after its last action: its gradient's send (an
+// asynchronous send, the GPU's, still reads the slot until then), its backward on the
+// first stage, or its weight half where that comes later. Throws ddp::Error when `slots`
+// are too few for the schedule. Pure.
 struct SlotPlan {
   std::vector<int> slot;       // slot[i]: the slot action i works on
   std::vector<bool> releases;  // releases[i]: after action i, its micro-batch's slot is free
   int peak = 0;                // the most slots held at once
 };
-SlotPlan plan_slots(const std::vector<PipelineAction>& actions, bool first_stage, int micro_batches,
-                    int slots);
+SlotPlan plan_slots(const std::vector<PipelineAction>& actions, int micro_batches, int slots);
 
 // Contiguous stages of layers: stage s owns layers [bounds[s], bounds[s + 1]).
 // Balanced by cost: the split of `layer_costs` (e.g. FLOPs) into `stages` contiguous parts

@@ -12,6 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/pipeline/schedule.h"
+#include "engine/pipeline/simulate.h"
 #include "models/mlp.h"
 #include "tests/support/metrics_support.h"
 #include "tests/support/test_support.h"
@@ -66,12 +68,16 @@ TEST_P(PipelineStages, GlooMatchesOneProcessWithinTheActivationBound) {
   ASSERT_EQ(summary.size(), 1u);
   const auto peaks = summary[0]["peak_live_activations"].get<std::vector<int>>();
   ASSERT_EQ(peaks.size(), static_cast<size_t>(c.pp));
+  // What each stage's runner counted as it ran equals the simulator's count for the schedule.
+  const SimResult sim = simulate_schedule(
+      plan_all_ranks(*schedule_from_name(c.schedule), c.pp, c.micro_batches), c.pp, SimCosts());
+  ASSERT_TRUE(sim.ok) << sim.error;
   for (int s = 0; s < c.pp; ++s) {
+    EXPECT_EQ(peaks[s], sim.peak_live[s]) << "stage " << s;
     const std::string schedule = c.schedule;
-    const int bound = schedule == "1f1b"    ? std::min(c.pp - s, c.micro_batches)
-                      : schedule == "pairs" ? std::min(2, c.micro_batches)
-                                            : c.micro_batches;
-    EXPECT_EQ(peaks[s], bound) << "stage " << s;
+    if (schedule == "1f1b") EXPECT_EQ(peaks[s], std::min(c.pp - s, c.micro_batches));
+    if (schedule == "gpipe") EXPECT_EQ(peaks[s], c.micro_batches);
+    if (schedule == "zb-h1") EXPECT_LE(peaks[s], c.pp);
   }
   const auto windows = events_of(dir.file("m.jsonl"), "pipeline");
   ASSERT_EQ(windows.size(), 3u);  // steps 4, 8, 12
@@ -83,7 +89,9 @@ TEST_P(PipelineStages, GlooMatchesOneProcessWithinTheActivationBound) {
 INSTANTIATE_TEST_SUITE_P(Schedules, PipelineStages,
                          ::testing::Values(PipeCase{2, "gpipe", 4}, PipeCase{2, "1f1b", 4},
                                            PipeCase{3, "gpipe", 6}, PipeCase{3, "1f1b", 6},
-                                           PipeCase{4, "1f1b", 3}, PipeCase{3, "pairs", 3}));
+                                           PipeCase{4, "1f1b", 3}, PipeCase{3, "pairs", 3},
+                                           PipeCase{2, "zb-h1", 4}, PipeCase{4, "zb-h1", 8},
+                                           PipeCase{3, "zb-h1", 2}));
 
 TEST(Pipeline, ADataParallelSizeThatDoesNotFitTheWorldIsOneLine) {
   if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
@@ -128,6 +136,34 @@ TEST(Pipeline, DataParallelTimesPipelineMatchesOneProcessAndReplicasAgree) {
       EXPECT_EQ(kinds[rank].count(kind), 1u) << "rank " << rank << " lacks " << kind;
 }
 
+// ZB-H1 with data parallelism, 4 and 8 ranks: one process's weights; the timeline has each
+// backward's input and weight halves apart on every rank and the replicas' reduction.
+TEST(Pipeline, ZeroBubbleH1WithDataParallelismMatchesOneProcessAndShowsItsHalves) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  const std::vector<float> one = one_process(dir);
+  for (const int pp : {2, 4}) {
+    const int world = 2 * pp;
+    const RunResult r = run_command(
+        kDdprun + " --nproc-per-node " + std::to_string(world) + " -- " + kTrain + kArgs +
+        " --dp 2 --pp " + std::to_string(pp) + " --schedule zb-h1 --micro-batches " +
+        std::to_string(pp) + " --check-replicas --bucket-mb 0.0005 --timeline " +
+        dir.file("t.json") + " --save-weights " + dir.file("zb.st") + " --threads 1");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_LE(max_relative_error(load_weights(dir.file("zb.st"), kLayers), one), 1e-5)
+        << "pp " << pp;
+    const nlohmann::json trace = nlohmann::json::parse(read_file(dir.file("t.json")));
+    std::vector<std::set<std::string>> kinds(world);
+    for (const auto& e : trace["traceEvents"])
+      if (e["ph"] == "X") kinds[e["tid"].get<int>()].insert(e["cat"].get<std::string>());
+    for (int rank = 0; rank < world; ++rank) {
+      for (const char* kind : {"forward", "backward input", "backward weight", "all-reduce"})
+        EXPECT_TRUE(kinds[rank].count(kind)) << "rank " << rank << " has no " << kind;
+      EXPECT_FALSE(kinds[rank].count("backward")) << "rank " << rank << ": a whole backward";
+    }
+  }
+}
+
 TEST(Pipeline, MpiMatchesOneProcess) {
   if (!HAVE_MPI) GTEST_SKIP() << "built without MPI";
   TempDir dir;
@@ -137,25 +173,35 @@ TEST(Pipeline, MpiMatchesOneProcess) {
                   " --backend mpi --pp 2 --schedule gpipe --save-weights " + dir.file("mpi.st"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_LE(max_relative_error(load_weights(dir.file("mpi.st"), kLayers), one), 1e-5);
+  const RunResult zb = run_command(
+      kMpirun + "-np 4 " + kTrain + kArgs +
+      " --backend mpi --dp 2 --pp 2 --schedule zb-h1 --micro-batches 4 --save-weights " +
+      dir.file("zb.st"));
+  ASSERT_EQ(zb.exit_code, 0) << zb.output;
+  EXPECT_LE(max_relative_error(load_weights(dir.file("zb.st"), kLayers), one), 1e-5);
 }
 
 TEST(Pipeline, ResumeOfAPipelinedRunIsBitwise) {
   if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
-  TempDir dir;
-  const std::string job = kDdprun + " --nproc-per-node 2 -- " + kTrain + kArgs +
-                          " --pp 2 --micro-batches 4 --optimizer adamw --lr 0.01 ";
-  ASSERT_EQ(run_command(job + "--save-weights " + dir.file("straight.st")).exit_code, 0);
-  // The same run stopped at step 6 (a checkpoint) and resumed.
-  const std::string first =
-      job + "--checkpoint-dir " + dir.file("ck") + " --checkpoint-every 6 --fail-at-step 7";
-  EXPECT_NE(run_command(first).exit_code, 0);
-  const RunResult r = run_command(job + "--checkpoint-dir " + dir.file("ck") +
-                                  " --resume --save-weights " + dir.file("resumed.st"));
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("resumed from"), std::string::npos) << r.output;
-  EXPECT_EQ(read_file(dir.file("resumed.st")).size(), read_file(dir.file("straight.st")).size());
-  EXPECT_EQ(load_weights(dir.file("resumed.st"), kLayers),
-            load_weights(dir.file("straight.st"), kLayers));
+  for (const std::string schedule : {"1f1b", "zb-h1"}) {
+    TempDir dir;
+    const std::string job = kDdprun + " --nproc-per-node 2 -- " + kTrain + kArgs +
+                            " --pp 2 --micro-batches 4 --optimizer adamw --lr 0.01 --schedule " +
+                            schedule + " ";
+    ASSERT_EQ(run_command(job + "--save-weights " + dir.file("straight.st")).exit_code, 0);
+    // The same run stopped at step 6 (a checkpoint) and resumed.
+    const std::string first =
+        job + "--checkpoint-dir " + dir.file("ck") + " --checkpoint-every 6 --fail-at-step 7";
+    EXPECT_NE(run_command(first).exit_code, 0);
+    const RunResult r = run_command(job + "--checkpoint-dir " + dir.file("ck") +
+                                    " --resume --save-weights " + dir.file("resumed.st"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("resumed from"), std::string::npos) << r.output;
+    EXPECT_EQ(read_file(dir.file("resumed.st")).size(), read_file(dir.file("straight.st")).size());
+    EXPECT_EQ(load_weights(dir.file("resumed.st"), kLayers),
+              load_weights(dir.file("straight.st"), kLayers))
+        << schedule;
+  }
 }
 
 TEST(Pipeline, EvaluationRunsThroughThePipeline) {

@@ -422,15 +422,13 @@ TEST(MicroBatches, TheDefaultCountIsCheckedAgainstTheBatchToo) {
   EXPECT_NO_THROW(validate(config));
 }
 
-TEST(PipelineSlots, ASlotIsHeldUntilItsGradientIsSentOn) {
-  for (PipelineSchedule schedule :
-       {PipelineSchedule::kGpipe, PipelineSchedule::kOneForwardOneBackward})
+TEST(PipelineSlots, ASlotIsHeldUntilItsGradientIsSentOnAndItsWeightHalfDone) {
+  for (PipelineSchedule schedule : all_schedules())
     for (int stages : {2, 3, 4})
       for (int stage = 0; stage < stages; ++stage) {
         const int micro = 8;
         const auto actions = plan_schedule(schedule, stage, stages, micro);
-        const SlotPlan plan =
-            plan_slots(actions, stage == 0, micro, peak_live_activations(actions));
+        const SlotPlan plan = plan_slots(actions, micro, peak_live_activations(actions));
         std::vector<int> holder(static_cast<size_t>(plan.peak) + 1, -1);  // slot -> micro-batch
         for (size_t i = 0; i < actions.size(); ++i) {
           const PipelineAction& a = actions[i];
@@ -442,9 +440,12 @@ TEST(PipelineSlots, ASlotIsHeldUntilItsGradientIsSentOn) {
           EXPECT_EQ(holder[slot], a.micro_batch)
               << "stage " << stage << "/" << stages << ": slot " << slot << " reused by "
               << a.micro_batch << " while " << holder[slot] << " still holds it";
-          // Released exactly at the send of its gradient (at its backward on stage 0).
-          const bool release_point =
-              stage == 0 ? a.kind == ActionKind::kBackward : a.kind == ActionKind::kSendGradient;
+          // Released exactly at the send of its gradient (at its backward on stage 0), or at
+          // its weight half where the schedule splits backward (that comes last).
+          const bool release_point = splits_backward(schedule)
+                                         ? a.kind == ActionKind::kBackwardWeight
+                                     : stage == 0 ? a.kind == ActionKind::kBackward
+                                                  : a.kind == ActionKind::kSendGradient;
           EXPECT_EQ(plan.releases[i], release_point) << action_name(a.kind) << " " << a.micro_batch;
           if (plan.releases[i]) holder[slot] = -1;
         }

@@ -58,9 +58,7 @@ TEST(Simulator, LiveActivationsAreTheScheduleBounds) {
 TEST(Simulator, EveryScheduleRunsWithoutDeadlockUnderRendezvousTransfers) {
   SimCosts costs;
   costs.transfer = 0.25;  // transfers that take time change the timing, never the outcome
-  for (PipelineSchedule schedule :
-       {PipelineSchedule::kGpipe, PipelineSchedule::kOneForwardOneBackward,
-        PipelineSchedule::kPairs})
+  for (PipelineSchedule schedule : all_schedules())
     for (int stages = 1; stages <= 5; ++stages)
       for (int micro = 1; micro <= 9; ++micro) {
         const SimResult r =
@@ -197,6 +195,50 @@ TEST(Simulator, InterleavedOneFOneBHasTheBubbleOfItsClosedForm) {
                       plan_schedule(PipelineSchedule::kOneForwardOneBackward, r, ranks, micro));
       }
   EXPECT_THROW(plan_interleaved_compute(0, 4, 2, 6), UsageError);  // 6 is not a multiple of 4
+}
+
+}  // namespace
+}  // namespace ddp
+
+namespace ddp {
+namespace {
+
+// ZB-H1 against 1F1B with F = B = W = 1 (1F1B's whole backward costs B + W = 2), free
+// transfers: a stage idles P - 1 units instead of 3 (P - 1), a third (the paper's
+// (P - 1)(F + B - W) against (P - 1)(F + B + W)); each micro-batch's B and W once; live
+// activations on any stage no more than 1F1B's peak; no deadlock under rendezvous transfers.
+TEST(Simulator, ZeroBubbleH1IdlesAThirdOfOneFOneBWithItsMemory) {
+  SimCosts costs;
+  costs.forward = costs.backward_input = costs.backward_weight = 1;
+  costs.backward = 2;
+  for (int stages = 2; stages <= 6; ++stages)
+    for (int micro = stages; micro <= 3 * stages; ++micro) {
+      const auto zb = plan_all_ranks(PipelineSchedule::kZeroBubbleH1, stages, micro);
+      const SimResult z = simulate_schedule(zb, stages, costs);
+      const SimResult o = simulate_schedule(
+          plan_all_ranks(PipelineSchedule::kOneForwardOneBackward, stages, micro), stages, costs);
+      ASSERT_TRUE(z.ok && o.ok) << z.error << o.error;
+      for (int r = 0; r < stages; ++r) {
+        EXPECT_DOUBLE_EQ(z.busy[r], 3.0 * micro);
+        EXPECT_DOUBLE_EQ(z.step_time - z.busy[r], stages - 1.0) << "P=" << stages << " r=" << r;
+        EXPECT_DOUBLE_EQ(o.step_time - o.busy[r], 3.0 * (stages - 1));
+        EXPECT_LE(z.peak_live[r], o.peak_live[0]);  // 1F1B's peak: its first stage's, P
+        std::map<std::pair<int, int>, int> count;   // (kind, mb) -> times
+        for (const PipelineAction& a : zb[r])
+          if (is_compute(a.kind)) ++count[{static_cast<int>(a.kind), a.micro_batch}];
+        for (ActionKind kind :
+             {ActionKind::kForward, ActionKind::kBackwardInput, ActionKind::kBackwardWeight})
+          for (int mb = 0; mb < micro; ++mb)
+            EXPECT_EQ((count[{static_cast<int>(kind), mb}]), 1) << action_name(kind) << mb;
+        EXPECT_EQ(count.size(), 3u * micro);
+      }
+      costs.transfer = 0.25;  // slower transfers change the timing, never the outcome
+      EXPECT_TRUE(simulate_schedule(zb, stages, costs).ok);
+      costs.transfer = 0;
+    }
+  EXPECT_EQ(std::string(schedule_name(PipelineSchedule::kZeroBubbleH1)), "zb-h1");
+  EXPECT_TRUE(splits_backward(PipelineSchedule::kZeroBubbleH1));
+  EXPECT_FALSE(splits_backward(PipelineSchedule::kOneForwardOneBackward));
 }
 
 }  // namespace
