@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <numeric>
+#include <tuple>
 
 #include "runtime/error.h"
 #include "runtime/parse.h"
@@ -12,7 +13,10 @@ namespace ddp {
 
 namespace {
 
-using Planner = void (*)(std::vector<PipelineAction>* out, int stage, int stages, int micro);
+// A planner writes the compute actions of pipeline rank `rank` of `ranks` holding `chunks`
+// chunks (one-chunk schedules: the stage is the rank, chunks is 1).
+using Planner = void (*)(std::vector<PipelineAction>* out, int rank, int ranks, int chunks,
+                         int micro);
 
 void forward(std::vector<PipelineAction>* out, int stage, int mb) {
   out->push_back({ActionKind::kForward, mb, stage});
@@ -21,7 +25,7 @@ void backward(std::vector<PipelineAction>* out, int stage, int mb) {
   out->push_back({ActionKind::kBackward, mb, stage});
 }
 
-void plan_gpipe(std::vector<PipelineAction>* out, int stage, int, int micro) {
+void plan_gpipe(std::vector<PipelineAction>* out, int stage, int, int, int micro) {
   for (int mb = 0; mb < micro; ++mb)
     forward(out, stage, mb);
   for (int mb = 0; mb < micro; ++mb)
@@ -29,7 +33,7 @@ void plan_gpipe(std::vector<PipelineAction>* out, int stage, int, int micro) {
 }
 
 // Warm-up, steady one-forward-one-backward, cool-down.
-void plan_1f1b(std::vector<PipelineAction>* out, int stage, int stages, int micro) {
+void plan_1f1b(std::vector<PipelineAction>* out, int stage, int stages, int, int micro) {
   const int warmup = std::min(stages - stage - 1, micro);
   for (int mb = 0; mb < warmup; ++mb)
     forward(out, stage, mb);
@@ -46,7 +50,7 @@ void plan_1f1b(std::vector<PipelineAction>* out, int stage, int stages, int micr
 // its last s micro-batches, each done after a later B, so that the last stage runs its Bs
 // early (the gradient reaches the first stage sooner) and every stage ends on s + 1 Ws that
 // fill what would be its tail bubble. A stage holds at most P micro-batches (1F1B's peak).
-void plan_zb_h1(std::vector<PipelineAction>* out, int stage, int stages, int micro) {
+void plan_zb_h1(std::vector<PipelineAction>* out, int stage, int stages, int, int micro) {
   const int warmup = std::min(stages - stage - 1, micro);
   for (int mb = 0; mb < warmup; ++mb)
     forward(out, stage, mb);
@@ -66,7 +70,7 @@ void plan_zb_h1(std::vector<PipelineAction>* out, int stage, int stages, int mic
     out->push_back({ActionKind::kBackwardWeight, next_w++, stage});
 }
 
-void plan_pairs(std::vector<PipelineAction>* out, int stage, int, int micro) {
+void plan_pairs(std::vector<PipelineAction>* out, int stage, int, int, int micro) {
   for (int first = 0; first < micro; first += 2) {
     const int end = std::min(first + 2, micro);
     for (int mb = first; mb < end; ++mb)
@@ -76,18 +80,36 @@ void plan_pairs(std::vector<PipelineAction>* out, int stage, int, int micro) {
   }
 }
 
+void plan_interleaved(std::vector<PipelineAction>* out, int rank, int ranks, int chunks,
+                      int micro) {
+  *out = plan_interleaved_compute(rank, ranks, chunks, micro);
+}
+
+void plan_zb_v(std::vector<PipelineAction>* out, int rank, int ranks, int, int micro) {
+  *out = plan_zb_v_compute(ranks, micro)[rank];
+}
+
+enum class Chunks { kOne, kAsked, kTwo };  // how many a rank holds
+
 struct ScheduleEntry {
   PipelineSchedule schedule;
   const char* name;
   Planner plan;
   bool splits_backward;
+  Chunks chunks;
+  bool v_shape;          // stages placed in a V (else in a loop)
+  bool groups_of_ranks;  // micro-batches in groups of P: M must be a multiple of P
 };
 // Every schedule: adding one is its planner and a line here.
 constexpr ScheduleEntry kSchedules[] = {
-    {PipelineSchedule::kGpipe, "gpipe", plan_gpipe, false},
-    {PipelineSchedule::kOneForwardOneBackward, "1f1b", plan_1f1b, false},
-    {PipelineSchedule::kPairs, "pairs", plan_pairs, false},
-    {PipelineSchedule::kZeroBubbleH1, "zb-h1", plan_zb_h1, true},
+    {PipelineSchedule::kGpipe, "gpipe", plan_gpipe, false, Chunks::kOne, false, false},
+    {PipelineSchedule::kOneForwardOneBackward, "1f1b", plan_1f1b, false, Chunks::kOne, false,
+     false},
+    {PipelineSchedule::kPairs, "pairs", plan_pairs, false, Chunks::kOne, false, false},
+    {PipelineSchedule::kZeroBubbleH1, "zb-h1", plan_zb_h1, true, Chunks::kOne, false, false},
+    {PipelineSchedule::kInterleaved, "interleaved-1f1b", plan_interleaved, false, Chunks::kAsked,
+     false, true},
+    {PipelineSchedule::kZeroBubbleV, "zb-v", plan_zb_v, true, Chunks::kTwo, true, false},
 };
 
 const ScheduleEntry& entry_of(PipelineSchedule schedule) {
@@ -118,6 +140,48 @@ std::vector<PipelineSchedule> all_schedules() {
 
 bool splits_backward(PipelineSchedule schedule) {
   return entry_of(schedule).splits_backward;
+}
+
+int schedule_chunks(PipelineSchedule schedule, int asked, int ranks, int layers,
+                    int micro_batches) {
+  const ScheduleEntry& e = entry_of(schedule);
+  int chunks = 1;
+  switch (e.chunks) {
+    case Chunks::kOne:
+      DDP_USAGE_CHECK(asked <= 1,
+                      "--virtual-stages {}: the {} schedule holds one chunk of layers a rank; "
+                      "give --schedule interleaved-1f1b or zb-v for more",
+                      asked, e.name);
+      break;
+    case Chunks::kAsked:
+      chunks = asked == 0 ? 2 : asked;
+      DDP_USAGE_CHECK(chunks >= 1, "--virtual-stages {}: expected 1 or more", asked);
+      break;
+    case Chunks::kTwo:
+      DDP_USAGE_CHECK(asked == 0 || asked == 2,
+                      "--virtual-stages {}: zb-v holds exactly 2 chunks a rank (its V); give 2 "
+                      "or leave it out",
+                      asked);
+      chunks = 2;
+      break;
+  }
+  DDP_USAGE_CHECK(ranks * chunks <= layers,
+                  "--pp {} --virtual-stages {}: {} stages of layers, but the model has {} layers "
+                  "(each stage holds at least one; give fewer stages or more layers)",
+                  ranks, chunks, ranks * chunks, layers);
+  DDP_USAGE_CHECK(!e.groups_of_ranks || ranks == 1 || micro_batches % ranks == 0,
+                  "--micro-batches {}: the {} schedule takes micro-batches in groups of the {} "
+                  "pipeline ranks; give a multiple of {}",
+                  micro_batches, e.name, ranks, ranks);
+  return chunks;
+}
+
+std::vector<int> stage_ranks(PipelineSchedule schedule, int ranks, int chunks) {
+  std::vector<int> rank_of(static_cast<size_t>(ranks) * chunks);
+  const bool v = entry_of(schedule).v_shape;
+  for (int s = 0; s < ranks * chunks; ++s)
+    rank_of[s] = v ? ((s / ranks) % 2 == 0 ? s % ranks : ranks - 1 - s % ranks) : s % ranks;
+  return rank_of;
 }
 
 std::string schedule_names() {
@@ -159,11 +223,84 @@ bool is_compute(ActionKind kind) {
 
 std::vector<PipelineAction> plan_compute(PipelineSchedule schedule, int stage, int stages,
                                          int micro_batches) {
-  DDP_CHECK(stages >= 1 && stage >= 0 && stage < stages && micro_batches >= 1,
-            "plan_compute: stage {} of {} with {} micro-batches", stage, stages, micro_batches);
+  return plan_rank_compute(schedule, stage, stages, 1, micro_batches);
+}
+
+std::vector<PipelineAction> plan_rank_compute(PipelineSchedule schedule, int rank, int ranks,
+                                              int chunks, int micro_batches) {
+  DDP_CHECK(ranks >= 1 && rank >= 0 && rank < ranks && micro_batches >= 1 && chunks >= 1,
+            "plan_rank_compute: rank {} of {} with {} chunks and {} micro-batches", rank, ranks,
+            chunks, micro_batches);
+  const ScheduleEntry& e = entry_of(schedule);
+  DDP_CHECK(e.chunks != Chunks::kOne || chunks == 1, "{}: one chunk a rank, not {}", e.name,
+            chunks);
   std::vector<PipelineAction> actions;
-  entry_of(schedule).plan(&actions, stage, stages, micro_batches);
+  e.plan(&actions, rank, ranks, chunks, micro_batches);
   return actions;
+}
+
+std::vector<std::vector<PipelineAction>> plan_zb_v_compute(int ranks, int micro) {
+  const int stages = 2 * ranks;
+  const std::vector<int> rank_of = stage_ranks(PipelineSchedule::kZeroBubbleV, ranks, 2);
+  const int cap = 2 * ranks;
+  // Per stage: forwards and input halves done, and when each ended (unit costs); the weight
+  // halves still to do, oldest first.
+  std::vector<int> forwards(stages, 0), inputs(stages, 0), weights(stages, 0);
+  std::vector<std::vector<int>> forward_end(stages, std::vector<int>(micro, -1));
+  std::vector<std::vector<int>> input_end = forward_end;
+  std::vector<int> held(ranks, 0), free_at(ranks, 0);
+  std::vector<std::vector<PipelineAction>> lists(ranks);
+  const size_t total = static_cast<size_t>(3) * stages * micro;
+  size_t planned = 0;
+  for (int t = 0; planned < total; ++t) {
+    DDP_CHECK(t < 100 * (static_cast<int>(total) + stages), "zb-v planner made no progress");
+    for (int r = 0; r < ranks; ++r) {
+      if (free_at[r] > t) continue;
+      // The best of the rank's ready actions: input half, then forward, then weight half;
+      // among them the oldest micro-batch, then the later stage.
+      int best_kind = 3, best_mb = micro, best_stage = -1;
+      const auto consider = [&](int kind, int mb, int stage) {
+        if (std::tie(kind, mb) < std::tie(best_kind, best_mb) ||
+            (kind == best_kind && mb == best_mb && stage > best_stage)) {
+          best_kind = kind, best_mb = mb, best_stage = stage;
+        }
+      };
+      for (int s = 0; s < stages; ++s) {
+        if (rank_of[s] != r) continue;
+        const int b = inputs[s];
+        const bool gradient_here =
+            b < forwards[s] &&
+            (s == stages - 1 ? forward_end[s][b] >= 0 && forward_end[s][b] <= t
+                             : input_end[s + 1][b] >= 0 && input_end[s + 1][b] <= t);
+        if (gradient_here) consider(0, b, s);
+        const int f = forwards[s];
+        const bool input_here =
+            f < micro && held[r] < cap &&
+            (s == 0 || (forward_end[s - 1][f] >= 0 && forward_end[s - 1][f] <= t));
+        if (input_here) consider(1, f, s);
+        if (weights[s] < inputs[s]) consider(2, weights[s], s);
+      }
+      if (best_stage < 0) continue;  // idle this unit
+      const int s = best_stage;
+      if (best_kind == 0) {
+        lists[r].push_back({ActionKind::kBackwardInput, best_mb, s});
+        input_end[s][best_mb] = t + 1;
+        ++inputs[s];
+      } else if (best_kind == 1) {
+        lists[r].push_back({ActionKind::kForward, best_mb, s});
+        forward_end[s][best_mb] = t + 1;
+        ++forwards[s];
+        ++held[r];
+      } else {
+        lists[r].push_back({ActionKind::kBackwardWeight, best_mb, s});
+        ++weights[s];
+        --held[r];
+      }
+      free_at[r] = t + 1;
+      ++planned;
+    }
+  }
+  return lists;
 }
 
 std::vector<PipelineAction> plan_interleaved_compute(int rank, int ranks, int chunks,
@@ -201,6 +338,15 @@ std::vector<PipelineAction> plan_interleaved_compute(int rank, int ranks, int ch
 }
 
 std::vector<PipelineAction> lower_schedule(const std::vector<PipelineAction>& compute, int stages) {
+  std::vector<int> rank_of(static_cast<size_t>(stages));
+  for (int s = 0; s < stages; ++s)
+    rank_of[s] = s;
+  return lower_schedule(compute, rank_of);
+}
+
+std::vector<PipelineAction> lower_schedule(const std::vector<PipelineAction>& compute,
+                                           const std::vector<int>& stage_rank) {
+  const int stages = static_cast<int>(stage_rank.size());
   // Per stage index: the last action that writes its weight gradients (a backward or the
   // weight half), before which the reduction is announced.
   std::vector<size_t> last_weight_grad(static_cast<size_t>(stages), compute.size());
@@ -232,6 +378,12 @@ std::vector<PipelineAction> lower_schedule(const std::vector<PipelineAction>& co
 std::vector<PipelineAction> plan_schedule(PipelineSchedule schedule, int stage, int stages,
                                           int micro_batches) {
   return lower_schedule(plan_compute(schedule, stage, stages, micro_batches), stages);
+}
+
+std::vector<PipelineAction> plan_rank_schedule(PipelineSchedule schedule, int rank, int ranks,
+                                               int chunks, int micro_batches) {
+  return lower_schedule(plan_rank_compute(schedule, rank, ranks, chunks, micro_batches),
+                        stage_ranks(schedule, ranks, chunks));
 }
 
 int peak_live_activations(const std::vector<PipelineAction>& actions) {

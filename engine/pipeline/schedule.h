@@ -11,16 +11,35 @@
 
 namespace ddp {
 
-enum class PipelineSchedule { kGpipe, kOneForwardOneBackward, kPairs, kZeroBubbleH1 };
+enum class PipelineSchedule {
+  kGpipe,
+  kOneForwardOneBackward,
+  kPairs,
+  kZeroBubbleH1,
+  kInterleaved,
+  kZeroBubbleV
+};
 const char* schedule_name(PipelineSchedule schedule);
 // The schedule a --schedule name means; nullopt for an unknown name.
 std::optional<PipelineSchedule> schedule_from_name(const std::string& name);
-// "gpipe, 1f1b, pairs or zb-h1": the names --schedule takes.
+// "gpipe, 1f1b, ...": the names --schedule takes.
 std::string schedule_names();
 // Every schedule, in --help's order.
 std::vector<PipelineSchedule> all_schedules();
 // Whether the schedule splits backward into its input and weight halves (the runner must too).
 bool splits_backward(PipelineSchedule schedule);
+
+// How many chunks of layers (virtual stages) a rank holds under `schedule` when the user
+// gave --virtual-stages `asked` (0: not given): 1 for the one-chunk schedules, `asked` (2 when
+// not given) for interleaved-1f1b, 2 for zb-v. Throws UsageError naming the flags for a
+// combination that cannot run: --virtual-stages with a one-chunk schedule, zb-v with other
+// than 2, fewer layers than ranks x chunks, micro-batches not a multiple of the ranks where
+// the schedule takes them in groups of P. Pure.
+int schedule_chunks(PipelineSchedule schedule, int asked, int ranks, int layers, int micro_batches);
+// Where the P x V stages go: stage s runs on pipeline rank stage_ranks(...)[s]. In a loop
+// (s mod P: every schedule but zb-v) or in a V (zb-v: rank r holds stages r and 2P - 1 - r, so
+// the middle and the ends of the model meet on one rank). Pure.
+std::vector<int> stage_ranks(PipelineSchedule schedule, int ranks, int chunks);
 
 // What one stage does for one micro-batch. A planner writes the compute actions only
 // (forward; backward, or its two halves); lower_schedule adds the transfers and the point
@@ -72,16 +91,34 @@ std::vector<PipelineAction> plan_compute(PipelineSchedule schedule, int stage, i
 // that rank, over all its chunks, in its order; lower them with ranks x chunks stages. Pure.
 std::vector<PipelineAction> plan_interleaved_compute(int rank, int ranks, int chunks,
                                                      int micro_batches);
+// ZB-V (Qi et al., the V-shaped zero-bubble schedule): two chunks a rank in a V, backward in
+// halves, planned by list scheduling with unit costs (F = B = W): each rank, whenever free,
+// runs an input half whose gradient has arrived, else a forward whose input has arrived
+// while it holds fewer than 2P chunk activations (1F1B's peak memory), else a pending weight
+// half; the oldest micro-batch first, then the later stage. Its lists, every rank's. Pure.
+std::vector<std::vector<PipelineAction>> plan_zb_v_compute(int ranks, int micro_batches);
+
+// The compute actions of pipeline rank `rank` of `ranks` holding `chunks` chunks, for any
+// schedule (one-chunk schedules: the rank's stage is its index). Pure.
+std::vector<PipelineAction> plan_rank_compute(PipelineSchedule schedule, int rank, int ranks,
+                                              int chunks, int micro_batches);
 
 // Adds to a stage's compute actions what connects them (as torch.distributed.pipelining's
 // _add_send_recv): before a forward on a stage after the first, the receive of its input;
 // after it, on a stage before the last, the send of its output; around a backward (or its
 // input half) likewise the gradient's receive and send; and kReduceGrad before the action
 // that last writes the stage's weight gradients. Pure.
+// A transfer between two stages of one rank (zb-v's middle) stays in the list: the runner
+// hands it over in memory. `stage_rank[s]`: the rank of stage s.
 std::vector<PipelineAction> lower_schedule(const std::vector<PipelineAction>& compute, int stages);
+std::vector<PipelineAction> lower_schedule(const std::vector<PipelineAction>& compute,
+                                           const std::vector<int>& stage_rank);
 // lower_schedule(plan_compute(...)): what a stage's executor runs. Pure.
 std::vector<PipelineAction> plan_schedule(PipelineSchedule schedule, int stage, int stages,
                                           int micro_batches);
+// lower_schedule(plan_rank_compute(...), stage_ranks(...)): what a rank's executor runs. Pure.
+std::vector<PipelineAction> plan_rank_schedule(PipelineSchedule schedule, int rank, int ranks,
+                                               int chunks, int micro_batches);
 
 // The most micro-batches whose activations a stage holds at once (forwarded, and their
 // weight gradients not yet computed) under `actions`. Pure.

@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <deque>
+#include <map>
+#include <set>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -28,7 +31,9 @@ struct Rank {
   double clock = 0;
   double busy = 0;
   int live = 0, peak = 0;
-  Lane lanes[4];                    // activations (0, 1), gradients (2, 3): see lane_of
+  // By (kind, peer): kind activations 0 and 1, gradients 2 and 3 (lane_of); peer -1 unless
+  // a lane a peer.
+  std::map<std::pair<int, int>, Lane> lanes;
   const LaneOp* waiting = nullptr;  // the receive this rank is blocked on (in its lane)
 };
 
@@ -40,19 +45,46 @@ bool is_activation(ActionKind kind) {
 
 SimResult simulate_schedule(const std::vector<std::vector<PipelineAction>>& lists, int stages,
                             const SimCosts& costs) {
-  SimResult result;
   const int n = static_cast<int>(lists.size());
   if (n == 0 || stages < n) {
+    SimResult result;
     result.error = fmt::format("{} ranks for {} stages", n, stages);
     return result;
   }
-  const auto rank_of = [n](int stage) { return stage % n; };
+  std::vector<int> stage_rank(static_cast<size_t>(stages));
+  for (int s = 0; s < stages; ++s)
+    stage_rank[s] = s % n;
+  return simulate_schedule(lists, stage_rank, costs);
+}
+
+SimResult simulate_schedule(const std::vector<std::vector<PipelineAction>>& lists,
+                            const std::vector<int>& stage_rank, const SimCosts& costs) {
+  return simulate_schedule(lists, stage_rank, std::vector<SimCosts>(lists.size(), costs));
+}
+
+SimResult simulate_schedule(const std::vector<std::vector<PipelineAction>>& lists,
+                            const std::vector<int>& stage_rank,
+                            const std::vector<SimCosts>& rank_costs) {
+  SimResult result;
+  const int n = static_cast<int>(lists.size());
+  const int stages = static_cast<int>(stage_rank.size());
+  if (n == 0 || stages < n || rank_costs.size() != lists.size()) {
+    result.error = fmt::format("{} ranks for {} stages", n, stages);
+    return result;
+  }
+  const auto rank_of = [&](int stage) { return stage_rank[stage]; };
+  const bool lane_per_direction = rank_costs[0].lane_per_direction;
   // The lane of a flow's sends or receives: one a flow, or one a flow and direction.
-  const auto lane_of = [&](bool activations, bool send) {
-    return (activations ? 0 : 2) + (costs.lane_per_direction && !send ? 1 : 0);
+  const bool lane_per_peer = rank_costs[0].lane_per_peer;
+  const auto lane_of = [&](bool activations, bool send, int peer) {
+    return std::pair<int, int>((activations ? 0 : 2) + (lane_per_direction && !send ? 1 : 0),
+                               lane_per_peer ? peer : -1);
   };
   std::vector<Rank> ranks(static_cast<size_t>(n));
-  const auto cost_of = [&](ActionKind kind) {
+  // Hand-overs between two stages of one rank: (receiving stage, micro-batch, activation).
+  std::set<std::tuple<int, int, bool>> handed_over;
+  const auto cost_of = [&](int r, ActionKind kind) {
+    const SimCosts& costs = rank_costs[r];
     switch (kind) {
       case ActionKind::kForward:
         return costs.forward;
@@ -80,8 +112,8 @@ SimResult simulate_schedule(const std::vector<std::vector<PipelineAction>>& list
         }
         if (me.waiting != nullptr) break;  // until its message arrives (below)
         if (is_compute(a.kind)) {
-          me.clock += cost_of(a.kind);
-          me.busy += cost_of(a.kind);
+          me.clock += cost_of(r, a.kind);
+          me.busy += cost_of(r, a.kind);
           if (a.kind == ActionKind::kForward) me.peak = std::max(me.peak, ++me.live);
           if (a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardWeight) --me.live;
         } else if (a.kind != ActionKind::kReduceGrad) {
@@ -96,7 +128,23 @@ SimResult simulate_schedule(const std::vector<std::vector<PipelineAction>>& list
                                        action_name(a.kind), a.micro_batch, a.stage);
             return result;
           }
-          Lane& lane = me.lanes[lane_of(forward_flow, send)];
+          if (rank_of(send ? to_stage : from_stage) == r) {
+            // A hand-over in memory between two stages of this rank.
+            const std::tuple<int, int, bool> message{to_stage, a.micro_batch, forward_flow};
+            if (send) {
+              handed_over.insert(message);
+            } else if (handed_over.erase(message) == 0) {
+              result.error = fmt::format(
+                  "rank {}: {} of micro-batch {} for stage {} from its own stage {} before that "
+                  "stage sent it",
+                  r, action_name(a.kind), a.micro_batch, a.stage, from_stage);
+              return result;
+            }
+            ++me.next;
+            moved = true;
+            continue;
+          }
+          Lane& lane = me.lanes[lane_of(forward_flow, send, rank_of(send ? to_stage : from_stage))];
           lane.ops.push_back(
               {send, rank_of(send ? to_stage : from_stage), to_stage, a.micro_batch, me.clock});
           if (!send) {
@@ -111,11 +159,10 @@ SimResult simulate_schedule(const std::vector<std::vector<PipelineAction>>& list
     }
     // Messages move where a send heads its lane and the matching receive heads the peer's.
     for (int r = 0; r < n; ++r)
-      for (int l = 0; l < 4; ++l) {
-        Lane& lane = ranks[r].lanes[l];
+      for (auto& [key, lane] : ranks[r].lanes) {
         if (lane.ops.empty() || !lane.ops.front().send) continue;
         LaneOp& send = lane.ops.front();
-        Lane& theirs = ranks[send.peer].lanes[lane_of(l < 2, false)];
+        Lane& theirs = ranks[send.peer].lanes[lane_of(key.first < 2, false, r)];
         if (theirs.ops.empty() || theirs.ops.front().send) continue;
         LaneOp& recv = theirs.ops.front();
         if (recv.peer != r) continue;  // it waits for another rank first
@@ -126,8 +173,8 @@ SimResult simulate_schedule(const std::vector<std::vector<PipelineAction>>& list
               send.peer, recv.micro_batch, recv.stage, r, send.micro_batch, send.stage);
           return result;
         }
-        const double at =
-            std::max({send.posted, recv.posted, lane.free_at, theirs.free_at}) + costs.transfer;
+        const double at = std::max({send.posted, recv.posted, lane.free_at, theirs.free_at}) +
+                          rank_costs[r].transfer;
         lane.free_at = theirs.free_at = at;
         // Every receive blocks its rank as it is posted: that rank goes on now.
         Rank& receiver = ranks[send.peer];
@@ -147,7 +194,7 @@ SimResult simulate_schedule(const std::vector<std::vector<PipelineAction>>& list
                                  action_name(a.kind), a.micro_batch, a.stage);
       return result;
     }
-    for (const Lane& lane : me.lanes)
+    for (const auto& [key, lane] : me.lanes)
       if (!lane.ops.empty()) {
         result.error = fmt::format(
             "rank {}: its send of micro-batch {} to rank {} is never "
@@ -159,7 +206,7 @@ SimResult simulate_schedule(const std::vector<std::vector<PipelineAction>>& list
   for (int r = 0; r < n; ++r) {
     const Rank& me = ranks[r];
     double end = me.clock;
-    for (const Lane& lane : me.lanes)
+    for (const auto& [key, lane] : me.lanes)
       end = std::max(end, lane.free_at);
     result.step_time = std::max(result.step_time, end);
     result.busy.push_back(me.busy);
@@ -173,12 +220,18 @@ SimResult simulate_schedule(const std::vector<std::vector<PipelineAction>>& list
   return result;
 }
 
-std::vector<std::vector<PipelineAction>> plan_all_ranks(PipelineSchedule schedule, int stages,
-                                                        int micro_batches) {
+std::vector<std::vector<PipelineAction>> plan_all_ranks(PipelineSchedule schedule, int ranks,
+                                                        int micro_batches, int chunks) {
   std::vector<std::vector<PipelineAction>> all;
-  for (int s = 0; s < stages; ++s)
-    all.push_back(plan_schedule(schedule, s, stages, micro_batches));
+  for (int r = 0; r < ranks; ++r)
+    all.push_back(plan_rank_schedule(schedule, r, ranks, chunks, micro_batches));
   return all;
+}
+
+SimResult simulate_plan(PipelineSchedule schedule, int ranks, int chunks, int micro_batches,
+                        const SimCosts& costs) {
+  return simulate_schedule(plan_all_ranks(schedule, ranks, micro_batches, chunks),
+                           stage_ranks(schedule, ranks, chunks), costs);
 }
 
 }  // namespace ddp

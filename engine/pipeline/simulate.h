@@ -29,6 +29,9 @@ struct SimCosts {
   // direction too, so that a rank's receive never queues behind its own send (grouped
   // send/recv, as Megatron-LM's interleaved schedule needs).
   bool lane_per_direction = false;
+  // true: a lane a peer too (with lane_per_direction: a rank's sends to one peer wait only for
+  // each other), as Gloo's and MPI's point-to-point operations, which the CPU runs on.
+  bool lane_per_peer = false;
 };
 
 struct SimResult {
@@ -44,9 +47,21 @@ struct SimResult {
 // s % ranks.size() (one stage a rank, or interleaved chunks). `stages`: the stage indices.
 SimResult simulate_schedule(const std::vector<std::vector<PipelineAction>>& ranks, int stages,
                             const SimCosts& costs);
+// The same with stage s on rank stage_rank[s] (zb-v's V). A transfer between two stages of
+// one rank is a hand-over in memory: free, and its receive must come after its send.
+SimResult simulate_schedule(const std::vector<std::vector<PipelineAction>>& ranks,
+                            const std::vector<int>& stage_rank, const SimCosts& costs);
+// Per-rank costs (measured ones: stages differ); costs[r] for rank r, its transfer for the
+// messages it sends.
+SimResult simulate_schedule(const std::vector<std::vector<PipelineAction>>& ranks,
+                            const std::vector<int>& stage_rank, const std::vector<SimCosts>& costs);
 
-// Every rank's list of `schedule` for `stages` stages (one a rank) and `micro_batches`.
-std::vector<std::vector<PipelineAction>> plan_all_ranks(PipelineSchedule schedule, int stages,
-                                                        int micro_batches);
+// Every rank's list of `schedule` for `ranks` pipeline ranks of `chunks` chunks each (one-chunk
+// schedules: 1) and `micro_batches`; simulate them with stage_ranks(schedule, ranks, chunks).
+std::vector<std::vector<PipelineAction>> plan_all_ranks(PipelineSchedule schedule, int ranks,
+                                                        int micro_batches, int chunks = 1);
+// plan_all_ranks and simulate_schedule together.
+SimResult simulate_plan(PipelineSchedule schedule, int ranks, int chunks, int micro_batches,
+                        const SimCosts& costs);
 
 }  // namespace ddp

@@ -8,6 +8,7 @@
 #include "runtime/error.h"
 
 #include <map>
+#include <tuple>
 
 namespace ddp {
 namespace {
@@ -55,18 +56,30 @@ TEST(Simulator, LiveActivationsAreTheScheduleBounds) {
     }
 }
 
+// Every schedule that the flags accept, one lane a flow and a peer direction (Gloo's and
+// MPI's point-to-point, the CPU's); the one-chunk ones also with one lane a flow (NCCL's).
 TEST(Simulator, EveryScheduleRunsWithoutDeadlockUnderRendezvousTransfers) {
-  SimCosts costs;
-  costs.transfer = 0.25;  // transfers that take time change the timing, never the outcome
   for (PipelineSchedule schedule : all_schedules())
     for (int stages = 1; stages <= 5; ++stages)
-      for (int micro = 1; micro <= 9; ++micro) {
-        const SimResult r =
-            simulate_schedule(plan_all_ranks(schedule, stages, micro), stages, costs);
-        EXPECT_TRUE(r.ok) << schedule_name(schedule) << " P=" << stages << " M=" << micro << ": "
-                          << r.error;
-        EXPECT_GT(r.step_time, 0);
-      }
+      for (int micro = 1; micro <= 9; ++micro)
+        for (int asked : {0, 3}) {
+          int chunks = 0;
+          try {
+            chunks = schedule_chunks(schedule, asked, stages, 3 * stages, micro);
+          } catch (const UsageError&) {
+            continue;  // refused at start
+          }
+          for (const bool per_peer : {false, true}) {
+            if (chunks > 1 && !per_peer) continue;
+            SimCosts costs;
+            costs.transfer = 0.25;  // transfers that take time change the timing only
+            costs.lane_per_direction = costs.lane_per_peer = per_peer;
+            const SimResult r = simulate_plan(schedule, stages, chunks, micro, costs);
+            EXPECT_TRUE(r.ok) << schedule_name(schedule) << " P=" << stages << " V=" << chunks
+                              << " M=" << micro << ": " << r.error;
+            EXPECT_GT(r.step_time, 0);
+          }
+        }
 }
 
 TEST(Simulator, ListsThatCannotWorkAreNamed) {
@@ -239,6 +252,81 @@ TEST(Simulator, ZeroBubbleH1IdlesAThirdOfOneFOneBWithItsMemory) {
   EXPECT_EQ(std::string(schedule_name(PipelineSchedule::kZeroBubbleH1)), "zb-h1");
   EXPECT_TRUE(splits_backward(PipelineSchedule::kZeroBubbleH1));
   EXPECT_FALSE(splits_backward(PipelineSchedule::kOneForwardOneBackward));
+}
+
+}  // namespace
+}  // namespace ddp
+
+namespace ddp {
+namespace {
+
+// ZB-V with F = B = W = 1 per chunk (a chunk is half a ZB-H1 stage, so ZB-H1's costs are 2
+// there): every stage's micro-batch forwarded, input- and weight-backwarded once, on the
+// rank of its V; no deadlock with rendezvous transfers (a lane a peer and direction, as the
+// CPU's backends have them); idle time below ZB-H1's; at most 2P chunk activations held (1F1B's
+// peak memory); the middle of the V is handed over on its rank.
+TEST(Simulator, ZeroBubbleVIdlesLessThanZeroBubbleH1WithinItsMemory) {
+  SimCosts chunk;
+  chunk.forward = chunk.backward_input = chunk.backward_weight = 1;
+  chunk.lane_per_direction = chunk.lane_per_peer = true;
+  SimCosts stage = chunk;
+  stage.forward = stage.backward_input = stage.backward_weight = 2;
+  for (int ranks = 2; ranks <= 5; ++ranks)
+    for (int micro = 1; micro <= 3 * ranks; ++micro) {
+      const std::vector<int> placement = stage_ranks(PipelineSchedule::kZeroBubbleV, ranks, 2);
+      for (int s = 0; s < ranks; ++s) {
+        EXPECT_EQ(placement[s], s);
+        EXPECT_EQ(placement[2 * ranks - 1 - s], s);
+      }
+      const auto lists = plan_all_ranks(PipelineSchedule::kZeroBubbleV, ranks, micro, 2);
+      const SimResult v = simulate_schedule(lists, placement, chunk);
+      ASSERT_TRUE(v.ok) << "P=" << ranks << " M=" << micro << ": " << v.error;
+      const SimResult h1 = simulate_plan(PipelineSchedule::kZeroBubbleH1, ranks, 1, micro, stage);
+      ASSERT_TRUE(h1.ok) << h1.error;
+      for (int r = 0; r < ranks; ++r) {
+        EXPECT_DOUBLE_EQ(v.busy[r], h1.busy[r]);  // the same work
+        EXPECT_LE(v.peak_live[r], 2 * ranks);
+        std::map<std::tuple<int, int, int>, int> count;  // (kind, stage, mb) -> times
+        for (const PipelineAction& a : lists[r])
+          if (is_compute(a.kind)) {
+            EXPECT_EQ(placement[a.stage], r);
+            ++count[{static_cast<int>(a.kind), a.stage, a.micro_batch}];
+          }
+        EXPECT_EQ(count.size(), 6u * micro);
+        for (const auto& [key, n] : count)
+          EXPECT_EQ(n, 1);
+      }
+      if (micro >= ranks) EXPECT_LT(v.step_time, h1.step_time) << "P=" << ranks << " M=" << micro;
+    }
+  EXPECT_EQ(simulate_plan(PipelineSchedule::kZeroBubbleV, 4, 2, 8, chunk).step_time, 51.0);
+}
+
+// The flags' combinations: one line each naming what to give.
+TEST(ScheduleChunks, BadCombinationsAreOneLineErrors) {
+  EXPECT_EQ(schedule_chunks(PipelineSchedule::kOneForwardOneBackward, 0, 2, 4, 4), 1);
+  EXPECT_EQ(schedule_chunks(PipelineSchedule::kInterleaved, 0, 2, 4, 4), 2);
+  EXPECT_EQ(schedule_chunks(PipelineSchedule::kInterleaved, 3, 2, 6, 4), 3);
+  EXPECT_EQ(schedule_chunks(PipelineSchedule::kZeroBubbleV, 0, 2, 4, 3), 2);
+  const auto message = [](PipelineSchedule s, int asked, int ranks, int layers, int micro) {
+    try {
+      schedule_chunks(s, asked, ranks, layers, micro);
+    } catch (const UsageError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(message(PipelineSchedule::kOneForwardOneBackward, 2, 2, 4, 4)
+                .find("--virtual-stages 2: the 1f1b schedule holds one chunk"),
+            std::string::npos);
+  EXPECT_NE(message(PipelineSchedule::kZeroBubbleV, 3, 2, 8, 4).find("exactly 2 chunks"),
+            std::string::npos);
+  EXPECT_NE(message(PipelineSchedule::kInterleaved, 3, 2, 5, 4)
+                .find("--pp 2 --virtual-stages 3: 6 stages of layers, but the model has 5"),
+            std::string::npos);
+  EXPECT_NE(message(PipelineSchedule::kInterleaved, 2, 2, 4, 3)
+                .find("--micro-batches 3: the interleaved-1f1b schedule takes micro-batches in "
+                      "groups of the 2 pipeline ranks"),
+            std::string::npos);
 }
 
 }  // namespace
