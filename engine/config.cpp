@@ -318,6 +318,10 @@ const std::vector<Flag>& flags() {
                     &C::micro_batches));
     f.push_back(choice_flag<PipelineSchedule>("schedule", "pipeline schedule: " + schedule_names(),
                                               &C::schedule, schedule_choices()));
+    f.push_back(number_flag("virtual-stages",
+                            "chunks of layers a pipeline rank holds (interleaved-1f1b: 0 means 2; "
+                            "zb-v: 2; the others: 1)",
+                            &C::virtual_stages));
     f.push_back(number_flag(
         "dp", "data-parallel replicas (0: the world's size / --pp); checked against the world",
         &C::dp));
@@ -483,13 +487,20 @@ void validate(const TrainConfig& c) {
                   "--accumulate {} with --pp {}: a pipeline accumulates over --micro-batches; "
                   "give that instead",
                   c.accumulate, c.pp);
+  const int micro = micro_batches_of(c);
+  DDP_USAGE_CHECK(c.pp > 1 || c.virtual_stages == 0,
+                  "--virtual-stages {}: chunks of a pipeline; they need --pp 2 or more",
+                  c.virtual_stages);
+  const int chunks =
+      c.pp > 1 ? schedule_chunks(c.schedule, c.virtual_stages, c.pp, shape.num_layers(), micro) : 1;
   if (!c.partition.empty()) {
     const std::vector<int> bounds = parse_partition(c.partition, shape.num_layers());
-    DDP_USAGE_CHECK(static_cast<int>(bounds.size()) - 1 == c.pp,
-                    "--partition {}: names {} stages but --pp is {}", c.partition,
-                    bounds.size() - 1, c.pp);
+    DDP_USAGE_CHECK(
+        static_cast<int>(bounds.size()) - 1 == c.pp * chunks,
+        "--partition {}: names {} stages but --pp is {}{}", c.partition, bounds.size() - 1, c.pp,
+        chunks > 1 ? fmt::format(" with {} chunks a rank ({} stages)", chunks, c.pp * chunks)
+                   : std::string());
   }
-  const int micro = micro_batches_of(c);
   DDP_USAGE_CHECK(c.pp == 1 || c.batch_size % micro == 0,
                   "--batch-size {}: does not divide into {} micro-batches (--micro-batches{})",
                   c.batch_size, micro, c.micro_batches == 0 ? " 0 means 4 x --pp" : "");

@@ -74,8 +74,9 @@ struct TrainConfig {
   int dp = 0;             // data-parallel replicas; 0: world / pp (checked against the world)
   int micro_batches = 0;  // per step and pipeline; 0: 4 x pp (with pp > 1)
   PipelineSchedule schedule = PipelineSchedule::kOneForwardOneBackward;
-  std::string partition;  // "0-1,2-3": layers of each stage; empty: balanced by FLOPs
-  std::string timeline;   // Chrome trace of every rank's forward/backward/send/recv/all-reduce
+  int virtual_stages = 0;  // chunks a pipeline rank holds (0: the schedule's own number)
+  std::string partition;   // "0-1,2-3": layers of each stage; empty: balanced by FLOPs
+  std::string timeline;    // Chrome trace of every rank's forward/backward/send/recv/all-reduce
   bool check_replicas = false;  // compare every rank's weights after every step
   OnNonfinite on_nonfinite = OnNonfinite::kStop;
   int64_t max_skipped_steps = -1;  // skip-step: most skipped steps a window; -1: --log-every / 10

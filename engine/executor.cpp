@@ -8,10 +8,45 @@
 
 namespace ddp {
 
-ScheduleExecutor::ScheduleExecutor(std::vector<PipelineAction> actions, const StageSpec& spec)
-    : actions_(std::move(actions)),
-      spec_(spec),
-      slot_plan_(plan_slots(actions_, spec.micro_batches, peak_live_activations(actions_))) {}
+ScheduleExecutor::ScheduleExecutor(std::vector<PipelineAction> actions, const RankStages& stages)
+    : actions_(std::move(actions)), stages_(stages) {
+  const int chunks = static_cast<int>(stages.chunks.size());
+  int layers = 0;
+  for (const StageSpec& c : stages.chunks) {
+    layer_base_.push_back(layers);
+    layers += c.end - c.first;
+  }
+  // Each stage's actions planned for slots on their own.
+  chunk_.assign(actions_.size(), -1);
+  slot_.assign(actions_.size(), -1);
+  int last_reduced = chunks;  // the reductions' points come later stages first
+  for (int c = 0; c < chunks; ++c) {
+    std::vector<PipelineAction> mine;
+    std::vector<size_t> at;
+    for (size_t i = 0; i < actions_.size(); ++i)
+      if (actions_[i].stage == stages.chunks[c].stage) {
+        mine.push_back(actions_[i]);
+        at.push_back(i);
+      }
+    const SlotPlan plan =
+        plan_slots(mine, stages.chunks[c].micro_batches, peak_live_activations(mine));
+    for (size_t k = 0; k < at.size(); ++k) {
+      chunk_[at[k]] = c;
+      slot_[at[k]] = plan.slot[k];
+    }
+    slots_ = std::max(slots_, plan.peak);
+  }
+  for (size_t i = 0; i < actions_.size(); ++i) {
+    DDP_CHECK(chunk_[i] >= 0, "pipeline: {} of stage {} is not a stage of this rank",
+              action_name(actions_[i].kind), actions_[i].stage);
+    if (actions_[i].kind != ActionKind::kReduceGrad) continue;
+    DDP_CHECK(chunk_[i] < last_reduced,
+              "pipeline: stage {}'s gradients would be complete before a later stage's; the "
+              "data-parallel buckets need them last layers first",
+              actions_[i].stage);
+    last_reduced = chunk_[i];
+  }
+}
 
 void ScheduleExecutor::run(StageRunner& runner, Ddp* ddp, TimelineRecorder& timeline, int64_t step,
                            float scale, StepStats* stats) const {
@@ -21,80 +56,86 @@ void ScheduleExecutor::run(StageRunner& runner, Ddp* ddp, TimelineRecorder& time
   auto span = [&](SpanKind kind, int mb, double start) {
     if (!gpu) timeline.add(kind, step, mb, start, timeline.now_us());
   };
+  const int chunks = static_cast<int>(stages_.chunks.size());
+  std::vector<int> weight_grads(chunks, 0);  // per stage, backwards and weight halves so far
+  bool reduce_next = false;  // the next one completes its stage's gradients: reduce as written
+  int reductions_left = 0;   // stages whose gradients are not yet complete
   for (const PipelineAction& a : actions_)
-    DDP_CHECK(runner.splits_backward() ||
-                  (a.kind != ActionKind::kBackwardInput && a.kind != ActionKind::kBackwardWeight),
-              "pipeline: {} needs a runner that splits backward into its input and weight "
-              "halves; this one computes both at once",
-              action_name(a.kind));
-  int weight_grads = 0;      // backwards and weight halves so far: later ones accumulate
-  bool reduce_next = false;  // the next one completes the gradients: reduce them as written
-  // The weight gradients of one backward or weight half, reduced as written where it is the
-  // last one of the step.
-  auto weight_grad = [&](const std::function<void(const std::function<void(int)>&)>& compute) {
-    if (reduce_next) ddp->begin_backward(runner.grads());
-    compute(reduce_next ? [ddp](int layer) { ddp->layer_done(layer); }
+    if (a.kind == ActionKind::kReduceGrad && ddp != nullptr) ++reductions_left;
+  bool reducing = false;
+  // The weight gradients of one backward or weight half of chunk c, reduced as written where
+  // it is that stage's last one of the step.
+  auto weight_grad = [&](int c,
+                         const std::function<void(const std::function<void(int)>&)>& compute) {
+    if (reduce_next && !reducing) {
+      ddp->begin_backward(runner.grads());
+      reducing = true;
+    }
+    const int base = layer_base_[c];
+    compute(reduce_next ? [ddp, base](int layer) { ddp->layer_done(base + layer); }
                         : std::function<void(int)>());
-    if (reduce_next) ddp->end_backward();
+    if (reduce_next && --reductions_left == 0) ddp->end_backward();
     reduce_next = false;
-    ++weight_grads;
+    ++weight_grads[c];
   };
-  auto loss = [&](int mb, int slot) {
-    if (!spec_.is_last()) return;
-    const LossSum sum = runner.loss(mb, slot, scale);
+  auto loss = [&](ChunkOps& ops, int c, int mb, int slot) {
+    if (!stages_.chunks[c].is_last()) return;
+    const LossSum sum = ops.loss(mb, slot, scale);
     stats->loss_sum += sum.loss;
     stats->correct += sum.correct;
   };
   for (size_t i = 0; i < actions_.size(); ++i) {
     const PipelineAction& action = actions_[i];
     const int mb = action.micro_batch;
-    const int slot = slot_plan_.slot[i];
+    const int c = chunk_[i];
+    const int slot = slot_[i];
+    ChunkOps& ops = runner.chunk(c);
     const double start = timeline.now_us();
     Stopwatch clock;
     switch (action.kind) {
       case ActionKind::kRecvActivation:
-        runner.recv_activation(mb, slot);
+        ops.recv_activation(mb, slot);
         span(SpanKind::kRecv, mb, start);
         break;
       case ActionKind::kForward:
-        runner.forward(mb, slot);
+        ops.forward(mb, slot);
         stats->busy_s += clock.seconds();
         span(SpanKind::kForward, mb, start);
         break;
       case ActionKind::kSendActivation:
-        runner.send_activation(mb, slot);
+        ops.send_activation(mb, slot);
         span(SpanKind::kSend, mb, start);
         break;
       case ActionKind::kRecvGradient:
-        runner.recv_gradient(mb, slot);
+        ops.recv_gradient(mb, slot);
         span(SpanKind::kRecv, mb, start);
         break;
       case ActionKind::kReduceGrad:
         reduce_next = ddp != nullptr;
         break;
       case ActionKind::kBackward:
-        loss(mb, slot);
-        weight_grad([&](const std::function<void(int)>& on_layer_done) {
-          runner.backward(mb, slot, /*accumulate=*/weight_grads > 0, on_layer_done);
+        loss(ops, c, mb, slot);
+        weight_grad(c, [&](const std::function<void(int)>& on_layer_done) {
+          ops.backward(mb, slot, /*accumulate=*/weight_grads[c] > 0, on_layer_done);
         });
         stats->busy_s += clock.seconds();
         span(SpanKind::kBackward, mb, start);
         break;
       case ActionKind::kBackwardInput:
-        loss(mb, slot);
-        runner.backward_input(mb, slot);
+        loss(ops, c, mb, slot);
+        ops.backward_input(mb, slot);
         stats->busy_s += clock.seconds();
         span(SpanKind::kBackwardInput, mb, start);
         break;
       case ActionKind::kBackwardWeight:
-        weight_grad([&](const std::function<void(int)>& on_layer_done) {
-          runner.backward_weight(mb, slot, /*accumulate=*/weight_grads > 0, on_layer_done);
+        weight_grad(c, [&](const std::function<void(int)>& on_layer_done) {
+          ops.backward_weight(mb, slot, /*accumulate=*/weight_grads[c] > 0, on_layer_done);
         });
         stats->busy_s += clock.seconds();
         span(SpanKind::kBackwardWeight, mb, start);
         break;
       case ActionKind::kSendGradient:
-        runner.send_gradient(mb, slot);
+        ops.send_gradient(mb, slot);
         span(SpanKind::kSend, mb, start);
         break;
     }
@@ -102,7 +143,7 @@ void ScheduleExecutor::run(StageRunner& runner, Ddp* ddp, TimelineRecorder& time
   {
     const double start = timeline.now_us();
     runner.end_schedule();
-    if (spec_.stages > 1) span(SpanKind::kSend, -1, start);
+    if (stages_.chunks[0].stages > 1) span(SpanKind::kSend, -1, start);
   }
   if (ddp != nullptr) {
     const double start = timeline.now_us();

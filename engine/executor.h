@@ -1,8 +1,10 @@
-// The schedule executor: runs one stage's action list (engine/pipeline/schedule.h) for one
-// step on the CPU or the GPU through the stage's StageRunner: micro-batches in activation
-// slots (plan_slots), transfers to and from the neighbouring stages, the loss on the last
-// stage, and the data-parallel gradient reduction started where the list says (kReduceGrad:
-// bucket by bucket as the next backward writes the gradients).
+// The schedule executor: runs one pipeline rank's action list (engine/pipeline/schedule.h) for
+// one step on the CPU or the GPU through the rank's StageRunner, each action by the chunk of
+// its stage: micro-batches in activation slots (plan_slots, a stage's own), transfers to and
+// from the neighbouring stages, the loss on the last stage, and the data-parallel gradient
+// reduction started where the list says (kReduceGrad: bucket by bucket as the next backward
+// or weight half writes the gradients; with several stages a rank, one reduction over all of
+// them, started at the first stage's point and ended after the last's).
 #pragma once
 
 #include <cstdint>
@@ -26,11 +28,12 @@ struct StepStats {
 
 class ScheduleExecutor {
  public:
-  // `actions`: this stage's list for one step (lowered); `spec`: the stage it runs.
-  ScheduleExecutor(std::vector<PipelineAction> actions, const StageSpec& spec);
+  // `actions`: this rank's list for one step (lowered); `stages`: the stages it runs.
+  ScheduleExecutor(std::vector<PipelineAction> actions, const RankStages& stages);
 
-  // The activation slots the list needs at once (a runner allocates that many).
-  int slots() const { return slot_plan_.peak; }
+  // The activation slots the list needs at once in any one stage (a runner allocates that
+  // many a stage).
+  int slots() const { return slots_; }
   const std::vector<PipelineAction>& actions() const { return actions_; }
 
   // Runs every action of step `step` (1-based, for the timeline), then waits for this
@@ -43,8 +46,11 @@ class ScheduleExecutor {
 
  private:
   std::vector<PipelineAction> actions_;
-  StageSpec spec_;
-  SlotPlan slot_plan_;
+  RankStages stages_;
+  std::vector<int> chunk_;       // chunk_[i]: the chunk (of stages_) that runs action i
+  std::vector<int> slot_;        // slot_[i]: its slot in that chunk
+  std::vector<int> layer_base_;  // per chunk: its first layer's index among the rank's
+  int slots_ = 0;
 };
 
 }  // namespace ddp

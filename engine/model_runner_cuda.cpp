@@ -43,7 +43,7 @@ CudaMlpOptions model_options(const TrainConfig& config) {
   return options;
 }
 
-class GpuModelRunner final : public StageRunner {
+class GpuModelRunner final : public StageRunner, public ChunkOps {
  public:
   GpuModelRunner(const TrainConfig& config, int replicas)
       : config_(config), shape_(parse_layers(config.layers)) {
@@ -66,6 +66,10 @@ class GpuModelRunner final : public StageRunner {
   }
 
   bool on_gpu() const override { return true; }
+  ChunkOps& chunk(int c) override {
+    DDP_CHECK(c == 0, "the GPU runner holds one stage, not chunk {}", c);
+    return *this;
+  }
   float* params() override { return model_->device_params(); }
   float* grads() override { return model_->device_grads(); }
   void params_changed() override { model_->refresh_low_precision_params(); }

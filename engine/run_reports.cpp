@@ -12,7 +12,7 @@
 
 namespace ddp {
 
-void gather_whole_model(StageRunner& runner, const PipelineLayout& layout, const StageSpec& spec,
+void gather_whole_model(StageRunner& runner, const PipelineLayout& layout, const RankStages& stages,
                         Communicator* pipe, bool lead, std::vector<float>* params,
                         NamedState* state) {
   if (layout.stages == 1) {
@@ -22,31 +22,31 @@ void gather_whole_model(StageRunner& runner, const PipelineLayout& layout, const
     return;
   }
   if (layout.replica != 0) return;  // replicas hold the same weights as replica 0
-  // Replica 0's stages send their parameters and state to stage 0 (rank 0), in stage order.
-  const size_t offset = spec.param_offset();
-  const size_t count = spec.param_count();
+  // Replica 0's pipeline ranks send their parameters and state to rank 0, in rank order.
   const std::vector<float> mine = runner.get_params();
   const NamedState named = runner.optimizer_state();
   if (layout.stage > 0) {
-    pipe->send(mine.data(), count, DataType::kFloat32, 0);
+    pipe->send(mine.data(), mine.size(), DataType::kFloat32, 0);
     for (const auto& entry : named)
-      pipe->send(entry.second.data(), count, DataType::kFloat32, 0);
+      pipe->send(entry.second.data(), mine.size(), DataType::kFloat32, 0);
     return;
   }
-  const MlpShape& shape = spec.shape;
+  const MlpShape& shape = stages.shape();
   params->assign(shape.param_count(), 0.0f);
-  std::copy_n(mine.begin(), count, params->begin() + offset);
+  stages.put(mine.data(), params->data());
   for (const auto& [name, values] : named) {
     state->emplace_back(name, std::vector<float>(shape.param_count()));
-    std::copy_n(values.begin(), count, state->back().second.begin() + offset);
+    stages.put(values.data(), state->back().second.data());
   }
-  for (int s = 1; s < layout.stages; ++s) {
-    const size_t begin = shape.layer(layout.bounds[s]).weight_offset;
-    const LayerSlice& last = shape.layer(layout.bounds[s + 1] - 1);
-    const size_t theirs = last.bias_offset + last.out - begin;
-    pipe->recv(params->data() + begin, theirs, DataType::kFloat32, s);
-    for (auto& entry : *state)
-      pipe->recv(entry.second.data() + begin, theirs, DataType::kFloat32, s);
+  for (int r = 1; r < layout.stages; ++r) {
+    const RankStages theirs = rank_stages(layout, r, stages.chunks.front());
+    std::vector<float> buffer(theirs.param_count());
+    pipe->recv(buffer.data(), buffer.size(), DataType::kFloat32, r);
+    theirs.put(buffer.data(), params->data());
+    for (auto& entry : *state) {
+      pipe->recv(buffer.data(), buffer.size(), DataType::kFloat32, r);
+      theirs.put(buffer.data(), entry.second.data());
+    }
   }
 }
 

@@ -18,8 +18,9 @@
 namespace ddp {
 
 // The whole model's parameters and optimizer state on rank 0 (`lead`; empty elsewhere):
-// with a pipeline, replica 0's stages send theirs to stage 0 over `pipe`, in stage order.
-void gather_whole_model(StageRunner& runner, const PipelineLayout& layout, const StageSpec& spec,
+// with a pipeline, replica 0's pipeline ranks send theirs (all their stages) to rank 0 over
+// `pipe`, in rank order.
+void gather_whole_model(StageRunner& runner, const PipelineLayout& layout, const RankStages& stages,
                         Communicator* pipe, bool lead, std::vector<float>* params,
                         NamedState* state);
 

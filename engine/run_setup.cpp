@@ -60,6 +60,10 @@ int local_batch_of(const TrainConfig& config, int micro_batches, int replicas) {
 
 PipelineLayout layout_of(const TrainConfig& config, int world, int rank) {
   const MlpShape shape = parse_layers(config.layers);
+  const int chunks = config.pp > 1
+                         ? schedule_chunks(config.schedule, config.virtual_stages, config.pp,
+                                           shape.num_layers(), micro_batches_of(config))
+                         : 1;
   std::vector<int> bounds;
   if (!config.partition.empty()) {
     bounds = parse_partition(config.partition, shape.num_layers());
@@ -67,7 +71,7 @@ PipelineLayout layout_of(const TrainConfig& config, int world, int rank) {
     std::vector<double> flops;  // a layer's multiply-adds per sample
     for (int i = 0; i < shape.num_layers(); ++i)
       flops.push_back(static_cast<double>(shape.layer(i).in) * shape.layer(i).out);
-    bounds = partition_by_cost(flops, config.pp);
+    bounds = partition_by_cost(flops, config.pp * chunks);
   }
   DDP_USAGE_CHECK(config.dp == 0 || config.dp * config.pp == world,
                   "--dp {} --pp {}: the world has {} rank{}, not dp x pp = {} (give --dp {}, or "
@@ -75,7 +79,8 @@ PipelineLayout layout_of(const TrainConfig& config, int world, int rank) {
                   config.dp, config.pp, world, world == 1 ? "" : "s", config.dp * config.pp,
                   world % config.pp == 0 ? std::to_string(world / config.pp) : "0",
                   config.dp * config.pp);
-  return plan_layout(world, rank, config.pp, std::move(bounds));
+  return plan_layout(world, rank, config.pp, std::move(bounds),
+                     stage_ranks(config.schedule, config.pp, chunks));
 }
 
 namespace {

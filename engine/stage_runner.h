@@ -15,6 +15,7 @@
 
 #include "collectives/communicator.h"
 #include "engine/config.h"
+#include "engine/pipeline/schedule.h"
 #include "engine/timeline.h"
 #include "models/cpu_ops.h"
 #include "models/dataset.h"
@@ -25,13 +26,16 @@ namespace ddp {
 
 class Ddp;
 
-// Which layers a rank runs and how a step is cut.
+// Which layers a stage runs and how a step is cut.
 struct StageSpec {
   MlpShape shape;
   int first = 0;  // layers [first, end)
   int end = 0;
   int stage = 0;  // index in the pipeline, and how many stages it has
   int stages = 1;
+  int rank = 0;        // the pipeline rank that runs it (its index in the pipeline group)
+  int prev_rank = -1;  // the pipeline ranks of the stages before and after it (-1: none)
+  int next_rank = -1;
   int micro_batches = 1;  // per step
   int batch = 0;          // samples of one micro-batch on this replica
   int max_batch = 0;      // the largest chunk forwarded at once (evaluation)
@@ -47,7 +51,64 @@ struct StageSpec {
   }
 };
 
+// The stages one pipeline rank runs: one, or several (interleaved-1f1b, zb-v) in stage order.
+// The rank's flat parameters are their slices of the model's, one after the other.
+struct RankStages {
+  std::vector<StageSpec> chunks;
+  const MlpShape& shape() const { return chunks.front().shape; }
+  bool has_first() const { return chunks.front().is_first(); }
+  bool has_last() const { return chunks.back().is_last(); }
+  size_t param_count() const;
+  // Where chunk c's parameters start in the rank's flat buffer.
+  size_t offset_of(int chunk) const;
+  // The rank's parameters out of the whole model's flat buffer, and back into it.
+  std::vector<float> take(const float* whole) const;
+  void put(const float* mine, float* whole) const;
+  // Index i of the rank's buffer in the model's flat buffer.
+  size_t model_index(size_t i) const;
+  // Every layer's weights and bias as a span (offset, count) of the rank's buffer, in stage
+  // order (the data-parallel buckets' layers).
+  std::vector<std::pair<size_t, size_t>> layer_spans() const;
+  uint64_t fingerprint() const;  // the shape and the layers held
+};
+
+// The stages pipeline rank `pipe_rank` runs under `layout`, each cut as `cut` says (its
+// shape, micro-batches, batch, max_batch and slots; the rest is filled in). Pure.
+RankStages rank_stages(const PipelineLayout& layout, int pipe_rank, const StageSpec& cut);
+
 using NamedState = std::vector<std::pair<std::string, std::vector<float>>>;
+
+// What one stage does with one micro-batch: its transfers, forward, loss and backward
+// (activations kept in slots). The executor asks the rank's runner for each stage's
+// (StageRunner::chunk); one-stage runners are their own.
+class ChunkOps {
+ public:
+  virtual ~ChunkOps() = default;
+  virtual void recv_activation(int micro, int slot) = 0;
+  virtual void forward(int micro, int slot) = 0;
+  virtual void send_activation(int micro, int slot) = 0;
+  virtual void recv_gradient(int micro, int slot) = 0;
+  // Last stage: the loss of the micro-batch and its gradient (scaled) for backward. The CPU
+  // returns the sums; the GPU keeps them on the device (take_loss) and returns zeros.
+  virtual LossSum loss(int micro, int slot, float grad_scale) = 0;
+  virtual void backward(int micro, int slot, bool accumulate,
+                        const std::function<void(int)>& on_layer_done) = 0;
+  // The two halves of backward, for the zero-bubble schedules, where splits_backward():
+  // backward_input (after loss() on the last stage) computes the gradient that
+  // send_gradient sends and keeps what backward_weight needs; backward_weight then writes
+  // (or, with `accumulate`, adds) the weight gradients, calling on_layer_done as backward.
+  virtual bool splits_backward() const { return false; }
+  virtual void backward_input(int micro, int slot) {
+    (void)micro, (void)slot;
+    throw UsageError("this runner computes backward whole");
+  }
+  virtual void backward_weight(int micro, int slot, bool accumulate,
+                               const std::function<void(int)>& on_layer_done) {
+    (void)micro, (void)slot, (void)accumulate, (void)on_layer_done;
+    throw UsageError("this runner computes backward whole");
+  }
+  virtual void send_gradient(int micro, int slot) = 0;
+};
 
 class StageRunner {
  public:
@@ -82,34 +143,12 @@ class StageRunner {
   virtual int steps_ahead() const { return 1; }
   virtual void begin_steps(const int32_t* indices, const float* lrs, int64_t first_step,
                            int steps) = 0;
-  virtual void recv_activation(int micro, int slot) = 0;
-  virtual void forward(int micro, int slot) = 0;
-  virtual void send_activation(int micro, int slot) = 0;
-  virtual void recv_gradient(int micro, int slot) = 0;
-  // Last stage: the loss of the micro-batch and its gradient (scaled) for backward. The CPU
-  // returns the sums; the GPU keeps them on the device (take_loss) and returns zeros.
-  virtual LossSum loss(int micro, int slot, float grad_scale) = 0;
-  virtual void backward(int micro, int slot, bool accumulate,
-                        const std::function<void(int)>& on_layer_done) = 0;
-  // The two halves of backward, for the zero-bubble schedules, where splits_backward():
-  // backward_input (after loss() on the last stage) computes the gradient that
-  // send_gradient sends and keeps what backward_weight needs; backward_weight then writes
-  // (or, with `accumulate`, adds) the weight gradients, calling on_layer_done as backward.
-  virtual bool splits_backward() const { return false; }
+  // The rank's chunk `c` (0 for one-stage runners, which are their own ChunkOps).
+  virtual ChunkOps& chunk(int c) = 0;
   // The most micro-batches whose activations the runner held at once (forwarded, their
   // weight gradients not yet written) in any step so far, as it counted them; -1 where it
   // does not count (the GPU's: its slots are the schedule's plan).
   virtual int peak_held_activations() const { return -1; }
-  virtual void backward_input(int micro, int slot) {
-    (void)micro, (void)slot;
-    throw UsageError("this runner computes backward whole");
-  }
-  virtual void backward_weight(int micro, int slot, bool accumulate,
-                               const std::function<void(int)>& on_layer_done) {
-    (void)micro, (void)slot, (void)accumulate, (void)on_layer_done;
-    throw UsageError("this runner computes backward whole");
-  }
-  virtual void send_gradient(int micro, int slot) = 0;
   // Every send of the step complete (host: waited; GPU: the stream waits for them).
   virtual void end_schedule() = 0;
   // Whether any gradient is NaN or Inf (host runners; the GPU stops on the loss instead).
@@ -157,7 +196,7 @@ struct StageLinks {
   Communicator* gradients = nullptr;
 };
 
-std::unique_ptr<StageRunner> make_cpu_runner(const StageSpec& spec, const TrainConfig& config,
+std::unique_ptr<StageRunner> make_cpu_runner(const RankStages& stages, const TrainConfig& config,
                                              const Dataset& data, StageLinks links);
 // Only with CUDA (else a UsageError that says so). `world` names a stuck step in messages;
 // `abort_all` aborts every communicator of the job when a step stalls past --timeout.

@@ -1,7 +1,11 @@
-// The CPU runner: CpuStage's layers on OpenBLAS, host buffers per micro-batch, transfers
-// through the pipeline group (Gloo or MPI), the host optimizer.
+// The CPU runner: a rank's stages (one, or several with interleaving) as CpuStages on
+// OpenBLAS over one flat parameter buffer, host buffers per micro-batch, transfers through
+// the pipeline group (Gloo or MPI) or, between two stages of the rank, in memory; the host
+// optimizer over the whole buffer.
 #include <algorithm>
 #include <cstring>
+#include <map>
+#include <tuple>
 
 #include "engine/ddp.h"
 #include "engine/stage_runner.h"
@@ -14,18 +18,27 @@ namespace ddp {
 
 namespace {
 
-class CpuRunner final : public StageRunner {
+// What the rank's stages share: the pipeline links, this step's samples, the hand-overs
+// between two of its stages, the sends to wait for and the count of what they hold.
+struct RankState {
+  const Dataset& data;
+  StageLinks links;
+  std::vector<int32_t> indices;  // this replica's samples of the step
+  // Hand-overs between two stages of this rank: (receiving stage, micro-batch, activation?).
+  std::map<std::tuple<int, int, bool>, std::vector<float>> handed_over;
+  std::vector<std::unique_ptr<Work>> sends;  // waited at the end of the step
+  int held = 0, peak_held = 0;  // micro-batches forwarded, weight gradients not yet written
+};
+
+class CpuChunk final : public ChunkOps {
  public:
-  CpuRunner(const StageSpec& spec, const TrainConfig& config, const Dataset& data, StageLinks links)
+  CpuChunk(const StageSpec& spec, RankState& rank, float* params, float* grads)
       : spec_(spec),
-        data_(data),
-        links_(links),
-        stage_(spec.shape, spec.first, spec.end, spec.max_batch, spec.slots),
-        optimizer_(make_optimizer(config.optimizer, stage_.param_count())) {
+        rank_(rank),
+        stage_(spec.shape, spec.first, spec.end, spec.max_batch, spec.slots, params, grads) {
     const size_t rows = static_cast<size_t>(spec.micro_batches) * spec.batch;
-    indices_.resize(rows);
     batch_y_.resize(rows);
-    if (spec.is_first()) batch_x_.resize(rows * data.train.dim);
+    if (spec.is_first()) batch_x_.resize(rows * rank.data.train.dim);
     if (!spec.is_first()) {
       received_x_.resize(rows * spec.in_width());
       sent_dx_.resize(rows * spec.in_width());
@@ -36,17 +49,175 @@ class CpuRunner final : public StageRunner {
     output_of_.resize(spec.micro_batches);
   }
 
+  const StageSpec& spec() const { return spec_; }
+  CpuStage& stage() { return stage_; }
+
+  void recv_activation(int micro, int slot) override {
+    (void)slot;
+    receive(&received_x_[row(micro) * spec_.in_width()], spec_.batch * spec_.in_width(),
+            rank_.links.activations, spec_.prev_rank, micro, true);
+  }
+  void forward(int micro, int slot) override {
+    gather(micro);
+    const float* x = spec_.is_first() ? &batch_x_[row(micro) * rank_.data.train.dim]
+                                      : &received_x_[row(micro) * spec_.in_width()];
+    output_of_[micro] = stage_.forward(x, spec_.batch, slot);
+    rank_.peak_held = std::max(rank_.peak_held, ++rank_.held);
+  }
+  void send_activation(int micro, int slot) override {
+    (void)slot;
+    float* out = &sent_x_[row(micro) * spec_.out_width()];
+    const size_t count = static_cast<size_t>(spec_.batch) * spec_.out_width();
+    std::copy_n(output_of_[micro], count, out);
+    send(out, count, rank_.links.activations, spec_.next_rank, spec_.stage + 1, micro, true);
+  }
+  void recv_gradient(int micro, int slot) override {
+    (void)slot;
+    receive(received_dy_.data(), spec_.batch * spec_.out_width(), rank_.links.gradients,
+            spec_.next_rank, micro, false);
+  }
+  LossSum loss(int micro, int slot, float grad_scale) override {
+    (void)slot;
+    return softmax_xent_cpu(output_of_[micro], &batch_y_[row(micro)], spec_.batch,
+                            spec_.shape.num_classes(), grad_scale, received_dy_.data());
+  }
+  void backward(int micro, int slot, bool accumulate,
+                const std::function<void(int)>& on_layer_done) override {
+    (void)micro;
+    grad_input_ =
+        stage_.backward(received_dy_.data(), spec_.batch, slot, accumulate, on_layer_done);
+    --rank_.held;
+  }
+  bool splits_backward() const override { return true; }
+  void backward_input(int micro, int slot) override {
+    (void)micro;
+    grad_input_ = stage_.backward_input(received_dy_.data(), spec_.batch, slot);
+  }
+  void backward_weight(int micro, int slot, bool accumulate,
+                       const std::function<void(int)>& on_layer_done) override {
+    (void)micro;
+    stage_.backward_weight(slot, accumulate, on_layer_done);
+    --rank_.held;
+  }
+  void send_gradient(int micro, int slot) override {
+    (void)slot;
+    float* dx = &sent_dx_[row(micro) * spec_.in_width()];
+    const size_t count = static_cast<size_t>(spec_.batch) * spec_.in_width();
+    std::copy_n(grad_input_, count, dx);
+    send(dx, count, rank_.links.gradients, spec_.prev_rank, spec_.stage - 1, micro, false);
+  }
+
+  // Evaluation of `count` samples at `x` (first stage) through this stage: its input from
+  // the stage before (another rank's, or `handed` from this rank's), its output to the next
+  // stage, or (last stage) the loss sums of `labels`. Returns the output for a next stage on
+  // this rank.
+  const float* evaluate(const float* x, const float* handed, int count, const int32_t* labels,
+                        LossSum* sum) {
+    if (!spec_.is_first()) {
+      if (handed != nullptr) {
+        x = handed;
+      } else {
+        receive(eval_x_.data(), static_cast<size_t>(count) * spec_.in_width(),
+                rank_.links.activations, spec_.prev_rank, -1, true);
+        x = eval_x_.data();
+      }
+    }
+    const float* out = stage_.forward(x, count, 0);
+    if (spec_.is_last()) {
+      const LossSum s =
+          softmax_xent_cpu(out, labels, count, spec_.shape.num_classes(), 0.0f, nullptr);
+      sum->loss += s.loss;
+      sum->correct += s.correct;
+      return nullptr;
+    }
+    if (spec_.next_rank == spec_.rank) return out;
+    rank_.links.activations
+        ->isend(out, static_cast<size_t>(count) * spec_.out_width(), DataType::kFloat32,
+                spec_.next_rank)
+        ->wait(rank_.links.activations->timeout());
+    return nullptr;
+  }
+
+ private:
+  size_t row(int micro) const { return static_cast<size_t>(micro) * spec_.batch; }
+  // The micro-batch's rows of the data (first stage) and its labels (last stage).
+  void gather(int micro) {
+    const int dim = rank_.data.train.dim;
+    for (int i = 0; i < spec_.batch; ++i) {
+      const size_t at = row(micro) + i;
+      const int32_t index = rank_.indices[at];
+      if (spec_.is_first())
+        std::memcpy(&batch_x_[at * dim], &rank_.data.train.x[static_cast<size_t>(index) * dim],
+                    sizeof(float) * dim);
+      batch_y_[at] = rank_.data.train.y[index];
+    }
+  }
+  // A transfer to or from `peer`; to or from this rank itself (two of its stages), a
+  // hand-over in memory (micro < 0: evaluation, never handed over).
+  void send(const float* data, size_t count, Communicator* link, int peer, int to_stage, int micro,
+            bool activation) {
+    if (peer == spec_.rank) {
+      rank_.handed_over[{to_stage, micro, activation}].assign(data, data + count);
+      return;
+    }
+    rank_.sends.push_back(link->isend(data, count, DataType::kFloat32, peer));
+  }
+  void receive(float* buffer, size_t count, Communicator* link, int peer, int micro,
+               bool activation) {
+    if (peer == spec_.rank) {
+      const auto it = rank_.handed_over.find({spec_.stage, micro, activation});
+      DDP_CHECK(it != rank_.handed_over.end() && it->second.size() == count,
+                "pipeline: stage {} takes micro-batch {} from its own rank before it was handed "
+                "over",
+                spec_.stage, micro);
+      std::copy_n(it->second.data(), count, buffer);
+      rank_.handed_over.erase(it);
+      return;
+    }
+    link->irecv(buffer, count, DataType::kFloat32, peer)->wait(link->timeout());
+  }
+
+  StageSpec spec_;
+  RankState& rank_;
+  CpuStage stage_;
+  std::vector<float> batch_x_;      // [micro_batches * batch, input width] (first stage)
+  std::vector<int32_t> batch_y_;    // [micro_batches * batch]
+  std::vector<float> received_x_;   // activations from the previous stage, per micro-batch
+  std::vector<float> sent_x_;       // activations to the next stage, per micro-batch
+  std::vector<float> received_dy_;  // gradient from the next stage (or of the loss)
+  std::vector<float> sent_dx_;      // gradients to the previous stage, per micro-batch
+  std::vector<float> eval_x_;       // evaluation: a chunk from the previous stage
+  std::vector<const float*> output_of_;
+  const float* grad_input_ = nullptr;
+};
+
+class CpuRunner final : public StageRunner {
+ public:
+  CpuRunner(const RankStages& stages, const TrainConfig& config, const Dataset& data,
+            StageLinks links)
+      : stages_(stages),
+        rank_{data, links},
+        params_(stages.param_count()),
+        grads_(stages.param_count()),
+        optimizer_(make_optimizer(config.optimizer, stages.param_count())) {
+    const StageSpec& first = stages.chunks.front();
+    rank_.indices.resize(static_cast<size_t>(first.micro_batches) * first.batch);
+    for (size_t c = 0; c < stages.chunks.size(); ++c) {
+      const size_t at = stages.offset_of(static_cast<int>(c));
+      chunks_.push_back(
+          std::make_unique<CpuChunk>(stages.chunks[c], rank_, &params_[at], &grads_[at]));
+    }
+  }
+
   bool on_gpu() const override { return false; }
-  float* params() override { return stage_.params(); }
-  float* grads() override { return stage_.grads(); }
+  float* params() override { return params_.data(); }
+  float* grads() override { return grads_.data(); }
   void prepare_ddp(Ddp& ddp, uint64_t fingerprint, const std::string& description) override {
     ddp.check_same_layout(fingerprint, description);
   }
-  std::vector<float> get_params() override {
-    return {stage_.params(), stage_.params() + stage_.param_count()};
-  }
+  std::vector<float> get_params() override { return params_; }
   void set_params(const float* host) override {
-    std::copy_n(host, stage_.param_count(), stage_.params());
+    std::copy_n(host, params_.size(), params_.begin());
   }
   NamedState optimizer_state() override {
     NamedState state;
@@ -66,144 +237,53 @@ class CpuRunner final : public StageRunner {
                    int steps) override {
     (void)first_step;
     DDP_CHECK(steps == 1, "the CPU runner takes one step at a time, not {}", steps);
-    std::copy_n(indices, indices_.size(), indices_.begin());
+    std::copy_n(indices, rank_.indices.size(), rank_.indices.begin());
     lr_ = lrs[0];
-    sends_.clear();
+    rank_.sends.clear();
   }
-  void recv_activation(int micro, int slot) override {
-    (void)slot;
-    receive(&received_x_[row(micro) * spec_.in_width()], spec_.batch * spec_.in_width(),
-            links_.activations, spec_.stage - 1);
-  }
-  void forward(int micro, int slot) override {
-    gather(micro);
-    const float* x = spec_.is_first() ? &batch_x_[row(micro) * data_.train.dim]
-                                      : &received_x_[row(micro) * spec_.in_width()];
-    output_of_[micro] = stage_.forward(x, spec_.batch, slot);
-    peak_held_ = std::max(peak_held_, ++held_);
-  }
-  void send_activation(int micro, int slot) override {
-    (void)slot;
-    float* out = &sent_x_[row(micro) * spec_.out_width()];
-    const size_t count = static_cast<size_t>(spec_.batch) * spec_.out_width();
-    std::copy_n(output_of_[micro], count, out);
-    sends_.push_back(links_.activations->isend(out, count, DataType::kFloat32, spec_.stage + 1));
-  }
-  void recv_gradient(int micro, int slot) override {
-    (void)micro, (void)slot;
-    receive(received_dy_.data(), spec_.batch * spec_.out_width(), links_.gradients,
-            spec_.stage + 1);
-  }
-  LossSum loss(int micro, int slot, float grad_scale) override {
-    (void)slot;
-    return softmax_xent_cpu(output_of_[micro], &batch_y_[row(micro)], spec_.batch,
-                            spec_.shape.num_classes(), grad_scale, received_dy_.data());
-  }
-  void backward(int micro, int slot, bool accumulate,
-                const std::function<void(int)>& on_layer_done) override {
-    (void)micro;
-    grad_input_ =
-        stage_.backward(received_dy_.data(), spec_.batch, slot, accumulate, on_layer_done);
-    --held_;
-  }
-  bool splits_backward() const override { return true; }
-  void backward_input(int micro, int slot) override {
-    (void)micro;
-    grad_input_ = stage_.backward_input(received_dy_.data(), spec_.batch, slot);
-  }
-  void backward_weight(int micro, int slot, bool accumulate,
-                       const std::function<void(int)>& on_layer_done) override {
-    (void)micro;
-    stage_.backward_weight(slot, accumulate, on_layer_done);
-    --held_;
-  }
-  int peak_held_activations() const override { return peak_held_; }
-  void send_gradient(int micro, int slot) override {
-    (void)slot;
-    float* dx = &sent_dx_[row(micro) * spec_.in_width()];
-    const size_t count = static_cast<size_t>(spec_.batch) * spec_.in_width();
-    std::copy_n(grad_input_, count, dx);
-    sends_.push_back(links_.gradients->isend(dx, count, DataType::kFloat32, spec_.stage - 1));
-  }
+  ChunkOps& chunk(int c) override { return *chunks_.at(c); }
+  int peak_held_activations() const override { return rank_.peak_held; }
   void end_schedule() override {
-    for (auto& work : sends_)
-      work->wait(links_.activations->timeout());
-    sends_.clear();
+    for (auto& work : rank_.sends)
+      work->wait(rank_.links.activations->timeout());
+    rank_.sends.clear();
+    DDP_CHECK(rank_.handed_over.empty(),
+              "pipeline: {} hand-overs between this rank's stages "
+              "were never taken",
+              rank_.handed_over.size());
   }
-  bool grads_nonfinite() override { return any_nonfinite(stage_.grads(), stage_.param_count()); }
+  bool grads_nonfinite() override { return any_nonfinite(grads_.data(), grads_.size()); }
   void optimizer_step() override {
-    optimizer_->step(stage_.params(), stage_.grads(), stage_.param_count(), lr_);
+    optimizer_->step(params_.data(), grads_.data(), params_.size(), lr_);
   }
   LossSum evaluate(const Split& split, int64_t begin, int64_t end) override {
     LossSum total{};
-    const int chunk = spec_.max_batch;
+    const int chunk = stages_.chunks.front().max_batch;
     for (int64_t at = begin; at < end; at += chunk) {
       const int count = static_cast<int>(std::min<int64_t>(chunk, end - at));
-      const float* x = &split.x[static_cast<size_t>(at) * split.dim];
-      if (!spec_.is_first()) {
-        receive(eval_x_.data(), static_cast<size_t>(count) * spec_.in_width(), links_.activations,
-                spec_.stage - 1);
-        x = eval_x_.data();
-      }
-      const float* out = stage_.forward(x, count, 0);
-      if (!spec_.is_last()) {
-        links_.activations
-            ->isend(out, static_cast<size_t>(count) * spec_.out_width(), DataType::kFloat32,
-                    spec_.stage + 1)
-            ->wait(links_.activations->timeout());
-        continue;
-      }
-      const LossSum sum =
-          softmax_xent_cpu(out, &split.y[at], count, spec_.shape.num_classes(), 0.0f, nullptr);
-      total.loss += sum.loss;
-      total.correct += sum.correct;
+      const float* handed = nullptr;  // the previous stage's output, when on this rank
+      for (auto& c : chunks_)
+        handed = c->evaluate(&split.x[static_cast<size_t>(at) * split.dim], handed, count,
+                             &split.y[at], &total);
     }
     return total;
   }
 
  private:
-  size_t row(int micro) const { return static_cast<size_t>(micro) * spec_.batch; }
-  // The micro-batch's rows of the data (first stage) and its labels (last stage).
-  void gather(int micro) {
-    const int dim = data_.train.dim;
-    for (int i = 0; i < spec_.batch; ++i) {
-      const size_t at = row(micro) + i;
-      const int32_t index = indices_[at];
-      if (spec_.is_first())
-        std::memcpy(&batch_x_[at * dim], &data_.train.x[static_cast<size_t>(index) * dim],
-                    sizeof(float) * dim);
-      batch_y_[at] = data_.train.y[index];
-    }
-  }
-  static void receive(float* buffer, size_t count, Communicator* from, int peer) {
-    from->irecv(buffer, count, DataType::kFloat32, peer)->wait(from->timeout());
-  }
-
-  StageSpec spec_;
-  const Dataset& data_;
-  StageLinks links_;
-  CpuStage stage_;
+  RankStages stages_;
+  RankState rank_;
+  std::vector<float> params_;  // every stage's, one after the other
+  std::vector<float> grads_;
+  std::vector<std::unique_ptr<CpuChunk>> chunks_;
   std::unique_ptr<Optimizer> optimizer_;
   float lr_ = 0;
-  std::vector<int32_t> indices_;
-  std::vector<float> batch_x_;      // [micro_batches * batch, input width] (first stage)
-  std::vector<int32_t> batch_y_;    // [micro_batches * batch]
-  std::vector<float> received_x_;   // activations from the previous stage, per micro-batch
-  std::vector<float> sent_x_;       // activations to the next stage, per micro-batch
-  std::vector<float> received_dy_;  // gradient from the next stage (or of the loss)
-  std::vector<float> sent_dx_;      // gradients to the previous stage, per micro-batch
-  std::vector<float> eval_x_;       // evaluation: a chunk from the previous stage
-  std::vector<const float*> output_of_;
-  const float* grad_input_ = nullptr;
-  int held_ = 0, peak_held_ = 0;  // micro-batches forwarded, weight gradients not yet written
-  std::vector<std::unique_ptr<Work>> sends_;  // waited at the end of the step
 };
 
 }  // namespace
 
-std::unique_ptr<StageRunner> make_cpu_runner(const StageSpec& spec, const TrainConfig& config,
+std::unique_ptr<StageRunner> make_cpu_runner(const RankStages& stages, const TrainConfig& config,
                                              const Dataset& data, StageLinks links) {
-  return std::make_unique<CpuRunner>(spec, config, data, links);
+  return std::make_unique<CpuRunner>(stages, config, data, links);
 }
 
 }  // namespace ddp

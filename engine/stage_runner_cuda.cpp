@@ -36,7 +36,7 @@ void record(cudaEvent_t event, cudaStream_t stream) {
     DDP_CUDA_CHECK(cudaEventRecordWithFlags(event, stream, cudaEventRecordExternal));
 }
 
-class GpuRunner final : public StageRunner {
+class GpuRunner final : public StageRunner, public ChunkOps {
  public:
   GpuRunner(const StageSpec& spec, const TrainConfig& config, const Dataset& data, StageLinks links,
             Communicator* world, std::function<void()> abort_all)
@@ -86,6 +86,10 @@ class GpuRunner final : public StageRunner {
   ~GpuRunner() override { cudaStreamSynchronize(stage_.stream()); }
 
   bool on_gpu() const override { return true; }
+  ChunkOps& chunk(int c) override {
+    DDP_CHECK(c == 0, "the GPU runner holds one stage, not chunk {}", c);
+    return *this;
+  }
   float* params() override { return stage_.params(); }
   float* grads() override { return stage_.grads(); }
   void params_changed() override { stage_.refresh_low_precision_params(); }
@@ -349,9 +353,10 @@ void check_gpu_supported(const TrainConfig& config) {
   DDP_USAGE_CHECK(config.on_nonfinite == OnNonfinite::kStop,
                   "--on-nonfinite {}: runs on the CPU path only so far (the GPU path stops)",
                   on_nonfinite_name(config.on_nonfinite));
-  DDP_USAGE_CHECK(config.pp == 1 || !splits_backward(config.schedule),
-                  "--schedule {}: runs on the CPU path only so far (the GPU runners compute "
-                  "backward whole); give --device cpu or another --schedule",
+  DDP_USAGE_CHECK(config.pp == 1 || (!splits_backward(config.schedule) &&
+                                     config.schedule != PipelineSchedule::kInterleaved),
+                  "--schedule {}: runs on the CPU path only so far (the GPU runners hold one "
+                  "stage and compute backward whole); give --device cpu or another --schedule",
                   schedule_name(config.schedule));
 }
 

@@ -53,20 +53,20 @@ Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* c
       sampler_(data.train.n, config.seed, config.shuffle),
       timeline_(!config.timeline.empty()) {
   (void)store;
-  spec_.shape = parse_layers(config.layers);
-  spec_.first = layout_.bounds[layout_.stage];
-  spec_.end = layout_.bounds[layout_.stage + 1];
-  spec_.stage = layout_.stage;
-  spec_.stages = layout_.stages;
-  spec_.micro_batches = micro_batches_;
-  spec_.batch = local_batch_;
-  spec_.max_batch = max_batch_of(config, local_batch_);
+  StageSpec cut;
+  cut.shape = parse_layers(config.layers);
+  cut.micro_batches = micro_batches_;
+  cut.batch = local_batch_;
+  cut.max_batch = max_batch_of(config, local_batch_);
+  stages_ = rank_stages(layout_, layout_.stage, cut);
   // The whole model (pp = 1) runs a one-stage pipeline: its micro-batches are --accumulate's.
   executor_ = std::make_unique<ScheduleExecutor>(
-      plan_schedule(config.pp > 1 ? config.schedule : PipelineSchedule::kOneForwardOneBackward,
-                    layout_.stage, layout_.stages, micro_batches_),
-      spec_);
-  spec_.slots = executor_->slots();
+      plan_rank_schedule(config.pp > 1 ? config.schedule : PipelineSchedule::kOneForwardOneBackward,
+                         layout_.stage, layout_.stages, layout_.chunks(), micro_batches_),
+      stages_);
+  for (StageSpec& c : stages_.chunks)
+    c.slots = executor_->slots();
+  spec_ = stages_.chunks.front();
   const MlpShape& shape = spec_.shape;
   check_model_fits_data(shape, config, data);
   set_cpu_threads(config.threads);
@@ -75,7 +75,10 @@ Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* c
   if (layout_.stages > 1) {
     // Collective over the world, in the same order on every rank.
     pipe_group_ = comm_->split(layout_.replica, layout_.stage);
-    if (gpu) grad_group_ = comm_->split(layout_.replica, layout_.stage);
+    // Gradients on a communicator of their own: the GPU's queues never wait behind each
+    // other, and with several stages a rank (whose transfers to one peer carry both flows)
+    // each flow's messages match in order.
+    if (gpu || layout_.chunks() > 1) grad_group_ = comm_->split(layout_.replica, layout_.stage);
     if (layout_.replicas > 1) dp_group_ = comm_->split(layout_.stage, layout_.replica);
     if (pipe_group_->device_buffers()) host_pipe_ = make_host_staged(*pipe_group_);
     if (lead())
@@ -86,6 +89,7 @@ Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* c
   const StageLinks links{pipe_group_.get(), grad_group_ ? grad_group_.get() : pipe_group_.get()};
   DDP_CHECK(runner == nullptr || (gpu && layout_.stages == 1),
             "a runner made beforehand is the whole model's on the GPU");
+  DDP_CHECK(!gpu || stages_.chunks.size() == 1, "the GPU runners hold one stage a rank");
   if (gpu) {
     std::vector<Communicator*> all{comm_, pipe_group_.get(), grad_group_.get(), dp_group_.get()};
     auto abort_all = [all] {
@@ -99,7 +103,7 @@ Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* c
       runner_ = make_gpu_runner(spec_, config, data, links, comm_, abort_all);
     }
   } else {
-    runner_ = make_cpu_runner(spec_, config, data, links);
+    runner_ = make_cpu_runner(stages_, config, data, links);
   }
   if (!runner_->initial_params()) {
     // Every stage starts from the one-process initialisation and takes its layers.
@@ -113,7 +117,7 @@ Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* c
                       "--init-weights {}: weight {} at index {} of the flat parameters is not "
                       "finite; expected finite weights",
                       config.init_weights, whole[i], i);
-    runner_->set_params(whole.data() + spec_.param_offset());
+    runner_->set_params(stages_.take(whole.data()).data());
   }
   total_steps_ =
       config.steps > 0
@@ -124,16 +128,13 @@ Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* c
   if (layout_.replicas > 1 || (layout_.stages == 1 && comm_ != nullptr)) {
     Communicator& group = *dp_comm();
     std::vector<ParamSpan> spans;
-    for (int i = spec_.first; i < spec_.end; ++i)
-      spans.push_back(
-          {shape.layer(i).weight_offset - spec_.param_offset(), shape.layer(i).count()});
+    for (const auto& [offset, count] : stages_.layer_spans())
+      spans.push_back({offset, count});
     ddp_ = std::make_unique<Ddp>(group, spans, static_cast<size_t>(config.bucket_mb * 1048576),
                                  static_cast<size_t>(config.first_bucket_mb * 1048576),
                                  config.overlap);
-    runner_->prepare_ddp(
-        *ddp_, shape.fingerprint() ^ (uint64_t(spec_.first) << 48) ^ (uint64_t(spec_.end) << 56),
-        shape.to_string());
-    ddp_->broadcast_parameters(runner_->params(), spec_.param_count());
+    runner_->prepare_ddp(*ddp_, stages_.fingerprint(), shape.to_string());
+    ddp_->broadcast_parameters(runner_->params(), stages_.param_count());
     runner_->params_changed();
   }
   if (config.resume && !config.checkpoint_dir.empty()) {
@@ -146,13 +147,10 @@ Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* c
         spdlog::warn("resuming with changed settings (allowed): {}",
                      fmt::format("{}", fmt::join(c.changed, "; ")));
       // A checkpoint holds the whole model, so any layout resumes from it.
-      const size_t offset = spec_.param_offset();
-      const size_t count = spec_.param_count();
-      runner_->set_params(c.params.data() + offset);
+      runner_->set_params(stages_.take(c.params.data()).data());
       NamedState state;
       for (const auto& [name, values] : c.optimizer_state)
-        state.emplace_back(
-            name, std::vector<float>(values.begin() + offset, values.begin() + offset + count));
+        state.emplace_back(name, stages_.take(values.data()));
       runner_->set_optimizer_state(state, c.optimizer_steps);
       step_ = c.step;
       resumed_from_ = c.step;
@@ -234,7 +232,7 @@ StepStats Trainer::step() {
   Stopwatch step_clock;
   StepStats stats;
   if (step_ >= planned_end_) plan_steps();
-  if (spec_.is_last()) stats.samples = local_batch_ * micro_batches_;
+  if (stages_.has_last()) stats.samples = local_batch_ * micro_batches_;
   if (runner_->on_gpu()) {
     // The whole step on the device (captured once, then replayed); its loss stays there
     // until the window's end, and a non-finite one stops the run there.
@@ -257,7 +255,7 @@ StepStats Trainer::step() {
           "step {}: non-finite gradient{}{}; stopped before any checkpoint or weights were "
           "written (lower --lr, check the data, or --on-nonfinite skip-step)",
           step_ + 1, nonfinite ? fmt::format(" on rank {}", rank_) : " on another stage",
-          spec_.is_last() ? fmt::format(" (loss sum {})", stats.loss_sum) : ""));
+          stages_.has_last() ? fmt::format(" (loss sum {})", stats.loss_sum) : ""));
     spdlog::warn("skipping step {}: non-finite gradient (--on-nonfinite skip-step)", step_ + 1);
     ++stats.skipped;
     ++step_;
@@ -273,7 +271,7 @@ StepStats Trainer::step() {
   timeline_.add(SpanKind::kOptimizer, step_, -1, start, timeline_.now_us());
   Communicator* replicas = dp_comm();
   if (config_.check_replicas && replicas != nullptr && replicas->size() > 1) {
-    const int64_t mine = params_checksum(runner_->params(), spec_.param_count());
+    const int64_t mine = params_checksum(runner_->params(), stages_.param_count());
     std::vector<int64_t> all(replicas->size());
     replicas->all_gather(&mine, all.data(), 1, DataType::kInt64);
     for (int r = 0; r < replicas->size(); ++r)
@@ -326,13 +324,13 @@ void Trainer::check_finite_params(const char* before) {
     throw NonFiniteError(
         fmt::format("after step {}: non-finite weight {} at index {} on rank {}; stopped before {} "
                     "(lower --lr or check the data)",
-                    step_, p[bad], spec_.param_offset() + bad, rank_, before));
+                    step_, p[bad], stages_.model_index(bad), rank_, before));
   throw NonFiniteError(fmt::format(
       "after step {}: non-finite weight on another stage; stopped before {}", step_, before));
 }
 
 void Trainer::gather_model(std::vector<float>* params, NamedState* state) {
-  gather_whole_model(*runner_, layout_, spec_, host_pipe(), lead(), params, state);
+  gather_whole_model(*runner_, layout_, stages_, host_pipe(), lead(), params, state);
 }
 
 void Trainer::take_checkpoint() {
@@ -486,7 +484,7 @@ TrainResult Trainer::run_loop(MetricsWriter* metrics_in, GpuMonitor* monitor) {
       const int64_t end = data_.test.n * (layout_.replica + 1) / layout_.replicas;
       const LossSum shard = evaluate_range(data_.test, begin, end);
       double sums[3] = {shard.loss, static_cast<double>(shard.correct),
-                        spec_.is_last() ? static_cast<double>(end - begin) : 0.0};
+                        stages_.has_last() ? static_cast<double>(end - begin) : 0.0};
       sum_over_ranks(host_comm(), sums, 3);
       progress.evaluation(step_, sums[0], static_cast<int64_t>(sums[1]),
                           static_cast<int64_t>(sums[2]));

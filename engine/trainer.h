@@ -128,7 +128,8 @@ class Trainer {
   std::unique_ptr<Communicator> dp_group_;    // this stage's replicas (pp > 1, dp > 1)
   std::unique_ptr<Communicator> host_world_, host_pipe_;  // host views (device communicators)
   std::unique_ptr<ScheduleExecutor> executor_;            // this stage's schedule of a step
-  StageSpec spec_;
+  RankStages stages_;  // what this rank runs: its stages (several with interleaving)
+  StageSpec spec_;     // its first stage (the only one on the GPU)
   std::unique_ptr<StageRunner> runner_;
   std::unique_ptr<Ddp> ddp_;
   Sampler sampler_;

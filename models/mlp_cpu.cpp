@@ -8,13 +8,22 @@
 
 namespace ddp {
 
-CpuStage::CpuStage(MlpShape shape, int first, int end, int max_batch, int slots)
+CpuStage::CpuStage(MlpShape shape, int first, int end, int max_batch, int slots, float* params,
+                   float* grads)
     : StageLayers(std::move(shape), first, end), max_batch_(max_batch) {
   DDP_CHECK(slots >= 1, "stage of layers [{}, {}) with {} slots", first_, end_, slots);
   const size_t count = shape_.layer(end_ - 1).bias_offset + shape_.layer(end_ - 1).out -
                        shape_.layer(first_).weight_offset;
-  params_.resize(count);
-  grads_.resize(count);
+  if (params == nullptr) {
+    own_params_.resize(count);
+    params = own_params_.data();
+  }
+  if (grads == nullptr) {
+    own_grads_.resize(count);
+    grads = own_grads_.data();
+  }
+  params_ = params;
+  grads_ = grads;
   inputs_.assign(slots, nullptr);
   activations_.resize(slots);
   for (auto& slot : activations_)
@@ -34,9 +43,8 @@ const float* CpuStage::forward(const float* x, int batch, int slot) {
     const LayerSlice& layer = shape_.layer(i);
     const bool relu = i + 1 < shape_.num_layers();
     float* out = activations_[slot][i - first_].data();
-    linear_forward_cpu(in, params_.data() + layer.weight_offset - base,
-                       params_.data() + layer.bias_offset - base, out, batch, layer.in, layer.out,
-                       relu);
+    linear_forward_cpu(in, params_ + layer.weight_offset - base, params_ + layer.bias_offset - base,
+                       out, batch, layer.in, layer.out, relu);
     in = out;
   }
   return in;
@@ -56,10 +64,9 @@ const float* CpuStage::backward(float* dy, int batch, int slot, bool accumulate,
     if (i < last_layer) relu_backward_cpu(out.data(), dy, static_cast<size_t>(batch) * layer.out);
     const float* x = i == first_ ? inputs_[slot] : activations_[slot][i - first_ - 1].data();
     float* dx = i == 0 ? nullptr : buffers[next];
-    linear_backward_cpu(x, params_.data() + layer.weight_offset - base, dy, dx,
-                        grads_.data() + layer.weight_offset - base,
-                        grads_.data() + layer.bias_offset - base, batch, layer.in, layer.out,
-                        accumulate);
+    linear_backward_cpu(x, params_ + layer.weight_offset - base, dy, dx,
+                        grads_ + layer.weight_offset - base, grads_ + layer.bias_offset - base,
+                        batch, layer.in, layer.out, accumulate);
     if (on_layer_done) on_layer_done(i - first_);
     dy = dx;
     next ^= 1;
@@ -91,8 +98,7 @@ const float* CpuStage::backward_input(const float* dy, int batch, int slot) {
                         static_cast<size_t>(batch) * layer.out);
     if (i == 0) return nullptr;
     float* dx = i == first_ ? grad_a_.data() : grads[i - first_ - 1].data();
-    linear_input_grad_cpu(params_.data() + layer.weight_offset - base, g, dx, batch, layer.in,
-                          layer.out);
+    linear_input_grad_cpu(params_ + layer.weight_offset - base, g, dx, batch, layer.in, layer.out);
   }
   return grad_a_.data();
 }
@@ -106,9 +112,9 @@ void CpuStage::backward_weight(int slot, bool accumulate,
   for (int i = end_ - 1; i >= first_; --i) {
     const LayerSlice& layer = shape_.layer(i);
     const float* x = i == first_ ? inputs_[slot] : activations_[slot][i - first_ - 1].data();
-    linear_weight_grad_cpu(
-        x, output_grads_[slot][i - first_].data(), grads_.data() + layer.weight_offset - base,
-        grads_.data() + layer.bias_offset - base, batch, layer.in, layer.out, accumulate);
+    linear_weight_grad_cpu(x, output_grads_[slot][i - first_].data(),
+                           grads_ + layer.weight_offset - base, grads_ + layer.bias_offset - base,
+                           batch, layer.in, layer.out, accumulate);
     if (on_layer_done) on_layer_done(i - first_);
   }
   split_batch_[slot] = 0;

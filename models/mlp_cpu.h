@@ -17,15 +17,21 @@ namespace ddp {
 class CpuStage : public StageLayers {
  public:
   // Layers [first, end) of `shape`, micro-batches of at most max_batch samples, activations
-  // for `slots` micro-batches in flight. 0 <= first < end <= shape.num_layers().
-  CpuStage(MlpShape shape, int first, int end, int max_batch, int slots = 1);
+  // for `slots` micro-batches in flight. 0 <= first < end <= shape.num_layers(). `params` and
+  // `grads` (param_count() floats each, outliving the stage) hold its parameters and
+  // gradients where a caller keeps several stages in one buffer; null: its own.
+  CpuStage(MlpShape shape, int first, int end, int max_batch, int slots = 1,
+           float* params = nullptr, float* grads = nullptr);
+  CpuStage(const CpuStage&) = delete;  // its buffers may be its own: a copy would share them
+  CpuStage& operator=(const CpuStage&) = delete;
+  CpuStage(CpuStage&&) = default;
 
   int max_batch() const { return max_batch_; }
   int slots() const { return static_cast<int>(activations_.size()); }
-  float* params() { return params_.data(); }
-  const float* params() const { return params_.data(); }
-  float* grads() { return grads_.data(); }
-  const float* grads() const { return grads_.data(); }
+  float* params() { return params_; }
+  const float* params() const { return params_; }
+  float* grads() { return grads_; }
+  const float* grads() const { return grads_; }
 
   // Output of layer i (first_layer() <= i < end_layer()) from the slot's last forward().
   const float* activation(int slot, int i) const { return activations_[slot][i - first_].data(); }
@@ -54,8 +60,9 @@ class CpuStage : public StageLayers {
 
  private:
   int max_batch_;
-  std::vector<float> params_;
-  std::vector<float> grads_;
+  std::vector<float> own_params_, own_grads_;  // when not given
+  float* params_;
+  float* grads_;
   std::vector<const float*> inputs_;                          // a slot's input
   std::vector<std::vector<std::vector<float>>> activations_;  // [slot][layer - first]
   // backward_input's output gradients (ReLU applied) for backward_weight, made on first use.

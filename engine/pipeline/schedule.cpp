@@ -491,7 +491,8 @@ SlotPlan plan_slots(const std::vector<PipelineAction>& actions, int micro_batche
   return plan;
 }
 
-PipelineLayout plan_layout(int world, int rank, int stages, std::vector<int> bounds) {
+PipelineLayout plan_layout(int world, int rank, int stages, std::vector<int> bounds,
+                           std::vector<int> stage_rank) {
   if (stages < 1 || world % stages != 0) {
     const int below = stages >= 1 ? world / stages * stages : 0;
     const std::string fix = below == 0 ? fmt::format("start {} ranks, or a multiple of it", stages)
@@ -501,9 +502,13 @@ PipelineLayout plan_layout(int world, int rank, int stages, std::vector<int> bou
         "{})",
         stages, world, world == 1 ? "" : "s", fix));
   }
-  DDP_CHECK(static_cast<int>(bounds.size()) == stages + 1, "{} layer bounds for {} stages",
-            bounds.size(), stages);
+  if (stage_rank.empty())
+    for (int s = 0; s < stages; ++s)
+      stage_rank.push_back(s);
+  DDP_CHECK(bounds.size() == stage_rank.size() + 1 && stage_rank.size() % stages == 0,
+            "{} layer bounds for {} stages on {} ranks", bounds.size(), stage_rank.size(), stages);
   PipelineLayout layout;
+  layout.stage_rank = std::move(stage_rank);
   layout.stages = stages;
   layout.replicas = world / stages;
   layout.stage = rank / layout.replicas;
@@ -512,16 +517,23 @@ PipelineLayout plan_layout(int world, int rank, int stages, std::vector<int> bou
   return layout;
 }
 
+std::vector<int> PipelineLayout::stages_of(int pipe_rank) const {
+  std::vector<int> mine;
+  for (size_t s = 0; s < stage_rank.size(); ++s)
+    if (stage_rank[s] == pipe_rank) mine.push_back(static_cast<int>(s));
+  return mine;
+}
+
 std::string describe_layout(const PipelineLayout& layout) {
   std::string text;
-  for (int s = 0; s < layout.stages; ++s) {
+  for (int s = 0; s < static_cast<int>(layout.stage_rank.size()); ++s) {
     const int first = layout.bounds[s];
     const int last = layout.bounds[s + 1] - 1;
     text += (s ? "; " : "") + std::string("stage ") + std::to_string(s) + ": layers " +
             std::to_string(first) + (last > first ? "-" + std::to_string(last) : "") +
             (layout.replicas > 1 ? " on ranks " : " on rank ");
     for (int d = 0; d < layout.replicas; ++d)
-      text += (d ? "," : "") + std::to_string(layout.rank_of(s, d));
+      text += (d ? "," : "") + std::to_string(layout.rank_of(layout.stage_rank[s], d));
   }
   return text;
 }

@@ -148,21 +148,30 @@ std::vector<int> parse_partition(const std::string& text, int layers);
 // Where a rank sits in a dp x pp job. Ranks of one stage are consecutive (rank = stage *
 // replicas + replica, Megatron-LM's order), so that the data-parallel all-reduce, the
 // heavier traffic, stays among neighbouring ranks; a replica's stages are `replicas` apart.
+// With several chunks a rank (interleaved-1f1b, zb-v) the P pipeline ranks hold P x V stages
+// of layers, stage s on pipeline rank stage_rank[s]; `stage` is then this rank's place in the
+// pipeline (its index in the pipeline group), not one of the stages.
 struct PipelineLayout {
-  int stages = 1;    // pp
+  int stages = 1;    // pp: pipeline ranks
   int replicas = 1;  // dp
-  int stage = 0;
+  int stage = 0;     // this rank's place in the pipeline
   int replica = 0;
-  std::vector<int> bounds;  // stage s owns layers [bounds[s], bounds[s + 1])
+  std::vector<int> bounds;      // stage s owns layers [bounds[s], bounds[s + 1])
+  std::vector<int> stage_rank;  // stage s runs on pipeline rank stage_rank[s]
   int rank_of(int stage_index, int replica_index) const {
     return stage_index * replicas + replica_index;
   }
+  int chunks() const { return static_cast<int>(stage_rank.size()) / stages; }
+  // The stages that pipeline rank `pipe_rank` runs, in stage order.
+  std::vector<int> stages_of(int pipe_rank) const;
 };
 
-// The layout of `rank` in a world of `world` ranks split into `stages` stages over the
-// layer bounds `bounds` (stages + 1 entries). Throws UsageError when the world is not a
-// multiple of the stage count, naming --pp and the world size. Pure.
-PipelineLayout plan_layout(int world, int rank, int stages, std::vector<int> bounds);
+// The layout of `rank` in a world of `world` ranks split into `stages` pipeline ranks over the
+// layer bounds `bounds` of the stages placed by `stage_rank` (empty: one stage a rank).
+// Throws UsageError when the world is not a multiple of the stage count, naming --pp and the
+// world size. Pure.
+PipelineLayout plan_layout(int world, int rank, int stages, std::vector<int> bounds,
+                           std::vector<int> stage_rank = {});
 
 // "stage 0: layers 0-1 on ranks 0,1; stage 1: layers 2 on ranks 2,3" for the log. Pure.
 std::string describe_layout(const PipelineLayout& layout);
