@@ -8,6 +8,39 @@
 
 namespace ddp {
 
+namespace {
+
+int cost_index(ActionKind kind) {
+  switch (kind) {
+    case ActionKind::kForward:
+      return 0;
+    case ActionKind::kBackward:
+      return 1;
+    case ActionKind::kBackwardInput:
+      return 2;
+    case ActionKind::kBackwardWeight:
+      return 3;
+    default:
+      return -1;
+  }
+}
+
+}  // namespace
+
+void ComputeCosts::add(ActionKind kind, double s) {
+  const int i = cost_index(kind);
+  if (i < 0) return;
+  seconds[i] += s;
+  ++count[i];
+}
+
+void ComputeCosts::add(const ComputeCosts& other) {
+  for (int i = 0; i < 4; ++i) {
+    seconds[i] += other.seconds[i];
+    count[i] += other.count[i];
+  }
+}
+
 ScheduleExecutor::ScheduleExecutor(std::vector<PipelineAction> actions, const RankStages& stages)
     : actions_(std::move(actions)), stages_(stages) {
   const int chunks = static_cast<int>(stages.chunks.size());
@@ -78,6 +111,10 @@ void ScheduleExecutor::run(StageRunner& runner, Ddp* ddp, TimelineRecorder& time
     reduce_next = false;
     ++weight_grads[c];
   };
+  auto compute_done = [&](ActionKind kind, double seconds) {
+    stats->busy_s += seconds;
+    if (!gpu) stats->costs.add(kind, seconds);  // the GPU's host clock times only enqueueing
+  };
   auto loss = [&](ChunkOps& ops, int c, int mb, int slot) {
     if (!stages_.chunks[c].is_last()) return;
     const LossSum sum = ops.loss(mb, slot, scale);
@@ -99,7 +136,7 @@ void ScheduleExecutor::run(StageRunner& runner, Ddp* ddp, TimelineRecorder& time
         break;
       case ActionKind::kForward:
         ops.forward(mb, slot);
-        stats->busy_s += clock.seconds();
+        compute_done(action.kind, clock.seconds());
         span(SpanKind::kForward, mb, start);
         break;
       case ActionKind::kSendActivation:
@@ -118,20 +155,20 @@ void ScheduleExecutor::run(StageRunner& runner, Ddp* ddp, TimelineRecorder& time
         weight_grad(c, [&](const std::function<void(int)>& on_layer_done) {
           ops.backward(mb, slot, /*accumulate=*/weight_grads[c] > 0, on_layer_done);
         });
-        stats->busy_s += clock.seconds();
+        compute_done(action.kind, clock.seconds());
         span(SpanKind::kBackward, mb, start);
         break;
       case ActionKind::kBackwardInput:
         loss(ops, c, mb, slot);
         ops.backward_input(mb, slot);
-        stats->busy_s += clock.seconds();
+        compute_done(action.kind, clock.seconds());
         span(SpanKind::kBackwardInput, mb, start);
         break;
       case ActionKind::kBackwardWeight:
         weight_grad(c, [&](const std::function<void(int)>& on_layer_done) {
           ops.backward_weight(mb, slot, /*accumulate=*/weight_grads[c] > 0, on_layer_done);
         });
-        stats->busy_s += clock.seconds();
+        compute_done(action.kind, clock.seconds());
         span(SpanKind::kBackwardWeight, mb, start);
         break;
       case ActionKind::kSendGradient:

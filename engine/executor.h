@@ -17,6 +17,16 @@
 
 namespace ddp {
 
+// A rank's compute by kind of action (forward, backward, its input half, its weight half),
+// as the host's clock measured it (the CPU; the GPU's runner reports busy time only).
+struct ComputeCosts {
+  double seconds[4] = {0, 0, 0, 0};
+  int64_t count[4] = {0, 0, 0, 0};
+  void add(ActionKind kind, double s);
+  void add(const ComputeCosts& other);
+  bool measured() const { return count[0] > 0; }
+};
+
 struct StepStats {
   double loss_sum = 0;  // summed over this rank's samples of the step
   int correct = 0;
@@ -24,6 +34,7 @@ struct StepStats {
   int skipped = 0;    // 1 when --on-nonfinite skip-step skipped this step
   double busy_s = 0;  // forward and backward compute of this rank
   double step_s = 0;  // the whole step
+  ComputeCosts costs;
 };
 
 class ScheduleExecutor {

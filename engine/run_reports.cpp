@@ -50,27 +50,48 @@ void gather_whole_model(StageRunner& runner, const PipelineLayout& layout, const
   }
 }
 
+double simulated_bubble(PipelineSchedule schedule, const PipelineLayout& layout, int micro_batches,
+                        const std::vector<SimCosts>& costs) {
+  const SimResult r =
+      simulate_schedule(plan_all_ranks(schedule, layout.stages, micro_batches, layout.chunks()),
+                        layout.stage_rank, costs);
+  return r.ok ? r.bubble : -1;
+}
+
 void write_pipeline_record(MetricsWriter& metrics, Communicator* world,
                            const PipelineLayout& layout, int micro_batches,
                            PipelineSchedule schedule, bool lead, bool quiet, int64_t step,
-                           int64_t steps, double busy_s, double step_s) {
+                           int64_t steps, double busy_s, double step_s, const ComputeCosts& costs) {
   const int ranks = world ? world->size() : 1;
-  // Every rank's compute and step time over the window, gathered so that every stage's
-  // share is known; the bubble is the mean idle fraction.
-  const double mine[2] = {busy_s, step_s};
-  std::vector<double> all(2 * static_cast<size_t>(ranks));
-  world->all_gather(mine, all.data(), 2, DataType::kFloat64);
+  // Every rank's compute and step time over the window and its compute by kind, gathered so
+  // that every stage's share is known; the bubble is the mean idle fraction.
+  constexpr int kFields = 10;
+  double mine[kFields] = {busy_s, step_s};
+  for (int k = 0; k < 4; ++k) {
+    mine[2 + k] = costs.seconds[k];
+    mine[6 + k] = static_cast<double>(costs.count[k]);
+  }
+  std::vector<double> all(kFields * static_cast<size_t>(ranks));
+  world->all_gather(mine, all.data(), kFields, DataType::kFloat64);
   if (!lead) return;
   nlohmann::json busy = nlohmann::json::array();
   nlohmann::json idle = nlohmann::json::array();
   std::string busy_text;
   double idle_sum = 0;
   double longest = 0;  // the slowest stage's window
+  std::vector<SimCosts> measured(layout.stages);
+  bool all_measured = true;
   for (int s = 0; s < layout.stages; ++s) {
     double b = 0, t = 0;
+    double kind_s[4] = {0, 0, 0, 0}, kind_n[4] = {0, 0, 0, 0};
     for (int d = 0; d < layout.replicas; ++d) {
-      b += all[2 * layout.rank_of(s, d)];
-      t += all[2 * layout.rank_of(s, d) + 1];
+      const double* r = &all[kFields * static_cast<size_t>(layout.rank_of(s, d))];
+      b += r[0];
+      t += r[1];
+      for (int k = 0; k < 4; ++k) {
+        kind_s[k] += r[2 + k];
+        kind_n[k] += r[6 + k];
+      }
     }
     longest = std::max(longest, t / layout.replicas);
     const double fraction = t > 0 ? b / t : 0;
@@ -78,23 +99,44 @@ void write_pipeline_record(MetricsWriter& metrics, Communicator* world,
     idle.push_back((t - b) / layout.replicas);
     idle_sum += 1 - fraction;
     busy_text += fmt::format("{}{:.0f}%", s ? " " : "", 100 * fraction);
+    // The mean cost of each kind on this pipeline rank (over its replicas and stages).
+    const auto mean = [&](int k) { return kind_n[k] > 0 ? kind_s[k] / kind_n[k] : 0.0; };
+    all_measured = all_measured && kind_n[0] > 0;
+    measured[s].forward = mean(0);
+    measured[s].backward = mean(1);
+    measured[s].backward_input = mean(2);
+    measured[s].backward_weight = mean(3);
+    measured[s].lane_per_direction = measured[s].lane_per_peer = true;
   }
   const double bubble = idle_sum / layout.stages;
-  const double ideal = ideal_bubble(layout.stages, micro_batches);
+  SimCosts unit;
+  unit.forward = unit.backward_input = unit.backward_weight = 1;
+  unit.backward = 2;
+  unit.lane_per_direction = unit.lane_per_peer = true;
+  const double ideal =
+      simulated_bubble(schedule, layout, micro_batches, std::vector<SimCosts>(layout.stages, unit));
+  const double simulated =
+      all_measured ? simulated_bubble(schedule, layout, micro_batches, measured) : -1;
   if (!quiet)
-    spdlog::info("pipeline: bubble {:.1f}% (ideal (P-1)/(M+P-1) = {:.1f}%), stages busy {}",
-                 100 * bubble, 100 * ideal, busy_text);
-  metrics.write({{"event", "pipeline"},
-                 {"step", step},
-                 {"stages", layout.stages},
-                 {"micro_batches", micro_batches},
-                 {"schedule", schedule_name(schedule)},
-                 {"busy_s", busy},
-                 {"idle_s", idle},
-                 {"bubble", bubble},
-                 {"ideal_bubble", ideal},
-                 {"steps", steps},
-                 {"step_s", steps > 0 ? longest / static_cast<double>(steps) : 0.0}});
+    spdlog::info("pipeline: bubble {:.1f}% ({}ideal {:.1f}%), stages busy {}", 100 * bubble,
+                 simulated >= 0
+                     ? fmt::format("simulated from measured costs {:.1f}%, ", 100 * simulated)
+                     : std::string(),
+                 100 * ideal, busy_text);
+  nlohmann::json record = {{"event", "pipeline"},
+                           {"step", step},
+                           {"stages", layout.stages},
+                           {"chunks", layout.chunks()},
+                           {"micro_batches", micro_batches},
+                           {"schedule", schedule_name(schedule)},
+                           {"busy_s", busy},
+                           {"idle_s", idle},
+                           {"bubble", bubble},
+                           {"ideal_bubble", ideal},
+                           {"steps", steps},
+                           {"step_s", steps > 0 ? longest / static_cast<double>(steps) : 0.0}};
+  if (simulated >= 0) record["simulated_bubble"] = simulated;
+  metrics.write(record);
 }
 
 void write_timeline(const TimelineRecorder& timeline, Communicator* world,

@@ -9,9 +9,11 @@
 #include <vector>
 
 #include "collectives/communicator.h"
+#include "engine/executor.h"
 #include "engine/gpu_monitor.h"
 #include "engine/metrics.h"
 #include "engine/pipeline/schedule.h"
+#include "engine/pipeline/simulate.h"
 #include "engine/stage_runner.h"
 #include "engine/timeline.h"
 
@@ -25,11 +27,20 @@ void gather_whole_model(StageRunner& runner, const PipelineLayout& layout, const
                         NamedState* state);
 
 // Every stage's busy and idle time over a window of `steps` steps (this rank's busy_s and
-// step_s), logged and written to `metrics` by rank 0.
+// step_s), logged and written to `metrics` by rank 0, beside two predictions of the
+// simulator: from this window's measured compute of each action kind on each rank (`costs`,
+// where the host's clock measured them: the CPU), with free transfers, so that a bubble
+// above it is the machine's (transfers, contention), and the schedule's ideal (equal stages,
+// F = B = W = 1).
 void write_pipeline_record(MetricsWriter& metrics, Communicator* world,
                            const PipelineLayout& layout, int micro_batches,
                            PipelineSchedule schedule, bool lead, bool quiet, int64_t step,
-                           int64_t steps, double busy_s, double step_s);
+                           int64_t steps, double busy_s, double step_s, const ComputeCosts& costs);
+
+// The simulator's bubble for `schedule` on `layout` with every rank's costs (per pipeline
+// rank), free transfers; -1 when it cannot run them. Pure.
+double simulated_bubble(PipelineSchedule schedule, const PipelineLayout& layout, int micro_batches,
+                        const std::vector<SimCosts>& costs);
 
 // Every rank's spans in one Chrome trace at `path`, written by rank 0.
 void write_timeline(const TimelineRecorder& timeline, Communicator* world,

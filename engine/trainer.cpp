@@ -401,6 +401,7 @@ TrainResult Trainer::run_loop(MetricsWriter* metrics_in, GpuMonitor* monitor) {
   if (resumed_from_ >= 0) metrics.write({{"event", "resumed"}, {"step", resumed_from_}});
   double window[3] = {0, 0, 0};   // loss sum, hits, samples
   double busy_s = 0, step_s = 0;  // this rank's, over the window
+  ComputeCosts costs;             // and its compute by kind
   int64_t window_steps = 0;
   int64_t window_skipped = 0;
   bool first = true;
@@ -445,6 +446,7 @@ TrainResult Trainer::run_loop(MetricsWriter* metrics_in, GpuMonitor* monitor) {
     }
     busy_s += stats.busy_s;
     step_s += stats.step_s;
+    costs.add(stats.costs);
     ++window_steps;
     if (step_ % config_.log_every == 0 || step_ == total_steps_) {
       const LossSum kept = runner_->take_loss();  // the GPU's, kept on the device
@@ -473,7 +475,8 @@ TrainResult Trainer::run_loop(MetricsWriter* metrics_in, GpuMonitor* monitor) {
                       static_cast<int64_t>(window[2]), &result, gpu_fields, gpu_note);
       if (layout_.stages > 1)
         write_pipeline_record(metrics, host_comm(), layout_, micro_batches_, config_.schedule,
-                              lead(), config_.quiet, step_, window_steps, busy_s, step_s);
+                              lead(), config_.quiet, step_, window_steps, busy_s, step_s, costs);
+      costs = ComputeCosts();
       window[0] = window[1] = window[2] = 0;
       busy_s = step_s = 0;
       window_steps = 0;

@@ -81,9 +81,21 @@ TEST_P(PipelineStages, GlooMatchesOneProcessWithinTheActivationBound) {
   }
   const auto windows = events_of(dir.file("m.jsonl"), "pipeline");
   ASSERT_EQ(windows.size(), 3u);  // steps 4, 8, 12
-  EXPECT_NEAR(windows[0]["ideal_bubble"].get<double>(),
-              (c.pp - 1.0) / (c.micro_batches + c.pp - 1.0), 1e-12);
-  EXPECT_GT(windows[0]["bubble"].get<double>(), 0.0);
+  // The ideal is the schedule's own with equal stages: (P-1)/(M+P-1) for GPipe and 1F1B, less
+  // for ZB-H1; the simulation from the window's measured costs is there beside it.
+  const std::string schedule = c.schedule;
+  if (schedule == "gpipe" || schedule == "1f1b")
+    EXPECT_NEAR(windows[0]["ideal_bubble"].get<double>(),
+                (c.pp - 1.0) / (c.micro_batches + c.pp - 1.0), 1e-12);
+  if (schedule == "zb-h1" && c.micro_batches >= c.pp)
+    EXPECT_LT(windows[0]["ideal_bubble"].get<double>(),
+              (c.pp - 1.0) / (c.micro_batches + c.pp - 1.0));
+  for (const auto& w : windows) {
+    EXPECT_GT(w["bubble"].get<double>(), 0.0);
+    ASSERT_TRUE(w.contains("simulated_bubble")) << w.dump();
+    EXPECT_GE(w["simulated_bubble"].get<double>(), 0.0);
+    EXPECT_LT(w["simulated_bubble"].get<double>(), 1.0);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Schedules, PipelineStages,
