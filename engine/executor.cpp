@@ -86,8 +86,10 @@ void ScheduleExecutor::run(StageRunner& runner, Ddp* ddp, TimelineRecorder& time
   // The host's clock times the CPU's work; the GPU's spans come from its events (the host
   // only enqueues here, or not at all when the step is replayed from its graph).
   const bool gpu = runner.on_gpu();
+  const bool several = stages_.chunks.size() > 1;
+  int stage = -1;  // of the action being run, where the rank has several
   auto span = [&](SpanKind kind, int mb, double start) {
-    if (!gpu) timeline.add(kind, step, mb, start, timeline.now_us());
+    if (!gpu) timeline.add(kind, step, mb, start, timeline.now_us(), 0, stage);
   };
   const int chunks = static_cast<int>(stages_.chunks.size());
   std::vector<int> weight_grads(chunks, 0);  // per stage, backwards and weight halves so far
@@ -127,6 +129,7 @@ void ScheduleExecutor::run(StageRunner& runner, Ddp* ddp, TimelineRecorder& time
     const int c = chunk_[i];
     const int slot = slot_[i];
     ChunkOps& ops = runner.chunk(c);
+    stage = several ? action.stage : -1;
     const double start = timeline.now_us();
     Stopwatch clock;
     switch (action.kind) {
@@ -177,6 +180,7 @@ void ScheduleExecutor::run(StageRunner& runner, Ddp* ddp, TimelineRecorder& time
         break;
     }
   }
+  stage = -1;
   {
     const double start = timeline.now_us();
     runner.end_schedule();

@@ -47,13 +47,13 @@ double TimelineRecorder::now_us() {
 }
 
 void TimelineRecorder::add(SpanKind kind, int64_t step, int micro_batch, double start_us,
-                           double end_us, int lane) {
+                           double end_us, int lane, int stage) {
   if (!on_) return;
   if (spans_.size() >= limit_) {
     ++dropped_;
     return;
   }
-  spans_.push_back({kind, step, micro_batch, start_us, end_us, lane});
+  spans_.push_back({kind, step, micro_batch, start_us, end_us, lane, stage});
 }
 
 std::string chrome_trace_json(const std::vector<std::vector<Span>>& rank_spans,
@@ -85,6 +85,9 @@ std::string chrome_trace_json(const std::vector<std::vector<Span>>& rank_spans,
     for (const Span& s : rank_spans[r]) {
       std::string name = span_name(s.kind);
       if (s.micro_batch >= 0) name += " " + std::to_string(s.micro_batch);
+      if (s.stage >= 0) name += " (stage " + std::to_string(s.stage) + ")";
+      nlohmann::json args = {{"step", s.step}, {"micro_batch", s.micro_batch}};
+      if (s.stage >= 0) args["stage"] = s.stage;
       events.push_back({{"ph", "X"},
                         {"name", name},
                         {"cat", span_name(s.kind)},
@@ -92,7 +95,7 @@ std::string chrome_trace_json(const std::vector<std::vector<Span>>& rank_spans,
                         {"tid", s.lane == 1 ? ranks + r : r},
                         {"ts", s.start_us - origin},
                         {"dur", std::max(0.0, s.end_us - s.start_us)},
-                        {"args", {{"step", s.step}, {"micro_batch", s.micro_batch}}}});
+                        {"args", args}});
     }
   }
   return nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump();
@@ -120,7 +123,7 @@ std::vector<double> pack_spans(const std::vector<Span>& spans) {
   for (const Span& s : spans)
     packed.insert(packed.end(), {static_cast<double>(s.kind), static_cast<double>(s.step),
                                  static_cast<double>(s.micro_batch), s.start_us, s.end_us,
-                                 static_cast<double>(s.lane)});
+                                 static_cast<double>(s.lane), static_cast<double>(s.stage)});
   return packed;
 }
 
@@ -129,7 +132,8 @@ std::vector<Span> unpack_spans(const std::vector<double>& packed) {
   for (size_t i = 0; i + kSpanDoubles <= packed.size(); i += kSpanDoubles)
     spans.push_back({static_cast<SpanKind>(static_cast<int>(packed[i])),
                      static_cast<int64_t>(packed[i + 1]), static_cast<int>(packed[i + 2]),
-                     packed[i + 3], packed[i + 4], static_cast<int>(packed[i + 5])});
+                     packed[i + 3], packed[i + 4], static_cast<int>(packed[i + 5]),
+                     static_cast<int>(packed[i + 6])});
   return spans;
 }
 

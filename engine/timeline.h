@@ -34,7 +34,8 @@ struct Span {
   int micro_batch = -1;  // -1: not of one micro-batch; the layer or bucket of the GPU's kinds
   double start_us = 0;   // wall clock, microseconds since the epoch (comparable across ranks)
   double end_us = 0;
-  int lane = 0;  // 0: the rank's work; 1: its communication running beside it (GPU)
+  int lane = 0;    // 0: the rank's work; 1: its communication running beside it (GPU)
+  int stage = -1;  // the pipeline stage it belongs to, where a rank runs several (-1: its one)
 };
 
 class TimelineRecorder {
@@ -44,7 +45,7 @@ class TimelineRecorder {
   bool on() const { return on_; }
   static double now_us();
   void add(SpanKind kind, int64_t step, int micro_batch, double start_us, double end_us,
-           int lane = 0);
+           int lane = 0, int stage = -1);
   const std::vector<Span>& spans() const { return spans_; }
   size_t dropped() const { return dropped_; }
 
@@ -61,9 +62,9 @@ class TimelineRecorder {
 std::string chrome_trace_json(const std::vector<std::vector<Span>>& rank_spans,
                               const std::vector<std::string>& track_names);
 
-// Spans as doubles (kSpanDoubles each: kind, step, micro-batch, start, end, lane; all exact),
+// Spans as doubles (kSpanDoubles each: kind, step, micro-batch, start, end, lane, stage; exact),
 // for collectives; and back.
-constexpr size_t kSpanDoubles = 6;
+constexpr size_t kSpanDoubles = 7;
 std::vector<double> pack_spans(const std::vector<Span>& spans);
 std::vector<Span> unpack_spans(const std::vector<double>& packed);
 

@@ -133,8 +133,8 @@ TEST_P(ChunkedStages, GlooMatchesOneProcessAndHoldsWhatTheSimulatorCounts) {
       kDdprun + " --nproc-per-node " + std::to_string(c.dp * c.pp) + " -- " + kTrain + args +
       " --dp " + std::to_string(c.dp) + " --pp " + std::to_string(c.pp) + " --schedule " +
       c.schedule + " --micro-batches " + std::to_string(c.micro_batches) + " --metrics " +
-      dir.file("m.jsonl") + " --save-weights " + dir.file("pp.st") +
-      (c.dp > 1 ? " --check-replicas --bucket-mb 0.001" : ""));
+      dir.file("m.jsonl") + " --save-weights " + dir.file("pp.st") + " --timeline " +
+      dir.file("t.json") + (c.dp > 1 ? " --check-replicas --bucket-mb 0.001" : ""));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_LE(max_relative_error(load_weights(dir.file("pp.st"), kDeepLayers),
                                load_weights(dir.file("one.st"), kDeepLayers)),
@@ -150,8 +150,20 @@ TEST_P(ChunkedStages, GlooMatchesOneProcessAndHoldsWhatTheSimulatorCounts) {
   ASSERT_EQ(peaks.size(), static_cast<size_t>(c.dp * c.pp));
   for (int rank = 0; rank < c.dp * c.pp; ++rank)
     EXPECT_EQ(peaks[rank], sim.peak_live[rank / c.dp]) << "rank " << rank;
-  // Every stage of the 2P on its rank, in a loop (s mod P) or a V, as the log says.
+  // The timeline names the stage of each span: every rank forwards its own two.
+  const nlohmann::json trace = nlohmann::json::parse(read_file(dir.file("t.json")));
+  std::vector<std::set<int>> forwarded(c.dp * c.pp);
+  for (const auto& e : trace["traceEvents"])
+    if (e["ph"] == "X" && e["cat"] == "forward")
+      forwarded[e["tid"].get<int>()].insert(e["args"]["stage"].get<int>());
   const std::vector<int> placement = stage_ranks(schedule, c.pp, 2);
+  for (int rank = 0; rank < c.dp * c.pp; ++rank) {
+    std::set<int> mine;
+    for (int stage = 0; stage < 2 * c.pp; ++stage)
+      if (placement[stage] == rank / c.dp) mine.insert(stage);
+    EXPECT_EQ(forwarded[rank], mine) << "rank " << rank;
+  }
+  // Every stage of the 2P on its rank, in a loop (s mod P) or a V, as the log says.
   for (int stage = 0; stage < 2 * c.pp; ++stage) {
     const std::string head = "stage " + std::to_string(stage) + ": layers ";
     const size_t at = r.output.find(head);
