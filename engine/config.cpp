@@ -322,6 +322,10 @@ const std::vector<Flag>& flags() {
                             "chunks of layers a pipeline rank holds (interleaved-1f1b: 0 means 2; "
                             "zb-v: 2; the others: 1)",
                             &C::virtual_stages));
+    f.push_back(switch_flag("recompute",
+                            "activation checkpointing: a stage keeps only each micro-batch's "
+                            "input and forwards it again just before its backward (CPU)",
+                            &C::recompute, true, "recompute"));
     f.push_back(number_flag(
         "dp", "data-parallel replicas (0: the world's size / --pp); checked against the world",
         &C::dp));

@@ -75,6 +75,7 @@ struct TrainConfig {
   int micro_batches = 0;  // per step and pipeline; 0: 4 x pp (with pp > 1)
   PipelineSchedule schedule = PipelineSchedule::kOneForwardOneBackward;
   int virtual_stages = 0;  // chunks a pipeline rank holds (0: the schedule's own number)
+  bool recompute = false;  // keep a micro-batch's input only; forward it again for backward
   std::string partition;   // "0-1,2-3": layers of each stage; empty: balanced by FLOPs
   std::string timeline;    // Chrome trace of every rank's forward/backward/send/recv/all-reduce
   bool check_replicas = false;  // compare every rank's weights after every step

@@ -60,8 +60,9 @@ double simulated_bubble(PipelineSchedule schedule, const PipelineLayout& layout,
 
 void write_pipeline_record(MetricsWriter& metrics, Communicator* world,
                            const PipelineLayout& layout, int micro_batches,
-                           PipelineSchedule schedule, bool lead, bool quiet, int64_t step,
-                           int64_t steps, double busy_s, double step_s, const ComputeCosts& costs) {
+                           PipelineSchedule schedule, bool recompute, bool lead, bool quiet,
+                           int64_t step, int64_t steps, double busy_s, double step_s,
+                           const ComputeCosts& costs) {
   const int ranks = world ? world->size() : 1;
   // Every rank's compute and step time over the window and its compute by kind, gathered so
   // that every stage's share is known; the bubble is the mean idle fraction.
@@ -113,6 +114,7 @@ void write_pipeline_record(MetricsWriter& metrics, Communicator* world,
   unit.forward = unit.backward_input = unit.backward_weight = 1;
   unit.backward = 2;
   unit.lane_per_direction = unit.lane_per_peer = true;
+  unit.recompute = recompute;  // the measured costs hold the forwards run again already
   const double ideal =
       simulated_bubble(schedule, layout, micro_batches, std::vector<SimCosts>(layout.stages, unit));
   const double simulated =

@@ -34,8 +34,9 @@ void gather_whole_model(StageRunner& runner, const PipelineLayout& layout, const
 // F = B = W = 1).
 void write_pipeline_record(MetricsWriter& metrics, Communicator* world,
                            const PipelineLayout& layout, int micro_batches,
-                           PipelineSchedule schedule, bool lead, bool quiet, int64_t step,
-                           int64_t steps, double busy_s, double step_s, const ComputeCosts& costs);
+                           PipelineSchedule schedule, bool recompute, bool lead, bool quiet,
+                           int64_t step, int64_t steps, double busy_s, double step_s,
+                           const ComputeCosts& costs);
 
 // The simulator's bubble for `schedule` on `layout` with every rank's costs (per pipeline
 // rank), free transfers; -1 when it cannot run them. Pure.

@@ -153,7 +153,10 @@ MemoryNeed estimate_memory(const TrainConfig& config) {
   const double batch = static_cast<double>(config.batch_size) / micro;
   // Each layer's output and its gradient, for the micro-batches a stage holds at once.
   const double live = config.pp > 1 ? std::min(micro, config.pp) : 1;
-  need.activation_bytes = batch * widths * 4 * 2 * live;
+  // --recompute: the inputs of those, and one micro-batch's outputs and gradients.
+  need.activation_bytes = config.recompute
+                              ? batch * shape.input_width() * 4 * live + batch * widths * 4 * 2
+                              : batch * widths * 4 * 2 * live;
   if (config.data == "synthetic") {
     const double samples =
         config.synthetic_samples + std::max<int64_t>(1, config.synthetic_samples / 5);

@@ -149,6 +149,9 @@ class StageRunner {
   // weight gradients not yet written) in any step so far, as it counted them; -1 where it
   // does not count (the GPU's: its slots are the schedule's plan).
   virtual int peak_held_activations() const { return -1; }
+  // The most bytes of layer outputs it held at once for the micro-batches in flight (with
+  // --recompute: their inputs and one working set), as it counted them; -1 where not counted.
+  virtual int64_t peak_activation_bytes() const { return -1; }
   // Every send of the step complete (host: waited; GPU: the stream waits for them).
   virtual void end_schedule() = 0;
   // Whether any gradient is NaN or Inf (host runners; the GPU stops on the loss instead).

@@ -28,14 +28,32 @@ struct RankState {
   std::map<std::tuple<int, int, bool>, std::vector<float>> handed_over;
   std::vector<std::unique_ptr<Work>> sends;  // waited at the end of the step
   int held = 0, peak_held = 0;  // micro-batches forwarded, weight gradients not yet written
+  // The bytes they hold (their layers' outputs, or with --recompute their inputs) and the
+  // working sets of the stages that recompute.
+  int64_t held_bytes = 0, working_bytes = 0, peak_bytes = 0;
+  void take(int64_t bytes) {
+    peak_held = std::max(peak_held, ++held);
+    held_bytes += bytes;
+    peak_bytes = std::max(peak_bytes, held_bytes + working_bytes);
+  }
+  void give_back(int64_t bytes) {
+    --held;
+    held_bytes -= bytes;
+  }
 };
 
 class CpuChunk final : public ChunkOps {
  public:
-  CpuChunk(const StageSpec& spec, RankState& rank, float* params, float* grads)
+  CpuChunk(const StageSpec& spec, RankState& rank, float* params, float* grads, bool recompute)
       : spec_(spec),
         rank_(rank),
-        stage_(spec.shape, spec.first, spec.end, spec.max_batch, spec.slots, params, grads) {
+        stage_(spec.shape, spec.first, spec.end, spec.max_batch, spec.slots, params, grads,
+               recompute) {
+    int64_t outputs = 0;  // one micro-batch's layer outputs
+    for (int i = spec.first; i < spec.end; ++i)
+      outputs += int64_t{spec.batch} * spec.shape.layer(i).out * 4;
+    micro_bytes_ = recompute ? int64_t{spec.batch} * spec.in_width() * 4 : outputs;
+    if (recompute) rank.working_bytes += outputs;
     const size_t rows = static_cast<size_t>(spec.micro_batches) * spec.batch;
     batch_y_.resize(rows);
     if (spec.is_first()) batch_x_.resize(rows * rank.data.train.dim);
@@ -62,7 +80,7 @@ class CpuChunk final : public ChunkOps {
     const float* x = spec_.is_first() ? &batch_x_[row(micro) * rank_.data.train.dim]
                                       : &received_x_[row(micro) * spec_.in_width()];
     output_of_[micro] = stage_.forward(x, spec_.batch, slot);
-    rank_.peak_held = std::max(rank_.peak_held, ++rank_.held);
+    rank_.take(micro_bytes_);
   }
   void send_activation(int micro, int slot) override {
     (void)slot;
@@ -78,7 +96,8 @@ class CpuChunk final : public ChunkOps {
   }
   LossSum loss(int micro, int slot, float grad_scale) override {
     (void)slot;
-    return softmax_xent_cpu(output_of_[micro], &batch_y_[row(micro)], spec_.batch,
+    // The logits as forwarded (forwarded again where the stage recomputes).
+    return softmax_xent_cpu(stage_.output(slot), &batch_y_[row(micro)], spec_.batch,
                             spec_.shape.num_classes(), grad_scale, received_dy_.data());
   }
   void backward(int micro, int slot, bool accumulate,
@@ -86,7 +105,7 @@ class CpuChunk final : public ChunkOps {
     (void)micro;
     grad_input_ =
         stage_.backward(received_dy_.data(), spec_.batch, slot, accumulate, on_layer_done);
-    --rank_.held;
+    rank_.give_back(micro_bytes_);
   }
   bool splits_backward() const override { return true; }
   void backward_input(int micro, int slot) override {
@@ -97,7 +116,7 @@ class CpuChunk final : public ChunkOps {
                        const std::function<void(int)>& on_layer_done) override {
     (void)micro;
     stage_.backward_weight(slot, accumulate, on_layer_done);
-    --rank_.held;
+    rank_.give_back(micro_bytes_);
   }
   void send_gradient(int micro, int slot) override {
     (void)slot;
@@ -189,6 +208,7 @@ class CpuChunk final : public ChunkOps {
   std::vector<float> eval_x_;       // evaluation: a chunk from the previous stage
   std::vector<const float*> output_of_;
   const float* grad_input_ = nullptr;
+  int64_t micro_bytes_ = 0;  // what a micro-batch in flight holds
 };
 
 class CpuRunner final : public StageRunner {
@@ -204,8 +224,8 @@ class CpuRunner final : public StageRunner {
     rank_.indices.resize(static_cast<size_t>(first.micro_batches) * first.batch);
     for (size_t c = 0; c < stages.chunks.size(); ++c) {
       const size_t at = stages.offset_of(static_cast<int>(c));
-      chunks_.push_back(
-          std::make_unique<CpuChunk>(stages.chunks[c], rank_, &params_[at], &grads_[at]));
+      chunks_.push_back(std::make_unique<CpuChunk>(stages.chunks[c], rank_, &params_[at],
+                                                   &grads_[at], config.recompute));
     }
   }
 
@@ -243,6 +263,7 @@ class CpuRunner final : public StageRunner {
   }
   ChunkOps& chunk(int c) override { return *chunks_.at(c); }
   int peak_held_activations() const override { return rank_.peak_held; }
+  int64_t peak_activation_bytes() const override { return rank_.peak_bytes; }
   void end_schedule() override {
     for (auto& work : rank_.sends)
       work->wait(rank_.links.activations->timeout());

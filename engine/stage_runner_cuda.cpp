@@ -353,6 +353,7 @@ void check_gpu_supported(const TrainConfig& config) {
   DDP_USAGE_CHECK(config.on_nonfinite == OnNonfinite::kStop,
                   "--on-nonfinite {}: runs on the CPU path only so far (the GPU path stops)",
                   on_nonfinite_name(config.on_nonfinite));
+  DDP_USAGE_CHECK(!config.recompute, "--recompute: runs on the CPU path only so far");
   DDP_USAGE_CHECK(config.pp == 1 || (!splits_backward(config.schedule) &&
                                      config.schedule != PipelineSchedule::kInterleaved),
                   "--schedule {}: runs on the CPU path only so far (the GPU runners hold one "

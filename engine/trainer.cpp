@@ -475,7 +475,8 @@ TrainResult Trainer::run_loop(MetricsWriter* metrics_in, GpuMonitor* monitor) {
                       static_cast<int64_t>(window[2]), &result, gpu_fields, gpu_note);
       if (layout_.stages > 1)
         write_pipeline_record(metrics, host_comm(), layout_, micro_batches_, config_.schedule,
-                              lead(), config_.quiet, step_, window_steps, busy_s, step_s, costs);
+                              config_.recompute, lead(), config_.quiet, step_, window_steps, busy_s,
+                              step_s, costs);
       costs = ComputeCosts();
       window[0] = window[1] = window[2] = 0;
       busy_s = step_s = 0;
@@ -500,17 +501,25 @@ TrainResult Trainer::run_loop(MetricsWriter* metrics_in, GpuMonitor* monitor) {
   const double seconds = progress.seconds();
   result.test = evaluate(data_.test);
   if (layout_.stages > 1) {
-    // The engine's own count of the most activations a stage held, for every rank.
-    const int64_t mine = peak_live_;
-    std::vector<int64_t> peaks(ranks_);
-    host_comm()->all_gather(&mine, peaks.data(), 1, DataType::kInt64);
+    // The engine's own count of the most activations a stage held, for every rank, and of
+    // their bytes where the runner counts them (-1 elsewhere).
+    const int64_t mine[2] = {peak_live_, runner_->peak_activation_bytes()};
+    std::vector<int64_t> all(2 * static_cast<size_t>(ranks_));
+    host_comm()->all_gather(mine, all.data(), 2, DataType::kInt64);
+    std::vector<int64_t> peaks, bytes;
+    for (int r = 0; r < ranks_; ++r) {
+      peaks.push_back(all[2 * r]);
+      bytes.push_back(all[2 * r + 1]);
+    }
     metrics.write({{"event", "pipeline_summary"},
                    {"stages", layout_.stages},
                    {"replicas", layout_.replicas},
                    {"micro_batches", micro_batches_},
                    {"schedule", schedule_name(config_.schedule)},
                    {"layout", describe_layout(layout_)},
-                   {"peak_live_activations", peaks}});
+                   {"recompute", config_.recompute},
+                   {"peak_live_activations", peaks},
+                   {"peak_activation_bytes", bytes}});
   }
   progress.finish(seconds, &result);
   if (monitor != nullptr) {

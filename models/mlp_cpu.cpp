@@ -9,8 +9,8 @@
 namespace ddp {
 
 CpuStage::CpuStage(MlpShape shape, int first, int end, int max_batch, int slots, float* params,
-                   float* grads)
-    : StageLayers(std::move(shape), first, end), max_batch_(max_batch) {
+                   float* grads, bool recompute)
+    : StageLayers(std::move(shape), first, end), max_batch_(max_batch), recompute_(recompute) {
   DDP_CHECK(slots >= 1, "stage of layers [{}, {}) with {} slots", first_, end_, slots);
   const size_t count = shape_.layer(end_ - 1).bias_offset + shape_.layer(end_ - 1).out -
                        shape_.layer(first_).weight_offset;
@@ -25,7 +25,8 @@ CpuStage::CpuStage(MlpShape shape, int first, int end, int max_batch, int slots,
   params_ = params;
   grads_ = grads;
   inputs_.assign(slots, nullptr);
-  activations_.resize(slots);
+  batch_of_.assign(slots, 0);
+  activations_.resize(recompute ? 1 : slots);
   for (auto& slot : activations_)
     for (int i = first_; i < end_; ++i)
       slot.emplace_back(static_cast<size_t>(max_batch) * shape_.layer(i).out);
@@ -33,36 +34,63 @@ CpuStage::CpuStage(MlpShape shape, int first, int end, int max_batch, int slots,
   grad_b_.resize(grad_a_.size());
 }
 
-const float* CpuStage::forward(const float* x, int batch, int slot) {
-  DDP_CHECK(batch > 0 && batch <= max_batch_, "batch {} outside [1, {}]", batch, max_batch_);
-  DDP_CHECK(slot >= 0 && slot < slots(), "slot {} outside [0, {})", slot, slots());
-  inputs_[slot] = x;
+void CpuStage::run_layers(const float* x, int batch, std::vector<std::vector<float>>& out) {
   const float* in = x;
   const size_t base = param_offset();
   for (int i = first_; i < end_; ++i) {
     const LayerSlice& layer = shape_.layer(i);
     const bool relu = i + 1 < shape_.num_layers();
-    float* out = activations_[slot][i - first_].data();
     linear_forward_cpu(in, params_ + layer.weight_offset - base, params_ + layer.bias_offset - base,
-                       out, batch, layer.in, layer.out, relu);
-    in = out;
+                       out[i - first_].data(), batch, layer.in, layer.out, relu);
+    in = out[i - first_].data();
   }
-  return in;
+}
+
+const float* CpuStage::forward(const float* x, int batch, int slot) {
+  DDP_CHECK(batch > 0 && batch <= max_batch_, "batch {} outside [1, {}]", batch, max_batch_);
+  DDP_CHECK(slot >= 0 && slot < slots(), "slot {} outside [0, {})", slot, slots());
+  inputs_[slot] = x;
+  batch_of_[slot] = batch;
+  std::vector<std::vector<float>>& out = activations_[recompute_ ? 0 : slot];
+  run_layers(x, batch, out);
+  working_slot_ = slot;
+  return out.back().data();
+}
+
+std::vector<std::vector<float>>& CpuStage::working(int slot) {
+  DDP_CHECK(slot >= 0 && slot < slots() && inputs_[slot] != nullptr, "slot {} was not forwarded",
+            slot);
+  if (!recompute_) return activations_[slot];
+  if (working_slot_ != slot) {
+    run_layers(inputs_[slot], batch_of_[slot], activations_[0]);
+    working_slot_ = slot;
+    ++recomputed_;
+  }
+  return activations_[0];
+}
+
+size_t CpuStage::activation_bytes() const {
+  size_t floats = 0;
+  for (const auto& set : activations_)
+    for (const auto& layer : set)
+      floats += layer.size();
+  return floats * sizeof(float);
 }
 
 const float* CpuStage::backward(float* dy, int batch, int slot, bool accumulate,
                                 const std::function<void(int)>& on_layer_done) {
   DDP_CHECK(slot >= 0 && slot < slots() && inputs_[slot] != nullptr,
             "backward() of slot {} before its forward()", slot);
+  const std::vector<std::vector<float>>& acts = working(slot);
   const size_t base = param_offset();
   const int last_layer = shape_.num_layers() - 1;
   float* buffers[2] = {grad_a_.data(), grad_b_.data()};
   int next = 0;
   for (int i = end_ - 1; i >= first_; --i) {
     const LayerSlice& layer = shape_.layer(i);
-    const std::vector<float>& out = activations_[slot][i - first_];
+    const std::vector<float>& out = acts[i - first_];
     if (i < last_layer) relu_backward_cpu(out.data(), dy, static_cast<size_t>(batch) * layer.out);
-    const float* x = i == first_ ? inputs_[slot] : activations_[slot][i - first_ - 1].data();
+    const float* x = i == first_ ? inputs_[slot] : acts[i - first_ - 1].data();
     float* dx = i == 0 ? nullptr : buffers[next];
     linear_backward_cpu(x, params_ + layer.weight_offset - base, dy, dx,
                         grads_ + layer.weight_offset - base, grads_ + layer.bias_offset - base,
@@ -78,12 +106,13 @@ const float* CpuStage::backward_input(const float* dy, int batch, int slot) {
   DDP_CHECK(slot >= 0 && slot < slots() && inputs_[slot] != nullptr,
             "backward_input() of slot {} before its forward()", slot);
   if (output_grads_.empty()) {
-    output_grads_.resize(activations_.size());
+    output_grads_.resize(inputs_.size());
     for (auto& grads : output_grads_)
       for (int i = first_; i < end_; ++i)
         grads.emplace_back(static_cast<size_t>(max_batch_) * shape_.layer(i).out);
-    split_batch_.assign(activations_.size(), 0);
+    split_batch_.assign(inputs_.size(), 0);
   }
+  const std::vector<std::vector<float>>& acts = working(slot);
   std::vector<std::vector<float>>& grads = output_grads_[slot];
   split_batch_[slot] = batch;
   const size_t base = param_offset();
@@ -94,8 +123,7 @@ const float* CpuStage::backward_input(const float* dy, int batch, int slot) {
     const LayerSlice& layer = shape_.layer(i);
     float* g = grads[i - first_].data();
     if (i < last_layer)
-      relu_backward_cpu(activations_[slot][i - first_].data(), g,
-                        static_cast<size_t>(batch) * layer.out);
+      relu_backward_cpu(acts[i - first_].data(), g, static_cast<size_t>(batch) * layer.out);
     if (i == 0) return nullptr;
     float* dx = i == first_ ? grad_a_.data() : grads[i - first_ - 1].data();
     linear_input_grad_cpu(params_ + layer.weight_offset - base, g, dx, batch, layer.in, layer.out);
@@ -108,10 +136,11 @@ void CpuStage::backward_weight(int slot, bool accumulate,
   DDP_CHECK(slot >= 0 && slot < static_cast<int>(split_batch_.size()) && split_batch_[slot] > 0,
             "backward_weight() of slot {} before its backward_input()", slot);
   const int batch = split_batch_[slot];
+  const std::vector<std::vector<float>>& acts = working(slot);
   const size_t base = param_offset();
   for (int i = end_ - 1; i >= first_; --i) {
     const LayerSlice& layer = shape_.layer(i);
-    const float* x = i == first_ ? inputs_[slot] : activations_[slot][i - first_ - 1].data();
+    const float* x = i == first_ ? inputs_[slot] : acts[i - first_ - 1].data();
     linear_weight_grad_cpu(x, output_grads_[slot][i - first_].data(),
                            grads_ + layer.weight_offset - base, grads_ + layer.bias_offset - base,
                            batch, layer.in, layer.out, accumulate);

@@ -20,21 +20,30 @@ class CpuStage : public StageLayers {
   // for `slots` micro-batches in flight. 0 <= first < end <= shape.num_layers(). `params` and
   // `grads` (param_count() floats each, outliving the stage) hold its parameters and
   // gradients where a caller keeps several stages in one buffer; null: its own.
+  // `recompute` (activation checkpointing): a slot keeps only its input; the layers' outputs
+  // live in one working set, of the slot forwarded last, and are forwarded again from the
+  // input (bitwise the same) when a backward, a weight half or output() needs another slot's.
   CpuStage(MlpShape shape, int first, int end, int max_batch, int slots = 1,
-           float* params = nullptr, float* grads = nullptr);
+           float* params = nullptr, float* grads = nullptr, bool recompute = false);
   CpuStage(const CpuStage&) = delete;  // its buffers may be its own: a copy would share them
   CpuStage& operator=(const CpuStage&) = delete;
   CpuStage(CpuStage&&) = default;
 
   int max_batch() const { return max_batch_; }
-  int slots() const { return static_cast<int>(activations_.size()); }
+  int slots() const { return static_cast<int>(inputs_.size()); }
   float* params() { return params_; }
   const float* params() const { return params_; }
   float* grads() { return grads_; }
   const float* grads() const { return grads_; }
 
   // Output of layer i (first_layer() <= i < end_layer()) from the slot's last forward().
-  const float* activation(int slot, int i) const { return activations_[slot][i - first_].data(); }
+  const float* activation(int slot, int i) { return working(slot)[i - first_].data(); }
+  // The stage's output of the slot's last forward (recomputed where needed).
+  const float* output(int slot) { return working(slot).back().data(); }
+  // Bytes of the layers' outputs it keeps: every slot's, or (recompute) one working set.
+  size_t activation_bytes() const;
+  // Forwards run again for backward (recompute) so far.
+  int64_t recomputed() const { return recomputed_; }
 
   // Runs the stage's layers on x[batch, in_width()] into slot `slot`; returns the output
   // [batch, out_width()] (after its ReLU unless this is the last layer), valid until the
@@ -65,6 +74,13 @@ class CpuStage : public StageLayers {
   float* grads_;
   std::vector<const float*> inputs_;                          // a slot's input
   std::vector<std::vector<std::vector<float>>> activations_;  // [slot][layer - first]
+  // The slot's layer outputs: its own set, or the working set forwarded again from the input.
+  std::vector<std::vector<float>>& working(int slot);
+  void run_layers(const float* x, int batch, std::vector<std::vector<float>>& out);
+  bool recompute_ = false;
+  int working_slot_ = -1;      // recompute: the slot whose outputs the working set holds
+  std::vector<int> batch_of_;  // [slot]: its batch (recompute)
+  int64_t recomputed_ = 0;
   // backward_input's output gradients (ReLU applied) for backward_weight, made on first use.
   std::vector<std::vector<std::vector<float>>> output_grads_;  // [slot][layer - first]
   std::vector<int> split_batch_;                               // [slot]: its batch
@@ -84,7 +100,7 @@ class CpuMlp {
   float* grads() { return stage_.grads(); }
   const float* grads() const { return stage_.grads(); }
   // Output of layer i from the last forward() ([batch, layer(i).out], after its ReLU).
-  const float* activation(int i) const { return stage_.activation(0, i); }
+  const float* activation(int i) { return stage_.activation(0, i); }
 
   // Runs the layers on x[batch, input_width]; returns logits[batch, classes], valid until
   // the next call. batch <= max_batch.

@@ -81,6 +81,7 @@ SimResult simulate_schedule(const std::vector<std::vector<PipelineAction>>& list
                                lane_per_peer ? peer : -1);
   };
   std::vector<Rank> ranks(static_cast<size_t>(n));
+  std::vector<int> working_of(static_cast<size_t>(stages), -1);  // recompute: per stage
   // Hand-overs between two stages of one rank: (receiving stage, micro-batch, activation).
   std::set<std::tuple<int, int, bool>> handed_over;
   const auto cost_of = [&](int r, ActionKind kind) {
@@ -112,8 +113,13 @@ SimResult simulate_schedule(const std::vector<std::vector<PipelineAction>>& list
         }
         if (me.waiting != nullptr) break;  // until its message arrives (below)
         if (is_compute(a.kind)) {
-          me.clock += cost_of(r, a.kind);
-          me.busy += cost_of(r, a.kind);
+          double cost = cost_of(r, a.kind);
+          int& working = working_of[a.stage];
+          if (a.kind != ActionKind::kForward && rank_costs[r].recompute && working != a.micro_batch)
+            cost += rank_costs[r].forward;  // forwarded again from its input
+          working = a.micro_batch;
+          me.clock += cost;
+          me.busy += cost;
           if (a.kind == ActionKind::kForward) me.peak = std::max(me.peak, ++me.live);
           if (a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardWeight) --me.live;
         } else if (a.kind != ActionKind::kReduceGrad) {

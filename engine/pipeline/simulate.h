@@ -32,6 +32,10 @@ struct SimCosts {
   // true: a lane a peer too (with lane_per_direction: a rank's sends to one peer wait only for
   // each other), as Gloo's and MPI's point-to-point operations, which the CPU runs on.
   bool lane_per_peer = false;
+  // --recompute: a stage keeps one working set of layer outputs, of the micro-batch forwarded
+  // last; a backward, input half or weight half of another micro-batch forwards it again
+  // first (a forward's cost), as the CPU's stage does.
+  bool recompute = false;
 };
 
 struct SimResult {

@@ -183,6 +183,59 @@ INSTANTIATE_TEST_SUITE_P(Schedules, ChunkedStages,
                                            ChunkCase{2, 2, "interleaved-1f1b", 2},
                                            ChunkCase{2, 2, "zb-v", 3}, ChunkCase{2, 4, "zb-v", 4}));
 
+// --recompute (activation checkpointing): bitwise the weights of the run without it, under
+// every kind of schedule, while a rank holds at most one micro-batch's layer outputs a stage
+// plus the inputs of what it has in flight (fewer bytes than without it where its one stage
+// holds more than one micro-batch).
+TEST(Pipeline, RecomputeGivesTheSameWeightsAndHoldsOnlyTheInputs) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  const MlpShape shape = parse_layers(kDeepLayers);
+  const int batch = 6;  // 24 / 4 micro-batches
+  for (const char* name : {"1f1b", "zb-h1", "zb-v", "interleaved-1f1b"}) {
+    TempDir dir;
+    const PipelineSchedule schedule = *schedule_from_name(name);
+    const std::string job = kDdprun + " --nproc-per-node 2 -- " + kTrain + kArgs + " --layers " +
+                            kDeepLayers + " --threads 1 --pp 2 --micro-batches 4 --schedule " +
+                            name + " --metrics ";
+    ASSERT_EQ(run_command(job + dir.file("plain.jsonl") + " --save-weights " + dir.file("p.st"))
+                  .exit_code,
+              0);
+    const RunResult r =
+        run_command(job + dir.file("re.jsonl") + " --recompute --save-weights " + dir.file("r.st"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(load_weights(dir.file("r.st"), kDeepLayers),
+              load_weights(dir.file("p.st"), kDeepLayers))
+        << name;
+    const auto plain = events_of(dir.file("plain.jsonl"), "pipeline_summary").at(0);
+    const auto re = events_of(dir.file("re.jsonl"), "pipeline_summary").at(0);
+    EXPECT_TRUE(re["recompute"].get<bool>());
+    const auto live = re["peak_live_activations"].get<std::vector<int64_t>>();
+    const auto bytes = re["peak_activation_bytes"].get<std::vector<int64_t>>();
+    const auto plain_bytes = plain["peak_activation_bytes"].get<std::vector<int64_t>>();
+    // The layout the run used: 2 x chunks stages balanced by FLOPs, placed by the schedule.
+    const int chunks = schedule_chunks(schedule, 0, 2, shape.num_layers(), 4);
+    std::vector<double> flops;
+    for (int i = 0; i < shape.num_layers(); ++i)
+      flops.push_back(double(shape.layer(i).in) * shape.layer(i).out);
+    const std::vector<int> bounds = partition_by_cost(flops, 2 * chunks);
+    const std::vector<int> placement = stage_ranks(schedule, 2, chunks);
+    for (int rank = 0; rank < 2; ++rank) {
+      int64_t outputs = 0, widest_input = 0;
+      for (int stage = 0; stage < 2 * chunks; ++stage) {
+        if (placement[stage] != rank) continue;
+        for (int i = bounds[stage]; i < bounds[stage + 1]; ++i)
+          outputs += int64_t{batch} * shape.layer(i).out * 4;
+        widest_input = std::max<int64_t>(widest_input, shape.widths()[bounds[stage]]);
+      }
+      EXPECT_GT(bytes[rank], 0);
+      EXPECT_LE(bytes[rank], outputs + live[rank] * batch * widest_input * 4)
+          << name << " rank " << rank;
+      if (chunks == 1 && live[rank] > 1)
+        EXPECT_LT(bytes[rank], plain_bytes[rank]) << name << " rank " << rank;
+    }
+  }
+}
+
 TEST(Pipeline, ADataParallelSizeThatDoesNotFitTheWorldIsOneLine) {
   if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
   const RunResult r =

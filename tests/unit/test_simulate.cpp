@@ -331,3 +331,33 @@ TEST(ScheduleChunks, BadCombinationsAreOneLineErrors) {
 
 }  // namespace
 }  // namespace ddp
+
+namespace ddp {
+namespace {
+
+// --recompute in the simulator as the CPU's stage does it: one working set a stage, so a
+// backward of a micro-batch other than the last forwarded first forwards it again. GPipe
+// (every forward, then every backward from the first) recomputes every micro-batch but
+// with one micro-batch (the last one's outputs are gone by its backward); 1F1B's last stage, which
+// backwards each micro-batch right after its forward, recomputes none.
+TEST(Simulator, RecomputeForwardsAgainWhatTheWorkingSetDoesNotHold) {
+  SimCosts costs;
+  costs.forward = 1;
+  costs.backward = 2;
+  costs.recompute = true;
+  for (int stages = 2; stages <= 4; ++stages)
+    for (int micro = 1; micro <= 8; ++micro) {
+      const SimResult g = simulate_plan(PipelineSchedule::kGpipe, stages, 1, micro, costs);
+      ASSERT_TRUE(g.ok) << g.error;
+      for (double busy : g.busy)
+        EXPECT_DOUBLE_EQ(busy, micro * 3.0 + (micro > 1 ? micro : 0));
+      const SimResult o =
+          simulate_plan(PipelineSchedule::kOneForwardOneBackward, stages, 1, micro, costs);
+      ASSERT_TRUE(o.ok) << o.error;
+      EXPECT_DOUBLE_EQ(o.busy[stages - 1], micro * 3.0);
+      if (micro > 1) EXPECT_GT(o.busy[0], micro * 3.0);
+    }
+}
+
+}  // namespace
+}  // namespace ddp
