@@ -3,8 +3,8 @@
 
 Usage: plot_timeline.py TRACE.json -o timeline.png [--steps A-B]
 
-Forward, backward, send, recv, all-reduce and optimizer spans are bars in their own
-colours, micro-batch numbers written on forward and backward bars wide enough to hold
+Forward, backward (or its input and weight halves), send, recv, all-reduce and optimizer
+spans are bars in their own colours, micro-batch numbers written on forward and backward bars wide enough to hold
 them. A GPU trace's rows are each rank and, under it, its communication (the all-reduce of
 each gradient bucket beside backward); layer and bucket numbers are written on the bars. --steps keeps a range of steps (default: the last two recorded, after warm-up).
 Needs matplotlib (Debian: python3-matplotlib). Prints the ranks, the steps drawn and the
@@ -23,6 +23,8 @@ from matplotlib.patches import Patch  # noqa: E402
 COLOURS = {
     "forward": "#4c72b0",
     "backward": "#dd8452",
+    "backward input": "#e8a33d",
+    "backward weight": "#937860",
     "send": "#55a868",
     "recv": "#8c8c8c",
     "all-reduce": "#c44e52",
@@ -79,7 +81,8 @@ def main():
         kind = SAME_AS.get(s["cat"], s["cat"])
         ax.broken_barh([(start, max(dur, width_ms * 1e-4))], (row - 0.4, 0.8),
                        facecolors=COLOURS.get(kind, "black"), edgecolors="white", linewidth=0.5)
-        if (s["cat"] in ("forward", "backward") or s["cat"] in SAME_AS) and \
+        if (s["cat"] in ("forward", "backward", "backward input", "backward weight")
+                or s["cat"] in SAME_AS) and \
                 s["args"]["micro_batch"] >= 0 and dur > width_ms / 60:
             ax.text(start + dur / 2, row, str(s["args"]["micro_batch"]), ha="center",
                     va="center", color="white", fontsize=7)

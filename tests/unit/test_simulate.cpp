@@ -3,11 +3,15 @@
 // transfers, and lists that are wrong on purpose (a deadlock, a mismatch, a lost message).
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include "engine/pipeline/schedule.h"
 #include "engine/pipeline/simulate.h"
 #include "runtime/error.h"
 
+#include <fstream>
 #include <map>
+#include <sstream>
 #include <tuple>
 
 namespace ddp {
@@ -357,6 +361,54 @@ TEST(Simulator, RecomputeForwardsAgainWhatTheWorkingSetDoesNotHold) {
       EXPECT_DOUBLE_EQ(o.busy[stages - 1], micro * 3.0);
       if (micro > 1) EXPECT_GT(o.busy[0], micro * 3.0);
     }
+}
+
+}  // namespace
+}  // namespace ddp
+
+namespace ddp {
+namespace {
+
+// The README's table of schedules is the simulator's: P = 4 ranks, M = 8 micro-batches, equal
+// stages, F = B = W = 1 (a whole backward 2), free transfers, Gloo's lanes; activations in
+// units of one stage's micro-batch (a chunk's is 1 / V of it); transfers: what rank 0 sends
+// to other ranks in a step.
+std::string schedule_row(PipelineSchedule schedule) {
+  const int ranks = 4, micro = 8;
+  const int chunks = schedule_chunks(schedule, 0, ranks, 64, micro);
+  SimCosts costs;
+  costs.forward = costs.backward_input = costs.backward_weight = 1;
+  costs.backward = 2;
+  costs.lane_per_direction = costs.lane_per_peer = true;
+  const auto lists = plan_all_ranks(schedule, ranks, micro, chunks);
+  const std::vector<int> placement = stage_ranks(schedule, ranks, chunks);
+  const SimResult r = simulate_schedule(lists, placement, costs);
+  EXPECT_TRUE(r.ok) << r.error;
+  int peak = 0;
+  for (int p : r.peak_live)
+    peak = std::max(peak, p);
+  int sends = 0;
+  for (const PipelineAction& a : lists[0]) {
+    const bool activation = a.kind == ActionKind::kSendActivation;
+    if (!activation && a.kind != ActionKind::kSendGradient) continue;
+    if (placement[activation ? a.stage + 1 : a.stage - 1] != 0) ++sends;
+  }
+  std::ostringstream row;
+  row << "| `" << schedule_name(schedule) << "` | " << chunks << " | "
+      << fmt::format("{:.1f} %", 100 * r.bubble) << " | "
+      << fmt::format("{:g}", double(peak) / chunks) << " | " << sends << " |";
+  return row.str();
+}
+
+TEST(ScheduleTable, TheReadmeHoldsTheSimulatorsFigures) {
+  std::ifstream in(README_PATH);
+  ASSERT_TRUE(in.good()) << README_PATH;
+  std::stringstream text;
+  text << in.rdbuf();
+  for (PipelineSchedule schedule : all_schedules()) {
+    const std::string row = schedule_row(schedule);
+    EXPECT_NE(text.str().find(row), std::string::npos) << "README lacks the row\n" << row;
+  }
 }
 
 }  // namespace

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Pipeline schedules on the CPU, same run: pp 2 over two processes (one OpenBLAS thread each),
+# a model whose layers take milliseconds (eight 1024-wide layers), 8 micro-batches; for each
+# schedule the measured bubble against the simulator's prediction from that run's measured
+# costs (free transfers) and the schedule's ideal (equal stages, F = B = W), the step time
+# and its ratio to 1F1B's. The schedules run interleaved, ROUNDS times, and the medians are
+# printed as a Markdown table.
+# Usage: scripts/bench-schedules.sh [BUILD_DIR] [ROUNDS]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+build="${1:-build}"
+rounds="${2:-3}"
+py="${PYTHON:-python3}"
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+layers=784,1024,1024,1024,1024,1024,1024,1024,10
+common=(--data synthetic --layers "$layers" --synthetic-samples 4096 --batch-size 256
+        --micro-batches 8 --steps 40 --log-every 10 --threads 1 --quiet --pp 2)
+schedules=(gpipe 1f1b zb-h1 interleaved-1f1b zb-v)
+failed=0
+for round in $(seq "$rounds"); do
+  for schedule in "${schedules[@]}"; do
+    if ! CUDA_VISIBLE_DEVICES= timeout 600 "$build/bin/ddprun" --nproc-per-node 2 -- \
+      "$build/bin/ddptrain" "${common[@]}" --schedule "$schedule" \
+      --metrics "$tmp/$schedule.$round.jsonl" > "$tmp/$schedule.$round.log" 2>&1; then
+      echo "bench-schedules: $schedule failed (round $round):" >&2
+      tail -5 "$tmp/$schedule.$round.log" >&2
+      failed=1
+    fi
+  done
+done
+"$py" - "$tmp" "$rounds" "${schedules[@]}" <<'PY' || failed=1
+import json, statistics, sys
+tmp, rounds, schedules = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+def windows(path):
+    out = []
+    for line in open(path):
+        r = json.loads(line)
+        if r.get("event") == "pipeline":
+            out.append(r)
+    return out[1:]  # the first window holds the start-up
+rows = {}
+for s in schedules:
+    bubble, sim, step = [], [], []
+    ideal = None
+    for k in range(1, rounds + 1):
+        try:
+            w = windows(f"{tmp}/{s}.{k}.jsonl")
+        except FileNotFoundError:
+            continue
+        for r in w:
+            bubble.append(r["bubble"])
+            sim.append(r.get("simulated_bubble", float("nan")))
+            step.append(r["step_s"])
+            ideal = r["ideal_bubble"]
+    if step:
+        rows[s] = (statistics.median(bubble), statistics.median(sim), ideal,
+                   statistics.median(step))
+base = rows.get("1f1b", (0, 0, 0, float("nan")))[3]
+print("| schedule | measured bubble | simulated from measured costs | ideal (equal stages) | step ms | vs 1f1b |")
+print("|---|---|---|---|---|---|")
+for s, (b, sim, ideal, step) in rows.items():
+    print(f"| {s} | {100*b:.1f} % | {100*sim:.1f} % | {100*ideal:.1f} % | {1e3*step:.1f} | {step/base:.2f}x |")
+if len(rows) != len(schedules):
+    sys.exit(1)
+PY
+exit $failed
