@@ -322,6 +322,10 @@ const std::vector<Flag>& flags() {
                             "chunks of layers a pipeline rank holds (interleaved-1f1b: 0 means 2; "
                             "zb-v: 2; the others: 1)",
                             &C::virtual_stages));
+    f.push_back(number_flag("zero",
+                            "ZeRO over the data-parallel group: 1 shards the optimizer state, 2 "
+                            "the gradients too (CPU path so far); 0: off",
+                            &C::zero));
     f.push_back(switch_flag("recompute",
                             "activation checkpointing: a stage keeps only each micro-batch's "
                             "input and forwards it again just before its backward (CPU)",
@@ -491,6 +495,9 @@ void validate(const TrainConfig& c) {
                   "--accumulate {} with --pp {}: a pipeline accumulates over --micro-batches; "
                   "give that instead",
                   c.accumulate, c.pp);
+  DDP_USAGE_CHECK(c.zero >= 0 && c.zero <= 2,
+                  "--zero {}: expected 0 (off), 1 (optimizer state sharded) or 2 (gradients too)",
+                  c.zero);
   const int micro = micro_batches_of(c);
   DDP_USAGE_CHECK(c.pp > 1 || c.virtual_stages == 0,
                   "--virtual-stages {}: chunks of a pipeline; they need --pp 2 or more",

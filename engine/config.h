@@ -76,8 +76,9 @@ struct TrainConfig {
   PipelineSchedule schedule = PipelineSchedule::kOneForwardOneBackward;
   int virtual_stages = 0;  // chunks a pipeline rank holds (0: the schedule's own number)
   bool recompute = false;  // keep a micro-batch's input only; forward it again for backward
-  std::string partition;   // "0-1,2-3": layers of each stage; empty: balanced by FLOPs
-  std::string timeline;    // Chrome trace of every rank's forward/backward/send/recv/all-reduce
+  int zero = 0;           // ZeRO: 1 shards the optimizer state, 2 the gradients too (data parallel)
+  std::string partition;  // "0-1,2-3": layers of each stage; empty: balanced by FLOPs
+  std::string timeline;   // Chrome trace of every rank's forward/backward/send/recv/all-reduce
   bool check_replicas = false;  // compare every rank's weights after every step
   OnNonfinite on_nonfinite = OnNonfinite::kStop;
   int64_t max_skipped_steps = -1;  // skip-step: most skipped steps a window; -1: --log-every / 10

@@ -88,8 +88,54 @@ void Ddp::reduce_in_bf16(void* scratch) {
   bf16_scratch_ = static_cast<uint16_t*>(scratch);
 }
 
+void Ddp::shard(int level) {
+  DDP_USAGE_CHECK(level >= 1 && level <= 2, "--zero {}: expected 0, 1 or 2", level);
+  DDP_USAGE_CHECK(!comm_.device_buffers(),
+                  "--zero {}: runs on the CPU path only so far (host communicators)", level);
+  DDP_USAGE_CHECK(bf16_scratch_ == nullptr, "--zero {} with --grad-reduce bf16: not supported",
+                  level);
+  zero_ = level;
+  shards_ = plan_shards(buckets_, comm_.size(), comm_.rank());
+  bucket_scratch_.assign(buckets_.size(), {});
+  for (size_t b = 0; b < buckets_.size(); ++b)
+    bucket_scratch_[b].assign(shards_.parts[b].piece * comm_.size(), 0.0f);
+  if (level == 2) reduced_shard_.assign(shards_.shard_count, 0.0f);
+}
+
+void Ddp::take_shard(const float* full, float* shard) const {
+  std::fill(shard, shard + shards_.shard_count, 0.0f);
+  for (const ShardPart& p : shards_.parts)
+    std::copy_n(full + p.offset, p.count, shard + p.shard_at);
+}
+
+void Ddp::gather_shards(const float* shard, float* full) {
+  std::vector<std::unique_ptr<Work>> gathers;
+  for (size_t b = 0; b < shards_.parts.size(); ++b) {
+    const ShardPart& p = shards_.parts[b];
+    gathers.push_back(comm_.all_gather_async(shard + p.shard_at, bucket_scratch_[b].data(), p.piece,
+                                             DataType::kFloat32));
+  }
+  for (size_t b = 0; b < gathers.size(); ++b) {
+    gathers[b]->wait(comm_.timeout());
+    const ShardPart& p = shards_.parts[b];
+    std::copy_n(bucket_scratch_[b].data(), p.bucket_count, full + p.bucket_offset);
+  }
+}
+
 void Ddp::issue(size_t bucket) {
   const Bucket& b = buckets_[bucket];
+  if (zero_ == 2) {
+    // The bucket into its padded copy, reduce-scattered into this rank's averaged piece.
+    std::vector<float>& scratch = bucket_scratch_[bucket];
+    std::copy_n(grads_ + b.offset, b.count, scratch.begin());
+    std::fill(scratch.begin() + static_cast<std::ptrdiff_t>(b.count), scratch.end(), 0.0f);
+    const ShardPart& p = shards_.parts[bucket];
+    pending_.push_back(comm_.reduce_scatter_async(scratch.data(),
+                                                  reduced_shard_.data() + p.shard_at, p.piece,
+                                                  DataType::kFloat32, ReduceOp::kAverage));
+    record({"reduce_scatter_issued", b.first_layer, static_cast<int>(bucket)});
+    return;
+  }
   pending_.push_back(bf16_scratch_ != nullptr
                          ? comm_.all_reduce_bf16_async(grads_ + b.offset, bf16_scratch_ + b.offset,
                                                        b.count, ReduceOp::kAverage)

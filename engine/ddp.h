@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "collectives/communicator.h"
+#include "engine/zero.h"
 #include "models/mlp.h"
 #include "runtime/checksum.h"
 
@@ -95,6 +96,20 @@ class Ddp {
   const std::vector<DdpEvent>& events() const { return events_; }
   Communicator& comm() { return comm_; }
 
+  // ZeRO (engine/zero.h), host communicators: from now on, with `level` 2, each bucket is
+  // reduce-scattered (through a padded copy) into this rank's piece of the averaged gradients
+  // (reduced_shard()) instead of all-reduced; with level 1 the all-reduce stays. The shards'
+  // plan is this rank's pieces of the buckets.
+  void shard(int level);
+  int zero() const { return zero_; }
+  const ShardPlan& shards() const { return shards_; }
+  // After finish() with level 2: this rank's averaged gradient pieces (shards().shard_count).
+  const float* reduced_shard() const { return reduced_shard_.data(); }
+  // This rank's pieces of the flat buffer `full` into `shard` (shard_count, padding zero).
+  void take_shard(const float* full, float* shard) const;
+  // Collective: every rank's pieces (`shard`, its own) into the whole flat buffer `full`.
+  void gather_shards(const float* shard, float* full);
+
  private:
   void issue(size_t bucket);
   void record(DdpEvent event) {
@@ -112,6 +127,10 @@ class Ddp {
   std::vector<std::unique_ptr<Work>> pending_;
   std::vector<DdpEvent> events_;
   bool recording_ = false;
+  int zero_ = 0;
+  ShardPlan shards_;
+  std::vector<std::vector<float>> bucket_scratch_;  // a bucket's padded pieces, every rank's
+  std::vector<float> reduced_shard_;
 };
 
 }  // namespace ddp

@@ -124,6 +124,13 @@ class StageRunner {
   // Sets up data parallelism over the stage's replicas: the model check (collective) and,
   // where asked, bf16 gradients.
   virtual void prepare_ddp(Ddp& ddp, uint64_t fingerprint, const std::string& description) = 0;
+  // --zero `level` over `ddp`'s group (engine/zero.h): from now on the runner keeps the
+  // optimizer state of its pieces only, updates them from the averaged gradient pieces and
+  // all-gathers the parameters; optimizer_state() then gathers (collective over the group).
+  virtual void shard_optimizer(Ddp& ddp, int level) {
+    (void)ddp;
+    throw UsageError(fmt::format("--zero {}: runs on the CPU path only so far", level));
+  }
   // The stream that Ddp::finish makes wait (GPU), or null.
   virtual void* stream() { return nullptr; }
 

@@ -215,7 +215,8 @@ class CpuRunner final : public StageRunner {
  public:
   CpuRunner(const RankStages& stages, const TrainConfig& config, const Dataset& data,
             StageLinks links)
-      : stages_(stages),
+      : config_(config),
+        stages_(stages),
         rank_{data, links},
         params_(stages.param_count()),
         grads_(stages.param_count()),
@@ -235,20 +236,40 @@ class CpuRunner final : public StageRunner {
   void prepare_ddp(Ddp& ddp, uint64_t fingerprint, const std::string& description) override {
     ddp.check_same_layout(fingerprint, description);
   }
+  void shard_optimizer(Ddp& ddp, int level) override {
+    ddp.shard(level);
+    zero_ = &ddp;
+    const size_t n = ddp.shards().shard_count;
+    optimizer_ = make_optimizer(config_.optimizer, n);
+    shard_params_.assign(n, 0.0f);
+    if (level == 1) shard_grads_.assign(n, 0.0f);
+  }
   std::vector<float> get_params() override { return params_; }
   void set_params(const float* host) override {
     std::copy_n(host, params_.size(), params_.begin());
   }
   NamedState optimizer_state() override {
     NamedState state;
-    for (const auto& [name, buffer] : optimizer_->state())
-      state.emplace_back(name, *buffer);
+    for (const auto& [name, buffer] : optimizer_->state()) {
+      if (zero_ == nullptr) {
+        state.emplace_back(name, *buffer);
+        continue;
+      }
+      // Every rank's pieces of it, gathered (collective over the data-parallel group).
+      state.emplace_back(name, std::vector<float>(params_.size()));
+      zero_->gather_shards(buffer->data(), state.back().second.data());
+    }
     return state;
   }
   void set_optimizer_state(const NamedState& state, int64_t steps) override {
     for (auto& [name, buffer] : optimizer_->state())
       for (const auto& [saved_name, values] : state)
-        if (saved_name == name) *buffer = values;
+        if (saved_name == name) {
+          if (zero_ == nullptr)
+            *buffer = values;
+          else
+            zero_->take_shard(values.data(), buffer->data());
+        }
     optimizer_->set_steps(steps);
   }
   int64_t optimizer_steps() const override { return optimizer_->steps(); }
@@ -273,9 +294,53 @@ class CpuRunner final : public StageRunner {
               "were never taken",
               rank_.handed_over.size());
   }
-  bool grads_nonfinite() override { return any_nonfinite(grads_.data(), grads_.size()); }
+  bool grads_nonfinite() override {
+    return any_nonfinite(grads_.data(), grads_.size()) ||
+           (zero_ != nullptr && zero_->zero() == 2 &&
+            any_nonfinite(zero_->reduced_shard(), zero_->shards().shard_count));
+  }
   void optimizer_step() override {
-    optimizer_->step(params_.data(), grads_.data(), params_.size(), lr_);
+    if (zero_ == nullptr) {
+      optimizer_->step(params_.data(), grads_.data(), params_.size(), lr_);
+      return;
+    }
+    // This rank's pieces updated from their averaged gradients (the padding stays zero),
+    // then every rank's pieces gathered into the whole parameters.
+    zero_->take_shard(params_.data(), shard_params_.data());
+    const float* grads = zero_->reduced_shard();
+    if (zero_->zero() == 1) {
+      zero_->take_shard(grads_.data(), shard_grads_.data());
+      grads = shard_grads_.data();
+    }
+    optimizer_->step(shard_params_.data(), grads, shard_params_.size(), lr_);
+    zero_->gather_shards(shard_params_.data(), params_.data());
+  }
+  std::string memory_report() const override {
+    const auto size = [](size_t floats) {
+      const double bytes = static_cast<double>(floats) * 4;
+      return bytes < 1048576 ? fmt::format("{:.1f} KiB", bytes / 1024)
+                             : fmt::format("{:.1f} MiB", bytes / 1048576);
+    };
+    const size_t state = optimizer_->state_floats();
+    std::string text = fmt::format("parameters {}, gradients {}, optimizer state {}",
+                                   size(params_.size()), size(grads_.size()), size(state));
+    if (zero_ != nullptr)
+      text += fmt::format(
+          " (--zero {}: this rank's 1/{} of it, {} of {} parameters; {} of bucket "
+          "copies{})",
+          zero_->zero(), zero_->shards().ranks, zero_->shards().owned(), params_.size(),
+          size(zero_->shards().shard_count * zero_->shards().ranks),
+          zero_->zero() == 2 ? ", the averaged gradients as this rank's pieces only" : "");
+    return text;
+  }
+  int64_t held_bytes() const override {
+    size_t floats = params_.size() + grads_.size() + shard_params_.size() + shard_grads_.size() +
+                    optimizer_->state_floats();
+    if (zero_ != nullptr) {
+      floats += zero_->shards().shard_count * zero_->shards().ranks;
+      if (zero_->zero() == 2) floats += zero_->shards().shard_count;
+    }
+    return static_cast<int64_t>(floats * 4);
   }
   LossSum evaluate(const Split& split, int64_t begin, int64_t end) override {
     LossSum total{};
@@ -291,6 +356,7 @@ class CpuRunner final : public StageRunner {
   }
 
  private:
+  TrainConfig config_;
   RankStages stages_;
   RankState rank_;
   std::vector<float> params_;  // every stage's, one after the other
@@ -298,6 +364,9 @@ class CpuRunner final : public StageRunner {
   std::vector<std::unique_ptr<CpuChunk>> chunks_;
   std::unique_ptr<Optimizer> optimizer_;
   float lr_ = 0;
+  Ddp* zero_ = nullptr;              // --zero: the data parallelism that shards the state
+  std::vector<float> shard_params_;  // this rank's pieces of the parameters (--zero)
+  std::vector<float> shard_grads_;   // and of the all-reduced gradients (--zero 1)
 };
 
 }  // namespace

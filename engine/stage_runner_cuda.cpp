@@ -354,6 +354,7 @@ void check_gpu_supported(const TrainConfig& config) {
                   "--on-nonfinite {}: runs on the CPU path only so far (the GPU path stops)",
                   on_nonfinite_name(config.on_nonfinite));
   DDP_USAGE_CHECK(!config.recompute, "--recompute: runs on the CPU path only so far");
+  DDP_USAGE_CHECK(config.zero == 0, "--zero {}: runs on the CPU path only so far", config.zero);
   DDP_USAGE_CHECK(config.pp == 1 || (!splits_backward(config.schedule) &&
                                      config.schedule != PipelineSchedule::kInterleaved),
                   "--schedule {}: runs on the CPU path only so far (the GPU runners hold one "

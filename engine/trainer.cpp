@@ -136,6 +136,18 @@ Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* c
     runner_->prepare_ddp(*ddp_, stages_.fingerprint(), shape.to_string());
     ddp_->broadcast_parameters(runner_->params(), stages_.param_count());
     runner_->params_changed();
+    if (config.zero > 0) {
+      runner_->shard_optimizer(*ddp_, config.zero);
+      const ShardPlan& plan = ddp_->shards();
+      if (lead())
+        spdlog::info(
+            "zero: stage {} over {} data-parallel ranks; rank 0 holds the optimizer "
+            "state of {} of {} parameters{}",
+            config.zero, plan.ranks, plan.owned(), stages_.param_count(),
+            config.zero == 2 ? " and only its pieces of the averaged gradients" : "");
+    }
+  } else if (config.zero > 0 && lead()) {
+    spdlog::warn("--zero {}: one replica holds everything; nothing to shard", config.zero);
   }
   if (config.resume && !config.checkpoint_dir.empty()) {
     const std::string path = checkpoint_path(config.checkpoint_dir);
@@ -219,7 +231,9 @@ void Trainer::run_schedule(StepStats* stats) {
 }
 
 bool Trainer::any_rank(bool mine) {
-  if (layout_.stages == 1) return mine;  // replicas hold the same values: all decide alike
+  // Replicas hold the same values and all decide alike, but with --zero 2 each checks its
+  // own gradient pieces.
+  if (layout_.stages == 1 && config_.zero < 2) return mine;
   double flag = mine ? 1 : 0;
   sum_over_ranks(host_comm(), &flag, 1);
   return flag > 0;

@@ -53,6 +53,7 @@ class Sgd final : public Optimizer {
     if (momentum_.empty()) return {};
     return {{"momentum", &momentum_}};
   }
+  size_t state_floats() const override { return momentum_.size(); }
 
  private:
   OptimizerConfig config_;
@@ -71,6 +72,7 @@ class AdamW final : public Optimizer {
   std::vector<std::pair<std::string, std::vector<float>*>> state() override {
     return {{"exp_avg", &exp_avg_}, {"exp_avg_sq", &exp_avg_sq_}};
   }
+  size_t state_floats() const override { return exp_avg_.size() + exp_avg_sq_.size(); }
 
  private:
   OptimizerConfig config_;

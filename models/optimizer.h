@@ -29,6 +29,8 @@ class Optimizer {
   virtual void step(float* params, const float* grads, size_t count, float lr) = 0;
   // Named state buffers (for checkpoints): SGD "momentum", AdamW "exp_avg", "exp_avg_sq".
   virtual std::vector<std::pair<std::string, std::vector<float>*>> state() = 0;
+  // The floats of that state.
+  virtual size_t state_floats() const = 0;
   int64_t steps() const { return steps_; }
   void set_steps(int64_t steps) { steps_ = steps; }
 

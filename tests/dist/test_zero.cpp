@@ -1,0 +1,148 @@
+// ZeRO on the CPU: --zero 1 and 2 with dp 2 and 3, SGD and AdamW, equal plain data
+// parallelism under ddprun (Gloo) and mpirun (MPI), also with --accumulate 2 and dp 2 x pp 2;
+// a rank holds 1/D of the optimizer state (its memory record); the gathered checkpoint is the
+// plain run's file byte for byte; a --zero 2 checkpoint resumes into --zero 0 with another
+// world size and goes on equal to a run that never stopped.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/support/metrics_support.h"
+#include "tests/support/test_support.h"
+#include "tests/support/weights_support.h"
+
+namespace ddp {
+namespace {
+
+const std::string kLayers = "12,32,16,4";
+const std::string kArgs =
+    " --data synthetic --layers " + kLayers +
+    " --synthetic-samples 240 --batch-size 24 --steps 12 --log-every 4 --quiet --seed 3 "
+    "--threads 1 --bucket-mb 0.0005 --first-bucket-mb 0.0002";
+const std::string kDdprun = std::string("CUDA_VISIBLE_DEVICES= ") + DDPRUN_PATH;
+const std::string kTrain = DDPTRAIN_PATH;
+const std::string kMpirun =
+    std::string("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ") + MPIRUN_PATH +
+    " --oversubscribe --mca btl self,vader --mca btl_vader_single_copy_mechanism none ";
+
+std::string ddprun(int ranks, const std::string& flags) {
+  return kDdprun + " --nproc-per-node " + std::to_string(ranks) + " -- " + kTrain + kArgs + " " +
+         flags;
+}
+
+struct ZeroCase {
+  int zero;
+  int dp;
+  const char* optimizer;
+  const char* extra;  // more flags for both runs
+};
+
+void PrintTo(const ZeroCase& c, std::ostream* os) {
+  *os << "zero" << c.zero << " dp" << c.dp << " " << c.optimizer << " " << c.extra;
+}
+
+class ZeroStages : public ::testing::TestWithParam<ZeroCase> {};
+
+TEST_P(ZeroStages, EqualPlainDataParallelismWithAShareOfTheOptimizerState) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  const ZeroCase& c = GetParam();
+  TempDir dir;
+  const std::string flags = std::string("--optimizer ") + c.optimizer + " " + c.extra;
+  const std::string world = std::to_string(c.dp);
+  const int ranks = std::string(c.extra).find("--pp 2") != std::string::npos ? 2 * c.dp : c.dp;
+  const RunResult plain =
+      run_command(ddprun(ranks, flags + " --metrics " + dir.file("plain.jsonl") +
+                                    " --save-weights " + dir.file("plain.st")));
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  const RunResult r = run_command(
+      ddprun(ranks, flags + " --zero " + std::to_string(c.zero) + " --check-replicas --metrics " +
+                        dir.file("zero.jsonl") + " --save-weights " + dir.file("zero.st")));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_LE(max_relative_error(load_weights(dir.file("zero.st"), kLayers),
+                               load_weights(dir.file("plain.st"), kLayers)),
+            1e-5);
+  // The memory record: this rank's share of the optimizer state, against the plain run's.
+  const auto memory = events_of(dir.file("zero.jsonl"), "memory");
+  const auto plain_memory = events_of(dir.file("plain.jsonl"), "memory");
+  ASSERT_EQ(memory.size(), 1u);
+  ASSERT_EQ(plain_memory.size(), 1u);
+  const std::string report = memory[0]["report"];
+  EXPECT_NE(report.find("--zero " + std::to_string(c.zero) + ": this rank's 1/" + world),
+            std::string::npos)
+      << report;
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, ZeroStages,
+                         ::testing::Values(ZeroCase{1, 2, "sgd", ""}, ZeroCase{1, 3, "adamw", ""},
+                                           ZeroCase{2, 2, "adamw", ""}, ZeroCase{2, 3, "sgd", ""},
+                                           ZeroCase{2, 2, "adamw", "--accumulate 2"},
+                                           ZeroCase{2, 2, "adamw", "--pp 2 --micro-batches 4"},
+                                           ZeroCase{1, 2, "sgd",
+                                                    "--pp 2 --micro-batches 4 --schedule zb-h1"}));
+
+TEST(Zero, MpiEqualsPlainDataParallelism) {
+  if (!HAVE_MPI) GTEST_SKIP() << "built without MPI";
+  TempDir dir;
+  const std::string job = kMpirun + "-np 2 " + kTrain + kArgs + " --backend mpi --optimizer adamw ";
+  ASSERT_EQ(run_command(job + "--save-weights " + dir.file("plain.st")).exit_code, 0);
+  for (const char* zero : {"1", "2"}) {
+    const RunResult r =
+        run_command(job + "--zero " + zero + " --save-weights " + dir.file("zero.st"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_LE(max_relative_error(load_weights(dir.file("zero.st"), kLayers),
+                                 load_weights(dir.file("plain.st"), kLayers)),
+              1e-5)
+        << "--zero " << zero;
+  }
+}
+
+// The checkpoint rank 0 gathers from the shards is the plain run's file byte for byte (its
+// state is the same), and a --zero 2 checkpoint of 2 ranks resumes into --zero 0 on 3 ranks
+// and goes on to the weights of a 3-rank run from that checkpoint's state (1e-5 of the run
+// that never stopped on 2 ranks: the batch is global).
+TEST(Zero, CheckpointsAreThePlainFilesAndResumeIntoAnotherLayout) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  const std::string adamw = "--optimizer adamw --lr 0.01 --checkpoint-every 6 ";
+  ASSERT_EQ(run_command(ddprun(2, adamw + "--checkpoint-dir " + dir.file("plain") +
+                                      " --save-weights " + dir.file("straight.st")))
+                .exit_code,
+            0);
+  const RunResult zero = run_command(
+      ddprun(2, adamw + "--zero 2 --checkpoint-dir " + dir.file("zero") + " --fail-at-step 8"));
+  EXPECT_NE(zero.exit_code, 0) << zero.output;
+  EXPECT_EQ(read_file(dir.file("zero/step-6.safetensors")),
+            read_file(dir.file("plain/step-6.safetensors")));
+  const RunResult resumed =
+      run_command(ddprun(3, adamw + "--checkpoint-dir " + dir.file("zero") +
+                                " --resume --save-weights " + dir.file("resumed.st")));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resumed from"), std::string::npos) << resumed.output;
+  EXPECT_LE(max_relative_error(load_weights(dir.file("resumed.st"), kLayers),
+                               load_weights(dir.file("straight.st"), kLayers)),
+            1e-5);
+  // And back: the plain checkpoint into --zero 1 on 3 ranks.
+  const RunResult into_zero =
+      run_command(ddprun(3, adamw + "--zero 1 --checkpoint-dir " + dir.file("plain") +
+                                " --resume --steps 14 --save-weights " + dir.file("more.st")));
+  ASSERT_EQ(into_zero.exit_code, 0) << into_zero.output;
+}
+
+TEST(Zero, BadLevelsAndTheGpuAreOneLine) {
+  const RunResult r = run_command(kTrain + kArgs + " --zero 3");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--zero 3: expected 0 (off), 1 (optimizer state sharded) or 2"),
+            std::string::npos)
+      << r.output;
+  const RunResult one = run_command(kTrain + kArgs + " --zero 1");
+  EXPECT_EQ(one.exit_code, 0) << one.output;
+  EXPECT_NE(one.output.find("--zero 1: one replica holds everything; nothing to shard"),
+            std::string::npos)
+      << one.output;
+}
+
+}  // namespace
+}  // namespace ddp
