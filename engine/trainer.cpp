@@ -535,6 +535,13 @@ TrainResult Trainer::run_loop(MetricsWriter* metrics_in, GpuMonitor* monitor) {
                    {"peak_live_activations", peaks},
                    {"peak_activation_bytes", bytes}});
   }
+  const std::string memory = runner_->memory_report();
+  if (!memory.empty()) {
+    spdlog::info("memory at end: {}", memory);
+    if (metrics.enabled())
+      metrics.write(
+          {{"event", "memory"}, {"report", memory}, {"held_bytes", runner_->held_bytes()}});
+  }
   progress.finish(seconds, &result);
   if (monitor != nullptr) {
     const std::vector<GpuWindow> gpus = gather_gpu_windows(host_comm(), monitor->whole_run());
@@ -544,13 +551,6 @@ TrainResult Trainer::run_loop(MetricsWriter* metrics_in, GpuMonitor* monitor) {
         spdlog::info("  {}", line);
       metrics.write({{"event", "gpu_summary"}, {"gpu", gpu_windows_json(gpus)}});
     }
-  }
-  const std::string memory = runner_->memory_report();
-  if (!memory.empty()) {
-    spdlog::info("memory at end: {}", memory);
-    if (metrics.enabled())
-      metrics.write(
-          {{"event", "memory"}, {"report", memory}, {"held_bytes", runner_->held_bytes()}});
   }
   if (!config_.timeline.empty())
     write_timeline(timeline_, host_comm(), layout_, runner_->on_gpu(), lead(), config_.timeline);
