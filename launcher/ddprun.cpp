@@ -4,10 +4,13 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -74,10 +77,41 @@ std::string wait_for_key(ddp::StoreClient& store, const std::string& key, double
   }
 }
 
+// The folder of this run's per-rank files (torchrun's layout): under --log-dir as
+// RUN_ID_XXXXXXXX, else a temporary one, removed at exit unless --redirects / --tee wrote
+// there (then named at start).
+struct RunFolder {
+  std::string path;
+  bool temporary = false;
+  RunFolder(const ddp::LaunchConfig& config) {
+    const std::string suffix = ddp::random_token("/dev/urandom").substr(0, 8);
+    if (!config.log_dir.empty()) {
+      path = fmt::format("{}/{}_{}", config.log_dir, config.run_id, suffix);
+      return;
+    }
+    char pattern[] = "/tmp/ddprun-XXXXXX";
+    DDP_CHECK(::mkdtemp(pattern) != nullptr, "cannot make a temporary folder: {}",
+              std::strerror(errno));
+    path = pattern;
+    temporary = config.redirects.empty() && config.tee.empty();
+  }
+  ~RunFolder() {
+    std::error_code ignored;
+    if (temporary) std::filesystem::remove_all(path, ignored);
+  }
+};
+
 int run(int argc, char** argv) {
   ddp::LaunchConfig config;
   config.launch_time_ms = ddp::wall_clock_ms();
   if (!ddp::parse_launch_args(argc, argv, &config)) return 0;
+  for (const std::string& note : config.notes)
+    std::fprintf(stderr, "ddprun: note: %s\n", note.c_str());
+  const RunFolder run_folder(config);
+  config.run_dir = run_folder.path;
+  if (!config.log_dir.empty() || !config.redirects.empty() || !config.tee.empty())
+    std::fprintf(stderr, "ddprun: each rank's files under %s/attempt_K/LOCAL_RANK\n",
+                 config.run_dir.c_str());
 
   struct sigaction action {};
   action.sa_handler = on_signal;
@@ -97,6 +131,11 @@ int run(int argc, char** argv) {
   const ddp::GpuList gpus = ddp::discover_gpus(cvd);
   const int cpus = static_cast<int>(std::thread::hardware_concurrency());
   const ddp::WorkerPlan plan = ddp::plan_workers(config, gpus, cpus);
+  if (plan.nproc > 1 && !parent.count("OMP_NUM_THREADS"))  // torchrun's words
+    std::fprintf(stderr,
+                 "ddprun: setting OMP_NUM_THREADS environment variable for each process to be 1 "
+                 "in default, to avoid your system being overloaded, please further tune the "
+                 "variable for optimal performance in your application as needed\n");
 
   std::string token = parent.count("DDP_STORE_TOKEN") ? parent["DDP_STORE_TOKEN"] : "";
   DDP_USAGE_CHECK(config.nnodes == 1 || !token.empty(),
@@ -240,6 +279,17 @@ int run(int argc, char** argv) {
       if (!outcome.last_lines.empty()) {
         std::fprintf(stderr, "ddprun: last lines of rank %d:\n", outcome.failed_rank);
         for (const std::string& line : outcome.last_lines)
+          std::fprintf(stderr, "  | %s\n", line.c_str());
+      }
+      // What the program itself recorded (torch's @record writes TORCHELASTIC_ERROR_FILE).
+      const std::string error_file =
+          ddp::worker_dir(config, restart, outcome.failed_rank - config.node_rank * plan.nproc) +
+          "/error.json";
+      const std::vector<std::string> recorded = ddp::describe_error_file(error_file);
+      if (!recorded.empty()) {
+        std::fprintf(stderr, "ddprun: root cause recorded by rank %d (%s):\n", outcome.failed_rank,
+                     error_file.c_str());
+        for (const std::string& line : recorded)
           std::fprintf(stderr, "  | %s\n", line.c_str());
       }
       // The first node to fail in this generation moves the job on; the others follow.

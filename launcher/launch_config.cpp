@@ -7,13 +7,16 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <iostream>
 
 #include <fmt/format.h>
 #include <cxxopts.hpp>
+#include <nlohmann/json.hpp>
 
 #include "runtime/error.h"
 #include "runtime/parse.h"
@@ -28,19 +31,113 @@ int parse_int(const std::string& flag, const std::string& value) {
   return *parsed;
 }
 
-// Options that take a value: the program starts at the first argument that is not an
-// option or an option's value, or after "--".
+// Switches (no value): the program starts at the first argument that is not an option or an
+// option's value, or after "--".
 bool takes_value(const std::string& arg) {
-  return arg.find('=') == std::string::npos && arg != "--quiet" && arg != "--share-gpu" &&
-         arg != "--help" && arg != "-h";
+  for (const char* flag : {"--quiet", "--share-gpu", "--help", "-h", "--standalone", "-m",
+                           "--module", "--no-python", "--run-path"})
+    if (arg == flag) return false;
+  return arg.find('=') == std::string::npos;
+}
+
+// torchrun 1.x spells its flags with underscores (--nproc_per_node), 2.x both ways: an
+// option's name with '-' for '_' (its value as given).
+std::string dashed(const std::string& arg) {
+  if (arg.size() < 3 || arg.compare(0, 2, "--") != 0) return arg;
+  const size_t end = std::min(arg.find('='), arg.size());
+  std::string out = arg;
+  std::replace(out.begin() + 2, out.begin() + static_cast<std::ptrdiff_t>(end), '_', '-');
+  return out;
 }
 
 }  // namespace
+
+int stream_bits(const std::vector<int>& per_rank, int local_rank) {
+  if (per_rank.empty()) return 0;
+  if (per_rank.size() == 1 && per_rank[0] >= 0 && local_rank >= 0) return per_rank[0];
+  return local_rank >= 0 && local_rank + 1 < static_cast<int>(per_rank.size())
+             ? per_rank[static_cast<size_t>(local_rank) + 1]
+             : 0;
+}
+
+std::vector<int> parse_streams(const std::string& flag, const std::string& value) {
+  // Stored as {all} for one value, or {-1, rank 0's, rank 1's, ...} for a map.
+  const auto bits = [&](const std::string& text) {
+    const std::optional<int> v = parse_number<int>(text);
+    DDP_USAGE_CHECK(v && *v >= 0 && *v <= 3,
+                    "{} {}: expected 0 (none), 1 (stdout), 2 (stderr) or 3 (both), or per local "
+                    "rank like 0:1,1:2",
+                    flag, value);
+    return *v;
+  };
+  if (value.find(':') == std::string::npos) return {bits(value)};
+  std::vector<int> out = {-1};
+  size_t at = 0;
+  while (at <= value.size()) {
+    const size_t comma = std::min(value.find(',', at), value.size());
+    const std::string part = value.substr(at, comma - at);
+    const size_t colon = part.find(':');
+    const std::optional<int> rank =
+        colon == std::string::npos ? std::nullopt : parse_number<int>(part.substr(0, colon));
+    DDP_USAGE_CHECK(rank && *rank >= 0 && *rank < 4096,
+                    "{} {}: '{}' is not LOCAL_RANK:STREAMS (like 0:1,1:2)", flag, value, part);
+    if (out.size() < static_cast<size_t>(*rank) + 2) out.resize(static_cast<size_t>(*rank) + 2, 0);
+    out[static_cast<size_t>(*rank) + 1] = bits(part.substr(colon + 1));
+    at = comma + 1;
+  }
+  return out;
+}
+
+std::vector<std::string> program_argv(const LaunchConfig& c) {
+  const std::string& program = c.command.front();
+  const bool python =
+      c.module || c.run_path ||
+      (!c.no_python && program.size() > 3 && program.compare(program.size() - 3, 3, ".py") == 0);
+  if (!python) return c.command;
+  std::vector<std::string> argv = {"python3", "-u"};
+  if (c.module) argv.push_back("-m");
+  argv.insert(argv.end(), c.command.begin(), c.command.end());
+  return argv;
+}
+
+std::string worker_dir(const LaunchConfig& config, int restart, int local_rank) {
+  return fmt::format("{}/attempt_{}/{}", config.run_dir, restart, local_rank);
+}
+
+std::vector<std::string> describe_error_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in.good()) return {};
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.contains("message")) return {};
+  // {"message": {"message": "...", "extraInfo": {"py_callstack": "...", "timestamp": "..."}}}
+  // (or a plain string message, as torch writes for some errors).
+  const nlohmann::json& m = j["message"];
+  std::vector<std::string> lines;
+  const auto split = [&](const std::string& text) {
+    size_t at = 0;
+    while (at < text.size()) {
+      const size_t nl = std::min(text.find('\n', at), text.size());
+      lines.push_back(text.substr(at, nl - at));
+      at = nl + 1;
+    }
+  };
+  if (m.is_string()) {
+    split(m.get<std::string>());
+    return lines;
+  }
+  if (m.contains("message") && m["message"].is_string()) split(m["message"].get<std::string>());
+  if (m.contains("extraInfo") && m["extraInfo"].contains("py_callstack") &&
+      m["extraInfo"]["py_callstack"].is_string())
+    split(m["extraInfo"]["py_callstack"].get<std::string>());
+  return lines;
+}
 
 bool parse_launch_args(int argc, char** argv, LaunchConfig* config) {
   LaunchConfig& c = *config;
   const LaunchConfig d;
   std::vector<char*> own{argv[0]};
+  std::vector<std::string> spellings;  // ddprun's own arguments, dashed
+  spellings.reserve(static_cast<size_t>(argc));
   int i = 1;
   for (; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -49,9 +146,11 @@ bool parse_launch_args(int argc, char** argv, LaunchConfig* config) {
       break;
     }
     if (arg.empty() || arg[0] != '-') break;
-    own.push_back(argv[i]);
-    if (takes_value(arg) && i + 1 < argc) own.push_back(argv[++i]);
+    spellings.push_back(dashed(arg));
+    if (takes_value(spellings.back()) && i + 1 < argc) spellings.push_back(argv[++i]);
   }
+  for (std::string& s : spellings)
+    own.push_back(s.data());
   for (; i < argc; ++i)
     c.command.push_back(argv[i]);
 
@@ -80,6 +179,28 @@ bool parse_launch_args(int argc, char** argv, LaunchConfig* config) {
         "sockets: correct, slow; never for performance figures)")
     ("iface", "network interface for Gloo, NCCL's sockets and (several nodes) the store, e.g. eth0",
         cxxopts::value<std::string>())
+    ("standalone", "torchrun's: one node, the store on a free port of this machine")
+    ("rdzv-backend", "torchrun's: static or c10d (both: ddprun's own store)", cxxopts::value<std::string>())
+    ("rdzv-endpoint", "torchrun's: HOST[:PORT] of the store (node 0's; port 29400 if left out)",
+        cxxopts::value<std::string>())
+    ("rdzv-id", "torchrun's: the job's id (TORCHELASTIC_RUN_ID)", cxxopts::value<std::string>())
+    ("rdzv-conf", "torchrun's: key=value,...; join_timeout sets --timeout", cxxopts::value<std::string>())
+    ("role", "torchrun's: the workers' role (ROLE_NAME)", cxxopts::value<std::string>())
+    ("m,module", "torchrun's: PROGRAM is a Python module, run as python3 -u -m PROGRAM")
+    ("no-python", "torchrun's: run PROGRAM as given, even one ending in .py")
+    ("run-path", "torchrun's: PROGRAM is a Python file, run with python3 (as a .py is)")
+    ("r,redirects", "torchrun's: streams of each rank to files only: 0 none, 1 stdout, 2 stderr, 3 "
+        "both, or per local rank like 0:1,1:2 (files under --log-dir, torchrun's layout)",
+        cxxopts::value<std::string>())
+    ("t,tee", "torchrun's: streams of each rank to files and the console (as --redirects)",
+        cxxopts::value<std::string>())
+    ("local-ranks-filter", "torchrun's: only these local ranks on the console, like 0,1",
+        cxxopts::value<std::string>())
+    ("monitor-interval", "torchrun's: accepted and not needed (ddprun acts on an exit at once)",
+        cxxopts::value<std::string>())
+    ("start-method", "torchrun's: accepted (ddprun starts workers with fork and exec)",
+        cxxopts::value<std::string>())
+    ("local-addr", "torchrun's: refused (give --iface)", cxxopts::value<std::string>())
     ("h,help", "print this help");
   // clang-format on
   cxxopts::ParseResult result;
@@ -93,10 +214,108 @@ bool parse_launch_args(int argc, char** argv, LaunchConfig* config) {
     return false;
   }
   c.nproc_per_node = result["nproc-per-node"].as<std::string>();
-  c.nnodes = parse_int("--nnodes", result["nnodes"].as<std::string>());
+  const std::string nnodes = result["nnodes"].as<std::string>();
+  const size_t colon = nnodes.find(':');
+  if (colon != std::string::npos) {
+    const int low = parse_int("--nnodes", nnodes.substr(0, colon));
+    const int high = parse_int("--nnodes", nnodes.substr(colon + 1));
+    DDP_USAGE_CHECK(low == high,
+                    "--nnodes {}: elastic membership (MIN:MAX) is not built yet; give a fixed "
+                    "count (--nnodes {})",
+                    nnodes, high);
+    c.nnodes = low;
+  } else {
+    c.nnodes = parse_int("--nnodes", nnodes);
+  }
   c.node_rank = parse_int("--node-rank", result["node-rank"].as<std::string>());
   c.master_addr = result["master-addr"].as<std::string>();
   c.master_port = parse_int("--master-port", result["master-port"].as<std::string>());
+  if (result.count("standalone")) {
+    DDP_USAGE_CHECK(c.nnodes == 1, "--standalone with --nnodes {}: standalone is one node",
+                    c.nnodes);
+    c.master_addr = "127.0.0.1";
+    c.master_port = 0;
+  }
+  if (result.count("rdzv-backend")) {
+    const std::string backend = result["rdzv-backend"].as<std::string>();
+    DDP_USAGE_CHECK(backend == "static" || backend == "c10d",
+                    "--rdzv-backend {}: expected static or c10d (ddprun serves the rendezvous "
+                    "itself; no etcd)",
+                    backend);
+    DDP_USAGE_CHECK(c.nnodes == 1 || result.count("node-rank"),
+                    "--rdzv-backend {} with --nnodes {}: give each node its --node-rank (0 on the "
+                    "node of --rdzv-endpoint); ddprun does not number nodes by their arrival",
+                    backend, c.nnodes);
+  }
+  if (result.count("rdzv-endpoint") && !result.count("standalone")) {
+    const std::string endpoint = result["rdzv-endpoint"].as<std::string>();
+    const size_t at = endpoint.rfind(':');
+    c.master_addr = endpoint.substr(0, at);
+    c.master_port = at == std::string::npos ? 29400
+                                            : parse_int("--rdzv-endpoint " + endpoint + ": port",
+                                                        endpoint.substr(at + 1));
+    DDP_USAGE_CHECK(!c.master_addr.empty(), "--rdzv-endpoint {}: expected HOST[:PORT]", endpoint);
+    if (c.master_addr == "localhost") c.master_addr = "127.0.0.1";
+  }
+  if (result.count("rdzv-id")) c.run_id = result["rdzv-id"].as<std::string>();
+  std::optional<double> join_timeout;  // --rdzv-conf's, unless --timeout is given
+  if (result.count("rdzv-conf")) {
+    const std::string conf = result["rdzv-conf"].as<std::string>();
+    size_t at = 0;
+    while (at < conf.size()) {
+      const size_t comma = std::min(conf.find(',', at), conf.size());
+      const std::string part = conf.substr(at, comma - at);
+      const size_t eq = part.find('=');
+      DDP_USAGE_CHECK(eq != std::string::npos, "--rdzv-conf {}: '{}' is not KEY=VALUE", conf, part);
+      const std::string key = part.substr(0, eq), value = part.substr(eq + 1);
+      if (key == "join_timeout") {
+        const std::optional<double> seconds = parse_number<double>(value);
+        DDP_USAGE_CHECK(seconds.has_value(), "--rdzv-conf {}: join_timeout {}: expected seconds",
+                        conf, value);
+        join_timeout = *seconds;
+      } else {
+        c.notes.push_back(
+            fmt::format("--rdzv-conf {}: taken as given (ddprun's store has no "
+                        "such setting)",
+                        part));
+      }
+      at = comma + 1;
+    }
+  }
+  if (result.count("role")) c.role = result["role"].as<std::string>();
+  c.module = result.count("module") > 0;
+  c.no_python = result.count("no-python") > 0;
+  c.run_path = result.count("run-path") > 0;
+  DDP_USAGE_CHECK(!(c.module && c.no_python),
+                  "-m with --no-python: a module runs with python3; give one of them");
+  if (result.count("redirects"))
+    c.redirects = parse_streams("--redirects", result["redirects"].as<std::string>());
+  if (result.count("tee")) c.tee = parse_streams("--tee", result["tee"].as<std::string>());
+  if (result.count("local-ranks-filter")) {
+    const std::string filter = result["local-ranks-filter"].as<std::string>();
+    size_t at = 0;
+    while (at <= filter.size()) {
+      const size_t comma = std::min(filter.find(',', at), filter.size());
+      const std::optional<int> r = parse_number<int>(filter.substr(at, comma - at));
+      DDP_USAGE_CHECK(r && *r >= 0, "--local-ranks-filter {}: expected local ranks like 0,1",
+                      filter);
+      c.local_ranks_filter.push_back(*r);
+      at = comma + 1;
+    }
+  }
+  if (result.count("monitor-interval"))
+    c.notes.push_back(
+        fmt::format("--monitor-interval {}: not needed (ddprun acts on a worker's exit at once)",
+                    result["monitor-interval"].as<std::string>()));
+  if (result.count("start-method")) {
+    const std::string method = result["start-method"].as<std::string>();
+    DDP_USAGE_CHECK(method == "spawn" || method == "fork" || method == "forkserver",
+                    "--start-method {}: expected spawn, fork or forkserver", method);
+    c.notes.push_back(fmt::format(
+        "--start-method {}: ddprun starts every worker as a new process (fork and exec)", method));
+  }
+  DDP_USAGE_CHECK(!result.count("local-addr"),
+                  "--local-addr: not taken; give --iface with this node's interface instead");
   if (result.count("log-dir")) c.log_dir = result["log-dir"].as<std::string>();
   c.max_restarts = parse_int("--max-restarts", result["max-restarts"].as<std::string>());
   const std::string grace = result["grace-period"].as<std::string>();
@@ -106,7 +325,7 @@ bool parse_launch_args(int argc, char** argv, LaunchConfig* config) {
   const std::string timeout = result["timeout"].as<std::string>();
   const std::optional<double> timeout_s = parse_number<double>(timeout);
   DDP_USAGE_CHECK(timeout_s.has_value(), "--timeout {}: expected seconds", timeout);
-  c.timeout = *timeout_s;
+  c.timeout = result.count("timeout") == 0 && join_timeout ? *join_timeout : *timeout_s;
   c.quiet = result.count("quiet") > 0;
   c.share_gpu = result.count("share-gpu") > 0;
   if (result.count("iface")) c.iface = result["iface"].as<std::string>();
@@ -117,10 +336,10 @@ bool parse_launch_args(int argc, char** argv, LaunchConfig* config) {
 void validate(const LaunchConfig& c) {
   DDP_USAGE_CHECK(!c.command.empty(),
                   "no program to run: expected ddprun [options] -- PROGRAM [ARGS...]");
-  if (c.nproc_per_node != "gpu" && c.nproc_per_node != "cpu") {
+  if (c.nproc_per_node != "gpu" && c.nproc_per_node != "cpu" && c.nproc_per_node != "auto") {
     const int n = parse_number<int>(c.nproc_per_node).value_or(0);
     DDP_USAGE_CHECK(n >= 1 && n <= 4096,
-                    "--nproc-per-node {}: expected a positive number, gpu or cpu",
+                    "--nproc-per-node {}: expected a positive number, gpu, cpu or auto",
                     c.nproc_per_node);
   }
   DDP_USAGE_CHECK(c.nnodes >= 1, "--nnodes {}: expected at least 1", c.nnodes);
@@ -146,6 +365,12 @@ void validate(const LaunchConfig& c) {
 WorkerPlan plan_workers(const LaunchConfig& config, const GpuList& gpus, int cpu_count) {
   WorkerPlan plan;
   const int found = static_cast<int>(gpus.ids.size());
+  // torchrun's auto: a worker per GPU when there are GPUs, else one per core.
+  if (config.nproc_per_node == "auto") {
+    LaunchConfig resolved = config;
+    resolved.nproc_per_node = found > 0 ? "gpu" : "cpu";
+    return plan_workers(resolved, gpus, cpu_count);
+  }
   if (config.nproc_per_node == "cpu") {
     plan.nproc = std::max(1, cpu_count);
     plan.hide_gpus = true;
@@ -227,9 +452,12 @@ EnvMap child_environment(const EnvMap& parent, const LaunchConfig& config, const
   env["WORLD_SIZE"] = std::to_string(config.nnodes * plan.nproc);
   env["LOCAL_WORLD_SIZE"] = std::to_string(plan.nproc);
   env["GROUP_RANK"] = std::to_string(config.node_rank);
+  env["GROUP_WORLD_SIZE"] = std::to_string(config.nnodes);
   env["ROLE_RANK"] = env["RANK"];
   env["ROLE_WORLD_SIZE"] = env["WORLD_SIZE"];
-  env["ROLE_NAME"] = "default";
+  env["ROLE_NAME"] = config.role;
+  // As torchrun: several workers on one node would oversubscribe its cores.
+  if (plan.nproc > 1 && !env.count("OMP_NUM_THREADS")) env["OMP_NUM_THREADS"] = "1";
   env["MASTER_ADDR"] = config.master_addr;
   env["MASTER_PORT"] = std::to_string(ports.program);
   env["DDP_STORE_ADDR"] = config.master_addr;
@@ -237,7 +465,7 @@ EnvMap child_environment(const EnvMap& parent, const LaunchConfig& config, const
   env["DDP_RESTART_COUNT"] = std::to_string(restart);
   env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(restart);
   env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(config.max_restarts);
-  env["TORCHELASTIC_RUN_ID"] = "none";  // torchrun's default --rdzv-id
+  env["TORCHELASTIC_RUN_ID"] = config.run_id;  // torchrun's default --rdzv-id: none
   env["DDP_STORE_TOKEN"] = token;
   if (config.launch_time_ms > 0)
     env["DDP_LAUNCH_TIME_MS"] = fmt::format("{:.0f}", config.launch_time_ms);

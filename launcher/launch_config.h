@@ -27,7 +27,36 @@ struct LaunchConfig {
   std::string iface;                 // network interface for Gloo, NCCL's sockets and the store
   std::vector<std::string> command;  // PROGRAM ARGS...
   double launch_time_ms = 0;         // when ddprun started (ms since the epoch); not a flag
+  // torchrun's flags with the same meaning (README, "Launching PyTorch scripts").
+  std::string run_id = "none";          // --rdzv-id: TORCHELASTIC_RUN_ID
+  std::string role = "default";         // --role: ROLE_NAME
+  bool module = false;                  // -m: PROGRAM is a Python module
+  bool no_python = false;               // --no-python: PROGRAM runs as given, even a .py
+  bool run_path = false;                // --run-path: PROGRAM is a Python file
+  std::vector<int> redirects;           // per local rank: 1 stdout, 2 stderr, 3 both to
+  std::vector<int> tee;                 // files only (redirects) or to files and console (tee)
+  std::vector<int> local_ranks_filter;  // console shows only these local ranks (empty: all)
+  std::vector<std::string> notes;       // what ddprun says once about flags it takes as given
+  // Where each attempt's per-rank files go, torchrun's layout: RUN_DIR/attempt_K/LOCAL_RANK/
+  // {stdout.log, stderr.log, error.json}; set by ddprun (under --log-dir, or a temporary
+  // folder), not a flag.
+  std::string run_dir;
 };
+
+// RUN_DIR/attempt_K/LOCAL_RANK: a worker's files (TORCHELASTIC_ERROR_FILE is error.json there).
+std::string worker_dir(const LaunchConfig& config, int restart, int local_rank);
+// What a worker's torchelastic error file (torch.distributed.elastic's @record) says: its
+// message and the Python traceback, as lines; empty when there is no readable file.
+std::vector<std::string> describe_error_file(const std::string& path);
+
+// The stream bits of --redirects / --tee for `local_rank` (0 none, 1 stdout, 2 stderr, 3 both).
+int stream_bits(const std::vector<int>& per_rank, int local_rank);
+// torchrun's --redirects / --tee value: "3", or per local rank "0:1,1:2" (the others 0).
+// Throws UsageError naming `flag`.
+std::vector<int> parse_streams(const std::string& flag, const std::string& value);
+// The argv that runs the program (torchrun's rules): with -m, python3 -u -m MODULE ARGS; a
+// PROGRAM ending in .py (unless --no-python), python3 -u PROGRAM ARGS; else as given.
+std::vector<std::string> program_argv(const LaunchConfig& config);
 
 // Parses `ddprun [options] [--] PROGRAM [ARGS...]`. Returns false after printing --help.
 // Throws UsageError naming the flag on bad input.
@@ -62,8 +91,10 @@ struct JobPorts {
 };
 
 // The worker's environment: the parent's, plus what torchrun sets (RANK, LOCAL_RANK,
-// WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR,
-// MASTER_PORT, TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID),
+// WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE, ROLE_NAME, ROLE_RANK,
+// ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT,
+// TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID, OMP_NUM_THREADS=1 for several workers
+// unless the parent sets it; TORCHELASTIC_ERROR_FILE is the worker group's to set),
 // ddp's own (DDP_STORE_ADDR, DDP_STORE_PORT, DDP_STORE_TOKEN, DDP_RESTART_COUNT), and
 // CUDA_VISIBLE_DEVICES set to exactly its GPU. With --iface, GLOO_SOCKET_IFNAME and
 // NCCL_SOCKET_IFNAME name it (unless the parent set them). With share_gpu also DDP_SHARE_GPU=1,

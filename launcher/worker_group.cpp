@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -89,6 +90,14 @@ void kill_own_group(int) {
   ::_exit(WIFEXITED(status) ? WEXITSTATUS(status) : 1);
 }
 
+// mkdir -p: true when `path` is a folder afterwards.
+bool make_folders(const std::string& path) {
+  for (size_t at = 1; at <= path.size(); ++at)
+    if (at == path.size() || path[at] == '/') ::mkdir(path.substr(0, at).c_str(), 0755);
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
 }  // namespace
 
 WorkerGroup::WorkerGroup(const LaunchConfig& config, std::vector<int> ranks)
@@ -98,7 +107,7 @@ WorkerGroup::~WorkerGroup() {
   for (Worker& w : workers_) {
     if (w.pid > 0 && (!w.exited || !w.group_gone)) ::kill(-w.pid, SIGKILL);
     if (!w.exited && w.pid > 0) ::waitpid(w.pid, nullptr, 0);
-    for (int fd : {w.out_fd, w.err_fd, w.log_fd})
+    for (int fd : {w.out_fd, w.err_fd, w.log_fd, w.stream_fd[0], w.stream_fd[1]})
       if (fd >= 0) ::close(fd);
   }
 }
@@ -106,10 +115,33 @@ WorkerGroup::~WorkerGroup() {
 void WorkerGroup::start(const std::vector<EnvMap>& environments, int restart) {
   workers_.clear();
   workers_.resize(environments.size());
+  const std::vector<std::string> program = program_argv(config_);
   if (!config_.log_dir.empty()) ::mkdir(config_.log_dir.c_str(), 0755);
   for (size_t i = 0; i < environments.size(); ++i) {
     Worker& w = workers_[i];
     w.rank = ranks_[i];
+    w.local = static_cast<int>(i);
+    w.redirected = stream_bits(config_.redirects, w.local);
+    w.teed = stream_bits(config_.tee, w.local);
+    const auto& filter = config_.local_ranks_filter;
+    w.on_console =
+        !(config_.quiet && w.rank != 0) &&
+        (filter.empty() || std::find(filter.begin(), filter.end(), w.local) != filter.end());
+    EnvMap env = environments[i];
+    if (!config_.run_dir.empty()) {
+      const std::string dir = worker_dir(config_, restart, w.local);
+      DDP_USAGE_CHECK(make_folders(dir), "{}: cannot make the folder {}: {}",
+                      config_.log_dir.empty() ? "ddprun" : "--log-dir " + config_.log_dir, dir,
+                      std::strerror(errno));
+      env["TORCHELASTIC_ERROR_FILE"] = dir + "/error.json";
+      for (int stream = 0; stream < 2; ++stream) {
+        if (((w.redirected | w.teed) & (1 << stream)) == 0) continue;
+        const std::string path = dir + (stream == 0 ? "/stdout.log" : "/stderr.log");
+        w.stream_fd[stream] = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_TRUNC, 0644);
+        DDP_USAGE_CHECK(w.stream_fd[stream] >= 0, "--redirects/--tee: cannot write {}: {}", path,
+                        std::strerror(errno));
+      }
+    }
     if (!config_.log_dir.empty()) {
       const std::string path = fmt::format("{}/rank-{}.log", config_.log_dir, w.rank);
       w.log_fd = ::open(path.c_str(),
@@ -125,14 +157,14 @@ void WorkerGroup::start(const std::vector<EnvMap>& environments, int restart) {
     DDP_CHECK(::pipe2(out, O_CLOEXEC) == 0 && ::pipe2(err, O_CLOEXEC) == 0, "pipe failed: {}",
               std::strerror(errno));
     std::vector<std::string> env_strings;
-    for (const auto& [key, value] : environments[i])
+    for (const auto& [key, value] : env)
       env_strings.push_back(key + "=" + value);
     std::vector<char*> envp;
     for (std::string& s : env_strings)
       envp.push_back(s.data());
     envp.push_back(nullptr);
     std::vector<char*> argv;
-    for (const std::string& arg : config_.command)
+    for (const std::string& arg : program)
       argv.push_back(const_cast<char*>(arg.c_str()));
     argv.push_back(nullptr);
     const pid_t parent = ::getpid();
@@ -180,9 +212,15 @@ void WorkerGroup::emit(Worker& w, const std::string& line, bool is_err) {
     const std::string text = line + "\n";
     (void)!::write(w.log_fd, text.data(), text.size());
   }
+  const int bit = is_err ? 2 : 1;
+  if (w.stream_fd[is_err ? 1 : 0] >= 0) {
+    const std::string text = line + "\n";
+    (void)!::write(w.stream_fd[is_err ? 1 : 0], text.data(), text.size());
+  }
   w.tail.push_back(line);
   if (w.tail.size() > kTailLines) w.tail.pop_front();
-  if (config_.quiet && w.rank != 0) return;
+  if (!w.on_console) return;
+  if ((w.redirected & bit) != 0 && (w.teed & bit) == 0) return;  // to its file only
   std::FILE* stream = is_err ? stderr : stdout;
   std::fprintf(stream, "[rank %d] %s\n", w.rank, line.c_str());
   std::fflush(stream);

@@ -1,6 +1,9 @@
 // Starts the workers of one node, tees their output line by line (console with a
-// "[rank K] " prefix, and <log-dir>/rank-K.log), and supervises them: the first failure
-// stops the others (SIGTERM, grace period, SIGKILL) and is reported as the root cause.
+// "[rank K] " prefix, and <log-dir>/rank-K.log; with torchrun's --redirects / --tee each
+// stream also, or only, to RUN_DIR/attempt_K/LOCAL_RANK/stdout.log and stderr.log), and
+// supervises them: the first failure stops the others (SIGTERM, grace period, SIGKILL) and is
+// reported as the root cause. Each worker's TORCHELASTIC_ERROR_FILE is error.json in its
+// folder of the attempt (where torch's @record writes the root cause).
 #pragma once
 
 #include <sys/types.h>
@@ -54,6 +57,10 @@ class WorkerGroup {
     int err_fd = -1;
     std::string out_partial, err_partial;
     int log_fd = -1;
+    int local = 0;                 // its local rank
+    int stream_fd[2] = {-1, -1};   // --redirects / --tee: stdout.log, stderr.log
+    int redirected = 0, teed = 0;  // its stream bits (1 stdout, 2 stderr)
+    bool on_console = true;        // --local-ranks-filter, --quiet
     bool exited = false;
     int status = 0;
     // Once the worker has exited, what it left in its process group is stopped too

@@ -507,3 +507,129 @@ TEST(Ddprun, NodeZeroKeepsTheStoreUntilTheOtherNodesFinish) {
 
 }  // namespace
 }  // namespace ddp
+
+namespace ddp {
+namespace {
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream(path) << text;
+}
+
+// torchrun's command lines run unchanged: a .py with python3, -m a module, the environment a
+// torchrun worker sees, both spellings, and the flags ddprun takes as given said once.
+TEST(TorchrunCompat, PythonScriptsAndModulesRunAsUnderTorchrun) {
+  TempDir dir;
+  write_text(dir.file("env.py"),
+             "import os, sys\n"
+             "keys = ['RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'GROUP_WORLD_SIZE', 'ROLE_NAME',\n"
+             "        'TORCHELASTIC_RUN_ID', 'OMP_NUM_THREADS']\n"
+             "print(' '.join(k + '=' + os.environ.get(k, '-') for k in keys), sys.argv[1:])\n"
+             "print('error file', os.path.basename(os.environ['TORCHELASTIC_ERROR_FILE']))\n");
+  std::filesystem::create_directories(dir.file("pkg"));
+  write_text(dir.file("pkg/__init__.py"), "");
+  write_text(dir.file("pkg/hello.py"),
+             "import os, sys\nprint('module', __name__, os.environ['RANK'], sys.argv[1:])\n");
+  const RunResult r = run_command("cd " + dir.path() + " && " + ddprun() +
+                                  " --nproc_per_node 2 --standalone --rdzv_id job7 --role "
+                                  "trainer --monitor_interval 0.1 env.py --x 1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* rank : {"0", "1"})
+    EXPECT_NE(r.output.find(std::string("RANK=") + rank + " LOCAL_RANK=" + rank +
+                            " WORLD_SIZE=2 GROUP_WORLD_SIZE=1 ROLE_NAME=trainer "
+                            "TORCHELASTIC_RUN_ID=job7 OMP_NUM_THREADS=1 ['--x', '1']"),
+              std::string::npos)
+        << r.output;
+  EXPECT_NE(r.output.find("error file error.json"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("ddprun: note: --monitor-interval 0.1: not needed"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("setting OMP_NUM_THREADS environment variable for each process to be 1"),
+            std::string::npos)
+      << r.output;
+  const RunResult m = run_command("cd " + dir.path() + " && PYTHONPATH=" + dir.path() + " " +
+                                  ddprun() + " --nproc-per-node 2 -m pkg.hello --a");
+  ASSERT_EQ(m.exit_code, 0) << m.output;
+  EXPECT_NE(m.output.find("module __main__ 1 ['--a']"), std::string::npos) << m.output;
+  // --no-python runs it as given: not executable, not on PATH.
+  const RunResult raw = run_command("cd " + dir.path() + " && " + ddprun() +
+                                    " --nproc-per-node 1 --no-python env.py");
+  EXPECT_EQ(raw.exit_code, 127) << raw.output;
+}
+
+// torch's own @record (torch.distributed.elastic) writes the root cause into the file ddprun
+// names in TORCHELASTIC_ERROR_FILE; the failure report shows it.
+TEST(TorchrunCompat, TorchsRecordShowsItsTracebackInTheReport) {
+  std::string py;
+  for (const char* candidate : {"python3", "/usr/bin/python3"})
+    if (run_command(std::string(candidate) +
+                    " -c 'import torch.distributed.elastic.multiprocessing.errors'")
+            .exit_code == 0) {
+      py = candidate;
+      break;
+    }
+  if (py.empty()) GTEST_SKIP() << "no Python with torch (Debian: python3-torch)";
+  TempDir dir;
+  write_text(dir.file("boom.py"),
+             "import os\n"
+             "from torch.distributed.elastic.multiprocessing.errors import record\n"
+             "@record\n"
+             "def main():\n"
+             "    if os.environ['RANK'] == '1':\n"
+             "        raise RuntimeError('loss is nan at step 12')\n"
+             "main()\n");
+  const RunResult r =
+      run_command(ddprun() + " --nproc-per-node 2 -- " + py + " " + dir.file("boom.py"));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("ddprun: root cause recorded by rank 1 ("), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("loss is nan at step 12"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("  | Traceback (most recent call last):"), std::string::npos) << r.output;
+}
+
+// --redirects and --tee write torchrun's layout (RUN/attempt_K/LOCAL_RANK/stdout.log,
+// stderr.log) and keep redirected streams off the console; --local-ranks-filter shows only
+// the ranks it names; the root cause a program records in TORCHELASTIC_ERROR_FILE (torch's
+// @record format) is in the failure report, with its traceback.
+TEST(TorchrunCompat, LogLayoutConsoleFilterAndRecordedRootCause) {
+  TempDir dir;
+  write_text(dir.file("talk.py"),
+             "import os, sys\nr = os.environ['LOCAL_RANK']\n"
+             "print('out of', r)\nprint('err of', r, file=sys.stderr)\n");
+  const RunResult r =
+      run_command("cd " + dir.path() + " && " + ddprun() +
+                  " --nproc-per-node 2 -r 1 -t 2 --log-dir logs --local-ranks-filter 1 talk.py");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("out of"), std::string::npos) << r.output;    // redirected, not teed
+  EXPECT_EQ(r.output.find("err of 0"), std::string::npos) << r.output;  // filtered out
+  EXPECT_NE(r.output.find("[rank 1] err of 1"), std::string::npos) << r.output;
+  std::vector<std::string> files;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(dir.file("logs")))
+    if (entry.is_regular_file())
+      files.push_back(std::filesystem::relative(entry.path(), dir.file("logs")).string());
+  std::sort(files.begin(), files.end());
+  ASSERT_EQ(files.size(), 6u) << r.output;  // 2 x (stdout, stderr) + rank-K.log
+  EXPECT_EQ(files[0].substr(0, 5), "none_");
+  EXPECT_NE(files[0].find("/attempt_0/0/stderr.log"), std::string::npos) << files[0];
+  EXPECT_EQ(read_file(dir.file("logs/" + files[1])), "out of 0\n") << files[1];
+  EXPECT_EQ(read_file(dir.file("logs/" + files[2])), "err of 1\n") << files[2];
+
+  write_text(dir.file("fail.py"),
+             "import json, os, sys, traceback\n"
+             "if os.environ['RANK'] == '1':\n"
+             "    try:\n"
+             "        raise ValueError('bad batch 7')\n"
+             "    except ValueError as e:\n"
+             "        with open(os.environ['TORCHELASTIC_ERROR_FILE'], 'w') as f:\n"
+             "            json.dump({'message': {'message': 'ValueError: ' + str(e), 'extraInfo':"
+             " {'py_callstack': traceback.format_exc(), 'timestamp': '1'}}}, f)\n"
+             "        sys.exit(3)\n");
+  const RunResult f =
+      run_command("cd " + dir.path() + " && " + ddprun() + " --nproc-per-node 2 fail.py");
+  EXPECT_EQ(f.exit_code, 3) << f.output;
+  EXPECT_NE(f.output.find("ddprun: root cause recorded by rank 1 ("), std::string::npos)
+      << f.output;
+  EXPECT_NE(f.output.find("  | ValueError: bad batch 7"), std::string::npos) << f.output;
+  EXPECT_NE(f.output.find("raise ValueError('bad batch 7')"), std::string::npos) << f.output;
+}
+
+}  // namespace
+}  // namespace ddp

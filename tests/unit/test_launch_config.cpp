@@ -234,3 +234,107 @@ TEST(DuplicateGpus, NamesBothRanksAndTheirVisibleDevices) {
 
 }  // namespace
 }  // namespace ddp
+
+namespace ddp {
+namespace {
+
+std::string usage_error(std::vector<std::string> args) {
+  try {
+    parse(std::move(args));
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "accepted";
+}
+
+// torchrun's command lines: both spellings, its rendezvous flags mapped onto ddprun's store,
+// the flags ddprun takes as given said once, the ones it cannot honour one line each.
+TEST(TorchrunArgs, BothSpellingsAndTheRendezvousFlags) {
+  const LaunchConfig a = parse({"--nproc_per_node=2", "--max_restarts", "1", "--rdzv_id", "job7",
+                                "--role", "trainer", "train.py", "--lr_rate", "1"});
+  EXPECT_EQ(a.nproc_per_node, "2");
+  EXPECT_EQ(a.max_restarts, 1);
+  EXPECT_EQ(a.run_id, "job7");
+  EXPECT_EQ(a.role, "trainer");
+  EXPECT_EQ(a.command, (std::vector<std::string>{"train.py", "--lr_rate", "1"}));  // untouched
+  const LaunchConfig s = parse({"--standalone", "--nproc-per-node", "auto", "-m", "pkg.train"});
+  EXPECT_EQ(s.master_addr, "127.0.0.1");
+  EXPECT_EQ(s.master_port, 0);
+  EXPECT_EQ(s.nproc_per_node, "auto");
+  EXPECT_TRUE(s.module);
+  EXPECT_EQ(s.command, (std::vector<std::string>{"pkg.train"}));
+  const LaunchConfig c =
+      parse({"--nnodes", "2:2", "--node_rank", "1", "--rdzv_backend", "c10d", "--rdzv_endpoint",
+             "10.0.0.5:29600", "--rdzv-conf", "join_timeout=20,read_timeout=60",
+             "--monitor-interval", "0.1", "prog"});
+  EXPECT_EQ(c.nnodes, 2);
+  EXPECT_EQ(c.node_rank, 1);
+  EXPECT_EQ(c.master_addr, "10.0.0.5");
+  EXPECT_EQ(c.master_port, 29600);
+  EXPECT_DOUBLE_EQ(c.timeout, 20);
+  ASSERT_EQ(c.notes.size(), 2u);
+  EXPECT_NE(c.notes[0].find("read_timeout=60: taken as given"), std::string::npos);
+  EXPECT_NE(c.notes[1].find("--monitor-interval 0.1: not needed"), std::string::npos);
+  EXPECT_EQ(
+      parse({"--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "h1", "--", "p"}).master_port,
+      29400);  // torchrun's default rendezvous port
+  EXPECT_NE(usage_error({"--nnodes", "1:4", "p"})
+                .find("--nnodes 1:4: elastic membership (MIN:MAX) is not built yet; give a fixed "
+                      "count (--nnodes 4)"),
+            std::string::npos);
+  EXPECT_NE(usage_error({"--rdzv-backend", "etcd", "p"})
+                .find("--rdzv-backend etcd: expected "
+                      "static or c10d"),
+            std::string::npos);
+  EXPECT_NE(usage_error({"--nnodes", "2", "--rdzv-backend", "c10d", "p"})
+                .find("give each node its --node-rank"),
+            std::string::npos);
+  EXPECT_NE(usage_error({"--local-addr", "10.0.0.1", "p"}).find("give --iface"), std::string::npos);
+  EXPECT_NE(usage_error({"--redirects", "5", "p"}).find("--redirects 5: expected 0 (none)"),
+            std::string::npos);
+  EXPECT_NE(usage_error({"--standalone", "--nnodes", "2", "p"}).find("standalone is one node"),
+            std::string::npos);
+  EXPECT_NE(usage_error({"--nproc-per-node", "many", "p"}).find("gpu, cpu or auto"),
+            std::string::npos);
+}
+
+TEST(TorchrunArgs, StreamsAndProgramsAsTorchrunTakesThem) {
+  EXPECT_EQ(stream_bits(parse_streams("--tee", "3"), 5), 3);
+  const std::vector<int> map = parse_streams("--redirects", "0:1,2:3");
+  EXPECT_EQ(stream_bits(map, 0), 1);
+  EXPECT_EQ(stream_bits(map, 1), 0);
+  EXPECT_EQ(stream_bits(map, 2), 3);
+  EXPECT_EQ(stream_bits(map, 9), 0);
+  EXPECT_EQ(stream_bits({}, 0), 0);
+  LaunchConfig c;
+  c.command = {"train.py", "--x"};
+  EXPECT_EQ(program_argv(c), (std::vector<std::string>{"python3", "-u", "train.py", "--x"}));
+  c.no_python = true;
+  EXPECT_EQ(program_argv(c), c.command);
+  c.no_python = false;
+  c.command = {"ddptrain", "--x"};
+  EXPECT_EQ(program_argv(c), c.command);
+  c.run_path = true;
+  EXPECT_EQ(program_argv(c), (std::vector<std::string>{"python3", "-u", "ddptrain", "--x"}));
+  c.run_path = false;
+  c.module = true;
+  c.command = {"pkg.train"};
+  EXPECT_EQ(program_argv(c), (std::vector<std::string>{"python3", "-u", "-m", "pkg.train"}));
+  const WorkerPlan two{2, {}, false}, one{1, {}, false};
+  LaunchConfig e;
+  e.role = "trainer";
+  e.run_id = "job7";
+  e.nnodes = 3;
+  const EnvMap env = child_environment({}, e, two, 0, {1, 2}, "t", 0);
+  EXPECT_EQ(env.at("OMP_NUM_THREADS"), "1");
+  EXPECT_EQ(env.at("GROUP_WORLD_SIZE"), "3");
+  EXPECT_EQ(env.at("ROLE_NAME"), "trainer");
+  EXPECT_EQ(env.at("TORCHELASTIC_RUN_ID"), "job7");
+  EXPECT_EQ(child_environment({{"OMP_NUM_THREADS", "4"}}, e, two, 0, {1, 2}, "t", 0)
+                .at("OMP_NUM_THREADS"),
+            "4");
+  EXPECT_EQ(child_environment({}, e, one, 0, {1, 2}, "t", 0).count("OMP_NUM_THREADS"), 0u);
+}
+
+}  // namespace
+}  // namespace ddp
