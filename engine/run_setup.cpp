@@ -71,7 +71,10 @@ PipelineLayout layout_of(const TrainConfig& config, int world, int rank) {
     std::vector<double> flops;  // a layer's multiply-adds per sample
     for (int i = 0; i < shape.num_layers(); ++i)
       flops.push_back(static_cast<double>(shape.layer(i).in) * shape.layer(i).out);
-    bounds = partition_by_cost(flops, config.pp * chunks);
+    // One stage a rank: each stage balanced; several: what each rank holds balanced.
+    bounds = chunks == 1
+                 ? partition_by_cost(flops, config.pp)
+                 : partition_for_ranks(flops, stage_ranks(config.schedule, config.pp, chunks));
   }
   DDP_USAGE_CHECK(config.dp == 0 || config.dp * config.pp == world,
                   "--dp {} --pp {}: the world has {} rank{}, not dp x pp = {} (give --dp {}, or "

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <functional>
 #include <numeric>
 #include <tuple>
 
@@ -424,6 +425,53 @@ std::vector<int> partition_by_cost(const std::vector<double>& costs, int stages)
     bounds[s - 1] = i;
   }
   return bounds;
+}
+
+std::vector<int> partition_for_ranks(const std::vector<double>& costs,
+                                     const std::vector<int>& stage_rank) {
+  const int stages = static_cast<int>(stage_rank.size());
+  const int n = static_cast<int>(costs.size());
+  std::vector<int> best = partition_by_cost(costs, stages);
+  const int ranks = *std::max_element(stage_rank.begin(), stage_rank.end()) + 1;
+  std::vector<double> prefix(n + 1, 0);
+  for (int i = 0; i < n; ++i)
+    prefix[i + 1] = prefix[i] + costs[i];
+  const auto worst_of = [&](const std::vector<int>& bounds) {
+    std::vector<double> load(ranks, 0);
+    for (int s = 0; s < stages; ++s)
+      load[stage_rank[s]] += prefix[bounds[s + 1]] - prefix[bounds[s]];
+    return *std::max_element(load.begin(), load.end());
+  };
+  double best_worst = worst_of(best);
+  std::vector<int> bounds(stages + 1, 0);
+  bounds[stages] = n;
+  std::vector<double> load(ranks, 0);
+  int64_t budget = 2000000;  // search nodes; the best so far stands when it runs out
+  // Stage s starts at bounds[s]; choose where it ends, leaving a layer for each later stage.
+  std::function<void(int)> search = [&](int s) {
+    if (--budget < 0) return;
+    if (s == stages - 1) {
+      const double last = load[stage_rank[s]] + prefix[n] - prefix[bounds[s]];
+      double worst = last;
+      for (int r = 0; r < ranks; ++r)
+        if (r != stage_rank[s]) worst = std::max(worst, load[r]);
+      if (worst < best_worst) {
+        best_worst = worst;
+        best = bounds;
+      }
+      return;
+    }
+    for (int end = bounds[s] + 1; end <= n - (stages - 1 - s); ++end) {
+      const double add = prefix[end] - prefix[bounds[s]];
+      if (load[stage_rank[s]] + add >= best_worst) break;  // only grows with `end`
+      load[stage_rank[s]] += add;
+      bounds[s + 1] = end;
+      search(s + 1);
+      load[stage_rank[s]] -= add;
+    }
+  };
+  search(0);
+  return best;
 }
 
 std::vector<int> parse_partition(const std::string& text, int layers) {

@@ -141,6 +141,11 @@ SlotPlan plan_slots(const std::vector<PipelineAction>& actions, int micro_batche
 // Balanced by cost: the split of `layer_costs` (e.g. FLOPs) into `stages` contiguous parts
 // whose largest part is smallest; every stage gets at least one layer. Pure.
 std::vector<int> partition_by_cost(const std::vector<double>& layer_costs, int stages);
+// With several stages a rank (stage s on rank stage_rank[s]): the contiguous stages whose
+// largest rank total is smallest, what a rank computes being the sum of its stages; found by
+// a bounded search from partition_by_cost's split (the best within the bound). Pure.
+std::vector<int> partition_for_ranks(const std::vector<double>& layer_costs,
+                                     const std::vector<int>& stage_rank);
 // "--partition 0-2,3-5" for `layers` layers: contiguous, covering every layer once, in
 // order; throws UsageError naming the flag and what is wrong.
 std::vector<int> parse_partition(const std::string& text, int layers);

@@ -217,8 +217,9 @@ TEST(Pipeline, RecomputeGivesTheSameWeightsAndHoldsOnlyTheInputs) {
     std::vector<double> flops;
     for (int i = 0; i < shape.num_layers(); ++i)
       flops.push_back(double(shape.layer(i).in) * shape.layer(i).out);
-    const std::vector<int> bounds = partition_by_cost(flops, 2 * chunks);
     const std::vector<int> placement = stage_ranks(schedule, 2, chunks);
+    const std::vector<int> bounds =
+        chunks == 1 ? partition_by_cost(flops, 2) : partition_for_ranks(flops, placement);
     for (int rank = 0; rank < 2; ++rank) {
       int64_t outputs = 0, widest_input = 0;
       for (int stage = 0; stage < 2 * chunks; ++stage) {
