@@ -46,7 +46,62 @@ Ddp::Ddp(Communicator& comm, const std::vector<ParamSpan>& layers, size_t bucket
          size_t first_bucket_bytes, bool overlap)
     : comm_(comm),
       buckets_(plan_buckets(layers, bucket_bytes, first_bucket_bytes)),
-      overlap_(overlap) {}
+      overlap_(overlap),
+      layer_count_(static_cast<int>(layers.size())) {}
+
+Ddp::Ddp(Communicator& comm, const std::vector<ParamSpan>& layers, const DdpOptions& options)
+    : Ddp(comm, layers, static_cast<size_t>(options.bucket_mb * 1048576),
+          static_cast<size_t>(options.first_bucket_mb * 1048576), options.overlap) {
+  DDP_USAGE_CHECK(options.bucket_mb > 0 && options.first_bucket_mb >= 0,
+                  "DdpOptions: bucket_mb {} and first_bucket_mb {}: expected sizes above 0",
+                  options.bucket_mb, options.first_bucket_mb);
+}
+
+void Ddp::check_same_layout(const std::vector<NamedParam>& params) {
+  DDP_CHECK(!comm_.device_buffers(), "check_same_layout(names) takes a host communicator");
+  // Rank 0's description to everyone; each compares and says where it differs first.
+  std::string mine;
+  for (const NamedParam& p : params)
+    mine += p.name + '\n' + std::to_string(p.count) + '\n';
+  int64_t length = static_cast<int64_t>(mine.size());
+  comm_.broadcast(&length, 1, DataType::kInt64, 0);
+  // As 32-bit words (the communicators move numbers), padded.
+  const size_t words = (static_cast<size_t>(length) + 3) / 4;
+  std::string theirs = comm_.rank() == 0 ? mine : std::string();
+  theirs.resize(words * 4, '\0');
+  if (words > 0) comm_.broadcast(theirs.data(), words, DataType::kInt32, 0);
+  theirs.resize(static_cast<size_t>(length));
+  std::vector<NamedParam> reference;
+  for (size_t at = 0; at < theirs.size();) {
+    const size_t a = theirs.find('\n', at), b = theirs.find('\n', a + 1);
+    reference.push_back({theirs.substr(at, a - at), std::stoull(theirs.substr(a + 1, b - a - 1))});
+    at = b + 1;
+  }
+  int64_t first = -1;  // the first index that differs here, -1: none
+  for (size_t i = 0; i < std::max(params.size(), reference.size()) && first < 0; ++i)
+    if (i >= params.size() || i >= reference.size() || params[i].name != reference[i].name ||
+        params[i].count != reference[i].count)
+      first = static_cast<int64_t>(i);
+  std::vector<int64_t> all(static_cast<size_t>(comm_.size()));
+  comm_.all_gather(&first, all.data(), 1, DataType::kInt64);
+  for (int r = 0; r < comm_.size(); ++r) {
+    if (all[r] < 0) continue;
+    const size_t i = static_cast<size_t>(all[r]);
+    const auto describe = [&](const std::vector<NamedParam>& list) {
+      return i < list.size() ? fmt::format("'{}' of {} elements", list[i].name, list[i].count)
+                             : std::string("nothing");
+    };
+    if (r == comm_.rank())
+      throw UsageError(fmt::format(
+          "the model differs between ranks: rank {} has parameter {} {} where rank 0 has {}; "
+          "every rank must build the same model",
+          r, i, describe(params), describe(reference)));
+    throw UsageError(fmt::format(
+        "the model differs between ranks: rank {} has another parameter {} than rank 0 ({}); "
+        "every rank must build the same model",
+        r, i, describe(reference)));
+  }
+}
 
 void Ddp::check_same_layout(uint64_t fingerprint, const std::string& description,
                             void* device_scratch) {
@@ -77,6 +132,8 @@ void Ddp::broadcast_parameters(float* params, size_t count) {
 }
 
 void Ddp::begin_backward(float* grads) {
+  DDP_USAGE_CHECK(grads != nullptr, "Ddp::begin_backward: no gradient buffer (null)");
+  in_backward_ = true;
   grads_ = grads;
   next_bucket_ = 0;
   pending_.clear();
@@ -145,6 +202,13 @@ void Ddp::issue(size_t bucket) {
 }
 
 void Ddp::layer_done(int layer) {
+  DDP_USAGE_CHECK(in_backward_,
+                  "Ddp::layer_done({}) before begin_backward: call begin_backward(grads) when a "
+                  "step's backward starts",
+                  layer);
+  DDP_USAGE_CHECK(layer >= 0 && layer < layer_count_,
+                  "Ddp::layer_done({}): the model has layers 0 to {} (as given to Ddp)", layer,
+                  layer_count_ - 1);
   record({"layer_done", layer, -1});
   if (!overlap_) return;
   // A bucket is complete once its lowest layer is done (layers arrive last to first).
@@ -153,6 +217,10 @@ void Ddp::layer_done(int layer) {
 }
 
 void Ddp::end_backward() {
+  DDP_USAGE_CHECK(in_backward_,
+                  "Ddp::end_backward before begin_backward: call begin_backward(grads) when a "
+                  "step's backward starts");
+  in_backward_ = false;
   record({"backward_done", -1, -1});
   while (next_bucket_ < buckets_.size())
     issue(next_bucket_++);

@@ -46,6 +46,19 @@ struct DdpEvent {
   int bucket = -1;
 };
 
+// How Ddp buckets and overlaps, in ddptrain's flags' units.
+struct DdpOptions {
+  double bucket_mb = 25;       // --bucket-mb: a bucket's size (MiB)
+  double first_bucket_mb = 1;  // --first-bucket-mb: the first (last layers) one's
+  bool overlap = true;         // start each bucket's all-reduce as soon as its layers are done
+};
+
+// A tensor of one's own model for the layout check: its name and element count.
+struct NamedParam {
+  std::string name;
+  size_t count = 0;
+};
+
 class Ddp {
  public:
   // Any model: its layers as spans of one flat buffer (see ParamSpan; param_spans(shape)
@@ -53,6 +66,12 @@ class Ddp {
   // all-reduce as soon as its layers are done; otherwise all of them after backward.
   Ddp(Communicator& comm, const std::vector<ParamSpan>& layers, size_t bucket_bytes,
       size_t first_bucket_bytes, bool overlap);
+  Ddp(Communicator& comm, const std::vector<ParamSpan>& layers, const DdpOptions& options = {});
+
+  // Collective (host communicators): every rank describes its model the same way, or the
+  // first difference is a UsageError on every rank naming it ("rank 1 has parameter 3
+  // 'fc2.weight' of 512 elements where rank 0 has 'fc2.weight' of 256").
+  void check_same_layout(const std::vector<NamedParam>& params);
 
   // Collective: every rank must hold the same model; `fingerprint` identifies its layout
   // (MlpShape::fingerprint()), `description` names it in the message; throws naming the
@@ -75,7 +94,9 @@ class Ddp {
   void broadcast_parameters(float* params, size_t count);
 
   // Backward hooks, called on the training thread: start of a step's backward, each layer's
-  // gradients written (layers arrive last to first), end of backward.
+  // gradients written (layers arrive last to first), end of backward. layer_done or
+  // end_backward without begin_backward, and a layer index out of range, are UsageErrors
+  // that say what to call.
   void begin_backward(float* grads);
   void layer_done(int layer);
   void end_backward();
@@ -127,6 +148,8 @@ class Ddp {
   std::vector<std::unique_ptr<Work>> pending_;
   std::vector<DdpEvent> events_;
   bool recording_ = false;
+  int layer_count_ = 0;
+  bool in_backward_ = false;  // between begin_backward and end_backward
   int zero_ = 0;
   ShardPlan shards_;
   std::vector<std::vector<float>> bucket_scratch_;  // a bucket's padded pieces, every rank's

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The installed package as a user meets it: cmake --install this build into a prefix, build
 # examples/ as a separate CMake project with find_package(ddp), and run both examples under
-# ddprun: hello (sum of rank + 1 over 2 ranks) and own_model (replicas hold identical
-# weights; the loss falls). Usage: test_examples.sh BUILD_DIR. Exit 77 without Gloo.
+# ddprun: hello (sum of rank + 1 over 2 ranks), own_model (replicas hold identical
+# weights; the loss falls) and classifier (ddp::init: 2 ranks equal 1 process). Usage: test_examples.sh BUILD_DIR. Exit 77 without Gloo.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 build="$1"
@@ -31,5 +31,15 @@ sums="$(grep -oE 'checksum [0-9a-f]+' <<<"$out" | sort -u | wc -l)"
 [ "$sums" -eq 1 ] || { echo "FAILED: the replicas differ"; failed=1; }
 loss="$(grep -oE 'rank 0 of 2: final loss [0-9.]+' <<<"$out" | awk '{print $NF}')"
 awk -v l="${loss:-9}" 'BEGIN { exit !(l < 0.05) }' || { echo "FAILED: loss ${loss:-none} not below 0.05"; failed=1; }
+one="$("$work/build/classifier" 2>&1)"
+two="$(CUDA_VISIBLE_DEVICES= "$work/prefix/bin/ddprun" --nproc-per-node 2 -- "$work/build/classifier" 2>&1)"
+echo "$one"; echo "$two"
+w1="$(grep -oE 'rank 0 of 1: weights .*' <<<"$one" | cut -d' ' -f6-)"
+w2="$(grep -oE 'rank 0 of 2: weights .*' <<<"$two" | cut -d' ' -f6-)"
+python3 - "$w1" "$w2" <<'PY' || { echo "FAILED: classifier on 2 ranks against 1"; failed=1; }
+import sys
+a, b = ([float(v) for v in s.split()] for s in sys.argv[1:3])
+assert len(a) == 3 and len(b) == 3 and all(abs(x - y) <= 1e-5 * (1 + abs(x)) for x, y in zip(a, b)), (a, b)
+PY
 [ $failed -eq 0 ] && echo "examples: ok"
 exit $failed

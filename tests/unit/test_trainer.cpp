@@ -1,10 +1,15 @@
 // The training loop on the CPU: determinism, learning, weights in and out, bad shapes.
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <memory>
+
+#include "collectives/communicator.h"
 #include "engine/ddp.h"
 #include "engine/trainer.h"
 #include "models/safetensors.h"
 #include "runtime/error.h"
+#include "runtime/process_env.h"
 #include "tests/support/test_support.h"
 
 namespace ddp {
@@ -122,6 +127,56 @@ TEST(PlanBuckets, AnyModelsLayersLastFirstNeverSplit) {
   EXPECT_EQ(covered, shape.param_count());
   // Layers that do not tile the buffer in order are refused.
   EXPECT_THROW(plan_buckets({{0, 10}, {20, 5}}, 100, 100), Error);
+}
+
+}  // namespace
+}  // namespace ddp
+
+namespace ddp {
+namespace {
+
+// Ddp's misuse as a library user meets it: a UsageError that says what to call, not a crash
+// inside the backend. One process (a communicator of one rank).
+TEST(DdpMisuse, HooksOutOfOrderOrOutOfRangeSayWhatToCall) {
+  ProcessEnv env;
+  CommConfig config;
+  config.backend = "auto";
+  std::unique_ptr<Communicator> comm = make_communicator(config, env, nullptr);
+  std::vector<float> grads(12, 1.0f);
+  Ddp ddp(*comm, {{0, 8}, {8, 4}}, DdpOptions{});
+  const auto message = [](const std::function<void()>& call) {
+    try {
+      call();
+    } catch (const UsageError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message([&] {
+              ddp.layer_done(1);
+            }).find("Ddp::layer_done(1) before begin_backward: call begin_backward(grads)"),
+            std::string::npos);
+  EXPECT_NE(message([&] { ddp.end_backward(); }).find("Ddp::end_backward before begin_backward"),
+            std::string::npos);
+  ddp.begin_backward(grads.data());
+  EXPECT_NE(message([&] {
+              ddp.layer_done(2);
+            }).find("Ddp::layer_done(2): the model has layers 0 to 1 (as given to Ddp)"),
+            std::string::npos);
+  ddp.layer_done(1);
+  ddp.layer_done(0);
+  ddp.end_backward();
+  ddp.finish(nullptr);
+  EXPECT_NE(message([&] { ddp.end_backward(); }).find("before begin_backward"), std::string::npos);
+  EXPECT_NE(message([] {
+              ProcessEnv e;
+              CommConfig c;
+              std::unique_ptr<Communicator> one = make_communicator(c, e, nullptr);
+              DdpOptions bad;
+              bad.bucket_mb = 0;
+              Ddp d(*one, {{0, 4}}, bad);
+            }).find("DdpOptions: bucket_mb 0"),
+            std::string::npos);
 }
 
 }  // namespace

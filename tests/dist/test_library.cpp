@@ -1,0 +1,58 @@
+// ddp as a library: the README's short example (ddp::init, Ddp) equals one process with 2
+// and 3 ranks; a layout check of one's own model names the first difference on every rank.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "tests/support/test_support.h"
+
+namespace ddp {
+namespace {
+
+const std::string kDdprun = std::string("CUDA_VISIBLE_DEVICES= ") + DDPRUN_PATH;
+
+// The three weights rank 0 prints.
+std::vector<double> weights(const std::string& output) {
+  const size_t at = output.find("rank 0 of ");
+  EXPECT_NE(at, std::string::npos) << output;
+  std::vector<double> w(3, NAN);
+  if (at != std::string::npos)
+    std::sscanf(output.c_str() + output.find("weights", at), "weights %lf %lf %lf", &w[0], &w[1],
+                &w[2]);
+  return w;
+}
+
+TEST(Library, TheShortExampleEqualsOneProcess) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  const RunResult one = run_command(CLASSIFIER_PATH);
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  const std::vector<double> reference = weights(one.output);
+  for (const int ranks : {2, 3}) {
+    const RunResult r = run_command(kDdprun + " --nproc-per-node " + std::to_string(ranks) +
+                                    " -- " + CLASSIFIER_PATH);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const std::vector<double> w = weights(r.output);
+    for (int i = 0; i < 3; ++i)
+      EXPECT_NEAR(w[i], reference[i], 1e-5 * (1 + std::abs(reference[i])))
+          << ranks << " ranks, weight " << i << "\n"
+          << r.output;
+  }
+}
+
+TEST(Library, ALayoutCheckNamesTheFirstDifferenceOnEveryRank) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  const RunResult same = run_command(kDdprun + " --nproc-per-node 2 -- " + LAYOUT_PATH);
+  EXPECT_EQ(same.exit_code, 0) << same.output;
+  const RunResult r = run_command(kDdprun + " --nproc-per-node 2 -- " + LAYOUT_PATH + " differ");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("the model differs between ranks: rank 1 has parameter 1 'fc2.bias' "
+                          "of 4 elements where rank 0 has 'fc2.weight' of 4 elements"),
+            std::string::npos)
+      << r.output;
+}
+
+}  // namespace
+}  // namespace ddp
