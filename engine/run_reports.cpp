@@ -176,4 +176,57 @@ std::vector<GpuWindow> gather_gpu_windows(Communicator* world, const GpuWindow& 
   return windows;
 }
 
+void write_end_reports(MetricsWriter& metrics, Communicator* world, const PipelineLayout& layout,
+                       const TrainConfig& config, int micro_batches, int64_t peak_live,
+                       StageRunner& runner) {
+  if (layout.stages > 1) {
+    const int ranks = world->size();
+    const int64_t mine[2] = {peak_live, runner.peak_activation_bytes()};
+    std::vector<int64_t> all(2 * static_cast<size_t>(ranks));
+    world->all_gather(mine, all.data(), 2, DataType::kInt64);
+    std::vector<int64_t> peaks, bytes;
+    for (int r = 0; r < ranks; ++r) {
+      peaks.push_back(all[2 * r]);
+      bytes.push_back(all[2 * r + 1]);
+    }
+    metrics.write({{"event", "pipeline_summary"},
+                   {"stages", layout.stages},
+                   {"replicas", layout.replicas},
+                   {"micro_batches", micro_batches},
+                   {"schedule", schedule_name(config.schedule)},
+                   {"layout", describe_layout(layout)},
+                   {"recompute", config.recompute},
+                   {"peak_live_activations", peaks},
+                   {"peak_activation_bytes", bytes}});
+  }
+  const std::string memory = runner.memory_report();
+  if (memory.empty()) return;
+  spdlog::info("memory at end: {}", memory);
+  if (metrics.enabled())
+    metrics.write({{"event", "memory"}, {"report", memory}, {"held_bytes", runner.held_bytes()}});
+}
+
+void write_gpu_summary(MetricsWriter& metrics, Communicator* world, GpuMonitor& monitor,
+                       bool lead) {
+  const std::vector<GpuWindow> gpus = gather_gpu_windows(world, monitor.whole_run());
+  if (!lead) return;
+  spdlog::info("GPUs over the run (NVML, every {:.1f}s):", monitor.period_s());
+  for (const std::string& line : gpu_summary_table(gpus))
+    spdlog::info("  {}", line);
+  metrics.write({{"event", "gpu_summary"}, {"gpu", gpu_windows_json(gpus)}});
+}
+
+GpuWindowReport report_gpu_window(Communicator* world, GpuMonitor* monitor, bool lead,
+                                  std::set<std::string>* warned) {
+  GpuWindowReport report;
+  if (monitor == nullptr) return report;
+  const std::vector<GpuWindow> gpus = gather_gpu_windows(world, monitor->take_window());
+  if (!lead) return report;
+  for (const std::string& warning : gpu_warnings(gpus, warned))
+    spdlog::warn("{}", warning);
+  report.fields = {{"gpu", gpu_windows_json(gpus)}};
+  report.note = gpu_compact(gpus[0]);
+  return report;
+}
+
 }  // namespace ddp

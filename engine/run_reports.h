@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -49,5 +50,25 @@ void write_timeline(const TimelineRecorder& timeline, Communicator* world,
 
 // Every rank's GPU monitor window, at every rank.
 std::vector<GpuWindow> gather_gpu_windows(Communicator* world, const GpuWindow& mine);
+
+// The end of a run's records: with a pipeline, `pipeline_summary` (every rank's most
+// micro-batches held, `peak_live` here, and their bytes where the runner counts them;
+// collective over `world`); the runner's memory line and `memory` record (where it has one).
+void write_end_reports(MetricsWriter& metrics, Communicator* world, const PipelineLayout& layout,
+                       const TrainConfig& config, int micro_batches, int64_t peak_live,
+                       StageRunner& runner);
+// The GPUs over the whole run (every rank's monitor, collective over `world`): rank 0 logs a
+// table and writes `gpu_summary`.
+void write_gpu_summary(MetricsWriter& metrics, Communicator* world, GpuMonitor& monitor, bool lead);
+
+// A logging window's GPU figures (every rank's monitor, collective over `world`; none
+// without a monitor): rank 0 warns of each cause once (`warned`), and gets the metrics
+// fields and the progress line's note.
+struct GpuWindowReport {
+  nlohmann::json fields;
+  std::string note;
+};
+GpuWindowReport report_gpu_window(Communicator* world, GpuMonitor* monitor, bool lead,
+                                  std::set<std::string>* warned);
 
 }  // namespace ddp

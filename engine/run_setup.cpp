@@ -7,12 +7,16 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <iterator>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
+#include "engine/checkpoint.h"
+#include "models/safetensors.h"
 #include "runtime/error.h"
 
 namespace ddp {
@@ -200,6 +204,65 @@ double available_host_bytes() {
   while (meminfo >> key >> kib >> unit)
     if (key == "MemAvailable:") return kib * 1024;
   return 0;  // unknown: not checked
+}
+
+std::vector<float> initial_weights(const TrainConfig& config, const MlpShape& shape) {
+  std::vector<float> whole(shape.param_count());
+  if (config.init_weights.empty())
+    init_params(shape, config.seed, whole.data());
+  else
+    load_mlp_weights(config.init_weights, shape, whole.data());
+  for (size_t i = 0; i < whole.size(); ++i)
+    DDP_USAGE_CHECK(std::isfinite(whole[i]),
+                    "--init-weights {}: weight {} at index {} of the flat parameters is not "
+                    "finite; expected finite weights",
+                    config.init_weights, whole[i], i);
+  return whole;
+}
+
+std::unique_ptr<Ddp> make_stage_ddp(const TrainConfig& config, Communicator& group,
+                                    const RankStages& stages, StageRunner& runner, bool lead) {
+  std::vector<ParamSpan> spans;
+  for (const auto& [offset, count] : stages.layer_spans())
+    spans.push_back({offset, count});
+  auto ddp = std::make_unique<Ddp>(
+      group, spans, DdpOptions{config.bucket_mb, config.first_bucket_mb, config.overlap});
+  runner.prepare_ddp(*ddp, stages.fingerprint(), stages.shape().to_string());
+  ddp->broadcast_parameters(runner.params(), stages.param_count());
+  runner.params_changed();
+  if (config.zero > 0) {
+    runner.shard_optimizer(*ddp, config.zero);
+    const ShardPlan& plan = ddp->shards();
+    if (lead)
+      spdlog::info(
+          "zero: stage {} over {} data-parallel ranks; rank 0 holds the optimizer state of {} "
+          "of {} parameters{}",
+          config.zero, plan.ranks, plan.owned(), stages.param_count(),
+          config.zero == 2 ? " and only its pieces of the averaged gradients" : "");
+  }
+  return ddp;
+}
+
+int64_t resume_runner(const TrainConfig& config, const RankStages& stages,
+                      const RunSettings& settings, StageRunner& runner, bool lead) {
+  const std::string path = checkpoint_path(config.checkpoint_dir);
+  if (!find_latest_checkpoint(config.checkpoint_dir)) {
+    if (lead) spdlog::info("no checkpoint at {}: starting afresh", path);
+    return -1;
+  }
+  const Checkpoint c = load_checkpoint(
+      path, stages.shape(), config.optimizer.kind == OptimizerKind::kAdamW ? "adamw" : "sgd",
+      config.batch_size, settings);
+  if (lead && !c.changed.empty())
+    spdlog::warn("resuming with changed settings (allowed): {}",
+                 fmt::format("{}", fmt::join(c.changed, "; ")));
+  runner.set_params(stages.take(c.params.data()).data());
+  NamedState state;
+  for (const auto& [name, values] : c.optimizer_state)
+    state.emplace_back(name, stages.take(values.data()));
+  runner.set_optimizer_state(state, c.optimizer_steps);
+  if (lead) spdlog::info("resumed from {} at step {}", path, c.step);
+  return c.step;
 }
 
 }  // namespace ddp

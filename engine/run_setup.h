@@ -5,8 +5,11 @@
 
 #include <string>
 
+#include "engine/checkpoint.h"
 #include "engine/config.h"
+#include "engine/ddp.h"
 #include "engine/pipeline/schedule.h"
+#include "engine/stage_runner.h"
 #include "models/dataset.h"
 #include "models/mlp.h"
 
@@ -47,5 +50,21 @@ void check_model_fits_data(const MlpShape& shape, const TrainConfig& config, con
 // The rank layout of `world` ranks for this rank: stages (--pp, --partition or balanced by
 // FLOPs), replicas (--dp, checked against world / pp). Throws UsageError naming the flags.
 PipelineLayout layout_of(const TrainConfig& config, int world, int rank);
+
+// The whole model's first weights, as one process makes them: --init-weights, else seeded
+// initialisation; a weight that is not finite is a UsageError naming the file and index.
+std::vector<float> initial_weights(const TrainConfig& config, const MlpShape& shape);
+
+// Data parallelism over `group` for the stages `stages` run by `runner`: the buckets, the
+// model check (collective), rank 0's parameters broadcast and, with --zero, the sharded
+// optimizer (its start-up line from rank 0, `lead`).
+std::unique_ptr<Ddp> make_stage_ddp(const TrainConfig& config, Communicator& group,
+                                    const RankStages& stages, StageRunner& runner, bool lead);
+
+// --resume: the latest checkpoint of config.checkpoint_dir (the whole model, so any layout
+// resumes from it) into `runner`'s stages; its step, or -1 when there is none (said by rank
+// 0, `lead`, with the changed settings it allows).
+int64_t resume_runner(const TrainConfig& config, const RankStages& stages,
+                      const RunSettings& settings, StageRunner& runner, bool lead);
 
 }  // namespace ddp

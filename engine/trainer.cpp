@@ -105,20 +105,9 @@ Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* c
   } else {
     runner_ = make_cpu_runner(stages_, config, data, links);
   }
-  if (!runner_->initial_params()) {
-    // Every stage starts from the one-process initialisation and takes its layers.
-    std::vector<float> whole(shape.param_count());
-    if (config.init_weights.empty())
-      init_params(shape, config.seed, whole.data());
-    else
-      load_mlp_weights(config.init_weights, shape, whole.data());
-    for (size_t i = 0; i < whole.size(); ++i)
-      DDP_USAGE_CHECK(std::isfinite(whole[i]),
-                      "--init-weights {}: weight {} at index {} of the flat parameters is not "
-                      "finite; expected finite weights",
-                      config.init_weights, whole[i], i);
-    runner_->set_params(stages_.take(whole.data()).data());
-  }
+  // Every stage starts from the one-process initialisation and takes its layers.
+  if (!runner_->initial_params())
+    runner_->set_params(stages_.take(initial_weights(config, shape).data()).data());
   total_steps_ =
       config.steps > 0
           ? config.steps
@@ -126,50 +115,13 @@ Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* c
   // A data-parallel group of one (a backend named for one process) still runs the
   // data-parallel path, so that it can be checked against the plain one.
   if (layout_.replicas > 1 || (layout_.stages == 1 && comm_ != nullptr)) {
-    Communicator& group = *dp_comm();
-    std::vector<ParamSpan> spans;
-    for (const auto& [offset, count] : stages_.layer_spans())
-      spans.push_back({offset, count});
-    ddp_ = std::make_unique<Ddp>(group, spans, static_cast<size_t>(config.bucket_mb * 1048576),
-                                 static_cast<size_t>(config.first_bucket_mb * 1048576),
-                                 config.overlap);
-    runner_->prepare_ddp(*ddp_, stages_.fingerprint(), shape.to_string());
-    ddp_->broadcast_parameters(runner_->params(), stages_.param_count());
-    runner_->params_changed();
-    if (config.zero > 0) {
-      runner_->shard_optimizer(*ddp_, config.zero);
-      const ShardPlan& plan = ddp_->shards();
-      if (lead())
-        spdlog::info(
-            "zero: stage {} over {} data-parallel ranks; rank 0 holds the optimizer "
-            "state of {} of {} parameters{}",
-            config.zero, plan.ranks, plan.owned(), stages_.param_count(),
-            config.zero == 2 ? " and only its pieces of the averaged gradients" : "");
-    }
+    ddp_ = make_stage_ddp(config, *dp_comm(), stages_, *runner_, lead());
   } else if (config.zero > 0 && lead()) {
     spdlog::warn("--zero {}: one replica holds everything; nothing to shard", config.zero);
   }
   if (config.resume && !config.checkpoint_dir.empty()) {
-    const std::string path = checkpoint_path(config.checkpoint_dir);
-    if (find_latest_checkpoint(config.checkpoint_dir)) {
-      const Checkpoint c = load_checkpoint(
-          path, shape, config.optimizer.kind == OptimizerKind::kAdamW ? "adamw" : "sgd",
-          config.batch_size, settings());
-      if (lead() && !c.changed.empty())
-        spdlog::warn("resuming with changed settings (allowed): {}",
-                     fmt::format("{}", fmt::join(c.changed, "; ")));
-      // A checkpoint holds the whole model, so any layout resumes from it.
-      runner_->set_params(stages_.take(c.params.data()).data());
-      NamedState state;
-      for (const auto& [name, values] : c.optimizer_state)
-        state.emplace_back(name, stages_.take(values.data()));
-      runner_->set_optimizer_state(state, c.optimizer_steps);
-      step_ = c.step;
-      resumed_from_ = c.step;
-      if (lead()) spdlog::info("resumed from {} at step {}", path, c.step);
-    } else if (lead()) {
-      spdlog::info("no checkpoint at {}: starting afresh", path);
-    }
+    resumed_from_ = resume_runner(config, stages_, settings(), *runner_, lead());
+    step_ = std::max<int64_t>(resumed_from_, 0);
   }
   batch_indices_.resize(static_cast<size_t>(runner_->steps_ahead()) * micro_batches_ *
                         local_batch_);
@@ -474,19 +426,9 @@ TrainResult Trainer::run_loop(MetricsWriter* metrics_in, GpuMonitor* monitor) {
                         step_, rank_));
       check_skipped(window_skipped, window_steps);
       window_skipped = 0;
-      nlohmann::json gpu_fields;
-      std::string gpu_note;
-      if (monitor != nullptr) {
-        const std::vector<GpuWindow> gpus = gather_gpu_windows(host_comm(), monitor->take_window());
-        if (lead()) {
-          for (const std::string& warning : gpu_warnings(gpus, &gpu_warned))
-            spdlog::warn("{}", warning);
-          gpu_fields = {{"gpu", gpu_windows_json(gpus)}};
-          gpu_note = gpu_compact(gpus[0]);
-        }
-      }
+      const GpuWindowReport gpu = report_gpu_window(host_comm(), monitor, lead(), &gpu_warned);
       progress.window(step_, window[0], static_cast<int64_t>(window[1]),
-                      static_cast<int64_t>(window[2]), &result, gpu_fields, gpu_note);
+                      static_cast<int64_t>(window[2]), &result, gpu.fields, gpu.note);
       if (layout_.stages > 1)
         write_pipeline_record(metrics, host_comm(), layout_, micro_batches_, config_.schedule,
                               config_.recompute, lead(), config_.quiet, step_, window_steps, busy_s,
@@ -514,44 +456,9 @@ TrainResult Trainer::run_loop(MetricsWriter* metrics_in, GpuMonitor* monitor) {
   result.steps = step_;
   const double seconds = progress.seconds();
   result.test = evaluate(data_.test);
-  if (layout_.stages > 1) {
-    // The engine's own count of the most activations a stage held, for every rank, and of
-    // their bytes where the runner counts them (-1 elsewhere).
-    const int64_t mine[2] = {peak_live_, runner_->peak_activation_bytes()};
-    std::vector<int64_t> all(2 * static_cast<size_t>(ranks_));
-    host_comm()->all_gather(mine, all.data(), 2, DataType::kInt64);
-    std::vector<int64_t> peaks, bytes;
-    for (int r = 0; r < ranks_; ++r) {
-      peaks.push_back(all[2 * r]);
-      bytes.push_back(all[2 * r + 1]);
-    }
-    metrics.write({{"event", "pipeline_summary"},
-                   {"stages", layout_.stages},
-                   {"replicas", layout_.replicas},
-                   {"micro_batches", micro_batches_},
-                   {"schedule", schedule_name(config_.schedule)},
-                   {"layout", describe_layout(layout_)},
-                   {"recompute", config_.recompute},
-                   {"peak_live_activations", peaks},
-                   {"peak_activation_bytes", bytes}});
-  }
-  const std::string memory = runner_->memory_report();
-  if (!memory.empty()) {
-    spdlog::info("memory at end: {}", memory);
-    if (metrics.enabled())
-      metrics.write(
-          {{"event", "memory"}, {"report", memory}, {"held_bytes", runner_->held_bytes()}});
-  }
+  write_end_reports(metrics, host_comm(), layout_, config_, micro_batches_, peak_live_, *runner_);
   progress.finish(seconds, &result);
-  if (monitor != nullptr) {
-    const std::vector<GpuWindow> gpus = gather_gpu_windows(host_comm(), monitor->whole_run());
-    if (lead()) {
-      spdlog::info("GPUs over the run (NVML, every {:.1f}s):", monitor->period_s());
-      for (const std::string& line : gpu_summary_table(gpus))
-        spdlog::info("  {}", line);
-      metrics.write({{"event", "gpu_summary"}, {"gpu", gpu_windows_json(gpus)}});
-    }
-  }
+  if (monitor != nullptr) write_gpu_summary(metrics, host_comm(), *monitor, lead());
   if (!config_.timeline.empty())
     write_timeline(timeline_, host_comm(), layout_, runner_->on_gpu(), lead(), config_.timeline);
   if (!config_.checkpoint_dir.empty()) {
