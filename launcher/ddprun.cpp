@@ -21,6 +21,7 @@
 #include "launcher/launch_config.h"
 #include "launcher/node_watch.h"
 #include "launcher/store_server.h"
+#include "launcher/torch_store.h"
 #include "launcher/worker_group.h"
 #include "runtime/error.h"
 #include "runtime/parse.h"
@@ -190,7 +191,15 @@ int run(int argc, char** argv) {
   // MASTER_PORT is left to the program (a PyTorch rank 0 serves its own store there): a
   // port free now, the same on every node (node 0 picks it and shares it through the store).
   ddp::JobPorts ports{port, 0};
-  if (config.nnodes == 1) {
+  std::unique_ptr<ddp::TorchStoreServer> torch_store;
+  if (config.torch_store) {
+    torch_store =
+        std::make_unique<ddp::TorchStoreServer>("127.0.0.1", 0, [](const std::string& why) {
+          std::fprintf(stderr, "ddprun: --torch-store refused a client: %s\n", why.c_str());
+        });
+    torch_store->start();
+    ports.program = torch_store->port();
+  } else if (config.nnodes == 1) {
     ports.program = ddp::free_port("127.0.0.1");
   } else {
     // Node 0 reaches its own store where it listens: the interface's address with --iface.

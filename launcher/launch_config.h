@@ -33,6 +33,7 @@ struct LaunchConfig {
   bool module = false;                  // -m: PROGRAM is a Python module
   bool no_python = false;               // --no-python: PROGRAM runs as given, even a .py
   bool run_path = false;                // --run-path: PROGRAM is a Python file
+  bool torch_store = false;             // --torch-store: serve PyTorch's store (agent store)
   std::vector<int> redirects;           // per local rank: 1 stdout, 2 stderr, 3 both to
   std::vector<int> tee;                 // files only (redirects) or to files and console (tee)
   std::vector<int> local_ranks_filter;  // console shows only these local ranks (empty: all)

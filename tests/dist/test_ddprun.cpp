@@ -82,13 +82,19 @@ same = torch.allclose(grad / world, model.module.weight.grad)
 print(f"rank {rank} of {world}: sum {t.tolist()}, ddp step ok {same}", flush=True)
 dist.destroy_process_group()
 )";
-  const RunResult r =
-      run_command(ddprun() + " --nproc-per-node 2 -- " + py + " " + dir.file("train.py"));
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("rank 0 of 2: sum [3.0, 3.0, 3.0], ddp step ok True"), std::string::npos)
-      << r.output;
-  EXPECT_NE(r.output.find("rank 1 of 2: sum [3.0, 3.0, 3.0], ddp step ok True"), std::string::npos)
-      << r.output;
+  // Rank 0 serving torch's store itself, and (--torch-store) every rank a client of the one
+  // ddprun serves (TORCHELASTIC_USE_AGENT_STORE).
+  for (const char* store : {"", " --torch-store"}) {
+    const RunResult r =
+        run_command(ddprun() + store + " --nproc-per-node 2 -- " + py + " " + dir.file("train.py"));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("rank 0 of 2: sum [3.0, 3.0, 3.0], ddp step ok True"),
+              std::string::npos)
+        << store << r.output;
+    EXPECT_NE(r.output.find("rank 1 of 2: sum [3.0, 3.0, 3.0], ddp step ok True"),
+              std::string::npos)
+        << store << r.output;
+  }
 }
 
 TEST(Ddprun, MoreGpuWorkersThanGpusIsAnError) {

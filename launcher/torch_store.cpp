@@ -1,0 +1,334 @@
+// TorchStoreConnection: PyTorch 1.13's TCPStore queries; TorchStoreServer: poll() over them.
+#include "launcher/torch_store.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "runtime/error.h"
+
+namespace ddp {
+namespace {
+
+// PyTorch 1.13's QueryType, CheckResponseType and WaitResponseType.
+enum Query : uint8_t {
+  kSet = 0,
+  kCompareSet = 1,
+  kGet = 2,
+  kAdd = 3,
+  kCheck = 4,
+  kWait = 5,
+  kGetNumKeys = 6,
+  kWatchKey = 7,
+  kDeleteKey = 8
+};
+constexpr uint8_t kReady = 0, kNotReady = 1, kStopWaiting = 0;
+// PyTorch 2.x puts this before its queries (little-endian bytes CE F7 85 3C).
+constexpr uint32_t kTorch2Magic = 0x3C85F7CE;
+
+void put_u64(std::string* out, uint64_t v) {
+  for (int i = 0; i < 8; ++i)
+    out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+void put_bytes(std::string* out, const std::string& v) {
+  put_u64(out, v.size());
+  out->append(v);
+}
+
+// Reads from `in` at `*at` without consuming on a short read: false until enough bytes came.
+struct Reader {
+  const std::string& in;
+  size_t at;
+  bool u64(uint64_t* v) {
+    if (in.size() < at + 8) return false;
+    *v = 0;
+    for (int i = 0; i < 8; ++i)
+      *v |= uint64_t{static_cast<uint8_t>(in[at + i])} << (8 * i);
+    at += 8;
+    return true;
+  }
+  // A u64-prefixed string; `too_long` set (and false) past the bound.
+  bool bytes(std::string* v, bool* too_long) {
+    uint64_t n = 0;
+    const size_t start = at;
+    if (!u64(&n)) return false;
+    if (n > kMaxTorchStoreValue) {
+      *too_long = true;
+      return false;
+    }
+    if (in.size() < at + n) {
+      at = start;
+      return false;
+    }
+    v->assign(in, at, n);
+    at += n;
+    return true;
+  }
+};
+
+}  // namespace
+
+std::string TorchStoreConnection::feed(const std::string& bytes,
+                                       std::map<std::string, std::string>& kv) {
+  in_.append(bytes);
+  std::string out;
+  if (first_) {
+    // PyTorch 2.x starts with its magic number, or with a validate query (type 0) and it;
+    // PyTorch 1.13 with a query (type 0 is its set, whose key length follows).
+    const auto magic_at = [&](size_t at) {
+      uint32_t v = 0;
+      for (int i = 0; i < 4; ++i)
+        v |= uint32_t{static_cast<uint8_t>(in_[at + i])} << (8 * i);
+      return v == kTorch2Magic;
+    };
+    const uint8_t b0 = in_.empty() ? 0 : static_cast<uint8_t>(in_[0]);
+    const size_t need = in_.empty() ? 1 : b0 == 0xCE ? 4 : b0 == 0 ? 5 : 1;
+    if (in_.size() < need) return out;
+    if ((b0 == 0xCE && magic_at(0)) || (b0 == 0 && magic_at(1))) {
+      error_ =
+          "a PyTorch 2.x TCPStore client (its queries carry a magic number): ddprun's "
+          "--torch-store speaks PyTorch 1.13's protocol so far; leave --torch-store out";
+      return out;
+    }
+    first_ = false;
+  }
+  while (error_.empty() && parse_one(kv, &out)) {
+  }
+  if (at_ > 0) {
+    in_.erase(0, at_);
+    at_ = 0;
+  }
+  out += answer_waits(kv);
+  return out;
+}
+
+bool TorchStoreConnection::parse_one(std::map<std::string, std::string>& kv, std::string* out) {
+  if (at_ >= in_.size()) return false;
+  Reader r{in_, at_ + 1};
+  bool too_long = false;
+  const uint8_t type = static_cast<uint8_t>(in_[at_]);
+  std::string key, a, b;
+  switch (type) {
+    case kSet:
+      if (!r.bytes(&key, &too_long) || !r.bytes(&a, &too_long)) break;
+      kv[key] = a;
+      at_ = r.at;
+      return true;
+    case kCompareSet: {
+      if (!r.bytes(&key, &too_long) || !r.bytes(&a, &too_long) || !r.bytes(&b, &too_long)) break;
+      // As torch's server: a missing key is set when the expected value is empty; the reply
+      // is the value the key holds afterwards (or the expected one for a missing key).
+      auto it = kv.find(key);
+      if (it == kv.end()) {
+        if (a.empty()) kv[key] = b;
+        put_bytes(out, a.empty() ? b : a);
+      } else {
+        if (it->second == a) it->second = b;
+        put_bytes(out, it->second);
+      }
+      at_ = r.at;
+      return true;
+    }
+    case kGet: {
+      if (!r.bytes(&key, &too_long)) break;
+      const auto it = kv.find(key);
+      put_bytes(out, it == kv.end() ? std::string() : it->second);
+      at_ = r.at;
+      return true;
+    }
+    case kAdd: {
+      uint64_t delta = 0;
+      if (!r.bytes(&key, &too_long) || !r.u64(&delta)) break;
+      // Torch keeps counters as decimal text.
+      int64_t value = static_cast<int64_t>(delta);
+      const auto it = kv.find(key);
+      if (it != kv.end()) value += std::stoll(it->second.empty() ? "0" : it->second);
+      kv[key] = std::to_string(value);
+      put_u64(out, static_cast<uint64_t>(value));
+      at_ = r.at;
+      return true;
+    }
+    case kCheck:
+    case kWait: {
+      uint64_t count = 0;
+      if (!r.u64(&count)) break;
+      if (count > 4096) {
+        error_ = fmt::format("a {} of {} keys", type == kWait ? "wait" : "check", count);
+        return false;
+      }
+      std::vector<std::string> keys(count);
+      bool complete = true;
+      for (std::string& k : keys)
+        if (!r.bytes(&k, &too_long)) {
+          complete = false;
+          break;
+        }
+      if (!complete) break;
+      bool all = true;
+      for (const std::string& k : keys)
+        all = all && kv.count(k) > 0;
+      if (type == kCheck)
+        out->push_back(static_cast<char>(all ? kReady : kNotReady));
+      else if (all)
+        out->push_back(static_cast<char>(kStopWaiting));
+      else
+        waits_.push_back(std::move(keys));
+      at_ = r.at;
+      return true;
+    }
+    case kGetNumKeys:
+      put_u64(out, kv.size());
+      at_ = r.at;
+      return true;
+    case kDeleteKey:
+      if (!r.bytes(&key, &too_long)) break;
+      put_u64(out, kv.erase(key));
+      at_ = r.at;
+      return true;
+    case kWatchKey:
+      error_ = "a watch_key query (callbacks on keys are not served)";
+      return false;
+    default:
+      error_ = fmt::format("query type {}, which PyTorch 1.13's store does not have", type);
+      return false;
+  }
+  if (too_long) error_ = fmt::format("a key or value over {} MiB", kMaxTorchStoreValue >> 20);
+  return false;  // incomplete: wait for more bytes
+}
+
+std::string TorchStoreConnection::answer_waits(const std::map<std::string, std::string>& kv) {
+  std::string out;
+  std::vector<std::vector<std::string>> still;
+  for (std::vector<std::string>& keys : waits_) {
+    bool all = true;
+    for (const std::string& k : keys)
+      all = all && kv.count(k) > 0;
+    if (all)
+      out.push_back(static_cast<char>(kStopWaiting));
+    else
+      still.push_back(std::move(keys));
+  }
+  waits_ = std::move(still);
+  return out;
+}
+
+TorchStoreServer::TorchStoreServer(const std::string& bind_addr, int port,
+                                   std::function<void(const std::string&)> on_refused)
+    : on_refused_(std::move(on_refused)) {
+  listen_fd_ = UniqueFd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  DDP_CHECK(listen_fd_.valid(), "socket() failed: {}", std::strerror(errno));
+  const int one = 1;
+  ::setsockopt(listen_fd_.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  DDP_USAGE_CHECK(::inet_pton(AF_INET, bind_addr.c_str(), &addr.sin_addr) == 1,
+                  "--torch-store: {} is not an IPv4 address", bind_addr);
+  DDP_USAGE_CHECK(::bind(listen_fd_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0,
+                  "--torch-store: cannot serve PyTorch's store on {}:{}: {}", bind_addr, port,
+                  std::strerror(errno));
+  DDP_CHECK(::listen(listen_fd_.get(), 1024) == 0, "listen() failed: {}", std::strerror(errno));
+  socklen_t len = sizeof(addr);
+  ::getsockname(listen_fd_.get(), reinterpret_cast<sockaddr*>(&addr), &len);
+  port_ = ntohs(addr.sin_port);
+  int pipe_fds[2];
+  DDP_CHECK(::pipe2(pipe_fds, O_CLOEXEC | O_NONBLOCK) == 0, "pipe() failed: {}",
+            std::strerror(errno));
+  wake_read_ = UniqueFd(pipe_fds[0]);
+  wake_write_ = UniqueFd(pipe_fds[1]);
+}
+
+TorchStoreServer::~TorchStoreServer() {
+  stop();
+}
+
+void TorchStoreServer::start() {
+  running_ = true;
+  thread_ = std::thread([this] { serve(); });
+}
+
+void TorchStoreServer::stop() {
+  if (!running_.exchange(false)) return;
+  const char byte = 1;
+  (void)!::write(wake_write_.get(), &byte, 1);
+  if (thread_.joinable()) thread_.join();
+}
+
+void TorchStoreServer::serve() {
+  struct Client {
+    UniqueFd fd;
+    TorchStoreConnection protocol;
+  };
+  std::vector<std::unique_ptr<Client>> clients;
+  std::map<std::string, std::string> kv;
+  std::set<std::string> reported;
+  const auto send_all = [](int fd, const std::string& bytes) {
+    size_t sent = 0;
+    while (sent < bytes.size()) {
+      const ssize_t n = ::send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return false;
+      sent += static_cast<size_t>(n);
+    }
+    return true;
+  };
+  while (running_) {
+    std::vector<pollfd> fds = {{wake_read_.get(), POLLIN, 0}, {listen_fd_.get(), POLLIN, 0}};
+    for (const auto& c : clients)
+      fds.push_back({c->fd.get(), POLLIN, 0});
+    if (::poll(fds.data(), fds.size(), 1000) < 0 && errno != EINTR) return;
+    if (fds[0].revents != 0) return;
+    if (fds[1].revents & POLLIN) {
+      UniqueFd fd(::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+      if (fd.valid()) {
+        const int one = 1;
+        ::setsockopt(fd.get(), IPPROTO_TCP, 1 /* TCP_NODELAY */, &one, sizeof(one));
+        clients.push_back(std::make_unique<Client>(Client{std::move(fd), {}}));
+      }
+    }
+    bool changed = false;
+    for (size_t i = 0; i < clients.size(); ++i) {
+      if (i + 2 >= fds.size() || !(fds[i + 2].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      Client& c = *clients[i];
+      char buffer[65536];
+      const ssize_t n = ::recv(c.fd.get(), buffer, sizeof(buffer), 0);
+      if (n <= 0) {
+        c.fd = UniqueFd();
+        continue;
+      }
+      const size_t keys = kv.size();
+      const std::string reply = c.protocol.feed(std::string(buffer, static_cast<size_t>(n)), kv);
+      changed = changed || kv.size() != keys || !reply.empty();
+      if (!c.protocol.error().empty()) {
+        if (reported.insert(c.protocol.error()).second && on_refused_)
+          on_refused_(c.protocol.error());
+        c.fd = UniqueFd();
+        continue;
+      }
+      if (!reply.empty() && !send_all(c.fd.get(), reply)) c.fd = UniqueFd();
+    }
+    // A set may complete other connections' waits.
+    if (changed)
+      for (auto& c : clients)
+        if (c->fd.valid()) {
+          const std::string woken = c->protocol.answer_waits(kv);
+          if (!woken.empty() && !send_all(c->fd.get(), woken)) c->fd = UniqueFd();
+        }
+    std::vector<std::unique_ptr<Client>> open;
+    for (auto& c : clients)
+      if (c->fd.valid()) open.push_back(std::move(c));
+    clients = std::move(open);
+  }
+}
+
+}  // namespace ddp

@@ -1,0 +1,76 @@
+// PyTorch's store as ddprun serves it (--torch-store): PyTorch 1.13's TCPStore client bytes,
+// as captured from that client talking to torch's own server, get torch's replies; a wait
+// for a key not set yet is answered when another connection sets it; bytes may arrive one
+// at a time; a 2.x client and a malformed query are told apart and refused.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+
+#include "launcher/torch_store.h"
+
+namespace ddp {
+namespace {
+
+std::string hex(const std::string& text) {
+  std::string bytes;
+  for (size_t i = 0; i + 1 < text.size(); i += 2)
+    bytes.push_back(static_cast<char>(std::stoi(text.substr(i, 2), nullptr, 16)));
+  return bytes;
+}
+
+TEST(TorchStore, AnswersPyTorch113sQueriesAsItsOwnServer) {
+  std::map<std::string, std::string> kv;
+  TorchStoreConnection c;
+  // set("/k1", "v1"): no reply
+  EXPECT_EQ(c.feed(hex("0003000000000000002f6b3102000000000000007631"), kv), "");
+  EXPECT_EQ(kv.at("/k1"), "v1");
+  // get: a wait for the key, then the get
+  EXPECT_EQ(c.feed(hex("05010000000000000003000000000000002f6b31"), kv), hex("00"));
+  EXPECT_EQ(c.feed(hex("0203000000000000002f6b31"), kv), hex("02000000000000007631"));
+  // add("/n", 5), sent in two pieces as the client does
+  EXPECT_EQ(c.feed(hex("03"), kv), "");
+  EXPECT_EQ(c.feed(hex("02000000000000002f6e0500000000000000"), kv), hex("0500000000000000"));
+  EXPECT_EQ(c.feed(hex("06"), kv), hex("0200000000000000"));  // num_keys
+  EXPECT_EQ(c.feed(hex("0803000000000000002f6b31"), kv), hex("0100000000000000"));  // delete
+  // compare_set("/cs", "", "x") on a missing key sets it
+  EXPECT_EQ(c.feed(hex("01"), kv), "");
+  EXPECT_EQ(c.feed(hex("03000000000000002f63730000000000000000010000000000000078"), kv),
+            hex("010000000000000078"));
+  EXPECT_EQ(kv.at("/cs"), "x");
+  // check: ready, not ready
+  EXPECT_EQ(c.feed(hex("04010000000000000003000000000000002f6373"), kv), hex("00"));
+  EXPECT_EQ(c.feed(hex("04010000000000000002000000000000002f7a"), kv), hex("01"));
+  EXPECT_TRUE(c.error().empty()) << c.error();
+}
+
+TEST(TorchStore, AWaitIsAnsweredWhenAnotherConnectionSetsItsKey) {
+  std::map<std::string, std::string> kv;
+  TorchStoreConnection waiter, setter;
+  const std::string wait = hex("05010000000000000003000000000000002f6b31");
+  std::string reply;
+  for (char byte : wait)  // one byte at a time
+    reply += waiter.feed(std::string(1, byte), kv);
+  EXPECT_EQ(reply, "");
+  EXPECT_EQ(waiter.answer_waits(kv), "");
+  EXPECT_EQ(setter.feed(hex("0003000000000000002f6b3102000000000000007631"), kv), "");
+  EXPECT_EQ(waiter.answer_waits(kv), hex("00"));
+  EXPECT_EQ(waiter.answer_waits(kv), "");  // once
+}
+
+TEST(TorchStore, APyTorch2ClientAndMalformedQueriesAreRefused) {
+  std::map<std::string, std::string> kv;
+  TorchStoreConnection v2, validate, bad, huge;
+  EXPECT_EQ(v2.feed(hex("cef7853c01"), kv), "");
+  EXPECT_NE(v2.error().find("PyTorch 2.x TCPStore client"), std::string::npos) << v2.error();
+  validate.feed(hex("00cef7853c"), kv);
+  EXPECT_NE(validate.error().find("PyTorch 2.x"), std::string::npos) << validate.error();
+  bad.feed(hex("2a"), kv);
+  EXPECT_NE(bad.error().find("query type 42"), std::string::npos) << bad.error();
+  huge.feed(hex("02ffffffffffffff7f"), kv);
+  EXPECT_NE(huge.error().find("over 64 MiB"), std::string::npos) << huge.error();
+  EXPECT_TRUE(kv.empty());
+}
+
+}  // namespace
+}  // namespace ddp
