@@ -195,7 +195,10 @@ int run(int argc, char** argv) {
   if (config.torch_store) {
     torch_store =
         std::make_unique<ddp::TorchStoreServer>("127.0.0.1", 0, [](const std::string& why) {
-          std::fprintf(stderr, "ddprun: --torch-store refused a client: %s\n", why.c_str());
+          std::fprintf(stderr,
+                       "ddprun: PyTorch's store refused a client: %s (--no-torch-store leaves "
+                       "the store to the program's rank 0)\n",
+                       why.c_str());
         });
     torch_store->start();
     ports.program = torch_store->port();

@@ -35,7 +35,7 @@ int parse_int(const std::string& flag, const std::string& value) {
 // option's value, or after "--".
 bool takes_value(const std::string& arg) {
   for (const char* flag : {"--quiet", "--share-gpu", "--help", "-h", "--standalone", "-m",
-                           "--module", "--no-python", "--run-path", "--torch-store"})
+                           "--module", "--no-python", "--run-path", "--no-torch-store"})
     if (arg == flag) return false;
   return arg.find('=') == std::string::npos;
 }
@@ -201,9 +201,9 @@ bool parse_launch_args(int argc, char** argv, LaunchConfig* config) {
     ("start-method", "torchrun's: accepted (ddprun starts workers with fork and exec)",
         cxxopts::value<std::string>())
     ("local-addr", "torchrun's: refused (give --iface)", cxxopts::value<std::string>())
-    ("torch-store", "serve PyTorch's store (c10d TCPStore, PyTorch 1.13's protocol) at MASTER_PORT "
-        "and set TORCHELASTIC_USE_AGENT_STORE, so that no rank waits for rank 0 to open it "
-        "(one node)")
+    ("no-torch-store", "one node: leave PyTorch's store to the program's rank 0 (by default ddprun "
+        "serves it at MASTER_PORT, the c10d TCPStore protocol of PyTorch 1.13 and 2.x, and sets "
+        "TORCHELASTIC_USE_AGENT_STORE as torchrun does)")
     ("h,help", "print this help");
   // clang-format on
   cxxopts::ParseResult result;
@@ -289,11 +289,8 @@ bool parse_launch_args(int argc, char** argv, LaunchConfig* config) {
   c.module = result.count("module") > 0;
   c.no_python = result.count("no-python") > 0;
   c.run_path = result.count("run-path") > 0;
-  c.torch_store = result.count("torch-store") > 0;
-  DDP_USAGE_CHECK(!c.torch_store || c.nnodes == 1,
-                  "--torch-store with --nnodes {}: one node only so far (the store listens on "
-                  "loopback); leave it out for several nodes",
-                  c.nnodes);
+  // Served on loopback: one node only so far.
+  c.torch_store = result.count("no-torch-store") == 0 && c.nnodes == 1;
   DDP_USAGE_CHECK(!(c.module && c.no_python),
                   "-m with --no-python: a module runs with python3; give one of them");
   if (result.count("redirects"))

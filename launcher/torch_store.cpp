@@ -20,20 +20,39 @@
 namespace ddp {
 namespace {
 
-// PyTorch 1.13's QueryType, CheckResponseType and WaitResponseType.
-enum Query : uint8_t {
-  kSet = 0,
-  kCompareSet = 1,
-  kGet = 2,
-  kAdd = 3,
-  kCheck = 4,
-  kWait = 5,
-  kGetNumKeys = 6,
-  kWatchKey = 7,
-  kDeleteKey = 8
+// What a query asks, whichever PyTorch sent it.
+enum class Op {
+  kValidate,
+  kSet,
+  kCompareSet,
+  kGet,
+  kAdd,
+  kCheck,
+  kWait,
+  kGetNumKeys,
+  kDeleteKey,
+  kAppend,
+  kMultiGet,
+  kMultiSet,
+  kCancelWait,
+  kPing,
+  kUnknown
 };
-constexpr uint8_t kReady = 0, kNotReady = 1, kStopWaiting = 0;
-// PyTorch 2.x puts this before its queries (little-endian bytes CE F7 85 3C).
+// PyTorch 1.13's query types (SET = 0 ... DELETE_KEY = 8, WATCH_KEY = 7 not served), and 2.x's
+// (VALIDATE = 0, SET = 1 ... PING = 13).
+Op op_of(bool torch2, uint8_t type) {
+  static const Op v113[] = {Op::kSet,  Op::kCompareSet, Op::kGet,     Op::kAdd,      Op::kCheck,
+                            Op::kWait, Op::kGetNumKeys, Op::kUnknown, Op::kDeleteKey};
+  static const Op v2[] = {Op::kValidate,   Op::kSet,    Op::kCompareSet, Op::kGet,
+                          Op::kAdd,        Op::kCheck,  Op::kWait,       Op::kGetNumKeys,
+                          Op::kDeleteKey,  Op::kAppend, Op::kMultiGet,   Op::kMultiSet,
+                          Op::kCancelWait, Op::kPing};
+  if (torch2) return type < std::size(v2) ? v2[type] : Op::kUnknown;
+  return type < std::size(v113) ? v113[type] : Op::kUnknown;
+}
+constexpr uint8_t kReady = 0, kNotReady = 1, kStopWaiting = 0, kWaitCanceled = 1;
+// PyTorch 2.x validates a connection with this (little-endian bytes CE F7 85 3C), and some
+// 2.x releases put it before every query too.
 constexpr uint32_t kTorch2Magic = 0x3C85F7CE;
 
 void put_u64(std::string* out, uint64_t v) {
@@ -55,6 +74,14 @@ struct Reader {
     for (int i = 0; i < 8; ++i)
       *v |= uint64_t{static_cast<uint8_t>(in[at + i])} << (8 * i);
     at += 8;
+    return true;
+  }
+  bool u32(uint32_t* v) {
+    if (in.size() < at + 4) return false;
+    *v = 0;
+    for (int i = 0; i < 4; ++i)
+      *v |= uint32_t{static_cast<uint8_t>(in[at + i])} << (8 * i);
+    at += 4;
     return true;
   }
   // A u64-prefixed string; `too_long` set (and false) past the bound.
@@ -83,23 +110,18 @@ std::string TorchStoreConnection::feed(const std::string& bytes,
   in_.append(bytes);
   std::string out;
   if (first_) {
-    // PyTorch 2.x starts with its magic number, or with a validate query (type 0) and it;
-    // PyTorch 1.13 with a query (type 0 is its set, whose key length follows).
-    const auto magic_at = [&](size_t at) {
-      uint32_t v = 0;
-      for (int i = 0; i < 4; ++i)
-        v |= uint32_t{static_cast<uint8_t>(in_[at + i])} << (8 * i);
-      return v == kTorch2Magic;
-    };
-    const uint8_t b0 = in_.empty() ? 0 : static_cast<uint8_t>(in_[0]);
-    const size_t need = in_.empty() ? 1 : b0 == 0xCE ? 4 : b0 == 0 ? 5 : 1;
-    if (in_.size() < need) return out;
-    if ((b0 == 0xCE && magic_at(0)) || (b0 == 0 && magic_at(1))) {
-      error_ =
-          "a PyTorch 2.x TCPStore client (its queries carry a magic number): ddprun's "
-          "--torch-store speaks PyTorch 1.13's protocol so far; leave --torch-store out";
+    // PyTorch 2.x opens with a validate query (type 0 and its magic number); 1.13 with any
+    // query (type 0 is its set, whose key length follows).
+    if (in_.size() < 5 && (in_.empty() || in_[0] == 0 || static_cast<uint8_t>(in_[0]) == 0xCE))
       return out;
-    }
+    uint32_t magic = 0;
+    for (int i = 0; i < 4 && in_.size() >= 5; ++i)
+      magic |= uint32_t{static_cast<uint8_t>(in_[1 + i])} << (8 * i);
+    uint32_t head = 0;
+    for (int i = 0; i < 4 && in_.size() >= 4; ++i)
+      head |= uint32_t{static_cast<uint8_t>(in_[i])} << (8 * i);
+    // (or, in the releases that put the magic number before every query, with that)
+    torch2_ = (in_[0] == 0 && magic == kTorch2Magic) || head == kTorch2Magic;
     first_ = false;
   }
   while (error_.empty() && parse_one(kv, &out)) {
@@ -114,17 +136,68 @@ std::string TorchStoreConnection::feed(const std::string& bytes,
 
 bool TorchStoreConnection::parse_one(std::map<std::string, std::string>& kv, std::string* out) {
   if (at_ >= in_.size()) return false;
-  Reader r{in_, at_ + 1};
+  size_t start = at_;
+  if (torch2_ && in_.size() >= start + 4) {  // a query's own magic number, where sent
+    uint32_t head = 0;
+    for (int i = 0; i < 4; ++i)
+      head |= uint32_t{static_cast<uint8_t>(in_[start + i])} << (8 * i);
+    if (head == kTorch2Magic) start += 4;
+  } else if (torch2_ && static_cast<uint8_t>(in_[start]) == 0xCE) {
+    return false;  // perhaps a magic number: wait for its four bytes
+  }
+  if (start >= in_.size()) return false;
+  Reader r{in_, start + 1};
   bool too_long = false;
-  const uint8_t type = static_cast<uint8_t>(in_[at_]);
+  const uint8_t type = static_cast<uint8_t>(in_[start]);
   std::string key, a, b;
-  switch (type) {
-    case kSet:
+  const auto done = [&] {
+    at_ = r.at;
+    return true;
+  };
+  const auto read_keys = [&](std::vector<std::string>* keys, bool pairs) {
+    uint64_t count = 0;
+    if (!r.u64(&count)) return false;
+    if (count > 4096) {
+      error_ = fmt::format("a query of {} keys", count);
+      return false;
+    }
+    keys->resize(pairs ? 2 * count : count);
+    for (std::string& k : *keys)
+      if (!r.bytes(&k, &too_long)) return false;
+    return true;
+  };
+  std::vector<std::string> keys;
+  switch (op_of(torch2_, type)) {
+    case Op::kValidate: {
+      uint32_t magic = 0;
+      if (!r.u32(&magic)) break;
+      if (magic != kTorch2Magic) {
+        error_ = fmt::format("a validate query with magic number {:#x}", magic);
+        return false;
+      }
+      return done();
+    }
+    case Op::kPing: {
+      uint32_t nonce = 0;
+      if (!r.u32(&nonce)) break;
+      for (int i = 0; i < 4; ++i)
+        out->push_back(static_cast<char>((nonce >> (8 * i)) & 0xff));
+      return done();
+    }
+    case Op::kSet:
       if (!r.bytes(&key, &too_long) || !r.bytes(&a, &too_long)) break;
       kv[key] = a;
-      at_ = r.at;
-      return true;
-    case kCompareSet: {
+      return done();
+    case Op::kAppend:
+      if (!r.bytes(&key, &too_long) || !r.bytes(&a, &too_long)) break;
+      kv[key] += a;
+      return done();
+    case Op::kMultiSet:
+      if (!read_keys(&keys, true)) break;
+      for (size_t i = 0; i + 1 < keys.size(); i += 2)
+        kv[keys[i]] = keys[i + 1];
+      return done();
+    case Op::kCompareSet: {
       if (!r.bytes(&key, &too_long) || !r.bytes(&a, &too_long) || !r.bytes(&b, &too_long)) break;
       // As torch's server: a missing key is set when the expected value is empty; the reply
       // is the value the key holds afterwards (or the expected one for a missing key).
@@ -136,17 +209,22 @@ bool TorchStoreConnection::parse_one(std::map<std::string, std::string>& kv, std
         if (it->second == a) it->second = b;
         put_bytes(out, it->second);
       }
-      at_ = r.at;
-      return true;
+      return done();
     }
-    case kGet: {
+    case Op::kGet: {
       if (!r.bytes(&key, &too_long)) break;
       const auto it = kv.find(key);
       put_bytes(out, it == kv.end() ? std::string() : it->second);
-      at_ = r.at;
-      return true;
+      return done();
     }
-    case kAdd: {
+    case Op::kMultiGet:
+      if (!read_keys(&keys, false)) break;
+      for (const std::string& k : keys) {
+        const auto it = kv.find(k);
+        put_bytes(out, it == kv.end() ? std::string() : it->second);
+      }
+      return done();
+    case Op::kAdd: {
       uint64_t delta = 0;
       if (!r.bytes(&key, &too_long) || !r.u64(&delta)) break;
       // Torch keeps counters as decimal text.
@@ -155,51 +233,36 @@ bool TorchStoreConnection::parse_one(std::map<std::string, std::string>& kv, std
       if (it != kv.end()) value += std::stoll(it->second.empty() ? "0" : it->second);
       kv[key] = std::to_string(value);
       put_u64(out, static_cast<uint64_t>(value));
-      at_ = r.at;
-      return true;
+      return done();
     }
-    case kCheck:
-    case kWait: {
-      uint64_t count = 0;
-      if (!r.u64(&count)) break;
-      if (count > 4096) {
-        error_ = fmt::format("a {} of {} keys", type == kWait ? "wait" : "check", count);
-        return false;
-      }
-      std::vector<std::string> keys(count);
-      bool complete = true;
-      for (std::string& k : keys)
-        if (!r.bytes(&k, &too_long)) {
-          complete = false;
-          break;
-        }
-      if (!complete) break;
+    case Op::kCheck:
+    case Op::kWait: {
+      if (!read_keys(&keys, false)) break;
       bool all = true;
       for (const std::string& k : keys)
         all = all && kv.count(k) > 0;
-      if (type == kCheck)
+      if (op_of(torch2_, type) == Op::kCheck)
         out->push_back(static_cast<char>(all ? kReady : kNotReady));
       else if (all)
         out->push_back(static_cast<char>(kStopWaiting));
       else
         waits_.push_back(std::move(keys));
-      at_ = r.at;
-      return true;
+      return done();
     }
-    case kGetNumKeys:
+    case Op::kCancelWait:
+      waits_.clear();
+      out->push_back(static_cast<char>(kWaitCanceled));
+      return done();
+    case Op::kGetNumKeys:
       put_u64(out, kv.size());
-      at_ = r.at;
-      return true;
-    case kDeleteKey:
+      return done();
+    case Op::kDeleteKey:
       if (!r.bytes(&key, &too_long)) break;
       put_u64(out, kv.erase(key));
-      at_ = r.at;
-      return true;
-    case kWatchKey:
-      error_ = "a watch_key query (callbacks on keys are not served)";
-      return false;
-    default:
-      error_ = fmt::format("query type {}, which PyTorch 1.13's store does not have", type);
+      return done();
+    case Op::kUnknown:
+      error_ = fmt::format("query type {}, which PyTorch {}'s store does not serve here", type,
+                           torch2_ ? "2.x" : "1.13");
       return false;
   }
   if (too_long) error_ = fmt::format("a key or value over {} MiB", kMaxTorchStoreValue >> 20);

@@ -1,10 +1,11 @@
 // PyTorch's own rendezvous store, served by ddprun (--torch-store): the c10d TCPStore
-// protocol of PyTorch 1.13 (the wire format of its TCPStore client: a query type byte, strings
-// as a u64 length and their bytes, replies as u64 lengths, i64 values or one status byte), so
-// that every rank connects as a client to a store already open (TORCHELASTIC_USE_AGENT_STORE,
-// as torchrun's agent store) instead of rank 1 retrying until rank 0 has opened its own.
-// PyTorch 2.x clients, whose queries carry a magic number, are told apart and refused with a
-// message. Unauthenticated, as torchrun's store is: ddprun serves it on loopback only.
+// protocol (the wire format of its TCPStore client: a query type byte, strings as a u64
+// length and their bytes, replies as u64 lengths, i64 values or one status byte) of PyTorch
+// 1.13 and of 2.x (which opens with a validate query carrying a magic number, numbers its
+// query types from it, and pings), so that every rank connects as a client to a store already
+// open (TORCHELASTIC_USE_AGENT_STORE, as torchrun's agent store) instead of rank 1 retrying
+// until rank 0 has opened its own. Unauthenticated, as torchrun's store is: ddprun serves it on
+// loopback only.
 #pragma once
 
 #include <atomic>
@@ -39,6 +40,7 @@ class TorchStoreConnection {
   size_t at_ = 0;  // the parse position in in_
   std::vector<std::vector<std::string>> waits_;
   bool first_ = true;
+  bool torch2_ = false;  // PyTorch 2.x's query types (it opened with a validate query)
   std::string error_;
 };
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Launch to exit of a small PyTorch DDP script (Gloo, 2 workers on the CPU): ddprun (with and
-# without --torch-store) against torchrun with its defaults and with --monitor-interval 0.1,
+# Launch to exit of a small PyTorch DDP script (Gloo, 2 workers on the CPU): ddprun (serving
+# PyTorch's store, and with --no-torch-store) against torchrun with its defaults and with --monitor-interval 0.1,
 # interleaved, ROUNDS
 # times each; prints a Markdown table of the medians, the spread (max - min) and the ratios.
 # Needs a python3 with torch (Debian: python3-torch) and torchrun on PATH.
@@ -33,11 +33,11 @@ export OMP_NUM_THREADS=1  # both launchers alike
 # and knows only the underscore spellings.
 declare -A cmds=(
   [ddprun]="$build/bin/ddprun --standalone --nproc_per_node=2 -- $py $tmp/ddp_step.py"
-  [ddprun-torch-store]="$build/bin/ddprun --torch-store --standalone --nproc_per_node=2 -- $py $tmp/ddp_step.py"
+  [ddprun-no-torch-store]="$build/bin/ddprun --no-torch-store --standalone --nproc_per_node=2 -- $py $tmp/ddp_step.py"
   [torchrun]="$torchrun --standalone --nproc_per_node=2 -r 1 -t 1 $tmp/ddp_step.py"
   [torchrun-monitor-0.1]="$torchrun --standalone --nproc_per_node=2 -r 1 -t 1 --monitor_interval 0.1 $tmp/ddp_step.py"
 )
-names=(ddprun ddprun-torch-store torchrun torchrun-monitor-0.1)
+names=(ddprun ddprun-no-torch-store torchrun torchrun-monitor-0.1)
 failed=0
 for round in $(seq "$rounds"); do
   for name in "${names[@]}"; do

@@ -82,9 +82,9 @@ same = torch.allclose(grad / world, model.module.weight.grad)
 print(f"rank {rank} of {world}: sum {t.tolist()}, ddp step ok {same}", flush=True)
 dist.destroy_process_group()
 )";
-  // Rank 0 serving torch's store itself, and (--torch-store) every rank a client of the one
-  // ddprun serves (TORCHELASTIC_USE_AGENT_STORE).
-  for (const char* store : {"", " --torch-store"}) {
+  // Every rank a client of the store ddprun serves (TORCHELASTIC_USE_AGENT_STORE), and
+  // (--no-torch-store) rank 0 serving torch's store itself.
+  for (const char* store : {"", " --no-torch-store"}) {
     const RunResult r =
         run_command(ddprun() + store + " --nproc-per-node 2 -- " + py + " " + dir.file("train.py"));
     EXPECT_EQ(r.exit_code, 0) << r.output;

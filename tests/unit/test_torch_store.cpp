@@ -1,7 +1,7 @@
 // PyTorch's store as ddprun serves it (--torch-store): PyTorch 1.13's TCPStore client bytes,
 // as captured from that client talking to torch's own server, get torch's replies; a wait
 // for a key not set yet is answered when another connection sets it; bytes may arrive one
-// at a time; a 2.x client and a malformed query are told apart and refused.
+// at a time; PyTorch 2.x's dialect is told apart; a malformed query is refused.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -31,7 +31,7 @@ TEST(TorchStore, AnswersPyTorch113sQueriesAsItsOwnServer) {
   // add("/n", 5), sent in two pieces as the client does
   EXPECT_EQ(c.feed(hex("03"), kv), "");
   EXPECT_EQ(c.feed(hex("02000000000000002f6e0500000000000000"), kv), hex("0500000000000000"));
-  EXPECT_EQ(c.feed(hex("06"), kv), hex("0200000000000000"));  // num_keys
+  EXPECT_EQ(c.feed(hex("06"), kv), hex("0200000000000000"));                        // num_keys
   EXPECT_EQ(c.feed(hex("0803000000000000002f6b31"), kv), hex("0100000000000000"));  // delete
   // compare_set("/cs", "", "x") on a missing key sets it
   EXPECT_EQ(c.feed(hex("01"), kv), "");
@@ -58,18 +58,42 @@ TEST(TorchStore, AWaitIsAnsweredWhenAnotherConnectionSetsItsKey) {
   EXPECT_EQ(waiter.answer_waits(kv), "");  // once
 }
 
-TEST(TorchStore, APyTorch2ClientAndMalformedQueriesAreRefused) {
+// PyTorch 2.x (bytes captured from 2.15's client): a validate query with the magic number
+// and a ping open the connection; the query types count from validate.
+TEST(TorchStore, AnswersPyTorch2sQueriesAsItsOwnServer) {
   std::map<std::string, std::string> kv;
-  TorchStoreConnection v2, validate, bad, huge;
-  EXPECT_EQ(v2.feed(hex("cef7853c01"), kv), "");
-  EXPECT_NE(v2.error().find("PyTorch 2.x TCPStore client"), std::string::npos) << v2.error();
-  validate.feed(hex("00cef7853c"), kv);
-  EXPECT_NE(validate.error().find("PyTorch 2.x"), std::string::npos) << validate.error();
+  TorchStoreConnection c;
+  EXPECT_EQ(c.feed(hex("00cef7853c0df3270000"), kv), hex("f3270000"));             // validate, ping
+  EXPECT_EQ(c.feed(hex("0103000000000000002f6b3102000000000000007631"), kv), "");  // set
+  EXPECT_EQ(c.feed(hex("06010000000000000003000000000000002f6b31"), kv), hex("00"));    // wait
+  EXPECT_EQ(c.feed(hex("0303000000000000002f6b31"), kv), hex("02000000000000007631"));  // get
+  EXPECT_EQ(c.feed(hex("0402000000000000002f6e0500000000000000"), kv), hex("0500000000000000"));
+  EXPECT_EQ(c.feed(hex("05010000000000000004000000000000002f2f6b31"), kv), hex("01"));  // check
+  EXPECT_EQ(c.feed(hex("07"), kv), hex("0200000000000000"));                            // num_keys
+  EXPECT_EQ(c.feed(hex("0803000000000000002f6b31"), kv), hex("0100000000000000"));      // delete
+  EXPECT_EQ(c.feed(hex("0203000000000000002f63730000000000000000010000000000000078"), kv),
+            hex("010000000000000078"));  // compare_set
+  // The releases that put the magic number before a query too: a get of /cs.
+  EXPECT_EQ(c.feed(hex("cef7853c0303000000000000002f6373"), kv), hex("010000000000000078"));
+  // A wait that times out on the client is cancelled.
+  EXPECT_EQ(c.feed(hex("06010000000000000002000000000000002f71"), kv), "");
+  EXPECT_EQ(c.feed(hex("0c"), kv), hex("01"));
+  EXPECT_TRUE(c.error().empty()) << c.error();
+  kv["/q"] = "1";
+  EXPECT_EQ(c.answer_waits(kv), "");  // cancelled: nothing more to say
+}
+
+TEST(TorchStore, MalformedQueriesAreRefused) {
+  std::map<std::string, std::string> kv;
+  TorchStoreConnection bad, huge, validate;
   bad.feed(hex("2a"), kv);
   EXPECT_NE(bad.error().find("query type 42"), std::string::npos) << bad.error();
   huge.feed(hex("02ffffffffffffff7f"), kv);
   EXPECT_NE(huge.error().find("over 64 MiB"), std::string::npos) << huge.error();
-  EXPECT_TRUE(kv.empty());
+  validate.feed(hex("00cef7853c0010000000000000"), kv);  // 2.x: validate, then another one
+  validate.feed(hex("00deadbeef"), kv);
+  EXPECT_NE(validate.error().find("validate query with magic number"), std::string::npos)
+      << validate.error();
 }
 
 }  // namespace
