@@ -150,7 +150,9 @@ int run(int argc, char** argv) {
     store_config.bind_addr = config.nnodes == 1      ? "127.0.0.1"
                              : !config.iface.empty() ? ddp::interface_address(config.iface)
                                                      : "0.0.0.0";
-    store_config.port = config.master_port;
+    // On one node --master-port is PyTorch's store's (MASTER_PORT, as under torchrun); ddp's
+    // own store takes a free port then.
+    store_config.port = config.torch_store ? 0 : config.master_port;
     store_config.token = token;
     store_config.on_refused = [](const std::string& line) {
       std::fprintf(stderr, "ddprun: store refused a connection from %s\n", line.c_str());
@@ -176,6 +178,7 @@ int run(int argc, char** argv) {
                         port, config.iface.empty() ? "all interfaces" : "--iface " + config.iface,
                         config.master_addr)
           : fmt::format("store on {}:{}", config.master_addr, port);
+  // (PyTorch's store, on one node, is named once it listens: below.)
   std::fprintf(
       stderr, "ddprun: starting %d worker%s (%s), %s\n", plan.nproc, plan.nproc == 1 ? "" : "s",
       plan.gpu_ids.empty()
@@ -188,13 +191,14 @@ int run(int argc, char** argv) {
   // stops its workers and starts generation G + 1 (or gives up at --max-restarts).
   std::unique_ptr<ddp::StoreClient> control;
   std::unique_ptr<ddp::NodeWatch> watch;
-  // MASTER_PORT is left to the program (a PyTorch rank 0 serves its own store there): a
-  // port free now, the same on every node (node 0 picks it and shares it through the store).
+  // MASTER_PORT: on one node where ddprun serves PyTorch's store (--master-port, or a free
+  // port); else a port left to the program (a PyTorch rank 0 serves its own store there), free
+  // now and the same on every node (node 0 picks it and shares it through the store).
   ddp::JobPorts ports{port, 0};
   std::unique_ptr<ddp::TorchStoreServer> torch_store;
   if (config.torch_store) {
-    torch_store =
-        std::make_unique<ddp::TorchStoreServer>("127.0.0.1", 0, [](const std::string& why) {
+    torch_store = std::make_unique<ddp::TorchStoreServer>(
+        "127.0.0.1", config.master_port, [](const std::string& why) {
           std::fprintf(stderr,
                        "ddprun: PyTorch's store refused a client: %s (--no-torch-store leaves "
                        "the store to the program's rank 0)\n",
@@ -202,6 +206,7 @@ int run(int argc, char** argv) {
         });
     torch_store->start();
     ports.program = torch_store->port();
+    std::fprintf(stderr, "ddprun: PyTorch's store on 127.0.0.1:%d (MASTER_PORT)\n", ports.program);
   } else if (config.nnodes == 1) {
     ports.program = ddp::free_port("127.0.0.1");
   } else {

@@ -165,7 +165,8 @@ bool parse_launch_args(int argc, char** argv, LaunchConfig* config) {
     ("nnodes", "number of nodes", cxxopts::value<std::string>()->default_value(std::to_string(d.nnodes)))
     ("node-rank", "this node's index", cxxopts::value<std::string>()->default_value(std::to_string(d.node_rank)))
     ("master-addr", "address of node 0, where the store runs", cxxopts::value<std::string>()->default_value(d.master_addr))
-    ("master-port", "store port (0: pick a free one; single node only)",
+    ("master-port", "one node: PyTorch's store's port, MASTER_PORT (ddprun's own store takes a "
+        "free one); several nodes: ddprun's store's; 0: pick a free one (one node only)",
         cxxopts::value<std::string>()->default_value(std::to_string(d.master_port)))
     ("log-dir", "write each worker's output to DIR/rank-K.log", cxxopts::value<std::string>())
     ("max-restarts", "restart the whole group up to R times after a failure",

@@ -83,9 +83,9 @@ std::string random_token(const std::string& source);
 
 using EnvMap = std::map<std::string, std::string>;
 
-// The two ports of a job: ddprun's store (DDP_STORE_PORT, what ddp programs use) and a free
-// port left to the program (MASTER_PORT, where a PyTorch program's rank 0 serves its own
-// store, as under torchrun).
+// The two ports of a job: ddprun's store (DDP_STORE_PORT, what ddp programs use) and
+// MASTER_PORT: on one node the PyTorch store ddprun serves (--master-port), else a free port
+// left to the program (where a PyTorch program's rank 0 serves its own store).
 struct JobPorts {
   int store = 0;
   int program = 0;

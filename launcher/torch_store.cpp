@@ -296,10 +296,17 @@ TorchStoreServer::TorchStoreServer(const std::string& bind_addr, int port,
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
   DDP_USAGE_CHECK(::inet_pton(AF_INET, bind_addr.c_str(), &addr.sin_addr) == 1,
-                  "--torch-store: {} is not an IPv4 address", bind_addr);
-  DDP_USAGE_CHECK(::bind(listen_fd_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0,
-                  "--torch-store: cannot serve PyTorch's store on {}:{}: {}", bind_addr, port,
-                  std::strerror(errno));
+                  "PyTorch's store: {} is not an IPv4 address", bind_addr);
+  if (::bind(listen_fd_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    const int err = errno;
+    if (err == EADDRINUSE)
+      throw UsageError(
+          fmt::format("--master-port {}: {}:{} is already in use; choose another port or pass "
+                      "--master-port 0 to pick a free one",
+                      port, bind_addr, port));
+    throw UsageError(fmt::format("cannot serve PyTorch's store on {}:{}: {}", bind_addr, port,
+                                 std::strerror(err)));
+  }
   DDP_CHECK(::listen(listen_fd_.get(), 1024) == 0, "listen() failed: {}", std::strerror(errno));
   socklen_t len = sizeof(addr);
   ::getsockname(listen_fd_.get(), reinterpret_cast<sockaddr*>(&addr), &len);
