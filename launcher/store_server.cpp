@@ -52,36 +52,9 @@ bool same_token(const std::string& given, const std::string& token) {
 }  // namespace
 
 StoreServer::StoreServer(const StoreServerConfig& config) : config_(config) {
-  listen_fd_ = UniqueFd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  DDP_CHECK(listen_fd_.valid(), "socket() failed: {}", std::strerror(errno));
-  const int one = 1;
-  ::setsockopt(listen_fd_.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(config.port));
-  DDP_USAGE_CHECK(
-      ::inet_pton(AF_INET, config.bind_addr.c_str(), &addr.sin_addr) == 1,
-      "--master-addr {}: expected an IPv4 address of this machine to serve the store on",
-      config.bind_addr);
-  if (::bind(listen_fd_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    const int err = errno;
-    if (err == EADDRINUSE)
-      throw UsageError(
-          fmt::format("--master-port {}: {}:{} is already in use; choose another port or pass "
-                      "--master-port 0 to pick a free one",
-                      config.port, config.bind_addr, config.port));
-    throw UsageError(fmt::format("cannot serve the store on {}:{}: {}", config.bind_addr,
-                                 config.port, std::strerror(err)));
-  }
-  DDP_CHECK(::listen(listen_fd_.get(), 1024) == 0, "listen() failed: {}", std::strerror(errno));
-  socklen_t len = sizeof(addr);
-  ::getsockname(listen_fd_.get(), reinterpret_cast<sockaddr*>(&addr), &len);
-  port_ = ntohs(addr.sin_port);
-  int pipe_fds[2];
-  DDP_CHECK(::pipe2(pipe_fds, O_CLOEXEC | O_NONBLOCK) == 0, "pipe() failed: {}",
-            std::strerror(errno));
-  wake_read_ = UniqueFd(pipe_fds[0]);
-  wake_write_ = UniqueFd(pipe_fds[1]);
+  Listener listener = listen_tcp(config.bind_addr, config.port, "the store");
+  listen_fd_ = std::move(listener.fd);
+  port_ = listener.port;
 }
 
 StoreServer::~StoreServer() {
@@ -96,8 +69,7 @@ void StoreServer::start() {
 void StoreServer::stop() {
   if (!thread_.joinable()) return;
   running_ = false;
-  const char byte = 0;
-  (void)!::write(wake_write_.get(), &byte, 1);
+  wake_.wake();
   thread_.join();
 }
 
@@ -166,7 +138,7 @@ void StoreServer::serve() {
 
     std::vector<pollfd> fds;
     fds.push_back({listen_fd_.get(), POLLIN, 0});
-    fds.push_back({wake_read_.get(), POLLIN, 0});
+    fds.push_back({wake_.read.get(), POLLIN, 0});
     for (const Connection& c : connections)
       fds.push_back({c.fd.get(), POLLIN, 0});
     // Parked waits are re-checked after every request (a set may complete them) and when

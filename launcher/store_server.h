@@ -12,6 +12,7 @@
 #include <string>
 #include <thread>
 
+#include "launcher/listener.h"
 #include "runtime/socket.h"
 
 namespace ddp {
@@ -54,8 +55,7 @@ class StoreServer {
 
   StoreServerConfig config_;
   UniqueFd listen_fd_;
-  UniqueFd wake_read_;  // a pipe that wakes poll() for stop()
-  UniqueFd wake_write_;
+  WakePipe wake_;  // wakes poll() for stop()
   int port_ = 0;
   std::thread thread_;
   std::atomic<bool> running_{false};

@@ -288,34 +288,9 @@ std::string TorchStoreConnection::answer_waits(const std::map<std::string, std::
 TorchStoreServer::TorchStoreServer(const std::string& bind_addr, int port,
                                    std::function<void(const std::string&)> on_refused)
     : on_refused_(std::move(on_refused)) {
-  listen_fd_ = UniqueFd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  DDP_CHECK(listen_fd_.valid(), "socket() failed: {}", std::strerror(errno));
-  const int one = 1;
-  ::setsockopt(listen_fd_.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  DDP_USAGE_CHECK(::inet_pton(AF_INET, bind_addr.c_str(), &addr.sin_addr) == 1,
-                  "PyTorch's store: {} is not an IPv4 address", bind_addr);
-  if (::bind(listen_fd_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    const int err = errno;
-    if (err == EADDRINUSE)
-      throw UsageError(
-          fmt::format("--master-port {}: {}:{} is already in use; choose another port or pass "
-                      "--master-port 0 to pick a free one",
-                      port, bind_addr, port));
-    throw UsageError(fmt::format("cannot serve PyTorch's store on {}:{}: {}", bind_addr, port,
-                                 std::strerror(err)));
-  }
-  DDP_CHECK(::listen(listen_fd_.get(), 1024) == 0, "listen() failed: {}", std::strerror(errno));
-  socklen_t len = sizeof(addr);
-  ::getsockname(listen_fd_.get(), reinterpret_cast<sockaddr*>(&addr), &len);
-  port_ = ntohs(addr.sin_port);
-  int pipe_fds[2];
-  DDP_CHECK(::pipe2(pipe_fds, O_CLOEXEC | O_NONBLOCK) == 0, "pipe() failed: {}",
-            std::strerror(errno));
-  wake_read_ = UniqueFd(pipe_fds[0]);
-  wake_write_ = UniqueFd(pipe_fds[1]);
+  Listener listener = listen_tcp(bind_addr, port, "PyTorch's store");
+  listen_fd_ = std::move(listener.fd);
+  port_ = listener.port;
 }
 
 TorchStoreServer::~TorchStoreServer() {
@@ -329,8 +304,7 @@ void TorchStoreServer::start() {
 
 void TorchStoreServer::stop() {
   if (!running_.exchange(false)) return;
-  const char byte = 1;
-  (void)!::write(wake_write_.get(), &byte, 1);
+  wake_.wake();
   if (thread_.joinable()) thread_.join();
 }
 
@@ -353,7 +327,7 @@ void TorchStoreServer::serve() {
     return true;
   };
   while (running_) {
-    std::vector<pollfd> fds = {{wake_read_.get(), POLLIN, 0}, {listen_fd_.get(), POLLIN, 0}};
+    std::vector<pollfd> fds = {{wake_.read.get(), POLLIN, 0}, {listen_fd_.get(), POLLIN, 0}};
     for (const auto& c : clients)
       fds.push_back({c->fd.get(), POLLIN, 0});
     if (::poll(fds.data(), fds.size(), 1000) < 0 && errno != EINTR) return;

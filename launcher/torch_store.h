@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "launcher/listener.h"
 #include "runtime/socket.h"
 
 namespace ddp {
@@ -60,7 +61,7 @@ class TorchStoreServer {
  private:
   void serve();
   UniqueFd listen_fd_;
-  UniqueFd wake_read_, wake_write_;
+  WakePipe wake_;  // wakes poll() for stop()
   int port_ = 0;
   std::thread thread_;
   std::atomic<bool> running_{false};
