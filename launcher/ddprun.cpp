@@ -152,7 +152,7 @@ int run(int argc, char** argv) {
                                                      : "0.0.0.0";
     // On one node --master-port is PyTorch's store's (MASTER_PORT, as under torchrun); ddp's
     // own store takes a free port then.
-    store_config.port = config.torch_store ? 0 : config.master_port;
+    store_config.port = config.torch_store && config.nnodes == 1 ? 0 : config.master_port;
     store_config.token = token;
     store_config.on_refused = [](const std::string& line) {
       std::fprintf(stderr, "ddprun: store refused a connection from %s\n", line.c_str());
@@ -196,7 +196,7 @@ int run(int argc, char** argv) {
   // now and the same on every node (node 0 picks it and shares it through the store).
   ddp::JobPorts ports{port, 0};
   std::unique_ptr<ddp::TorchStoreServer> torch_store;
-  if (config.torch_store) {
+  if (config.torch_store && config.nnodes == 1) {
     torch_store = std::make_unique<ddp::TorchStoreServer>(
         "127.0.0.1", config.master_port, [](const std::string& why) {
           std::fprintf(stderr,
@@ -229,7 +229,22 @@ int run(int argc, char** argv) {
                                       : fmt::format("{}-{}", ranks.front(), ranks.back())));
     if (config.node_rank == 0) {
       control->set("ddprun/nnodes", std::to_string(config.nnodes));
-      ports.program = ddp::free_port("0.0.0.0");
+      if (config.torch_store) {
+        // PyTorch's store where ddp's listens (the interface's address, or every address),
+        // unauthenticated as torchrun's.
+        torch_store = std::make_unique<ddp::TorchStoreServer>(
+            store->bind_address(), 0, [](const std::string& why) {
+              std::fprintf(stderr, "ddprun: PyTorch's store refused a client: %s\n", why.c_str());
+            });
+        torch_store->start();
+        ports.program = torch_store->port();
+        std::fprintf(stderr,
+                     "ddprun: PyTorch's store on %s:%d (MASTER_PORT); it has no token, as "
+                     "torchrun's has not: keep the port inside the cluster's network\n",
+                     store->bind_address().c_str(), ports.program);
+      } else {
+        ports.program = ddp::free_port("0.0.0.0");
+      }
       control->set("ddprun/master_port", std::to_string(ports.program));
     } else {
       const std::string nnodes = wait_for_key(*control, "ddprun/nnodes", config.timeout);

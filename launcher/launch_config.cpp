@@ -202,8 +202,8 @@ bool parse_launch_args(int argc, char** argv, LaunchConfig* config) {
     ("start-method", "torchrun's: accepted (ddprun starts workers with fork and exec)",
         cxxopts::value<std::string>())
     ("local-addr", "torchrun's: refused (give --iface)", cxxopts::value<std::string>())
-    ("no-torch-store", "one node: leave PyTorch's store to the program's rank 0 (by default ddprun "
-        "serves it at MASTER_PORT, the c10d TCPStore protocol of PyTorch 1.13 and 2.x, and sets "
+    ("no-torch-store", "leave PyTorch's store to the program's rank 0 (by default ddprun, on node "
+        "0, serves it at MASTER_PORT, the c10d TCPStore protocol of PyTorch 1.13 and 2.x, and sets "
         "TORCHELASTIC_USE_AGENT_STORE as torchrun does)")
     ("h,help", "print this help");
   // clang-format on
@@ -290,8 +290,7 @@ bool parse_launch_args(int argc, char** argv, LaunchConfig* config) {
   c.module = result.count("module") > 0;
   c.no_python = result.count("no-python") > 0;
   c.run_path = result.count("run-path") > 0;
-  // Served on loopback: one node only so far.
-  c.torch_store = result.count("no-torch-store") == 0 && c.nnodes == 1;
+  c.torch_store = result.count("no-torch-store") == 0;
   DDP_USAGE_CHECK(!(c.module && c.no_python),
                   "-m with --no-python: a module runs with python3; give one of them");
   if (result.count("redirects"))

@@ -561,6 +561,32 @@ TEST(TorchrunCompat, PythonScriptsAndModulesRunAsUnderTorchrun) {
   EXPECT_EQ(raw.exit_code, 127) << raw.output;
 }
 
+// Two nodes (two ddpruns on loopback): node 0 serves PyTorch's store for both, and a torch
+// script's ranks on either node meet there.
+TEST(TorchrunCompat, TwoNodesMeetAtTheStoreNodeZeroServes) {
+  if (run_command("/usr/bin/python3 -c 'import torch.distributed'").exit_code != 0)
+    GTEST_SKIP() << "no Python with torch (Debian: python3-torch)";
+  TempDir dir;
+  write_text(dir.file("meet.py"),
+             "import torch, torch.distributed as dist\n"
+             "dist.init_process_group('gloo')\n"
+             "t = torch.ones(1) * (dist.get_rank() + 1)\n"
+             "dist.all_reduce(t)\n"
+             "print(f'rank {dist.get_rank()} of {dist.get_world_size()}: {t.item()}', flush=True)\n"
+             "dist.destroy_process_group()\n");
+  const std::string port = std::to_string(free_port());
+  const std::string node = "DDP_STORE_TOKEN=t0k3n " + ddprun() + " --nnodes 2 --master-port " +
+                           port + " --nproc-per-node 1 --node-rank ";
+  const std::string job = "(" + node + "1 -- /usr/bin/python3 " + dir.file("meet.py") + " > " +
+                          dir.file("n1.log") + " 2>&1 &) ; " + node + "0 -- /usr/bin/python3 " +
+                          dir.file("meet.py") + "; sleep 1; cat " + dir.file("n1.log");
+  const RunResult r = run_command("timeout 60 bash -c '" + job + "'");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("PyTorch's store on 0.0.0.0:"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rank 0 of 2: 3.0"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rank 1 of 2: 3.0"), std::string::npos) << r.output;
+}
+
 // torch's own @record (torch.distributed.elastic) writes the root cause into the file ddprun
 // names in TORCHELASTIC_ERROR_FILE; the failure report shows it.
 TEST(TorchrunCompat, TorchsRecordShowsItsTracebackInTheReport) {
