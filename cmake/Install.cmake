@@ -23,6 +23,8 @@ foreach(folder runtime collectives models engine)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${folder} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/ddp
           FILES_MATCHING PATTERN "*.h")
 endforeach()
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/ddp DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
+        FILES_MATCHING PATTERN "*.h")
 install(EXPORT ddpTargets NAMESPACE ddp:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/ddp)
 
 # What the config needs to find again, and where this build found the header-only parts.

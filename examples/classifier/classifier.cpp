@@ -3,9 +3,8 @@
 #include <cmath>
 #include <cstdio>
 
-#include "engine/ddp.h"
-#include "engine/world.h"
-#include "models/mlp_cpu.h"
+#include <ddp/ddp.h>
+#include <ddp/models.h>
 
 int main() {
   ddp::World world = ddp::init();
