@@ -109,6 +109,11 @@ std::string TorchStoreConnection::feed(const std::string& bytes,
                                        std::map<std::string, std::string>& kv) {
   in_.append(bytes);
   std::string out;
+  // A query holds at most three strings of the bound: more waiting is not a client's.
+  if (in_.size() - at_ > 3 * kMaxTorchStoreValue + 4096) {
+    error_ = fmt::format("over {} MiB of unanswerable bytes", (3 * kMaxTorchStoreValue) >> 20);
+    return out;
+  }
   if (first_) {
     // PyTorch 2.x opens with a validate query (type 0 and its magic number); 1.13 with any
     // query (type 0 is its set, whose key length follows).
@@ -311,6 +316,7 @@ void TorchStoreServer::stop() {
 void TorchStoreServer::serve() {
   struct Client {
     UniqueFd fd;
+    std::string peer;  // its address, for the refusals' lines
     TorchStoreConnection protocol;
   };
   std::vector<std::unique_ptr<Client>> clients;
@@ -332,12 +338,23 @@ void TorchStoreServer::serve() {
       fds.push_back({c->fd.get(), POLLIN, 0});
     if (::poll(fds.data(), fds.size(), 1000) < 0 && errno != EINTR) return;
     if (fds[0].revents != 0) return;
+    const auto refuse = [&](const std::string& peer, const std::string& why) {
+      // Once per peer and reason, as ddprun's own store reports.
+      if (reported.insert(peer + ": " + why).second && on_refused_) on_refused_(peer + ": " + why);
+    };
     if (fds[1].revents & POLLIN) {
-      UniqueFd fd(::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC));
-      if (fd.valid()) {
+      sockaddr_in addr{};
+      socklen_t len = sizeof(addr);
+      UniqueFd fd(
+          ::accept4(listen_fd_.get(), reinterpret_cast<sockaddr*>(&addr), &len, SOCK_CLOEXEC));
+      char text[INET_ADDRSTRLEN] = "?";
+      ::inet_ntop(AF_INET, &addr.sin_addr, text, sizeof(text));
+      if (fd.valid() && clients.size() >= kMaxTorchStoreClients) {
+        refuse(text, fmt::format("more than {} connections", kMaxTorchStoreClients));
+      } else if (fd.valid()) {
         const int one = 1;
         ::setsockopt(fd.get(), IPPROTO_TCP, 1 /* TCP_NODELAY */, &one, sizeof(one));
-        clients.push_back(std::make_unique<Client>(Client{std::move(fd), {}}));
+        clients.push_back(std::make_unique<Client>(Client{std::move(fd), text, {}}));
       }
     }
     bool changed = false;
@@ -354,8 +371,7 @@ void TorchStoreServer::serve() {
       const std::string reply = c.protocol.feed(std::string(buffer, static_cast<size_t>(n)), kv);
       changed = changed || kv.size() != keys || !reply.empty();
       if (!c.protocol.error().empty()) {
-        if (reported.insert(c.protocol.error()).second && on_refused_)
-          on_refused_(c.protocol.error());
+        refuse(c.peer, c.protocol.error());
         c.fd = UniqueFd();
         continue;
       }

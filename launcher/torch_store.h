@@ -23,6 +23,8 @@ namespace ddp {
 
 // The largest key or value a query may carry; more drops that connection.
 constexpr uint64_t kMaxTorchStoreValue = uint64_t{64} << 20;
+// Connections served at once; more are closed as they come (reported once per peer).
+constexpr size_t kMaxTorchStoreClients = 4096;
 
 // One connection's side of the protocol, pure: bytes in, replies out, over the shared keys.
 class TorchStoreConnection {
@@ -48,7 +50,7 @@ class TorchStoreConnection {
 class TorchStoreServer {
  public:
   // Listens on bind_addr:port (0: a free port); throws UsageError naming the address when it
-  // cannot. `on_refused` is told once per reason (a 2.x client, a malformed query).
+  // cannot. `on_refused` is told once per peer and reason ("10.0.0.7: query type 42 ...").
   TorchStoreServer(const std::string& bind_addr, int port,
                    std::function<void(const std::string&)> on_refused);
   ~TorchStoreServer();

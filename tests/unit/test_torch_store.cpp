@@ -5,9 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "launcher/torch_store.h"
+#include "runtime/socket.h"
 
 namespace ddp {
 namespace {
@@ -94,6 +97,40 @@ TEST(TorchStore, MalformedQueriesAreRefused) {
   validate.feed(hex("00deadbeef"), kv);
   EXPECT_NE(validate.error().find("validate query with magic number"), std::string::npos)
       << validate.error();
+}
+
+// The server over real sockets: a client's set wakes another's wait; a bad query closes that
+// connection only and is reported once, naming the peer.
+TEST(TorchStoreServer, ServesWaitsAcrossConnectionsAndNamesARefusedPeer) {
+  std::vector<std::string> refused;
+  std::mutex mutex;
+  TorchStoreServer server("127.0.0.1", 0, [&](const std::string& line) {
+    std::lock_guard<std::mutex> lock(mutex);
+    refused.push_back(line);
+  });
+  server.start();
+  const Deadline deadline = deadline_in(5.0);
+  UniqueFd waiter = tcp_connect("127.0.0.1", server.port(), deadline);
+  UniqueFd setter = tcp_connect("127.0.0.1", server.port(), deadline);
+  UniqueFd bad = tcp_connect("127.0.0.1", server.port(), deadline);
+  const std::string wait = hex("05010000000000000003000000000000002f6b31");
+  write_all(waiter.get(), wait.data(), wait.size());
+  const std::string set = hex("0003000000000000002f6b3102000000000000007631");
+  write_all(setter.get(), set.data(), set.size());
+  char reply = 9;
+  ASSERT_TRUE(read_exact(waiter.get(), &reply, 1, deadline));
+  EXPECT_EQ(reply, 0);  // STOP_WAITING
+  const std::string junk = hex("2a");
+  write_all(bad.get(), junk.data(), junk.size());
+  EXPECT_THROW(read_exact(bad.get(), &reply, 1, deadline), ConnectionClosed);
+  const std::string get = hex("0203000000000000002f6b31");
+  write_all(setter.get(), get.data(), get.size());  // the others still served
+  char value[10];
+  ASSERT_TRUE(read_exact(setter.get(), value, 10, deadline));
+  EXPECT_EQ(std::string(value + 8, 2), "v1");
+  server.stop();
+  ASSERT_EQ(refused.size(), 1u);
+  EXPECT_NE(refused[0].find("127.0.0.1: query type 42"), std::string::npos) << refused[0];
 }
 
 }  // namespace
