@@ -152,11 +152,20 @@ void Ddp::shard(int level) {
   DDP_USAGE_CHECK(bf16_scratch_ == nullptr, "--zero {} with --grad-reduce bf16: not supported",
                   level);
   zero_ = level;
-  shards_ = plan_shards(buckets_, comm_.size(), comm_.rank());
+  // Host collectives take any piece size: a bucket that divides evenly is sharded in place,
+  // only the others go through a padded copy.
+  shards_ = plan_shards(buckets_, comm_.size(), comm_.rank(), /*align=*/1);
   bucket_scratch_.assign(buckets_.size(), {});
   for (size_t b = 0; b < buckets_.size(); ++b)
-    bucket_scratch_[b].assign(shards_.parts[b].piece * comm_.size(), 0.0f);
+    if (padded(b)) bucket_scratch_[b].assign(shards_.parts[b].piece * comm_.size(), 0.0f);
   if (level == 2) reduced_shard_.assign(shards_.shard_count, 0.0f);
+}
+
+size_t Ddp::scratch_floats() const {
+  size_t n = 0;
+  for (const std::vector<float>& s : bucket_scratch_)
+    n += s.size();
+  return n;
 }
 
 void Ddp::take_shard(const float* full, float* shard) const {
@@ -169,26 +178,30 @@ void Ddp::gather_shards(const float* shard, float* full) {
   std::vector<std::unique_ptr<Work>> gathers;
   for (size_t b = 0; b < shards_.parts.size(); ++b) {
     const ShardPart& p = shards_.parts[b];
-    gathers.push_back(comm_.all_gather_async(shard + p.shard_at, bucket_scratch_[b].data(), p.piece,
-                                             DataType::kFloat32));
+    float* into = padded(b) ? bucket_scratch_[b].data() : full + p.bucket_offset;
+    gathers.push_back(
+        comm_.all_gather_async(shard + p.shard_at, into, p.piece, DataType::kFloat32));
   }
   for (size_t b = 0; b < gathers.size(); ++b) {
     gathers[b]->wait(comm_.timeout());
     const ShardPart& p = shards_.parts[b];
-    std::copy_n(bucket_scratch_[b].data(), p.bucket_count, full + p.bucket_offset);
+    if (padded(b)) std::copy_n(bucket_scratch_[b].data(), p.bucket_count, full + p.bucket_offset);
   }
 }
 
 void Ddp::issue(size_t bucket) {
   const Bucket& b = buckets_[bucket];
   if (zero_ == 2) {
-    // The bucket into its padded copy, reduce-scattered into this rank's averaged piece.
-    std::vector<float>& scratch = bucket_scratch_[bucket];
-    std::copy_n(grads_ + b.offset, b.count, scratch.begin());
-    std::fill(scratch.begin() + static_cast<std::ptrdiff_t>(b.count), scratch.end(), 0.0f);
+    // The bucket (or its padded copy) reduce-scattered into this rank's averaged piece.
+    const float* send = grads_ + b.offset;
+    if (padded(bucket)) {
+      std::vector<float>& scratch = bucket_scratch_[bucket];
+      std::copy_n(grads_ + b.offset, b.count, scratch.begin());
+      std::fill(scratch.begin() + static_cast<std::ptrdiff_t>(b.count), scratch.end(), 0.0f);
+      send = scratch.data();
+    }
     const ShardPart& p = shards_.parts[bucket];
-    pending_.push_back(comm_.reduce_scatter_async(scratch.data(),
-                                                  reduced_shard_.data() + p.shard_at, p.piece,
+    pending_.push_back(comm_.reduce_scatter_async(send, reduced_shard_.data() + p.shard_at, p.piece,
                                                   DataType::kFloat32, ReduceOp::kAverage));
     record({"reduce_scatter_issued", b.first_layer, static_cast<int>(bucket)});
     return;

@@ -128,6 +128,8 @@ class Ddp {
   const float* reduced_shard() const { return reduced_shard_.data(); }
   // This rank's pieces of the flat buffer `full` into `shard` (shard_count, padding zero).
   void take_shard(const float* full, float* shard) const;
+  // The floats of the padded buckets' copies (the buckets that do not divide evenly).
+  size_t scratch_floats() const;
   // Collective: every rank's pieces (`shard`, its own) into the whole flat buffer `full`.
   void gather_shards(const float* shard, float* full);
 
@@ -152,7 +154,11 @@ class Ddp {
   bool in_backward_ = false;  // between begin_backward and end_backward
   int zero_ = 0;
   ShardPlan shards_;
-  std::vector<std::vector<float>> bucket_scratch_;  // a bucket's padded pieces, every rank's
+  // Whether bucket b's pieces overrun it (then they go through bucket_scratch_[b]).
+  bool padded(size_t b) const {
+    return shards_.parts[b].piece * static_cast<size_t>(comm_.size()) != buckets_[b].count;
+  }
+  std::vector<std::vector<float>> bucket_scratch_;  // a padded bucket's pieces, every rank's
   std::vector<float> reduced_shard_;
 };
 

@@ -326,10 +326,10 @@ class CpuRunner final : public StageRunner {
                                    size(params_.size()), size(grads_.size()), size(state));
     if (zero_ != nullptr)
       text += fmt::format(
-          " (--zero {}: this rank's 1/{} of it, {} of {} parameters; {} of bucket "
+          " (--zero {}: this rank's 1/{} of it, {} of {} parameters; {} of padded bucket "
           "copies{})",
           zero_->zero(), zero_->shards().ranks, zero_->shards().owned(), params_.size(),
-          size(zero_->shards().shard_count * zero_->shards().ranks),
+          size(zero_->scratch_floats()),
           zero_->zero() == 2 ? ", the averaged gradients as this rank's pieces only" : "");
     return text;
   }
@@ -337,7 +337,7 @@ class CpuRunner final : public StageRunner {
     size_t floats = params_.size() + grads_.size() + shard_params_.size() + shard_grads_.size() +
                     optimizer_->state_floats();
     if (zero_ != nullptr) {
-      floats += zero_->shards().shard_count * zero_->shards().ranks;
+      floats += zero_->scratch_floats();
       if (zero_->zero() == 2) floats += zero_->shards().shard_count;
     }
     return static_cast<int64_t>(floats * 4);

@@ -7,6 +7,7 @@
 #include "collectives/communicator.h"
 #include "engine/ddp.h"
 #include "engine/trainer.h"
+#include "engine/zero.h"
 #include "models/safetensors.h"
 #include "runtime/error.h"
 #include "runtime/process_env.h"
@@ -177,6 +178,44 @@ TEST(DdpMisuse, HooksOutOfOrderOrOutOfRangeSayWhatToCall) {
               Ddp d(*one, {{0, 4}}, bad);
             }).find("DdpOptions: bucket_mb 0"),
             std::string::npos);
+}
+
+}  // namespace
+}  // namespace ddp
+
+namespace ddp {
+namespace {
+
+// ZeRO's pieces: every rank's pieces of a bucket tile it in order (the last ones short or
+// empty where the bucket is not a multiple), each rank owns about 1/D, pieces are multiples of
+// the alignment, and a bucket that divides evenly by D (alignment 1) needs no padding.
+TEST(ShardPlan, PiecesTileEveryBucketAndOwnAboutAShare) {
+  const std::vector<Bucket> buckets = {{100, 12, 2, 2}, {0, 100, 0, 1}};  // last layers first
+  for (const int ranks : {1, 2, 3, 4})
+    for (const size_t align : {size_t{1}, size_t{16}}) {
+      size_t owned = 0;
+      for (int r = 0; r < ranks; ++r) {
+        const ShardPlan plan = plan_shards(buckets, ranks, r, align);
+        ASSERT_EQ(plan.parts.size(), 2u);
+        size_t at = 0;
+        for (size_t b = 0; b < 2; ++b) {
+          const ShardPart& p = plan.parts[b];
+          EXPECT_EQ(p.piece % align, 0u);
+          const size_t share = (buckets[b].count + ranks - 1) / ranks;
+          EXPECT_EQ(p.piece, (share + align - 1) / align * align);  // the least that covers it
+          EXPECT_EQ(p.offset, buckets[b].offset + std::min(buckets[b].count, p.piece * r));
+          EXPECT_LE(p.count, p.piece);
+          EXPECT_EQ(p.shard_at, at);
+          at += p.piece;
+          owned += p.count;
+        }
+        EXPECT_EQ(plan.shard_count, at);
+      }
+      EXPECT_EQ(owned, 112u) << ranks << " ranks, alignment " << align;
+    }
+  EXPECT_EQ(plan_shards(buckets, 4, 1, 1).parts[1].piece, 25u);   // 100 = 4 x 25: in place
+  EXPECT_EQ(plan_shards(buckets, 3, 1, 1).parts[1].piece, 34u);   // 3 x 34 > 100: padded
+  EXPECT_EQ(plan_shards(buckets, 4, 1, 16).parts[1].piece, 32u);  // aligned
 }
 
 }  // namespace
