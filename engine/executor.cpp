@@ -10,6 +10,25 @@ namespace ddp {
 
 namespace {
 
+// The timeline's name for an action's span.
+SpanKind span_of(ActionKind kind) {
+  switch (kind) {
+    case ActionKind::kForward:
+      return SpanKind::kForward;
+    case ActionKind::kBackward:
+      return SpanKind::kBackward;
+    case ActionKind::kBackwardInput:
+      return SpanKind::kBackwardInput;
+    case ActionKind::kBackwardWeight:
+      return SpanKind::kBackwardWeight;
+    case ActionKind::kRecvActivation:
+    case ActionKind::kRecvGradient:
+      return SpanKind::kRecv;
+    default:
+      return SpanKind::kSend;
+  }
+}
+
 int cost_index(ActionKind kind) {
   switch (kind) {
     case ActionKind::kForward:
@@ -135,50 +154,40 @@ void ScheduleExecutor::run(StageRunner& runner, Ddp* ddp, TimelineRecorder& time
     switch (action.kind) {
       case ActionKind::kRecvActivation:
         ops.recv_activation(mb, slot);
-        span(SpanKind::kRecv, mb, start);
         break;
       case ActionKind::kForward:
         ops.forward(mb, slot);
-        compute_done(action.kind, clock.seconds());
-        span(SpanKind::kForward, mb, start);
         break;
       case ActionKind::kSendActivation:
         ops.send_activation(mb, slot);
-        span(SpanKind::kSend, mb, start);
         break;
       case ActionKind::kRecvGradient:
         ops.recv_gradient(mb, slot);
-        span(SpanKind::kRecv, mb, start);
         break;
       case ActionKind::kReduceGrad:
         reduce_next = ddp != nullptr;
-        break;
+        continue;  // no span, no compute
       case ActionKind::kBackward:
         loss(ops, c, mb, slot);
         weight_grad(c, [&](const std::function<void(int)>& on_layer_done) {
           ops.backward(mb, slot, /*accumulate=*/weight_grads[c] > 0, on_layer_done);
         });
-        compute_done(action.kind, clock.seconds());
-        span(SpanKind::kBackward, mb, start);
         break;
       case ActionKind::kBackwardInput:
         loss(ops, c, mb, slot);
         ops.backward_input(mb, slot);
-        compute_done(action.kind, clock.seconds());
-        span(SpanKind::kBackwardInput, mb, start);
         break;
       case ActionKind::kBackwardWeight:
         weight_grad(c, [&](const std::function<void(int)>& on_layer_done) {
           ops.backward_weight(mb, slot, /*accumulate=*/weight_grads[c] > 0, on_layer_done);
         });
-        compute_done(action.kind, clock.seconds());
-        span(SpanKind::kBackwardWeight, mb, start);
         break;
       case ActionKind::kSendGradient:
         ops.send_gradient(mb, slot);
-        span(SpanKind::kSend, mb, start);
         break;
     }
+    if (is_compute(action.kind)) compute_done(action.kind, clock.seconds());
+    span(span_of(action.kind), mb, start);
   }
   stage = -1;
   {

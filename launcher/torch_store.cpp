@@ -322,15 +322,14 @@ void TorchStoreServer::serve() {
   std::vector<std::unique_ptr<Client>> clients;
   std::map<std::string, std::string> kv;
   std::set<std::string> reported;
+  // A client that cannot take its reply is dropped (write_all throws).
   const auto send_all = [](int fd, const std::string& bytes) {
-    size_t sent = 0;
-    while (sent < bytes.size()) {
-      const ssize_t n = ::send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return false;
-      sent += static_cast<size_t>(n);
+    try {
+      write_all(fd, bytes.data(), bytes.size());
+      return true;
+    } catch (const Error&) {
+      return false;
     }
-    return true;
   };
   while (running_) {
     std::vector<pollfd> fds = {{wake_.read.get(), POLLIN, 0}, {listen_fd_.get(), POLLIN, 0}};
