@@ -8,7 +8,6 @@
 
 #include "engine/ddp.h"
 #include "engine/timeline.h"
-#include "models/mlp_cuda.h"
 #include "runtime/cuda_check.h"
 #include "runtime/device_buffer.h"
 
@@ -20,7 +19,7 @@ namespace ddp {
 // them after every step, so a run with it is slower: a diagnostic, like the CPU timeline.
 class GpuTimeline {
  public:
-  GpuTimeline(CudaMlp& model, int layers, size_t buckets) : model_(model) {
+  GpuTimeline(cudaStream_t stream, int layers, size_t buckets) : stream_(stream) {
     for (int i = 0; i < layers; ++i)
       layer_.emplace_back(true);  // timed (a default CudaEvent is not)
     for (size_t b = 0; b < buckets; ++b) {
@@ -32,15 +31,15 @@ class GpuTimeline {
   // Outside the step (never captured): before each step runs (GpuModelRunner::run_step).
   void step_begins() {
     if (!anchored_) {  // host time of one event: every other is placed from it
-      DDP_CUDA_CHECK(cudaStreamSynchronize(model_.stream()));
+      DDP_CUDA_CHECK(cudaStreamSynchronize(stream_));
       anchor_us_ = TimelineRecorder::now_us();
-      DDP_CUDA_CHECK(cudaEventRecord(anchor_.get(), model_.stream()));
+      DDP_CUDA_CHECK(cudaEventRecord(anchor_.get(), stream_));
       anchored_ = true;
     }
-    DDP_CUDA_CHECK(cudaEventRecord(start_.get(), model_.stream()));
+    DDP_CUDA_CHECK(cudaEventRecord(start_.get(), stream_));
   }
   void step_ends(TimelineRecorder& recorder, int64_t step) {
-    DDP_CUDA_CHECK(cudaEventRecord(end_.get(), model_.stream()));
+    DDP_CUDA_CHECK(cudaEventRecord(end_.get(), stream_));
     DDP_CUDA_CHECK(cudaEventSynchronize(end_.get()));
     const int last = static_cast<int>(layer_.size()) - 1;
     recorder.add(SpanKind::kForward, step, -1, at(start_), at(forward_));
@@ -58,9 +57,9 @@ class GpuTimeline {
   }
 
   // Inside the step (captured into the graph after the first).
-  void forward_done() { record(forward_, model_.stream()); }
-  void layer_done(int layer) { record(layer_[layer], model_.stream()); }
-  void bucket_issued(size_t bucket) { record(issued_[bucket], model_.stream()); }
+  void forward_done() { record(forward_, stream_); }
+  void layer_done(int layer) { record(layer_[layer], stream_); }
+  void bucket_issued(size_t bucket) { record(issued_[bucket], stream_); }
   // After every bucket is issued: each one's completion, timed on a side stream that joins
   // the model's stream again.
   void buckets_issued(Ddp& ddp) {
@@ -69,7 +68,7 @@ class GpuTimeline {
       record(reduced_[b], side_.get());
     }
     DDP_CUDA_CHECK(cudaEventRecord(joined_.get(), side_.get()));
-    DDP_CUDA_CHECK(cudaStreamWaitEvent(model_.stream(), joined_.get(), 0));
+    DDP_CUDA_CHECK(cudaStreamWaitEvent(stream_, joined_.get(), 0));
   }
 
  private:
@@ -88,7 +87,7 @@ class GpuTimeline {
     return anchor_us_ + 1e3 * static_cast<double>(ms);
   }
 
-  CudaMlp& model_;
+  cudaStream_t stream_;
   CudaEvent anchor_{true}, start_{true}, forward_{true}, end_{true};
   std::deque<CudaEvent> layer_;             // after layer i's weight gradient
   std::deque<CudaEvent> issued_, reduced_;  // per bucket (deque: events do not move)

@@ -1,4 +1,5 @@
-// The whole model's GPU runner (no pipeline): CudaMlp on the compute stream. The trainer
+// The whole model's GPU runner (no pipeline): the model as one CudaStage (stage 0 of 1, one
+// slot) fed by a BatchFeeder, on the stage's compute stream. The trainer
 // hands it the samples and optimizer scalars of a chunk of steps (one per logging window, at
 // most 512) at once; it uploads them, and each step then runs from device-resident data and
 // schedule: replayed from the captured graph; with data parallelism, bucket all-reduces are
@@ -21,25 +22,24 @@
 #include "engine/step_watchdog.h"
 #include "engine/trainer.h"
 #include "models/autotune_cache.h"
-#include "models/mlp_cuda.h"
+#include "models/batch_feeder.h"
+#include "models/mlp_stage_cuda.h"
 #include "models/safetensors.h"
 #include "runtime/error.h"
+#include "runtime/step_graph.h"
 #include "runtime/timer.h"
 
 namespace ddp {
 
 namespace {
 
-CudaMlpOptions model_options(const TrainConfig& config) {
-  CudaMlpOptions options;
+CudaStageOptions model_options(const TrainConfig& config) {
+  CudaStageOptions options;
   options.precision = config.precision;
-  options.cuda_graph = config.cuda_graph;  // with data parallelism the NCCL calls are captured too
   options.fused_epilogues = config.fused_epilogues;
   options.sync_debug = config.sync_debug;
   options.autotune = config.autotune;
   options.autotune_cache = autotune_cache_path(config.cache_dir);
-  options.max_schedule_steps = std::min(config.log_every, 512);
-  options.accumulate = config.accumulate;
   return options;
 }
 
@@ -57,8 +57,12 @@ class GpuModelRunner final : public StageRunner, public ChunkOps {
         load_mlp_weights(config_.init_weights, shape_, loaded_.data());
       });
     model_batch_ = micro_batch;
-    model_ =
-        std::make_unique<CudaMlp>(shape_, micro_batch, config.optimizer, model_options(config));
+    model_ = std::make_unique<CudaStage>(shape_, 0, shape_.num_layers(), micro_batch, 1,
+                                         config.optimizer, model_options(config));
+    if (config.autotune) model_->autotune();
+    epilogues_ = model_->epilogue_summary();  // the plans of the training batch built
+    feeder_ = std::make_unique<BatchFeeder>(micro_batch, config.accumulate,
+                                            std::min(config.log_every, 512), model_->stream());
     model_s_ = clock_.seconds();
   }
   ~GpuModelRunner() override {
@@ -70,8 +74,8 @@ class GpuModelRunner final : public StageRunner, public ChunkOps {
     DDP_CHECK(c == 0, "the GPU runner holds one stage, not chunk {}", c);
     return *this;
   }
-  float* params() override { return model_->device_params(); }
-  float* grads() override { return model_->device_grads(); }
+  float* params() override { return model_->params(); }
+  float* grads() override { return model_->grads(); }
   void params_changed() override { model_->refresh_low_precision_params(); }
   void* stream() override { return model_->stream(); }
 
@@ -90,16 +94,16 @@ class GpuModelRunner final : public StageRunner, public ChunkOps {
           config_.accumulate, config_.stage_from_host ? "stays" : "must stay",
           config_.stage_from_host ? " (--stage-from-host)"
                                   : " (it does not fit in half the free device memory)");
-      model_->set_train_data_host(data.train);
+      feeder_->set_train_data_host(data.train);
       if (lead_)
         spdlog::info(
             "training set ({:.1f} MiB) stays on the host; batches are staged through pinned "
             "memory",
             data_bytes / 1048576.0);
     } else {
-      model_->set_train_data(data.train);
+      feeder_->set_train_data(data.train, true, true);
     }
-    if (data.test.n > 0) model_->set_test_data(data.test);
+    if (data.test.n > 0) test_.upload(data.test, true, true, model_->stream());
     test_split_ = &data.test;
     // With peers, every host wait on the stream is bounded: a dead or stopped rank makes the
     // others fail within --timeout with a message naming it, instead of hanging in a sync.
@@ -108,7 +112,7 @@ class GpuModelRunner final : public StageRunner, public ChunkOps {
           model_->stream(), config_.timeout,
           abort_on_stall(world, std::move(abort_all), config_.timeout));
     spdlog::info("memory at start: {}", model_->memory_report());
-    if (lead_) spdlog::info("{}", model_->epilogue_summary());
+    if (lead_) spdlog::info("{}", epilogues_);
   }
 
   bool initial_params() override {
@@ -166,7 +170,7 @@ class GpuModelRunner final : public StageRunner, public ChunkOps {
   }
   int64_t optimizer_steps() const override { return optimizer_steps_; }
 
-  int steps_ahead() const override { return model_->max_schedule_steps(); }
+  int steps_ahead() const override { return feeder_->max_steps(); }
   void begin_steps(const int32_t* indices, const float* lrs, int64_t first_step,
                    int steps) override {
     if (!hooks_ready_) set_up_hooks();
@@ -174,24 +178,13 @@ class GpuModelRunner final : public StageRunner, public ChunkOps {
     // the watchdog, so that upload_schedule's own wait returns at once.
     wait_idle();
     opt_steps_.resize(steps);
-    for (int k = 0; k < steps; ++k) {
-      // The optimizer's own count, as the CPU's and the pipeline stage's: after a resume it
-      // may differ from the training step (steps skipped before the checkpoint).
-      const int64_t step = optimizer_steps_ + k;
-      OptStep& s = opt_steps_[k];
-      s.lr = lrs[k];
-      s.first = step == 0;
-      const double t = static_cast<double>(step + 1);
-      s.step_size = static_cast<float>(
-          s.lr / (1.0 - std::pow(static_cast<double>(config_.optimizer.beta1), t)));
-      s.bc2_sqrt = static_cast<float>(
-          std::sqrt(1.0 - std::pow(static_cast<double>(config_.optimizer.beta2), t)));
-    }
-    const size_t per_step = static_cast<size_t>(model_->accumulate()) * batch();
-    if (model_->host_staged()) chunk_indices_.assign(indices, indices + per_step * steps);
+    for (int k = 0; k < steps; ++k)
+      opt_steps_[k] = optimizer_scalars(config_.optimizer, lrs[k], optimizer_steps_ + k);
+    const size_t per_step = static_cast<size_t>(config_.accumulate) * batch();
+    if (feeder_->host_staged()) chunk_indices_.assign(indices, indices + per_step * steps);
     chunk_first_ = first_step;
     chunk_end_ = first_step + steps;
-    model_->upload_schedule(indices, opt_steps_.data(), steps);
+    feeder_->upload_schedule(indices, opt_steps_.data(), steps);
   }
 
   // One stage: nothing to send or receive.
@@ -199,28 +192,32 @@ class GpuModelRunner final : public StageRunner, public ChunkOps {
   void send_activation(int, int) override { no_neighbours(); }
   void recv_gradient(int, int) override { no_neighbours(); }
   void send_gradient(int, int) override { no_neighbours(); }
-  // The model's gather, forward, loss and backward of a micro-batch are one call
-  // (forward_backward), made at the backward.
-  void forward(int, int) override {}
-  LossSum loss(int, int, float grad_scale) override {
-    grad_scale_ = grad_scale;
+  void forward(int micro, int slot) override {
+    DDP_CHECK(slot == 0, "the whole model's runner holds one micro-batch, not slot {}", slot);
+    feeder_->feed(*model_, micro, slot);
+    model_->forward(slot, batch());
+  }
+  LossSum loss(int micro, int slot, float grad_scale) override {
+    (void)micro;
+    model_->loss(slot, batch(), grad_scale);
+    if (timeline_) timeline_->forward_done();
     return {};  // kept on the device until take_loss()
   }
   void backward(int micro, int slot, bool accumulate,
                 const std::function<void(int)>& on_layer_done) override {
-    (void)slot;
     // The layer hooks (bucket all-reduces, the timeline, the overlapped optimizer) run on the
     // step's last micro-batch, as its layers finish.
-    const bool last = micro + 1 == model_->accumulate();
-    if (last && (on_layer_done || timeline_ || overlapped_))
-      model_->set_layer_hook([&](int layer) {
-        if (on_layer_done) on_layer_done(layer);
-        mark_buckets();
-        if (timeline_) timeline_->layer_done(layer);
-        if (overlapped_) overlapped_->layer_done(layer);
-      });
-    model_->forward_backward(grad_scale_, accumulate, micro);
-    model_->set_layer_hook(nullptr);
+    const bool last = micro + 1 == config_.accumulate;
+    if (!last || !(on_layer_done || timeline_ || overlapped_)) {
+      model_->backward(slot, batch(), accumulate);
+      return;
+    }
+    model_->backward(slot, batch(), accumulate, [&](int layer) {
+      if (on_layer_done) on_layer_done(layer);
+      mark_buckets();
+      if (timeline_) timeline_->layer_done(layer);
+      if (overlapped_) overlapped_->layer_done(layer);
+    });
   }
   void end_schedule() override {
     // After Ddp::end_backward (the trainer's): the rest of the buckets are issued.
@@ -230,7 +227,11 @@ class GpuModelRunner final : public StageRunner, public ChunkOps {
     if (overlapped_) overlapped_->end_backward();
   }
   bool grads_nonfinite() override { return false; }  // the GPU stops on the loss instead
-  void optimizer_step() override { model_->optimizer_step(); }
+  void optimizer_step() override {
+    // With the optimizer overlapped, every range was updated in the hooks (and joined).
+    if (!overlapped_) model_->optimizer_step(feeder_->steps(), feeder_->counter());
+    feeder_->next_step();
+  }
 
   void run_step(int64_t step, const std::function<void()>& enqueue) override {
     DDP_CHECK(step >= chunk_first_ && step < chunk_end_, "step {} is outside the chunk [{}, {})",
@@ -240,10 +241,11 @@ class GpuModelRunner final : public StageRunner, public ChunkOps {
     marked_ = 0;
     // Host staging: this step's batch gathered on the host (and its copy started) while the
     // GPU still runs the previous one.
-    if (model_->host_staged())
-      model_->stage_batch(chunk_indices_.data() + static_cast<size_t>(step - chunk_first_) *
-                                                      model_->accumulate() * batch());
-    model_->run_step(enqueue);
+    if (feeder_->host_staged())
+      feeder_->stage_batch(chunk_indices_.data() +
+                           static_cast<size_t>(step - chunk_first_) * config_.accumulate * batch());
+    graph_.run(model_->stream(),
+               config_.cuda_graph && !config_.sync_debug && !feeder_->host_staged(), enqueue);
     ++optimizer_steps_;
     if (watchdog_) {
       watchdog_->mark(step);
@@ -261,15 +263,23 @@ class GpuModelRunner final : public StageRunner, public ChunkOps {
   }
   LossSum take_loss() override {
     wait_idle();
-    return model_->take_sums();
+    return model_->take_sums(false);
   }
   LossSum evaluate(const Split& split, int64_t begin, int64_t end) override {
     wait_idle();
     if (&split != test_split_) {  // the test split is on the device already
-      model_->set_test_data(split);
+      test_.upload(split, true, true, model_->stream());
       test_split_ = &split;
     }
-    return model_->evaluate_range(begin, end);
+    DDP_CHECK(begin >= 0 && begin <= end && end <= test_.n, "test samples [{}, {}) of {}", begin,
+              end, test_.n);
+    for (int64_t at = begin; at < end; at += batch()) {
+      const int n = static_cast<int>(std::min<int64_t>(batch(), end - at));
+      model_->set_input(test_.x.data() + at * split.dim, n, 0);
+      model_->forward(0, n);
+      model_->loss(0, n, 0.0f, test_.y.data() + at, /*evaluation=*/true);
+    }
+    return model_->take_sums(true);
   }
   std::string memory_report() const override { return model_->memory_report(); }
   int64_t held_bytes() const override { return static_cast<int64_t>(memory_ledger().total()); }
@@ -294,21 +304,20 @@ class GpuModelRunner final : public StageRunner, public ChunkOps {
     hooks_ready_ = true;
     // The optimizer overlapped with backward (--overlap-optimizer; else one pass after it).
     if (config_.overlap_optimizer && !(ddp_ && !config_.overlap)) {
-      model_->set_optimizer_in_hooks(true);
-      CudaMlp* model = model_.get();
+      CudaStage* model = model_.get();
+      const BatchFeeder* feeder = feeder_.get();
       overlapped_ = std::make_unique<OptimizerOverlap>(
           model->stream(),
-          [model](size_t offset, size_t count, cudaStream_t stream) {
-            model->optimizer_range(offset, count, stream);
+          [model, feeder](size_t offset, size_t count, cudaStream_t stream) {
+            model->optimizer_range(offset, count, feeder->steps(), feeder->counter(), stream);
           },
           ddp_ ? OptimizerOverlap::of_buckets(ddp_->buckets())
                : OptimizerOverlap::of_layers(param_spans(shape_)),
           ddp_);
     }
     if (!config_.timeline.empty()) {
-      timeline_ = std::make_unique<GpuTimeline>(*model_, shape_.num_layers(),
+      timeline_ = std::make_unique<GpuTimeline>(model_->stream(), shape_.num_layers(),
                                                 ddp_ ? ddp_->buckets().size() : 0);
-      model_->set_forward_hook([this] { timeline_->forward_done(); });
     }
     if (!lead_) return;
     spdlog::info("optimizer {}",
@@ -325,7 +334,10 @@ class GpuModelRunner final : public StageRunner, public ChunkOps {
   double model_s_ = 0, world_s_ = 0;
   std::vector<float> loaded_;  // --init-weights, read while the model builds
   std::future<void> weights_;
-  std::unique_ptr<CudaMlp> model_;
+  std::unique_ptr<CudaStage> model_;  // the whole model, one slot
+  std::unique_ptr<BatchFeeder> feeder_;
+  DeviceSplit test_;  // the split evaluated, on the device
+  std::string epilogues_;
   int model_batch_ = 0;
   bool lead_ = true;
   const Split* test_split_ = nullptr;  // the split on the device for evaluation
@@ -339,9 +351,9 @@ class GpuModelRunner final : public StageRunner, public ChunkOps {
   std::vector<OptStep> opt_steps_;
   std::vector<int32_t> chunk_indices_;  // host staging: the chunk's samples
   int64_t chunk_first_ = 0, chunk_end_ = 0;
-  float grad_scale_ = 1;
   int64_t steps_run_ = 0;
   int64_t optimizer_steps_ = 0;
+  StepGraph graph_;  // the step, captured at the second and replayed
 };
 
 }  // namespace

@@ -3,7 +3,8 @@
 // neighbouring stages, the optimizer, and host copies of its weights for checkpoints. The
 // trainer's one schedule executor (Trainer::run_schedule) drives either runner: the CPU one
 // (CpuStage, OpenBLAS, Gloo or MPI), the GPU pipeline stage's (CudaStage, cuBLASLt, NCCL, the
-// step captured in a CUDA graph) or, without a pipeline, the whole model's on the GPU (CudaMlp).
+// step captured in a CUDA graph) or, without a pipeline, the whole model's on the GPU (one
+// CudaStage of every layer, fed chunks of steps by a BatchFeeder).
 #pragma once
 
 #include <cstdint>
@@ -211,10 +212,10 @@ std::unique_ptr<StageRunner> make_cpu_runner(const RankStages& stages, const Tra
 // Only with CUDA (else a UsageError that says so). `world` names a stuck step in messages;
 // `abort_all` aborts every communicator of the job when a step stalls past --timeout.
 // The whole model on this process's GPU (no pipeline: one GPU, or one data-parallel rank):
-// CudaMlp with its device-resident data (or host staging), schedule chunks, autotuned plans,
-// the step captured in a CUDA graph, the optimizer overlapped with backward and the per-layer
-// GPU timeline when asked. Made before the data and the communicator are ready (its plans
-// and autotuning run while they load and start); the trainer attaches them. Only with CUDA.
+// One CudaStage of every layer with its device-resident data (or host staging), schedule chunks,
+// autotuned plans, the step captured in a CUDA graph, the optimizer overlapped with backward and
+// the per-layer GPU timeline when asked. Made before the data and the communicator are ready (its
+// plans and autotuning run while they load and start); the trainer attaches them. Only with CUDA.
 std::unique_ptr<StageRunner> make_gpu_model_runner(const TrainConfig& config, int replicas);
 // What the GPU runners refuse (flags that run on the CPU path only), as a UsageError.
 void check_gpu_supported(const TrainConfig& config);

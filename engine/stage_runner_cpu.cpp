@@ -217,7 +217,7 @@ class CpuRunner final : public StageRunner {
             StageLinks links)
       : config_(config),
         stages_(stages),
-        rank_{data, links},
+        rank_{data, links, {}, {}, {}},
         params_(stages.param_count()),
         grads_(stages.param_count()),
         optimizer_(make_optimizer(config.optimizer, stages.param_count())) {

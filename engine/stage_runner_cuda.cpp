@@ -17,6 +17,7 @@
 #include "engine/stage_runner.h"
 #include "engine/step_watchdog.h"
 #include "engine/timeline.h"
+#include "models/batch_feeder.h"
 #include "models/mlp_stage_cuda.h"
 #include "runtime/cuda_check.h"
 #include "runtime/error.h"
@@ -45,14 +46,10 @@ class GpuRunner final : public StageRunner, public ChunkOps {
         links_(links),
         stage_(spec.shape, spec.first, spec.end, spec.max_batch, spec.slots, config.optimizer,
                stage_options(config)),
-        act_type_(stage_.bf16() ? DataType::kBFloat16 : DataType::kFloat32) {
-    const size_t rows = static_cast<size_t>(spec.micro_batches) * spec.batch;
-    indices_ = DeviceBuffer<int32_t>(rows, MemoryCategory::kOther);
-    pinned_indices_ = PinnedBuffer<int32_t>(rows);
-    opt_step_ = DeviceBuffer<OptStep>(1, MemoryCategory::kOther);
-    pinned_step_ = PinnedBuffer<OptStep>(1);
+        act_type_(stage_.bf16() ? DataType::kBFloat16 : DataType::kFloat32),
+        feeder_(spec.batch, spec.micro_batches, 1, stage_.stream()) {
     // The stages that read the data hold the training split on the device.
-    upload(data.train, &train_x_, &train_y_);
+    feeder_.set_train_data(data.train, spec.is_first(), spec.is_last());
     act_sent_.resize(spec.slots);
     grad_sent_.resize(spec.slots);
     for (int i = 0; i < 2 * spec.micro_batches; ++i) {
@@ -69,7 +66,7 @@ class GpuRunner final : public StageRunner, public ChunkOps {
       overlapped_ = std::make_unique<OptimizerOverlap>(
           stage_.stream(),
           [this](size_t offset, size_t count, cudaStream_t stream) {
-            stage_.optimizer_range(offset, count, opt_step_.data(), stream);
+            stage_.optimizer_range(offset, count, feeder_.steps(), feeder_.counter(), stream);
           },
           OptimizerOverlap::of_layers(spans), nullptr);
     }
@@ -121,23 +118,10 @@ class GpuRunner final : public StageRunner, public ChunkOps {
                    int steps) override {
     (void)first_step;
     DDP_CHECK(steps == 1, "a GPU pipeline stage takes one step at a time, not {}", steps);
-    const float lr = lrs[0];
-    // The previous step has finished (run_step waits), so the pinned buffers are free.
+    // The previous step has finished (run_step waits), so the feeder's buffers are free.
     cudaStream_t s = stage_.stream();
-    if (spec_.is_first() || spec_.is_last()) {
-      std::copy_n(indices, pinned_indices_.count(), pinned_indices_.data());
-      DDP_CUDA_CHECK(cudaMemcpyAsync(indices_.data(), pinned_indices_.data(), indices_.bytes(),
-                                     cudaMemcpyHostToDevice, s));
-    }
-    // The optimizer's scalars for its step t = optimizer_steps_ + 1, as the one-GPU loop's.
-    OptStep& o = *pinned_step_.data();
-    const double t = static_cast<double>(optimizer_steps_ + 1);
-    o.lr = lr;
-    o.first = optimizer_steps_ == 0;
-    o.step_size = static_cast<float>(lr / (1.0 - std::pow(double{config_.optimizer.beta1}, t)));
-    o.bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(double{config_.optimizer.beta2}, t)));
-    DDP_CUDA_CHECK(cudaMemcpyAsync(opt_step_.data(), pinned_step_.data(), sizeof(OptStep),
-                                   cudaMemcpyHostToDevice, s));
+    const OptStep scalars = optimizer_scalars(config_.optimizer, lrs[0], optimizer_steps_);
+    feeder_.upload_schedule(indices, &scalars, 1);
     busy_marks_ = 0;
     backwards_ = 0;
     // The stream is idle (the previous step was waited for): this event is placed at the
@@ -155,9 +139,7 @@ class GpuRunner final : public StageRunner, public ChunkOps {
   void forward(int micro, int slot) override {
     wait_for(&act_sent_[slot]);
     busy_begin(SpanKind::kForward, micro);
-    if (spec_.is_first() || spec_.is_last())
-      stage_.gather(train_x_.data(), train_y_.data(), spec_.shape.input_width(),
-                    indices_.data() + static_cast<size_t>(micro) * spec_.batch, spec_.batch, slot);
+    if (spec_.is_first() || spec_.is_last()) feeder_.feed(stage_, micro, slot);
     stage_.forward(slot, spec_.batch);
     busy_end();
   }
@@ -213,7 +195,8 @@ class GpuRunner final : public StageRunner, public ChunkOps {
     if (overlapped_)
       overlapped_->join();
     else
-      stage_.optimizer_step(opt_step_.data());
+      stage_.optimizer_step(feeder_.steps(), feeder_.counter());
+    feeder_.next_step();
     ++optimizer_steps_;
   }
   void run_step(int64_t step, const std::function<void()>& enqueue) override {
@@ -254,7 +237,7 @@ class GpuRunner final : public StageRunner, public ChunkOps {
   }
   LossSum evaluate(const Split& split, int64_t begin, int64_t end) override {
     if (&split != eval_split_) {
-      upload(split, &eval_x_, &eval_y_);
+      eval_.upload(split, spec_.is_first(), spec_.is_last(), stage_.stream());
       eval_split_ = &split;
     }
     cudaStream_t s = stage_.stream();
@@ -263,12 +246,12 @@ class GpuRunner final : public StageRunner, public ChunkOps {
       const int n = static_cast<int>(std::min<int64_t>(chunk, end - at));
       const size_t in = static_cast<size_t>(n) * spec_.in_width();
       if (spec_.is_first())
-        stage_.set_input(eval_x_.data() + static_cast<size_t>(at) * split.dim, n, 0);
+        stage_.set_input(eval_.x.data() + static_cast<size_t>(at) * split.dim, n, 0);
       else
         links_.activations->irecv(stage_.input(0), in, act_type_, spec_.stage - 1)->then_on(s);
       stage_.forward(0, n);
       if (spec_.is_last())
-        stage_.loss(0, n, 0.0f, eval_y_.data() + at, /*evaluation=*/true);
+        stage_.loss(0, n, 0.0f, eval_.y.data() + at, /*evaluation=*/true);
       else
         links_.activations
             ->isend(stage_.output(0), static_cast<size_t>(n) * spec_.out_width(), act_type_,
@@ -295,17 +278,6 @@ class GpuRunner final : public StageRunner, public ChunkOps {
     if (*work) (*work)->then_on(stage_.stream());
     work->reset();
   }
-  // The split's features (first stage) and labels (last stage) on the device.
-  void upload(const Split& split, DeviceBuffer<float>* x, DeviceBuffer<int32_t>* y) {
-    if (spec_.is_first() && split.n > 0) {
-      *x = DeviceBuffer<float>(split.x.size(), MemoryCategory::kData);
-      copy_to_device(x->data(), split.x.data(), x->bytes());
-    }
-    if (spec_.is_last() && split.n > 0) {
-      *y = DeviceBuffer<int32_t>(split.y.size(), MemoryCategory::kData);
-      copy_to_device(y->data(), split.y.data(), y->bytes());
-    }
-  }
   void busy_begin(SpanKind kind, int micro) {
     busy_what_[busy_marks_] = {kind, micro};
     record(busy_start_[busy_marks_]->get(), stage_.stream());
@@ -322,13 +294,9 @@ class GpuRunner final : public StageRunner, public ChunkOps {
   StageLinks links_;
   CudaStage stage_;
   DataType act_type_;
-  DeviceBuffer<float> train_x_, eval_x_;
-  DeviceBuffer<int32_t> train_y_, eval_y_;
+  BatchFeeder feeder_;  // the training split, the step's samples and optimizer scalars
+  DeviceSplit eval_;    // the split evaluated: features on the first stage, labels on the last
   const Split* eval_split_ = nullptr;
-  DeviceBuffer<int32_t> indices_;
-  PinnedBuffer<int32_t> pinned_indices_;
-  DeviceBuffer<OptStep> opt_step_;
-  PinnedBuffer<OptStep> pinned_step_;
   DeviceBuffer<uint16_t> bf16_grads_;
   std::vector<std::unique_ptr<Work>> act_sent_, grad_sent_;  // by slot, until waited for
   // Each forward and backward of the step between two timed events, and what it was.

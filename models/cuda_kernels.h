@@ -8,16 +8,9 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace ddp {
+#include "models/optimizer.h"
 
-// Per-step optimizer scalars, precomputed on the host for a chunk of steps and indexed on
-// the device by the step counter, so that a captured graph replays with new values.
-struct OptStep {
-  float lr = 0;
-  float step_size = 0;  // AdamW: lr / (1 - beta1^t)
-  float bc2_sqrt = 1;   // AdamW: sqrt(1 - beta2^t)
-  int first = 0;        // SGD: the first step initialises the momentum buffer
-};
+namespace ddp {
 
 // x_out[i, :] = x[indices[*counter * stride + i], :], y_out[i] = y[same] for i < batch;
 // counter may be null (offset 0). `stride` is the samples of one step (batch, or the

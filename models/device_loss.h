@@ -2,7 +2,7 @@
 // (launch_softmax_xent) adds each batch's summed loss and hits to a pair of counters on the
 // device; training and evaluation have a pair each, so evaluating never disturbs a training
 // window, and the host takes (reads and zeroes) them when it needs them. Used by the whole
-// model (CudaMlp) and by a pipeline's last stage (CudaStage). Only built with CUDA.
+// model and by a pipeline's last stage (both a CudaStage). Only built with CUDA.
 #pragma once
 
 #include <cuda_runtime.h>

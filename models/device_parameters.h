@@ -1,7 +1,7 @@
 // A model's or a pipeline stage's flat parameters on the GPU, their own part: float32
 // parameters and gradients, the bf16 copy the products read with bf16 precision, and the
 // optimizer over them (DeviceOptimizer), with host copies for checkpoints. Used by the whole
-// model (CudaMlp) and by a stage (CudaStage). Only built with CUDA. Every call is on the
+// model and by a pipeline stage (both a CudaStage). Only built with CUDA. Every call is on the
 // owner's stream, given at construction, and the host copies synchronise it.
 #pragma once
 

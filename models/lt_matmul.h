@@ -1,5 +1,5 @@
 // One cuBLASLt matrix product with its descriptors and candidate algorithms, chosen once
-// for fixed shapes, types, epilogue and pointers (the plans of CudaMlp and CudaStage).
+// for fixed shapes, types, epilogue and pointers (the plans of CudaStage).
 // Only built with CUDA.
 #pragma once
 
@@ -118,7 +118,7 @@ inline ProductTypes product_types(Precision precision) {
 }
 
 // The three products of one Linear layer (weights [out, in] row-major, activations
-// [batch, width]), as CudaMlp and CudaStage build them; only the buffers differ.
+// [batch, width]), as CudaStage builds them.
 struct LinearProducts {
   int64_t in = 0, out = 0, batch = 0;
   cudaDataType_t act_type = CUDA_R_32F;  // activations and their gradients (bf16 or float32)

@@ -71,7 +71,7 @@ MlpShape parse_layers(const std::string& text, const std::string& flag) {
 
 void init_params(const MlpShape& shape, uint64_t seed, float* params) {
   // Counter-based, filled by threads (half a billion weights take seconds on one): the same
-  // values for any thread count, and on the GPU (CudaMlp::init_params_on_device). Layer i's
+  // values for any thread count, and on the GPU (CudaStage::init_params_on_device). Layer i's
   // key is mix_seed(seed, i); its weights are elements 0.. of that stream, its biases the
   // ones after.
   for (int i = 0; i < shape.num_layers(); ++i) {

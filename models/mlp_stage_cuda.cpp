@@ -1,12 +1,22 @@
-// CudaStage: the products as CudaMlp's (see mlp_cuda.cpp for the row-major/column-major
-// reading), per slot. Between stages the output is after its ReLU, so the stage that
-// receives a gradient applies its own last layer's ReLU derivative (a mask kernel), and a
-// stage's first layer sends its input gradient as is.
+// CudaStage: cuBLASLt plans built once per slot and batch size for fixed pointers, kernels
+// for the rest.
+//
+// Row-major tensors are read by cuBLASLt as column-major transposes, so with Y[B,out],
+// X[B,in], W[out,in] (all row-major):
+//   forward  Y^T[out,B]  = W^T'[in,out]^T * X^T[in,B]           (A = W, transposed)
+//   dW       dW^T[in,out] = X^T[in,B] * (dZ^T[out,B])^T          (bias grad: BGRADB over B)
+//   dX       dX^T[in,B]  = W^T'[in,out] * dZ^T[out,B]            (DRELU with the layer below's
+//   mask)
+// Between stages the output is after its ReLU, so the stage that receives a gradient applies
+// its own last layer's ReLU derivative (a mask kernel), and a stage's first layer sends its
+// input gradient as is.
 #include "models/mlp_stage_cuda.h"
 
+#include <cmath>
 #include <limits>
 
 #include "models/lt_matmul.h"
+#include "models/rng.h"
 #include "runtime/cuda_check.h"
 #include "runtime/error.h"
 
@@ -74,7 +84,7 @@ void CudaStage::after(const char* op) const {
             cudaGetErrorString(error));
 }
 
-const CudaStage::Plans& CudaStage::plans(int slot, int batch) {
+CudaStage::Plans& CudaStage::plans(int slot, int batch) {
   const auto key = std::make_pair(slot, batch);
   if (auto found = plans_.find(key); found != plans_.end()) return found->second;
   DDP_CHECK(batch >= 1 && batch <= max_batch_, "batch {} outside [1, {}]", batch, max_batch_);
@@ -83,6 +93,11 @@ const CudaStage::Plans& CudaStage::plans(int slot, int batch) {
   const size_t ws = workspace_.bytes();
   const bool fused = options_.fused_epilogues;
   const size_t base = param_offset();
+  // Autotuning's alternatives: the products without their fused epilogues.
+  const bool alternatives = options_.autotune && slot == 0 && batch == max_batch_;
+  auto alternative = [&](const MatmulSpec& spec) {
+    return alternatives ? make_plan(lt_, spec, ws, false, CUBLASLT_EPILOGUE_DEFAULT) : nullptr;
+  };
   auto weight = [&](int i) -> void* {
     const size_t at = shape_.layer(i).weight_offset - base;
     return weights_->for_products(at);
@@ -106,6 +121,7 @@ const CudaStage::Plans& CudaStage::plans(int slot, int batch) {
                                                  weights_->grads() + l.weight_offset - base,
                                                  weights_->grads() + l.bias_offset - base);
     plans.dw.push_back(make_plan(lt_, w, ws, fused, CUBLASLT_EPILOGUE_DEFAULT));
+    plans.dw_plain.push_back(alternative(w));
     // Accumulation adds the product (beta = 1); the bias gradient is then our kernel's.
     MatmulSpec wa = w;
     wa.beta = 1.0f;
@@ -121,23 +137,27 @@ const CudaStage::Plans& CudaStage::plans(int slot, int batch) {
                                    slots_[slot].aux[local - 1].data(), aux_ld_[local - 1]);
         plans.dx.push_back(
             make_plan(lt_, x, ws, fused && below_has_mask, CUBLASLT_EPILOGUE_DEFAULT));
+        plans.dx_plain.push_back(alternative(x));
       } else {
         // For the previous stage, which masks it.
         const MatmulSpec x =
             linear_input_grad_spec(p, weight(i), dz(slot, i), grad_input(slot), nullptr, 0);
         plans.dx.push_back(make_plan(lt_, x, ws, false, CUBLASLT_EPILOGUE_DEFAULT));
+        plans.dx_plain.push_back(nullptr);
       }
     } else {
       plans.dx.push_back(nullptr);
+      plans.dx_plain.push_back(nullptr);
     }
   }
   return plans_.emplace(key, std::move(plans)).first->second;
 }
 
-void CudaStage::gather(const float* x, const int32_t* y, int dim, const int32_t* indices, int batch,
-                       int slot) {
-  launch_gather_batch(x, y, dim, indices, nullptr, batch, batch, is_first() ? input(slot) : nullptr,
-                      bf16(), is_last() ? labels(slot) : nullptr, stream());
+void CudaStage::gather(const float* x, const int32_t* y, int dim, const int32_t* indices,
+                       const int* counter, int stride, int batch, int slot) {
+  launch_gather_batch(x, y, dim, indices, counter, stride, batch,
+                      is_first() ? input(slot) : nullptr, bf16(),
+                      is_last() ? labels(slot) : nullptr, stream());
   after("gather");
 }
 
@@ -147,6 +167,11 @@ void CudaStage::set_input(const float* x, int batch, int slot) {
     launch_to_bf16(x, input(slot), count, stream());
   else
     DDP_CUDA_CHECK(cudaMemcpyAsync(input(slot), x, count * 4, cudaMemcpyDeviceToDevice, stream()));
+}
+
+void CudaStage::set_labels(const int32_t* y, int batch, int slot) {
+  DDP_CUDA_CHECK(cudaMemcpyAsync(labels(slot), y, sizeof(int32_t) * batch, cudaMemcpyDeviceToDevice,
+                                 stream()));
 }
 
 void CudaStage::forward(int slot, int batch) {
@@ -201,14 +226,14 @@ void CudaStage::backward(int slot, int batch, bool accumulate,
   }
 }
 
-void CudaStage::optimizer_step(const OptStep* step) {
-  optimizer_range(0, weights_->count(), step, stream());
+void CudaStage::optimizer_step(const OptStep* steps, const int* counter) {
+  optimizer_range(0, weights_->count(), steps, counter, stream());
   after("optimizer");
 }
 
-void CudaStage::optimizer_range(size_t offset, size_t count, const OptStep* step,
-                                cudaStream_t stream) {
-  weights_->update(offset, count, step, nullptr, stream);
+void CudaStage::optimizer_range(size_t offset, size_t count, const OptStep* steps,
+                                const int* counter, cudaStream_t stream) {
+  weights_->update(offset, count, steps, counter, stream);
 }
 
 void CudaStage::set_params(const float* host) {
@@ -221,6 +246,25 @@ void CudaStage::refresh_low_precision_params() {
 
 void CudaStage::get_params(float* host) const {
   weights_->get(host);
+}
+
+void CudaStage::get_grads(float* host) const {
+  weights_->get_grads(host);
+}
+
+void CudaStage::init_params_on_device(uint64_t seed) {
+  const size_t base = param_offset();
+  for (int i = first_; i < end_; ++i) {
+    const LayerSlice& layer = shape_.layer(i);
+    const uint64_t key = mix_seed(seed, static_cast<uint64_t>(i));  // as init_params
+    const float bound = 1.0f / std::sqrt(static_cast<float>(layer.in));
+    const size_t weights = static_cast<size_t>(layer.in) * layer.out;
+    launch_counter_uniform(weights_->params() + layer.weight_offset - base, weights, key, 0, -bound,
+                           bound, stream());
+    launch_counter_uniform(weights_->params() + layer.bias_offset - base, layer.out, key, weights,
+                           -bound, bound, stream());
+  }
+  refresh_low_precision_params();
 }
 
 std::vector<std::pair<std::string, std::vector<float>>> CudaStage::get_optimizer_state() const {
@@ -238,6 +282,85 @@ LossSum CudaStage::take_sums(bool evaluation) {
 
 std::string CudaStage::memory_report() const {
   return fmt::format("this process holds {}; {}", memory_ledger().describe(), driver_memory_line());
+}
+
+std::string CudaStage::epilogue_summary() {
+  const Plans& p = plans(0, max_batch_);
+  int fused = 0, total = 0;
+  for (const auto* list : {&p.forward, &p.dw, &p.dx})
+    for (const auto& plan : *list) {
+      if (!plan) continue;
+      ++total;
+      const auto e = plan->epilogue();
+      fused += e == CUBLASLT_EPILOGUE_RELU_AUX_BIAS || e == CUBLASLT_EPILOGUE_BGRADB ||
+               e == CUBLASLT_EPILOGUE_DRELU || e == CUBLASLT_EPILOGUE_BIAS;
+    }
+  return fmt::format("{} of {} products with fused epilogues (bias/ReLU mask, BGRADB, DRELU)",
+                     fused, total);
+}
+
+void CudaStage::fill_work_buffers(float value) {
+  for (Slot& slot : slots_) {
+    launch_fill(slot.input.data(), slot.input.bytes() / act_bytes(), bf16(), value, stream());
+    launch_fill(slot.grad_output.data(), slot.grad_output.bytes() / act_bytes(), bf16(), value,
+                stream());
+    if (slot.grad_input.bytes() > 0)
+      launch_fill(slot.grad_input.data(), slot.grad_input.bytes() / act_bytes(), bf16(), value,
+                  stream());
+    for (int i = first_; i < end_; ++i) {
+      DeviceBuffer<char>& act = slot.acts[i - first_];
+      const bool low = hidden(i) && bf16();  // the logits are float32
+      launch_fill(act.data(), act.bytes() / (low ? 2 : 4), low, value, stream());
+    }
+  }
+  for (auto& buffer : pingpong_)
+    launch_fill(buffer.data(), buffer.bytes() / act_bytes(), bf16(), value, stream());
+  launch_fill(weights_->grads(), weights_->count(), false, value, stream());
+  DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
+}
+
+void CudaStage::autotune() {
+  DDP_CHECK(options_.autotune, "autotune() without CudaStageOptions::autotune");
+  Plans& p = plans(0, max_batch_);
+  // Real values (not garbage, not zeros) in every buffer the products read.
+  fill_work_buffers(0.01f);
+  launch_fill(weights_->params(), weights_->count(), false, 0.01f, stream());
+  if (bf16()) launch_fill(weights_->params16(), weights_->count(), true, 0.01f, stream());
+  const int batch = max_batch_;
+  const size_t base = param_offset();
+  std::vector<TunableProduct> products;
+  for (int i = first_; i < end_; ++i) {
+    const int local = i - first_;
+    const LayerSlice& l = shape_.layer(i);
+    products.push_back({&p.forward[local], nullptr, {}});
+    // Weight gradient: the fused bias gradient (BGRADB) against the plain product + our kernel.
+    TunableProduct dw{&p.dw[local], nullptr, {}};
+    if (p.dw[local]->epilogue() == CUBLASLT_EPILOGUE_BGRADB && p.dw_plain[local]) {
+      dw.plain = &p.dw_plain[local];
+      dw.plain_extra = [this, i, l, batch, base] {
+        launch_bias_grad(dz(0, i), batch, l.out, bf16(), weights_->grads() + l.bias_offset - base,
+                         false, stream());
+      };
+    }
+    products.push_back(std::move(dw));
+    if (!p.dx[local]) continue;
+    // Input gradient: the fused ReLU derivative (DRELU) against the plain product + our mask.
+    TunableProduct dx{&p.dx[local], nullptr, {}};
+    if (p.dx[local]->epilogue() == CUBLASLT_EPILOGUE_DRELU && p.dx_plain[local]) {
+      dx.plain = &p.dx_plain[local];
+      dx.plain_extra = [this, i, batch] {
+        launch_relu_mask(dz(0, i - 1), act(0, i - 1),
+                         static_cast<size_t>(batch) * shape_.layer(i - 1).out, bf16(), stream());
+      };
+    }
+    products.push_back(std::move(dx));
+  }
+  const std::string key =
+      fmt::format("layers {} [{}, {}) | batch {} | {} | fused {} | workspace {}",
+                  shape_.to_string(), first_, end_, batch, precision_name(options_.precision),
+                  options_.fused_epilogues ? 1 : 0, options_.workspace_bytes);
+  tuned_ = tune_products(products, key, options_.autotune_cache, workspace_.data(),
+                         workspace_.bytes(), stream());
 }
 
 }  // namespace ddp

@@ -1,11 +1,14 @@
-// A pipeline stage on the GPU: layers [first, end) of the MLP, as CpuStage is on the CPU.
-// It owns its layers' parameters, gradients and optimizer state (one flat buffer each, in
-// the whole model's layout from the stage's first weight), and keeps the activations of
-// several micro-batches at once (slots). Every buffer a slot uses is its own allocation, so
-// the cuBLASLt plans (built once per slot and batch size, fused epilogues as CudaMlp's) bake
-// in fixed pointers and a step can be captured in a CUDA graph. Gradients accumulate over
-// micro-batches (beta = 1). The loss (fused softmax cross-entropy) is used by the last stage
-// only; the optimizer is the one-kernel update over the flat buffers.
+// The MLP on the GPU, as CpuStage is on the CPU: layers [first, end) of the model, the whole
+// model being stage 0 of 1. It owns its layers' parameters, gradients and optimizer state
+// (one flat buffer each, in the whole model's layout from the stage's first weight), and
+// keeps the activations of several micro-batches at once (slots). Linear layers go through
+// cuBLASLt with bias+ReLU fused into the forward epilogue (with the ReLU mask as its aux
+// output), the ReLU derivative (DRELU) into the input-gradient product and the bias gradient
+// (BGRADB) into the weight-gradient product. Every buffer a slot uses is its own allocation,
+// so the plans (built once per slot and batch size) bake in fixed pointers and a step can be
+// captured in a CUDA graph. Gradients accumulate over micro-batches (beta = 1). The loss
+// (fused softmax cross-entropy) is used by the last stage only; the optimizer is the
+// one-kernel update over the flat buffers. What feeds it samples is BatchFeeder's.
 // Only built with CUDA. All calls are on the stage's compute stream unless stated.
 #pragma once
 
@@ -25,6 +28,7 @@
 #include "models/lt_matmul.h"
 #include "models/mlp.h"
 #include "models/optimizer.h"
+#include "models/plan_tuner.h"
 #include "models/precision.h"
 #include "runtime/device_buffer.h"
 
@@ -35,6 +39,12 @@ struct CudaStageOptions {
   bool fused_epilogues = true;
   bool sync_debug = false;  // synchronise after every op and name the one that failed
   size_t workspace_bytes = 32u << 20;
+  // autotune(): time every candidate algorithm of every product of slot 0 at max_batch, and
+  // the fused epilogues against plain products plus our kernels, and keep the fastest.
+  // Results may then differ in the last bits from a run without it (other algorithms sum in
+  // another order). `autotune_cache`: where the choices are kept between runs (empty: not).
+  bool autotune = false;
+  std::string autotune_cache;
 };
 
 class LtMatmul;
@@ -61,6 +71,10 @@ class CudaStage : public StageLayers {
   // Host copies of the stage's parameters (synchronous); set_params also makes the bf16 copy.
   void set_params(const float* host);
   void get_params(float* host) const;
+  void get_grads(float* host) const;
+  // init_params(shape, seed)'s values of the stage's layers made on the device (bitwise the
+  // host's), without the host's fill and upload. Synchronises.
+  void init_params_on_device(uint64_t seed);
   // After the float32 parameters changed on the device (a broadcast): the bf16 copy again.
   void refresh_low_precision_params();
   // Optimizer state for checkpoints, this stage's slice: SGD "momentum"; AdamW "exp_avg",
@@ -80,12 +94,15 @@ class CudaStage : public StageLayers {
   void* grad_output(int slot) const { return slots_[slot].grad_output.data(); }
   void* grad_input(int slot) const;
 
-  // The first stage: input(slot) = rows x[indices[i]] (float32 data, converted); the last
-  // stage: labels(slot) = y[indices[i]]. Device pointers; the others are ignored (null).
-  void gather(const float* x, const int32_t* y, int dim, const int32_t* indices, int batch,
-              int slot);
-  // input(slot) = x[batch, in_width] (float32, on the device), converted to bf16 if needed.
+  // The first stage: input(slot) = rows x[indices[*counter * stride + i]] (float32 data,
+  // converted); the last stage: labels(slot) = y[same]. Device pointers (counter null:
+  // offset 0); the others are ignored (null).
+  void gather(const float* x, const int32_t* y, int dim, const int32_t* indices, const int* counter,
+              int stride, int batch, int slot);
+  // input(slot) = x[batch, in_width] (float32, on the device), converted to bf16 if needed;
+  // labels(slot) = y[batch] (device).
   void set_input(const float* x, int batch, int slot);
+  void set_labels(const int32_t* y, int batch, int slot);
   void forward(int slot, int batch);
   // Last stage, after forward(slot): softmax cross-entropy of output(slot) against `labels`
   // (default labels(slot)); its gradient, scaled by grad_scale, into grad_output(slot) unless
@@ -99,16 +116,29 @@ class CudaStage : public StageLayers {
   // layer's gradients are enqueued, last first.
   void backward(int slot, int batch, bool accumulate,
                 const std::function<void(int)>& on_layer_done = {});
-  // The optimizer on the stage's flat buffers with the scalars at `step` (device memory).
-  void optimizer_step(const OptStep* step);
+  // The optimizer on the stage's flat buffers with the scalars steps[*counter] (device
+  // memory; counter null: steps[0]).
+  void optimizer_step(const OptStep* steps, const int* counter);
   // The same on parameters [offset, offset + count) of the stage's buffers, on `stream`:
   // elementwise, so any partition of the buffer gives bitwise the whole-buffer result.
-  void optimizer_range(size_t offset, size_t count, const OptStep* step, cudaStream_t stream);
+  void optimizer_range(size_t offset, size_t count, const OptStep* steps, const int* counter,
+                       cudaStream_t stream);
 
   // Loss summed and hits counted since the last call (synchronises the stream).
   LossSum take_sums(bool evaluation);
   // "what this process holds vs what the driver sees"
   std::string memory_report() const;
+  // Which products use cuBLASLt's fused epilogues (and which fell back), for the log.
+  std::string epilogue_summary();
+
+  // With options.autotune (plan_tuner.h): tunes slot 0's products at max_batch; the weights
+  // and every slot's buffers are overwritten (call it before the weights are set).
+  void autotune();
+  bool autotune_cached() const { return tuned_.cached; }
+  const std::string& autotune_save_error() const { return tuned_.save_error; }
+  // Every slot's activations and activation gradients and the parameter gradients set to
+  // `value`: real values for autotuning, NaN for a test that must see every element written.
+  void fill_work_buffers(float value);
 
  private:
   struct Slot {
@@ -119,8 +149,9 @@ class CudaStage : public StageLayers {
   };
   struct Plans {
     std::vector<std::unique_ptr<LtMatmul>> forward, dw, dw_accumulate, dx;  // by local layer
+    std::vector<std::unique_ptr<LtMatmul>> dw_plain, dx_plain;  // autotune's alternatives
   };
-  const Plans& plans(int slot, int batch);
+  Plans& plans(int slot, int batch);
   void after(const char* op) const;
   void* act(int slot, int layer) const { return slots_[slot].acts[layer - first_].data(); }
   void* layer_input(int slot, int layer) const {
@@ -141,6 +172,7 @@ class CudaStage : public StageLayers {
   DeviceBuffer<char> workspace_;
   std::unique_ptr<DeviceLossSums> sums_;  // the loss's sums, training and evaluation
   std::map<std::pair<int, int>, Plans> plans_;
+  TuneResult tuned_;
 };
 
 }  // namespace ddp

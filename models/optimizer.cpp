@@ -5,6 +5,16 @@
 
 namespace ddp {
 
+OptStep optimizer_scalars(const OptimizerConfig& config, float lr, int64_t step) {
+  OptStep s;
+  s.lr = lr;
+  s.first = step == 0;
+  const double t = static_cast<double>(step + 1);
+  s.step_size = static_cast<float>(lr / (1.0 - std::pow(static_cast<double>(config.beta1), t)));
+  s.bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(config.beta2), t)));
+  return s;
+}
+
 void sgd_update(float* params, const float* grads, float* momentum_buf, size_t count, float lr,
                 float momentum, float weight_decay, bool first_step) {
   for (size_t i = 0; i < count; ++i) {

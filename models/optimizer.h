@@ -21,6 +21,20 @@ struct OptimizerConfig {
   float eps = 1e-8f;
 };
 
+// Per-step optimizer scalars, precomputed on the host for a chunk of steps and indexed on
+// the device by the step counter, so that a captured graph replays with new values.
+struct OptStep {
+  float lr = 0;
+  float step_size = 0;  // AdamW: lr / (1 - beta1^t)
+  float bc2_sqrt = 1;   // AdamW: sqrt(1 - beta2^t)
+  int first = 0;        // SGD: the first step initialises the momentum buffer
+};
+
+// The scalars of the optimizer's step `step` (0-based: the updates made before it) at
+// learning rate lr: every GPU runner's, from the optimizer's own count (after a resume it
+// may differ from the training step, where steps were skipped).
+OptStep optimizer_scalars(const OptimizerConfig& config, float lr, int64_t step);
+
 // Optimizer state for `count` parameters; step() updates params in place from grads.
 class Optimizer {
  public:

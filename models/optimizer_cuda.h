@@ -1,7 +1,7 @@
 // The optimizer on the GPU, its own part: its state (SGD's momentum; AdamW's two moments) in
 // flat buffers laid out as the parameters', and the one-kernel update of any range of them
 // (elementwise, so updating a buffer in parts gives bitwise the whole pass). Used by the
-// whole model (CudaMlp) and by a pipeline stage (CudaStage). Only built with CUDA.
+// whole model and by a pipeline stage (both a CudaStage). Only built with CUDA.
 #pragma once
 
 #include <cuda_runtime.h>

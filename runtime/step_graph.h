@@ -2,7 +2,7 @@
 // calls `enqueue` eagerly (cuBLASLt's and the modules' lazy loading happen outside any
 // capture), the second captures what it enqueues on `stream` and launches the graph, later
 // ones launch the graph without calling `enqueue`. Not enabled: eager every time. Used by the
-// whole model (CudaMlp) and by a GPU pipeline stage's runner. Only for code built with CUDA.
+// whole model's runner and by a GPU pipeline stage's. Only for code built with CUDA.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -8,17 +8,21 @@
 // bf16 6e-2 (8-bit mantissa operands and activations).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "engine/sampler.h"
+#include "models/batch_feeder.h"
 #include "models/cpu_ops.h"
 #include "models/cuda_kernels.h"
 #include "models/mlp_cpu.h"
-#include "models/mlp_cuda.h"
+#include "models/mlp_stage_cuda.h"
 #include "models/optimizer.h"
 #include "models/rng.h"
+#include "runtime/step_graph.h"
 #include "tests/support/gpu_support.h"
 
 namespace ddp {
@@ -94,14 +98,24 @@ TEST_P(CudaMlpOps, ForwardAndBackwardMatchTheCpu) {
   cpu.backward(y.data(), c.batch, 1.0f / c.batch);
   const std::vector<float> want_grads(cpu.grads(), cpu.grads() + shape.param_count());
 
-  CudaMlpOptions options;
+  // The whole model: stage 0 of 1.
+  CudaStageOptions options;
   options.precision = c.precision;
   options.fused_epilogues = c.fused;
-  CudaMlp gpu(shape, c.batch, OptimizerConfig{}, options);
+  CudaStage gpu(shape, 0, shape.num_layers(), c.batch, 1, OptimizerConfig{}, options);
   gpu.set_params(params.data());
-  gpu.poison_outputs();
-  const std::vector<float> logits = gpu.forward_host(x.data(), c.batch);
-  gpu.backward_host(y.data(), c.batch, 1.0f / c.batch);
+  gpu.fill_work_buffers(std::numeric_limits<float>::quiet_NaN());
+  DeviceBuffer<float> dx(x.size(), MemoryCategory::kOther);
+  DeviceBuffer<int32_t> dy(y.size(), MemoryCategory::kOther);
+  copy_to_device(dx.data(), x.data(), dx.bytes());
+  copy_to_device(dy.data(), y.data(), dy.bytes());
+  gpu.set_input(dx.data(), c.batch, 0);
+  gpu.forward(0, c.batch);
+  std::vector<float> logits(static_cast<size_t>(c.batch) * shape.num_classes());
+  ASSERT_EQ(cudaMemcpy(logits.data(), gpu.output(0), logits.size() * 4, cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  gpu.loss(0, c.batch, 1.0f / c.batch, dy.data());
+  gpu.backward(0, c.batch, false);
   std::vector<float> grads(shape.param_count());
   gpu.get_grads(grads.data());
 
@@ -144,12 +158,18 @@ TEST(CudaMlpInit, DeviceInitialisationIsBitwiseTheHosts) {
     const MlpShape shape({300, 1100, 7});
     std::vector<float> host(shape.param_count()), device(shape.param_count());
     init_params(shape, 42, host.data());
-    CudaMlpOptions options;
+    CudaStageOptions options;
     options.precision = precision;
-    CudaMlp gpu(shape, 8, OptimizerConfig{}, options);
+    CudaStage gpu(shape, 0, shape.num_layers(), 8, 1, OptimizerConfig{}, options);
     gpu.init_params_on_device(42);
     gpu.get_params(device.data());
     EXPECT_EQ(device, host);
+    // A stage of the last layer: its slice of the whole model's values.
+    CudaStage last(shape, 1, 2, 8, 1, OptimizerConfig{}, options);
+    last.init_params_on_device(42);
+    std::vector<float> slice(last.param_count());
+    last.get_params(slice.data());
+    EXPECT_TRUE(std::equal(slice.begin(), slice.end(), host.begin() + last.param_offset()));
   }
 }
 
@@ -237,35 +257,38 @@ TEST(CudaKernels, OptimizersMatchTheCpu) {
 std::vector<float> gpu_steps(const MlpShape& shape, const Dataset& data, const OptimizerConfig& opt,
                              int batch, int k, bool graph, const std::vector<float>& init,
                              bool staged = false, bool autotune = false) {
-  CudaMlpOptions options;
-  options.cuda_graph = graph;
+  CudaStageOptions options;
   options.autotune = autotune;
-  CudaMlp gpu(shape, batch, opt, options);
+  CudaStage gpu(shape, 0, shape.num_layers(), batch, 1, opt, options);
+  if (autotune) gpu.autotune();
   gpu.set_params(init.data());
+  BatchFeeder feeder(batch, 1, k, gpu.stream());
   if (staged)
-    gpu.set_train_data_host(data.train);
+    feeder.set_train_data_host(data.train);
   else
-    gpu.set_train_data(data.train);
+    feeder.set_train_data(data.train, true, true);
   Sampler sampler(data.train.n, 3, true);
   std::vector<int32_t> indices(static_cast<size_t>(k) * batch);
   sampler.indices(0, indices.size(), indices.data());
   std::vector<OptStep> steps(k);
+  for (int t = 0; t < k; ++t)
+    steps[t] = optimizer_scalars(opt, lr_at(t, k, 0.05f, LrSchedule::kCosine, 0), t);
+  feeder.upload_schedule(indices.data(), steps.data(), k);
+  if (staged) feeder.stage_batch(indices.data());
+  StepGraph step_graph;
   for (int t = 0; t < k; ++t) {
-    steps[t].lr = lr_at(t, k, 0.05f, LrSchedule::kCosine, 0);
-    steps[t].first = t == 0;
-    steps[t].step_size =
-        static_cast<float>(steps[t].lr / (1.0 - std::pow(double(opt.beta1), t + 1.0)));
-    steps[t].bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(double(opt.beta2), t + 1.0)));
-  }
-  gpu.upload_schedule(indices.data(), steps.data(), k);
-  if (staged) gpu.stage_batch(indices.data());
-  for (int t = 0; t < k; ++t) {
-    // One step as the trainer runs it: forward and backward of the batch, then the optimizer.
-    gpu.run_step([&] {
-      gpu.forward_backward(1.0f / static_cast<float>(batch));
-      gpu.optimizer_step();
+    // One step as the whole model's runner runs it: the batch fed, forward, loss, backward,
+    // then the optimizer; captured at the second step and replayed when `graph`.
+    step_graph.run(gpu.stream(), graph && !staged, [&] {
+      feeder.feed(gpu, 0, 0);
+      gpu.forward(0, batch);
+      gpu.loss(0, batch, 1.0f / static_cast<float>(batch));
+      gpu.backward(0, batch, false);
+      gpu.optimizer_step(feeder.steps(), feeder.counter());
+      feeder.next_step();
     });
-    if (staged && t + 1 < k) gpu.stage_batch(indices.data() + static_cast<size_t>(t + 1) * batch);
+    if (staged && t + 1 < k)
+      feeder.stage_batch(indices.data() + static_cast<size_t>(t + 1) * batch);
   }
   std::vector<float> params(shape.param_count());
   gpu.get_params(params.data());

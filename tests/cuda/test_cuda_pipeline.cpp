@@ -1,6 +1,6 @@
 // Pipeline parallelism on the GPU, its ranks sharing the one GPU (ddprun --share-gpu, NCCL
 // over sockets): GPipe, 1F1B and pairs over 2 to 4 stages and dp 2 x pp 2 give the weights and the
-// test loss of one GPU (the plain one-GPU loop, CudaMlp), with and without graph capture, and
+// test loss of one GPU (the plain one-GPU loop: the model as one CudaStage), with and without graph capture, and
 // in bf16; --timeline has the device's spans; a pipelined run resumes bitwise; a rank
 // killed mid-pipeline ends the job, named, within the grace period.
 // Slow by design; never a performance figure.

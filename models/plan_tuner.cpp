@@ -1,0 +1,102 @@
+// The tuner: each candidate timed over 5 runs after 2 warm-up runs, with CUDA events.
+#include "models/plan_tuner.h"
+
+#include <fmt/format.h>
+
+#include "models/autotune_cache.h"
+#include "runtime/cuda_check.h"
+#include "runtime/device_buffer.h"
+
+namespace ddp {
+
+namespace {
+
+float time_ms(const std::function<void()>& work, cudaStream_t stream) {
+  CudaEvent start(true), stop(true);
+  for (int i = 0; i < 2; ++i)
+    work();
+  DDP_CUDA_CHECK(cudaEventRecord(start.get(), stream));
+  constexpr int kRepeats = 5;
+  for (int i = 0; i < kRepeats; ++i)
+    work();
+  DDP_CUDA_CHECK(cudaEventRecord(stop.get(), stream));
+  DDP_CUDA_CHECK(cudaEventSynchronize(stop.get()));
+  float ms = 0;
+  DDP_CUDA_CHECK(cudaEventElapsedTime(&ms, start.get(), stop.get()));
+  return ms / kRepeats;
+}
+
+std::string full_key(const std::string& key) {
+  int device = 0;
+  DDP_CUDA_CHECK(cudaGetDevice(&device));
+  cudaDeviceProp prop{};
+  DDP_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  return fmt::format("{} sm_{}{} cublasLt {} | {}", prop.name, prop.major, prop.minor,
+                     cublasLtGetVersion(), key);
+}
+
+// Applies cached choices (per product: the alternative or not, and the candidate); false,
+// changing nothing, when they do not fit these plans.
+bool apply(const std::vector<TunableProduct>& products, const std::vector<int>& choices) {
+  if (choices.size() != 2 * products.size()) return false;
+  for (size_t i = 0; i < products.size(); ++i) {
+    const bool alternative = choices[2 * i] != 0;
+    if (alternative && products[i].plain == nullptr) return false;
+    const auto& plan = alternative ? *products[i].plain : *products[i].plan;
+    if (!plan || choices[2 * i + 1] < 0 ||
+        static_cast<size_t>(choices[2 * i + 1]) >= plan->candidates())
+      return false;
+  }
+  for (size_t i = 0; i < products.size(); ++i) {
+    if (choices[2 * i] != 0) std::swap(*products[i].plan, *products[i].plain);
+    (*products[i].plan)->select(static_cast<size_t>(choices[2 * i + 1]));
+  }
+  return true;
+}
+
+}  // namespace
+
+TuneResult tune_products(const std::vector<TunableProduct>& products, const std::string& key,
+                         const std::string& cache, void* workspace, size_t workspace_bytes,
+                         cudaStream_t stream) {
+  TuneResult result;
+  const std::string stored_key = full_key(key);
+  if (const auto cached = load_autotune(cache, stored_key); cached && apply(products, *cached)) {
+    result.cached = true;
+    return result;
+  }
+  // Every candidate of a plan timed (with the kernel that completes it); the fastest kept.
+  auto tune = [&](LtMatmul& plan, const std::function<void()>& extra) {
+    size_t best = 0;
+    float best_ms = 1e30f;
+    for (size_t c = 0; c < plan.candidates(); ++c) {
+      plan.select(c);
+      const float ms = time_ms(
+          [&] {
+            plan.run(workspace, workspace_bytes, stream);
+            if (extra) extra();
+          },
+          stream);
+      if (ms < best_ms) best_ms = ms, best = c;
+    }
+    plan.select(best);
+    return std::make_pair(best_ms, static_cast<int>(best));
+  };
+  std::vector<int> choices;
+  for (const TunableProduct& product : products) {
+    const auto fused = tune(**product.plan, nullptr);
+    if (product.plain == nullptr) {
+      choices.insert(choices.end(), {0, fused.second});
+      continue;
+    }
+    const auto plain = tune(**product.plain, product.plain_extra);
+    const bool alternative = plain.first < fused.first;
+    if (alternative) std::swap(*product.plan, *product.plain);
+    choices.insert(choices.end(), {alternative ? 1 : 0, alternative ? plain.second : fused.second});
+  }
+  DDP_CUDA_CHECK(cudaStreamSynchronize(stream));
+  result.save_error = save_autotune(cache, stored_key, choices);
+  return result;
+}
+
+}  // namespace ddp
