@@ -17,6 +17,7 @@
 #include "engine/config.h"
 #include "engine/gpu_monitor.h"
 #include "engine/metrics.h"
+#include "engine/run_setup.h"
 #include "engine/stage_runner.h"
 #include "engine/trainer.h"
 #include "launcher/store_server.h"
@@ -222,7 +223,8 @@ int main(int argc, char** argv) {
     // The whole model's GPU runner builds its plans (and autotunes) while the data loads and
     // NCCL starts; a pipeline's stages, and the CPU, are made by the trainer.
     std::unique_ptr<ddp::StageRunner> runner;
-    if (cuda && config.pp == 1) runner = ddp::make_gpu_model_runner(config, env.world_size);
+    if (cuda && config.pp == 1)
+      runner = ddp::make_gpu_runner(ddp::whole_model_spec(config, env.world_size), config);
     const ddp::Dataset& data = data_ready();
     if (starting) started();
     {

@@ -62,6 +62,22 @@ int local_batch_of(const TrainConfig& config, int micro_batches, int replicas) {
   return micro / replicas;
 }
 
+StageSpec stage_cut(const TrainConfig& config, int replicas) {
+  StageSpec cut;
+  cut.shape = parse_layers(config.layers);
+  cut.micro_batches = micro_batches_of(config);
+  cut.batch = local_batch_of(config, cut.micro_batches, replicas);
+  cut.max_batch = std::max(cut.batch, std::min(config.batch_size, 1024));
+  return cut;
+}
+
+StageSpec whole_model_spec(const TrainConfig& config, int replicas) {
+  StageSpec spec = stage_cut(config, replicas);
+  spec.first = 0;
+  spec.end = spec.shape.num_layers();
+  return spec;
+}
+
 PipelineLayout layout_of(const TrainConfig& config, int world, int rank) {
   const MlpShape shape = parse_layers(config.layers);
   const int chunks = config.pp > 1

@@ -39,6 +39,12 @@ double available_host_bytes();
 // Samples per data-parallel replica per micro-batch (--micro-batches with a pipeline, else
 // --accumulate); throws UsageError naming the flags when the global batch does not divide.
 int local_batch_of(const TrainConfig& config, int micro_batches, int replicas);
+// How a step is cut for every stage: the model's shape, the micro-batches, this replica's
+// samples of one (local_batch_of) and the largest chunk forwarded at once (evaluation).
+StageSpec stage_cut(const TrainConfig& config, int replicas);
+// The whole model as stage 0 of 1 with one activation slot (no pipeline), cut as stage_cut:
+// the stage a GPU runner made before the trainer holds.
+StageSpec whole_model_spec(const TrainConfig& config, int replicas);
 
 // Loads the dataset that `config` names (fashion, npy or synthetic).
 Dataset load_dataset(const TrainConfig& config);

@@ -111,6 +111,14 @@ class ChunkOps {
   virtual void send_gradient(int micro, int slot) = 0;
 };
 
+// The neighbours a stage talks to: activations go forward on `activations`, gradients back
+// on `gradients` (the same communicator on the CPU; two on the GPU, so that NCCL's queue of
+// forward transfers never waits behind a backward one). Null without a pipeline.
+struct StageLinks {
+  Communicator* activations = nullptr;
+  Communicator* gradients = nullptr;
+};
+
 class StageRunner {
  public:
   virtual ~StageRunner() = default;
@@ -180,14 +188,17 @@ class StageRunner {
   virtual void add_device_spans(TimelineRecorder& timeline, int64_t step) {
     (void)timeline, (void)step;
   }
-  // A runner made before the data and the communicator were ready (make_gpu_model_runner)
-  // takes them here, from the trainer's constructor; the others took them when made.
-  virtual void attach(const Dataset& data, Communicator* world, std::function<void()> abort_all) {
-    (void)data, (void)world, (void)abort_all;
+  // A runner made before the data and the communicators were ready (the GPU's) takes them
+  // here, from the trainer's constructor; the CPU's took them when made. `world` names a
+  // stuck step in messages; `abort_all` aborts every communicator of the job when a step
+  // stalls past --timeout.
+  virtual void attach(const Dataset& data, StageLinks links, Communicator* world,
+                      std::function<void()> abort_all) {
+    (void)data, (void)links, (void)world, (void)abort_all;
   }
-  // Sets the initial weights itself (the GPU model makes them on the device, bitwise the
-  // host's, or reads --init-weights while it builds) and returns true; false: the trainer
-  // makes them on the host and calls set_params().
+  // Sets the initial weights itself (the GPU makes them on the device, bitwise the host's,
+  // or reads --init-weights while it builds) and returns true; false: the trainer makes
+  // them on the host and calls set_params().
   virtual bool initial_params() { return false; }
   // What the device holds, for the log and the metrics' "memory" record (empty on the CPU).
   virtual std::string memory_report() const { return {}; }
@@ -199,28 +210,16 @@ class StageRunner {
   virtual LossSum evaluate(const Split& split, int64_t begin, int64_t end) = 0;
 };
 
-// The neighbours a stage talks to: activations go forward on `activations`, gradients back
-// on `gradients` (the same communicator on the CPU; two on the GPU, so that NCCL's queue of
-// forward transfers never waits behind a backward one). Null without a pipeline.
-struct StageLinks {
-  Communicator* activations = nullptr;
-  Communicator* gradients = nullptr;
-};
-
 std::unique_ptr<StageRunner> make_cpu_runner(const RankStages& stages, const TrainConfig& config,
                                              const Dataset& data, StageLinks links);
-// Only with CUDA (else a UsageError that says so). `world` names a stuck step in messages;
-// `abort_all` aborts every communicator of the job when a step stalls past --timeout.
-// The whole model on this process's GPU (no pipeline: one GPU, or one data-parallel rank):
-// One CudaStage of every layer with its device-resident data (or host staging), schedule chunks,
-// autotuned plans, the step captured in a CUDA graph, the optimizer overlapped with backward and
-// the per-layer GPU timeline when asked. Made before the data and the communicator are ready (its
-// plans and autotuning run while they load and start); the trainer attaches them. Only with CUDA.
-std::unique_ptr<StageRunner> make_gpu_model_runner(const TrainConfig& config, int replicas);
-// What the GPU runners refuse (flags that run on the CPU path only), as a UsageError.
+// The GPU runner of stage `spec` on this process's GPU, for every layout (without a pipeline
+// the whole model, stage 0 of 1, with chunks of steps, host staging, autotuned plans and the
+// per-layer GPU timeline): a CudaStage fed by a BatchFeeder, the step captured in a CUDA
+// graph, the optimizer overlapped with backward when asked. Made before the data and the
+// communicators are ready (the whole model's plans and autotuning run while they load and
+// start); the trainer attaches them. Only with CUDA (else a UsageError that says so).
+std::unique_ptr<StageRunner> make_gpu_runner(const StageSpec& spec, const TrainConfig& config);
+// What the GPU runner refuses (flags that run on the CPU path only), as a UsageError.
 void check_gpu_supported(const TrainConfig& config);
-std::unique_ptr<StageRunner> make_gpu_runner(const StageSpec& spec, const TrainConfig& config,
-                                             const Dataset& data, StageLinks links,
-                                             Communicator* world, std::function<void()> abort_all);
 
 }  // namespace ddp

@@ -1,27 +1,39 @@
-// The GPU runner: CudaStage on the compute stream; activations and gradients to the
-// neighbouring stages over NCCL (each direction on its own communicator, so neither queue
-// waits behind the other), made to wait for by the stream, never by the host; the step's
-// samples and optimizer scalars uploaded before it runs, so that the step itself (gather,
-// forwards, backwards, transfers, the data-parallel all-reduces, the optimizer) is captured
-// once in a CUDA graph and replayed. The host waits for each step, bounded by --timeout.
+// The GPU runner, for every layout: the rank's stage as a CudaStage on its compute stream
+// (without a pipeline, the whole model: stage 0 of 1), fed its samples and optimizer
+// scalars by a BatchFeeder. The whole step (gather, forwards, backwards, the transfers to
+// the neighbouring stages, the data-parallel all-reduces, the optimizer) runs from
+// device-resident data and schedule, so it is captured once in a CUDA graph and replayed.
+// Activations and gradients go to the neighbouring stages over NCCL (each direction on its
+// own communicator, so neither queue waits behind the other), waited for by the stream,
+// never by the host. The whole model takes the samples and scalars of a chunk of steps (one
+// per logging window, at most 512) at once and the host waits for the device once per
+// chunk; a pipeline stage takes one step at a time and the host waits for each (its
+// micro-batches' spans are timed by events). Every host wait is bounded by --timeout when
+// there are peers.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
+#include <future>
+#include <memory>
 
 #include <spdlog/spdlog.h>
 
 #include "engine/ddp.h"
 #include "engine/ddp_device.h"
+#include "engine/gpu_timeline.h"
 #include "engine/optimizer_overlap.h"
+#include "engine/run_setup.h"
 #include "engine/stage_runner.h"
 #include "engine/step_watchdog.h"
 #include "engine/timeline.h"
+#include "models/autotune_cache.h"
 #include "models/batch_feeder.h"
 #include "models/mlp_stage_cuda.h"
 #include "runtime/cuda_check.h"
 #include "runtime/error.h"
 #include "runtime/step_graph.h"
+#include "runtime/timer.h"
 
 namespace ddp {
 
@@ -37,192 +49,314 @@ void record(cudaEvent_t event, cudaStream_t stream) {
     DDP_CUDA_CHECK(cudaEventRecordWithFlags(event, stream, cudaEventRecordExternal));
 }
 
+// `tuned`: --autotune applies (the whole model: its training batch is slot 0's max_batch).
+CudaStageOptions stage_options(const TrainConfig& config, bool tuned) {
+  CudaStageOptions options;
+  options.precision = config.precision;
+  options.fused_epilogues = config.fused_epilogues;
+  options.sync_debug = config.sync_debug;
+  options.autotune = config.autotune && tuned;
+  options.autotune_cache = autotune_cache_path(config.cache_dir);
+  options.split_backward = config.pp > 1 && splits_backward(config.schedule);
+  return options;
+}
+
 class GpuRunner final : public StageRunner, public ChunkOps {
  public:
-  GpuRunner(const StageSpec& spec, const TrainConfig& config, const Dataset& data, StageLinks links,
-            Communicator* world, std::function<void()> abort_all)
+  // Made before the data and the communicators are ready (the whole model's plans and
+  // autotuning run while they load and start); attach() then takes them.
+  GpuRunner(const StageSpec& spec, const TrainConfig& config)
       : spec_(spec),
         config_(config),
-        links_(links),
-        stage_(spec.shape, spec.first, spec.end, spec.max_batch, spec.slots, config.optimizer,
-               stage_options(config)),
-        act_type_(stage_.bf16() ? DataType::kBFloat16 : DataType::kFloat32),
-        feeder_(spec.batch, spec.micro_batches, 1, stage_.stream()) {
-    // The stages that read the data hold the training split on the device.
-    feeder_.set_train_data(data.train, spec.is_first(), spec.is_last());
-    act_sent_.resize(spec.slots);
-    grad_sent_.resize(spec.slots);
-    for (int i = 0; i < 2 * spec.micro_batches; ++i) {
-      busy_start_.push_back(std::make_unique<CudaEvent>(true));
-      busy_end_.push_back(std::make_unique<CudaEvent>(true));
+        alone_(spec.stages == 1),
+        split_(stage_options(config, false).split_backward) {
+    // --init-weights are read (and checked) on another thread while the stage builds.
+    if (!config.init_weights.empty())
+      weights_ = std::async(std::launch::async, [this] {
+        const std::vector<float> whole = initial_weights(config_, spec_.shape);
+        const auto first = whole.begin() + static_cast<std::ptrdiff_t>(spec_.param_offset());
+        loaded_.assign(first, first + static_cast<std::ptrdiff_t>(spec_.param_count()));
+      });
+    // A pipeline stage evaluates in chunks of max_batch; the whole model in training-size
+    // chunks, so that its buffers stay those of training.
+    stage_ = std::make_unique<CudaStage>(spec.shape, spec.first, spec.end,
+                                         alone_ ? spec.batch : spec.max_batch, spec.slots,
+                                         config.optimizer, stage_options(config, alone_));
+    if (config.autotune && alone_) stage_->autotune();
+    epilogues_ = stage_->epilogue_summary();  // slot 0's plans built
+    feeder_ = std::make_unique<BatchFeeder>(spec.batch, spec.micro_batches,
+                                            alone_ ? std::min(config.log_every, 512) : 1,
+                                            stage_->stream());
+    act_type_ = stage_->bf16() ? DataType::kBFloat16 : DataType::kFloat32;
+    if (!alone_) {
+      act_sent_.resize(spec.slots);
+      grad_sent_.resize(spec.slots);
+      // Each micro-batch's forward and backward, or backward's two halves.
+      for (int i = 0; i < 3 * spec.micro_batches; ++i) {
+        busy_start_.push_back(std::make_unique<CudaEvent>(true));
+        busy_end_.push_back(std::make_unique<CudaEvent>(true));
+      }
+      busy_what_.resize(busy_start_.size());
     }
-    busy_what_.resize(busy_start_.size());
-    if (config.overlap_optimizer) {
-      // One range a layer of this stage, offsets into the stage's own buffers.
-      std::vector<ParamSpan> spans;
-      for (int i = spec.first; i < spec.end; ++i)
-        spans.push_back(
-            {spec.shape.layer(i).weight_offset - spec.param_offset(), spec.shape.layer(i).count()});
-      overlapped_ = std::make_unique<OptimizerOverlap>(
-          stage_.stream(),
-          [this](size_t offset, size_t count, cudaStream_t stream) {
-            stage_.optimizer_range(offset, count, feeder_.steps(), feeder_.counter(), stream);
-          },
-          OptimizerOverlap::of_layers(spans), nullptr);
-    }
-    for (Communicator* c : {links.activations, links.gradients})
-      if (c != nullptr) c->set_compute_stream(stage_.stream());
-    if (world != nullptr && world->size() > 1)
-      watchdog_ = std::make_unique<StepWatchdog>(
-          stage_.stream(), config.timeout,
-          abort_on_stall(world, std::move(abort_all), config.timeout));
-    spdlog::info("stage {}: layers {}-{} on the GPU, {} activation slots; memory: {}", spec.stage,
-                 spec.first, spec.end - 1, spec.slots, stage_.memory_report());
+    model_s_ = clock_.seconds();
   }
 
-  ~GpuRunner() override { cudaStreamSynchronize(stage_.stream()); }
+  ~GpuRunner() override {
+    if (weights_.valid()) weights_.wait();
+    cudaStreamSynchronize(stage_->stream());
+  }
 
   bool on_gpu() const override { return true; }
   ChunkOps& chunk(int c) override {
     DDP_CHECK(c == 0, "the GPU runner holds one stage, not chunk {}", c);
     return *this;
   }
-  float* params() override { return stage_.params(); }
-  float* grads() override { return stage_.grads(); }
-  void params_changed() override { stage_.refresh_low_precision_params(); }
-  void* stream() override { return stage_.stream(); }
-  void prepare_ddp(Ddp& ddp, uint64_t fingerprint, const std::string& description) override {
-    if (overlapped_ && spec_.stage == 0)
+  float* params() override { return stage_->params(); }
+  float* grads() override { return stage_->grads(); }
+  void params_changed() override { stage_->refresh_low_precision_params(); }
+  void* stream() override { return stage_->stream(); }
+
+  void attach(const Dataset& data, StageLinks links, Communicator* world,
+              std::function<void()> abort_all) override {
+    world_s_ = clock_.seconds();
+    links_ = links;
+    lead_ = world == nullptr || world->rank() == 0;
+    if (alone_ && use_host_staging(data.train)) {
+      feeder_->set_train_data_host(data.train);
+    } else {
+      // The stages that read the data hold the training split on the device.
+      feeder_->set_train_data(data.train, spec_.is_first(), spec_.is_last());
+    }
+    if (data.test.n > 0) {
+      eval_.upload(data.test, spec_.is_first(), spec_.is_last(), stage_->stream());
+      eval_split_ = &data.test;
+    }
+    for (Communicator* c : {links.activations, links.gradients})
+      if (c != nullptr) c->set_compute_stream(stage_->stream());
+    // With peers, every host wait on the stream is bounded: a dead or stopped rank makes the
+    // others fail within --timeout with a message naming it, instead of hanging in a sync.
+    if (world != nullptr && world->size() > 1)
+      watchdog_ = std::make_unique<StepWatchdog>(
+          stage_->stream(), config_.timeout,
+          abort_on_stall(world, std::move(abort_all), config_.timeout));
+    if (alone_) {
+      spdlog::info("memory at start: {}", stage_->memory_report());
+      if (lead_) spdlog::info("{}", epilogues_);
+    } else {
+      spdlog::info("stage {}: layers {}-{} on the GPU, {} activation slots; memory: {}",
+                   spec_.stage, spec_.first, spec_.end - 1, spec_.slots, stage_->memory_report());
+      if (config_.autotune && spec_.stage == 0)
+        spdlog::warn(
+            "--autotune: tunes the whole model's products (no pipeline) only so far; the "
+            "stages use cuBLASLt's first choice");
+    }
+  }
+
+  // The initial weights: read from --init-weights, or made on the device (bitwise the host's
+  // init_params, the stage's slice of them).
+  bool initial_params() override {
+    if (weights_.valid()) {
+      weights_.get();
+      stage_->set_params(loaded_.data());
+      loaded_ = {};
+    } else {
+      stage_->init_params_on_device(config_.seed);
+    }
+    if (lead_ && alone_) {
+      if (config_.autotune && !stage_->autotune_save_error().empty())
+        spdlog::warn("--autotune: the choices were not kept for the next run: {}",
+                     stage_->autotune_save_error());
       spdlog::info(
-          "--overlap-optimizer: not with data parallelism in a pipeline; one pass after "
-          "the gradients are reduced");
-    overlapped_.reset();  // the update would have to wait for each bucket's all-reduce
-    bf16_grads_ = prepare_device_ddp(ddp, stage_.stream(), fingerprint, description,
+          "model ready in {:.2f}s (cuBLASLt plans{}), communicator by {:.2f}s, weights {} by "
+          "{:.2f}s",
+          model_s_,
+          !config_.autotune ? ""
+          : stage_->autotune_cached()
+              ? " and autotuning, from " + autotune_cache_path(config_.cache_dir)
+              : std::string(" and autotuning"),
+          world_s_, config_.init_weights.empty() ? "initialised on the GPU" : "read and uploaded",
+          clock_.seconds());
+    }
+    return true;
+  }
+
+  void prepare_ddp(Ddp& ddp, uint64_t fingerprint, const std::string& description) override {
+    ddp_ = &ddp;
+    bf16_grads_ = prepare_device_ddp(ddp, stage_->stream(), fingerprint, description,
                                      config_.grad_reduce == GradReduce::kBf16, spec_.param_count());
+    if (lead_ && alone_)
+      spdlog::info(
+          "data parallel over {} GPUs ({}): {} buckets, overlap {}, gradients reduced in {}",
+          ddp.comm().size(), ddp.comm().backend(), ddp.buckets().size(),
+          config_.overlap ? "on" : "off", grad_reduce_name(config_.grad_reduce));
   }
 
   std::vector<float> get_params() override {
-    std::vector<float> host(stage_.param_count());
-    stage_.get_params(host.data());
+    wait_idle();
+    std::vector<float> host(spec_.param_count());
+    stage_->get_params(host.data());
     return host;
   }
-  void set_params(const float* host) override { stage_.set_params(host); }
-  NamedState optimizer_state() override { return stage_.get_optimizer_state(); }
+  void set_params(const float* host) override { stage_->set_params(host); }
+  NamedState optimizer_state() override {
+    wait_idle();
+    return stage_->get_optimizer_state();
+  }
   void set_optimizer_state(const NamedState& state, int64_t steps) override {
-    stage_.set_optimizer_state(state);
+    stage_->set_optimizer_state(state);
     optimizer_steps_ = steps;
   }
   int64_t optimizer_steps() const override { return optimizer_steps_; }
 
+  int steps_ahead() const override { return feeder_->max_steps(); }
   void begin_steps(const int32_t* indices, const float* lrs, int64_t first_step,
                    int steps) override {
-    (void)first_step;
-    DDP_CHECK(steps == 1, "a GPU pipeline stage takes one step at a time, not {}", steps);
-    // The previous step has finished (run_step waits), so the feeder's buffers are free.
-    cudaStream_t s = stage_.stream();
-    const OptStep scalars = optimizer_scalars(config_.optimizer, lrs[0], optimizer_steps_);
-    feeder_.upload_schedule(indices, &scalars, 1);
-    busy_marks_ = 0;
-    backwards_ = 0;
-    // The stream is idle (the previous step was waited for): this event is placed at the
-    // host's clock now, and every event of the step is placed from it.
-    anchor_us_ = TimelineRecorder::now_us();
-    DDP_CUDA_CHECK(cudaEventRecord(anchor_.get(), s));
+    if (!hooks_ready_) set_up_hooks();
+    // The previous chunk must be done before the feeder's buffers are rewritten; waited for
+    // under the watchdog, so that the feeder's own wait returns at once.
+    wait_idle();
+    // The optimizer's own count (as the CPU's): after a resume it may differ from the
+    // training step (steps skipped before the checkpoint).
+    opt_steps_.resize(steps);
+    for (int k = 0; k < steps; ++k)
+      opt_steps_[k] = optimizer_scalars(config_.optimizer, lrs[k], optimizer_steps_ + k);
+    const size_t per_step = static_cast<size_t>(spec_.micro_batches) * spec_.batch;
+    if (feeder_->host_staged()) chunk_indices_.assign(indices, indices + per_step * steps);
+    chunk_first_ = first_step;
+    chunk_end_ = first_step + steps;
+    feeder_->upload_schedule(indices, opt_steps_.data(), steps);
+    if (!alone_) {
+      busy_marks_ = 0;
+      // The stream is idle (the previous step was waited for): this event is placed at the
+      // host's clock now, and every event of the step is placed from it.
+      anchor_us_ = TimelineRecorder::now_us();
+      DDP_CUDA_CHECK(cudaEventRecord(anchor_.get(), stage_->stream()));
+    }
   }
+
   void recv_activation(int micro, int slot) override {
     (void)micro;
     wait_for(&act_sent_[slot]);  // the slot's output may still be on its way out
     links_.activations
-        ->irecv(stage_.input(slot), count(spec_.in_width()), act_type_, spec_.stage - 1)
-        ->then_on(stage_.stream());
+        ->irecv(stage_->input(slot), count(spec_.in_width()), act_type_, spec_.stage - 1)
+        ->then_on(stage_->stream());
   }
   void forward(int micro, int slot) override {
-    wait_for(&act_sent_[slot]);
+    if (!alone_) wait_for(&act_sent_[slot]);
     busy_begin(SpanKind::kForward, micro);
-    if (spec_.is_first() || spec_.is_last()) feeder_.feed(stage_, micro, slot);
-    stage_.forward(slot, spec_.batch);
+    if (spec_.is_first() || spec_.is_last()) feeder_->feed(*stage_, micro, slot);
+    stage_->forward(slot, spec_.batch);
     busy_end();
   }
   void send_activation(int micro, int slot) override {
     (void)micro;
-    act_sent_[slot] = links_.activations->isend(stage_.output(slot), count(spec_.out_width()),
+    act_sent_[slot] = links_.activations->isend(stage_->output(slot), count(spec_.out_width()),
                                                 act_type_, spec_.stage + 1);
   }
   void recv_gradient(int micro, int slot) override {
     (void)micro;
     links_.gradients
-        ->irecv(stage_.grad_output(slot), count(spec_.out_width()), act_type_, spec_.stage + 1)
-        ->then_on(stage_.stream());
+        ->irecv(stage_->grad_output(slot), count(spec_.out_width()), act_type_, spec_.stage + 1)
+        ->then_on(stage_->stream());
   }
   LossSum loss(int micro, int slot, float grad_scale) override {
     (void)micro;
-    stage_.loss(slot, spec_.batch, grad_scale);
-    return {};
+    stage_->loss(slot, spec_.batch, grad_scale);
+    if (timeline_) timeline_->forward_done();
+    return {};  // kept on the device until take_loss()
   }
   void backward(int micro, int slot, bool accumulate,
                 const std::function<void(int)>& on_layer_done) override {
-    (void)micro;
-    wait_for(&grad_sent_[slot]);  // grad_input(slot) of an earlier micro-batch is sent
+    if (!alone_) wait_for(&grad_sent_[slot]);  // grad_input(slot) of an earlier one is sent
     busy_begin(SpanKind::kBackward, micro);
-    if (++backwards_ == spec_.micro_batches && overlapped_) {
-      // The step's last backward: each layer is updated on the side stream as soon as
-      // backward no longer reads it (its input gradient, which reads its weights, is enqueued
-      // before the next lower layer's hook), beside the layers below.
-      overlapped_->begin_step();
-      stage_.backward(slot, spec_.batch, accumulate, [&](int local) {
-        if (on_layer_done) on_layer_done(local);
-        overlapped_->layer_done(local);
-      });
-      overlapped_->apply_rest();  // joined at the optimizer step, as before
-    } else {
-      stage_.backward(slot, spec_.batch, accumulate, on_layer_done);
-    }
+    weight_grads(on_layer_done, [&](const std::function<void(int)>& hook) {
+      stage_->backward(slot, spec_.batch, accumulate, hook);
+    });
+    busy_end();
+  }
+  bool splits_backward() const override { return split_; }
+  void backward_input(int micro, int slot) override {
+    wait_for(&grad_sent_[slot]);
+    busy_begin(SpanKind::kBackwardInput, micro);
+    stage_->backward_input(slot, spec_.batch);
+    busy_end();
+  }
+  void backward_weight(int micro, int slot, bool accumulate,
+                       const std::function<void(int)>& on_layer_done) override {
+    busy_begin(SpanKind::kBackwardWeight, micro);
+    weight_grads(on_layer_done, [&](const std::function<void(int)>& hook) {
+      stage_->backward_weight(slot, spec_.batch, accumulate, hook);
+    });
     busy_end();
   }
   void send_gradient(int micro, int slot) override {
     (void)micro;
-    grad_sent_[slot] = links_.gradients->isend(stage_.grad_input(slot), count(spec_.in_width()),
+    grad_sent_[slot] = links_.gradients->isend(stage_->grad_input(slot), count(spec_.in_width()),
                                                act_type_, spec_.stage - 1);
   }
   void end_schedule() override {
     for (auto* sent : {&act_sent_, &grad_sent_})
       for (auto& work : *sent)
         wait_for(&work);
+    // After Ddp::end_backward (the executor's): the rest of the buckets are issued.
+    mark_buckets();
+    if (timeline_ && ddp_) timeline_->buckets_issued(*ddp_);
+    // The updates joined into the stream; Ddp::finish then has nothing left to wait for.
+    if (overlapped_ && ddp_) overlapped_->end_backward();
   }
-  bool grads_nonfinite() override { return false; }
+  bool grads_nonfinite() override { return false; }  // the GPU stops on the loss instead
   void optimizer_step() override {
-    // With --overlap-optimizer the updates ran during the last backward: join them.
-    if (overlapped_)
-      overlapped_->join();
-    else
-      stage_.optimizer_step(feeder_.steps(), feeder_.counter());
-    feeder_.next_step();
-    ++optimizer_steps_;
+    if (!overlapped_)
+      stage_->optimizer_step(feeder_->steps(), feeder_->counter());
+    else if (ddp_ == nullptr)
+      overlapped_->join();  // the updates made during the last backward
+    feeder_->next_step();
   }
+
   void run_step(int64_t step, const std::function<void()>& enqueue) override {
+    DDP_CHECK(step >= chunk_first_ && step < chunk_end_, "step {} is outside the chunk [{}, {})",
+              step, chunk_first_, chunk_end_);
+    // Host state of the step, set here because a replayed step does not call `enqueue`.
+    if (overlapped_) overlapped_->begin_step();
+    if (timeline_) timeline_->step_begins();
+    marked_ = 0;
+    backwards_ = 0;
+    // Host staging: this step's batch gathered on the host (and its copy started) while the
+    // GPU still runs the previous one.
+    if (feeder_->host_staged())
+      feeder_->stage_batch(chunk_indices_.data() + static_cast<size_t>(step - chunk_first_) *
+                                                       spec_.micro_batches * spec_.batch);
     const StepGraph::Ran ran =
-        graph_.run(stage_.stream(), config_.cuda_graph && !config_.sync_debug, enqueue);
+        graph_.run(stage_->stream(),
+                   config_.cuda_graph && !config_.sync_debug && !feeder_->host_staged(), enqueue);
     if (ran == StepGraph::Ran::kCaptured) {
       captured_marks_ = busy_marks_;
-      if (spec_.stage == 0) spdlog::info("pipeline step captured in a CUDA graph");
+      if (!alone_ && spec_.stage == 0) spdlog::info("pipeline step captured in a CUDA graph");
     } else if (ran == StepGraph::Ran::kReplayed) {
-      ++optimizer_steps_;             // the replayed step's optimizer, counted as enqueue() would
       busy_marks_ = captured_marks_;  // its events, recorded again by the replay
     }
+    ++optimizer_steps_;  // the step's optimizer, replayed or not
     last_step_ = step + 1;
     if (watchdog_) {
       watchdog_->mark(step + 1);
-      watchdog_->wait_idle();
-    } else {
-      DDP_CUDA_CHECK(cudaStreamSynchronize(stage_.stream()));
+      watchdog_->check();
+    }
+    if (steps_run_++ == 0) {  // the first step is waited for: its time is reported
+      wait_idle();
+      DDP_CUDA_CHECK(cudaStreamSynchronize(stage_->stream()));
+    } else if (step + 1 == chunk_end_) {
+      wait_idle();  // before any synchronising call at the chunk's end
+      if (!alone_ && !watchdog_) DDP_CUDA_CHECK(cudaStreamSynchronize(stage_->stream()));
     }
   }
   void add_device_spans(TimelineRecorder& timeline, int64_t step) override {
+    if (timeline_) timeline_->step_ends(timeline, step);
     for (int i = 0; i < busy_marks_; ++i)
       timeline.add(busy_what_[i].first, step, busy_what_[i].second, at(*busy_start_[i]),
                    at(*busy_end_[i]));
   }
   double last_busy_s() const override {
+    if (alone_) return -1;  // the host's clock times the whole model's step
     double ms_total = 0;
     for (int i = 0; i < busy_marks_; ++i) {
       float ms = 0;
@@ -232,29 +366,32 @@ class GpuRunner final : public StageRunner, public ChunkOps {
     return ms_total / 1e3;
   }
   LossSum take_loss() override {
-    if (watchdog_) watchdog_->wait_idle();
-    return stage_.take_sums(false);
+    wait_idle();
+    return stage_->take_sums(false);
   }
   LossSum evaluate(const Split& split, int64_t begin, int64_t end) override {
+    wait_idle();
     if (&split != eval_split_) {
-      eval_.upload(split, spec_.is_first(), spec_.is_last(), stage_.stream());
+      eval_.upload(split, spec_.is_first(), spec_.is_last(), stage_->stream());
       eval_split_ = &split;
     }
-    cudaStream_t s = stage_.stream();
-    const int chunk = spec_.max_batch;
+    DDP_CHECK(begin >= 0 && begin <= end && end <= eval_.n, "samples [{}, {}) of {}", begin, end,
+              eval_.n);
+    cudaStream_t s = stage_->stream();
+    const int chunk = stage_->max_batch();
     for (int64_t at = begin; at < end; at += chunk) {
       const int n = static_cast<int>(std::min<int64_t>(chunk, end - at));
       const size_t in = static_cast<size_t>(n) * spec_.in_width();
       if (spec_.is_first())
-        stage_.set_input(eval_.x.data() + static_cast<size_t>(at) * split.dim, n, 0);
+        stage_->set_input(eval_.x.data() + static_cast<size_t>(at) * split.dim, n, 0);
       else
-        links_.activations->irecv(stage_.input(0), in, act_type_, spec_.stage - 1)->then_on(s);
-      stage_.forward(0, n);
+        links_.activations->irecv(stage_->input(0), in, act_type_, spec_.stage - 1)->then_on(s);
+      stage_->forward(0, n);
       if (spec_.is_last())
-        stage_.loss(0, n, 0.0f, eval_.y.data() + at, /*evaluation=*/true);
+        stage_->loss(0, n, 0.0f, eval_.y.data() + at, /*evaluation=*/true);
       else
         links_.activations
-            ->isend(stage_.output(0), static_cast<size_t>(n) * spec_.out_width(), act_type_,
+            ->isend(stage_->output(0), static_cast<size_t>(n) * spec_.out_width(), act_type_,
                     spec_.stage + 1)
             ->then_on(s);
     }
@@ -262,56 +399,160 @@ class GpuRunner final : public StageRunner, public ChunkOps {
       watchdog_->mark(last_step_);
       watchdog_->wait_idle();
     }
-    return stage_.take_sums(true);
+    return stage_->take_sums(true);
   }
+  std::string memory_report() const override { return stage_->memory_report(); }
+  int64_t held_bytes() const override { return static_cast<int64_t>(memory_ledger().total()); }
 
  private:
-  static CudaStageOptions stage_options(const TrainConfig& config) {
-    CudaStageOptions options;
-    options.precision = config.precision;
-    options.fused_epilogues = config.fused_epilogues;
-    options.sync_debug = config.sync_debug;
-    return options;
+  // The training set stays on the host where asked or where it does not fit in half the
+  // free device memory (then one micro-batch a step).
+  bool use_host_staging(const Split& train) const {
+    size_t free_bytes = 0, total_bytes = 0;
+    DDP_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    const size_t data_bytes = train.x.size() * sizeof(float) + train.y.size() * sizeof(int32_t);
+    if (!config_.stage_from_host && data_bytes <= free_bytes / 2) return false;
+    DDP_USAGE_CHECK(
+        config_.accumulate == 1,
+        "--accumulate {}: the training set {} on the host{}, and host staging takes one "
+        "batch a step; drop --accumulate (or --stage-from-host) or use --device cpu",
+        config_.accumulate, config_.stage_from_host ? "stays" : "must stay",
+        config_.stage_from_host ? " (--stage-from-host)"
+                                : " (it does not fit in half the free device memory)");
+    if (lead_)
+      spdlog::info(
+          "training set ({:.1f} MiB) stays on the host; batches are staged through pinned "
+          "memory",
+          data_bytes / 1048576.0);
+    return true;
+  }
+  // A backward or weight half, `compute` with the layer hook it is given. The step's last
+  // one gets the hooks (bucket all-reduces, the timeline, the optimizer overlapped on a side
+  // stream: each layer updated as soon as backward no longer reads it, its input gradient
+  // being enqueued before the next lower layer's hook).
+  void weight_grads(const std::function<void(int)>& on_layer_done,
+                    const std::function<void(const std::function<void(int)>&)>& compute) {
+    const bool last = ++backwards_ == spec_.micro_batches;
+    if (!last || !(timeline_ || overlapped_)) {
+      compute(on_layer_done);
+      return;
+    }
+    compute([&](int layer) {
+      if (on_layer_done) on_layer_done(layer);
+      mark_buckets();
+      if (timeline_) timeline_->layer_done(layer);
+      if (overlapped_) overlapped_->layer_done(layer);
+    });
+    // Without data parallelism the rest at once (a stage's last gradient, sent next, does
+    // not wait for them); with it, once every bucket is issued (end_schedule).
+    if (overlapped_ && ddp_ == nullptr) overlapped_->apply_rest();
   }
   size_t count(int width) const { return static_cast<size_t>(spec_.batch) * width; }
   void wait_for(std::unique_ptr<Work>* work) {
-    if (*work) (*work)->then_on(stage_.stream());
+    if (*work) (*work)->then_on(stage_->stream());
     work->reset();
   }
+  void wait_idle() {
+    if (watchdog_) watchdog_->wait_idle();
+  }
+  // The data-parallel buckets issued since the last call, timed on the GPU timeline.
+  void mark_buckets() {
+    if (ddp_ == nullptr) return;
+    for (; marked_ < ddp_->issued(); ++marked_)
+      if (timeline_) timeline_->bucket_issued(marked_);
+  }
+  // Once the trainer has set up data parallelism (or not): the overlapped optimizer and the
+  // timeline, which need its buckets.
+  void set_up_hooks() {
+    hooks_ready_ = true;
+    // The optimizer overlapped with backward (--overlap-optimizer; else one pass after it):
+    // by layer, or with data parallelism by bucket as each one's average is in place (the
+    // whole model with --overlap only; a pipeline stage's update would have to wait for each
+    // bucket's all-reduce).
+    if (config_.overlap_optimizer && ddp_ && !alone_ && spec_.stage == 0)
+      spdlog::info(
+          "--overlap-optimizer: not with data parallelism in a pipeline; one pass after "
+          "the gradients are reduced");
+    if (config_.overlap_optimizer && (!ddp_ || (alone_ && config_.overlap))) {
+      std::vector<ParamSpan> spans;  // one range a layer, offsets into the stage's buffers
+      for (int i = spec_.first; i < spec_.end; ++i)
+        spans.push_back({spec_.shape.layer(i).weight_offset - spec_.param_offset(),
+                         spec_.shape.layer(i).count()});
+      CudaStage* stage = stage_.get();
+      const BatchFeeder* feeder = feeder_.get();
+      overlapped_ = std::make_unique<OptimizerOverlap>(
+          stage->stream(),
+          [stage, feeder](size_t offset, size_t count, cudaStream_t stream) {
+            stage->optimizer_range(offset, count, feeder->steps(), feeder->counter(), stream);
+          },
+          ddp_ ? OptimizerOverlap::of_buckets(ddp_->buckets()) : OptimizerOverlap::of_layers(spans),
+          ddp_);
+    }
+    // The whole model's timeline: every layer's backward and bucket (a pipeline stage's is
+    // its micro-batches' spans).
+    if (!config_.timeline.empty() && alone_)
+      timeline_ = std::make_unique<GpuTimeline>(stage_->stream(), spec_.shape.num_layers(),
+                                                ddp_ ? ddp_->buckets().size() : 0);
+    if (!lead_ || !alone_) return;
+    spdlog::info("optimizer {}",
+                 overlapped_ ? fmt::format("overlapped with backward ({} ranges on a side stream)",
+                                           ddp_ ? ddp_->buckets().size() : spec_.shape.num_layers())
+                             : std::string("after backward"));
+    if (!ddp_ && config_.grad_reduce == GradReduce::kBf16)
+      spdlog::warn("--grad-reduce bf16: one process and no --backend, so nothing is reduced");
+  }
   void busy_begin(SpanKind kind, int micro) {
+    if (alone_) return;
     busy_what_[busy_marks_] = {kind, micro};
-    record(busy_start_[busy_marks_]->get(), stage_.stream());
+    record(busy_start_[busy_marks_]->get(), stage_->stream());
+  }
+  void busy_end() {
+    if (!alone_) record(busy_end_[busy_marks_++]->get(), stage_->stream());
   }
   double at(const CudaEvent& event) const {
     float ms = 0;
     DDP_CUDA_CHECK(cudaEventElapsedTime(&ms, anchor_.get(), event.get()));
     return anchor_us_ + 1e3 * static_cast<double>(ms);
   }
-  void busy_end() { record(busy_end_[busy_marks_++]->get(), stage_.stream()); }
 
   StageSpec spec_;
   TrainConfig config_;
+  bool alone_;       // the whole model: no neighbours, chunks of steps
+  bool split_;       // backward in two halves (zero-bubble schedules)
+  Stopwatch clock_;  // since the runner was made: its start-up figures
+  double model_s_ = 0, world_s_ = 0;
+  std::vector<float> loaded_;  // --init-weights (the stage's slice), read while it builds
+  std::future<void> weights_;
+  std::unique_ptr<CudaStage> stage_;
+  std::string epilogues_;
+  std::unique_ptr<BatchFeeder> feeder_;  // the training split, the steps' samples and scalars
+  DataType act_type_ = DataType::kFloat32;
   StageLinks links_;
-  CudaStage stage_;
-  DataType act_type_;
-  BatchFeeder feeder_;  // the training split, the step's samples and optimizer scalars
-  DeviceSplit eval_;    // the split evaluated: features on the first stage, labels on the last
+  bool lead_ = true;
+  DeviceSplit eval_;  // the split evaluated: features on the first stage, labels on the last
   const Split* eval_split_ = nullptr;
-  DeviceBuffer<uint16_t> bf16_grads_;
+  Ddp* ddp_ = nullptr;
+  DeviceBuffer<uint16_t> bf16_grads_;  // the gradients on the wire with --grad-reduce bf16
   std::vector<std::unique_ptr<Work>> act_sent_, grad_sent_;  // by slot, until waited for
-  // Each forward and backward of the step between two timed events, and what it was.
+  std::unique_ptr<OptimizerOverlap> overlapped_;
+  std::unique_ptr<GpuTimeline> timeline_;  // the whole model's --timeline
+  std::unique_ptr<StepWatchdog> watchdog_;
+  bool hooks_ready_ = false;
+  size_t marked_ = 0;  // buckets of this step marked on the timeline
+  int backwards_ = 0;  // this step's, so far
+  std::vector<OptStep> opt_steps_;
+  std::vector<int32_t> chunk_indices_;  // host staging: the chunk's samples
+  int64_t chunk_first_ = 0, chunk_end_ = 0;
+  int64_t steps_run_ = 0, last_step_ = 0;
+  int64_t optimizer_steps_ = 0;
+  // A pipeline stage's forwards and backwards of the step, each between two timed events.
   std::vector<std::unique_ptr<CudaEvent>> busy_start_, busy_end_;
   std::vector<std::pair<SpanKind, int>> busy_what_;
   CudaEvent anchor_{true};
   double anchor_us_ = 0;
   int busy_marks_ = 0;      // busy spans recorded this step
   int captured_marks_ = 0;  // and in the captured step
-  int64_t last_step_ = 0;
-  int64_t optimizer_steps_ = 0;
-  int backwards_ = 0;                             // this step's, so far
-  std::unique_ptr<OptimizerOverlap> overlapped_;  // --overlap-optimizer without dp
-  StepGraph graph_;                               // the step, captured at the second and replayed
-  std::unique_ptr<StepWatchdog> watchdog_;
+  StepGraph graph_;         // the step, captured at the second and replayed
 };
 
 }  // namespace
@@ -323,18 +564,16 @@ void check_gpu_supported(const TrainConfig& config) {
                   on_nonfinite_name(config.on_nonfinite));
   DDP_USAGE_CHECK(!config.recompute, "--recompute: runs on the CPU path only so far");
   DDP_USAGE_CHECK(config.zero == 0, "--zero {}: runs on the CPU path only so far", config.zero);
-  DDP_USAGE_CHECK(config.pp == 1 || (!splits_backward(config.schedule) &&
+  DDP_USAGE_CHECK(config.pp == 1 || (config.schedule != PipelineSchedule::kZeroBubbleV &&
                                      config.schedule != PipelineSchedule::kInterleaved),
-                  "--schedule {}: runs on the CPU path only so far (the GPU runners hold one "
-                  "stage and compute backward whole); give --device cpu or another --schedule",
+                  "--schedule {}: runs on the CPU path only so far (the GPU runner holds one "
+                  "stage a rank); give --device cpu or another --schedule",
                   schedule_name(config.schedule));
 }
 
-std::unique_ptr<StageRunner> make_gpu_runner(const StageSpec& spec, const TrainConfig& config,
-                                             const Dataset& data, StageLinks links,
-                                             Communicator* world, std::function<void()> abort_all) {
+std::unique_ptr<StageRunner> make_gpu_runner(const StageSpec& spec, const TrainConfig& config) {
   check_gpu_supported(config);
-  return std::make_unique<GpuRunner>(spec, config, data, links, world, std::move(abort_all));
+  return std::make_unique<GpuRunner>(spec, config);
 }
 
 }  // namespace ddp

@@ -1,4 +1,4 @@
-// The GPU runners in a build without CUDA: the error that says so.
+// The GPU runner in a build without CUDA: the error that says so.
 #include "engine/stage_runner.h"
 #include "runtime/error.h"
 
@@ -16,12 +16,7 @@ void check_gpu_supported(const TrainConfig&) {
   no_cuda();
 }
 
-std::unique_ptr<StageRunner> make_gpu_model_runner(const TrainConfig&, int) {
-  no_cuda();
-}
-
-std::unique_ptr<StageRunner> make_gpu_runner(const StageSpec&, const TrainConfig&, const Dataset&,
-                                             StageLinks, Communicator*, std::function<void()>) {
+std::unique_ptr<StageRunner> make_gpu_runner(const StageSpec&, const TrainConfig&) {
   no_cuda();
 }
 

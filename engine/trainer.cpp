@@ -31,14 +31,6 @@ void sum_over_ranks(Communicator* comm, double* values, size_t count) {
   comm->all_reduce(values, count, DataType::kFloat64, ReduceOp::kSum);
 }
 
-namespace {
-
-int max_batch_of(const TrainConfig& config, int local_batch) {
-  return std::max(local_batch, std::min(config.batch_size, 1024));
-}
-
-}  // namespace
-
 Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* comm,
                  StoreClient* store, std::unique_ptr<StageRunner> runner)
     : config_(config),
@@ -53,12 +45,7 @@ Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* c
       sampler_(data.train.n, config.seed, config.shuffle),
       timeline_(!config.timeline.empty()) {
   (void)store;
-  StageSpec cut;
-  cut.shape = parse_layers(config.layers);
-  cut.micro_batches = micro_batches_;
-  cut.batch = local_batch_;
-  cut.max_batch = max_batch_of(config, local_batch_);
-  stages_ = rank_stages(layout_, layout_.stage, cut);
+  stages_ = rank_stages(layout_, layout_.stage, stage_cut(config, layout_.replicas));
   // The whole model (pp = 1) runs a one-stage pipeline: its micro-batches are --accumulate's.
   executor_ = std::make_unique<ScheduleExecutor>(
       plan_rank_schedule(config.pp > 1 ? config.schedule : PipelineSchedule::kOneForwardOneBackward,
@@ -87,8 +74,8 @@ Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* c
                    schedule_name(config.schedule), describe_layout(layout_));
   }
   const StageLinks links{pipe_group_.get(), grad_group_ ? grad_group_.get() : pipe_group_.get()};
-  DDP_CHECK(runner == nullptr || (gpu && layout_.stages == 1),
-            "a runner made beforehand is the whole model's on the GPU");
+  DDP_CHECK(runner == nullptr || (gpu && layout_.stages == 1 && spec_.slots == 1),
+            "a runner made beforehand is the whole model's on the GPU (whole_model_spec)");
   DDP_CHECK(!gpu || stages_.chunks.size() == 1, "the GPU runners hold one stage a rank");
   if (gpu) {
     std::vector<Communicator*> all{comm_, pipe_group_.get(), grad_group_.get(), dp_group_.get()};
@@ -96,12 +83,8 @@ Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* c
       for (Communicator* c : all)
         if (c != nullptr) c->abort();
     };
-    if (layout_.stages == 1) {
-      runner_ = runner ? std::move(runner) : make_gpu_model_runner(config, layout_.replicas);
-      runner_->attach(data, comm_, abort_all);
-    } else {
-      runner_ = make_gpu_runner(spec_, config, data, links, comm_, abort_all);
-    }
+    runner_ = runner ? std::move(runner) : make_gpu_runner(spec_, config);
+    runner_->attach(data, links, comm_, abort_all);
   } else {
     runner_ = make_cpu_runner(stages_, config, data, links);
   }

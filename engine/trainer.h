@@ -52,8 +52,8 @@ class Trainer {
   // the global batch divides among micro-batches and replicas, and (collective) that every
   // replica has the same model; broadcasts replica 0's parameters; resumes from the latest
   // checkpoint with --resume. `runner`: the whole model's GPU runner, made beforehand
-  // (make_gpu_model_runner, while the data loaded and the communicator started); null: the
-  // trainer makes the runner its device and layout need.
+  // (make_gpu_runner of whole_model_spec, while the data loaded and the communicator
+  // started); null: the trainer makes the runner its device and layout need.
   Trainer(const TrainConfig& config, const Dataset& data, Communicator* comm = nullptr,
           StoreClient* store = nullptr, std::unique_ptr<StageRunner> runner = nullptr);
 

@@ -50,11 +50,14 @@ CudaStage::CudaStage(MlpShape shape, int first, int end, int max_batch, int slot
                              MemoryCategory::kActivations);
       slot.aux.emplace_back(hidden(i) ? static_cast<size_t>(aux_ld_[i - first] / 8) * rows : 0,
                             MemoryCategory::kActivations);
+      if (options.split_backward && i + 1 < end)
+        slot.dz.emplace_back(rows * out * act_bytes(), MemoryCategory::kActivations);
     }
     slots_.push_back(std::move(slot));
   }
-  for (auto& buffer : pingpong_)
-    buffer = DeviceBuffer<char>(rows * widest * act_bytes(), MemoryCategory::kActivations);
+  if (!options.split_backward)  // else every slot has its own
+    for (auto& buffer : pingpong_)
+      buffer = DeviceBuffer<char>(rows * widest * act_bytes(), MemoryCategory::kActivations);
   workspace_ = DeviceBuffer<char>(options.workspace_bytes, MemoryCategory::kWorkspace);
   sums_ = std::make_unique<DeviceLossSums>(stream());
   DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
@@ -74,6 +77,7 @@ void* CudaStage::grad_input(int slot) const {
 
 void* CudaStage::dz(int slot, int layer) const {
   if (layer == end_ - 1) return grad_output(slot);
+  if (options_.split_backward) return slots_[slot].dz[layer - first_].data();
   return pingpong_[(end_ - 1 - layer) % 2].data();
 }
 
@@ -193,36 +197,65 @@ void CudaStage::loss(int slot, int batch, float grad_scale, const int32_t* label
   after("softmax cross-entropy");
 }
 
+void CudaStage::mask_received(int slot, int batch) {
+  if (is_last()) return;
+  // The received gradient is w.r.t. this stage's output after its ReLU.
+  launch_relu_mask(grad_output(slot), output(slot), static_cast<size_t>(batch) * out_width(),
+                   bf16(), stream());
+  after("ReLU mask");
+}
+
+void CudaStage::weight_grads(const Plans& p, int slot, int layer, int batch, bool accumulate) {
+  const int local = layer - first_;
+  const LayerSlice& l = shape_.layer(layer);
+  const LtMatmul& dw = accumulate ? *p.dw_accumulate[local] : *p.dw[local];
+  dw.run(workspace_.data(), workspace_.bytes(), stream());
+  after("weight-gradient matmul");
+  if (dw.epilogue() != CUBLASLT_EPILOGUE_BGRADB) {
+    launch_bias_grad(dz(slot, layer), batch, l.out, bf16(),
+                     weights_->grads() + l.bias_offset - param_offset(), accumulate, stream());
+    after("bias gradient");
+  }
+}
+
+void CudaStage::input_grad(const Plans& p, int slot, int layer, int batch) {
+  const int local = layer - first_;
+  if (!p.dx[local]) return;
+  p.dx[local]->run(workspace_.data(), workspace_.bytes(), stream());
+  after("input-gradient matmul");
+  if (layer > first_ && p.dx[local]->epilogue() != CUBLASLT_EPILOGUE_DRELU) {
+    launch_relu_mask(dz(slot, layer - 1), act(slot, layer - 1),
+                     static_cast<size_t>(batch) * shape_.layer(layer - 1).out, bf16(), stream());
+    after("ReLU mask");
+  }
+}
+
 void CudaStage::backward(int slot, int batch, bool accumulate,
                          const std::function<void(int)>& on_layer_done) {
   const Plans& p = plans(slot, batch);
-  if (!is_last()) {
-    // The received gradient is w.r.t. this stage's output after its ReLU.
-    launch_relu_mask(grad_output(slot), output(slot), static_cast<size_t>(batch) * out_width(),
-                     bf16(), stream());
-    after("ReLU mask");
-  }
-  const size_t base = param_offset();
+  mask_received(slot, batch);
   for (int i = end_ - 1; i >= first_; --i) {
-    const int local = i - first_;
-    const LayerSlice& l = shape_.layer(i);
-    const LtMatmul& dw = accumulate ? *p.dw_accumulate[local] : *p.dw[local];
-    dw.run(workspace_.data(), workspace_.bytes(), stream());
-    after("weight-gradient matmul");
-    if (dw.epilogue() != CUBLASLT_EPILOGUE_BGRADB) {
-      launch_bias_grad(dz(slot, i), batch, l.out, bf16(), weights_->grads() + l.bias_offset - base,
-                       accumulate, stream());
-      after("bias gradient");
-    }
-    if (on_layer_done) on_layer_done(local);
-    if (!p.dx[local]) continue;
-    p.dx[local]->run(workspace_.data(), workspace_.bytes(), stream());
-    after("input-gradient matmul");
-    if (i > first_ && p.dx[local]->epilogue() != CUBLASLT_EPILOGUE_DRELU) {
-      launch_relu_mask(dz(slot, i - 1), act(slot, i - 1),
-                       static_cast<size_t>(batch) * shape_.layer(i - 1).out, bf16(), stream());
-      after("ReLU mask");
-    }
+    weight_grads(p, slot, i, batch, accumulate);
+    if (on_layer_done) on_layer_done(i - first_);
+    input_grad(p, slot, i, batch);
+  }
+}
+
+void CudaStage::backward_input(int slot, int batch) {
+  DDP_CHECK(options_.split_backward, "backward_input() without CudaStageOptions::split_backward");
+  const Plans& p = plans(slot, batch);
+  mask_received(slot, batch);
+  for (int i = end_ - 1; i >= first_; --i)
+    input_grad(p, slot, i, batch);
+}
+
+void CudaStage::backward_weight(int slot, int batch, bool accumulate,
+                                const std::function<void(int)>& on_layer_done) {
+  DDP_CHECK(options_.split_backward, "backward_weight() without CudaStageOptions::split_backward");
+  const Plans& p = plans(slot, batch);
+  for (int i = end_ - 1; i >= first_; --i) {
+    weight_grads(p, slot, i, batch, accumulate);
+    if (on_layer_done) on_layer_done(i - first_);
   }
 }
 
@@ -312,9 +345,12 @@ void CudaStage::fill_work_buffers(float value) {
       const bool low = hidden(i) && bf16();  // the logits are float32
       launch_fill(act.data(), act.bytes() / (low ? 2 : 4), low, value, stream());
     }
+    for (auto& buffer : slot.dz)
+      launch_fill(buffer.data(), buffer.bytes() / act_bytes(), bf16(), value, stream());
   }
   for (auto& buffer : pingpong_)
-    launch_fill(buffer.data(), buffer.bytes() / act_bytes(), bf16(), value, stream());
+    if (buffer.bytes() > 0)
+      launch_fill(buffer.data(), buffer.bytes() / act_bytes(), bf16(), value, stream());
   launch_fill(weights_->grads(), weights_->count(), false, value, stream());
   DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
 }

@@ -45,6 +45,9 @@ struct CudaStageOptions {
   // another order). `autotune_cache`: where the choices are kept between runs (empty: not).
   bool autotune = false;
   std::string autotune_cache;
+  // backward_input / backward_weight (zero-bubble schedules): every slot keeps each layer's
+  // output gradient until its weight half (else two buffers serve every slot's backward).
+  bool split_backward = false;
 };
 
 class LtMatmul;
@@ -116,6 +119,14 @@ class CudaStage : public StageLayers {
   // layer's gradients are enqueued, last first.
   void backward(int slot, int batch, bool accumulate,
                 const std::function<void(int)>& on_layer_done = {});
+  // backward() in two halves, bitwise the same gradients (options.split_backward):
+  // backward_input writes grad_input(slot) for the previous stage and keeps each layer's
+  // output gradient in the slot; backward_weight then writes (or adds) the parameter
+  // gradients from them, calling on_layer_done as backward does. The slot is forwarded again
+  // only after both.
+  void backward_input(int slot, int batch);
+  void backward_weight(int slot, int batch, bool accumulate,
+                       const std::function<void(int)>& on_layer_done = {});
   // The optimizer on the stage's flat buffers with the scalars steps[*counter] (device
   // memory; counter null: steps[0]).
   void optimizer_step(const OptStep* steps, const int* counter);
@@ -146,6 +157,7 @@ class CudaStage : public StageLayers {
     DeviceBuffer<int32_t> labels;
     std::vector<DeviceBuffer<char>> acts;  // output of each of the stage's layers
     std::vector<DeviceBuffer<char>> aux;   // ReLU bit masks of hidden layers
+    std::vector<DeviceBuffer<char>> dz;    // split backward: output gradients but the last's
   };
   struct Plans {
     std::vector<std::unique_ptr<LtMatmul>> forward, dw, dw_accumulate, dx;  // by local layer
@@ -159,6 +171,12 @@ class CudaStage : public StageLayers {
   }
   // Where layer i's output gradient lives during backward.
   void* dz(int slot, int layer) const;
+  // backward's parts: the received gradient masked by the stage's last ReLU (not on the
+  // last stage); layer i's weight gradients; its input gradient (with the ReLU of the layer
+  // below).
+  void mask_received(int slot, int batch);
+  void weight_grads(const Plans& p, int slot, int layer, int batch, bool accumulate);
+  void input_grad(const Plans& p, int slot, int layer, int batch);
   bool hidden(int layer) const { return layer + 1 < shape_.num_layers(); }
 
   int max_batch_;

@@ -1,9 +1,9 @@
 // Pipeline parallelism on the GPU, its ranks sharing the one GPU (ddprun --share-gpu, NCCL
-// over sockets): GPipe, 1F1B and pairs over 2 to 4 stages and dp 2 x pp 2 give the weights and the
-// test loss of one GPU (the plain one-GPU loop: the model as one CudaStage), with and without graph capture, and
-// in bf16; --timeline has the device's spans; a pipelined run resumes bitwise; a rank
-// killed mid-pipeline ends the job, named, within the grace period.
-// Slow by design; never a performance figure.
+// over sockets): GPipe, 1F1B, pairs and ZB-H1 over 2 to 4 stages and dp 2 x pp 2 give the weights
+// and the test loss of one GPU (the plain one-GPU loop: the model as one CudaStage), with and
+// without graph capture, and in bf16; --timeline has the device's spans; a pipelined run resumes
+// bitwise; a rank killed mid-pipeline ends the job, named, within the grace period. Slow by design;
+// never a performance figure.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -79,7 +79,11 @@ INSTANTIATE_TEST_SUITE_P(
                       PipelineCase{"pp4_1f1b", 4, "--pp 4 --schedule 1f1b"},
                       PipelineCase{"pp2_1f1b_overlap_optimizer", 2,
                                    "--pp 2 --schedule 1f1b --overlap-optimizer"},
-                      PipelineCase{"dp2_pp2_gpipe", 4, "--pp 2 --schedule gpipe"}),
+                      PipelineCase{"dp2_pp2_gpipe", 4, "--pp 2 --schedule gpipe"},
+                      // Backward in its input and weight halves.
+                      PipelineCase{"pp3_zbh1", 3, "--pp 3 --schedule zb-h1 --micro-batches 6"},
+                      PipelineCase{"dp2_pp2_zbh1_overlap_optimizer", 4,
+                                   "--pp 2 --schedule zb-h1 --overlap-optimizer"}),
     [](const ::testing::TestParamInfo<PipelineCase>& info) { return info.param.name; });
 
 // bf16: the stages' products in bf16 and activations and their gradients crossing as bf16
