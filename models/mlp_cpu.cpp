@@ -1,5 +1,6 @@
-// CpuStage: forward stores every layer's output in the micro-batch's slot; backward walks
-// the stage's layers last to first, ping-ponging between two gradient buffers.
+// CpuStage: its layers (CpuLinear) over the stage's flat buffers; forward stores every
+// layer's output in the micro-batch's slot; backward walks the layers last to first,
+// ping-ponging between two gradient buffers.
 #include "models/mlp_cpu.h"
 
 #include <algorithm>
@@ -24,6 +25,9 @@ CpuStage::CpuStage(MlpShape shape, int first, int end, int max_batch, int slots,
   }
   params_ = params;
   grads_ = grads;
+  for (int i = first_; i < end_; ++i)
+    layers_.emplace_back(shape_.layer(i), i + 1 < shape_.num_layers(), params_, grads_,
+                         param_offset());
   inputs_.assign(slots, nullptr);
   batch_of_.assign(slots, 0);
   activations_.resize(recompute ? 1 : slots);
@@ -36,12 +40,8 @@ CpuStage::CpuStage(MlpShape shape, int first, int end, int max_batch, int slots,
 
 void CpuStage::run_layers(const float* x, int batch, std::vector<std::vector<float>>& out) {
   const float* in = x;
-  const size_t base = param_offset();
   for (int i = first_; i < end_; ++i) {
-    const LayerSlice& layer = shape_.layer(i);
-    const bool relu = i + 1 < shape_.num_layers();
-    linear_forward_cpu(in, params_ + layer.weight_offset - base, params_ + layer.bias_offset - base,
-                       out[i - first_].data(), batch, layer.in, layer.out, relu);
+    layer(i).forward(in, out[i - first_].data(), batch);
     in = out[i - first_].data();
   }
 }
@@ -82,19 +82,13 @@ const float* CpuStage::backward(float* dy, int batch, int slot, bool accumulate,
   DDP_CHECK(slot >= 0 && slot < slots() && inputs_[slot] != nullptr,
             "backward() of slot {} before its forward()", slot);
   const std::vector<std::vector<float>>& acts = working(slot);
-  const size_t base = param_offset();
-  const int last_layer = shape_.num_layers() - 1;
   float* buffers[2] = {grad_a_.data(), grad_b_.data()};
   int next = 0;
   for (int i = end_ - 1; i >= first_; --i) {
-    const LayerSlice& layer = shape_.layer(i);
-    const std::vector<float>& out = acts[i - first_];
-    if (i < last_layer) relu_backward_cpu(out.data(), dy, static_cast<size_t>(batch) * layer.out);
+    layer(i).activation_backward(acts[i - first_].data(), dy, batch);
     const float* x = i == first_ ? inputs_[slot] : acts[i - first_ - 1].data();
     float* dx = i == 0 ? nullptr : buffers[next];
-    linear_backward_cpu(x, params_ + layer.weight_offset - base, dy, dx,
-                        grads_ + layer.weight_offset - base, grads_ + layer.bias_offset - base,
-                        batch, layer.in, layer.out, accumulate);
+    layer(i).backward(x, dy, dx, batch, accumulate);
     if (on_layer_done) on_layer_done(i - first_);
     dy = dx;
     next ^= 1;
@@ -115,18 +109,14 @@ const float* CpuStage::backward_input(const float* dy, int batch, int slot) {
   const std::vector<std::vector<float>>& acts = working(slot);
   std::vector<std::vector<float>>& grads = output_grads_[slot];
   split_batch_[slot] = batch;
-  const size_t base = param_offset();
-  const int last_layer = shape_.num_layers() - 1;
   std::copy_n(dy, static_cast<size_t>(batch) * shape_.layer(end_ - 1).out, grads.back().data());
   // Layer i's output gradient is layer i + 1's input gradient: written where layer i keeps it.
   for (int i = end_ - 1; i >= first_; --i) {
-    const LayerSlice& layer = shape_.layer(i);
     float* g = grads[i - first_].data();
-    if (i < last_layer)
-      relu_backward_cpu(acts[i - first_].data(), g, static_cast<size_t>(batch) * layer.out);
+    layer(i).activation_backward(acts[i - first_].data(), g, batch);
     if (i == 0) return nullptr;
     float* dx = i == first_ ? grad_a_.data() : grads[i - first_ - 1].data();
-    linear_input_grad_cpu(params_ + layer.weight_offset - base, g, dx, batch, layer.in, layer.out);
+    layer(i).backward_input(g, dx, batch);
   }
   return grad_a_.data();
 }
@@ -137,13 +127,9 @@ void CpuStage::backward_weight(int slot, bool accumulate,
             "backward_weight() of slot {} before its backward_input()", slot);
   const int batch = split_batch_[slot];
   const std::vector<std::vector<float>>& acts = working(slot);
-  const size_t base = param_offset();
   for (int i = end_ - 1; i >= first_; --i) {
-    const LayerSlice& layer = shape_.layer(i);
     const float* x = i == first_ ? inputs_[slot] : acts[i - first_ - 1].data();
-    linear_weight_grad_cpu(x, output_grads_[slot][i - first_].data(),
-                           grads_ + layer.weight_offset - base, grads_ + layer.bias_offset - base,
-                           batch, layer.in, layer.out, accumulate);
+    layer(i).backward_weight(x, output_grads_[slot][i - first_].data(), batch, accumulate);
     if (on_layer_done) on_layer_done(i - first_);
   }
   split_batch_[slot] = 0;

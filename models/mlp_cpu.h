@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "models/cpu_ops.h"
+#include "models/linear_cpu.h"
 #include "models/mlp.h"
 
 namespace ddp {
@@ -69,10 +70,13 @@ class CpuStage : public StageLayers {
 
  private:
   int max_batch_;
+  const CpuLinear& layer(int i) const { return layers_[i - first_]; }
+
   std::vector<float> own_params_, own_grads_;  // when not given
   float* params_;
   float* grads_;
-  std::vector<const float*> inputs_;                          // a slot's input
+  std::vector<CpuLinear> layers_;     // [first, end), over params_ and grads_
+  std::vector<const float*> inputs_;  // a slot's input
   std::vector<std::vector<std::vector<float>>> activations_;  // [slot][layer - first]
   // The slot's layer outputs: its own set, or the working set forwarded again from the input.
   std::vector<std::vector<float>>& working(int slot);

@@ -1,22 +1,12 @@
-// CudaStage: cuBLASLt plans built once per slot and batch size for fixed pointers, kernels
-// for the rest.
-//
-// Row-major tensors are read by cuBLASLt as column-major transposes, so with Y[B,out],
-// X[B,in], W[out,in] (all row-major):
-//   forward  Y^T[out,B]  = W^T'[in,out]^T * X^T[in,B]           (A = W, transposed)
-//   dW       dW^T[in,out] = X^T[in,B] * (dZ^T[out,B])^T          (bias grad: BGRADB over B)
-//   dX       dX^T[in,B]  = W^T'[in,out] * dZ^T[out,B]            (DRELU with the layer below's
-//   mask)
-// Between stages the output is after its ReLU, so the stage that receives a gradient applies
-// its own last layer's ReLU derivative (a mask kernel), and a stage's first layer sends its
-// input gradient as is.
+// CudaStage: its layers (CudaLinear) wired slot by slot. Between stages the output is after
+// its ReLU, so the stage that receives a gradient applies its own last layer's ReLU
+// derivative (a mask kernel), and a stage's first layer sends its input gradient as is.
 #include "models/mlp_stage_cuda.h"
 
 #include <cmath>
 #include <limits>
 
 #include "models/lt_matmul.h"
-#include "models/rng.h"
 #include "runtime/cuda_check.h"
 #include "runtime/error.h"
 
@@ -31,10 +21,8 @@ CudaStage::CudaStage(MlpShape shape, int first, int end, int max_batch, int slot
   weights_ = std::make_unique<DeviceParameters>(count, bf16(), optimizer, stream());
   const size_t rows = static_cast<size_t>(max_batch);
   int widest = 1;
-  for (int i = first; i < end; ++i) {
-    aux_ld_.push_back(round_up(shape_.layer(i).out, 128));
+  for (int i = first; i < end; ++i)
     widest = std::max(widest, shape_.layer(i).out);
-  }
   for (int s = 0; s < slots; ++s) {
     Slot slot;
     slot.input = DeviceBuffer<char>(rows * in_width() * act_bytes(), MemoryCategory::kActivations);
@@ -44,21 +32,40 @@ CudaStage::CudaStage(MlpShape shape, int first, int end, int max_batch, int slot
       slot.grad_input =
           DeviceBuffer<char>(rows * in_width() * act_bytes(), MemoryCategory::kActivations);
     if (is_last()) slot.labels = DeviceBuffer<int32_t>(rows, MemoryCategory::kActivations);
-    for (int i = first; i < end; ++i) {
-      const int out = shape_.layer(i).out;
-      slot.acts.emplace_back(rows * out * (hidden(i) ? act_bytes() : 4),
+    if (options.split_backward)
+      for (int i = first; i + 1 < end; ++i)
+        slot.dz.emplace_back(rows * shape_.layer(i).out * act_bytes(),
                              MemoryCategory::kActivations);
-      slot.aux.emplace_back(hidden(i) ? static_cast<size_t>(aux_ld_[i - first] / 8) * rows : 0,
-                            MemoryCategory::kActivations);
-      if (options.split_backward && i + 1 < end)
-        slot.dz.emplace_back(rows * out * act_bytes(), MemoryCategory::kActivations);
-    }
     slots_.push_back(std::move(slot));
   }
   if (!options.split_backward)  // else every slot has its own
     for (auto& buffer : pingpong_)
       buffer = DeviceBuffer<char>(rows * widest * act_bytes(), MemoryCategory::kActivations);
   workspace_ = DeviceBuffer<char>(options.workspace_bytes, MemoryCategory::kWorkspace);
+  const CudaLayerContext context{lt_,
+                                 stream(),
+                                 workspace_.data(),
+                                 workspace_.bytes(),
+                                 weights_.get(),
+                                 param_offset(),
+                                 options.precision,
+                                 options.fused_epilogues,
+                                 options.sync_debug};
+  for (int i = first; i < end; ++i) {
+    layers_.push_back(
+        std::make_unique<CudaLinear>(i, shape_.layer(i), hidden(i), slots, max_batch, context));
+    for (int s = 0; s < slots; ++s) {
+      CudaLinear::Wiring wiring;
+      wiring.input = i == first ? input(s) : layer(i - 1).output(s);
+      wiring.grad_output = dz(s, i);
+      wiring.grad_input = i > first ? dz(s, i - 1) : grad_input(s);
+      wiring.below = i > first ? &layer(i - 1) : nullptr;
+      // The stage's last hidden layer needs no mask: the gradient it receives is masked by a
+      // kernel from its output.
+      wiring.keep_mask = i + 1 < end;
+      layer(i).wire(s, wiring);
+    }
+  }
   sums_ = std::make_unique<DeviceLossSums>(stream());
   DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
 }
@@ -68,7 +75,7 @@ CudaStage::~CudaStage() {
 }
 
 void* CudaStage::output(int slot) const {
-  return act(slot, end_ - 1);
+  return layer(end_ - 1).output(slot);
 }
 
 void* CudaStage::grad_input(int slot) const {
@@ -88,73 +95,13 @@ void CudaStage::after(const char* op) const {
             cudaGetErrorString(error));
 }
 
-CudaStage::Plans& CudaStage::plans(int slot, int batch) {
-  const auto key = std::make_pair(slot, batch);
-  if (auto found = plans_.find(key); found != plans_.end()) return found->second;
+void CudaStage::build(int slot, int batch) {
   DDP_CHECK(batch >= 1 && batch <= max_batch_, "batch {} outside [1, {}]", batch, max_batch_);
-  Plans plans;
-  const ProductTypes types = product_types(options_.precision);
-  const size_t ws = workspace_.bytes();
-  const bool fused = options_.fused_epilogues;
-  const size_t base = param_offset();
+  DDP_CHECK(slot >= 0 && slot < slots(), "slot {} of {}", slot, slots());
   // Autotuning's alternatives: the products without their fused epilogues.
   const bool alternatives = options_.autotune && slot == 0 && batch == max_batch_;
-  auto alternative = [&](const MatmulSpec& spec) {
-    return alternatives ? make_plan(lt_, spec, ws, false, CUBLASLT_EPILOGUE_DEFAULT) : nullptr;
-  };
-  auto weight = [&](int i) -> void* {
-    const size_t at = shape_.layer(i).weight_offset - base;
-    return weights_->for_products(at);
-  };
-  for (int i = first_; i < end_; ++i) {
-    const LayerSlice& l = shape_.layer(i);
-    const int local = i - first_;
-    const LinearProducts p{l.in, l.out, batch, types.act, types.compute, hidden(i)};
-    const MatmulSpec f = linear_forward_spec(
-        p, weight(i), layer_input(slot, i), act(slot, i),
-        hidden(i) ? weights_->for_products(l.bias_offset - base)
-                  : static_cast<void*>(weights_->params() + l.bias_offset - base),
-        hidden(i) ? slots_[slot].aux[local].data() : nullptr, aux_ld_[local]);
-    // The stage's last hidden layer needs no mask: the gradient it receives is masked by a
-    // kernel from its output.
-    const bool mask = hidden(i) && fused && i + 1 < end_;
-    plans.forward.push_back(make_plan(
-        lt_, f, ws, mask, hidden(i) ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS));
-
-    const MatmulSpec w = linear_weight_grad_spec(p, layer_input(slot, i), dz(slot, i),
-                                                 weights_->grads() + l.weight_offset - base,
-                                                 weights_->grads() + l.bias_offset - base);
-    plans.dw.push_back(make_plan(lt_, w, ws, fused, CUBLASLT_EPILOGUE_DEFAULT));
-    plans.dw_plain.push_back(alternative(w));
-    // Accumulation adds the product (beta = 1); the bias gradient is then our kernel's.
-    MatmulSpec wa = w;
-    wa.beta = 1.0f;
-    plans.dw_accumulate.push_back(make_plan(lt_, wa, ws, false, CUBLASLT_EPILOGUE_DEFAULT));
-
-    if (i > first_ || !is_first()) {
-      if (i > first_) {
-        // The layer below's ReLU derivative, fused when its forward wrote the mask.
-        const bool below_has_mask =
-            plans.forward[local - 1]->epilogue() == CUBLASLT_EPILOGUE_RELU_AUX_BIAS;
-        const MatmulSpec x =
-            linear_input_grad_spec(p, weight(i), dz(slot, i), dz(slot, i - 1),
-                                   slots_[slot].aux[local - 1].data(), aux_ld_[local - 1]);
-        plans.dx.push_back(
-            make_plan(lt_, x, ws, fused && below_has_mask, CUBLASLT_EPILOGUE_DEFAULT));
-        plans.dx_plain.push_back(alternative(x));
-      } else {
-        // For the previous stage, which masks it.
-        const MatmulSpec x =
-            linear_input_grad_spec(p, weight(i), dz(slot, i), grad_input(slot), nullptr, 0);
-        plans.dx.push_back(make_plan(lt_, x, ws, false, CUBLASLT_EPILOGUE_DEFAULT));
-        plans.dx_plain.push_back(nullptr);
-      }
-    } else {
-      plans.dx.push_back(nullptr);
-      plans.dx_plain.push_back(nullptr);
-    }
-  }
-  return plans_.emplace(key, std::move(plans)).first->second;
+  for (auto& l : layers_)  // below first: a layer's input gradient fuses its ReLU's mask
+    l->build(slot, batch, alternatives);
 }
 
 void CudaStage::gather(const float* x, const int32_t* y, int dim, const int32_t* indices,
@@ -179,11 +126,9 @@ void CudaStage::set_labels(const int32_t* y, int batch, int slot) {
 }
 
 void CudaStage::forward(int slot, int batch) {
-  const Plans& p = plans(slot, batch);
-  for (const auto& plan : p.forward) {
-    plan->run(workspace_.data(), workspace_.bytes(), stream());
-    after("forward matmul");
-  }
+  build(slot, batch);
+  for (const auto& l : layers_)
+    l->forward(slot, batch);
 }
 
 void CudaStage::loss(int slot, int batch, float grad_scale, const int32_t* labels,
@@ -205,56 +150,31 @@ void CudaStage::mask_received(int slot, int batch) {
   after("ReLU mask");
 }
 
-void CudaStage::weight_grads(const Plans& p, int slot, int layer, int batch, bool accumulate) {
-  const int local = layer - first_;
-  const LayerSlice& l = shape_.layer(layer);
-  const LtMatmul& dw = accumulate ? *p.dw_accumulate[local] : *p.dw[local];
-  dw.run(workspace_.data(), workspace_.bytes(), stream());
-  after("weight-gradient matmul");
-  if (dw.epilogue() != CUBLASLT_EPILOGUE_BGRADB) {
-    launch_bias_grad(dz(slot, layer), batch, l.out, bf16(),
-                     weights_->grads() + l.bias_offset - param_offset(), accumulate, stream());
-    after("bias gradient");
-  }
-}
-
-void CudaStage::input_grad(const Plans& p, int slot, int layer, int batch) {
-  const int local = layer - first_;
-  if (!p.dx[local]) return;
-  p.dx[local]->run(workspace_.data(), workspace_.bytes(), stream());
-  after("input-gradient matmul");
-  if (layer > first_ && p.dx[local]->epilogue() != CUBLASLT_EPILOGUE_DRELU) {
-    launch_relu_mask(dz(slot, layer - 1), act(slot, layer - 1),
-                     static_cast<size_t>(batch) * shape_.layer(layer - 1).out, bf16(), stream());
-    after("ReLU mask");
-  }
-}
-
 void CudaStage::backward(int slot, int batch, bool accumulate,
                          const std::function<void(int)>& on_layer_done) {
-  const Plans& p = plans(slot, batch);
+  build(slot, batch);
   mask_received(slot, batch);
   for (int i = end_ - 1; i >= first_; --i) {
-    weight_grads(p, slot, i, batch, accumulate);
+    layer(i).backward_weight(slot, batch, accumulate);
     if (on_layer_done) on_layer_done(i - first_);
-    input_grad(p, slot, i, batch);
+    layer(i).backward_input(slot, batch);
   }
 }
 
 void CudaStage::backward_input(int slot, int batch) {
   DDP_CHECK(options_.split_backward, "backward_input() without CudaStageOptions::split_backward");
-  const Plans& p = plans(slot, batch);
+  build(slot, batch);
   mask_received(slot, batch);
   for (int i = end_ - 1; i >= first_; --i)
-    input_grad(p, slot, i, batch);
+    layer(i).backward_input(slot, batch);
 }
 
 void CudaStage::backward_weight(int slot, int batch, bool accumulate,
                                 const std::function<void(int)>& on_layer_done) {
   DDP_CHECK(options_.split_backward, "backward_weight() without CudaStageOptions::split_backward");
-  const Plans& p = plans(slot, batch);
+  build(slot, batch);
   for (int i = end_ - 1; i >= first_; --i) {
-    weight_grads(p, slot, i, batch, accumulate);
+    layer(i).backward_weight(slot, batch, accumulate);
     if (on_layer_done) on_layer_done(i - first_);
   }
 }
@@ -286,17 +206,8 @@ void CudaStage::get_grads(float* host) const {
 }
 
 void CudaStage::init_params_on_device(uint64_t seed) {
-  const size_t base = param_offset();
-  for (int i = first_; i < end_; ++i) {
-    const LayerSlice& layer = shape_.layer(i);
-    const uint64_t key = mix_seed(seed, static_cast<uint64_t>(i));  // as init_params
-    const float bound = 1.0f / std::sqrt(static_cast<float>(layer.in));
-    const size_t weights = static_cast<size_t>(layer.in) * layer.out;
-    launch_counter_uniform(weights_->params() + layer.weight_offset - base, weights, key, 0, -bound,
-                           bound, stream());
-    launch_counter_uniform(weights_->params() + layer.bias_offset - base, layer.out, key, weights,
-                           -bound, bound, stream());
-  }
+  for (const auto& l : layers_)
+    l->init_on_device(seed);
   refresh_low_precision_params();
 }
 
@@ -318,16 +229,10 @@ std::string CudaStage::memory_report() const {
 }
 
 std::string CudaStage::epilogue_summary() {
-  const Plans& p = plans(0, max_batch_);
+  build(0, max_batch_);
   int fused = 0, total = 0;
-  for (const auto* list : {&p.forward, &p.dw, &p.dx})
-    for (const auto& plan : *list) {
-      if (!plan) continue;
-      ++total;
-      const auto e = plan->epilogue();
-      fused += e == CUBLASLT_EPILOGUE_RELU_AUX_BIAS || e == CUBLASLT_EPILOGUE_BGRADB ||
-               e == CUBLASLT_EPILOGUE_DRELU || e == CUBLASLT_EPILOGUE_BIAS;
-    }
+  for (const auto& l : layers_)
+    l->count_fused(0, max_batch_, &fused, &total);
   return fmt::format("{} of {} products with fused epilogues (bias/ReLU mask, BGRADB, DRELU)",
                      fused, total);
 }
@@ -340,14 +245,11 @@ void CudaStage::fill_work_buffers(float value) {
     if (slot.grad_input.bytes() > 0)
       launch_fill(slot.grad_input.data(), slot.grad_input.bytes() / act_bytes(), bf16(), value,
                   stream());
-    for (int i = first_; i < end_; ++i) {
-      DeviceBuffer<char>& act = slot.acts[i - first_];
-      const bool low = hidden(i) && bf16();  // the logits are float32
-      launch_fill(act.data(), act.bytes() / (low ? 2 : 4), low, value, stream());
-    }
     for (auto& buffer : slot.dz)
       launch_fill(buffer.data(), buffer.bytes() / act_bytes(), bf16(), value, stream());
   }
+  for (const auto& l : layers_)
+    l->fill(value);
   for (auto& buffer : pingpong_)
     if (buffer.bytes() > 0)
       launch_fill(buffer.data(), buffer.bytes() / act_bytes(), bf16(), value, stream());
@@ -357,43 +259,17 @@ void CudaStage::fill_work_buffers(float value) {
 
 void CudaStage::autotune() {
   DDP_CHECK(options_.autotune, "autotune() without CudaStageOptions::autotune");
-  Plans& p = plans(0, max_batch_);
+  build(0, max_batch_);
   // Real values (not garbage, not zeros) in every buffer the products read.
   fill_work_buffers(0.01f);
   launch_fill(weights_->params(), weights_->count(), false, 0.01f, stream());
   if (bf16()) launch_fill(weights_->params16(), weights_->count(), true, 0.01f, stream());
-  const int batch = max_batch_;
-  const size_t base = param_offset();
   std::vector<TunableProduct> products;
-  for (int i = first_; i < end_; ++i) {
-    const int local = i - first_;
-    const LayerSlice& l = shape_.layer(i);
-    products.push_back({&p.forward[local], nullptr, {}});
-    // Weight gradient: the fused bias gradient (BGRADB) against the plain product + our kernel.
-    TunableProduct dw{&p.dw[local], nullptr, {}};
-    if (p.dw[local]->epilogue() == CUBLASLT_EPILOGUE_BGRADB && p.dw_plain[local]) {
-      dw.plain = &p.dw_plain[local];
-      dw.plain_extra = [this, i, l, batch, base] {
-        launch_bias_grad(dz(0, i), batch, l.out, bf16(), weights_->grads() + l.bias_offset - base,
-                         false, stream());
-      };
-    }
-    products.push_back(std::move(dw));
-    if (!p.dx[local]) continue;
-    // Input gradient: the fused ReLU derivative (DRELU) against the plain product + our mask.
-    TunableProduct dx{&p.dx[local], nullptr, {}};
-    if (p.dx[local]->epilogue() == CUBLASLT_EPILOGUE_DRELU && p.dx_plain[local]) {
-      dx.plain = &p.dx_plain[local];
-      dx.plain_extra = [this, i, batch] {
-        launch_relu_mask(dz(0, i - 1), act(0, i - 1),
-                         static_cast<size_t>(batch) * shape_.layer(i - 1).out, bf16(), stream());
-      };
-    }
-    products.push_back(std::move(dx));
-  }
+  for (const auto& l : layers_)
+    l->tunables(0, max_batch_, &products);
   const std::string key =
       fmt::format("layers {} [{}, {}) | batch {} | {} | fused {} | workspace {}",
-                  shape_.to_string(), first_, end_, batch, precision_name(options_.precision),
+                  shape_.to_string(), first_, end_, max_batch_, precision_name(options_.precision),
                   options_.fused_epilogues ? 1 : 0, options_.workspace_bytes);
   tuned_ = tune_products(products, key, options_.autotune_cache, workspace_.data(),
                          workspace_.bytes(), stream());

@@ -25,6 +25,7 @@
 #include "models/cuda_kernels.h"
 #include "models/device_loss.h"
 #include "models/device_parameters.h"
+#include "models/linear_cuda.h"
 #include "models/lt_matmul.h"
 #include "models/mlp.h"
 #include "models/optimizer.h"
@@ -155,28 +156,17 @@ class CudaStage : public StageLayers {
   struct Slot {
     DeviceBuffer<char> input, grad_output, grad_input;
     DeviceBuffer<int32_t> labels;
-    std::vector<DeviceBuffer<char>> acts;  // output of each of the stage's layers
-    std::vector<DeviceBuffer<char>> aux;   // ReLU bit masks of hidden layers
-    std::vector<DeviceBuffer<char>> dz;    // split backward: output gradients but the last's
+    std::vector<DeviceBuffer<char>> dz;  // split backward: every layer's output gradient but
+                                         // the last's (grad_output)
   };
-  struct Plans {
-    std::vector<std::unique_ptr<LtMatmul>> forward, dw, dw_accumulate, dx;  // by local layer
-    std::vector<std::unique_ptr<LtMatmul>> dw_plain, dx_plain;  // autotune's alternatives
-  };
-  Plans& plans(int slot, int batch);
+  // Every layer's plans of (slot, batch), once.
+  void build(int slot, int batch);
   void after(const char* op) const;
-  void* act(int slot, int layer) const { return slots_[slot].acts[layer - first_].data(); }
-  void* layer_input(int slot, int layer) const {
-    return layer == first_ ? input(slot) : act(slot, layer - 1);
-  }
+  CudaLinear& layer(int i) const { return *layers_[i - first_]; }
   // Where layer i's output gradient lives during backward.
   void* dz(int slot, int layer) const;
-  // backward's parts: the received gradient masked by the stage's last ReLU (not on the
-  // last stage); layer i's weight gradients; its input gradient (with the ReLU of the layer
-  // below).
+  // The received gradient masked by the stage's last ReLU (not on the last stage).
   void mask_received(int slot, int batch);
-  void weight_grads(const Plans& p, int slot, int layer, int batch, bool accumulate);
-  void input_grad(const Plans& p, int slot, int layer, int batch);
   bool hidden(int layer) const { return layer + 1 < shape_.num_layers(); }
 
   int max_batch_;
@@ -185,11 +175,10 @@ class CudaStage : public StageLayers {
   LtHandle lt_;
   std::unique_ptr<DeviceParameters> weights_;  // parameters, gradients, bf16 copy, optimizer
   std::vector<Slot> slots_;
-  std::vector<int64_t> aux_ld_;  // by local layer
-  DeviceBuffer<char> pingpong_[2];
+  DeviceBuffer<char> pingpong_[2];  // every slot's output gradients, without split backward
   DeviceBuffer<char> workspace_;
-  std::unique_ptr<DeviceLossSums> sums_;  // the loss's sums, training and evaluation
-  std::map<std::pair<int, int>, Plans> plans_;
+  std::vector<std::unique_ptr<CudaLinear>> layers_;  // their plans go before the handle
+  std::unique_ptr<DeviceLossSums> sums_;             // the loss's sums, training and evaluation
   TuneResult tuned_;
 };
 

@@ -1,0 +1,105 @@
+// One Linear layer of a GPU stage (CudaStage), a ReLU after it unless it is the model's last:
+// its slice of the stage's flat parameters, its outputs (and ReLU masks) for each slot, and
+// per slot and batch size the cuBLASLt plans of its three products: the forward with bias
+// (and ReLU with its mask as the aux output) fused into the epilogue, the weight gradient
+// with the bias gradient (BGRADB), the input gradient with the ReLU derivative of the layer
+// below (DRELU, from that layer's mask). forward, backward_weight and backward_input are
+// separate calls, so that a stage runs backward whole or in its two halves. What a new layer
+// type on the GPU is: a class like this one, and its line where CudaStage lists its layers.
+// Only built with CUDA. Every call is on the stage's stream.
+#pragma once
+
+#include <cublasLt.h>
+
+#include <map>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "models/device_parameters.h"
+#include "models/lt_matmul.h"
+#include "models/mlp.h"
+#include "models/plan_tuner.h"
+#include "models/precision.h"
+#include "runtime/device_buffer.h"
+
+namespace ddp {
+
+// What every layer of a stage shares.
+struct CudaLayerContext {
+  cublasLtHandle_t lt = nullptr;
+  cudaStream_t stream = nullptr;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  DeviceParameters* weights = nullptr;  // the stage's flat buffers
+  size_t base = 0;                      // the stage's first parameter in the model's layout
+  Precision precision = Precision::kFp32;
+  bool fused = true;  // cuBLASLt's fused epilogues (else plain products + our kernels)
+  bool sync_debug = false;
+};
+
+class CudaLinear {
+ public:
+  // Layer `index` of the model, `slice`; `hidden`: a ReLU follows (its output in the
+  // activation type, else float32 logits); outputs for `slots` micro-batches of at most
+  // max_batch samples.
+  CudaLinear(int index, const LayerSlice& slice, bool hidden, int slots, int max_batch,
+             const CudaLayerContext& context);
+
+  // Where a slot's tensors that the layer does not own are (fixed for the stage's life).
+  struct Wiring {
+    const void* input = nullptr;  // [batch, in] in the activation type
+    void* grad_output = nullptr;  // w.r.t. its pre-activation: masked by the layer above
+    void* grad_input = nullptr;   // its input gradient (null: the model's first layer)
+    // The layer below in this stage, whose ReLU derivative backward_input applies to
+    // grad_input (fused where its forward kept the mask); null: grad_input is sent as is.
+    const CudaLinear* below = nullptr;
+    bool keep_mask = true;  // forward keeps the ReLU mask (for the layer above's DRELU)
+  };
+  void wire(int slot, const Wiring& wiring) { wiring_.at(slot) = wiring; }
+
+  const LayerSlice& slice() const { return slice_; }
+  bool hidden() const { return hidden_; }
+  void* output(int slot) const { return outputs_[slot].data(); }
+  // init_params(shape, seed)'s values of this layer (bitwise the host's), made on the device.
+  void init_on_device(uint64_t seed) const;
+
+  // The plans of slot `slot` at `batch` (once; below's first); `alternatives`: also the
+  // products without their fused epilogues, for autotuning.
+  void build(int slot, int batch, bool alternatives);
+  bool built(int slot, int batch) const { return plans_.count({slot, batch}) > 0; }
+  void forward(int slot, int batch) const;
+  // Weight and bias gradients over (or, with `accumulate`, added to) the stage's gradients.
+  void backward_weight(int slot, int batch, bool accumulate) const;
+  // The input gradient, with the layer below's ReLU derivative.
+  void backward_input(int slot, int batch) const;
+
+  // Autotuning's products of slot `slot` at `batch` (built with alternatives).
+  void tunables(int slot, int batch, std::vector<TunableProduct>* products);
+  // Its products at (slot, batch) and how many use fused epilogues.
+  void count_fused(int slot, int batch, int* fused, int* total) const;
+  // Its outputs of every slot set to `value`.
+  void fill(float value) const;
+
+ private:
+  struct Plans {
+    std::unique_ptr<LtMatmul> forward, dw, dw_accumulate, dx;
+    std::unique_ptr<LtMatmul> dw_plain, dx_plain;  // autotune's alternatives
+  };
+  const Plans& plans(int slot, int batch) const { return plans_.at({slot, batch}); }
+  bool keeps_mask(int slot, int batch) const;
+  void after(const char* op) const;
+  bool bf16() const { return context_.precision == Precision::kBf16; }
+  float* grad_bias() const;
+
+  int index_;
+  LayerSlice slice_;
+  bool hidden_;
+  CudaLayerContext context_;
+  int64_t mask_ld_;
+  std::vector<DeviceBuffer<char>> outputs_, masks_;  // by slot
+  std::vector<Wiring> wiring_;                       // by slot
+  std::map<std::pair<int, int>, Plans> plans_;       // by (slot, batch)
+};
+
+}  // namespace ddp
