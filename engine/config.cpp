@@ -37,6 +37,10 @@ const char* device_name(Device device) {
   return device == Device::kCuda ? "cuda" : "cpu";
 }
 
+const char* data_name(DataSource data) {
+  return data == DataSource::kFashion ? "fashion" : data == DataSource::kNpy ? "npy" : "synthetic";
+}
+
 const char* backend_name(Backend backend) {
   switch (backend) {
     case Backend::kAuto:
@@ -177,8 +181,10 @@ const std::vector<Flag>& flags() {
     std::vector<Flag> f;
     f.push_back(text_flag("layers", "layer widths: input,hidden...,classes", &C::layers));
     f.back().shown = [](const C& c) { return c.layers; };
-    f.push_back(text_flag("data", "dataset: fashion | synthetic | npy", &C::data));
-    f.back().shown = [](const C& c) { return c.data; };
+    f.push_back(choice_flag<DataSource>("data", "dataset: fashion | synthetic | npy", &C::data,
+                                        {{"fashion", DataSource::kFashion},
+                                         {"synthetic", DataSource::kSynthetic},
+                                         {"npy", DataSource::kNpy}}));
     f.push_back(text_flag(
         "data-dir",
         "folder of the dataset's files (fashion: IDX .gz; npy: train_x.npy, train_y.npy, ...)",
@@ -422,7 +428,7 @@ bool parse_train_args(int argc, char** argv, TrainConfig* config) {
     throw UsageError(fmt::format("{} (see ddptrain --help)", e.what()));
   }
   // What depends on more than one flag.
-  if (!result.count("data-dir") && c.data == "npy") c.data_dir.clear();
+  if (!result.count("data-dir") && c.data == DataSource::kNpy) c.data_dir.clear();
   if (result.count("steps")) {
     DDP_USAGE_CHECK(!result.count("epochs"), "--steps and --epochs: give one or the other");
     DDP_USAGE_CHECK(c.steps > 0, "--steps {}: expected a positive number of steps", c.steps);
@@ -442,9 +448,7 @@ std::vector<std::string> flag_names() {
 
 void validate(const TrainConfig& c) {
   parse_layers(c.layers);  // throws with the flag on a malformed list
-  DDP_USAGE_CHECK(c.data == "fashion" || c.data == "synthetic" || c.data == "npy",
-                  "--data {}: expected fashion, synthetic or npy", c.data);
-  DDP_USAGE_CHECK(c.data != "npy" || !c.data_dir.empty(),
+  DDP_USAGE_CHECK(c.data != DataSource::kNpy || !c.data_dir.empty(),
                   "--data npy: --data-dir is required (a folder with train_x.npy and train_y.npy)");
   DDP_USAGE_CHECK(c.synthetic_samples >= 1, "--synthetic-samples {}: expected at least 1",
                   c.synthetic_samples);
@@ -550,8 +554,9 @@ std::vector<std::string> describe(const TrainConfig& c) {
           ? fmt::format(" ({}{}{})", precision_name(c.precision),
                         c.cuda_graph ? ", CUDA graph" : "", c.sync_debug ? ", sync-debug" : "")
           : ""));
-  lines.push_back(fmt::format("data       {}{}{}", c.data, c.data == "synthetic" ? "" : " from ",
-                              c.data == "synthetic" ? "" : c.data_dir));
+  const bool synthetic = c.data == DataSource::kSynthetic;
+  lines.push_back(fmt::format("data       {}{}{}", data_name(c.data), synthetic ? "" : " from ",
+                              synthetic ? "" : c.data_dir));
   lines.push_back(fmt::format(
       "schedule   batch {} {}, lr {} {} (warm-up {}), seed {}{}", c.batch_size,
       c.steps > 0 ? fmt::format("for {} steps", c.steps) : fmt::format("for {} epochs", c.epochs),

@@ -15,6 +15,7 @@
 namespace ddp {
 
 enum class Device { kCpu, kCuda };
+enum class DataSource { kFashion, kSynthetic, kNpy };
 enum class Backend { kAuto, kNccl, kGloo, kMpi };
 // A non-finite gradient (after the all-reduce, so every rank decides alike) or window loss:
 // stop ends the run (exit 1) before any checkpoint or weights are written; skip-step leaves
@@ -25,13 +26,14 @@ enum class OnNonfinite { kStop, kSkipStep };
 enum class GradReduce { kFp32, kBf16 };
 // The names the flags take ("cuda", "nccl", "skip-step").
 const char* device_name(Device device);
+const char* data_name(DataSource data);  // "fashion", "synthetic", "npy": --data's words
 const char* backend_name(Backend backend);
 const char* on_nonfinite_name(OnNonfinite policy);
 const char* grad_reduce_name(GradReduce reduce);
 
 struct TrainConfig {
   std::string layers = "784,512,512,10";
-  std::string data = "fashion";  // fashion | synthetic | npy
+  DataSource data = DataSource::kFashion;
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   int64_t synthetic_samples = 20000;
   int batch_size = 128;  // global batch

@@ -142,6 +142,17 @@ void write_pipeline_record(MetricsWriter& metrics, Communicator* world,
   metrics.write(record);
 }
 
+void write_ddp_timeline(MetricsWriter& metrics, const Ddp& ddp, int64_t step) {
+  if (!metrics.enabled()) return;
+  nlohmann::json events = nlohmann::json::array();
+  for (const DdpEvent& e : ddp.events())
+    events.push_back({{"what", e.what}, {"layer", e.layer}, {"bucket", e.bucket}});
+  metrics.write({{"event", "ddp_timeline"},
+                 {"step", step},
+                 {"buckets", ddp.buckets().size()},
+                 {"events", events}});
+}
+
 void write_timeline(const TimelineRecorder& timeline, Communicator* world,
                     const PipelineLayout& layout, bool gpu, bool lead, const std::string& path) {
   const int ranks = world ? world->size() : 1;

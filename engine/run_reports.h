@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "collectives/communicator.h"
+#include "engine/ddp.h"
 #include "engine/executor.h"
 #include "engine/gpu_monitor.h"
 #include "engine/metrics.h"
@@ -43,6 +44,10 @@ void write_pipeline_record(MetricsWriter& metrics, Communicator* world,
 // rank), free transfers; -1 when it cannot run them. Pure.
 double simulated_bubble(PipelineSchedule schedule, const PipelineLayout& layout, int micro_batches,
                         const std::vector<SimCosts>& costs);
+
+// The first step's data-parallel events (buckets issued and reduced, layer by layer), as the
+// `ddp_timeline` record.
+void write_ddp_timeline(MetricsWriter& metrics, const Ddp& ddp, int64_t step);
 
 // Every rank's spans in one Chrome trace at `path`, written by rank 0.
 void write_timeline(const TimelineRecorder& timeline, Communicator* world,

@@ -13,7 +13,9 @@
 #include <iterator>
 
 #include <fmt/format.h>
+
 #include <spdlog/spdlog.h>
+#include "runtime/checksum.h"
 
 #include "engine/checkpoint.h"
 #include "models/safetensors.h"
@@ -22,8 +24,8 @@
 namespace ddp {
 
 Dataset load_dataset(const TrainConfig& config) {
-  if (config.data == "fashion") return load_fashion_mnist(config.data_dir);
-  if (config.data == "npy") return load_npy_dataset(config.data_dir);
+  if (config.data == DataSource::kFashion) return load_fashion_mnist(config.data_dir);
+  if (config.data == DataSource::kNpy) return load_npy_dataset(config.data_dir);
   const MlpShape shape = parse_layers(config.layers);
   return make_synthetic(config.synthetic_samples,
                         std::max<int64_t>(1, config.synthetic_samples / 5), shape.input_width(),
@@ -69,6 +71,72 @@ StageSpec stage_cut(const TrainConfig& config, int replicas) {
   cut.batch = local_batch_of(config, cut.micro_batches, replicas);
   cut.max_batch = std::max(cut.batch, std::min(config.batch_size, 1024));
   return cut;
+}
+
+RankGroups make_rank_groups(Communicator* world, const PipelineLayout& layout, bool gpu) {
+  RankGroups g;
+  g.world = world;
+  if (world != nullptr && world->device_buffers()) g.host_world = make_host_staged(*world);
+  if (layout.stages == 1) return g;
+  g.pipe = world->split(layout.replica, layout.stage);
+  // Gradients on a communicator of their own: the GPU's queues never wait behind each
+  // other, and with several stages a rank (whose transfers to one peer carry both flows)
+  // each flow's messages match in order.
+  if (gpu || layout.chunks() > 1) g.grad = world->split(layout.replica, layout.stage);
+  if (layout.replicas > 1) g.dp = world->split(layout.stage, layout.replica);
+  if (g.pipe->device_buffers()) g.host_pipe = make_host_staged(*g.pipe);
+  return g;
+}
+
+std::function<void()> RankGroups::abort_all() const {
+  std::vector<Communicator*> all{world, pipe.get(), grad.get(), dp.get()};
+  return [all] {
+    for (Communicator* c : all)
+      if (c != nullptr) c->abort();
+  };
+}
+
+void check_replicas_agree(Communicator& replicas, const float* params, size_t count, int64_t step,
+                          const PipelineLayout& layout) {
+  const int64_t mine = params_checksum(params, count);
+  std::vector<int64_t> all(replicas.size());
+  replicas.all_gather(&mine, all.data(), 1, DataType::kInt64);
+  for (int r = 0; r < replicas.size(); ++r)
+    DDP_CHECK(all[r] == all[0],
+              "--check-replicas: after step {} replica {} holds different weights than replica "
+              "0{} (checksums {:08x} and {:08x})",
+              step, r,
+              layout.stages > 1 ? fmt::format(" in stage {}", layout.stage) : std::string(),
+              static_cast<uint32_t>(all[r]), static_cast<uint32_t>(all[0]));
+}
+
+RunSettings run_settings(const TrainConfig& config, int64_t total_steps, int world_size) {
+  RunSettings s;
+  s.seed = config.seed;
+  s.lr = config.lr;
+  s.total_steps = total_steps;
+  s.lr_schedule = schedule_name(config.lr_schedule);
+  s.world_size = world_size;
+  s.data = data_name(config.data);
+  const bool synthetic = config.data == DataSource::kSynthetic;
+  s.synthetic_samples = synthetic ? config.synthetic_samples : 0;
+  s.shuffle = config.shuffle;
+  s.data_dir = synthetic ? "" : config.data_dir;
+  s.momentum = config.optimizer.momentum;
+  s.weight_decay = config.optimizer.weight_decay;
+  s.warmup_steps = config.warmup_steps;
+  return s;
+}
+
+void check_skipped_steps(const TrainConfig& config, int64_t skipped, int64_t steps, int64_t step) {
+  const int64_t limit =
+      config.max_skipped_steps >= 0 ? config.max_skipped_steps : config.log_every / 10;
+  if (skipped <= limit) return;
+  throw NonFiniteError(fmt::format(
+      "steps up to {}: {} of the last {} steps were skipped (non-finite gradients), more than "
+      "--max-skipped-steps {}; stopped before any checkpoint or weights were written (lower --lr "
+      "or check the data)",
+      step, skipped, steps, limit));
 }
 
 StageSpec whole_model_spec(const TrainConfig& config, int replicas) {
@@ -180,7 +248,7 @@ MemoryNeed estimate_memory(const TrainConfig& config) {
   need.activation_bytes = config.recompute
                               ? batch * shape.input_width() * 4 * live + batch * widths * 4 * 2
                               : batch * widths * 4 * 2 * live;
-  if (config.data == "synthetic") {
+  if (config.data == DataSource::kSynthetic) {
     const double samples =
         config.synthetic_samples + std::max<int64_t>(1, config.synthetic_samples / 5);
     need.data_bytes = samples * (shape.input_width() + 1) * 4;

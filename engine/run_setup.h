@@ -42,6 +42,36 @@ int local_batch_of(const TrainConfig& config, int micro_batches, int replicas);
 // How a step is cut for every stage: the model's shape, the micro-batches, this replica's
 // samples of one (local_batch_of) and the largest chunk forwarded at once (evaluation).
 StageSpec stage_cut(const TrainConfig& config, int replicas);
+// The communicators of this rank's layout, split from the world (collective over it, in
+// the same order on every rank), and host views of the device ones (bookkeeping).
+struct RankGroups {
+  Communicator* world = nullptr;
+  std::unique_ptr<Communicator> pipe;  // this replica's stages (pp > 1)
+  std::unique_ptr<Communicator> grad;  // the same ranks again, for gradients (GPU, chunks > 1)
+  std::unique_ptr<Communicator> dp;    // this stage's replicas (pp > 1, dp > 1)
+  std::unique_ptr<Communicator> host_world, host_pipe;  // where the others are NCCL's
+  // Activations forward on `pipe`, gradients back on `grad` where there is one.
+  StageLinks links() const { return {pipe.get(), grad ? grad.get() : pipe.get()}; }
+  Communicator* replicas() const { return dp ? dp.get() : world; }
+  Communicator* host() const { return host_world ? host_world.get() : world; }
+  Communicator* host_pipeline() const { return host_pipe ? host_pipe.get() : pipe.get(); }
+  // Aborts every one of them (a stalled GPU step).
+  std::function<void()> abort_all() const;
+};
+RankGroups make_rank_groups(Communicator* world, const PipelineLayout& layout, bool gpu);
+
+// --check-replicas: throws (naming the replica and the stage) when this stage's replicas
+// hold different weights after step `step` (collective over `replicas`).
+void check_replicas_agree(Communicator& replicas, const float* params, size_t count, int64_t step,
+                          const PipelineLayout& layout);
+
+// What a checkpoint records of the run besides the model (what --resume checks).
+RunSettings run_settings(const TrainConfig& config, int64_t total_steps, int world_size);
+
+// Throws NonFiniteError when a logging window of `steps` steps up to `step` skipped more
+// (--on-nonfinite skip-step) than --max-skipped-steps allows (default: a tenth of the window).
+void check_skipped_steps(const TrainConfig& config, int64_t skipped, int64_t steps, int64_t step);
+
 // The whole model as stage 0 of 1 with one activation slot (no pipeline), cut as stage_cut:
 // the stage a GPU runner made before the trainer holds.
 StageSpec whole_model_spec(const TrainConfig& config, int replicas);

@@ -58,35 +58,19 @@ Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* c
   check_model_fits_data(shape, config, data);
   set_cpu_threads(config.threads);
   const bool gpu = config.device == Device::kCuda;
-  if (comm_ != nullptr && comm_->device_buffers()) host_world_ = make_host_staged(*comm_);
-  if (layout_.stages > 1) {
-    // Collective over the world, in the same order on every rank.
-    pipe_group_ = comm_->split(layout_.replica, layout_.stage);
-    // Gradients on a communicator of their own: the GPU's queues never wait behind each
-    // other, and with several stages a rank (whose transfers to one peer carry both flows)
-    // each flow's messages match in order.
-    if (gpu || layout_.chunks() > 1) grad_group_ = comm_->split(layout_.replica, layout_.stage);
-    if (layout_.replicas > 1) dp_group_ = comm_->split(layout_.stage, layout_.replica);
-    if (pipe_group_->device_buffers()) host_pipe_ = make_host_staged(*pipe_group_);
-    if (lead())
-      spdlog::info("pipeline: dp {} x pp {}, {} micro-batches of {} per replica, {} schedule; {}",
-                   layout_.replicas, layout_.stages, micro_batches_, local_batch_,
-                   schedule_name(config.schedule), describe_layout(layout_));
-  }
-  const StageLinks links{pipe_group_.get(), grad_group_ ? grad_group_.get() : pipe_group_.get()};
+  groups_ = make_rank_groups(comm_, layout_, gpu);
+  if (layout_.stages > 1 && lead())
+    spdlog::info("pipeline: dp {} x pp {}, {} micro-batches of {} per replica, {} schedule; {}",
+                 layout_.replicas, layout_.stages, micro_batches_, local_batch_,
+                 schedule_name(config.schedule), describe_layout(layout_));
   DDP_CHECK(runner == nullptr || (gpu && layout_.stages == 1 && spec_.slots == 1),
             "a runner made beforehand is the whole model's on the GPU (whole_model_spec)");
   DDP_CHECK(!gpu || stages_.chunks.size() == 1, "the GPU runners hold one stage a rank");
   if (gpu) {
-    std::vector<Communicator*> all{comm_, pipe_group_.get(), grad_group_.get(), dp_group_.get()};
-    auto abort_all = [all] {
-      for (Communicator* c : all)
-        if (c != nullptr) c->abort();
-    };
     runner_ = runner ? std::move(runner) : make_gpu_runner(spec_, config);
-    runner_->attach(data, links, comm_, abort_all);
+    runner_->attach(data, groups_.links(), comm_, groups_.abort_all());
   } else {
-    runner_ = make_cpu_runner(stages_, config, data, links);
+    runner_ = make_cpu_runner(stages_, config, data, groups_.links());
   }
   // Every stage starts from the one-process initialisation and takes its layers.
   if (!runner_->initial_params())
@@ -136,23 +120,6 @@ void Trainer::plan_steps() {
   }
   runner_->begin_steps(batch_indices_.data(), lrs_.data(), step_, static_cast<int>(n));
   planned_end_ = step_ + n;
-}
-
-RunSettings Trainer::settings() const {
-  RunSettings s;
-  s.seed = config_.seed;
-  s.lr = config_.lr;
-  s.total_steps = total_steps_;
-  s.lr_schedule = schedule_name(config_.lr_schedule);
-  s.world_size = ranks_;
-  s.data = config_.data;
-  s.synthetic_samples = config_.data == "synthetic" ? config_.synthetic_samples : 0;
-  s.shuffle = config_.shuffle;
-  s.data_dir = config_.data == "synthetic" ? "" : config_.data_dir;
-  s.momentum = config_.optimizer.momentum;
-  s.weight_decay = config_.optimizer.weight_decay;
-  s.warmup_steps = config_.warmup_steps;
-  return s;
 }
 
 void Trainer::run_schedule(StepStats* stats) {
@@ -219,42 +186,27 @@ StepStats Trainer::step() {
   ++step_;
   timeline_.add(SpanKind::kOptimizer, step_, -1, start, timeline_.now_us());
   Communicator* replicas = dp_comm();
-  if (config_.check_replicas && replicas != nullptr && replicas->size() > 1) {
-    const int64_t mine = params_checksum(runner_->params(), stages_.param_count());
-    std::vector<int64_t> all(replicas->size());
-    replicas->all_gather(&mine, all.data(), 1, DataType::kInt64);
-    for (int r = 0; r < replicas->size(); ++r)
-      DDP_CHECK(all[r] == all[0],
-                "--check-replicas: after step {} replica {} holds different weights than replica "
-                "0{} (checksums {:08x} and {:08x})",
-                step_, r,
-                layout_.stages > 1 ? fmt::format(" in stage {}", layout_.stage) : std::string(),
-                static_cast<uint32_t>(all[r]), static_cast<uint32_t>(all[0]));
-  }
+  if (config_.check_replicas && replicas != nullptr && replicas->size() > 1)
+    check_replicas_agree(*replicas, runner_->params(), stages_.param_count(), step_, layout_);
   stats.step_s = step_clock.seconds();
   return stats;
 }
 
-LossSum Trainer::evaluate_range(const Split& split, int64_t begin, int64_t end) {
-  return runner_->evaluate(split, begin, end);
+LossSum Trainer::evaluate_shards(const Split& split) {
+  // Each replica evaluates its contiguous shard (through its pipeline); the last stages'
+  // sums are combined.
+  const int64_t begin = split.n * layout_.replica / layout_.replicas;
+  const int64_t end = split.n * (layout_.replica + 1) / layout_.replicas;
+  const LossSum shard = runner_->evaluate(split, begin, end);
+  double sums[2] = {shard.loss, static_cast<double>(shard.correct)};
+  sum_over_ranks(host_comm(), sums, 2);
+  return {sums[0], static_cast<int>(sums[1])};
 }
 
 EvalResult Trainer::evaluate(const Split& split) {
   EvalResult result;
   if (split.n == 0) return result;
-  LossSum sum;
-  if (layout_.stages == 1) {
-    sum = evaluate_range(split, 0, split.n);
-  } else {
-    // Each replica's pipeline evaluates its shard; the last stages' sums are combined.
-    const int64_t begin = split.n * layout_.replica / layout_.replicas;
-    const int64_t end = split.n * (layout_.replica + 1) / layout_.replicas;
-    const LossSum shard = evaluate_range(split, begin, end);
-    double sums[2] = {shard.loss, static_cast<double>(shard.correct)};
-    sum_over_ranks(host_comm(), sums, 2);
-    sum.loss = sums[0];
-    sum.correct = static_cast<int>(sums[1]);
-  }
+  const LossSum sum = evaluate_shards(split);
   result.samples = split.n;
   result.loss = sum.loss / static_cast<double>(split.n);
   result.accuracy = static_cast<double>(sum.correct) / static_cast<double>(split.n);
@@ -308,17 +260,6 @@ void Trainer::write_pending_checkpoint(bool barrier) {
   if (barrier && comm_ != nullptr && ranks_ > 1) comm_->barrier();
 }
 
-void Trainer::check_skipped(int64_t skipped, int64_t steps) const {
-  const int64_t limit =
-      config_.max_skipped_steps >= 0 ? config_.max_skipped_steps : config_.log_every / 10;
-  if (skipped <= limit) return;
-  throw NonFiniteError(fmt::format(
-      "steps up to {}: {} of the last {} steps were skipped (non-finite gradients), more than "
-      "--max-skipped-steps {}; stopped before any checkpoint or weights were written (lower --lr "
-      "or check the data)",
-      step_, skipped, steps, limit));
-}
-
 TrainResult Trainer::run(MetricsWriter* metrics, GpuMonitor* monitor) {
   try {
     return run_loop(metrics, monitor);
@@ -359,15 +300,7 @@ TrainResult Trainer::run_loop(MetricsWriter* metrics_in, GpuMonitor* monitor) {
   while (step_ < total_steps_) {
     if (ddp_) ddp_->record_events(first);
     const StepStats stats = step();
-    if (first && ddp_ && lead() && metrics.enabled()) {
-      nlohmann::json events = nlohmann::json::array();
-      for (const DdpEvent& e : ddp_->events())
-        events.push_back({{"what", e.what}, {"layer", e.layer}, {"bucket", e.bucket}});
-      metrics.write({{"event", "ddp_timeline"},
-                     {"step", step_},
-                     {"buckets", ddp_->buckets().size()},
-                     {"events", events}});
-    }
+    if (first && ddp_ && lead()) write_ddp_timeline(metrics, *ddp_, step_);
     if (first) progress.first_step_done();
     first = false;
     if (stats.skipped > 0) {
@@ -407,7 +340,7 @@ TrainResult Trainer::run_loop(MetricsWriter* metrics_in, GpuMonitor* monitor) {
             fmt::format("steps up to {}: non-finite loss on rank {}; stopped before any "
                         "checkpoint or weights were written (lower --lr or check the data)",
                         step_, rank_));
-      check_skipped(window_skipped, window_steps);
+      check_skipped_steps(config_, window_skipped, window_steps, step_);
       window_skipped = 0;
       const GpuWindowReport gpu = report_gpu_window(host_comm(), monitor, lead(), &gpu_warned);
       progress.window(step_, window[0], static_cast<int64_t>(window[1]),
@@ -422,15 +355,8 @@ TrainResult Trainer::run_loop(MetricsWriter* metrics_in, GpuMonitor* monitor) {
       window_steps = 0;
     }
     if (config_.eval_every > 0 && step_ % config_.eval_every == 0 && data_.test.n > 0) {
-      // Each replica evaluates its contiguous shard of the test split; the sums are combined.
-      const int64_t begin = data_.test.n * layout_.replica / layout_.replicas;
-      const int64_t end = data_.test.n * (layout_.replica + 1) / layout_.replicas;
-      const LossSum shard = evaluate_range(data_.test, begin, end);
-      double sums[3] = {shard.loss, static_cast<double>(shard.correct),
-                        stages_.has_last() ? static_cast<double>(end - begin) : 0.0};
-      sum_over_ranks(host_comm(), sums, 3);
-      progress.evaluation(step_, sums[0], static_cast<int64_t>(sums[1]),
-                          static_cast<int64_t>(sums[2]));
+      const LossSum sum = evaluate_shards(data_.test);
+      progress.evaluation(step_, sum.loss, sum.correct, data_.test.n);
     }
     if (!config_.checkpoint_dir.empty() && config_.checkpoint_every > 0 &&
         step_ % config_.checkpoint_every == 0)

@@ -61,11 +61,11 @@ class Trainer {
   int64_t current_step() const { return step_; }
   // One optimizer step over the next global batch (collective with a group).
   StepStats step();
-  // Collective with a pipeline (every rank gets the result); else this rank alone.
+  // Collective over the ranks (each replica evaluates its shard; every rank gets the result).
   EvalResult evaluate(const Split& split);
-  // Loss sum and hits over samples [begin, end) of `split` (one replica's shard), forwarded
-  // through the pipeline: the last stage's sums, zero on the other stages.
-  LossSum evaluate_range(const Split& split, int64_t begin, int64_t end);
+  // Loss sum and hits over all of `split`, each replica its contiguous shard forwarded
+  // through its pipeline, summed over the ranks (collective).
+  LossSum evaluate_shards(const Split& split);
   // The whole run: logs progress, writes metrics (to `metrics` when given, else to
   // config.metrics), checkpoints, evaluates, saves weights (rank 0). `monitor` (GPU runs; null:
   // none) samples this rank's GPU: each window's figures of every rank go into the window's
@@ -97,19 +97,18 @@ class Trainer {
   // True on every rank when any rank's `mine` is true (a sum over the world with a
   // pipeline, where stages hold different parameters).
   bool any_rank(bool mine);
-  Communicator* dp_comm() { return dp_group_ ? dp_group_.get() : comm_; }
+  Communicator* dp_comm() { return groups_.replicas(); }
   // The world and the pipeline group for host buffers (bookkeeping): themselves on the CPU,
   // views staged through device memory when the communicators are NCCL's.
-  Communicator* host_comm() { return host_world_ ? host_world_.get() : comm_; }
-  Communicator* host_pipe() { return host_pipe_ ? host_pipe_.get() : pipe_group_.get(); }
+  Communicator* host_comm() { return groups_.host(); }
+  Communicator* host_pipe() { return groups_.host_pipeline(); }
   TrainResult run_loop(MetricsWriter* metrics, GpuMonitor* monitor);
   // Takes the checkpoint of the current step (its weights checked finite) as pending: it is
   // written by write_pending_checkpoint once the next step's loss is finite (collective).
   void take_checkpoint();
   void write_pending_checkpoint(bool barrier);
-  // Throws when a window skipped more steps than --max-skipped-steps allows.
-  void check_skipped(int64_t skipped, int64_t steps) const;
-  RunSettings settings() const;  // what a checkpoint records besides the model
+  // What a checkpoint records besides the model.
+  RunSettings settings() const { return run_settings(config_, total_steps_, ranks_); }
   // Throws (exit 1) when a weight is NaN or Inf, naming the step; `before` says what is
   // then not done.
   void check_finite_params(const char* before);
@@ -122,12 +121,9 @@ class Trainer {
   int ranks_ = 1;
   PipelineLayout layout_;
   int micro_batches_ = 1;
-  int local_batch_ = 0;                       // samples per replica per micro-batch
-  std::unique_ptr<Communicator> pipe_group_;  // this replica's stages (pp > 1)
-  std::unique_ptr<Communicator> grad_group_;  // the same ranks again, for gradients (GPU)
-  std::unique_ptr<Communicator> dp_group_;    // this stage's replicas (pp > 1, dp > 1)
-  std::unique_ptr<Communicator> host_world_, host_pipe_;  // host views (device communicators)
-  std::unique_ptr<ScheduleExecutor> executor_;            // this stage's schedule of a step
+  int local_batch_ = 0;  // samples per replica per micro-batch
+  RankGroups groups_;    // split from the world: before the runner, which uses them
+  std::unique_ptr<ScheduleExecutor> executor_;  // this stage's schedule of a step
   RankStages stages_;  // what this rank runs: its stages (several with interleaving)
   StageSpec spec_;     // its first stage (the only one on the GPU)
   std::unique_ptr<StageRunner> runner_;

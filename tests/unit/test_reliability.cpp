@@ -409,7 +409,7 @@ TEST(NonFinite, InfinitiesAreFoundAsWellAsNaNs) {
 TEST(MicroBatches, TheDefaultCountIsCheckedAgainstTheBatchToo) {
   TrainConfig config;
   config.layers = "8,8,8,4";
-  config.data = "synthetic";
+  config.data = DataSource::kSynthetic;
   config.pp = 2;
   config.batch_size = 12;  // --micro-batches 0 means 4 x 2 = 8, which 12 does not divide
   try {

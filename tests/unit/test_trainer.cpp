@@ -19,7 +19,7 @@ namespace {
 TrainConfig synthetic_config() {
   TrainConfig config;
   config.layers = "12,16,4";
-  config.data = "synthetic";
+  config.data = DataSource::kSynthetic;
   config.synthetic_samples = 400;
   config.batch_size = 20;
   config.epochs = 3;
