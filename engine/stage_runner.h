@@ -45,11 +45,8 @@ struct StageSpec {
   bool is_last() const { return end == shape.num_layers(); }
   int in_width() const { return shape.widths()[first]; }
   int out_width() const { return shape.widths()[end]; }
-  size_t param_offset() const { return shape.layer(first).weight_offset; }
-  size_t param_count() const {
-    const LayerSlice& last = shape.layer(end - 1);
-    return last.bias_offset + last.out - param_offset();
-  }
+  size_t param_offset() const { return shape.params_offset(first); }
+  size_t param_count() const { return shape.params_count(first, end); }
 };
 
 // The stages one pipeline rank runs: one, or several (interleaved-1f1b, zb-v) in stage order.

@@ -31,7 +31,12 @@ class MlpShape {
   int num_classes() const { return widths_.back(); }
   int max_width() const;
   size_t param_count() const { return param_count_; }  // elements
-  std::string to_string() const;                       // "784,512,512,10"
+  // The parameters of layers [first, end) in the flat buffer: where they start, how many.
+  size_t params_offset(int first) const { return layers_[first].weight_offset; }
+  size_t params_count(int first, int end) const {
+    return layers_[end - 1].weight_offset + layers_[end - 1].count() - params_offset(first);
+  }
+  std::string to_string() const;  // "784,512,512,10"
   // A hash of the layer shapes, the same on every rank that holds the same model.
   uint64_t fingerprint() const;
 
@@ -57,11 +62,8 @@ class StageLayers {
   int in_width() const { return shape_.widths()[first_]; }
   int out_width() const { return shape_.widths()[end_]; }
   // Where this stage's parameters start in the whole model's flat buffer, and how many.
-  size_t param_offset() const { return shape_.layer(first_).weight_offset; }
-  size_t param_count() const {
-    const LayerSlice& last = shape_.layer(end_ - 1);
-    return last.bias_offset + last.out - param_offset();
-  }
+  size_t param_offset() const { return shape_.params_offset(first_); }
+  size_t param_count() const { return shape_.params_count(first_, end_); }
 
  protected:
   MlpShape shape_;

@@ -13,8 +13,7 @@ CpuStage::CpuStage(MlpShape shape, int first, int end, int max_batch, int slots,
                    float* grads, bool recompute)
     : StageLayers(std::move(shape), first, end), max_batch_(max_batch), recompute_(recompute) {
   DDP_CHECK(slots >= 1, "stage of layers [{}, {}) with {} slots", first_, end_, slots);
-  const size_t count = shape_.layer(end_ - 1).bias_offset + shape_.layer(end_ - 1).out -
-                       shape_.layer(first_).weight_offset;
+  const size_t count = param_count();
   if (params == nullptr) {
     own_params_.resize(count);
     params = own_params_.data();

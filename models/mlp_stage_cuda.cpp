@@ -16,9 +16,7 @@ CudaStage::CudaStage(MlpShape shape, int first, int end, int max_batch, int slot
                      const OptimizerConfig& optimizer, const CudaStageOptions& options)
     : StageLayers(std::move(shape), first, end), max_batch_(max_batch), options_(options) {
   DDP_CHECK(slots >= 1 && max_batch >= 1, "stage with {} slots of {} samples", slots, max_batch);
-  const LayerSlice& last = shape_.layer(end - 1);
-  const size_t count = last.bias_offset + last.out - param_offset();
-  weights_ = std::make_unique<DeviceParameters>(count, bf16(), optimizer, stream());
+  weights_ = std::make_unique<DeviceParameters>(param_count(), bf16(), optimizer, stream());
   const size_t rows = static_cast<size_t>(max_batch);
   int widest = 1;
   for (int i = first; i < end; ++i)
