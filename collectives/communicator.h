@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "collectives/backend.h"
+
 namespace ddp {
 
 class StoreClient;
@@ -195,9 +197,9 @@ class Communicator {
   bool is_world_ = true;
 };
 
-// Which backend to use: "auto" = NCCL with GPUs, else Gloo, else MPI under mpirun.
+// Which backend to use (backend.h): auto = NCCL with GPUs, else Gloo, else MPI under mpirun.
 struct CommConfig {
-  std::string backend = "auto";  // auto | nccl | gloo | mpi
+  Backend backend = Backend::kAuto;
   double timeout_s = 300.0;
   bool gpu = false;  // buffers on the GPU (the process has bound its device)
 };

@@ -27,7 +27,7 @@ namespace {
 
 struct BenchConfig {
   std::string op = "all_reduce";
-  std::string backend = "auto";
+  Backend backend = Backend::kAuto;
   std::string device = "cpu";
   size_t min_bytes = 8;
   size_t max_bytes = 64u << 20;
@@ -332,7 +332,7 @@ int main(int argc, char** argv) {
     // clang-format off
     options.add_options()
       ("op", "all_reduce | all_gather | reduce_scatter | broadcast | sendrecv", cxxopts::value<std::string>()->default_value(c.op))
-      ("backend", "auto | nccl | gloo | mpi", cxxopts::value<std::string>()->default_value(c.backend))
+      ("backend", "auto | nccl | gloo | mpi", cxxopts::value<std::string>()->default_value(backend_name(c.backend)))
       ("device", "cpu or cuda (buffers on the GPU)", cxxopts::value<std::string>()->default_value(c.device))
       ("min-bytes", "smallest size", cxxopts::value<size_t>()->default_value(std::to_string(c.min_bytes)))
       ("max-bytes", "largest size", cxxopts::value<size_t>()->default_value(std::to_string(c.max_bytes)))
@@ -348,7 +348,11 @@ int main(int argc, char** argv) {
       return 0;
     }
     c.op = result["op"].as<std::string>();
-    c.backend = result["backend"].as<std::string>();
+    const std::string backend = result["backend"].as<std::string>();
+    const std::optional<ddp::Backend> named = ddp::backend_from_name(backend);
+    if (!named)
+      throw ddp::UsageError(fmt::format("--backend {}: expected auto, nccl, gloo or mpi", backend));
+    c.backend = *named;
     c.device = result["device"].as<std::string>();
     c.min_bytes = result["min-bytes"].as<size_t>();
     c.max_bytes = result["max-bytes"].as<size_t>();

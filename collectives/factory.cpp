@@ -127,30 +127,28 @@ std::unique_ptr<Communicator> make_communicator(const CommConfig& config, const 
 
 CommunicatorStart start_communicator(const CommConfig& config, const ProcessEnv& env,
                                      std::shared_ptr<StoreClient> store) {
-  std::string backend = config.backend;
-  if (backend == "auto") {
-    if (env.world_size == 1)
-      backend = "self";
-    else if (config.gpu && DDP_HAVE_NCCL)
-      backend = "nccl";
+  Backend backend = config.backend;
+  if (backend == Backend::kAuto) {
+    // One process talks to itself, whatever a job of several would use.
+    if (env.world_size == 1) return ready(std::make_unique<SelfCommunicator>(config.gpu));
+    if (config.gpu && DDP_HAVE_NCCL)
+      backend = Backend::kNccl;
     else if (!config.gpu && DDP_HAVE_GLOO && store != nullptr)
-      backend = "gloo";
+      backend = Backend::kGloo;
     else if (!config.gpu && DDP_HAVE_MPI && env.launcher == Launcher::kMpirun)
-      backend = "mpi";
+      backend = Backend::kMpi;
     else
       throw UsageError(fmt::format(
           "--backend auto: no backend fits ({} buffers, launcher {}, built: {}); {}",
           config.gpu ? "GPU" : "CPU", launcher_name(env.launcher), built_backends(),
           config.gpu ? "rebuild with NCCL" : "start with ddprun (Gloo) or mpirun (MPI)"));
   }
-  DDP_USAGE_CHECK(backend == "self" || backend == "nccl" || backend == "gloo" || backend == "mpi",
-                  "--backend {}: expected auto, nccl, gloo or mpi", config.backend);
-  if (backend == "self") return ready(std::make_unique<SelfCommunicator>(config.gpu));
-  DDP_USAGE_CHECK(backend != "nccl" || config.gpu,
+  DDP_USAGE_CHECK(backend != Backend::kNccl || config.gpu,
                   "--backend nccl works on GPU buffers: use --device cuda");
-  DDP_USAGE_CHECK(backend == "nccl" || !config.gpu,
-                  "--backend {} works on CPU buffers; GPU training uses nccl", backend);
-  if (backend == "gloo") {
+  DDP_USAGE_CHECK(backend == Backend::kNccl || !config.gpu,
+                  "--backend {} works on CPU buffers; GPU training uses nccl",
+                  backend_name(backend));
+  if (backend == Backend::kGloo) {
 #if DDP_HAVE_GLOO
     auto comm = make_gloo_communicator(env.rank, env.world_size, store,
                                        fmt::format("ddp/gloo/{}/world/", env.restart_count),
@@ -160,7 +158,7 @@ CommunicatorStart start_communicator(const CommConfig& config, const ProcessEnv&
     throw UsageError("--backend gloo: this build has no Gloo (install libgloo-dev and rebuild)");
 #endif
   }
-  if (backend == "mpi") {
+  if (backend == Backend::kMpi) {
 #if DDP_HAVE_MPI
     DDP_USAGE_CHECK(env.launcher == Launcher::kMpirun, "--backend mpi: start the job with mpirun");
     return ready(make_mpi_communicator(store, config.timeout_s));

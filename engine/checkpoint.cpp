@@ -76,7 +76,7 @@ void save_checkpoint(const std::string& dir, const MlpShape& shape, const Checkp
       {"format", kFormat},
       {"layers", shape.to_string()},
       {"step", std::to_string(c.step)},
-      {"optimizer", c.optimizer},
+      {"optimizer", optimizer_name(c.optimizer)},
       {"optimizer_steps", std::to_string(c.optimizer_steps)},
       {"batch_size", std::to_string(c.batch_size)},
       {"seed", std::to_string(c.settings.seed)},
@@ -174,9 +174,8 @@ std::optional<std::string> find_latest_checkpoint(const std::string& dir) {
   return path;
 }
 
-Checkpoint load_checkpoint(const std::string& path, const MlpShape& shape,
-                           const std::string& optimizer, int batch_size,
-                           const RunSettings& current) {
+Checkpoint load_checkpoint(const std::string& path, const MlpShape& shape, OptimizerKind optimizer,
+                           int batch_size, const RunSettings& current) {
   const SafetensorsFile file = read_safetensors(path);
   auto meta = [&](const char* key) {
     const auto found = file.metadata.find(key);
@@ -199,9 +198,9 @@ Checkpoint load_checkpoint(const std::string& path, const MlpShape& shape,
   DDP_USAGE_CHECK(meta("layers") == shape.to_string(),
                   "{}: checkpoint of --layers {}, but this run has --layers {}", path,
                   meta("layers"), shape.to_string());
-  DDP_USAGE_CHECK(meta("optimizer") == optimizer,
+  DDP_USAGE_CHECK(meta("optimizer") == optimizer_name(optimizer),
                   "{}: checkpoint of --optimizer {}, but this run has --optimizer {}", path,
-                  meta("optimizer"), optimizer);
+                  meta("optimizer"), optimizer_name(optimizer));
   DDP_USAGE_CHECK(meta("batch_size") == std::to_string(batch_size),
                   "{}: checkpoint of --batch-size {}, but this run has --batch-size {} (the sample "
                   "stream would differ)",

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "models/mlp.h"
+#include "models/optimizer.h"
 
 namespace ddp {
 
@@ -38,8 +39,8 @@ struct RunSettings {
 struct Checkpoint {
   int64_t step = 0;  // optimizer steps done; the sampler resumes at step * batch
   int64_t optimizer_steps = 0;
-  std::string optimizer;  // "sgd" | "adamw"
-  int batch_size = 0;     // global
+  OptimizerKind optimizer = OptimizerKind::kSgd;
+  int batch_size = 0;  // global
   RunSettings settings;
   std::vector<std::string> changed;  // on load: "--lr 0.05 -> 0.01", ... (allowed changes)
   std::vector<float> params;
@@ -72,9 +73,8 @@ std::optional<std::string> find_latest_checkpoint(const std::string& dir);
 // Reads and verifies (the CRC covers the tensors and the metadata); throws UsageError
 // naming the file and the problem (truncated, checksum mismatch, other model, optimizer,
 // batch size or seed). Fills `changed` with the settings of `current` that differ.
-Checkpoint load_checkpoint(const std::string& path, const MlpShape& shape,
-                           const std::string& optimizer, int batch_size,
-                           const RunSettings& current);
+Checkpoint load_checkpoint(const std::string& path, const MlpShape& shape, OptimizerKind optimizer,
+                           int batch_size, const RunSettings& current);
 
 // Without --resume, refuses (UsageError) a folder whose latest checkpoint is of another run
 // (other --layers or --seed): training afresh there would replace it. Rank 0 calls it.

@@ -27,10 +27,6 @@ std::string text(const T& value) {
   return fmt::format("{}", value);
 }
 
-const char* optimizer_name(OptimizerKind kind) {
-  return kind == OptimizerKind::kAdamW ? "adamw" : "sgd";
-}
-
 }  // namespace
 
 const char* device_name(Device device) {
@@ -39,20 +35,6 @@ const char* device_name(Device device) {
 
 const char* data_name(DataSource data) {
   return data == DataSource::kFashion ? "fashion" : data == DataSource::kNpy ? "npy" : "synthetic";
-}
-
-const char* backend_name(Backend backend) {
-  switch (backend) {
-    case Backend::kAuto:
-      return "auto";
-    case Backend::kNccl:
-      return "nccl";
-    case Backend::kGloo:
-      return "gloo";
-    case Backend::kMpi:
-      return "mpi";
-  }
-  return "?";
 }
 
 const char* on_nonfinite_name(OnNonfinite policy) {

@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "collectives/backend.h"
 #include "engine/pipeline/schedule.h"
 #include "models/optimizer.h"
 #include "models/precision.h"
@@ -16,7 +17,6 @@ namespace ddp {
 
 enum class Device { kCpu, kCuda };
 enum class DataSource { kFashion, kSynthetic, kNpy };
-enum class Backend { kAuto, kNccl, kGloo, kMpi };
 // A non-finite gradient (after the all-reduce, so every rank decides alike) or window loss:
 // stop ends the run (exit 1) before any checkpoint or weights are written; skip-step leaves
 // the weights and optimizer state of that step unchanged (CPU path).
@@ -27,7 +27,6 @@ enum class GradReduce { kFp32, kBf16 };
 // The names the flags take ("cuda", "nccl", "skip-step").
 const char* device_name(Device device);
 const char* data_name(DataSource data);  // "fashion", "synthetic", "npy": --data's words
-const char* backend_name(Backend backend);
 const char* on_nonfinite_name(OnNonfinite policy);
 const char* grad_reduce_name(GradReduce reduce);
 

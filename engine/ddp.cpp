@@ -57,20 +57,30 @@ Ddp::Ddp(Communicator& comm, const std::vector<ParamSpan>& layers, const DdpOpti
                   options.bucket_mb, options.first_bucket_mb);
 }
 
+namespace {
+
+// `text` of rank `root` on every rank (collective over `comm`, a host communicator).
+std::string broadcast_text(Communicator& comm, const std::string& text, int root) {
+  int64_t length = static_cast<int64_t>(text.size());
+  comm.broadcast(&length, 1, DataType::kInt64, root);
+  // As 32-bit words (the communicators move numbers), padded.
+  const size_t words = (static_cast<size_t>(length) + 3) / 4;
+  std::string out = comm.rank() == root ? text : std::string();
+  out.resize(words * 4, '\0');
+  if (words > 0) comm.broadcast(out.data(), words, DataType::kInt32, root);
+  out.resize(static_cast<size_t>(length));
+  return out;
+}
+
+}  // namespace
+
 void Ddp::check_same_layout(const std::vector<NamedParam>& params) {
   DDP_CHECK(!comm_.device_buffers(), "check_same_layout(names) takes a host communicator");
-  // Rank 0's description to everyone; each compares and says where it differs first.
+  // Rank 0's description to everyone; each compares and finds where it differs first.
   std::string mine;
   for (const NamedParam& p : params)
     mine += p.name + '\n' + std::to_string(p.count) + '\n';
-  int64_t length = static_cast<int64_t>(mine.size());
-  comm_.broadcast(&length, 1, DataType::kInt64, 0);
-  // As 32-bit words (the communicators move numbers), padded.
-  const size_t words = (static_cast<size_t>(length) + 3) / 4;
-  std::string theirs = comm_.rank() == 0 ? mine : std::string();
-  theirs.resize(words * 4, '\0');
-  if (words > 0) comm_.broadcast(theirs.data(), words, DataType::kInt32, 0);
-  theirs.resize(static_cast<size_t>(length));
+  const std::string theirs = broadcast_text(comm_, mine, 0);
   std::vector<NamedParam> reference;
   for (size_t at = 0; at < theirs.size();) {
     const size_t a = theirs.find('\n', at), b = theirs.find('\n', a + 1);
@@ -84,23 +94,20 @@ void Ddp::check_same_layout(const std::vector<NamedParam>& params) {
       first = static_cast<int64_t>(i);
   std::vector<int64_t> all(static_cast<size_t>(comm_.size()));
   comm_.all_gather(&first, all.data(), 1, DataType::kInt64);
-  for (int r = 0; r < comm_.size(); ++r) {
-    if (all[r] < 0) continue;
-    const size_t i = static_cast<size_t>(all[r]);
-    const auto describe = [&](const std::vector<NamedParam>& list) {
-      return i < list.size() ? fmt::format("'{}' of {} elements", list[i].name, list[i].count)
-                             : std::string("nothing");
-    };
-    if (r == comm_.rank())
-      throw UsageError(fmt::format(
-          "the model differs between ranks: rank {} has parameter {} {} where rank 0 has {}; "
-          "every rank must build the same model",
-          r, i, describe(params), describe(reference)));
-    throw UsageError(fmt::format(
-        "the model differs between ranks: rank {} has another parameter {} than rank 0 ({}); "
-        "every rank must build the same model",
-        r, i, describe(reference)));
-  }
+  // The lowest rank that differs says what it has, so that every rank names both sides.
+  const auto differs = std::find_if(all.begin(), all.end(), [](int64_t at) { return at >= 0; });
+  if (differs == all.end()) return;
+  const int r = static_cast<int>(differs - all.begin());
+  const size_t i = static_cast<size_t>(*differs);
+  const auto describe = [i](const std::vector<NamedParam>& list) {
+    return i < list.size() ? fmt::format("'{}' of {} elements", list[i].name, list[i].count)
+                           : std::string("nothing");
+  };
+  const std::string its = broadcast_text(comm_, describe(params), r);
+  throw UsageError(
+      fmt::format("the model differs between ranks: rank {} has parameter {} {} where rank 0 has "
+                  "{}; every rank must build the same model",
+                  r, i, its, describe(reference)));
 }
 
 void Ddp::check_same_layout(uint64_t fingerprint, const std::string& description,

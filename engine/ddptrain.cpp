@@ -182,7 +182,7 @@ int main(int argc, char** argv) {
     };
     if (env.world_size > 1 || config.backend != ddp::Backend::kAuto) {
       ddp::CommConfig comm_config;
-      comm_config.backend = ddp::backend_name(config.backend);
+      comm_config.backend = config.backend;
       comm_config.timeout_s = config.timeout;
       comm_config.gpu = cuda;
       starting = ddp::start_communicator(comm_config, env, store);

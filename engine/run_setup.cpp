@@ -334,9 +334,8 @@ int64_t resume_runner(const TrainConfig& config, const RankStages& stages,
     if (lead) spdlog::info("no checkpoint at {}: starting afresh", path);
     return -1;
   }
-  const Checkpoint c = load_checkpoint(
-      path, stages.shape(), config.optimizer.kind == OptimizerKind::kAdamW ? "adamw" : "sgd",
-      config.batch_size, settings);
+  const Checkpoint c =
+      load_checkpoint(path, stages.shape(), config.optimizer.kind, config.batch_size, settings);
   if (lead && !c.changed.empty())
     spdlog::warn("resuming with changed settings (allowed): {}",
                  fmt::format("{}", fmt::join(c.changed, "; ")));

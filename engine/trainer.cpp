@@ -242,7 +242,7 @@ void Trainer::take_checkpoint() {
   Checkpoint& c = pending_.checkpoint;
   c.step = step_;
   c.optimizer_steps = runner_->optimizer_steps();
-  c.optimizer = config_.optimizer.kind == OptimizerKind::kAdamW ? "adamw" : "sgd";
+  c.optimizer = config_.optimizer.kind;
   c.batch_size = config_.batch_size;
   c.settings = settings();
 }

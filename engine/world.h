@@ -17,11 +17,11 @@
 namespace ddp {
 
 struct InitOptions {
-  std::string backend = "auto";  // auto (NCCL with bind_gpu, else Gloo; MPI under mpirun),
-                                 // gloo, mpi or nccl
-  bool bind_gpu = false;         // bind this rank's GPU and put the collectives' buffers there
-  double timeout_s = 300;        // a collective that does not complete by then fails, naming
-                                 // the ranks that never reached it
+  Backend backend = Backend::kAuto;  // auto: NCCL with bind_gpu, else Gloo (ddprun) or
+                                     // MPI (mpirun); or kGloo, kMpi, kNccl
+  bool bind_gpu = false;             // bind this rank's GPU and put the collectives' buffers there
+  double timeout_s = 300;            // a collective that does not complete by then fails, naming
+                                     // the ranks that never reached it
 };
 
 class World {

@@ -5,6 +5,10 @@
 
 namespace ddp {
 
+const char* optimizer_name(OptimizerKind kind) {
+  return kind == OptimizerKind::kAdamW ? "adamw" : "sgd";
+}
+
 OptStep optimizer_scalars(const OptimizerConfig& config, float lr, int64_t step) {
   OptStep s;
   s.lr = lr;

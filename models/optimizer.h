@@ -12,6 +12,9 @@ namespace ddp {
 
 enum class OptimizerKind { kSgd, kAdamW };
 
+// "sgd" or "adamw": --optimizer's words, and a checkpoint's.
+const char* optimizer_name(OptimizerKind kind);
+
 struct OptimizerConfig {
   OptimizerKind kind = OptimizerKind::kSgd;
   float momentum = 0.9f;      // SGD

@@ -45,7 +45,7 @@ int main() {
     if (env.master_port > 0)
       store = std::make_shared<ddp::StoreClient>(env.master_addr, env.master_port, env.store_token);
     ddp::CommConfig config;
-    config.backend = "auto";  // gloo under ddprun, mpi under mpirun, none alone
+    config.backend = ddp::Backend::kAuto;  // gloo under ddprun, mpi under mpirun, none alone
     comm = ddp::make_communicator(config, env, store);
     const int ranks = comm->size(), rank = comm->rank();
     const int local = kGlobalBatch / ranks;

@@ -276,7 +276,8 @@ TEST(GpuRun, ResumeFollowsTheOptimizersOwnStepCountAsTheCpuDoes) {
   settings.seed = 5;
   settings.data = "synthetic";
   settings.synthetic_samples = 960;
-  Checkpoint c = load_checkpoint(dir.file("a/latest.safetensors"), shape, "adamw", 48, settings);
+  Checkpoint c =
+      load_checkpoint(dir.file("a/latest.safetensors"), shape, OptimizerKind::kAdamW, 48, settings);
   ASSERT_EQ(c.optimizer_steps, 10);
   c.optimizer_steps = 6;
   for (const std::string device : {"cpu", "cuda"})

@@ -378,7 +378,9 @@ int main(int argc, char** argv) {
     if (env.master_port > 0)
       store = std::make_shared<ddp::StoreClient>(env.master_addr, env.master_port, env.store_token);
     ddp::CommConfig config;
-    config.backend = backend;
+    const std::optional<ddp::Backend> named = ddp::backend_from_name(backend);
+    if (!named) throw ddp::UsageError("collectives_worker: unknown backend " + backend);
+    config.backend = *named;
     config.gpu = gpu;
     config.timeout_s = mode == "straggler" ? 3.0 : 120.0;
     comm = ddp::make_communicator(config, env, store);

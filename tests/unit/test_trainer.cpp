@@ -141,7 +141,7 @@ namespace {
 TEST(DdpMisuse, HooksOutOfOrderOrOutOfRangeSayWhatToCall) {
   ProcessEnv env;
   CommConfig config;
-  config.backend = "auto";
+  config.backend = Backend::kAuto;
   std::unique_ptr<Communicator> comm = make_communicator(config, env, nullptr);
   std::vector<float> grads(12, 1.0f);
   Ddp ddp(*comm, {{0, 8}, {8, 4}}, DdpOptions{});
