@@ -81,7 +81,9 @@ INSTANTIATE_TEST_SUITE_P(
                                    "--pp 2 --schedule 1f1b --overlap-optimizer"},
                       PipelineCase{"dp2_pp2_gpipe", 4, "--pp 2 --schedule gpipe"},
                       // Backward in its input and weight halves.
+                      PipelineCase{"pp2_zbh1", 2, "--pp 2 --schedule zb-h1"},
                       PipelineCase{"pp3_zbh1", 3, "--pp 3 --schedule zb-h1 --micro-batches 6"},
+                      PipelineCase{"pp4_zbh1", 4, "--pp 4 --schedule zb-h1"},
                       PipelineCase{"dp2_pp2_zbh1_overlap_optimizer", 4,
                                    "--pp 2 --schedule zb-h1 --overlap-optimizer"}),
     [](const ::testing::TestParamInfo<PipelineCase>& info) { return info.param.name; });

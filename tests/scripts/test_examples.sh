@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The installed package as a user meets it: cmake --install this build into a prefix, build
-# examples/ as a separate CMake project with find_package(ddp), and run both examples under
-# ddprun: hello (sum of rank + 1 over 2 ranks), own_model (replicas hold identical
+# The installed package as a user meets it: cmake --install this build into a prefix, moved
+# (mv) to another one, build examples/ as a separate CMake project with find_package(ddp)
+# from the moved copy, check that find_package(ddp 99) is refused with the version message,
+# and run the examples under ddprun: hello (sum of rank + 1 over 2 ranks), own_model (replicas hold identical
 # weights; the loss falls) and classifier (ddp::init: 2 ranks equal 1 process). Usage: test_examples.sh BUILD_DIR. Exit 77 without Gloo.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -10,29 +11,40 @@ work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 cmake --install "$build" --prefix "$work/prefix" > "$work/install.log" 2>&1 ||
   { cat "$work/install.log"; echo "FAILED: cmake --install"; exit 1; }
-cmake -S "$root/examples" -B "$work/build" -DCMAKE_PREFIX_PATH="$work/prefix" \
+# Relocatable: nothing in the package names the prefix it was installed into.
+mv "$work/prefix" "$work/moved" && ln -s /nonexistent "$work/prefix"
+cmake -S "$root/examples" -B "$work/build" -DCMAKE_PREFIX_PATH="$work/moved" \
   -DCMAKE_BUILD_TYPE=Release > "$work/configure.log" 2>&1 ||
   { cat "$work/configure.log"; echo "FAILED: configure the examples"; exit 1; }
 grep "ddp 0" "$work/configure.log"
+mkdir -p "$work/v99"
+printf 'cmake_minimum_required(VERSION 3.24)\nproject(v99 LANGUAGES CXX)\nfind_package(ddp 99 REQUIRED)\n' \
+  > "$work/v99/CMakeLists.txt"
+if cmake -S "$work/v99" -B "$work/v99/build" -DCMAKE_PREFIX_PATH="$work/moved" > "$work/v99.log" 2>&1; then
+  echo "FAILED: find_package(ddp 99) was accepted"; exit 1
+fi
+grep -q 'with requested version "99"' "$work/v99.log" ||
+  { cat "$work/v99.log"; echo "FAILED: find_package(ddp 99) without the version message"; exit 1; }
+echo "find_package(ddp 99): refused with the version message"
 cmake --build "$work/build" -j 2 > "$work/build.log" 2>&1 ||
   { tail -40 "$work/build.log"; echo "FAILED: build the examples"; exit 1; }
-if ! "$work/prefix/bin/ddptrain" --version | grep -q "gloo yes"; then
+if ! "$work/moved/bin/ddptrain" --version | grep -q "gloo yes"; then
   echo "skipped running: built without Gloo (the examples built)"
   exit 77
 fi
 failed=0
-out="$(CUDA_VISIBLE_DEVICES= "$work/prefix/bin/ddprun" --nproc-per-node 2 -- "$work/build/hello" 2>&1)"
+out="$(CUDA_VISIBLE_DEVICES= "$work/moved/bin/ddprun" --nproc-per-node 2 -- "$work/build/hello" 2>&1)"
 echo "$out"
 grep -q "hello from rank 0 of 2 over gloo: sum 3" <<<"$out" || { echo "FAILED: hello rank 0"; failed=1; }
 grep -q "hello from rank 1 of 2 over gloo: sum 3" <<<"$out" || { echo "FAILED: hello rank 1"; failed=1; }
-out="$(CUDA_VISIBLE_DEVICES= "$work/prefix/bin/ddprun" --nproc-per-node 2 -- "$work/build/own_model" 2>&1)"
+out="$(CUDA_VISIBLE_DEVICES= "$work/moved/bin/ddprun" --nproc-per-node 2 -- "$work/build/own_model" 2>&1)"
 echo "$out"
 sums="$(grep -oE 'checksum [0-9a-f]+' <<<"$out" | sort -u | wc -l)"
 [ "$sums" -eq 1 ] || { echo "FAILED: the replicas differ"; failed=1; }
 loss="$(grep -oE 'rank 0 of 2: final loss [0-9.]+' <<<"$out" | awk '{print $NF}')"
 awk -v l="${loss:-9}" 'BEGIN { exit !(l < 0.05) }' || { echo "FAILED: loss ${loss:-none} not below 0.05"; failed=1; }
 one="$("$work/build/classifier" 2>&1)"
-two="$(CUDA_VISIBLE_DEVICES= "$work/prefix/bin/ddprun" --nproc-per-node 2 -- "$work/build/classifier" 2>&1)"
+two="$(CUDA_VISIBLE_DEVICES= "$work/moved/bin/ddprun" --nproc-per-node 2 -- "$work/build/classifier" 2>&1)"
 echo "$one"; echo "$two"
 w1="$(grep -oE 'rank 0 of 1: weights .*' <<<"$one" | cut -d' ' -f6-)"
 w2="$(grep -oE 'rank 0 of 2: weights .*' <<<"$two" | cut -d' ' -f6-)"
