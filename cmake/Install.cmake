@@ -2,7 +2,7 @@
 # ddp::engine (and ddp::models_cuda with CUDA), their headers under include/ddp, the tools in
 # bin, and ddpConfig.cmake so that find_package(ddp) gives targets that carry their own
 # dependencies (spdlog, zlib, nlohmann-json, cxxopts; CUDA, NCCL, MPI, Gloo as this build found
-# them) and DDP_HAVE_* definitions.
+# them) and DDP_HAVE_* definitions; and lib/pkgconfig/ddp.pc with the same for other builds.
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
@@ -39,3 +39,56 @@ write_basic_package_version_file(${CMAKE_BINARY_DIR}/ddpConfigVersion.cmake
                                  VERSION ${PROJECT_VERSION} COMPATIBILITY SameMinorVersion)
 install(FILES ${CMAKE_BINARY_DIR}/ddpConfig.cmake ${CMAKE_BINARY_DIR}/ddpConfigVersion.cmake
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/ddp)
+
+# pkg-config: ddp's static libraries in link order, then what they need, as this build found
+# it (the CMake targets' files; system paths, so the prefix itself can move).
+set(_ddp_pc_own "")
+foreach(target ddp_engine ddp_models_cuda ddp_models ddp_collectives ddp_device ddp_runtime)
+  if(TARGET ${target})
+    string(APPEND _ddp_pc_own " -l${target}")
+  endif()
+endforeach()
+set(_ddp_pc_deps "")
+set(_ddp_pc_cflags "")
+foreach(name CUDA NCCL MPI GLOO OPENBLAS)
+  if(DDP_HAVE_${name})
+    string(APPEND _ddp_pc_cflags " -DDDP_HAVE_${name}=1")
+  else()
+    string(APPEND _ddp_pc_cflags " -DDDP_HAVE_${name}=0")
+  endif()
+endforeach()
+if(DDP_HAVE_GLOO)
+  string(APPEND _ddp_pc_deps " ${DDP_GLOO_LIBRARY}")
+endif()
+if(DDP_HAVE_MPI)
+  string(APPEND _ddp_pc_deps " $<JOIN:$<TARGET_PROPERTY:MPI::MPI_CXX,INTERFACE_LINK_LIBRARIES>, >")
+endif()
+if(DDP_HAVE_NCCL)
+  string(APPEND _ddp_pc_deps " ${DDP_NCCL_LIBRARY}")
+endif()
+if(DDP_HAVE_CUDA)
+  string(APPEND _ddp_pc_deps " $<TARGET_LINKER_FILE:CUDA::cublasLt> $<TARGET_LINKER_FILE:CUDA::cudart>")
+  foreach(dir IN LISTS CUDAToolkit_INCLUDE_DIRS)
+    string(APPEND _ddp_pc_cflags " -I${dir}")
+  endforeach()
+endif()
+if(DDP_HAVE_OPENBLAS)
+  string(APPEND _ddp_pc_deps " ${DDP_OPENBLAS_LIBRARY}")
+endif()
+string(APPEND _ddp_pc_deps " -pthread ${CMAKE_DL_LIBS}")
+list(TRANSFORM CMAKE_DL_LIBS PREPEND "-l" OUTPUT_VARIABLE _ddp_pc_dl)
+string(REPLACE " ${CMAKE_DL_LIBS}" " ${_ddp_pc_dl}" _ddp_pc_deps "${_ddp_pc_deps}")
+# Header-only parts found outside the system's include path (nlohmann-json, cxxopts).
+foreach(dir IN LISTS _ddp_json_dirs _ddp_cxxopts_dirs)
+  if(dir AND NOT dir STREQUAL "/usr/include" AND NOT dir MATCHES "^\\$<")
+    string(APPEND _ddp_pc_cflags " -I${dir}")
+  endif()
+endforeach()
+# The prefix from the file's folder, however deep the library folder is.
+file(RELATIVE_PATH DDP_PC_PREFIX_FROM_PCDIR "/p/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/p")
+set(DDP_PC_OWN_LIBS "${_ddp_pc_own}")
+set(DDP_PC_DEP_LIBS "${_ddp_pc_deps}")
+set(DDP_PC_CFLAGS "${_ddp_pc_cflags}")
+configure_file(${PROJECT_SOURCE_DIR}/cmake/ddp.pc.in ${CMAKE_BINARY_DIR}/ddp.pc.configured @ONLY)
+file(GENERATE OUTPUT ${CMAKE_BINARY_DIR}/ddp.pc INPUT ${CMAKE_BINARY_DIR}/ddp.pc.configured)
+install(FILES ${CMAKE_BINARY_DIR}/ddp.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The installed package as a user meets it: cmake --install this build into a prefix, moved
 # (mv) to another one, build examples/ as a separate CMake project with find_package(ddp)
-# from the moved copy, check that find_package(ddp 99) is refused with the version message,
-# and run the examples under ddprun: hello (sum of rank + 1 over 2 ranks), own_model (replicas hold identical
+# from the moved copy (and hello with pkg-config), check that find_package(ddp 99) is
+# refused with the version message, and run the examples under ddprun: hello (sum of rank + 1 over 2 ranks), own_model (replicas hold identical
 # weights; the loss falls) and classifier (ddp::init: 2 ranks equal 1 process). Usage: test_examples.sh BUILD_DIR. Exit 77 without Gloo.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -28,6 +28,18 @@ grep -q 'with requested version "99"' "$work/v99.log" ||
 echo "find_package(ddp 99): refused with the version message"
 cmake --build "$work/build" -j 2 > "$work/build.log" 2>&1 ||
   { tail -40 "$work/build.log"; echo "FAILED: build the examples"; exit 1; }
+# Without CMake: the hello example compiled with pkg-config's flags from the moved copy
+# (scripts/deps.sh installs pkgconf for the tests).
+pkg=0
+if command -v pkg-config > /dev/null; then
+  pkg=1
+  pc="$(PKG_CONFIG_PATH="$work/moved/lib/pkgconfig" pkg-config --cflags --libs ddp 2>&1)" ||
+    { echo "$pc"; echo "FAILED: pkg-config ddp"; exit 1; }
+  g++ -std=c++17 -O1 "$root/examples/hello/hello.cpp" -o "$work/hello-pc" $pc > "$work/pc.log" 2>&1 ||
+    { tail -20 "$work/pc.log"; echo "FAILED: hello built with pkg-config --cflags --libs ddp"; exit 1; }
+else
+  echo "no pkg-config on PATH: the pkg-config build is left out"
+fi
 if ! "$work/moved/bin/ddptrain" --version | grep -q "gloo yes"; then
   echo "skipped running: built without Gloo (the examples built)"
   exit 77
@@ -37,6 +49,11 @@ out="$(CUDA_VISIBLE_DEVICES= "$work/moved/bin/ddprun" --nproc-per-node 2 -- "$wo
 echo "$out"
 grep -q "hello from rank 0 of 2 over gloo: sum 3" <<<"$out" || { echo "FAILED: hello rank 0"; failed=1; }
 grep -q "hello from rank 1 of 2 over gloo: sum 3" <<<"$out" || { echo "FAILED: hello rank 1"; failed=1; }
+if [ $pkg -eq 1 ]; then
+  out="$(CUDA_VISIBLE_DEVICES= "$work/moved/bin/ddprun" --nproc-per-node 2 -- "$work/hello-pc" 2>&1)"
+  grep -q "hello from rank 1 of 2 over gloo: sum 3" <<<"$out" ||
+    { echo "$out"; echo "FAILED: hello built with pkg-config"; failed=1; }
+fi
 out="$(CUDA_VISIBLE_DEVICES= "$work/moved/bin/ddprun" --nproc-per-node 2 -- "$work/build/own_model" 2>&1)"
 echo "$out"
 sums="$(grep -oE 'checksum [0-9a-f]+' <<<"$out" | sort -u | wc -l)"
