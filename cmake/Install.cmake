@@ -19,6 +19,17 @@ install(TARGETS ${_ddp_export_targets} EXPORT ddpTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(TARGETS ddprun ddptrain ddpdoctor ddpbench RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+# Static libraries by default: each tool is one file that runs from anywhere, and a program
+# of one's own carries what it uses. With -DBUILD_SHARED_LIBS=ON the libraries are shared:
+# the installed tools find them beside them ($ORIGIN, relative: the prefix can move) and
+# each library the others, and the tools' own library (launcher) is installed too.
+if(BUILD_SHARED_LIBS)
+  file(RELATIVE_PATH _ddp_bin_to_lib "/p/${CMAKE_INSTALL_BINDIR}" "/p/${CMAKE_INSTALL_LIBDIR}")
+  set_target_properties(ddprun ddptrain ddpdoctor ddpbench PROPERTIES
+                        INSTALL_RPATH "$ORIGIN/${_ddp_bin_to_lib}")
+  set_target_properties(${_ddp_export_targets} ddp_launcher PROPERTIES INSTALL_RPATH "$ORIGIN")
+  install(TARGETS ddp_launcher LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+endif()
 foreach(folder runtime collectives models engine)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${folder} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/ddp
           FILES_MATCHING PATTERN "*.h")
@@ -86,6 +97,9 @@ foreach(dir IN LISTS _ddp_json_dirs _ddp_cxxopts_dirs)
 endforeach()
 # The prefix from the file's folder, however deep the library folder is.
 file(RELATIVE_PATH DDP_PC_PREFIX_FROM_PCDIR "/p/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/p")
+if(BUILD_SHARED_LIBS)  # found at run time where the .pc file says they are
+  string(APPEND _ddp_pc_own " -Wl,-rpath,\${libdir}")
+endif()
 set(DDP_PC_OWN_LIBS "${_ddp_pc_own}")
 set(DDP_PC_DEP_LIBS "${_ddp_pc_deps}")
 set(DDP_PC_CFLAGS "${_ddp_pc_cflags}")
