@@ -6,11 +6,7 @@
 #include <memory>
 #include <vector>
 
-#include "collectives/communicator.h"
-#include "runtime/device.h"
-#include "runtime/error.h"
-#include "runtime/process_env.h"
-#include "runtime/store.h"
+#include <ddp/collectives.h>
 
 #if DDP_HAVE_CUDA
 #include <cuda_runtime.h>

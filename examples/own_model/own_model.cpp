@@ -9,10 +9,8 @@
 #include <random>
 #include <vector>
 
-#include "collectives/communicator.h"
-#include "engine/ddp.h"
-#include "runtime/process_env.h"
-#include "runtime/store.h"
+#include <ddp/collectives.h>
+#include <ddp/ddp.h>
 
 namespace {
 
