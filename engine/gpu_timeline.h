@@ -28,7 +28,7 @@ class GpuTimeline {
     }
   }
 
-  // Outside the step (never captured): before each step runs (GpuModelRunner::run_step).
+  // Outside the step (never captured): before each step runs (GpuRunner::run_step).
   void step_begins() {
     if (!anchored_) {  // host time of one event: every other is placed from it
       DDP_CUDA_CHECK(cudaStreamSynchronize(stream_));

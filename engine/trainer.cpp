@@ -65,7 +65,7 @@ Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* c
                  schedule_name(config.schedule), describe_layout(layout_));
   DDP_CHECK(runner == nullptr || (gpu && layout_.stages == 1 && spec_.slots == 1),
             "a runner made beforehand is the whole model's on the GPU (whole_model_spec)");
-  DDP_CHECK(!gpu || stages_.chunks.size() == 1, "the GPU runners hold one stage a rank");
+  DDP_CHECK(!gpu || stages_.chunks.size() == 1, "the GPU runner holds one stage a rank");
   if (gpu) {
     runner_ = runner ? std::move(runner) : make_gpu_runner(spec_, config);
     runner_->attach(data, groups_.links(), comm_, groups_.abort_all());
