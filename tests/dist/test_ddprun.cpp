@@ -617,64 +617,60 @@ TEST(TorchrunCompat, TorchsRecordShowsItsTracebackInTheReport) {
   EXPECT_NE(r.output.find("  | Traceback (most recent call last):"), std::string::npos) << r.output;
 }
 
-// The command lines of pytorch/examples' DDP tutorial (its README and run_example.sh), with
-// torchrun replaced by ddprun, on a script of the same shape (torchrun's environment, Gloo on
-// the CPU, a seeded model and data, DistributedSampler, DDP, a snapshot from rank 0): the
-// weights torchrun's run gives, bitwise.
-TEST(TorchrunCompat, TheTutorialsCommandLinesGiveTorchrunsWeights) {
+// pytorch/examples' own DDP scripts (tests/torch/pytorch-examples: the upstream files at a
+// named commit, made to run on the CPU, UPSTREAM.md), launched with their command lines,
+// torchrun replaced by ddprun, give torchrun's weights bitwise: the tutorial series'
+// multigpu_torchrun.py (its snapshot's model state) and distributed/ddp's example.py through
+// its run_example.sh (rank 0's printed weights).
+TEST(TorchrunCompat, PytorchExamplesRunUnderDdprunAsUnderTorchrun) {
   const std::string torchrun = "/usr/bin/torchrun";
   if (run_command("/usr/bin/python3 -c 'import torch.distributed'").exit_code != 0 ||
       run_command("test -x " + torchrun).exit_code != 0)
     GTEST_SKIP() << "no torch and torchrun (Debian: python3-torch)";
   TempDir dir;
-  write_text(
-      dir.file("multigpu_torchrun.py"),
-      "import os, sys, torch\n"
-      "import torch.nn.functional as F\n"
-      "from torch.utils.data import DataLoader, TensorDataset\n"
-      "from torch.utils.data.distributed import DistributedSampler\n"
-      "from torch.nn.parallel import DistributedDataParallel as DDP\n"
-      "from torch.distributed import init_process_group, destroy_process_group\n"
-      "total_epochs, save_every = int(sys.argv[1]), int(sys.argv[2])\n"
-      "init_process_group(backend='gloo')\n"
-      "torch.manual_seed(0)\n"
-      "data = TensorDataset(torch.rand(256, 20), torch.rand(256, 1))\n"
-      "model = DDP(torch.nn.Linear(20, 1))\n"
-      "opt = torch.optim.SGD(model.parameters(), lr=1e-2)\n"
-      "loader = DataLoader(data, batch_size=32, shuffle=False, sampler=DistributedSampler(data))\n"
-      "for epoch in range(total_epochs):\n"
-      "    loader.sampler.set_epoch(epoch)\n"
-      "    for x, y in loader:\n"
-      "        opt.zero_grad()\n"
-      "        F.mse_loss(model(x), y).backward()\n"
-      "        opt.step()\n"
-      "    if os.environ['LOCAL_RANK'] == '0' and epoch % save_every == 0:\n"
-      "        torch.save(model.module.state_dict(), 'snapshot.pt')\n"
-      "destroy_process_group()\n");
+  ASSERT_EQ(
+      run_command(std::string("cp -r ") + PYTORCH_EXAMPLES_DIR + "/. " + dir.path()).exit_code, 0);
+  const std::string tutorial = dir.file("ddp-tutorial-series");
   write_text(dir.file("show.py"),
-             "import torch\nsd = torch.load('snapshot.pt')\n"
+             "import torch\nsd = torch.load('snapshot.pt')['MODEL_STATE']\n"
              "print(' '.join(repr(v) for t in sd.values() for v in t.flatten().tolist()))\n");
-  const auto weights = [&](const std::string& launch) {
+  const auto snapshot = [&](const std::string& launch) {
     const RunResult r =
-        run_command("cd " + dir.path() + " && rm -f snapshot.pt && PATH=/usr/bin:$PATH " + launch +
-                    " && /usr/bin/python3 show.py");
+        run_command("cd " + tutorial + " && rm -f snapshot.pt && PATH=/usr/bin:$PATH " + launch +
+                    " && /usr/bin/python3 ../show.py");
     EXPECT_EQ(r.exit_code, 0) << launch << "\n" << r.output;
     const size_t nl = r.output.rfind('\n', r.output.size() - 2);
     return r.output.substr(nl == std::string::npos ? 0 : nl + 1);
   };
-  // README: torchrun --standalone --nproc_per_node=gpu multigpu_torchrun.py 50 10 (CPU: 2).
-  // Debian's torchrun 1.13 needs -r 1 -t 1 on Python 3.11.
+  // The tutorial's command line: torchrun --standalone --nproc_per_node=gpu
+  // multigpu_torchrun.py 50 10 (CPU: 2 processes, 5 epochs). Debian's torchrun 1.13 needs
+  // -r 1 -t 1 on Python 3.11.
   const std::string reference =
-      weights(torchrun + " -r 1 -t 1 --standalone --nproc_per_node=2 multigpu_torchrun.py 5 2");
-  EXPECT_EQ(weights(ddprun() + " --standalone --nproc_per_node=2 multigpu_torchrun.py 5 2"),
+      snapshot(torchrun + " -r 1 -t 1 --standalone --nproc_per_node=2 multigpu_torchrun.py 5 2");
+  // Linear(20, 1): 21 numbers, not an error's last line.
+  EXPECT_EQ(std::count(reference.begin(), reference.end(), ' '), 20) << reference;
+  EXPECT_EQ(snapshot(ddprun() + " --standalone --nproc_per_node=2 multigpu_torchrun.py 5 2"),
             reference);
-  // run_example.sh: torchrun --nnodes=1 --nproc_per_node=${2:-2} --rdzv_id=101
-  // --rdzv_endpoint="localhost:5972" ${1:-example.py}
-  EXPECT_EQ(weights(ddprun() +
-                    " --nnodes=1 --nproc_per_node=2 --rdzv_id=101 "
-                    "--rdzv_endpoint=\"localhost:" +
-                    std::to_string(free_port()) + "\" multigpu_torchrun.py 5 2"),
-            reference);
+  // distributed/ddp: `bash run_example.sh example.py 2`, its torchrun line run by ddprun
+  // (found on PATH, as torchrun is), against the same line run by torchrun.
+  const std::string ddp = dir.file("ddp");
+  const std::string bin = std::filesystem::path(ddprun()).parent_path().string();
+  const auto printed = [&](const std::string& script) {
+    const RunResult r = run_command("cd " + ddp + " && PATH=" + bin + ":/usr/bin:$PATH bash " +
+                                    script + " example.py 2");
+    EXPECT_EQ(r.exit_code, 0) << script << "\n" << r.output;
+    const size_t at = r.output.find("weights ");
+    return at == std::string::npos ? std::string("none: ") + r.output
+                                   : r.output.substr(at, r.output.find('\n', at) - at);
+  };
+  ASSERT_EQ(run_command("cd " + ddp +
+                        " && sed 's/^torchrun /ddprun /' run_example.sh > run_ddprun.sh && "
+                        "sed 's/^torchrun /torchrun -r 1 -t 1 /' run_example.sh > run_torchrun.sh")
+                .exit_code,
+            0);
+  const std::string by_torchrun = printed("run_torchrun.sh");
+  EXPECT_EQ(by_torchrun.rfind("weights ", 0), 0u) << by_torchrun;
+  EXPECT_EQ(printed("run_ddprun.sh"), by_torchrun);
 }
 
 // --redirects and --tee write torchrun's layout (RUN/attempt_K/LOCAL_RANK/stdout.log,
