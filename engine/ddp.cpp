@@ -49,13 +49,19 @@ Ddp::Ddp(Communicator& comm, const std::vector<ParamSpan>& layers, size_t bucket
       overlap_(overlap),
       layer_count_(static_cast<int>(layers.size())) {}
 
-Ddp::Ddp(Communicator& comm, const std::vector<ParamSpan>& layers, const DdpOptions& options)
-    : Ddp(comm, layers, static_cast<size_t>(options.bucket_mb * 1048576),
-          static_cast<size_t>(options.first_bucket_mb * 1048576), options.overlap) {
+std::vector<Bucket> plan_buckets(const std::vector<ParamSpan>& layers, const DdpOptions& options) {
   DDP_USAGE_CHECK(options.bucket_mb > 0 && options.first_bucket_mb >= 0,
                   "DdpOptions: bucket_mb {} and first_bucket_mb {}: expected sizes above 0",
                   options.bucket_mb, options.first_bucket_mb);
+  return plan_buckets(layers, static_cast<size_t>(options.bucket_mb * 1048576),
+                      static_cast<size_t>(options.first_bucket_mb * 1048576));
 }
+
+Ddp::Ddp(Communicator& comm, const std::vector<ParamSpan>& layers, const DdpOptions& options)
+    : comm_(comm),
+      buckets_(plan_buckets(layers, options)),
+      overlap_(options.overlap),
+      layer_count_(static_cast<int>(layers.size())) {}
 
 namespace {
 
@@ -139,7 +145,7 @@ void Ddp::broadcast_parameters(float* params, size_t count) {
 }
 
 void Ddp::begin_backward(float* grads) {
-  DDP_USAGE_CHECK(grads != nullptr, "Ddp::begin_backward: no gradient buffer (null)");
+  DDP_USAGE_CHECK(grads != nullptr || ringed(), "Ddp::begin_backward: no gradient buffer (null)");
   in_backward_ = true;
   grads_ = grads;
   next_bucket_ = 0;
@@ -152,27 +158,61 @@ void Ddp::reduce_in_bf16(void* scratch) {
   bf16_scratch_ = static_cast<uint16_t*>(scratch);
 }
 
-void Ddp::shard(int level) {
+void Ddp::shard(int level, const DeviceMemory* device) {
   DDP_USAGE_CHECK(level >= 1 && level <= 2, "--zero {}: expected 0, 1 or 2", level);
-  DDP_USAGE_CHECK(!comm_.device_buffers(),
-                  "--zero {}: runs on the CPU path only so far (host communicators)", level);
+  DDP_CHECK(!comm_.device_buffers() || device != nullptr,
+            "Ddp::shard over {} needs the device's memory", comm_.backend());
   DDP_USAGE_CHECK(bf16_scratch_ == nullptr, "--zero {} with --grad-reduce bf16: not supported",
                   level);
   zero_ = level;
   // Host collectives take any piece size: a bucket that divides evenly is sharded in place,
-  // only the others go through a padded copy.
-  shards_ = plan_shards(buckets_, comm_.size(), comm_.rank(), /*align=*/1);
-  bucket_scratch_.assign(buckets_.size(), {});
-  for (size_t b = 0; b < buckets_.size(); ++b)
-    if (padded(b)) bucket_scratch_[b].assign(shards_.parts[b].piece * comm_.size(), 0.0f);
-  if (level == 2) reduced_shard_.assign(shards_.shard_count, 0.0f);
+  // only the others go through a padded copy. NCCL's pieces are kept 256-byte aligned.
+  shards_ =
+      plan_shards(buckets_, comm_.size(), comm_.rank(), device != nullptr ? kDeviceShardAlign : 1);
+  if (device != nullptr) device_ = *device;
+  bucket_scratch_.assign(buckets_.size(), nullptr);
+  bucket_host_.assign(buckets_.size(), {});
+  scratch_floats_ = 0;
+  if (ringed()) {
+    DDP_CHECK(level == 2 && overlap_, "a gradient ring needs --zero 2 and overlap");
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      DDP_CHECK(shards_.parts[b].piece * comm_.size() <= device_.slot_floats,
+                "gradient ring: bucket {}'s pieces ({} x {}) overrun its slot of {}", b,
+                shards_.parts[b].piece, comm_.size(), device_.slot_floats);
+      bucket_scratch_[b] = device_.bucket_grads(b);  // the slot is also the padded copy
+    }
+    reduced_device_ = device_.allocate(shards_.shard_count);
+    scratch_floats_ = shards_.shard_count;  // the slots are the gradients' own memory
+    return;
+  }
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (!padded(b)) continue;
+    const size_t floats = shards_.parts[b].piece * comm_.size();
+    if (device != nullptr) {
+      bucket_scratch_[b] = device_.allocate(floats);
+    } else {
+      bucket_host_[b].assign(floats, 0.0f);
+      bucket_scratch_[b] = bucket_host_[b].data();
+    }
+    scratch_floats_ += floats;
+  }
+  if (level == 2 && device == nullptr) {
+    reduced_shard_.assign(shards_.shard_count, 0.0f);
+    scratch_floats_ += shards_.shard_count;
+  }
 }
 
 size_t Ddp::scratch_floats() const {
-  size_t n = 0;
-  for (const std::vector<float>& s : bucket_scratch_)
-    n += s.size();
-  return n;
+  return scratch_floats_;
+}
+
+const float* Ddp::reduced_piece(size_t bucket) const {
+  const ShardPart& p = shards_.parts.at(bucket);
+  if (zero_ == 1) return grads_ + p.offset;
+  if (!reduced_shard_.empty()) return reduced_shard_.data() + p.shard_at;
+  if (ringed()) return reduced_device_ + p.shard_at;
+  // In place: the piece's own place in the bucket, or in its padded copy.
+  return padded(bucket) ? bucket_scratch_[bucket] + p.piece * shards_.rank : grads_ + p.offset;
 }
 
 void Ddp::take_shard(const float* full, float* shard) const {
@@ -181,35 +221,98 @@ void Ddp::take_shard(const float* full, float* shard) const {
     std::copy_n(full + p.offset, p.count, shard + p.shard_at);
 }
 
-void Ddp::gather_shards(const float* shard, float* full) {
+void Ddp::copy(float* dst, const float* src, size_t floats) {
+  if (comm_.device_buffers())
+    device_.copy(dst, src, floats);
+  else
+    std::copy_n(src, floats, dst);
+}
+
+void Ddp::wait_all(std::vector<std::unique_ptr<Work>>& works, void* stream) {
+  for (auto& work : works) {
+    if (comm_.device_buffers())
+      work->then_on(stream);
+    else
+      work->wait(comm_.timeout());
+  }
+  works.clear();
+}
+
+void Ddp::gather_shards(const float* shard, float* full, void* stream) {
   std::vector<std::unique_ptr<Work>> gathers;
   for (size_t b = 0; b < shards_.parts.size(); ++b) {
     const ShardPart& p = shards_.parts[b];
-    float* into = padded(b) ? bucket_scratch_[b].data() : full + p.bucket_offset;
+    float* into = padded(b) ? bucket_scratch_[b] : full + p.bucket_offset;
     gathers.push_back(
         comm_.all_gather_async(shard + p.shard_at, into, p.piece, DataType::kFloat32));
+    if (ringed() && padded(b)) copy_back(b, full, gathers, stream);  // its slot is shared
   }
-  for (size_t b = 0; b < gathers.size(); ++b) {
-    gathers[b]->wait(comm_.timeout());
+  wait_all(gathers, stream);
+  if (!ringed())
+    for (size_t b = 0; b < shards_.parts.size(); ++b)
+      if (padded(b)) copy_back(b, full, gathers, stream);
+}
+
+void Ddp::gather_in_place(float* full, void* stream) {
+  DDP_CHECK(comm_.device_buffers(), "gather_in_place takes a device communicator");
+  std::vector<std::unique_ptr<Work>> gathers;
+  for (size_t b = 0; b < shards_.parts.size(); ++b) {
     const ShardPart& p = shards_.parts[b];
-    if (padded(b)) std::copy_n(bucket_scratch_[b].data(), p.bucket_count, full + p.bucket_offset);
+    // NCCL's in-place all-gather: this rank's piece already at its place in the output.
+    float* into = full + p.bucket_offset;
+    if (padded(b)) {
+      into = bucket_scratch_[b];
+      if (p.count > 0) copy(into + p.piece * shards_.rank, full + p.offset, p.count);
+    }
+    gathers.push_back(
+        comm_.all_gather_async(into + p.piece * shards_.rank, into, p.piece, DataType::kFloat32));
+    if (ringed() && padded(b)) copy_back(b, full, gathers, stream);  // its slot is shared
   }
+  wait_all(gathers, stream);
+  if (!ringed())
+    for (size_t b = 0; b < shards_.parts.size(); ++b)
+      if (padded(b)) copy_back(b, full, gathers, stream);
+}
+
+void Ddp::copy_back(size_t b, float* full, std::vector<std::unique_ptr<Work>>& gathers,
+                    void* stream) {
+  wait_all(gathers, stream);
+  copy(full + shards_.parts[b].bucket_offset, bucket_scratch_[b], shards_.parts[b].bucket_count);
 }
 
 void Ddp::issue(size_t bucket) {
   const Bucket& b = buckets_[bucket];
   if (zero_ == 2) {
-    // The bucket (or its padded copy) reduce-scattered into this rank's averaged piece.
-    const float* send = grads_ + b.offset;
-    if (padded(bucket)) {
-      std::vector<float>& scratch = bucket_scratch_[bucket];
-      std::copy_n(grads_ + b.offset, b.count, scratch.begin());
-      std::fill(scratch.begin() + static_cast<std::ptrdiff_t>(b.count), scratch.end(), 0.0f);
-      send = scratch.data();
-    }
+    // The bucket (or its padded copy) reduce-scattered into this rank's averaged piece: on
+    // the host into the pieces' own buffer, on the device in place.
     const ShardPart& p = shards_.parts[bucket];
-    pending_.push_back(comm_.reduce_scatter_async(send, reduced_shard_.data() + p.shard_at, p.piece,
-                                                  DataType::kFloat32, ReduceOp::kAverage));
+    if (ringed()) {
+      // From its slot, the tail past the bucket zeroed, into the averaged pieces; the bucket
+      // ring_slots later waits for it before backward writes the slot again.
+      float* slot = device_.bucket_grads(bucket);
+      device_.zero(slot + b.count, p.piece * comm_.size() - b.count);
+      pending_.push_back(comm_.reduce_scatter_async(slot, reduced_device_ + p.shard_at, p.piece,
+                                                    DataType::kFloat32, ReduceOp::kAverage));
+      record({"reduce_scatter_issued", b.first_layer, static_cast<int>(bucket)});
+      const size_t next = bucket + 1, slots = static_cast<size_t>(device_.ring_slots);
+      if (next < buckets_.size() && next >= slots) pending_[next - slots]->then_on(device_.stream);
+      return;
+    }
+    float* send = grads_ + b.offset;
+    if (padded(bucket)) {
+      float* scratch = bucket_scratch_[bucket];
+      copy(scratch, grads_ + b.offset, b.count);
+      const size_t tail = p.piece * comm_.size() - b.count;
+      if (comm_.device_buffers())
+        device_.zero(scratch + b.count, tail);
+      else
+        std::fill_n(scratch + b.count, tail, 0.0f);
+      send = scratch;
+    }
+    float* recv =
+        reduced_shard_.empty() ? send + p.piece * shards_.rank : reduced_shard_.data() + p.shard_at;
+    pending_.push_back(
+        comm_.reduce_scatter_async(send, recv, p.piece, DataType::kFloat32, ReduceOp::kAverage));
     record({"reduce_scatter_issued", b.first_layer, static_cast<int>(bucket)});
     return;
   }
@@ -247,13 +350,7 @@ void Ddp::end_backward() {
 }
 
 void Ddp::finish(void* stream) {
-  for (auto& work : pending_) {
-    if (comm_.device_buffers())
-      work->then_on(stream);
-    else
-      work->wait(comm_.timeout());
-  }
-  pending_.clear();
+  wait_all(pending_, stream);
   record({"allreduce_waited", -1, -1});
 }
 

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -52,6 +53,9 @@ struct DdpOptions {
   double first_bucket_mb = 1;  // --first-bucket-mb: the first (last layers) one's
   bool overlap = true;         // start each bucket's all-reduce as soon as its layers are done
 };
+
+// plan_buckets with the flags' sizes (as Ddp cuts them).
+std::vector<Bucket> plan_buckets(const std::vector<ParamSpan>& layers, const DdpOptions& options);
 
 // A tensor of one's own model for the layout check: its name and element count.
 struct NamedParam {
@@ -117,24 +121,57 @@ class Ddp {
   const std::vector<DdpEvent>& events() const { return events_; }
   Communicator& comm() { return comm_; }
 
-  // ZeRO (engine/zero.h), host communicators: from now on, with `level` 2, each bucket is
-  // reduce-scattered (through a padded copy) into this rank's piece of the averaged gradients
-  // (reduced_shard()) instead of all-reduced; with level 1 the all-reduce stays. The shards'
-  // plan is this rank's pieces of the buckets.
-  void shard(int level);
+  // ZeRO (engine/zero.h): from now on, with `level` 2, each bucket is reduce-scattered into
+  // this rank's piece of the averaged gradients (reduced_piece()) instead of all-reduced; with
+  // level 1 the all-reduce stays. The shards' plan is this rank's pieces of the buckets. Host
+  // communicators: any piece size, the averaged pieces in a buffer of their own. Device
+  // communicators need `device` (the memory of the padded buckets' copies and the copies on
+  // the compute stream); pieces are multiples of 64 elements and the reduce-scatter is in
+  // place, so a bucket that divides evenly needs no memory of its own.
+  //
+  // Level 2 with `ring_slots` (models/device_parameters.h, GradientRing): backward writes
+  // bucket b's gradients into bucket_grads(b), a slot shared with every ring_slots-th bucket
+  // and large enough for its padded pieces; each bucket is reduce-scattered from its slot into
+  // a shard of the averaged pieces, and `stream` waits for that before the bucket ring_slots
+  // later is written (so the buckets need overlap); the slots serve as the padded copies.
+  struct DeviceMemory {
+    std::function<float*(size_t floats)> allocate;  // kept as long as the Ddp is used
+    std::function<void(float* dst, const float* src, size_t floats)> copy;  // stream order
+    std::function<void(float* dst, size_t floats)> zero;
+    int ring_slots = 0;
+    std::function<float*(size_t bucket)> bucket_grads;
+    size_t slot_floats = 0;
+    void* stream = nullptr;  // the compute stream
+  };
+  void shard(int level, const DeviceMemory* device = nullptr);
   int zero() const { return zero_; }
   const ShardPlan& shards() const { return shards_; }
-  // After finish() with level 2: this rank's averaged gradient pieces (shards().shard_count).
+  // After finish(): where this rank's averaged piece of bucket b is (shards().parts[b].count
+  // elements, or none past the bucket's end): the gradients' own place with level 1, the
+  // reduced pieces with level 2.
+  const float* reduced_piece(size_t bucket) const;
+  // Host, level 2: every averaged piece, as one shard (shards().shard_count).
   const float* reduced_shard() const { return reduced_shard_.data(); }
   // This rank's pieces of the flat buffer `full` into `shard` (shard_count, padding zero).
+  // Host memory.
   void take_shard(const float* full, float* shard) const;
-  // The floats of the padded buckets' copies (the buckets that do not divide evenly).
+  // The floats of the padded buckets' copies (the buckets that do not divide evenly) and of
+  // the averaged pieces kept apart (host, level 2).
   size_t scratch_floats() const;
-  // Collective: every rank's pieces (`shard`, its own) into the whole flat buffer `full`.
-  void gather_shards(const float* shard, float* full);
+  // Collective: every rank's pieces (`shard`, its own) into the whole flat buffer `full`
+  // (device communicators: device buffers, `stream` made to wait).
+  void gather_shards(const float* shard, float* full, void* stream = nullptr);
+  // Collective, device communicators: every rank's pieces of `full`, each rank's own being
+  // current in place, into every rank's `full`; `stream` made to wait.
+  void gather_in_place(float* full, void* stream);
 
  private:
   void issue(size_t bucket);
+  void copy(float* dst, const float* src, size_t floats);  // host, or the device's (in order)
+  // `gathers` waited for, then padded bucket b's gathered copy into `full`.
+  void copy_back(size_t b, float* full, std::vector<std::unique_ptr<Work>>& gathers, void* stream);
+  // Each of `works` waited for (host) or made `stream` wait (device); then none left.
+  void wait_all(std::vector<std::unique_ptr<Work>>& works, void* stream);
   void record(DdpEvent event) {
     if (recording_) events_.push_back(std::move(event));
   }
@@ -158,8 +195,14 @@ class Ddp {
   bool padded(size_t b) const {
     return shards_.parts[b].piece * static_cast<size_t>(comm_.size()) != buckets_[b].count;
   }
-  std::vector<std::vector<float>> bucket_scratch_;  // a padded bucket's pieces, every rank's
-  std::vector<float> reduced_shard_;
+  // A padded bucket's pieces, every rank's (host: in bucket_host_; device: the caller's).
+  std::vector<float*> bucket_scratch_;
+  std::vector<std::vector<float>> bucket_host_;
+  std::vector<float> reduced_shard_;  // host, level 2: the averaged pieces
+  DeviceMemory device_;
+  bool ringed() const { return device_.ring_slots > 0; }
+  float* reduced_device_ = nullptr;  // ring: the averaged pieces
+  size_t scratch_floats_ = 0;
 };
 
 }  // namespace ddp

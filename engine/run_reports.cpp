@@ -213,8 +213,14 @@ void write_end_reports(MetricsWriter& metrics, Communicator* world, const Pipeli
   const std::string memory = runner.memory_report();
   if (memory.empty()) return;
   spdlog::info("memory at end: {}", memory);
-  if (metrics.enabled())
-    metrics.write({{"event", "memory"}, {"report", memory}, {"held_bytes", runner.held_bytes()}});
+  if (!metrics.enabled()) return;
+  nlohmann::json held = nlohmann::json::object();
+  for (const auto& [kind, bytes] : runner.held_by_kind())
+    held[kind] = bytes;
+  metrics.write({{"event", "memory"},
+                 {"report", memory},
+                 {"held_bytes", runner.held_bytes()},
+                 {"held", held}});
 }
 
 void write_gpu_summary(MetricsWriter& metrics, Communicator* world, GpuMonitor& monitor,

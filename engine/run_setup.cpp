@@ -68,6 +68,7 @@ StageSpec stage_cut(const TrainConfig& config, int replicas) {
   StageSpec cut;
   cut.shape = parse_layers(config.layers);
   cut.micro_batches = micro_batches_of(config);
+  cut.replicas = replicas;
   cut.batch = local_batch_of(config, cut.micro_batches, replicas);
   cut.max_batch = std::max(cut.batch, std::min(config.batch_size, 1024));
   return cut;

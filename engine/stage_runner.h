@@ -41,6 +41,7 @@ struct StageSpec {
   int batch = 0;          // samples of one micro-batch on this replica
   int max_batch = 0;      // the largest chunk forwarded at once (evaluation)
   int slots = 1;          // micro-batches whose activations are held at once
+  int replicas = 1;       // the stage's data-parallel group
   bool is_first() const { return first == 0; }
   bool is_last() const { return end == shape.num_layers(); }
   int in_width() const { return shape.widths()[first]; }
@@ -200,6 +201,8 @@ class StageRunner {
   // What the device holds, for the log and the metrics' "memory" record (empty on the CPU).
   virtual std::string memory_report() const { return {}; }
   virtual int64_t held_bytes() const { return 0; }
+  // The same by kind ("parameters", "gradients", "optimizer state", ...), bytes.
+  virtual std::vector<std::pair<std::string, int64_t>> held_by_kind() const { return {}; }
   // Training loss sums kept on the device since the last call (the CPU keeps none).
   virtual LossSum take_loss() { return {}; }
   // Loss sum and hits over samples [begin, end) of `split`, forwarded through the pipeline

@@ -327,20 +327,24 @@ class CpuRunner final : public StageRunner {
     if (zero_ != nullptr)
       text += fmt::format(
           " (--zero {}: this rank's 1/{} of it, {} of {} parameters; {} of padded bucket "
-          "copies{})",
+          "copies and averaged pieces{})",
           zero_->zero(), zero_->shards().ranks, zero_->shards().owned(), params_.size(),
           size(zero_->scratch_floats()),
           zero_->zero() == 2 ? ", the averaged gradients as this rank's pieces only" : "");
     return text;
   }
   int64_t held_bytes() const override {
-    size_t floats = params_.size() + grads_.size() + shard_params_.size() + shard_grads_.size() +
-                    optimizer_->state_floats();
-    if (zero_ != nullptr) {
-      floats += zero_->scratch_floats();
-      if (zero_->zero() == 2) floats += zero_->shards().shard_count;
-    }
-    return static_cast<int64_t>(floats * 4);
+    int64_t total = 0;
+    for (const auto& [kind, bytes] : held_by_kind())
+      total += bytes;
+    return total;
+  }
+  std::vector<std::pair<std::string, int64_t>> held_by_kind() const override {
+    const auto bytes = [](size_t floats) { return static_cast<int64_t>(floats * sizeof(float)); };
+    return {{"parameters", bytes(params_.size() + shard_params_.size())},
+            {"gradients", bytes(grads_.size() + shard_grads_.size() +
+                                (zero_ != nullptr ? zero_->scratch_floats() : 0))},
+            {"optimizer state", bytes(optimizer_->state_floats())}};
   }
   LossSum evaluate(const Split& split, int64_t begin, int64_t end) override {
     LossSum total{};

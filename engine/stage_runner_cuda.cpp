@@ -61,6 +61,44 @@ CudaStageOptions stage_options(const TrainConfig& config, bool tuned) {
   return options;
 }
 
+// --zero 2's gradient ring (models/device_parameters.h): where backward runs once a step and
+// each bucket is reduce-scattered as soon as it is written (overlap), its gradients need a
+// slot only until then. Three slots, so that a bucket's reduce-scatter has two buckets'
+// backward to finish before its slot is written again.
+constexpr int kRingSlots = 3;
+
+// The ring of the buckets Ddp will cut (the same plan from the same flags), or none: the
+// whole buffer where backward accumulates over micro-batches, without overlap, or where the
+// ring would hold as much.
+GradientRing gradient_ring(const StageSpec& spec, const TrainConfig& config) {
+  GradientRing ring;
+  if (config.zero != 2 || spec.replicas < 2 || spec.micro_batches != 1 || !config.overlap)
+    return ring;
+  std::vector<ParamSpan> spans;
+  for (int i = spec.first; i < spec.end; ++i)
+    spans.push_back(
+        {spec.shape.layer(i).weight_offset - spec.param_offset(), spec.shape.layer(i).count()});
+  const std::vector<Bucket> buckets =
+      plan_buckets(spans, DdpOptions{config.bucket_mb, config.first_bucket_mb, config.overlap});
+  const ShardPlan plan = plan_shards(buckets, spec.replicas, 0, kDeviceShardAlign);
+  size_t slot = 0;
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    ring.buckets.emplace_back(buckets[b].offset, buckets[b].count);
+    slot = std::max(slot, plan.parts[b].piece * static_cast<size_t>(spec.replicas));
+  }
+  if (slot * kRingSlots + plan.shard_count >= spec.param_count()) return {};
+  ring.slot_floats = slot;
+  ring.slots = kRingSlots;
+  return ring;
+}
+
+// The same, with the stage's gradient ring.
+CudaStageOptions stage_options(const StageSpec& spec, const TrainConfig& config, bool tuned) {
+  CudaStageOptions options = stage_options(config, tuned);
+  options.gradient_ring = gradient_ring(spec, config);
+  return options;
+}
+
 class GpuRunner final : public StageRunner, public ChunkOps {
  public:
   // Made before the data and the communicators are ready (the whole model's plans and
@@ -81,7 +119,7 @@ class GpuRunner final : public StageRunner, public ChunkOps {
     // chunks, so that its buffers stay those of training.
     stage_ = std::make_unique<CudaStage>(spec.shape, spec.first, spec.end,
                                          alone_ ? spec.batch : spec.max_batch, spec.slots,
-                                         config.optimizer, stage_options(config, alone_));
+                                         config.optimizer, stage_options(spec, config, alone_));
     if (config.autotune && alone_) stage_->autotune();
     epilogues_ = stage_->epilogue_summary();  // slot 0's plans built
     feeder_ = std::make_unique<BatchFeeder>(spec.batch, spec.micro_batches,
@@ -191,6 +229,48 @@ class GpuRunner final : public StageRunner, public ChunkOps {
           config_.overlap ? "on" : "off", grad_reduce_name(config_.grad_reduce));
   }
 
+  void shard_optimizer(Ddp& ddp, int level) override {
+    cudaStream_t s = stage_->stream();
+    Ddp::DeviceMemory memory;
+    memory.allocate = [this](size_t floats) {
+      zero_buffers_.emplace_back(floats, MemoryCategory::kGradients);
+      return zero_buffers_.back().data();
+    };
+    memory.copy = [s](float* dst, const float* src, size_t floats) {
+      DDP_CUDA_CHECK(
+          cudaMemcpyAsync(dst, src, floats * sizeof(float), cudaMemcpyDeviceToDevice, s));
+    };
+    memory.zero = [s](float* dst, size_t floats) {
+      DDP_CUDA_CHECK(cudaMemsetAsync(dst, 0, floats * sizeof(float), s));
+    };
+    DeviceParameters& weights = stage_->weights();
+    const GradientRing ring = gradient_ring(spec_, config_);
+    if (weights.ringed()) {
+      memory.ring_slots = ring.slots;
+      memory.slot_floats = ring.slot_floats;
+      memory.bucket_grads = [&weights](size_t bucket) { return weights.bucket_grads(bucket); };
+      memory.stream = s;
+    }
+    ddp.shard(level, &memory);
+    weights.shard_optimizer(ddp.shards().shard_count);
+    zero_ = &ddp;
+    if (level < 2 || !lead_) return;
+    const auto mib = [](size_t floats) { return floats * sizeof(float) / 1048576.0; };
+    if (weights.ringed())
+      spdlog::info(
+          "zero 2: the gradients in {} bucket slots of {:.1f} MiB and this rank's averaged "
+          "pieces ({:.1f} MiB), not one buffer of {:.1f} MiB",
+          ring.slots, mib(ring.slot_floats), mib(ddp.shards().shard_count),
+          mib(spec_.param_count()));
+    else
+      spdlog::info(
+          "zero 2: the whole gradient buffer stays, backward's workspace ({}); the buckets are "
+          "reduce-scattered in place",
+          spec_.micro_batches > 1 ? "it accumulates over micro-batches"
+          : !config_.overlap      ? "--no-overlap"
+                                  : "a ring of bucket slots would hold as much");
+  }
+
   std::vector<float> get_params() override {
     wait_idle();
     std::vector<float> host(spec_.param_count());
@@ -200,10 +280,31 @@ class GpuRunner final : public StageRunner, public ChunkOps {
   void set_params(const float* host) override { stage_->set_params(host); }
   NamedState optimizer_state() override {
     wait_idle();
-    return stage_->get_optimizer_state();
+    if (zero_ == nullptr) return stage_->get_optimizer_state();
+    // Every rank's pieces of each state buffer, gathered on the device (collective over the
+    // data-parallel group), then copied out.
+    NamedState state;
+    DeviceBuffer<float> whole(spec_.param_count(), MemoryCategory::kOther);
+    for (const auto& [name, shard] : stage_->weights().optimizer().buffers()) {
+      zero_->gather_shards(shard, whole.data(), stage_->stream());
+      state.emplace_back(name, std::vector<float>(whole.count()));
+      DDP_CUDA_CHECK(cudaMemcpyAsync(state.back().second.data(), whole.data(), whole.bytes(),
+                                     cudaMemcpyDeviceToHost, stage_->stream()));
+      wait_stream();
+    }
+    return state;
   }
   void set_optimizer_state(const NamedState& state, int64_t steps) override {
-    stage_->set_optimizer_state(state);
+    if (zero_ == nullptr) {
+      stage_->set_optimizer_state(state);
+    } else {
+      NamedState mine;  // this rank's pieces
+      for (const auto& [name, values] : state) {
+        mine.emplace_back(name, std::vector<float>(zero_->shards().shard_count));
+        zero_->take_shard(values.data(), mine.back().second.data());
+      }
+      stage_->set_optimizer_state(mine);
+    }
     optimizer_steps_ = steps;
   }
   int64_t optimizer_steps() const override { return optimizer_steps_; }
@@ -306,7 +407,9 @@ class GpuRunner final : public StageRunner, public ChunkOps {
   }
   bool grads_nonfinite() override { return false; }  // the GPU stops on the loss instead
   void optimizer_step() override {
-    if (!overlapped_)
+    if (zero_ != nullptr)
+      step_shards();
+    else if (!overlapped_)
       stage_->optimizer_step(feeder_->steps(), feeder_->counter());
     else if (ddp_ == nullptr)
       overlapped_->join();  // the updates made during the last backward
@@ -332,6 +435,7 @@ class GpuRunner final : public StageRunner, public ChunkOps {
     if (ran == StepGraph::Ran::kCaptured) {
       captured_marks_ = busy_marks_;
       if (!alone_ && spec_.stage == 0) spdlog::info("pipeline step captured in a CUDA graph");
+      if (alone_ && lead_) spdlog::info("step captured in a CUDA graph; replayed from now on");
     } else if (ran == StepGraph::Ran::kReplayed) {
       busy_marks_ = captured_marks_;  // its events, recorded again by the replay
     }
@@ -395,14 +499,18 @@ class GpuRunner final : public StageRunner, public ChunkOps {
                     spec_.stage + 1)
             ->then_on(s);
     }
-    if (watchdog_) {
-      watchdog_->mark(last_step_);
-      watchdog_->wait_idle();
-    }
+    wait_stream();
     return stage_->take_sums(true);
   }
   std::string memory_report() const override { return stage_->memory_report(); }
   int64_t held_bytes() const override { return static_cast<int64_t>(memory_ledger().total()); }
+  std::vector<std::pair<std::string, int64_t>> held_by_kind() const override {
+    std::vector<std::pair<std::string, int64_t>> kinds;
+    for (size_t i = 0; i < static_cast<size_t>(MemoryCategory::kCount); ++i)
+      kinds.emplace_back(category_name(static_cast<MemoryCategory>(i)),
+                         static_cast<int64_t>(memory_ledger().bytes[i].load()));
+    return kinds;
+  }
 
  private:
   // The training set stays on the host where asked or where it does not fit in half the
@@ -447,6 +555,21 @@ class GpuRunner final : public StageRunner, public ChunkOps {
     // not wait for them); with it, once every bucket is issued (end_schedule).
     if (overlapped_ && ddp_ == nullptr) overlapped_->apply_rest();
   }
+  // --zero: this rank's pieces updated from their averaged gradients, then every rank's
+  // pieces gathered into the whole parameters (and their bf16 copy made again), all on the
+  // stream and so inside the captured step.
+  void step_shards() {
+    cudaStream_t s = stage_->stream();
+    const ShardPlan& plan = zero_->shards();
+    for (size_t b = 0; b < plan.parts.size(); ++b) {
+      const ShardPart& p = plan.parts[b];
+      if (p.count > 0)
+        stage_->weights().update_piece(p.offset, zero_->reduced_piece(b), p.shard_at, p.count,
+                                       feeder_->steps(), feeder_->counter(), s);
+    }
+    zero_->gather_in_place(stage_->params(), s);
+    stage_->weights().to_low_precision(s);
+  }
   size_t count(int width) const { return static_cast<size_t>(spec_.batch) * width; }
   void wait_for(std::unique_ptr<Work>* work) {
     if (*work) (*work)->then_on(stage_->stream());
@@ -454,6 +577,14 @@ class GpuRunner final : public StageRunner, public ChunkOps {
   }
   void wait_idle() {
     if (watchdog_) watchdog_->wait_idle();
+  }
+  // Everything enqueued so far done (collectives bounded by the watchdog).
+  void wait_stream() {
+    if (watchdog_) {
+      watchdog_->mark(last_step_);
+      watchdog_->wait_idle();
+    }
+    DDP_CUDA_CHECK(cudaStreamSynchronize(stage_->stream()));
   }
   // The data-parallel buckets issued since the last call, timed on the GPU timeline.
   void mark_buckets() {
@@ -473,7 +604,9 @@ class GpuRunner final : public StageRunner, public ChunkOps {
       spdlog::info(
           "--overlap-optimizer: not with data parallelism in a pipeline; one pass after "
           "the gradients are reduced");
-    if (config_.overlap_optimizer && (!ddp_ || (alone_ && config_.overlap))) {
+    if (config_.overlap_optimizer && zero_ != nullptr && lead_)
+      spdlog::info("--overlap-optimizer: not with --zero; one pass over this rank's pieces");
+    if (config_.overlap_optimizer && zero_ == nullptr && (!ddp_ || (alone_ && config_.overlap))) {
       std::vector<ParamSpan> spans;  // one range a layer, offsets into the stage's buffers
       for (int i = spec_.first; i < spec_.end; ++i)
         spans.push_back({spec_.shape.layer(i).weight_offset - spec_.param_offset(),
@@ -497,6 +630,8 @@ class GpuRunner final : public StageRunner, public ChunkOps {
     spdlog::info("optimizer {}",
                  overlapped_ ? fmt::format("overlapped with backward ({} ranges on a side stream)",
                                            ddp_ ? ddp_->buckets().size() : spec_.shape.num_layers())
+                 : zero_ ? fmt::format("after backward, on this rank's {} of {} parameters",
+                                       zero_->shards().owned(), spec_.param_count())
                              : std::string("after backward"));
     if (!ddp_ && config_.grad_reduce == GradReduce::kBf16)
       spdlog::warn("--grad-reduce bf16: one process and no --backend, so nothing is reduced");
@@ -532,6 +667,8 @@ class GpuRunner final : public StageRunner, public ChunkOps {
   DeviceSplit eval_;  // the split evaluated: features on the first stage, labels on the last
   const Split* eval_split_ = nullptr;
   Ddp* ddp_ = nullptr;
+  Ddp* zero_ = nullptr;                            // --zero: ddp_, sharding the optimizer
+  std::vector<DeviceBuffer<float>> zero_buffers_;  // its padded buckets' copies
   DeviceBuffer<uint16_t> bf16_grads_;  // the gradients on the wire with --grad-reduce bf16
   std::vector<std::unique_ptr<Work>> act_sent_, grad_sent_;  // by slot, until waited for
   std::unique_ptr<OptimizerOverlap> overlapped_;
@@ -563,7 +700,6 @@ void check_gpu_supported(const TrainConfig& config) {
                   "--on-nonfinite {}: runs on the CPU path only so far (the GPU path stops)",
                   on_nonfinite_name(config.on_nonfinite));
   DDP_USAGE_CHECK(!config.recompute, "--recompute: runs on the CPU path only so far");
-  DDP_USAGE_CHECK(config.zero == 0, "--zero {}: runs on the CPU path only so far", config.zero);
   DDP_USAGE_CHECK(config.pp == 1 || (config.schedule != PipelineSchedule::kZeroBubbleV &&
                                      config.schedule != PipelineSchedule::kInterleaved),
                   "--schedule {}: runs on the CPU path only so far (the GPU runner holds one "

@@ -14,6 +14,9 @@ namespace ddp {
 
 struct Bucket;  // engine/ddp.h
 
+// The pieces' alignment on the device (elements: 256 bytes), as NCCL moves them best.
+constexpr size_t kDeviceShardAlign = 64;
+
 // Rank `rank`'s piece of one bucket.
 struct ShardPart {
   size_t bucket_offset = 0;  // the bucket: elements [bucket_offset, + bucket_count) of the

@@ -18,13 +18,31 @@
 
 namespace ddp {
 
+// --zero 2's gradients without the whole buffer: `slots` buffers of `slot_floats` each, the
+// gradients of bucket b (elements [offset, + count) of the flat layout, in the buckets'
+// order) written in slot b % slots. Whoever reduces a bucket must be done with its slot
+// before the bucket `slots` later is written (engine/ddp.h).
+struct GradientRing {
+  std::vector<std::pair<size_t, size_t>> buckets;  // offset, count
+  size_t slot_floats = 0;
+  int slots = 0;  // 0: one whole gradient buffer
+};
+
 class DeviceParameters {
  public:
-  DeviceParameters(size_t count, bool bf16, const OptimizerConfig& optimizer, cudaStream_t stream);
+  DeviceParameters(size_t count, bool bf16, const OptimizerConfig& optimizer, cudaStream_t stream,
+                   GradientRing ring = {});
 
   size_t count() const { return params_.count(); }
   float* params() const { return params_.data(); }
-  float* grads() const { return grads_.data(); }
+  float* grads() const { return grads_.data(); }  // null with a gradient ring
+  // Where the gradient of element `offset` is written (the whole buffer, or its bucket's slot).
+  float* grad_at(size_t offset) const;
+  bool ringed() const { return ring_.slots > 0; }
+  // The slot of bucket b (with a ring).
+  float* bucket_grads(size_t bucket) const;
+  // Every gradient element set to `value` (autotuning's real values, a test's NaN).
+  void fill_grads(float value, cudaStream_t stream);
   bool bf16() const { return params16_.count() > 0; }
   uint16_t* params16() const { return params16_.data(); }  // null without bf16
   // Element `offset` as the products read it: of the bf16 copy with bf16 precision, else of
@@ -47,6 +65,16 @@ class DeviceParameters {
   // bitwise the whole-buffer result.
   void update(size_t offset, size_t count, const OptStep* steps, const int* counter,
               cudaStream_t stream);
+  // --zero: the optimizer keeps the state of `count` parameters only (a rank's shard), and
+  // updates parameters [offset, + count) from the gradients at `grads` with the state's
+  // [state_offset, + count).
+  void shard_optimizer(size_t count);
+  void update_piece(size_t offset, const float* grads, size_t state_offset, size_t count,
+                    const OptStep* steps, const int* counter, cudaStream_t stream);
+  DeviceOptimizer& optimizer() const { return *optimizer_; }
+  // The bf16 copy made again from the float32 parameters on `stream`, without waiting (none
+  // without bf16).
+  void to_low_precision(cudaStream_t stream);
   // The optimizer's state for checkpoints: SGD "momentum"; AdamW "exp_avg", "exp_avg_sq".
   std::vector<std::pair<std::string, std::vector<float>>> optimizer_state() const;
   void set_optimizer_state(const std::vector<std::pair<std::string, std::vector<float>>>& state);
@@ -54,6 +82,8 @@ class DeviceParameters {
  private:
   cudaStream_t stream_;
   DeviceBuffer<float> params_, grads_;
+  GradientRing ring_;
+  std::vector<DeviceBuffer<float>> ring_slots_;
   std::unique_ptr<DeviceOptimizer> optimizer_;
   DeviceBuffer<uint16_t> params16_;
 };

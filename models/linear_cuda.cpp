@@ -52,7 +52,7 @@ void CudaLinear::init_on_device(uint64_t seed) const {
 }
 
 float* CudaLinear::grad_bias() const {
-  return context_.weights->grads() + slice_.bias_offset - context_.base;
+  return context_.weights->grad_at(slice_.bias_offset - context_.base);
 }
 
 bool CudaLinear::keeps_mask(int slot, int batch) const {
@@ -85,7 +85,7 @@ void CudaLinear::build(int slot, int batch, bool alternatives) {
                             hidden_ ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS);
 
   const MatmulSpec w = linear_weight_grad_spec(
-      p, io.input, io.grad_output, weights.grads() + slice_.weight_offset - base, grad_bias());
+      p, io.input, io.grad_output, weights.grad_at(slice_.weight_offset - base), grad_bias());
   plans.dw = make_plan(context_.lt, w, ws, fused, CUBLASLT_EPILOGUE_DEFAULT);
   plans.dw_plain = alternative(w);
   // Accumulation adds the product (beta = 1); the bias gradient is then our kernel's.

@@ -16,7 +16,8 @@ CudaStage::CudaStage(MlpShape shape, int first, int end, int max_batch, int slot
                      const OptimizerConfig& optimizer, const CudaStageOptions& options)
     : StageLayers(std::move(shape), first, end), max_batch_(max_batch), options_(options) {
   DDP_CHECK(slots >= 1 && max_batch >= 1, "stage with {} slots of {} samples", slots, max_batch);
-  weights_ = std::make_unique<DeviceParameters>(param_count(), bf16(), optimizer, stream());
+  weights_ = std::make_unique<DeviceParameters>(param_count(), bf16(), optimizer, stream(),
+                                                options.gradient_ring);
   const size_t rows = static_cast<size_t>(max_batch);
   int widest = 1;
   for (int i = first; i < end; ++i)
@@ -251,7 +252,7 @@ void CudaStage::fill_work_buffers(float value) {
   for (auto& buffer : pingpong_)
     if (buffer.bytes() > 0)
       launch_fill(buffer.data(), buffer.bytes() / act_bytes(), bf16(), value, stream());
-  launch_fill(weights_->grads(), weights_->count(), false, value, stream());
+  weights_->fill_grads(value, stream());
   DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
 }
 

@@ -49,6 +49,8 @@ struct CudaStageOptions {
   // backward_input / backward_weight (zero-bubble schedules): every slot keeps each layer's
   // output gradient until its weight half (else two buffers serve every slot's backward).
   bool split_backward = false;
+  // --zero 2: the gradients in a ring of bucket slots instead of one buffer.
+  GradientRing gradient_ring;
 };
 
 class LtMatmul;
@@ -71,6 +73,8 @@ class CudaStage : public StageLayers {
   size_t act_bytes() const { return bf16() ? 2 : 4; }
   float* params() const { return weights_->params(); }
   float* grads() const { return weights_->grads(); }
+  // The flat buffers and their optimizer (--zero shards its state through it).
+  DeviceParameters& weights() const { return *weights_; }
 
   // Host copies of the stage's parameters (synchronous); set_params also makes the bf16 copy.
   void set_params(const float* host);

@@ -7,11 +7,18 @@
 namespace ddp {
 
 DeviceOptimizer::DeviceOptimizer(const OptimizerConfig& config, size_t count, cudaStream_t stream)
-    : config_(config), count_(count) {
-  if (config.kind == OptimizerKind::kAdamW) {
+    : config_(config) {
+  resize(count, stream);
+}
+
+void DeviceOptimizer::resize(size_t count, cudaStream_t stream) {
+  count_ = count;
+  first_ = {};
+  second_ = {};
+  if (config_.kind == OptimizerKind::kAdamW) {
     first_ = DeviceBuffer<float>(count, MemoryCategory::kOptimizerState);
     second_ = DeviceBuffer<float>(count, MemoryCategory::kOptimizerState);
-  } else if (config.momentum != 0.0f) {
+  } else if (config_.momentum != 0.0f) {
     first_ = DeviceBuffer<float>(count, MemoryCategory::kOptimizerState);
   }
   for (DeviceBuffer<float>* buffer : {&first_, &second_})
@@ -19,19 +26,31 @@ DeviceOptimizer::DeviceOptimizer(const OptimizerConfig& config, size_t count, cu
       DDP_CUDA_CHECK(cudaMemsetAsync(buffer->data(), 0, buffer->bytes(), stream));
 }
 
-void DeviceOptimizer::update(float* params, const float* grads, uint16_t* params16, size_t offset,
-                             size_t count, const OptStep* steps, const int* counter,
-                             cudaStream_t stream) {
-  DDP_CHECK(offset + count <= count_, "optimizer update {}+{} past {} parameters", offset, count,
-            count_);
-  auto at = [offset](auto* base) { return base != nullptr ? base + offset : nullptr; };
-  void* p16 = at(params16);
+void DeviceOptimizer::update(float* params, const float* grads, uint16_t* params16,
+                             size_t state_offset, size_t count, const OptStep* steps,
+                             const int* counter, cudaStream_t stream) {
+  DDP_CHECK(state_offset + count <= count_, "optimizer update {}+{} past {} parameters",
+            state_offset, count, count_);
+  auto state = [state_offset](float* base) {
+    return base != nullptr ? base + state_offset : nullptr;
+  };
   if (config_.kind == OptimizerKind::kAdamW)
-    launch_adamw(at(params), at(grads), at(first_.data()), at(second_.data()), p16, count, steps,
+    launch_adamw(params, grads, state(first_.data()), state(second_.data()), params16, count, steps,
                  counter, config_.beta1, config_.beta2, config_.eps, config_.weight_decay, stream);
   else
-    launch_sgd(at(params), at(grads), at(first_.data()), p16, count, steps, counter,
+    launch_sgd(params, grads, state(first_.data()), params16, count, steps, counter,
                config_.momentum, config_.weight_decay, stream);
+}
+
+std::vector<std::pair<std::string, float*>> DeviceOptimizer::buffers() const {
+  std::vector<std::pair<std::string, float*>> named;
+  if (config_.kind == OptimizerKind::kAdamW) {
+    named.emplace_back("exp_avg", first_.data());
+    named.emplace_back("exp_avg_sq", second_.data());
+  } else if (first_.count() > 0) {
+    named.emplace_back("momentum", first_.data());
+  }
+  return named;
 }
 
 std::vector<std::pair<std::string, std::vector<float>>> DeviceOptimizer::state(

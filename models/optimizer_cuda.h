@@ -21,11 +21,16 @@ class DeviceOptimizer {
   // State for `count` parameters, zeroed on `stream`.
   DeviceOptimizer(const OptimizerConfig& config, size_t count, cudaStream_t stream);
 
-  // Parameters [offset, offset + count) of the flat buffers `params` and `grads` (and of
-  // their bf16 copy `params16`, or null) updated with the scalars steps[*counter] (counter
-  // null: steps[0]), on `stream`.
-  void update(float* params, const float* grads, uint16_t* params16, size_t offset, size_t count,
-              const OptStep* steps, const int* counter, cudaStream_t stream);
+  // `count` parameters from `params` (their gradients from `grads`, their bf16 copy from
+  // `params16`, or null), whose state is the state's [state_offset, + count), updated with
+  // the scalars steps[*counter] (counter null: steps[0]), on `stream`.
+  void update(float* params, const float* grads, uint16_t* params16, size_t state_offset,
+              size_t count, const OptStep* steps, const int* counter, cudaStream_t stream);
+  // State for `count` parameters instead (--zero: a rank's shard), zeroed on `stream`.
+  void resize(size_t count, cudaStream_t stream);
+  size_t count() const { return count_; }
+  // The state's device buffers by name (as state()'s).
+  std::vector<std::pair<std::string, float*>> buffers() const;
 
   // Host copies for checkpoints: SGD "momentum" (none without momentum); AdamW "exp_avg",
   // "exp_avg_sq" (the CPU optimizer's names). Synchronous on `stream`.
