@@ -1,15 +1,20 @@
-# cmake --install: the libraries as ddp::runtime, ddp::device, ddp::collectives, ddp::models,
+# cmake --install: the libraries as ddp::runtime, ddp::device (ddp::device_none: the stub),
+# ddp::collectives (ddp::collectives_core, ddp::nccl, ddp::mpi), ddp::models, ddp::core,
 # ddp::engine (and ddp::models_cuda with CUDA), their headers under include/ddp, the tools in
-# bin, and ddpConfig.cmake so that find_package(ddp) gives targets that carry their own
-# dependencies (spdlog, zlib, nlohmann-json, cxxopts; CUDA, NCCL, MPI, Gloo as this build found
-# them) and DDP_HAVE_* definitions; and lib/pkgconfig/ddp.pc with the same for other builds.
+# bin, and ddpConfig.cmake so that find_package(ddp [COMPONENTS cuda nccl mpi]) gives targets
+# that carry their own dependencies (spdlog, zlib, nlohmann-json, cxxopts; CUDA, NCCL, MPI,
+# Gloo as this build found them) and DDP_HAVE_* definitions, and ddp::ddp with what was asked;
+# and lib/pkgconfig/ddp.pc with the same for other builds.
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-set(_ddp_export_targets ddp_runtime ddp_device ddp_collectives ddp_models ddp_engine)
-if(TARGET ddp_models_cuda)
-  list(APPEND _ddp_export_targets ddp_models_cuda)
-endif()
+set(_ddp_export_targets ddp_runtime ddp_device ddp_device_none ddp_collectives_core
+    ddp_collectives ddp_models ddp_core ddp_engine)
+foreach(target ddp_nccl ddp_mpi ddp_models_cuda)
+  if(TARGET ${target})
+    list(APPEND _ddp_export_targets ${target})
+  endif()
+endforeach()
 foreach(target IN LISTS _ddp_export_targets)
   string(REPLACE "ddp_" "" export_name ${target})
   set_target_properties(${target} PROPERTIES EXPORT_NAME ${export_name})
@@ -30,12 +35,37 @@ if(BUILD_SHARED_LIBS)
   set_target_properties(${_ddp_export_targets} ddp_launcher PROPERTIES INSTALL_RPATH "$ORIGIN")
   install(TARGETS ddp_launcher LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
 endif()
-foreach(folder runtime collectives models engine)
-  install(DIRECTORY ${PROJECT_SOURCE_DIR}/${folder} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/ddp
-          FILES_MATCHING PATTERN "*.h")
+# Headers: the public ones (include/ddp/*.h) and what they include, and theirs; every other
+# header stays private (the set is found again when a header changes).
+function(ddp_header_closure out)
+  set(todo ${ARGN})
+  set(seen "")
+  while(todo)
+    list(POP_FRONT todo header)
+    if(header IN_LIST seen)
+      continue()
+    endif()
+    list(APPEND seen ${header})
+    set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/${header})
+    file(STRINGS ${PROJECT_SOURCE_DIR}/${header} lines REGEX "^#include \"")
+    foreach(line IN LISTS lines)
+      string(REGEX REPLACE "^#include \"([^\"]+)\".*" "\\1" included "${line}")
+      if(EXISTS ${PROJECT_SOURCE_DIR}/${included})
+        list(APPEND todo ${included})
+      endif()
+    endforeach()
+  endwhile()
+  set(${out} ${seen} PARENT_SCOPE)
+endfunction()
+file(GLOB _ddp_public RELATIVE ${PROJECT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/include/ddp/*.h)
+list(TRANSFORM _ddp_public PREPEND "${PROJECT_SOURCE_DIR}/" OUTPUT_VARIABLE _ddp_public_files)
+install(FILES ${_ddp_public_files} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/ddp)
+ddp_header_closure(_ddp_headers ${_ddp_public})
+list(FILTER _ddp_headers EXCLUDE REGEX "^include/")
+foreach(header IN LISTS _ddp_headers)
+  get_filename_component(dir ${header} DIRECTORY)
+  install(FILES ${PROJECT_SOURCE_DIR}/${header} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/ddp/${dir})
 endforeach()
-install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/ddp DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
-        FILES_MATCHING PATTERN "*.h")
 install(EXPORT ddpTargets NAMESPACE ddp:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/ddp)
 
 # What the config needs to find again, and where this build found the header-only parts.
@@ -54,9 +84,19 @@ install(FILES ${CMAKE_BINARY_DIR}/ddpConfig.cmake ${CMAKE_BINARY_DIR}/ddpConfigV
 # pkg-config: ddp's static libraries in link order, then what they need, as this build found
 # it (the CMake targets' files; system paths, so the prefix itself can move).
 set(_ddp_pc_own "")
-foreach(target ddp_engine ddp_models_cuda ddp_models ddp_collectives ddp_device ddp_runtime)
+set(_ddp_pc_device ddp_device)
+if(NOT DDP_HAVE_CUDA)
+  set(_ddp_pc_device ddp_device_none)  # ddp_device is only its alias then
+endif()
+foreach(target ddp_engine ddp_models_cuda ddp_core ddp_models ddp_nccl ddp_mpi
+        ddp_collectives_core ${_ddp_pc_device} ddp_runtime)
   if(TARGET ${target})
     string(APPEND _ddp_pc_own " -l${target}")
+  endif()
+endforeach()
+foreach(backend nccl mpi)  # their hooks kept (collectives/backend_hooks.h)
+  if(TARGET ddp_${backend})
+    string(APPEND _ddp_pc_own " -Wl,--undefined=ddp_${backend}_backend")
   endif()
 endforeach()
 set(_ddp_pc_deps "")

@@ -35,11 +35,16 @@ std::string describe_stuck_step(StoreClient* store, const std::string& group, in
                                 const std::string& what, uint64_t sequence,
                                 const std::string& cause, const std::vector<int>& world_ranks = {});
 
+// The element types the collectives move.
 enum class DataType { kFloat32, kBFloat16, kFloat64, kInt32, kInt64 };
+// The bytes of one element of `type`.
 size_t dtype_bytes(DataType type);
+// "float32", "bfloat16", ... (for messages).
 const char* dtype_name(DataType type);
 
+// How a reduction combines the ranks' elements (kAverage: the sum divided by the ranks).
 enum class ReduceOp { kSum, kAverage, kMax };
+// "sum", "average", "max" (for messages).
 const char* reduce_name(ReduceOp op);
 
 // A pending operation.
@@ -57,16 +62,22 @@ class Work {
   virtual bool is_completed() = 0;
 };
 
+// A group of ranks and its collectives (see the top of this file for the contract).
 class Communicator {
  public:
   virtual ~Communicator() = default;
 
+  // This rank's index in the group, 0 to size() - 1.
   int rank() const { return rank_; }
+  // The ranks in the group.
   int size() const { return size_; }
+  // "nccl", "gloo", "mpi" or "self" (one process).
   virtual const char* backend() const = 0;
   // Whether buffers are device (GPU) memory.
   virtual bool device_buffers() const = 0;
+  // Seconds a blocking call waits for the other ranks before it fails.
   double timeout() const { return timeout_s_; }
+  // Sets timeout().
   void set_timeout(double seconds) { timeout_s_ = seconds; }
   // NCCL: the stream that produces and consumes the buffers (a cudaStream_t); ignored by
   // host backends.
@@ -75,6 +86,7 @@ class Communicator {
   // In place: buffer[count] becomes the element-wise reduction over ranks.
   virtual std::unique_ptr<Work> all_reduce_async(void* buffer, size_t count, DataType type,
                                                  ReduceOp op) = 0;
+  // all_reduce_async, waited for.
   void all_reduce(void* buffer, size_t count, DataType type, ReduceOp op) {
     all_reduce_async(buffer, count, type, op)->wait(timeout_s_);
   }
@@ -87,11 +99,13 @@ class Communicator {
                                                       ReduceOp op);
   // Whether all_reduce_bf16_async is supported; and the UsageError naming the backend when not.
   virtual bool reduces_bf16() const { return false; }
+  // Throws that UsageError where reduces_bf16() is false.
   void require_bf16_reduction() const;
   // In place: every rank's buffer[count] becomes root's. Every rank calls it; the buffer
   // must stay valid (and, off the root, unread) until the Work completes.
   virtual std::unique_ptr<Work> broadcast_async(void* buffer, size_t count, DataType type,
                                                 int root) = 0;
+  // broadcast_async, waited for.
   void broadcast(void* buffer, size_t count, DataType type, int root) {
     broadcast_async(buffer, count, type, root)->wait(timeout_s_);
   }
@@ -99,6 +113,7 @@ class Communicator {
   // Every rank calls it; both buffers stay valid until the Work completes.
   virtual std::unique_ptr<Work> all_gather_async(const void* send, void* recv, size_t count,
                                                  DataType type) = 0;
+  // all_gather_async, waited for.
   void all_gather(const void* send, void* recv, size_t count, DataType type) {
     all_gather_async(send, recv, count, type)->wait(timeout_s_);
   }
@@ -107,11 +122,13 @@ class Communicator {
   // the Work completes.
   virtual std::unique_ptr<Work> reduce_scatter_async(const void* send, void* recv, size_t count,
                                                      DataType type, ReduceOp op) = 0;
+  // reduce_scatter_async, waited for.
   void reduce_scatter(const void* send, void* recv, size_t count, DataType type, ReduceOp op) {
     reduce_scatter_async(send, recv, count, type, op)->wait(timeout_s_);
   }
-  // Point to point: the peer must make the matching call.
+  // Point to point: sends buffer[count] to rank `peer`, which must make the matching recv.
   virtual void send(const void* buffer, size_t count, DataType type, int peer) = 0;
+  // Receives buffer[count] from rank `peer`, which must make the matching send.
   virtual void recv(void* buffer, size_t count, DataType type, int peer) = 0;
   // Sends send[count] to send_peer while receiving recv[count] from recv_peer, concurrently
   // (a ring step); every rank calls it. The default orders the two by rank parity.
@@ -131,21 +148,24 @@ class Communicator {
   // buffers must stay valid until then. Each peer must post the matching operations, in the
   // same order per pair of ranks. NCCL: one NCCL group on the communication stream.
   struct P2pOp {
-    bool send = true;
-    void* buffer = nullptr;
-    size_t count = 0;  // elements
-    DataType type = DataType::kFloat32;
-    int peer = 0;
+    bool send = true;                    // a send (else a receive)
+    void* buffer = nullptr;              // what is sent, or where it is received
+    size_t count = 0;                    // elements
+    DataType type = DataType::kFloat32;  // of the elements
+    int peer = 0;                        // the other rank
   };
+  // Posts every operation of `ops` at once (above).
   virtual std::unique_ptr<Work> batch_async(const std::vector<P2pOp>& ops) = 0;
   // One asynchronous send or receive (a batch of one): the Work completes when the buffer
   // may be reused (send) or holds the message (recv).
   std::unique_ptr<Work> isend(const void* buffer, size_t count, DataType type, int peer) {
     return batch_async({{true, const_cast<void*>(buffer), count, type, peer}});
   }
+  // One asynchronous receive (a batch of one).
   std::unique_ptr<Work> irecv(void* buffer, size_t count, DataType type, int peer) {
     return batch_async({{false, buffer, count, type, peer}});
   }
+  // Returns once every rank has called it.
   virtual void barrier() = 0;
   // Every rank calls; ranks with the same colour form a new communicator, ordered by key
   // then by rank. The parent stays usable.
@@ -161,6 +181,7 @@ class Communicator {
     return describe_stuck_step(nullptr, "world", rank_, size_, what, sequence, cause, world_ranks_);
   }
 
+  // The sequence number of the last collective call (messages name operations by it).
   uint64_t sequence() const { return sequence_; }
   // The world rank of this group's rank `group_rank` (the group made by split), so that
   // messages can name a process as the launcher numbers it; -1 where the backend cannot
@@ -171,6 +192,7 @@ class Communicator {
                ? world_ranks_[group_rank]
                : -1;
   }
+  // Sets the world ranks of this group's members, in group-rank order (split() does).
   void set_world_ranks(std::vector<int> ranks) {
     world_ranks_ = std::move(ranks);
     is_world_ = false;
@@ -179,6 +201,7 @@ class Communicator {
   void set_not_world() { is_world_ = false; }
 
  protected:
+  // A backend's group: this rank's index and the group's size.
   Communicator(int rank, int size) : rank_(rank), size_(size) {}
   // The next operation's sequence number (every collective call takes one).
   uint64_t next_sequence() { return ++sequence_; }
@@ -188,20 +211,20 @@ class Communicator {
   // (describe_stuck_p2p).
   uint64_t next_p2p_sequence() { return ++p2p_sequence_; }
 
-  int rank_;
-  int size_;
-  double timeout_s_ = 300.0;
-  uint64_t sequence_ = 0;
-  uint64_t p2p_sequence_ = 0;
+  int rank_;                      // rank()
+  int size_;                      // size()
+  double timeout_s_ = 300.0;      // timeout()
+  uint64_t sequence_ = 0;         // sequence()
+  uint64_t p2p_sequence_ = 0;     // the last point-to-point call's number
   std::vector<int> world_ranks_;  // empty: the world itself, or unknown (is_world_ false)
-  bool is_world_ = true;
+  bool is_world_ = true;          // the group is the world (its ranks are world ranks)
 };
 
 // Which backend to use (backend.h): auto = NCCL with GPUs, else Gloo, else MPI under mpirun.
 struct CommConfig {
-  Backend backend = Backend::kAuto;
-  double timeout_s = 300.0;
-  bool gpu = false;  // buffers on the GPU (the process has bound its device)
+  Backend backend = Backend::kAuto;  // which one (kAuto: as above)
+  double timeout_s = 300.0;          // Communicator::timeout() of the communicator made
+  bool gpu = false;                  // buffers on the GPU (the process has bound its device)
 };
 
 // Makes the world communicator. Collective over the job (every rank calls). The backend

@@ -1,5 +1,7 @@
-// make_communicator(): the one place that knows which backends were built. A backend that
-// was not built answers here with an error naming what to install or rebuild.
+// make_communicator(): the one place that knows which backends were built, and which this
+// program links (NCCL and MPI live in libraries of their own: collectives/backend_hooks.h). A
+// backend that was not built or not linked answers here with an error naming what to install,
+// rebuild or link.
 #include <unistd.h>
 
 #include <cstring>
@@ -12,12 +14,11 @@
 #if DDP_HAVE_GLOO
 #include "collectives/gloo/gloo_communicator.h"
 #endif
-#if DDP_HAVE_MPI
-#include "collectives/mpi/mpi_communicator.h"
-#endif
-#if DDP_HAVE_NCCL
-#include "collectives/nccl/nccl_communicator.h"
-#endif
+#include "collectives/backend_hooks.h"
+
+// Null where the program does not link the backend's library.
+extern "C" __attribute__((weak)) const ddp::NcclBackend* ddp_nccl_backend();
+extern "C" __attribute__((weak)) const ddp::MpiBackend* ddp_mpi_backend();
 
 namespace ddp {
 namespace {
@@ -92,12 +93,35 @@ std::string built_backends() {
   return names.empty() ? "none" : names;
 }
 
+namespace {
+
+// The NCCL backend's hooks, or the error that says why there are none.
+const NcclBackend& nccl(const char* what) {
+  DDP_USAGE_CHECK(DDP_HAVE_NCCL,
+                  "{}: this build has no NCCL (the CUDA toolkit's NCCL was not found at configure "
+                  "time)",
+                  what);
+  DDP_USAGE_CHECK(ddp_nccl_backend != nullptr,
+                  "{}: this program links ddp without its NCCL backend; link it with "
+                  "find_package(ddp COMPONENTS nccl) (ddp::ddp) or ddp::collectives",
+                  what);
+  return *ddp_nccl_backend();
+}
+
+const MpiBackend& mpi(const char* what) {
+  DDP_USAGE_CHECK(DDP_HAVE_MPI, "{}: this build has no MPI (install libopenmpi-dev and rebuild)",
+                  what);
+  DDP_USAGE_CHECK(ddp_mpi_backend != nullptr,
+                  "{}: this program links ddp without its MPI backend; link it with "
+                  "find_package(ddp COMPONENTS mpi) (ddp::ddp) or ddp::collectives",
+                  what);
+  return *ddp_mpi_backend();
+}
+
+}  // namespace
+
 std::string nccl_version() {
-#if DDP_HAVE_NCCL
-  return nccl_library_version();
-#else
-  return "";
-#endif
+  return DDP_HAVE_NCCL && ddp_nccl_backend != nullptr ? ddp_nccl_backend()->version() : "";
 }
 
 namespace {
@@ -107,17 +131,8 @@ CommunicatorStart ready(std::unique_ptr<Communicator> comm) {
 }
 }  // namespace
 
-#if DDP_HAVE_NCCL
-std::unique_ptr<Communicator> make_host_staged_nccl(Communicator& device);
-#endif
-
 std::unique_ptr<Communicator> make_host_staged(Communicator& device_comm) {
-#if DDP_HAVE_NCCL
-  return make_host_staged_nccl(device_comm);
-#else
-  (void)device_comm;
-  throw UsageError("device communicators need NCCL, which this build lacks");
-#endif
+  return nccl("device communicators").host_staged(device_comm);
 }
 
 std::unique_ptr<Communicator> make_communicator(const CommConfig& config, const ProcessEnv& env,
@@ -131,6 +146,8 @@ CommunicatorStart start_communicator(const CommConfig& config, const ProcessEnv&
   if (backend == Backend::kAuto) {
     // One process talks to itself, whatever a job of several would use.
     if (env.world_size == 1) return ready(std::make_unique<SelfCommunicator>(config.gpu));
+    // (A backend built but not linked into this program is chosen all the same, so that the
+    // error below says what to link.)
     if (config.gpu && DDP_HAVE_NCCL)
       backend = Backend::kNccl;
     else if (!config.gpu && DDP_HAVE_GLOO && store != nullptr)
@@ -159,33 +176,25 @@ CommunicatorStart start_communicator(const CommConfig& config, const ProcessEnv&
 #endif
   }
   if (backend == Backend::kMpi) {
-#if DDP_HAVE_MPI
+    const MpiBackend& backend_mpi = mpi("--backend mpi");
     DDP_USAGE_CHECK(env.launcher == Launcher::kMpirun, "--backend mpi: start the job with mpirun");
-    return ready(make_mpi_communicator(store, config.timeout_s));
-#else
-    throw UsageError("--backend mpi: this build has no MPI (install libopenmpi-dev and rebuild)");
-#endif
+    return ready(backend_mpi.make(store, config.timeout_s));
   }
-#if DDP_HAVE_NCCL
+  const NcclBackend& backend_nccl = nccl("--backend nccl");
   std::unique_ptr<Communicator> bootstrap;
-#if DDP_HAVE_MPI
-  if (store == nullptr && env.launcher == Launcher::kMpirun)
-    bootstrap = make_mpi_communicator(nullptr, config.timeout_s);
-#endif
-  CommunicatorStart comm = start_nccl_communicator(env.rank, env.world_size, store,
-                                                   fmt::format("world{}", env.restart_count),
-                                                   config.timeout_s, bootstrap.get());
+  // Under mpirun without a store, NCCL's id goes through MPI.
+  if (store == nullptr && env.launcher == Launcher::kMpirun && DDP_HAVE_MPI &&
+      ddp_mpi_backend != nullptr)
+    bootstrap = ddp_mpi_backend()->make(nullptr, config.timeout_s);
+  CommunicatorStart comm =
+      backend_nccl.start(env.rank, env.world_size, store, fmt::format("world{}", env.restart_count),
+                         config.timeout_s, bootstrap.get());
   if (bootstrap) {
     // MPI stays initialised for the job's lifetime; the NCCL communicator owns nothing of it.
     static std::unique_ptr<Communicator> keep;  // plain host state: finalises MPI at exit
     keep = std::move(bootstrap);
   }
   return comm;
-#else
-  throw UsageError(
-      "--backend nccl: this build has no NCCL (the CUDA toolkit's NCCL was not found at configure "
-      "time)");
-#endif
 }
 
 }  // namespace ddp

@@ -18,7 +18,7 @@ World init(const InitOptions& options) {
                   "srun without ddprun: ddp::init does not serve the rendezvous store; start the "
                   "tasks with ddprun (srun ddprun ...) or under mpirun");
   if (options.bind_gpu) {
-    DDP_USAGE_CHECK(cuda_built(), "ddp::init with bind_gpu: this build of ddp has no CUDA");
+    if (!cuda_built()) bind_device(env, {});  // the error that says what is missing
     if (env.launcher == Launcher::kMpirun || env.launcher == Launcher::kSrun)
       narrow_visible_devices(&env);
     world.device_ = std::make_unique<DeviceInfo>(bind_device(env, {}));

@@ -1,4 +1,5 @@
-// Device binding in a build without CUDA: a clear error instead of a silent CPU fallback.
+// Device binding without CUDA (a build without it, or a CPU-only program that links
+// ddp_device_none): a clear error instead of a silent CPU fallback.
 #include "runtime/device.h"
 #include "runtime/error.h"
 
@@ -9,9 +10,13 @@ bool cuda_built() {
 }
 
 DeviceInfo bind_device(const ProcessEnv&, const BindOptions&) {
+  if (DDP_HAVE_CUDA)
+    throw UsageError(
+        "a GPU was asked for (--device cuda, or ddp::init's bind_gpu), but this program links ddp "
+        "without CUDA; link it with find_package(ddp COMPONENTS cuda) (ddp::ddp) or ddp::device");
   throw UsageError(
-      "--device cuda: this build has no CUDA support (CMake did not find the CUDA toolkit, or "
-      "DDP_WITH_CUDA=OFF); rebuild with CUDA or use --device cpu");
+      "a GPU was asked for (--device cuda, or ddp::init's bind_gpu), but this build has no CUDA "
+      "support (CMake did not find the CUDA toolkit); rebuild with CUDA or use --device cpu");
 }
 
 }  // namespace ddp

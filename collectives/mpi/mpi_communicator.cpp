@@ -1,7 +1,9 @@
 // MpiCommunicator: every operation is a non-blocking MPI call whose request is polled with
 // MPI_Test until it completes or the deadline passes.
 #include "collectives/mpi/mpi_communicator.h"
+
 #include <algorithm>
+#include "collectives/backend_hooks.h"
 
 #include <mpi.h>
 
@@ -357,6 +359,15 @@ class MpiCommunicator final : public Communicator {
 };
 
 }  // namespace
+
+}  // namespace ddp
+
+extern "C" const ddp::MpiBackend* ddp_mpi_backend() {
+  static const ddp::MpiBackend backend{ddp::make_mpi_communicator};
+  return &backend;
+}
+
+namespace ddp {
 
 std::unique_ptr<Communicator> make_mpi_communicator(std::shared_ptr<StoreClient> store,
                                                     double timeout_s) {

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "collectives/communicator.h"
+#include "collectives/nccl/nccl_communicator.h"
 #include "runtime/cuda_check.h"
 #include "runtime/device_buffer.h"
 #include "runtime/error.h"

@@ -8,6 +8,8 @@
 // watchdog thread, the destructor) aborts it exactly once.
 #include "collectives/nccl/nccl_communicator.h"
 
+#include "collectives/backend_hooks.h"
+
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -551,6 +553,16 @@ class NcclCommunicator final : public Communicator {
 };
 
 }  // namespace
+
+}  // namespace ddp
+
+extern "C" const ddp::NcclBackend* ddp_nccl_backend() {
+  static const ddp::NcclBackend backend{ddp::start_nccl_communicator, ddp::make_host_staged_nccl,
+                                        ddp::nccl_library_version};
+  return &backend;
+}
+
+namespace ddp {
 
 std::string nccl_library_version() {
   int code = 0;

@@ -20,5 +20,7 @@ CommunicatorStart start_nccl_communicator(int rank, int size, std::shared_ptr<St
 
 // The version of the NCCL library loaded ("2.28.3").
 std::string nccl_library_version();
+// A host-buffer communicator over `device` (collectives/nccl/host_staged.cpp).
+std::unique_ptr<Communicator> make_host_staged_nccl(Communicator& device);
 
 }  // namespace ddp

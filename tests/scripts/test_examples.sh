@@ -2,8 +2,11 @@
 # The installed package as a user meets it: cmake --install this build into a prefix, moved
 # (mv) to another one, build examples/ as a separate CMake project with find_package(ddp)
 # from the moved copy (and hello with pkg-config), check that find_package(ddp 99) is
-# refused with the version message, and run the examples under ddprun: hello (sum of rank + 1 over 2 ranks), own_model (replicas hold identical
-# weights; the loss falls) and classifier (ddp::init: 2 ranks equal 1 process). Usage: test_examples.sh BUILD_DIR. Exit 77 without Gloo.
+# refused with the version message and an unknown component with its reason, that own_model
+# (ddp::ddp without components) links no CUDA, NCCL or MPI library, and run the examples
+# under ddprun: hello (sum of rank + 1 over 2 ranks), own_model (replicas hold identical
+# weights; the loss falls) and classifier (ddp::init: 2 and 3 ranks equal 1 process, also
+# under mpirun). Usage: test_examples.sh BUILD_DIR. Exit 77 without Gloo.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 build="$1"
@@ -26,8 +29,29 @@ fi
 grep -q 'with requested version "99"' "$work/v99.log" ||
   { cat "$work/v99.log"; echo "FAILED: find_package(ddp 99) without the version message"; exit 1; }
 echo "find_package(ddp 99): refused with the version message"
+mkdir -p "$work/bogus"
+printf 'cmake_minimum_required(VERSION 3.24)\nproject(bogus LANGUAGES CXX)\nfind_package(ddp REQUIRED COMPONENTS bogus)\n' \
+  > "$work/bogus/CMakeLists.txt"
+if cmake -S "$work/bogus" -B "$work/bogus/build" -DCMAKE_PREFIX_PATH="$work/moved" > "$work/bogus.log" 2>&1; then
+  echo "FAILED: find_package(ddp COMPONENTS bogus) was accepted"; exit 1
+fi
+grep -q "unknown component 'bogus' (expected cuda, nccl or mpi)" "$work/bogus.log" ||
+  { cat "$work/bogus.log"; echo "FAILED: the unknown component without its reason"; exit 1; }
+echo "find_package(ddp COMPONENTS bogus): refused, naming the components"
 cmake --build "$work/build" -j 2 > "$work/build.log" 2>&1 ||
   { tail -40 "$work/build.log"; echo "FAILED: build the examples"; exit 1; }
+# Only the public headers and what they include are installed: ddp's internals stay private.
+for private in engine/trainer.h engine/stage_runner.h collectives/nccl/nccl_communicator.h; do
+  [ ! -e "$work/moved/include/ddp/$private" ] ||
+    { echo "FAILED: the private header $private was installed"; exit 1; }
+done
+echo "headers: $(find "$work/moved/include" -name '*.h' | wc -l) installed, the private ones not"
+# ddp::ddp without components: a CPU-only binary.
+libs="$(ldd "$work/build/own_model")"
+if grep -E 'libcuda|libcudart|libnccl|libmpi|libcublas' <<<"$libs"; then
+  echo "FAILED: own_model (ddp::ddp, no components) links the libraries above"; exit 1
+fi
+echo "own_model: no CUDA, NCCL or MPI library in ldd ($(wc -l <<<"$libs") libraries)"
 # Without CMake: the hello example compiled with pkg-config's flags from the moved copy
 # (scripts/deps.sh installs pkgconf for the tests).
 pkg=0
@@ -70,5 +94,52 @@ import sys
 a, b = ([float(v) for v in s.split()] for s in sys.argv[1:3])
 assert len(a) == 3 and len(b) == 3 and all(abs(x - y) <= 1e-5 * (1 + abs(x)) for x, y in zip(a, b)), (a, b)
 PY
+# Under mpirun: the MPI backend, which classifier links (ddp::engine: every backend).
+mpirun="$(command -v mpirun || true)"
+if [ -n "$mpirun" ]; then
+  three="$(OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 CUDA_VISIBLE_DEVICES= "$mpirun" \
+    --oversubscribe --mca btl self,vader --mca btl_vader_single_copy_mechanism none -np 3 \
+    "$work/build/classifier" 2>&1)"
+  echo "$three"
+  w3="$(grep -oE 'rank 0 of 3: weights .*' <<<"$three" | cut -d' ' -f6-)"
+  python3 - "$w1" "$w3" <<'PY' || { echo "FAILED: classifier on 3 ranks under mpirun against 1"; failed=1; }
+import sys
+a, b = ([float(v) for v in s.split()] for s in sys.argv[1:3])
+assert len(a) == 3 and len(b) == 3 and all(abs(x - y) <= 1e-5 * (1 + abs(x)) for x, y in zip(a, b)), (a, b)
+PY
+  # ddp::ddp with components: hello built against find_package(ddp COMPONENTS ...) finds
+  # the MPI backend under mpirun; own_model (no components) says what to link instead.
+  components=""
+  grep -q "mpi ON" "$work/configure.log" && components="mpi"
+  grep -q "nccl ON" "$work/configure.log" && components="$components cuda nccl"
+  mkdir -p "$work/comp"
+  cat > "$work/comp/CMakeLists.txt" <<EOF
+cmake_minimum_required(VERSION 3.24)
+project(comp LANGUAGES CXX)
+set(CMAKE_CXX_STANDARD 17)
+find_package(ddp REQUIRED COMPONENTS $components)
+add_executable(hello $root/examples/hello/hello.cpp)
+target_link_libraries(hello PRIVATE ddp::ddp)
+if(ddp_HAVE_CUDA)
+  target_link_libraries(hello PRIVATE CUDA::cudart)
+endif()
+EOF
+  { cmake -S "$work/comp" -B "$work/comp/build" -DCMAKE_PREFIX_PATH="$work/moved" &&
+    cmake --build "$work/comp/build"; } > "$work/comp.log" 2>&1 ||
+    { tail -30 "$work/comp.log"; echo "FAILED: hello against ddp::ddp with components $components"; exit 1; }
+  mpi_job=(env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 CUDA_VISIBLE_DEVICES=
+           "$mpirun" --oversubscribe --mca btl self,vader --mca btl_vader_single_copy_mechanism none -np 2)
+  if [[ "$components" == *mpi* ]]; then
+    out="$("${mpi_job[@]}" "$work/comp/build/hello" 2>&1)"
+    grep -q "hello from rank 1 of 2 over mpi: sum 3" <<<"$out" ||
+      { echo "$out"; echo "FAILED: hello (ddp::ddp, COMPONENTS $components) under mpirun"; failed=1; }
+    out="$("${mpi_job[@]}" "$work/build/own_model" 2>&1)"
+    grep -q "this program links ddp without its MPI backend; link it with find_package(ddp COMPONENTS mpi)" <<<"$out" ||
+      { echo "$out"; echo "FAILED: own_model (no components) under mpirun without the message"; failed=1; }
+    echo "ddp::ddp: COMPONENTS $components finds MPI under mpirun; without, the message says what to link"
+  fi
+else
+  echo "no mpirun on PATH: the mpirun run is left out"
+fi
 [ $failed -eq 0 ] && echo "examples: ok"
 exit $failed
