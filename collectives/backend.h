@@ -8,8 +8,10 @@
 
 namespace ddp {
 
+// A collectives backend (kAuto: chosen as above).
 enum class Backend { kAuto, kNccl, kGloo, kMpi };
 
+// "auto", "nccl", "gloo", "mpi": --backend's words.
 inline const char* backend_name(Backend backend) {
   switch (backend) {
     case Backend::kAuto:

@@ -17,6 +17,7 @@
 
 namespace ddp {
 
+// A range of layers whose gradients are averaged by one collective.
 struct Bucket {
   size_t offset = 0;    // elements from the start of the flat gradient buffer
   size_t count = 0;     // elements
@@ -27,8 +28,8 @@ struct Bucket {
 // A layer's parameters as a range of the flat parameter (and gradient) buffer, in elements.
 // Any model can describe itself so: a list of spans in forward order, each contiguous.
 struct ParamSpan {
-  size_t offset = 0;
-  size_t count = 0;
+  size_t offset = 0;  // where the layer's parameters start (elements)
+  size_t count = 0;   // how many it has
 };
 
 // The MLP's layers (weight then bias of layer i) as spans.
@@ -43,8 +44,8 @@ std::vector<Bucket> plan_buckets(const std::vector<ParamSpan>& layers, size_t bu
 // One entry of the engine's own record of a step: what happened, in order.
 struct DdpEvent {
   std::string what;  // "layer_done", "allreduce_issued", "backward_done", "allreduce_waited"
-  int layer = -1;
-  int bucket = -1;
+  int layer = -1;    // the layer it concerns, or -1
+  int bucket = -1;   // the bucket it concerns, or -1
 };
 
 // How Ddp buckets and overlaps, in ddptrain's flags' units.
@@ -59,10 +60,11 @@ std::vector<Bucket> plan_buckets(const std::vector<ParamSpan>& layers, const Ddp
 
 // A tensor of one's own model for the layout check: its name and element count.
 struct NamedParam {
-  std::string name;
-  size_t count = 0;
+  std::string name;  // as the model calls it ("fc1.weight")
+  size_t count = 0;  // its elements
 };
 
+// Data parallelism over a communicator (the top of this file): one per model replica group.
 class Ddp {
  public:
   // Any model: its layers as spans of one flat buffer (see ParamSpan; param_spans(shape)
@@ -70,6 +72,7 @@ class Ddp {
   // all-reduce as soon as its layers are done; otherwise all of them after backward.
   Ddp(Communicator& comm, const std::vector<ParamSpan>& layers, size_t bucket_bytes,
       size_t first_bucket_bytes, bool overlap);
+  // The same with the flags' units (DdpOptions: MiB); bad options are a UsageError.
   Ddp(Communicator& comm, const std::vector<ParamSpan>& layers, const DdpOptions& options = {});
 
   // Collective (host communicators): every rank describes its model the same way, or the
@@ -83,7 +86,9 @@ class Ddp {
   // the copy functions (set_device_copies).
   void check_same_layout(uint64_t fingerprint, const std::string& description,
                          void* device_scratch = nullptr);
+  // A synchronous copy of `bytes` between host and device memory.
   using CopyFn = void (*)(void* dst, const void* src, size_t bytes);
+  // The copies check_same_layout uses with a device communicator.
   void set_device_copies(CopyFn to_device, CopyFn to_host) {
     copy_to_device_ = to_device;
     copy_to_host_ = to_host;
@@ -92,6 +97,7 @@ class Ddp {
   // as many bf16 values as the gradient buffer has floats, in the communicator's memory.
   // UsageError when the backend cannot.
   void reduce_in_bf16(void* scratch);
+  // Whether reduce_in_bf16 was called.
   bool reduces_in_bf16() const { return bf16_scratch_ != nullptr; }
   // Collective: parameters (params[count], host or device as the communicator expects)
   // become rank 0's.
@@ -102,15 +108,19 @@ class Ddp {
   // end_backward without begin_backward, and a layer index out of range, are UsageErrors
   // that say what to call.
   void begin_backward(float* grads);
+  // Layer `layer`'s gradients are written: the buckets it completes start (with overlap).
   void layer_done(int layer);
+  // Backward is over: every bucket not yet started starts.
   void end_backward();
   // Waits for every bucket's average (host: blocking; NCCL: makes `stream` wait).
   void finish(void* stream);
 
+  // The buckets, in the order they are reduced (last layers first).
   const std::vector<Bucket>& buckets() const { return buckets_; }
   // Buckets issued so far this step (they are issued in order), and bucket b's pending
   // all-reduce (b < issued(), until finish()).
   size_t issued() const { return next_bucket_; }
+  // Bucket b's pending collective (b < issued(), until finish()).
   Work& pending(size_t bucket) { return *pending_.at(bucket); }
   // The engine's record of what happened, kept only while asked for (the first step's, for
   // the metrics, or the tests'), so that it never grows over a run.
@@ -118,7 +128,9 @@ class Ddp {
     recording_ = on;
     if (on) events_.clear();
   }
+  // The record kept while record_events(true).
   const std::vector<DdpEvent>& events() const { return events_; }
+  // The communicator it reduces over.
   Communicator& comm() { return comm_; }
 
   // ZeRO (engine/zero.h): from now on, with `level` 2, each bucket is reduce-scattered into
@@ -137,14 +149,17 @@ class Ddp {
   struct DeviceMemory {
     std::function<float*(size_t floats)> allocate;  // kept as long as the Ddp is used
     std::function<void(float* dst, const float* src, size_t floats)> copy;  // stream order
-    std::function<void(float* dst, size_t floats)> zero;
-    int ring_slots = 0;
-    std::function<float*(size_t bucket)> bucket_grads;
-    size_t slot_floats = 0;
-    void* stream = nullptr;  // the compute stream
+    std::function<void(float* dst, size_t floats)> zero;  // dst[floats] = 0, stream order
+    int ring_slots = 0;                                   // 0: the gradients in one buffer
+    std::function<float*(size_t bucket)> bucket_grads;    // a bucket's slot (ring)
+    size_t slot_floats = 0;                               // a slot's size (ring)
+    void* stream = nullptr;                               // the compute stream
   };
+  // Shards as above: `level` 1 or 2; `device` with a device communicator.
   void shard(int level, const DeviceMemory* device = nullptr);
+  // The ZeRO level shard() set (0: not sharded).
   int zero() const { return zero_; }
+  // This rank's pieces of the buckets (after shard()).
   const ShardPlan& shards() const { return shards_; }
   // After finish(): where this rank's averaged piece of bucket b is (shards().parts[b].count
   // elements, or none past the bucket's end): the gradients' own place with level 1, the

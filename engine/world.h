@@ -16,6 +16,7 @@
 
 namespace ddp {
 
+// What ddp::init does beyond reading the environment.
 struct InitOptions {
   Backend backend = Backend::kAuto;  // auto: NCCL with bind_gpu, else Gloo (ddprun) or
                                      // MPI (mpirun); or kGloo, kMpi, kNccl
@@ -24,20 +25,30 @@ struct InitOptions {
                                      // the ranks that never reached it
 };
 
+// This process in the job, as ddp::init made it: its place, its GPU, the store and the
+// world communicator, which it owns and ends in order (the communicator first).
 class World {
  public:
+  // This process's rank in the job.
   int rank() const { return env_.rank; }
+  // The job's processes.
   int size() const { return env_.world_size; }
+  // Its index on this node.
   int local_rank() const { return env_.local_rank; }
+  // The processes on this node.
   int local_size() const { return env_.local_world_size; }
+  // Everything the launcher said (ProcessEnv).
   const ProcessEnv& env() const { return env_; }
   // The GPU bound (bind_gpu), or null.
   const DeviceInfo* device() const { return device_ ? device_.get() : nullptr; }
+  // The world communicator.
   Communicator& comm() { return *comm_; }
   // Stops every pending collective so that the other ranks stop waiting (on a fatal error).
   void abort() { comm_->abort(); }
 
+  // Moves the world, what it owns with it.
   World(World&&) = default;
+  // Moves the world, what it owns with it.
   World& operator=(World&&) = default;
   ~World();
 

@@ -19,17 +19,18 @@ constexpr size_t kDeviceShardAlign = 64;
 
 // Rank `rank`'s piece of one bucket.
 struct ShardPart {
-  size_t bucket_offset = 0;  // the bucket: elements [bucket_offset, + bucket_count) of the
-  size_t bucket_count = 0;   // flat buffer
+  size_t bucket_offset = 0;  // where the bucket starts in the flat buffer (elements)
+  size_t bucket_count = 0;   // the bucket's elements
   size_t piece = 0;          // every rank's piece of it (padded: piece x D >= bucket_count)
-  size_t offset = 0;         // what this rank owns: [offset, offset + count) of the flat
-  size_t count = 0;          // buffer (count < piece at the bucket's end, 0 past it)
+  size_t offset = 0;         // where this rank's piece starts in the flat buffer
+  size_t count = 0;          // what this rank owns of it (< piece at the bucket's end, 0 past)
   size_t shard_at = 0;       // where its piece starts in the rank's shard (pieces in order)
 };
 
+// A rank's pieces of every bucket.
 struct ShardPlan {
-  int ranks = 1;
-  int rank = 0;
+  int ranks = 1;                 // D, the data-parallel ranks
+  int rank = 0;                  // this rank's index among them
   std::vector<ShardPart> parts;  // one a bucket, in the buckets' order
   size_t shard_count = 0;        // the pieces' total (padded): the shard's buffers' size
   size_t owned() const;          // the elements this rank owns

@@ -14,17 +14,19 @@ void linear_forward_cpu(const float* x, const float* w, const float* b, float* y
 // dy[i] = 0 where y[i] <= 0 (y is the ReLU output), in place; `count` elements.
 void relu_backward_cpu(const float* y, float* dy, size_t count);
 
+// The weight and bias gradients alone (linear_backward_cpu's first half, as the zero-bubble
+// schedules run it apart): dw[out, in] (+)= dy^T x, db[out] (+)= sum over the batch of dy.
+void linear_weight_grad_cpu(const float* x, const float* dy, float* dw, float* db, int batch,
+                            int in, int out, bool accumulate);
+// The input gradient alone (its second half): dx[batch, in] = dy w.
+void linear_input_grad_cpu(const float* w, const float* dy, float* dx, int batch, int in, int out);
 // Given dy[batch, out]: dw[out, in] (+)= dy^T x, db[out] (+)= sum over the batch of dy,
 // and dx[batch, in] = dy w when dx is not null. With `accumulate`, dw and db are added to
 // (gradient accumulation); otherwise they are overwritten.
-// Its two halves, as the zero-bubble schedules run them apart: the weight and bias
-// gradients alone, and the input gradient alone.
-void linear_weight_grad_cpu(const float* x, const float* dy, float* dw, float* db, int batch,
-                            int in, int out, bool accumulate);
-void linear_input_grad_cpu(const float* w, const float* dy, float* dx, int batch, int in, int out);
 void linear_backward_cpu(const float* x, const float* w, const float* dy, float* dx, float* dw,
                          float* db, int batch, int in, int out, bool accumulate);
 
+// A batch's loss, summed, and its hits.
 struct LossSum {
   double loss = 0;  // sum over the batch of -log softmax(logits)[label]
   int correct = 0;  // samples whose arg-max equals the label

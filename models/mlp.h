@@ -10,29 +10,40 @@
 
 namespace ddp {
 
+// One layer's shape and where its parameters are in the flat buffer.
 struct LayerSlice {
-  int in = 0;
-  int out = 0;
+  int in = 0;                // input features
+  int out = 0;               // output features
   size_t weight_offset = 0;  // elements from the start of the flat buffer
   size_t bias_offset = 0;    // elements
+  // Its parameters: in x out weights and out biases.
   size_t count() const { return static_cast<size_t>(in) * out + out; }
 };
 
+// An MLP's widths and the layout of its parameters (above).
 class MlpShape {
  public:
   MlpShape() = default;
   // widths = {input, hidden..., classes}; at least two entries, each positive.
   explicit MlpShape(std::vector<int> widths);
 
+  // {input, hidden..., classes}, as given.
   const std::vector<int>& widths() const { return widths_; }
+  // The Linear layers: widths().size() - 1.
   int num_layers() const { return static_cast<int>(layers_.size()); }
+  // Layer i (0 <= i < num_layers()).
   const LayerSlice& layer(int i) const { return layers_[i]; }
+  // The features of a sample.
   int input_width() const { return widths_.front(); }
+  // The classes (the last layer's outputs).
   int num_classes() const { return widths_.back(); }
+  // The widest layer's width, input included.
   int max_width() const;
-  size_t param_count() const { return param_count_; }  // elements
-  // The parameters of layers [first, end) in the flat buffer: where they start, how many.
+  // Every layer's parameters (elements).
+  size_t param_count() const { return param_count_; }
+  // Where the parameters of layers [first, ...) start in the flat buffer.
   size_t params_offset(int first) const { return layers_[first].weight_offset; }
+  // How many parameters layers [first, end) have.
   size_t params_count(int first, int end) const {
     return layers_[end - 1].weight_offset + layers_[end - 1].count() - params_offset(first);
   }
@@ -54,20 +65,29 @@ class StageLayers {
   // Throws ddp::Error unless 0 <= first < end <= shape.num_layers().
   StageLayers(MlpShape shape, int first, int end);
 
+  // The whole model's shape.
   const MlpShape& shape() const { return shape_; }
+  // Its layers: [first_layer(), end_layer()).
   int first_layer() const { return first_; }
+  // One past its last layer.
   int end_layer() const { return end_; }
+  // Whether it holds the model's first layer (it reads the samples).
   bool is_first() const { return first_ == 0; }
+  // Whether it holds the model's last layer (it computes the loss).
   bool is_last() const { return end_ == shape_.num_layers(); }
+  // The features it takes in.
   int in_width() const { return shape_.widths()[first_]; }
+  // The features it puts out.
   int out_width() const { return shape_.widths()[end_]; }
-  // Where this stage's parameters start in the whole model's flat buffer, and how many.
+  // Where this stage's parameters start in the whole model's flat buffer.
   size_t param_offset() const { return shape_.params_offset(first_); }
+  // How many parameters this stage has.
   size_t param_count() const { return shape_.params_count(first_, end_); }
 
  protected:
-  MlpShape shape_;
-  int first_, end_;
+  MlpShape shape_;  // shape()
+  int first_;       // first_layer()
+  int end_;         // end_layer()
 };
 
 // Parses "784,512,512,10"; throws UsageError naming `flag` on malformed input.

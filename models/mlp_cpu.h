@@ -15,6 +15,7 @@
 
 namespace ddp {
 
+// Layers [first, end) of the MLP on the CPU (above): a pipeline stage, or the whole model.
 class CpuStage : public StageLayers {
  public:
   // Layers [first, end) of `shape`, micro-batches of at most max_batch samples, activations
@@ -28,13 +29,20 @@ class CpuStage : public StageLayers {
            float* params = nullptr, float* grads = nullptr, bool recompute = false);
   CpuStage(const CpuStage&) = delete;  // its buffers may be its own: a copy would share them
   CpuStage& operator=(const CpuStage&) = delete;
+  // Moves the stage, its buffers with it.
   CpuStage(CpuStage&&) = default;
 
+  // The most samples a micro-batch has.
   int max_batch() const { return max_batch_; }
+  // Micro-batches whose activations it holds at once.
   int slots() const { return static_cast<int>(inputs_.size()); }
+  // Its flat parameters (param_count() floats, the model's layout from its first layer).
   float* params() { return params_; }
+  // The same, read-only.
   const float* params() const { return params_; }
+  // Its flat gradients, laid out as params().
   float* grads() { return grads_; }
+  // The same, read-only.
   const float* grads() const { return grads_; }
 
   // Output of layer i (first_layer() <= i < end_layer()) from the slot's last forward().
@@ -65,6 +73,8 @@ class CpuStage : public StageLayers {
   // keeping each layer's output gradient in the slot; backward_weight: then the parameter
   // gradients from them, as backward() writes them. The slot is forwarded again only after.
   const float* backward_input(const float* dy, int batch, int slot);
+  // The second half: the parameter gradients of the slot whose input half ran, as backward()
+  // writes them (and calls on_layer_done).
   void backward_weight(int slot, bool accumulate = false,
                        const std::function<void(int)>& on_layer_done = {});
 
@@ -95,13 +105,21 @@ class CpuStage : public StageLayers {
 // The whole MLP with its loss: the one-stage case, as the CPU reference.
 class CpuMlp {
  public:
+  // `shape`'s model for batches of at most max_batch samples; its parameters are zero until
+  // set (init_params into params()).
   CpuMlp(MlpShape shape, int max_batch);
 
+  // The model's shape.
   const MlpShape& shape() const { return stage_.shape(); }
+  // The most samples a batch has.
   int max_batch() const { return stage_.max_batch(); }
+  // The flat parameters (shape().param_count() floats, mlp.h's layout).
   float* params() { return stage_.params(); }
+  // The same, read-only.
   const float* params() const { return stage_.params(); }
+  // The flat gradients, laid out as params().
   float* grads() { return stage_.grads(); }
+  // The same, read-only.
   const float* grads() const { return stage_.grads(); }
   // Output of layer i from the last forward() ([batch, layer(i).out], after its ReLU).
   const float* activation(int i) { return stage_.activation(0, i); }

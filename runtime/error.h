@@ -13,6 +13,7 @@ namespace ddp {
 // "[at file:line: statement; rank r/w, device d]" for internal failures.
 class Error : public std::runtime_error {
  public:
+  // An error whose what() is `message`.
   explicit Error(const std::string& message) : std::runtime_error(message) {}
 };
 
@@ -20,6 +21,7 @@ class Error : public std::runtime_error {
 // what was found; no source location is added since the user cannot act on it.
 class UsageError : public Error {
  public:
+  // A usage error whose what() is `message`.
   explicit UsageError(const std::string& message) : Error(message) {}
 };
 
@@ -27,17 +29,20 @@ class UsageError : public Error {
 // computed since its last good step is written (no checkpoint, no weights).
 class NonFiniteError : public Error {
  public:
+  // A non-finite value's error whose what() is `message`.
   explicit NonFiniteError(const std::string& message) : Error(message) {}
 };
 
 // Process-wide context added to every error and log line; set once at start by main
 // (or by the runtime when the rank and the device are known).
 struct ProcessContext {
-  int rank = 0;
-  int world = 1;
-  std::string device = "cpu";
+  int rank = 0;                // this process's rank
+  int world = 1;               // the job's ranks
+  std::string device = "cpu";  // "cpu", or the GPU it bound ("cuda:0 (H200)")
 };
+// Sets the context every later error and log line carries.
 void set_process_context(const ProcessContext& context);
+// The context set last (rank 0 of 1 on the CPU until then).
 const ProcessContext& process_context();
 
 namespace detail {

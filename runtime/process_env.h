@@ -10,22 +10,25 @@
 
 namespace ddp {
 
+// What started this process (kDdprun also stands for torchrun, which sets the same variables).
 enum class Launcher { kNone, kDdprun, kMpirun, kSrun };
+// "none", "ddprun", "mpirun", "srun" (for messages).
 const char* launcher_name(Launcher launcher);
 
+// This process's place in the job (the top of this file).
 struct ProcessEnv {
-  Launcher launcher = Launcher::kNone;
-  int rank = 0;
-  int world_size = 1;
-  int local_rank = 0;
-  int local_world_size = 1;
-  int group_rank = 0;       // node index
-  int restart_count = 0;    // ddprun's restart generation
+  Launcher launcher = Launcher::kNone;  // what started it
+  int rank = 0;                         // RANK: its index in the job
+  int world_size = 1;                   // WORLD_SIZE: the job's processes
+  int local_rank = 0;                   // LOCAL_RANK: its index on this node
+  int local_world_size = 1;             // LOCAL_WORLD_SIZE: the processes on this node
+  int group_rank = 0;                   // node index
+  int restart_count = 0;                // ddprun's restart generation
   std::string master_addr;  // the store: DDP_STORE_ADDR (ddprun), else MASTER_ADDR; empty: none
-  int master_port = 0;
-  std::string store_token;           // ddprun's job token for the store
-  std::string cuda_visible_devices;  // as inherited; empty when unset
-  bool cuda_visible_devices_set = false;
+  int master_port = 0;      // the store's port; 0: none
+  std::string store_token;  // ddprun's job token for the store
+  std::string cuda_visible_devices;       // as inherited; empty when unset
+  bool cuda_visible_devices_set = false;  // whether CUDA_VISIBLE_DEVICES was set at all
   double launch_time_ms =
       0;  // ddprun's start (ms since the epoch, DDP_LAUNCH_TIME_MS); 0 if unknown
   // Test mode (ddprun --share-gpu, or DDP_SHARE_GPU=1 under mpirun/srun): every rank of a

@@ -24,6 +24,7 @@ enum class StoreOp : uint8_t {
   kAdd = 5,     // str key, i64 delta                -> ok + i64 new value
   kDelete = 6,  // str key                           -> ok | missing
 };
+// A reply's status.
 enum class StoreStatus : uint8_t {
   kOk = 0,
   kMissing = 1,
@@ -32,6 +33,7 @@ enum class StoreStatus : uint8_t {
   kUnauthorized = 4,  // the hello's token is not the job's: said once, then the store hangs up
 };
 
+// A connection to the launcher's rendezvous store (the top of this file).
 class StoreClient {
  public:
   // Connects (retrying until connect_timeout_s) and presents the token. Every call then
@@ -40,6 +42,7 @@ class StoreClient {
   StoreClient(const std::string& host, int port, const std::string& token,
               double connect_timeout_s = 30.0, double reply_timeout_s = 40.0);
 
+  // Sets key to value (every waiter on it returns).
   void set(const std::string& key, const std::string& value);
   // The value, or nullopt when the key is not set. Does not block.
   std::optional<std::string> get(const std::string& key);
@@ -55,6 +58,7 @@ class StoreClient {
   // The keys of `keys` that are not set, without waiting.
   std::vector<std::string> missing(const std::vector<std::string>& keys);
 
+  // The store's "host:port", as connected to.
   const std::string& address() const { return address_; }
   // This end's "address:port": the address by which this host reaches the store.
   std::string local_address() const;

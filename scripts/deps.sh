@@ -16,7 +16,7 @@
 DDP_MIN_CMAKE="3.24"
 DDP_REQUIRED_PACKAGES=(g++ make libspdlog-dev libfmt-dev libcxxopts-dev nlohmann-json3-dev
                        zlib1g-dev)
-DDP_TEST_PACKAGES=(libgtest-dev pkgconf)  # pkgconf: the package's pkg-config file is tested
+DDP_TEST_PACKAGES=(libgtest-dev pkgconf doxygen)  # pkgconf: the pkg-config file is tested; doxygen: the API reference
 # Optional for the tests only: a real one-node Slurm cluster (tests/slurm/slurm-test.sh).
 DDP_OPTIONAL_TEST_PACKAGES=(slurm-wlm munge python3-torch)
 DDP_OPTIONAL_PACKAGES=(libopenblas-dev openmpi-bin libopenmpi-dev libgloo-dev
