@@ -69,6 +69,12 @@ TEST_P(ZeroStages, EqualPlainDataParallelismWithAShareOfTheOptimizerState) {
   const auto plain_memory = events_of(dir.file("plain.jsonl"), "memory");
   ASSERT_EQ(memory.size(), 1u);
   ASSERT_EQ(plain_memory.size(), 1u);
+  // By kind (the record's `held`): 1/D of the plain run's optimizer state, within a padding
+  // element per bucket and state buffer.
+  const int64_t mine = memory[0]["held"]["optimizer state"];
+  const int64_t whole = plain_memory[0]["held"]["optimizer state"];
+  EXPECT_GE(mine * c.dp, whole);
+  EXPECT_LE(mine, whole / c.dp + 2 * 8 * 4) << mine << " of " << whole;
   const std::string report = memory[0]["report"];
   EXPECT_NE(report.find("--zero " + std::to_string(c.zero) + ": this rank's 1/" + world),
             std::string::npos)
