@@ -312,7 +312,7 @@ const std::vector<Flag>& flags() {
                             &C::virtual_stages));
     f.push_back(number_flag("zero",
                             "ZeRO over the data-parallel group: 1 shards the optimizer state, 2 "
-                            "the gradients too; 0: off",
+                            "the gradients too, 3 the parameters too (CPU path so far); 0: off",
                             &C::zero));
     f.push_back(switch_flag("recompute",
                             "activation checkpointing: a stage keeps only each micro-batch's "
@@ -481,9 +481,13 @@ void validate(const TrainConfig& c) {
                   "--accumulate {} with --pp {}: a pipeline accumulates over --micro-batches; "
                   "give that instead",
                   c.accumulate, c.pp);
-  DDP_USAGE_CHECK(c.zero >= 0 && c.zero <= 2,
-                  "--zero {}: expected 0 (off), 1 (optimizer state sharded) or 2 (gradients too)",
+  DDP_USAGE_CHECK(c.zero >= 0 && c.zero <= 3,
+                  "--zero {}: expected 0 (off), 1 (optimizer state sharded), 2 (gradients too) or "
+                  "3 (parameters too)",
                   c.zero);
+  DDP_USAGE_CHECK(c.zero < 3 || !c.check_replicas,
+                  "--check-replicas with --zero 3: each replica holds its own piece of the "
+                  "parameters, so there is nothing to compare; drop one of them");
   const int micro = micro_batches_of(c);
   DDP_USAGE_CHECK(c.pp > 1 || c.virtual_stages == 0,
                   "--virtual-stages {}: chunks of a pipeline; they need --pp 2 or more",

@@ -159,7 +159,8 @@ void Ddp::reduce_in_bf16(void* scratch) {
 }
 
 void Ddp::shard(int level, const DeviceMemory* device) {
-  DDP_USAGE_CHECK(level >= 1 && level <= 2, "--zero {}: expected 0, 1 or 2", level);
+  DDP_USAGE_CHECK(level >= 1 && level <= 3, "--zero {}: expected 0, 1, 2 or 3", level);
+  DDP_USAGE_CHECK(level < 3 || device == nullptr, "--zero 3: runs on the CPU path only so far");
   DDP_CHECK(!comm_.device_buffers() || device != nullptr,
             "Ddp::shard over {} needs the device's memory", comm_.backend());
   DDP_USAGE_CHECK(bf16_scratch_ == nullptr, "--zero {} with --grad-reduce bf16: not supported",
@@ -196,7 +197,7 @@ void Ddp::shard(int level, const DeviceMemory* device) {
     }
     scratch_floats_ += floats;
   }
-  if (level == 2 && device == nullptr) {
+  if (level >= 2 && device == nullptr) {
     reduced_shard_.assign(shards_.shard_count, 0.0f);
     scratch_floats_ += shards_.shard_count;
   }
@@ -274,6 +275,12 @@ void Ddp::gather_in_place(float* full, void* stream) {
       if (padded(b)) copy_back(b, full, gathers, stream);
 }
 
+void Ddp::gather_bucket(size_t b, const float* shard, float* into) {
+  const ShardPart& p = shards_.parts.at(b);
+  comm_.all_gather_async(shard + p.shard_at, into, p.piece, DataType::kFloat32)
+      ->wait(comm_.timeout());
+}
+
 void Ddp::copy_back(size_t b, float* full, std::vector<std::unique_ptr<Work>>& gathers,
                     void* stream) {
   wait_all(gathers, stream);
@@ -282,7 +289,7 @@ void Ddp::copy_back(size_t b, float* full, std::vector<std::unique_ptr<Work>>& g
 
 void Ddp::issue(size_t bucket) {
   const Bucket& b = buckets_[bucket];
-  if (zero_ == 2) {
+  if (zero_ >= 2) {
     // The bucket (or its padded copy) reduce-scattered into this rank's averaged piece: on
     // the host into the pieces' own buffer, on the device in place.
     const ShardPart& p = shards_.parts[bucket];

@@ -133,7 +133,7 @@ class Ddp {
   // The communicator it reduces over.
   Communicator& comm() { return comm_; }
 
-  // ZeRO (engine/zero.h): from now on, with `level` 2, each bucket is reduce-scattered into
+  // ZeRO (engine/zero.h): from now on, with `level` 2 or 3, each bucket is reduce-scattered into
   // this rank's piece of the averaged gradients (reduced_piece()) instead of all-reduced; with
   // level 1 the all-reduce stays. The shards' plan is this rank's pieces of the buckets. Host
   // communicators: any piece size, the averaged pieces in a buffer of their own. Device
@@ -155,7 +155,8 @@ class Ddp {
     size_t slot_floats = 0;                               // a slot's size (ring)
     void* stream = nullptr;                               // the compute stream
   };
-  // Shards as above: `level` 1 or 2; `device` with a device communicator.
+  // Shards as above: `level` 1, 2 or 3 (3: the gradients as 2; the caller shards the
+  // parameters, through gather_bucket); `device` with a device communicator (1 or 2).
   void shard(int level, const DeviceMemory* device = nullptr);
   // The ZeRO level shard() set (0: not sharded).
   int zero() const { return zero_; }
@@ -176,6 +177,9 @@ class Ddp {
   // Collective: every rank's pieces (`shard`, its own) into the whole flat buffer `full`
   // (device communicators: device buffers, `stream` made to wait).
   void gather_shards(const float* shard, float* full, void* stream = nullptr);
+  // Collective (host communicators): bucket b's pieces of every rank (`shard`, its own) into
+  // `into` (shards().parts[b].piece x size() floats: the bucket, then the padding).
+  void gather_bucket(size_t b, const float* shard, float* into);
   // Collective, device communicators: every rank's pieces of `full`, each rank's own being
   // current in place, into every rank's `full`; `stream` made to wait.
   void gather_in_place(float* full, void* stream);

@@ -15,17 +15,18 @@ namespace ddp {
 void gather_whole_model(StageRunner& runner, const PipelineLayout& layout, const RankStages& stages,
                         Communicator* pipe, bool lead, std::vector<float>* params,
                         NamedState* state) {
-  // Every rank asks: with --zero the state is gathered over the data-parallel group.
+  // Every rank asks: with --zero the state (and with --zero 3 the parameters) is gathered
+  // over the data-parallel group.
   NamedState named = runner.optimizer_state();
+  std::vector<float> mine = runner.get_params();
   if (layout.stages == 1) {
     if (!lead) return;
-    *params = runner.get_params();
+    *params = std::move(mine);
     *state = std::move(named);
     return;
   }
   if (layout.replica != 0) return;  // replicas hold the same weights as replica 0
   // Replica 0's pipeline ranks send their parameters and state to rank 0, in rank order.
-  const std::vector<float> mine = runner.get_params();
   if (layout.stage > 0) {
     pipe->send(mine.data(), mine.size(), DataType::kFloat32, 0);
     for (const auto& entry : named)

@@ -310,8 +310,11 @@ std::unique_ptr<Ddp> make_stage_ddp(const TrainConfig& config, Communicator& gro
   std::vector<ParamSpan> spans;
   for (const auto& [offset, count] : stages.layer_spans())
     spans.push_back({offset, count});
-  auto ddp = std::make_unique<Ddp>(
-      group, spans, DdpOptions{config.bucket_mb, config.first_bucket_mb, config.overlap});
+  // --zero 3 gathers a layer's parameters at a time: a bucket a layer.
+  const DdpOptions options =
+      config.zero == 3 ? DdpOptions{1e-12, 0, config.overlap}
+                       : DdpOptions{config.bucket_mb, config.first_bucket_mb, config.overlap};
+  auto ddp = std::make_unique<Ddp>(group, spans, options);
   runner.prepare_ddp(*ddp, stages.fingerprint(), stages.shape().to_string());
   ddp->broadcast_parameters(runner.params(), stages.param_count());
   runner.params_changed();
@@ -323,7 +326,10 @@ std::unique_ptr<Ddp> make_stage_ddp(const TrainConfig& config, Communicator& gro
           "zero: stage {} over {} data-parallel ranks; rank 0 holds the optimizer state of {} "
           "of {} parameters{}",
           config.zero, plan.ranks, plan.owned(), stages.param_count(),
-          config.zero == 2 ? " and only its pieces of the averaged gradients" : "");
+          config.zero == 1   ? ""
+          : config.zero == 2 ? " and only its pieces of the averaged gradients"
+                             : ", its pieces of the averaged gradients and of the parameters (a "
+                               "layer's gathered for each use)");
   }
   return ddp;
 }

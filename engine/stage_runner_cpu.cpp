@@ -42,6 +42,59 @@ struct RankState {
   }
 };
 
+// --zero 3's parameters (models/linear_cpu.h, LayerParams): the rank holds its pieces of every
+// layer (a bucket a layer: engine/zero.h); a layer's whole parameters are all-gathered over the
+// data-parallel group for each use and dropped after; while materialised (evaluation, copies
+// out) every layer's are gathered once and read from there. Every replica makes the same uses
+// in the same order, so the gathers match.
+class GatheredLayers final : public LayerParams {
+ public:
+  // `bucket_of`: the model layer's bucket; `shard`: the rank's pieces (Ddp::shards()).
+  GatheredLayers(Ddp& ddp, const std::vector<float>& shard, std::map<int, size_t> bucket_of)
+      : ddp_(ddp), shard_(shard), bucket_of_(std::move(bucket_of)) {}
+
+  const float* acquire(int layer) override {
+    const size_t b = bucket_of_.at(layer);
+    if (materialised_) return whole_.data() + ddp_.shards().parts[b].bucket_offset;
+    std::vector<float>& into = held_[layer];
+    DDP_CHECK(into.empty(), "--zero 3: layer {} gathered twice", layer);
+    into.resize(ddp_.shards().parts[b].piece * static_cast<size_t>(ddp_.shards().ranks));
+    ddp_.gather_bucket(b, shard_.data(), into.data());
+    held_floats_ += into.size();
+    peak_floats_ = std::max(peak_floats_, held_floats_);
+    return into.data();
+  }
+  void release(int layer) override {
+    if (materialised_) return;
+    const auto it = held_.find(layer);
+    DDP_CHECK(it != held_.end(), "--zero 3: layer {} released but not gathered", layer);
+    held_floats_ -= it->second.size();
+    held_.erase(it);
+  }
+  // Collective: every layer's parameters (`count`, the rank's flat layout), until drop().
+  const std::vector<float>& materialise(size_t count) {
+    whole_.assign(count, 0.0f);
+    ddp_.gather_shards(shard_.data(), whole_.data());
+    materialised_ = true;
+    return whole_;
+  }
+  void drop() {
+    materialised_ = false;
+    whole_ = {};
+  }
+  // The most floats of gathered layers held at once in training (materialising aside).
+  size_t peak_floats() const { return peak_floats_; }
+
+ private:
+  Ddp& ddp_;
+  const std::vector<float>& shard_;
+  std::map<int, size_t> bucket_of_;
+  std::map<int, std::vector<float>> held_;  // the layers in use
+  size_t held_floats_ = 0, peak_floats_ = 0;
+  bool materialised_ = false;
+  std::vector<float> whole_;
+};
+
 class CpuChunk final : public ChunkOps {
  public:
   CpuChunk(const StageSpec& spec, RankState& rank, float* params, float* grads, bool recompute)
@@ -243,10 +296,19 @@ class CpuRunner final : public StageRunner {
     optimizer_ = make_optimizer(config_.optimizer, n);
     shard_params_.assign(n, 0.0f);
     if (level == 1) shard_grads_.assign(n, 0.0f);
+    if (level == 3) shard_parameters(ddp);
   }
-  std::vector<float> get_params() override { return params_; }
+  std::vector<float> get_params() override {
+    if (!gathered_) return params_;
+    std::vector<float> whole = gathered_->materialise(count());
+    gathered_->drop();
+    return whole;
+  }
   void set_params(const float* host) override {
-    std::copy_n(host, params_.size(), params_.begin());
+    if (gathered_)
+      zero_->take_shard(host, shard_params_.data());
+    else
+      std::copy_n(host, params_.size(), params_.begin());
   }
   NamedState optimizer_state() override {
     NamedState state;
@@ -256,7 +318,7 @@ class CpuRunner final : public StageRunner {
         continue;
       }
       // Every rank's pieces of it, gathered (collective over the data-parallel group).
-      state.emplace_back(name, std::vector<float>(params_.size()));
+      state.emplace_back(name, std::vector<float>(count()));
       zero_->gather_shards(buffer->data(), state.back().second.data());
     }
     return state;
@@ -296,7 +358,7 @@ class CpuRunner final : public StageRunner {
   }
   bool grads_nonfinite() override {
     return any_nonfinite(grads_.data(), grads_.size()) ||
-           (zero_ != nullptr && zero_->zero() == 2 &&
+           (zero_ != nullptr && zero_->zero() >= 2 &&
             any_nonfinite(zero_->reduced_shard(), zero_->shards().shard_count));
   }
   void optimizer_step() override {
@@ -305,15 +367,16 @@ class CpuRunner final : public StageRunner {
       return;
     }
     // This rank's pieces updated from their averaged gradients (the padding stays zero),
-    // then every rank's pieces gathered into the whole parameters.
-    zero_->take_shard(params_.data(), shard_params_.data());
+    // then every rank's pieces gathered into the whole parameters (--zero 3: the pieces are
+    // the parameters; the next uses gather them).
+    if (!gathered_) zero_->take_shard(params_.data(), shard_params_.data());
     const float* grads = zero_->reduced_shard();
     if (zero_->zero() == 1) {
       zero_->take_shard(grads_.data(), shard_grads_.data());
       grads = shard_grads_.data();
     }
     optimizer_->step(shard_params_.data(), grads, shard_params_.size(), lr_);
-    zero_->gather_shards(shard_params_.data(), params_.data());
+    if (!gathered_) zero_->gather_shards(shard_params_.data(), params_.data());
   }
   std::string memory_report() const override {
     const auto size = [](size_t floats) {
@@ -322,15 +385,20 @@ class CpuRunner final : public StageRunner {
                              : fmt::format("{:.1f} MiB", bytes / 1048576);
     };
     const size_t state = optimizer_->state_floats();
-    std::string text = fmt::format("parameters {}, gradients {}, optimizer state {}",
-                                   size(params_.size()), size(grads_.size()), size(state));
+    std::string text = fmt::format(
+        "parameters {}, gradients {}, optimizer state {}",
+        gathered_ ? fmt::format("{} (this rank's pieces; at most {} of layers gathered at once, "
+                                "the whole model while evaluating or copying out)",
+                                size(shard_params_.size()), size(gathered_->peak_floats()))
+                  : size(params_.size()),
+        size(grads_.size()), size(state));
     if (zero_ != nullptr)
       text += fmt::format(
           " (--zero {}: this rank's 1/{} of it, {} of {} parameters; {} of padded bucket "
           "copies and averaged pieces{})",
-          zero_->zero(), zero_->shards().ranks, zero_->shards().owned(), params_.size(),
+          zero_->zero(), zero_->shards().ranks, zero_->shards().owned(), count(),
           size(zero_->scratch_floats()),
-          zero_->zero() == 2 ? ", the averaged gradients as this rank's pieces only" : "");
+          zero_->zero() >= 2 ? ", the averaged gradients as this rank's pieces only" : "");
     return text;
   }
   int64_t held_bytes() const override {
@@ -341,12 +409,16 @@ class CpuRunner final : public StageRunner {
   }
   std::vector<std::pair<std::string, int64_t>> held_by_kind() const override {
     const auto bytes = [](size_t floats) { return static_cast<int64_t>(floats * sizeof(float)); };
-    return {{"parameters", bytes(params_.size() + shard_params_.size())},
+    return {{"parameters", bytes(params_.size() + shard_params_.size() +
+                                 (gathered_ ? gathered_->peak_floats() : 0))},
             {"gradients", bytes(grads_.size() + shard_grads_.size() +
                                 (zero_ != nullptr ? zero_->scratch_floats() : 0))},
             {"optimizer state", bytes(optimizer_->state_floats())}};
   }
   LossSum evaluate(const Split& split, int64_t begin, int64_t end) override {
+    // --zero 3: the replicas' shares of the split may differ in length, so their uses could
+    // not match: the whole model is gathered once, for the evaluation.
+    if (gathered_) gathered_->materialise(count());
     LossSum total{};
     const int chunk = stages_.chunks.front().max_batch;
     for (int64_t at = begin; at < end; at += chunk) {
@@ -356,10 +428,32 @@ class CpuRunner final : public StageRunner {
         handed = c->evaluate(&split.x[static_cast<size_t>(at) * split.dim], handed, count,
                              &split.y[at], &total);
     }
+    if (gathered_) gathered_->drop();
     return total;
   }
 
  private:
+  size_t count() const { return stages_.param_count(); }
+  // --zero 3: the parameters become this rank's pieces, and every layer reads its whole
+  // parameters from them for each use (GatheredLayers); the whole buffer is freed.
+  void shard_parameters(Ddp& ddp) {
+    ddp.take_shard(params_.data(), shard_params_.data());
+    std::map<int, size_t> bucket_of;  // a bucket a layer, in the rank's spans' order
+    int span = 0;
+    for (const StageSpec& c : stages_.chunks)
+      for (int i = c.first; i < c.end; ++i, ++span)
+        for (size_t b = 0; b < ddp.buckets().size(); ++b)
+          if (ddp.buckets()[b].first_layer == span) {
+            DDP_CHECK(ddp.buckets()[b].last_layer == span, "--zero 3: bucket {} holds layers {}-{}",
+                      b, ddp.buckets()[b].first_layer, ddp.buckets()[b].last_layer);
+            bucket_of[i] = b;
+          }
+    gathered_ = std::make_unique<GatheredLayers>(ddp, shard_params_, std::move(bucket_of));
+    for (auto& chunk : chunks_)
+      chunk->stage().set_params_source(gathered_.get());
+    params_ = {};
+  }
+
   TrainConfig config_;
   RankStages stages_;
   RankState rank_;
@@ -368,9 +462,10 @@ class CpuRunner final : public StageRunner {
   std::vector<std::unique_ptr<CpuChunk>> chunks_;
   std::unique_ptr<Optimizer> optimizer_;
   float lr_ = 0;
-  Ddp* zero_ = nullptr;              // --zero: the data parallelism that shards the state
-  std::vector<float> shard_params_;  // this rank's pieces of the parameters (--zero)
-  std::vector<float> shard_grads_;   // and of the all-reduced gradients (--zero 1)
+  Ddp* zero_ = nullptr;                       // --zero: the data parallelism that shards the state
+  std::vector<float> shard_params_;           // this rank's pieces of the parameters (--zero)
+  std::vector<float> shard_grads_;            // and of the all-reduced gradients (--zero 1)
+  std::unique_ptr<GatheredLayers> gathered_;  // --zero 3: the layers' parameters for each use
 };
 
 }  // namespace

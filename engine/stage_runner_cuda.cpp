@@ -700,6 +700,7 @@ void check_gpu_supported(const TrainConfig& config) {
                   "--on-nonfinite {}: runs on the CPU path only so far (the GPU path stops)",
                   on_nonfinite_name(config.on_nonfinite));
   DDP_USAGE_CHECK(!config.recompute, "--recompute: runs on the CPU path only so far");
+  DDP_USAGE_CHECK(config.zero < 3, "--zero 3: runs on the CPU path only so far");
   DDP_USAGE_CHECK(config.pp == 1 || (config.schedule != PipelineSchedule::kZeroBubbleV &&
                                      config.schedule != PipelineSchedule::kInterleaved),
                   "--schedule {}: runs on the CPU path only so far (the GPU runner holds one "

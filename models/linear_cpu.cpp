@@ -13,7 +13,10 @@ CpuLinear::CpuLinear(const LayerSlice& slice, bool hidden, float* params, float*
       grad_bias_(grads + (slice.bias_offset - base)) {}
 
 void CpuLinear::forward(const float* x, float* y, int batch) const {
-  linear_forward_cpu(x, weight_, bias_, y, batch, slice_.in, slice_.out, hidden_);
+  const float* w = acquire();
+  const size_t weights = static_cast<size_t>(slice_.in) * slice_.out;
+  linear_forward_cpu(x, w, source_ ? w + weights : bias_, y, batch, slice_.in, slice_.out, hidden_);
+  release();
 }
 
 void CpuLinear::activation_backward(const float* y, float* dy, int batch) const {
@@ -22,8 +25,13 @@ void CpuLinear::activation_backward(const float* y, float* dy, int batch) const 
 
 void CpuLinear::backward(const float* x, const float* dy, float* dx, int batch,
                          bool accumulate) const {
-  linear_backward_cpu(x, weight_, dy, dx, grad_weight_, grad_bias_, batch, slice_.in, slice_.out,
+  if (dx == nullptr) {  // the weights are not read
+    backward_weight(x, dy, batch, accumulate);
+    return;
+  }
+  linear_backward_cpu(x, acquire(), dy, dx, grad_weight_, grad_bias_, batch, slice_.in, slice_.out,
                       accumulate);
+  release();
 }
 
 void CpuLinear::backward_weight(const float* x, const float* dy, int batch, bool accumulate) const {
@@ -31,7 +39,8 @@ void CpuLinear::backward_weight(const float* x, const float* dy, int batch, bool
 }
 
 void CpuLinear::backward_input(const float* dy, float* dx, int batch) const {
-  linear_input_grad_cpu(weight_, dy, dx, batch, slice_.in, slice_.out);
+  linear_input_grad_cpu(acquire(), dy, dx, batch, slice_.in, slice_.out);
+  release();
 }
 
 }  // namespace ddp

@@ -10,6 +10,18 @@
 
 namespace ddp {
 
+// Where a layer's parameters are when the stage does not hold them (ZeRO 3: gathered from
+// every rank's pieces for each use and dropped after). acquire(layer) returns the layer's
+// weight then its bias (LayerSlice's order), valid until release(layer).
+class LayerParams {
+ public:
+  virtual ~LayerParams() = default;
+  // Layer `layer`'s parameters (the model's layer index), until release(layer).
+  virtual const float* acquire(int layer) = 0;
+  // The caller is done with acquire(layer)'s pointer.
+  virtual void release(int layer) = 0;
+};
+
 class CpuLinear {
  public:
   // Layer `slice` of the model; its parameters and gradients at slice offsets - `base` in
@@ -27,14 +39,28 @@ class CpuLinear {
   void backward(const float* x, const float* dy, float* dx, int batch, bool accumulate) const;
   void backward_weight(const float* x, const float* dy, int batch, bool accumulate) const;
   void backward_input(const float* dy, float* dx, int batch) const;
+  // From now on the parameters come from `source` (model layer index `layer`) for each use
+  // that reads them (forward, the input gradient); the gradients stay where they were.
+  void set_source(LayerParams* source, int layer) {
+    source_ = source;
+    layer_ = layer;
+  }
 
  private:
+  // The weight (the bias after it) for one use, and the end of that use.
+  const float* acquire() const { return source_ ? source_->acquire(layer_) : weight_; }
+  void release() const {
+    if (source_) source_->release(layer_);
+  }
+
   LayerSlice slice_;
   bool hidden_;
   float* weight_;
   float* bias_;
   float* grad_weight_;
   float* grad_bias_;
+  LayerParams* source_ = nullptr;
+  int layer_ = -1;
 };
 
 }  // namespace ddp

@@ -152,4 +152,9 @@ LossSum CpuMlp::backward(const int32_t* labels, int batch, float grad_scale, boo
   return sum;
 }
 
+void CpuStage::set_params_source(LayerParams* source) {
+  for (int i = first_; i < end_; ++i)
+    layers_[i - first_].set_source(source, i);
+}
+
 }  // namespace ddp

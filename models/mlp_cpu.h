@@ -53,6 +53,9 @@ class CpuStage : public StageLayers {
   size_t activation_bytes() const;
   // Forwards run again for backward (recompute) so far.
   int64_t recomputed() const { return recomputed_; }
+  // From now on every layer reads its parameters from `source` for each use (ZeRO 3), not
+  // from params(), which may then be freed by its owner.
+  void set_params_source(LayerParams* source);
 
   // Runs the stage's layers on x[batch, in_width()] into slot `slot`; returns the output
   // [batch, out_width()] (after its ReLU unless this is the last layer), valid until the

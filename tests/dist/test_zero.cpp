@@ -1,8 +1,10 @@
-// ZeRO on the CPU: --zero 1 and 2 with dp 2 and 3, SGD and AdamW, equal plain data
-// parallelism under ddprun (Gloo) and mpirun (MPI), also with --accumulate 2 and dp 2 x pp 2;
-// a rank holds 1/D of the optimizer state (its memory record); the gathered checkpoint is the
-// plain run's file byte for byte; a --zero 2 checkpoint resumes into --zero 0 with another
-// world size and goes on equal to a run that never stopped.
+// ZeRO on the CPU: --zero 1, 2 and 3 with dp 2 and 3, SGD and AdamW, equal plain data
+// parallelism under ddprun (Gloo) and mpirun (MPI), also with --accumulate 2 and dp 2 x pp 2
+// (and with zb-h1, interleaved stages and --recompute for --zero 3); a rank holds 1/D of the
+// optimizer state, and with --zero 3 1/D of the parameters plus the layer in use (its memory
+// record); the gathered checkpoint is the plain run's file byte for byte; a --zero 2 or 3
+// checkpoint resumes into --zero 0 with another world size and goes on equal to a run that
+// never stopped.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -57,9 +59,11 @@ TEST_P(ZeroStages, EqualPlainDataParallelismWithAShareOfTheOptimizerState) {
       run_command(ddprun(ranks, flags + " --metrics " + dir.file("plain.jsonl") +
                                     " --save-weights " + dir.file("plain.st")));
   ASSERT_EQ(plain.exit_code, 0) << plain.output;
-  const RunResult r = run_command(
-      ddprun(ranks, flags + " --zero " + std::to_string(c.zero) + " --check-replicas --metrics " +
-                        dir.file("zero.jsonl") + " --save-weights " + dir.file("zero.st")));
+  // --check-replicas compares the replicas' weights, which --zero 3 does not keep whole.
+  const RunResult r = run_command(ddprun(ranks, flags + " --zero " + std::to_string(c.zero) +
+                                                    (c.zero < 3 ? " --check-replicas" : "") +
+                                                    " --metrics " + dir.file("zero.jsonl") +
+                                                    " --save-weights " + dir.file("zero.st")));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_LE(max_relative_error(load_weights(dir.file("zero.st"), kLayers),
                                load_weights(dir.file("plain.st"), kLayers)),
@@ -75,26 +79,62 @@ TEST_P(ZeroStages, EqualPlainDataParallelismWithAShareOfTheOptimizerState) {
   const int64_t whole = plain_memory[0]["held"]["optimizer state"];
   EXPECT_GE(mine * c.dp, whole);
   EXPECT_LE(mine, whole / c.dp + 2 * 8 * 4) << mine << " of " << whole;
+  // --zero 3: 1/D of the parameters, and one layer gathered at a time (the largest: 32 x 16
+  // weights and 16 biases, padded to D pieces); the others keep them whole.
+  const int64_t params = memory[0]["held"]["parameters"];
+  const int64_t plain_params = plain_memory[0]["held"]["parameters"];
+  if (c.zero == 3) {
+    EXPECT_GE(params * c.dp, plain_params);
+    EXPECT_LE(params, plain_params / c.dp + (32 * 16 + 16 + 8) * 4 + 8 * 4)
+        << params << " of " << plain_params;
+  } else {
+    EXPECT_GE(params, plain_params) << "the whole parameters stay";
+  }
   const std::string report = memory[0]["report"];
   EXPECT_NE(report.find("--zero " + std::to_string(c.zero) + ": this rank's 1/" + world),
             std::string::npos)
       << report;
 }
 
-INSTANTIATE_TEST_SUITE_P(Stages, ZeroStages,
-                         ::testing::Values(ZeroCase{1, 2, "sgd", ""}, ZeroCase{1, 3, "adamw", ""},
-                                           ZeroCase{2, 2, "adamw", ""}, ZeroCase{2, 3, "sgd", ""},
-                                           ZeroCase{2, 2, "adamw", "--accumulate 2"},
-                                           ZeroCase{2, 2, "adamw", "--pp 2 --micro-batches 4"},
-                                           ZeroCase{1, 2, "sgd",
-                                                    "--pp 2 --micro-batches 4 --schedule zb-h1"}));
+INSTANTIATE_TEST_SUITE_P(
+    Stages, ZeroStages,
+    ::testing::Values(ZeroCase{1, 2, "sgd", ""}, ZeroCase{1, 3, "adamw", ""},
+                      ZeroCase{2, 2, "adamw", ""}, ZeroCase{2, 3, "sgd", ""},
+                      ZeroCase{2, 2, "adamw", "--accumulate 2"},
+                      ZeroCase{2, 2, "adamw", "--pp 2 --micro-batches 4"},
+                      ZeroCase{1, 2, "sgd", "--pp 2 --micro-batches 4 --schedule zb-h1"},
+                      ZeroCase{3, 2, "adamw", ""}, ZeroCase{3, 3, "sgd", ""},
+                      ZeroCase{3, 2, "adamw", "--accumulate 2"},
+                      ZeroCase{3, 2, "adamw", "--pp 2 --micro-batches 4"},
+                      ZeroCase{3, 2, "sgd", "--pp 2 --micro-batches 4 --schedule zb-h1"},
+                      ZeroCase{3, 3, "adamw", "--recompute --accumulate 2"}));
+
+// --zero 3 with two chunks of layers a rank (interleaved 1F1B): each chunk's layers are
+// gathered from the rank's pieces of its own layers.
+TEST(Zero, ThreeWithInterleavedStagesEqualsPlainDataParallelism) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  const std::string layers = "12,32,16,16,4";
+  const std::string job =
+      kDdprun + " --nproc-per-node 4 -- " + kTrain + " --data synthetic --layers " + layers +
+      " --synthetic-samples 240 --batch-size 24 --steps 12 --log-every 4 --quiet --seed 3 "
+      "--threads 1 --optimizer adamw --pp 2 --micro-batches 4 --schedule interleaved-1f1b "
+      "--virtual-stages 2 --save-weights ";
+  const RunResult plain = run_command(job + dir.file("plain.st"));
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  const RunResult r = run_command(job + dir.file("zero.st") + " --zero 3");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_LE(max_relative_error(load_weights(dir.file("zero.st"), layers),
+                               load_weights(dir.file("plain.st"), layers)),
+            1e-5);
+}
 
 TEST(Zero, MpiEqualsPlainDataParallelism) {
   if (!HAVE_MPI) GTEST_SKIP() << "built without MPI";
   TempDir dir;
   const std::string job = kMpirun + "-np 2 " + kTrain + kArgs + " --backend mpi --optimizer adamw ";
   ASSERT_EQ(run_command(job + "--save-weights " + dir.file("plain.st")).exit_code, 0);
-  for (const char* zero : {"1", "2"}) {
+  for (const char* zero : {"1", "2", "3"}) {
     const RunResult r =
         run_command(job + "--zero " + zero + " --save-weights " + dir.file("zero.st"));
     ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -106,11 +146,14 @@ TEST(Zero, MpiEqualsPlainDataParallelism) {
 }
 
 // The checkpoint rank 0 gathers from the shards is the plain run's file byte for byte (its
-// state is the same), and a --zero 2 checkpoint of 2 ranks resumes into --zero 0 on 3 ranks
+// state is the same), and a --zero 2 or 3 checkpoint of 2 ranks resumes into --zero 0 on 3 ranks
 // and goes on to the weights of a 3-rank run from that checkpoint's state (1e-5 of the run
 // that never stopped on 2 ranks: the batch is global).
-TEST(Zero, CheckpointsAreThePlainFilesAndResumeIntoAnotherLayout) {
+class ZeroCheckpoints : public ::testing::TestWithParam<int> {};
+
+TEST_P(ZeroCheckpoints, AreThePlainFilesAndResumeIntoAnotherLayout) {
   if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  const std::string zero_flag = "--zero " + std::to_string(GetParam()) + " ";
   TempDir dir;
   const std::string adamw = "--optimizer adamw --lr 0.01 --checkpoint-every 6 ";
   ASSERT_EQ(run_command(ddprun(2, adamw + "--checkpoint-dir " + dir.file("plain") +
@@ -118,7 +161,7 @@ TEST(Zero, CheckpointsAreThePlainFilesAndResumeIntoAnotherLayout) {
                 .exit_code,
             0);
   const RunResult zero = run_command(
-      ddprun(2, adamw + "--zero 2 --checkpoint-dir " + dir.file("zero") + " --fail-at-step 8"));
+      ddprun(2, adamw + zero_flag + "--checkpoint-dir " + dir.file("zero") + " --fail-at-step 8"));
   EXPECT_NE(zero.exit_code, 0) << zero.output;
   EXPECT_EQ(read_file(dir.file("zero/step-6.safetensors")),
             read_file(dir.file("plain/step-6.safetensors")));
@@ -132,17 +175,25 @@ TEST(Zero, CheckpointsAreThePlainFilesAndResumeIntoAnotherLayout) {
             1e-5);
   // And back: the plain checkpoint into --zero 1 on 3 ranks.
   const RunResult into_zero =
-      run_command(ddprun(3, adamw + "--zero 1 --checkpoint-dir " + dir.file("plain") +
+      run_command(ddprun(3, adamw + zero_flag + "--checkpoint-dir " + dir.file("plain") +
                                 " --resume --steps 14 --save-weights " + dir.file("more.st")));
   ASSERT_EQ(into_zero.exit_code, 0) << into_zero.output;
 }
 
+INSTANTIATE_TEST_SUITE_P(Levels, ZeroCheckpoints, ::testing::Values(2, 3));
+
 TEST(Zero, BadLevelsAndTheGpuAreOneLine) {
-  const RunResult r = run_command(kTrain + kArgs + " --zero 3");
+  const RunResult r = run_command(kTrain + kArgs + " --zero 4");
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("--zero 3: expected 0 (off), 1 (optimizer state sharded) or 2"),
+  EXPECT_NE(r.output.find("--zero 4: expected 0 (off), 1 (optimizer state sharded), 2 "
+                          "(gradients too) or 3 (parameters too)"),
             std::string::npos)
       << r.output;
+  const RunResult check = run_command(kTrain + kArgs + " --zero 3 --check-replicas");
+  EXPECT_EQ(check.exit_code, 2) << check.output;
+  EXPECT_NE(check.output.find("--check-replicas with --zero 3: each replica holds its own piece"),
+            std::string::npos)
+      << check.output;
   const RunResult one = run_command(kTrain + kArgs + " --zero 1");
   EXPECT_EQ(one.exit_code, 0) << one.output;
   EXPECT_NE(one.output.find("--zero 1: one replica holds everything; nothing to shard"),
