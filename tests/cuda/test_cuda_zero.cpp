@@ -18,6 +18,7 @@
 #include "tests/support/shared_gpu.h"
 #include "tests/support/test_support.h"
 #include "tests/support/weights_support.h"
+#include "tests/support/zero_support.h"
 
 namespace ddp {
 namespace {
@@ -144,34 +145,11 @@ TEST(SharedGpuZero, GradientRingHoldsLessThanTheWholeBufferAndEqualsPlainDataPar
   }
 }
 
-// The checkpoint rank 0 gathers from the shards is the plain run's file byte for byte, and a
-// --zero 2 checkpoint of 2 ranks resumes into --zero 0 on 3 ranks and goes on to the weights of
-// the run that never stopped (1e-5: the global batch is the same).
+// tests/support/zero_support.h's scenario, for --zero 2 through NCCL.
 TEST(SharedGpuZero, CheckpointsAreThePlainFilesAndResumeIntoAnotherLayout) {
   REQUIRE_GPU();
   TempDir dir;
-  const std::string adamw = "--optimizer adamw --lr 0.01 --checkpoint-every 6 ";
-  const RunResult straight =
-      run_command(shared(2, adamw + "--checkpoint-dir " + dir.file("plain") + " --save-weights " +
-                                dir.file("straight.st")));
-  ASSERT_EQ(straight.exit_code, 0) << straight.output;
-  const RunResult zero = run_command(
-      shared(2, adamw + "--zero 2 --checkpoint-dir " + dir.file("zero") + " --fail-at-step 8"));
-  EXPECT_NE(zero.exit_code, 0) << zero.output;
-  EXPECT_EQ(read_file(dir.file("zero/step-6.safetensors")),
-            read_file(dir.file("plain/step-6.safetensors")));
-  const RunResult resumed =
-      run_command(shared(3, adamw + "--checkpoint-dir " + dir.file("zero") +
-                                " --resume --save-weights " + dir.file("resumed.st")));
-  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
-  EXPECT_NE(resumed.output.find("resumed from"), std::string::npos) << resumed.output;
-  EXPECT_LE(max_relative_error(load_weights(dir.file("resumed.st"), kLayers),
-                               load_weights(dir.file("straight.st"), kLayers)),
-            1e-5);
-  // And back: the plain checkpoint into --zero 1 on 3 ranks.
-  const RunResult into_zero = run_command(
-      shared(3, adamw + "--zero 1 --checkpoint-dir " + dir.file("plain") + " --resume --steps 14"));
-  ASSERT_EQ(into_zero.exit_code, 0) << into_zero.output;
+  expect_zero_checkpoints_are_plain_and_resume(shared, kLayers, "--zero 2 ", dir);
 }
 
 }  // namespace

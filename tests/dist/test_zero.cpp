@@ -15,6 +15,7 @@
 #include "tests/support/metrics_support.h"
 #include "tests/support/test_support.h"
 #include "tests/support/weights_support.h"
+#include "tests/support/zero_support.h"
 
 namespace ddp {
 namespace {
@@ -145,39 +146,14 @@ TEST(Zero, MpiEqualsPlainDataParallelism) {
   }
 }
 
-// The checkpoint rank 0 gathers from the shards is the plain run's file byte for byte (its
-// state is the same), and a --zero 2 or 3 checkpoint of 2 ranks resumes into --zero 0 on 3 ranks
-// and goes on to the weights of a 3-rank run from that checkpoint's state (1e-5 of the run
-// that never stopped on 2 ranks: the batch is global).
+// tests/support/zero_support.h's scenario, for --zero 2 and 3.
 class ZeroCheckpoints : public ::testing::TestWithParam<int> {};
 
 TEST_P(ZeroCheckpoints, AreThePlainFilesAndResumeIntoAnotherLayout) {
   if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
-  const std::string zero_flag = "--zero " + std::to_string(GetParam()) + " ";
   TempDir dir;
-  const std::string adamw = "--optimizer adamw --lr 0.01 --checkpoint-every 6 ";
-  ASSERT_EQ(run_command(ddprun(2, adamw + "--checkpoint-dir " + dir.file("plain") +
-                                      " --save-weights " + dir.file("straight.st")))
-                .exit_code,
-            0);
-  const RunResult zero = run_command(
-      ddprun(2, adamw + zero_flag + "--checkpoint-dir " + dir.file("zero") + " --fail-at-step 8"));
-  EXPECT_NE(zero.exit_code, 0) << zero.output;
-  EXPECT_EQ(read_file(dir.file("zero/step-6.safetensors")),
-            read_file(dir.file("plain/step-6.safetensors")));
-  const RunResult resumed =
-      run_command(ddprun(3, adamw + "--checkpoint-dir " + dir.file("zero") +
-                                " --resume --save-weights " + dir.file("resumed.st")));
-  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
-  EXPECT_NE(resumed.output.find("resumed from"), std::string::npos) << resumed.output;
-  EXPECT_LE(max_relative_error(load_weights(dir.file("resumed.st"), kLayers),
-                               load_weights(dir.file("straight.st"), kLayers)),
-            1e-5);
-  // And back: the plain checkpoint into --zero 1 on 3 ranks.
-  const RunResult into_zero =
-      run_command(ddprun(3, adamw + zero_flag + "--checkpoint-dir " + dir.file("plain") +
-                                " --resume --steps 14 --save-weights " + dir.file("more.st")));
-  ASSERT_EQ(into_zero.exit_code, 0) << into_zero.output;
+  expect_zero_checkpoints_are_plain_and_resume(ddprun, kLayers,
+                                               "--zero " + std::to_string(GetParam()) + " ", dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(Levels, ZeroCheckpoints, ::testing::Values(2, 3));

@@ -20,24 +20,21 @@ cmake -S "$root/examples" -B "$work/build" -DCMAKE_PREFIX_PATH="$work/moved" \
   -DCMAKE_BUILD_TYPE=Release > "$work/configure.log" 2>&1 ||
   { cat "$work/configure.log"; echo "FAILED: configure the examples"; exit 1; }
 grep "ddp 0" "$work/configure.log"
-mkdir -p "$work/v99"
-printf 'cmake_minimum_required(VERSION 3.24)\nproject(v99 LANGUAGES CXX)\nfind_package(ddp 99 REQUIRED)\n' \
-  > "$work/v99/CMakeLists.txt"
-if cmake -S "$work/v99" -B "$work/v99/build" -DCMAKE_PREFIX_PATH="$work/moved" > "$work/v99.log" 2>&1; then
-  echo "FAILED: find_package(ddp 99) was accepted"; exit 1
-fi
-grep -q 'with requested version "99"' "$work/v99.log" ||
-  { cat "$work/v99.log"; echo "FAILED: find_package(ddp 99) without the version message"; exit 1; }
-echo "find_package(ddp 99): refused with the version message"
-mkdir -p "$work/bogus"
-printf 'cmake_minimum_required(VERSION 3.24)\nproject(bogus LANGUAGES CXX)\nfind_package(ddp REQUIRED COMPONENTS bogus)\n' \
-  > "$work/bogus/CMakeLists.txt"
-if cmake -S "$work/bogus" -B "$work/bogus/build" -DCMAKE_PREFIX_PATH="$work/moved" > "$work/bogus.log" 2>&1; then
-  echo "FAILED: find_package(ddp COMPONENTS bogus) was accepted"; exit 1
-fi
-grep -q "unknown component 'bogus' (expected cuda, nccl or mpi)" "$work/bogus.log" ||
-  { cat "$work/bogus.log"; echo "FAILED: the unknown component without its reason"; exit 1; }
-echo "find_package(ddp COMPONENTS bogus): refused, naming the components"
+# refused NAME FIND_PACKAGE_ARGS MESSAGE: a project that asks find_package(ddp ARGS) of the
+# moved copy fails to configure with MESSAGE.
+refused() {
+  mkdir -p "$work/$1"
+  printf 'cmake_minimum_required(VERSION 3.24)\nproject(%s LANGUAGES CXX)\nfind_package(ddp %s)\n' \
+    "$1" "$2" > "$work/$1/CMakeLists.txt"
+  if cmake -S "$work/$1" -B "$work/$1/build" -DCMAKE_PREFIX_PATH="$work/moved" > "$work/$1.log" 2>&1; then
+    echo "FAILED: find_package(ddp $2) was accepted"; exit 1
+  fi
+  grep -qF -- "$3" "$work/$1.log" ||
+    { cat "$work/$1.log"; echo "FAILED: find_package(ddp $2) without the message: $3"; exit 1; }
+  echo "find_package(ddp $2): refused with: $3"
+}
+refused v99 "99 REQUIRED" 'with requested version "99"'
+refused bogus "REQUIRED COMPONENTS bogus" "unknown component 'bogus' (expected cuda, nccl or mpi)"
 cmake --build "$work/build" -j 2 > "$work/build.log" 2>&1 ||
   { tail -40 "$work/build.log"; echo "FAILED: build the examples"; exit 1; }
 # Only the public headers and what they include are installed: ddp's internals stay private.
