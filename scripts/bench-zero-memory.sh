@@ -3,8 +3,10 @@
 # 4096) with AdamW over D data-parallel ranks, --zero 0, 1 and 2, and what rank 0 held on the
 # GPU at the end (its `memory` metrics record: the allocations by kind, from the memory
 # ledger). Ranks may share one GPU (--share-gpu: NCCL over sockets, slow, and memory is per
-# process either way), so this is a memory figure, never a speed one.
-# Prints a Markdown table. Usage: scripts/bench-zero-memory.sh BUILD_DIR [D] [--share-gpu]
+# process either way), so this is a memory figure, never a speed one. DEVICE=cpu: the CPU
+# path (Gloo) with --zero 0 to 3 on a model of eight 1024 x 1024 layers (8.4 M parameters,
+# global batch 64), its record counting the host buffers by kind.
+# Prints a Markdown table. Usage: [DEVICE=cpu] scripts/bench-zero-memory.sh BUILD_DIR [D] [--share-gpu]
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 cd "$(dirname "$0")/.."
@@ -15,21 +17,37 @@ share="${3:-}"
 py="${PYTHON:-python3}"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
+device="${DEVICE:-cuda}"
+levels="0 1 2"
+name=large
 ddp_workload large
+extra=(--precision tf32)
+if [ "$device" = cpu ]; then
+  levels="0 1 2 3"
+  name="8 x 1024 (CPU)"
+  layers=1024,1024,1024,1024,1024,1024,1024,1024,1024,10
+  batch=64
+  extra=(--threads 1)
+  export CUDA_VISIBLE_DEVICES=
+fi
 failed=0
-echo "| large, AdamW, D = $ranks | parameters | gradients | optimizer state | activations | all (GiB) |"
+unit=GiB
+[ "$device" = cpu ] && unit=MiB
+echo "| $name, AdamW, D = $ranks ($unit) | parameters | gradients | optimizer state | activations | all |"
 echo "|---|---|---|---|---|---|"
-for zero in 0 1 2; do
+for zero in $levels; do
   if timeout 400 "$build/bin/ddprun" --nproc-per-node "$ranks" $share -- "$build/bin/ddptrain" \
-    --device cuda --data synthetic --layers "$layers" --batch-size "$batch" \
-    --synthetic-samples "$batch" --optimizer adamw --precision tf32 --steps 3 --log-every 3 \
+    --device "$device" --data synthetic --layers "$layers" --batch-size "$batch" \
+    --synthetic-samples "$batch" --optimizer adamw "${extra[@]}" --steps 3 --log-every 3 \
     --zero "$zero" --quiet --metrics "$tmp/z$zero.jsonl" > "$tmp/z$zero.log" 2>&1; then
-    "$py" - "$tmp/z$zero.jsonl" "$zero" <<'PY' || failed=1
+    "$py" - "$tmp/z$zero.jsonl" "$zero" "$unit" <<'PY' || failed=1
 import json, sys
 held = [json.loads(l) for l in open(sys.argv[1]) if '"memory"' in l][-1]["held"]
-gib = lambda k: held.get(k, 0) / 2**30
-print(f"| --zero {sys.argv[2]} | {gib('parameters'):.2f} | {gib('gradients'):.2f} | "
-      f"{gib('optimizer state'):.2f} | {gib('activations'):.2f} | {sum(held.values()) / 2**30:.2f} |")
+scale = 2**30 if sys.argv[3] == "GiB" else 2**20
+size = lambda k: held.get(k, 0) / scale
+print(f"| --zero {sys.argv[2]} | {size('parameters'):.2f} | {size('gradients'):.2f} | "
+      f"{size('optimizer state'):.2f} | {size('activations'):.2f} | "
+      f"{sum(held.values()) / scale:.2f} |")
 PY
   else
     echo "| --zero $zero | failed: $(grep -m1 -iE 'error|failed' "$tmp/z$zero.log") | | | | |"
