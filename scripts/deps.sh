@@ -18,7 +18,7 @@ DDP_REQUIRED_PACKAGES=(g++ make libspdlog-dev libfmt-dev libcxxopts-dev nlohmann
                        zlib1g-dev)
 DDP_TEST_PACKAGES=(libgtest-dev pkgconf doxygen)  # pkgconf: the pkg-config file is tested; doxygen: the API reference
 # Optional for the tests only: a real one-node Slurm cluster (tests/slurm/slurm-test.sh).
-DDP_OPTIONAL_TEST_PACKAGES=(slurm-wlm munge python3-torch)
+DDP_OPTIONAL_TEST_PACKAGES=(slurm-wlm munge python3-torch python3-pip)
 DDP_OPTIONAL_PACKAGES=(libopenblas-dev openmpi-bin libopenmpi-dev libgloo-dev
                        dataset-fashion-mnist python3-matplotlib)
 
@@ -172,6 +172,26 @@ ddp_python_with() {
     fi
   done
   return 1
+}
+
+# Python helpers for the tests that compare with PyTorch: Debian's python3-torch comes without
+# safetensors, so pip puts it into BUILD/python (never into the system's Python), which those
+# tests put on PYTHONPATH. Says why when it cannot (no Python with torch, no pip, no network);
+# the tests that need it then skip, saying so.
+ddp_python_test_deps() {
+  local build="$1" py
+  py="$(ddp_python_with torch numpy)" || {
+    ddp_log "no Python with torch and numpy: the PyTorch comparisons skip"
+    return 0
+  }
+  PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}" "$py" -c "import safetensors" 2>/dev/null &&
+    return 0
+  if "$py" -m pip install --quiet --no-deps --disable-pip-version-check --target "$build/python" \
+    safetensors > /dev/null 2>&1; then
+    ddp_log "safetensors for Python installed into $build/python (pip, for the PyTorch tests)"
+  else
+    ddp_log "safetensors for Python could not be installed ($py -m pip failed: no pip or no network); the README snippet's test skips"
+  fi
 }
 
 # Configures (once) and builds into build/ (or $DDP_BUILD_DIR), incrementally, then says in

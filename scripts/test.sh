@@ -7,5 +7,6 @@ cd "$(dirname "$0")/.."
 source scripts/deps.sh
 ddp_install_deps --tests
 ddp_build
+ddp_python_test_deps "$(cd "${DDP_BUILD_DIR:-build}" && pwd)"
 cd "${DDP_BUILD_DIR:-build}"
 ctest --output-on-failure --timeout 600 -j "$(nproc)" "$@"

@@ -9,8 +9,11 @@ root="$(cd "$(dirname "$0")/../.." && pwd)"
 ddptrain="$1"
 data="${DDP_DATA_DIR:-/usr/share/datasets/fashion-mnist}"
 source "$root/scripts/deps.sh"
+# safetensors from pip in the build's python/ folder (scripts/test.sh puts it there).
+build="$(cd "$(dirname "$ddptrain")/.." && pwd)"
+export PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}"
 py="$(ddp_python_with torch safetensors numpy)"
-[ -n "$py" ] || { echo "skipped: no Python with torch, safetensors and numpy"; exit 77; }
+[ -n "$py" ] || { echo "skipped: no Python with torch, safetensors and numpy (scripts/test.sh installs safetensors into $build/python with pip)"; exit 77; }
 [ -f "$data/t10k-images-idx3-ubyte.gz" ] || { echo "skipped: no Fashion-MNIST in $data"; exit 77; }
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
