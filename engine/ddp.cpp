@@ -255,18 +255,23 @@ void Ddp::gather_shards(const float* shard, float* full, void* stream) {
 }
 
 void Ddp::gather_in_place(float* full, void* stream) {
-  DDP_CHECK(comm_.device_buffers(), "gather_in_place takes a device communicator");
+  // Host collectives send from a copy of the rank's piece (their all-gather does not take an
+  // aliased input); NCCL's is in place.
+  const bool host = !comm_.device_buffers();
+  std::vector<std::vector<float>> mine(host ? shards_.parts.size() : 0);
   std::vector<std::unique_ptr<Work>> gathers;
   for (size_t b = 0; b < shards_.parts.size(); ++b) {
     const ShardPart& p = shards_.parts[b];
-    // NCCL's in-place all-gather: this rank's piece already at its place in the output.
-    float* into = full + p.bucket_offset;
-    if (padded(b)) {
-      into = bucket_scratch_[b];
-      if (p.count > 0) copy(into + p.piece * shards_.rank, full + p.offset, p.count);
+    float* into = padded(b) ? bucket_scratch_[b] : full + p.bucket_offset;
+    const float* send = into + p.piece * shards_.rank;
+    if (host) {
+      mine[b].assign(p.piece, 0.0f);
+      std::copy_n(full + p.offset, p.count, mine[b].data());
+      send = mine[b].data();
+    } else if (padded(b) && p.count > 0) {
+      copy(into + p.piece * shards_.rank, full + p.offset, p.count);
     }
-    gathers.push_back(
-        comm_.all_gather_async(into + p.piece * shards_.rank, into, p.piece, DataType::kFloat32));
+    gathers.push_back(comm_.all_gather_async(send, into, p.piece, DataType::kFloat32));
     if (ringed() && padded(b)) copy_back(b, full, gathers, stream);  // its slot is shared
   }
   wait_all(gathers, stream);

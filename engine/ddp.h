@@ -180,8 +180,8 @@ class Ddp {
   // Collective (host communicators): bucket b's pieces of every rank (`shard`, its own) into
   // `into` (shards().parts[b].piece x size() floats: the bucket, then the padding).
   void gather_bucket(size_t b, const float* shard, float* into);
-  // Collective, device communicators: every rank's pieces of `full`, each rank's own being
-  // current in place, into every rank's `full`; `stream` made to wait.
+  // Collective: every rank's pieces of `full`, each rank's own being current in place, into
+  // every rank's `full` (device communicators: `stream` made to wait).
   void gather_in_place(float* full, void* stream);
 
  private:

@@ -294,8 +294,6 @@ class CpuRunner final : public StageRunner {
     zero_ = &ddp;
     const size_t n = ddp.shards().shard_count;
     optimizer_ = make_optimizer(config_.optimizer, n);
-    shard_params_.assign(n, 0.0f);
-    if (level == 1) shard_grads_.assign(n, 0.0f);
     if (level == 3) shard_parameters(ddp);
   }
   std::vector<float> get_params() override {
@@ -366,17 +364,22 @@ class CpuRunner final : public StageRunner {
       optimizer_->step(params_.data(), grads_.data(), params_.size(), lr_);
       return;
     }
-    // This rank's pieces updated from their averaged gradients (the padding stays zero),
-    // then every rank's pieces gathered into the whole parameters (--zero 3: the pieces are
-    // the parameters; the next uses gather them).
-    if (!gathered_) zero_->take_shard(params_.data(), shard_params_.data());
-    const float* grads = zero_->reduced_shard();
-    if (zero_->zero() == 1) {
-      zero_->take_shard(grads_.data(), shard_grads_.data());
-      grads = shard_grads_.data();
+    // --zero 3: the pieces are the parameters, updated from their averaged gradients (the
+    // padding stays zero); the next uses gather them.
+    if (gathered_) {
+      optimizer_->step(shard_params_.data(), zero_->reduced_shard(), shard_params_.size(), lr_);
+      return;
     }
-    optimizer_->step(shard_params_.data(), grads, shard_params_.size(), lr_);
-    if (!gathered_) zero_->gather_shards(shard_params_.data(), params_.data());
+    // Else this rank's pieces updated in place from their averaged gradients, then every
+    // rank's pieces gathered into the whole parameters.
+    std::vector<OptimizerPiece> pieces;
+    const ShardPlan& plan = zero_->shards();
+    for (size_t b = 0; b < plan.parts.size(); ++b)
+      if (plan.parts[b].count > 0)
+        pieces.push_back({plan.parts[b].offset, zero_->reduced_piece(b), plan.parts[b].shard_at,
+                          plan.parts[b].count});
+    optimizer_->step_pieces(params_.data(), pieces, lr_);
+    zero_->gather_in_place(params_.data(), nullptr);
   }
   std::string memory_report() const override {
     const auto size = [](size_t floats) {
@@ -411,8 +414,7 @@ class CpuRunner final : public StageRunner {
     const auto bytes = [](size_t floats) { return static_cast<int64_t>(floats * sizeof(float)); };
     return {{"parameters", bytes(params_.size() + shard_params_.size() +
                                  (gathered_ ? gathered_->peak_floats() : 0))},
-            {"gradients", bytes(grads_.size() + shard_grads_.size() +
-                                (zero_ != nullptr ? zero_->scratch_floats() : 0))},
+            {"gradients", bytes(grads_.size() + (zero_ != nullptr ? zero_->scratch_floats() : 0))},
             {"optimizer state", bytes(optimizer_->state_floats())}};
   }
   LossSum evaluate(const Split& split, int64_t begin, int64_t end) override {
@@ -437,6 +439,7 @@ class CpuRunner final : public StageRunner {
   // --zero 3: the parameters become this rank's pieces, and every layer reads its whole
   // parameters from them for each use (GatheredLayers); the whole buffer is freed.
   void shard_parameters(Ddp& ddp) {
+    shard_params_.assign(ddp.shards().shard_count, 0.0f);
     ddp.take_shard(params_.data(), shard_params_.data());
     std::map<int, size_t> bucket_of;  // a bucket a layer, in the rank's spans' order
     int span = 0;
@@ -463,8 +466,7 @@ class CpuRunner final : public StageRunner {
   std::unique_ptr<Optimizer> optimizer_;
   float lr_ = 0;
   Ddp* zero_ = nullptr;                       // --zero: the data parallelism that shards the state
-  std::vector<float> shard_params_;           // this rank's pieces of the parameters (--zero)
-  std::vector<float> shard_grads_;            // and of the all-reduced gradients (--zero 1)
+  std::vector<float> shard_params_;           // --zero 3: this rank's pieces of the parameters
   std::unique_ptr<GatheredLayers> gathered_;  // --zero 3: the layers' parameters for each use
 };
 

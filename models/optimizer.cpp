@@ -63,6 +63,13 @@ class Sgd final : public Optimizer {
                steps_ == 0);
     ++steps_;
   }
+  void step_pieces(float* params, const std::vector<OptimizerPiece>& pieces, float lr) override {
+    for (const OptimizerPiece& p : pieces)
+      sgd_update(params + p.offset, p.grads,
+                 momentum_.empty() ? nullptr : momentum_.data() + p.state_offset, p.count, lr,
+                 config_.momentum, config_.weight_decay, steps_ == 0);
+    ++steps_;
+  }
   std::vector<std::pair<std::string, std::vector<float>*>> state() override {
     if (momentum_.empty()) return {};
     return {{"momentum", &momentum_}};
@@ -82,6 +89,13 @@ class AdamW final : public Optimizer {
     ++steps_;
     adamw_update(params, grads, exp_avg_.data(), exp_avg_sq_.data(), count, lr, config_.beta1,
                  config_.beta2, config_.eps, config_.weight_decay, steps_);
+  }
+  void step_pieces(float* params, const std::vector<OptimizerPiece>& pieces, float lr) override {
+    ++steps_;
+    for (const OptimizerPiece& p : pieces)
+      adamw_update(params + p.offset, p.grads, exp_avg_.data() + p.state_offset,
+                   exp_avg_sq_.data() + p.state_offset, p.count, lr, config_.beta1, config_.beta2,
+                   config_.eps, config_.weight_decay, steps_);
   }
   std::vector<std::pair<std::string, std::vector<float>*>> state() override {
     return {{"exp_avg", &exp_avg_}, {"exp_avg_sq", &exp_avg_sq_}};

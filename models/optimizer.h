@@ -38,12 +38,25 @@ struct OptStep {
 // may differ from the training step, where steps were skipped).
 OptStep optimizer_scalars(const OptimizerConfig& config, float lr, int64_t step);
 
+// A piece of a flat buffer for Optimizer::step_pieces: `count` parameters from element
+// `offset` of the parameters, their gradients at `grads`, their state from the state's
+// element `state_offset`.
+struct OptimizerPiece {
+  size_t offset = 0;             // into the parameters
+  const float* grads = nullptr;  // the piece's gradients
+  size_t state_offset = 0;       // into the state
+  size_t count = 0;              // its elements
+};
+
 // Optimizer state for `count` parameters; step() updates params in place from grads.
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
   // One update of params[count] from grads[count] with learning rate lr.
   virtual void step(float* params, const float* grads, size_t count, float lr) = 0;
+  // One update (one step of the count) of the pieces of `params` (--zero: the rank's pieces
+  // of the whole buffer); elementwise, so bitwise step() over the same elements.
+  virtual void step_pieces(float* params, const std::vector<OptimizerPiece>& pieces, float lr) = 0;
   // Named state buffers (for checkpoints): SGD "momentum", AdamW "exp_avg", "exp_avg_sq".
   virtual std::vector<std::pair<std::string, std::vector<float>*>> state() = 0;
   // The floats of that state.

@@ -57,6 +57,38 @@ TEST(AdamW, MatchesHandComputedSteps) {
   EXPECT_NEAR(p, want, 1e-5);
 }
 
+// --zero's update of a rank's pieces: step_pieces over pieces of the buffer (their state
+// packed one after the other, as a shard) is bitwise step() over the whole, for three steps.
+TEST(OptimizerPieces, AreBitwiseTheWholeBufferStep) {
+  for (const OptimizerKind kind : {OptimizerKind::kSgd, OptimizerKind::kAdamW}) {
+    OptimizerConfig config;
+    config.kind = kind;
+    config.weight_decay = 0.01f;
+    const size_t n = 10;
+    std::vector<float> whole(n), pieces(n), grads(n);
+    for (size_t i = 0; i < n; ++i) {
+      whole[i] = pieces[i] = 0.1f * static_cast<float>(i) - 0.3f;
+      grads[i] = 0.05f * static_cast<float>(i * i % 7) - 0.1f;
+    }
+    auto all = make_optimizer(config, n);
+    auto part = make_optimizer(config, n);
+    // Pieces [6, 10) and [0, 3), the state of the first at 0, of the second after it; [3, 6)
+    // is another rank's and stays.
+    const std::vector<OptimizerPiece> mine = {{6, grads.data() + 6, 0, 4}, {0, grads.data(), 4, 3}};
+    for (int step = 0; step < 3; ++step) {
+      all->step(whole.data(), grads.data(), n, 0.1f);
+      part->step_pieces(pieces.data(), mine, 0.1f);
+    }
+    for (size_t i = 0; i < n; ++i) {
+      if (i >= 3 && i < 6)
+        EXPECT_EQ(pieces[i], 0.1f * static_cast<float>(i) - 0.3f) << i;
+      else
+        EXPECT_EQ(pieces[i], whole[i]) << optimizer_name(kind) << " element " << i;
+    }
+    EXPECT_EQ(part->steps(), 3);
+  }
+}
+
 TEST(LrSchedule, ConstantCosineAndWarmup) {
   EXPECT_FLOAT_EQ(lr_at(0, 100, 0.1f, LrSchedule::kConstant, 0), 0.1f);
   EXPECT_FLOAT_EQ(lr_at(99, 100, 0.1f, LrSchedule::kConstant, 0), 0.1f);
