@@ -359,6 +359,10 @@ const std::vector<Flag>& flags() {
         number_flag("fail-at-step",
                     "testing restarts: exit with an error when step N starts (first attempt only)",
                     &C::fail_at_step));
+    f.push_back(number_flag("step-delay-ms",
+                            "testing launchers: sleep N milliseconds before each step, so that a "
+                            "job lasts long enough to be disturbed",
+                            &C::step_delay_ms));
     return f;
   }();
   return table;
@@ -481,6 +485,8 @@ void validate(const TrainConfig& c) {
                   "--accumulate {} with --pp {}: a pipeline accumulates over --micro-batches; "
                   "give that instead",
                   c.accumulate, c.pp);
+  DDP_USAGE_CHECK(c.step_delay_ms >= 0 && c.step_delay_ms <= 60000,
+                  "--step-delay-ms {}: expected 0 to 60000", c.step_delay_ms);
   DDP_USAGE_CHECK(c.zero >= 0 && c.zero <= 3,
                   "--zero {}: expected 0 (off), 1 (optimizer state sharded), 2 (gradients too) or "
                   "3 (parameters too)",

@@ -8,10 +8,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <fstream>
 #include <set>
+#include <thread>
 
 #include <spdlog/spdlog.h>
 
@@ -145,6 +147,8 @@ StepStats Trainer::step() {
   DDP_CHECK(
       config_.fail_at_step == 0 || config_.restart_count > 0 || step_ + 1 != config_.fail_at_step,
       "--fail-at-step {}: failing on purpose at step {}", config_.fail_at_step, step_ + 1);
+  if (config_.step_delay_ms > 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(config_.step_delay_ms));
   Stopwatch step_clock;
   StepStats stats;
   if (step_ >= planned_end_) plan_steps();

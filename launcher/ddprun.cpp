@@ -17,6 +17,7 @@
 
 #include <fmt/format.h>
 
+#include "launcher/elastic.h"
 #include "launcher/gpu_discovery.h"
 #include "launcher/launch_config.h"
 #include "launcher/node_watch.h"
@@ -102,6 +103,132 @@ struct RunFolder {
   }
 };
 
+// The failed rank's last lines and what it recorded (torch's @record writes
+// TORCHELASTIC_ERROR_FILE), after "rank R failed first".
+void report_failure(const ddp::LaunchConfig& config, const ddp::WorkerPlan& plan,
+                    const ddp::GroupOutcome& outcome, int restart) {
+  std::fprintf(stderr, "ddprun: rank %d failed first: %s\n", outcome.failed_rank,
+               outcome.cause.c_str());
+  if (!outcome.last_lines.empty()) {
+    std::fprintf(stderr, "ddprun: last lines of rank %d:\n", outcome.failed_rank);
+    for (const std::string& line : outcome.last_lines)
+      std::fprintf(stderr, "  | %s\n", line.c_str());
+  }
+  const std::string error_file =
+      ddp::worker_dir(config, restart, outcome.failed_rank - config.node_rank * plan.nproc) +
+      "/error.json";
+  const std::vector<std::string> recorded = ddp::describe_error_file(error_file);
+  if (!recorded.empty()) {
+    std::fprintf(stderr, "ddprun: root cause recorded by rank %d (%s):\n", outcome.failed_rank,
+                 error_file.c_str());
+    for (const std::string& line : recorded)
+      std::fprintf(stderr, "  | %s\n", line.c_str());
+  }
+}
+
+// --nnodes MIN:MAX (launcher/elastic.h): the node that can listen at --rdzv-endpoint serves
+// the store for the whole job; every node joins generation after generation, each with the
+// ranks and world size its generation gives it, until its workers finish, --max-restarts
+// failures are spent, or fewer than MIN nodes come back.
+int run_elastic(ddp::LaunchConfig config, const ddp::EnvMap& parent, const ddp::WorkerPlan& plan,
+                const std::string& token) {
+  std::unique_ptr<ddp::StoreServer> store;
+  try {
+    ddp::StoreServerConfig store_config;
+    store_config.bind_addr = config.master_addr;
+    store_config.port = config.master_port;
+    store_config.token = token;
+    store_config.on_refused = [](const std::string& line) {
+      std::fprintf(stderr, "ddprun: store refused a connection from %s\n", line.c_str());
+    };
+    store = std::make_unique<ddp::StoreServer>(store_config);
+    store->start();
+  } catch (const ddp::UsageError&) {
+    store.reset();  // another node listens there (or the address is not this host's)
+  }
+  const std::unique_ptr<ddp::StoreClient> control =
+      connect_to_store(config.master_addr, config.master_port, token, config.timeout);
+  const std::string me = control->local_address();
+  const std::string address = me.substr(0, me.rfind(':'));
+  std::fprintf(stderr,
+               "ddprun: elastic job (--nnodes %d:%d), rendezvous at %s:%d%s; %d worker%s a node\n",
+               config.nnodes, config.max_nodes, config.master_addr.c_str(), config.master_port,
+               store ? " (served by this node)" : "", plan.nproc, plan.nproc == 1 ? "" : "s");
+  ddp::ElasticRendezvous rendezvous(*control, config.nnodes, config.max_nodes, config.last_call_s,
+                                    config.timeout, address);
+  int failures = 0;
+  int64_t after = -1;
+  while (true) {
+    ddp::Membership m;
+    if (!rendezvous.join(&m, after, throw_if_interrupted)) {
+      std::fprintf(stderr, "ddprun: the job finished while this node waited to join\n");
+      return 0;
+    }
+    after = m.generation;
+    ddp::LaunchConfig generation = config;
+    generation.nnodes = m.nnodes;
+    generation.node_rank = m.node_rank;
+    std::vector<int> ranks;
+    for (int local = 0; local < plan.nproc; ++local)
+      ranks.push_back(m.node_rank * plan.nproc + local);
+    // The program's MASTER_PORT: a free one on the generation's first node, shared.
+    const std::string port_key = fmt::format("ddprun/elastic/{}/master_port", m.generation);
+    if (m.node_rank == 0) control->set(port_key, std::to_string(ddp::free_port("0.0.0.0")));
+    const std::optional<int> program_port =
+        ddp::parse_number<int>(wait_for_key(*control, port_key, config.timeout));
+    const ddp::JobPorts ports{config.master_port, program_port.value_or(0)};
+    std::fprintf(stderr, "ddprun: generation %lld: node %d of %d, ranks %d-%d of %d\n",
+                 static_cast<long long>(m.generation), m.node_rank, m.nnodes, ranks.front(),
+                 ranks.back(), m.nnodes * plan.nproc);
+    const int attempt = static_cast<int>(m.generation);
+    std::vector<ddp::EnvMap> environments;
+    for (int local = 0; local < plan.nproc; ++local) {
+      environments.push_back(
+          ddp::child_environment(parent, generation, plan, local, ports, token, attempt));
+      environments.back()["MASTER_ADDR"] = m.addresses.front();  // where its rank 0 runs
+    }
+    ddp::WorkerGroup group(generation, ranks);
+    group.start(environments, attempt);
+    const ddp::GroupOutcome outcome = group.supervise([&] { return rendezvous.check(m); });
+    if (outcome.success) {
+      rendezvous.finish(m);
+      // The store's node stays until every node of the generation has finished.
+      ddp::Stopwatch waited;
+      while (store && !rendezvous.all_finished(m) && ddp::g_forward_signal == 0 &&
+             waited.seconds() < config.timeout)
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      return 0;
+    }
+    const std::string node = fmt::format("node {} ({})", m.node_rank, address);
+    if (outcome.interrupted) {
+      std::fprintf(stderr, "ddprun: %s; stopped every worker\n", outcome.cause.c_str());
+      rendezvous.end(m, {fmt::format("{}: {}", node, outcome.cause), false});
+      return outcome.exit_code;
+    }
+    if (outcome.peer_restart) {
+      std::fprintf(stderr, "ddprun: %s; stopped this node's workers\n", outcome.cause.c_str());
+      if (outcome.cause.find("waiting to join") != std::string::npos)
+        rendezvous.end(m, {outcome.cause, true});
+    } else {
+      report_failure(generation, plan, outcome, attempt);
+      rendezvous.end(
+          m, {fmt::format("{}: rank {} failed first: {}", node, outcome.failed_rank, outcome.cause),
+              false});
+    }
+    const ddp::GenerationEnd end = rendezvous.ended(m);
+    if (!end.membership && ++failures > config.max_restarts) {
+      std::fprintf(stderr, "ddprun: giving up after %d failed generation%s (--max-restarts %d)\n",
+                   failures, failures == 1 ? "" : "s", config.max_restarts);
+      return outcome.exit_code != 0 ? outcome.exit_code : 1;
+    }
+    std::fprintf(stderr, "ddprun: generation %lld ended (%s); joining the next one%s\n",
+                 static_cast<long long>(m.generation), end.why.c_str(),
+                 end.membership
+                     ? ""
+                     : fmt::format(" (restart {} of {})", failures, config.max_restarts).c_str());
+  }
+}
+
 int run(int argc, char** argv) {
   ddp::LaunchConfig config;
   config.launch_time_ms = ddp::wall_clock_ms();
@@ -139,9 +266,12 @@ int run(int argc, char** argv) {
                  "variable for optimal performance in your application as needed\n");
 
   std::string token = parent.count("DDP_STORE_TOKEN") ? parent["DDP_STORE_TOKEN"] : "";
-  DDP_USAGE_CHECK(config.nnodes == 1 || !token.empty(),
-                  "--nnodes {}: set the same DDP_STORE_TOKEN on every node", config.nnodes);
+  DDP_USAGE_CHECK((config.nnodes == 1 && !config.elastic()) || !token.empty(),
+                  "--nnodes {}: set the same DDP_STORE_TOKEN on every node",
+                  config.elastic() ? fmt::format("{}:{}", config.nnodes, config.max_nodes)
+                                   : std::to_string(config.nnodes));
   if (token.empty()) token = ddp::random_token("/dev/urandom");
+  if (config.elastic()) return run_elastic(config, parent, plan, token);
 
   std::unique_ptr<ddp::StoreServer> store;
   int port = config.master_port;

@@ -162,7 +162,7 @@ bool parse_launch_args(int argc, char** argv, LaunchConfig* config) {
   options.add_options()
     ("nproc-per-node", "workers on this node: N, gpu (one per visible GPU) or cpu (one per core)",
         cxxopts::value<std::string>()->default_value(d.nproc_per_node))
-    ("nnodes", "number of nodes", cxxopts::value<std::string>()->default_value(std::to_string(d.nnodes)))
+    ("nnodes", "number of nodes, or MIN:MAX (elastic: --rdzv-endpoint, no --node-rank)", cxxopts::value<std::string>()->default_value(std::to_string(d.nnodes)))
     ("node-rank", "this node's index", cxxopts::value<std::string>()->default_value(std::to_string(d.node_rank)))
     ("master-addr", "address of node 0, where the store runs", cxxopts::value<std::string>()->default_value(d.master_addr))
     ("master-port", "one node: PyTorch's store's port, MASTER_PORT (ddprun's own store takes a "
@@ -223,13 +223,13 @@ bool parse_launch_args(int argc, char** argv, LaunchConfig* config) {
   if (colon != std::string::npos) {
     const int low = parse_int("--nnodes", nnodes.substr(0, colon));
     const int high = parse_int("--nnodes", nnodes.substr(colon + 1));
-    DDP_USAGE_CHECK(low == high,
-                    "--nnodes {}: elastic membership (MIN:MAX) is not built yet; give a fixed "
-                    "count (--nnodes {})",
-                    nnodes, high);
+    DDP_USAGE_CHECK(low >= 1 && high >= low, "--nnodes {}: expected MIN:MAX with 1 <= MIN <= MAX",
+                    nnodes);
     c.nnodes = low;
+    c.max_nodes = high;
   } else {
     c.nnodes = parse_int("--nnodes", nnodes);
+    c.max_nodes = c.nnodes;
   }
   c.node_rank = parse_int("--node-rank", result["node-rank"].as<std::string>());
   c.master_addr = result["master-addr"].as<std::string>();
@@ -246,7 +246,7 @@ bool parse_launch_args(int argc, char** argv, LaunchConfig* config) {
                     "--rdzv-backend {}: expected static or c10d (ddprun serves the rendezvous "
                     "itself; no etcd)",
                     backend);
-    DDP_USAGE_CHECK(c.nnodes == 1 || result.count("node-rank"),
+    DDP_USAGE_CHECK(c.nnodes == 1 || c.elastic() || result.count("node-rank"),
                     "--rdzv-backend {} with --nnodes {}: give each node its --node-rank (0 on the "
                     "node of --rdzv-endpoint); ddprun does not number nodes by their arrival",
                     backend, c.nnodes);
@@ -277,6 +277,11 @@ bool parse_launch_args(int argc, char** argv, LaunchConfig* config) {
         DDP_USAGE_CHECK(seconds.has_value(), "--rdzv-conf {}: join_timeout {}: expected seconds",
                         conf, value);
         join_timeout = *seconds;
+      } else if (key == "last_call_timeout") {
+        const std::optional<double> seconds = parse_number<double>(value);
+        DDP_USAGE_CHECK(seconds && *seconds >= 0,
+                        "--rdzv-conf {}: last_call_timeout {}: expected seconds", conf, value);
+        c.last_call_s = *seconds;
       } else {
         c.notes.push_back(
             fmt::format("--rdzv-conf {}: taken as given (ddprun's store has no "
@@ -334,6 +339,22 @@ bool parse_launch_args(int argc, char** argv, LaunchConfig* config) {
   c.quiet = result.count("quiet") > 0;
   c.share_gpu = result.count("share-gpu") > 0;
   if (result.count("iface")) c.iface = result["iface"].as<std::string>();
+  if (c.elastic()) {
+    DDP_USAGE_CHECK(!result.count("node-rank"),
+                    "--node-rank with --nnodes {}:{}: the nodes of an elastic job are numbered "
+                    "in the order they join each generation; drop --node-rank",
+                    c.nnodes, c.max_nodes);
+    DDP_USAGE_CHECK(result.count("rdzv-endpoint") || result.count("master-addr"),
+                    "--nnodes {}:{}: give --rdzv-endpoint HOST:PORT (the same on every node; the "
+                    "node that can listen there serves the rendezvous)",
+                    c.nnodes, c.max_nodes);
+    if (c.torch_store) {
+      c.torch_store = false;
+      c.notes.push_back(
+          "--nnodes MIN:MAX: PyTorch's store is left to the program's rank 0 in an elastic job "
+          "(MASTER_ADDR is the generation's first node)");
+    }
+  }
   validate(c);
   return true;
 }

@@ -16,6 +16,10 @@ struct LaunchConfig {
   std::string nproc_per_node = "gpu";  // N | gpu | cpu
   int nnodes = 1;
   int node_rank = 0;
+  // --nnodes MIN:MAX with MIN < MAX: elastic membership (launcher/elastic.h); nnodes is MIN.
+  int max_nodes = 1;
+  double last_call_s = 30;  // --rdzv-conf last_call_timeout: a generation's wait for more nodes
+  bool elastic() const { return max_nodes > nnodes; }
   std::string master_addr = "127.0.0.1";
   int master_port = 0;  // 0: pick a free port (single node)
   std::string log_dir;  // empty: no per-rank files

@@ -278,9 +278,21 @@ TEST(TorchrunArgs, BothSpellingsAndTheRendezvousFlags) {
   EXPECT_EQ(
       parse({"--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "h1", "--", "p"}).master_port,
       29400);  // torchrun's default rendezvous port
-  EXPECT_NE(usage_error({"--nnodes", "1:4", "p"})
-                .find("--nnodes 1:4: elastic membership (MIN:MAX) is not built yet; give a fixed "
-                      "count (--nnodes 4)"),
+  // Elastic: MIN:MAX, the endpoint, no --node-rank, the last call from --rdzv-conf.
+  const LaunchConfig e = parse({"--nnodes", "1:4", "--rdzv-endpoint", "10.0.0.5:29600",
+                                "--rdzv-conf", "last_call_timeout=3", "p"});
+  EXPECT_TRUE(e.elastic());
+  EXPECT_EQ(e.nnodes, 1);
+  EXPECT_EQ(e.max_nodes, 4);
+  EXPECT_DOUBLE_EQ(e.last_call_s, 3);
+  EXPECT_FALSE(e.torch_store);
+  EXPECT_FALSE(parse({"--nnodes", "2:2", "--node-rank", "0", "--master-port", "1", "p"}).elastic());
+  EXPECT_NE(usage_error({"--nnodes", "1:4", "p"}).find("--nnodes 1:4: give --rdzv-endpoint"),
+            std::string::npos);
+  EXPECT_NE(usage_error({"--nnodes", "1:4", "--rdzv-endpoint", "h:1", "--node-rank", "0", "p"})
+                .find("numbered in the order they join"),
+            std::string::npos);
+  EXPECT_NE(usage_error({"--nnodes", "3:2", "p"}).find("expected MIN:MAX with 1 <= MIN <= MAX"),
             std::string::npos);
   EXPECT_NE(usage_error({"--rdzv-backend", "etcd", "p"})
                 .find("--rdzv-backend etcd: expected "
