@@ -436,24 +436,7 @@ int run(int argc, char** argv) {
     if (outcome.peer_restart) {
       std::fprintf(stderr, "ddprun: %s; stopped this node's workers\n", outcome.cause.c_str());
     } else {
-      std::fprintf(stderr, "ddprun: rank %d failed first: %s\n", outcome.failed_rank,
-                   outcome.cause.c_str());
-      if (!outcome.last_lines.empty()) {
-        std::fprintf(stderr, "ddprun: last lines of rank %d:\n", outcome.failed_rank);
-        for (const std::string& line : outcome.last_lines)
-          std::fprintf(stderr, "  | %s\n", line.c_str());
-      }
-      // What the program itself recorded (torch's @record writes TORCHELASTIC_ERROR_FILE).
-      const std::string error_file =
-          ddp::worker_dir(config, restart, outcome.failed_rank - config.node_rank * plan.nproc) +
-          "/error.json";
-      const std::vector<std::string> recorded = ddp::describe_error_file(error_file);
-      if (!recorded.empty()) {
-        std::fprintf(stderr, "ddprun: root cause recorded by rank %d (%s):\n", outcome.failed_rank,
-                     error_file.c_str());
-        for (const std::string& line : recorded)
-          std::fprintf(stderr, "  | %s\n", line.c_str());
-      }
+      report_failure(config, plan, outcome, restart);
       // The first node to fail in this generation moves the job on; the others follow.
       if (control && restart < config.max_restarts &&
           control->add(fmt::format("ddprun/failed/{}", restart), 1) == 1)
