@@ -84,11 +84,11 @@ bool ElasticRendezvous::join(Membership* m, int64_t after, const std::function<v
       if ((full || called) && store_.add(key(g, "vote"), 1) == 1)
         store_.set(key(g, "closed"),
                    std::to_string(std::min<int64_t>(count(key(g, "joined")), max_nodes_)));
-      DDP_CHECK(complete_at >= 0 || waited.seconds() < timeout_s_,
-                "--nnodes {}:{}: {} of at least {} nodes joined generation {} within {:.0f}s "
-                "(--timeout); are the other nodes' ddprun running with the same "
-                "--rdzv-endpoint?",
-                min_nodes_, max_nodes_, joined, min_nodes_, g, timeout_s_);
+      if (complete_at < 0 && waited.seconds() >= timeout_s_)
+        throw Error(fmt::format(
+            "--nnodes {}:{}: {} of at least {} nodes joined generation {} within {:.0f}s "
+            "(--timeout); are the other nodes' ddprun running with the same --rdzv-endpoint?",
+            min_nodes_, max_nodes_, joined, min_nodes_, g, timeout_s_));
       pause();
     }
     g = count("ddprun/elastic/gen");
