@@ -155,8 +155,8 @@ int64_t check_op(Communicator& comm, const std::string& op, Buffers& b, size_t t
 
 // Whether start_op can start `op` without waiting (the others only block).
 bool queueable(const std::string& op, int ranks) {
-  return op == "all_reduce" || op == "all_gather" || op == "reduce_scatter" ||
-         op == "broadcast" || (op == "sendrecv" && ranks > 1);
+  return op == "all_reduce" || op == "all_gather" || op == "reduce_scatter" || op == "broadcast" ||
+         (op == "sendrecv" && ranks > 1);
 }
 
 // Starts one operation without waiting (queueable ops only).
@@ -171,8 +171,7 @@ std::unique_ptr<Work> start_op(Communicator& comm, const std::string& op, Buffer
   if (op == "reduce_scatter")
     return comm.reduce_scatter_async(b.send(), b.recv(), total_count / n, DataType::kFloat32,
                                      ReduceOp::kSum);
-  if (op == "broadcast")
-    return comm.broadcast_async(b.recv(), total_count, DataType::kFloat32, 0);
+  if (op == "broadcast") return comm.broadcast_async(b.recv(), total_count, DataType::kFloat32, 0);
   if (op == "sendrecv" && n > 1)
     return comm.batch_async({{true, b.send(), total_count, DataType::kFloat32, next},
                              {false, b.recv(), total_count, DataType::kFloat32, prev}});

@@ -87,10 +87,10 @@ struct TrainConfig {
   int64_t checkpoint_every = 0;  // steps; 0: only at the end when a directory is given
   int keep_checkpoints = 0;      // > 0: step-numbered files, the newest K kept
   bool resume = false;
-  int64_t fail_at_step = 0;  // testing: fail when this step starts, first attempt only
+  int64_t fail_at_step = 0;   // testing: fail when this step starts, first attempt only
   int64_t step_delay_ms = 0;  // testing: sleep this long before each step (launcher tests)
-  int restart_count = 0;     // set from the launcher's environment, not a flag
-  double start_time_ms = 0;  // ddprun's start, else this process's (wall clock ms); not a flag
+  int restart_count = 0;      // set from the launcher's environment, not a flag
+  double start_time_ms = 0;   // ddprun's start, else this process's (wall clock ms); not a flag
 };
 
 // Parses argv into a config. Returns false when --help or --version was printed (the
