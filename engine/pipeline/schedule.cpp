@@ -185,6 +185,29 @@ std::vector<int> stage_ranks(PipelineSchedule schedule, int ranks, int chunks) {
   return rank_of;
 }
 
+std::map<PipelineLane, int> pipeline_lanes(const std::vector<int>& stage_rank) {
+  std::map<PipelineLane, int> lanes;
+  for (size_t s = 0; s + 1 < stage_rank.size(); ++s) {
+    const int a = stage_rank[s], b = stage_rank[s + 1];
+    if (a == b) continue;  // a hand-over in memory
+    lanes.emplace(PipelineLane{true, a, b}, -1);
+    lanes.emplace(PipelineLane{false, b, a}, -1);
+  }
+  // Each lane the lowest number that neither of its ranks uses yet.
+  std::map<int, std::vector<int>> used;  // rank -> numbers
+  for (auto& [lane, number] : lanes) {
+    std::vector<int>& a = used[lane.from];
+    std::vector<int>& b = used[lane.to];
+    number = 0;
+    while (std::find(a.begin(), a.end(), number) != a.end() ||
+           std::find(b.begin(), b.end(), number) != b.end())
+      ++number;
+    a.push_back(number);
+    b.push_back(number);
+  }
+  return lanes;
+}
+
 std::string schedule_names() {
   std::string names;
   const size_t n = std::size(kSchedules);

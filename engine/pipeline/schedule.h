@@ -5,8 +5,10 @@
 // trainer runs them (engine/trainer.cpp). The rank layout of dp x pp.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace ddp {
@@ -40,6 +42,22 @@ int schedule_chunks(PipelineSchedule schedule, int asked, int ranks, int layers,
 // (s mod P: every schedule but zb-v) or in a V (zb-v: rank r holds stages r and 2P - 1 - r, so
 // the middle and the ends of the model meet on one rank). Pure.
 std::vector<int> stage_ranks(PipelineSchedule schedule, int ranks, int chunks);
+
+// One flow between two pipeline ranks in one direction: a lane of its own, so that its
+// transfers complete in order and wait for nothing else (the simulator's lane a flow,
+// direction and peer).
+struct PipelineLane {
+  bool activations;  // else gradients
+  int from, to;      // pipeline ranks
+  bool operator<(const PipelineLane& o) const {
+    return std::tie(activations, from, to) < std::tie(o.activations, o.from, o.to);
+  }
+};
+// The lanes of stages placed by `stage_rank` (a transfer between two stages of one rank is
+// none), each with a number such that no rank has two lanes of one number: the lanes of one
+// number can share a communicator, every rank using it for one lane at most. Numbered
+// greedily in a fixed order, the same on every rank. Pure.
+std::map<PipelineLane, int> pipeline_lanes(const std::vector<int>& stage_rank);
 
 // What one stage does for one micro-batch. A planner writes the compute actions only
 // (forward; backward, or its two halves); lower_schedule adds the transfers and the point

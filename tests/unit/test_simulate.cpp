@@ -11,6 +11,7 @@
 
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <tuple>
 
@@ -409,6 +410,46 @@ TEST(ScheduleTable, TheReadmeHoldsTheSimulatorsFigures) {
     const std::string row = schedule_row(schedule);
     EXPECT_NE(text.str().find(row), std::string::npos) << "README lacks the row\n" << row;
   }
+}
+
+// The GPU's lanes with several stages a rank (pipeline_lanes): every transfer between two
+// ranks of every placement has its lane, one a flow, direction and peer (what the simulator
+// checked the schedules under), and no rank uses two lanes of one number, so that lanes of one
+// number can share a communicator without one rank's transfers queueing behind each other.
+TEST(PipelineLanes, EveryTransferHasALaneOfItsOwnAndNoRankTwoOfOneNumber) {
+  for (PipelineSchedule schedule : {PipelineSchedule::kInterleaved, PipelineSchedule::kZeroBubbleV})
+    for (int ranks = 2; ranks <= 6; ++ranks)
+      for (int chunks = 2; chunks <= 3; ++chunks) {
+        if (schedule == PipelineSchedule::kZeroBubbleV && chunks != 2) continue;
+        const std::vector<int> placement = stage_ranks(schedule, ranks, chunks);
+        const std::map<PipelineLane, int> lanes = pipeline_lanes(placement);
+        const std::string where =
+            fmt::format("{} P={} V={}", schedule_name(schedule), ranks, chunks);
+        size_t transfers = 0;
+        for (size_t s = 0; s + 1 < placement.size(); ++s) {
+          const int a = placement[s], b = placement[s + 1];
+          if (a == b) continue;
+          ++transfers;
+          EXPECT_EQ(lanes.count(PipelineLane{true, a, b}), 1u) << where << " stage " << s;
+          EXPECT_EQ(lanes.count(PipelineLane{false, b, a}), 1u) << where << " stage " << s;
+        }
+        EXPECT_GT(transfers, 0u) << where;
+        std::map<std::pair<int, int>, int> uses;  // (rank, number) -> lanes
+        for (const auto& [lane, number] : lanes) {
+          EXPECT_GE(number, 0) << where;
+          EXPECT_NE(lane.from, lane.to) << where;
+          EXPECT_EQ(++uses[std::make_pair(lane.from, number)], 1) << where << " rank " << lane.from;
+          EXPECT_EQ(++uses[std::make_pair(lane.to, number)], 1) << where << " rank " << lane.to;
+        }
+      }
+  // Two ranks, two stages each in a loop: both flows both ways, four lanes, four numbers.
+  const std::map<PipelineLane, int> two = pipeline_lanes({0, 1, 0, 1});
+  EXPECT_EQ(two.size(), 4u);
+  std::set<int> numbers;
+  for (const auto& [lane, number] : two)
+    numbers.insert(number);
+  EXPECT_EQ(numbers.size(), 4u);
+  EXPECT_TRUE(pipeline_lanes({0, 0}).empty());  // a hand-over in memory needs no lane
 }
 
 }  // namespace
