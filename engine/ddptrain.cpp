@@ -224,7 +224,8 @@ int main(int argc, char** argv) {
     // NCCL starts; a pipeline's stages, and the CPU, are made by the trainer.
     std::unique_ptr<ddp::StageRunner> runner;
     if (cuda && config.pp == 1)
-      runner = ddp::make_gpu_runner(ddp::whole_model_spec(config, env.world_size), config);
+      runner = ddp::make_gpu_runner(
+          ddp::RankStages{{ddp::whole_model_spec(config, env.world_size)}}, config);
     const ddp::Dataset& data = data_ready();
     if (starting) started();
     {

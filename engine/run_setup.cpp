@@ -86,11 +86,24 @@ RankGroups make_rank_groups(Communicator* world, const PipelineLayout& layout, b
   if (gpu || layout.chunks() > 1) g.grad = world->split(layout.replica, layout.stage);
   if (layout.replicas > 1) g.dp = world->split(layout.stage, layout.replica);
   if (g.pipe->device_buffers()) g.host_pipe = make_host_staged(*g.pipe);
+  // NCCL's queues with several stages a rank: a lane a flow, direction and peer.
+  if (gpu && layout.chunks() > 1) {
+    const std::map<PipelineLane, int> lanes = pipeline_lanes(layout.stage_rank);
+    int numbers = 0;
+    for (const auto& [lane, number] : lanes)
+      numbers = std::max(numbers, number + 1);
+    for (int k = 0; k < numbers; ++k)
+      g.lane_comms.push_back(world->split(layout.replica, layout.stage));
+    for (const auto& [lane, number] : lanes)
+      g.lanes[{lane.activations, lane.from, lane.to}] = g.lane_comms[number].get();
+  }
   return g;
 }
 
 std::function<void()> RankGroups::abort_all() const {
   std::vector<Communicator*> all{world, pipe.get(), grad.get(), dp.get()};
+  for (const auto& c : lane_comms)
+    all.push_back(c.get());
   return [all] {
     for (Communicator* c : all)
       if (c != nullptr) c->abort();

@@ -3,7 +3,11 @@
 // the flags ask for against what the machine has. Pure but for the files it reads.
 #pragma once
 
+#include <map>
+#include <memory>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "engine/checkpoint.h"
 #include "engine/config.h"
@@ -50,8 +54,18 @@ struct RankGroups {
   std::unique_ptr<Communicator> grad;  // the same ranks again, for gradients (GPU, chunks > 1)
   std::unique_ptr<Communicator> dp;    // this stage's replicas (pp > 1, dp > 1)
   std::unique_ptr<Communicator> host_world, host_pipe;  // where the others are NCCL's
-  // Activations forward on `pipe`, gradients back on `grad` where there is one.
-  StageLinks links() const { return {pipe.get(), grad ? grad.get() : pipe.get()}; }
+  // Several stages a rank on the GPU: the pipeline's lanes (pipeline_lanes), those of one
+  // number on one communicator of the replica's stages.
+  std::vector<std::unique_ptr<Communicator>> lane_comms;
+  std::map<std::tuple<bool, int, int>, Communicator*> lanes;
+  // Activations forward on `pipe`, gradients back on `grad` where there is one; the lanes.
+  StageLinks links() const {
+    StageLinks l;
+    l.activations = pipe.get();
+    l.gradients = grad ? grad.get() : pipe.get();
+    l.lanes = lanes;
+    return l;
+  }
   Communicator* replicas() const { return dp ? dp.get() : world; }
   Communicator* host() const { return host_world ? host_world.get() : world; }
   Communicator* host_pipeline() const { return host_pipe ? host_pipe.get() : pipe.get(); }

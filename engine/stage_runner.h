@@ -9,8 +9,10 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -112,9 +114,22 @@ class ChunkOps {
 // The neighbours a stage talks to: activations go forward on `activations`, gradients back
 // on `gradients` (the same communicator on the CPU; two on the GPU, so that NCCL's queue of
 // forward transfers never waits behind a backward one). Null without a pipeline.
+// With several stages a rank on the GPU, each flow between two pipeline ranks in each
+// direction has a lane of its own (`lanes`): NCCL completes a communicator's transfers in the
+// order they were posted, and a rank's receive must not queue behind its own send to a rank
+// that is not yet receiving (the simulator's rendezvous model, a lane a flow, direction and
+// peer, which every schedule is checked under).
 struct StageLinks {
   Communicator* activations = nullptr;
   Communicator* gradients = nullptr;
+  // (activations?, from pipeline rank, to pipeline rank) -> its communicator
+  std::map<std::tuple<bool, int, int>, Communicator*> lanes;
+  // Where one flow's messages from `from` to `to` travel: their lane, else the flow's.
+  Communicator* lane(bool activation, int from, int to) const {
+    const auto it = lanes.find({activation, from, to});
+    if (it != lanes.end()) return it->second;
+    return activation ? activations : gradients;
+  }
 };
 
 class StageRunner {
@@ -181,6 +196,12 @@ class StageRunner {
   // The device's compute time (forwards and backwards) of the last step, in seconds, or -1
   // when the host's clock measured it (the CPU).
   virtual double last_busy_s() const { return -1; }
+  // The same by kind (forward, backward, its input half, its weight half): seconds and counts
+  // added to `seconds` and `counts`; false where the host's clock measured them (the CPU).
+  virtual bool last_costs(double seconds[4], int64_t counts[4]) const {
+    (void)seconds, (void)counts;
+    return false;
+  }
   // The device's spans of the last step (forwards and backwards, from its events) into
   // `timeline`; the CPU's are the host's, recorded by the trainer.
   virtual void add_device_spans(TimelineRecorder& timeline, int64_t step) {
@@ -212,13 +233,14 @@ class StageRunner {
 
 std::unique_ptr<StageRunner> make_cpu_runner(const RankStages& stages, const TrainConfig& config,
                                              const Dataset& data, StageLinks links);
-// The GPU runner of stage `spec` on this process's GPU, for every layout (without a pipeline
-// the whole model, stage 0 of 1, with chunks of steps, host staging, autotuned plans and the
-// per-layer GPU timeline): a CudaStage fed by a BatchFeeder, the step captured in a CUDA
-// graph, the optimizer overlapped with backward when asked. Made before the data and the
-// communicators are ready (the whole model's plans and autotuning run while they load and
-// start); the trainer attaches them. Only with CUDA (else a UsageError that says so).
-std::unique_ptr<StageRunner> make_gpu_runner(const StageSpec& spec, const TrainConfig& config);
+// The GPU runner of a rank's stages on this process's GPU, for every layout (without a
+// pipeline the whole model, stage 0 of 1, with chunks of steps, host staging, autotuned plans
+// and the per-layer GPU timeline): a CudaStage a stage (several sharing the rank's stream and
+// flat buffers), fed by a BatchFeeder, the step captured in a CUDA graph, the optimizer
+// overlapped with backward when asked. Made before the data and the communicators are ready
+// (the whole model's plans and autotuning run while they load and start); the trainer
+// attaches them. Only with CUDA (else a UsageError that says so).
+std::unique_ptr<StageRunner> make_gpu_runner(const RankStages& stages, const TrainConfig& config);
 // What the GPU runner refuses (flags that run on the CPU path only), as a UsageError.
 void check_gpu_supported(const TrainConfig& config);
 

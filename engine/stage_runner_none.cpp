@@ -16,7 +16,7 @@ void check_gpu_supported(const TrainConfig&) {
   no_cuda();
 }
 
-std::unique_ptr<StageRunner> make_gpu_runner(const StageSpec&, const TrainConfig&) {
+std::unique_ptr<StageRunner> make_gpu_runner(const RankStages&, const TrainConfig&) {
   no_cuda();
 }
 

@@ -67,9 +67,8 @@ Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* c
                  schedule_name(config.schedule), describe_layout(layout_));
   DDP_CHECK(runner == nullptr || (gpu && layout_.stages == 1 && spec_.slots == 1),
             "a runner made beforehand is the whole model's on the GPU (whole_model_spec)");
-  DDP_CHECK(!gpu || stages_.chunks.size() == 1, "the GPU runner holds one stage a rank");
   if (gpu) {
-    runner_ = runner ? std::move(runner) : make_gpu_runner(spec_, config);
+    runner_ = runner ? std::move(runner) : make_gpu_runner(stages_, config);
     runner_->attach(data, groups_.links(), comm_, groups_.abort_all());
   } else {
     runner_ = make_cpu_runner(stages_, config, data, groups_.links());
@@ -162,6 +161,7 @@ StepStats Trainer::step() {
     });
     ++step_;
     stats.busy_s = runner_->last_busy_s();
+    runner_->last_costs(stats.costs.seconds, stats.costs.count);  // the device's, by kind
     if (timeline_.on()) runner_->add_device_spans(timeline_, step_);
     stats.step_s = step_clock.seconds();
     return stats;

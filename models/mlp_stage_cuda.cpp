@@ -14,10 +14,18 @@ namespace ddp {
 
 CudaStage::CudaStage(MlpShape shape, int first, int end, int max_batch, int slots,
                      const OptimizerConfig& optimizer, const CudaStageOptions& options)
-    : StageLayers(std::move(shape), first, end), max_batch_(max_batch), options_(options) {
+    : StageLayers(std::move(shape), first, end),
+      max_batch_(max_batch),
+      options_(options),
+      stream_(options.shared.weights ? options.shared.stream : own_stream_.emplace().get()) {
   DDP_CHECK(slots >= 1 && max_batch >= 1, "stage with {} slots of {} samples", slots, max_batch);
-  weights_ = std::make_unique<DeviceParameters>(param_count(), bf16(), optimizer, stream(),
-                                                options.gradient_ring);
+  if (options.shared.weights == nullptr)
+    own_weights_ = std::make_unique<DeviceParameters>(param_count(), bf16(), optimizer, stream(),
+                                                      options.gradient_ring);
+  weights_ = own_weights_ ? own_weights_.get() : options.shared.weights;
+  DDP_CHECK(options.shared.offset + param_count() <= weights_->count(),
+            "stage of {} parameters from {} of a buffer of {}", param_count(),
+            options.shared.offset, weights_->count());
   const size_t rows = static_cast<size_t>(max_batch);
   int widest = 1;
   for (int i = first; i < end; ++i)
@@ -45,8 +53,8 @@ CudaStage::CudaStage(MlpShape shape, int first, int end, int max_batch, int slot
                                  stream(),
                                  workspace_.data(),
                                  workspace_.bytes(),
-                                 weights_.get(),
-                                 param_offset(),
+                                 weights_,
+                                 param_offset() - options.shared.offset,
                                  options.precision,
                                  options.fused_epilogues,
                                  options.sync_debug};

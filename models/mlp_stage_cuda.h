@@ -17,6 +17,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -51,6 +52,14 @@ struct CudaStageOptions {
   bool split_backward = false;
   // --zero 2: the gradients in a ring of bucket slots instead of one buffer.
   GradientRing gradient_ring;
+  // Several stages of one rank (interleaved-1f1b, zb-v): the stage runs on the rank's stream
+  // and keeps its parameters, gradients and optimizer state in the rank's flat buffers, from
+  // element `offset` (null: its own stream and buffers).
+  struct Shared {
+    DeviceParameters* weights = nullptr;
+    size_t offset = 0;
+    cudaStream_t stream = nullptr;
+  } shared;
 };
 
 class LtMatmul;
@@ -67,7 +76,7 @@ class CudaStage : public StageLayers {
 
   int max_batch() const { return max_batch_; }
   int slots() const { return static_cast<int>(slots_.size()); }
-  cudaStream_t stream() const { return stream_.get(); }
+  cudaStream_t stream() const { return stream_; }
   // Activations between stages are bf16 with bf16 precision, else float32.
   bool bf16() const { return options_.precision == Precision::kBf16; }
   size_t act_bytes() const { return bf16() ? 2 : 4; }
@@ -175,9 +184,11 @@ class CudaStage : public StageLayers {
 
   int max_batch_;
   CudaStageOptions options_;
-  CudaStream stream_;
+  std::optional<CudaStream> own_stream_;  // unless the stage shares its rank's
+  cudaStream_t stream_;
   LtHandle lt_;
-  std::unique_ptr<DeviceParameters> weights_;  // parameters, gradients, bf16 copy, optimizer
+  std::unique_ptr<DeviceParameters> own_weights_;  // parameters, gradients, bf16 copy, optimizer
+  DeviceParameters* weights_;                      // its own, or its rank's
   std::vector<Slot> slots_;
   DeviceBuffer<char> pingpong_[2];  // every slot's output gradients, without split backward
   DeviceBuffer<char> workspace_;

@@ -1,5 +1,6 @@
 // Pipeline parallelism on the GPU, its ranks sharing the one GPU (ddprun --share-gpu, NCCL
-// over sockets): GPipe, 1F1B, pairs and ZB-H1 over 2 to 4 stages and dp 2 x pp 2 give the weights
+// over sockets): GPipe, 1F1B, pairs and ZB-H1 over 2 to 4 stages, interleaved 1F1B (two stages a
+// rank, each flow to each peer on a lane of its own) and dp 2 x pp 2 give the weights
 // and the test loss of one GPU (the plain one-GPU loop: the model as one CudaStage), with and
 // without graph capture, and in bf16; --timeline has the device's spans; a pipelined run resumes
 // bitwise; a rank killed mid-pipeline ends the job, named, within the grace period. Slow by design;
@@ -85,7 +86,14 @@ INSTANTIATE_TEST_SUITE_P(
                       PipelineCase{"pp3_zbh1", 3, "--pp 3 --schedule zb-h1 --micro-batches 6"},
                       PipelineCase{"pp4_zbh1", 4, "--pp 4 --schedule zb-h1"},
                       PipelineCase{"dp2_pp2_zbh1_overlap_optimizer", 4,
-                                   "--pp 2 --schedule zb-h1 --overlap-optimizer"}),
+                                   "--pp 2 --schedule zb-h1 --overlap-optimizer"},
+                      // Two stages a rank in a loop (the four layers, one a stage).
+                      PipelineCase{"pp2_interleaved_v2", 2,
+                                   "--pp 2 --schedule interleaved-1f1b --virtual-stages 2"},
+                      PipelineCase{"pp2_interleaved_m4", 2,
+                                   "--pp 2 --schedule interleaved-1f1b --micro-batches 4"},
+                      PipelineCase{"dp2_pp2_interleaved", 4,
+                                   "--pp 2 --schedule interleaved-1f1b --micro-batches 4"}),
     [](const ::testing::TestParamInfo<PipelineCase>& info) { return info.param.name; });
 
 // bf16: the stages' products in bf16 and activations and their gradients crossing as bf16
@@ -137,6 +145,40 @@ TEST(SharedGpuPipeline, TimelineHasEveryMicroBatchOfEveryStage) {
       }
 }
 
+// With two stages a rank (interleaved): every span names its stage, each rank forwards and
+// backwards its two stages of the loop (0 and 2, 1 and 3), one span a micro-batch, stage and
+// step each.
+TEST(SharedGpuPipeline, TimelineNamesTheStageOfEverySpan) {
+  REQUIRE_GPU();
+  TempDir dir;
+  const RunResult r = run_command(kSharedGpu + " --nproc-per-node 2 -- " + kTrain + kArgs +
+                                  " --pp 2 --micro-batches 4 --schedule interleaved-1f1b "
+                                  "--timeline " +
+                                  dir.file("t.json"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream in(dir.file("t.json"));
+  const nlohmann::json trace = nlohmann::json::parse(in);
+  std::map<std::string, int> count;  // "tid stage cat mb" -> spans
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["ph"] != "X" || !e.contains("args") || !e["args"].contains("stage")) continue;
+    const std::string cat = e["cat"];
+    if (cat != "forward" && cat != "backward") continue;
+    ++count[std::to_string(e["tid"].get<int>()) + " " +
+            std::to_string(e["args"]["stage"].get<int>()) + " " + cat + " " +
+            std::to_string(e["args"]["micro_batch"].get<int>())];
+  }
+  const int stages_of[2][2] = {{0, 2}, {1, 3}};
+  for (int rank = 0; rank < 2; ++rank)
+    for (int stage : stages_of[rank])
+      for (const char* kind : {"forward", "backward"})
+        for (int mb = 0; mb < 4; ++mb) {
+          const std::string key = std::to_string(rank) + " " + std::to_string(stage) + " " + kind +
+                                  " " + std::to_string(mb);
+          EXPECT_EQ(count[key], 12) << key;  // one a step
+        }
+  EXPECT_EQ(count.size(), 2u * 2 * 2 * 4) << "spans of other stages or micro-batches";
+}
+
 TEST(SharedGpuPipeline, ResumeIsBitwiseAndWeightsKeepTheOneProcessLayout) {
   REQUIRE_GPU();
   TempDir dir;
@@ -155,21 +197,26 @@ TEST(SharedGpuPipeline, ResumeIsBitwiseAndWeightsKeepTheOneProcessLayout) {
             load_weights(dir.file("straight.st"), kLayers));
 }
 
+// One stage a rank (pp 3), and two a rank in a loop (interleaved, pp 2).
 TEST(SharedGpuPipeline, KilledStageIsNamedAndTheOthersStopWithinTheGracePeriod) {
   REQUIRE_GPU();
-  TempDir dir;
   const double grace = 3;
-  const RunResult r = run_and_signal(
-      dir,
-      kSharedGpu + " --nproc-per-node 3 --grace-period 3 -- " + kTrain +
-          " --device cuda --data synthetic --layers " + kLayers +
-          " --synthetic-samples 960 --batch-size 48 --pp 3 --steps 100000000 --log-every 20 "
-          "--timeout 60",
-      "step 40/", 1, "KILL");
-  EXPECT_NE(r.output.find("rank 1 failed first: killed by SIGKILL (9)"), std::string::npos)
-      << r.output;
-  EXPECT_EQ(r.output.find("LEFT BEHIND"), std::string::npos) << r.output;
-  EXPECT_LT(stopped_after(r.output), grace + 3.0) << r.output;
+  for (const std::string layout : {"--pp 3", "--pp 2 --schedule interleaved-1f1b"}) {
+    TempDir dir;
+    const int ranks = layout == "--pp 3" ? 3 : 2;
+    const RunResult r = run_and_signal(dir,
+                                       kSharedGpu + " --nproc-per-node " + std::to_string(ranks) +
+                                           " --grace-period 3 -- " + kTrain +
+                                           " --device cuda --data synthetic --layers " + kLayers +
+                                           " --synthetic-samples 960 --batch-size 48 " + layout +
+                                           " --steps 100000000 --log-every 20 --timeout 60",
+                                       "step 40/", 1, "KILL");
+    EXPECT_NE(r.output.find("rank 1 failed first: killed by SIGKILL (9)"), std::string::npos)
+        << layout << "\n"
+        << r.output;
+    EXPECT_EQ(r.output.find("LEFT BEHIND"), std::string::npos) << layout << "\n" << r.output;
+    EXPECT_LT(stopped_after(r.output), grace + 3.0) << layout << "\n" << r.output;
+  }
 }
 
 }  // namespace
