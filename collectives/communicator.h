@@ -173,6 +173,8 @@ class Communicator {
   // Stops pending operations so that peers stop waiting (on fatal errors). Safe to call
   // from any thread and more than once; the backend's communicator is aborted once.
   virtual void abort() {}
+  // The group's name in messages ("world0/split6c0"), where the backend names its groups.
+  virtual std::string name() const { return {}; }
   // A message for work that never completed and that this rank cannot name by sequence
   // (e.g. a step replayed from a CUDA graph): `what` #`sequence` with `cause`, and, where
   // the store can tell, the ranks that never reached it. Every stuck rank should call it.

@@ -160,6 +160,26 @@ class GpuChunk final : public ChunkOps {
   void backward_weight(int micro, int slot, bool accumulate,
                        const std::function<void(int)>& on_layer_done) override;
   void send_gradient(int micro, int slot) override;
+  // Where its transfers go: "activations from rank 0 on world0/split6c0, ..., to stage 2
+  // in memory".
+  std::string describe_links() const {
+    std::vector<std::string> parts;
+    const auto add = [&](const char* what, Communicator* lane, int peer, const GpuChunk* local,
+                         int stage) {
+      if (local != nullptr)
+        parts.push_back(fmt::format("{} stage {} in memory", what, stage));
+      else if (lane != nullptr)
+        parts.push_back(fmt::format("{} rank {} on {}", what, peer, lane->name()));
+    };
+    add("activations from", act_in_, spec_.prev_rank, before_, spec_.stage - 1);
+    add("gradients to", grad_out_, spec_.prev_rank, before_, spec_.stage - 1);
+    add("activations to", act_out_, spec_.next_rank, after_, spec_.stage + 1);
+    add("gradients from", grad_in_, spec_.next_rank, after_, spec_.stage + 1);
+    std::string text;
+    for (const std::string& p : parts)
+      text += (text.empty() ? "" : ", ") + p;
+    return text;
+  }
   // The stream waits for every send of the step.
   void wait_sends() {
     for (auto* sent : {&act_sent_, &grad_sent_})
@@ -305,7 +325,9 @@ class GpuRunner final : public StageRunner {
       for (const auto& c : chunks_)
         spdlog::info("stage {}: layers {}-{} on the GPU, {} activation slots{}", c->spec().stage,
                      c->spec().first, c->spec().end - 1, c->spec().slots,
-                     chunks_.size() > 1 ? fmt::format(" (pipeline rank {})", spec_.rank) : "");
+                     chunks_.size() > 1
+                         ? fmt::format(" (pipeline rank {}; {})", spec_.rank, c->describe_links())
+                         : "");
       spdlog::info("memory: {}", memory_report());
       if (config_.autotune && spec_.stage == 0)
         spdlog::warn(

@@ -442,6 +442,7 @@ class NcclCommunicator final : public Communicator {
     return made;
   }
   void abort() override { comm_->abort(); }
+  std::string name() const override { return group_; }
   std::string describe_stuck(const std::string& what, uint64_t sequence,
                              const std::string& cause) override {
     return describe_stuck_step(store_.get(), group_, rank_, size_, what, sequence, cause);
