@@ -316,7 +316,7 @@ const std::vector<Flag>& flags() {
                             &C::zero));
     f.push_back(switch_flag("recompute",
                             "activation checkpointing: a stage keeps only each micro-batch's "
-                            "input and forwards it again just before its backward (CPU)",
+                            "input and forwards it again just before its backward",
                             &C::recompute, true, "recompute"));
     f.push_back(number_flag(
         "dp", "data-parallel replicas (0: the world's size / --pp); checked against the world",

@@ -61,6 +61,7 @@ CudaStageOptions stage_options(const TrainConfig& config, bool tuned) {
   options.autotune = config.autotune && tuned;
   options.autotune_cache = autotune_cache_path(config.cache_dir);
   options.split_backward = config.pp > 1 && splits_backward(config.schedule);
+  options.recompute = config.recompute;
   return options;
 }
 
@@ -899,7 +900,6 @@ void check_gpu_supported(const TrainConfig& config) {
   DDP_USAGE_CHECK(config.on_nonfinite == OnNonfinite::kStop,
                   "--on-nonfinite {}: runs on the CPU path only so far (the GPU path stops)",
                   on_nonfinite_name(config.on_nonfinite));
-  DDP_USAGE_CHECK(!config.recompute, "--recompute: runs on the CPU path only so far");
   DDP_USAGE_CHECK(config.zero < 3, "--zero 3: runs on the CPU path only so far");
   // On the one-GPU machine (ranks sharing the GPU) zb-v's first step stalled, or NCCL saw an
   // activation where a gradient was due, while interleaved-1f1b over the same four lanes

@@ -16,7 +16,7 @@
 namespace ddp {
 
 CudaLinear::CudaLinear(int index, const LayerSlice& slice, bool hidden, int slots, int max_batch,
-                       const CudaLayerContext& context)
+                       const CudaLayerContext& context, bool one_output)
     : index_(index),
       slice_(slice),
       hidden_(hidden),
@@ -25,7 +25,7 @@ CudaLinear::CudaLinear(int index, const LayerSlice& slice, bool hidden, int slot
       wiring_(slots) {
   const size_t rows = static_cast<size_t>(max_batch);
   const size_t act_bytes = bf16() ? 2 : 4;
-  for (int s = 0; s < slots; ++s) {
+  for (int s = 0; s < (one_output ? 1 : slots); ++s) {
     outputs_.emplace_back(rows * slice.out * (hidden ? act_bytes : 4),
                           MemoryCategory::kActivations);
     masks_.emplace_back(hidden ? static_cast<size_t>(mask_ld_ / 8) * rows : 0,
@@ -80,7 +80,7 @@ void CudaLinear::build(int slot, int batch, bool alternatives) {
       p, weight, io.input, output(slot),
       hidden_ ? weights.for_products(slice_.bias_offset - base)
               : static_cast<void*>(weights.params() + slice_.bias_offset - base),
-      hidden_ ? masks_[slot].data() : nullptr, mask_ld_);
+      hidden_ ? mask(slot) : nullptr, mask_ld_);
   plans.forward = make_plan(context_.lt, f, ws, hidden_ && fused && io.keep_mask,
                             hidden_ ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS);
 
@@ -97,9 +97,8 @@ void CudaLinear::build(int slot, int batch, bool alternatives) {
     if (io.below != nullptr) {
       // The layer below's ReLU derivative, fused when its forward wrote the mask.
       const bool below_has_mask = io.below->keeps_mask(slot, batch);
-      const MatmulSpec x =
-          linear_input_grad_spec(p, weight, io.grad_output, io.grad_input,
-                                 io.below->masks_[slot].data(), io.below->mask_ld_);
+      const MatmulSpec x = linear_input_grad_spec(p, weight, io.grad_output, io.grad_input,
+                                                  io.below->mask(slot), io.below->mask_ld_);
       plans.dx = make_plan(context_.lt, x, ws, fused && below_has_mask, CUBLASLT_EPILOGUE_DEFAULT);
       plans.dx_plain = alternative(x);
     } else {

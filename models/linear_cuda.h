@@ -42,9 +42,10 @@ class CudaLinear {
  public:
   // Layer `index` of the model, `slice`; `hidden`: a ReLU follows (its output in the
   // activation type, else float32 logits); outputs for `slots` micro-batches of at most
-  // max_batch samples.
+  // max_batch samples. `one_output`: every slot's plans write one output (and ReLU mask),
+  // the working set of --recompute, valid for the slot forwarded last.
   CudaLinear(int index, const LayerSlice& slice, bool hidden, int slots, int max_batch,
-             const CudaLayerContext& context);
+             const CudaLayerContext& context, bool one_output = false);
 
   // Where a slot's tensors that the layer does not own are (fixed for the stage's life).
   struct Wiring {
@@ -60,7 +61,7 @@ class CudaLinear {
 
   const LayerSlice& slice() const { return slice_; }
   bool hidden() const { return hidden_; }
-  void* output(int slot) const { return outputs_[slot].data(); }
+  void* output(int slot) const { return outputs_[buffer(slot)].data(); }
   // init_params(shape, seed)'s values of this layer (bitwise the host's), made on the device.
   void init_on_device(uint64_t seed) const;
 
@@ -91,13 +92,15 @@ class CudaLinear {
   void after(const char* op) const;
   bool bf16() const { return context_.precision == Precision::kBf16; }
   float* grad_bias() const;
+  size_t buffer(int slot) const { return outputs_.size() == 1 ? 0 : static_cast<size_t>(slot); }
+  void* mask(int slot) const { return masks_[buffer(slot)].data(); }
 
   int index_;
   LayerSlice slice_;
   bool hidden_;
   CudaLayerContext context_;
   int64_t mask_ld_;
-  std::vector<DeviceBuffer<char>> outputs_, masks_;  // by slot
+  std::vector<DeviceBuffer<char>> outputs_, masks_;  // by slot, or one for every slot
   std::vector<Wiring> wiring_;                       // by slot
   std::map<std::pair<int, int>, Plans> plans_;       // by (slot, batch)
 };

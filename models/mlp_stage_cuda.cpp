@@ -59,8 +59,9 @@ CudaStage::CudaStage(MlpShape shape, int first, int end, int max_batch, int slot
                                  options.fused_epilogues,
                                  options.sync_debug};
   for (int i = first; i < end; ++i) {
-    layers_.push_back(
-        std::make_unique<CudaLinear>(i, shape_.layer(i), hidden(i), slots, max_batch, context));
+    // With --recompute every layer but the stage's last writes one working set.
+    layers_.push_back(std::make_unique<CudaLinear>(i, shape_.layer(i), hidden(i), slots, max_batch,
+                                                   context, options.recompute && i + 1 < end));
     for (int s = 0; s < slots; ++s) {
       CudaLinear::Wiring wiring;
       wiring.input = i == first ? input(s) : layer(i - 1).output(s);
@@ -74,6 +75,7 @@ CudaStage::CudaStage(MlpShape shape, int first, int end, int max_batch, int slot
     }
   }
   sums_ = std::make_unique<DeviceLossSums>(stream());
+  batch_of_.assign(slots, 0);
   DDP_CUDA_CHECK(cudaStreamSynchronize(stream()));
 }
 
@@ -136,6 +138,18 @@ void CudaStage::forward(int slot, int batch) {
   build(slot, batch);
   for (const auto& l : layers_)
     l->forward(slot, batch);
+  working_slot_ = slot;
+  batch_of_[slot] = batch;
+}
+
+void CudaStage::ensure_forwarded(int slot) {
+  if (!options_.recompute || working_slot_ == slot) return;
+  // The layers below the last, whose outputs backward reads (the last one's is the slot's).
+  for (size_t i = 0; i + 1 < layers_.size(); ++i)
+    layers_[i]->forward(slot, batch_of_[slot]);
+  working_slot_ = slot;
+  ++recomputed_;
+  after("recomputed forward");
 }
 
 void CudaStage::loss(int slot, int batch, float grad_scale, const int32_t* labels,
@@ -160,6 +174,7 @@ void CudaStage::mask_received(int slot, int batch) {
 void CudaStage::backward(int slot, int batch, bool accumulate,
                          const std::function<void(int)>& on_layer_done) {
   build(slot, batch);
+  ensure_forwarded(slot);
   mask_received(slot, batch);
   for (int i = end_ - 1; i >= first_; --i) {
     layer(i).backward_weight(slot, batch, accumulate);
@@ -171,6 +186,7 @@ void CudaStage::backward(int slot, int batch, bool accumulate,
 void CudaStage::backward_input(int slot, int batch) {
   DDP_CHECK(options_.split_backward, "backward_input() without CudaStageOptions::split_backward");
   build(slot, batch);
+  ensure_forwarded(slot);
   mask_received(slot, batch);
   for (int i = end_ - 1; i >= first_; --i)
     layer(i).backward_input(slot, batch);
@@ -180,6 +196,7 @@ void CudaStage::backward_weight(int slot, int batch, bool accumulate,
                                 const std::function<void(int)>& on_layer_done) {
   DDP_CHECK(options_.split_backward, "backward_weight() without CudaStageOptions::split_backward");
   build(slot, batch);
+  ensure_forwarded(slot);
   for (int i = end_ - 1; i >= first_; --i) {
     layer(i).backward_weight(slot, batch, accumulate);
     if (on_layer_done) on_layer_done(i - first_);

@@ -52,6 +52,11 @@ struct CudaStageOptions {
   bool split_backward = false;
   // --zero 2: the gradients in a ring of bucket slots instead of one buffer.
   GradientRing gradient_ring;
+  // --recompute (activation checkpointing): the layers' outputs but the stage's last live in
+  // one working set, of the slot forwarded last; backward (or a half) of another slot first
+  // forwards it again from its input, bitwise as before. A slot keeps its input, its output
+  // (what goes to the next stage or into the loss) and its gradients.
+  bool recompute = false;
   // Several stages of one rank (interleaved-1f1b, zb-v): the stage runs on the rank's stream
   // and keeps its parameters, gradients and optimizer state in the rank's flat buffers, from
   // element `offset` (null: its own stream and buffers).
@@ -149,6 +154,8 @@ class CudaStage : public StageLayers {
   void optimizer_range(size_t offset, size_t count, const OptStep* steps, const int* counter,
                        cudaStream_t stream);
 
+  // Forwards run again for a backward (--recompute) so far.
+  int64_t recomputed() const { return recomputed_; }
   // Loss summed and hits counted since the last call (synchronises the stream).
   LossSum take_sums(bool evaluation);
   // "what this process holds vs what the driver sees"
@@ -180,6 +187,8 @@ class CudaStage : public StageLayers {
   void* dz(int slot, int layer) const;
   // The received gradient masked by the stage's last ReLU (not on the last stage).
   void mask_received(int slot, int batch);
+  // --recompute: the working set holds the slot's layer outputs (forwarded again if not).
+  void ensure_forwarded(int slot);
   bool hidden(int layer) const { return layer + 1 < shape_.num_layers(); }
 
   int max_batch_;
@@ -195,6 +204,9 @@ class CudaStage : public StageLayers {
   std::vector<std::unique_ptr<CudaLinear>> layers_;  // their plans go before the handle
   std::unique_ptr<DeviceLossSums> sums_;             // the loss's sums, training and evaluation
   TuneResult tuned_;
+  int working_slot_ = -1;      // --recompute: the slot whose layer outputs the working set holds
+  std::vector<int> batch_of_;  // [slot]: its batch at its last forward
+  int64_t recomputed_ = 0;
 };
 
 }  // namespace ddp

@@ -179,6 +179,44 @@ TEST(SharedGpuPipeline, TimelineNamesTheStageOfEverySpan) {
   EXPECT_EQ(count.size(), 2u * 2 * 2 * 4) << "spans of other stages or micro-batches";
 }
 
+// --recompute: bitwise the weights of the run without it, under a whole backward (1f1b), its
+// halves (zb-h1) and two stages a rank (interleaved), with graph capture on and off, while the
+// first stage (which holds the most micro-batches) holds fewer activation bytes: its layers but
+// the last keep one working set instead of one set a slot.
+TEST(SharedGpuPipeline, RecomputeGivesTheSameWeightsWithLessActivationMemory) {
+  REQUIRE_GPU();
+  const auto activations = [](const std::string& metrics) {
+    const auto memory = events_of(metrics, "memory");
+    return memory.empty() ? int64_t{-1} : memory.front()["held"].value("activations", int64_t{-1});
+  };
+  // Two layers a stage (one working set, one output kept a slot), in every case.
+  const std::string args =
+      " --device cuda --data synthetic --layers 24,64,48,40,32,28,16,12,6 --partition "
+      "0-1,2-3,4-5,6-7 --synthetic-samples 960 --batch-size 48 --steps 12 --log-every 4 --quiet "
+      "--seed 5 --micro-batches 8 ";
+  for (const std::string schedule : {"--pp 4 --schedule 1f1b", "--pp 4 --schedule zb-h1",
+                                     "--pp 2 --schedule interleaved-1f1b --virtual-stages 2"})
+    for (const std::string graph : {"", " --no-cuda-graph"}) {
+      TempDir dir;
+      const std::string ranks = schedule.rfind("--pp 4", 0) == 0 ? "4" : "2";
+      const std::string job = kSharedGpu + " --nproc-per-node " + ranks + " -- " + kTrain + args +
+                              schedule + graph + " --metrics ";
+      const RunResult plain =
+          run_command(job + dir.file("plain.jsonl") + " --save-weights " + dir.file("plain.st"));
+      ASSERT_EQ(plain.exit_code, 0) << plain.output;
+      const RunResult re = run_command(job + dir.file("re.jsonl") + " --save-weights " +
+                                       dir.file("re.st") + " --recompute");
+      ASSERT_EQ(re.exit_code, 0) << re.output;
+      EXPECT_EQ(read_file(dir.file("re.st")), read_file(dir.file("plain.st"))) << schedule << graph;
+      const int64_t with = activations(dir.file("re.jsonl"));
+      const int64_t without = activations(dir.file("plain.jsonl"));
+      std::printf("%s%s: activation bytes %lld with --recompute, %lld without\n", schedule.c_str(),
+                  graph.c_str(), static_cast<long long>(with), static_cast<long long>(without));
+      EXPECT_GT(with, 0) << schedule << graph;
+      EXPECT_LT(with, without) << schedule << graph;
+    }
+}
+
 TEST(SharedGpuPipeline, ResumeIsBitwiseAndWeightsKeepTheOneProcessLayout) {
   REQUIRE_GPU();
   TempDir dir;
