@@ -65,6 +65,14 @@ std::unique_ptr<Work> Communicator::all_reduce_bf16_async(float* buffer, void* s
   return nullptr;  // not reached: only backends that override this can reduce bf16
 }
 
+std::unique_ptr<Work> Communicator::reduce_scatter_bf16_async(const float* send, float* recv,
+                                                              void* scratch, size_t count,
+                                                              ReduceOp op) {
+  (void)send, (void)recv, (void)scratch, (void)count, (void)op;
+  require_bf16_reduction();
+  return nullptr;  // not reached, as above
+}
+
 void Communicator::require_bf16_reduction() const {
   DDP_USAGE_CHECK(reduces_bf16(),
                   "--grad-reduce bf16: the {} backend reduces float32 only; bfloat16 reduction "

@@ -97,7 +97,13 @@ class Communicator {
   // can (NCCL) override it; the others throw UsageError naming the backend.
   virtual std::unique_ptr<Work> all_reduce_bf16_async(float* buffer, void* scratch, size_t count,
                                                       ReduceOp op);
-  // Whether all_reduce_bf16_async is supported; and the UsageError naming the backend when not.
+  // reduce_scatter_async of float32 data reduced as bfloat16: send[size * count] rounded to
+  // bf16 into scratch[size * count] (2 bytes each, in the buffers' memory, untouched until
+  // the Work completes), reduce-scattered there, and block `rank` written to recv[count] as
+  // float32. The backends of all_reduce_bf16_async (NCCL) only.
+  virtual std::unique_ptr<Work> reduce_scatter_bf16_async(const float* send, float* recv,
+                                                          void* scratch, size_t count, ReduceOp op);
+  // Whether the bf16 reductions are supported; and the UsageError naming the backend when not.
   virtual bool reduces_bf16() const { return false; }
   // Throws that UsageError where reduces_bf16() is false.
   void require_bf16_reduction() const;

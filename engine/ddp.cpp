@@ -163,14 +163,24 @@ void Ddp::shard(int level, const DeviceMemory* device) {
   DDP_USAGE_CHECK(level < 3 || device == nullptr, "--zero 3: runs on the CPU path only so far");
   DDP_CHECK(!comm_.device_buffers() || device != nullptr,
             "Ddp::shard over {} needs the device's memory", comm_.backend());
-  DDP_USAGE_CHECK(bf16_scratch_ == nullptr, "--zero {} with --grad-reduce bf16: not supported",
-                  level);
+  DDP_USAGE_CHECK(bf16_scratch_ == nullptr || device != nullptr,
+                  "--zero {} with --grad-reduce bf16: on the GPU (NCCL) only", level);
   zero_ = level;
   // Host collectives take any piece size: a bucket that divides evenly is sharded in place,
   // only the others go through a padded copy. NCCL's pieces are kept 256-byte aligned.
   shards_ =
       plan_shards(buckets_, comm_.size(), comm_.rank(), device != nullptr ? kDeviceShardAlign : 1);
   if (device != nullptr) device_ = *device;
+  if (bf16_scratch_ != nullptr) {
+    // A bucket's bf16 copy spans its padded pieces (from its offset): where the last one
+    // would overrun the gradients' scratch, a larger one (bf16 values, two a float).
+    size_t total = 0, need = 0;
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      total = std::max(total, buckets_[b].offset + buckets_[b].count);
+      need = std::max(need, buckets_[b].offset + shards_.parts[b].piece * comm_.size());
+    }
+    if (need > total) bf16_scratch_ = reinterpret_cast<uint16_t*>(device_.allocate((need + 1) / 2));
+  }
   bucket_scratch_.assign(buckets_.size(), nullptr);
   bucket_host_.assign(buckets_.size(), {});
   scratch_floats_ = 0;
@@ -303,8 +313,7 @@ void Ddp::issue(size_t bucket) {
       // ring_slots later waits for it before backward writes the slot again.
       float* slot = device_.bucket_grads(bucket);
       device_.zero(slot + b.count, p.piece * comm_.size() - b.count);
-      pending_.push_back(comm_.reduce_scatter_async(slot, reduced_device_ + p.shard_at, p.piece,
-                                                    DataType::kFloat32, ReduceOp::kAverage));
+      pending_.push_back(reduce_scatter(slot, reduced_device_ + p.shard_at, bucket));
       record({"reduce_scatter_issued", b.first_layer, static_cast<int>(bucket)});
       const size_t next = bucket + 1, slots = static_cast<size_t>(device_.ring_slots);
       if (next < buckets_.size() && next >= slots) pending_[next - slots]->then_on(device_.stream);
@@ -323,8 +332,7 @@ void Ddp::issue(size_t bucket) {
     }
     float* recv =
         reduced_shard_.empty() ? send + p.piece * shards_.rank : reduced_shard_.data() + p.shard_at;
-    pending_.push_back(
-        comm_.reduce_scatter_async(send, recv, p.piece, DataType::kFloat32, ReduceOp::kAverage));
+    pending_.push_back(reduce_scatter(send, recv, bucket));
     record({"reduce_scatter_issued", b.first_layer, static_cast<int>(bucket)});
     return;
   }
@@ -334,6 +342,14 @@ void Ddp::issue(size_t bucket) {
                          : comm_.all_reduce_async(grads_ + b.offset, b.count, DataType::kFloat32,
                                                   ReduceOp::kAverage));
   record({"allreduce_issued", b.first_layer, static_cast<int>(bucket)});
+}
+
+std::unique_ptr<Work> Ddp::reduce_scatter(const float* send, float* recv, size_t bucket) {
+  const size_t piece = shards_.parts[bucket].piece;
+  if (bf16_scratch_ != nullptr)
+    return comm_.reduce_scatter_bf16_async(send, recv, bf16_scratch_ + buckets_[bucket].offset,
+                                           piece, ReduceOp::kAverage);
+  return comm_.reduce_scatter_async(send, recv, piece, DataType::kFloat32, ReduceOp::kAverage);
 }
 
 void Ddp::layer_done(int layer) {

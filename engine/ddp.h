@@ -186,6 +186,9 @@ class Ddp {
 
  private:
   void issue(size_t bucket);
+  // Bucket `bucket`'s padded pieces at `send` reduce-scattered (averaged) into this rank's
+  // piece at `recv`: as float32, or (--grad-reduce bf16) as bfloat16 through the scratch.
+  std::unique_ptr<Work> reduce_scatter(const float* send, float* recv, size_t bucket);
   void copy(float* dst, const float* src, size_t floats);  // host, or the device's (in order)
   // `gathers` waited for, then padded bucket b's gathered copy into `full`.
   void copy_back(size_t b, float* full, std::vector<std::unique_ptr<Work>>& gathers, void* stream);

@@ -345,6 +345,18 @@ class NcclCommunicator final : public Communicator {
       return r;
     });
   }
+  std::unique_ptr<Work> reduce_scatter_bf16_async(const float* send, float* recv, void* scratch,
+                                                  size_t count, ReduceOp op) override {
+    return enqueue("reduce_scatter_bf16", count, DataType::kBFloat16, [&] {
+      const size_t all = count * static_cast<size_t>(size_);
+      uint16_t* block = static_cast<uint16_t*>(scratch) + count * static_cast<size_t>(rank_);
+      launch_float_to_bf16(send, scratch, all, comm_stream_);
+      const ncclResult_t r =
+          ncclReduceScatter(scratch, block, count, ncclBfloat16, nccl_op(op), raw(), comm_stream_);
+      if (r == ncclSuccess) launch_bf16_to_float(block, recv, count, comm_stream_);
+      return r;
+    });
+  }
   std::unique_ptr<Work> broadcast_async(void* buffer, size_t count, DataType type,
                                         int root) override {
     return enqueue("broadcast", count, type, [&] {

@@ -104,7 +104,12 @@ INSTANTIATE_TEST_SUITE_P(
         ZeroCase{"zero2_dp2_pp2_adamw", 4, 2, "--optimizer adamw --pp 2", 2, true},
         ZeroCase{"zero1_dp2_bf16_adamw", 2, 2, "--optimizer adamw --precision bf16", 1, true},
         ZeroCase{"zero2_dp2_no_graph_overlap_optimizer", 2, 2,
-                 "--optimizer adamw --overlap-optimizer --no-cuda-graph", 2, false}),
+                 "--optimizer adamw --overlap-optimizer --no-cuda-graph", 2, false},
+        // Gradients reduce-scattered as bfloat16, as plain data parallelism all-reduces them
+        // (two ranks: one bf16 sum an element, whatever the algorithm).
+        ZeroCase{"zero1_dp2_grad_reduce_bf16", 2, 2, "--optimizer sgd --grad-reduce bf16", 1, true},
+        ZeroCase{"zero2_dp2_grad_reduce_bf16", 2, 2, "--optimizer adamw --grad-reduce bf16", 2,
+                 true}),
     [](const ::testing::TestParamInfo<ZeroCase>& info) { return info.param.name; });
 
 // --zero 2 where backward runs once a step: the gradients live in three bucket slots and the
