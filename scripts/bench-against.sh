@@ -28,7 +28,7 @@ for run in "${runs[@]}"; do
   for side in old new; do
     b="$build"; [ "$side" = old ] && b="$old_build"
     echo "bench-vs-torch, $side build ($b), $run:"
-    scripts/bench-vs-torch.sh "$b" "$run" | grep -E '^\| (tiny|medium|large)|failed'
+    TORCH_MODES="" scripts/bench-vs-torch.sh "$b" "$run" | grep -E '^\| (tiny|medium|large)|failed'
   done
 done
 rm -rf "$tmp"

@@ -2,9 +2,13 @@
 """The PyTorch reference for ddptrain's benchmarks: the same MLP (Linear + ReLU, logits out),
 softmax cross-entropy, SGD with momentum 0.9, on Fashion-MNIST read from the same IDX files or
 on random inputs kept on the device. On the CPU it times whole epochs; on CUDA it times
-`--steps` steps after `--warmup` steps with torch.cuda.synchronize(), eager mode, with
---precision fp32, tf32 (allow_tf32) or bf16 (autocast, float32 weights). Under torchrun it
-wraps the model in DistributedDataParallel (NCCL). Prints one JSON line.
+`--steps` steps after `--warmup` steps with torch.cuda.synchronize(), with --precision fp32,
+tf32 (allow_tf32) or bf16 (autocast, float32 weights), in one of three modes: `eager`; `graph`
+(PyTorch at its best on one GPU: fused SGD, the whole step, forward, loss, backward and
+optimizer, captured in one CUDA graph and replayed, each step's batch copied into its static
+input); `compile` (forward and loss through torch.compile, mode max-autotune-no-cudagraphs,
+then the step captured as in `graph`). Under torchrun (eager only) it wraps the model in
+DistributedDataParallel (NCCL). Prints one JSON line.
 """
 import argparse
 import gzip
@@ -49,6 +53,8 @@ def main():
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--mode", choices=["eager", "graph", "compile"], default="eager",
+                   help="cuda: eager, the step in a CUDA graph, or compiled and in a graph")
     args = p.parse_args()
 
     t_start = time.perf_counter()
@@ -109,24 +115,34 @@ def run_cuda(args, widths, t_start):
     torch.backends.cudnn.allow_tf32 = args.precision == "tf32"
     model = build_model(widths).to(dev)
     if world > 1:
+        if args.mode != "eager":
+            raise SystemExit(f"--mode {args.mode}: one GPU only (under torchrun: eager)")
         torch.distributed.init_process_group("nccl", device_id=dev)
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank])
     n = max(4 * args.batch_size, 8192)
     x = torch.randn(n, widths[0], device=dev)
     y = torch.randint(0, widths[-1], (n,), device=dev)
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    opt = make_sgd(model.parameters(), args, fused=args.mode != "eager")
     loss_fn = torch.nn.CrossEntropyLoss()
     batches = n // args.batch_size
+    B = args.batch_size
 
-    def step(i):
-        b = i % batches
-        xb = x[b * args.batch_size:(b + 1) * args.batch_size]
-        yb = y[b * args.batch_size:(b + 1) * args.batch_size]
+    def forward_loss(xb, yb):
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
-            loss = loss_fn(model(xb), yb)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+            return loss_fn(model(xb), yb)
+
+    if args.mode == "compile":
+        forward_loss = torch.compile(forward_loss, mode="max-autotune-no-cudagraphs")
+
+    if args.mode == "eager":
+        def step(i):
+            b = i % batches
+            loss = forward_loss(x[b * B:(b + 1) * B], y[b * B:(b + 1) * B])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+    else:
+        step = captured_step(forward_loss, opt, x, y, B, batches)
 
     step(0)
     torch.cuda.synchronize()
@@ -143,10 +159,52 @@ def run_cuda(args, widths, t_start):
         torch.distributed.destroy_process_group()
     if rank == 0:
         print(json.dumps({"impl": "pytorch " + torch.__version__, "world": world,
-                          "precision": args.precision, "steps": args.steps,
+                          "mode": args.mode, "precision": args.precision, "steps": args.steps,
                           "ms_per_step": 1e3 * seconds / args.steps,
                           "samples_per_s": world * args.batch_size * args.steps / seconds,
                           "first_step_s": first_step_s}))
+
+
+def make_sgd(params, args, fused):
+    """SGD with momentum; `fused`: the one-kernel CUDA implementation where this PyTorch has it,
+    else the multi-tensor one."""
+    params = list(params)
+    if fused:
+        try:
+            return torch.optim.SGD(params, lr=args.lr, momentum=args.momentum, fused=True)
+        except (TypeError, RuntimeError):
+            pass
+    return torch.optim.SGD(params, lr=args.lr, momentum=args.momentum, foreach=True)
+
+
+def captured_step(forward_loss, opt, x, y, batch, batches):
+    """The whole step (forward, loss, backward, optimizer) captured in one CUDA graph, as
+    PyTorch's documentation captures a whole network; warmed up on a side stream first. Each
+    call copies batch i into the static input and replays the graph."""
+    static_x = x[:batch].clone()
+    static_y = y[:batch].clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            opt.zero_grad(set_to_none=True)
+            forward_loss(static_x, static_y).backward()
+            opt.step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph):
+        loss = forward_loss(static_x, static_y)
+        loss.backward()
+        opt.step()
+
+    def step(i):
+        b = i % batches
+        static_x.copy_(x[b * batch:(b + 1) * batch])
+        static_y.copy_(y[b * batch:(b + 1) * batch])
+        graph.replay()
+
+    return step
 
 
 if __name__ == "__main__":
