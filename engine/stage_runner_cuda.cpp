@@ -314,6 +314,7 @@ class GpuRunner final : public StageRunner {
       c->set_compute_stream(stream_);
     for (auto& chunk : chunks_)
       chunk->attach(links);
+    check_lanes(links);
     // With peers, every host wait on the stream is bounded: a dead or stopped rank makes the
     // others fail within --timeout with a message naming it, instead of hanging in a sync.
     if (world != nullptr && world->size() > 1)
@@ -624,6 +625,46 @@ class GpuRunner final : public StageRunner {
           "memory",
           data_bytes / 1048576.0);
     return true;
+  }
+  // Several stages a rank: every lane of the pipeline carries one number end to end before
+  // training, one lane at a time in the same order on every rank (its sender sends the lane's
+  // code, its receiver checks it), so that NCCL connects the lanes one after the other and a
+  // lane that reached the wrong communicator is named here, not as a mismatch mid-step.
+  void check_lanes(const StageLinks& links) {
+    if (links.lanes.empty()) return;
+    const auto code = [](const std::tuple<bool, int, int>& lane) {
+      return (std::get<0>(lane) ? 1 : 2) * 1000000 + std::get<1>(lane) * 1000 + std::get<2>(lane);
+    };
+    const auto name = [](const std::tuple<bool, int, int>& lane) {
+      return fmt::format("{} {} -> {}", std::get<0>(lane) ? "activations" : "gradients",
+                         std::get<1>(lane), std::get<2>(lane));
+    };
+    DeviceBuffer<int32_t> value(1, MemoryCategory::kOther);
+    for (const auto& [lane, comm] : links.lanes) {
+      const auto [activations, from, to] = lane;
+      (void)activations;
+      if (spec_.rank != from && spec_.rank != to) continue;
+      int32_t host = spec_.rank == from ? code(lane) : -1;
+      DDP_CUDA_CHECK(cudaMemcpy(value.data(), &host, sizeof(host), cudaMemcpyHostToDevice));
+      std::unique_ptr<Work> work = spec_.rank == from
+                                       ? comm->isend(value.data(), 1, DataType::kInt32, to)
+                                       : comm->irecv(value.data(), 1, DataType::kInt32, from);
+      work->wait(config_.timeout);
+      if (spec_.rank != to) continue;
+      DDP_CUDA_CHECK(cudaMemcpy(&host, value.data(), sizeof(host), cudaMemcpyDeviceToHost));
+      for (const auto& [other, c] : links.lanes)
+        DDP_CHECK(host == code(lane) || host != code(other),
+                  "pipeline lane {} (on {}) received the check of lane {}: the lanes' "
+                  "communicators are crossed",
+                  name(lane), comm->name(), name(other));
+      DDP_CHECK(host == code(lane), "pipeline lane {} (on {}) received {} instead of its check {}",
+                name(lane), comm->name(), host, code(lane));
+    }
+    if (lead_)
+      spdlog::info(
+          "pipeline: {} lanes (NCCL communicators a flow, direction and peer) checked end "
+          "to end",
+          links.lanes.size());
   }
   // A backward or weight half, `compute` with the layer hook it is given. The step's last
   // one gets the hooks (bucket all-reduces, the timeline, the optimizer overlapped on a side
