@@ -195,6 +195,13 @@ class GpuChunk final : public ChunkOps {
  private:
   size_t count(int width) const { return static_cast<size_t>(spec_.batch) * width; }
   size_t bytes(int width) const { return count(width) * stage_->act_bytes(); }
+  // One micro-batch's `width`-wide tensor to the neighbouring stage: into its hand-over
+  // buffer (`handed`: the stage is this rank's), or over `lane` to rank `peer` (`sent` keeps
+  // the send until waited for); and from it into `data`.
+  void send(const void* data, int width, DeviceBuffer<char>* handed, Communicator* lane, int peer,
+            std::unique_ptr<Work>* sent);
+  void receive(void* data, int width, const DeviceBuffer<char>* handed, Communicator* lane,
+               int peer);
   void copy(void* to, const void* from, size_t bytes) const {
     DDP_CUDA_CHECK(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, stage_->stream()));
   }
@@ -834,13 +841,26 @@ class GpuRunner final : public StageRunner {
   StepGraph graph_;         // the step, captured at the second and replayed
 };
 
+void GpuChunk::send(const void* data, int width, DeviceBuffer<char>* handed, Communicator* lane,
+                    int peer, std::unique_ptr<Work>* sent) {
+  if (handed != nullptr)
+    copy(handed->data(), data, bytes(width));
+  else
+    *sent = lane->isend(data, count(width), rank_.act_type_, peer);
+}
+
+void GpuChunk::receive(void* data, int width, const DeviceBuffer<char>* handed, Communicator* lane,
+                       int peer) {
+  if (handed != nullptr)
+    copy(data, handed->data(), bytes(width));
+  else
+    lane->irecv(data, count(width), rank_.act_type_, peer)->then_on(stage_->stream());
+}
+
 void GpuChunk::recv_activation(int micro, int slot) {
   wait_for(&act_sent_[slot], stage_->stream());  // the slot's output may still be on its way out
-  if (before_ != nullptr)
-    copy(stage_->input(slot), handed_act_[micro].data(), bytes(spec_.in_width()));
-  else
-    act_in_->irecv(stage_->input(slot), count(spec_.in_width()), rank_.act_type_, spec_.prev_rank)
-        ->then_on(stage_->stream());
+  receive(stage_->input(slot), spec_.in_width(), before_ ? &handed_act_[micro] : nullptr, act_in_,
+          spec_.prev_rank);
 }
 
 void GpuChunk::forward(int micro, int slot) {
@@ -852,21 +872,13 @@ void GpuChunk::forward(int micro, int slot) {
 }
 
 void GpuChunk::send_activation(int micro, int slot) {
-  if (after_ != nullptr)
-    copy(after_->handed_act_[micro].data(), stage_->output(slot), bytes(spec_.out_width()));
-  else
-    act_sent_[slot] = act_out_->isend(stage_->output(slot), count(spec_.out_width()),
-                                      rank_.act_type_, spec_.next_rank);
+  send(stage_->output(slot), spec_.out_width(), after_ ? &after_->handed_act_[micro] : nullptr,
+       act_out_, spec_.next_rank, &act_sent_[slot]);
 }
 
 void GpuChunk::recv_gradient(int micro, int slot) {
-  if (after_ != nullptr)
-    copy(stage_->grad_output(slot), handed_grad_[micro].data(), bytes(spec_.out_width()));
-  else
-    grad_in_
-        ->irecv(stage_->grad_output(slot), count(spec_.out_width()), rank_.act_type_,
-                spec_.next_rank)
-        ->then_on(stage_->stream());
+  receive(stage_->grad_output(slot), spec_.out_width(), after_ ? &handed_grad_[micro] : nullptr,
+          grad_in_, spec_.next_rank);
 }
 
 LossSum GpuChunk::loss(int micro, int slot, float grad_scale) {
@@ -908,11 +920,9 @@ void GpuChunk::backward_weight(int micro, int slot, bool accumulate,
 }
 
 void GpuChunk::send_gradient(int micro, int slot) {
-  if (before_ != nullptr)
-    copy(before_->handed_grad_[micro].data(), stage_->grad_input(slot), bytes(spec_.in_width()));
-  else
-    grad_sent_[slot] = grad_out_->isend(stage_->grad_input(slot), count(spec_.in_width()),
-                                        rank_.act_type_, spec_.prev_rank);
+  send(stage_->grad_input(slot), spec_.in_width(),
+       before_ ? &before_->handed_grad_[micro] : nullptr, grad_out_, spec_.prev_rank,
+       &grad_sent_[slot]);
 }
 
 void GpuChunk::evaluate(const float* x, const int32_t* labels, int n, DataType type) {

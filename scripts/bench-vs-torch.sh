@@ -3,10 +3,10 @@
 # SGD momentum 0.9, precision, random inputs on the GPU, scripts/torch_mlp.py) eager, at its
 # best (fused SGD, the whole step in one CUDA graph: --mode graph) and through torch.compile
 # (max-autotune-no-cudagraphs, then the step in a graph: --mode compile), for the workloads
-# of shared/BENCHMARKS.md; the cuBLAS time of the step's products through PyTorch
-# (torch_matmul_rate.py); and the step's limit on this GPU (gpu_limit.py: its FLOPs at the
-# peak product rate plus the optimizer's bytes at the copy bandwidth, both measured here) with
-# ddptrain's share of it. Prints a Markdown table.
+# of shared/BENCHMARKS.md; the cuBLAS time of the step's products through PyTorch and the
+# step's limit on this GPU (torch_matmul_rate.py: its FLOPs at the peak product rate plus the
+# optimizer's bytes at the copy bandwidth, both measured here) with ddptrain's share of it.
+# Prints a Markdown table.
 # Usage: scripts/bench-vs-torch.sh [BUILD_DIR] [workload:precision ...]
 #   default: tiny:tf32 tiny:bf16 medium:tf32 medium:bf16 large:tf32 large:bf16
 #   TORCH_MODES: the PyTorch modes besides eager (default "graph compile"; "" for eager only)
@@ -58,8 +58,7 @@ for run in "${runs[@]}"; do
   done
   "$py" scripts/torch_matmul_rate.py --layers "$layers" --batch-size "$batch" --precision "$prec" > "$tmp/mm.json"
   mm="$(json "$tmp/mm.json" matmul_ms)"
-  "$py" scripts/gpu_limit.py --layers "$layers" --batch-size "$batch" --precision "$prec" > "$tmp/limit.json"
-  limit="$(json "$tmp/limit.json" limit_ms)"
+  limit="$(json "$tmp/mm.json" limit_ms)"
   "$py" - "$workload" "$prec" "$batch" "$ours" "$eager" "$graph" "$compiled" "$mm" "$limit" <<'PY'
 import sys
 w, p, b = sys.argv[1], sys.argv[2], int(sys.argv[3])
