@@ -312,7 +312,7 @@ const std::vector<Flag>& flags() {
                             &C::virtual_stages));
     f.push_back(number_flag("zero",
                             "ZeRO over the data-parallel group: 1 shards the optimizer state, 2 "
-                            "the gradients too, 3 the parameters too (CPU path so far); 0: off",
+                            "the gradients too, 3 the parameters too; 0: off",
                             &C::zero));
     f.push_back(switch_flag("recompute",
                             "activation checkpointing: a stage keeps only each micro-batch's "

@@ -160,7 +160,6 @@ void Ddp::reduce_in_bf16(void* scratch) {
 
 void Ddp::shard(int level, const DeviceMemory* device) {
   DDP_USAGE_CHECK(level >= 1 && level <= 3, "--zero {}: expected 0, 1, 2 or 3", level);
-  DDP_USAGE_CHECK(level < 3 || device == nullptr, "--zero 3: runs on the CPU path only so far");
   DDP_CHECK(!comm_.device_buffers() || device != nullptr,
             "Ddp::shard over {} needs the device's memory", comm_.backend());
   DDP_USAGE_CHECK(bf16_scratch_ == nullptr || device != nullptr,
@@ -185,7 +184,7 @@ void Ddp::shard(int level, const DeviceMemory* device) {
   bucket_host_.assign(buckets_.size(), {});
   scratch_floats_ = 0;
   if (ringed()) {
-    DDP_CHECK(level == 2 && overlap_, "a gradient ring needs --zero 2 and overlap");
+    DDP_CHECK(level >= 2 && overlap_, "a gradient ring needs --zero 2 or 3 and overlap");
     for (size_t b = 0; b < buckets_.size(); ++b) {
       DDP_CHECK(shards_.parts[b].piece * comm_.size() <= device_.slot_floats,
                 "gradient ring: bucket {}'s pieces ({} x {}) overrun its slot of {}", b,
@@ -291,9 +290,12 @@ void Ddp::gather_in_place(float* full, void* stream) {
 }
 
 void Ddp::gather_bucket(size_t b, const float* shard, float* into) {
+  gather_bucket_async(b, shard, into)->wait(comm_.timeout());
+}
+
+std::unique_ptr<Work> Ddp::gather_bucket_async(size_t b, const float* shard, float* into) {
   const ShardPart& p = shards_.parts.at(b);
-  comm_.all_gather_async(shard + p.shard_at, into, p.piece, DataType::kFloat32)
-      ->wait(comm_.timeout());
+  return comm_.all_gather_async(shard + p.shard_at, into, p.piece, DataType::kFloat32);
 }
 
 void Ddp::copy_back(size_t b, float* full, std::vector<std::unique_ptr<Work>>& gathers,

@@ -156,7 +156,7 @@ class Ddp {
     void* stream = nullptr;                               // the compute stream
   };
   // Shards as above: `level` 1, 2 or 3 (3: the gradients as 2; the caller shards the
-  // parameters, through gather_bucket); `device` with a device communicator (1 or 2).
+  // parameters, through gather_bucket); `device` with a device communicator.
   void shard(int level, const DeviceMemory* device = nullptr);
   // The ZeRO level shard() set (0: not sharded).
   int zero() const { return zero_; }
@@ -177,9 +177,11 @@ class Ddp {
   // Collective: every rank's pieces (`shard`, its own) into the whole flat buffer `full`
   // (device communicators: device buffers, `stream` made to wait).
   void gather_shards(const float* shard, float* full, void* stream = nullptr);
-  // Collective (host communicators): bucket b's pieces of every rank (`shard`, its own) into
+  // Collective: bucket b's pieces of every rank (`shard`, its own) into
   // `into` (shards().parts[b].piece x size() floats: the bucket, then the padding).
   void gather_bucket(size_t b, const float* shard, float* into);
+  // The same, not waited for (device communicators: the Work makes a stream wait).
+  std::unique_ptr<Work> gather_bucket_async(size_t b, const float* shard, float* into);
   // Collective: every rank's pieces of `full`, each rank's own being current in place, into
   // every rank's `full` (device communicators: `stream` made to wait).
   void gather_in_place(float* full, void* stream);

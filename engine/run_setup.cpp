@@ -318,16 +318,18 @@ std::vector<float> initial_weights(const TrainConfig& config, const MlpShape& sh
   return whole;
 }
 
+DdpOptions stage_ddp_options(const TrainConfig& config) {
+  // --zero 3 gathers a layer's parameters at a time: a bucket a layer.
+  return config.zero == 3 ? DdpOptions{1e-12, 0, config.overlap}
+                          : DdpOptions{config.bucket_mb, config.first_bucket_mb, config.overlap};
+}
+
 std::unique_ptr<Ddp> make_stage_ddp(const TrainConfig& config, Communicator& group,
                                     const RankStages& stages, StageRunner& runner, bool lead) {
   std::vector<ParamSpan> spans;
   for (const auto& [offset, count] : stages.layer_spans())
     spans.push_back({offset, count});
-  // --zero 3 gathers a layer's parameters at a time: a bucket a layer.
-  const DdpOptions options =
-      config.zero == 3 ? DdpOptions{1e-12, 0, config.overlap}
-                       : DdpOptions{config.bucket_mb, config.first_bucket_mb, config.overlap};
-  auto ddp = std::make_unique<Ddp>(group, spans, options);
+  auto ddp = std::make_unique<Ddp>(group, spans, stage_ddp_options(config));
   runner.prepare_ddp(*ddp, stages.fingerprint(), stages.shape().to_string());
   ddp->broadcast_parameters(runner.params(), stages.param_count());
   runner.params_changed();

@@ -108,6 +108,8 @@ std::vector<float> initial_weights(const TrainConfig& config, const MlpShape& sh
 // Data parallelism over `group` for the stages `stages` run by `runner`: the buckets, the
 // model check (collective), rank 0's parameters broadcast and, with --zero, the sharded
 // optimizer (its start-up line from rank 0, `lead`).
+// The buckets' options of a stage's data parallelism (--zero 3: a bucket a layer).
+DdpOptions stage_ddp_options(const TrainConfig& config);
 std::unique_ptr<Ddp> make_stage_ddp(const TrainConfig& config, Communicator& group,
                                     const RankStages& stages, StageRunner& runner, bool lead);
 

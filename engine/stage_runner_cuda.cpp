@@ -76,14 +76,13 @@ constexpr int kRingSlots = 3;
 // ring would hold as much.
 GradientRing gradient_ring(const StageSpec& spec, const TrainConfig& config) {
   GradientRing ring;
-  if (config.zero != 2 || spec.replicas < 2 || spec.micro_batches != 1 || !config.overlap)
+  if (config.zero < 2 || spec.replicas < 2 || spec.micro_batches != 1 || !config.overlap)
     return ring;
   std::vector<ParamSpan> spans;
   for (int i = spec.first; i < spec.end; ++i)
     spans.push_back(
         {spec.shape.layer(i).weight_offset - spec.param_offset(), spec.shape.layer(i).count()});
-  const std::vector<Bucket> buckets =
-      plan_buckets(spans, DdpOptions{config.bucket_mb, config.first_bucket_mb, config.overlap});
+  const std::vector<Bucket> buckets = plan_buckets(spans, stage_ddp_options(config));
   const ShardPlan plan = plan_shards(buckets, spec.replicas, 0, kDeviceShardAlign);
   size_t slot = 0;
   for (size_t b = 0; b < buckets.size(); ++b) {
@@ -269,7 +268,8 @@ class GpuRunner final : public StageRunner {
     CudaStage& front = chunks_.front()->stage();
     weights_ = several ? own_weights_.get() : &front.weights();
     stream_ = front.stream();
-    if (config.autotune && alone_) front.autotune();
+    // --zero 3 moves the parameters into gather slots, and the plans are made again there.
+    if (config.autotune && alone_ && config.zero < 3) front.autotune();
     epilogues_ = front.epilogue_summary();  // slot 0's plans built
     feeder_ = std::make_unique<BatchFeeder>(spec_.batch, spec_.micro_batches,
                                             alone_ ? std::min(config.log_every, 512) : 1, stream_);
@@ -411,6 +411,7 @@ class GpuRunner final : public StageRunner {
     ddp.shard(level, &memory);
     weights.shard_optimizer(ddp.shards().shard_count);
     zero_ = &ddp;
+    if (level == 3) shard_parameters(ddp);
     if (level < 2 || !lead_) return;
     const auto mib = [](size_t floats) { return floats * sizeof(float) / 1048576.0; };
     if (weights.ringed())
@@ -431,10 +432,27 @@ class GpuRunner final : public StageRunner {
   std::vector<float> get_params() override {
     wait_idle();
     std::vector<float> host(stages_.param_count());
+    if (zero3_) {  // every rank's pieces gathered (collective over the data-parallel group)
+      forget_gathers();
+      DeviceBuffer<float> whole(host.size(), MemoryCategory::kOther);
+      zero_->gather_shards(weights_->shard_params(), whole.data(), stream_);
+      DDP_CUDA_CHECK(cudaMemcpyAsync(host.data(), whole.data(), whole.bytes(),
+                                     cudaMemcpyDeviceToHost, stream_));
+      wait_stream();
+      return host;
+    }
     weights_->get(host.data());
     return host;
   }
-  void set_params(const float* host) override { weights_->set(host); }
+  void set_params(const float* host) override {
+    if (!zero3_) return weights_->set(host);
+    std::vector<float> mine(zero_->shards().shard_count);  // this rank's pieces
+    zero_->take_shard(host, mine.data());
+    forget_gathers();
+    DDP_CUDA_CHECK(cudaMemcpyAsync(weights_->shard_params(), mine.data(), mine.size() * 4,
+                                   cudaMemcpyHostToDevice, stream_));
+    DDP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
   NamedState optimizer_state() override {
     wait_idle();
     if (zero_ == nullptr) return weights_->optimizer_state();
@@ -519,6 +537,7 @@ class GpuRunner final : public StageRunner {
               step, chunk_first_, chunk_end_);
     // Host state of the step, set here because a replayed step does not call `enqueue`.
     if (overlapped_) overlapped_->begin_step();
+    forget_gathers();  // --zero 3: every layer gathered afresh in the step
     if (timeline_) timeline_->step_begins();
     marked_ = 0;
     backwards_ = 0;
@@ -599,6 +618,7 @@ class GpuRunner final : public StageRunner {
             stages_.has_last() ? eval_.y.data() + at : nullptr, n, act_type_);
     }
     wait_stream();
+    forget_gathers();
     return chunks_.back()->stage().take_sums(true);
   }
   std::string memory_report() const override { return chunks_.front()->stage().memory_report(); }
@@ -706,8 +726,75 @@ class GpuRunner final : public StageRunner {
         weights_->update_piece(p.offset, zero_->reduced_piece(b), p.shard_at, p.count,
                                feeder_->steps(), feeder_->counter(), s);
     }
+    if (zero3_) return;  // the pieces are the parameters: the next uses gather them
     zero_->gather_in_place(weights_->params(), s);
     weights_->to_low_precision(s);
+  }
+  // --zero 3: the parameters become this rank's pieces (a bucket a layer) and two gather
+  // slots; every use of a layer's parameters gathers them into slot layer % 2 on the data-
+  // parallel communicator's stream, the compute stream waiting for it, and the pass's next
+  // layer is gathered meanwhile into the other slot. What a slot holds is known within a step
+  // (a layer used twice in a row is gathered once) and forgotten at each step's start, so that
+  // every step, the captured one too, makes the same gathers.
+  void shard_parameters(Ddp& ddp) {
+    const ShardPlan& plan = ddp.shards();
+    const std::vector<Bucket>& buckets = ddp.buckets();
+    const std::vector<std::pair<size_t, size_t>> spans = stages_.layer_spans();
+    bucket_of_layer_.assign(spans.size(), 0);
+    size_t slot = 0;
+    std::vector<DeviceParameters::Piece> pieces;
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      const int layer = buckets[b].first_layer;
+      DDP_CHECK(buckets[b].last_layer == layer && buckets[b].offset == spans.at(layer).first &&
+                    buckets[b].count == spans[layer].second,
+                "--zero 3: bucket {} is not one layer", b);
+      bucket_of_layer_[layer] = b;
+      slot = std::max(slot, plan.parts[b].piece * static_cast<size_t>(plan.ranks));
+      pieces.push_back({plan.parts[b].offset, plan.parts[b].shard_at, plan.parts[b].count});
+    }
+    weights_->shard_parameters(spans, pieces, plan.shard_count, slot);
+    int base = 0;  // the chunk's first layer among the rank's
+    for (auto& chunk : chunks_) {
+      const int first = chunk->spec().first;
+      chunk->stage().set_layer_hook([this, base, first](int layer, int next) {
+        use_layer(base + layer - first, next < 0 ? -1 : base + next - first);
+      });
+      base += chunk->spec().end - first;
+    }
+    gathering_.clear();
+    gathering_.resize(spans.size());
+    zero3_ = true;
+    if (lead_)
+      spdlog::info(
+          "zero 3: this rank holds its {:.1f} MiB of the {:.1f} MiB of parameters and two "
+          "gather slots of {:.1f} MiB (a layer's, gathered for each use, the next one meanwhile)",
+          plan.shard_count * 4 / 1048576.0, stages_.param_count() * 4 / 1048576.0,
+          slot * 4 / 1048576.0);
+  }
+  // Layer `layer`'s parameters in its slot before the stream reads them; `next` (the pass's
+  // next layer, or -1) on its way into the other.
+  void use_layer(int layer, int next) {
+    if (holder_[layer % 2] != layer) gather_layer(layer);
+    if (gathering_[layer]) {  // not yet waited for by the stream
+      gathering_[layer]->then_on(stream_);
+      gathering_[layer].reset();
+      weights_->layer_to_low_precision(static_cast<size_t>(layer), stream_);
+    }
+    if (next >= 0 && holder_[next % 2] != next) gather_layer(next);
+  }
+  void gather_layer(int layer) {
+    int& holder = holder_[layer % 2];
+    // A gather into the slot that nobody used: the stream waits for it all the same.
+    if (holder >= 0 && gathering_[holder]) gathering_[holder]->then_on(stream_);
+    if (holder >= 0) gathering_[holder].reset();
+    gathering_[layer] = zero_->gather_bucket_async(
+        bucket_of_layer_[layer], weights_->shard_params(), weights_->layer_slot(layer));
+    holder = layer;
+  }
+  void forget_gathers() {
+    for (auto& work : gathering_)
+      wait_for(&work, stream_);
+    holder_[0] = holder_[1] = -1;
   }
   void wait_idle() {
     if (watchdog_) watchdog_->wait_idle();
@@ -818,6 +905,10 @@ class GpuRunner final : public StageRunner {
   const Split* eval_split_ = nullptr;
   Ddp* ddp_ = nullptr;
   Ddp* zero_ = nullptr;                            // --zero: ddp_, sharding the optimizer
+  bool zero3_ = false;                             // --zero 3: the parameters sharded too
+  std::vector<size_t> bucket_of_layer_;            // the rank's layer i -> its bucket
+  std::vector<std::unique_ptr<Work>> gathering_;   // by layer: its gather, until waited for
+  int holder_[2] = {-1, -1};                       // the layer each gather slot holds
   std::vector<DeviceBuffer<float>> zero_buffers_;  // its padded buckets' copies
   DeviceBuffer<uint16_t> bf16_grads_;  // the gradients on the wire with --grad-reduce bf16
   std::unique_ptr<OptimizerOverlap> overlapped_;
@@ -951,7 +1042,6 @@ void check_gpu_supported(const TrainConfig& config) {
   DDP_USAGE_CHECK(config.on_nonfinite == OnNonfinite::kStop,
                   "--on-nonfinite {}: runs on the CPU path only so far (the GPU path stops)",
                   on_nonfinite_name(config.on_nonfinite));
-  DDP_USAGE_CHECK(config.zero < 3, "--zero 3: runs on the CPU path only so far");
   // On the one-GPU machine (ranks sharing the GPU) zb-v's first step stalled, or NCCL saw an
   // activation where a gradient was due, while interleaved-1f1b over the same four lanes
   // equals one GPU: not enabled until that is understood.

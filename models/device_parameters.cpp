@@ -9,6 +9,8 @@ namespace ddp {
 DeviceParameters::DeviceParameters(size_t count, bool bf16, const OptimizerConfig& optimizer,
                                    cudaStream_t stream, GradientRing ring)
     : stream_(stream),
+      count_(count),
+      bf16_(bf16),
       params_(count, MemoryCategory::kParameters),
       grads_(ring.slots > 0 ? 0 : count, MemoryCategory::kGradients),
       ring_(std::move(ring)),
@@ -44,13 +46,72 @@ void DeviceParameters::fill_grads(float value, cudaStream_t stream) {
     launch_fill(slot.data(), slot.count(), false, value, stream);
 }
 
+void* DeviceParameters::for_products(size_t offset) const {
+  if (params_sharded()) {
+    const auto [layer, at] = layer_of(offset);
+    return bf16() ? static_cast<void*>(slots16_[layer % 2].data() + at)
+                  : static_cast<void*>(slots_[layer % 2].data() + at);
+  }
+  return bf16() ? static_cast<void*>(params16_.data() + offset)
+                : static_cast<void*>(params_.data() + offset);
+}
+
+float* DeviceParameters::param_at(size_t offset) const {
+  if (!params_sharded()) return params_.data() + offset;
+  const auto [layer, at] = layer_of(offset);
+  return slots_[layer % 2].data() + at;
+}
+
+std::pair<size_t, size_t> DeviceParameters::layer_of(size_t offset) const {
+  for (size_t i = 0; i < layers_.size(); ++i)
+    if (offset >= layers_[i].first && offset < layers_[i].first + layers_[i].second)
+      return {i, offset - layers_[i].first};
+  DDP_CHECK(false, "--zero 3: element {} is in no layer", offset);
+  return {0, 0};
+}
+
+void DeviceParameters::shard_parameters(const std::vector<std::pair<size_t, size_t>>& layers,
+                                        const std::vector<Piece>& pieces, size_t shard_floats,
+                                        size_t slot_floats) {
+  DDP_CHECK(!params_sharded() && !layers.empty(),
+            "shard_parameters: already sharded, or no layers");
+  shard_ = DeviceBuffer<float>(shard_floats, MemoryCategory::kParameters);
+  DDP_CUDA_CHECK(cudaMemsetAsync(shard_.data(), 0, shard_.bytes(), stream_));
+  for (const Piece& p : pieces) {
+    DDP_CHECK(p.offset + p.count <= count_ && p.shard_at + p.count <= shard_floats,
+              "shard_parameters: piece {}+{} -> {} out of range", p.offset, p.count, p.shard_at);
+    DDP_CUDA_CHECK(cudaMemcpyAsync(shard_.data() + p.shard_at, params_.data() + p.offset,
+                                   p.count * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
+  }
+  for (const auto& [offset, n] : layers)
+    DDP_CHECK(n <= slot_floats, "shard_parameters: a layer of {} in slots of {}", n, slot_floats);
+  for (int s = 0; s < 2; ++s) {
+    slots_[s] = DeviceBuffer<float>(slot_floats, MemoryCategory::kParameters);
+    if (bf16_) slots16_[s] = DeviceBuffer<uint16_t>(slot_floats, MemoryCategory::kParameters);
+  }
+  DDP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  layers_ = layers;
+  params_ = DeviceBuffer<float>();
+  params16_ = DeviceBuffer<uint16_t>();
+}
+
+void DeviceParameters::layer_to_low_precision(size_t layer, cudaStream_t stream) {
+  DDP_CHECK(params_sharded() && layer < layers_.size(), "layer_to_low_precision({}) unsharded",
+            layer);
+  if (bf16_)
+    launch_to_bf16(slots_[layer % 2].data(), slots16_[layer % 2].data(), layers_[layer].second,
+                   stream);
+}
+
 void DeviceParameters::set(const float* host) {
+  DDP_CHECK(!params_sharded(), "DeviceParameters::set: sharded (--zero 3): set the pieces");
   DDP_CUDA_CHECK(
       cudaMemcpyAsync(params_.data(), host, params_.bytes(), cudaMemcpyHostToDevice, stream_));
   refresh_low_precision();
 }
 
 void DeviceParameters::get(float* host) const {
+  DDP_CHECK(!params_sharded(), "DeviceParameters::get: sharded (--zero 3): gather the pieces");
   DDP_CUDA_CHECK(
       cudaMemcpyAsync(host, params_.data(), params_.bytes(), cudaMemcpyDeviceToHost, stream_));
   DDP_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -69,6 +130,7 @@ void DeviceParameters::refresh_low_precision() {
 }
 
 void DeviceParameters::to_low_precision(cudaStream_t stream) {
+  if (params_sharded()) return;  // each layer's gathered copy is made as it is gathered
   if (bf16()) launch_to_bf16(params_.data(), params16_.data(), params_.count(), stream);
 }
 
@@ -86,6 +148,13 @@ void DeviceParameters::shard_optimizer(size_t count) {
 void DeviceParameters::update_piece(size_t offset, const float* grads, size_t state_offset,
                                     size_t count, const OptStep* steps, const int* counter,
                                     cudaStream_t stream) {
+  if (params_sharded()) {  // --zero 3: the rank's pieces are the parameters
+    DDP_CHECK(state_offset + count <= shard_.count(), "optimizer update {}+{} past the shard's {}",
+              state_offset, count, shard_.count());
+    optimizer_->update(shard_.data() + state_offset, grads, nullptr, state_offset, count, steps,
+                       counter, stream);
+    return;
+  }
   DDP_CHECK(offset + count <= params_.count(), "optimizer update {}+{} past {} parameters", offset,
             count, params_.count());
   optimizer_->update(params_.data() + offset, grads, bf16() ? params16_.data() + offset : nullptr,

@@ -33,7 +33,8 @@ class DeviceParameters {
   DeviceParameters(size_t count, bool bf16, const OptimizerConfig& optimizer, cudaStream_t stream,
                    GradientRing ring = {});
 
-  size_t count() const { return params_.count(); }
+  size_t count() const { return count_; }
+  // The whole float32 parameters (null once shard_parameters() freed them).
   float* params() const { return params_.data(); }
   float* grads() const { return grads_.data(); }  // null with a gradient ring
   // Where the gradient of element `offset` is written (the whole buffer, or its bucket's slot).
@@ -43,14 +44,30 @@ class DeviceParameters {
   float* bucket_grads(size_t bucket) const;
   // Every gradient element set to `value` (autotuning's real values, a test's NaN).
   void fill_grads(float value, cudaStream_t stream);
-  bool bf16() const { return params16_.count() > 0; }
-  uint16_t* params16() const { return params16_.data(); }  // null without bf16
+  uint16_t* params16() const { return params16_.data(); }  // null without bf16 (or sharded)
+  bool bf16() const { return bf16_; }
   // Element `offset` as the products read it: of the bf16 copy with bf16 precision, else of
-  // the float32 parameters.
-  void* for_products(size_t offset) const {
-    return bf16() ? static_cast<void*>(params16_.data() + offset)
-                  : static_cast<void*>(params_.data() + offset);
-  }
+  // the float32 parameters; once sharded, of its layer's gather slot (or the slot's bf16 copy).
+  void* for_products(size_t offset) const;
+  // Element `offset` of the float32 parameters (once sharded: of its layer's gather slot).
+  float* param_at(size_t offset) const;
+
+  // --zero 3: the rank keeps only its pieces of every layer (`pieces`: offset in this buffer,
+  // place in the shard, count; the shard's padding zero) and two gather slots of `slot_floats`
+  // (plus their bf16 copies with bf16 precision): layer i of `layers` (offset, count, in
+  // order) is gathered by the caller into layer_slot(i), slot i % 2, for each use. The whole
+  // buffer and its bf16 copy are freed; plans built on them must be built again.
+  struct Piece {
+    size_t offset, shard_at, count;
+  };
+  void shard_parameters(const std::vector<std::pair<size_t, size_t>>& layers,
+                        const std::vector<Piece>& pieces, size_t shard_floats, size_t slot_floats);
+  bool params_sharded() const { return !layers_.empty(); }
+  float* shard_params() const { return shard_.data(); }
+  size_t layer_count() const { return layers_.size(); }
+  float* layer_slot(size_t layer) const { return slots_[layer % 2].data(); }
+  // After layer_slot(layer) was gathered: its bf16 copy (none without bf16), on `stream`.
+  void layer_to_low_precision(size_t layer, cudaStream_t stream);
 
   // Host copies (synchronous); set() also makes the bf16 copy.
   void set(const float* host);
@@ -80,12 +97,22 @@ class DeviceParameters {
   void set_optimizer_state(const std::vector<std::pair<std::string, std::vector<float>>>& state);
 
  private:
+  // The layer of `layers_` that holds element `offset`, and where in it.
+  std::pair<size_t, size_t> layer_of(size_t offset) const;
+
   cudaStream_t stream_;
+  size_t count_;
+  bool bf16_;
   DeviceBuffer<float> params_, grads_;
   GradientRing ring_;
   std::vector<DeviceBuffer<float>> ring_slots_;
   std::unique_ptr<DeviceOptimizer> optimizer_;
   DeviceBuffer<uint16_t> params16_;
+  // --zero 3: the rank's pieces, the layers' (offset, count) and the two gather slots.
+  DeviceBuffer<float> shard_;
+  std::vector<std::pair<size_t, size_t>> layers_;
+  DeviceBuffer<float> slots_[2];
+  DeviceBuffer<uint16_t> slots16_[2];
 };
 
 }  // namespace ddp

@@ -44,10 +44,10 @@ void CudaLinear::init_on_device(uint64_t seed) const {
   const uint64_t key = mix_seed(seed, static_cast<uint64_t>(index_));  // as init_params
   const float bound = 1.0f / std::sqrt(static_cast<float>(slice_.in));
   const size_t weights = static_cast<size_t>(slice_.in) * slice_.out;
-  float* params = context_.weights->params();
-  launch_counter_uniform(params + (slice_.weight_offset - context_.base), weights, key, 0, -bound,
+  const DeviceParameters& p = *context_.weights;
+  launch_counter_uniform(p.param_at(slice_.weight_offset - context_.base), weights, key, 0, -bound,
                          bound, context_.stream);
-  launch_counter_uniform(params + (slice_.bias_offset - context_.base), slice_.out, key, weights,
+  launch_counter_uniform(p.param_at(slice_.bias_offset - context_.base), slice_.out, key, weights,
                          -bound, bound, context_.stream);
 }
 
@@ -76,11 +76,11 @@ void CudaLinear::build(int slot, int batch, bool alternatives) {
   void* weight = weights.for_products(slice_.weight_offset - base);
   const LinearProducts p{slice_.in, slice_.out, batch, types.act, types.compute, hidden_};
   Plans plans;
-  const MatmulSpec f = linear_forward_spec(
-      p, weight, io.input, output(slot),
-      hidden_ ? weights.for_products(slice_.bias_offset - base)
-              : static_cast<void*>(weights.params() + slice_.bias_offset - base),
-      hidden_ ? mask(slot) : nullptr, mask_ld_);
+  const MatmulSpec f =
+      linear_forward_spec(p, weight, io.input, output(slot),
+                          hidden_ ? weights.for_products(slice_.bias_offset - base)
+                                  : static_cast<void*>(weights.param_at(slice_.bias_offset - base)),
+                          hidden_ ? mask(slot) : nullptr, mask_ld_);
   plans.forward = make_plan(context_.lt, f, ws, hidden_ && fused && io.keep_mask,
                             hidden_ ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS);
 

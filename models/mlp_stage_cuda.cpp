@@ -134,10 +134,18 @@ void CudaStage::set_labels(const int32_t* y, int batch, int slot) {
                                  stream()));
 }
 
+void CudaStage::set_layer_hook(std::function<void(int, int)> acquire) {
+  acquire_ = std::move(acquire);
+  for (auto& l : layers_)
+    l->clear_plans();
+}
+
 void CudaStage::forward(int slot, int batch) {
   build(slot, batch);
-  for (const auto& l : layers_)
-    l->forward(slot, batch);
+  for (int i = first_; i < end_; ++i) {
+    acquire(i, true);
+    layer(i).forward(slot, batch);
+  }
   working_slot_ = slot;
   batch_of_[slot] = batch;
 }
@@ -145,8 +153,10 @@ void CudaStage::forward(int slot, int batch) {
 void CudaStage::ensure_forwarded(int slot) {
   if (!options_.recompute || working_slot_ == slot) return;
   // The layers below the last, whose outputs backward reads (the last one's is the slot's).
-  for (size_t i = 0; i + 1 < layers_.size(); ++i)
-    layers_[i]->forward(slot, batch_of_[slot]);
+  for (int i = first_; i + 1 < end_; ++i) {
+    acquire(i, true);
+    layer(i).forward(slot, batch_of_[slot]);
+  }
   working_slot_ = slot;
   ++recomputed_;
   after("recomputed forward");
@@ -179,6 +189,7 @@ void CudaStage::backward(int slot, int batch, bool accumulate,
   for (int i = end_ - 1; i >= first_; --i) {
     layer(i).backward_weight(slot, batch, accumulate);
     if (on_layer_done) on_layer_done(i - first_);
+    if (i > first_ || !is_first()) acquire(i, false);  // the first layer's has no product
     layer(i).backward_input(slot, batch);
   }
 }
@@ -188,8 +199,10 @@ void CudaStage::backward_input(int slot, int batch) {
   build(slot, batch);
   ensure_forwarded(slot);
   mask_received(slot, batch);
-  for (int i = end_ - 1; i >= first_; --i)
+  for (int i = end_ - 1; i >= first_; --i) {
+    if (i > first_ || !is_first()) acquire(i, false);
     layer(i).backward_input(slot, batch);
+  }
 }
 
 void CudaStage::backward_weight(int slot, int batch, bool accumulate,

@@ -154,6 +154,11 @@ class CudaStage : public StageLayers {
   void optimizer_range(size_t offset, size_t count, const OptStep* steps, const int* counter,
                        cudaStream_t stream);
 
+  // --zero 3: `acquire(layer, next)` is called (host, in stream order) before each use of a
+  // layer's parameters (its forward, its input gradient), `next` being the layer this pass
+  // uses next (-1: none), so that the caller gathers them (and may prefetch the next); the
+  // plans are made again, on the parameters' new place.
+  void set_layer_hook(std::function<void(int layer, int next)> acquire);
   // Forwards run again for a backward (--recompute) so far.
   int64_t recomputed() const { return recomputed_; }
   // Loss summed and hits counted since the last call (synchronises the stream).
@@ -204,6 +209,11 @@ class CudaStage : public StageLayers {
   std::vector<std::unique_ptr<CudaLinear>> layers_;  // their plans go before the handle
   std::unique_ptr<DeviceLossSums> sums_;             // the loss's sums, training and evaluation
   TuneResult tuned_;
+  std::function<void(int, int)> acquire_;  // --zero 3's gathers
+  // Before layer i's parameters are read, in a pass that goes up (forward) or down.
+  void acquire(int i, bool up) const {
+    if (acquire_) acquire_(i, up ? (i + 1 < end_ ? i + 1 : -1) : (i > first_ ? i - 1 : -1));
+  }
   int working_slot_ = -1;      // --recompute: the slot whose layer outputs the working set holds
   std::vector<int> batch_of_;  // [slot]: its batch at its last forward
   int64_t recomputed_ = 0;

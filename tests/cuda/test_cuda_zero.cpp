@@ -1,5 +1,5 @@
 // ZeRO on the GPU, its ranks sharing the one GPU (ddprun --share-gpu, NCCL over sockets):
-// --zero 1 and 2 with dp 2 and 3, SGD and AdamW, --accumulate 2, dp 2 x pp 2 and bf16 give
+// --zero 1, 2 and 3 with dp 2 and 3, SGD and AdamW, --accumulate 2, dp 2 x pp 2 and bf16 give
 // the weights of plain data parallelism (one GPU's, which plain data parallelism equals), with
 // the step captured in a CUDA graph; a rank holds 1/D of the optimizer state (its memory
 // record, within the 64-element alignment of each bucket's pieces); the checkpoint rank 0
@@ -109,7 +109,17 @@ INSTANTIATE_TEST_SUITE_P(
         // (two ranks: one bf16 sum an element, whatever the algorithm).
         ZeroCase{"zero1_dp2_grad_reduce_bf16", 2, 2, "--optimizer sgd --grad-reduce bf16", 1, true},
         ZeroCase{"zero2_dp2_grad_reduce_bf16", 2, 2, "--optimizer adamw --grad-reduce bf16", 2,
-                 true}),
+                 true},
+        // The parameters sharded too: every layer gathered for each use.
+        ZeroCase{"zero3_dp2_sgd", 2, 2, "--optimizer sgd --momentum 0.9", 3, false},
+        ZeroCase{"zero3_dp2_adamw", 2, 2, "--optimizer adamw", 3, false},
+        ZeroCase{"zero3_dp3_adamw", 3, 3, "--optimizer adamw", 3, true},
+        ZeroCase{"zero3_dp2_pp2_adamw", 4, 2, "--optimizer adamw --pp 2", 3, true},
+        ZeroCase{"zero3_dp2_pp2_zbh1_recompute", 4, 2,
+                 "--optimizer adamw --pp 2 --schedule zb-h1 --recompute", 3, true},
+        ZeroCase{"zero3_dp2_bf16_adamw", 2, 2, "--optimizer adamw --precision bf16", 3, true},
+        ZeroCase{"zero3_dp2_accumulate2_no_graph", 2, 2,
+                 "--optimizer adamw --accumulate 2 --no-cuda-graph", 3, true}),
     [](const ::testing::TestParamInfo<ZeroCase>& info) { return info.param.name; });
 
 // --zero 2 where backward runs once a step: the gradients live in three bucket slots and the
@@ -150,11 +160,55 @@ TEST(SharedGpuZero, GradientRingHoldsLessThanTheWholeBufferAndEqualsPlainDataPar
   }
 }
 
-// tests/support/zero_support.h's scenario, for --zero 2 through NCCL.
+// tests/support/zero_support.h's scenario, for --zero 2 and 3 through NCCL.
 TEST(SharedGpuZero, CheckpointsAreThePlainFilesAndResumeIntoAnotherLayout) {
   REQUIRE_GPU();
-  TempDir dir;
-  expect_zero_checkpoints_are_plain_and_resume(shared, kLayers, "--zero 2 ", dir);
+  for (const char* zero : {"--zero 2 ", "--zero 3 "}) {
+    TempDir dir;
+    expect_zero_checkpoints_are_plain_and_resume(shared, kLayers, zero, dir);
+  }
+}
+
+// --zero 3 on a model of many equal layers (as `large`): a rank holds its pieces of the
+// parameters plus two gather slots of a layer each (1/D of them, within each bucket's
+// 64-element alignment, plus the layers in flight), and the weights stay plain data
+// parallelism's, with the step in a CUDA graph (dp 2) and without (dp 3).
+TEST(SharedGpuZero, Zero3HoldsItsShareOfTheParametersAndTwoLayers) {
+  REQUIRE_GPU();
+  std::string layers = "24";
+  for (int i = 0; i < 16; ++i)
+    layers += ",32";
+  layers += ",6";
+  const std::string args = " --device cuda --data synthetic --layers " + layers +
+                           " --synthetic-samples 960 --batch-size 48 --steps 12 --log-every 4 "
+                           "--quiet --seed 5 --optimizer adamw --metrics ";
+  for (const int ranks : {2, 3}) {
+    TempDir dir;
+    const std::string job =
+        kSharedGpu + " --nproc-per-node " + std::to_string(ranks) + " -- " + kTrain + args;
+    const RunResult plain =
+        run_command(job + dir.file("plain.jsonl") + " --save-weights " + dir.file("plain.st"));
+    ASSERT_EQ(plain.exit_code, 0) << plain.output;
+    const std::string graph = ranks == 3 ? " --no-cuda-graph" : "";
+    const RunResult r = run_command(job + dir.file("zero.jsonl") + " --zero 3 --save-weights " +
+                                    dir.file("zero.st") + graph);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("zero 3: this rank holds its"), std::string::npos) << r.output;
+    const double error = max_relative_error(load_weights(dir.file("zero.st"), layers),
+                                            load_weights(dir.file("plain.st"), layers));
+    const int64_t whole = held(dir.file("plain.jsonl"), "parameters");
+    const int64_t mine = held(dir.file("zero.jsonl"), "parameters");
+    std::printf(
+        "dp %d%s: max relative error against plain %.3g; parameters %lld bytes, plain %lld\n",
+        ranks, graph.c_str(), error, static_cast<long long>(mine), static_cast<long long>(whole));
+    EXPECT_LE(error, 1e-5);
+    // A 32x32 layer and its bias: 1056 floats, padded to D pieces of a multiple of 64.
+    const int64_t piece = (1056 / ranks + 63) / 64 * 64;
+    const int64_t slot = piece * ranks * 4;
+    EXPECT_GE(mine, whole / ranks + 2 * slot - 18 * 64 * 4);
+    EXPECT_LE(mine, whole / ranks + 2 * slot + 18 * 64 * 4);
+    EXPECT_LT(mine, whole);
+  }
 }
 
 }  // namespace
