@@ -521,6 +521,9 @@ class GpuRunner final : public StageRunner {
   }
   bool grads_nonfinite() override { return false; }  // the GPU stops on the loss instead
   void optimizer_step() override {
+    // --zero 3: a gather still reading the pieces (a prefetch nobody used) is done before the
+    // update writes them, and none is left past the step (nor past its capture).
+    forget_gathers();
     if (zero_ != nullptr)
       step_shards();
     else if (own_weights_ && !overlapped_)
@@ -537,7 +540,7 @@ class GpuRunner final : public StageRunner {
               step, chunk_first_, chunk_end_);
     // Host state of the step, set here because a replayed step does not call `enqueue`.
     if (overlapped_) overlapped_->begin_step();
-    forget_gathers();  // --zero 3: every layer gathered afresh in the step
+    holder_[0] = holder_[1] = -1;  // --zero 3: every layer gathered afresh in the step
     if (timeline_) timeline_->step_begins();
     marked_ = 0;
     backwards_ = 0;
@@ -617,6 +620,7 @@ class GpuRunner final : public StageRunner {
             stages_.has_first() ? eval_.x.data() + static_cast<size_t>(at) * split.dim : nullptr,
             stages_.has_last() ? eval_.y.data() + at : nullptr, n, act_type_);
     }
+    if (zero3_) match_gathers(split.n, (end - begin + chunk - 1) / chunk, chunk);
     wait_stream();
     forget_gathers();
     return chunks_.back()->stage().take_sums(true);
@@ -790,6 +794,27 @@ class GpuRunner final : public StageRunner {
     gathering_[layer] = zero_->gather_bucket_async(
         bucket_of_layer_[layer], weights_->shard_params(), weights_->layer_slot(layer));
     holder = layer;
+  }
+  // --zero 3, evaluation: the replicas' shares of `samples` (Trainer::evaluate_shards) may take
+  // one chunk more or less, and every chunk's forward gathers every layer (collectives over the
+  // data-parallel group); this replica, having forwarded `mine` chunks, gathers as a forward
+  // would for the chunks it lacks against the replica with the most.
+  void match_gathers(int64_t samples, int64_t mine, int chunk) {
+    const int64_t replicas = spec_.replicas;
+    int64_t most = 0;
+    for (int64_t r = 0; r < replicas; ++r) {
+      const int64_t n = samples * (r + 1) / replicas - samples * r / replicas;
+      most = std::max(most, (n + chunk - 1) / chunk);
+    }
+    for (int64_t k = mine; k < most; ++k) {
+      int base = 0;
+      for (const auto& c : chunks_) {
+        const int layers = c->spec().end - c->spec().first;
+        for (int i = 0; i < layers; ++i)
+          use_layer(base + i, i + 1 < layers ? base + i + 1 : -1);
+        base += layers;
+      }
+    }
   }
   void forget_gathers() {
     for (auto& work : gathering_)
