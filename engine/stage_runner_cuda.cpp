@@ -25,6 +25,7 @@
 #include "engine/ddp.h"
 #include "engine/ddp_device.h"
 #include "engine/gpu_timeline.h"
+#include "engine/layer_gathers.h"
 #include "engine/optimizer_overlap.h"
 #include "engine/run_setup.h"
 #include "engine/stage_runner.h"
@@ -540,7 +541,7 @@ class GpuRunner final : public StageRunner {
               step, chunk_first_, chunk_end_);
     // Host state of the step, set here because a replayed step does not call `enqueue`.
     if (overlapped_) overlapped_->begin_step();
-    holder_[0] = holder_[1] = -1;  // --zero 3: every layer gathered afresh in the step
+    forget_gathers();  // --zero 3: every layer gathered afresh in the step (none pending)
     if (timeline_) timeline_->step_begins();
     marked_ = 0;
     backwards_ = 0;
@@ -767,6 +768,7 @@ class GpuRunner final : public StageRunner {
     }
     gathering_.clear();
     gathering_.resize(spans.size());
+    gathers_ = std::make_unique<LayerGathers>(static_cast<int>(spans.size()));
     zero3_ = true;
     if (lead_)
       spdlog::info(
@@ -776,24 +778,20 @@ class GpuRunner final : public StageRunner {
           slot * 4 / 1048576.0);
   }
   // Layer `layer`'s parameters in its slot before the stream reads them; `next` (the pass's
-  // next layer, or -1) on its way into the other.
-  void use_layer(int layer, int next) {
-    if (holder_[layer % 2] != layer) gather_layer(layer);
-    if (gathering_[layer]) {  // not yet waited for by the stream
-      gathering_[layer]->then_on(stream_);
-      gathering_[layer].reset();
-      weights_->layer_to_low_precision(static_cast<size_t>(layer), stream_);
+  // next layer, or -1) on its way into the other (engine/layer_gathers.h decides).
+  void use_layer(int layer, int next) { carry_out(gathers_->use(layer, next)); }
+  void carry_out(const std::vector<LayerGathers::Action>& actions) {
+    for (const LayerGathers::Action& a : actions) {
+      std::unique_ptr<Work>& work = gathering_[a.layer];
+      if (a.kind == LayerGathers::Kind::kGather) {
+        work = zero_->gather_bucket_async(bucket_of_layer_[a.layer], weights_->shard_params(),
+                                          weights_->layer_slot(a.layer));
+        continue;
+      }
+      wait_for(&work, stream_);
+      if (a.kind == LayerGathers::Kind::kUse)
+        weights_->layer_to_low_precision(static_cast<size_t>(a.layer), stream_);
     }
-    if (next >= 0 && holder_[next % 2] != next) gather_layer(next);
-  }
-  void gather_layer(int layer) {
-    int& holder = holder_[layer % 2];
-    // A gather into the slot that nobody used: the stream waits for it all the same.
-    if (holder >= 0 && gathering_[holder]) gathering_[holder]->then_on(stream_);
-    if (holder >= 0) gathering_[holder].reset();
-    gathering_[layer] = zero_->gather_bucket_async(
-        bucket_of_layer_[layer], weights_->shard_params(), weights_->layer_slot(layer));
-    holder = layer;
   }
   // --zero 3, evaluation: the replicas' shares of `samples` (Trainer::evaluate_shards) may take
   // one chunk more or less, and every chunk's forward gathers every layer (collectives over the
@@ -817,9 +815,7 @@ class GpuRunner final : public StageRunner {
     }
   }
   void forget_gathers() {
-    for (auto& work : gathering_)
-      wait_for(&work, stream_);
-    holder_[0] = holder_[1] = -1;
+    if (gathers_) carry_out(gathers_->forget());
   }
   void wait_idle() {
     if (watchdog_) watchdog_->wait_idle();
@@ -933,7 +929,7 @@ class GpuRunner final : public StageRunner {
   bool zero3_ = false;                             // --zero 3: the parameters sharded too
   std::vector<size_t> bucket_of_layer_;            // the rank's layer i -> its bucket
   std::vector<std::unique_ptr<Work>> gathering_;   // by layer: its gather, until waited for
-  int holder_[2] = {-1, -1};                       // the layer each gather slot holds
+  std::unique_ptr<LayerGathers> gathers_;          // which to gather and wait for, when
   std::vector<DeviceBuffer<float>> zero_buffers_;  // its padded buckets' copies
   DeviceBuffer<uint16_t> bf16_grads_;  // the gradients on the wire with --grad-reduce bf16
   std::unique_ptr<OptimizerOverlap> overlapped_;
