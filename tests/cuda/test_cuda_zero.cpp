@@ -102,6 +102,9 @@ INSTANTIATE_TEST_SUITE_P(
         ZeroCase{"zero1_dp3_sgd", 3, 3, "--optimizer sgd --momentum 0.9", 1, false},
         ZeroCase{"zero2_dp2_adamw_accumulate2", 2, 2, "--optimizer adamw --accumulate 2", 2, true},
         ZeroCase{"zero2_dp2_pp2_adamw", 4, 2, "--optimizer adamw --pp 2", 2, true},
+        // Two stages a rank: each chunk's layers sharded over the stage's replicas.
+        ZeroCase{"zero2_dp2_pp2_interleaved", 4, 2,
+                 "--optimizer adamw --pp 2 --schedule interleaved-1f1b --micro-batches 4", 2, true},
         ZeroCase{"zero1_dp2_bf16_adamw", 2, 2, "--optimizer adamw --precision bf16", 1, true},
         ZeroCase{"zero2_dp2_no_graph_overlap_optimizer", 2, 2,
                  "--optimizer adamw --overlap-optimizer --no-cuda-graph", 2, false},
