@@ -167,8 +167,10 @@ void Ddp::shard(int level, const DeviceMemory* device) {
   zero_ = level;
   // Host collectives take any piece size: a bucket that divides evenly is sharded in place,
   // only the others go through a padded copy. NCCL's pieces are kept 256-byte aligned.
-  shards_ =
-      plan_shards(buckets_, comm_.size(), comm_.rank(), device != nullptr ? kDeviceShardAlign : 1);
+  shards_ = plan_shards(buckets_, comm_.size(), comm_.rank(),
+                        device == nullptr   ? 1
+                        : device->align > 0 ? device->align
+                                            : kDeviceShardAlign);
   if (device != nullptr) device_ = *device;
   if (bf16_scratch_ != nullptr) {
     // A bucket's bf16 copy spans its padded pieces (from its offset): where the last one
@@ -318,7 +320,12 @@ void Ddp::issue(size_t bucket) {
       pending_.push_back(reduce_scatter(slot, reduced_device_ + p.shard_at, bucket));
       record({"reduce_scatter_issued", b.first_layer, static_cast<int>(bucket)});
       const size_t next = bucket + 1, slots = static_cast<size_t>(device_.ring_slots);
-      if (next < buckets_.size() && next >= slots) pending_[next - slots]->then_on(device_.stream);
+      if (next < buckets_.size() && next >= slots) {
+        if (comm_.device_buffers())
+          pending_[next - slots]->then_on(device_.stream);
+        else
+          pending_[next - slots]->wait(comm_.timeout());
+      }
       return;
     }
     float* send = grads_ + b.offset;

@@ -141,11 +141,13 @@ class Ddp {
   // the compute stream); pieces are multiples of 64 elements and the reduce-scatter is in
   // place, so a bucket that divides evenly needs no memory of its own.
   //
-  // Level 2 with `ring_slots` (models/device_parameters.h, GradientRing): backward writes
+  // Level 2 or 3 with `ring_slots` (models/device_parameters.h, GradientRing): backward writes
   // bucket b's gradients into bucket_grads(b), a slot shared with every ring_slots-th bucket
   // and large enough for its padded pieces; each bucket is reduce-scattered from its slot into
-  // a shard of the averaged pieces, and `stream` waits for that before the bucket ring_slots
-  // later is written (so the buckets need overlap); the slots serve as the padded copies.
+  // a shard of the averaged pieces, and `stream` waits for that (host communicators: the
+  // caller's thread, in layer_done) before the bucket ring_slots later is written (so the
+  // buckets need overlap); the slots serve as the padded copies. A host communicator's ring
+  // gives `device` too (host memory, host copies, `align` 1).
   struct DeviceMemory {
     std::function<float*(size_t floats)> allocate;  // kept as long as the Ddp is used
     std::function<void(float* dst, const float* src, size_t floats)> copy;  // stream order
@@ -154,6 +156,7 @@ class Ddp {
     std::function<float*(size_t bucket)> bucket_grads;    // a bucket's slot (ring)
     size_t slot_floats = 0;                               // a slot's size (ring)
     void* stream = nullptr;                               // the compute stream
+    size_t align = 0;  // the pieces' alignment (elements; 0: kDeviceShardAlign)
   };
   // Shards as above: `level` 1, 2 or 3 (3: the gradients as 2; the caller shards the
   // parameters, through gather_bucket); `device` with a device communicator.
@@ -168,6 +171,9 @@ class Ddp {
   const float* reduced_piece(size_t bucket) const;
   // Host, level 2: every averaged piece, as one shard (shards().shard_count).
   const float* reduced_shard() const { return reduced_shard_.data(); }
+  // Level 2 or 3: every averaged piece, as one shard, wherever it is kept (host: the buffer of
+  // reduced_shard(), or with a ring its own).
+  const float* reduced_pieces() const { return ringed() ? reduced_device_ : reduced_shard(); }
   // This rank's pieces of the flat buffer `full` into `shard` (shard_count, padding zero).
   // Host memory.
   void take_shard(const float* full, float* shard) const;

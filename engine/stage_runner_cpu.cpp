@@ -290,8 +290,10 @@ class CpuRunner final : public StageRunner {
     ddp.check_same_layout(fingerprint, description);
   }
   void shard_optimizer(Ddp& ddp, int level) override {
-    ddp.shard(level);
+    const bool ring = level >= 2 && make_gradient_ring(ddp);
+    ddp.shard(level, ring ? &ring_memory_ : nullptr);
     zero_ = &ddp;
+    if (ring) move_grads_into_ring(ddp);
     const size_t n = ddp.shards().shard_count;
     optimizer_ = make_optimizer(config_.optimizer, n);
     if (level == 3) shard_parameters(ddp);
@@ -357,7 +359,7 @@ class CpuRunner final : public StageRunner {
   bool grads_nonfinite() override {
     return any_nonfinite(grads_.data(), grads_.size()) ||
            (zero_ != nullptr && zero_->zero() >= 2 &&
-            any_nonfinite(zero_->reduced_shard(), zero_->shards().shard_count));
+            any_nonfinite(zero_->reduced_pieces(), zero_->shards().shard_count));
   }
   void optimizer_step() override {
     if (zero_ == nullptr) {
@@ -367,7 +369,7 @@ class CpuRunner final : public StageRunner {
     // --zero 3: the pieces are the parameters, updated from their averaged gradients (the
     // padding stays zero); the next uses gather them.
     if (gathered_) {
-      optimizer_->step(shard_params_.data(), zero_->reduced_shard(), shard_params_.size(), lr_);
+      optimizer_->step(shard_params_.data(), zero_->reduced_pieces(), shard_params_.size(), lr_);
       return;
     }
     // Else this rank's pieces updated in place from their averaged gradients, then every
@@ -394,7 +396,11 @@ class CpuRunner final : public StageRunner {
                                 "the whole model while evaluating or copying out)",
                                 size(shard_params_.size()), size(gathered_->peak_floats()))
                   : size(params_.size()),
-        size(grads_.size()), size(state));
+        ring_.empty() ? size(grads_.size())
+                      : fmt::format("{} ({} bucket slots, written again after each bucket's "
+                                    "reduce-scatter)",
+                                    size(ring_floats()), ring_.size()),
+        size(state));
     if (zero_ != nullptr)
       text += fmt::format(
           " (--zero {}: this rank's 1/{} of it, {} of {} parameters; {} of padded bucket "
@@ -412,10 +418,12 @@ class CpuRunner final : public StageRunner {
   }
   std::vector<std::pair<std::string, int64_t>> held_by_kind() const override {
     const auto bytes = [](size_t floats) { return static_cast<int64_t>(floats * sizeof(float)); };
-    return {{"parameters", bytes(params_.size() + shard_params_.size() +
-                                 (gathered_ ? gathered_->peak_floats() : 0))},
-            {"gradients", bytes(grads_.size() + (zero_ != nullptr ? zero_->scratch_floats() : 0))},
-            {"optimizer state", bytes(optimizer_->state_floats())}};
+    return {
+        {"parameters",
+         bytes(params_.size() + shard_params_.size() + (gathered_ ? gathered_->peak_floats() : 0))},
+        {"gradients",
+         bytes(grads_.size() + ring_floats() + (zero_ != nullptr ? zero_->scratch_floats() : 0))},
+        {"optimizer state", bytes(optimizer_->state_floats())}};
   }
   LossSum evaluate(const Split& split, int64_t begin, int64_t end) override {
     // --zero 3: the replicas' shares of the split may differ in length, so their uses could
@@ -436,6 +444,45 @@ class CpuRunner final : public StageRunner {
 
  private:
   size_t count() const { return stages_.param_count(); }
+  size_t ring_floats() const { return ring_.empty() ? 0 : ring_.size() * ring_[0].size(); }
+  // The ring's slots, where it holds less than the whole gradient buffer; false: none.
+  bool make_gradient_ring(Ddp& ddp) {
+    const StageSpec& first = stages_.chunks.front();
+    if (stages_.chunks.size() != 1 || first.micro_batches != 1 || !config_.overlap ||
+        ddp.comm().size() < 2)
+      return false;
+    const ShardPlan plan = plan_shards(ddp.buckets(), ddp.comm().size(), 0, 1);
+    size_t slot = 0;
+    for (const ShardPart& p : plan.parts)
+      slot = std::max(slot, p.piece * static_cast<size_t>(plan.ranks));
+    if (slot * kRing + plan.shard_count >= count()) return false;
+    ring_.assign(kRing, std::vector<float>(slot, 0.0f));
+    ring_memory_.allocate = [this](size_t floats) {
+      ring_pieces_.emplace_back(floats, 0.0f);
+      return ring_pieces_.back().data();
+    };
+    ring_memory_.copy = [](float* dst, const float* src, size_t floats) {
+      std::copy_n(src, floats, dst);
+    };
+    ring_memory_.zero = [](float* dst, size_t floats) { std::fill_n(dst, floats, 0.0f); };
+    ring_memory_.ring_slots = kRing;
+    ring_memory_.bucket_grads = [this](size_t bucket) { return ring_[bucket % kRing].data(); };
+    ring_memory_.slot_floats = slot;
+    ring_memory_.align = 1;
+    return true;
+  }
+  // Backward writes each layer's gradients into its bucket's slot; the whole buffer goes.
+  void move_grads_into_ring(const Ddp& ddp) {
+    const std::vector<Bucket>& buckets = ddp.buckets();
+    chunks_.front()->stage().set_grads([this, &buckets](size_t offset) {
+      for (size_t b = 0; b < buckets.size(); ++b)
+        if (offset >= buckets[b].offset && offset < buckets[b].offset + buckets[b].count)
+          return ring_[b % kRing].data() + (offset - buckets[b].offset);
+      DDP_CHECK(false, "gradient ring: element {} is in no bucket", offset);
+      return static_cast<float*>(nullptr);
+    });
+    grads_ = {};
+  }
   // --zero 3: the parameters become this rank's pieces, and every layer reads its whole
   // parameters from them for each use (GatheredLayers); the whole buffer is freed.
   void shard_parameters(Ddp& ddp) {
@@ -461,7 +508,15 @@ class CpuRunner final : public StageRunner {
   RankStages stages_;
   RankState rank_;
   std::vector<float> params_;  // every stage's, one after the other
-  std::vector<float> grads_;
+  std::vector<float> grads_;   // none with a gradient ring
+  // --zero 2 or 3 where backward runs once a step (one stage, no micro-batches) with overlap:
+  // the gradients in kRing bucket slots (bucket b in slot b % kRing, each written again only
+  // after its reduce-scatter, which layer_done waits for) and the averaged pieces, as on the
+  // GPU (engine/ddp.h's ring).
+  static constexpr int kRing = 3;
+  std::vector<std::vector<float>> ring_;
+  std::vector<std::vector<float>> ring_pieces_;  // what Ddp allocates: the averaged pieces
+  Ddp::DeviceMemory ring_memory_;
   std::vector<std::unique_ptr<CpuChunk>> chunks_;
   std::unique_ptr<Optimizer> optimizer_;
   float lr_ = 0;

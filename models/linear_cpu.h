@@ -45,6 +45,12 @@ class CpuLinear {
     source_ = source;
     layer_ = layer;
   }
+  // From now on the weight and bias gradients are written at `weight` and `bias` (ZeRO's
+  // gradient ring: the slot of the layer's bucket).
+  void set_grads(float* weight, float* bias) {
+    grad_weight_ = weight;
+    grad_bias_ = bias;
+  }
 
  private:
   // The weight (the bias after it) for one use, and the end of that use.

@@ -152,6 +152,13 @@ LossSum CpuMlp::backward(const int32_t* labels, int batch, float grad_scale, boo
   return sum;
 }
 
+void CpuStage::set_grads(const std::function<float*(size_t offset)>& grad_at) {
+  for (CpuLinear& l : layers_)
+    l.set_grads(grad_at(l.slice().weight_offset - param_offset()),
+                grad_at(l.slice().bias_offset - param_offset()));
+  grads_ = nullptr;
+}
+
 void CpuStage::set_params_source(LayerParams* source) {
   for (int i = first_; i < end_; ++i)
     layers_[i - first_].set_source(source, i);

@@ -130,6 +130,45 @@ TEST(Zero, ThreeWithInterleavedStagesEqualsPlainDataParallelism) {
             1e-5);
 }
 
+// --zero 2 and 3 where backward runs once a step, on a model of many equal layers (as
+// `large`): the gradients live in three bucket slots and the averaged pieces, not one buffer
+// (the memory record's gradients below the plain run's), and the weights stay plain data
+// parallelism's, over Gloo with 2 and 3 ranks.
+TEST(Zero, TwoAndThreeKeepTheGradientsInBucketSlots) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  std::string layers = "12";
+  for (int i = 0; i < 12; ++i)
+    layers += ",24";
+  layers += ",4";
+  for (const int ranks : {2, 3}) {
+    TempDir dir;
+    const std::string job = kDdprun + " --nproc-per-node " + std::to_string(ranks) + " -- " +
+                            kTrain + " --data synthetic --layers " + layers +
+                            " --synthetic-samples 240 --batch-size 24 --steps 12 --log-every 4 "
+                            "--quiet --seed 3 --threads 1 --optimizer adamw --bucket-mb 0.002 "
+                            "--first-bucket-mb 0.001 --metrics ";
+    const RunResult plain =
+        run_command(job + dir.file("plain.jsonl") + " --save-weights " + dir.file("plain.st"));
+    ASSERT_EQ(plain.exit_code, 0) << plain.output;
+    const int64_t whole = events_of(dir.file("plain.jsonl"), "memory")[0]["held"]["gradients"];
+    for (const char* zero : {"2", "3"}) {
+      const RunResult r = run_command(job + dir.file("zero.jsonl") + " --zero " + zero +
+                                      " --save-weights " + dir.file("zero.st"));
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+      EXPECT_LE(max_relative_error(load_weights(dir.file("zero.st"), layers),
+                                   load_weights(dir.file("plain.st"), layers)),
+                1e-5)
+          << "--zero " << zero << " on " << ranks << " ranks";
+      const auto memory = events_of(dir.file("zero.jsonl"), "memory");
+      ASSERT_EQ(memory.size(), 1u);
+      const std::string report = memory[0]["report"];
+      EXPECT_NE(report.find("bucket slots"), std::string::npos) << report;
+      const int64_t mine = memory[0]["held"]["gradients"];
+      EXPECT_LT(mine, whole) << "--zero " << zero << " on " << ranks << " ranks";
+    }
+  }
+}
+
 TEST(Zero, MpiEqualsPlainDataParallelism) {
   if (!HAVE_MPI) GTEST_SKIP() << "built without MPI";
   TempDir dir;
