@@ -417,14 +417,15 @@ class GpuRunner final : public StageRunner {
     const auto mib = [](size_t floats) { return floats * sizeof(float) / 1048576.0; };
     if (weights.ringed())
       spdlog::info(
-          "zero 2: the gradients in {} bucket slots of {:.1f} MiB and this rank's averaged "
+          "zero {}: the gradients in {} bucket slots of {:.1f} MiB and this rank's averaged "
           "pieces ({:.1f} MiB), not one buffer of {:.1f} MiB",
-          ring.slots, mib(ring.slot_floats), mib(ddp.shards().shard_count),
+          level, ring.slots, mib(ring.slot_floats), mib(ddp.shards().shard_count),
           mib(stages_.param_count()));
     else
       spdlog::info(
-          "zero 2: the whole gradient buffer stays, backward's workspace ({}); the buckets are "
+          "zero {}: the whole gradient buffer stays, backward's workspace ({}); the buckets are "
           "reduce-scattered in place",
+          level,
           spec_.micro_batches > 1 ? "it accumulates over micro-batches"
           : !config_.overlap      ? "--no-overlap"
                                   : "a ring of bucket slots would hold as much");

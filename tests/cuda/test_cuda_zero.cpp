@@ -125,10 +125,13 @@ INSTANTIATE_TEST_SUITE_P(
                  "--optimizer adamw --accumulate 2 --no-cuda-graph", 3, true}),
     [](const ::testing::TestParamInfo<ZeroCase>& info) { return info.param.name; });
 
-// --zero 2 where backward runs once a step: the gradients live in three bucket slots and the
-// rank's averaged pieces, not one buffer, and the weights stay plain data parallelism's. The
-// model has many equal layers (as `large`), so that three buckets are less than the whole.
-TEST(SharedGpuZero, GradientRingHoldsLessThanTheWholeBufferAndEqualsPlainDataParallelism) {
+// A model of many equal layers (as `large`), where backward runs once a step: with --zero 2
+// the gradients live in three bucket slots and the rank's averaged pieces, not one buffer;
+// with --zero 3 a rank also holds its pieces of the parameters plus two gather slots of a
+// layer each (1/D of them, within each bucket's 64-element alignment, plus the layers in
+// flight); the weights stay plain data parallelism's, with the step in a CUDA graph (dp 2)
+// and without (dp 3).
+TEST(SharedGpuZero, ManyEqualLayersHoldAShareOfTheGradientsAndParameters) {
   REQUIRE_GPU();
   std::string layers = "24";
   for (int i = 0; i < 16; ++i)
@@ -146,20 +149,36 @@ TEST(SharedGpuZero, GradientRingHoldsLessThanTheWholeBufferAndEqualsPlainDataPar
         run_command(job + dir.file("plain.jsonl") + " --save-weights " + dir.file("plain.st"));
     ASSERT_EQ(plain.exit_code, 0) << plain.output;
     const std::string graph = ranks == 3 ? " --no-cuda-graph" : "";
-    const RunResult r = run_command(job + dir.file("zero.jsonl") + " --zero 2 --save-weights " +
-                                    dir.file("zero.st") + graph);
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-    EXPECT_NE(r.output.find("zero 2: the gradients in 3 bucket slots"), std::string::npos)
-        << r.output;
-    const double error = max_relative_error(load_weights(dir.file("zero.st"), layers),
-                                            load_weights(dir.file("plain.st"), layers));
-    const int64_t whole = held(dir.file("plain.jsonl"), "gradients");
-    const int64_t mine = held(dir.file("zero.jsonl"), "gradients");
-    std::printf(
-        "dp %d%s: max relative error against plain %.3g; gradients %lld bytes, plain %lld\n", ranks,
-        graph.c_str(), error, static_cast<long long>(mine), static_cast<long long>(whole));
-    EXPECT_LE(error, 1e-5);
-    EXPECT_LT(mine, whole);
+    for (const int zero : {2, 3}) {
+      const RunResult r =
+          run_command(job + dir.file("zero.jsonl") + " --zero " + std::to_string(zero) +
+                      " --save-weights " + dir.file("zero.st") + graph);
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+      EXPECT_NE(r.output.find("zero " + std::to_string(zero) + ": the gradients in 3 bucket slots"),
+                std::string::npos)
+          << r.output;
+      const double error = max_relative_error(load_weights(dir.file("zero.st"), layers),
+                                              load_weights(dir.file("plain.st"), layers));
+      const int64_t grads = held(dir.file("zero.jsonl"), "gradients");
+      const int64_t plain_grads = held(dir.file("plain.jsonl"), "gradients");
+      const int64_t params = held(dir.file("zero.jsonl"), "parameters");
+      const int64_t plain_params = held(dir.file("plain.jsonl"), "parameters");
+      std::printf(
+          "zero %d dp %d%s: max relative error against plain %.3g; gradients %lld bytes (plain "
+          "%lld), parameters %lld (plain %lld)\n",
+          zero, ranks, graph.c_str(), error, static_cast<long long>(grads),
+          static_cast<long long>(plain_grads), static_cast<long long>(params),
+          static_cast<long long>(plain_params));
+      EXPECT_LE(error, 1e-5);
+      EXPECT_LT(grads, plain_grads);
+      if (zero < 3) continue;
+      EXPECT_NE(r.output.find("zero 3: this rank holds its"), std::string::npos) << r.output;
+      // A 32x32 layer and its bias: 1056 floats, padded to D pieces of a multiple of 64.
+      const int64_t slot = (1056 / ranks + 63) / 64 * 64 * ranks * 4;
+      EXPECT_GE(params, plain_params / ranks + 2 * slot - 18 * 64 * 4);
+      EXPECT_LE(params, plain_params / ranks + 2 * slot + 18 * 64 * 4);
+      EXPECT_LT(params, plain_params);
+    }
   }
 }
 
@@ -169,48 +188,6 @@ TEST(SharedGpuZero, CheckpointsAreThePlainFilesAndResumeIntoAnotherLayout) {
   for (const char* zero : {"--zero 2 ", "--zero 3 "}) {
     TempDir dir;
     expect_zero_checkpoints_are_plain_and_resume(shared, kLayers, zero, dir);
-  }
-}
-
-// --zero 3 on a model of many equal layers (as `large`): a rank holds its pieces of the
-// parameters plus two gather slots of a layer each (1/D of them, within each bucket's
-// 64-element alignment, plus the layers in flight), and the weights stay plain data
-// parallelism's, with the step in a CUDA graph (dp 2) and without (dp 3).
-TEST(SharedGpuZero, Zero3HoldsItsShareOfTheParametersAndTwoLayers) {
-  REQUIRE_GPU();
-  std::string layers = "24";
-  for (int i = 0; i < 16; ++i)
-    layers += ",32";
-  layers += ",6";
-  const std::string args = " --device cuda --data synthetic --layers " + layers +
-                           " --synthetic-samples 960 --batch-size 48 --steps 12 --log-every 4 "
-                           "--quiet --seed 5 --optimizer adamw --metrics ";
-  for (const int ranks : {2, 3}) {
-    TempDir dir;
-    const std::string job =
-        kSharedGpu + " --nproc-per-node " + std::to_string(ranks) + " -- " + kTrain + args;
-    const RunResult plain =
-        run_command(job + dir.file("plain.jsonl") + " --save-weights " + dir.file("plain.st"));
-    ASSERT_EQ(plain.exit_code, 0) << plain.output;
-    const std::string graph = ranks == 3 ? " --no-cuda-graph" : "";
-    const RunResult r = run_command(job + dir.file("zero.jsonl") + " --zero 3 --save-weights " +
-                                    dir.file("zero.st") + graph);
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-    EXPECT_NE(r.output.find("zero 3: this rank holds its"), std::string::npos) << r.output;
-    const double error = max_relative_error(load_weights(dir.file("zero.st"), layers),
-                                            load_weights(dir.file("plain.st"), layers));
-    const int64_t whole = held(dir.file("plain.jsonl"), "parameters");
-    const int64_t mine = held(dir.file("zero.jsonl"), "parameters");
-    std::printf(
-        "dp %d%s: max relative error against plain %.3g; parameters %lld bytes, plain %lld\n",
-        ranks, graph.c_str(), error, static_cast<long long>(mine), static_cast<long long>(whole));
-    EXPECT_LE(error, 1e-5);
-    // A 32x32 layer and its bias: 1056 floats, padded to D pieces of a multiple of 64.
-    const int64_t piece = (1056 / ranks + 63) / 64 * 64;
-    const int64_t slot = piece * ranks * 4;
-    EXPECT_GE(mine, whole / ranks + 2 * slot - 18 * 64 * 4);
-    EXPECT_LE(mine, whole / ranks + 2 * slot + 18 * 64 * 4);
-    EXPECT_LT(mine, whole);
   }
 }
 
