@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ZeRO's memory: the workload `large` of shared/BENCHMARKS.md (537 M parameters, global batch
-# 4096) with AdamW over D data-parallel ranks, --zero 0, 1 and 2, and what rank 0 held on the
+# 4096) with AdamW over D data-parallel ranks, --zero 0 to 3 (LEVELS picks), and what rank 0 held on the
 # GPU at the end (its `memory` metrics record: the allocations by kind, from the memory
 # ledger). Ranks may share one GPU (--share-gpu: NCCL over sockets, slow, and memory is per
 # process either way), so this is a memory figure, never a speed one. DEVICE=cpu: the CPU
@@ -18,18 +18,18 @@ py="${PYTHON:-python3}"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 device="${DEVICE:-cuda}"
-levels="0 1 2"
+levels="0 1 2 3"
 name=large
 ddp_workload large
 extra=(--precision tf32)
 if [ "$device" = cpu ]; then
-  levels="0 1 2 3"
   name="8 x 1024 (CPU)"
   layers=1024,1024,1024,1024,1024,1024,1024,1024,1024,10
   batch=64
   extra=(--threads 1)
   export CUDA_VISIBLE_DEVICES=
 fi
+levels="${LEVELS:-$levels}"  # LEVELS="0 3": some of them
 failed=0
 unit=GiB
 [ "$device" = cpu ] && unit=MiB
