@@ -129,7 +129,7 @@ class HostWatchdog {
 // that a call launches on the calling thread (a non-blocking one starts a thread for every
 // call, tens of microseconds each), guarded by a HostWatchdog. `bootstrap` (may be null) is
 // the non-blocking communicator it was split from (initialisation there can be abandoned at
-// a deadline), kept until `comm` is gone since the two share resources. abort() may be
+// a deadline), kept until `comm` is gone. abort() may be
 // called from any thread, any number of times: each ncclCommAbort runs once. The
 // destructor finalises a communicator that was not aborted (bounded: after 30 s, abort).
 class NcclHandle {
@@ -220,7 +220,12 @@ std::shared_ptr<NcclHandle> make_blocking(ncclComm_t bootstrap, int rank,
                                           Clock::time_point deadline) {
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 1;
-  config.splitShare = 1;
+  // Not shared: NCCL shares a parent's resources (proxy, connections to each peer) with every
+  // communicator split from it when the parent was made with splitShare; communicators that
+  // share them must never run at once, and a pipeline's lanes and its data-parallel group,
+  // all split from this one, do (zb-v's lanes stalled the first step, or took each other's
+  // messages, when they shared).
+  config.splitShare = 0;
   ncclComm_t comm = nullptr;
   ncclResult_t r = settle(bootstrap, ncclCommSplit(bootstrap, 0, rank, &comm, &config), deadline);
   // The split completes on NCCL's thread, which sets `comm` last.
