@@ -1064,12 +1064,6 @@ void check_gpu_supported(const TrainConfig& config) {
   DDP_USAGE_CHECK(config.on_nonfinite == OnNonfinite::kStop,
                   "--on-nonfinite {}: runs on the CPU path only so far (the GPU path stops)",
                   on_nonfinite_name(config.on_nonfinite));
-  // On the one-GPU machine (ranks sharing the GPU) zb-v's first step stalled, or NCCL saw an
-  // activation where a gradient was due, while interleaved-1f1b over the same four lanes
-  // equals one GPU: not enabled until that is understood.
-  DDP_USAGE_CHECK(config.pp == 1 || config.schedule != PipelineSchedule::kZeroBubbleV,
-                  "--schedule zb-v: runs on the CPU path only so far (on the GPU its first step "
-                  "stalls); give --device cpu, or --schedule interleaved-1f1b or zb-h1");
 }
 
 std::unique_ptr<StageRunner> make_gpu_runner(const RankStages& stages, const TrainConfig& config) {

@@ -1,6 +1,6 @@
 // Pipeline parallelism on the GPU, its ranks sharing the one GPU (ddprun --share-gpu, NCCL
-// over sockets): GPipe, 1F1B, pairs and ZB-H1 over 2 to 4 stages, interleaved 1F1B (two stages a
-// rank, each flow to each peer on a lane of its own) and dp 2 x pp 2 give the weights
+// over sockets): GPipe, 1F1B, pairs and ZB-H1 over 2 to 4 stages, interleaved 1F1B and ZB-V (two
+// stages a rank, each flow to each peer on a lane of its own) and dp 2 x pp 2 give the weights
 // and the test loss of one GPU (the plain one-GPU loop: the model as one CudaStage), with and
 // without graph capture, and in bf16; --timeline has the device's spans; a pipelined run resumes
 // bitwise; a rank killed mid-pipeline ends the job, named, within the grace period. Slow by design;
@@ -55,7 +55,8 @@ TEST_P(SharedGpuPipeline, EqualsOneGpu) {
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_NE(r.output.find("on the GPU"), std::string::npos) << r.output;
     // Two stages a rank: the lanes were checked end to end before training.
-    if (std::string(c.flags).find("interleaved") != std::string::npos)
+    const std::string flags = c.flags;
+    if (flags.find("interleaved") != std::string::npos || flags.find("zb-v") != std::string::npos)
       EXPECT_NE(r.output.find("lanes (NCCL communicators a flow, direction and peer) checked"),
                 std::string::npos)
           << r.output;
@@ -98,7 +99,12 @@ INSTANTIATE_TEST_SUITE_P(
                       PipelineCase{"pp2_interleaved_m4", 2,
                                    "--pp 2 --schedule interleaved-1f1b --micro-batches 4"},
                       PipelineCase{"dp2_pp2_interleaved", 4,
-                                   "--pp 2 --schedule interleaved-1f1b --micro-batches 4"}),
+                                   "--pp 2 --schedule interleaved-1f1b --micro-batches 4"},
+                      // Two stages a rank in a V: the ends of the model on rank 0, its middle
+                      // (handed over in memory) on rank 1.
+                      PipelineCase{"pp2_zbv", 2, "--pp 2 --schedule zb-v"},
+                      PipelineCase{"pp2_zbv_m4", 2, "--pp 2 --schedule zb-v --micro-batches 4"},
+                      PipelineCase{"dp2_pp2_zbv", 4, "--pp 2 --schedule zb-v --micro-batches 4"}),
     [](const ::testing::TestParamInfo<PipelineCase>& info) { return info.param.name; });
 
 // bf16: the stages' products in bf16 and activations and their gradients crossing as bf16
@@ -185,8 +191,8 @@ TEST(SharedGpuPipeline, TimelineNamesTheStageOfEverySpan) {
 }
 
 // --recompute: bitwise the weights of the run without it, under a whole backward (1f1b), its
-// halves (zb-h1) and two stages a rank (interleaved), with graph capture on and off, while the
-// first stage (which holds the most micro-batches) holds fewer activation bytes: its layers but
+// halves (zb-h1) and two stages a rank (interleaved, zb-v), with graph capture on and off, while
+// the first stage (which holds the most micro-batches) holds fewer activation bytes: its layers but
 // the last keep one working set instead of one set a slot.
 TEST(SharedGpuPipeline, RecomputeGivesTheSameWeightsWithLessActivationMemory) {
   REQUIRE_GPU();
@@ -199,8 +205,9 @@ TEST(SharedGpuPipeline, RecomputeGivesTheSameWeightsWithLessActivationMemory) {
       " --device cuda --data synthetic --layers 24,64,48,40,32,28,16,12,6 --partition "
       "0-1,2-3,4-5,6-7 --synthetic-samples 960 --batch-size 48 --steps 12 --log-every 4 --quiet "
       "--seed 5 --micro-batches 8 ";
-  for (const std::string schedule : {"--pp 4 --schedule 1f1b", "--pp 4 --schedule zb-h1",
-                                     "--pp 2 --schedule interleaved-1f1b --virtual-stages 2"})
+  for (const std::string schedule :
+       {"--pp 4 --schedule 1f1b", "--pp 4 --schedule zb-h1",
+        "--pp 2 --schedule interleaved-1f1b --virtual-stages 2", "--pp 2 --schedule zb-v"})
     for (const std::string graph : {"", " --no-cuda-graph"}) {
       TempDir dir;
       const std::string ranks = schedule.rfind("--pp 4", 0) == 0 ? "4" : "2";
@@ -240,11 +247,12 @@ TEST(SharedGpuPipeline, ResumeIsBitwiseAndWeightsKeepTheOneProcessLayout) {
             load_weights(dir.file("straight.st"), kLayers));
 }
 
-// One stage a rank (pp 3), and two a rank in a loop (interleaved, pp 2).
+// One stage a rank (pp 3), and two a rank in a loop (interleaved, pp 2) and in a V (zb-v).
 TEST(SharedGpuPipeline, KilledStageIsNamedAndTheOthersStopWithinTheGracePeriod) {
   REQUIRE_GPU();
   const double grace = 3;
-  for (const std::string layout : {"--pp 3", "--pp 2 --schedule interleaved-1f1b"}) {
+  for (const std::string layout :
+       {"--pp 3", "--pp 2 --schedule interleaved-1f1b", "--pp 2 --schedule zb-v"}) {
     TempDir dir;
     const int ranks = layout == "--pp 3" ? 3 : 2;
     const RunResult r = run_and_signal(dir,
