@@ -35,7 +35,7 @@ torch_ms() {
   fi
 }
 
-printf '| workload | prec | ddptrain ms/step | PyTorch ms/step | ddptrain samples/s | PyTorch samples/s | ratio | PyTorch graph ms | torch.compile ms | cuBLAS ms (products) | products / ddptrain step | limit ms | ddptrain at % of limit | ddptrain vs best |\n'
+printf '| workload | prec | ddptrain ms/step | PyTorch ms/step | ddptrain samples/s | PyTorch samples/s | ratio | PyTorch graph ms | torch.compile ms | cuBLAS ms (products) | products / ddptrain step | limit ms | ddptrain at %% of limit | ddptrain vs best |\n'
 printf '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n'
 for run in "${runs[@]}"; do
   workload="${run%%:*}"; prec="${run##*:}"
