@@ -290,6 +290,11 @@ const std::vector<Flag>& flags() {
         "cuda: the optimizer on each range of parameters as soon as backward (and its "
         "all-reduce) is done with it, on a side stream, instead of one pass after backward",
         &C::overlap_optimizer, true, "overlap-optimizer"));
+    f.push_back(number_flag("product-sms",
+                            "cuda: the SMs each matrix product may use (cuBLASLt's SM count "
+                            "target), the others left to the optimizer of --overlap-optimizer "
+                            "beside them; 0: all",
+                            &C::product_sms));
     f.push_back(choice_flag<GradReduce>(
         "grad-reduce",
         "gradients on the wire: fp32, or bf16 (half the bytes, rounded; GPU with NCCL)",
@@ -470,6 +475,11 @@ void validate(const TrainConfig& c) {
                     "{} {}: expected a size in MiB above 0, at most {}", flag, mb, kMaxBucketMb);
   DDP_USAGE_CHECK(c.accumulate >= 1 && c.accumulate <= 1024, "--accumulate {}: expected 1 to 1024",
                   c.accumulate);
+  DDP_USAGE_CHECK(c.product_sms >= 0 && c.product_sms <= 4096,
+                  "--product-sms {}: expected 0 (all SMs) or a count of SMs, at most 4096",
+                  c.product_sms);
+  DDP_USAGE_CHECK(c.product_sms == 0 || c.device == Device::kCuda,
+                  "--product-sms: the GPU's products only; use --device cuda");
   const MlpShape shape = parse_layers(c.layers);
   DDP_USAGE_CHECK(c.pp >= 1 && c.pp <= shape.num_layers(),
                   "--pp {}: expected 1 to {} (the number of layers of --layers {})", c.pp,

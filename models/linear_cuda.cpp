@@ -74,7 +74,8 @@ void CudaLinear::build(int slot, int batch, bool alternatives) {
                         : nullptr;
   };
   void* weight = weights.for_products(slice_.weight_offset - base);
-  const LinearProducts p{slice_.in, slice_.out, batch, types.act, types.compute, hidden_};
+  const LinearProducts p{slice_.in, slice_.out,          batch, types.act, types.compute,
+                         hidden_,   context_.product_sms};
   Plans plans;
   const MatmulSpec f =
       linear_forward_spec(p, weight, io.input, output(slot),

@@ -36,6 +36,7 @@ struct CudaLayerContext {
   Precision precision = Precision::kFp32;
   bool fused = true;  // cuBLASLt's fused epilogues (else plain products + our kernels)
   bool sync_debug = false;
+  int product_sms = 0;  // MatmulSpec::sm_count of every product (0: all SMs)
 };
 
 class CudaLinear {

@@ -44,6 +44,7 @@ LtMatmul::LtMatmul(cublasLtHandle_t handle, const MatmulSpec& spec, size_t works
   set(CUBLASLT_MATMUL_DESC_TRANSA, ta);
   set(CUBLASLT_MATMUL_DESC_TRANSB, tb);
   set(CUBLASLT_MATMUL_DESC_EPILOGUE, spec.epilogue);
+  if (spec.sm_count > 0) set(CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, int32_t{spec.sm_count});
   if (spec.bias != nullptr) set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, spec.bias);
   if (spec.aux != nullptr) {
     set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, spec.aux);
@@ -108,6 +109,7 @@ MatmulSpec linear_forward_spec(const LinearProducts& p, const void* weight, cons
   f.epilogue = p.hidden ? CUBLASLT_EPILOGUE_RELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS;
   f.aux = p.hidden ? aux : nullptr;
   f.aux_ld = aux_ld;
+  f.sm_count = p.sm_count;
   return f;
 }
 
@@ -122,6 +124,7 @@ MatmulSpec linear_weight_grad_spec(const LinearProducts& p, const void* input,
   w.a = input, w.b = grad_output, w.d = grad_weight;
   w.bias = grad_bias;
   w.epilogue = CUBLASLT_EPILOGUE_BGRADB;
+  w.sm_count = p.sm_count;
   return w;
 }
 
@@ -139,6 +142,7 @@ MatmulSpec linear_input_grad_spec(const LinearProducts& p, const void* weight,
     x.aux = below_aux;
     x.aux_ld = below_aux_ld;
   }
+  x.sm_count = p.sm_count;
   return x;
 }
 

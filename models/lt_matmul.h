@@ -42,6 +42,9 @@ struct MatmulSpec {
   void* aux = nullptr;
   int64_t aux_ld = 0;
   float beta = 0.0f;
+  // The SMs the product may use (cuBLASLt's SM_COUNT_TARGET), so that a kernel on another
+  // stream (the overlapped optimizer) runs beside it; 0: all.
+  int sm_count = 0;
 };
 
 // Owns a cuBLASLt handle: created with the object, destroyed with it (after the plans made
@@ -124,6 +127,7 @@ struct LinearProducts {
   cudaDataType_t act_type = CUDA_R_32F;  // activations and their gradients (bf16 or float32)
   cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
   bool hidden = true;  // a ReLU follows (its output in act_type; else float32 logits)
+  int sm_count = 0;    // MatmulSpec::sm_count of its products
 };
 // output = relu(weight x input + bias) (hidden; the ReLU mask into `aux`, its leading
 // dimension aux_ld) or weight x input + bias (the last layer, float32).

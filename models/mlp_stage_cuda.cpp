@@ -57,7 +57,8 @@ CudaStage::CudaStage(MlpShape shape, int first, int end, int max_batch, int slot
                                  param_offset() - options.shared.offset,
                                  options.precision,
                                  options.fused_epilogues,
-                                 options.sync_debug};
+                                 options.sync_debug,
+                                 options.product_sms};
   for (int i = first; i < end; ++i) {
     // With --recompute every layer but the stage's last writes one working set.
     layers_.push_back(std::make_unique<CudaLinear>(i, shape_.layer(i), hidden(i), slots, max_batch,
@@ -305,9 +306,10 @@ void CudaStage::autotune() {
   for (const auto& l : layers_)
     l->tunables(0, max_batch_, &products);
   const std::string key =
-      fmt::format("layers {} [{}, {}) | batch {} | {} | fused {} | workspace {}",
+      fmt::format("layers {} [{}, {}) | batch {} | {} | fused {} | workspace {}{}",
                   shape_.to_string(), first_, end_, max_batch_, precision_name(options_.precision),
-                  options_.fused_epilogues ? 1 : 0, options_.workspace_bytes);
+                  options_.fused_epilogues ? 1 : 0, options_.workspace_bytes,
+                  options_.product_sms > 0 ? fmt::format(" | sms {}", options_.product_sms) : "");
   tuned_ = tune_products(products, key, options_.autotune_cache, workspace_.data(),
                          workspace_.bytes(), stream());
 }

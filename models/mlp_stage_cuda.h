@@ -40,6 +40,9 @@ struct CudaStageOptions {
   Precision precision = Precision::kFp32;
   bool fused_epilogues = true;
   bool sync_debug = false;  // synchronise after every op and name the one that failed
+  // The SMs each matrix product may use (cuBLASLt's SM_COUNT_TARGET), the rest left to work
+  // on other streams (the overlapped optimizer); 0: all.
+  int product_sms = 0;
   size_t workspace_bytes = 32u << 20;
   // autotune(): time every candidate algorithm of every product of slot 0 at max_batch, and
   // the fused epilogues against plain products plus our kernels, and keep the fastest.

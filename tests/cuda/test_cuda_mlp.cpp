@@ -321,9 +321,10 @@ TEST(CudaKernels, OptimizersMatchTheCpu) {
 // K steps through the device-resident schedule against K steps of CpuMlp + Optimizer.
 std::vector<float> gpu_steps(const MlpShape& shape, const Dataset& data, const OptimizerConfig& opt,
                              int batch, int k, bool graph, const std::vector<float>& init,
-                             bool staged = false, bool autotune = false) {
+                             bool staged = false, bool autotune = false, int product_sms = 0) {
   CudaStageOptions options;
   options.autotune = autotune;
+  options.product_sms = product_sms;
   CudaStage gpu(shape, 0, shape.num_layers(), batch, 1, opt, options);
   if (autotune) gpu.autotune();
   gpu.set_params(init.data());
@@ -422,6 +423,22 @@ TEST(CudaTraining, AutotunedStepsMatchTheCpu) {
   const auto want = cpu_steps(shape, data, opt, 128, 6, init);
   const auto got = gpu_steps(shape, data, opt, 128, 6, true, init, false, /*autotune=*/true);
   EXPECT_LE(relative_error(got, want), 1e-5);
+}
+
+// --product-sms: the products told to leave SMs free (cuBLASLt's SM count target) still match
+// the CPU, tuned or not.
+TEST(CudaTraining, ProductsOnFewerSmsMatchTheCpu) {
+  REQUIRE_GPU();
+  const MlpShape shape({256, 512, 384, 10});
+  const Dataset data = make_synthetic(1024, 10, 256, 10, 11);
+  std::vector<float> init(shape.param_count());
+  init_params(shape, 12, init.data());
+  OptimizerConfig opt;
+  const auto want = cpu_steps(shape, data, opt, 128, 6, init);
+  for (const bool tuned : {false, true}) {
+    const auto got = gpu_steps(shape, data, opt, 128, 6, true, init, false, tuned, 16);
+    EXPECT_LE(relative_error(got, want), 1e-5) << (tuned ? "autotuned" : "heuristic");
+  }
 }
 
 TEST(CudaTraining, HostStagedBatchesEqualDeviceGather) {

@@ -306,6 +306,8 @@ TEST(BadInput, FlagsThatAreNotFiniteOrRoundAwayAreRefused) {
            {"--momentum 0.9999999999", "--momentum 0.9999999999: rounds to 1 in float32"},
            {"--partition ''", "--partition '': expected the layers of each stage"},
            {"--max-skipped-steps -2", "--max-skipped-steps -2: expected -1"},
+           {"--product-sms -1", "--product-sms -1: expected 0 (all SMs) or a count of SMs"},
+           {"--product-sms 8", "--product-sms: the GPU's products only; use --device cuda"},
            {"--schedule zigzag",
             "--schedule zigzag: expected gpipe, 1f1b, pairs, zb-h1, interleaved-1f1b or zb-v"},
            {"--dp 2", "--dp 2 --pp 1: the world has 1 rank, not dp x pp = 2 (give --dp 1"}}) {
