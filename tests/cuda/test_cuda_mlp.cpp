@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "models/batch_feeder.h"
 #include "models/cpu_ops.h"
 #include "models/cuda_kernels.h"
+#include "models/fused_mlp.h"
 #include "models/mlp_cpu.h"
 #include "models/mlp_stage_cuda.h"
 #include "models/optimizer.h"
@@ -43,6 +45,30 @@ double tolerance(Precision p) {
 }
 double gradient_tolerance(Precision p) {
   return p == Precision::kTf32 ? 3e-2 : tolerance(p);
+}
+
+// Each layer's gradients within `tol` of the CPU's, so that a small layer's error is not hidden
+// by a large one: its biases' (`bias_only`) or all its parameters'.
+void expect_each_layer(const MlpShape& shape, const std::vector<float>& got,
+                       const std::vector<float>& want, double tol, bool bias_only) {
+  for (int i = 0; i < shape.num_layers(); ++i) {
+    const LayerSlice& l = shape.layer(i);
+    const size_t from = bias_only ? l.bias_offset : l.weight_offset, to = l.bias_offset + l.out;
+    const std::vector<float> g(got.begin() + from, got.begin() + to);
+    const std::vector<float> w(want.begin() + from, want.begin() + to);
+    EXPECT_LE(relative_error(g, w), tol)
+        << (bias_only ? "bias " : "") << "gradients of layer " << i;
+  }
+}
+
+// Rows idx[0, batch) of the training split into x[batch, dim] and y[batch].
+void gather_rows(const Dataset& data, const int32_t* idx, int batch, int dim, float* x,
+                 int32_t* y) {
+  for (int i = 0; i < batch; ++i) {
+    std::copy_n(&data.train.x[static_cast<size_t>(idx[i]) * dim], dim,
+                &x[static_cast<size_t>(i) * dim]);
+    y[i] = data.train.y[idx[i]];
+  }
 }
 
 std::vector<float> random_vector(size_t n, uint64_t seed) {
@@ -123,16 +149,7 @@ TEST_P(CudaMlpOps, ForwardAndBackwardMatchTheCpu) {
   EXPECT_LE(relative_error(logits, want_logits), tolerance(c.precision)) << gpu.epilogue_summary();
   EXPECT_LE(relative_error(grads, want_grads), gradient_tolerance(c.precision))
       << gpu.epilogue_summary();
-  // Per layer too, so that a small layer's error is not hidden by a large one.
-  for (int i = 0; i < shape.num_layers(); ++i) {
-    const LayerSlice& l = shape.layer(i);
-    const std::vector<float> g(grads.begin() + l.bias_offset,
-                               grads.begin() + l.bias_offset + l.out);
-    const std::vector<float> w(want_grads.begin() + l.bias_offset,
-                               want_grads.begin() + l.bias_offset + l.out);
-    EXPECT_LE(relative_error(g, w), gradient_tolerance(c.precision))
-        << "bias gradient of layer " << i;
-  }
+  expect_each_layer(shape, grads, want_grads, gradient_tolerance(c.precision), true);
 }
 
 INSTANTIATE_TEST_SUITE_P(AwkwardSizes, CudaMlpOps,
@@ -371,11 +388,7 @@ std::vector<float> cpu_steps(const MlpShape& shape, const Dataset& data, const O
   std::vector<float> x(static_cast<size_t>(batch) * shape.input_width());
   for (int t = 0; t < k; ++t) {
     sampler.indices(static_cast<int64_t>(t) * batch, batch, idx.data());
-    for (int i = 0; i < batch; ++i) {
-      std::copy_n(&data.train.x[static_cast<size_t>(idx[i]) * shape.input_width()],
-                  shape.input_width(), &x[static_cast<size_t>(i) * shape.input_width()]);
-      y[i] = data.train.y[idx[i]];
-    }
+    gather_rows(data, idx.data(), batch, shape.input_width(), x.data(), y.data());
     cpu.forward(x.data(), batch);
     cpu.backward(y.data(), batch, 1.0f / batch);
     optimizer->step(cpu.params(), cpu.grads(), shape.param_count(),
@@ -451,6 +464,170 @@ TEST(CudaTraining, HostStagedBatchesEqualDeviceGather) {
   const auto device = gpu_steps(shape, data, opt, 32, 12, false, init);
   const auto staged = gpu_steps(shape, data, opt, 32, 12, false, init, /*staged=*/true);
   EXPECT_EQ(device, staged);
+}
+
+// The fused step (models/fused_mlp.h): `k` SGD steps of `batch` samples from `data`'s training
+// split through the device-resident schedule (the sampler's order, lr_at's cosine), from
+// `init`, eager or captured at the second step and replayed; returns the parameters, and the
+// last step's gradients and the steps' loss sum in `grads` and `loss`.
+std::vector<float> fused_steps(const MlpShape& shape, const Dataset& data,
+                               const OptimizerConfig& opt, int batch, int k, Precision precision,
+                               bool graph, const std::vector<float>& init,
+                               std::vector<float>* grads = nullptr, double* loss = nullptr) {
+  CudaStream stream;
+  const FusedMlpStep fused(shape, batch, precision, opt);
+  const size_t count = shape.param_count();
+  DeviceBuffer<float> x(data.train.x.size(), MemoryCategory::kOther);
+  DeviceBuffer<int32_t> y(data.train.y.size(), MemoryCategory::kOther);
+  copy_to_device(x.data(), data.train.x.data(), x.bytes());
+  copy_to_device(y.data(), data.train.y.data(), y.bytes());
+  Sampler sampler(data.train.n, 3, true);
+  std::vector<int32_t> indices(static_cast<size_t>(k) * batch);
+  sampler.indices(0, indices.size(), indices.data());
+  DeviceBuffer<int32_t> d_indices(indices.size(), MemoryCategory::kOther);
+  copy_to_device(d_indices.data(), indices.data(), d_indices.bytes());
+  std::vector<OptStep> steps(k);
+  for (int t = 0; t < k; ++t)
+    steps[t] = optimizer_scalars(opt, lr_at(t, k, 0.05f, LrSchedule::kCosine, 0), t);
+  DeviceBuffer<OptStep> d_steps(k, MemoryCategory::kOther);
+  copy_to_device(d_steps.data(), steps.data(), d_steps.bytes());
+  DeviceBuffer<int> counter(1, MemoryCategory::kOther);
+  DeviceBuffer<float> params(count, MemoryCategory::kParameters);
+  DeviceBuffer<float> d_grads(count, MemoryCategory::kGradients);
+  DeviceBuffer<float> momentum(count, MemoryCategory::kOptimizerState);
+  DeviceBuffer<uint16_t> params16(precision == Precision::kBf16 ? count : 0,
+                                  MemoryCategory::kParameters);
+  DeviceBuffer<double> loss_sum(1, MemoryCategory::kOther);
+  DeviceBuffer<int> correct(1, MemoryCategory::kOther);
+  copy_to_device(params.data(), init.data(), params.bytes());
+  const int zero = 0;
+  copy_to_device(counter.data(), &zero, sizeof(zero));
+  FusedStepIo io;
+  io.x = x.data();
+  io.y = y.data();
+  io.indices = d_indices.data();
+  io.counter = counter.data();
+  io.stride = batch;
+  io.params = params.data();
+  io.grads = d_grads.data();
+  io.momentum = momentum.data();
+  io.params16 = params16.data();
+  io.steps = d_steps.data();
+  io.loss_sum = loss_sum.data();
+  io.correct = correct.data();
+  const double nothing = 0;
+  copy_to_device(loss_sum.data(), &nothing, sizeof(nothing));
+  StepGraph step_graph;
+  for (int t = 0; t < k; ++t) {
+    step_graph.run(stream.get(), graph, [&] {
+      fused.run(io, stream.get());
+      launch_increment(counter.data(), stream.get());
+    });
+  }
+  EXPECT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+  std::vector<float> out(count);
+  EXPECT_EQ(cudaMemcpy(out.data(), params.data(), params.bytes(), cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  if (grads != nullptr) {
+    grads->resize(count);
+    EXPECT_EQ(cudaMemcpy(grads->data(), d_grads.data(), d_grads.bytes(), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+  }
+  if (loss != nullptr)
+    EXPECT_EQ(cudaMemcpy(loss, loss_sum.data(), sizeof(double), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+  if (precision == Precision::kBf16) {  // the bf16 copy follows the parameters
+    std::vector<uint16_t> low(count);
+    EXPECT_EQ(cudaMemcpy(low.data(), params16.data(), params16.bytes(), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    for (size_t i = 0; i < count; i += 97) {
+      uint32_t bits;
+      std::memcpy(&bits, &out[i], 4);
+      const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;  // to nearest even
+      EXPECT_EQ(low[i], static_cast<uint16_t>(rounded)) << "bf16 copy of parameter " << i;
+    }
+  }
+  return out;
+}
+
+class FusedStep : public ::testing::TestWithParam<Case> {};
+
+// One step: its gradients, loss and updated parameters against CpuMlp and the CPU's SGD.
+TEST_P(FusedStep, OneStepMatchesTheCpu) {
+  REQUIRE_GPU();
+  const Case& c = GetParam();
+  const MlpShape shape(c.widths);
+  const Dataset data =
+      make_synthetic(3 * c.batch, 10, shape.input_width(), shape.num_classes(), 21);
+  std::vector<float> init(shape.param_count());
+  init_params(shape, 22, init.data());
+  OptimizerConfig opt;
+  opt.weight_decay = 0.01f;
+
+  CpuMlp cpu(shape, c.batch);
+  std::copy(init.begin(), init.end(), cpu.params());
+  Sampler sampler(data.train.n, 3, true);
+  std::vector<int32_t> idx(c.batch), y(c.batch);
+  std::vector<float> x(static_cast<size_t>(c.batch) * shape.input_width());
+  sampler.indices(0, c.batch, idx.data());
+  gather_rows(data, idx.data(), c.batch, shape.input_width(), x.data(), y.data());
+  cpu.forward(x.data(), c.batch);
+  const LossSum want_loss = cpu.backward(y.data(), c.batch, 1.0f / c.batch);
+  const std::vector<float> want_grads(cpu.grads(), cpu.grads() + shape.param_count());
+  std::vector<float> momentum(shape.param_count());
+  sgd_update(cpu.params(), cpu.grads(), momentum.data(), shape.param_count(),
+             lr_at(0, 1, 0.05f, LrSchedule::kCosine, 0), opt.momentum, opt.weight_decay, true);
+  const std::vector<float> want(cpu.params(), cpu.params() + shape.param_count());
+
+  std::vector<float> grads;
+  double loss = 0;
+  const std::vector<float> got =
+      fused_steps(shape, data, opt, c.batch, 1, c.precision, false, init, &grads, &loss);
+  EXPECT_LE(relative_error(grads, want_grads), gradient_tolerance(c.precision));
+  expect_each_layer(shape, grads, want_grads, gradient_tolerance(c.precision), false);
+  EXPECT_NEAR(loss, want_loss.loss, tolerance(c.precision) * want_loss.loss);
+  EXPECT_LE(relative_error(got, want), tolerance(c.precision));
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, FusedStep,
+                         ::testing::Values(Case{{3, 2}, 1, Precision::kFp32, true},
+                                           Case{{5, 3}, 7, Precision::kFp32, true},
+                                           Case{{31, 129, 65, 10}, 37, Precision::kFp32, true},
+                                           Case{{784, 512, 512, 10}, 128, Precision::kFp32, true},
+                                           Case{{784, 512, 512, 10}, 128, Precision::kTf32, true},
+                                           Case{{31, 129, 65, 10}, 37, Precision::kBf16, true},
+                                           Case{{784, 512, 512, 10}, 128, Precision::kBf16, true}),
+                         case_name);
+
+// K steps against K steps of CpuMlp + SGD (fp32: 1e-5), and the captured step replayed bitwise
+// as its eager launches.
+TEST(FusedStep, KStepsMatchTheCpuAndReplayBitwise) {
+  REQUIRE_GPU();
+  const MlpShape shape({23, 37, 11, 5});
+  const Dataset data = make_synthetic(300, 10, 23, 5, 9);
+  std::vector<float> init(shape.param_count());
+  init_params(shape, 4, init.data());
+  OptimizerConfig opt;
+  opt.weight_decay = 0.01f;
+  const auto want = cpu_steps(shape, data, opt, 19, 8, init);
+  const auto eager = fused_steps(shape, data, opt, 19, 8, Precision::kFp32, false, init);
+  const auto graph = fused_steps(shape, data, opt, 19, 8, Precision::kFp32, true, init);
+  EXPECT_LE(relative_error(eager, want), 1e-5);
+  EXPECT_EQ(graph, eager);
+  EXPECT_NE(eager, init);
+}
+
+// What the fused step does not take is said, not run.
+TEST(FusedStep, RefusesWhatItDoesNotTake) {
+  std::string why;
+  EXPECT_FALSE(fused_step_fits(MlpShape({784, 2048, 10}), 128, OptimizerConfig{}, &why));
+  EXPECT_EQ(why, "a width of 2048 (at most 1024)");
+  OptimizerConfig adamw;
+  adamw.kind = OptimizerKind::kAdamW;
+  EXPECT_FALSE(fused_step_fits(MlpShape({784, 512, 10}), 128, adamw, &why));
+  EXPECT_EQ(why, "an optimizer other than SGD");
+  EXPECT_TRUE(fused_step_fits(MlpShape({784, 512, 512, 10}), 128, OptimizerConfig{}, &why));
+  EXPECT_EQ(why, "");
 }
 
 }  // namespace
