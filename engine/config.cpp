@@ -295,6 +295,12 @@ const std::vector<Flag>& flags() {
                             "target), the others left to the optimizer of --overlap-optimizer "
                             "beside them; 0: all",
                             &C::product_sms));
+    f.push_back(switch_flag(
+        "fused-step",
+        "cuda, one GPU: the whole training step as one kernel where the model fits (at most 8 "
+        "layers, widths and batch at most 1024, SGD, one micro-batch), checked at start "
+        "against the usual step on one batch and used where it agrees (both times logged)",
+        &C::fused_step, true, "fused-step"));
     f.push_back(choice_flag<GradReduce>(
         "grad-reduce",
         "gradients on the wire: fp32, or bf16 (half the bytes, rounded; GPU with NCCL)",
@@ -480,6 +486,8 @@ void validate(const TrainConfig& c) {
                   c.product_sms);
   DDP_USAGE_CHECK(c.product_sms == 0 || c.device == Device::kCuda,
                   "--product-sms: the GPU's products only; use --device cuda");
+  DDP_USAGE_CHECK(!c.fused_step || c.device == Device::kCuda,
+                  "--fused-step: the GPU's step only; use --device cuda");
   const MlpShape shape = parse_layers(c.layers);
   DDP_USAGE_CHECK(c.pp >= 1 && c.pp <= shape.num_layers(),
                   "--pp {}: expected 1 to {} (the number of layers of --layers {})", c.pp,

@@ -33,6 +33,7 @@
 #include "engine/timeline.h"
 #include "models/autotune_cache.h"
 #include "models/batch_feeder.h"
+#include "models/fused_mlp.h"
 #include "models/mlp_stage_cuda.h"
 #include "runtime/cuda_check.h"
 #include "runtime/error.h"
@@ -312,6 +313,7 @@ class GpuRunner final : public StageRunner {
     } else {
       // The stages that read the data hold the training split on the device.
       feeder_->set_train_data(data.train, stages_.has_first(), stages_.has_last());
+      train_rows_ = data.train.n;
     }
     if (data.test.n > 0) {
       eval_.upload(data.test, stages_.has_first(), stages_.has_last(), stream_);
@@ -527,7 +529,9 @@ class GpuRunner final : public StageRunner {
     // --zero 3: a gather still reading the pieces (a prefetch nobody used) is done before the
     // update writes them, and none is left past the step (nor past its capture).
     forget_gathers();
-    if (zero_ != nullptr)
+    if (fused_)
+      fused_->run(fused_io_, stream_);
+    else if (zero_ != nullptr)
       step_shards();
     else if (own_weights_ && !overlapped_)
       own_weights_->update(0, own_weights_->count(), feeder_->steps(), feeder_->counter(), stream_);
@@ -874,15 +878,170 @@ class GpuRunner final : public StageRunner {
     if (!config_.timeline.empty() && alone_)
       timeline_ = std::make_unique<GpuTimeline>(stream_, spec_.shape.num_layers(),
                                                 ddp_ ? ddp_->buckets().size() : 0);
+    if (config_.fused_step) set_up_fused_step();
     if (!lead_ || !alone_) return;
     spdlog::info("optimizer {}",
-                 overlapped_ ? fmt::format("overlapped with backward ({} ranges on a side stream)",
-                                           ddp_ ? ddp_->buckets().size() : spec_.shape.num_layers())
+                 fused_ ? std::string("in the fused step")
+                 : overlapped_
+                     ? fmt::format("overlapped with backward ({} ranges on a side stream)",
+                                   ddp_ ? ddp_->buckets().size() : spec_.shape.num_layers())
                  : zero_ ? fmt::format("after backward, on this rank's {} of {} parameters",
                                        zero_->shards().owned(), spec_.param_count())
-                             : std::string("after backward"));
+                         : std::string("after backward"));
     if (!ddp_ && config_.grad_reduce == GradReduce::kBf16)
       spdlog::warn("--grad-reduce bf16: one process and no --backend, so nothing is reduced");
+  }
+  // --fused-step: where the whole model's step fits one kernel (models/fused_mlp.h), it is
+  // run once on one batch from the current weights and optimizer state beside the usual step,
+  // both are timed (20 replays of each in a CUDA graph), everything is put back, and the fused
+  // step is used when its update agrees with the usual one's within the GPU tests' tolerance
+  // against the CPU; the log says which (with both times), or why not.
+  void set_up_fused_step() {
+    const auto not_used = [&](const std::string& why) {
+      if (lead_) spdlog::info("--fused-step: not used: {}", why);
+    };
+    std::string why;
+    if (!alone_ || ddp_ != nullptr)
+      return not_used("one GPU's whole model only (no data or pipeline parallelism)");
+    if (spec_.micro_batches > 1) return not_used("one micro-batch a step only (not --accumulate)");
+    if (feeder_->host_staged()) return not_used("the training split must fit on the GPU");
+    if (overlapped_ || timeline_) return not_used("not with --overlap-optimizer or --timeline");
+    if (!fused_step_fits(spec_.shape, spec_.batch, config_.optimizer, &why))
+      return not_used("it does not take " + why);
+    auto fused = std::make_unique<FusedMlpStep>(spec_.shape, spec_.batch, config_.precision,
+                                                config_.optimizer);
+    CudaStage& stage = chunks_.front()->stage();
+    const int batch = spec_.batch;
+    const size_t count = weights_->count();
+    // One batch (the split's first samples), at the optimizer's next step.
+    std::vector<int32_t> rows(batch);
+    for (int i = 0; i < batch; ++i)
+      rows[i] = static_cast<int32_t>(i % std::max<int64_t>(1, train_rows_));
+    DeviceBuffer<int32_t> indices(batch, MemoryCategory::kOther);
+    copy_to_device(indices.data(), rows.data(), indices.bytes());
+    const OptStep scalars = optimizer_scalars(config_.optimizer, config_.lr, optimizer_steps_);
+    DeviceBuffer<OptStep> steps(1, MemoryCategory::kOther);
+    copy_to_device(steps.data(), &scalars, sizeof(scalars));
+    float* momentum = momentum_buffer();
+    DeviceBuffer<float> saved(count, MemoryCategory::kOther);
+    DeviceBuffer<float> saved_momentum(momentum != nullptr ? count : 0, MemoryCategory::kOther);
+    const auto copy = [&](float* to, const float* from) {
+      DDP_CUDA_CHECK(
+          cudaMemcpyAsync(to, from, count * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
+    };
+    copy(saved.data(), weights_->params());
+    if (momentum != nullptr) copy(saved_momentum.data(), momentum);
+    const auto put_back = [&] {
+      copy(weights_->params(), saved.data());
+      if (momentum != nullptr) copy(momentum, saved_momentum.data());
+      weights_->to_low_precision(stream_);
+    };
+    const auto usual = [&] {
+      stage.gather(feeder_->train_x(), feeder_->train_y(), spec_.shape.input_width(),
+                   indices.data(), nullptr, batch, batch, 0);
+      stage.forward(0, batch);
+      stage.loss(0, batch, 1.0f / static_cast<float>(batch));
+      stage.backward(0, batch, false);
+      stage.optimizer_step(steps.data(), nullptr);
+    };
+    const FusedStepIo io = fused_io(indices.data(), nullptr, steps.data());
+    const auto one = [&] { fused->run(io, stream_); };
+    // The update each makes from the same weights, against the weights before it.
+    const auto update = [&](const std::function<void()>& step) {
+      step();
+      std::vector<float> after(count), before(count);
+      DDP_CUDA_CHECK(cudaMemcpyAsync(after.data(), weights_->params(), count * sizeof(float),
+                                     cudaMemcpyDeviceToHost, stream_));
+      DDP_CUDA_CHECK(cudaMemcpyAsync(before.data(), saved.data(), count * sizeof(float),
+                                     cudaMemcpyDeviceToHost, stream_));
+      DDP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      put_back();
+      for (size_t i = 0; i < count; ++i)
+        after[i] -= before[i];
+      return after;
+    };
+    std::vector<float> want, got;
+    double usual_us = 0, fused_us = 0;
+    try {
+      want = update(usual);
+      got = update(one);
+      usual_us = time_replays(usual);
+      fused_us = time_replays(one);
+    } catch (const Error& e) {
+      // A launch or capture the GPU refused: the capture ended, the weights put back.
+      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+      if (cudaStreamIsCapturing(stream_, &capture) == cudaSuccess &&
+          capture != cudaStreamCaptureStatusNone) {
+        cudaGraph_t broken = nullptr;
+        cudaStreamEndCapture(stream_, &broken);
+        if (broken != nullptr) cudaGraphDestroy(broken);
+      }
+      cudaGetLastError();
+      put_back();
+      stage.take_sums(false);
+      return not_used(std::string("it failed on this GPU: ") + e.what());
+    }
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < count; ++i) {
+      diff += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+      norm += double(want[i]) * want[i];
+    }
+    const double error = std::isfinite(diff) ? std::sqrt(diff / std::max(norm, 1e-30)) : INFINITY;
+    // The GPU tests' tolerances against the CPU for gradients (tests/cuda/test_cuda_mlp.cpp).
+    const double tolerance = config_.precision == Precision::kFp32   ? 1e-4
+                             : config_.precision == Precision::kTf32 ? 3e-2
+                                                                     : 6e-2;
+    put_back();
+    stage.take_sums(false);  // the trial's loss sums, not training's
+    if (!(error <= tolerance))
+      return not_used(fmt::format(
+          "its update differs from the usual step's by {:.3g} (tolerance {:.0e}); the usual step",
+          error, tolerance));
+    fused_ = std::move(fused);
+    fused_io_ = fused_io(feeder_->indices(), feeder_->counter(), feeder_->steps());
+    if (lead_)
+      spdlog::info(
+          "--fused-step: the whole step as one kernel ({} blocks), {:.1f} us a step against "
+          "{:.1f} us for the usual one, its update within {:.2g} of it; used",
+          fused_->blocks(), fused_us, usual_us, error);
+  }
+  // What the fused step reads and writes: the rank's buffers and the given schedule.
+  FusedStepIo fused_io(const int32_t* indices, const int* counter, const OptStep* steps) const {
+    CudaStage& stage = chunks_.front()->stage();
+    FusedStepIo io;
+    io.x = feeder_->train_x();
+    io.y = feeder_->train_y();
+    io.indices = indices;
+    io.counter = counter;
+    io.stride = spec_.batch;
+    io.params = weights_->params();
+    io.grads = weights_->grads();
+    io.momentum = momentum_buffer();
+    io.params16 = weights_->params16();
+    io.steps = steps;
+    io.loss_sum = stage.training_loss_sum();
+    io.correct = stage.training_hits();
+    return io;
+  }
+  float* momentum_buffer() const {
+    for (const auto& [name, buffer] : weights_->optimizer().buffers())
+      if (name == "momentum") return buffer;
+    return nullptr;
+  }
+  // Microseconds a step of 20 replays of `step` captured in a CUDA graph (after 3 warm-ups).
+  double time_replays(const std::function<void()>& step) {
+    StepGraph graph;
+    for (int i = 0; i < 3; ++i)
+      graph.run(stream_, true, step);
+    CudaEvent start(true), end(true);
+    DDP_CUDA_CHECK(cudaEventRecord(start.get(), stream_));
+    for (int i = 0; i < 20; ++i)
+      graph.run(stream_, true, step);
+    DDP_CUDA_CHECK(cudaEventRecord(end.get(), stream_));
+    DDP_CUDA_CHECK(cudaEventSynchronize(end.get()));
+    float ms = 0;
+    DDP_CUDA_CHECK(cudaEventElapsedTime(&ms, start.get(), end.get()));
+    return 1e3 * static_cast<double>(ms) / 20;
   }
   void busy_begin(SpanKind kind, int micro, int stage) {
     if (alone_) return;
@@ -953,6 +1112,10 @@ class GpuRunner final : public StageRunner {
   int busy_marks_ = 0;      // busy spans recorded this step
   int captured_marks_ = 0;  // and in the captured step
   StepGraph graph_;         // the step, captured at the second and replayed
+  // --fused-step, where checked and used: the whole step, and what it reads and writes.
+  std::unique_ptr<FusedMlpStep> fused_;
+  FusedStepIo fused_io_;
+  int64_t train_rows_ = 0;  // the training split's samples
 };
 
 void GpuChunk::send(const void* data, int width, DeviceBuffer<char>* handed, Communicator* lane,
@@ -978,6 +1141,7 @@ void GpuChunk::recv_activation(int micro, int slot) {
 }
 
 void GpuChunk::forward(int micro, int slot) {
+  if (rank_.fused_) return;  // the fused step gathers, forwards, backwards and updates
   if (!act_sent_.empty()) wait_for(&act_sent_[slot], stage_->stream());
   rank_.busy_begin(SpanKind::kForward, micro, spec_.stage);
   if (spec_.is_first() || spec_.is_last()) rank_.feeder_->feed(*stage_, micro, slot);
@@ -997,6 +1161,7 @@ void GpuChunk::recv_gradient(int micro, int slot) {
 
 LossSum GpuChunk::loss(int micro, int slot, float grad_scale) {
   (void)micro;
+  if (rank_.fused_) return {};
   stage_->loss(slot, spec_.batch, grad_scale);
   if (rank_.timeline_) rank_.timeline_->forward_done();
   return {};  // kept on the device until take_loss()
@@ -1004,6 +1169,7 @@ LossSum GpuChunk::loss(int micro, int slot, float grad_scale) {
 
 void GpuChunk::backward(int micro, int slot, bool accumulate,
                         const std::function<void(int)>& on_layer_done) {
+  if (rank_.fused_) return;
   // grad_input(slot) of an earlier micro-batch is sent
   if (!grad_sent_.empty()) wait_for(&grad_sent_[slot], stage_->stream());
   rank_.busy_begin(SpanKind::kBackward, micro, spec_.stage);

@@ -62,6 +62,11 @@ class BatchFeeder {
   // After the step's optimizer: the counter moves on (stream-ordered, captured with the step).
   void next_step();
   int max_steps() const { return max_steps_; }
+  // The device's copies the feeder reads (the fused step reads them itself): the training
+  // split's features and labels (null where not uploaded) and the chunk's sample indices.
+  const float* train_x() const { return train_.x.data(); }
+  const int32_t* train_y() const { return train_.y.data(); }
+  const int32_t* indices() const { return indices_.data(); }
 
  private:
   int batch_, micro_batches_, max_steps_;

@@ -166,6 +166,9 @@ class CudaStage : public StageLayers {
   int64_t recomputed() const { return recomputed_; }
   // Loss summed and hits counted since the last call (synchronises the stream).
   LossSum take_sums(bool evaluation);
+  // Where the training loss sum and hits accumulate on the device (take_sums(false) reads them).
+  double* training_loss_sum() const { return sums_->loss(DeviceLossSums::kTraining); }
+  int* training_hits() const { return sums_->correct(DeviceLossSums::kTraining); }
   // "what this process holds vs what the driver sees"
   std::string memory_report() const;
   // Which products use cuBLASLt's fused epilogues (and which fell back), for the log.

@@ -255,6 +255,39 @@ TEST(GpuRun, TrainsAsTheCpuDoes) {
   }
 }
 
+// --fused-step: checked at start against the usual step and, where its update agrees, used
+// (the log says so with both steps' times); 40 steps then give the usual step's weights within
+// the GPU's tolerance against the CPU, in fp32 and (looser, bf16 rounding) bf16; where the
+// model does not fit it (AdamW), the log says why and the usual step trains.
+TEST(GpuRun, FusedStepIsCheckedAndTrainsAsTheUsualStep) {
+  REQUIRE_GPU();
+  TempDir dir;
+  for (const auto& [precision, tolerance] :
+       std::vector<std::pair<std::string, double>>{{"fp32", 1e-4}, {"bf16", 6e-2}}) {
+    const std::string run =
+        kEnv + kTrain + kArgs + " --precision " + precision + " --save-weights ";
+    const RunResult usual = run_command(run + dir.file("usual.st"));
+    ASSERT_EQ(usual.exit_code, 0) << usual.output;
+    const RunResult fused = run_command(run + dir.file("fused.st") + " --fused-step");
+    ASSERT_EQ(fused.exit_code, 0) << fused.output;
+    EXPECT_NE(fused.output.find("--fused-step: the whole step as one kernel"), std::string::npos)
+        << fused.output;
+    EXPECT_NE(fused.output.find("optimizer in the fused step"), std::string::npos) << fused.output;
+    const double error = max_relative_error(load_weights(dir.file("fused.st"), kLayers),
+                                            load_weights(dir.file("usual.st"), kLayers));
+    std::printf("--fused-step %s: max relative error against the usual step after the run %.3g\n",
+                precision.c_str(), error);
+    EXPECT_LT(error, tolerance) << precision;
+  }
+  const RunResult adamw =
+      run_command(kEnv + kTrain + kArgs + " --fused-step --optimizer adamw --lr 0.005");
+  ASSERT_EQ(adamw.exit_code, 0) << adamw.output;
+  EXPECT_NE(
+      adamw.output.find("--fused-step: not used: it does not take an optimizer other than SGD"),
+      std::string::npos)
+      << adamw.output;
+}
+
 // A checkpoint whose optimizer took fewer steps than the run did (as after steps skipped by
 // --on-nonfinite skip-step) resumes on the GPU with the optimizer's own step count, as the
 // CPU does: AdamW's bias corrections (and SGD's first step) follow the optimizer, not the

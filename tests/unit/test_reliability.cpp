@@ -308,6 +308,7 @@ TEST(BadInput, FlagsThatAreNotFiniteOrRoundAwayAreRefused) {
            {"--max-skipped-steps -2", "--max-skipped-steps -2: expected -1"},
            {"--product-sms -1", "--product-sms -1: expected 0 (all SMs) or a count of SMs"},
            {"--product-sms 8", "--product-sms: the GPU's products only; use --device cuda"},
+           {"--fused-step", "--fused-step: the GPU's step only; use --device cuda"},
            {"--schedule zigzag",
             "--schedule zigzag: expected gpipe, 1f1b, pairs, zb-h1, interleaved-1f1b or zb-v"},
            {"--dp 2", "--dp 2 --pp 1: the world has 1 rank, not dp x pp = 2 (give --dp 1"}}) {
