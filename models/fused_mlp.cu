@@ -1,8 +1,9 @@
 // FusedMlpStep: one cooperative kernel a training step (fused_mlp.h). Phases, a grid-wide
-// barrier after each: the batch gathered; each layer's forward; the loss; each layer's
-// backward (its weight and bias gradients and, below the first layer, its input gradient
-// through the ReLU); then the SGD update. A phase's products are 32 x 32 output tiles dealt
-// round-robin over the blocks, each thread summing 2 x 2 outputs over k in order.
+// barrier after each: each layer's forward (the first reading the batch's rows of the
+// training split in place); the loss; each layer's backward (its weight and bias gradients
+// and, below the first layer, its input gradient through the ReLU); then the SGD update. A
+// phase's products are 32 x 32 output tiles dealt round-robin over the blocks (tensor cores
+// through WMMA in tf32 and bf16, float32 FMAs in fp32).
 #include "models/fused_mlp.h"
 
 #include <cooperative_groups.h>
@@ -53,11 +54,15 @@ __device__ __forceinline__ float stored(float v, int rounding) {
 }
 
 // Element (r, c) of a matrix at p: p[r * rs + c * cs].
+// Element (r, c) of a matrix at p: p[r' * rs + c * cs], r' = rows[r] where `rows` is given
+// (the batch's samples, read in place from the training split).
 struct View {
   const float* p;
   int rs, cs;
+  const int32_t* rows = nullptr;
   __device__ float at(int r, int c) const {
-    return p[static_cast<size_t>(r) * rs + static_cast<size_t>(c) * cs];
+    const size_t row = rows != nullptr ? static_cast<size_t>(rows[r]) : static_cast<size_t>(r);
+    return p[row * rs + static_cast<size_t>(c) * cs];
   }
 };
 
@@ -184,11 +189,6 @@ __device__ void product(int M, int N, int K, View A, View B, int rounding, int r
     simt_product(M, N, K, A, B, rotate, smem, epilogue);
 }
 
-__device__ int sample_row(const Args& a, int b) {
-  const int offset = a.io.counter != nullptr ? *a.io.counter * a.io.stride : 0;
-  return a.io.indices[offset + b];
-}
-
 __global__ void __launch_bounds__(kThreads) fused_step_kernel(Args a) {
   namespace cg = cooperative_groups;
   cg::grid_group grid = cg::this_grid();
@@ -197,14 +197,12 @@ __global__ void __launch_bounds__(kThreads) fused_step_kernel(Args a) {
   const size_t threads = static_cast<size_t>(gridDim.x) * blockDim.x;
   __shared__ __align__(128) unsigned char smem[kSmemBytes];
 
-  // The batch: its rows of x, as the first layer reads them.
-  const int in0 = a.widths[0];
-  for (size_t i = thread; i < static_cast<size_t>(B) * in0; i += threads) {
-    const int b = static_cast<int>(i / in0), k = static_cast<int>(i % in0);
-    a.act[a.at[0] + i] =
-        stored(a.io.x[static_cast<size_t>(sample_row(a, b)) * in0 + k], a.rounding);
-  }
-  grid.sync();
+  // The batch: its rows of x, read in place by the first layer's products (rounded as operands).
+  const int32_t* samples =
+      a.io.indices + (a.io.counter != nullptr ? *a.io.counter * a.io.stride : 0);
+  const auto input = [&](int l) {
+    return l == 0 ? View{a.io.x, a.widths[0], 1, samples} : View{a.act + a.at[l], a.widths[l], 1};
+  };
 
   // Forward: act[l + 1] = relu(act[l] W^T + b) (the last layer: logits, float32).
   for (int l = 0; l < L; ++l) {
@@ -214,12 +212,11 @@ __global__ void __launch_bounds__(kThreads) fused_step_kernel(Args a) {
     const float* bias = a.io.params + a.bias[l];
     float* y = a.act + a.at[l + 1];
     const int rounding = a.rounding;
-    product(B, out, in, View{a.act + a.at[l], in, 1}, View{w, 1, in}, rounding, 0, smem,
-            [&](int m, int n, float sum) {
-              const float b = hidden && rounding == kBf16 ? to_bf16(bias[n]) : bias[n];
-              const float v = sum + b;
-              y[static_cast<size_t>(m) * out + n] = hidden ? stored(fmaxf(v, 0.0f), rounding) : v;
-            });
+    product(B, out, in, input(l), View{w, 1, in}, rounding, 0, smem, [&](int m, int n, float sum) {
+      const float b = hidden && rounding == kBf16 ? to_bf16(bias[n]) : bias[n];
+      const float v = sum + b;
+      y[static_cast<size_t>(m) * out + n] = hidden ? stored(fmaxf(v, 0.0f), rounding) : v;
+    });
     grid.sync();
   }
 
@@ -244,7 +241,7 @@ __global__ void __launch_bounds__(kThreads) fused_step_kernel(Args a) {
         total += expf(z[j] - best);
       for (int s = 16; s > 0; s /= 2)
         total += __shfl_xor_sync(0xffffffffu, total, s);
-      const int label = a.io.y[sample_row(a, b)];
+      const int label = a.io.y[samples[b]];
       float* g = a.grad + a.at[L] + static_cast<size_t>(b) * classes;
       for (int j = lane; j < classes; j += 32)
         g[j] = stored((expf(z[j] - best) / total - (j == label ? 1.0f : 0.0f)) * a.grad_scale,
@@ -266,7 +263,7 @@ __global__ void __launch_bounds__(kThreads) fused_step_kernel(Args a) {
     float* dw = a.io.grads + a.weight[l];
     float* db = a.io.grads + a.bias[l];
     const int rounding = a.rounding;
-    product(out, in, B, View{g, 1, out}, View{x, in, 1}, rounding, 0, smem,
+    product(out, in, B, View{g, 1, out}, input(l), rounding, 0, smem,
             [&](int m, int n, float sum) { dw[static_cast<size_t>(m) * in + n] = sum; });
     const int dw_tiles = ((out + kTile - 1) / kTile) * ((in + kTile - 1) / kTile);
     if (l > 0) {

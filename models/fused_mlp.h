@@ -1,15 +1,17 @@
-// The whole training step of a small MLP in one kernel (issue 33): the batch gathered, every
-// layer's forward, the softmax cross-entropy, every layer's backward and the SGD update, one
-// cooperative launch whose blocks meet at a grid-wide barrier between phases, so that a step
-// of a model that fits on chip pays one launch instead of about twenty kernels' launch gaps
-// and tails. The products are float32 FMAs over operands rounded as the cuBLASLt path rounds
-// them (tf32: operands to tf32; bf16: operands, activations and their gradients to bf16,
-// float32 accumulation), so it keeps that path's arithmetic contract within the tolerances
-// the GPU tests use against the CPU; sums run in a fixed order (no atomics on parameters or
-// gradients), so a step is deterministic. Only built with CUDA. Not yet chosen by ddptrain:
-// written while no GPU was lent, so its tests (FusedStep.* in tests/cuda/test_cuda_mlp.cpp)
-// and ddp_fused_mlp_bench (against the CudaStage step) are still to run on one; their phases'
-// index arithmetic was checked on the host against CpuMlp (gradients within 1.4e-7).
+// The whole training step of a small MLP in one kernel (issue 33): every layer's forward
+// (the batch's rows read in place), the softmax cross-entropy, every layer's backward and the
+// SGD update, one cooperative launch whose blocks meet at a grid-wide barrier between phases,
+// so that a step of a model that fits on chip pays one launch instead of about twenty
+// kernels' launch gaps and tails. The products round their operands as the cuBLASLt path
+// does (tf32 and bf16 on tensor cores through WMMA, float32 accumulation; bf16 activations
+// and their gradients stored in bf16; fp32 as float32 FMAs), so it keeps that path's
+// arithmetic contract within the tolerances the GPU tests use against the CPU; sums run in a
+// fixed order (no atomics on parameters or gradients), so a step is deterministic. Only built
+// with CUDA. ddptrain uses it with --fused-step, after checking it against the usual step.
+// Written while no GPU was lent: its tests (FusedStep.* in tests/cuda/test_cuda_mlp.cpp,
+// GpuRun.FusedStep* in test_cuda_dist.cpp) and ddp_fused_mlp_bench are still to run on one;
+// the phases' index arithmetic was checked on the host against CpuMlp (gradients within
+// 1.4e-7 of its).
 #pragma once
 
 #include <cuda_runtime.h>
