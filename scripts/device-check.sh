@@ -5,7 +5,7 @@
 # options and benchmarks. Logs go to $OUT (or ./device-out); a short table is printed last,
 # and the exit status is non-zero when any check failed, the failing sections named last.
 # Usage: scripts/device-check.sh [sections...]
-#   sections: test cuda run doctor launcher fashion monitor options ddp1 multi bench
+#   sections: test cuda run doctor launcher fashion monitor options ddp1 multi bench fused
 #   bench-ddp collectives levers pipeline (cuda: build and only the GPU tests, `ctest -L cuda`, when
 #   CI has run the rest; default: test run bench; multi, bench-ddp, collectives, levers and pipeline need two or more
 #   GPUs; collectives needs nccl-tests' source: scripts/device-prepare.sh --nccl-tests DIR)
@@ -268,6 +268,18 @@ if want bench; then
     fail bench "bench-vs-torch.sh exited $? ($(tail -1 "$out/bench.err"))"
   cat "$out/bench.md"
   note "bench: see bench.md"
+fi
+
+if want fused; then
+  # Issue 33: the fused step against the usual one (tiny, each precision), and what leaving
+  # SMs to the overlapped optimizer costs and gains (medium and large in bf16).
+  timeout 120 "$build/bin/ddp_fused_mlp_bench" > "$out/fused.md" 2> "$out/fused.err" ||
+    fail fused "ddp_fused_mlp_bench exited $? ($(tail -1 "$out/fused.err"))"
+  cat "$out/fused.md"
+  timeout 300 scripts/bench-product-sms.sh "$build" > "$out/product-sms.md" 2> "$out/product-sms.err" ||
+    fail fused "bench-product-sms.sh exited $? ($(tail -1 "$out/product-sms.err"))"
+  cat "$out/product-sms.md"
+  note "fused: see fused.md and product-sms.md"
 fi
 
 echo
