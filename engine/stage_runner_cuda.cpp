@@ -965,8 +965,8 @@ class GpuRunner final : public StageRunner {
     try {
       want = update(usual);
       got = update(one);
-      usual_us = time_replays(usual);
-      fused_us = time_replays(one);
+      usual_us = time_steps_us(stream_, 20, true, usual);
+      fused_us = time_steps_us(stream_, 20, true, one);
     } catch (const Error& e) {
       // A launch or capture the GPU refused: the capture ended, the weights put back.
       cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -1027,21 +1027,6 @@ class GpuRunner final : public StageRunner {
     for (const auto& [name, buffer] : weights_->optimizer().buffers())
       if (name == "momentum") return buffer;
     return nullptr;
-  }
-  // Microseconds a step of 20 replays of `step` captured in a CUDA graph (after 3 warm-ups).
-  double time_replays(const std::function<void()>& step) {
-    StepGraph graph;
-    for (int i = 0; i < 3; ++i)
-      graph.run(stream_, true, step);
-    CudaEvent start(true), end(true);
-    DDP_CUDA_CHECK(cudaEventRecord(start.get(), stream_));
-    for (int i = 0; i < 20; ++i)
-      graph.run(stream_, true, step);
-    DDP_CUDA_CHECK(cudaEventRecord(end.get(), stream_));
-    DDP_CUDA_CHECK(cudaEventSynchronize(end.get()));
-    float ms = 0;
-    DDP_CUDA_CHECK(cudaEventElapsedTime(&ms, start.get(), end.get()));
-    return 1e3 * static_cast<double>(ms) / 20;
   }
   void busy_begin(SpanKind kind, int micro, int stage) {
     if (alone_) return;

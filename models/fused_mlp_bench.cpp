@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -25,25 +26,11 @@
 namespace ddp {
 namespace {
 
-// Median microseconds a step of `steps` runs of `step`, five runs: replays of its CUDA graph
-// (captured once), or eager launches.
-template <typename Step>
-double time_steps(cudaStream_t stream, int steps, bool captured, Step step) {
-  StepGraph graph;
-  for (int i = 0; i < 3; ++i)  // eager, captured, replayed
-    graph.run(stream, captured, step);
-  CudaEvent start(true), end(true);
+// Median microseconds a step over five timed runs of `steps` runs of `step` (time_steps_us).
+double median_us(cudaStream_t stream, int steps, bool captured, const std::function<void()>& step) {
   std::vector<double> runs;
-  for (int r = 0; r < 5; ++r) {
-    DDP_CUDA_CHECK(cudaEventRecord(start.get(), stream));
-    for (int i = 0; i < steps; ++i)
-      graph.run(stream, captured, step);
-    DDP_CUDA_CHECK(cudaEventRecord(end.get(), stream));
-    DDP_CUDA_CHECK(cudaEventSynchronize(end.get()));
-    float ms = 0;
-    DDP_CUDA_CHECK(cudaEventElapsedTime(&ms, start.get(), end.get()));
-    runs.push_back(1e3 * ms / steps);
-  }
+  for (int r = 0; r < 5; ++r)
+    runs.push_back(time_steps_us(stream, steps, captured, step));
   std::sort(runs.begin(), runs.end());
   return runs[2];
 }
@@ -73,7 +60,7 @@ int run(int argc, char** argv) {
                      ": the fused step does not take " + why);
   // Samples enough for every step's batch without repeating a schedule chunk.
   const Dataset data = make_synthetic(8192, 10, shape.input_width(), shape.num_classes(), 3);
-  const int chunk = 3 + 5 * steps;  // BatchFeeder's steps: the warm-up and the timed runs
+  const int chunk = 5 * (3 + steps);  // BatchFeeder's steps: five timed runs and their warm-ups
   Sampler sampler(data.train.n, 3, true);
   std::vector<int32_t> indices(static_cast<size_t>(chunk) * batch);
   sampler.indices(0, indices.size(), indices.data());
@@ -113,7 +100,7 @@ int run(int argc, char** argv) {
       feeder.next_step();
     };
     reset();
-    const double stage_us = time_steps(stage.stream(), steps, true, stage_step);
+    const double stage_us = median_us(stage.stream(), steps, true, stage_step);
     const FusedMlpStep fused(shape, batch, precision, opt);
     DeviceBuffer<float> momentum(shape.param_count(), MemoryCategory::kOptimizerState);
     DeviceBuffer<double> loss(1, MemoryCategory::kOther);
@@ -143,12 +130,12 @@ int run(int argc, char** argv) {
     };
     stage.set_params(init.data());
     reset();
-    const double eager_us = time_steps(stage.stream(), steps, false, fused_step);
+    const double eager_us = median_us(stage.stream(), steps, false, fused_step);
     stage.set_params(init.data());
     reset();
     std::string graph_us = "-";
     try {
-      graph_us = std::to_string(time_steps(stage.stream(), steps, true, fused_step));
+      graph_us = std::to_string(median_us(stage.stream(), steps, true, fused_step));
     } catch (const std::exception& e) {
       std::fprintf(stderr, "ddp_fused_mlp_bench: the fused step in a CUDA graph: %s\n", e.what());
     }
