@@ -878,7 +878,7 @@ class GpuRunner final : public StageRunner {
     if (!config_.timeline.empty() && alone_)
       timeline_ = std::make_unique<GpuTimeline>(stream_, spec_.shape.num_layers(),
                                                 ddp_ ? ddp_->buckets().size() : 0);
-    if (config_.fused_step) set_up_fused_step();
+    if (config_.fused_step || config_.autotune) set_up_fused_step();
     if (!lead_ || !alone_) return;
     spdlog::info("optimizer {}",
                  fused_ ? std::string("in the fused step")
@@ -891,14 +891,19 @@ class GpuRunner final : public StageRunner {
     if (!ddp_ && config_.grad_reduce == GradReduce::kBf16)
       spdlog::warn("--grad-reduce bf16: one process and no --backend, so nothing is reduced");
   }
-  // --fused-step: where the whole model's step fits one kernel (models/fused_mlp.h), it is
-  // run once on one batch from the current weights and optimizer state beside the usual step,
-  // both are timed (20 replays of each in a CUDA graph), everything is put back, and the fused
-  // step is used when its update agrees with the usual one's within the GPU tests' tolerance
-  // against the CPU; the log says which (with both times), or why not.
+  // --fused-step or --autotune: where the whole model's step fits one kernel
+  // (models/fused_mlp.h), it is run once on one batch from the current weights and optimizer
+  // state beside the usual step, both are timed (20 replays of each in a CUDA graph),
+  // everything is put back, and the fused step is used when its update agrees with the usual
+  // one's within the GPU tests' tolerance against the CPU and, with --autotune alone, when it
+  // is also faster; the log says which (with both times), or why not (with --autotune alone,
+  // only once the trial ran).
   void set_up_fused_step() {
+    const bool asked = config_.fused_step;
+    const std::string flag = asked ? "--fused-step" : "--autotune: the fused step";
+    bool tried = false;
     const auto not_used = [&](const std::string& why) {
-      if (lead_) spdlog::info("--fused-step: not used: {}", why);
+      if (lead_ && (asked || tried)) spdlog::info("{}: not used: {}", flag, why);
     };
     std::string why;
     if (!alone_ || ddp_ != nullptr)
@@ -908,6 +913,7 @@ class GpuRunner final : public StageRunner {
     if (overlapped_ || timeline_) return not_used("not with --overlap-optimizer or --timeline");
     if (!fused_step_fits(spec_.shape, spec_.batch, config_.optimizer, &why))
       return not_used("it does not take " + why);
+    tried = true;
     auto fused = std::make_unique<FusedMlpStep>(spec_.shape, spec_.batch, config_.precision,
                                                 config_.optimizer);
     CudaStage& stage = chunks_.front()->stage();
@@ -960,13 +966,21 @@ class GpuRunner final : public StageRunner {
         after[i] -= before[i];
       return after;
     };
+    // --autotune alone: the choice of an earlier run on this GPU, model and precision, if kept.
+    const std::string cache = asked ? std::string() : autotune_cache_path(config_.cache_dir);
+    const std::string key = fused_cache_key();
+    const std::optional<std::vector<int>> cached =
+        cache.empty() ? std::nullopt : load_autotune(cache, key);
+    const bool from_cache = cached && cached->size() == 1;
     std::vector<float> want, got;
     double usual_us = 0, fused_us = 0;
     try {
       want = update(usual);
       got = update(one);
-      usual_us = time_steps_us(stream_, 20, true, usual);
-      fused_us = time_steps_us(stream_, 20, true, one);
+      if (!from_cache) {
+        usual_us = time_steps_us(stream_, 50, true, usual);
+        fused_us = time_steps_us(stream_, 50, true, one);
+      }
     } catch (const Error& e) {
       // A launch or capture the GPU refused: the capture ended, the weights put back.
       cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -997,13 +1011,39 @@ class GpuRunner final : public StageRunner {
       return not_used(fmt::format(
           "its update differs from the usual step's by {:.3g} (tolerance {:.0e}); the usual step",
           error, tolerance));
+    const std::string times =
+        from_cache ? fmt::format(
+                         "the choice kept in {}, its update within {:.2g} of the usual "
+                         "step's",
+                         cache, error)
+                   : fmt::format(
+                         "{:.1f} us a step against {:.1f} us for the usual one, its "
+                         "update within {:.2g} of it",
+                         fused_us, usual_us, error);
+    const bool faster = from_cache ? (*cached)[0] == 1 : fused_us < usual_us;
+    if (!asked && !from_cache && !cache.empty()) {
+      const std::string failed = save_autotune(cache, key, {faster ? 1 : 0});
+      if (!failed.empty() && lead_)
+        spdlog::warn("--autotune: the fused step's choice was not kept: {}", failed);
+    }
+    if (!asked && !faster) return not_used(times + "; the usual step");
     fused_ = std::move(fused);
     fused_io_ = fused_io(feeder_->indices(), feeder_->counter(), feeder_->steps());
     if (lead_)
       spdlog::info(
-          "--fused-step: the whole step as one kernel ({} blocks), {:.1f} us a step against "
-          "{:.1f} us for the usual one, its update within {:.2g} of it; used",
-          fused_->blocks(), fused_us, usual_us, error);
+          "{}: the whole step as one kernel ({} blocks, products split up to {} ways "
+          "along k), {}; used",
+          flag, fused_->blocks(), fused_->most_splits(), times);
+  }
+  // What the fused step's choice depends on: the GPU, the model, the batch and the precision.
+  std::string fused_cache_key() const {
+    int device = 0;
+    DDP_CUDA_CHECK(cudaGetDevice(&device));
+    cudaDeviceProp prop{};
+    DDP_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    return fmt::format("fused step v2 | {} sm_{}{} | layers {} | batch {} | {}", prop.name,
+                       prop.major, prop.minor, spec_.shape.to_string(), spec_.batch,
+                       precision_name(config_.precision));
   }
   // What the fused step reads and writes: the rank's buffers and the given schedule.
   FusedStepIo fused_io(const int32_t* indices, const int* counter, const OptStep* steps) const {

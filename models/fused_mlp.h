@@ -1,22 +1,22 @@
 // The whole training step of a small MLP in one kernel (issue 33): every layer's forward
-// (the batch's rows read in place), the softmax cross-entropy, every layer's backward and the
-// SGD update, one cooperative launch whose blocks meet at a grid-wide barrier between phases,
-// so that a step of a model that fits on chip pays one launch instead of about twenty
-// kernels' launch gaps and tails. The products round their operands as the cuBLASLt path
-// does (tf32 and bf16 on tensor cores through WMMA, float32 accumulation; bf16 activations
-// and their gradients stored in bf16; fp32 as float32 FMAs), so it keeps that path's
-// arithmetic contract within the tolerances the GPU tests use against the CPU; sums run in a
-// fixed order (no atomics on parameters or gradients), so a step is deterministic. Only built
-// with CUDA. ddptrain uses it with --fused-step, after checking it against the usual step.
-// Written while no GPU was lent: its tests (FusedStep.* in tests/cuda/test_cuda_mlp.cpp,
-// GpuRun.FusedStep* in test_cuda_dist.cpp) and ddp_fused_mlp_bench are still to run on one;
-// the phases' index arithmetic was checked on the host against CpuMlp (gradients within
-// 1.4e-7 of its).
+// (the batch's rows read in place; the softmax cross-entropy in the last layer's epilogue),
+// every layer's backward and the SGD update (each layer's in the phase after its backward),
+// one cooperative launch whose blocks meet at a grid-wide barrier between phases (2L - 1 for
+// L layers), so that a step of a model that fits on chip pays one launch instead of about
+// twenty kernels' launch gaps and tails. The products round their operands as the cuBLASLt
+// path does (tf32 and bf16 on tensor cores through WMMA, float32 accumulation; bf16
+// activations and their gradients stored in bf16; fp32 as float32 FMAs), so it keeps that
+// path's arithmetic contract within the tolerances the GPU tests use against the CPU; sums
+// run in a fixed order (products split along k are summed in split order, no atomics on
+// parameters or gradients), so a step is deterministic. Only built with CUDA. ddptrain checks
+// it against the usual step at start and uses it with --fused-step, or with --autotune where
+// it is also faster.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "models/mlp.h"
@@ -27,7 +27,7 @@
 namespace ddp {
 
 // Whether `shape` and `batch` fit the fused step (at most kFusedMaxLayers layers, every width
-// and the batch at most 1024, SGD); if not, why, in `why`.
+// and the batch at most 1024, at most 32 classes, SGD); if not, why, in `why`.
 constexpr int kFusedMaxLayers = 8;
 bool fused_step_fits(const MlpShape& shape, int batch, const OptimizerConfig& optimizer,
                      std::string* why);
@@ -57,11 +57,16 @@ class FusedMlpStep {
   // Throws ddp::Error when fused_step_fits says no.
   FusedMlpStep(const MlpShape& shape, int batch, Precision precision,
                const OptimizerConfig& optimizer);
+  ~FusedMlpStep();
+  FusedMlpStep(const FusedMlpStep&) = delete;
+  FusedMlpStep& operator=(const FusedMlpStep&) = delete;
   // One training step on `stream` (capturable in a CUDA graph): the loss gradient scaled by
   // 1 / batch, as the whole model's step.
   void run(const FusedStepIo& io, cudaStream_t stream) const;
-  // Blocks of the cooperative grid (one per SM that can hold one, at most the tiles' need).
+  // Blocks of the cooperative grid (one an SM).
   int blocks() const { return blocks_; }
+  // The most ways a product of the step is split along k.
+  int most_splits() const { return splits_; }
 
  private:
   MlpShape shape_;
@@ -70,7 +75,11 @@ class FusedMlpStep {
   OptimizerConfig optimizer_;
   DeviceBuffer<float> activations_;  // every layer's input and the logits, [batch, width] each
   DeviceBuffer<float> gradients_;    // the loss gradient w.r.t. each of them
-  int blocks_ = 0;
+  DeviceBuffer<float> scratch_;      // partial sums of the products split along k
+  DeviceBuffer<int> counters_;       // their splits arrived, one a tile (zero between steps)
+  struct Plan;                       // the launch's arguments but the step's io (fused_mlp.cu)
+  std::unique_ptr<Plan> plan_;
+  int blocks_ = 0, splits_ = 1;
 };
 
 }  // namespace ddp

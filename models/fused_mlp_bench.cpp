@@ -6,6 +6,7 @@
 // Usage: ddp_fused_mlp_bench [--layers 784,512,512,10] [--batch 128] [--steps 2000]
 //        [--precision fp32,tf32,bf16]
 #include <cuda_runtime.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -69,8 +70,8 @@ int run(int argc, char** argv) {
     opt_steps[t] = optimizer_scalars(opt, 0.01f, t);
   std::printf(
       "| layers | batch | precision | CudaStage step us (graph) | fused step us (graph) | fused "
-      "step us (eager) | fused blocks |\n");
-  std::printf("|---|---|---|---|---|---|---|\n");
+      "step us (eager) | fused blocks | most splits |\n");
+  std::printf("|---|---|---|---|---|---|---|---|\n");
   size_t at = 0;
   while (at <= precisions.size()) {
     const size_t comma = std::min(precisions.find(',', at), precisions.size());
@@ -135,12 +136,13 @@ int run(int argc, char** argv) {
     reset();
     std::string graph_us = "-";
     try {
-      graph_us = std::to_string(median_us(stage.stream(), steps, true, fused_step));
+      graph_us = fmt::format("{:.2f}", median_us(stage.stream(), steps, true, fused_step));
     } catch (const std::exception& e) {
       std::fprintf(stderr, "ddp_fused_mlp_bench: the fused step in a CUDA graph: %s\n", e.what());
     }
-    std::printf("| %s | %d | %s | %.2f | %s | %.2f | %d |\n", layers.c_str(), batch, name.c_str(),
-                stage_us, graph_us.c_str(), eager_us, fused.blocks());
+    std::printf("| %s | %d | %s | %.2f | %s | %.2f | %d | %d |\n", layers.c_str(), batch,
+                name.c_str(), stage_us, graph_us.c_str(), eager_us, fused.blocks(),
+                fused.most_splits());
     std::fflush(stdout);
   }
   return 0;

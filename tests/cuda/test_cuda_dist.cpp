@@ -14,6 +14,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -286,6 +287,45 @@ TEST(GpuRun, FusedStepIsCheckedAndTrainsAsTheUsualStep) {
       adamw.output.find("--fused-step: not used: it does not take an optimizer other than SGD"),
       std::string::npos)
       << adamw.output;
+}
+
+// --autotune alone: the fused step is tried where the model fits it and used only where it
+// is faster; the log gives both times and the choice follows them; the choice is kept, so the
+// next run takes it from the cache (and says so) and ends with bitwise the same weights; either
+// way the weights are the usual step's within the GPU's tolerance.
+TEST(GpuRun, AutotuneUsesTheFusedStepWhereItIsFaster) {
+  REQUIRE_GPU();
+  TempDir dir;
+  const std::string run = kEnv + "DDP_CACHE_DIR=" + dir.file("cache") + " " + kTrain + kArgs +
+                          " --precision fp32 --save-weights ";
+  const RunResult usual = run_command(run + dir.file("usual.st"));
+  ASSERT_EQ(usual.exit_code, 0) << usual.output;
+  const RunResult first = run_command(run + dir.file("first.st") + " --autotune");
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const std::regex timed(
+      "--autotune: the fused step: (.*?)([0-9]+\\.[0-9]) us a step against ([0-9]+\\.[0-9]) us for "
+      "the usual "
+      "one.*; (used|the usual step)");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(first.output, m, timed)) << first.output;
+  const double fused_us = std::stod(m[2]), usual_us = std::stod(m[3]);
+  const bool used = m[4] == "used";
+  std::printf("--autotune: fused step %.1f us, usual step %.1f us: %s\n", fused_us, usual_us,
+              used ? "fused" : "usual");
+  EXPECT_EQ(used, fused_us < usual_us) << first.output;
+  EXPECT_EQ(used, m[1].str().find("not used") == std::string::npos) << first.output;
+  const RunResult second = run_command(run + dir.file("second.st") + " --autotune");
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  const std::regex kept("--autotune: the fused step: (not used: )?.*the choice kept in " +
+                        dir.file("cache") + ".*; (used|the usual step)");
+  ASSERT_TRUE(std::regex_search(second.output, m, kept)) << second.output;
+  EXPECT_EQ(m[1].matched, !used) << second.output;
+  EXPECT_EQ(m[2] == "used", used) << second.output;
+  EXPECT_EQ(load_weights(dir.file("first.st"), kLayers),
+            load_weights(dir.file("second.st"), kLayers));
+  EXPECT_LT(max_relative_error(load_weights(dir.file("first.st"), kLayers),
+                               load_weights(dir.file("usual.st"), kLayers)),
+            1e-4);
 }
 
 // A checkpoint whose optimizer took fewer steps than the run did (as after steps skipped by

@@ -626,6 +626,8 @@ TEST(FusedStep, RefusesWhatItDoesNotTake) {
   adamw.kind = OptimizerKind::kAdamW;
   EXPECT_FALSE(fused_step_fits(MlpShape({784, 512, 10}), 128, adamw, &why));
   EXPECT_EQ(why, "an optimizer other than SGD");
+  EXPECT_FALSE(fused_step_fits(MlpShape({784, 512, 33}), 128, OptimizerConfig{}, &why));
+  EXPECT_EQ(why, "33 classes (at most 32)");
   EXPECT_TRUE(fused_step_fits(MlpShape({784, 512, 512, 10}), 128, OptimizerConfig{}, &why));
   EXPECT_EQ(why, "");
 }
