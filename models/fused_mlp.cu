@@ -62,6 +62,7 @@ struct Args {
   Product products[2 * kFusedMaxLayers][2];
   FusedStepIo io;
   float momentum = 0, weight_decay = 0, grad_scale = 0;
+  unsigned long long* trace = nullptr;  // FusedMlpStep::trace_phases
 };
 
 __device__ __forceinline__ float to_tf32(float v) {
@@ -295,8 +296,20 @@ __global__ void __launch_bounds__(kThreads) fused_step_kernel(Args a) {
     return l == 0 ? Operand{a.io.x, a.widths[0], samples} : Operand{a.act + a.at[l], a.widths[l]};
   };
 
+  // --trace (ddp_fused_mlp_bench): each phase's start in block 0 and each block's end of it.
+  const auto stamp = [&](size_t at) {
+    if (a.trace == nullptr || threadIdx.x != 0) return;
+    unsigned long long now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    a.trace[at] = now;
+  };
+  const size_t ends = 2 * static_cast<size_t>(L);  // trace[ends + phase * grid + block]
   for (int phase = 0; phase < 2 * L; ++phase) {
-    if (phase > 0) grid.sync();
+    if (phase > 0) {
+      stamp(ends + static_cast<size_t>(phase - 1) * gridDim.x + blockIdx.x);
+      grid.sync();
+    }
+    if (blockIdx.x == 0) stamp(phase);
     const Product* ps = a.products[phase];
     const int n_products = phase >= L && ps[0].layer > 0 ? 2 : 1;
     int items = 0;
@@ -411,6 +424,7 @@ __global__ void __launch_bounds__(kThreads) fused_step_kernel(Args a) {
         sgd(a, step, first + i, a.io.grads[first + i]);
     }
   }
+  stamp(ends + static_cast<size_t>(2 * L - 1) * gridDim.x + blockIdx.x);
 }
 
 // The blocks' work in a phase dealt round-robin in product order (the products' tiles and
@@ -483,7 +497,7 @@ struct FusedMlpStep::Plan {
 };
 
 FusedMlpStep::FusedMlpStep(const MlpShape& shape, int batch, Precision precision,
-                           const OptimizerConfig& optimizer)
+                           const OptimizerConfig& optimizer, int blocks)
     : shape_(shape), batch_(batch), precision_(precision), optimizer_(optimizer) {
   std::string why;
   DDP_CHECK(fused_step_fits(shape, batch, optimizer, &why), "the fused step does not take {}", why);
@@ -519,7 +533,10 @@ FusedMlpStep::FusedMlpStep(const MlpShape& shape, int batch, Precision precision
   DDP_CUDA_CHECK(
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, plan_->kernel, kThreads, 0));
   DDP_CHECK(per_sm > 0, "the fused step's kernel fits no SM");
-  blocks_ = sms;  // one block an SM: more would only wait longer at the barriers
+  DDP_CHECK(blocks >= 0 && blocks <= sms * per_sm,
+            "the fused step's grid: {} blocks asked, this GPU holds at most {}", blocks,
+            sms * per_sm);
+  blocks_ = blocks > 0 ? blocks : sms;  // by default one an SM
 
   // The phases' products and their splits; scratch for the split products' partial sums.
   std::vector<std::vector<Product>> phases;
@@ -564,6 +581,7 @@ FusedMlpStep::~FusedMlpStep() = default;
 void FusedMlpStep::run(const FusedStepIo& io, cudaStream_t stream) const {
   Args a = plan_->args;
   a.io = io;
+  a.trace = trace_;
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(blocks_));
   config.blockDim = dim3(kThreads);

@@ -54,19 +54,27 @@ struct FusedStepIo {
 
 class FusedMlpStep {
  public:
-  // Throws ddp::Error when fused_step_fits says no.
+  // Throws ddp::Error when fused_step_fits says no. `blocks`: of the grid (0: one an SM; at
+  // most what the GPU holds at once).
   FusedMlpStep(const MlpShape& shape, int batch, Precision precision,
-               const OptimizerConfig& optimizer);
+               const OptimizerConfig& optimizer, int blocks = 0);
   ~FusedMlpStep();
   FusedMlpStep(const FusedMlpStep&) = delete;
   FusedMlpStep& operator=(const FusedMlpStep&) = delete;
   // One training step on `stream` (capturable in a CUDA graph): the loss gradient scaled by
   // 1 / batch, as the whole model's step.
   void run(const FusedStepIo& io, cudaStream_t stream) const;
-  // Blocks of the cooperative grid (one an SM).
+  // Blocks of the cooperative grid.
   int blocks() const { return blocks_; }
   // The most ways a product of the step is split along k.
   int most_splits() const { return splits_; }
+  // Diagnostics: where `trace` is not null, each later run writes there (device memory,
+  // trace_size() values, nanoseconds of the GPU's global timer) each phase's start in block 0,
+  // then for each phase each block's end of its work (trace[2L + phase * blocks() + block]).
+  void trace_phases(unsigned long long* trace) { trace_ = trace; }
+  size_t trace_size() const {
+    return 2 * static_cast<size_t>(shape_.num_layers()) * (1 + static_cast<size_t>(blocks_));
+  }
 
  private:
   MlpShape shape_;
@@ -80,6 +88,7 @@ class FusedMlpStep {
   struct Plan;                       // the launch's arguments but the step's io (fused_mlp.cu)
   std::unique_ptr<Plan> plan_;
   int blocks_ = 0, splits_ = 1;
+  unsigned long long* trace_ = nullptr;
 };
 
 }  // namespace ddp

@@ -4,7 +4,7 @@
 // the fused step (models/fused_mlp.h: one cooperative kernel). Prints a Markdown row a
 // precision: microseconds a step, median of five timed runs of --steps replays each.
 // Usage: ddp_fused_mlp_bench [--layers 784,512,512,10] [--batch 128] [--steps 2000]
-//        [--precision fp32,tf32,bf16]
+//        [--precision fp32,tf32,bf16] [--blocks N (default: one an SM)] [--trace]
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
@@ -36,11 +36,59 @@ double median_us(cudaStream_t stream, int steps, bool captured, const std::funct
   return runs[2];
 }
 
+// --trace: where a step's time goes, from the kernel's own stamps (FusedMlpStep::trace_phases),
+// medians of 21 eager runs: each phase's work (from its start in block 0 to the last block's
+// end of it; the first block's end beside it) and the barrier after it.
+void print_phases(FusedMlpStep& fused, int layers, cudaStream_t stream,
+                  const std::function<void()>& step) {
+  DeviceBuffer<unsigned long long> buffer(fused.trace_size(), MemoryCategory::kOther);
+  fused.trace_phases(buffer.data());
+  const int phases = 2 * layers, blocks = fused.blocks();
+  std::vector<std::vector<double>> work(phases), first(phases), barrier(phases);
+  std::vector<unsigned long long> t(fused.trace_size());
+  for (int run = 0; run < 21; ++run) {
+    step();
+    DDP_CUDA_CHECK(cudaStreamSynchronize(stream));
+    DDP_CUDA_CHECK(cudaMemcpy(t.data(), buffer.data(), buffer.bytes(), cudaMemcpyDeviceToHost));
+    for (int p = 0; p < phases; ++p) {
+      const auto* end = &t[phases + static_cast<size_t>(p) * blocks];
+      const unsigned long long last = *std::max_element(end, end + blocks);
+      const unsigned long long soonest = *std::min_element(end, end + blocks);
+      work[p].push_back(1e-3 * static_cast<double>(last - t[p]));
+      first[p].push_back(1e-3 * static_cast<double>(soonest - t[p]));
+      barrier[p].push_back(p + 1 < phases ? 1e-3 * static_cast<double>(t[p + 1] - last) : 0.0);
+    }
+  }
+  fused.trace_phases(nullptr);
+  const auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  double total = 0;
+  for (int p = 0; p < phases; ++p) {
+    const std::string name = p < layers ? "forward " + std::to_string(p)
+                                        : "backward " + std::to_string(2 * layers - 1 - p);
+    std::printf("  phase %d (%s): work %.2f us (first block done at %.2f), barrier %.2f us\n", p,
+                name.c_str(), median(work[p]), median(first[p]), median(barrier[p]));
+    total += median(work[p]) + median(barrier[p]);
+  }
+  std::printf("  phases and barriers: %.2f us\n", total);
+}
+
 int run(int argc, char** argv) {
   std::string layers = "784,512,512,10", precisions = "fp32,tf32,bf16";
   int batch = 128, steps = 2000;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i], value = argv[i + 1];
+  bool trace = false;
+  int blocks = 0;
+  for (int i = 1; i < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (flag == "--trace") {
+      trace = true;
+      --i;
+      continue;
+    }
+    if (i + 1 >= argc) throw UsageError("ddp_fused_mlp_bench: " + flag + " needs a value");
+    const std::string value = argv[i + 1];
     if (flag == "--layers")
       layers = value;
     else if (flag == "--batch")
@@ -49,9 +97,11 @@ int run(int argc, char** argv) {
       steps = std::stoi(value);
     else if (flag == "--precision")
       precisions = value;
+    else if (flag == "--blocks")
+      blocks = std::stoi(value);
     else
       throw UsageError("ddp_fused_mlp_bench: unknown flag " + flag +
-                       " (expected --layers, --batch, --steps or --precision)");
+                       " (expected --layers, --batch, --steps, --precision, --blocks or --trace)");
   }
   const MlpShape shape = parse_layers(layers);
   const OptimizerConfig opt;
@@ -102,7 +152,7 @@ int run(int argc, char** argv) {
     };
     reset();
     const double stage_us = median_us(stage.stream(), steps, true, stage_step);
-    const FusedMlpStep fused(shape, batch, precision, opt);
+    FusedMlpStep fused(shape, batch, precision, opt, blocks);
     DeviceBuffer<float> momentum(shape.param_count(), MemoryCategory::kOptimizerState);
     DeviceBuffer<double> loss(1, MemoryCategory::kOther);
     DeviceBuffer<int> correct(1, MemoryCategory::kOther);
@@ -144,6 +194,10 @@ int run(int argc, char** argv) {
                 name.c_str(), stage_us, graph_us.c_str(), eager_us, fused.blocks(),
                 fused.most_splits());
     std::fflush(stdout);
+    if (trace) print_phases(fused, shape.num_layers(), stage.stream(), [&] {
+        reset();
+        fused_step();
+      });
   }
   return 0;
 }
