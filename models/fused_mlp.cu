@@ -33,6 +33,7 @@ constexpr int kTile = 32;
 constexpr int kLd = 36;  // a row of a staged 32 x 32 block in shared memory, in floats
 constexpr int kStages = 4;
 constexpr int kBlockFloats = kTile * kLd;
+constexpr int kPer = kTile * kTile / kThreads;  // a tile's elements a thread
 constexpr int kMaxWidth = 1024;
 constexpr int kMaxClasses = 32;
 constexpr int kMaxSplits = 32;
@@ -248,12 +249,26 @@ __device__ void product_tile(const Product& P, int tile, int split, const Operan
     __syncthreads();
     if (!sm.last) return;
     __threadfence();
+    // The splits' partials in split order; the loads of four splits in flight at once.
     const float* all = P.scratch + static_cast<size_t>(tile) * P.splits * kTile * kTile;
-    for (int e = threadIdx.x; e < kTile * kTile; e += kThreads) {
-      float total = __ldcg(all + e);
-      for (int s = 1; s < P.splits; ++s)
-        total += __ldcg(all + static_cast<size_t>(s) * kTile * kTile + e);
-      out[(e / kTile) * kLd + e % kTile] = total;
+    float total[kPer];
+#pragma unroll
+    for (int j = 0; j < kPer; ++j)
+      total[j] = __ldcg(all + threadIdx.x + j * kThreads);
+#pragma unroll 4
+    for (int s = 1; s < P.splits; ++s) {
+      float part[kPer];
+#pragma unroll
+      for (int j = 0; j < kPer; ++j)
+        part[j] = __ldcg(all + static_cast<size_t>(s) * kTile * kTile + threadIdx.x + j * kThreads);
+#pragma unroll
+      for (int j = 0; j < kPer; ++j)
+        total[j] += part[j];
+    }
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int e = threadIdx.x + j * kThreads;
+      out[(e / kTile) * kLd + e % kTile] = total[j];
     }
     if (threadIdx.x == 0) P.counters[tile] = 0;  // every split has arrived: ready for the next step
   }
@@ -262,19 +277,35 @@ __device__ void product_tile(const Product& P, int tile, int split, const Operan
   __syncthreads();
 }
 
-// SGD with momentum and L2 weight decay on parameter i with gradient g, as sgd_kernel
-// (cuda_kernels.cu).
-__device__ __forceinline__ void sgd(const Args& a, const OptStep& step, size_t i, float g) {
-  float p = a.io.params[i];
-  if (a.weight_decay != 0.0f) g = g + a.weight_decay * p;
-  if (a.momentum != 0.0f) {
-    const float buf = step.first ? g : a.momentum * a.io.momentum[i] + g;
-    a.io.momentum[i] = buf;
-    g = buf;
+// SGD with momentum and L2 weight decay, as sgd_kernel (cuda_kernels.cu), on the parameters
+// i[j] where ok[j], with gradients g[j] (kLoad: read from the gradients first): every load
+// issued before the first store, so that N parameters cost one round trip to memory.
+template <int N, bool kLoad>
+__device__ __forceinline__ void sgd(const Args& a, const OptStep& step, const size_t (&i)[N],
+                                    float (&g)[N], const bool (&ok)[N]) {
+  float p[N], m[N];
+  const bool old = a.momentum != 0.0f && !step.first;
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    if (kLoad) g[j] = ok[j] ? a.io.grads[i[j]] : 0.0f;
+    p[j] = ok[j] ? a.io.params[i[j]] : 0.0f;
+    m[j] = ok[j] && old ? a.io.momentum[i[j]] : 0.0f;
   }
-  p = p - step.lr * g;
-  a.io.params[i] = p;
-  if (a.io.params16 != nullptr) static_cast<__nv_bfloat16*>(a.io.params16)[i] = __float2bfloat16(p);
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    if (!ok[j]) continue;
+    float d = g[j];
+    if (a.weight_decay != 0.0f) d = d + a.weight_decay * p[j];
+    if (a.momentum != 0.0f) {
+      const float buf = old ? a.momentum * m[j] + d : d;
+      a.io.momentum[i[j]] = buf;
+      d = buf;
+    }
+    const float q = p[j] - step.lr * d;
+    a.io.params[i[j]] = q;
+    if (a.io.params16 != nullptr)
+      static_cast<__nv_bfloat16*>(a.io.params16)[i[j]] = __float2bfloat16(q);
+  }
 }
 
 template <int R>
@@ -329,13 +360,15 @@ __global__ void __launch_bounds__(kThreads) fused_step_kernel(Args a) {
         float* y = a.act + a.at[l + 1];
         product_tile<R, true, false>(
             P, tile, split, input(l), Operand{w, in}, sm, [&](int m0, int n0, const float* s) {
-              for (int e = threadIdx.x; e < kTile * kTile; e += kThreads) {
-                const int m = m0 + e / kTile, n = n0 + e % kTile;
-                if (m >= B || n >= out) continue;
-                const float b = R == kBf16 ? to_bf16(bias[n]) : bias[n];
-                const float v = s[(e / kTile) * kLd + e % kTile] + b;
-                y[static_cast<size_t>(m) * out + n] = stored<R>(fmaxf(v, 0.0f));
-              }
+              // A thread's elements: column c, rows r + 8 j.
+              const int c = threadIdx.x % kTile, r = threadIdx.x / kTile, n = n0 + c;
+              if (n >= out) return;
+              const float b = R == kBf16 ? to_bf16(bias[n]) : bias[n];
+#pragma unroll
+              for (int j = 0; j < kPer; ++j)
+                if (m0 + r + 8 * j < B)
+                  y[static_cast<size_t>(m0 + r + 8 * j) * out + n] =
+                      stored<R>(fmaxf(s[(r + 8 * j) * kLd + c] + b, 0.0f));
             });
       } else if (P.kind == kForwardLoss) {
         // The logits (float32) and, one warp a sample, the softmax cross-entropy's gradient
@@ -343,10 +376,19 @@ __global__ void __launch_bounds__(kThreads) fused_step_kernel(Args a) {
         float* g = a.grad + a.at[L];
         product_tile<R, true, false>(
             P, tile, split, input(l), Operand{w, in}, sm, [&](int m0, int, const float* s) {
-              for (int r = threadIdx.x / 32; r < kTile && m0 + r < B; r += kThreads / 32) {
-                const int m = m0 + r;
-                const bool has = lane < out;
-                const float z = has ? s[r * kLd + lane] + bias[lane] : -FLT_MAX;
+              // A warp's rows: r + 8 j (their labels and the biases read first, at once).
+              const int r0 = threadIdx.x / 32;
+              const bool has = lane < out;
+              const float b = has ? bias[lane] : 0.0f;
+              int labels[kPer];
+#pragma unroll
+              for (int j = 0; j < kPer; ++j)
+                labels[j] = m0 + r0 + 8 * j < B ? a.io.y[samples[m0 + r0 + 8 * j]] : 0;
+#pragma unroll
+              for (int j = 0; j < kPer; ++j) {
+                const int r = r0 + 8 * j, m = m0 + r;
+                if (m >= B) break;
+                const float z = has ? s[r * kLd + lane] + b : -FLT_MAX;
                 float best = z;
                 int arg = has ? lane : INT32_MAX;
                 for (int d = 16; d > 0; d /= 2) {
@@ -358,7 +400,7 @@ __global__ void __launch_bounds__(kThreads) fused_step_kernel(Args a) {
                 float total = has ? expf(z - best) : 0.0f;
                 for (int d = 16; d > 0; d /= 2)
                   total += __shfl_xor_sync(0xffffffffu, total, d);
-                const int label = a.io.y[samples[m]];
+                const int label = labels[j];
                 const float zl = __shfl_sync(0xffffffffu, z, label);
                 if (has)
                   g[static_cast<size_t>(m) * out + lane] = stored<R>(
@@ -376,14 +418,19 @@ __global__ void __launch_bounds__(kThreads) fused_step_kernel(Args a) {
         const size_t base = a.weight[l];
         product_tile<R, false, true>(P, tile, split, Operand{a.grad + a.at[l + 1], out}, input(l),
                                      sm, [&](int m0, int n0, const float* s) {
-                                       for (int e = threadIdx.x; e < kTile * kTile; e += kThreads) {
-                                         const int m = m0 + e / kTile, n = n0 + e % kTile;
-                                         if (m >= out || n >= in) continue;
-                                         const float v = s[(e / kTile) * kLd + e % kTile];
-                                         const size_t i = static_cast<size_t>(m) * in + n;
-                                         dw[i] = v;
-                                         if (l == 0) sgd(a, step, base + i, v);
+                                       const int c = threadIdx.x % kTile, r = threadIdx.x / kTile;
+                                       size_t i[kPer];
+                                       float v[kPer];
+                                       bool ok[kPer];
+#pragma unroll
+                                       for (int j = 0; j < kPer; ++j) {
+                                         const int m = m0 + r + 8 * j, n = n0 + c;
+                                         ok[j] = m < out && n < in;
+                                         i[j] = base + static_cast<size_t>(m) * in + n;
+                                         v[j] = s[(r + 8 * j) * kLd + c];
+                                         if (ok[j]) dw[i[j] - base] = v[j];
                                        }
+                                       if (l == 0) sgd<kPer, false>(a, step, i, v, ok);
                                      });
       } else {
         // The input gradient G W through the ReLU below: A = G [b][out], B (k = out, n = in) = W.
@@ -392,12 +439,18 @@ __global__ void __launch_bounds__(kThreads) fused_step_kernel(Args a) {
         product_tile<R, true, true>(
             P, tile, split, Operand{a.grad + a.at[l + 1], out}, Operand{w, in}, sm,
             [&](int m0, int n0, const float* s) {
-              for (int e = threadIdx.x; e < kTile * kTile; e += kThreads) {
-                const int m = m0 + e / kTile, n = n0 + e % kTile;
-                if (m >= B || n >= in) continue;
-                const size_t i = static_cast<size_t>(m) * in + n;
-                gx[i] = x[i] > 0.0f ? stored<R>(s[(e / kTile) * kLd + e % kTile]) : 0.0f;
-              }
+              const int c = threadIdx.x % kTile, r = threadIdx.x / kTile, n = n0 + c;
+              if (n >= in) return;
+              float below[kPer];
+#pragma unroll
+              for (int j = 0; j < kPer; ++j)
+                below[j] =
+                    m0 + r + 8 * j < B ? x[static_cast<size_t>(m0 + r + 8 * j) * in + n] : 0.0f;
+#pragma unroll
+              for (int j = 0; j < kPer; ++j)
+                if (m0 + r + 8 * j < B)
+                  gx[static_cast<size_t>(m0 + r + 8 * j) * in + n] =
+                      below[j] > 0.0f ? stored<R>(s[(r + 8 * j) * kLd + c]) : 0.0f;
             });
       }
     }
@@ -408,27 +461,42 @@ __global__ void __launch_bounds__(kThreads) fused_step_kernel(Args a) {
     const float* g = a.grad + a.at[l + 1];
     for (size_t o = warp; o < static_cast<size_t>(out); o += warps) {
       float total = 0;
+#pragma unroll 4
       for (int b = lane; b < B; b += 32)
         total += g[static_cast<size_t>(b) * out + o];
       for (int d = 16; d > 0; d /= 2)
         total += __shfl_xor_sync(0xffffffffu, total, d);
       if (lane == 0) {
-        a.io.grads[a.bias[l] + o] = total;
-        sgd(a, step, a.bias[l] + o, total);
+        size_t i[1] = {a.bias[l] + o};
+        float v[1] = {total};
+        bool ok[1] = {true};
+        a.io.grads[i[0]] = total;
+        sgd<1, false>(a, step, i, v, ok);
       }
     }
     if (l + 1 < L) {
       const size_t first = a.weight[l + 1];
       const size_t count = static_cast<size_t>(a.widths[l + 2]) * a.widths[l + 1];
-      for (size_t i = thread; i < count; i += threads)
-        sgd(a, step, first + i, a.io.grads[first + i]);
+      // Four parameters a thread at once, a warp's 128 in a row.
+      for (size_t at = (thread / 32) * 32 * kPer + lane; at < count; at += threads * kPer) {
+        size_t i[kPer];
+        float v[kPer];
+        bool ok[kPer];
+#pragma unroll
+        for (int j = 0; j < kPer; ++j) {
+          ok[j] = at + 32 * j < count;
+          i[j] = first + at + 32 * j;
+        }
+        sgd<kPer, true>(a, step, i, v, ok);
+      }
     }
   }
   stamp(ends + static_cast<size_t>(2 * L - 1) * gridDim.x + blockIdx.x);
 }
 
 // The blocks' work in a phase dealt round-robin in product order (the products' tiles and
-// splits), a split's cost its chunks plus one for the sum of the partials: the busiest block's.
+// splits), a split's cost its chunks plus, for the last to arrive, the sum of the partials (one
+// chunk's time for every eight splits, rounded up): the busiest block's.
 int busiest(const std::vector<Product>& products, int blocks) {
   std::vector<int> load(blocks, 0);
   int item = 0;
@@ -436,8 +504,8 @@ int busiest(const std::vector<Product>& products, int blocks) {
     const int chunks = (p.K + kTile - 1) / kTile;
     for (int t = 0; t < p.tiles(); ++t)
       for (int s = 0; s < p.splits; ++s, ++item)
-        load[item % blocks] +=
-            (s + 1) * chunks / p.splits - s * chunks / p.splits + (p.splits > 1 ? 1 : 0);
+        load[item % blocks] += (s + 1) * chunks / p.splits - s * chunks / p.splits +
+                               (p.splits > 1 ? 1 + p.splits / 8 : 0);
   }
   return *std::max_element(load.begin(), load.end());
 }
