@@ -914,8 +914,11 @@ class GpuRunner final : public StageRunner {
     if (!fused_step_fits(spec_.shape, spec_.batch, config_.optimizer, &why))
       return not_used("it does not take " + why);
     tried = true;
-    auto fused = std::make_unique<FusedMlpStep>(spec_.shape, spec_.batch, config_.precision,
-                                                config_.optimizer);
+    std::unique_ptr<FusedMlpStep> fused;
+    const auto make = [&](int blocks) {
+      fused = std::make_unique<FusedMlpStep>(spec_.shape, spec_.batch, config_.precision,
+                                             config_.optimizer, blocks);
+    };
     CudaStage& stage = chunks_.front()->stage();
     const int batch = spec_.batch;
     const size_t count = weights_->count();
@@ -966,20 +969,35 @@ class GpuRunner final : public StageRunner {
         after[i] -= before[i];
       return after;
     };
-    // --autotune alone: the choice of an earlier run on this GPU, model and precision, if kept.
+    // --autotune alone: the choice of an earlier run on this GPU, model and precision (whether
+    // to use the fused step, and its grid), if kept.
     const std::string cache = asked ? std::string() : autotune_cache_path(config_.cache_dir);
     const std::string key = fused_cache_key();
     const std::optional<std::vector<int>> cached =
         cache.empty() ? std::nullopt : load_autotune(cache, key);
-    const bool from_cache = cached && cached->size() == 1;
+    const std::vector<int> grids = FusedMlpStep::grids(config_.precision);
+    const bool from_cache = cached && cached->size() == 2 &&
+                            std::find(grids.begin(), grids.end(), (*cached)[1]) != grids.end();
     std::vector<float> want, got;
     double usual_us = 0, fused_us = 0;
+    int grid = from_cache ? (*cached)[1] : 0;  // 0: FusedMlpStep's default
     try {
       want = update(usual);
+      if (!asked && !from_cache) {
+        // --autotune: the fastest of the grids the GPU can hold (the splits follow the grid).
+        fused_us = INFINITY;
+        for (int blocks : grids) {
+          make(blocks);
+          const double us = time_steps_us(stream_, 50, true, one);
+          if (us < fused_us) fused_us = us, grid = blocks;
+        }
+        put_back();
+      }
+      make(grid);
       got = update(one);
       if (!from_cache) {
         usual_us = time_steps_us(stream_, 50, true, usual);
-        fused_us = time_steps_us(stream_, 50, true, one);
+        if (asked) fused_us = time_steps_us(stream_, 50, true, one);
       }
     } catch (const Error& e) {
       // A launch or capture the GPU refused: the capture ended, the weights put back.
@@ -1022,7 +1040,7 @@ class GpuRunner final : public StageRunner {
                          fused_us, usual_us, error);
     const bool faster = from_cache ? (*cached)[0] == 1 : fused_us < usual_us;
     if (!asked && !from_cache && !cache.empty()) {
-      const std::string failed = save_autotune(cache, key, {faster ? 1 : 0});
+      const std::string failed = save_autotune(cache, key, {faster ? 1 : 0, fused->blocks()});
       if (!failed.empty() && lead_)
         spdlog::warn("--autotune: the fused step's choice was not kept: {}", failed);
     }
@@ -1041,7 +1059,7 @@ class GpuRunner final : public StageRunner {
     DDP_CUDA_CHECK(cudaGetDevice(&device));
     cudaDeviceProp prop{};
     DDP_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
-    return fmt::format("fused step v2 | {} sm_{}{} | layers {} | batch {} | {}", prop.name,
+    return fmt::format("fused step v3 | {} sm_{}{} | layers {} | batch {} | {}", prop.name,
                        prop.major, prop.minor, spec_.shape.to_string(), spec_.batch,
                        precision_name(config_.precision));
   }

@@ -8,7 +8,7 @@
 // A phase's products are 32 x 32 output tiles, split along k where the tiles alone would leave
 // blocks idle (a split's partial sums go to scratch; the last split to arrive sums them in
 // split order, so the result does not depend on timing), dealt round-robin over the blocks;
-// k runs in chunks of 32 through a four-stage cp.async pipeline in shared memory. tf32 and
+// k runs in chunks of 32 through a five-stage cp.async pipeline in shared memory. tf32 and
 // bf16 on tensor cores through WMMA (m16n16k8 tf32; bf16 operands rounded to bf16 first, which
 // tf32 holds exactly), float32 FMAs in fp32.
 #include "models/fused_mlp.h"
@@ -31,7 +31,7 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kTile = 32;
 constexpr int kLd = 36;  // a row of a staged 32 x 32 block in shared memory, in floats
-constexpr int kStages = 4;
+constexpr int kStages = 5;
 constexpr int kBlockFloats = kTile * kLd;
 constexpr int kPer = kTile * kTile / kThreads;  // a tile's elements a thread
 constexpr int kMaxWidth = 1024;
@@ -604,7 +604,7 @@ FusedMlpStep::FusedMlpStep(const MlpShape& shape, int batch, Precision precision
   DDP_CHECK(blocks >= 0 && blocks <= sms * per_sm,
             "the fused step's grid: {} blocks asked, this GPU holds at most {}", blocks,
             sms * per_sm);
-  blocks_ = blocks > 0 ? blocks : sms;  // by default one an SM
+  blocks_ = blocks > 0 ? blocks : sms * std::min(per_sm, 2);
 
   // The phases' products and their splits; scratch for the split products' partial sums.
   std::vector<std::vector<Product>> phases;
@@ -645,6 +645,20 @@ FusedMlpStep::FusedMlpStep(const MlpShape& shape, int batch, Precision precision
 }
 
 FusedMlpStep::~FusedMlpStep() = default;
+
+std::vector<int> FusedMlpStep::grids(Precision precision) {
+  const auto kernel = precision == Precision::kTf32   ? fused_step_kernel<kTf32>
+                      : precision == Precision::kBf16 ? fused_step_kernel<kBf16>
+                                                      : fused_step_kernel<kNone>;
+  int device = 0, sms = 0, per_sm = 0;
+  DDP_CUDA_CHECK(cudaGetDevice(&device));
+  DDP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  DDP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0));
+  std::vector<int> grids;
+  for (int per = 1; per <= std::min(per_sm, 3); ++per)
+    grids.push_back(per * sms);
+  return grids;
+}
 
 void FusedMlpStep::run(const FusedStepIo& io, cudaStream_t stream) const {
   Args a = plan_->args;

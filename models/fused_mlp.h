@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "models/mlp.h"
 #include "models/optimizer.h"
@@ -54,8 +55,8 @@ struct FusedStepIo {
 
 class FusedMlpStep {
  public:
-  // Throws ddp::Error when fused_step_fits says no. `blocks`: of the grid (0: one an SM; at
-  // most what the GPU holds at once).
+  // Throws ddp::Error when fused_step_fits says no. `blocks`: of the grid (0: two an SM where
+  // they fit, else one; at most what the GPU holds at once).
   FusedMlpStep(const MlpShape& shape, int batch, Precision precision,
                const OptimizerConfig& optimizer, int blocks = 0);
   ~FusedMlpStep();
@@ -66,6 +67,9 @@ class FusedMlpStep {
   void run(const FusedStepIo& io, cudaStream_t stream) const;
   // Blocks of the cooperative grid.
   int blocks() const { return blocks_; }
+  // The grids worth timing on this GPU in `precision`: one, two and three blocks an SM, as many
+  // of them as it holds at once.
+  static std::vector<int> grids(Precision precision);
   // The most ways a product of the step is split along k.
   int most_splits() const { return splits_; }
   // Diagnostics: where `trace` is not null, each later run writes there (device memory,
