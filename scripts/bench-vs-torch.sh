@@ -10,6 +10,7 @@
 # Usage: scripts/bench-vs-torch.sh [BUILD_DIR] [workload:precision ...]
 #   default: tiny:tf32 tiny:bf16 medium:tf32 medium:bf16 large:tf32 large:bf16
 #   TORCH_MODES: the PyTorch modes besides eager (default "graph compile"; "" for eager only)
+#   DDP_COMMIT: the commit the table names (default: git's HEAD)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/workloads.sh
@@ -20,7 +21,8 @@ runs=("$@")
 py="${PYTHON:-python3}"
 modes="${TORCH_MODES-graph compile}"
 tmp="$(mktemp -d)"
-commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+# DDP_COMMIT: the commit to name where the tree has no git history of its own (a copy).
+commit="${DDP_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 
 json() { ddp_json "$@"; }
 # PyTorch's ms per step in MODE for the current workload, or "-" (its error on stderr).
