@@ -246,7 +246,8 @@ const std::vector<Flag>& flags() {
     f.push_back(switch_flag(
         "autotune",
         "cuda: at start, time cuBLASLt's candidate algorithms and the fused epilogues against "
-        "plain products and keep the fastest (results may differ in the last bits from a run "
+        "plain products, and on one GPU the whole step as one kernel (--fused-step) against the "
+        "usual step, and keep the fastest (results may differ in the last bits from a run "
         "without)",
         &C::autotune, true, "autotune"));
     f.push_back(switch_flag(
@@ -298,8 +299,9 @@ const std::vector<Flag>& flags() {
     f.push_back(switch_flag(
         "fused-step",
         "cuda, one GPU: the whole training step as one kernel where the model fits (at most 8 "
-        "layers, widths and batch at most 1024, SGD, one micro-batch), checked at start "
-        "against the usual step on one batch and used where it agrees (both times logged)",
+        "layers, widths and batch at most 1024, at most 32 classes, SGD, one micro-batch), "
+        "checked at start against the usual step on one batch and used where it agrees, also "
+        "where slower (both times logged; --autotune alone uses it only where it is faster)",
         &C::fused_step, true, "fused-step"));
     f.push_back(choice_flag<GradReduce>(
         "grad-reduce",

@@ -194,7 +194,8 @@ int run(int argc, char** argv) {
                 name.c_str(), stage_us, graph_us.c_str(), eager_us, fused.blocks(),
                 fused.most_splits());
     std::fflush(stdout);
-    if (trace) print_phases(fused, shape.num_layers(), stage.stream(), [&] {
+    if (trace)
+      print_phases(fused, shape.num_layers(), stage.stream(), [&] {
         reset();
         fused_step();
       });

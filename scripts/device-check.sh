@@ -271,9 +271,10 @@ if want bench; then
 fi
 
 if want fused; then
-  # Issue 33: the fused step against the usual one (tiny, each precision), and what leaving
+  # Issue 33: the fused step against the usual one (tiny, each precision, with each phase's
+  # time from the kernel's own stamps), and what leaving
   # SMs to the overlapped optimizer costs and gains (medium and large in bf16).
-  timeout 120 "$build/bin/ddp_fused_mlp_bench" > "$out/fused.md" 2> "$out/fused.err" ||
+  timeout 120 "$build/bin/ddp_fused_mlp_bench" --trace > "$out/fused.md" 2> "$out/fused.err" ||
     fail fused "ddp_fused_mlp_bench exited $? ($(tail -1 "$out/fused.err"))"
   cat "$out/fused.md"
   timeout 300 scripts/bench-product-sms.sh "$build" > "$out/product-sms.md" 2> "$out/product-sms.err" ||
