@@ -78,6 +78,10 @@ int main(int argc, char** argv) {
             config.checkpoint_dir, ddp::parse_layers(config.layers), config.seed, config.resume);
       }
     }
+    // The layout (dp x pp, the batch among the replicas) before the collectives start, so that
+    // every rank stops with the same usage error: checked after joining, a rank still
+    // connecting would report its peers' exit instead, and ddprun could name that first.
+    ddp::stage_cut(config, ddp::layout_of(config, env.world_size, env.rank).replicas);
     // Before anything is allocated: what the flags ask for against what this machine has
     // (its ranks share it); the GPU's part is checked once the device is bound.
     const ddp::MemoryNeed need = ddp::estimate_memory(config);
