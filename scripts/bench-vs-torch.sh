@@ -7,19 +7,31 @@
 # step's limit on this GPU (torch_matmul_rate.py: its FLOPs at the peak product rate plus the
 # optimizer's bytes at the copy bandwidth, both measured here) with ddptrain's share of it.
 # Prints a Markdown table.
-# Usage: scripts/bench-vs-torch.sh [BUILD_DIR] [workload:precision ...]
+# Usage: scripts/bench-vs-torch.sh [--warm] [BUILD_DIR] [workload:precision ...]
 #   default: tiny:tf32 tiny:bf16 medium:tf32 medium:bf16 large:tf32 large:bf16
+#   --warm: only fill the caches that make a later run quick, timing nothing: torch.compile's
+#     (its autotuned kernels; TORCHINDUCTOR_CACHE_DIR, default BUILD_DIR/torchinductor-cache)
+#     and ddptrain's --autotune choices (DDP_CACHE_DIR, default BUILD_DIR/ddp-cache). The six
+#     workloads took about 10 minutes with compiling (most of tiny's 95 s and medium's 160 s a
+#     precision): where one call cannot hold that, warm in one and run the table in the next
+#     on the same machine.
 #   TORCH_MODES: the PyTorch modes besides eager (default "graph compile"; "" for eager only)
 #   DDP_COMMIT: the commit the table names (default: git's HEAD)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/workloads.sh
+warm=0
+[ "${1:-}" = --warm ] && { warm=1; shift; }
 build="${1:-build}"
 shift || true
+[ -x "$build/bin/ddptrain" ] || { echo "BUILD_DIR $build: no bin/ddptrain there (build first)" >&2; exit 2; }
+build="$(cd "$build" && pwd)"
 runs=("$@")
 [ ${#runs[@]} -eq 0 ] && runs=("${ddp_default_runs[@]}")
 py="${PYTHON:-python3}"
 modes="${TORCH_MODES-graph compile}"
+export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-$build/torchinductor-cache}"
+export DDP_CACHE_DIR="${DDP_CACHE_DIR:-$build/ddp-cache}"
 tmp="$(mktemp -d)"
 # DDP_COMMIT: the commit to name where the tree has no git history of its own (a copy).
 commit="${DDP_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
@@ -36,6 +48,27 @@ torch_ms() {
     echo "-"
   fi
 }
+
+if [ "$warm" = 1 ]; then
+  for run in "${runs[@]}"; do
+    workload="${run%%:*}"; prec="${run##*:}"
+    ddp_workload "$workload" || exit 2
+    started=$SECONDS
+    timeout 300 "$build/bin/ddptrain" --device cuda --precision "$prec" --data synthetic --layers "$layers" \
+      --batch-size "$batch" --synthetic-samples "$samples" --steps 2 --quiet --autotune ${DDP_BENCH_FLAGS:-} > "$tmp/ddp.log" 2>&1 ||
+      { echo "ddptrain failed on $run:"; tail -5 "$tmp/ddp.log"; exit 1; }
+    case " $modes " in
+      *" compile "*)
+        timeout 600 "$py" scripts/torch_mlp.py --device cuda --data random --precision "$prec" --layers "$layers" \
+          --batch-size "$batch" --steps 1 --warmup 2 --mode compile > /dev/null 2> "$tmp/torch.err" ||
+          { echo "torch --mode compile failed on $run: $(tail -1 "$tmp/torch.err")"; exit 1; } ;;
+    esac
+    echo "warmed $run in $((SECONDS - started)) s"
+  done
+  echo "caches: $TORCHINDUCTOR_CACHE_DIR, $DDP_CACHE_DIR"
+  rm -rf "$tmp"
+  exit 0
+fi
 
 printf '| workload | prec | ddptrain ms/step | PyTorch ms/step | ddptrain samples/s | PyTorch samples/s | ratio | PyTorch graph ms | torch.compile ms | cuBLAS ms (products) | products / ddptrain step | limit ms | ddptrain at %% of limit | ddptrain vs best |\n'
 printf '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n'

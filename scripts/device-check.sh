@@ -5,9 +5,10 @@
 # options and benchmarks. Logs go to $OUT (or ./device-out); a short table is printed last,
 # and the exit status is non-zero when any check failed, the failing sections named last.
 # Usage: scripts/device-check.sh [sections...]
-#   sections: test cuda run doctor launcher fashion monitor options ddp1 multi bench fused
-#   bench-ddp collectives levers pipeline (cuda: build and only the GPU tests, `ctest -L cuda`, when
-#   CI has run the rest; default: test run bench; multi, bench-ddp, collectives, levers and pipeline need two or more
+#   sections: build test cuda run doctor launcher fashion monitor options ddp1 multi bench-warm
+#   bench fused bench-ddp collectives levers pipeline (build: only the build; cuda: build and only
+#   the GPU tests, `ctest -L cuda`, when CI has run the rest; bench-warm: bench-vs-torch.sh
+#   --warm, the compile caches that let `bench` fit in the next call on a warm machine; default: test run bench; multi, bench-ddp, collectives, levers and pipeline need two or more
 #   GPUs; collectives needs nccl-tests' source: scripts/device-prepare.sh --nccl-tests DIR)
 # Expects .deps/ (made by scripts/device-prepare.sh here): fashion-mnist/, and zlib/ and
 # json/, prefixes of the headers the device image lacks (on CMAKE_PREFIX_PATH, nothing else).
@@ -41,6 +42,16 @@ if want cuda; then
   else
     grep -E 'error:|\(Failed|\(Timeout|Expected|Which is' "$out/build.log" "$out/cuda.log" | head -20
     fail cuda "$(grep -E 'tests passed|tests failed' "$out/cuda.log" 2>/dev/null | tail -1)"
+  fi
+fi
+
+if want build; then
+  start=$(date +%s)
+  if (source scripts/deps.sh && ddp_build) > "$out/build.log" 2>&1; then
+    note "build: $(( $(date +%s) - start ))s"
+  else
+    grep -E 'error:' "$out/build.log" | head -20
+    fail build "$(tail -1 "$out/build.log")"
   fi
 fi
 
@@ -260,6 +271,17 @@ if want levers; then
     wait
     note "lever $run one GPU alone: $(ddp_json "$out/alone.jsonl" steady_samples_per_s 2>/dev/null | cut -d. -f1) samples/s; while the other GPU trains too: $(ddp_json "$out/both.jsonl" steady_samples_per_s 2>/dev/null | cut -d. -f1) and $(ddp_json "$out/other.jsonl" steady_samples_per_s 2>/dev/null | cut -d. -f1)"
   done
+fi
+
+if want bench-warm; then
+  # torch.compile's autotuned kernels and ddptrain's autotune choices, kept in the build folder
+  # (which stays between calls on a warm machine) so that `bench` fits in the next call.
+  if timeout 590 scripts/bench-vs-torch.sh --warm "$build" > "$out/bench-warm.log" 2>&1; then
+    note "bench-warm: $(grep -c '^warmed' "$out/bench-warm.log") workloads warmed ($(grep '^warmed' "$out/bench-warm.log" | sed 's/^warmed //' | paste -sd, -))"
+  else
+    tail -5 "$out/bench-warm.log"
+    fail bench-warm "bench-vs-torch.sh --warm exited $? ($(tail -1 "$out/bench-warm.log"))"
+  fi
 fi
 
 if want bench; then
