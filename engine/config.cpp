@@ -27,6 +27,20 @@ std::string text(const T& value) {
   return fmt::format("{}", value);
 }
 
+// "A-B" or "A" (steps, 1-based, A <= B) of --profile-steps; throws UsageError naming the flag.
+std::pair<int64_t, int64_t> parse_step_range(const std::string& v) {
+  const size_t dash = v.find('-');
+  const auto first = parse_number<int64_t>(std::string_view(v).substr(0, dash));
+  const auto last = dash == std::string::npos
+                        ? first
+                        : parse_number<int64_t>(std::string_view(v).substr(dash + 1));
+  DDP_USAGE_CHECK(first && last && *first >= 1 && *last >= *first,
+                  "--profile-steps {}: expected steps A-B with 1 <= A <= B, like 20-30, or one "
+                  "step",
+                  v);
+  return {*first, *last};
+}
+
 }  // namespace
 
 const char* device_name(Device device) {
@@ -347,6 +361,17 @@ const std::vector<Flag>& flags() {
                           "write a Chrome trace (Perfetto) of every rank's forward, backward, "
                           "send, recv and all-reduce to FILE (.json)",
                           &C::timeline));
+    f.push_back(text_flag("profile-steps",
+                          "cuda: Nsight Systems' capture range, steps A-B (1-based, or one step "
+                          "A): cudaProfilerStart before step A, cudaProfilerStop after step B; "
+                          "run under nsys profile --capture-range=cudaProfilerApi",
+                          &C::profile_steps));
+    f.back().set = [](C& c, const std::string& v) {
+      const auto [first, last] = parse_step_range(v);
+      c.profile_steps = v;
+      c.profile_first = first;
+      c.profile_last = last;
+    };
     f.push_back(switch_flag(
         "check-replicas", "after every step, check that every rank holds bitwise the same weights",
         &C::check_replicas, true, "check-replicas"));
@@ -490,6 +515,9 @@ void validate(const TrainConfig& c) {
                   "--product-sms: the GPU's products only; use --device cuda");
   DDP_USAGE_CHECK(!c.fused_step || c.device == Device::kCuda,
                   "--fused-step: the GPU's step only; use --device cuda");
+  DDP_USAGE_CHECK(c.profile_steps.empty() || c.device == Device::kCuda,
+                  "--profile-steps {}: a CUDA profiler's capture range; use --device cuda",
+                  c.profile_steps);
   const MlpShape shape = parse_layers(c.layers);
   DDP_USAGE_CHECK(c.pp >= 1 && c.pp <= shape.num_layers(),
                   "--pp {}: expected 1 to {} (the number of layers of --layers {})", c.pp,

@@ -82,6 +82,9 @@ struct TrainConfig {
   int zero = 0;           // ZeRO: 1 shards the optimizer state, 2 the gradients too (data parallel)
   std::string partition;  // "0-1,2-3": layers of each stage; empty: balanced by FLOPs
   std::string timeline;   // Chrome trace of every rank's forward/backward/send/recv/all-reduce
+  std::string profile_steps;  // "A-B": Nsight Systems' capture range, steps A to B (1-based)
+  int64_t profile_first = 0;  // parsed from profile_steps; 0: no capture range
+  int64_t profile_last = 0;
   bool check_replicas = false;  // compare every rank's weights after every step
   OnNonfinite on_nonfinite = OnNonfinite::kStop;
   int64_t max_skipped_steps = -1;  // skip-step: most skipped steps a window; -1: --log-every / 10

@@ -219,6 +219,12 @@ class StageRunner {
   // or reads --init-weights while it builds) and returns true; false: the trainer makes
   // them on the host and calls set_params().
   virtual bool initial_params() { return false; }
+  // --profile-steps: opens (true) or closes a CUDA profiler capture range once the work
+  // before it is done. The GPU's only (validate() refuses the flag elsewhere).
+  virtual void profile(bool on) {
+    DDP_CHECK(false, "--profile-steps: this runner has no CUDA profiler (asked to turn it {})",
+              on ? "on" : "off");
+  }
   // What the device holds, for the log and the metrics' "memory" record (empty on the CPU).
   virtual std::string memory_report() const { return {}; }
   virtual int64_t held_bytes() const { return 0; }

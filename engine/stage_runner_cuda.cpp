@@ -12,6 +12,7 @@
 // chunk; a pipeline stage takes one step at a time and the host waits for each (its
 // micro-batches' spans are timed by events). Every host wait is bounded by --timeout when
 // there are peers.
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -294,6 +295,11 @@ class GpuRunner final : public StageRunner {
   }
 
   bool on_gpu() const override { return true; }
+  void profile(bool on) override {
+    // The steps before stay out of the range and this one's last kernels in it.
+    DDP_CUDA_CHECK(cudaDeviceSynchronize());
+    DDP_CUDA_CHECK(on ? cudaProfilerStart() : cudaProfilerStop());
+  }
   ChunkOps& chunk(int c) override {
     DDP_CHECK(c >= 0 && c < static_cast<int>(chunks_.size()), "the rank holds {} stages, not {}",
               chunks_.size(), c + 1);

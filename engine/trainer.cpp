@@ -80,6 +80,8 @@ Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* c
       config.steps > 0
           ? config.steps
           : std::max<int64_t>(1, int64_t{config.epochs} * data.train.n / config.batch_size);
+  DDP_USAGE_CHECK(config.profile_last <= total_steps_, "--profile-steps {}: the run has {} step{}",
+                  config.profile_steps, total_steps_, total_steps_ == 1 ? "" : "s");
   // A data-parallel group of one (a backend named for one process) still runs the
   // data-parallel path, so that it can be checked against the plain one.
   if (layout_.replicas > 1 || (layout_.stages == 1 && comm_ != nullptr)) {
@@ -303,7 +305,22 @@ TrainResult Trainer::run_loop(MetricsWriter* metrics_in, GpuMonitor* monitor) {
   if (monitor != nullptr) monitor->begin_training();
   while (step_ < total_steps_) {
     if (ddp_) ddp_->record_events(first);
+    if (!profiling_ && config_.profile_first > 0 && step_ + 1 >= config_.profile_first &&
+        step_ + 1 <= config_.profile_last) {
+      runner_->profile(true);
+      profiling_ = true;
+      if (lead())
+        spdlog::info("--profile-steps {}: the CUDA profiler's capture range opens before step {}",
+                     config_.profile_steps, step_ + 1);
+    }
     const StepStats stats = step();
+    if (profiling_ && step_ >= config_.profile_last) {
+      runner_->profile(false);
+      profiling_ = false;
+      if (lead())
+        spdlog::info("--profile-steps {}: the capture range closes after step {}",
+                     config_.profile_steps, step_);
+    }
     if (first && ddp_ && lead()) write_ddp_timeline(metrics, *ddp_, step_);
     if (first) progress.first_step_done();
     first = false;

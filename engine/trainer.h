@@ -130,7 +130,8 @@ class Trainer {
   std::unique_ptr<Ddp> ddp_;
   Sampler sampler_;
   int64_t total_steps_ = 0;
-  int64_t skipped_ = 0;  // steps skipped by --on-nonfinite skip-step
+  bool profiling_ = false;  // inside --profile-steps' capture range
+  int64_t skipped_ = 0;     // steps skipped by --on-nonfinite skip-step
   int64_t step_ = 0;
   int64_t resumed_from_ = -1;
   int peak_live_ = 0;

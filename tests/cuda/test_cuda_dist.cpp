@@ -328,6 +328,46 @@ TEST(GpuRun, AutotuneUsesTheFusedStepWhereItIsFaster) {
             1e-4);
 }
 
+// --profile-steps opens the CUDA profiler's capture range before its first step and closes it
+// after its last, leaving the weights as a run without it has them; a range past the run's
+// end is refused. Under Nsight Systems, where the machine has it, the report holds kernels.
+TEST(GpuRun, ProfileStepsOpensAndClosesTheCaptureRange) {
+  REQUIRE_GPU();
+  TempDir dir;
+  const std::string run = kEnv + kTrain + kArgs + " --save-weights ";
+  const RunResult plain = run_command(run + dir.file("plain.st"));
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  const RunResult r = run_command(run + dir.file("profiled.st") + " --profile-steps 10-12");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find(
+                "--profile-steps 10-12: the CUDA profiler's capture range opens before step 10"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("--profile-steps 10-12: the capture range closes after step 12"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(load_weights(dir.file("profiled.st"), kLayers),
+            load_weights(dir.file("plain.st"), kLayers));
+  const RunResult past = run_command(kEnv + kTrain + kArgs + " --profile-steps 20-30");
+  EXPECT_EQ(past.exit_code, 2) << past.output;
+  EXPECT_NE(past.output.find("--profile-steps 20-30: the run has 24 steps"), std::string::npos)
+      << past.output;
+  if (run_command("command -v nsys").exit_code != 0) {
+    std::printf("no nsys on PATH: the capture under Nsight Systems not tried\n");
+    return;
+  }
+  const RunResult nsys =
+      run_command(kEnv +
+                  "nsys profile --capture-range=cudaProfilerApi --capture-range-end=stop -t cuda "
+                  "--cuda-graph-trace=node --force-overwrite true -o " +
+                  dir.file("p") + " " + kTrain + kArgs + " --profile-steps 10-12");
+  ASSERT_EQ(nsys.exit_code, 0) << nsys.output;
+  const RunResult stats =
+      run_command("nsys stats --report cuda_gpu_kern_sum --format csv " + dir.file("p.nsys-rep"));
+  ASSERT_EQ(stats.exit_code, 0) << stats.output;
+  EXPECT_NE(stats.output.find("Instances"), std::string::npos) << stats.output;
+}
+
 // A checkpoint whose optimizer took fewer steps than the run did (as after steps skipped by
 // --on-nonfinite skip-step) resumes on the GPU with the optimizer's own step count, as the
 // CPU does: AdamW's bias corrections (and SGD's first step) follow the optimizer, not the

@@ -309,6 +309,12 @@ TEST(BadInput, FlagsThatAreNotFiniteOrRoundAwayAreRefused) {
            {"--product-sms -1", "--product-sms -1: expected 0 (all SMs) or a count of SMs"},
            {"--product-sms 8", "--product-sms: the GPU's products only; use --device cuda"},
            {"--fused-step", "--fused-step: the GPU's step only; use --device cuda"},
+           {"--profile-steps 2",
+            "--profile-steps 2: a CUDA profiler's capture range; use --device cuda"},
+           {"--device cuda --profile-steps 3-2",
+            "--profile-steps 3-2: expected steps A-B with 1 <= A <= B"},
+           {"--device cuda --profile-steps 0", "--profile-steps 0: expected steps A-B"},
+           {"--device cuda --profile-steps 2-x", "--profile-steps 2-x: expected steps A-B"},
            {"--schedule zigzag",
             "--schedule zigzag: expected gpipe, 1f1b, pairs, zb-h1, interleaved-1f1b or zb-v"},
            {"--dp 2", "--dp 2 --pp 1: the world has 1 rank, not dp x pp = 2 (give --dp 1"}}) {
