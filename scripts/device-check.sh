@@ -6,7 +6,7 @@
 # and the exit status is non-zero when any check failed, the failing sections named last.
 # Usage: scripts/device-check.sh [sections...]
 #   sections: build test cuda run doctor launcher fashion monitor options ddp1 multi bench-warm
-#   bench fused bench-ddp collectives levers pipeline (build: only the build; cuda: build and only
+#   bench fused profile bench-ddp collectives levers pipeline (build: only the build; cuda: build and only
 #   the GPU tests, `ctest -L cuda`, when CI has run the rest; bench-warm: bench-vs-torch.sh
 #   --warm, the compile caches that let `bench` fit in the next call on a warm machine; default: test run bench; multi, bench-ddp, collectives, levers and pipeline need two or more
 #   GPUs; collectives needs nccl-tests' source: scripts/device-prepare.sh --nccl-tests DIR)
@@ -290,6 +290,18 @@ if want bench; then
     fail bench "bench-vs-torch.sh exited $? ($(tail -1 "$out/bench.err"))"
   cat "$out/bench.md"
   note "bench: see bench.md"
+fi
+
+if want profile; then
+  # Issue 33: where medium's and large's steps go (Nsight Systems, kernels by kind a step).
+  if timeout 590 scripts/profile-step.sh "$build" > "$out/profile.md" 2> "$out/profile.err"; then
+    note "profile: see profile.md ($(grep -c '^### ' "$out/profile.md") workloads)"
+  else
+    rc=$?
+    [ "$rc" = 77 ] && note "profile: skipped ($(tail -1 "$out/profile.md"))" ||
+      fail profile "profile-step.sh exited $rc ($(tail -1 "$out/profile.md"))"
+  fi
+  cat "$out/profile.md"
 fi
 
 if want fused; then
