@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 
@@ -55,6 +56,22 @@ WakePipe::WakePipe() {
 void WakePipe::wake() {
   const char byte = 0;
   (void)!::write(write.get(), &byte, 1);
+}
+
+bool RefusalLog::refuse(const std::string& peer, const std::string& reason) {
+  ++count_;
+  if (seen_.size() > kMaxRefusalLines) return false;
+  std::string kind = peer + ": ";
+  for (const char c : reason)
+    if (!std::isdigit(static_cast<unsigned char>(c))) kind.push_back(c);
+  if (!seen_.insert(kind).second) return false;
+  if (!report_) return false;
+  if (seen_.size() > kMaxRefusalLines) {
+    report_(fmt::format("{}: {} (and further refusals of any peer go unreported)", peer, reason));
+    return true;
+  }
+  report_(peer + ": " + reason);
+  return true;
 }
 
 }  // namespace ddp

@@ -2,6 +2,9 @@
 // pipe that wakes their poll() loop to stop.
 #pragma once
 
+#include <cstdint>
+#include <functional>
+#include <set>
 #include <string>
 
 #include "runtime/socket.h"
@@ -23,6 +26,25 @@ struct WakePipe {
   WakePipe();
   void wake();
   UniqueFd read, write;
+};
+
+// The refusals a server reports, once per peer address and kind of reason: the reason with
+// its digits taken out, so that a fuzzing peer's frames of a thousand sizes make one line.
+// At most kMaxRefusalLines lines in all (then one that says the rest go unreported), so that
+// what it remembers stays bounded. Used by one thread.
+class RefusalLog {
+ public:
+  static constexpr size_t kMaxRefusalLines = 64;
+  explicit RefusalLog(std::function<void(const std::string&)> report)
+      : report_(std::move(report)) {}
+  // `peer` is an address without its port. Returns whether a line was reported.
+  bool refuse(const std::string& peer, const std::string& reason);
+  uint64_t count() const { return count_; }  // every refusal, reported or not
+
+ private:
+  std::function<void(const std::string&)> report_;
+  std::set<std::string> seen_;
+  uint64_t count_ = 0;
 };
 
 }  // namespace ddp

@@ -51,7 +51,8 @@ bool same_token(const std::string& given, const std::string& token) {
 
 }  // namespace
 
-StoreServer::StoreServer(const StoreServerConfig& config) : config_(config) {
+StoreServer::StoreServer(const StoreServerConfig& config)
+    : config_(config), refusals_(config.on_refused) {
   Listener listener = listen_tcp(config.bind_addr, config.port, "the store");
   listen_fd_ = std::move(listener.fd);
   port_ = listener.port;
@@ -83,10 +84,7 @@ void StoreServer::clear() {
 void StoreServer::refuse(const std::string& peer, const std::string& reason) {
   ++dropped_;
   const std::string address = peer.substr(0, peer.rfind(':'));
-  const std::string line = address + ": " + reason;
-  if (refused_.count(line)) return;
-  refused_[line] = true;
-  if (config_.on_refused) config_.on_refused(line);
+  refusals_.refuse(address, reason);
 }
 
 void StoreServer::serve() {

@@ -62,7 +62,7 @@ class StoreServer {
   std::atomic<size_t> dropped_{0};
   std::mutex mutex_;  // guards data_ against clear() from another thread
   std::map<std::string, std::string> data_;
-  std::map<std::string, bool> refused_;  // "peer: reason" already reported (server thread)
+  RefusalLog refusals_;  // what was reported (server thread)
 };
 
 }  // namespace ddp

@@ -9,13 +9,15 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <memory>
-#include <set>
+#include <optional>
 
 #include <fmt/format.h>
 
 #include "runtime/error.h"
+#include "runtime/parse.h"
 
 namespace ddp {
 namespace {
@@ -105,8 +107,8 @@ struct Reader {
 
 }  // namespace
 
-std::string TorchStoreConnection::feed(const std::string& bytes,
-                                       std::map<std::string, std::string>& kv) {
+std::string TorchStoreConnection::feed(const std::string& bytes, TorchStoreKeys& kv,
+                                       uint64_t room) {
   in_.append(bytes);
   std::string out;
   // A query holds at most three strings of the bound: more waiting is not a client's.
@@ -129,7 +131,10 @@ std::string TorchStoreConnection::feed(const std::string& bytes,
     torch2_ = (in_[0] == 0 && magic == kTorch2Magic) || head == kTorch2Magic;
     first_ = false;
   }
-  while (error_.empty() && parse_one(kv, &out)) {
+  // Replies beyond `room` would be built whole in memory before the peer reads any: the
+  // queries past it wait in in_ (a GET of a large value asked many times over is answered
+  // as the peer reads).
+  while (error_.empty() && out.size() < room && parse_one(kv, &out)) {
   }
   if (at_ > 0) {
     in_.erase(0, at_);
@@ -139,7 +144,20 @@ std::string TorchStoreConnection::feed(const std::string& bytes,
   return out;
 }
 
-bool TorchStoreConnection::parse_one(std::map<std::string, std::string>& kv, std::string* out) {
+bool TorchStoreConnection::put(TorchStoreKeys& kv, const std::string& key, std::string value) {
+  const auto it = kv.values.find(key);
+  const uint64_t before = it == kv.values.end() ? 0 : key.size() + it->second.size();
+  const uint64_t after = key.size() + value.size();
+  if (kv.bytes - before + after > kv.max_bytes) {
+    error_ = fmt::format("a set past the {} MiB the store holds in all", kv.max_bytes >> 20);
+    return false;
+  }
+  kv.bytes = kv.bytes - before + after;
+  kv.values[key] = std::move(value);
+  return true;
+}
+
+bool TorchStoreConnection::parse_one(TorchStoreKeys& kv, std::string* out) {
   if (at_ >= in_.size()) return false;
   size_t start = at_;
   if (torch2_ && in_.size() >= start + 4) {  // a query's own magic number, where sent
@@ -157,6 +175,7 @@ bool TorchStoreConnection::parse_one(std::map<std::string, std::string>& kv, std
   std::string key, a, b;
   const auto done = [&] {
     at_ = r.at;
+    spoke_ = true;
     return true;
   };
   const auto read_keys = [&](std::vector<std::string>* keys, bool pairs) {
@@ -191,52 +210,64 @@ bool TorchStoreConnection::parse_one(std::map<std::string, std::string>& kv, std
     }
     case Op::kSet:
       if (!r.bytes(&key, &too_long) || !r.bytes(&a, &too_long)) break;
-      kv[key] = a;
-      return done();
-    case Op::kAppend:
+      return put(kv, key, std::move(a)) && done();
+    case Op::kAppend: {
       if (!r.bytes(&key, &too_long) || !r.bytes(&a, &too_long)) break;
-      kv[key] += a;
-      return done();
+      const auto it = kv.values.find(key);
+      return put(kv, key, (it == kv.values.end() ? std::string() : it->second) + a) && done();
+    }
     case Op::kMultiSet:
       if (!read_keys(&keys, true)) break;
       for (size_t i = 0; i + 1 < keys.size(); i += 2)
-        kv[keys[i]] = keys[i + 1];
+        if (!put(kv, keys[i], std::move(keys[i + 1]))) return false;
       return done();
     case Op::kCompareSet: {
       if (!r.bytes(&key, &too_long) || !r.bytes(&a, &too_long) || !r.bytes(&b, &too_long)) break;
       // As torch's server: a missing key is set when the expected value is empty; the reply
       // is the value the key holds afterwards (or the expected one for a missing key).
-      auto it = kv.find(key);
-      if (it == kv.end()) {
-        if (a.empty()) kv[key] = b;
+      const auto it = kv.values.find(key);
+      if (it == kv.values.end()) {
+        if (a.empty() && !put(kv, key, b)) return false;
         put_bytes(out, a.empty() ? b : a);
       } else {
-        if (it->second == a) it->second = b;
-        put_bytes(out, it->second);
+        if (it->second == a && !put(kv, key, b)) return false;
+        put_bytes(out, kv.values.at(key));
       }
       return done();
     }
     case Op::kGet: {
       if (!r.bytes(&key, &too_long)) break;
-      const auto it = kv.find(key);
-      put_bytes(out, it == kv.end() ? std::string() : it->second);
+      const auto it = kv.values.find(key);
+      put_bytes(out, it == kv.values.end() ? std::string() : it->second);
       return done();
     }
     case Op::kMultiGet:
       if (!read_keys(&keys, false)) break;
       for (const std::string& k : keys) {
-        const auto it = kv.find(k);
-        put_bytes(out, it == kv.end() ? std::string() : it->second);
+        const auto it = kv.values.find(k);
+        put_bytes(out, it == kv.values.end() ? std::string() : it->second);
       }
       return done();
     case Op::kAdd: {
       uint64_t delta = 0;
       if (!r.bytes(&key, &too_long) || !r.u64(&delta)) break;
-      // Torch keeps counters as decimal text.
+      // Torch keeps counters as decimal text; a key holding other text, or a sum past int64,
+      // is the client's mistake, refused (torch's own server fails that query too).
       int64_t value = static_cast<int64_t>(delta);
-      const auto it = kv.find(key);
-      if (it != kv.end()) value += std::stoll(it->second.empty() ? "0" : it->second);
-      kv[key] = std::to_string(value);
+      const auto it = kv.values.find(key);
+      if (it != kv.values.end() && !it->second.empty()) {
+        const std::optional<int64_t> held = parse_number<int64_t>(it->second);
+        if (!held) {
+          error_ =
+              fmt::format("an add to a key that holds no integer ({} bytes)", it->second.size());
+          return false;
+        }
+        if (__builtin_add_overflow(*held, value, &value)) {
+          error_ = "an add past the largest 64-bit integer";
+          return false;
+        }
+      }
+      if (!put(kv, key, std::to_string(value))) return false;
       put_u64(out, static_cast<uint64_t>(value));
       return done();
     }
@@ -245,7 +276,7 @@ bool TorchStoreConnection::parse_one(std::map<std::string, std::string>& kv, std
       if (!read_keys(&keys, false)) break;
       bool all = true;
       for (const std::string& k : keys)
-        all = all && kv.count(k) > 0;
+        all = all && kv.values.count(k) > 0;
       if (op_of(torch2_, type) == Op::kCheck)
         out->push_back(static_cast<char>(all ? kReady : kNotReady));
       else if (all)
@@ -259,12 +290,19 @@ bool TorchStoreConnection::parse_one(std::map<std::string, std::string>& kv, std
       out->push_back(static_cast<char>(kWaitCanceled));
       return done();
     case Op::kGetNumKeys:
-      put_u64(out, kv.size());
+      put_u64(out, kv.values.size());
       return done();
-    case Op::kDeleteKey:
+    case Op::kDeleteKey: {
       if (!r.bytes(&key, &too_long)) break;
-      put_u64(out, kv.erase(key));
+      const auto it = kv.values.find(key);
+      const bool found = it != kv.values.end();
+      if (found) {
+        kv.bytes -= key.size() + it->second.size();
+        kv.values.erase(it);
+      }
+      put_u64(out, found ? 1 : 0);
       return done();
+    }
     case Op::kUnknown:
       error_ = fmt::format("query type {}, which PyTorch {}'s store does not serve here", type,
                            torch2_ ? "2.x" : "1.13");
@@ -274,13 +312,13 @@ bool TorchStoreConnection::parse_one(std::map<std::string, std::string>& kv, std
   return false;  // incomplete: wait for more bytes
 }
 
-std::string TorchStoreConnection::answer_waits(const std::map<std::string, std::string>& kv) {
+std::string TorchStoreConnection::answer_waits(const TorchStoreKeys& kv) {
   std::string out;
   std::vector<std::vector<std::string>> still;
   for (std::vector<std::string>& keys : waits_) {
     bool all = true;
     for (const std::string& k : keys)
-      all = all && kv.count(k) > 0;
+      all = all && kv.values.count(k) > 0;
     if (all)
       out.push_back(static_cast<char>(kStopWaiting));
     else
@@ -291,8 +329,9 @@ std::string TorchStoreConnection::answer_waits(const std::map<std::string, std::
 }
 
 TorchStoreServer::TorchStoreServer(const std::string& bind_addr, int port,
-                                   std::function<void(const std::string&)> on_refused)
-    : on_refused_(std::move(on_refused)) {
+                                   std::function<void(const std::string&)> on_refused,
+                                   double stall_seconds, size_t max_clients)
+    : refusals_(std::move(on_refused)), stall_seconds_(stall_seconds), max_clients_(max_clients) {
   Listener listener = listen_tcp(bind_addr, port, "PyTorch's store");
   listen_fd_ = std::move(listener.fd);
   port_ = listener.port;
@@ -313,77 +352,155 @@ void TorchStoreServer::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-void TorchStoreServer::serve() {
-  struct Client {
-    UniqueFd fd;
-    std::string peer;  // its address, for the refusals' lines
-    TorchStoreConnection protocol;
-  };
-  std::vector<std::unique_ptr<Client>> clients;
-  std::map<std::string, std::string> kv;
-  std::set<std::string> reported;
-  // A client that cannot take its reply is dropped (write_all throws).
-  const auto send_all = [](int fd, const std::string& bytes) {
-    try {
-      write_all(fd, bytes.data(), bytes.size());
-      return true;
-    } catch (const Error&) {
-      return false;
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// One client: its socket (non-blocking: the server never waits on one peer), its protocol
+// state, and the replies it has not read yet.
+struct TorchClient {
+  UniqueFd fd;
+  std::string peer;  // its address, for the refusals' lines
+  TorchStoreConnection protocol;
+  std::string out;  // replies not sent yet, from out_at
+  size_t out_at = 0;
+  Clock::time_point last_read;  // when it last took bytes of its replies (or had none waiting)
+  Clock::time_point last_heard;
+
+  uint64_t queued() const { return out.size() - out_at; }
+  // Adds replies to the queue; a queue that was empty starts its reading deadline now.
+  void queue(const std::string& replies, Clock::time_point now) {
+    if (replies.empty()) return;
+    if (queued() == 0) last_read = now;
+    out += replies;
+  }
+  uint64_t buffered() const { return queued() + protocol.pending(); }
+  // Sends what the socket takes now; false when the peer is gone.
+  bool flush(Clock::time_point now) {
+    while (queued() > 0) {
+      const ssize_t n =
+          ::send(fd.get(), out.data() + out_at, queued(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK;
+      out_at += static_cast<size_t>(n);
+      last_read = now;
     }
+    out.clear();
+    out_at = 0;
+    return true;
+  }
+};
+
+}  // namespace
+
+void TorchStoreServer::serve() {
+  std::vector<std::unique_ptr<TorchClient>> clients;
+  TorchStoreKeys kv;
+  const auto drop = [&](TorchClient& c, const std::string& why) {
+    refusals_.refuse(c.peer, why);
+    c.fd = UniqueFd();
   };
   while (running_) {
     std::vector<pollfd> fds = {{wake_.read.get(), POLLIN, 0}, {listen_fd_.get(), POLLIN, 0}};
-    for (const auto& c : clients)
-      fds.push_back({c->fd.get(), POLLIN, 0});
+    for (const auto& c : clients) {
+      // A client with a full reply queue is not read until it has read some of it.
+      short events = c->queued() < kMaxTorchStoreReplyQueue ? POLLIN : 0;
+      if (c->queued() > 0) events |= POLLOUT;
+      fds.push_back({c->fd.get(), events, 0});
+    }
     if (::poll(fds.data(), fds.size(), 1000) < 0 && errno != EINTR) return;
     if (fds[0].revents != 0) return;
-    const auto refuse = [&](const std::string& peer, const std::string& why) {
-      // Once per peer and reason, as ddprun's own store reports.
-      if (reported.insert(peer + ": " + why).second && on_refused_) on_refused_(peer + ": " + why);
-    };
+    const Clock::time_point now = Clock::now();
     if (fds[1].revents & POLLIN) {
       sockaddr_in addr{};
       socklen_t len = sizeof(addr);
-      UniqueFd fd(
-          ::accept4(listen_fd_.get(), reinterpret_cast<sockaddr*>(&addr), &len, SOCK_CLOEXEC));
+      UniqueFd fd(::accept4(listen_fd_.get(), reinterpret_cast<sockaddr*>(&addr), &len,
+                            SOCK_CLOEXEC | SOCK_NONBLOCK));
       char text[INET_ADDRSTRLEN] = "?";
       ::inet_ntop(AF_INET, &addr.sin_addr, text, sizeof(text));
-      if (fd.valid() && clients.size() >= kMaxTorchStoreClients) {
-        refuse(text, fmt::format("more than {} connections", kMaxTorchStoreClients));
-      } else if (fd.valid()) {
+      bool room = clients.size() < max_clients_;
+      if (fd.valid() && !room) {
+        // Room is made by the longest-idle connection that never sent a whole query (a
+        // stranger holding a place), never by a client that has spoken.
+        TorchClient* idle = nullptr;
+        for (auto& c : clients)
+          if (c->fd.valid() && !c->protocol.spoke() &&
+              (idle == nullptr || c->last_heard < idle->last_heard))
+            idle = c.get();
+        room = idle != nullptr;
+        if (idle != nullptr)
+          drop(*idle, fmt::format("an idle connection closed to make room past {} connections",
+                                  max_clients_));
+        else
+          refusals_.refuse(text, fmt::format("more than {} connections", max_clients_));
+      }
+      if (fd.valid() && room) {
         const int one = 1;
         ::setsockopt(fd.get(), IPPROTO_TCP, 1 /* TCP_NODELAY */, &one, sizeof(one));
-        clients.push_back(std::make_unique<Client>(Client{std::move(fd), text, {}}));
+        auto c = std::make_unique<TorchClient>();
+        c->fd = std::move(fd);
+        c->peer = text;
+        c->last_read = c->last_heard = now;
+        clients.push_back(std::move(c));
       }
     }
+    uint64_t buffered = 0;
+    for (const auto& c : clients)
+      buffered += c->buffered();
     bool changed = false;
     for (size_t i = 0; i < clients.size(); ++i) {
-      if (i + 2 >= fds.size() || !(fds[i + 2].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      Client& c = *clients[i];
-      char buffer[65536];
-      const ssize_t n = ::recv(c.fd.get(), buffer, sizeof(buffer), 0);
-      if (n <= 0) {
+      TorchClient& c = *clients[i];
+      const short revents = i + 2 < fds.size() ? fds[i + 2].revents : 0;
+      if (!c.fd.valid()) continue;
+      if ((revents & POLLOUT) && !c.flush(now)) {
         c.fd = UniqueFd();
         continue;
       }
-      const size_t keys = kv.size();
-      const std::string reply = c.protocol.feed(std::string(buffer, static_cast<size_t>(n)), kv);
-      changed = changed || kv.size() != keys || !reply.empty();
+      std::string bytes;
+      if (revents & (POLLIN | POLLHUP | POLLERR)) {
+        char buffer[65536];
+        const ssize_t n = ::recv(c.fd.get(), buffer, sizeof(buffer), MSG_DONTWAIT);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+          c.fd = UniqueFd();
+          continue;
+        }
+        if (n > 0) {
+          bytes.assign(buffer, static_cast<size_t>(n));
+          c.last_heard = now;
+        }
+      }
+      // Queries left unanswered for want of room are taken up again once the queue drains.
+      if (bytes.empty() && (c.protocol.pending() == 0 || c.queued() >= kMaxTorchStoreReplyQueue))
+        continue;
+      if (buffered + bytes.size() > kMaxTorchStoreBuffered) {
+        drop(c, fmt::format("over the {} MiB the store buffers for all clients together",
+                            kMaxTorchStoreBuffered >> 20));
+        continue;
+      }
+      const uint64_t before = c.buffered();
+      c.queue(c.protocol.feed(bytes, kv, kMaxTorchStoreReplyQueue - c.queued()), now);
+      changed = true;
+      buffered = buffered - before + c.buffered();
       if (!c.protocol.error().empty()) {
-        refuse(c.peer, c.protocol.error());
-        c.fd = UniqueFd();
+        drop(c, c.protocol.error());
         continue;
       }
-      if (!reply.empty() && !send_all(c.fd.get(), reply)) c.fd = UniqueFd();
+      if (!c.flush(now)) c.fd = UniqueFd();
     }
     // A set may complete other connections' waits.
     if (changed)
       for (auto& c : clients)
         if (c->fd.valid()) {
-          const std::string woken = c->protocol.answer_waits(kv);
-          if (!woken.empty() && !send_all(c->fd.get(), woken)) c->fd = UniqueFd();
+          c->queue(c->protocol.answer_waits(kv), now);
+          if (!c->flush(now)) c->fd = UniqueFd();
         }
-    std::vector<std::unique_ptr<Client>> open;
+    // A client that reads none of its replies is dropped, so that neither memory nor the
+    // job's end waits on it.
+    for (auto& c : clients)
+      if (c->fd.valid() && c->queued() > 0 &&
+          now - c->last_read > std::chrono::duration<double>(stall_seconds_))
+        drop(*c, fmt::format("read none of its replies for {:g} s", stall_seconds_));
+    std::vector<std::unique_ptr<TorchClient>> open;
     for (auto& c : clients)
       if (c->fd.valid()) open.push_back(std::move(c));
     clients = std::move(open);

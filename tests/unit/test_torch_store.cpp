@@ -4,9 +4,11 @@
 // at a time; PyTorch 2.x's dialect is told apart; a malformed query is refused.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "launcher/torch_store.h"
@@ -23,11 +25,11 @@ std::string hex(const std::string& text) {
 }
 
 TEST(TorchStore, AnswersPyTorch113sQueriesAsItsOwnServer) {
-  std::map<std::string, std::string> kv;
+  TorchStoreKeys kv;
   TorchStoreConnection c;
   // set("/k1", "v1"): no reply
   EXPECT_EQ(c.feed(hex("0003000000000000002f6b3102000000000000007631"), kv), "");
-  EXPECT_EQ(kv.at("/k1"), "v1");
+  EXPECT_EQ(kv.values.at("/k1"), "v1");
   // get: a wait for the key, then the get
   EXPECT_EQ(c.feed(hex("05010000000000000003000000000000002f6b31"), kv), hex("00"));
   EXPECT_EQ(c.feed(hex("0203000000000000002f6b31"), kv), hex("02000000000000007631"));
@@ -40,7 +42,7 @@ TEST(TorchStore, AnswersPyTorch113sQueriesAsItsOwnServer) {
   EXPECT_EQ(c.feed(hex("01"), kv), "");
   EXPECT_EQ(c.feed(hex("03000000000000002f63730000000000000000010000000000000078"), kv),
             hex("010000000000000078"));
-  EXPECT_EQ(kv.at("/cs"), "x");
+  EXPECT_EQ(kv.values.at("/cs"), "x");
   // check: ready, not ready
   EXPECT_EQ(c.feed(hex("04010000000000000003000000000000002f6373"), kv), hex("00"));
   EXPECT_EQ(c.feed(hex("04010000000000000002000000000000002f7a"), kv), hex("01"));
@@ -48,7 +50,7 @@ TEST(TorchStore, AnswersPyTorch113sQueriesAsItsOwnServer) {
 }
 
 TEST(TorchStore, AWaitIsAnsweredWhenAnotherConnectionSetsItsKey) {
-  std::map<std::string, std::string> kv;
+  TorchStoreKeys kv;
   TorchStoreConnection waiter, setter;
   const std::string wait = hex("05010000000000000003000000000000002f6b31");
   std::string reply;
@@ -64,7 +66,7 @@ TEST(TorchStore, AWaitIsAnsweredWhenAnotherConnectionSetsItsKey) {
 // PyTorch 2.x (bytes captured from 2.15's client): a validate query with the magic number
 // and a ping open the connection; the query types count from validate.
 TEST(TorchStore, AnswersPyTorch2sQueriesAsItsOwnServer) {
-  std::map<std::string, std::string> kv;
+  TorchStoreKeys kv;
   TorchStoreConnection c;
   EXPECT_EQ(c.feed(hex("00cef7853c0df3270000"), kv), hex("f3270000"));             // validate, ping
   EXPECT_EQ(c.feed(hex("0103000000000000002f6b3102000000000000007631"), kv), "");  // set
@@ -82,12 +84,12 @@ TEST(TorchStore, AnswersPyTorch2sQueriesAsItsOwnServer) {
   EXPECT_EQ(c.feed(hex("06010000000000000002000000000000002f71"), kv), "");
   EXPECT_EQ(c.feed(hex("0c"), kv), hex("01"));
   EXPECT_TRUE(c.error().empty()) << c.error();
-  kv["/q"] = "1";
+  kv.values["/q"] = "1";
   EXPECT_EQ(c.answer_waits(kv), "");  // cancelled: nothing more to say
 }
 
 TEST(TorchStore, MalformedQueriesAreRefused) {
-  std::map<std::string, std::string> kv;
+  TorchStoreKeys kv;
   TorchStoreConnection bad, huge, validate;
   bad.feed(hex("2a"), kv);
   EXPECT_NE(bad.error().find("query type 42"), std::string::npos) << bad.error();
@@ -97,6 +99,85 @@ TEST(TorchStore, MalformedQueriesAreRefused) {
   validate.feed(hex("00deadbeef"), kv);
   EXPECT_NE(validate.error().find("validate query with magic number"), std::string::npos)
       << validate.error();
+}
+
+// 1.13's bytes for a query of one type and its strings (and an i64 after them, for add).
+std::string query(uint8_t type, const std::vector<std::string>& strings,
+                  int64_t* number = nullptr) {
+  std::string q(1, static_cast<char>(type));
+  const auto u64 = [&](uint64_t v) {
+    for (int i = 0; i < 8; ++i)
+      q.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+  };
+  for (const std::string& text : strings) {
+    u64(text.size());
+    q += text;
+  }
+  if (number != nullptr) u64(static_cast<uint64_t>(*number));
+  return q;
+}
+std::string set_query(const std::string& key, const std::string& value) {
+  return query(0, {key, value});
+}
+std::string add_query(const std::string& key, int64_t delta) {
+  return query(3, {key}, &delta);
+}
+std::string get_query(const std::string& key) {
+  return query(2, {key});
+}
+
+// An add to a key holding text that is no integer, or past int64, drops that connection with
+// a line (it once ended ddprun through an uncaught std::stoll); other keys stay as they were.
+TEST(TorchStore, AnAddToANonIntegerOrPastInt64IsRefused) {
+  TorchStoreKeys kv;
+  TorchStoreConnection text, huge, negative;
+  EXPECT_EQ(text.feed(set_query("k", "abc") + add_query("k", 1), kv), "");
+  EXPECT_NE(text.error().find("holds no integer"), std::string::npos) << text.error();
+  EXPECT_EQ(kv.values.at("k"), "abc");
+  huge.feed(set_query("n", "99999999999999999999") + add_query("n", 1), kv);
+  EXPECT_NE(huge.error().find("holds no integer"), std::string::npos) << huge.error();
+  huge = TorchStoreConnection();
+  huge.feed(set_query("m", "9223372036854775807") + add_query("m", 1), kv);
+  EXPECT_NE(huge.error().find("past the largest"), std::string::npos) << huge.error();
+  EXPECT_EQ(negative.feed(set_query("c", "-3") + add_query("c", 5), kv), hex("0200000000000000"));
+  EXPECT_TRUE(negative.error().empty()) << negative.error();
+}
+
+// Replies are built only up to the room the caller gives; the queries past it wait in the
+// connection and are answered on a later call with no new bytes.
+TEST(TorchStore, RepliesPastTheRoomWaitForTheNextCall) {
+  TorchStoreKeys kv;
+  TorchStoreConnection c;
+  const std::string value(1000, 'v');
+  std::string gets;
+  for (int i = 0; i < 20; ++i)
+    gets += get_query("big");
+  EXPECT_EQ(c.feed(set_query("big", value), kv), "");
+  const std::string first = c.feed(gets, kv, 2500);
+  EXPECT_EQ(first.size(), 3 * (8 + value.size()));  // stops once past the room
+  EXPECT_GT(c.pending(), 0u);
+  std::string rest;
+  while (c.pending() > 0)
+    rest += c.feed("", kv, 2500);
+  EXPECT_EQ(first.size() + rest.size(), 20 * (8 + value.size()));
+  EXPECT_TRUE(c.error().empty()) << c.error();
+}
+
+// The store holds a bounded number of bytes in all; a set past it is refused, a delete gives
+// its bytes back.
+TEST(TorchStore, TheStoreHoldsABoundedNumberOfBytes) {
+  TorchStoreKeys kv;
+  kv.max_bytes = 100;
+  TorchStoreConnection a, b;
+  EXPECT_EQ(a.feed(set_query("a", std::string(60, 'x')), kv), "");
+  EXPECT_EQ(kv.bytes, 61u);
+  EXPECT_EQ(a.feed(set_query("a", std::string(90, 'y')), kv), "");  // replaces: 91 bytes
+  EXPECT_EQ(kv.bytes, 91u);
+  b.feed(set_query("b", std::string(20, 'z')), kv);
+  EXPECT_NE(b.error().find("past the 0 MiB the store holds"), std::string::npos) << b.error();
+  EXPECT_EQ(kv.values.count("b"), 0u);
+  EXPECT_EQ(a.feed(query(8, {"a"}), kv), hex("0100000000000000"));  // delete
+  EXPECT_EQ(kv.bytes, 0u);
 }
 
 // The server over real sockets: a client's set wakes another's wait; a bad query closes that
@@ -131,6 +212,104 @@ TEST(TorchStoreServer, ServesWaitsAcrossConnectionsAndNamesARefusedPeer) {
   server.stop();
   ASSERT_EQ(refused.size(), 1u);
   EXPECT_NE(refused[0].find("127.0.0.1: query type 42"), std::string::npos) << refused[0];
+}
+
+// A stranger's two queries (a set of text, an add to it) close that connection alone: the
+// server goes on serving everyone else.
+TEST(TorchStoreServer, AnAddToTextDropsThatClientOnly) {
+  std::vector<std::string> refused;
+  std::mutex mutex;
+  TorchStoreServer server("127.0.0.1", 0, [&](const std::string& line) {
+    std::lock_guard<std::mutex> lock(mutex);
+    refused.push_back(line);
+  });
+  server.start();
+  const Deadline deadline = deadline_in(5.0);
+  UniqueFd stranger = tcp_connect("127.0.0.1", server.port(), deadline);
+  const std::string bad = set_query("k", "abc") + add_query("k", 1);
+  write_all(stranger.get(), bad.data(), bad.size());
+  char reply[16];
+  EXPECT_THROW(read_exact(stranger.get(), reply, 8, deadline), ConnectionClosed);
+  UniqueFd client = tcp_connect("127.0.0.1", server.port(), deadline);
+  const std::string add = add_query("n", 2);
+  write_all(client.get(), add.data(), add.size());
+  ASSERT_TRUE(read_exact(client.get(), reply, 8, deadline));
+  EXPECT_EQ(reply[0], 2);
+  server.stop();
+  std::lock_guard<std::mutex> lock(mutex);
+  ASSERT_EQ(refused.size(), 1u);
+  EXPECT_NE(refused[0].find("holds no integer"), std::string::npos) << refused[0];
+}
+
+// A client that asks for a large value many times and reads nothing: the server builds a
+// bounded queue of replies for it, answers everyone else meanwhile, drops it once it has read
+// nothing for the stall deadline, and stops at once when asked.
+TEST(TorchStoreServer, AClientThatNeverReadsHoldsNeitherMemoryNorOthers) {
+  std::vector<std::string> refused;
+  std::mutex mutex;
+  TorchStoreServer server(
+      "127.0.0.1", 0,
+      [&](const std::string& line) {
+        std::lock_guard<std::mutex> lock(mutex);
+        refused.push_back(line);
+      },
+      1.0);
+  server.start();
+  const Deadline deadline = deadline_in(20.0);
+  UniqueFd hog = tcp_connect("127.0.0.1", server.port(), deadline);
+  const std::string set = set_query("big", std::string(size_t{32} << 20, 'v'));
+  write_all(hog.get(), set.data(), set.size());
+  std::string gets;
+  for (int i = 0; i < 20; ++i)
+    gets += get_query("big");
+  write_all(hog.get(), gets.data(), gets.size());
+  UniqueFd client = tcp_connect("127.0.0.1", server.port(), deadline);
+  const auto started = std::chrono::steady_clock::now();
+  const std::string add = add_query("n", 7);
+  write_all(client.get(), add.data(), add.size());
+  char reply[8];
+  ASSERT_TRUE(read_exact(client.get(), reply, 8, deadline));
+  EXPECT_EQ(reply[0], 7);
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(1));
+  // The hog is dropped after its stall deadline (its socket then reads as closed).
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  bool dropped = false;
+  while (!dropped && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::lock_guard<std::mutex> lock(mutex);
+    dropped = !refused.empty();
+  }
+  ASSERT_TRUE(dropped);
+  EXPECT_NE(refused[0].find("read none of its replies"), std::string::npos) << refused[0];
+  const auto stopping = std::chrono::steady_clock::now();
+  server.stop();
+  EXPECT_LT(std::chrono::steady_clock::now() - stopping, std::chrono::seconds(3));
+}
+
+// Strangers that connect and say nothing cannot push a real client out at the cap: the
+// longest-idle silent one makes room.
+TEST(TorchStoreServer, SilentConnectionsMakeRoomForClientsAtTheCap) {
+  constexpr size_t kCap = 8;
+  TorchStoreServer server("127.0.0.1", 0, nullptr, kTorchStoreStallSeconds, kCap);
+  server.start();
+  const Deadline deadline = deadline_in(20.0);
+  UniqueFd speaker = tcp_connect("127.0.0.1", server.port(), deadline);
+  const std::string add = add_query("n", 1);
+  write_all(speaker.get(), add.data(), add.size());
+  char reply[8];
+  ASSERT_TRUE(read_exact(speaker.get(), reply, 8, deadline));
+  std::vector<UniqueFd> silent;
+  for (size_t i = 0; i < kCap + 5; ++i)
+    silent.push_back(tcp_connect("127.0.0.1", server.port(), deadline));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // all accepted
+  UniqueFd late = tcp_connect("127.0.0.1", server.port(), deadline);
+  write_all(late.get(), add.data(), add.size());
+  ASSERT_TRUE(read_exact(late.get(), reply, 8, deadline));
+  EXPECT_EQ(reply[0], 2);
+  write_all(speaker.get(), add.data(), add.size());  // the one that had spoken stays
+  ASSERT_TRUE(read_exact(speaker.get(), reply, 8, deadline));
+  EXPECT_EQ(reply[0], 3);
+  server.stop();
 }
 
 }  // namespace
