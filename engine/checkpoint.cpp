@@ -26,6 +26,22 @@
 namespace ddp {
 namespace {
 
+std::vector<std::string> files_of(const std::string& dir) {
+  std::vector<std::string> files;
+  if (DIR* folder = ::opendir(dir.c_str())) {
+    while (const dirent* entry = ::readdir(folder))
+      files.push_back(entry->d_name);
+    ::closedir(folder);
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+bool ends_with(const std::string& text, const std::string& tail) {
+  return text.size() >= tail.size() &&
+         text.compare(text.size() - tail.size(), tail.size(), tail) == 0;
+}
+
 // Format 2: the CRC covers the metadata too. Format 1 (tensors only) is still read.
 constexpr const char* kFormat = "ddp-checkpoint-2";
 constexpr const char* kFormatTensorsOnly = "ddp-checkpoint-1";
@@ -141,13 +157,7 @@ std::vector<std::string> checkpoints_to_prune(const std::vector<std::string>& fi
 }
 
 void prune_checkpoints(const std::string& dir, int64_t current_step, int keep) {
-  std::vector<std::string> files;
-  if (DIR* folder = ::opendir(dir.c_str())) {
-    while (const dirent* entry = ::readdir(folder))
-      files.push_back(entry->d_name);
-    ::closedir(folder);
-  }
-  for (const std::string& file : checkpoints_to_prune(files, current_step, keep))
+  for (const std::string& file : checkpoints_to_prune(files_of(dir), current_step, keep))
     ::unlink((dir + "/" + file).c_str());
 }
 
@@ -160,18 +170,39 @@ std::optional<std::string> find_latest_checkpoint(const std::string& dir) {
     const int error = errno;
     throw UsageError(fmt::format(
         "--checkpoint-dir {}: latest.safetensors is {} ({}); expected a checkpoint file: "
-        "remove it to start afresh",
+        "give --fresh instead of --resume to start afresh (keeping it aside)",
         dir, error == ELOOP ? "a symbolic link loop" : "a dangling symbolic link",
         std::strerror(error)));
   }
   DDP_USAGE_CHECK(S_ISREG(target.st_mode),
                   "--checkpoint-dir {}: latest.safetensors is {}; expected a checkpoint file: "
-                  "remove it to start afresh",
+                  "give --fresh instead of --resume to start afresh (keeping it aside)",
                   dir,
                   S_ISDIR(target.st_mode)    ? "a folder"
                   : S_ISFIFO(target.st_mode) ? "a FIFO"
                                              : "not a regular file");
   return path;
+}
+
+std::vector<std::string> resume_candidates(const std::string& dir) {
+  std::vector<std::string> paths;
+  std::string target;  // the step file latest links to, named as itself
+  if (const std::optional<std::string> latest = find_latest_checkpoint(dir)) {
+    char link[4096];
+    const ssize_t n = ::readlink(latest->c_str(), link, sizeof(link) - 1);
+    if (n > 0) target.assign(link, static_cast<size_t>(n));
+    const bool step_file = step_of_checkpoint_file(target).has_value();
+    paths.push_back(step_file ? dir + "/" + target : *latest);
+    if (!step_file) target.clear();
+  }
+  std::vector<std::pair<int64_t, std::string>> steps;
+  for (const std::string& file : files_of(dir))
+    if (const std::optional<int64_t> step = step_of_checkpoint_file(file))
+      if (file != target) steps.emplace_back(*step, file);
+  std::sort(steps.rbegin(), steps.rend());
+  for (const auto& [step, file] : steps)
+    paths.push_back(dir + "/" + file);
+  return paths;
 }
 
 Checkpoint load_checkpoint(const std::string& path, const MlpShape& shape, OptimizerKind optimizer,
@@ -193,7 +224,7 @@ Checkpoint load_checkpoint(const std::string& path, const MlpShape& shape, Optim
   DDP_USAGE_CHECK(
       std::to_string(crc) == meta("crc32"),
       "{}: checksum mismatch (stored {}, computed {}): the file was altered or is corrupt; "
-      "remove it to start afresh",
+      "give --fresh instead of --resume to start afresh (keeping it aside)",
       path, meta("crc32"), crc);
   DDP_USAGE_CHECK(meta("layers") == shape.to_string(),
                   "{}: checkpoint of --layers {}, but this run has --layers {}", path,
@@ -267,22 +298,62 @@ Checkpoint load_checkpoint(const std::string& path, const MlpShape& shape, Optim
   return c;
 }
 
-void check_checkpoint_dir_of_this_run(const std::string& dir, const MlpShape& shape, uint64_t seed,
-                                      bool resume) {
-  if (resume || dir.empty()) return;
-  const std::optional<std::string> latest = find_latest_checkpoint(dir);
-  if (!latest) return;
-  const SafetensorsFile file = read_safetensors(*latest, /*metadata_only=*/true);
-  const auto meta = [&](const char* key) {
-    const auto found = file.metadata.find(key);
-    return found == file.metadata.end() ? std::string("?") : found->second;
-  };
-  const bool same = meta("layers") == shape.to_string() && meta("seed") == std::to_string(seed);
-  DDP_USAGE_CHECK(same,
-                  "--checkpoint-dir {}: holds the checkpoint of another run (--layers {} --seed "
-                  "{}, this run: --layers {} --seed {}); give --resume to continue that run "
-                  "or another --checkpoint-dir to start afresh (nothing was overwritten)",
-                  dir, meta("layers"), meta("seed"), shape.to_string(), seed);
+void prepare_checkpoint_dir(const std::string& dir, const MlpShape& shape, uint64_t seed,
+                            bool resume, bool fresh) {
+  if (dir.empty()) return;
+  const std::string latest_name = "latest.safetensors";
+  std::vector<std::string> earlier;  // the checkpoint files an earlier run left
+  int unfinished = 0;
+  for (const std::string& file : files_of(dir)) {
+    // The lock is ours: a temporary file is a write that a dead job never finished.
+    if (ends_with(file, ".safetensors.tmp") || file == latest_name + ".link") {
+      unfinished += ::unlink((dir + "/" + file).c_str()) == 0 ? 1 : 0;
+      continue;
+    }
+    if (file == latest_name || step_of_checkpoint_file(file)) earlier.push_back(file);
+  }
+  if (unfinished > 0)
+    spdlog::warn(
+        "--checkpoint-dir {}: removed {} unfinished checkpoint file{} of a job that died "
+        "while writing",
+        dir, unfinished, unfinished == 1 ? "" : "s");
+  if (resume || earlier.empty()) return;
+  if (!fresh) {
+    std::string run = "an earlier run (step files only)";
+    const std::optional<std::string> latest = find_latest_checkpoint(dir);
+    bool other = false;
+    if (latest) {
+      const SafetensorsFile file = read_safetensors(*latest, /*metadata_only=*/true);
+      const auto meta = [&](const char* key) {
+        const auto found = file.metadata.find(key);
+        return found == file.metadata.end() ? std::string("?") : found->second;
+      };
+      other = meta("layers") != shape.to_string() || meta("seed") != std::to_string(seed);
+      run = fmt::format(
+          "{} at step {} (--layers {} --seed {}{})",
+          other ? "the checkpoint of another run" : "an earlier run's checkpoint", meta("step"),
+          meta("layers"), meta("seed"),
+          other ? fmt::format(", this run: --layers {} --seed {}", shape.to_string(), seed) : "");
+    }
+    throw UsageError(fmt::format(
+        "--checkpoint-dir {}: holds {}; give --resume to continue {}, --fresh to start afresh "
+        "(its files are moved into {}/earlier-N/), or another --checkpoint-dir (nothing was "
+        "overwritten)",
+        dir, run, other ? "that run" : "it", dir));
+  }
+  std::string aside;
+  for (int k = 1;; ++k) {
+    aside = fmt::format("{}/earlier-{}", dir, k);
+    if (::mkdir(aside.c_str(), 0755) == 0) break;
+    DDP_USAGE_CHECK(errno == EEXIST && k < 100000, "--fresh: cannot create {} ({})", aside,
+                    std::strerror(errno));
+  }
+  for (const std::string& file : earlier)
+    DDP_USAGE_CHECK(std::rename((dir + "/" + file).c_str(), (aside + "/" + file).c_str()) == 0,
+                    "--fresh: cannot move {}/{} into {} ({})", dir, file, aside,
+                    std::strerror(errno));
+  spdlog::warn("--fresh: the earlier run's {} checkpoint file{} moved into {}/", earlier.size(),
+               earlier.size() == 1 ? "" : "s", aside);
 }
 
 namespace {
@@ -294,7 +365,8 @@ std::string this_host() {
 }  // namespace
 
 CheckpointDirLock::CheckpointDirLock(const std::string& dir) : path_(dir + "/.ddp-lock") {
-  ::mkdir(dir.c_str(), 0755);
+  DDP_USAGE_CHECK(::mkdir(dir.c_str(), 0755) == 0 || errno == EEXIST,
+                  "--checkpoint-dir {}: cannot create it ({})", dir, std::strerror(errno));
   std::string holder;
   for (int attempt = 0;; ++attempt) {
     fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);

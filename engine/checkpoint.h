@@ -70,16 +70,25 @@ void prune_checkpoints(const std::string& dir, int64_t current_step, int keep);
 // FIFO, a folder or another non-regular file (a FIFO would block a reader forever).
 std::optional<std::string> find_latest_checkpoint(const std::string& dir);
 
+// The files --resume may start from, in the order to try them: DIR/latest.safetensors (where
+// find_latest_checkpoint finds one), then the step files newest first (a latest that is
+// corrupt or missing falls back on the newest intact step file --keep-checkpoints kept).
+std::vector<std::string> resume_candidates(const std::string& dir);
+
 // Reads and verifies (the CRC covers the tensors and the metadata); throws UsageError
 // naming the file and the problem (truncated, checksum mismatch, other model, optimizer,
 // batch size or seed). Fills `changed` with the settings of `current` that differ.
 Checkpoint load_checkpoint(const std::string& path, const MlpShape& shape, OptimizerKind optimizer,
                            int batch_size, const RunSettings& current);
 
-// Without --resume, refuses (UsageError) a folder whose latest checkpoint is of another run
-// (other --layers or --seed): training afresh there would replace it. Rank 0 calls it.
-void check_checkpoint_dir_of_this_run(const std::string& dir, const MlpShape& shape, uint64_t seed,
-                                      bool resume);
+// Readies a --checkpoint-dir before the run starts; rank 0 calls it, holding the folder's lock.
+// Unfinished files of a job that died (`*.safetensors.tmp`, the link being swapped in) are
+// removed. Then, unless `resume`: a folder that holds checkpoints (`latest` or step files) of
+// any earlier run is refused (UsageError naming that run's step, --layers and --seed, and
+// what to give), since training afresh there would replace and prune them; with `fresh` its
+// checkpoint files are moved into DIR/earlier-K/ (the first K free) instead, nothing deleted.
+void prepare_checkpoint_dir(const std::string& dir, const MlpShape& shape, uint64_t seed,
+                            bool resume, bool fresh);
 
 // DIR/.ddp-lock, held (flock) for the lifetime of the object, with the holder's host and pid
 // in it: a second job on the same folder fails at start with a UsageError naming the

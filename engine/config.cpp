@@ -393,6 +393,10 @@ const std::vector<Flag>& flags() {
                             &C::keep_checkpoints));
     f.push_back(switch_flag("resume", "start from DIR/latest.safetensors when it exists",
                             &C::resume, true, "resume"));
+    f.push_back(switch_flag("fresh",
+                            "start afresh in a --checkpoint-dir that holds an earlier run's "
+                            "checkpoints: they are moved into DIR/earlier-N/ first",
+                            &C::fresh, true, "fresh"));
     f.push_back(
         number_flag("fail-at-step",
                     "testing restarts: exit with an error when step N starts (first attempt only)",
@@ -566,6 +570,9 @@ void validate(const TrainConfig& c) {
   DDP_USAGE_CHECK(c.checkpoint_every >= 0, "--checkpoint-every {}: expected 0 or more",
                   c.checkpoint_every);
   DDP_USAGE_CHECK(!c.resume || !c.checkpoint_dir.empty(), "--resume: needs --checkpoint-dir");
+  DDP_USAGE_CHECK(!c.fresh || !c.checkpoint_dir.empty(), "--fresh: needs --checkpoint-dir");
+  DDP_USAGE_CHECK(!c.fresh || !c.resume,
+                  "--fresh and --resume: give one (continue the earlier run, or start afresh)");
   DDP_USAGE_CHECK(c.keep_checkpoints >= 0 && c.keep_checkpoints <= 100000,
                   "--keep-checkpoints {}: expected 0 to 100000", c.keep_checkpoints);
   DDP_USAGE_CHECK(c.keep_checkpoints == 0 || !c.checkpoint_dir.empty(),

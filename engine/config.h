@@ -92,6 +92,7 @@ struct TrainConfig {
   int64_t checkpoint_every = 0;  // steps; 0: only at the end when a directory is given
   int keep_checkpoints = 0;      // > 0: step-numbered files, the newest K kept
   bool resume = false;
+  bool fresh = false;  // without --resume: move an earlier run's checkpoints aside, not refuse
   int64_t fail_at_step = 0;   // testing: fail when this step starts, first attempt only
   int64_t step_delay_ms = 0;  // testing: sleep this long before each step (launcher tests)
   int restart_count = 0;      // set from the launcher's environment, not a flag

@@ -74,8 +74,11 @@ int main(int argc, char** argv) {
       ddp::check_outputs_writable(config);
       if (!config.checkpoint_dir.empty()) {
         checkpoint_lock = std::make_unique<ddp::CheckpointDirLock>(config.checkpoint_dir);
-        ddp::check_checkpoint_dir_of_this_run(
-            config.checkpoint_dir, ddp::parse_layers(config.layers), config.seed, config.resume);
+        // A restarted generation without --resume starts afresh by the program's own choice:
+        // the earlier generation's files are kept aside, not refused.
+        ddp::prepare_checkpoint_dir(config.checkpoint_dir, ddp::parse_layers(config.layers),
+                                    config.seed, config.resume,
+                                    config.fresh || env.restart_count > 0);
       }
     }
     // The layout (dp x pp, the batch among the replicas) before the collectives start, so that

@@ -233,7 +233,10 @@ void check_outputs_writable(const TrainConfig& config) {
                     folder_of(path), std::strerror(errno));
   }
   if (!config.checkpoint_dir.empty()) {
-    ::mkdir(config.checkpoint_dir.c_str(), 0755);
+    // mkdir's own error (a read-only filesystem, a missing parent) is the one to name.
+    DDP_USAGE_CHECK(::mkdir(config.checkpoint_dir.c_str(), 0755) == 0 || errno == EEXIST,
+                    "--checkpoint-dir {}: cannot create it ({}); checked before training",
+                    config.checkpoint_dir, std::strerror(errno));
     DDP_USAGE_CHECK(folder_takes_files(config.checkpoint_dir),
                     "--checkpoint-dir {}: cannot create files there ({}); checked before training",
                     config.checkpoint_dir, std::strerror(errno));
@@ -352,12 +355,31 @@ std::unique_ptr<Ddp> make_stage_ddp(const TrainConfig& config, Communicator& gro
 int64_t resume_runner(const TrainConfig& config, const RankStages& stages,
                       const RunSettings& settings, StageRunner& runner, bool lead) {
   const std::string path = checkpoint_path(config.checkpoint_dir);
-  if (!find_latest_checkpoint(config.checkpoint_dir)) {
+  const std::vector<std::string> candidates = resume_candidates(config.checkpoint_dir);
+  if (candidates.empty()) {
     if (lead) spdlog::info("no checkpoint at {}: starting afresh", path);
     return -1;
   }
-  const Checkpoint c =
-      load_checkpoint(path, stages.shape(), config.optimizer.kind, config.batch_size, settings);
+  // The newest file that loads; where the first fails (corrupt, truncated), an older step
+  // file is used, saying so; where none does, the first one's error stands.
+  std::optional<Checkpoint> loaded;
+  std::string first_error, from;
+  for (const std::string& candidate : candidates) {
+    try {
+      loaded = load_checkpoint(candidate, stages.shape(), config.optimizer.kind, config.batch_size,
+                               settings);
+    } catch (const UsageError& e) {
+      if (first_error.empty()) first_error = e.what();
+      continue;
+    }
+    from = candidate;
+    if (lead && !first_error.empty())
+      spdlog::warn("{}; resuming from the newest intact checkpoint, {} (step {})", first_error,
+                   candidate, loaded->step);
+    break;
+  }
+  if (!loaded) throw UsageError(first_error);
+  const Checkpoint& c = *loaded;
   if (lead && !c.changed.empty())
     spdlog::warn("resuming with changed settings (allowed): {}",
                  fmt::format("{}", fmt::join(c.changed, "; ")));
@@ -366,7 +388,7 @@ int64_t resume_runner(const TrainConfig& config, const RankStages& stages,
   for (const auto& [name, values] : c.optimizer_state)
     state.emplace_back(name, stages.take(values.data()));
   runner.set_optimizer_state(state, c.optimizer_steps);
-  if (lead) spdlog::info("resumed from {} at step {}", path, c.step);
+  if (lead) spdlog::info("resumed from {} at step {}", from, c.step);
   return c.step;
 }
 

@@ -100,7 +100,7 @@ TEST(CheckpointPruning, ASecondRunInTheFolderKeepsWhatItWroteAndResumesFromIt) {
   TempDir dir;
   const std::string ckpt = " --checkpoint-dir " + dir.file("D") + " --keep-checkpoints 3";
   ASSERT_EQ(train(ckpt + " --steps 100 --checkpoint-every 25").exit_code, 0);
-  const RunResult second = train(ckpt + " --steps 20 --checkpoint-every 10");
+  const RunResult second = train(ckpt + " --steps 20 --checkpoint-every 10 --fresh");
   ASSERT_EQ(second.exit_code, 0) << second.output;
   EXPECT_EQ(std::filesystem::read_symlink(dir.file("D/latest.safetensors")).string(),
             "step-000000020.safetensors");
@@ -109,6 +109,89 @@ TEST(CheckpointPruning, ASecondRunInTheFolderKeepsWhatItWroteAndResumesFromIt) {
   const RunResult resumed = train(ckpt + " --steps 30 --checkpoint-every 10 --resume");
   EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_NE(resumed.output.find("at step 20"), std::string::npos) << resumed.output;
+}
+
+// A rerun of the same run without --resume would replace a newer checkpoint and prune the
+// earlier run's step files: refused, nothing touched; with --fresh the earlier files are
+// moved aside whole (and still resume), never deleted.
+TEST(CheckpointDir, ARerunWithoutResumeKeepsTheEarlierRunsCheckpoints) {
+  TempDir dir;
+  const std::string ckpt = " --checkpoint-dir " + dir.file("D") + " --keep-checkpoints 3";
+  ASSERT_EQ(train(ckpt + " --steps 60 --checkpoint-every 10").exit_code, 0);
+  const std::vector<std::string> before = files_in(dir.file("D"));
+  const std::string newest = read_file(dir.file("D/step-000000060.safetensors"));
+  RunResult r = train(ckpt + " --steps 10");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("holds an earlier run's checkpoint at step 60"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("give --resume to continue it, --fresh to start afresh"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(files_in(dir.file("D")), before);
+  EXPECT_EQ(read_file(dir.file("D/step-000000060.safetensors")), newest);
+  // Without --keep-checkpoints too: latest alone is not replaced.
+  r = train(" --checkpoint-dir " + dir.file("D") + " --steps 10");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(files_in(dir.file("D")), before);
+  r = train(ckpt + " --steps 10 --fresh");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("moved into " + dir.file("D/earlier-1")), std::string::npos) << r.output;
+  EXPECT_EQ(read_file(dir.file("D/earlier-1/step-000000060.safetensors")), newest);
+  EXPECT_EQ(files_in(dir.file("D/earlier-1")),
+            (std::vector<std::string>{"latest.safetensors", "step-000000040.safetensors",
+                                      "step-000000050.safetensors", "step-000000060.safetensors"}));
+  const RunResult from_aside =
+      train(" --checkpoint-dir " + dir.file("D/earlier-1") + " --steps 70 --resume");
+  EXPECT_EQ(from_aside.exit_code, 0) << from_aside.output;
+  EXPECT_NE(from_aside.output.find("at step 60"), std::string::npos) << from_aside.output;
+}
+
+// The newest step file corrupt: --resume takes the newest intact one, naming both, and the
+// older files stay; with no intact one left the first error stands (exit 2).
+TEST(CheckpointDir, ACorruptNewestStepFileResumesFromTheNewestIntactOne) {
+  TempDir dir;
+  const std::string ckpt = " --checkpoint-dir " + dir.file("D") + " --keep-checkpoints 3";
+  ASSERT_EQ(train(ckpt + " --steps 30 --checkpoint-every 10").exit_code, 0);
+  {
+    std::fstream f(dir.file("D/step-000000030.safetensors"),
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-5, std::ios::end);
+    f.put('\x7f');
+  }
+  const RunResult r = train(ckpt + " --steps 40 --checkpoint-every 10 --resume");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("step-000000030.safetensors: checksum mismatch"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("resuming from the newest intact checkpoint, " +
+                          dir.file("D/step-000000020.safetensors") + " (step 20)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_TRUE(std::filesystem::exists(dir.file("D/step-000000040.safetensors")));
+  EXPECT_TRUE(std::filesystem::exists(dir.file("D/step-000000020.safetensors")));
+  for (const char* step : {"20", "30", "40"}) {  // nothing intact: the newest one's error
+    const std::string path = dir.file(std::string("D/step-0000000") + step + ".safetensors");
+    std::filesystem::resize_file(path, std::filesystem::file_size(path) / 2);
+  }
+  const RunResult none = train(ckpt + " --steps 50 --resume");
+  EXPECT_EQ(none.exit_code, 2) << none.output;
+  EXPECT_NE(none.output.find("step-000000040.safetensors"), std::string::npos) << none.output;
+}
+
+// A write killed midway leaves step-N.safetensors.tmp: the next job on the folder (holding its
+// lock) removes it; a folder that cannot be created names mkdir's own error.
+TEST(CheckpointDir, UnfinishedWritesAreRemovedAndMkdirErrorsNamed) {
+  TempDir dir;
+  ASSERT_EQ(::mkdir(dir.file("D").c_str(), 0755), 0);
+  std::ofstream(dir.file("D/step-000000050.safetensors.tmp")) << std::string(4096, 'x');
+  const RunResult r = train(" --steps 4 --checkpoint-dir " + dir.file("D"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("removed 1 unfinished checkpoint file"), std::string::npos) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(dir.file("D/step-000000050.safetensors.tmp")));
+  const RunResult missing = train(" --steps 4 --checkpoint-dir " + dir.file("none/D"));
+  EXPECT_EQ(missing.exit_code, 2) << missing.output;
+  EXPECT_NE(missing.output.find("--checkpoint-dir " + dir.file("none/D") + ": cannot create it"),
+            std::string::npos)
+      << missing.output;
 }
 
 // --- 3, 17: outputs checked before the first step --------------------------------------------
@@ -239,7 +322,8 @@ TEST(CheckpointDir, AnotherRunsFolderIsRefusedWithoutResume) {
   const std::string before = read_file(dir.file("D/latest.safetensors"));
   RunResult r = train(ckpt + " --seed 2");
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("holds the checkpoint of another run"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("holds the checkpoint of another run at step 2"), std::string::npos)
+      << r.output;
   EXPECT_EQ(read_file(dir.file("D/latest.safetensors")), before);
   r = run_command(std::string(DDPTRAIN_PATH) +
                   " --data synthetic --layers 32,16,10 --synthetic-samples 2000 --quiet" + ckpt +
@@ -248,7 +332,8 @@ TEST(CheckpointDir, AnotherRunsFolderIsRefusedWithoutResume) {
   EXPECT_NE(r.output.find("--layers 32,64,64,10 --seed 1, this run: --layers 32,16,10"),
             std::string::npos)
       << r.output;
-  EXPECT_EQ(train(ckpt + " --seed 1").exit_code, 0) << "the same run may start afresh there";
+  EXPECT_EQ(train(ckpt + " --seed 2 --fresh").exit_code, 0) << "--fresh starts afresh there";
+  EXPECT_EQ(read_file(dir.file("D/earlier-1/latest.safetensors")), before);
 }
 
 TEST(CheckpointDir, AFolderHeldByALiveJobIsRefusedAndAStaleLockTakenOver) {
