@@ -1,6 +1,7 @@
 // Names, the factory's shared parts, and the stuck-operation diagnosis through the store.
 #include "collectives/communicator.h"
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
@@ -82,10 +83,28 @@ void Communicator::require_bf16_reduction() const {
 
 namespace {
 
+// The diagnosis after a timeout asks the store with short deadlines: where the store is cut
+// off too (a link down), the rank still fails on time, saying the store could not tell.
+constexpr double kDiagnosisReplySeconds = 3.0;
+class ShortReplies {
+ public:
+  explicit ShortReplies(StoreClient& store) : store_(store), before_(store.reply_timeout()) {
+    store_.set_reply_timeout(std::min(before_, kDiagnosisReplySeconds));
+  }
+  ~ShortReplies() { store_.set_reply_timeout(before_); }
+  ShortReplies(const ShortReplies&) = delete;
+  ShortReplies& operator=(const ShortReplies&) = delete;
+
+ private:
+  StoreClient& store_;
+  double before_;
+};
+
 // Records this rank's arrival at `prefix` and names the ranks whose record is missing.
 std::string missing_ranks(StoreClient* store, const std::string& prefix, int rank, int size,
                           const std::vector<int>& world_ranks, const std::string& group) {
   if (store == nullptr) return "";
+  const ShortReplies short_replies(*store);
   try {
     store->set(prefix + std::to_string(rank), "1");
     std::vector<std::string> keys;
@@ -174,6 +193,7 @@ std::string describe_stuck_step(StoreClient* store, const std::string& group, in
   // got here (stopped, dead), ranks at an earlier step are held up behind them.
   std::string detail;
   if (store != nullptr) {
+    const ShortReplies short_replies(*store);
     try {
       const std::string prefix = fmt::format("ddp/reached/{}/{}/", group, what);
       store->set(prefix + std::to_string(rank), std::to_string(sequence));

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -131,7 +132,7 @@ void report_failure(const ddp::LaunchConfig& config, const ddp::WorkerPlan& plan
 // ranks and world size its generation gives it, until its workers finish, --max-restarts
 // failures are spent, or fewer than MIN nodes come back.
 int run_elastic(ddp::LaunchConfig config, const ddp::EnvMap& parent, const ddp::WorkerPlan& plan,
-                const std::string& token) {
+                const std::string& token, ddp::Console& console) {
   std::unique_ptr<ddp::StoreServer> store;
   try {
     ddp::StoreServerConfig store_config;
@@ -187,7 +188,7 @@ int run_elastic(ddp::LaunchConfig config, const ddp::EnvMap& parent, const ddp::
           ddp::child_environment(parent, generation, plan, local, ports, token, attempt));
       environments.back()["MASTER_ADDR"] = m.addresses.front();  // where its rank 0 runs
     }
-    ddp::WorkerGroup group(generation, ranks);
+    ddp::WorkerGroup group(generation, ranks, console);
     group.start(environments, attempt);
     const ddp::GroupOutcome outcome = group.supervise([&] { return rendezvous.check(m); });
     if (outcome.success) {
@@ -229,10 +230,13 @@ int run_elastic(ddp::LaunchConfig config, const ddp::EnvMap& parent, const ddp::
   }
 }
 
-int run(int argc, char** argv) {
+int run(int argc, char** argv, ddp::Console& console) {
   ddp::LaunchConfig config;
   config.launch_time_ms = ddp::wall_clock_ms();
   if (!ddp::parse_launch_args(argc, argv, &config)) return 0;
+  // From here on no write to the console may block: a reader that stalls (a full pipe) must
+  // not stop supervision, teardown or signals.
+  ddp::take_over_standard_streams();
   for (const std::string& note : config.notes)
     std::fprintf(stderr, "ddprun: note: %s\n", note.c_str());
   const RunFolder run_folder(config);
@@ -271,7 +275,7 @@ int run(int argc, char** argv) {
                   config.elastic() ? fmt::format("{}:{}", config.nnodes, config.max_nodes)
                                    : std::to_string(config.nnodes));
   if (token.empty()) token = ddp::random_token("/dev/urandom");
-  if (config.elastic()) return run_elastic(config, parent, plan, token);
+  if (config.elastic()) return run_elastic(config, parent, plan, token, console);
 
   std::unique_ptr<ddp::StoreServer> store;
   int port = config.master_port;
@@ -392,22 +396,44 @@ int run(int argc, char** argv) {
   }
   // Every exit of a multi-node ddprun: says why it ends the job (failures), marks this node
   // finished, and node 0 keeps the store up until every other node has finished or is gone.
+  // A node that failed does not wait on a store or a node that has gone silent: past
+  // kSilentSeconds without a reply (or a heartbeat) it names what it lost and exits.
+  constexpr double kSilentSeconds = 5.0;
   const auto leave = [&](int code, const std::string& why) {
     if (!control || watch->store_lost()) return code;
+    const bool failed = code != 0;
+    if (failed && config.node_rank != 0 && watch->store_silent_s() > kSilentSeconds) {
+      std::fprintf(stderr,
+                   "ddprun: node 0 (the rendezvous store at %s) stopped answering: no reply for "
+                   "%.1fs; it is gone or cut off, leaving without telling it\n",
+                   control->address().c_str(), watch->store_silent_s());
+      return code;
+    }
     try {
+      if (failed) control->set_reply_timeout(std::min(config.timeout, kSilentSeconds));
       if (!why.empty())
         control->set(ddp::kJobEndedKey, fmt::format("node {} ({}): {}", config.node_rank,
                                                     control->local_address(), why));
       control->add(ddp::node_finished_key(config.node_rank), 1);
-    } catch (const std::exception&) {
+    } catch (const std::exception& e) {
+      if (failed) std::fprintf(stderr, "ddprun: could not tell the other nodes (%s)\n", e.what());
       return code;  // the store is gone: nobody to tell
     }
     ddp::Stopwatch waited;
     const int64_t polled = watch->polls();  // a poll that saw this node's state is awaited
-    while (
-        config.node_rank == 0 && (watch->polls() < polled + 2 || !watch->all_others_finished()) &&
-        !watch->check(-1).fatal && ddp::g_forward_signal == 0 && waited.seconds() < config.timeout)
+    while (config.node_rank == 0 &&
+           (watch->polls() < polled + 2 || !watch->all_others_finished()) &&
+           !watch->check(-1).fatal && ddp::g_forward_signal == 0 &&
+           waited.seconds() < config.timeout) {
+      // Node 0 keeps the store up for nodes that can still read the job's end, not for one
+      // whose heartbeat stopped while this node's own workers failed.
+      const std::string silent = failed ? watch->all_others_silent(kSilentSeconds) : "";
+      if (!silent.empty()) {
+        std::fprintf(stderr, "ddprun: %s (gone or cut off); not waiting for it\n", silent.c_str());
+        break;
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
     return code;
   };
   for (int restart = 0;; ++restart) {
@@ -415,7 +441,7 @@ int run(int argc, char** argv) {
     for (int local = 0; local < plan.nproc; ++local)
       environments.push_back(
           ddp::child_environment(parent, config, plan, local, ports, token, restart));
-    ddp::WorkerGroup group(config, ranks);
+    ddp::WorkerGroup group(config, ranks, console);
     group.start(environments, restart);
     bool fatal = false;
     const ddp::GroupOutcome outcome = group.supervise([&]() -> std::string {
@@ -458,11 +484,9 @@ int run(int argc, char** argv) {
   }
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run_and_report(int argc, char** argv, ddp::Console& console) {
   try {
-    return run(argc, argv);
+    return run(argc, argv, console);
   } catch (const Interrupted& interrupted) {
     std::fprintf(stderr, "ddprun: interrupted by %s while waiting for the other nodes\n",
                  ddp::signal_name(interrupted.signal).c_str());
@@ -474,4 +498,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ddprun: error: %s\n", e.what());
     return 1;
   }
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  ddp::Console console(STDOUT_FILENO, STDERR_FILENO);
+  const int code = run_and_report(argc, argv, console);
+  console.drain(2.0);  // what the console takes within 2 s; a stalled one does not hold the exit
+  return code;
 }

@@ -33,6 +33,8 @@ NodeWatch::NodeWatch(StoreClient& store, int node_rank, int nnodes, double timeo
       seen_s_(nnodes, 0.0),
       finished_(nnodes, false),
       joined_(nnodes, false),
+      silent_(nnodes),
+      silent_since_(nnodes, -1.0),
       addresses_(nnodes) {
   thread_ = std::thread([this] { loop(); });
 }
@@ -48,10 +50,9 @@ NodeWatch::~NodeWatch() {
 }
 
 void NodeWatch::loop() {
-  Stopwatch clock;
   while (!stop_) {
     try {
-      poll_once(clock.seconds());
+      poll_once(clock_.seconds());
     } catch (const std::exception& e) {
       std::lock_guard<std::mutex> lock(mutex_);
       store_lost_ = true;
@@ -103,6 +104,12 @@ void NodeWatch::poll_once(double now_s) {
   }
   std::lock_guard<std::mutex> lock(mutex_);
   ++polls_;
+  last_poll_s_ = clock_.seconds();
+  for (int node = 0; node < nnodes_; ++node) {
+    const bool waited_for = node != node_rank_ && joined_[node] && !finished_[node];
+    silent_[node] = waited_for ? describe_node(node) : "";
+    silent_since_[node] = waited_for ? seen_s_[node] : -1.0;
+  }
   generation_ = generation;
   others_finished_ = all_finished;
   // This node's own end (its ddprun wrote it, and waits for the others) is no verdict on it.
@@ -124,6 +131,25 @@ NodeVerdict NodeWatch::check(int restart) const {
 bool NodeWatch::all_others_finished() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return others_finished_;
+}
+
+double NodeWatch::store_silent_s() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return clock_.seconds() - last_poll_s_;
+}
+
+std::string NodeWatch::all_others_silent(double seconds) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const double now = clock_.seconds();
+  std::string silent;
+  for (int node = 0; node < nnodes_; ++node) {
+    if (silent_since_[node] < 0) continue;
+    const double quiet = now - silent_since_[node];
+    if (quiet < seconds) return "";
+    silent += fmt::format("{}{} stopped answering: no heartbeat for {:.1f}s",
+                          silent.empty() ? "" : "; ", silent_[node], quiet);
+  }
+  return silent;
 }
 
 int64_t NodeWatch::polls() const {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "runtime/store.h"
+#include "runtime/timer.h"
 
 namespace ddp {
 
@@ -43,6 +44,13 @@ class NodeWatch {
   int64_t polls() const;
   // The store stopped answering: nothing more should be asked of it.
   bool store_lost() const { return store_lost_; }
+  // Seconds since a poll of the store last completed (or since the watch started): a store
+  // call in flight that long is one a failed node should not queue behind.
+  double store_silent_s() const;
+  // When every other node that joined and has not finished has sent no heartbeat for
+  // `seconds`: those nodes, described ("node 1 (10.0.0.2, ranks 2-3) stopped answering: no
+  // heartbeat for 6.1s"); else "" (one still beats, or none is left to wait for).
+  std::string all_others_silent(double seconds) const;
 
  private:
   // "node K (address)" as K published it (watch thread only).
@@ -66,6 +74,10 @@ class NodeWatch {
   std::vector<bool> finished_;
   std::vector<bool> joined_;
   int64_t polls_ = 0;  // under mutex_
+  Stopwatch clock_;
+  double last_poll_s_ = 0;            // under mutex_
+  std::vector<std::string> silent_;   // under mutex_: per node, "" or its description
+  std::vector<double> silent_since_;  // under mutex_: when its heartbeat last moved
   std::vector<std::string> addresses_;
   std::thread thread_;
 };

@@ -100,8 +100,8 @@ bool make_folders(const std::string& path) {
 
 }  // namespace
 
-WorkerGroup::WorkerGroup(const LaunchConfig& config, std::vector<int> ranks)
-    : config_(config), ranks_(std::move(ranks)) {}
+WorkerGroup::WorkerGroup(const LaunchConfig& config, std::vector<int> ranks, Console& console)
+    : config_(config), ranks_(std::move(ranks)), console_(console) {}
 
 WorkerGroup::~WorkerGroup() {
   for (Worker& w : workers_) {
@@ -221,9 +221,7 @@ void WorkerGroup::emit(Worker& w, const std::string& line, bool is_err) {
   if (w.tail.size() > kTailLines) w.tail.pop_front();
   if (!w.on_console) return;
   if ((w.redirected & bit) != 0 && (w.teed & bit) == 0) return;  // to its file only
-  std::FILE* stream = is_err ? stderr : stdout;
-  std::fprintf(stream, "[rank %d] %s\n", w.rank, line.c_str());
-  std::fflush(stream);
+  console_.line(is_err, fmt::format("[rank {}] {}", w.rank, line));
 }
 
 void WorkerGroup::pump(Worker& w, int fd, std::string& partial, bool is_err, bool flush) {
@@ -331,6 +329,7 @@ GroupOutcome WorkerGroup::supervise(const std::function<std::string()>& peer_fai
     } else {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
+    console_.flush();
     reap(false);
 
     if (g_forward_signal != 0 && !outcome.interrupted) {

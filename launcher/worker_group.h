@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "launcher/console.h"
 #include "launcher/launch_config.h"
 
 namespace ddp {
@@ -37,7 +38,8 @@ extern volatile std::sig_atomic_t g_forward_signal;
 
 class WorkerGroup {
  public:
-  WorkerGroup(const LaunchConfig& config, std::vector<int> ranks);
+  // The workers' lines go to `console` (which outlives the group).
+  WorkerGroup(const LaunchConfig& config, std::vector<int> ranks, Console& console);
   ~WorkerGroup();  // kills workers still running
   WorkerGroup(const WorkerGroup&) = delete;
   WorkerGroup& operator=(const WorkerGroup&) = delete;
@@ -78,6 +80,7 @@ class WorkerGroup {
 
   LaunchConfig config_;
   std::vector<int> ranks_;
+  Console& console_;
   std::vector<Worker> workers_;
 };
 

@@ -30,9 +30,15 @@ StoreClient::StoreClient(const std::string& host, int port, const std::string& t
 }
 
 std::string StoreClient::round_trip(const MessageWriter& request, double reply_within_s) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  const std::string frame = request.framed();
   const Deadline deadline = deadline_in(reply_within_s);
+  // Behind a call of another thread that the store does not answer, this one waits no longer
+  // than its own deadline (a failed node leaving must not wait out a watcher's call).
+  std::unique_lock<std::timed_mutex> lock(mutex_, std::defer_lock);
+  if (!lock.try_lock_until(deadline))
+    throw Error(fmt::format(
+        "the rendezvous store at {} did not answer within {:.0f}s (another call still waits on it)",
+        address_, reply_within_s));
+  const std::string frame = request.framed();
   try {
     write_all(fd_.get(), frame.data(), frame.size());
     unsigned char len_bytes[4];
@@ -42,8 +48,15 @@ std::string StoreClient::round_trip(const MessageWriter& request, double reply_w
                               reply_within_s));
     const uint32_t len =
         len_bytes[0] | (len_bytes[1] << 8) | (len_bytes[2] << 16) | (uint32_t{len_bytes[3]} << 24);
-    DDP_CHECK(len >= 1 && len <= kMaxStoreMessageBytes,
-              "rendezvous store at {}: bad reply length {}", address_, len);
+    if (len < 1 || len > kMaxStoreMessageBytes) {
+      std::string head;  // what the other program said, where it is text ("HTTP")
+      for (const unsigned char c : len_bytes)
+        head += (c >= 32 && c < 127) ? static_cast<char>(c) : '.';
+      throw UsageError(fmt::format(
+          "{} answered with what no ddp store sends (it began '{}'): another program listens "
+          "there; check MASTER_ADDR and MASTER_PORT (ddprun's --master-addr, --master-port)",
+          address_, head));
+    }
     std::string payload(len, '\0');
     DDP_CHECK(read_exact(fd_.get(), payload.data(), len, deadline),
               "rendezvous store at {}: reply cut short", address_);

@@ -65,15 +65,20 @@ class StoreClient {
   // From another thread: a call blocked on the server returns (throwing) at once, and so
   // does every later call. Safe while a call is in flight.
   void interrupt();
+  // The reply timeout of the calls made from now on (seconds; a wait adds its own timeout).
+  // A call also waits at most that long for a call in flight on another thread to return.
+  void set_reply_timeout(double seconds) { reply_timeout_s_ = seconds; }
+  // The reply timeout calls are made with now (seconds).
+  double reply_timeout() const { return reply_timeout_s_; }
 
  private:
   std::string round_trip(const MessageWriter& request, double reply_within_s);
 
   std::string address_;
-  double reply_timeout_s_;
+  std::atomic<double> reply_timeout_s_;
   std::atomic<bool> interrupted_{false};
   UniqueFd fd_;
-  std::mutex mutex_;  // one request in flight per connection
+  std::timed_mutex mutex_;  // one request in flight per connection
 };
 
 }  // namespace ddp

@@ -97,6 +97,79 @@ dist.destroy_process_group()
   }
 }
 
+// The torch store ddprun serves against PyTorch's own server, through PyTorch's own client:
+// the same queries (compare_set with a matching and a differing expected value, on present
+// and missing keys; add; waits of several keys, one of them missing, first or last; delete;
+// num_keys) get the same answers; then a stranger's set of text and an add to it (which once
+// aborted ddprun) and a set past int64 close that client only, and the job goes on.
+TEST(Ddprun, ServesPyTorchsStoreAsPyTorchsOwnServerDoes) {
+  if (run_command("/usr/bin/python3 -c 'import torch.distributed'").exit_code != 0)
+    GTEST_SKIP() << "no Python with torch (Debian: python3-torch)";
+  TempDir dir;
+  std::ofstream(dir.file("store.py")) << R"(import datetime, os, sys
+import torch.distributed as d
+def ops(connect):
+    # (a wait that timed out leaves its answer pending on its connection: a fresh one each)
+    s = connect()
+    out = []
+    base = s.num_keys()
+    s.set("a", "1")
+    out.append(s.compare_set("a", "0", "2"))
+    out.append(s.get("a"))
+    out.append(s.compare_set("a", "1", "3"))
+    out.append(s.get("a"))
+    out.append(s.compare_set("new", "", "x"))
+    out.append(s.compare_set("missing", "y", "z"))
+    out.append(s.add("n", 5))
+    out.append(s.add("n", -7))
+    for keys in (["a", "n"], ["a", "nope"], ["nope", "a"], ["missing"]):
+        try:
+            connect().wait(keys, datetime.timedelta(seconds=0.5))
+            out.append("waited")
+        except Exception:
+            out.append("timed out")
+    s.set("nope", "v")
+    s.wait(["a", "nope"], datetime.timedelta(seconds=5))
+    out.append("waited")
+    out.append(s.num_keys() - base)
+    out.append(s.delete_key("a"))
+    out.append(s.delete_key("a"))
+    out.append(s.num_keys() - base)
+    return out
+server = d.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
+theirs = ops(lambda: d.TCPStore("127.0.0.1", server.port, None, False))
+port = int(os.environ["MASTER_PORT"])
+ours = ops(lambda: d.TCPStore(os.environ["MASTER_ADDR"], port, None, False))
+print("torch:", theirs)
+print("ddprun:", ours)
+stranger = d.TCPStore(os.environ["MASTER_ADDR"], port, None, False)
+stranger.set("k", "abc")
+try:
+    stranger.add("k", 1)
+    print("add to text answered")
+except Exception:
+    print("add to text refused")
+big = d.TCPStore(os.environ["MASTER_ADDR"], port, None, False)
+big.set("m", "99999999999999999999")
+try:
+    big.add("m", 1)
+except Exception:
+    pass
+after = d.TCPStore(os.environ["MASTER_ADDR"], port, None, False)
+print("still serving:", after.add("alive", 1), after.get("k"))
+sys.exit(0 if theirs == ours else 1)
+)";
+  const RunResult r =
+      run_command(ddprun() + " --nproc-per-node 1 -- /usr/bin/python3 " + dir.file("store.py"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("add to text refused"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("still serving: 1 b'abc'"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("PyTorch's store refused a client: 127.0.0.1: an add to a key that "
+                          "holds no integer"),
+            std::string::npos)
+      << r.output;
+}
+
 TEST(Ddprun, MoreGpuWorkersThanGpusIsAnError) {
   const RunResult r =
       run_command("CUDA_VISIBLE_DEVICES=4,6 " + ddprun() + " --nproc-per-node 3 -- true");
@@ -120,6 +193,35 @@ TEST(Ddprun, OutputIsPrefixedAndLoggedPerRank) {
     EXPECT_NE(log.find("err-" + k + "\n"), std::string::npos) << log;
     EXPECT_NE(log.find("no-newline-" + k), std::string::npos) << log;
   }
+}
+
+// A console nobody reads (ddprun's stdout a FIFO whose reader never reads): rank 0 fails, and
+// ddprun still reaps it, stops the chatty rank 1 and exits naming rank 0, within the grace
+// period rather than when the reader goes away; the log file keeps every line the console
+// dropped.
+TEST(Ddprun, AnUnreadConsoleDoesNotStopSupervision) {
+  TempDir dir;
+  std::ofstream(dir.file("run.sh"))
+      << "mkfifo " << dir.file("console") << "\n"
+      << "sleep 120 < " << dir.file("console") << " > /dev/null &\n"
+      << "reader=$!\n"
+      << "start=$(date +%s)\n"
+      << ddprun() << " --nproc-per-node 2 --grace-period 2 --log-dir " << dir.file("logs")
+      << " -- sh -c 'if [ $RANK = 0 ]; then sleep 2; exit 3; fi; "
+         "yes chatty-line-of-rank-1 | head -c 4000000; sleep 100' > "
+      << dir.file("console") << " 2> " << dir.file("err") << "\n"
+      << "echo rc=$? after=$(( $(date +%s) - start ))\n"
+      << "kill $reader\n";
+  const RunResult r = run_command("sh " + dir.file("run.sh"));
+  const std::string err = read_file(dir.file("err"));
+  EXPECT_NE(r.output.find("rc=3 "), std::string::npos) << r.output << err;
+  const size_t after = r.output.find("after=");
+  ASSERT_NE(after, std::string::npos) << r.output;
+  EXPECT_LE(std::atoi(r.output.c_str() + after + 6), 20) << r.output << err;
+  EXPECT_NE(err.find("rank 0 failed first"), std::string::npos) << err;
+  EXPECT_GE(count_of(read_file(dir.file("logs/rank-1.log")), "chatty-line-of-rank-1\n"),
+            4000000 / 22)
+      << "the log keeps every line";
 }
 
 TEST(Ddprun, QuietShowsOnlyRankZero) {

@@ -14,6 +14,10 @@
 #                            over MPI give one process's weights (1e-5)
 #   test_nodes.sh partition  node 1's link cut mid-run: both nodes exit within --timeout plus
 #                            the grace period, each naming the other node by address
+#   test_nodes.sh cut        the same with ddprun's default --timeout (300 s) and the
+#                            workers' --timeout 5: both nodes exit within the workers'
+#                            deadline, the store diagnosis (3 s), the silence a failed node
+#                            waits out (5 s) and the grace period, each naming the other node
 #   test_nodes.sh killed     node 1's ddprun killed (SIGKILL) mid-run: node 0 ends within
 #                            --timeout plus grace naming node 1, nothing left in any namespace
 #   test_nodes.sh refused    a node with the wrong token, and one with the wrong --nnodes, are
@@ -23,7 +27,7 @@
 set -u
 here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/netns.sh"
-case_name=${1:?usage: test_nodes.sh iface|three|pp|slow|delay|mpirun|partition|killed|refused}
+case_name=${1:?usage: test_nodes.sh iface|three|pp|slow|delay|mpirun|partition|cut|killed|refused}
 mn_available || { echo "skipped: cannot create network namespaces here (needs root and ip)"; exit 77; }
 nodes=2
 [ "$case_name" = three ] && nodes=3
@@ -47,12 +51,15 @@ start_node() {
 # Both nodes train for good (--timeout 5 for ddprun and the workers, grace 2), until node 0
 # has logged step 200. With WRAP_1, node 1's worker runs behind `sh -c 'WRAP_1'` (a wrapper
 # that leaves a child of its own).
+# LAUNCHER_TIMEOUT: ddprun's --timeout (default 5; "" for ddprun's own default).
 start_long_job() {
   local k i
+  local launcher_timeout=(--timeout "${LAUNCHER_TIMEOUT-5}")
+  [ -z "${LAUNCHER_TIMEOUT-5}" ] && launcher_timeout=()
   for k in 0 1; do
     local wrap=()
     [ "$k" = 1 ] && [ -n "${WRAP_1:-}" ] && wrap=(sh -c "$WRAP_1" sh)
-    start_node "$k" --timeout 5 --grace-period 2 -- "${wrap[@]}" "$DDPTRAIN" $train \
+    start_node "$k" "${launcher_timeout[@]}" --grace-period 2 -- "${wrap[@]}" "$DDPTRAIN" $train \
       --steps 1000000 --log-every 200 --timeout 5
   done
   for i in $(seq 200); do grep -q "step 200" "$out/node-0.log" 2>/dev/null && break; sleep 0.1; done
@@ -224,6 +231,29 @@ AGENT
     sleep 1
     nothing_left
     echo "pass: a cut link ends both nodes, each naming the other"
+    ;;
+  cut)
+    LAUNCHER_TIMEOUT="" start_long_job
+    mn_cut 1
+    cut_at=$(date +%s.%N)
+    wait "$pid_0"; rc0=$?; end0=$(date +%s.%N)
+    wait "$pid_1"; rc1=$?; end1=$(date +%s.%N)
+    t0=$(awk -v a="$end0" -v b="$cut_at" "BEGIN { printf \"%.2f\", a - b }")
+    t1=$(awk -v a="$end1" -v b="$cut_at" "BEGIN { printf \"%.2f\", a - b }")
+    for f in "$out"/*.log; do echo "--- $f"; grep -v "step\|info" "$f"; done
+    echo "node 0 exit $rc0 after ${t0}s, node 1 exit $rc1 after ${t1}s"
+    [ "$rc0" != 0 ] && [ "$rc1" != 0 ] || fail "both nodes should fail (exits $rc0 and $rc1)"
+    # 5 (collective) + 3 (store diagnosis) + 5 (silence) + 2 (grace), and a margin for load;
+    # before: 300 and 600 s.
+    awk -v a="$t0" -v b="$t1" 'BEGIN { exit !(a < 22 && b < 22) }' || fail "not within the deadlines"
+    grep -q "node 1 ($(mn_addr 1), rank 1) stopped answering" "$out/node-0.log" ||
+      fail "node 0 did not name node 1"
+    grep -q "node 0 (the rendezvous store at $(mn_addr 0):$port) stopped answering" "$out/node-1.log" ||
+      grep -q "lost the rendezvous store at $(mn_addr 0):$port (on node 0)" "$out/node-1.log" ||
+      fail "node 1 did not name node 0"
+    sleep 1
+    nothing_left
+    echo "pass: a cut link ends both nodes on time with ddprun's default --timeout"
     ;;
   *) echo "unknown case $case_name"; exit 2 ;;
 esac

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "collectives/communicator.h"
+#include "launcher/listener.h"
 #include "launcher/store_server.h"
 #include "runtime/error.h"
 #include "runtime/socket.h"
@@ -404,6 +405,75 @@ TEST(StoreClient, UnreachableStoreNamesTheAddress) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("127.0.0.1:" + std::to_string(port)), std::string::npos);
   }
+}
+
+// Another program on the store's port (an HTTP server's reply): a usage error that names the
+// address and says so, not an internal failure about a reply length.
+TEST(StoreClient, AnotherProgramOnThePortIsNamed) {
+  UniqueFd listener(::socket(AF_INET, SOCK_STREAM, 0));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(listener.get(), 4), 0);
+  socklen_t len = sizeof(addr);
+  ::getsockname(listener.get(), reinterpret_cast<sockaddr*>(&addr), &len);
+  const int port = ntohs(addr.sin_port);
+  std::thread http([&] {
+    UniqueFd c(::accept(listener.get(), nullptr, nullptr));
+    const std::string reply = "HTTP/1.1 400 Bad Request\r\n\r\n";
+    write_all(c.get(), reply.data(), reply.size());
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  });
+  try {
+    StoreClient("127.0.0.1", port, "t", 2.0);
+    ADD_FAILURE() << "took an HTTP server for a store";
+  } catch (const UsageError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("127.0.0.1:" + std::to_string(port) +
+                           " answered with what no ddp store sends (it began 'HTTP')"),
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find("check MASTER_ADDR and MASTER_PORT"), std::string::npos) << message;
+  }
+  http.join();
+}
+
+// A call behind another thread's call that the store does not answer waits no longer than
+// its own reply timeout (a failed node leaving must not wait out a watcher's call).
+TEST_F(StoreTest, ACallBehindAnUnansweredOneKeepsItsOwnDeadline) {
+  StoreClient client("127.0.0.1", server_->port(), "secret", 5.0, 30.0);
+  std::thread waiter([&] {
+    try {
+      client.wait({"never"}, 3.0);  // holds the connection for 3 s
+    } catch (const Error&) {
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  client.set_reply_timeout(0.5);
+  Stopwatch clock;
+  EXPECT_THROW(client.get("k"), Error);
+  EXPECT_LT(clock.seconds(), 2.0);
+  waiter.join();
+}
+
+// Refusals are reported once per peer and kind of reason (numbers aside), and a bounded
+// number of lines in all.
+TEST(RefusalLog, OncePerPeerAndKindAndBoundedInAll) {
+  std::vector<std::string> lines;
+  RefusalLog log([&](const std::string& line) { lines.push_back(line); });
+  for (int size = 5000000; size < 5001000; ++size)
+    log.refuse("10.0.0.7", "a frame of " + std::to_string(size) + " bytes");
+  EXPECT_EQ(lines.size(), 1u);
+  log.refuse("10.0.0.7", "wrong token");
+  log.refuse("10.0.0.8", "a frame of 7 bytes");
+  EXPECT_EQ(lines.size(), 3u);
+  for (int peer = 0; peer < 1000; ++peer)
+    log.refuse("10.1.0." + std::to_string(peer), "wrong token");
+  EXPECT_EQ(lines.size(), RefusalLog::kMaxRefusalLines + 1);
+  EXPECT_NE(lines.back().find("further refusals of any peer go unreported"), std::string::npos)
+      << lines.back();
+  EXPECT_EQ(log.count(), 1000u + 2 + 1000);
 }
 
 // A stuck send or receive names what it moved and its peers (not the store's arrivals: only
