@@ -2,6 +2,7 @@
 // rendezvous store, tees output, stops the job on the first failure and says why, and can
 // restart the group. Never touches CUDA.
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -36,6 +37,16 @@ namespace {
 
 void on_signal(int signal) {
   ddp::g_forward_signal = signal;
+}
+
+// The connections PyTorch's store serves at once: its bound, or a quarter of the descriptors
+// ddprun may open, so that strangers' connections leave it room for its own work (pipes for a
+// restart, its store's clients).
+size_t torch_store_clients() {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY)
+    return ddp::kMaxTorchStoreClients;
+  return std::max<size_t>(16, std::min<size_t>(ddp::kMaxTorchStoreClients, limit.rlim_cur / 4));
 }
 
 // Thrown when SIGINT/SIGTERM arrives while ddprun waits for the store or another node.
@@ -216,6 +227,7 @@ int run_elastic(ddp::LaunchConfig config, const ddp::EnvMap& parent, const ddp::
           m, {fmt::format("{}: rank {} failed first: {}", node, outcome.failed_rank, outcome.cause),
               false});
     }
+    if (outcome.signalled_in_teardown) return outcome.exit_code;  // asked to stop: no next one
     const ddp::GenerationEnd end = rendezvous.ended(m);
     if (!end.membership && ++failures > config.max_restarts) {
       std::fprintf(stderr, "ddprun: giving up after %d failed generation%s (--max-restarts %d)\n",
@@ -237,6 +249,7 @@ int run(int argc, char** argv, ddp::Console& console) {
   // From here on no write to the console may block: a reader that stalls (a full pipe) must
   // not stop supervision, teardown or signals.
   ddp::take_over_standard_streams();
+  ddp::take_launcher_limits();
   for (const std::string& note : config.notes)
     std::fprintf(stderr, "ddprun: note: %s\n", note.c_str());
   const RunFolder run_folder(config);
@@ -250,6 +263,7 @@ int run(int argc, char** argv, ddp::Console& console) {
   sigemptyset(&action.sa_mask);
   ::sigaction(SIGINT, &action, nullptr);
   ::sigaction(SIGTERM, &action, nullptr);
+  ::sigaction(SIGHUP, &action, nullptr);
 
   ddp::EnvMap parent;
   for (char** e = environ; *e != nullptr; ++e) {
@@ -332,12 +346,14 @@ int run(int argc, char** argv, ddp::Console& console) {
   std::unique_ptr<ddp::TorchStoreServer> torch_store;
   if (config.torch_store && config.nnodes == 1) {
     torch_store = std::make_unique<ddp::TorchStoreServer>(
-        "127.0.0.1", config.master_port, [](const std::string& why) {
+        "127.0.0.1", config.master_port,
+        [](const std::string& why) {
           std::fprintf(stderr,
                        "ddprun: PyTorch's store refused a client: %s (--no-torch-store leaves "
                        "the store to the program's rank 0)\n",
                        why.c_str());
-        });
+        },
+        ddp::kTorchStoreStallSeconds, torch_store_clients());
     torch_store->start();
     ports.program = torch_store->port();
     std::fprintf(stderr, "ddprun: PyTorch's store on 127.0.0.1:%d (MASTER_PORT)\n", ports.program);
@@ -367,9 +383,11 @@ int run(int argc, char** argv, ddp::Console& console) {
         // PyTorch's store where ddp's listens (the interface's address, or every address),
         // unauthenticated as torchrun's.
         torch_store = std::make_unique<ddp::TorchStoreServer>(
-            store->bind_address(), 0, [](const std::string& why) {
+            store->bind_address(), 0,
+            [](const std::string& why) {
               std::fprintf(stderr, "ddprun: PyTorch's store refused a client: %s\n", why.c_str());
-            });
+            },
+            ddp::kTorchStoreStallSeconds, torch_store_clients());
         torch_store->start();
         ports.program = torch_store->port();
         std::fprintf(stderr,
@@ -464,12 +482,12 @@ int run(int argc, char** argv, ddp::Console& console) {
     } else {
       report_failure(config, plan, outcome, restart);
       // The first node to fail in this generation moves the job on; the others follow.
-      if (control && restart < config.max_restarts &&
+      if (control && restart < config.max_restarts && !outcome.signalled_in_teardown &&
           control->add(fmt::format("ddprun/failed/{}", restart), 1) == 1)
         control->add(ddp::kGenerationKey, 1);
     }
-    if (restart >= config.max_restarts) {
-      if (config.max_restarts > 0)
+    if (restart >= config.max_restarts || outcome.signalled_in_teardown) {
+      if (config.max_restarts > 0 && !outcome.signalled_in_teardown)
         std::fprintf(stderr, "ddprun: giving up after %d restart%s\n", restart,
                      restart == 1 ? "" : "s");
       return leave(outcome.exit_code, outcome.peer_restart

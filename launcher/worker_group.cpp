@@ -1,6 +1,7 @@
 // WorkerGroup: fork/exec with pipes, a poll() loop over the pipes, waitpid() for exits.
 #include "launcher/worker_group.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/prctl.h>
@@ -14,11 +15,15 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <optional>
+#include <sstream>
 #include <thread>
 
 #include <fmt/format.h>
 
 #include "runtime/error.h"
+#include "runtime/parse.h"
 
 namespace ddp {
 
@@ -63,6 +68,9 @@ std::string signal_name(int signal) {
 
 namespace {
 
+rlimit g_given_nofile{};  // the open-file limit ddprun was started with (its workers get it)
+bool g_raised_nofile = false;
+
 // The guard's reaction to ddprun's death (async-signal-safe): SIGKILL to its process group,
 // which holds the worker, whatever the worker started, and the guard itself.
 void kill_own_group(int) {
@@ -100,10 +108,53 @@ bool make_folders(const std::string& path) {
 
 }  // namespace
 
+void take_launcher_limits() {
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+  if (::getrlimit(RLIMIT_NOFILE, &g_given_nofile) == 0 &&
+      g_given_nofile.rlim_cur < g_given_nofile.rlim_max) {
+    rlimit raised = g_given_nofile;
+    raised.rlim_cur = std::min<rlim_t>(g_given_nofile.rlim_max, rlim_t{1} << 20);
+    g_raised_nofile = ::setrlimit(RLIMIT_NOFILE, &raised) == 0;
+  }
+}
+
+std::vector<pid_t> WorkerGroup::orphans() const {
+  std::vector<pid_t> found;
+  const pid_t self = ::getpid();
+  DIR* proc = ::opendir("/proc");
+  if (proc == nullptr) return found;
+  while (const dirent* entry = ::readdir(proc)) {
+    const std::optional<pid_t> pid = parse_number<pid_t>(entry->d_name);
+    if (!pid) continue;
+    std::ifstream in(fmt::format("/proc/{}/stat", *pid));
+    std::string stat;
+    std::getline(in, stat);
+    // "pid (comm) state ppid ...": comm may hold spaces and parentheses, the last ')' ends it.
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(stat.substr(close + 1));
+    std::string state;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    if (ppid != self) continue;
+    bool guard = false;
+    for (const Worker& w : workers_)
+      guard = guard || w.pid == *pid;
+    if (!guard) found.push_back(*pid);
+  }
+  ::closedir(proc);
+  return found;
+}
+
 WorkerGroup::WorkerGroup(const LaunchConfig& config, std::vector<int> ranks, Console& console)
     : config_(config), ranks_(std::move(ranks)), console_(console) {}
 
 WorkerGroup::~WorkerGroup() {
+  for (const pid_t orphan : orphans()) {
+    ::kill(-orphan, SIGKILL);
+    ::kill(orphan, SIGKILL);
+    ::waitpid(orphan, nullptr, 0);
+  }
   for (Worker& w : workers_) {
     if (w.pid > 0 && (!w.exited || !w.group_gone)) ::kill(-w.pid, SIGKILL);
     if (!w.exited && w.pid > 0) ::waitpid(w.pid, nullptr, 0);
@@ -184,8 +235,10 @@ void WorkerGroup::start(const std::vector<EnvMap>& environments, int restart) {
       if (worker > 0) guard(worker);  // never returns
       ::signal(SIGUSR1, SIG_DFL);
       ::prctl(PR_SET_PDEATHSIG, 0);
+      if (g_raised_nofile) ::setrlimit(RLIMIT_NOFILE, &g_given_nofile);
       ::signal(SIGINT, SIG_DFL);
       ::signal(SIGTERM, SIG_DFL);
+      ::signal(SIGHUP, SIG_DFL);
       ::signal(SIGPIPE, SIG_DFL);
       const int devnull = ::open("/dev/null", O_RDONLY);
       ::dup2(devnull, 0);
@@ -283,6 +336,28 @@ bool WorkerGroup::clean_groups() {
     if (std::chrono::steady_clock::now() >= w.group_kill_at) ::kill(-w.pid, SIGKILL);
     all_gone = false;
   }
+  bool all_exited = true;
+  for (const Worker& w : workers_)
+    all_exited = all_exited && w.exited;
+  if (!all_exited) return false;
+  // What the workers left in sessions of their own (setsid) came to ddprun, their subreaper:
+  // stopped as the workers' groups are (SIGTERM, SIGKILL after the grace period) and reaped.
+  const auto now = std::chrono::steady_clock::now();
+  for (const pid_t orphan : orphans()) {
+    if (::waitpid(orphan, nullptr, WNOHANG) == orphan) continue;  // it had ended: reaped
+    const int signal = !orphans_told_ ? SIGTERM : now >= orphans_kill_at_ ? SIGKILL : 0;
+    if (signal != 0) {
+      ::kill(-orphan, signal);  // its session's group, where it leads one
+      ::kill(orphan, signal);
+      if (signal == SIGTERM) ::kill(orphan, SIGCONT);
+    }
+    if (!orphans_told_) {
+      orphans_told_ = true;
+      orphans_kill_at_ = now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                   std::chrono::duration<double>(config_.grace_period));
+    }
+    all_gone = false;
+  }
   return all_gone;
 }
 
@@ -332,12 +407,22 @@ GroupOutcome WorkerGroup::supervise(const std::function<std::string()>& peer_fai
     console_.flush();
     reap(false);
 
-    if (g_forward_signal != 0 && !outcome.interrupted) {
+    if (g_forward_signal != 0 && stopping && !outcome.interrupted &&
+        !outcome.signalled_in_teardown) {
+      // A signal while the group is already being stopped after a failure: the root cause,
+      // its exit code and the grace period stand; ddprun only notes it and will not restart.
+      outcome.signalled_in_teardown = true;
+      console_.line(true, fmt::format("ddprun: {} during the teardown: stopping as before, no "
+                                      "restart",
+                                      signal_name(g_forward_signal)));
+    }
+    if (g_forward_signal != 0 && !stopping) {
       const int signal = g_forward_signal;
       outcome.interrupted = true;
       outcome.cause = fmt::format("interrupted by {}", signal_name(signal));
       outcome.exit_code = 128 + signal;
-      stop_all(signal);
+      // SIGHUP (the terminal went away) stops the workers as SIGTERM does, as under torchrun.
+      stop_all(signal == SIGHUP ? SIGTERM : signal);
       stopping = true;
       // SIGINT (what a program may catch to save its work), then SIGTERM halfway through the
       // grace period, then SIGKILL at its end.

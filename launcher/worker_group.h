@@ -26,8 +26,9 @@ struct GroupOutcome {
   int failed_rank = -1;  // the first rank that failed, or -1
   std::string cause;     // "exit code 3", "signal SIGKILL (9)", "interrupted by SIGINT"
   std::vector<std::string> last_lines;  // the failed rank's last output lines
-  bool interrupted = false;             // ddprun itself got SIGINT/SIGTERM
+  bool interrupted = false;             // ddprun itself got SIGINT/SIGTERM/SIGHUP
   bool peer_restart = false;            // another node failed: this one stopped its workers
+  bool signalled_in_teardown = false;   // SIGINT/SIGTERM/SIGHUP while stopping after a failure
 };
 
 // The longest output line ddprun holds before passing it on in pieces.
@@ -35,6 +36,13 @@ constexpr size_t kMaxLineBytes = 1 << 20;
 
 // Set by ddprun's signal handler; the supervision loop forwards it to every worker.
 extern volatile std::sig_atomic_t g_forward_signal;
+
+// ddprun's own limits, set once at its start: it becomes the subreaper of what its workers
+// leave behind (PR_SET_CHILD_SUBREAPER: a worker's child that calls setsid and outlives the
+// worker comes to ddprun, which stops it with the group), and raises its soft limit on open
+// descriptors to the hard one (strangers' connections must not leave it without a pipe for a
+// restart), the workers getting the limit ddprun was given.
+void take_launcher_limits();
 
 class WorkerGroup {
  public:
@@ -77,6 +85,10 @@ class WorkerGroup {
   void reap(bool block_until_exit);
   // Stops what exited workers left in their process groups; true when every group is empty.
   bool clean_groups();
+  // The processes that came to ddprun as their subreaper, less this group's guards.
+  std::vector<pid_t> orphans() const;
+  bool orphans_told_ = false;  // SIGTERM sent to the orphans; SIGKILL at orphans_kill_at_
+  std::chrono::steady_clock::time_point orphans_kill_at_{};
 
   LaunchConfig config_;
   std::vector<int> ranks_;

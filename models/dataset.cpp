@@ -74,10 +74,13 @@ std::vector<uint8_t> read_gz_file(const std::string& path) {
     if (got == 0) break;
     bytes.insert(bytes.end(), chunk.begin(), chunk.begin() + got);
   }
-  DDP_USAGE_CHECK(declared == 0 || bytes.size() <= declared,
-                  "{}: oversized IDX data: its header declares {} bytes, the file inflates to "
-                  "more (stopped reading there)",
-                  path, declared);
+  DDP_USAGE_CHECK(
+      declared == 0 || bytes.size() <= declared,
+      "{}: oversized IDX data: its header (magic {:02x}{:02x}{:02x}{:02x}: {} "
+      "dimension{}) declares {} bytes, the file inflates to more (stopped reading "
+      "there){}",
+      path, bytes[0], bytes[1], bytes[2], bytes[3], bytes[3], bytes[3] == 1 ? "" : "s", declared,
+      bytes[3] == 1 ? "; a labels file (magic 00000801) where images were expected?" : "");
   // A stream cut short (no trailer with its CRC and length) reads as a clean end of data;
   // zlib says so only through gzerror.
   int code = Z_OK;
@@ -132,6 +135,9 @@ Split load_idx_split(const std::string& images_path, const std::string& labels_p
                   labels.dims.size());
   DDP_USAGE_CHECK(images.dims[0] == labels.dims[0], "{} has {} images but {} has {} labels",
                   images_path, images.dims[0], labels_path, labels.dims[0]);
+  DDP_USAGE_CHECK(images.dims[0] > 0 && images.dims[1] > 0 && images.dims[2] > 0,
+                  "{}: holds no samples (its header says {} x {} x {})", images_path,
+                  images.dims[0], images.dims[1], images.dims[2]);
   Split split;
   split.labels_file = labels_path;
   split.n = images.dims[0];

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <sstream>
 
 #include "models/rng.h"
@@ -56,12 +57,15 @@ MlpShape parse_layers(const std::string& text, const std::string& flag) {
   std::stringstream stream(text);
   std::string item;
   while (std::getline(stream, item, ',')) {
-    const int value = parse_number<int>(item).value_or(0);
+    const std::optional<int64_t> value = parse_number<int64_t>(item);
     DDP_USAGE_CHECK(
-        value > 0 && value <= (1 << 24),
+        value && *value > 0,
         "{} {}: expected comma-separated positive widths like 784,512,512,10, found '{}'", flag,
         text, item);
-    widths.push_back(static_cast<int>(value));
+    DDP_USAGE_CHECK(*value <= kMaxLayerWidth,
+                    "{} {}: a width of {} is past the largest one, {} (2^24)", flag, text, item,
+                    kMaxLayerWidth);
+    widths.push_back(static_cast<int>(*value));
   }
   DDP_USAGE_CHECK(widths.size() >= 2,
                   "{} {}: expected at least two widths (input and classes), like 784,512,10", flag,

@@ -90,6 +90,10 @@ class StageLayers {
   int end_;         // end_layer()
 };
 
+// The widest layer --layers takes (2^24: a layer's element counts stay exact in float and in
+// the kernels' int indices).
+constexpr int64_t kMaxLayerWidth = int64_t{1} << 24;
+
 // Parses "784,512,512,10"; throws UsageError naming `flag` on malformed input.
 MlpShape parse_layers(const std::string& text, const std::string& flag = "--layers");
 

@@ -18,6 +18,7 @@
 #include <string>
 #include <thread>
 
+#include "runtime/parse.h"
 #include "tests/support/test_support.h"
 
 namespace ddp {
@@ -572,6 +573,68 @@ TEST(Ddprun, SigintEscalatesToSigtermThenSigkill) {
   EXPECT_GT(r.seconds, 1.5) << "SIGKILL came before the grace period ended";
   EXPECT_LT(r.seconds, 5) << r.output;
   EXPECT_EQ(read_file(dir.file("got")), "INT\nTERM\n") << r.output;
+}
+
+// SIGHUP (the terminal closed) stops the workers as SIGTERM does; ddprun exits 128+SIGHUP.
+TEST(Ddprun, SighupStopsTheWorkersAsSigtermDoes) {
+  TempDir dir;
+  const std::string script =
+      "trap \"echo TERM >> " + dir.file("got") + "; exit 0\" TERM; while true; do sleep 0.05; done";
+  const Interrupted r = signal_after(
+      ddprun() + " --nproc-per-node 1 --grace-period 5 -- sh -c '" + script + "'", 1.0, SIGHUP);
+  EXPECT_EQ(r.status, 128 + SIGHUP) << r.output;
+  EXPECT_LT(r.seconds, 3) << r.output;
+  EXPECT_EQ(read_file(dir.file("got")), "TERM\n") << r.output;
+  EXPECT_NE(r.output.find("interrupted by SIGHUP"), std::string::npos) << r.output;
+}
+
+// A SIGTERM while the group is being stopped after rank 1's failure: the root cause and its
+// exit code stand, the grace period is not restarted, and --max-restarts does not restart.
+TEST(Ddprun, ASignalDuringTheTeardownKeepsTheRootCause) {
+  const std::string script =
+      "if [ $RANK = 1 ]; then sleep 0.3; exit 3; fi; trap \"sleep 2; exit 0\" TERM; "
+      "while true; do sleep 0.05; done";
+  const Interrupted r = signal_after(ddprun() +
+                                         " --nproc-per-node 2 --max-restarts 2 "
+                                         "--grace-period 4 -- sh -c '" +
+                                         script + "'",
+                                     1.0, SIGTERM);
+  EXPECT_EQ(r.status, 3) << r.output;
+  EXPECT_NE(r.output.find("rank 1 failed first: exit code 3"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("SIGTERM during the teardown"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("restarting the group"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("interrupted by SIGTERM"), std::string::npos) << r.output;
+  EXPECT_LT(r.seconds, 3.5) << "the grace period restarted:\n" << r.output;
+}
+
+// A worker's child in a session of its own (setsid) outlived the job before; ddprun, its
+// subreaper, stops it with the group, whatever way the job ends.
+TEST(Ddprun, WhatAWorkerLeftInASessionOfItsOwnEndsWithTheJob) {
+  TempDir dir;
+  const std::string marker = dir.file("alive");
+  const std::string left = "setsid sh -c \"echo \\$\\$ > " + marker +
+                           "; exec sleep 300\" > /dev/null 2>&1 < /dev/null &";
+  for (const char* ending : {"exit 0", "exit 4"}) {
+    const RunResult r = run_command(ddprun() + " --nproc-per-node 1 --grace-period 2 -- sh -c '" +
+                                    left + " sleep 0.5; " + ending + "'");
+    EXPECT_EQ(r.exit_code, std::string(ending) == "exit 0" ? 0 : 4) << r.output;
+    const std::optional<int> pid =
+        parse_number<int>(read_file(marker).substr(0, read_file(marker).find('\n')));
+    ASSERT_TRUE(pid.has_value()) << read_file(marker) << r.output;
+    EXPECT_NE(::kill(*pid, 0), 0) << "pid " << *pid << " outlived the job (" << ending << ")";
+    if (::kill(*pid, 0) == 0) ::kill(*pid, SIGKILL);  // leave nothing behind
+  }
+}
+
+// ddprun raises its soft limit on open descriptors to the hard one; its workers get the limit
+// ddprun was given.
+TEST(Ddprun, RaisesItsOwnOpenFileLimitButNotTheWorkers) {
+  const RunResult r = run_command(
+      "ulimit -Sn 256 && ulimit -Hn 4096 && " + ddprun() +
+      " --nproc-per-node 1 -- sh -c 'echo worker=$(ulimit -n) "
+      "launcher=$(grep \"Max open files\" /proc/$PPID/limits | tr -s \" \" | cut -d\" \" -f4)'");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("worker=256 launcher=4096"), std::string::npos) << r.output;
 }
 
 TEST(Ddprun, TheOthersGetTheGracePeriodAndAStoppedWorkerIsContinuedFirst) {

@@ -33,6 +33,19 @@ TEST(LaunchArgs, OptionsThenProgramWithOrWithoutDoubleDash) {
   EXPECT_EQ(b.command, (std::vector<std::string>{"prog", "--lr", "1"}));
 }
 
+// torchrun 1.x's underscore spelling is rewritten in the option's name only, never in its
+// value (given after '=' or as the next argument).
+TEST(LaunchArgs, UnderscoresAreRewrittenInNamesNotValues) {
+  const LaunchConfig a =
+      parse({"--rdzv_id=my_job", "--log_dir=logs/run_a", "--nproc_per_node", "1", "--", "p"});
+  EXPECT_EQ(a.run_id, "my_job");
+  EXPECT_EQ(a.log_dir, "logs/run_a");
+  EXPECT_EQ(a.nproc_per_node, "1");
+  const LaunchConfig b = parse({"--rdzv_id", "my_job", "--log_dir", "logs/run_b", "p"});
+  EXPECT_EQ(b.run_id, "my_job");
+  EXPECT_EQ(b.log_dir, "logs/run_b");
+}
+
 TEST(LaunchArgs, BadValuesNameTheFlag) {
   auto message = [](std::vector<std::string> args) {
     try {

@@ -445,14 +445,52 @@ TEST(BadInput, AGzipBombIsRefusedAtTheSizeItsHeaderDeclares) {
   const RunResult r = run_command(std::string(DDPTRAIN_PATH) +
                                   " --data fashion --steps 1 --data-dir " + dir.path());
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("train-labels-idx1-ubyte.gz: oversized IDX data: its header declares "
-                          "60008 bytes"),
+  EXPECT_NE(r.output.find("train-labels-idx1-ubyte.gz: oversized IDX data: its header (magic "
+                          "00000801: 1 dimension) declares 60008 bytes"),
             std::string::npos)
       << r.output;
   // The largest child this test process waited for (ddptrain): the images, not the GiB.
   rusage usage{};
   ASSERT_EQ(::getrusage(RUSAGE_CHILDREN, &usage), 0);
   EXPECT_LT(usage.ru_maxrss, 600 * 1024) << "KiB: the labels were inflated whole";
+}
+
+// Images with the labels' magic (one dimension) are named as what they look like; a set of 0
+// images is exit 2 naming the file, not an internal failure in the sampler.
+TEST(BadInput, AnIdxOfTheWrongKindOrOfNoSamplesIsNamed) {
+  TempDir dir;
+  const std::string one_dim = {0, 0, 8, 1, 0, 0, 0, 10};
+  write_gz_repeated(dir.file("train-images-idx3-ubyte.gz"), one_dim, 10 * 784);
+  write_gz_repeated(dir.file("train-labels-idx1-ubyte.gz"), one_dim, 10);
+  RunResult r = run_command(std::string(DDPTRAIN_PATH) + " --data fashion --steps 1 --data-dir " +
+                            dir.path());
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("a labels file (magic 00000801) where images were expected?"),
+            std::string::npos)
+      << r.output;
+  const std::string no_images = {0, 0, 8, 3, 0, 0, 0, 0, 0, 0, 0, 28, 0, 0, 0, 28};
+  const std::string no_labels = {0, 0, 8, 1, 0, 0, 0, 0};
+  for (const char* split : {"train", "t10k"}) {
+    write_gz_repeated(dir.file(std::string(split) + "-images-idx3-ubyte.gz"), no_images, 0);
+    write_gz_repeated(dir.file(std::string(split) + "-labels-idx1-ubyte.gz"), no_labels, 0);
+  }
+  r = run_command(std::string(DDPTRAIN_PATH) + " --data fashion --steps 1 --data-dir " +
+                  dir.path());
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("train-images-idx3-ubyte.gz: holds no samples (its header says 0 x 28 "
+                          "x 28)"),
+            std::string::npos)
+      << r.output;
+}
+
+TEST(BadInput, AWidthPastTheLimitNamesTheLimit) {
+  const RunResult r =
+      run_command(std::string(DDPTRAIN_PATH) + " --data synthetic --layers 8,16777217,4");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--layers 8,16777217,4: a width of 16777217 is past the largest one, "
+                          "16777216 (2^24)"),
+            std::string::npos)
+      << r.output;
 }
 
 TEST(BadInput, AnInputThatIsNotARegularFileIsNamedAsWhatItIs) {
