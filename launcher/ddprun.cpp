@@ -360,11 +360,24 @@ int run(int argc, char** argv, ddp::Console& console) {
   } else if (config.nnodes == 1) {
     ports.program = ddp::free_port("127.0.0.1");
   } else {
-    // Node 0 reaches its own store where it listens: the interface's address with --iface.
-    const std::string host = config.node_rank != 0                ? config.master_addr
-                             : store->bind_address() == "0.0.0.0" ? "127.0.0.1"
-                                                                  : store->bind_address();
-    control = connect_to_store(host, port, token, config.timeout);
+    // Node 0 first reaches the store at --master-addr, as the other nodes do: where that is
+    // another host's node 0 (two nodes started with --node-rank 0), the join below refuses
+    // this one. Where --master-addr does not lead back here (an address this host cannot
+    // reach itself by), it reaches its own store where it listens: the interface's address
+    // with --iface.
+    if (config.node_rank == 0) {
+      try {
+        control = connect_to_store(config.master_addr, port, token, std::min(config.timeout, 2.0));
+      } catch (const std::exception&) {
+        control.reset();
+      }
+    }
+    if (!control) {
+      const std::string host = config.node_rank != 0                ? config.master_addr
+                               : store->bind_address() == "0.0.0.0" ? "127.0.0.1"
+                                                                    : store->bind_address();
+      control = connect_to_store(host, port, token, config.timeout);
+    }
     const int64_t joined = control->add(fmt::format("ddprun/node/{}", config.node_rank), 1);
     DDP_USAGE_CHECK(joined == 1,
                     "--node-rank {}: another ddprun has already joined this job as node {} (two "

@@ -205,8 +205,21 @@ void StoreServer::serve() {
         bool drop = false;
         if (!c.authenticated) {
           const std::string token = reader.str();
+          // Version 1's hello ended at the token.
+          const uint32_t version = reader.ok() && reader.at_end() ? 1 : reader.u32();
           if (op != StoreOp::kHello || !reader.ok() || !reader.at_end()) {
             refuse(c.peer, "not a store hello (another program on this port?)");
+            c.fd.reset();
+            break;
+          }
+          if (version != kStoreProtocolVersion) {
+            refuse(c.peer, fmt::format("a client of store protocol version {} (this store speaks "
+                                       "{}): a ddp of another version",
+                                       version, kStoreProtocolVersion));
+            MessageWriter body;
+            body.u32(kStoreProtocolVersion);
+            const std::string told = reply_of(StoreStatus::kVersion, body);
+            (void)!::send(c.fd.get(), told.data(), told.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
             c.fd.reset();
             break;
           }

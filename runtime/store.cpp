@@ -13,7 +13,7 @@ StoreClient::StoreClient(const std::string& host, int port, const std::string& t
       reply_timeout_s_(reply_timeout_s),
       fd_(tcp_connect(host, port, deadline_in(connect_timeout_s))) {
   MessageWriter hello;
-  hello.u8(static_cast<uint8_t>(StoreOp::kHello)).str(token);
+  hello.u8(static_cast<uint8_t>(StoreOp::kHello)).str(token).u32(kStoreProtocolVersion);
   std::string reply;
   try {
     reply = round_trip(hello, connect_timeout_s);
@@ -21,6 +21,15 @@ StoreClient::StoreClient(const std::string& host, int port, const std::string& t
     // No answer at all: not up yet behind something that accepted for it, or not a store.
     throw Error(fmt::format(
         "the rendezvous store at {} closed the connection before answering its hello", address_));
+  }
+  if (static_cast<StoreStatus>(static_cast<uint8_t>(reply[0])) == StoreStatus::kVersion) {
+    MessageReader reader(reply);
+    reader.u8();
+    const uint32_t theirs = reader.u32();
+    throw UsageError(fmt::format(
+        "the rendezvous store at {} speaks protocol version {}, this process {}: every node and "
+        "worker of a job needs the same ddp",
+        address_, theirs, kStoreProtocolVersion));
   }
   if (static_cast<StoreStatus>(static_cast<uint8_t>(reply[0])) == StoreStatus::kUnauthorized)
     throw UsageError(fmt::format(

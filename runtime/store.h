@@ -16,8 +16,12 @@ namespace ddp {
 
 // Wire protocol, shared with the server. Request: u8 op, then fields; reply: u8 status, then
 // fields. Strings are u32 length + bytes, integers little-endian.
+// The protocol's version, carried by the hello, so that a ddp of another version is told
+// so by name (the hello of version 1 had none).
+constexpr uint32_t kStoreProtocolVersion = 2;
+// A request's operation and its fields.
 enum class StoreOp : uint8_t {
-  kHello = 1,   // str token                        -> ok | unauthorized (then closed)
+  kHello = 1,   // str token, u32 version           -> ok | unauthorized | version (then closed)
   kSet = 2,     // str key, str value                -> ok
   kGet = 3,     // str key                           -> ok + str value | missing
   kWait = 4,    // u32 n, n x str key, i64 timeout_ms -> ok | timeout + u32 m, m x missing key
@@ -31,6 +35,7 @@ enum class StoreStatus : uint8_t {
   kTimeout = 2,
   kBadRequest = 3,
   kUnauthorized = 4,  // the hello's token is not the job's: said once, then the store hangs up
+  kVersion = 5,       // the hello's protocol version is not the store's: + u32 the store's
 };
 
 // A connection to the launcher's rendezvous store (the top of this file).

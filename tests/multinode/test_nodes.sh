@@ -20,7 +20,8 @@
 #                            waits out (5 s) and the grace period, each naming the other node
 #   test_nodes.sh killed     node 1's ddprun killed (SIGKILL) mid-run: node 0 ends within
 #                            --timeout plus grace naming node 1, nothing left in any namespace
-#   test_nodes.sh refused    a node with the wrong token, and one with the wrong --nnodes, are
+#   test_nodes.sh refused    a node with the wrong token, one with the wrong --nnodes, and a
+#                            second --node-rank 0 on another host are
 #                            refused (exit 2) with a line that names what differs
 # Environment: DDPRUN, DDPTRAIN (the binaries). Exit 0 pass, 1 fail, 77 skipped (no
 # namespaces here: not root, or no iproute2).
@@ -205,10 +206,19 @@ AGENT
     [ "$rc1" = 2 ] || fail "wrong --nnodes: node 1 exit $rc1, expected 2"
     grep -q "nnodes 3: node 0 ($(mn_addr 0)) started this job with --nnodes 2" "$out/node-1.log" ||
       fail "wrong --nnodes not named"
+    # A second --node-rank 0, on another host, is refused too (it reaches node 0's store at
+    # --master-addr and finds node 0 there).
+    mn_exec 1 timeout -k 5 30 "$DDPRUN" --nnodes 2 --node-rank 0 --master-addr "$(mn_addr 0)" \
+      --master-port "$port" --iface e1 --nproc-per-node 1 --timeout 5 -- /bin/true \
+      > "$out/node-dup.log" 2>&1
+    rc1=$?
+    [ "$rc1" = 2 ] || fail "a second --node-rank 0: exit $rc1, expected 2"
+    grep -q "node-rank 0: another ddprun has already joined this job as node 0" "$out/node-dup.log" ||
+      fail "the second --node-rank 0 not named"
     wait "$pid_0"
     grep -q "store refused a connection from $(mn_addr 1)" "$out/node-0.log" ||
       fail "node 0 did not report the stranger"
-    echo "pass: a wrong token and a wrong --nnodes are refused, named"
+    echo "pass: a wrong token, a wrong --nnodes and a second node 0 are refused, named"
     ;;
   partition)
     start_long_job

@@ -107,6 +107,67 @@ TEST_F(Elastic, ANodeWaitingWhenTheJobFinishesStopsWaiting) {
   EXPECT_FALSE(late.get());
 }
 
+// Three nodes arriving together under --nnodes 1:2: the generation closes with two, the
+// third is late (it waits for the next generation, never a member beyond MAX).
+TEST_F(Elastic, AClosingGenerationNeverTakesMoreThanMax) {
+  Node a = node(1, 2, 0.2), b = node(1, 2, 0.2), c = node(1, 2, 0.2);
+  Membership ma, mb, mc;
+  auto ja = std::async(std::launch::async, [&] { return join(a, &ma); });
+  auto jb = std::async(std::launch::async, [&] { return join(b, &mb); });
+  auto jc = std::async(std::launch::async, [&] { return join(c, &mc); });
+  // Two return in generation 0; the third waits (until the job moves on).
+  std::future<bool>* joins[] = {&ja, &jb, &jc};
+  Node* nodes[] = {&a, &b, &c};
+  Membership* ms[] = {&ma, &mb, &mc};
+  bool joined[3] = {false, false, false};
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  for (int i = 0; i < 3; ++i)
+    if (joins[i]->wait_for(std::chrono::seconds(0)) == std::future_status::ready)
+      joined[i] = joins[i]->get();
+  int members = 0;
+  for (int i = 0; i < 3; ++i) {
+    if (!joined[i]) continue;
+    ++members;
+    EXPECT_EQ(ms[i]->generation, 0);
+    EXPECT_EQ(ms[i]->nnodes, 2);
+  }
+  EXPECT_EQ(members, 2) << "a generation of --nnodes 1:2 took " << members << " nodes";
+  // The generation's members finish: the waiting node stops waiting.
+  for (int i = 0; i < 3; ++i)
+    if (joined[i]) nodes[i]->rendezvous->finish(*ms[i]);
+  for (int i = 0; i < 3; ++i)
+    if (joins[i]->valid()) EXPECT_FALSE(joins[i]->get());
+}
+
+// A node whose workers finished stops beating: its peer, still saving, does not declare it
+// lost after the timeout.
+TEST_F(Elastic, ANodeThatFinishedIsNotDeclaredLost) {
+  Node a = node(2, 2, 0, 0.5), b = node(2, 2, 0, 0.5);
+  Membership ma, mb;
+  auto ja = std::async(std::launch::async, [&] { return join(a, &ma); });
+  ASSERT_TRUE(join(b, &mb));
+  ASSERT_TRUE(ja.get());
+  EXPECT_EQ(a.rendezvous->check(ma), "");
+  EXPECT_EQ(b.rendezvous->check(mb), "");
+  b.rendezvous->finish(mb);  // b is done and stops beating
+  for (int i = 0; i < 10; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    EXPECT_EQ(a.rendezvous->check(ma), "") << "after " << (i + 1) * 150 << " ms";
+  }
+  // Without finishing, a silent node is lost after the timeout.
+  Node c = node(2, 2, 0, 0.5), d = node(2, 2, 0, 0.5);
+  Membership mc, md;
+  auto jc = std::async(std::launch::async, [&] { return join(c, &mc, ma.generation); });
+  ASSERT_TRUE(join(d, &md, ma.generation));
+  ASSERT_TRUE(jc.get());
+  std::string why;
+  for (int i = 0; i < 20 && why.empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    why = c.rendezvous->check(mc);
+  }
+  EXPECT_NE(why.find("stopped answering"), std::string::npos) << why;
+}
+
 TEST_F(Elastic, TooFewNodesWithinTheTimeoutIsAnError) {
   Node a = node(2, 4, 0, /*timeout_s=*/0.3);
   Membership m;

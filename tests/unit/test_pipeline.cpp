@@ -130,6 +130,47 @@ TEST(PipelineSchedule, OneFOneBHoldsAtMostTheStageCountOfActivationsGpipeHoldsAl
   EXPECT_EQ(first[9], (PipelineAction{ActionKind::kBackward, 0}));  // the first backward
 }
 
+// Interleaved 1F1B's order of every rank, action by action, against Megatron-LM's
+// forward_backward_pipelining_with_interleaving written out independently: (P - r - 1) x 2 +
+// (V - 1) x P warm-up forwards, then one forward one backward, then the cool-down backwards;
+// the k-th forward is micro-batch (k / (P V)) P + k % P of chunk (k % (P V)) / P, the k-th
+// backward the same micro-batch of the chunks in reverse.
+TEST(PipelineSchedule, InterleavedFollowsMegatronsOrderOnEveryRank) {
+  for (const auto& [ranks, chunks, micro] : std::vector<std::tuple<int, int, int>>{
+           {2, 2, 4}, {4, 2, 8}, {4, 3, 8}, {3, 2, 3}, {2, 3, 6}}) {
+    for (int rank = 0; rank < ranks; ++rank) {
+      const int total = micro * chunks;
+      const int warmup = std::min(total, (ranks - rank - 1) * 2 + (chunks - 1) * ranks);
+      const auto action = [&](int k, bool forward) {
+        const int in_group = k % (ranks * chunks);
+        int chunk = in_group / ranks;
+        if (!forward) chunk = chunks - chunk - 1;
+        const int mb = (k / (ranks * chunks)) * ranks + k % ranks;
+        return PipelineAction{forward ? ActionKind::kForward : ActionKind::kBackward, mb,
+                              chunk * ranks + rank};
+      };
+      std::vector<PipelineAction> megatron;
+      for (int k = 0; k < warmup; ++k)
+        megatron.push_back(action(k, true));
+      for (int k = 0; k < total - warmup; ++k) {
+        megatron.push_back(action(k + warmup, true));
+        megatron.push_back(action(k, false));
+      }
+      for (int k = total - warmup; k < total; ++k)
+        megatron.push_back(action(k, false));
+      const std::vector<PipelineAction> ours = plan_interleaved_compute(rank, ranks, chunks, micro);
+      ASSERT_EQ(ours.size(), megatron.size())
+          << "P " << ranks << " V " << chunks << " rank " << rank;
+      for (size_t i = 0; i < ours.size(); ++i)
+        EXPECT_TRUE(ours[i] == megatron[i])
+            << "P " << ranks << " V " << chunks << " M " << micro << " rank " << rank << ", action "
+            << i << ": " << action_name(ours[i].kind) << " mb " << ours[i].micro_batch << " stage "
+            << ours[i].stage << ", Megatron: " << action_name(megatron[i].kind) << " mb "
+            << megatron[i].micro_batch << " stage " << megatron[i].stage;
+    }
+  }
+}
+
 TEST(PipelinePartition, BalancedByCostAndAsGiven) {
   EXPECT_EQ(partition_by_cost({1, 1, 1, 1}, 2), (std::vector<int>{0, 2, 4}));
   EXPECT_EQ(partition_by_cost({4, 1, 1, 1, 1}, 2), (std::vector<int>{0, 1, 5}));

@@ -152,7 +152,7 @@ TEST_F(StoreTest, GarbageAndOversizedInputDropOnlyThatConnection) {
   {
     UniqueFd raw = tcp_connect("127.0.0.1", server_->port(), deadline_in(2.0));
     MessageWriter hello;
-    hello.u8(static_cast<uint8_t>(StoreOp::kHello)).str("secret");
+    hello.u8(static_cast<uint8_t>(StoreOp::kHello)).str("secret").u32(kStoreProtocolVersion);
     const std::string frame = hello.framed();
     write_all(raw.get(), frame.data(), frame.size());
     char reply[5];
@@ -165,7 +165,7 @@ TEST_F(StoreTest, GarbageAndOversizedInputDropOnlyThatConnection) {
   {
     UniqueFd raw = tcp_connect("127.0.0.1", server_->port(), deadline_in(2.0));
     MessageWriter hello;
-    hello.u8(static_cast<uint8_t>(StoreOp::kHello)).str("secret");
+    hello.u8(static_cast<uint8_t>(StoreOp::kHello)).str("secret").u32(kStoreProtocolVersion);
     MessageWriter truncated;  // a set whose value length runs past the frame
     truncated.u8(static_cast<uint8_t>(StoreOp::kSet)).str("k").u32(1000);
     const std::string frames = hello.framed() + truncated.framed();
@@ -202,7 +202,8 @@ class GuardedStoreTest : public ::testing::Test {
     return all;
   }
   // True when the server hangs up within `seconds`, having sent nothing but (for a wrong
-  // token) its one "unauthorized" reply: nothing pipelined after the hello was answered.
+  // token or version) its one "unauthorized" or "version" reply: nothing pipelined after the
+  // hello was answered.
   static bool closed_by_server(int fd, double seconds) {
     std::string received;
     const Deadline deadline = deadline_in(seconds);
@@ -212,7 +213,9 @@ class GuardedStoreTest : public ::testing::Test {
         received.push_back(byte);
     } catch (const Error&) {
       const std::string unauthorized = {1, 0, 0, 0, 4};
-      return received.empty() || received == unauthorized;
+      const std::string version = {5, 0, 0, 0, 5, static_cast<char>(kStoreProtocolVersion),
+                                   0, 0, 0};
+      return received.empty() || received == unauthorized || received == version;
     }
     return false;
   }
@@ -348,6 +351,53 @@ TEST_F(GuardedStoreTest, ARefusedHelloGetsNoKeyAndAWrongLengthPrefixIsRefused) {
   EXPECT_GE(server_->dropped_connections(), dropped + 5);
   StoreClient good("127.0.0.1", server_->port(), "secret", 5.0);
   EXPECT_EQ(good.get("k").value(), "v");  // nobody wrote it
+}
+
+// A hello of another protocol version (another ddp) is told the store's version and named;
+// the client of such a store says which versions differ.
+TEST_F(GuardedStoreTest, AnotherProtocolVersionIsToldAndNamed) {
+  UniqueFd raw = tcp_connect("127.0.0.1", server_->port(), deadline_in(2.0));
+  MessageWriter hello;
+  hello.u8(static_cast<uint8_t>(StoreOp::kHello)).str("secret").u32(99);
+  const std::string frame = hello.framed();
+  write_all(raw.get(), frame.data(), frame.size());
+  char reply[9];
+  ASSERT_TRUE(read_exact(raw.get(), reply, 9, deadline_in(2.0)));
+  EXPECT_EQ(reply[4], static_cast<char>(StoreStatus::kVersion));
+  EXPECT_EQ(reply[5], static_cast<char>(kStoreProtocolVersion));
+  for (int i = 0; i < 20 && refusals().empty(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_NE(refusals().find("a client of store protocol version 99 (this store speaks " +
+                            std::to_string(kStoreProtocolVersion) + ")"),
+            std::string::npos)
+      << refusals();
+  // A client against a store that answers so (version 7).
+  UniqueFd listener(::socket(AF_INET, SOCK_STREAM, 0));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(listener.get(), 4), 0);
+  socklen_t len = sizeof(addr);
+  ::getsockname(listener.get(), reinterpret_cast<sockaddr*>(&addr), &len);
+  std::thread other([&] {
+    UniqueFd c(::accept(listener.get(), nullptr, nullptr));
+    MessageWriter told;
+    told.u8(static_cast<uint8_t>(StoreStatus::kVersion)).u32(7);
+    const std::string bytes = told.framed();
+    write_all(c.get(), bytes.data(), bytes.size());
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  });
+  try {
+    StoreClient("127.0.0.1", ntohs(addr.sin_port), "secret", 2.0);
+    ADD_FAILURE() << "a store of another version was taken";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("speaks protocol version 7, this process " +
+                                         std::to_string(kStoreProtocolVersion)),
+              std::string::npos)
+        << e.what();
+  }
+  other.join();
 }
 
 // Stuck ranks of a graph-replayed step can be one step apart (a rank whose part of step 56
