@@ -31,6 +31,14 @@ const std::string kMpirun =
     std::string("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ") + MPIRUN_PATH +
     " --oversubscribe --mca btl self,vader --mca btl_vader_single_copy_mechanism none ";
 
+// Many equal layers (as `large`), so that --zero 2 and 3 keep the gradients in bucket slots.
+const std::string kDeepLayers = [] {
+  std::string layers = "12";
+  for (int i = 0; i < 12; ++i)
+    layers += ",24";
+  return layers + ",4";
+}();
+
 std::string ddprun(int ranks, const std::string& flags) {
   return kDdprun + " --nproc-per-node " + std::to_string(ranks) + " -- " + kTrain + kArgs + " " +
          flags;
@@ -136,10 +144,7 @@ TEST(Zero, ThreeWithInterleavedStagesEqualsPlainDataParallelism) {
 // parallelism's, over Gloo with 2 and 3 ranks.
 TEST(Zero, TwoAndThreeKeepTheGradientsInBucketSlots) {
   if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
-  std::string layers = "12";
-  for (int i = 0; i < 12; ++i)
-    layers += ",24";
-  layers += ",4";
+  const std::string layers = kDeepLayers;
   for (const int ranks : {2, 3}) {
     TempDir dir;
     const std::string job = kDdprun + " --nproc-per-node " + std::to_string(ranks) + " -- " +
@@ -174,10 +179,7 @@ TEST(Zero, TwoAndThreeKeepTheGradientsInBucketSlots) {
 // one process's.
 TEST(Zero, TwoAndThreeWithAccumulationEqualOneProcess) {
   if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
-  std::string layers = "12";
-  for (int i = 0; i < 12; ++i)
-    layers += ",24";
-  layers += ",4";
+  const std::string layers = kDeepLayers;
   TempDir dir;
   const std::string args = " --data synthetic --layers " + layers +
                            " --synthetic-samples 240 --batch-size 24 --steps 12 --quiet --seed 3 "

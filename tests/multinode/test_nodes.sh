@@ -66,6 +66,20 @@ start_long_job() {
   for i in $(seq 200); do grep -q "step 200" "$out/node-0.log" 2>/dev/null && break; sleep 0.1; done
   grep -q "step 200" "$out/node-0.log" || fail "the job never trained"
 }
+# Cuts node 1's link, waits for both nodes and prints how long each took after the cut
+# ($t0, $t1); fails unless both exited non-zero.
+cut_node_1() {
+  mn_cut 1
+  local cut_at end0 end1
+  cut_at=$(date +%s.%N)
+  wait "$pid_0"; rc0=$?; end0=$(date +%s.%N)
+  wait "$pid_1"; rc1=$?; end1=$(date +%s.%N)
+  t0=$(awk -v a="$end0" -v b="$cut_at" "BEGIN { printf \"%.2f\", a - b }")
+  t1=$(awk -v a="$end1" -v b="$cut_at" "BEGIN { printf \"%.2f\", a - b }")
+  for f in "$out"/*.log; do echo "--- $f"; grep -v "step\|info" "$f"; done
+  echo "node 0 exit $rc0 after ${t0}s, node 1 exit $rc1 after ${t1}s"
+  [ "$rc0" != 0 ] && [ "$rc1" != 0 ] || fail "both nodes should fail (exits $rc0 and $rc1)"
+}
 # Nothing of the job may be left in any node's namespace.
 nothing_left() {
   local k
@@ -222,15 +236,7 @@ AGENT
     ;;
   partition)
     start_long_job
-    mn_cut 1
-    cut_at=$(date +%s.%N)
-    wait "$pid_0"; rc0=$?; end0=$(date +%s.%N)
-    wait "$pid_1"; rc1=$?; end1=$(date +%s.%N)
-    t0=$(awk -v a="$end0" -v b="$cut_at" "BEGIN { printf \"%.2f\", a - b }")
-    t1=$(awk -v a="$end1" -v b="$cut_at" "BEGIN { printf \"%.2f\", a - b }")
-    for f in "$out"/*.log; do echo "--- $f"; grep -v "step\|info" "$f"; done
-    echo "node 0 exit $rc0 after ${t0}s, node 1 exit $rc1 after ${t1}s"
-    [ "$rc0" != 0 ] && [ "$rc1" != 0 ] || fail "both nodes should fail (exits $rc0 and $rc1)"
+    cut_node_1
     # --timeout 5 + --grace-period 2, plus a heartbeat and a margin for a loaded machine.
     awk -v a="$t0" -v b="$t1" 'BEGIN { exit !(a < 12 && b < 12) }' || fail "not within --timeout + grace"
     grep -q "node 1 ($(mn_addr 1), rank 1) stopped answering" "$out/node-0.log" ||
@@ -244,15 +250,7 @@ AGENT
     ;;
   cut)
     LAUNCHER_TIMEOUT="" start_long_job
-    mn_cut 1
-    cut_at=$(date +%s.%N)
-    wait "$pid_0"; rc0=$?; end0=$(date +%s.%N)
-    wait "$pid_1"; rc1=$?; end1=$(date +%s.%N)
-    t0=$(awk -v a="$end0" -v b="$cut_at" "BEGIN { printf \"%.2f\", a - b }")
-    t1=$(awk -v a="$end1" -v b="$cut_at" "BEGIN { printf \"%.2f\", a - b }")
-    for f in "$out"/*.log; do echo "--- $f"; grep -v "step\|info" "$f"; done
-    echo "node 0 exit $rc0 after ${t0}s, node 1 exit $rc1 after ${t1}s"
-    [ "$rc0" != 0 ] && [ "$rc1" != 0 ] || fail "both nodes should fail (exits $rc0 and $rc1)"
+    cut_node_1
     # 5 (collective) + 3 (store diagnosis) + 5 (silence) + 2 (grace), and a margin for load;
     # before: 300 and 600 s.
     awk -v a="$t0" -v b="$t1" 'BEGIN { exit !(a < 22 && b < 22) }' || fail "not within the deadlines"

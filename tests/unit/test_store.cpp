@@ -29,6 +29,34 @@ int count_lines(const std::string& text, const std::string& needle) {
   return n;
 }
 
+// A server of one's own on a free loopback port that answers its first connection with
+// `reply` (another program, or a store of another version), then waits a moment and closes.
+class FakeServer {
+ public:
+  explicit FakeServer(std::string reply) : listener_(::socket(AF_INET, SOCK_STREAM, 0)) {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::bind(listener_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    EXPECT_EQ(::listen(listener_.get(), 4), 0);
+    socklen_t len = sizeof(addr);
+    ::getsockname(listener_.get(), reinterpret_cast<sockaddr*>(&addr), &len);
+    port_ = ntohs(addr.sin_port);
+    thread_ = std::thread([this, reply = std::move(reply)] {
+      UniqueFd c(::accept(listener_.get(), nullptr, nullptr));
+      write_all(c.get(), reply.data(), reply.size());
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    });
+  }
+  ~FakeServer() { thread_.join(); }
+  int port() const { return port_; }
+
+ private:
+  UniqueFd listener_;
+  int port_ = 0;
+  std::thread thread_;
+};
+
 class StoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -372,24 +400,11 @@ TEST_F(GuardedStoreTest, AnotherProtocolVersionIsToldAndNamed) {
             std::string::npos)
       << refusals();
   // A client against a store that answers so (version 7).
-  UniqueFd listener(::socket(AF_INET, SOCK_STREAM, 0));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(listener.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(::listen(listener.get(), 4), 0);
-  socklen_t len = sizeof(addr);
-  ::getsockname(listener.get(), reinterpret_cast<sockaddr*>(&addr), &len);
-  std::thread other([&] {
-    UniqueFd c(::accept(listener.get(), nullptr, nullptr));
-    MessageWriter told;
-    told.u8(static_cast<uint8_t>(StoreStatus::kVersion)).u32(7);
-    const std::string bytes = told.framed();
-    write_all(c.get(), bytes.data(), bytes.size());
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  });
+  MessageWriter told;
+  told.u8(static_cast<uint8_t>(StoreStatus::kVersion)).u32(7);
+  FakeServer other(told.framed());
   try {
-    StoreClient("127.0.0.1", ntohs(addr.sin_port), "secret", 2.0);
+    StoreClient("127.0.0.1", other.port(), "secret", 2.0);
     ADD_FAILURE() << "a store of another version was taken";
   } catch (const UsageError& e) {
     EXPECT_NE(std::string(e.what()).find("speaks protocol version 7, this process " +
@@ -397,7 +412,6 @@ TEST_F(GuardedStoreTest, AnotherProtocolVersionIsToldAndNamed) {
               std::string::npos)
         << e.what();
   }
-  other.join();
 }
 
 // Stuck ranks of a graph-replayed step can be one step apart (a rank whose part of step 56
@@ -460,33 +474,18 @@ TEST(StoreClient, UnreachableStoreNamesTheAddress) {
 // Another program on the store's port (an HTTP server's reply): a usage error that names the
 // address and says so, not an internal failure about a reply length.
 TEST(StoreClient, AnotherProgramOnThePortIsNamed) {
-  UniqueFd listener(::socket(AF_INET, SOCK_STREAM, 0));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(listener.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(::listen(listener.get(), 4), 0);
-  socklen_t len = sizeof(addr);
-  ::getsockname(listener.get(), reinterpret_cast<sockaddr*>(&addr), &len);
-  const int port = ntohs(addr.sin_port);
-  std::thread http([&] {
-    UniqueFd c(::accept(listener.get(), nullptr, nullptr));
-    const std::string reply = "HTTP/1.1 400 Bad Request\r\n\r\n";
-    write_all(c.get(), reply.data(), reply.size());
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  });
+  FakeServer http("HTTP/1.1 400 Bad Request\r\n\r\n");
   try {
-    StoreClient("127.0.0.1", port, "t", 2.0);
+    StoreClient("127.0.0.1", http.port(), "t", 2.0);
     ADD_FAILURE() << "took an HTTP server for a store";
   } catch (const UsageError& e) {
     const std::string message = e.what();
-    EXPECT_NE(message.find("127.0.0.1:" + std::to_string(port) +
+    EXPECT_NE(message.find("127.0.0.1:" + std::to_string(http.port()) +
                            " answered with what no ddp store sends (it began 'HTTP')"),
               std::string::npos)
         << message;
     EXPECT_NE(message.find("check MASTER_ADDR and MASTER_PORT"), std::string::npos) << message;
   }
-  http.join();
 }
 
 // A call behind another thread's call that the store does not answer waits no longer than

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -180,15 +181,30 @@ TEST(TorchStore, TheStoreHoldsABoundedNumberOfBytes) {
   EXPECT_EQ(kv.bytes, 0u);
 }
 
+// The refusals a server reports, collected from its thread.
+class Refusals {
+ public:
+  std::function<void(const std::string&)> sink() {
+    return [this](const std::string& line) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      lines_.push_back(line);
+    };
+  }
+  std::vector<std::string> lines() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return lines_;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::string> lines_;
+};
+
 // The server over real sockets: a client's set wakes another's wait; a bad query closes that
 // connection only and is reported once, naming the peer.
 TEST(TorchStoreServer, ServesWaitsAcrossConnectionsAndNamesARefusedPeer) {
-  std::vector<std::string> refused;
-  std::mutex mutex;
-  TorchStoreServer server("127.0.0.1", 0, [&](const std::string& line) {
-    std::lock_guard<std::mutex> lock(mutex);
-    refused.push_back(line);
-  });
+  Refusals refusals;
+  TorchStoreServer server("127.0.0.1", 0, refusals.sink());
   server.start();
   const Deadline deadline = deadline_in(5.0);
   UniqueFd waiter = tcp_connect("127.0.0.1", server.port(), deadline);
@@ -210,6 +226,7 @@ TEST(TorchStoreServer, ServesWaitsAcrossConnectionsAndNamesARefusedPeer) {
   ASSERT_TRUE(read_exact(setter.get(), value, 10, deadline));
   EXPECT_EQ(std::string(value + 8, 2), "v1");
   server.stop();
+  const std::vector<std::string> refused = refusals.lines();
   ASSERT_EQ(refused.size(), 1u);
   EXPECT_NE(refused[0].find("127.0.0.1: query type 42"), std::string::npos) << refused[0];
 }
@@ -217,12 +234,8 @@ TEST(TorchStoreServer, ServesWaitsAcrossConnectionsAndNamesARefusedPeer) {
 // A stranger's two queries (a set of text, an add to it) close that connection alone: the
 // server goes on serving everyone else.
 TEST(TorchStoreServer, AnAddToTextDropsThatClientOnly) {
-  std::vector<std::string> refused;
-  std::mutex mutex;
-  TorchStoreServer server("127.0.0.1", 0, [&](const std::string& line) {
-    std::lock_guard<std::mutex> lock(mutex);
-    refused.push_back(line);
-  });
+  Refusals refusals;
+  TorchStoreServer server("127.0.0.1", 0, refusals.sink());
   server.start();
   const Deadline deadline = deadline_in(5.0);
   UniqueFd stranger = tcp_connect("127.0.0.1", server.port(), deadline);
@@ -236,7 +249,7 @@ TEST(TorchStoreServer, AnAddToTextDropsThatClientOnly) {
   ASSERT_TRUE(read_exact(client.get(), reply, 8, deadline));
   EXPECT_EQ(reply[0], 2);
   server.stop();
-  std::lock_guard<std::mutex> lock(mutex);
+  const std::vector<std::string> refused = refusals.lines();
   ASSERT_EQ(refused.size(), 1u);
   EXPECT_NE(refused[0].find("holds no integer"), std::string::npos) << refused[0];
 }
@@ -245,15 +258,8 @@ TEST(TorchStoreServer, AnAddToTextDropsThatClientOnly) {
 // bounded queue of replies for it, answers everyone else meanwhile, drops it once it has read
 // nothing for the stall deadline, and stops at once when asked.
 TEST(TorchStoreServer, AClientThatNeverReadsHoldsNeitherMemoryNorOthers) {
-  std::vector<std::string> refused;
-  std::mutex mutex;
-  TorchStoreServer server(
-      "127.0.0.1", 0,
-      [&](const std::string& line) {
-        std::lock_guard<std::mutex> lock(mutex);
-        refused.push_back(line);
-      },
-      1.0);
+  Refusals refusals;
+  TorchStoreServer server("127.0.0.1", 0, refusals.sink(), 1.0);
   server.start();
   const Deadline deadline = deadline_in(20.0);
   UniqueFd hog = tcp_connect("127.0.0.1", server.port(), deadline);
@@ -273,13 +279,12 @@ TEST(TorchStoreServer, AClientThatNeverReadsHoldsNeitherMemoryNorOthers) {
   EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(1));
   // The hog is dropped after its stall deadline (its socket then reads as closed).
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  bool dropped = false;
-  while (!dropped && std::chrono::steady_clock::now() < until) {
+  std::vector<std::string> refused;
+  while (refused.empty() && std::chrono::steady_clock::now() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    std::lock_guard<std::mutex> lock(mutex);
-    dropped = !refused.empty();
+    refused = refusals.lines();
   }
-  ASSERT_TRUE(dropped);
+  ASSERT_FALSE(refused.empty());
   EXPECT_NE(refused[0].find("read none of its replies"), std::string::npos) << refused[0];
   const auto stopping = std::chrono::steady_clock::now();
   server.stop();
