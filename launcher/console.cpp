@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -16,17 +17,29 @@
 
 namespace ddp {
 
+bool Console::stalled(const Stream& s) const {
+  return s.queued.size() > s.at && std::chrono::steady_clock::now() - s.progress >
+                                       std::chrono::duration<double>(stall_seconds_);
+}
+
+bool Console::accepting(bool is_err) {
+  Stream& s = streams_[is_err ? 1 : 0];
+  flush(is_err ? 1 : 0);
+  return s.broken || s.queued.size() - s.at < kMaxQueuedBytes || stalled(s);
+}
+
 void Console::line(bool is_err, const std::string& text) {
   Stream& s = streams_[is_err ? 1 : 0];
   if (s.broken) return;
-  if (s.queued.size() - s.at + text.size() + 1 > kMaxQueuedBytes) {
+  if (s.queued.size() == s.at) s.progress = std::chrono::steady_clock::now();
+  if (stalled(s)) {
     ++s.dropped;
     ++s.dropped_total;
     return;
   }
   if (s.dropped > 0 && s.queued.size() == s.at) {
     s.queued += fmt::format(
-        "ddprun: {} line{} of output dropped while the console was not read (the per-rank logs "
+        "ddprun: {} line{} of output dropped while the console read nothing (the per-rank logs "
         "of --log-dir keep every line)\n",
         s.dropped, s.dropped == 1 ? "" : "s");
     s.dropped = 0;
@@ -50,6 +63,7 @@ bool Console::flush(int which) {
       break;
     }
     s.at += static_cast<size_t>(n);
+    s.progress = std::chrono::steady_clock::now();
   }
   if (s.broken || s.at == s.queued.size()) {
     s.queued.clear();
@@ -73,18 +87,19 @@ int Console::waiting_fd(bool is_err) const {
 }
 
 bool Console::drain(double seconds) {
-  const auto until = std::chrono::steady_clock::now() +
-                     std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                         std::chrono::duration<double>(seconds));
+  // As long as the reader takes something every `seconds`: a slow one gets everything.
+  const auto quiet = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(seconds));
   while (flush()) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        until - std::chrono::steady_clock::now());
-    if (left.count() <= 0) return false;
+    auto last = std::chrono::steady_clock::time_point::min();
+    for (const Stream& s : streams_)
+      if (s.queued.size() > s.at) last = std::max(last, s.progress);
+    if (std::chrono::steady_clock::now() - last > quiet) return false;
     pollfd fds[2];
     nfds_t n = 0;
     for (bool is_err : {false, true})
       if (waiting_fd(is_err) >= 0) fds[n++] = {waiting_fd(is_err), POLLOUT, 0};
-    ::poll(fds, n, static_cast<int>(std::min<int64_t>(left.count(), 100)));
+    ::poll(fds, n, 100);
   }
   return true;
 }

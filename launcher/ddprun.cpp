@@ -535,6 +535,6 @@ int run_and_report(int argc, char** argv, ddp::Console& console) {
 int main(int argc, char** argv) {
   ddp::Console console(STDOUT_FILENO, STDERR_FILENO);
   const int code = run_and_report(argc, argv, console);
-  console.drain(2.0);  // what the console takes within 2 s; a stalled one does not hold the exit
+  console.drain(2.0);  // all, to a reader that keeps reading; a stalled one does not hold the exit
   return code;
 }

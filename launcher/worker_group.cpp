@@ -277,10 +277,10 @@ void WorkerGroup::emit(Worker& w, const std::string& line, bool is_err) {
   console_.line(is_err, fmt::format("[rank {}] {}", w.rank, line));
 }
 
-void WorkerGroup::pump(Worker& w, int fd, std::string& partial, bool is_err, bool flush) {
+ssize_t WorkerGroup::pump(Worker& w, int fd, std::string& partial, bool is_err, bool flush) {
   char buffer[65536];
   const ssize_t n = ::read(fd, buffer, sizeof(buffer));
-  if (n < 0 && (errno == EAGAIN || errno == EINTR) && !flush) return;  // nothing yet
+  if (n < 0 && (errno == EAGAIN || errno == EINTR) && !flush) return n;  // nothing yet
   if (n > 0) partial.append(buffer, static_cast<size_t>(n));
   size_t newline;
   while ((newline = partial.find('\n')) != std::string::npos) {
@@ -301,6 +301,7 @@ void WorkerGroup::pump(Worker& w, int fd, std::string& partial, bool is_err, boo
     ::close(fd);
     (is_err ? w.err_fd : w.out_fd) = -1;
   }
+  return n;
 }
 
 void WorkerGroup::reap(bool block_until_exit) {
@@ -380,14 +381,18 @@ GroupOutcome WorkerGroup::supervise(const std::function<std::string()>& peer_fai
     return Clock::now() +
            std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
   };
-  Clock::time_point all_exited_at = Clock::time_point::max();
+  Clock::time_point last_read = Clock::now();  // when a worker's pipe last gave bytes
   while (true) {
     std::vector<pollfd> fds;
     std::vector<std::pair<size_t, bool>> owners;  // worker index, is stderr
+    // A stream whose console queue is full is not read: the workers wait on their pipes (a
+    // slow reader loses nothing), while this loop goes on reaping and signalling.
+    const bool take[2] = {console_.accepting(false), console_.accepting(true)};
     for (size_t i = 0; i < workers_.size(); ++i) {
-      if (workers_[i].out_fd >= 0)
+      const bool shown = workers_[i].on_console;
+      if (workers_[i].out_fd >= 0 && (take[0] || !shown))
         fds.push_back({workers_[i].out_fd, POLLIN, 0}), owners.push_back({i, false});
-      if (workers_[i].err_fd >= 0)
+      if (workers_[i].err_fd >= 0 && (take[1] || !shown))
         fds.push_back({workers_[i].err_fd, POLLIN, 0}), owners.push_back({i, true});
     }
     if (!fds.empty()) {
@@ -397,8 +402,9 @@ GroupOutcome WorkerGroup::supervise(const std::function<std::string()>& peer_fai
           if (!(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
           Worker& w = workers_[owners[k].first];
           const bool is_err = owners[k].second;
-          pump(w, is_err ? w.err_fd : w.out_fd, is_err ? w.err_partial : w.out_partial, is_err,
-               false);
+          if (pump(w, is_err ? w.err_fd : w.out_fd, is_err ? w.err_partial : w.out_partial, is_err,
+                   false) > 0)
+            last_read = Clock::now();
         }
       }
     } else {
@@ -476,14 +482,17 @@ GroupOutcome WorkerGroup::supervise(const std::function<std::string()>& peer_fai
     for (const Worker& w : workers_)
       all_drained = all_drained && w.out_fd < 0 && w.err_fd < 0;
     // Output pipes can stay open in a worker's own children; once every worker has exited,
-    // stop waiting for them after a short drain.
-    if (all_exited && all_exited_at == Clock::time_point::max()) all_exited_at = Clock::now();
+    // stop waiting for them once they have said nothing for a second, unless the console is
+    // what holds them back (a slow reader: it drains, or is stalled and drops).
     const bool groups_gone = clean_groups();
     if (all_exited && groups_gone &&
-        (all_drained || Clock::now() - all_exited_at > std::chrono::seconds(1))) {
+        (all_drained ||
+         (Clock::now() - last_read > std::chrono::seconds(1) && take[0] && take[1]))) {
       for (Worker& w : workers_) {
-        if (w.out_fd >= 0) pump(w, w.out_fd, w.out_partial, false, true);
-        if (w.err_fd >= 0) pump(w, w.err_fd, w.err_partial, true, true);
+        while (w.out_fd >= 0 && pump(w, w.out_fd, w.out_partial, false, true) > 0) {
+        }
+        while (w.err_fd >= 0 && pump(w, w.err_fd, w.err_partial, true, true) > 0) {
+        }
       }
       break;
     }

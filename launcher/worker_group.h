@@ -79,7 +79,9 @@ class WorkerGroup {
     std::chrono::steady_clock::time_point group_kill_at{};
     std::deque<std::string> tail;
   };
-  void pump(Worker& worker, int fd, std::string& partial, bool is_err, bool flush);
+  // Reads once from `fd` and passes on its complete lines (`flush`: the rest too, and the fd is
+  // closed when nothing more comes); the read's result (bytes, 0 at the end, -1 nothing yet).
+  ssize_t pump(Worker& worker, int fd, std::string& partial, bool is_err, bool flush);
   void emit(Worker& worker, const std::string& line, bool is_err);
   void stop_all(int signal);
   void reap(bool block_until_exit);
