@@ -131,6 +131,12 @@ std::string missing_ranks(StoreClient* store, const std::string& prefix, int ran
 
 }  // namespace
 
+void sum_over_ranks(Communicator* comm, double* values, size_t count) {
+  if (comm == nullptr || comm->size() == 1) return;
+  DDP_CHECK(!comm->device_buffers(), "sum_over_ranks needs a host communicator");
+  comm->all_reduce(values, count, DataType::kFloat64, ReduceOp::kSum);
+}
+
 std::string name_ranks(const std::vector<int>& group_ranks, const std::vector<int>& world_ranks,
                        const std::string& group) {
   std::string text;

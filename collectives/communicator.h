@@ -281,4 +281,8 @@ std::string describe_stuck_operation(StoreClient* store, const std::string& grou
 std::string name_ranks(const std::vector<int>& group_ranks, const std::vector<int>& world_ranks,
                        const std::string& group);
 
+// Sums `count` doubles in host memory over the group, in place; null or a group of one
+// leaves them. Needs a host communicator (a device one is an error). Collective.
+void sum_over_ranks(Communicator* comm, double* values, size_t count);
+
 }  // namespace ddp

@@ -13,13 +13,13 @@
 #include <spdlog/spdlog.h>
 
 #include "collectives/communicator.h"
-#include "engine/checkpoint.h"
 #include "engine/config.h"
-#include "engine/gpu_monitor.h"
-#include "engine/metrics.h"
-#include "engine/run_setup.h"
-#include "engine/stage_runner.h"
-#include "engine/trainer.h"
+#include "engine/loop/checkpoint.h"
+#include "engine/loop/trainer.h"
+#include "engine/runners/stage_runner.h"
+#include "engine/setup/run_setup.h"
+#include "engine/telemetry/gpu_monitor.h"
+#include "engine/telemetry/metrics.h"
 #include "launcher/store_server.h"
 #include "models/mlp.h"
 #include "runtime/device.h"
@@ -237,7 +237,7 @@ int main(int argc, char** argv) {
     if (starting) started();
     {
       // Its groups (split from the world) go before the world does.
-      ddp::Trainer trainer(config, data, comm.get(), store.get(), std::move(runner));
+      ddp::Trainer trainer(config, data, comm.get(), std::move(runner));
       step_reached = trainer.current_step();
       try {
         trainer.run(&metrics, gpu_monitor.get());

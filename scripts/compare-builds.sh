@@ -2,8 +2,8 @@
 # Two builds of ddptrain (say the commit before a change and after it) trained alike: the
 # weights after 40 steps must be bitwise the same, alone and data-parallel, in several
 # configurations (accumulation, checkpoints and evaluation cutting the run into chunks, and on
-# the GPU the overlapped optimizer, no graph, bf16 gradients), and two-stage pipelines (1F1B
-# and GPipe). On the GPU the two ranks share
+# the GPU the overlapped optimizer, no graph, bf16 gradients), two-stage pipelines under every
+# schedule, and ZeRO 1, 2 and 3. On the GPU the two ranks share
 # this machine's one GPU (ddprun --share-gpu, NCCL over sockets); DEVICE=cpu compares the CPU
 # path (two ranks over Gloo). Prints a Markdown table; exits non-zero when any configuration
 # differs or fails.
@@ -20,8 +20,8 @@ for b in "$old" "$new"; do
 done
 
 device="${DEVICE:-cuda}"
-layers=256,512,512,10
-[ "$device" = cpu ] && layers=64,256,128,10  # a few seconds for every run on two cores
+layers=256,512,512,512,10  # four layers: interleaved 1F1B puts two on each of 2 ranks
+[ "$device" = cpu ] && layers=64,256,128,128,10  # a few seconds for every run on two cores
 base=(--device "$device" --data synthetic --layers "$layers" --synthetic-samples 8192 --batch-size 256
       --steps 40 --lr 0.05 --quiet)
 # name | ranks | flags
@@ -33,6 +33,15 @@ configs=(
   "dp 2, accumulate 4|2|--accumulate 4 --bucket-mb 0.2"
   "pp 2, 1f1b|2|--pp 2 --micro-batches 4 --schedule 1f1b"
   "pp 2, gpipe|2|--pp 2 --micro-batches 4 --schedule gpipe"
+  "pp 2, pairs|2|--pp 2 --micro-batches 4 --schedule pairs"
+  "pp 2, zb-h1|2|--pp 2 --micro-batches 4 --schedule zb-h1"
+  "pp 2, interleaved-1f1b|2|--pp 2 --micro-batches 4 --schedule interleaved-1f1b"
+  "pp 2, zb-v|2|--pp 2 --micro-batches 4 --schedule zb-v"
+  "dp 2, zero 1|2|--zero 1 --optimizer adamw --bucket-mb 0.2"
+  "dp 2, zero 2|2|--zero 2 --optimizer adamw --bucket-mb 0.2"
+  "dp 2, zero 3|2|--zero 3 --optimizer adamw"
+  "dp 2, zero 2, gradient ring (many equal layers)|2|--zero 2 --optimizer adamw --layers 64,128,128,128,128,128,128,128,128,10 --bucket-mb 0.02 --first-bucket-mb 0.01"
+  "dp 2, zero 2, accumulate 2|2|--zero 2 --accumulate 2 --bucket-mb 0.2"
 )
 share=()
 if [ "$device" = cuda ]; then

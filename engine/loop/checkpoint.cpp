@@ -1,5 +1,5 @@
 // Checkpoint files on top of the safetensors writer.
-#include "engine/checkpoint.h"
+#include "engine/loop/checkpoint.h"
 
 #include <dirent.h>
 #include <fcntl.h>

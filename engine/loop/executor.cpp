@@ -1,5 +1,5 @@
 // ScheduleExecutor: one pass over the action list, each action handed to the runner.
-#include "engine/executor.h"
+#include "engine/loop/executor.h"
 
 #include <functional>
 

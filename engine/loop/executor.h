@@ -10,10 +10,10 @@
 #include <cstdint>
 #include <vector>
 
-#include "engine/ddp.h"
 #include "engine/pipeline/schedule.h"
-#include "engine/stage_runner.h"
-#include "engine/timeline.h"
+#include "engine/runners/stage_runner.h"
+#include "engine/sync/ddp.h"
+#include "engine/telemetry/timeline.h"
 
 namespace ddp {
 

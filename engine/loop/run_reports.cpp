@@ -1,13 +1,13 @@
 // What the trainer reports and gathers over the ranks: the pipeline's window record, the
 // timeline file, the GPU monitor's windows, and the whole model on rank 0.
-#include "engine/run_reports.h"
+#include "engine/loop/run_reports.h"
 
 #include <algorithm>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include "engine/trainer.h"
+#include "collectives/communicator.h"
 #include "runtime/error.h"
 
 namespace ddp {

@@ -10,14 +10,14 @@
 #include <vector>
 
 #include "collectives/communicator.h"
-#include "engine/ddp.h"
-#include "engine/executor.h"
-#include "engine/gpu_monitor.h"
-#include "engine/metrics.h"
+#include "engine/loop/executor.h"
 #include "engine/pipeline/schedule.h"
 #include "engine/pipeline/simulate.h"
-#include "engine/stage_runner.h"
-#include "engine/timeline.h"
+#include "engine/runners/stage_runner.h"
+#include "engine/sync/ddp.h"
+#include "engine/telemetry/gpu_monitor.h"
+#include "engine/telemetry/metrics.h"
+#include "engine/telemetry/timeline.h"
 
 namespace ddp {
 

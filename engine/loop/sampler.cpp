@@ -1,5 +1,5 @@
 // Sampler: one Fisher-Yates permutation per epoch, cached while the stream stays in it.
-#include "engine/sampler.h"
+#include "engine/loop/sampler.h"
 
 #include <numeric>
 

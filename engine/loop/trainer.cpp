@@ -1,7 +1,8 @@
-// Trainer on the CPU. Global batch t is positions [t*B, (t+1)*B) of the sampler's stream;
+// The training loop, one for every runner (CPU or GPU) and layout: steps, evaluation,
+// checkpoints, metrics. Global batch t is positions [t*B, (t+1)*B) of the sampler's stream;
 // with accumulation, micro-step k of step t takes the k-th B/K of it; rank r of D takes
 // its contiguous share of each micro-batch.
-#include "engine/trainer.h"
+#include "engine/loop/trainer.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -17,9 +18,10 @@
 
 #include <spdlog/spdlog.h>
 
-#include "engine/checkpoint.h"
-#include "engine/progress.h"
-#include "engine/run_setup.h"
+#include "engine/loop/checkpoint.h"
+#include "engine/loop/resume.h"
+#include "engine/setup/run_setup.h"
+#include "engine/telemetry/progress.h"
 #include "models/gemm.h"
 #include "models/safetensors.h"
 #include "runtime/error.h"
@@ -27,14 +29,8 @@
 
 namespace ddp {
 
-void sum_over_ranks(Communicator* comm, double* values, size_t count) {
-  if (comm == nullptr || comm->size() == 1) return;
-  DDP_CHECK(!comm->device_buffers(), "sum_over_ranks on the CPU path needs a host communicator");
-  comm->all_reduce(values, count, DataType::kFloat64, ReduceOp::kSum);
-}
-
 Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* comm,
-                 StoreClient* store, std::unique_ptr<StageRunner> runner)
+                 std::unique_ptr<StageRunner> runner)
     : config_(config),
       data_(data),
       comm_(comm),
@@ -46,7 +42,6 @@ Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* c
 
       sampler_(data.train.n, config.seed, config.shuffle),
       timeline_(!config.timeline.empty()) {
-  (void)store;
   stages_ = rank_stages(layout_, layout_.stage, stage_cut(config, layout_.replicas));
   // The whole model (pp = 1) runs a one-stage pipeline: its micro-batches are --accumulate's.
   executor_ = std::make_unique<ScheduleExecutor>(

@@ -11,38 +11,24 @@
 #include <vector>
 
 #include "collectives/communicator.h"
-#include "engine/checkpoint.h"
 #include "engine/config.h"
-#include "engine/ddp.h"
-#include "engine/executor.h"
-#include "engine/gpu_monitor.h"
-#include "engine/metrics.h"
+#include "engine/loop/checkpoint.h"
+#include "engine/loop/executor.h"
+#include "engine/loop/resume.h"
+#include "engine/loop/run_reports.h"
+#include "engine/loop/sampler.h"
 #include "engine/pipeline/schedule.h"
-#include "engine/run_reports.h"
-#include "engine/run_setup.h"
-#include "engine/sampler.h"
-#include "engine/stage_runner.h"
-#include "engine/timeline.h"
+#include "engine/runners/stage_runner.h"
+#include "engine/setup/run_setup.h"
+#include "engine/sync/ddp.h"
+#include "engine/telemetry/gpu_monitor.h"
+#include "engine/telemetry/metrics.h"
+#include "engine/telemetry/timeline.h"
+#include "engine/telemetry/train_result.h"
 #include "models/dataset.h"
 
 namespace ddp {
 
-class StoreClient;
-
-struct EvalResult {
-  double loss = 0;      // mean over the split
-  double accuracy = 0;  // fraction in [0, 1]
-  int64_t samples = 0;
-};
-
-struct TrainResult {
-  int64_t steps = 0;
-  double train_loss = 0;      // mean over the last logging window (all ranks)
-  double train_accuracy = 0;  // fraction, same window
-  EvalResult test;
-  double seconds = 0;  // training loop only
-  double samples_per_second = 0;
-};
 
 class Trainer {
  public:
@@ -55,7 +41,7 @@ class Trainer {
   // (make_gpu_runner of whole_model_spec, while the data loaded and the communicator
   // started); null: the trainer makes the runner its device and layout need.
   Trainer(const TrainConfig& config, const Dataset& data, Communicator* comm = nullptr,
-          StoreClient* store = nullptr, std::unique_ptr<StageRunner> runner = nullptr);
+          std::unique_ptr<StageRunner> runner = nullptr);
 
   int64_t total_steps() const { return total_steps_; }
   int64_t current_step() const { return step_; }
@@ -145,9 +131,5 @@ class Trainer {
   };
   PendingCheckpoint pending_;
 };
-
-// Sums a few doubles over the group (host memory; with a device communicator the values
-// go through a device buffer). Collective.
-void sum_over_ranks(Communicator* comm, double* values, size_t count);
 
 }  // namespace ddp

@@ -5,10 +5,11 @@
 // What it models is what the executor has: a rank runs its actions in order; a send is
 // posted without blocking the rank, a receive blocks it until its message has arrived.
 // Transfers are rendezvous (unbuffered, as NCCL's): a message moves once both its send and
-// its receive are posted. Each rank has one lane for activations and one for gradients (the
-// GPU's two communicators), and the operations of a lane complete in the order they were
-// posted, so a send nobody receives holds up its lane. A rank's step ends when its last
-// action is done and its sends have completed (the executor waits for them).
+// its receive are posted. By default each rank has one lane for activations and one for
+// gradients; SimCosts adds a lane a direction and a peer, as the runners have (a lane a flow:
+// StageLinks::lanes). The operations of a lane complete in the order they were posted, so a send
+// nobody receives holds up its lane. A rank's step ends when its last action is done and its sends
+// have completed (the executor waits for them).
 #pragma once
 
 #include <string>
@@ -25,7 +26,7 @@ struct SimCosts {
   double backward_weight = 1;  // the weight half alone
   double transfer = 0;         // one activation or gradient between neighbouring ranks
   // false: one lane a rank for activations and one for gradients, each carrying that rank's
-  // sends and receives in order (ddp's two NCCL communicators today); true: a lane for each
+  // sends and receives in order (the schedules' strictest check); true: a lane for each
   // direction too, so that a rank's receive never queues behind its own send (grouped
   // send/recv, as Megatron-LM's interleaved schedule needs).
   bool lane_per_direction = false;

@@ -1,7 +1,11 @@
-// RankStages: a pipeline rank's stages and their slices of the model's flat parameters.
+// RankStages: a pipeline rank's stages and their slices of the model's flat parameters; the
+// first weights and the buckets' options a stage's runner starts from.
 #include <algorithm>
+#include <cmath>
 
-#include "engine/stage_runner.h"
+#include "models/safetensors.h"
+
+#include "engine/runners/stage_runner.h"
 #include "runtime/error.h"
 
 namespace ddp {
@@ -79,6 +83,26 @@ RankStages rank_stages(const PipelineLayout& layout, int pipe_rank, const StageS
   }
   DDP_CHECK(!stages.chunks.empty(), "pipeline rank {} holds no stage", pipe_rank);
   return stages;
+}
+
+std::vector<float> initial_weights(const TrainConfig& config, const MlpShape& shape) {
+  std::vector<float> whole(shape.param_count());
+  if (config.init_weights.empty())
+    init_params(shape, config.seed, whole.data());
+  else
+    load_mlp_weights(config.init_weights, shape, whole.data());
+  for (size_t i = 0; i < whole.size(); ++i)
+    DDP_USAGE_CHECK(std::isfinite(whole[i]),
+                    "--init-weights {}: weight {} at index {} of the flat parameters is not "
+                    "finite; expected finite weights",
+                    config.init_weights, whole[i], i);
+  return whole;
+}
+
+DdpOptions stage_ddp_options(const TrainConfig& config) {
+  // --zero 3 gathers a layer's parameters at a time: a bucket a layer.
+  return config.zero == 3 ? DdpOptions{1e-12, 0, config.overlap}
+                          : DdpOptions{config.bucket_mb, config.first_bucket_mb, config.overlap};
 }
 
 }  // namespace ddp

@@ -19,7 +19,8 @@
 #include "collectives/communicator.h"
 #include "engine/config.h"
 #include "engine/pipeline/schedule.h"
-#include "engine/timeline.h"
+#include "engine/sync/ddp.h"
+#include "engine/telemetry/timeline.h"
 #include "models/cpu_ops.h"
 #include "models/dataset.h"
 #include "models/mlp.h"
@@ -76,6 +77,13 @@ struct RankStages {
 // The stages pipeline rank `pipe_rank` runs under `layout`, each cut as `cut` says (its
 // shape, micro-batches, batch, max_batch and slots; the rest is filled in). Pure.
 RankStages rank_stages(const PipelineLayout& layout, int pipe_rank, const StageSpec& cut);
+
+// The whole model's first weights, as one process makes them: --init-weights, else seeded
+// initialisation; a weight that is not finite is a UsageError naming the file and index.
+std::vector<float> initial_weights(const TrainConfig& config, const MlpShape& shape);
+
+// The buckets' options of a stage's data parallelism (--zero 3: a bucket a layer).
+DdpOptions stage_ddp_options(const TrainConfig& config);
 
 using NamedState = std::vector<std::pair<std::string, std::vector<float>>>;
 
@@ -146,7 +154,7 @@ class StageRunner {
   // Sets up data parallelism over the stage's replicas: the model check (collective) and,
   // where asked, bf16 gradients.
   virtual void prepare_ddp(Ddp& ddp, uint64_t fingerprint, const std::string& description) = 0;
-  // --zero `level` over `ddp`'s group (engine/zero.h): from now on the runner keeps the
+  // --zero `level` over `ddp`'s group (engine/sync/zero.h): from now on the runner keeps the
   // optimizer state of its pieces only, updates them from the averaged gradient pieces and
   // all-gathers the parameters; optimizer_state() then gathers (collective over the group).
   virtual void shard_optimizer(Ddp& ddp, int level) {

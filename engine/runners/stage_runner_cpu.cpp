@@ -7,8 +7,9 @@
 #include <map>
 #include <tuple>
 
-#include "engine/ddp.h"
-#include "engine/stage_runner.h"
+#include "engine/runners/stage_runner.h"
+#include "engine/sync/ddp.h"
+#include "engine/sync/gradient_ring.h"
 #include "models/cpu_ops.h"
 #include "models/mlp_cpu.h"
 #include "models/optimizer.h"
@@ -43,8 +44,8 @@ struct RankState {
 };
 
 // --zero 3's parameters (models/linear_cpu.h, LayerParams): the rank holds its pieces of every
-// layer (a bucket a layer: engine/zero.h); a layer's whole parameters are all-gathered over the
-// data-parallel group for each use and dropped after; while materialised (evaluation, copies
+// layer (a bucket a layer: engine/sync/zero.h); a layer's whole parameters are all-gathered over
+// the data-parallel group for each use and dropped after; while materialised (evaluation, copies
 // out) every layer's are gathered once and read from there. Every replica makes the same uses
 // in the same order, so the gathers match.
 class GatheredLayers final : public LayerParams {
@@ -104,8 +105,9 @@ class CpuChunk final : public ChunkOps {
                recompute) {
     int64_t outputs = 0;  // one micro-batch's layer outputs
     for (int i = spec.first; i < spec.end; ++i)
-      outputs += int64_t{spec.batch} * spec.shape.layer(i).out * 4;
-    micro_bytes_ = recompute ? int64_t{spec.batch} * spec.in_width() * 4 : outputs;
+      outputs += int64_t{spec.batch} * spec.shape.layer(i).out * int64_t{sizeof(float)};
+    micro_bytes_ =
+        recompute ? int64_t{spec.batch} * spec.in_width() * int64_t{sizeof(float)} : outputs;
     if (recompute) rank.working_bytes += outputs;
     const size_t rows = static_cast<size_t>(spec.micro_batches) * spec.batch;
     batch_y_.resize(rows);
@@ -385,7 +387,7 @@ class CpuRunner final : public StageRunner {
   }
   std::string memory_report() const override {
     const auto size = [](size_t floats) {
-      const double bytes = static_cast<double>(floats) * 4;
+      const double bytes = static_cast<double>(floats) * sizeof(float);
       return bytes < 1048576 ? fmt::format("{:.1f} KiB", bytes / 1024)
                              : fmt::format("{:.1f} MiB", bytes / 1048576);
     };
@@ -447,15 +449,12 @@ class CpuRunner final : public StageRunner {
   size_t ring_floats() const { return ring_.empty() ? 0 : ring_.size() * ring_[0].size(); }
   // The ring's slots, where it holds less than the whole gradient buffer; false: none.
   bool make_gradient_ring(Ddp& ddp) {
-    const StageSpec& first = stages_.chunks.front();
-    if (stages_.chunks.size() != 1 || first.micro_batches != 1 || !config_.overlap ||
-        ddp.comm().size() < 2)
+    if (!gradient_ring_applies(static_cast<int>(stages_.chunks.size()),
+                               stages_.chunks.front().micro_batches, config_.overlap,
+                               ddp.comm().size()))
       return false;
-    const ShardPlan plan = plan_shards(ddp.buckets(), ddp.comm().size(), 0, 1);
-    size_t slot = 0;
-    for (const ShardPart& p : plan.parts)
-      slot = std::max(slot, p.piece * static_cast<size_t>(plan.ranks));
-    if (slot * kRing + plan.shard_count >= count()) return false;
+    const size_t slot = gradient_ring_slot(ddp.buckets(), ddp.comm().size(), 1, count());
+    if (slot == 0) return false;
     ring_.assign(kRing, std::vector<float>(slot, 0.0f));
     ring_memory_.allocate = [this](size_t floats) {
       ring_pieces_.emplace_back(floats, 0.0f);
@@ -488,16 +487,15 @@ class CpuRunner final : public StageRunner {
   void shard_parameters(Ddp& ddp) {
     shard_params_.assign(ddp.shards().shard_count, 0.0f);
     ddp.take_shard(params_.data(), shard_params_.data());
-    std::map<int, size_t> bucket_of;  // a bucket a layer, in the rank's spans' order
-    int span = 0;
+    std::vector<ParamSpan> layers;
+    for (const auto& [offset, count] : stages_.layer_spans())
+      layers.push_back({offset, count});
+    const std::vector<size_t> bucket_of_span = layer_buckets(ddp.buckets(), layers);
+    std::map<int, size_t> bucket_of;  // the model's layer -> its bucket
+    size_t span = 0;
     for (const StageSpec& c : stages_.chunks)
       for (int i = c.first; i < c.end; ++i, ++span)
-        for (size_t b = 0; b < ddp.buckets().size(); ++b)
-          if (ddp.buckets()[b].first_layer == span) {
-            DDP_CHECK(ddp.buckets()[b].last_layer == span, "--zero 3: bucket {} holds layers {}-{}",
-                      b, ddp.buckets()[b].first_layer, ddp.buckets()[b].last_layer);
-            bucket_of[i] = b;
-          }
+        bucket_of[i] = bucket_of_span[span];
     gathered_ = std::make_unique<GatheredLayers>(ddp, shard_params_, std::move(bucket_of));
     for (auto& chunk : chunks_)
       chunk->stage().set_params_source(gathered_.get());
@@ -512,8 +510,8 @@ class CpuRunner final : public StageRunner {
   // --zero 2 or 3 where backward runs once a step (one stage, no micro-batches) with overlap:
   // the gradients in kRing bucket slots (bucket b in slot b % kRing, each written again only
   // after its reduce-scatter, which layer_done waits for) and the averaged pieces, as on the
-  // GPU (engine/ddp.h's ring).
-  static constexpr int kRing = 3;
+  // GPU (engine/sync/gradient_ring.h).
+  static constexpr int kRing = kGradientRingSlots;
   std::vector<std::vector<float>> ring_;
   std::vector<std::vector<float>> ring_pieces_;  // what Ddp allocates: the averaged pieces
   Ddp::DeviceMemory ring_memory_;

@@ -23,15 +23,15 @@
 
 #include <spdlog/spdlog.h>
 
-#include "engine/ddp.h"
-#include "engine/ddp_device.h"
-#include "engine/gpu_timeline.h"
-#include "engine/layer_gathers.h"
-#include "engine/optimizer_overlap.h"
-#include "engine/run_setup.h"
-#include "engine/stage_runner.h"
-#include "engine/step_watchdog.h"
-#include "engine/timeline.h"
+#include "engine/runners/optimizer_overlap.h"
+#include "engine/runners/stage_runner.h"
+#include "engine/runners/step_watchdog.h"
+#include "engine/sync/ddp.h"
+#include "engine/sync/ddp_device.h"
+#include "engine/sync/gradient_ring.h"
+#include "engine/sync/layer_gathers.h"
+#include "engine/telemetry/gpu_timeline.h"
+#include "engine/telemetry/timeline.h"
 #include "models/autotune_cache.h"
 #include "models/batch_feeder.h"
 #include "models/fused_mlp.h"
@@ -69,40 +69,33 @@ CudaStageOptions stage_options(const TrainConfig& config, bool tuned) {
   return options;
 }
 
-// --zero 2's gradient ring (models/device_parameters.h): where backward runs once a step and
-// each bucket is reduce-scattered as soon as it is written (overlap), its gradients need a
-// slot only until then. Three slots, so that a bucket's reduce-scatter has two buckets'
-// backward to finish before its slot is written again.
-constexpr int kRingSlots = 3;
-
-// The ring of the buckets Ddp will cut (the same plan from the same flags), or none: the
-// whole buffer where backward accumulates over micro-batches, without overlap, or where the
-// ring would hold as much.
-GradientRing gradient_ring(const StageSpec& spec, const TrainConfig& config) {
-  GradientRing ring;
-  if (config.zero < 2 || spec.replicas < 2 || spec.micro_batches != 1 || !config.overlap)
-    return ring;
+// --zero 2 and 3's gradient ring (engine/sync/gradient_ring.h) as the device memory of the
+// buckets Ddp will cut (the same plan from the same flags), or none.
+GradientRing gradient_ring(const StageSpec& spec, const TrainConfig& config, int stages_on_rank) {
+  if (config.zero < 2 ||
+      !gradient_ring_applies(stages_on_rank, spec.micro_batches, config.overlap, spec.replicas))
+    return {};
   std::vector<ParamSpan> spans;
   for (int i = spec.first; i < spec.end; ++i)
     spans.push_back(
         {spec.shape.layer(i).weight_offset - spec.param_offset(), spec.shape.layer(i).count()});
   const std::vector<Bucket> buckets = plan_buckets(spans, stage_ddp_options(config));
-  const ShardPlan plan = plan_shards(buckets, spec.replicas, 0, kDeviceShardAlign);
-  size_t slot = 0;
-  for (size_t b = 0; b < buckets.size(); ++b) {
-    ring.buckets.emplace_back(buckets[b].offset, buckets[b].count);
-    slot = std::max(slot, plan.parts[b].piece * static_cast<size_t>(spec.replicas));
-  }
-  if (slot * kRingSlots + plan.shard_count >= spec.param_count()) return {};
+  const size_t slot =
+      gradient_ring_slot(buckets, spec.replicas, kDeviceShardAlign, spec.param_count());
+  if (slot == 0) return {};
+  GradientRing ring;
+  for (const Bucket& b : buckets)
+    ring.buckets.emplace_back(b.offset, b.count);
   ring.slot_floats = slot;
-  ring.slots = kRingSlots;
+  ring.slots = kGradientRingSlots;
   return ring;
 }
 
 // The same, with the stage's gradient ring.
-CudaStageOptions stage_options(const StageSpec& spec, const TrainConfig& config, bool tuned) {
+CudaStageOptions stage_options(const StageSpec& spec, const TrainConfig& config, bool tuned,
+                               int stages_on_rank) {
   CudaStageOptions options = stage_options(config, tuned);
-  options.gradient_ring = gradient_ring(spec, config);
+  options.gradient_ring = gradient_ring(spec, config, stages_on_rank);
   return options;
 }
 
@@ -249,7 +242,8 @@ class GpuRunner final : public StageRunner {
     }
     for (size_t c = 0; c < stages.chunks.size(); ++c) {
       const StageSpec& chunk = stages.chunks[c];
-      CudaStageOptions options = stage_options(chunk, config, alone_);
+      CudaStageOptions options =
+          stage_options(chunk, config, alone_, static_cast<int>(stages.chunks.size()));
       if (several)
         options.shared = {own_weights_.get(), stages.offset_of(static_cast<int>(c)),
                           own_stream_->get()};
@@ -411,7 +405,8 @@ class GpuRunner final : public StageRunner {
       DDP_CUDA_CHECK(cudaMemsetAsync(dst, 0, floats * sizeof(float), s));
     };
     DeviceParameters& weights = *weights_;
-    const GradientRing ring = gradient_ring(spec_, config_);
+    const GradientRing ring =
+        gradient_ring(spec_, config_, static_cast<int>(stages_.chunks.size()));
     if (weights.ringed()) {
       memory.ring_slots = ring.slots;
       memory.slot_floats = ring.slot_floats;
@@ -460,8 +455,8 @@ class GpuRunner final : public StageRunner {
     std::vector<float> mine(zero_->shards().shard_count);  // this rank's pieces
     zero_->take_shard(host, mine.data());
     forget_gathers();
-    DDP_CUDA_CHECK(cudaMemcpyAsync(weights_->shard_params(), mine.data(), mine.size() * 4,
-                                   cudaMemcpyHostToDevice, stream_));
+    DDP_CUDA_CHECK(cudaMemcpyAsync(weights_->shard_params(), mine.data(),
+                                   mine.size() * sizeof(float), cudaMemcpyHostToDevice, stream_));
     DDP_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
   NamedState optimizer_state() override {
@@ -757,15 +752,13 @@ class GpuRunner final : public StageRunner {
     const ShardPlan& plan = ddp.shards();
     const std::vector<Bucket>& buckets = ddp.buckets();
     const std::vector<std::pair<size_t, size_t>> spans = stages_.layer_spans();
-    bucket_of_layer_.assign(spans.size(), 0);
+    std::vector<ParamSpan> layers;
+    for (const auto& [offset, count] : spans)
+      layers.push_back({offset, count});
+    bucket_of_layer_ = layer_buckets(buckets, layers);
     size_t slot = 0;
     std::vector<DeviceParameters::Piece> pieces;
     for (size_t b = 0; b < buckets.size(); ++b) {
-      const int layer = buckets[b].first_layer;
-      DDP_CHECK(buckets[b].last_layer == layer && buckets[b].offset == spans.at(layer).first &&
-                    buckets[b].count == spans[layer].second,
-                "--zero 3: bucket {} is not one layer", b);
-      bucket_of_layer_[layer] = b;
       slot = std::max(slot, plan.parts[b].piece * static_cast<size_t>(plan.ranks));
       pieces.push_back({plan.parts[b].offset, plan.parts[b].shard_at, plan.parts[b].count});
     }
@@ -786,11 +779,11 @@ class GpuRunner final : public StageRunner {
       spdlog::info(
           "zero 3: this rank holds its {:.1f} MiB of the {:.1f} MiB of parameters and two "
           "gather slots of {:.1f} MiB (a layer's, gathered for each use, the next one meanwhile)",
-          plan.shard_count * 4 / 1048576.0, stages_.param_count() * 4 / 1048576.0,
-          slot * 4 / 1048576.0);
+          plan.shard_count * sizeof(float) / 1048576.0,
+          stages_.param_count() * sizeof(float) / 1048576.0, slot * sizeof(float) / 1048576.0);
   }
   // Layer `layer`'s parameters in its slot before the stream reads them; `next` (the pass's
-  // next layer, or -1) on its way into the other (engine/layer_gathers.h decides).
+  // next layer, or -1) on its way into the other (engine/sync/layer_gathers.h decides).
   void use_layer(int layer, int next) { carry_out(gathers_->use(layer, next)); }
   void carry_out(const std::vector<LayerGathers::Action>& actions) {
     for (const LayerGathers::Action& a : actions) {

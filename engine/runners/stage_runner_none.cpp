@@ -1,5 +1,5 @@
 // The GPU runner in a build without CUDA: the error that says so.
-#include "engine/stage_runner.h"
+#include "engine/runners/stage_runner.h"
 #include "runtime/error.h"
 
 namespace ddp {

@@ -1,6 +1,6 @@
 // The watchdog thread: polls the oldest pending mark every millisecond; completed marks are
 // recycled; no progress for the timeout fires on_stuck once and then only drains.
-#include "engine/step_watchdog.h"
+#include "engine/runners/step_watchdog.h"
 
 #include <algorithm>
 #include <chrono>

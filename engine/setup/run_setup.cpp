@@ -1,6 +1,6 @@
 // What a run checks and loads before its trainer starts: the data set, the model against
 // it, the rank layout, the outputs, the memory the flags ask for.
-#include "engine/run_setup.h"
+#include "engine/setup/run_setup.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -17,7 +17,6 @@
 #include <spdlog/spdlog.h>
 #include "runtime/checksum.h"
 
-#include "engine/checkpoint.h"
 #include "models/safetensors.h"
 #include "runtime/error.h"
 
@@ -122,24 +121,6 @@ void check_replicas_agree(Communicator& replicas, const float* params, size_t co
               step, r,
               layout.stages > 1 ? fmt::format(" in stage {}", layout.stage) : std::string(),
               static_cast<uint32_t>(all[r]), static_cast<uint32_t>(all[0]));
-}
-
-RunSettings run_settings(const TrainConfig& config, int64_t total_steps, int world_size) {
-  RunSettings s;
-  s.seed = config.seed;
-  s.lr = config.lr;
-  s.total_steps = total_steps;
-  s.lr_schedule = schedule_name(config.lr_schedule);
-  s.world_size = world_size;
-  s.data = data_name(config.data);
-  const bool synthetic = config.data == DataSource::kSynthetic;
-  s.synthetic_samples = synthetic ? config.synthetic_samples : 0;
-  s.shuffle = config.shuffle;
-  s.data_dir = synthetic ? "" : config.data_dir;
-  s.momentum = config.optimizer.momentum;
-  s.weight_decay = config.optimizer.weight_decay;
-  s.warmup_steps = config.warmup_steps;
-  return s;
 }
 
 void check_skipped_steps(const TrainConfig& config, int64_t skipped, int64_t steps, int64_t step) {
@@ -307,26 +288,6 @@ double available_host_bytes() {
   return 0;  // unknown: not checked
 }
 
-std::vector<float> initial_weights(const TrainConfig& config, const MlpShape& shape) {
-  std::vector<float> whole(shape.param_count());
-  if (config.init_weights.empty())
-    init_params(shape, config.seed, whole.data());
-  else
-    load_mlp_weights(config.init_weights, shape, whole.data());
-  for (size_t i = 0; i < whole.size(); ++i)
-    DDP_USAGE_CHECK(std::isfinite(whole[i]),
-                    "--init-weights {}: weight {} at index {} of the flat parameters is not "
-                    "finite; expected finite weights",
-                    config.init_weights, whole[i], i);
-  return whole;
-}
-
-DdpOptions stage_ddp_options(const TrainConfig& config) {
-  // --zero 3 gathers a layer's parameters at a time: a bucket a layer.
-  return config.zero == 3 ? DdpOptions{1e-12, 0, config.overlap}
-                          : DdpOptions{config.bucket_mb, config.first_bucket_mb, config.overlap};
-}
-
 std::unique_ptr<Ddp> make_stage_ddp(const TrainConfig& config, Communicator& group,
                                     const RankStages& stages, StageRunner& runner, bool lead) {
   std::vector<ParamSpan> spans;
@@ -350,46 +311,6 @@ std::unique_ptr<Ddp> make_stage_ddp(const TrainConfig& config, Communicator& gro
                                "layer's gathered for each use)");
   }
   return ddp;
-}
-
-int64_t resume_runner(const TrainConfig& config, const RankStages& stages,
-                      const RunSettings& settings, StageRunner& runner, bool lead) {
-  const std::string path = checkpoint_path(config.checkpoint_dir);
-  const std::vector<std::string> candidates = resume_candidates(config.checkpoint_dir);
-  if (candidates.empty()) {
-    if (lead) spdlog::info("no checkpoint at {}: starting afresh", path);
-    return -1;
-  }
-  // The newest file that loads; where the first fails (corrupt, truncated), an older step
-  // file is used, saying so; where none does, the first one's error stands.
-  std::optional<Checkpoint> loaded;
-  std::string first_error, from;
-  for (const std::string& candidate : candidates) {
-    try {
-      loaded = load_checkpoint(candidate, stages.shape(), config.optimizer.kind, config.batch_size,
-                               settings);
-    } catch (const UsageError& e) {
-      if (first_error.empty()) first_error = e.what();
-      continue;
-    }
-    from = candidate;
-    if (lead && !first_error.empty())
-      spdlog::warn("{}; resuming from the newest intact checkpoint, {} (step {})", first_error,
-                   candidate, loaded->step);
-    break;
-  }
-  if (!loaded) throw UsageError(first_error);
-  const Checkpoint& c = *loaded;
-  if (lead && !c.changed.empty())
-    spdlog::warn("resuming with changed settings (allowed): {}",
-                 fmt::format("{}", fmt::join(c.changed, "; ")));
-  runner.set_params(stages.take(c.params.data()).data());
-  NamedState state;
-  for (const auto& [name, values] : c.optimizer_state)
-    state.emplace_back(name, stages.take(values.data()));
-  runner.set_optimizer_state(state, c.optimizer_steps);
-  if (lead) spdlog::info("resumed from {} at step {}", from, c.step);
-  return c.step;
 }
 
 }  // namespace ddp

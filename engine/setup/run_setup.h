@@ -1,6 +1,7 @@
-// What a run checks and loads before its trainer starts: the data set and whether the model
-// fits it, the rank layout of dp x pp, whether every output can be written, and the memory
-// the flags ask for against what the machine has. Pure but for the files it reads.
+// What a run checks, loads and makes before its trainer starts: the data set and whether the
+// model fits it, the rank layout of dp x pp, whether every output can be written, the memory
+// the flags ask for against what the machine has, the rank groups' communicators (collective)
+// and a stage's Ddp.
 #pragma once
 
 #include <map>
@@ -9,11 +10,10 @@
 #include <tuple>
 #include <vector>
 
-#include "engine/checkpoint.h"
 #include "engine/config.h"
-#include "engine/ddp.h"
 #include "engine/pipeline/schedule.h"
-#include "engine/stage_runner.h"
+#include "engine/runners/stage_runner.h"
+#include "engine/sync/ddp.h"
 #include "models/dataset.h"
 #include "models/mlp.h"
 
@@ -79,9 +79,6 @@ RankGroups make_rank_groups(Communicator* world, const PipelineLayout& layout, b
 void check_replicas_agree(Communicator& replicas, const float* params, size_t count, int64_t step,
                           const PipelineLayout& layout);
 
-// What a checkpoint records of the run besides the model (what --resume checks).
-RunSettings run_settings(const TrainConfig& config, int64_t total_steps, int world_size);
-
 // Throws NonFiniteError when a logging window of `steps` steps up to `step` skipped more
 // (--on-nonfinite skip-step) than --max-skipped-steps allows (default: a tenth of the window).
 void check_skipped_steps(const TrainConfig& config, int64_t skipped, int64_t steps, int64_t step);
@@ -101,22 +98,10 @@ void check_model_fits_data(const MlpShape& shape, const TrainConfig& config, con
 // FLOPs), replicas (--dp, checked against world / pp). Throws UsageError naming the flags.
 PipelineLayout layout_of(const TrainConfig& config, int world, int rank);
 
-// The whole model's first weights, as one process makes them: --init-weights, else seeded
-// initialisation; a weight that is not finite is a UsageError naming the file and index.
-std::vector<float> initial_weights(const TrainConfig& config, const MlpShape& shape);
-
 // Data parallelism over `group` for the stages `stages` run by `runner`: the buckets, the
 // model check (collective), rank 0's parameters broadcast and, with --zero, the sharded
 // optimizer (its start-up line from rank 0, `lead`).
-// The buckets' options of a stage's data parallelism (--zero 3: a bucket a layer).
-DdpOptions stage_ddp_options(const TrainConfig& config);
 std::unique_ptr<Ddp> make_stage_ddp(const TrainConfig& config, Communicator& group,
                                     const RankStages& stages, StageRunner& runner, bool lead);
-
-// --resume: the latest checkpoint of config.checkpoint_dir (the whole model, so any layout
-// resumes from it) into `runner`'s stages; its step, or -1 when there is none (said by rank
-// 0, `lead`, with the changed settings it allows).
-int64_t resume_runner(const TrainConfig& config, const RankStages& stages,
-                      const RunSettings& settings, StageRunner& runner, bool lead);
 
 }  // namespace ddp

@@ -1,5 +1,5 @@
 // ddp::init: the environment, the device, the store, the communicator, in that order.
-#include "engine/world.h"
+#include "engine/setup/world.h"
 
 #include "runtime/error.h"
 

@@ -1,5 +1,5 @@
 // Ddp: bucket planning and the backward hooks.
-#include "engine/ddp.h"
+#include "engine/sync/ddp.h"
 
 #include <algorithm>
 
@@ -7,55 +7,12 @@
 
 namespace ddp {
 
-std::vector<ParamSpan> param_spans(const MlpShape& shape) {
-  std::vector<ParamSpan> spans;
-  for (int i = 0; i < shape.num_layers(); ++i)
-    spans.push_back({shape.layer(i).weight_offset, shape.layer(i).count()});
-  return spans;
-}
-
-std::vector<Bucket> plan_buckets(const std::vector<ParamSpan>& layers, size_t bucket_bytes,
-                                 size_t first_bucket_bytes) {
-  std::vector<Bucket> buckets;
-  const int last = static_cast<int>(layers.size()) - 1;
-  Bucket current;
-  bool open = false;
-  for (int i = last; i >= 0; --i) {
-    const ParamSpan& layer = layers[static_cast<size_t>(i)];
-    DDP_CHECK(i == last || layer.offset + layer.count == layers[static_cast<size_t>(i) + 1].offset,
-              "layer {} (elements {} to {}) does not end where layer {} starts: the layers must "
-              "tile one flat buffer in order",
-              i, layer.offset, layer.offset + layer.count, i + 1);
-    if (!open) {
-      current = Bucket{layer.offset, 0, i, i};
-      open = true;
-    }
-    current.offset = layer.offset;
-    current.count += layer.count;
-    current.first_layer = i;
-    const size_t limit = buckets.empty() ? first_bucket_bytes : bucket_bytes;
-    if (current.count * sizeof(float) >= limit || i == 0) {
-      buckets.push_back(current);
-      open = false;
-    }
-  }
-  return buckets;
-}
-
 Ddp::Ddp(Communicator& comm, const std::vector<ParamSpan>& layers, size_t bucket_bytes,
          size_t first_bucket_bytes, bool overlap)
     : comm_(comm),
       buckets_(plan_buckets(layers, bucket_bytes, first_bucket_bytes)),
       overlap_(overlap),
       layer_count_(static_cast<int>(layers.size())) {}
-
-std::vector<Bucket> plan_buckets(const std::vector<ParamSpan>& layers, const DdpOptions& options) {
-  DDP_USAGE_CHECK(options.bucket_mb > 0 && options.first_bucket_mb >= 0,
-                  "DdpOptions: bucket_mb {} and first_bucket_mb {}: expected sizes above 0",
-                  options.bucket_mb, options.first_bucket_mb);
-  return plan_buckets(layers, static_cast<size_t>(options.bucket_mb * 1048576),
-                      static_cast<size_t>(options.first_bucket_mb * 1048576));
-}
 
 Ddp::Ddp(Communicator& comm, const std::vector<ParamSpan>& layers, const DdpOptions& options)
     : comm_(comm),

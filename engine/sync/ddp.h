@@ -11,35 +11,12 @@
 #include <vector>
 
 #include "collectives/communicator.h"
-#include "engine/zero.h"
+#include "engine/sync/buckets.h"
+#include "engine/sync/zero.h"
 #include "models/mlp.h"
 #include "runtime/checksum.h"
 
 namespace ddp {
-
-// A range of layers whose gradients are averaged by one collective.
-struct Bucket {
-  size_t offset = 0;    // elements from the start of the flat gradient buffer
-  size_t count = 0;     // elements
-  int first_layer = 0;  // lowest layer whose gradients it holds
-  int last_layer = 0;   // highest
-};
-
-// A layer's parameters as a range of the flat parameter (and gradient) buffer, in elements.
-// Any model can describe itself so: a list of spans in forward order, each contiguous.
-struct ParamSpan {
-  size_t offset = 0;  // where the layer's parameters start (elements)
-  size_t count = 0;   // how many it has
-};
-
-// The MLP's layers (weight then bias of layer i) as spans.
-std::vector<ParamSpan> param_spans(const MlpShape& shape);
-
-// Buckets of about bucket_bytes (the first, holding the last layers, of about
-// first_bucket_bytes so that communication starts early), walking layers from the last to
-// the first; a layer is never split. Pure.
-std::vector<Bucket> plan_buckets(const std::vector<ParamSpan>& layers, size_t bucket_bytes,
-                                 size_t first_bucket_bytes);
 
 // One entry of the engine's own record of a step: what happened, in order.
 struct DdpEvent {
@@ -47,16 +24,6 @@ struct DdpEvent {
   int layer = -1;    // the layer it concerns, or -1
   int bucket = -1;   // the bucket it concerns, or -1
 };
-
-// How Ddp buckets and overlaps, in ddptrain's flags' units.
-struct DdpOptions {
-  double bucket_mb = 25;       // --bucket-mb: a bucket's size (MiB)
-  double first_bucket_mb = 1;  // --first-bucket-mb: the first (last layers) one's
-  bool overlap = true;         // start each bucket's all-reduce as soon as its layers are done
-};
-
-// plan_buckets with the flags' sizes (as Ddp cuts them).
-std::vector<Bucket> plan_buckets(const std::vector<ParamSpan>& layers, const DdpOptions& options);
 
 // A tensor of one's own model for the layout check: its name and element count.
 struct NamedParam {
@@ -133,8 +100,8 @@ class Ddp {
   // The communicator it reduces over.
   Communicator& comm() { return comm_; }
 
-  // ZeRO (engine/zero.h): from now on, with `level` 2 or 3, each bucket is reduce-scattered into
-  // this rank's piece of the averaged gradients (reduced_piece()) instead of all-reduced; with
+  // ZeRO (engine/sync/zero.h): from now on, with `level` 2 or 3, each bucket is reduce-scattered
+  // into this rank's piece of the averaged gradients (reduced_piece()) instead of all-reduced; with
   // level 1 the all-reduce stays. The shards' plan is this rank's pieces of the buckets. Host
   // communicators: any piece size, the averaged pieces in a buffer of their own. Device
   // communicators need `device` (the memory of the padded buckets' copies and the copies on

@@ -1,4 +1,4 @@
-#include "engine/layer_gathers.h"
+#include "engine/sync/layer_gathers.h"
 
 #include "runtime/error.h"
 

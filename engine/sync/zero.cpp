@@ -1,7 +1,5 @@
 // plan_shards: equal padded pieces of every bucket.
-#include "engine/zero.h"
-
-#include "engine/ddp.h"
+#include "engine/sync/zero.h"
 
 #include <algorithm>
 

@@ -1,6 +1,6 @@
 // Sharded optimizer state and gradients over a data-parallel group (ZeRO stages 1 and 2, as
 // DeepSpeed and PyTorch's ZeroRedundancyOptimizer / FSDP shard them). Each gradient bucket
-// (engine/ddp.h) is cut into D equal pieces, padded to a multiple of `align` elements; rank r
+// (engine/sync/ddp.h) is cut into D equal pieces, padded to a multiple of `align` elements; rank r
 // owns piece r of every bucket, so its shard is about 1/D of every bucket and of the model,
 // and a bucket's reduce-scatter and all-gather move equal pieces (as NCCL's and Gloo's
 // collectives need). A rank keeps the optimizer state of its pieces only and updates only
@@ -10,9 +10,9 @@
 #include <cstddef>
 #include <vector>
 
-namespace ddp {
+#include "engine/sync/buckets.h"
 
-struct Bucket;  // engine/ddp.h
+namespace ddp {
 
 // The pieces' alignment on the device (elements: 256 bytes), as NCCL moves them best.
 constexpr size_t kDeviceShardAlign = 64;

@@ -1,5 +1,5 @@
 // GpuMonitor's sampling thread and the pure window statistics and rules.
-#include "engine/gpu_monitor.h"
+#include "engine/telemetry/gpu_monitor.h"
 
 #include <algorithm>
 #include <chrono>

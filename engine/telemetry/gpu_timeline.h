@@ -6,8 +6,8 @@
 #include <deque>
 #include <vector>
 
-#include "engine/ddp.h"
-#include "engine/timeline.h"
+#include "engine/sync/ddp.h"
+#include "engine/telemetry/timeline.h"
 #include "runtime/cuda_check.h"
 #include "runtime/device_buffer.h"
 

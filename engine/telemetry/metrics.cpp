@@ -1,5 +1,5 @@
 // MetricsWriter: JSON Lines, one record per call.
-#include "engine/metrics.h"
+#include "engine/telemetry/metrics.h"
 
 #include <cerrno>
 #include <cstring>

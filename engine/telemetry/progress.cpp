@@ -1,11 +1,11 @@
 // ProgressReporter: log lines and metrics records.
-#include "engine/progress.h"
+#include "engine/telemetry/progress.h"
 
 #include <algorithm>
 
 #include <spdlog/spdlog.h>
 
-#include "engine/trainer.h"
+#include "engine/telemetry/train_result.h"
 
 namespace ddp {
 

@@ -5,13 +5,11 @@
 #include <cstdint>
 
 #include "engine/config.h"
-#include "engine/metrics.h"
+#include "engine/telemetry/metrics.h"
+#include "engine/telemetry/train_result.h"
 #include "runtime/timer.h"
 
 namespace ddp {
-
-struct EvalResult;
-struct TrainResult;
 
 class ProgressReporter {
  public:

@@ -1,5 +1,5 @@
 // The span recorder, the Chrome trace writer and the gather to rank 0.
-#include "engine/timeline.h"
+#include "engine/telemetry/timeline.h"
 
 #include <algorithm>
 #include <cerrno>

@@ -20,7 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/checkpoint.h"
+#include "engine/loop/checkpoint.h"
 #include "models/mlp.h"
 #include "models/safetensors.h"
 #include "tests/support/gpu_support.h"

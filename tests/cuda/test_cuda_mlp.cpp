@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/sampler.h"
+#include "engine/loop/sampler.h"
 #include "models/batch_feeder.h"
 #include "models/cpu_ops.h"
 #include "models/cuda_kernels.h"

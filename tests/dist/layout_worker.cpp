@@ -3,8 +3,8 @@
 #include <cstdio>
 #include <cstring>
 
-#include "engine/ddp.h"
-#include "engine/world.h"
+#include "engine/setup/world.h"
+#include "engine/sync/ddp.h"
 
 int main(int argc, char** argv) {
   try {

@@ -38,7 +38,7 @@ refused bogus "REQUIRED COMPONENTS bogus" "unknown component 'bogus' (expected c
 cmake --build "$work/build" -j 2 > "$work/build.log" 2>&1 ||
   { tail -40 "$work/build.log"; echo "FAILED: build the examples"; exit 1; }
 # Only the public headers and what they include are installed: ddp's internals stay private.
-for private in engine/trainer.h engine/stage_runner.h collectives/nccl/nccl_communicator.h; do
+for private in engine/loop/trainer.h engine/runners/stage_runner.h collectives/nccl/nccl_communicator.h; do
   [ ! -e "$work/moved/include/ddp/$private" ] ||
     { echo "FAILED: the private header $private was installed"; exit 1; }
 done

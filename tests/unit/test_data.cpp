@@ -10,8 +10,8 @@
 #include <fstream>
 #include <set>
 
-#include "engine/sampler.h"
-#include "engine/trainer.h"
+#include "engine/loop/sampler.h"
+#include "engine/loop/trainer.h"
 #include "models/dataset.h"
 #include "runtime/error.h"
 #include "runtime/parallel.h"

@@ -3,7 +3,7 @@
 // once per rank), the metrics object, the progress-line field and the end table.
 #include <gtest/gtest.h>
 
-#include "engine/gpu_monitor.h"
+#include "engine/telemetry/gpu_monitor.h"
 
 namespace ddp {
 namespace {

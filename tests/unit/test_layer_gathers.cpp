@@ -1,4 +1,4 @@
-// --zero 3's gather decisions on the GPU (engine/layer_gathers.h): a forward and a backward
+// --zero 3's gather decisions on the GPU (engine/sync/layer_gathers.h): a forward and a backward
 // pass as the runner meets them, and random passes checked against a model of the two slots:
 // every use reads its own layer, gathered and waited for; no slot is gathered into while its
 // gather is still to be waited for (passes that stop short leave prefetches unused); every
@@ -7,7 +7,8 @@
 
 #include <random>
 
-#include "engine/layer_gathers.h"
+#include "engine/sync/gradient_ring.h"
+#include "engine/sync/layer_gathers.h"
 #include "runtime/error.h"
 
 namespace ddp {
@@ -86,6 +87,36 @@ TEST(LayerGathers, RandomPassesReadTheirOwnLayersAndWaitForEveryGatherOnce) {
     for (int i = 0; i < layers; ++i)
       EXPECT_EQ(issued[i], waited[i]) << "layer " << i;
   }
+}
+
+}  // namespace
+}  // namespace ddp
+
+namespace ddp {
+namespace {
+
+// The gradient ring's decisions, which both runners take from here: when it applies, a slot's
+// size (a bucket's padded pieces, the largest), and none where it would hold as much as the
+// whole buffer.
+TEST(GradientRing, AppliesOnceAStepAndOnlyWhereItSavesMemory) {
+  EXPECT_TRUE(gradient_ring_applies(1, 1, true, 2));
+  EXPECT_FALSE(gradient_ring_applies(2, 1, true, 2));  // several stages a rank
+  EXPECT_FALSE(gradient_ring_applies(1, 3, true, 2));  // accumulation adds into the buffer
+  EXPECT_FALSE(gradient_ring_applies(1, 1, false, 2));
+  EXPECT_FALSE(gradient_ring_applies(1, 1, true, 1));
+  // 8 layers of 100 elements, a bucket each: slots of 100 (2 ranks x 50), pieces of 400.
+  std::vector<ParamSpan> layers;
+  for (size_t i = 0; i < 8; ++i)
+    layers.push_back({i * 100, 100});
+  const std::vector<Bucket> buckets = plan_buckets(layers, 1, 1);
+  ASSERT_EQ(buckets.size(), 8u);
+  EXPECT_EQ(gradient_ring_slot(buckets, 2, 1, 800), 100u);  // 3 x 100 + 400 < 800
+  EXPECT_EQ(gradient_ring_slot(buckets, 2, 64, 800), 0u);   // pieces of 64: 3 x 128 + 512
+  EXPECT_EQ(gradient_ring_slot(buckets, 2, 1, 700), 0u);    // as much as the buffer
+  // --zero 3's map: a bucket a layer, last layers first.
+  const std::vector<size_t> of = layer_buckets(buckets, layers);
+  EXPECT_EQ(of, (std::vector<size_t>{7, 6, 5, 4, 3, 2, 1, 0}));
+  EXPECT_THROW(layer_buckets(plan_buckets(layers, 1000, 1000), layers), Error);  // 3 a bucket
 }
 
 }  // namespace

@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/pipeline/schedule.h"
-#include "engine/timeline.h"
+#include "engine/telemetry/timeline.h"
 #include "runtime/error.h"
 
 namespace ddp {

@@ -5,9 +5,9 @@
 #include <memory>
 
 #include "collectives/communicator.h"
-#include "engine/ddp.h"
-#include "engine/trainer.h"
-#include "engine/zero.h"
+#include "engine/loop/trainer.h"
+#include "engine/sync/ddp.h"
+#include "engine/sync/zero.h"
 #include "models/safetensors.h"
 #include "runtime/error.h"
 #include "runtime/process_env.h"
