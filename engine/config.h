@@ -93,8 +93,9 @@ struct TrainConfig {
   int keep_checkpoints = 0;      // > 0: step-numbered files, the newest K kept
   bool resume = false;
   bool fresh = false;  // without --resume: move an earlier run's checkpoints aside, not refuse
-  int64_t fail_at_step = 0;   // testing: fail when this step starts, first attempt only
-  int64_t step_delay_ms = 0;  // testing: sleep this long before each step (launcher tests)
+  // Faults for the tests, carried out by engine/setup/faults.h's hook, not by the loop:
+  int64_t fail_at_step = 0;   // fail when this step starts, first attempt only
+  int64_t step_delay_ms = 0;  // sleep this long before each step (launcher tests)
   int restart_count = 0;      // set from the launcher's environment, not a flag
   double start_time_ms = 0;   // ddprun's start, else this process's (wall clock ms); not a flag
 };

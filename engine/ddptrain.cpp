@@ -17,6 +17,7 @@
 #include "engine/loop/checkpoint.h"
 #include "engine/loop/trainer.h"
 #include "engine/runners/stage_runner.h"
+#include "engine/setup/faults.h"
 #include "engine/setup/run_setup.h"
 #include "engine/telemetry/gpu_monitor.h"
 #include "engine/telemetry/metrics.h"
@@ -238,6 +239,7 @@ int main(int argc, char** argv) {
     {
       // Its groups (split from the world) go before the world does.
       ddp::Trainer trainer(config, data, comm.get(), std::move(runner));
+      trainer.set_before_step(ddp::injected_faults(config));
       step_reached = trainer.current_step();
       try {
         trainer.run(&metrics, gpu_monitor.get());

@@ -23,7 +23,10 @@
 #include <thread>
 #include <vector>
 
+#include <spdlog/spdlog.h>
+
 #include "runtime/cuda_check.h"
+#include "runtime/device_buffer.h"
 #include "runtime/device_kernels.h"
 #include "runtime/error.h"
 #include "runtime/store.h"
@@ -308,19 +311,20 @@ class NcclCommunicator final : public Communicator {
         store_(std::move(store)),
         group_(std::move(group)) {
     timeout_s_ = timeout_s;
-    DDP_CUDA_CHECK(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking));
-    DDP_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
-    DDP_CUDA_CHECK(cudaMalloc(&scratch_, sizeof(float)));
   }
+  // Waits for the communication stream, finalises the communicator, then (members, in
+  // reverse) frees the scratch, the event and the stream; what fails is logged, not thrown.
   ~NcclCommunicator() override {
     // An aborted communicator's stream may never drain (a peer is gone): do not wait on it.
-    if (!comm_->aborted()) cudaStreamSynchronize(comm_stream_);
+    if (!comm_->aborted()) {
+      const cudaError_t error = cudaStreamSynchronize(comm_stream_.get());
+      if (error != cudaSuccess)
+        spdlog::error("nccl communicator {}: its stream did not drain at the end: {}", group_,
+                      cudaGetErrorString(error));
+    }
     comm_.reset();  // finalises, unless a Work still holds it
     for (cudaEvent_t event : graph_events_)
       cudaEventDestroy(event);
-    cudaFree(scratch_);
-    cudaEventDestroy(ready_);
-    cudaStreamDestroy(comm_stream_);
   }
 
   const char* backend() const override { return "nccl"; }
@@ -328,13 +332,13 @@ class NcclCommunicator final : public Communicator {
   void set_compute_stream(void* stream) override {
     compute_stream_ = static_cast<cudaStream_t>(stream);
   }
-  void* communication_stream() const { return comm_stream_; }
+  void* communication_stream() const { return comm_stream_.get(); }
 
   std::unique_ptr<Work> all_reduce_async(void* buffer, size_t count, DataType type,
                                          ReduceOp op) override {
     return enqueue("all_reduce", count, type, [&] {
       return ncclAllReduce(buffer, buffer, count, nccl_type(type), nccl_op(op), raw(),
-                           comm_stream_);
+                           comm_stream_.get());
     });
   }
   bool reduces_bf16() const override { return true; }
@@ -343,10 +347,10 @@ class NcclCommunicator final : public Communicator {
     // All three on the communication stream, so that the conversions overlap the compute
     // stream's work as the reduction does.
     return enqueue("all_reduce_bf16", count, DataType::kBFloat16, [&] {
-      launch_float_to_bf16(buffer, scratch, count, comm_stream_);
-      const ncclResult_t r =
-          ncclAllReduce(scratch, scratch, count, ncclBfloat16, nccl_op(op), raw(), comm_stream_);
-      if (r == ncclSuccess) launch_bf16_to_float(scratch, buffer, count, comm_stream_);
+      launch_float_to_bf16(buffer, scratch, count, comm_stream_.get());
+      const ncclResult_t r = ncclAllReduce(scratch, scratch, count, ncclBfloat16, nccl_op(op),
+                                           raw(), comm_stream_.get());
+      if (r == ncclSuccess) launch_bf16_to_float(scratch, buffer, count, comm_stream_.get());
       return r;
     });
   }
@@ -355,42 +359,44 @@ class NcclCommunicator final : public Communicator {
     return enqueue("reduce_scatter_bf16", count, DataType::kBFloat16, [&] {
       const size_t all = count * static_cast<size_t>(size_);
       uint16_t* block = static_cast<uint16_t*>(scratch) + count * static_cast<size_t>(rank_);
-      launch_float_to_bf16(send, scratch, all, comm_stream_);
-      const ncclResult_t r =
-          ncclReduceScatter(scratch, block, count, ncclBfloat16, nccl_op(op), raw(), comm_stream_);
-      if (r == ncclSuccess) launch_bf16_to_float(block, recv, count, comm_stream_);
+      launch_float_to_bf16(send, scratch, all, comm_stream_.get());
+      const ncclResult_t r = ncclReduceScatter(scratch, block, count, ncclBfloat16, nccl_op(op),
+                                               raw(), comm_stream_.get());
+      if (r == ncclSuccess) launch_bf16_to_float(block, recv, count, comm_stream_.get());
       return r;
     });
   }
   std::unique_ptr<Work> broadcast_async(void* buffer, size_t count, DataType type,
                                         int root) override {
     return enqueue("broadcast", count, type, [&] {
-      return ncclBroadcast(buffer, buffer, count, nccl_type(type), root, raw(), comm_stream_);
+      return ncclBroadcast(buffer, buffer, count, nccl_type(type), root, raw(), comm_stream_.get());
     });
   }
   std::unique_ptr<Work> all_gather_async(const void* send, void* recv, size_t count,
                                          DataType type) override {
     return enqueue("all_gather", count, type, [&] {
-      return ncclAllGather(send, recv, count, nccl_type(type), raw(), comm_stream_);
+      return ncclAllGather(send, recv, count, nccl_type(type), raw(), comm_stream_.get());
     });
   }
   std::unique_ptr<Work> reduce_scatter_async(const void* send, void* recv, size_t count,
                                              DataType type, ReduceOp op) override {
     return enqueue("reduce_scatter", count, type, [&] {
       return ncclReduceScatter(send, recv, count, nccl_type(type), nccl_op(op), raw(),
-                               comm_stream_);
+                               comm_stream_.get());
     });
   }
   void send(const void* buffer, size_t count, DataType type, int peer) override {
-    enqueue("send", count, type,
-            [&] { return ncclSend(buffer, count, nccl_type(type), peer, raw(), comm_stream_); },
-            {{true, const_cast<void*>(buffer), count, type, peer}})
+    enqueue(
+        "send", count, type,
+        [&] { return ncclSend(buffer, count, nccl_type(type), peer, raw(), comm_stream_.get()); },
+        {{true, const_cast<void*>(buffer), count, type, peer}})
         ->wait(timeout_s_);
   }
   void recv(void* buffer, size_t count, DataType type, int peer) override {
-    enqueue("recv", count, type,
-            [&] { return ncclRecv(buffer, count, nccl_type(type), peer, raw(), comm_stream_); },
-            {{false, buffer, count, type, peer}})
+    enqueue(
+        "recv", count, type,
+        [&] { return ncclRecv(buffer, count, nccl_type(type), peer, raw(), comm_stream_.get()); },
+        {{false, buffer, count, type, peer}})
         ->wait(timeout_s_);
   }
   void send_recv(const void* send_buffer, void* recv_buffer, size_t count, DataType type,
@@ -398,8 +404,8 @@ class NcclCommunicator final : public Communicator {
     // Grouped so that NCCL runs both at once.
     enqueue("send_recv", count, type, [&] {
       ncclGroupStart();
-      ncclSend(send_buffer, count, nccl_type(type), send_peer, raw(), comm_stream_);
-      ncclRecv(recv_buffer, count, nccl_type(type), recv_peer, raw(), comm_stream_);
+      ncclSend(send_buffer, count, nccl_type(type), send_peer, raw(), comm_stream_.get());
+      ncclRecv(recv_buffer, count, nccl_type(type), recv_peer, raw(), comm_stream_.get());
       return ncclGroupEnd();
     })->wait(timeout_s_);
   }
@@ -417,9 +423,9 @@ class NcclCommunicator final : public Communicator {
           ncclGroupStart();
           for (const P2pOp& op : ops) {
             if (op.send)
-              ncclSend(op.buffer, op.count, nccl_type(op.type), op.peer, raw(), comm_stream_);
+              ncclSend(op.buffer, op.count, nccl_type(op.type), op.peer, raw(), comm_stream_.get());
             else
-              ncclRecv(op.buffer, op.count, nccl_type(op.type), op.peer, raw(), comm_stream_);
+              ncclRecv(op.buffer, op.count, nccl_type(op.type), op.peer, raw(), comm_stream_.get());
           }
           return ncclGroupEnd();
         },
@@ -427,7 +433,8 @@ class NcclCommunicator final : public Communicator {
   }
   void barrier() override {
     enqueue("barrier", 1, DataType::kFloat32, [&] {
-      return ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, raw(), comm_stream_);
+      return ncclAllReduce(scratch_.data(), scratch_.data(), 1, ncclFloat32, ncclSum, raw(),
+                           comm_stream_.get());
     })->wait(timeout_s_);
   }
   std::unique_ptr<Communicator> split(int color, int key) override {
@@ -524,8 +531,8 @@ class NcclCommunicator final : public Communicator {
     DDP_CHECK(!comm_->aborted(), "{} #{} on an aborted NCCL communicator (group {})", op, seq,
               group_);
     // The communication stream starts after everything queued so far on the compute stream.
-    DDP_CUDA_CHECK(cudaEventRecord(ready_, compute_stream_));
-    DDP_CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, ready_, 0));
+    DDP_CUDA_CHECK(cudaEventRecord(ready_.get(), compute_stream_));
+    DDP_CUDA_CHECK(cudaStreamWaitEvent(comm_stream_.get(), ready_.get(), 0));
     const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                              std::chrono::duration<double>(timeout_s_));
     // Blocks on the host only to connect to a peer for the first time.
@@ -544,7 +551,7 @@ class NcclCommunicator final : public Communicator {
     // every replay: it is never handed to another operation, and lives as long as this
     // communicator.
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    DDP_CUDA_CHECK(cudaStreamIsCapturing(comm_stream_, &capture));
+    DDP_CUDA_CHECK(cudaStreamIsCapturing(comm_stream_.get(), &capture));
     const bool captured = capture != cudaStreamCaptureStatusNone;
     cudaEvent_t done = nullptr;
     if (captured) {
@@ -553,7 +560,7 @@ class NcclCommunicator final : public Communicator {
     } else {
       done = events_->take();
     }
-    DDP_CUDA_CHECK(cudaEventRecord(done, comm_stream_));
+    DDP_CUDA_CHECK(cudaEventRecord(done, comm_stream_.get()));
     return std::make_unique<NcclWork>(comm_, captured ? nullptr : events_, done, describe);
   }
 
@@ -565,9 +572,9 @@ class NcclCommunicator final : public Communicator {
   std::shared_ptr<StoreClient> store_;
   std::string group_;
   cudaStream_t compute_stream_ = nullptr;
-  cudaStream_t comm_stream_ = nullptr;
-  cudaEvent_t ready_ = nullptr;
-  float* scratch_ = nullptr;
+  CudaStream comm_stream_;                                      // NCCL's work
+  CudaEvent ready_;                                             // the compute stream's mark
+  DeviceBuffer<float> scratch_{1, MemoryCategory::kWorkspace};  // the barrier's float
 };
 
 }  // namespace

@@ -140,11 +140,7 @@ bool Trainer::any_rank(bool mine) {
 }
 
 StepStats Trainer::step() {
-  DDP_CHECK(
-      config_.fail_at_step == 0 || config_.restart_count > 0 || step_ + 1 != config_.fail_at_step,
-      "--fail-at-step {}: failing on purpose at step {}", config_.fail_at_step, step_ + 1);
-  if (config_.step_delay_ms > 0)
-    std::this_thread::sleep_for(std::chrono::milliseconds(config_.step_delay_ms));
+  if (before_step_) before_step_(step_ + 1);
   Stopwatch step_clock;
   StepStats stats;
   if (step_ >= planned_end_) plan_steps();

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -29,7 +30,6 @@
 
 namespace ddp {
 
-
 class Trainer {
  public:
   // `data` must outlive the trainer. `comm` (may be null: one process) is the world; with
@@ -42,6 +42,12 @@ class Trainer {
   // started); null: the trainer makes the runner its device and layout need.
   Trainer(const TrainConfig& config, const Dataset& data, Communicator* comm = nullptr,
           std::unique_ptr<StageRunner> runner = nullptr);
+
+  // A fault-injection point that the tests own (ddptrain's --fail-at-step and
+  // --step-delay-ms, engine/setup/faults.h): called with each step's number (1-based) before
+  // the step starts; it may throw, as a failing step would.
+  using StepHook = std::function<void(int64_t step)>;
+  void set_before_step(StepHook hook) { before_step_ = std::move(hook); }
 
   int64_t total_steps() const { return total_steps_; }
   int64_t current_step() const { return step_; }
@@ -130,6 +136,7 @@ class Trainer {
     Checkpoint checkpoint;  // the whole model on rank 0
   };
   PendingCheckpoint pending_;
+  StepHook before_step_;
 };
 
 }  // namespace ddp

@@ -285,7 +285,9 @@ class GpuRunner final : public StageRunner {
 
   ~GpuRunner() override {
     if (weights_read_.valid()) weights_read_.wait();
-    cudaStreamSynchronize(stream_);
+    const cudaError_t error = cudaStreamSynchronize(stream_);
+    if (error != cudaSuccess)
+      spdlog::error("the runner's stream did not drain at the end: {}", cudaGetErrorString(error));
   }
 
   bool on_gpu() const override { return true; }
