@@ -157,10 +157,7 @@ class StageRunner {
   // --zero `level` over `ddp`'s group (engine/sync/zero.h): from now on the runner keeps the
   // optimizer state of its pieces only, updates them from the averaged gradient pieces and
   // all-gathers the parameters; optimizer_state() then gathers (collective over the group).
-  virtual void shard_optimizer(Ddp& ddp, int level) {
-    (void)ddp;
-    throw UsageError(fmt::format("--zero {}: runs on the CPU path only so far", level));
-  }
+  virtual void shard_optimizer(Ddp& ddp, int level) = 0;
   // The stream that Ddp::finish makes wait (GPU), or null.
   virtual void* stream() { return nullptr; }
 
