@@ -1,8 +1,9 @@
 // Pipeline parallelism, the pure parts: which layers each stage owns (balanced by cost, or
 // as the user gives them) and the order of a stage's actions for one step under every
-// schedule (GPipe, 1F1B, pairs, ZB-H1, interleaved 1F1B, ZB-V). Schedules are plain lists, tested on their own (every micro-batch forwarded and
-// backwarded once, sends matching receives, no deadlock, bounded live activations); the
-// trainer runs them (engine/loop/trainer.cpp). The rank layout of dp x pp.
+// schedule (GPipe, 1F1B, pairs, ZB-H1, interleaved 1F1B, ZB-V). Schedules are plain lists, tested
+// on their own (every micro-batch forwarded and backwarded once, sends matching receives, no
+// deadlock, bounded live activations); the trainer runs them (engine/loop/trainer.cpp). The rank
+// layout of dp x pp.
 #pragma once
 
 #include <map>

@@ -19,9 +19,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/config.h"
 #include "engine/loop/checkpoint.h"
 #include "engine/pipeline/schedule.h"
-#include "engine/config.h"
 #include "models/cpu_ops.h"
 #include "models/mlp.h"
 #include "models/safetensors.h"
