@@ -40,6 +40,7 @@ class DeviceParameters {
   // Where the gradient of element `offset` is written (the whole buffer, or its bucket's slot).
   float* grad_at(size_t offset) const;
   bool ringed() const { return ring_.slots > 0; }
+  const GradientRing& ring() const { return ring_; }
   // The slot of bucket b (with a ring).
   float* bucket_grads(size_t bucket) const;
   // Every gradient element set to `value` (autotuning's real values, a test's NaN).

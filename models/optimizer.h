@@ -6,9 +6,13 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ddp {
+
+// Optimizer state (or any named buffers) as host copies: each buffer's name and values.
+using NamedState = std::vector<std::pair<std::string, std::vector<float>>>;
 
 enum class OptimizerKind { kSgd, kAdamW };
 

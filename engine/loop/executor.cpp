@@ -29,36 +29,7 @@ SpanKind span_of(ActionKind kind) {
   }
 }
 
-int cost_index(ActionKind kind) {
-  switch (kind) {
-    case ActionKind::kForward:
-      return 0;
-    case ActionKind::kBackward:
-      return 1;
-    case ActionKind::kBackwardInput:
-      return 2;
-    case ActionKind::kBackwardWeight:
-      return 3;
-    default:
-      return -1;
-  }
-}
-
 }  // namespace
-
-void ComputeCosts::add(ActionKind kind, double s) {
-  const int i = cost_index(kind);
-  if (i < 0) return;
-  seconds[i] += s;
-  ++count[i];
-}
-
-void ComputeCosts::add(const ComputeCosts& other) {
-  for (int i = 0; i < 4; ++i) {
-    seconds[i] += other.seconds[i];
-    count[i] += other.count[i];
-  }
-}
 
 ScheduleExecutor::ScheduleExecutor(std::vector<PipelineAction> actions, const RankStages& stages)
     : actions_(std::move(actions)), stages_(stages) {
@@ -134,7 +105,7 @@ void ScheduleExecutor::run(StageRunner& runner, Ddp* ddp, TimelineRecorder& time
   };
   auto compute_done = [&](ActionKind kind, double seconds) {
     stats->busy_s += seconds;
-    if (!gpu) stats->costs.add(kind, seconds);  // the GPU's host clock times only enqueueing
+    if (!gpu) stats->costs.add(span_of(kind), seconds);  // the GPU's host clock times only enqueueing
   };
   auto loss = [&](ChunkOps& ops, int c, int mb, int slot) {
     if (!stages_.chunks[c].is_last()) return;

@@ -13,19 +13,10 @@
 #include "engine/pipeline/schedule.h"
 #include "engine/runners/stage_runner.h"
 #include "engine/sync/ddp.h"
+#include "engine/telemetry/compute_costs.h"
 #include "engine/telemetry/timeline.h"
 
 namespace ddp {
-
-// A rank's compute by kind of action (forward, backward, its input half, its weight half),
-// as the host's clock measured it (the CPU; the GPU's runner reports busy time only).
-struct ComputeCosts {
-  double seconds[4] = {0, 0, 0, 0};
-  int64_t count[4] = {0, 0, 0, 0};
-  void add(ActionKind kind, double s);
-  void add(const ComputeCosts& other);
-  bool measured() const { return count[0] > 0; }
-};
 
 struct StepStats {
   double loss_sum = 0;  // summed over this rank's samples of the step

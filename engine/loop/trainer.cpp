@@ -154,7 +154,7 @@ StepStats Trainer::step() {
     });
     ++step_;
     stats.busy_s = runner_->last_busy_s();
-    runner_->last_costs(stats.costs.seconds, stats.costs.count);  // the device's, by kind
+    runner_->last_costs(&stats.costs);  // the device's, by kind
     if (timeline_.on()) runner_->add_device_spans(timeline_, step_);
     stats.step_s = step_clock.seconds();
     return stats;

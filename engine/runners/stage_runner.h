@@ -20,10 +20,12 @@
 #include "engine/config.h"
 #include "engine/pipeline/schedule.h"
 #include "engine/sync/ddp.h"
+#include "engine/telemetry/compute_costs.h"
 #include "engine/telemetry/timeline.h"
 #include "models/cpu_ops.h"
 #include "models/dataset.h"
 #include "models/mlp.h"
+#include "models/optimizer.h"
 #include "runtime/error.h"
 
 namespace ddp {
@@ -84,8 +86,6 @@ std::vector<float> initial_weights(const TrainConfig& config, const MlpShape& sh
 
 // The buckets' options of a stage's data parallelism (--zero 3: a bucket a layer).
 DdpOptions stage_ddp_options(const TrainConfig& config);
-
-using NamedState = std::vector<std::pair<std::string, std::vector<float>>>;
 
 // What one stage does with one micro-batch: its transfers, forward, loss and backward
 // (activations kept in slots). The executor asks the rank's runner for each stage's
@@ -201,10 +201,9 @@ class StageRunner {
   // The device's compute time (forwards and backwards) of the last step, in seconds, or -1
   // when the host's clock measured it (the CPU).
   virtual double last_busy_s() const { return -1; }
-  // The same by kind (forward, backward, its input half, its weight half): seconds and counts
-  // added to `seconds` and `counts`; false where the host's clock measured them (the CPU).
-  virtual bool last_costs(double seconds[4], int64_t counts[4]) const {
-    (void)seconds, (void)counts;
+  // The same by kind, added to `costs`; false where the host's clock measured them (the CPU).
+  virtual bool last_costs(ComputeCosts* costs) const {
+    (void)costs;
     return false;
   }
   // The device's spans of the last step (forwards and backwards, from its events) into

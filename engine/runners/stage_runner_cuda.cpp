@@ -16,25 +16,24 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cmath>
 #include <future>
 #include <memory>
 #include <optional>
 
 #include <spdlog/spdlog.h>
 
+#include "engine/runners/fused_step.h"
 #include "engine/runners/optimizer_overlap.h"
 #include "engine/runners/stage_runner.h"
 #include "engine/runners/step_watchdog.h"
 #include "engine/sync/ddp.h"
 #include "engine/sync/ddp_device.h"
-#include "engine/sync/gradient_ring.h"
-#include "engine/sync/layer_gathers.h"
+#include "engine/sync/zero_device.h"
+#include "engine/telemetry/busy_spans.h"
 #include "engine/telemetry/gpu_timeline.h"
 #include "engine/telemetry/timeline.h"
 #include "models/autotune_cache.h"
 #include "models/batch_feeder.h"
-#include "models/fused_mlp.h"
 #include "models/mlp_stage_cuda.h"
 #include "runtime/cuda_check.h"
 #include "runtime/error.h"
@@ -44,32 +43,6 @@
 namespace ddp {
 
 namespace {
-
-// The fused whole step is used only where one step's update (relative L2 distance over the
-// whole flat buffer) agrees with the usual step's within this: about the usual step's own
-// distance from the CPU's in each precision, so that choosing it never moves a run further
-// from the reference than the usual step already is. fp32: products summed in another
-// order, 1e-4 over a whole update; tf32: 10-bit mantissa products, 3e-2; bf16: 8-bit, 6e-2.
-double fused_step_tolerance(Precision precision) {
-  switch (precision) {
-    case Precision::kFp32:
-      return 1e-4;
-    case Precision::kTf32:
-      return 3e-2;
-    default:
-      return 6e-2;
-  }
-}
-
-// Inside a capture, an event recorded as an external node is recorded at every replay.
-void record(cudaEvent_t event, cudaStream_t stream) {
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  DDP_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  if (capture == cudaStreamCaptureStatusNone)
-    DDP_CUDA_CHECK(cudaEventRecord(event, stream));
-  else
-    DDP_CUDA_CHECK(cudaEventRecordWithFlags(event, stream, cudaEventRecordExternal));
-}
 
 // `tuned`: --autotune applies (the whole model: its training batch is slot 0's max_batch).
 CudaStageOptions stage_options(const TrainConfig& config, bool tuned) {
@@ -85,33 +58,28 @@ CudaStageOptions stage_options(const TrainConfig& config, bool tuned) {
   return options;
 }
 
-// --zero 2 and 3's gradient ring (engine/sync/gradient_ring.h) as the device memory of the
-// buckets Ddp will cut (the same plan from the same flags), or none.
-GradientRing gradient_ring(const StageSpec& spec, const TrainConfig& config, int stages_on_rank) {
-  if (config.zero < 2 ||
-      !gradient_ring_applies(stages_on_rank, spec.micro_batches, config.overlap, spec.replicas))
-    return {};
-  std::vector<ParamSpan> spans;
-  for (int i = spec.first; i < spec.end; ++i)
-    spans.push_back(
-        {spec.shape.layer(i).weight_offset - spec.param_offset(), spec.shape.layer(i).count()});
-  const std::vector<Bucket> buckets = plan_buckets(spans, stage_ddp_options(config));
-  const size_t slot =
-      gradient_ring_slot(buckets, spec.replicas, kDeviceShardAlign, spec.param_count());
-  if (slot == 0) return {};
-  GradientRing ring;
-  for (const Bucket& b : buckets)
-    ring.buckets.emplace_back(b.offset, b.count);
-  ring.slot_floats = slot;
-  ring.slots = kGradientRingSlots;
-  return ring;
+// What decides the stage's gradient ring and ZeRO's memory.
+RingLayout ring_layout(const StageSpec& spec, const TrainConfig& config, int stages_on_rank) {
+  RingLayout layout;
+  layout.zero = config.zero;
+  layout.buckets = stage_ddp_options(config);
+  layout.overlap = config.overlap;
+  layout.stages_on_rank = stages_on_rank;
+  layout.micro_batches = spec.micro_batches;
+  layout.replicas = spec.replicas;
+  return layout;
 }
 
 // The same, with the stage's gradient ring.
 CudaStageOptions stage_options(const StageSpec& spec, const TrainConfig& config, bool tuned,
                                int stages_on_rank) {
   CudaStageOptions options = stage_options(config, tuned);
-  options.gradient_ring = gradient_ring(spec, config, stages_on_rank);
+  std::vector<ParamSpan> layers;
+  for (int i = spec.first; i < spec.end; ++i)
+    layers.push_back(
+        {spec.shape.layer(i).weight_offset - spec.param_offset(), spec.shape.layer(i).count()});
+  options.gradient_ring =
+      device_gradient_ring(layers, spec.param_count(), ring_layout(spec, config, stages_on_rank));
   return options;
 }
 
@@ -290,11 +258,8 @@ class GpuRunner final : public StageRunner {
     act_type_ = front.bf16() ? DataType::kBFloat16 : DataType::kFloat32;
     if (!alone_) {
       // Each stage's micro-batches' forward and backward, or backward's two halves.
-      for (size_t i = 0; i < 3 * spec_.micro_batches * chunks_.size(); ++i) {
-        busy_start_.push_back(std::make_unique<CudaEvent>(true));
-        busy_end_.push_back(std::make_unique<CudaEvent>(true));
-      }
-      busy_what_.resize(busy_start_.size());
+      busy_ = std::make_unique<DeviceBusySpans>(stream_,
+                                                3 * spec_.micro_batches * chunks_.size());
     }
     model_s_ = clock_.seconds();
   }
@@ -409,101 +374,43 @@ class GpuRunner final : public StageRunner {
   }
 
   void shard_optimizer(Ddp& ddp, int level) override {
-    cudaStream_t s = stream_;
-    Ddp::DeviceMemory memory;
-    memory.allocate = [this](size_t floats) {
-      zero_buffers_.emplace_back(floats, MemoryCategory::kGradients);
-      return zero_buffers_.back().data();
-    };
-    memory.copy = [s](float* dst, const float* src, size_t floats) {
-      DDP_CUDA_CHECK(
-          cudaMemcpyAsync(dst, src, floats * sizeof(float), cudaMemcpyDeviceToDevice, s));
-    };
-    memory.zero = [s](float* dst, size_t floats) {
-      DDP_CUDA_CHECK(cudaMemsetAsync(dst, 0, floats * sizeof(float), s));
-    };
-    DeviceParameters& weights = *weights_;
-    const GradientRing ring =
-        gradient_ring(spec_, config_, static_cast<int>(stages_.chunks.size()));
-    if (weights.ringed()) {
-      memory.ring_slots = ring.slots;
-      memory.slot_floats = ring.slot_floats;
-      memory.bucket_grads = [&weights](size_t bucket) { return weights.bucket_grads(bucket); };
-      memory.stream = s;
+    DDP_CHECK(level == config_.zero, "--zero {}: asked to shard at level {}", config_.zero, level);
+    zero_ = std::make_unique<DeviceZero>(
+        ddp, ring_layout(spec_, config_, static_cast<int>(stages_.chunks.size())), *weights_,
+        stages_.layer_spans(), stream_, lead_);
+    zero_->set_wait([this] { wait_stream(); });
+    if (!zero_->shards_parameters()) return;
+    int base = 0;  // the chunk's first layer among the rank's
+    for (auto& chunk : chunks_) {
+      const int first = chunk->spec().first;
+      chunk->stage().set_layer_hook([this, base, first](int layer, int next) {
+        zero_->use_layer(base + layer - first, next < 0 ? -1 : base + next - first);
+      });
+      base += chunk->spec().end - first;
     }
-    ddp.shard(level, &memory);
-    weights.shard_optimizer(ddp.shards().shard_count);
-    zero_ = &ddp;
-    if (level == 3) shard_parameters(ddp);
-    if (level < 2 || !lead_) return;
-    const auto mib = [](size_t floats) { return floats * sizeof(float) / 1048576.0; };
-    if (weights.ringed())
-      spdlog::info(
-          "zero {}: the gradients in {} bucket slots of {:.1f} MiB and this rank's averaged "
-          "pieces ({:.1f} MiB), not one buffer of {:.1f} MiB",
-          level, ring.slots, mib(ring.slot_floats), mib(ddp.shards().shard_count),
-          mib(stages_.param_count()));
-    else
-      spdlog::info(
-          "zero {}: the whole gradient buffer stays, backward's workspace ({}); the buckets are "
-          "reduce-scattered in place",
-          level,
-          spec_.micro_batches > 1 ? "it accumulates over micro-batches"
-          : !config_.overlap      ? "--no-overlap"
-                                  : "a ring of bucket slots would hold as much");
   }
 
   std::vector<float> get_params() override {
     wait_idle();
+    if (zero_) return zero_->params(stages_.param_count());
     std::vector<float> host(stages_.param_count());
-    if (zero3_) {  // every rank's pieces gathered (collective over the data-parallel group)
-      forget_gathers();
-      DeviceBuffer<float> whole(host.size(), MemoryCategory::kOther);
-      zero_->gather_shards(weights_->shard_params(), whole.data(), stream_);
-      DDP_CUDA_CHECK(cudaMemcpyAsync(host.data(), whole.data(), whole.bytes(),
-                                     cudaMemcpyDeviceToHost, stream_));
-      wait_stream();
-      return host;
-    }
     weights_->get(host.data());
     return host;
   }
   void set_params(const float* host) override {
-    if (!zero3_) return weights_->set(host);
-    std::vector<float> mine(zero_->shards().shard_count);  // this rank's pieces
-    zero_->take_shard(host, mine.data());
-    forget_gathers();
-    DDP_CUDA_CHECK(cudaMemcpyAsync(weights_->shard_params(), mine.data(),
-                                   mine.size() * sizeof(float), cudaMemcpyHostToDevice, stream_));
-    DDP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    if (zero_) return zero_->set_params(host);
+    weights_->set(host);
   }
   NamedState optimizer_state() override {
     wait_idle();
-    if (zero_ == nullptr) return weights_->optimizer_state();
-    // Every rank's pieces of each state buffer, gathered on the device (collective over the
-    // data-parallel group), then copied out.
-    NamedState state;
-    DeviceBuffer<float> whole(stages_.param_count(), MemoryCategory::kOther);
-    for (const auto& [name, shard] : weights_->optimizer().buffers()) {
-      zero_->gather_shards(shard, whole.data(), stream_);
-      state.emplace_back(name, std::vector<float>(whole.count()));
-      DDP_CUDA_CHECK(cudaMemcpyAsync(state.back().second.data(), whole.data(), whole.bytes(),
-                                     cudaMemcpyDeviceToHost, stream_));
-      wait_stream();
-    }
-    return state;
+    if (zero_) return zero_->optimizer_state(stages_.param_count());
+    return weights_->optimizer_state();
   }
   void set_optimizer_state(const NamedState& state, int64_t steps) override {
-    if (zero_ == nullptr) {
+    if (zero_)
+      zero_->set_optimizer_state(state);
+    else
       weights_->set_optimizer_state(state);
-    } else {
-      NamedState mine;  // this rank's pieces
-      for (const auto& [name, values] : state) {
-        mine.emplace_back(name, std::vector<float>(zero_->shards().shard_count));
-        zero_->take_shard(values.data(), mine.back().second.data());
-      }
-      weights_->set_optimizer_state(mine);
-    }
     optimizer_steps_ = steps;
   }
   int64_t optimizer_steps() const override { return optimizer_steps_; }
@@ -525,13 +432,8 @@ class GpuRunner final : public StageRunner {
     chunk_first_ = first_step;
     chunk_end_ = first_step + steps;
     feeder_->upload_schedule(indices, opt_steps_.data(), steps);
-    if (!alone_) {
-      busy_marks_ = 0;
-      // The stream is idle (the previous step was waited for): this event is placed at the
-      // host's clock now, and every event of the step is placed from it.
-      anchor_us_ = TimelineRecorder::now_us();
-      DDP_CUDA_CHECK(cudaEventRecord(anchor_.get(), stream_));
-    }
+    // The stream is idle (the previous step was waited for): the spans' anchor.
+    if (busy_) busy_->step_begins();
   }
 
   void end_schedule() override {
@@ -548,10 +450,8 @@ class GpuRunner final : public StageRunner {
     // --zero 3: a gather still reading the pieces (a prefetch nobody used) is done before the
     // update writes them, and none is left past the step (nor past its capture).
     forget_gathers();
-    if (fused_)
-      fused_->run(fused_io_, stream_);
-    else if (zero_ != nullptr)
-      step_shards();
+    if (zero_)
+      zero_->step(feeder_->steps(), feeder_->counter());
     else if (own_weights_ && !overlapped_)
       own_weights_->update(0, own_weights_->count(), feeder_->steps(), feeder_->counter(), stream_);
     else if (!overlapped_)
@@ -575,14 +475,17 @@ class GpuRunner final : public StageRunner {
     if (feeder_->host_staged())
       feeder_->stage_batch(chunk_indices_.data() + static_cast<size_t>(step - chunk_first_) *
                                                        spec_.micro_batches * spec_.batch);
-    const StepGraph::Ran ran = graph_.run(
-        stream_, config_.cuda_graph && !config_.sync_debug && !feeder_->host_staged(), enqueue);
+    // The step: the schedule's actions as `enqueue` runs them, or the fused step instead.
+    const std::function<void()> fused = [this] { fused_->run(); };
+    const StepGraph::Ran ran =
+        graph_.run(stream_, config_.cuda_graph && !config_.sync_debug && !feeder_->host_staged(),
+                   fused_ ? fused : enqueue);
     if (ran == StepGraph::Ran::kCaptured) {
-      captured_marks_ = busy_marks_;
+      if (busy_) busy_->captured();
       if (!alone_ && spec_.stage == 0) spdlog::info("pipeline step captured in a CUDA graph");
       if (alone_ && lead_) spdlog::info("step captured in a CUDA graph; replayed from now on");
     } else if (ran == StepGraph::Ran::kReplayed) {
-      busy_marks_ = captured_marks_;  // its events, recorded again by the replay
+      if (busy_) busy_->replayed();  // its events, recorded again by the replay
     }
     ++optimizer_steps_;  // the step's optimizer, replayed or not
     last_step_ = step + 1;
@@ -600,30 +503,13 @@ class GpuRunner final : public StageRunner {
   }
   void add_device_spans(TimelineRecorder& timeline, int64_t step) override {
     if (timeline_) timeline_->step_ends(timeline, step);
-    for (int i = 0; i < busy_marks_; ++i)
-      timeline.add(busy_what_[i].kind, step, busy_what_[i].micro_batch, at(*busy_start_[i]),
-                   at(*busy_end_[i]), 0, chunks_.size() > 1 ? busy_what_[i].stage : -1);
+    if (busy_) busy_->add_to(timeline, step, chunks_.size() > 1);
   }
-  double last_busy_s() const override {
-    if (alone_) return -1;  // the host's clock times the whole model's step
-    double seconds[4] = {0, 0, 0, 0};
-    int64_t counts[4] = {0, 0, 0, 0};
-    last_costs(seconds, counts);
-    return seconds[0] + seconds[1] + seconds[2] + seconds[3];
-  }
-  bool last_costs(double seconds[4], int64_t counts[4]) const override {
-    if (alone_) return false;
-    for (int i = 0; i < busy_marks_; ++i) {
-      float ms = 0;
-      DDP_CUDA_CHECK(cudaEventElapsedTime(&ms, busy_start_[i]->get(), busy_end_[i]->get()));
-      const SpanKind kind = busy_what_[i].kind;
-      const int k = kind == SpanKind::kForward         ? 0
-                    : kind == SpanKind::kBackward      ? 1
-                    : kind == SpanKind::kBackwardInput ? 2
-                                                       : 3;
-      seconds[k] += ms / 1e3;
-      ++counts[k];
-    }
+  // The whole model's step is timed by the host's clock; a pipeline stage's by its events.
+  double last_busy_s() const override { return busy_ ? busy_->costs().total_seconds() : -1; }
+  bool last_costs(ComputeCosts* costs) const override {
+    if (!busy_) return false;
+    costs->add(busy_->costs());
     return true;
   }
   LossSum take_loss() override {
@@ -646,7 +532,8 @@ class GpuRunner final : public StageRunner {
             stages_.has_first() ? eval_.x.data() + static_cast<size_t>(at) * split.dim : nullptr,
             stages_.has_last() ? eval_.y.data() + at : nullptr, n, act_type_);
     }
-    if (zero3_) match_gathers(split.n, (end - begin + chunk - 1) / chunk, chunk);
+    if (zero_ && zero_->shards_parameters())
+      match_gathers(split.n, (end - begin + chunk - 1) / chunk, chunk);
     wait_stream();
     forget_gathers();
     return chunks_.back()->stage().take_sums(true);
@@ -744,78 +631,6 @@ class GpuRunner final : public StageRunner {
     // not wait for them); with it, once every bucket is issued (end_schedule).
     if (overlapped_ && ddp_ == nullptr) overlapped_->apply_rest();
   }
-  // --zero: this rank's pieces updated from their averaged gradients, then every rank's
-  // pieces gathered into the whole parameters (and their bf16 copy made again), all on the
-  // stream and so inside the captured step.
-  void step_shards() {
-    cudaStream_t s = stream_;
-    const ShardPlan& plan = zero_->shards();
-    for (size_t b = 0; b < plan.parts.size(); ++b) {
-      const ShardPart& p = plan.parts[b];
-      if (p.count > 0)
-        weights_->update_piece(p.offset, zero_->reduced_piece(b), p.shard_at, p.count,
-                               feeder_->steps(), feeder_->counter(), s);
-    }
-    if (zero3_) return;  // the pieces are the parameters: the next uses gather them
-    zero_->gather_in_place(weights_->params(), s);
-    weights_->to_low_precision(s);
-  }
-  // --zero 3: the parameters become this rank's pieces (a bucket a layer) and two gather
-  // slots; every use of a layer's parameters gathers them into slot layer % 2 on the data-
-  // parallel communicator's stream, the compute stream waiting for it, and the pass's next
-  // layer is gathered meanwhile into the other slot. What a slot holds is known within a step
-  // (a layer used twice in a row is gathered once) and forgotten at each step's start, so that
-  // every step, the captured one too, makes the same gathers.
-  void shard_parameters(Ddp& ddp) {
-    const ShardPlan& plan = ddp.shards();
-    const std::vector<Bucket>& buckets = ddp.buckets();
-    const std::vector<std::pair<size_t, size_t>> spans = stages_.layer_spans();
-    std::vector<ParamSpan> layers;
-    for (const auto& [offset, count] : spans)
-      layers.push_back({offset, count});
-    bucket_of_layer_ = layer_buckets(buckets, layers);
-    size_t slot = 0;
-    std::vector<DeviceParameters::Piece> pieces;
-    for (size_t b = 0; b < buckets.size(); ++b) {
-      slot = std::max(slot, plan.parts[b].piece * static_cast<size_t>(plan.ranks));
-      pieces.push_back({plan.parts[b].offset, plan.parts[b].shard_at, plan.parts[b].count});
-    }
-    weights_->shard_parameters(spans, pieces, plan.shard_count, slot);
-    int base = 0;  // the chunk's first layer among the rank's
-    for (auto& chunk : chunks_) {
-      const int first = chunk->spec().first;
-      chunk->stage().set_layer_hook([this, base, first](int layer, int next) {
-        use_layer(base + layer - first, next < 0 ? -1 : base + next - first);
-      });
-      base += chunk->spec().end - first;
-    }
-    gathering_.clear();
-    gathering_.resize(spans.size());
-    gathers_ = std::make_unique<LayerGathers>(static_cast<int>(spans.size()));
-    zero3_ = true;
-    if (lead_)
-      spdlog::info(
-          "zero 3: this rank holds its {:.1f} MiB of the {:.1f} MiB of parameters and two "
-          "gather slots of {:.1f} MiB (a layer's, gathered for each use, the next one meanwhile)",
-          plan.shard_count * sizeof(float) / 1048576.0,
-          stages_.param_count() * sizeof(float) / 1048576.0, slot * sizeof(float) / 1048576.0);
-  }
-  // Layer `layer`'s parameters in its slot before the stream reads them; `next` (the pass's
-  // next layer, or -1) on its way into the other (engine/sync/layer_gathers.h decides).
-  void use_layer(int layer, int next) { carry_out(gathers_->use(layer, next)); }
-  void carry_out(const std::vector<LayerGathers::Action>& actions) {
-    for (const LayerGathers::Action& a : actions) {
-      std::unique_ptr<Work>& work = gathering_[a.layer];
-      if (a.kind == LayerGathers::Kind::kGather) {
-        work = zero_->gather_bucket_async(bucket_of_layer_[a.layer], weights_->shard_params(),
-                                          weights_->layer_slot(a.layer));
-        continue;
-      }
-      wait_for(&work, stream_);
-      if (a.kind == LayerGathers::Kind::kUse)
-        weights_->layer_to_low_precision(static_cast<size_t>(a.layer), stream_);
-    }
-  }
   // --zero 3, evaluation: the replicas' shares of `samples` (Trainer::evaluate_shards) may take
   // one chunk more or less, and every chunk's forward gathers every layer (collectives over the
   // data-parallel group); this replica, having forwarded `mine` chunks, gathers as a forward
@@ -827,18 +642,13 @@ class GpuRunner final : public StageRunner {
       const int64_t n = samples * (r + 1) / replicas - samples * r / replicas;
       most = std::max(most, (n + chunk - 1) / chunk);
     }
-    for (int64_t k = mine; k < most; ++k) {
-      int base = 0;
-      for (const auto& c : chunks_) {
-        const int layers = c->spec().end - c->spec().first;
-        for (int i = 0; i < layers; ++i)
-          use_layer(base + i, i + 1 < layers ? base + i + 1 : -1);
-        base += layers;
-      }
-    }
+    std::vector<int> layers;  // of each stage of the rank
+    for (const auto& c : chunks_)
+      layers.push_back(c->spec().end - c->spec().first);
+    if (most > mine) zero_->gather_as_forwards(most - mine, layers);
   }
   void forget_gathers() {
-    if (gathers_) carry_out(gathers_->forget());
+    if (zero_) zero_->forget_gathers();
   }
   void wait_idle() {
     if (watchdog_) watchdog_->wait_idle();
@@ -895,7 +705,20 @@ class GpuRunner final : public StageRunner {
     if (!config_.timeline.empty() && alone_)
       timeline_ = std::make_unique<GpuTimeline>(stream_, spec_.shape.num_layers(),
                                                 ddp_ ? ddp_->buckets().size() : 0);
-    if (config_.fused_step || config_.autotune) set_up_fused_step();
+    FusedStepSetting fused;
+    fused.config = &config_;
+    fused.spec = &spec_;
+    fused.stage = &chunks_.front()->stage();
+    fused.feeder = feeder_.get();
+    fused.stream = stream_;
+    fused.optimizer_steps = optimizer_steps_;
+    fused.train_rows = train_rows_;
+    fused.lead = lead_;
+    fused.whole_model = alone_;
+    fused.data_parallel = ddp_ != nullptr;
+    fused.overlapped = overlapped_ != nullptr;
+    fused.timeline = timeline_ != nullptr;
+    fused_ = FusedStep::choose(fused);
     if (!lead_ || !alone_) return;
     spdlog::info("optimizer {}",
                  fused_ ? std::string("in the fused step")
@@ -908,218 +731,14 @@ class GpuRunner final : public StageRunner {
     if (!ddp_ && config_.grad_reduce == GradReduce::kBf16)
       spdlog::warn("--grad-reduce bf16: one process and no --backend, so nothing is reduced");
   }
-  // --fused-step or --autotune: where the whole model's step fits one kernel
-  // (models/fused_mlp.h), it is run once on one batch from the current weights and optimizer
-  // state beside the usual step, both are timed (20 replays of each in a CUDA graph),
-  // everything is put back, and the fused step is used when its update agrees with the usual
-  // one's within the GPU tests' tolerance against the CPU and, with --autotune alone, when it
-  // is also faster; the log says which (with both times), or why not (with --autotune alone,
-  // only once the trial ran).
-  void set_up_fused_step() {
-    const bool asked = config_.fused_step;
-    const std::string flag = asked ? "--fused-step" : "--autotune: the fused step";
-    bool tried = false;
-    const auto not_used = [&](const std::string& why) {
-      if (lead_ && (asked || tried)) spdlog::info("{}: not used: {}", flag, why);
-    };
-    std::string why;
-    if (!alone_ || ddp_ != nullptr)
-      return not_used("one GPU's whole model only (no data or pipeline parallelism)");
-    if (spec_.micro_batches > 1) return not_used("one micro-batch a step only (not --accumulate)");
-    if (feeder_->host_staged()) return not_used("the training split must fit on the GPU");
-    if (overlapped_ || timeline_) return not_used("not with --overlap-optimizer or --timeline");
-    if (!fused_step_fits(spec_.shape, spec_.batch, config_.optimizer, &why))
-      return not_used("it does not take " + why);
-    tried = true;
-    std::unique_ptr<FusedMlpStep> fused;
-    const auto make = [&](int blocks) {
-      fused = std::make_unique<FusedMlpStep>(spec_.shape, spec_.batch, config_.precision,
-                                             config_.optimizer, blocks);
-    };
-    CudaStage& stage = chunks_.front()->stage();
-    const int batch = spec_.batch;
-    const size_t count = weights_->count();
-    // One batch (the split's first samples), at the optimizer's next step.
-    std::vector<int32_t> rows(batch);
-    for (int i = 0; i < batch; ++i)
-      rows[i] = static_cast<int32_t>(i % std::max<int64_t>(1, train_rows_));
-    DeviceBuffer<int32_t> indices(batch, MemoryCategory::kOther);
-    copy_to_device(indices.data(), rows.data(), indices.bytes());
-    const OptStep scalars = optimizer_scalars(config_.optimizer, config_.lr, optimizer_steps_);
-    DeviceBuffer<OptStep> steps(1, MemoryCategory::kOther);
-    copy_to_device(steps.data(), &scalars, sizeof(scalars));
-    float* momentum = momentum_buffer();
-    DeviceBuffer<float> saved(count, MemoryCategory::kOther);
-    DeviceBuffer<float> saved_momentum(momentum != nullptr ? count : 0, MemoryCategory::kOther);
-    const auto copy = [&](float* to, const float* from) {
-      DDP_CUDA_CHECK(
-          cudaMemcpyAsync(to, from, count * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
-    };
-    copy(saved.data(), weights_->params());
-    if (momentum != nullptr) copy(saved_momentum.data(), momentum);
-    const auto put_back = [&] {
-      copy(weights_->params(), saved.data());
-      if (momentum != nullptr) copy(momentum, saved_momentum.data());
-      weights_->to_low_precision(stream_);
-    };
-    const auto usual = [&] {
-      stage.gather(feeder_->train_x(), feeder_->train_y(), spec_.shape.input_width(),
-                   indices.data(), nullptr, batch, batch, 0);
-      stage.forward(0, batch);
-      stage.loss(0, batch, 1.0f / static_cast<float>(batch));
-      stage.backward(0, batch, false);
-      stage.optimizer_step(steps.data(), nullptr);
-    };
-    const FusedStepIo io = fused_io(indices.data(), nullptr, steps.data());
-    const auto one = [&] { fused->run(io, stream_); };
-    // The update each makes from the same weights, against the weights before it.
-    const auto update = [&](const std::function<void()>& step) {
-      step();
-      std::vector<float> after(count), before(count);
-      DDP_CUDA_CHECK(cudaMemcpyAsync(after.data(), weights_->params(), count * sizeof(float),
-                                     cudaMemcpyDeviceToHost, stream_));
-      DDP_CUDA_CHECK(cudaMemcpyAsync(before.data(), saved.data(), count * sizeof(float),
-                                     cudaMemcpyDeviceToHost, stream_));
-      DDP_CUDA_CHECK(cudaStreamSynchronize(stream_));
-      put_back();
-      for (size_t i = 0; i < count; ++i)
-        after[i] -= before[i];
-      return after;
-    };
-    // --autotune alone: the choice of an earlier run on this GPU, model and precision (whether
-    // to use the fused step, and its grid), if kept.
-    const std::string cache = asked ? std::string() : autotune_cache_path(config_.cache_dir);
-    const std::string key = fused_cache_key();
-    const std::optional<std::vector<int>> cached =
-        cache.empty() ? std::nullopt : load_autotune(cache, key);
-    const std::vector<int> grids = FusedMlpStep::grids(config_.precision);
-    const bool from_cache = cached && cached->size() == 2 &&
-                            std::find(grids.begin(), grids.end(), (*cached)[1]) != grids.end();
-    std::vector<float> want, got;
-    double usual_us = 0, fused_us = 0;
-    int grid = from_cache ? (*cached)[1] : 0;  // 0: FusedMlpStep's default
-    try {
-      want = update(usual);
-      if (!asked && !from_cache) {
-        // --autotune: the fastest of the grids the GPU can hold (the splits follow the grid).
-        fused_us = INFINITY;
-        for (int blocks : grids) {
-          make(blocks);
-          const double us = time_steps_us(stream_, 50, true, one);
-          if (us < fused_us) fused_us = us, grid = blocks;
-        }
-        put_back();
-      }
-      make(grid);
-      got = update(one);
-      if (!from_cache) {
-        usual_us = time_steps_us(stream_, 50, true, usual);
-        if (asked) fused_us = time_steps_us(stream_, 50, true, one);
-      }
-    } catch (const Error& e) {
-      // A launch or capture the GPU refused: the capture ended, the weights put back.
-      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-      if (cudaStreamIsCapturing(stream_, &capture) == cudaSuccess &&
-          capture != cudaStreamCaptureStatusNone) {
-        cudaGraph_t broken = nullptr;
-        cudaStreamEndCapture(stream_, &broken);
-        if (broken != nullptr) cudaGraphDestroy(broken);
-      }
-      cudaGetLastError();
-      put_back();
-      stage.take_sums(false);
-      return not_used(std::string("it failed on this GPU: ") + e.what());
-    }
-    double diff = 0, norm = 0;
-    for (size_t i = 0; i < count; ++i) {
-      diff += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
-      norm += double(want[i]) * want[i];
-    }
-    const double error = std::isfinite(diff) ? std::sqrt(diff / std::max(norm, 1e-30)) : INFINITY;
-    const double tolerance = fused_step_tolerance(config_.precision);
-    put_back();
-    stage.take_sums(false);  // the trial's loss sums, not training's
-    if (!(error <= tolerance))
-      return not_used(fmt::format(
-          "its update differs from the usual step's by {:.3g} (tolerance {:.0e}); the usual step",
-          error, tolerance));
-    const std::string times =
-        from_cache ? fmt::format(
-                         "the choice kept in {}, its update within {:.2g} of the usual "
-                         "step's",
-                         cache, error)
-                   : fmt::format(
-                         "{:.1f} us a step against {:.1f} us for the usual one, its "
-                         "update within {:.2g} of it",
-                         fused_us, usual_us, error);
-    const bool faster = from_cache ? (*cached)[0] == 1 : fused_us < usual_us;
-    if (!asked && !from_cache && !cache.empty()) {
-      const std::string failed = save_autotune(cache, key, {faster ? 1 : 0, fused->blocks()});
-      if (!failed.empty() && lead_)
-        spdlog::warn("--autotune: the fused step's choice was not kept: {}", failed);
-    }
-    if (!asked && !faster) return not_used(times + "; the usual step");
-    fused_ = std::move(fused);
-    fused_io_ = fused_io(feeder_->indices(), feeder_->counter(), feeder_->steps());
-    if (lead_)
-      spdlog::info(
-          "{}: the whole step as one kernel ({} blocks, products split up to {} ways "
-          "along k), {}; used",
-          flag, fused_->blocks(), fused_->most_splits(), times);
-  }
-  // What the fused step's choice depends on: the GPU, the model, the batch and the precision.
-  std::string fused_cache_key() const {
-    int device = 0;
-    DDP_CUDA_CHECK(cudaGetDevice(&device));
-    cudaDeviceProp prop{};
-    DDP_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
-    return fmt::format("fused step v3 | {} sm_{}{} | layers {} | batch {} | {}", prop.name,
-                       prop.major, prop.minor, spec_.shape.to_string(), spec_.batch,
-                       precision_name(config_.precision));
-  }
-  // What the fused step reads and writes: the rank's buffers and the given schedule.
-  FusedStepIo fused_io(const int32_t* indices, const int* counter, const OptStep* steps) const {
-    CudaStage& stage = chunks_.front()->stage();
-    FusedStepIo io;
-    io.x = feeder_->train_x();
-    io.y = feeder_->train_y();
-    io.indices = indices;
-    io.counter = counter;
-    io.stride = spec_.batch;
-    io.params = weights_->params();
-    io.grads = weights_->grads();
-    io.momentum = momentum_buffer();
-    io.params16 = weights_->params16();
-    io.steps = steps;
-    io.loss_sum = stage.training_loss_sum();
-    io.correct = stage.training_hits();
-    return io;
-  }
-  float* momentum_buffer() const {
-    for (const auto& [name, buffer] : weights_->optimizer().buffers())
-      if (name == "momentum") return buffer;
-    return nullptr;
-  }
   void busy_begin(SpanKind kind, int micro, int stage) {
-    if (alone_) return;
-    busy_what_[busy_marks_] = {kind, micro, stage};
-    record(busy_start_[busy_marks_]->get(), stream_);
+    if (busy_) busy_->begin(kind, micro, stage);
   }
   void busy_end() {
-    if (!alone_) record(busy_end_[busy_marks_++]->get(), stream_);
-  }
-  double at(const CudaEvent& event) const {
-    float ms = 0;
-    DDP_CUDA_CHECK(cudaEventElapsedTime(&ms, anchor_.get(), event.get()));
-    return anchor_us_ + 1e3 * static_cast<double>(ms);
+    if (busy_) busy_->end();
   }
 
   friend class GpuChunk;
-  struct BusySpan {
-    SpanKind kind;
-    int micro_batch;
-    int stage;
-  };
 
   RankStages stages_;
   StageSpec spec_;  // the first of them
@@ -1143,12 +762,7 @@ class GpuRunner final : public StageRunner {
   DeviceSplit eval_;  // the split evaluated: features on the first stage, labels on the last
   const Split* eval_split_ = nullptr;
   Ddp* ddp_ = nullptr;
-  Ddp* zero_ = nullptr;                            // --zero: ddp_, sharding the optimizer
-  bool zero3_ = false;                             // --zero 3: the parameters sharded too
-  std::vector<size_t> bucket_of_layer_;            // the rank's layer i -> its bucket
-  std::vector<std::unique_ptr<Work>> gathering_;   // by layer: its gather, until waited for
-  std::unique_ptr<LayerGathers> gathers_;          // which to gather and wait for, when
-  std::vector<DeviceBuffer<float>> zero_buffers_;  // its padded buckets' copies
+  std::unique_ptr<DeviceZero> zero_;  // --zero: ddp_'s state sharded
   DeviceBuffer<uint16_t> bf16_grads_;  // the gradients on the wire with --grad-reduce bf16
   std::unique_ptr<OptimizerOverlap> overlapped_;
   std::unique_ptr<GpuTimeline> timeline_;  // the whole model's --timeline
@@ -1161,17 +775,13 @@ class GpuRunner final : public StageRunner {
   int64_t chunk_first_ = 0, chunk_end_ = 0;
   int64_t steps_run_ = 0, last_step_ = 0;
   int64_t optimizer_steps_ = 0;
-  // A pipeline stage's forwards and backwards of the step, each between two timed events.
-  std::vector<std::unique_ptr<CudaEvent>> busy_start_, busy_end_;
-  std::vector<BusySpan> busy_what_;
-  CudaEvent anchor_{true};
-  double anchor_us_ = 0;
-  int busy_marks_ = 0;      // busy spans recorded this step
-  int captured_marks_ = 0;  // and in the captured step
+  // A pipeline stage's forwards and backwards of the step, timed by events (not the whole
+  // model's: the host's clock times its steps).
+  std::unique_ptr<DeviceBusySpans> busy_;
   StepGraph graph_;         // the step, captured at the second and replayed
-  // --fused-step, where checked and used: the whole step, and what it reads and writes.
-  std::unique_ptr<FusedMlpStep> fused_;
-  FusedStepIo fused_io_;
+  // --fused-step or --autotune, where the trial chose it: the step run instead of the
+  // schedule's actions.
+  std::unique_ptr<FusedStep> fused_;
   int64_t train_rows_ = 0;  // the training split's samples
 };
 
@@ -1198,7 +808,6 @@ void GpuChunk::recv_activation(int micro, int slot) {
 }
 
 void GpuChunk::forward(int micro, int slot) {
-  if (rank_.fused_) return;  // the fused step gathers, forwards, backwards and updates
   if (!act_sent_.empty()) wait_for(&act_sent_[slot], stage_->stream());
   rank_.busy_begin(SpanKind::kForward, micro, spec_.stage);
   if (spec_.is_first() || spec_.is_last()) rank_.feeder_->feed(*stage_, micro, slot);
@@ -1218,7 +827,6 @@ void GpuChunk::recv_gradient(int micro, int slot) {
 
 LossSum GpuChunk::loss(int micro, int slot, float grad_scale) {
   (void)micro;
-  if (rank_.fused_) return {};
   stage_->loss(slot, spec_.batch, grad_scale);
   if (rank_.timeline_) rank_.timeline_->forward_done();
   return {};  // kept on the device until take_loss()
@@ -1226,7 +834,6 @@ LossSum GpuChunk::loss(int micro, int slot, float grad_scale) {
 
 void GpuChunk::backward(int micro, int slot, bool accumulate,
                         const std::function<void(int)>& on_layer_done) {
-  if (rank_.fused_) return;
   // grad_input(slot) of an earlier micro-batch is sent
   if (!grad_sent_.empty()) wait_for(&grad_sent_[slot], stage_->stream());
   rank_.busy_begin(SpanKind::kBackward, micro, spec_.stage);

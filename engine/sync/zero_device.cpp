@@ -1,0 +1,212 @@
+// DeviceZero: ZeRO's memory, update, gathers and host copies on the GPU.
+#include "engine/sync/zero_device.h"
+
+#include <algorithm>
+
+#include <spdlog/spdlog.h>
+
+#include "engine/sync/gradient_ring.h"
+#include "runtime/cuda_check.h"
+#include "runtime/error.h"
+
+namespace ddp {
+
+namespace {
+
+// The stream waits for `work` (a gather), which is then forgotten.
+void wait_for(std::unique_ptr<Work>* work, cudaStream_t stream) {
+  if (*work) (*work)->then_on(stream);
+  work->reset();
+}
+
+}  // namespace
+
+GradientRing device_gradient_ring(const std::vector<ParamSpan>& layers, size_t param_count,
+                                  const RingLayout& layout) {
+  if (layout.zero < 2 || !gradient_ring_applies(layout.stages_on_rank, layout.micro_batches,
+                                                layout.overlap, layout.replicas))
+    return {};
+  const std::vector<Bucket> buckets = plan_buckets(layers, layout.buckets);
+  const size_t slot = gradient_ring_slot(buckets, layout.replicas, kDeviceShardAlign, param_count);
+  if (slot == 0) return {};
+  GradientRing ring;
+  for (const Bucket& b : buckets)
+    ring.buckets.emplace_back(b.offset, b.count);
+  ring.slot_floats = slot;
+  ring.slots = kGradientRingSlots;
+  return ring;
+}
+
+DeviceZero::DeviceZero(Ddp& ddp, const RingLayout& layout, DeviceParameters& weights,
+                       const std::vector<std::pair<size_t, size_t>>& layers, cudaStream_t stream,
+                       bool lead)
+    : ddp_(ddp), level_(layout.zero), weights_(weights), stream_(stream) {
+  cudaStream_t s = stream;
+  Ddp::DeviceMemory memory;
+  memory.allocate = [this](size_t floats) {
+    buffers_.emplace_back(floats, MemoryCategory::kGradients);
+    return buffers_.back().data();
+  };
+  memory.copy = [s](float* dst, const float* src, size_t floats) {
+    DDP_CUDA_CHECK(cudaMemcpyAsync(dst, src, floats * sizeof(float), cudaMemcpyDeviceToDevice, s));
+  };
+  memory.zero = [s](float* dst, size_t floats) {
+    DDP_CUDA_CHECK(cudaMemsetAsync(dst, 0, floats * sizeof(float), s));
+  };
+  const GradientRing& ring = weights.ring();
+  if (weights.ringed()) {
+    memory.ring_slots = ring.slots;
+    memory.slot_floats = ring.slot_floats;
+    memory.bucket_grads = [&weights](size_t bucket) { return weights.bucket_grads(bucket); };
+    memory.stream = s;
+  }
+  ddp.shard(level_, &memory);
+  weights.shard_optimizer(ddp.shards().shard_count);
+  const size_t param_count = weights.count();
+  const auto mib = [](size_t floats) { return floats * sizeof(float) / 1048576.0; };
+  if (level_ == 3) {
+    // The parameters become this rank's pieces (a bucket a layer) and two gather slots; every
+    // use of a layer's parameters gathers them into slot layer % 2 on the data-parallel
+    // communicator's stream, the compute stream waiting for it, and the pass's next layer is
+    // gathered meanwhile into the other slot. What a slot holds is known within a step (a
+    // layer used twice in a row is gathered once) and forgotten at each step's start.
+    const ShardPlan& plan = ddp.shards();
+    const std::vector<Bucket>& buckets = ddp.buckets();
+    std::vector<ParamSpan> spans;
+    for (const auto& [offset, count] : layers)
+      spans.push_back({offset, count});
+    bucket_of_layer_ = layer_buckets(buckets, spans);
+    size_t slot = 0;
+    std::vector<DeviceParameters::Piece> pieces;
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      slot = std::max(slot, plan.parts[b].piece * static_cast<size_t>(plan.ranks));
+      pieces.push_back({plan.parts[b].offset, plan.parts[b].shard_at, plan.parts[b].count});
+    }
+    weights.shard_parameters(layers, pieces, plan.shard_count, slot);
+    gathering_.resize(layers.size());
+    gathers_ = std::make_unique<LayerGathers>(static_cast<int>(layers.size()));
+    if (lead)
+      spdlog::info(
+          "zero 3: this rank holds its {:.1f} MiB of the {:.1f} MiB of parameters and two "
+          "gather slots of {:.1f} MiB (a layer's, gathered for each use, the next one meanwhile)",
+          mib(plan.shard_count), mib(param_count), mib(slot));
+  }
+  if (level_ < 2 || !lead) return;
+  if (weights.ringed())
+    spdlog::info(
+        "zero {}: the gradients in {} bucket slots of {:.1f} MiB and this rank's averaged "
+        "pieces ({:.1f} MiB), not one buffer of {:.1f} MiB",
+        level_, ring.slots, mib(ring.slot_floats), mib(ddp.shards().shard_count),
+        mib(param_count));
+  else
+    spdlog::info(
+        "zero {}: the whole gradient buffer stays, backward's workspace ({}); the buckets are "
+        "reduce-scattered in place",
+        level_,
+        layout.micro_batches > 1 ? "it accumulates over micro-batches"
+        : !layout.overlap        ? "--no-overlap"
+                                 : "a ring of bucket slots would hold as much");
+}
+
+void DeviceZero::wait() {
+  if (wait_)
+    wait_();
+  else
+    DDP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void DeviceZero::use_layer(int layer, int next) { carry_out(gathers_->use(layer, next)); }
+
+void DeviceZero::forget_gathers() {
+  if (gathers_) carry_out(gathers_->forget());
+}
+
+void DeviceZero::gather_as_forwards(int64_t chunks, const std::vector<int>& layers) {
+  for (int64_t k = 0; k < chunks; ++k) {
+    int base = 0;
+    for (const int n : layers) {
+      for (int i = 0; i < n; ++i)
+        use_layer(base + i, i + 1 < n ? base + i + 1 : -1);
+      base += n;
+    }
+  }
+}
+
+void DeviceZero::carry_out(const std::vector<LayerGathers::Action>& actions) {
+  for (const LayerGathers::Action& a : actions) {
+    std::unique_ptr<Work>& work = gathering_[a.layer];
+    if (a.kind == LayerGathers::Kind::kGather) {
+      work = ddp_.gather_bucket_async(bucket_of_layer_[a.layer], weights_.shard_params(),
+                                      weights_.layer_slot(a.layer));
+      continue;
+    }
+    wait_for(&work, stream_);
+    if (a.kind == LayerGathers::Kind::kUse)
+      weights_.layer_to_low_precision(static_cast<size_t>(a.layer), stream_);
+  }
+}
+
+void DeviceZero::step(const OptStep* steps, const int* counter) {
+  const ShardPlan& plan = ddp_.shards();
+  for (size_t b = 0; b < plan.parts.size(); ++b) {
+    const ShardPart& p = plan.parts[b];
+    if (p.count > 0)
+      weights_.update_piece(p.offset, ddp_.reduced_piece(b), p.shard_at, p.count, steps, counter,
+                            stream_);
+  }
+  if (level_ == 3) return;  // the pieces are the parameters: the next uses gather them
+  ddp_.gather_in_place(weights_.params(), stream_);
+  weights_.to_low_precision(stream_);
+}
+
+std::vector<float> DeviceZero::params(size_t count) {
+  std::vector<float> host(count);
+  if (level_ < 3) {
+    weights_.get(host.data());
+    return host;
+  }
+  // Every rank's pieces gathered (collective over the data-parallel group).
+  forget_gathers();
+  DeviceBuffer<float> whole(count, MemoryCategory::kOther);
+  ddp_.gather_shards(weights_.shard_params(), whole.data(), stream_);
+  DDP_CUDA_CHECK(cudaMemcpyAsync(host.data(), whole.data(), whole.bytes(), cudaMemcpyDeviceToHost,
+                                 stream_));
+  wait();
+  return host;
+}
+
+void DeviceZero::set_params(const float* host) {
+  if (level_ < 3) return weights_.set(host);
+  std::vector<float> mine(ddp_.shards().shard_count);  // this rank's pieces
+  ddp_.take_shard(host, mine.data());
+  forget_gathers();
+  DDP_CUDA_CHECK(cudaMemcpyAsync(weights_.shard_params(), mine.data(), mine.size() * sizeof(float),
+                                 cudaMemcpyHostToDevice, stream_));
+  DDP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+NamedState DeviceZero::optimizer_state(size_t count) {
+  // Every rank's pieces of each state buffer, gathered on the device (collective over the
+  // data-parallel group), then copied out.
+  NamedState state;
+  DeviceBuffer<float> whole(count, MemoryCategory::kOther);
+  for (const auto& [name, shard] : weights_.optimizer().buffers()) {
+    ddp_.gather_shards(shard, whole.data(), stream_);
+    state.emplace_back(name, std::vector<float>(whole.count()));
+    DDP_CUDA_CHECK(cudaMemcpyAsync(state.back().second.data(), whole.data(), whole.bytes(),
+                                   cudaMemcpyDeviceToHost, stream_));
+    wait();
+  }
+  return state;
+}
+
+void DeviceZero::set_optimizer_state(const NamedState& state) {
+  NamedState mine;  // this rank's pieces
+  for (const auto& [name, values] : state) {
+    mine.emplace_back(name, std::vector<float>(ddp_.shards().shard_count));
+    ddp_.take_shard(values.data(), mine.back().second.data());
+  }
+  weights_.set_optimizer_state(mine);
+}
+
+}  // namespace ddp

@@ -1,0 +1,98 @@
+// ZeRO (--zero 1, 2, 3) on the GPU over a Ddp's group, in one place: the device memory of its
+// padded buckets and (2, 3) gradient ring, the sharded optimizer's step over this rank's
+// pieces, the parameters' gather after it (1, 2) or (3) before each use of a layer (the
+// decisions LayerGathers makes, carried out on the data-parallel communicator), and the host
+// copies of the sharded parameters and optimizer state (collectives over the group). The
+// runner supplies the rank's flat buffers and compute stream and calls it where the step
+// reaches these points; models/ only holds the memory.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "collectives/communicator.h"
+#include "engine/sync/ddp.h"
+#include "engine/sync/layer_gathers.h"
+#include "models/device_parameters.h"
+#include "models/optimizer.h"
+#include "runtime/device_buffer.h"
+
+namespace ddp {
+
+// What decides a stage's gradient ring: --zero's level, the buckets' options and overlap, and
+// how backward runs (stages on the rank, micro-batches a step) over how many replicas.
+struct RingLayout {
+  int zero = 0;
+  DdpOptions buckets;
+  bool overlap = true;
+  int stages_on_rank = 1;
+  int micro_batches = 1;
+  int replicas = 1;
+};
+
+// --zero 2 and 3's gradient ring (engine/sync/gradient_ring.h) as the device memory of the
+// buckets a stage's Ddp will cut from the same options (`layers`: its layers' spans of the
+// stage's flat buffer of `param_count`), or none (a stage's gradients in one buffer).
+GradientRing device_gradient_ring(const std::vector<ParamSpan>& layers, size_t param_count,
+                                  const RingLayout& layout);
+
+class DeviceZero {
+ public:
+  // Shards `ddp`'s state at `layout.zero`'s level over the rank's buffers `weights` (its layers
+  // as spans `layers` of them, in order; its ring made from `layout`) on `stream`; `lead` logs
+  // what it holds.
+  DeviceZero(Ddp& ddp, const RingLayout& layout, DeviceParameters& weights,
+             const std::vector<std::pair<size_t, size_t>>& layers, cudaStream_t stream,
+             bool lead);
+  // How the host waits for the stream where a copy needs it (the runner's: bounded by
+  // --timeout when there are peers); cudaStreamSynchronize until set.
+  void set_wait(std::function<void()> wait) { wait_ = std::move(wait); }
+
+  int level() const { return level_; }
+  const ShardPlan& shards() const { return ddp_.shards(); }
+  // --zero 3: the parameters are this rank's pieces and two gather slots.
+  bool shards_parameters() const { return level_ == 3; }
+
+  // --zero 3, before the stream reads the rank's layer `layer`: its parameters gathered into
+  // their slot (and, `next` >= 0, the pass's next layer on its way into the other).
+  void use_layer(int layer, int next);
+  // Every gather still pending waited for by the stream, what the slots hold forgotten: at a
+  // step's start and before its update, so every step, the captured one too, gathers alike.
+  void forget_gathers();
+  // --zero 3, evaluation: the gathers of `chunks` more forwards of the rank's stages of
+  // `layers` layers each (so that every replica makes as many as the one with the most).
+  void gather_as_forwards(int64_t chunks, const std::vector<int>& layers);
+
+  // The step's update on the stream: this rank's pieces from their averaged gradients, then
+  // (1, 2) every rank's pieces gathered into the whole parameters and their bf16 copy.
+  void step(const OptStep* steps, const int* counter);
+
+  // Host copies (collectives over the group; the stream synchronised): the whole parameters
+  // (`count`, the rank's flat layout), and this rank's pieces set from a whole host copy.
+  std::vector<float> params(size_t count);
+  void set_params(const float* host);
+  NamedState optimizer_state(size_t count);
+  void set_optimizer_state(const NamedState& state);
+
+ private:
+  void carry_out(const std::vector<LayerGathers::Action>& actions);
+  void wait();
+
+  Ddp& ddp_;
+  int level_;
+  DeviceParameters& weights_;
+  cudaStream_t stream_;
+  std::function<void()> wait_;
+  std::vector<DeviceBuffer<float>> buffers_;      // its padded buckets' copies
+  std::vector<size_t> bucket_of_layer_;           // --zero 3: the rank's layer i -> its bucket
+  std::vector<std::unique_ptr<Work>> gathering_;  // by layer: its gather, until waited for
+  std::unique_ptr<LayerGathers> gathers_;         // which to gather and wait for, when
+};
+
+}  // namespace ddp
