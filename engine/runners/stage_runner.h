@@ -106,16 +106,10 @@ class ChunkOps {
   // backward_input (after loss() on the last stage) computes the gradient that
   // send_gradient sends and keeps what backward_weight needs; backward_weight then writes
   // (or, with `accumulate`, adds) the weight gradients, calling on_layer_done as backward.
-  virtual bool splits_backward() const { return false; }
-  virtual void backward_input(int micro, int slot) {
-    (void)micro, (void)slot;
-    throw UsageError("this runner computes backward whole");
-  }
+  virtual bool splits_backward() const = 0;
+  virtual void backward_input(int micro, int slot) = 0;
   virtual void backward_weight(int micro, int slot, bool accumulate,
-                               const std::function<void(int)>& on_layer_done) {
-    (void)micro, (void)slot, (void)accumulate, (void)on_layer_done;
-    throw UsageError("this runner computes backward whole");
-  }
+                               const std::function<void(int)>& on_layer_done) = 0;
   virtual void send_gradient(int micro, int slot) = 0;
 };
 
@@ -150,7 +144,7 @@ class StageRunner {
   // there (a broadcast).
   virtual float* params() = 0;
   virtual float* grads() = 0;
-  virtual void params_changed() {}
+  virtual void params_changed() = 0;
   // Sets up data parallelism over the stage's replicas: the model check (collective) and,
   // where asked, bf16 gradients.
   virtual void prepare_ddp(Ddp& ddp, uint64_t fingerprint, const std::string& description) = 0;
@@ -159,7 +153,7 @@ class StageRunner {
   // all-gathers the parameters; optimizer_state() then gathers (collective over the group).
   virtual void shard_optimizer(Ddp& ddp, int level) = 0;
   // The stream that Ddp::finish makes wait (GPU), or null.
-  virtual void* stream() { return nullptr; }
+  virtual void* stream() = 0;
 
   // Host copies of the stage's parameters and optimizer state (its slice of the model).
   virtual std::vector<float> get_params() = 0;
@@ -174,7 +168,7 @@ class StageRunner {
   // runner takes more (the whole model on one GPU uploads a chunk at once and waits for the
   // device once per chunk). Then, for each step, inside run_step's `enqueue`: the schedule's
   // actions, end_schedule() and optimizer_step().
-  virtual int steps_ahead() const { return 1; }
+  virtual int steps_ahead() const = 0;
   virtual void begin_steps(const int32_t* indices, const float* lrs, int64_t first_step,
                            int steps) = 0;
   // The rank's chunk `c` (0 for one-stage runners, which are their own ChunkOps).
@@ -182,10 +176,10 @@ class StageRunner {
   // The most micro-batches whose activations the runner held at once (forwarded, their
   // weight gradients not yet written) in any step so far, as it counted them; -1 where it
   // does not count (the GPU's: its slots are the schedule's plan).
-  virtual int peak_held_activations() const { return -1; }
+  virtual int peak_held_activations() const = 0;
   // The most bytes of layer outputs it held at once for the micro-batches in flight (with
   // --recompute: their inputs and one working set), as it counted them; -1 where not counted.
-  virtual int64_t peak_activation_bytes() const { return -1; }
+  virtual int64_t peak_activation_bytes() const = 0;
   // Every send of the step complete (host: waited; GPU: the stream waits for them).
   virtual void end_schedule() = 0;
   // Whether any gradient is NaN or Inf (host runners; the GPU stops on the loss instead).
@@ -194,48 +188,35 @@ class StageRunner {
   // Runs `enqueue` (the CPU: at once). The GPU: the first step eagerly, the second captured
   // in a CUDA graph, later ones replayed from it without calling `enqueue`; then waits for
   // the step, bounded by --timeout.
-  virtual void run_step(int64_t step, const std::function<void()>& enqueue) {
-    (void)step;
-    enqueue();
-  }
+  virtual void run_step(int64_t step, const std::function<void()>& enqueue) = 0;
   // The device's compute time (forwards and backwards) of the last step, in seconds, or -1
   // when the host's clock measured it (the CPU).
-  virtual double last_busy_s() const { return -1; }
+  virtual double last_busy_s() const = 0;
   // The same by kind, added to `costs`; false where the host's clock measured them (the CPU).
-  virtual bool last_costs(ComputeCosts* costs) const {
-    (void)costs;
-    return false;
-  }
+  virtual bool last_costs(ComputeCosts* costs) const = 0;
   // The device's spans of the last step (forwards and backwards, from its events) into
   // `timeline`; the CPU's are the host's, recorded by the trainer.
-  virtual void add_device_spans(TimelineRecorder& timeline, int64_t step) {
-    (void)timeline, (void)step;
-  }
+  virtual void add_device_spans(TimelineRecorder& timeline, int64_t step) = 0;
   // A runner made before the data and the communicators were ready (the GPU's) takes them
   // here, from the trainer's constructor; the CPU's took them when made. `world` names a
   // stuck step in messages; `abort_all` aborts every communicator of the job when a step
   // stalls past --timeout.
   virtual void attach(const Dataset& data, StageLinks links, Communicator* world,
-                      std::function<void()> abort_all) {
-    (void)data, (void)links, (void)world, (void)abort_all;
-  }
+                      std::function<void()> abort_all) = 0;
   // Sets the initial weights itself (the GPU makes them on the device, bitwise the host's,
   // or reads --init-weights while it builds) and returns true; false: the trainer makes
   // them on the host and calls set_params().
-  virtual bool initial_params() { return false; }
+  virtual bool initial_params() = 0;
   // --profile-steps: opens (true) or closes a CUDA profiler capture range once the work
   // before it is done. The GPU's only (validate() refuses the flag elsewhere).
-  virtual void profile(bool on) {
-    DDP_CHECK(false, "--profile-steps: this runner has no CUDA profiler (asked to turn it {})",
-              on ? "on" : "off");
-  }
+  virtual void profile(bool on) = 0;
   // What the device holds, for the log and the metrics' "memory" record (empty on the CPU).
-  virtual std::string memory_report() const { return {}; }
-  virtual int64_t held_bytes() const { return 0; }
+  virtual std::string memory_report() const = 0;
+  virtual int64_t held_bytes() const = 0;
   // The same by kind ("parameters", "gradients", "optimizer state", ...), bytes.
-  virtual std::vector<std::pair<std::string, int64_t>> held_by_kind() const { return {}; }
+  virtual std::vector<std::pair<std::string, int64_t>> held_by_kind() const = 0;
   // Training loss sums kept on the device since the last call (the CPU keeps none).
-  virtual LossSum take_loss() { return {}; }
+  virtual LossSum take_loss() = 0;
   // Loss sum and hits over samples [begin, end) of `split`, forwarded through the pipeline
   // in chunks of max_batch: the last stage's sums, zero on the others.
   virtual LossSum evaluate(const Split& split, int64_t begin, int64_t end) = 0;

@@ -10,6 +10,7 @@
 #include "engine/runners/stage_runner.h"
 #include "engine/sync/ddp.h"
 #include "engine/sync/gradient_ring.h"
+#include "engine/sync/zero_host.h"
 #include "models/cpu_ops.h"
 #include "models/mlp_cpu.h"
 #include "models/optimizer.h"
@@ -41,59 +42,6 @@ struct RankState {
     --held;
     held_bytes -= bytes;
   }
-};
-
-// --zero 3's parameters (models/linear_cpu.h, LayerParams): the rank holds its pieces of every
-// layer (a bucket a layer: engine/sync/zero.h); a layer's whole parameters are all-gathered over
-// the data-parallel group for each use and dropped after; while materialised (evaluation, copies
-// out) every layer's are gathered once and read from there. Every replica makes the same uses
-// in the same order, so the gathers match.
-class GatheredLayers final : public LayerParams {
- public:
-  // `bucket_of`: the model layer's bucket; `shard`: the rank's pieces (Ddp::shards()).
-  GatheredLayers(Ddp& ddp, const std::vector<float>& shard, std::map<int, size_t> bucket_of)
-      : ddp_(ddp), shard_(shard), bucket_of_(std::move(bucket_of)) {}
-
-  const float* acquire(int layer) override {
-    const size_t b = bucket_of_.at(layer);
-    if (materialised_) return whole_.data() + ddp_.shards().parts[b].bucket_offset;
-    std::vector<float>& into = held_[layer];
-    DDP_CHECK(into.empty(), "--zero 3: layer {} gathered twice", layer);
-    into.resize(ddp_.shards().parts[b].piece * static_cast<size_t>(ddp_.shards().ranks));
-    ddp_.gather_bucket(b, shard_.data(), into.data());
-    held_floats_ += into.size();
-    peak_floats_ = std::max(peak_floats_, held_floats_);
-    return into.data();
-  }
-  void release(int layer) override {
-    if (materialised_) return;
-    const auto it = held_.find(layer);
-    DDP_CHECK(it != held_.end(), "--zero 3: layer {} released but not gathered", layer);
-    held_floats_ -= it->second.size();
-    held_.erase(it);
-  }
-  // Collective: every layer's parameters (`count`, the rank's flat layout), until drop().
-  const std::vector<float>& materialise(size_t count) {
-    whole_.assign(count, 0.0f);
-    ddp_.gather_shards(shard_.data(), whole_.data());
-    materialised_ = true;
-    return whole_;
-  }
-  void drop() {
-    materialised_ = false;
-    whole_ = {};
-  }
-  // The most floats of gathered layers held at once in training (materialising aside).
-  size_t peak_floats() const { return peak_floats_; }
-
- private:
-  Ddp& ddp_;
-  const std::vector<float>& shard_;
-  std::map<int, size_t> bucket_of_;
-  std::map<int, std::vector<float>> held_;  // the layers in use
-  size_t held_floats_ = 0, peak_floats_ = 0;
-  bool materialised_ = false;
-  std::vector<float> whole_;
 };
 
 class CpuChunk final : public ChunkOps {
@@ -288,55 +236,76 @@ class CpuRunner final : public StageRunner {
   bool on_gpu() const override { return false; }
   float* params() override { return params_.data(); }
   float* grads() override { return grads_.data(); }
+  void params_changed() override {}  // the parameters are read where they are written
+  void* stream() override { return nullptr; }
+  // Made with the data and the links; it makes no weights of its own (the trainer's).
+  void attach(const Dataset& data, StageLinks links, Communicator* world,
+              std::function<void()> abort_all) override {
+    (void)data, (void)links, (void)world, (void)abort_all;
+  }
+  bool initial_params() override { return false; }
+  void profile(bool on) override {
+    DDP_CHECK(false, "--profile-steps: the CPU runner has no CUDA profiler (asked to turn it {})",
+              on ? "on" : "off");
+  }
   void prepare_ddp(Ddp& ddp, uint64_t fingerprint, const std::string& description) override {
     ddp.check_same_layout(fingerprint, description);
   }
   void shard_optimizer(Ddp& ddp, int level) override {
-    const bool ring = level >= 2 && make_gradient_ring(ddp);
-    ddp.shard(level, ring ? &ring_memory_ : nullptr);
-    zero_ = &ddp;
-    if (ring) move_grads_into_ring(ddp);
-    const size_t n = ddp.shards().shard_count;
-    optimizer_ = make_optimizer(config_.optimizer, n);
-    if (level == 3) shard_parameters(ddp);
+    const bool ring =
+        gradient_ring_applies(static_cast<int>(stages_.chunks.size()),
+                              stages_.chunks.front().micro_batches, config_.overlap,
+                              ddp.comm().size());
+    std::vector<std::pair<int, ParamSpan>> layers;  // the model's layer and its span
+    const std::vector<std::pair<size_t, size_t>> spans = stages_.layer_spans();
+    size_t span = 0;
+    for (const StageSpec& c : stages_.chunks)
+      for (int i = c.first; i < c.end; ++i, ++span)
+        layers.push_back({i, {spans[span].first, spans[span].second}});
+    zero_ = std::make_unique<HostZero>(ddp, level, ring, params_, layers);
+    if (zero_->ringed()) {
+      // Backward writes each layer's gradients into its bucket's slot; the whole buffer goes.
+      HostZero* zero = zero_.get();
+      chunks_.front()->stage().set_grads([zero](size_t offset) { return zero->grad_at(offset); });
+      grads_ = {};
+    }
+    optimizer_ = make_optimizer(config_.optimizer, zero_->shard_count());
+    if (!zero_->shards_parameters()) return;
+    // Every layer reads its whole parameters from the pieces for each use; the whole buffer
+    // is freed.
+    for (auto& chunk : chunks_)
+      chunk->stage().set_params_source(zero_->layer_params());
+    params_ = {};
   }
   std::vector<float> get_params() override {
-    if (!gathered_) return params_;
-    std::vector<float> whole = gathered_->materialise(count());
-    gathered_->drop();
-    return whole;
+    if (zero_ && zero_->shards_parameters()) return zero_->params(count());
+    return params_;
   }
   void set_params(const float* host) override {
-    if (gathered_)
-      zero_->take_shard(host, shard_params_.data());
+    if (zero_ && zero_->shards_parameters())
+      zero_->set_params(host);
     else
       std::copy_n(host, params_.size(), params_.begin());
   }
   NamedState optimizer_state() override {
+    if (zero_) return zero_->optimizer_state(*optimizer_, count());
     NamedState state;
-    for (const auto& [name, buffer] : optimizer_->state()) {
-      if (zero_ == nullptr) {
-        state.emplace_back(name, *buffer);
-        continue;
-      }
-      // Every rank's pieces of it, gathered (collective over the data-parallel group).
-      state.emplace_back(name, std::vector<float>(count()));
-      zero_->gather_shards(buffer->data(), state.back().second.data());
-    }
+    for (const auto& [name, buffer] : optimizer_->state())
+      state.emplace_back(name, *buffer);
     return state;
   }
   void set_optimizer_state(const NamedState& state, int64_t steps) override {
-    for (auto& [name, buffer] : optimizer_->state())
-      for (const auto& [saved_name, values] : state)
-        if (saved_name == name) {
-          if (zero_ == nullptr)
-            *buffer = values;
-          else
-            zero_->take_shard(values.data(), buffer->data());
-        }
+    if (zero_)
+      zero_->set_optimizer_state(*optimizer_, state);
+    else
+      for (auto& [name, buffer] : optimizer_->state())
+        for (const auto& [saved_name, values] : state)
+          if (saved_name == name) *buffer = values;
     optimizer_->set_steps(steps);
   }
   int64_t optimizer_steps() const override { return optimizer_->steps(); }
+
+  int steps_ahead() const override { return 1; }
 
   void begin_steps(const int32_t* indices, const float* lrs, int64_t first_step,
                    int steps) override {
@@ -349,6 +318,20 @@ class CpuRunner final : public StageRunner {
   ChunkOps& chunk(int c) override { return *chunks_.at(c); }
   int peak_held_activations() const override { return rank_.peak_held; }
   int64_t peak_activation_bytes() const override { return rank_.peak_bytes; }
+  void run_step(int64_t step, const std::function<void()>& enqueue) override {
+    (void)step;
+    enqueue();
+  }
+  // The host's clock times its compute (the executor's spans and costs).
+  double last_busy_s() const override { return -1; }
+  bool last_costs(ComputeCosts* costs) const override {
+    (void)costs;
+    return false;
+  }
+  void add_device_spans(TimelineRecorder& timeline, int64_t step) override {
+    (void)timeline, (void)step;
+  }
+  LossSum take_loss() override { return {}; }  // the executor has the step's sums
   void end_schedule() override {
     for (auto& work : rank_.sends)
       work->wait(rank_.links.activations->timeout());
@@ -360,30 +343,13 @@ class CpuRunner final : public StageRunner {
   }
   bool grads_nonfinite() override {
     return any_nonfinite(grads_.data(), grads_.size()) ||
-           (zero_ != nullptr && zero_->zero() >= 2 &&
-            any_nonfinite(zero_->reduced_pieces(), zero_->shards().shard_count));
+           (zero_ != nullptr && zero_->pieces_nonfinite());
   }
   void optimizer_step() override {
-    if (zero_ == nullptr) {
+    if (zero_)
+      zero_->step(*optimizer_, params_.data(), lr_);
+    else
       optimizer_->step(params_.data(), grads_.data(), params_.size(), lr_);
-      return;
-    }
-    // --zero 3: the pieces are the parameters, updated from their averaged gradients (the
-    // padding stays zero); the next uses gather them.
-    if (gathered_) {
-      optimizer_->step(shard_params_.data(), zero_->reduced_pieces(), shard_params_.size(), lr_);
-      return;
-    }
-    // Else this rank's pieces updated in place from their averaged gradients, then every
-    // rank's pieces gathered into the whole parameters.
-    std::vector<OptimizerPiece> pieces;
-    const ShardPlan& plan = zero_->shards();
-    for (size_t b = 0; b < plan.parts.size(); ++b)
-      if (plan.parts[b].count > 0)
-        pieces.push_back({plan.parts[b].offset, zero_->reduced_piece(b), plan.parts[b].shard_at,
-                          plan.parts[b].count});
-    optimizer_->step_pieces(params_.data(), pieces, lr_);
-    zero_->gather_in_place(params_.data(), nullptr);
   }
   std::string memory_report() const override {
     const auto size = [](size_t floats) {
@@ -392,25 +358,9 @@ class CpuRunner final : public StageRunner {
                              : fmt::format("{:.1f} MiB", bytes / 1048576);
     };
     const size_t state = optimizer_->state_floats();
-    std::string text = fmt::format(
-        "parameters {}, gradients {}, optimizer state {}",
-        gathered_ ? fmt::format("{} (this rank's pieces; at most {} of layers gathered at once, "
-                                "the whole model while evaluating or copying out)",
-                                size(shard_params_.size()), size(gathered_->peak_floats()))
-                  : size(params_.size()),
-        ring_.empty() ? size(grads_.size())
-                      : fmt::format("{} ({} bucket slots, written again after each bucket's "
-                                    "reduce-scatter)",
-                                    size(ring_floats()), ring_.size()),
-        size(state));
-    if (zero_ != nullptr)
-      text += fmt::format(
-          " (--zero {}: this rank's 1/{} of it, {} of {} parameters; {} of padded bucket "
-          "copies and averaged pieces{})",
-          zero_->zero(), zero_->shards().ranks, zero_->shards().owned(), count(),
-          size(zero_->scratch_floats()),
-          zero_->zero() >= 2 ? ", the averaged gradients as this rank's pieces only" : "");
-    return text;
+    if (zero_) return zero_->memory_report(count(), state, size);
+    return fmt::format("parameters {}, gradients {}, optimizer state {}", size(params_.size()),
+                       size(grads_.size()), size(state));
   }
   int64_t held_bytes() const override {
     int64_t total = 0;
@@ -421,16 +371,14 @@ class CpuRunner final : public StageRunner {
   std::vector<std::pair<std::string, int64_t>> held_by_kind() const override {
     const auto bytes = [](size_t floats) { return static_cast<int64_t>(floats * sizeof(float)); };
     return {
-        {"parameters",
-         bytes(params_.size() + shard_params_.size() + (gathered_ ? gathered_->peak_floats() : 0))},
-        {"gradients",
-         bytes(grads_.size() + ring_floats() + (zero_ != nullptr ? zero_->scratch_floats() : 0))},
+        {"parameters", bytes(params_.size() + (zero_ ? zero_->param_floats() : 0))},
+        {"gradients", bytes(grads_.size() + (zero_ ? zero_->grad_floats() : 0))},
         {"optimizer state", bytes(optimizer_->state_floats())}};
   }
   LossSum evaluate(const Split& split, int64_t begin, int64_t end) override {
     // --zero 3: the replicas' shares of the split may differ in length, so their uses could
     // not match: the whole model is gathered once, for the evaluation.
-    if (gathered_) gathered_->materialise(count());
+    if (zero_) zero_->begin_evaluation(count());
     LossSum total{};
     const int chunk = stages_.chunks.front().max_batch;
     for (int64_t at = begin; at < end; at += chunk) {
@@ -440,87 +388,21 @@ class CpuRunner final : public StageRunner {
         handed = c->evaluate(&split.x[static_cast<size_t>(at) * split.dim], handed, count,
                              &split.y[at], &total);
     }
-    if (gathered_) gathered_->drop();
+    if (zero_) zero_->end_evaluation();
     return total;
   }
 
  private:
   size_t count() const { return stages_.param_count(); }
-  size_t ring_floats() const { return ring_.empty() ? 0 : ring_.size() * ring_[0].size(); }
-  // The ring's slots, where it holds less than the whole gradient buffer; false: none.
-  bool make_gradient_ring(Ddp& ddp) {
-    if (!gradient_ring_applies(static_cast<int>(stages_.chunks.size()),
-                               stages_.chunks.front().micro_batches, config_.overlap,
-                               ddp.comm().size()))
-      return false;
-    const size_t slot = gradient_ring_slot(ddp.buckets(), ddp.comm().size(), 1, count());
-    if (slot == 0) return false;
-    ring_.assign(kRing, std::vector<float>(slot, 0.0f));
-    ring_memory_.allocate = [this](size_t floats) {
-      ring_pieces_.emplace_back(floats, 0.0f);
-      return ring_pieces_.back().data();
-    };
-    ring_memory_.copy = [](float* dst, const float* src, size_t floats) {
-      std::copy_n(src, floats, dst);
-    };
-    ring_memory_.zero = [](float* dst, size_t floats) { std::fill_n(dst, floats, 0.0f); };
-    ring_memory_.ring_slots = kRing;
-    ring_memory_.bucket_grads = [this](size_t bucket) { return ring_[bucket % kRing].data(); };
-    ring_memory_.slot_floats = slot;
-    ring_memory_.align = 1;
-    return true;
-  }
-  // Backward writes each layer's gradients into its bucket's slot; the whole buffer goes.
-  void move_grads_into_ring(const Ddp& ddp) {
-    const std::vector<Bucket>& buckets = ddp.buckets();
-    chunks_.front()->stage().set_grads([this, &buckets](size_t offset) {
-      for (size_t b = 0; b < buckets.size(); ++b)
-        if (offset >= buckets[b].offset && offset < buckets[b].offset + buckets[b].count)
-          return ring_[b % kRing].data() + (offset - buckets[b].offset);
-      DDP_CHECK(false, "gradient ring: element {} is in no bucket", offset);
-      return static_cast<float*>(nullptr);
-    });
-    grads_ = {};
-  }
-  // --zero 3: the parameters become this rank's pieces, and every layer reads its whole
-  // parameters from them for each use (GatheredLayers); the whole buffer is freed.
-  void shard_parameters(Ddp& ddp) {
-    shard_params_.assign(ddp.shards().shard_count, 0.0f);
-    ddp.take_shard(params_.data(), shard_params_.data());
-    std::vector<ParamSpan> layers;
-    for (const auto& [offset, count] : stages_.layer_spans())
-      layers.push_back({offset, count});
-    const std::vector<size_t> bucket_of_span = layer_buckets(ddp.buckets(), layers);
-    std::map<int, size_t> bucket_of;  // the model's layer -> its bucket
-    size_t span = 0;
-    for (const StageSpec& c : stages_.chunks)
-      for (int i = c.first; i < c.end; ++i, ++span)
-        bucket_of[i] = bucket_of_span[span];
-    gathered_ = std::make_unique<GatheredLayers>(ddp, shard_params_, std::move(bucket_of));
-    for (auto& chunk : chunks_)
-      chunk->stage().set_params_source(gathered_.get());
-    params_ = {};
-  }
-
   TrainConfig config_;
   RankStages stages_;
   RankState rank_;
   std::vector<float> params_;  // every stage's, one after the other
   std::vector<float> grads_;   // none with a gradient ring
-  // --zero 2 or 3 where backward runs once a step (one stage, no micro-batches) with overlap:
-  // the gradients in kRing bucket slots (bucket b in slot b % kRing, each written again only
-  // after its reduce-scatter, which layer_done waits for) and the averaged pieces, as on the
-  // GPU (engine/sync/gradient_ring.h).
-  static constexpr int kRing = kGradientRingSlots;
-  std::vector<std::vector<float>> ring_;
-  std::vector<std::vector<float>> ring_pieces_;  // what Ddp allocates: the averaged pieces
-  Ddp::DeviceMemory ring_memory_;
   std::vector<std::unique_ptr<CpuChunk>> chunks_;
   std::unique_ptr<Optimizer> optimizer_;
   float lr_ = 0;
-  Ddp* zero_ = nullptr;                       // --zero: the data parallelism that shards the state
-  std::vector<float> shard_params_;           // --zero 3: this rank's pieces of the parameters
-  std::unique_ptr<GatheredLayers> gathered_;  // --zero 3: the layers' parameters for each use
+  std::unique_ptr<HostZero> zero_;  // --zero: the data parallelism's state sharded
 };
 
 }  // namespace

@@ -416,6 +416,9 @@ class GpuRunner final : public StageRunner {
   int64_t optimizer_steps() const override { return optimizer_steps_; }
 
   int steps_ahead() const override { return feeder_->max_steps(); }
+  // Not counted: its activation slots are the schedule's plan (ScheduleExecutor::slots).
+  int peak_held_activations() const override { return -1; }
+  int64_t peak_activation_bytes() const override { return -1; }
   void begin_steps(const int32_t* indices, const float* lrs, int64_t first_step,
                    int steps) override {
     if (!hooks_ready_) set_up_hooks();
