@@ -341,6 +341,10 @@ const std::vector<Flag>& flags() {
                             "ZeRO over the data-parallel group: 1 shards the optimizer state, 2 "
                             "the gradients too, 3 the parameters too; 0: off",
                             &C::zero));
+    f.push_back(number_flag("zero-prefetch",
+                            "--zero 3 on the GPU: layers gathered ahead of the one in use (each "
+                            "one more holds one more layer's gather slot)",
+                            &C::zero_prefetch));
     f.push_back(switch_flag("recompute",
                             "activation checkpointing: a stage keeps only each micro-batch's "
                             "input and forwards it again just before its backward",
@@ -543,6 +547,12 @@ void validate(const TrainConfig& c) {
                   "--zero {}: expected 0 (off), 1 (optimizer state sharded), 2 (gradients too) or "
                   "3 (parameters too)",
                   c.zero);
+  DDP_USAGE_CHECK(c.zero_prefetch >= 1 && c.zero_prefetch <= 8,
+                  "--zero-prefetch {}: expected 1 to 8 layers ahead", c.zero_prefetch);
+  DDP_USAGE_CHECK(c.zero_prefetch == 1 || (c.zero == 3 && c.device == Device::kCuda),
+                  "--zero-prefetch {}: gathers ahead with --zero 3 on the GPU only (the CPU "
+                  "gathers each layer as it is used); add --zero 3 --device cuda or drop it",
+                  c.zero_prefetch);
   DDP_USAGE_CHECK(c.zero < 3 || !c.check_replicas,
                   "--check-replicas with --zero 3: each replica holds its own piece of the "
                   "parameters, so there is nothing to compare; drop one of them");

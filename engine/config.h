@@ -80,6 +80,7 @@ struct TrainConfig {
   int virtual_stages = 0;  // chunks a pipeline rank holds (0: the schedule's own number)
   bool recompute = false;  // keep a micro-batch's input only; forward it again for backward
   int zero = 0;           // ZeRO: 1 shards the optimizer state, 2 the gradients too (data parallel)
+  int zero_prefetch = 1;  // --zero 3 on the GPU: layers gathered ahead of the one in use
   std::string partition;  // "0-1,2-3": layers of each stage; empty: balanced by FLOPs
   std::string timeline;   // Chrome trace of every rank's forward/backward/send/recv/all-reduce
   std::string profile_steps;  // "A-B": Nsight Systems' capture range, steps A to B (1-based)

@@ -49,8 +49,8 @@ void DeviceParameters::fill_grads(float value, cudaStream_t stream) {
 void* DeviceParameters::for_products(size_t offset) const {
   if (params_sharded()) {
     const auto [layer, at] = layer_of(offset);
-    return bf16() ? static_cast<void*>(slots16_[layer % 2].data() + at)
-                  : static_cast<void*>(slots_[layer % 2].data() + at);
+    return bf16() ? static_cast<void*>(slots16_[layer % slots16_.size()].data() + at)
+                  : static_cast<void*>(slots_[layer % slots_.size()].data() + at);
   }
   return bf16() ? static_cast<void*>(params16_.data() + offset)
                 : static_cast<void*>(params_.data() + offset);
@@ -59,7 +59,7 @@ void* DeviceParameters::for_products(size_t offset) const {
 float* DeviceParameters::param_at(size_t offset) const {
   if (!params_sharded()) return params_.data() + offset;
   const auto [layer, at] = layer_of(offset);
-  return slots_[layer % 2].data() + at;
+  return slots_[layer % slots_.size()].data() + at;
 }
 
 std::pair<size_t, size_t> DeviceParameters::layer_of(size_t offset) const {
@@ -72,9 +72,9 @@ std::pair<size_t, size_t> DeviceParameters::layer_of(size_t offset) const {
 
 void DeviceParameters::shard_parameters(const std::vector<std::pair<size_t, size_t>>& layers,
                                         const std::vector<Piece>& pieces, size_t shard_floats,
-                                        size_t slot_floats) {
-  DDP_CHECK(!params_sharded() && !layers.empty(),
-            "shard_parameters: already sharded, or no layers");
+                                        size_t slot_floats, int slots) {
+  DDP_CHECK(!params_sharded() && !layers.empty() && slots >= 2,
+            "shard_parameters: already sharded, no layers, or {} slots", slots);
   shard_ = DeviceBuffer<float>(shard_floats, MemoryCategory::kParameters);
   DDP_CUDA_CHECK(cudaMemsetAsync(shard_.data(), 0, shard_.bytes(), stream_));
   for (const Piece& p : pieces) {
@@ -85,9 +85,9 @@ void DeviceParameters::shard_parameters(const std::vector<std::pair<size_t, size
   }
   for (const auto& [offset, n] : layers)
     DDP_CHECK(n <= slot_floats, "shard_parameters: a layer of {} in slots of {}", n, slot_floats);
-  for (int s = 0; s < 2; ++s) {
-    slots_[s] = DeviceBuffer<float>(slot_floats, MemoryCategory::kParameters);
-    if (bf16_) slots16_[s] = DeviceBuffer<uint16_t>(slot_floats, MemoryCategory::kParameters);
+  for (int s = 0; s < slots; ++s) {
+    slots_.emplace_back(slot_floats, MemoryCategory::kParameters);
+    if (bf16_) slots16_.emplace_back(slot_floats, MemoryCategory::kParameters);
   }
   DDP_CUDA_CHECK(cudaStreamSynchronize(stream_));
   layers_ = layers;
@@ -99,8 +99,8 @@ void DeviceParameters::layer_to_low_precision(size_t layer, cudaStream_t stream)
   DDP_CHECK(params_sharded() && layer < layers_.size(), "layer_to_low_precision({}) unsharded",
             layer);
   if (bf16_)
-    launch_to_bf16(slots_[layer % 2].data(), slots16_[layer % 2].data(), layers_[layer].second,
-                   stream);
+    launch_to_bf16(slots_[layer % slots_.size()].data(), slots16_[layer % slots16_.size()].data(),
+                   layers_[layer].second, stream);
 }
 
 void DeviceParameters::set(const float* host) {

@@ -54,19 +54,20 @@ class DeviceParameters {
   float* param_at(size_t offset) const;
 
   // --zero 3: the rank keeps only its pieces of every layer (`pieces`: offset in this buffer,
-  // place in the shard, count; the shard's padding zero) and two gather slots of `slot_floats`
-  // (plus their bf16 copies with bf16 precision): layer i of `layers` (offset, count, in
-  // order) is gathered by the caller into layer_slot(i), slot i % 2, for each use. The whole
-  // buffer and its bf16 copy are freed; plans built on them must be built again.
+  // place in the shard, count; the shard's padding zero) and `slots` gather slots of
+  // `slot_floats` (plus their bf16 copies with bf16 precision): layer i of `layers` (offset,
+  // count, in order) is gathered by the caller into layer_slot(i), slot i % slots, for each use.
+  // The whole buffer and its bf16 copy are freed; plans built on them must be built again.
   struct Piece {
     size_t offset, shard_at, count;
   };
   void shard_parameters(const std::vector<std::pair<size_t, size_t>>& layers,
-                        const std::vector<Piece>& pieces, size_t shard_floats, size_t slot_floats);
+                        const std::vector<Piece>& pieces, size_t shard_floats, size_t slot_floats,
+                        int slots = 2);
   bool params_sharded() const { return !layers_.empty(); }
   float* shard_params() const { return shard_.data(); }
   size_t layer_count() const { return layers_.size(); }
-  float* layer_slot(size_t layer) const { return slots_[layer % 2].data(); }
+  float* layer_slot(size_t layer) const { return slots_[layer % slots_.size()].data(); }
   // After layer_slot(layer) was gathered: its bf16 copy (none without bf16), on `stream`.
   void layer_to_low_precision(size_t layer, cudaStream_t stream);
 
@@ -112,8 +113,8 @@ class DeviceParameters {
   // --zero 3: the rank's pieces, the layers' (offset, count) and the two gather slots.
   DeviceBuffer<float> shard_;
   std::vector<std::pair<size_t, size_t>> layers_;
-  DeviceBuffer<float> slots_[2];
-  DeviceBuffer<uint16_t> slots16_[2];
+  std::vector<DeviceBuffer<float>> slots_;  // --zero 3's gather slots
+  std::vector<DeviceBuffer<uint16_t>> slots16_;
 };
 
 }  // namespace ddp

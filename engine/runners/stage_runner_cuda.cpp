@@ -375,9 +375,12 @@ class GpuRunner final : public StageRunner {
 
   void shard_optimizer(Ddp& ddp, int level) override {
     DDP_CHECK(level == config_.zero, "--zero {}: asked to shard at level {}", config_.zero, level);
+    std::vector<int> stage_layers;  // of each of the rank's stages
+    for (const StageSpec& c : stages_.chunks)
+      stage_layers.push_back(c.end - c.first);
     zero_ = std::make_unique<DeviceZero>(
         ddp, ring_layout(spec_, config_, static_cast<int>(stages_.chunks.size())), *weights_,
-        stages_.layer_spans(), stream_, lead_);
+        stages_.layer_spans(), stage_layers, config_.zero_prefetch, stream_, lead_);
     zero_->set_wait([this] { wait_stream(); });
     if (!zero_->shards_parameters()) return;
     int base = 0;  // the chunk's first layer among the rank's

@@ -1,25 +1,44 @@
+// LayerGathers: which layer to gather into which slot, and when the stream waits for it.
 #include "engine/sync/layer_gathers.h"
+
+#include <algorithm>
 
 #include "runtime/error.h"
 
 namespace ddp {
 
-std::vector<LayerGathers::Action> LayerGathers::use(int layer, int next) {
-  DDP_CHECK(layer >= 0 && layer < static_cast<int>(pending_.size()) &&
-                next < static_cast<int>(pending_.size()) && (next < 0 || next % 2 != layer % 2),
-            "--zero 3: use of layer {} (next {}) of {}", layer, next, pending_.size());
+LayerGathers::LayerGathers(int layers, int ahead)
+    : pending_(static_cast<size_t>(layers), false), holder_(static_cast<size_t>(ahead) + 1, -1) {
+  DDP_CHECK(layers >= 0 && ahead >= 1, "--zero 3: {} layers gathered {} ahead", layers, ahead);
+}
+
+std::vector<LayerGathers::Action> LayerGathers::use(int layer, const std::vector<int>& next) {
+  const int layers = static_cast<int>(pending_.size());
+  const size_t ahead = std::min(next.size(), holder_.size() - 1);
+  DDP_CHECK(layer >= 0 && layer < layers, "--zero 3: use of layer {} of {}", layer, layers);
+  // The layers gathered at once (this one and the next `ahead`) need slots of their own.
+  std::vector<bool> taken(holder_.size(), false);
+  taken[slot_of(layer)] = true;
+  for (size_t k = 0; k < ahead; ++k) {
+    const int n = next[k];
+    DDP_CHECK(n >= 0 && n < layers && !taken[slot_of(n)],
+              "--zero 3: use of layer {} with layer {} next (of {}, {} slots)", layer, n, layers,
+              holder_.size());
+    taken[slot_of(n)] = true;
+  }
   std::vector<Action> out;
-  if (holder_[layer % 2] != layer) gather(layer, &out);
+  if (holder_[slot_of(layer)] != layer) gather(layer, &out);
   if (pending_[layer]) {
     out.push_back({Kind::kUse, layer});
     pending_[layer] = false;
   }
-  if (next >= 0 && holder_[next % 2] != next) gather(next, &out);
+  for (size_t k = 0; k < ahead; ++k)
+    if (holder_[slot_of(next[k])] != next[k]) gather(next[k], &out);
   return out;
 }
 
 void LayerGathers::gather(int layer, std::vector<Action>* out) {
-  int& holder = holder_[layer % 2];
+  int& holder = holder_[slot_of(layer)];
   if (holder >= 0 && pending_[holder]) {
     out->push_back({Kind::kDrop, holder});
     pending_[holder] = false;
@@ -36,7 +55,7 @@ std::vector<LayerGathers::Action> LayerGathers::forget() {
       out.push_back({Kind::kDrop, static_cast<int>(i)});
       pending_[i] = false;
     }
-  holder_[0] = holder_[1] = -1;
+  std::fill(holder_.begin(), holder_.end(), -1);
   return out;
 }
 

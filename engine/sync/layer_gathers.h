@@ -1,9 +1,10 @@
-// --zero 3's gathers on the GPU as decisions, apart from the device (the runner carries them
-// out): a rank's layers are gathered into two slots, layer i into slot i % 2, before each use
-// of its parameters; the pass's next layer is gathered meanwhile into the other slot; a slot
-// that holds the layer already is not gathered again; every gather is waited for by the
-// compute stream once, before its layer's first use or, unused, before its slot is gathered
-// into again or everything is forgotten (a step's end, evaluation's end). Pure.
+// --zero 3's gathers on the GPU as decisions, apart from the device (DeviceZero carries them
+// out): a rank's layers are gathered into ahead + 1 slots, layer i into slot i % (ahead + 1),
+// before each use of its parameters; the pass's next `ahead` layers (--zero-prefetch, 1 by
+// default) are gathered meanwhile into the other slots; a slot that holds the layer already is
+// not gathered again; every gather is waited for by the compute stream once, before its
+// layer's first use or, unused, before its slot is gathered into again or everything is
+// forgotten (a step's end, evaluation's end). Pure.
 #pragma once
 
 #include <cstddef>
@@ -24,20 +25,26 @@ class LayerGathers {
     bool operator==(const Action& o) const { return kind == o.kind && layer == o.layer; }
   };
 
-  explicit LayerGathers(int layers) : pending_(static_cast<size_t>(layers), false) {}
+  // `layers` layers, gathered up to `ahead` (>= 1) layers ahead of the one in use.
+  explicit LayerGathers(int layers, int ahead = 1);
 
-  // Before layer `layer`'s parameters are read; `next`: the layer this pass reads next, or -1.
-  std::vector<Action> use(int layer, int next);
+  // Before layer `layer`'s parameters are read; `next`: the layers this pass reads next,
+  // nearest first (the first `ahead` of them are gathered meanwhile).
+  std::vector<Action> use(int layer, const std::vector<int>& next);
   // Every gather still pending waited for (kDrop), and what the slots hold forgotten.
   std::vector<Action> forget();
   // The layer slot s holds (gathered or on its way), or -1.
   int holder(int slot) const { return holder_[slot]; }
+  int slots() const { return static_cast<int>(holder_.size()); }
+  int ahead() const { return slots() - 1; }
+  // The slot layer `layer` is gathered into.
+  int slot_of(int layer) const { return layer % slots(); }
 
  private:
   void gather(int layer, std::vector<Action>* out);
 
   std::vector<bool> pending_;  // by layer: gathered, not yet waited for
-  int holder_[2] = {-1, -1};
+  std::vector<int> holder_;    // by slot: the layer it holds, or -1
 };
 
 }  // namespace ddp

@@ -38,7 +38,8 @@ GradientRing device_gradient_ring(const std::vector<ParamSpan>& layers, size_t p
 }
 
 DeviceZero::DeviceZero(Ddp& ddp, const RingLayout& layout, DeviceParameters& weights,
-                       const std::vector<std::pair<size_t, size_t>>& layers, cudaStream_t stream,
+                       const std::vector<std::pair<size_t, size_t>>& layers,
+                       const std::vector<int>& stage_layers, int ahead, cudaStream_t stream,
                        bool lead)
     : ddp_(ddp), level_(layout.zero), weights_(weights), stream_(stream) {
   cudaStream_t s = stream;
@@ -65,11 +66,12 @@ DeviceZero::DeviceZero(Ddp& ddp, const RingLayout& layout, DeviceParameters& wei
   const size_t param_count = weights.count();
   const auto mib = [](size_t floats) { return floats * sizeof(float) / 1048576.0; };
   if (level_ == 3) {
-    // The parameters become this rank's pieces (a bucket a layer) and two gather slots; every
-    // use of a layer's parameters gathers them into slot layer % 2 on the data-parallel
-    // communicator's stream, the compute stream waiting for it, and the pass's next layer is
-    // gathered meanwhile into the other slot. What a slot holds is known within a step (a
-    // layer used twice in a row is gathered once) and forgotten at each step's start.
+    // The parameters become this rank's pieces (a bucket a layer) and ahead + 1 gather slots;
+    // every use of a layer's parameters gathers them into slot layer % (ahead + 1) on the
+    // data-parallel communicator's stream, the compute stream waiting for it, and the pass's
+    // next `ahead` layers are gathered meanwhile into the others. What a slot holds is known
+    // within a step (a layer used twice in a row is gathered once) and forgotten at each step's
+    // start.
     const ShardPlan& plan = ddp.shards();
     const std::vector<Bucket>& buckets = ddp.buckets();
     std::vector<ParamSpan> spans;
@@ -82,14 +84,21 @@ DeviceZero::DeviceZero(Ddp& ddp, const RingLayout& layout, DeviceParameters& wei
       slot = std::max(slot, plan.parts[b].piece * static_cast<size_t>(plan.ranks));
       pieces.push_back({plan.parts[b].offset, plan.parts[b].shard_at, plan.parts[b].count});
     }
-    weights.shard_parameters(layers, pieces, plan.shard_count, slot);
+    weights.shard_parameters(layers, pieces, plan.shard_count, slot, ahead + 1);
     gathering_.resize(layers.size());
-    gathers_ = std::make_unique<LayerGathers>(static_cast<int>(layers.size()));
+    gathers_ = std::make_unique<LayerGathers>(static_cast<int>(layers.size()), ahead);
+    for (size_t s = 0; s < stage_layers.size(); ++s)
+      stage_of_layer_.insert(stage_of_layer_.end(), static_cast<size_t>(stage_layers[s]),
+                             static_cast<int>(s));
+    DDP_CHECK(stage_of_layer_.size() == layers.size(), "--zero 3: {} layers in stages of {}",
+              layers.size(), stage_of_layer_.size());
     if (lead)
       spdlog::info(
-          "zero 3: this rank holds its {:.1f} MiB of the {:.1f} MiB of parameters and two "
-          "gather slots of {:.1f} MiB (a layer's, gathered for each use, the next one meanwhile)",
-          mib(plan.shard_count), mib(param_count), mib(slot));
+          "zero 3: this rank holds its {:.1f} MiB of the {:.1f} MiB of parameters and {} "
+          "gather slots of {:.1f} MiB (a layer's, gathered for each use, the next {} "
+          "meanwhile)",
+          mib(plan.shard_count), mib(param_count), ahead == 1 ? "two" : std::to_string(ahead + 1),
+          mib(slot), ahead == 1 ? std::string("one") : fmt::format("{}", ahead));
   }
   if (level_ < 2 || !lead) return;
   if (weights.ringed())
@@ -115,7 +124,16 @@ void DeviceZero::wait() {
     DDP_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
-void DeviceZero::use_layer(int layer, int next) { carry_out(gathers_->use(layer, next)); }
+void DeviceZero::use_layer(int layer, int next) {
+  std::vector<int> ahead;  // the pass's next layers in the layer's stage, nearest first
+  const int step = next - layer;
+  const int layers = static_cast<int>(stage_of_layer_.size());
+  for (int n = next; next >= 0 && static_cast<int>(ahead.size()) < gathers_->ahead() && n >= 0 &&
+                     n < layers && stage_of_layer_[n] == stage_of_layer_[layer];
+       n += step)
+    ahead.push_back(n);
+  carry_out(gathers_->use(layer, ahead));
+}
 
 void DeviceZero::forget_gathers() {
   if (gathers_) carry_out(gathers_->forget());

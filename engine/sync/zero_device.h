@@ -45,11 +45,12 @@ GradientRing device_gradient_ring(const std::vector<ParamSpan>& layers, size_t p
 class DeviceZero {
  public:
   // Shards `ddp`'s state at `layout.zero`'s level over the rank's buffers `weights` (its layers
-  // as spans `layers` of them, in order; its ring made from `layout`) on `stream`; `lead` logs
-  // what it holds.
+  // as spans `layers` of them, in order, `stage_layers` of them a stage of the rank; its ring
+  // made from `layout`) on `stream`; level 3 gathers up to `ahead` layers ahead of the one in
+  // use (--zero-prefetch). `lead` logs what it holds.
   DeviceZero(Ddp& ddp, const RingLayout& layout, DeviceParameters& weights,
-             const std::vector<std::pair<size_t, size_t>>& layers, cudaStream_t stream,
-             bool lead);
+             const std::vector<std::pair<size_t, size_t>>& layers,
+             const std::vector<int>& stage_layers, int ahead, cudaStream_t stream, bool lead);
   // How the host waits for the stream where a copy needs it (the runner's: bounded by
   // --timeout when there are peers); cudaStreamSynchronize until set.
   void set_wait(std::function<void()> wait) { wait_ = std::move(wait); }
@@ -60,7 +61,8 @@ class DeviceZero {
   bool shards_parameters() const { return level_ == 3; }
 
   // --zero 3, before the stream reads the rank's layer `layer`: its parameters gathered into
-  // their slot (and, `next` >= 0, the pass's next layer on its way into the other).
+  // their slot and, `next` >= 0 being the pass's next layer, the next `ahead` layers of the
+  // pass in its stage (on in the same direction) on their way into the others.
   void use_layer(int layer, int next);
   // Every gather still pending waited for by the stream, what the slots hold forgotten: at a
   // step's start and before its update, so every step, the captured one too, gathers alike.
@@ -91,6 +93,7 @@ class DeviceZero {
   std::function<void()> wait_;
   std::vector<DeviceBuffer<float>> buffers_;      // its padded buckets' copies
   std::vector<size_t> bucket_of_layer_;           // --zero 3: the rank's layer i -> its bucket
+  std::vector<int> stage_of_layer_;               // and -> its stage among the rank's
   std::vector<std::unique_ptr<Work>> gathering_;  // by layer: its gather, until waited for
   std::unique_ptr<LayerGathers> gathers_;         // which to gather and wait for, when
 };

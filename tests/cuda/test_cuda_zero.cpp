@@ -125,6 +125,41 @@ INSTANTIATE_TEST_SUITE_P(
                  "--optimizer adamw --accumulate 2 --no-cuda-graph", 3, true}),
     [](const ::testing::TestParamInfo<ZeroCase>& info) { return info.param.name; });
 
+// --zero-prefetch 2: every use of a layer has the pass's next two layers of its stage on their
+// way (three gather slots); the gathers are exact copies, so the weights are bitwise those of
+// one layer ahead, with one stage a rank and with two (interleaved: no prefetch crosses into
+// the other stage), and the rank holds one more layer's slot of parameters.
+TEST(SharedGpuZero, PrefetchingTwoLayersAheadTrainsBitwiseAsOne) {
+  REQUIRE_GPU();
+  const std::vector<std::pair<int, std::string>> layouts = {
+      {2, "--optimizer adamw"},
+      {4, "--optimizer adamw --pp 2 --schedule interleaved-1f1b --micro-batches 4"}};
+  for (const auto& [ranks, layout] : layouts) {
+    TempDir dir;
+    const auto run = [&, ranks = ranks, layout = layout](const std::string& name, int ahead) {
+      const RunResult r = run_command(
+          shared(ranks, layout + " --zero 3 --zero-prefetch " + std::to_string(ahead) +
+                            " --metrics " + dir.file(name + ".jsonl") + " --save-weights " +
+                            dir.file(name + ".st")));
+      EXPECT_EQ(r.exit_code, 0) << r.output;
+      return r;
+    };
+    const RunResult one = run("one", 1);
+    const RunResult two = run("two", 2);
+    EXPECT_NE(one.output.find("and two gather slots of"), std::string::npos) << one.output;
+    EXPECT_NE(two.output.find("and 3 gather slots of"), std::string::npos) << two.output;
+    EXPECT_NE(two.output.find("the next 2 meanwhile"), std::string::npos) << two.output;
+    EXPECT_EQ(load_weights(dir.file("two.st"), kLayers), load_weights(dir.file("one.st"), kLayers))
+        << layout;
+    const int64_t held_one = held(dir.file("one.jsonl"), "parameters");
+    const int64_t held_two = held(dir.file("two.jsonl"), "parameters");
+    std::printf("--zero-prefetch 2 (%s): parameters held %lld bytes, one ahead %lld\n",
+                layout.c_str(), static_cast<long long>(held_two),
+                static_cast<long long>(held_one));
+    EXPECT_GT(held_two, held_one) << layout;
+  }
+}
+
 // A model of many equal layers (as `large`), where backward runs once a step: with --zero 2
 // the gradients live in three bucket slots and the rank's averaged pieces, not one buffer;
 // with --zero 3 a rank also holds its pieces of the parameters plus two gather slots of a

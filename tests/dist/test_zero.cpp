@@ -248,6 +248,18 @@ TEST(Zero, BadLevelsAndTheGpuAreOneLine) {
   EXPECT_NE(check.output.find("--check-replicas with --zero 3: each replica holds its own piece"),
             std::string::npos)
       << check.output;
+  // --zero-prefetch gathers ahead on the GPU with --zero 3 only, 1 to 8 layers.
+  for (const std::string& flags : {" --zero 3 --zero-prefetch 2", " --zero 2 --zero-prefetch 2"}) {
+    const RunResult ahead = run_command(kTrain + kArgs + flags);
+    EXPECT_EQ(ahead.exit_code, 2) << ahead.output;
+    EXPECT_NE(ahead.output.find("--zero-prefetch 2: gathers ahead with --zero 3 on the GPU only"),
+              std::string::npos)
+        << ahead.output;
+  }
+  const RunResult far = run_command(kTrain + kArgs + " --zero 3 --zero-prefetch 9");
+  EXPECT_EQ(far.exit_code, 2) << far.output;
+  EXPECT_NE(far.output.find("--zero-prefetch 9: expected 1 to 8 layers ahead"), std::string::npos)
+      << far.output;
   const RunResult one = run_command(kTrain + kArgs + " --zero 1");
   EXPECT_EQ(one.exit_code, 0) << one.output;
   EXPECT_NE(one.output.find("--zero 1: one replica holds everything; nothing to shard"),
