@@ -35,7 +35,25 @@ struct Rank {
   // a lane a peer.
   std::map<std::pair<int, int>, Lane> lanes;
   const LaneOp* waiting = nullptr;  // the receive this rank is blocked on (in its lane)
+  // --zero 3 (SimCosts::gather): when each compute action so far began, when its gather lane
+  // is free, and how long compute waited for gathers.
+  std::vector<double> began;
+  double gather_free = 0, first_reach = 0, gather_wait = 0;
 };
+
+// Rank `me` reaches a compute action: its gather (issued `ahead` compute actions earlier, or
+// as the rank reached its first) done on the gather lane first. Returns when it may begin.
+double after_gather(Rank& me, double gather, int ahead) {
+  const size_t k = me.began.size();
+  if (k == 0) me.first_reach = me.clock;
+  const double issued = k >= static_cast<size_t>(ahead) ? me.began[k - ahead] : me.first_reach;
+  const double done = std::max(issued, me.gather_free) + gather;
+  me.gather_free = done;
+  const double begin = std::max(me.clock, done);
+  me.gather_wait += begin - me.clock;
+  me.began.push_back(begin);
+  return begin;
+}
 
 bool is_activation(ActionKind kind) {
   return kind == ActionKind::kSendActivation || kind == ActionKind::kRecvActivation;
@@ -118,6 +136,8 @@ SimResult simulate_schedule(const std::vector<std::vector<PipelineAction>>& list
           if (a.kind != ActionKind::kForward && rank_costs[r].recompute && working != a.micro_batch)
             cost += rank_costs[r].forward;  // forwarded again from its input
           working = a.micro_batch;
+          if (rank_costs[r].gather > 0)
+            me.clock = after_gather(me, rank_costs[r].gather, std::max(1, rank_costs[r].gather_ahead));
           me.clock += cost;
           me.busy += cost;
           if (a.kind == ActionKind::kForward) me.peak = std::max(me.peak, ++me.live);
@@ -217,6 +237,7 @@ SimResult simulate_schedule(const std::vector<std::vector<PipelineAction>>& list
     result.step_time = std::max(result.step_time, end);
     result.busy.push_back(me.busy);
     result.peak_live.push_back(me.peak);
+    result.gather_wait.push_back(me.gather_wait);
   }
   double idle = 0;
   for (double b : result.busy)

@@ -37,6 +37,14 @@ struct SimCosts {
   // last; a backward, input half or weight half of another micro-batch forwards it again
   // first (a forward's cost), as the CPU's stage does.
   bool recompute = false;
+  // --zero 3: the stage's parameters are gathered over its data-parallel group before each
+  // compute action reads them, `gather` each (its layers' gathers as one span), on a lane of
+  // the rank's own that runs one gather at a time; a gather is issued when the compute
+  // action `gather_ahead` before its own begins (--zero-prefetch; the first ones as the rank
+  // reaches its first compute), so a rank waits only for what the compute before it does not
+  // hide. 0: no gathers (ZeRO 0 to 2).
+  double gather = 0;
+  int gather_ahead = 1;
 };
 
 struct SimResult {
@@ -46,6 +54,7 @@ struct SimResult {
   std::vector<double> busy;    // per rank: compute time
   std::vector<int> peak_live;  // per rank: most micro-batches forwarded, not yet backwarded
   double bubble = 0;           // mean over ranks of idle / step_time
+  std::vector<double> gather_wait;  // per rank: time its compute waited for gathers (--zero 3)
 };
 
 // `ranks[r]`: the actions of pipeline rank r for one step; stage index s runs on rank

@@ -401,6 +401,65 @@ std::string schedule_row(PipelineSchedule schedule) {
   return row.str();
 }
 
+// --zero 3's gathers (SimCosts::gather): one rank, GPipe's F0 F1 B0 B1 with F = 1, B = 2. Gathers
+// of 0.5 hide behind the compute before them but the first; gathers of 3 set the pace (the lane
+// runs one at a time, each issued when the compute before its own begins).
+TEST(Simulator, ZeroThreeGathersCostWhatTheComputeBeforeThemDoesNotHide) {
+  SimCosts costs;
+  costs.forward = 1;
+  costs.backward = 2;
+  const auto step = [&](double gather, int ahead) {
+    costs.gather = gather;
+    costs.gather_ahead = ahead;
+    const SimResult r = simulate_plan(PipelineSchedule::kGpipe, 1, 1, 2, costs);
+    EXPECT_TRUE(r.ok) << r.error;
+    return r;
+  };
+  EXPECT_DOUBLE_EQ(step(0, 1).step_time, 6);
+  EXPECT_DOUBLE_EQ(step(0, 1).gather_wait[0], 0);
+  EXPECT_DOUBLE_EQ(step(0.5, 1).step_time, 6.5);  // the first gather only
+  EXPECT_DOUBLE_EQ(step(0.5, 1).gather_wait[0], 0.5);
+  // g0 [0,3] F0 [3,4]; g1 [3,6] F1 [6,7]; g2 [6,9] B0 [9,11]; g3 [9,12] B1 [12,14].
+  EXPECT_DOUBLE_EQ(step(3, 1).step_time, 14);
+  EXPECT_DOUBLE_EQ(step(3, 1).gather_wait[0], 8);
+  EXPECT_DOUBLE_EQ(step(3, 1).busy[0], 6);  // waiting is not compute
+}
+
+// Prefetching further (--zero-prefetch) helps where a long compute follows a short one: one
+// rank's 1F1B (F B F B ...) with F = 1, B = 4 and gathers of 3: one ahead, each backward waits
+// for a gather issued only when the forward before it began; two ahead, it was issued a
+// backward earlier. It never makes a step slower, and gathers faster than compute cost only
+// the first one.
+TEST(Simulator, GatheringTwoAheadHidesWhatOneAheadCannot) {
+  SimCosts costs;
+  costs.forward = 1;
+  costs.backward = 4;
+  costs.gather = 3;
+  const auto step = [&](int ahead, PipelineSchedule schedule, int ranks, int micro) {
+    costs.gather_ahead = ahead;
+    const SimResult r = simulate_plan(schedule, ranks, 1, micro, costs);
+    EXPECT_TRUE(r.ok) << r.error;
+    return r.step_time;
+  };
+  const double one = step(1, PipelineSchedule::kOneForwardOneBackward, 1, 4);
+  const double two = step(2, PipelineSchedule::kOneForwardOneBackward, 1, 4);
+  std::printf("1f1b, 1 rank, 4 micro-batches, F 1, B 4, gathers 3: one ahead %.1f, two %.1f\n",
+              one, two);
+  EXPECT_LT(two, one);
+  for (PipelineSchedule schedule :
+       {PipelineSchedule::kGpipe, PipelineSchedule::kOneForwardOneBackward})
+    for (int ranks = 1; ranks <= 3; ++ranks)
+      for (int micro = ranks; micro <= 6; ++micro) {
+        costs.gather = 3;
+        EXPECT_LE(step(2, schedule, ranks, micro), step(1, schedule, ranks, micro) + 1e-9)
+            << schedule_name(schedule) << " " << ranks << " ranks " << micro;
+        costs.gather = 0.25;  // under every compute: only each rank's first is exposed
+        const double hidden = step(1, schedule, ranks, micro);
+        costs.gather = 0;
+        EXPECT_LE(hidden, step(1, schedule, ranks, micro) + 0.25 * ranks + 1e-9);
+      }
+}
+
 TEST(ScheduleTable, TheReadmeHoldsTheSimulatorsFigures) {
   std::ifstream in(README_PATH);
   ASSERT_TRUE(in.good()) << README_PATH;
