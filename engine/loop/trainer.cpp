@@ -55,7 +55,7 @@ Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* c
   check_model_fits_data(shape, config, data);
   set_cpu_threads(config.threads);
   const bool gpu = config.device == Device::kCuda;
-  groups_ = make_rank_groups(comm_, layout_, gpu);
+  groups_ = make_rank_groups(comm_, layout_, gpu, config.zero == 3);
   if (layout_.stages > 1 && lead())
     spdlog::info("pipeline: dp {} x pp {}, {} micro-batches of {} per replica, {} schedule; {}",
                  layout_.replicas, layout_.stages, micro_batches_, local_batch_,
@@ -80,7 +80,7 @@ Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* c
   // A data-parallel group of one (a backend named for one process) still runs the
   // data-parallel path, so that it can be checked against the plain one.
   if (layout_.replicas > 1 || (layout_.stages == 1 && comm_ != nullptr)) {
-    ddp_ = make_stage_ddp(config, *dp_comm(), stages_, *runner_, lead());
+    ddp_ = make_stage_ddp(config, *dp_comm(), stages_, *runner_, lead(), groups_.gathers.get());
   } else if (config.zero > 0 && lead()) {
     spdlog::warn("--zero {}: one replica holds everything; nothing to shard", config.zero);
   }

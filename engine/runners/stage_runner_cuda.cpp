@@ -258,8 +258,7 @@ class GpuRunner final : public StageRunner {
     act_type_ = front.bf16() ? DataType::kBFloat16 : DataType::kFloat32;
     if (!alone_) {
       // Each stage's micro-batches' forward and backward, or backward's two halves.
-      busy_ = std::make_unique<DeviceBusySpans>(stream_,
-                                                3 * spec_.micro_batches * chunks_.size());
+      busy_ = std::make_unique<DeviceBusySpans>(stream_, 3 * spec_.micro_batches * chunks_.size());
     }
     model_s_ = clock_.seconds();
   }
@@ -711,6 +710,11 @@ class GpuRunner final : public StageRunner {
     if (!config_.timeline.empty() && alone_)
       timeline_ = std::make_unique<GpuTimeline>(stream_, spec_.shape.num_layers(),
                                                 ddp_ ? ddp_->buckets().size() : 0);
+    if (timeline_ && zero_) {
+      GpuTimeline* timeline = timeline_.get();
+      zero_->set_on_gather(
+          [timeline](int layer, Work& gather) { timeline->gather_issued(layer, gather); });
+    }
     FusedStepSetting fused;
     fused.config = &config_;
     fused.spec = &spec_;
@@ -768,7 +772,7 @@ class GpuRunner final : public StageRunner {
   DeviceSplit eval_;  // the split evaluated: features on the first stage, labels on the last
   const Split* eval_split_ = nullptr;
   Ddp* ddp_ = nullptr;
-  std::unique_ptr<DeviceZero> zero_;  // --zero: ddp_'s state sharded
+  std::unique_ptr<DeviceZero> zero_;   // --zero: ddp_'s state sharded
   DeviceBuffer<uint16_t> bf16_grads_;  // the gradients on the wire with --grad-reduce bf16
   std::unique_ptr<OptimizerOverlap> overlapped_;
   std::unique_ptr<GpuTimeline> timeline_;  // the whole model's --timeline
@@ -784,7 +788,7 @@ class GpuRunner final : public StageRunner {
   // A pipeline stage's forwards and backwards of the step, timed by events (not the whole
   // model's: the host's clock times its steps).
   std::unique_ptr<DeviceBusySpans> busy_;
-  StepGraph graph_;         // the step, captured at the second and replayed
+  StepGraph graph_;  // the step, captured at the second and replayed
   // --fused-step or --autotune, where the trial chose it: the step run instead of the
   // schedule's actions.
   std::unique_ptr<FusedStep> fused_;

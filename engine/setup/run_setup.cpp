@@ -73,11 +73,20 @@ StageSpec stage_cut(const TrainConfig& config, int replicas) {
   return cut;
 }
 
-RankGroups make_rank_groups(Communicator* world, const PipelineLayout& layout, bool gpu) {
+RankGroups make_rank_groups(Communicator* world, const PipelineLayout& layout, bool gpu,
+                            bool layer_gathers) {
   RankGroups g;
   g.world = world;
   if (world != nullptr && world->device_buffers()) g.host_world = make_host_staged(*world);
-  if (layout.stages == 1) return g;
+  const auto split_gathers = [&] {
+    Communicator* replicas = g.replicas();
+    if (layer_gathers && gpu && layout.replicas > 1 && replicas != nullptr)
+      g.gathers = replicas->split(0, replicas->rank());
+  };
+  if (layout.stages == 1) {
+    split_gathers();
+    return g;
+  }
   g.pipe = world->split(layout.replica, layout.stage);
   // Gradients on a communicator of their own: the GPU's queues never wait behind each
   // other, and with several stages a rank (whose transfers to one peer carry both flows)
@@ -96,11 +105,12 @@ RankGroups make_rank_groups(Communicator* world, const PipelineLayout& layout, b
     for (const auto& [lane, number] : lanes)
       g.lanes[{lane.activations, lane.from, lane.to}] = g.lane_comms[number].get();
   }
+  split_gathers();
   return g;
 }
 
 std::function<void()> RankGroups::abort_all() const {
-  std::vector<Communicator*> all{world, pipe.get(), grad.get(), dp.get()};
+  std::vector<Communicator*> all{world, pipe.get(), grad.get(), dp.get(), gathers.get()};
   for (const auto& c : lane_comms)
     all.push_back(c.get());
   return [all] {
@@ -289,11 +299,13 @@ double available_host_bytes() {
 }
 
 std::unique_ptr<Ddp> make_stage_ddp(const TrainConfig& config, Communicator& group,
-                                    const RankStages& stages, StageRunner& runner, bool lead) {
+                                    const RankStages& stages, StageRunner& runner, bool lead,
+                                    Communicator* gathers) {
   std::vector<ParamSpan> spans;
   for (const auto& [offset, count] : stages.layer_spans())
     spans.push_back({offset, count});
   auto ddp = std::make_unique<Ddp>(group, spans, stage_ddp_options(config));
+  ddp->set_gather_comm(gathers);
   runner.prepare_ddp(*ddp, stages.fingerprint(), stages.shape().to_string());
   ddp->broadcast_parameters(runner.params(), stages.param_count());
   runner.params_changed();

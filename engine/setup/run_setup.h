@@ -53,6 +53,9 @@ struct RankGroups {
   std::unique_ptr<Communicator> pipe;  // this replica's stages (pp > 1)
   std::unique_ptr<Communicator> grad;  // the same ranks again, for gradients (GPU, chunks > 1)
   std::unique_ptr<Communicator> dp;    // this stage's replicas (pp > 1, dp > 1)
+  // The same replicas again for --zero 3's layer gathers on the GPU (dp > 1), so that they
+  // never queue behind the reduce-scatters on NCCL's stream (Ddp::set_gather_comm).
+  std::unique_ptr<Communicator> gathers;
   std::unique_ptr<Communicator> host_world, host_pipe;  // where the others are NCCL's
   // Several stages a rank on the GPU: the pipeline's lanes (pipeline_lanes), those of one
   // number on one communicator of the replica's stages.
@@ -72,7 +75,8 @@ struct RankGroups {
   // Aborts every one of them (a stalled GPU step).
   std::function<void()> abort_all() const;
 };
-RankGroups make_rank_groups(Communicator* world, const PipelineLayout& layout, bool gpu);
+RankGroups make_rank_groups(Communicator* world, const PipelineLayout& layout, bool gpu,
+                            bool layer_gathers = false);
 
 // --check-replicas: throws (naming the replica and the stage) when this stage's replicas
 // hold different weights after step `step` (collective over `replicas`).
@@ -101,7 +105,9 @@ PipelineLayout layout_of(const TrainConfig& config, int world, int rank);
 // Data parallelism over `group` for the stages `stages` run by `runner`: the buckets, the
 // model check (collective), rank 0's parameters broadcast and, with --zero, the sharded
 // optimizer (its start-up line from rank 0, `lead`).
+// `gathers`: --zero 3's layer gathers' own communicator over the same group, or null.
 std::unique_ptr<Ddp> make_stage_ddp(const TrainConfig& config, Communicator& group,
-                                    const RankStages& stages, StageRunner& runner, bool lead);
+                                    const RankStages& stages, StageRunner& runner, bool lead,
+                                    Communicator* gathers = nullptr);
 
 }  // namespace ddp

@@ -249,12 +249,12 @@ void Ddp::gather_in_place(float* full, void* stream) {
 }
 
 void Ddp::gather_bucket(size_t b, const float* shard, float* into) {
-  gather_bucket_async(b, shard, into)->wait(comm_.timeout());
+  gather_bucket_async(b, shard, into)->wait(gather_comm().timeout());
 }
 
 std::unique_ptr<Work> Ddp::gather_bucket_async(size_t b, const float* shard, float* into) {
   const ShardPart& p = shards_.parts.at(b);
-  return comm_.all_gather_async(shard + p.shard_at, into, p.piece, DataType::kFloat32);
+  return gather_comm().all_gather_async(shard + p.shard_at, into, p.piece, DataType::kFloat32);
 }
 
 void Ddp::copy_back(size_t b, float* full, std::vector<std::unique_ptr<Work>>& gathers,

@@ -153,8 +153,15 @@ class Ddp {
   // Collective: bucket b's pieces of every rank (`shard`, its own) into
   // `into` (shards().parts[b].piece x size() floats: the bucket, then the padding).
   void gather_bucket(size_t b, const float* shard, float* into);
-  // The same, not waited for (device communicators: the Work makes a stream wait).
+  // The same, not waited for (device communicators: the Work makes a stream wait), on the
+  // gathers' communicator.
   std::unique_ptr<Work> gather_bucket_async(size_t b, const float* shard, float* into);
+  // --zero 3's gathers of a layer before its use (gather_bucket, gather_bucket_async) on a
+  // communicator of their own over the same ranks (in the same order: a split of comm()), so
+  // that on the GPU a gather runs on its own stream and never queues behind the reduce-
+  // scatters issued before it; null: on comm().
+  void set_gather_comm(Communicator* comm) { gather_comm_ = comm; }
+  Communicator& gather_comm() { return gather_comm_ != nullptr ? *gather_comm_ : comm_; }
   // Collective: every rank's pieces of `full`, each rank's own being current in place, into
   // every rank's `full` (device communicators: `stream` made to wait).
   void gather_in_place(float* full, void* stream);
@@ -174,6 +181,7 @@ class Ddp {
   }
 
   Communicator& comm_;
+  Communicator* gather_comm_ = nullptr;  // --zero 3's layer gathers, where apart
   CopyFn copy_to_device_ = nullptr;
   CopyFn copy_to_host_ = nullptr;
   std::vector<Bucket> buckets_;

@@ -63,12 +63,14 @@ DeviceZero::DeviceZero(Ddp& ddp, const RingLayout& layout, DeviceParameters& wei
   }
   ddp.shard(level_, &memory);
   weights.shard_optimizer(ddp.shards().shard_count);
+  // The gathers' communicator (where apart) starts after the compute stream's work, too.
+  ddp.gather_comm().set_compute_stream(stream);
   const size_t param_count = weights.count();
   const auto mib = [](size_t floats) { return floats * sizeof(float) / 1048576.0; };
   if (level_ == 3) {
     // The parameters become this rank's pieces (a bucket a layer) and ahead + 1 gather slots;
     // every use of a layer's parameters gathers them into slot layer % (ahead + 1) on the
-    // data-parallel communicator's stream, the compute stream waiting for it, and the pass's
+    // gathers' communicator's stream, the compute stream waiting for it, and the pass's
     // next `ahead` layers are gathered meanwhile into the others. What a slot holds is known
     // within a step (a layer used twice in a row is gathered once) and forgotten at each step's
     // start.
@@ -96,17 +98,19 @@ DeviceZero::DeviceZero(Ddp& ddp, const RingLayout& layout, DeviceParameters& wei
       spdlog::info(
           "zero 3: this rank holds its {:.1f} MiB of the {:.1f} MiB of parameters and {} "
           "gather slots of {:.1f} MiB (a layer's, gathered for each use, the next {} "
-          "meanwhile)",
+          "meanwhile{})",
           mib(plan.shard_count), mib(param_count), ahead == 1 ? "two" : std::to_string(ahead + 1),
-          mib(slot), ahead == 1 ? std::string("one") : fmt::format("{}", ahead));
+          mib(slot), ahead == 1 ? std::string("one") : fmt::format("{}", ahead),
+          &ddp.gather_comm() != &ddp.comm()
+              ? fmt::format(", on {}, a communicator of their own", ddp.gather_comm().name())
+              : std::string());
   }
   if (level_ < 2 || !lead) return;
   if (weights.ringed())
     spdlog::info(
         "zero {}: the gradients in {} bucket slots of {:.1f} MiB and this rank's averaged "
         "pieces ({:.1f} MiB), not one buffer of {:.1f} MiB",
-        level_, ring.slots, mib(ring.slot_floats), mib(ddp.shards().shard_count),
-        mib(param_count));
+        level_, ring.slots, mib(ring.slot_floats), mib(ddp.shards().shard_count), mib(param_count));
   else
     spdlog::info(
         "zero {}: the whole gradient buffer stays, backward's workspace ({}); the buckets are "
@@ -156,6 +160,7 @@ void DeviceZero::carry_out(const std::vector<LayerGathers::Action>& actions) {
     if (a.kind == LayerGathers::Kind::kGather) {
       work = ddp_.gather_bucket_async(bucket_of_layer_[a.layer], weights_.shard_params(),
                                       weights_.layer_slot(a.layer));
+      if (on_gather_) on_gather_(a.layer, *work);
       continue;
     }
     wait_for(&work, stream_);
@@ -187,8 +192,8 @@ std::vector<float> DeviceZero::params(size_t count) {
   forget_gathers();
   DeviceBuffer<float> whole(count, MemoryCategory::kOther);
   ddp_.gather_shards(weights_.shard_params(), whole.data(), stream_);
-  DDP_CUDA_CHECK(cudaMemcpyAsync(host.data(), whole.data(), whole.bytes(), cudaMemcpyDeviceToHost,
-                                 stream_));
+  DDP_CUDA_CHECK(
+      cudaMemcpyAsync(host.data(), whole.data(), whole.bytes(), cudaMemcpyDeviceToHost, stream_));
   wait();
   return host;
 }

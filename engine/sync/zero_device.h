@@ -1,7 +1,8 @@
 // ZeRO (--zero 1, 2, 3) on the GPU over a Ddp's group, in one place: the device memory of its
 // padded buckets and (2, 3) gradient ring, the sharded optimizer's step over this rank's
 // pieces, the parameters' gather after it (1, 2) or (3) before each use of a layer (the
-// decisions LayerGathers makes, carried out on the data-parallel communicator), and the host
+// decisions LayerGathers makes, carried out on the gathers' own communicator, Ddp::gather_comm,
+// so that a gather never queues behind a reduce-scatter), and the host
 // copies of the sharded parameters and optimizer state (collectives over the group). The
 // runner supplies the rank's flat buffers and compute stream and calls it where the step
 // reaches these points; models/ only holds the memory.
@@ -51,6 +52,10 @@ class DeviceZero {
   DeviceZero(Ddp& ddp, const RingLayout& layout, DeviceParameters& weights,
              const std::vector<std::pair<size_t, size_t>>& layers,
              const std::vector<int>& stage_layers, int ahead, cudaStream_t stream, bool lead);
+  // Each layer gather as it is issued (the GPU timeline's), or none.
+  void set_on_gather(std::function<void(int layer, Work& gather)> on_gather) {
+    on_gather_ = std::move(on_gather);
+  }
   // How the host waits for the stream where a copy needs it (the runner's: bounded by
   // --timeout when there are peers); cudaStreamSynchronize until set.
   void set_wait(std::function<void()> wait) { wait_ = std::move(wait); }
@@ -91,6 +96,7 @@ class DeviceZero {
   DeviceParameters& weights_;
   cudaStream_t stream_;
   std::function<void()> wait_;
+  std::function<void(int, Work&)> on_gather_;
   std::vector<DeviceBuffer<float>> buffers_;      // its padded buckets' copies
   std::vector<size_t> bucket_of_layer_;           // --zero 3: the rank's layer i -> its bucket
   std::vector<int> stage_of_layer_;               // and -> its stage among the rank's

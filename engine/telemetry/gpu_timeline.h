@@ -15,7 +15,8 @@ namespace ddp {
 
 // --timeline on the GPU: CUDA events inside the step (recorded by the captured graph at every
 // replay) time the forward, each layer's backward, each gradient bucket's all-reduce (lane 1:
-// NCCL's stream, beside backward) and the optimizer with what it waited for. The host reads
+// NCCL's stream, beside backward), --zero 3's layer gathers (lane 2: their communicator's
+// stream) and the optimizer with what it waited for. The host reads
 // them after every step, so a run with it is slower: a diagnostic, like the CPU timeline.
 class GpuTimeline {
  public:
@@ -37,10 +38,19 @@ class GpuTimeline {
       anchored_ = true;
     }
     DDP_CUDA_CHECK(cudaEventRecord(start_.get(), stream_));
+    gathers_this_step_ = 0;
   }
   void step_ends(TimelineRecorder& recorder, int64_t step) {
     DDP_CUDA_CHECK(cudaEventRecord(end_.get(), stream_));
     DDP_CUDA_CHECK(cudaEventSynchronize(end_.get()));
+    // A replayed step issues no gathers from the host: it has the captured step's.
+    if (gathers_this_step_ > 0) gathers_ = gathers_this_step_;
+    double gathered = 0;  // a gather starts once issued and the one before it is done
+    for (size_t g = 0; g < gathers_; ++g) {
+      const double start = std::max(at(gather_issued_[g]), gathered);
+      gathered = at(gather_done_[g]);
+      recorder.add(SpanKind::kGather, step, gather_layer_[g], start, gathered, 2);
+    }
     const int last = static_cast<int>(layer_.size()) - 1;
     recorder.add(SpanKind::kForward, step, -1, at(start_), at(forward_));
     for (int i = last; i >= 0; --i)
@@ -60,6 +70,22 @@ class GpuTimeline {
   void forward_done() { record(forward_, stream_); }
   void layer_done(int layer) { record(layer_[layer], stream_); }
   void bucket_issued(size_t bucket) { record(issued_[bucket], stream_); }
+  // --zero 3: layer `layer`'s gather, just issued (its communicator starts it after the work
+  // queued so far), its completion timed on a stream of its own that joins the model's stream
+  // with the buckets'.
+  void gather_issued(int layer, Work& gather) {
+    const size_t g = gathers_this_step_++;
+    if (g == gather_issued_.size()) {
+      gather_issued_.emplace_back(true);
+      gather_done_.emplace_back(true);
+      gather_layer_.push_back(layer);
+    }
+    gather_layer_[g] = layer;
+    record(gather_issued_[g], stream_);
+    gather.then_on(gather_side_.get());
+    record(gather_done_[g], gather_side_.get());
+    gathering_ = true;
+  }
   // After every bucket is issued: each one's completion, timed on a side stream that joins
   // the model's stream again.
   void buckets_issued(Ddp& ddp) {
@@ -69,6 +95,10 @@ class GpuTimeline {
     }
     DDP_CUDA_CHECK(cudaEventRecord(joined_.get(), side_.get()));
     DDP_CUDA_CHECK(cudaStreamWaitEvent(stream_, joined_.get(), 0));
+    if (gathering_) {
+      DDP_CUDA_CHECK(cudaEventRecord(gathers_joined_.get(), gather_side_.get()));
+      DDP_CUDA_CHECK(cudaStreamWaitEvent(stream_, gathers_joined_.get(), 0));
+    }
   }
 
  private:
@@ -93,6 +123,13 @@ class GpuTimeline {
   std::deque<CudaEvent> issued_, reduced_;  // per bucket (deque: events do not move)
   CudaEvent joined_;
   CudaStream side_;
+  // --zero 3's gathers of the step, in the order issued (deque: events do not move).
+  std::deque<CudaEvent> gather_issued_, gather_done_;
+  std::vector<int> gather_layer_;
+  size_t gathers_this_step_ = 0, gathers_ = 0;
+  bool gathering_ = false;
+  CudaEvent gathers_joined_;
+  CudaStream gather_side_;
   double anchor_us_ = 0;
   bool anchored_ = false;
 };

@@ -38,6 +38,8 @@ const char* span_name(SpanKind kind) {
       return "backward input";
     case SpanKind::kBackwardWeight:
       return "backward weight";
+    case SpanKind::kGather:
+      return "gather layer";
   }
   return "?";
 }
@@ -74,14 +76,17 @@ std::string chrome_trace_json(const std::vector<std::vector<Span>>& rank_spans,
                       {"name", "thread_sort_index"},
                       {"pid", 0},
                       {"tid", tid},
-                      {"args", {{"sort_index", tid >= ranks ? 2 * (tid - ranks) + 1 : 2 * tid}}}});
+                      {"args", {{"sort_index", 3 * (tid % ranks) + tid / ranks}}}});
   };
+  // A rank's tracks: its compute (lane 0), its collectives (1) and --zero 3's gathers (2).
+  const char* kLaneNames[] = {"", " communication", " gathers"};
   for (size_t r = 0; r < ranks; ++r) {
     const std::string name = r < track_names.size() ? track_names[r] : "";
     track(r, name);
-    if (std::any_of(rank_spans[r].begin(), rank_spans[r].end(),
-                    [](const Span& s) { return s.lane == 1; }))
-      track(ranks + r, name + " communication");
+    for (int lane = 1; lane <= 2; ++lane)
+      if (std::any_of(rank_spans[r].begin(), rank_spans[r].end(),
+                      [lane](const Span& s) { return s.lane == lane; }))
+        track(lane * ranks + r, name + kLaneNames[lane]);
     for (const Span& s : rank_spans[r]) {
       std::string name = span_name(s.kind);
       if (s.micro_batch >= 0) name += " " + std::to_string(s.micro_batch);
@@ -92,7 +97,7 @@ std::string chrome_trace_json(const std::vector<std::vector<Span>>& rank_spans,
                         {"name", name},
                         {"cat", span_name(s.kind)},
                         {"pid", 0},
-                        {"tid", s.lane == 1 ? ranks + r : r},
+                        {"tid", (s.lane == 1 || s.lane == 2 ? s.lane : 0) * ranks + r},
                         {"ts", s.start_us - origin},
                         {"dur", std::max(0.0, s.end_us - s.start_us)},
                         {"args", args}});

@@ -23,8 +23,9 @@ enum class SpanKind {
   kOptimizer,
   kLayerBackward,
   kBucketAllReduce,
-  kBackwardInput,  // a backward split in two (zero-bubble schedules): the input half
-  kBackwardWeight  // and the weight half
+  kBackwardInput,   // a backward split in two (zero-bubble schedules): the input half
+  kBackwardWeight,  // and the weight half
+  kGather           // --zero 3: a layer's parameters gathered before its use (lane 2)
 };
 const char* span_name(SpanKind kind);
 
@@ -34,7 +35,8 @@ struct Span {
   int micro_batch = -1;  // -1: not of one micro-batch; the layer or bucket of the GPU's kinds
   double start_us = 0;   // wall clock, microseconds since the epoch (comparable across ranks)
   double end_us = 0;
-  int lane = 0;    // 0: the rank's work; 1: its communication running beside it (GPU)
+  // 0: the rank's work; 1: its communication running beside it (GPU); 2: --zero 3's gathers
+  int lane = 0;
   int stage = -1;  // the pipeline stage it belongs to, where a rank runs several (-1: its one)
 };
 
@@ -57,7 +59,8 @@ class TimelineRecorder {
 };
 
 // The Chrome trace JSON of every rank's spans (rank_spans[r]), track r named
-// track_names[r] (lane 1 on track ranks + r, "... communication"), times relative to the
+// track_names[r] (lane 1 on track ranks + r, "... communication"; lane 2 on track 2 x ranks + r,
+// "... gathers"), times relative to the
 // earliest span. Pure.
 std::string chrome_trace_json(const std::vector<std::vector<Span>>& rank_spans,
                               const std::vector<std::string>& track_names);

@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -125,6 +127,60 @@ INSTANTIATE_TEST_SUITE_P(
                  "--optimizer adamw --accumulate 2 --no-cuda-graph", 3, true}),
     [](const ::testing::TestParamInfo<ZeroCase>& info) { return info.param.name; });
 
+// --zero 3's layer gathers run on a communicator of their own (never behind a reduce-scatter)
+// and --timeline shows them on each rank's gathers track: the same gathers every step, the
+// graph's replays too, each overlapping the rank's compute of that step (the pass's next layer
+// is gathered while the one before it computes).
+TEST(SharedGpuZero, LayerGathersRunBesideComputeOnACommunicatorOfTheirOwn) {
+  REQUIRE_GPU();
+  TempDir dir;
+  const RunResult r =
+      run_command(shared(2, "--optimizer adamw --zero 3 --timeline " + dir.file("t.json")));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("meanwhile, on "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("a communicator of their own"), std::string::npos) << r.output;
+  std::ifstream in(dir.file("t.json"));
+  const nlohmann::json trace = nlohmann::json::parse(in);
+  const int ranks = 2;
+  std::map<int, std::string> tracks;
+  // (rank, step) -> its compute spans and its gathers, [start, end)
+  std::map<std::pair<int, int>, std::vector<std::pair<double, double>>> compute, gathers;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["ph"] == "M" && e["name"] == "thread_name") tracks[e["tid"]] = e["args"]["name"];
+    if (e["ph"] != "X") continue;
+    const int tid = e["tid"];
+    const std::pair<int, int> key{tid % ranks, e["args"]["step"].get<int>()};
+    const double start = e["ts"], end = start + e["dur"].get<double>();
+    const std::string name = e["name"];
+    if (tid / ranks == 2) {
+      EXPECT_EQ(name.rfind("gather layer ", 0), 0u) << e.dump();
+      gathers[key].push_back({start, end});
+    } else if (tid / ranks == 0 && (name == "forward" || name.rfind("backward layer", 0) == 0)) {
+      compute[key].push_back({start, end});
+    }
+  }
+  EXPECT_EQ(tracks[2 * ranks], "rank 0 GPU gathers");
+  const int steps = 12;  // kArgs
+  size_t per_step = 0;
+  for (int rank = 0; rank < ranks; ++rank)
+    for (int step = 1; step <= steps; ++step) {
+      const auto& mine = gathers[{rank, step}];
+      if (per_step == 0) per_step = mine.size();
+      EXPECT_EQ(mine.size(), per_step) << "rank " << rank << " step " << step;
+      size_t overlapping = 0;
+      for (const auto& [gs, ge] : mine)
+        for (const auto& [cs, ce] : compute[{rank, step}])
+          if (gs < ce && cs < ge) {
+            ++overlapping;
+            break;
+          }
+      EXPECT_GT(overlapping, 0u) << "rank " << rank << " step " << step;
+    }
+  // Four layers: at least each one's forward gather and the backward's input-gradient ones.
+  EXPECT_GE(per_step, 4u);
+  std::printf("--zero 3 --timeline: %zu gathers a step on each rank's gathers track\n", per_step);
+}
+
 // --zero-prefetch 2: every use of a layer has the pass's next two layers of its stage on their
 // way (three gather slots); the gathers are exact copies, so the weights are bitwise those of
 // one layer ahead, with one stage a rank and with two (interleaved: no prefetch crosses into
@@ -137,10 +193,9 @@ TEST(SharedGpuZero, PrefetchingTwoLayersAheadTrainsBitwiseAsOne) {
   for (const auto& [ranks, layout] : layouts) {
     TempDir dir;
     const auto run = [&, ranks = ranks, layout = layout](const std::string& name, int ahead) {
-      const RunResult r = run_command(
-          shared(ranks, layout + " --zero 3 --zero-prefetch " + std::to_string(ahead) +
-                            " --metrics " + dir.file(name + ".jsonl") + " --save-weights " +
-                            dir.file(name + ".st")));
+      const RunResult r = run_command(shared(
+          ranks, layout + " --zero 3 --zero-prefetch " + std::to_string(ahead) + " --metrics " +
+                     dir.file(name + ".jsonl") + " --save-weights " + dir.file(name + ".st")));
       EXPECT_EQ(r.exit_code, 0) << r.output;
       return r;
     };
@@ -154,8 +209,7 @@ TEST(SharedGpuZero, PrefetchingTwoLayersAheadTrainsBitwiseAsOne) {
     const int64_t held_one = held(dir.file("one.jsonl"), "parameters");
     const int64_t held_two = held(dir.file("two.jsonl"), "parameters");
     std::printf("--zero-prefetch 2 (%s): parameters held %lld bytes, one ahead %lld\n",
-                layout.c_str(), static_cast<long long>(held_two),
-                static_cast<long long>(held_one));
+                layout.c_str(), static_cast<long long>(held_two), static_cast<long long>(held_one));
     EXPECT_GT(held_two, held_one) << layout;
   }
 }

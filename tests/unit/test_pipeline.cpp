@@ -280,6 +280,34 @@ TEST(Timeline, CommunicationLaneHasItsOwnTrackAndSurvivesPacking) {
   EXPECT_EQ(back[1].end_us, 40.0);
 }
 
+// --zero 3's gathers (lane 2) get a third track per rank, after its communication track, in
+// the order compute, communication, gathers.
+TEST(Timeline, GathersLaneHasATrackOfItsOwnAfterTheCommunications) {
+  const std::vector<std::vector<Span>> spans = {
+      {{SpanKind::kForward, 1, -1, 10.0, 20.0, 0}, {SpanKind::kGather, 1, 2, 12.0, 14.0, 2}},
+      {{SpanKind::kGather, 1, 0, 11.0, 13.0, 2},
+       {SpanKind::kBucketAllReduce, 1, 0, 15.0, 30.0, 1}}};
+  const nlohmann::json trace = nlohmann::json::parse(chrome_trace_json(spans, {"r0", "r1"}));
+  std::map<int, std::string> names;
+  std::map<int, int> order;
+  std::map<std::string, int> tid_of;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["ph"] == "M" && e["name"] == "thread_name") names[e["tid"]] = e["args"]["name"];
+    if (e["ph"] == "M" && e["name"] == "thread_sort_index")
+      order[e["tid"]] = e["args"]["sort_index"];
+    if (e["ph"] == "X") tid_of[e["name"].get<std::string>()] = e["tid"];
+  }
+  EXPECT_EQ(names[4], "r0 gathers");
+  EXPECT_EQ(names[5], "r1 gathers");
+  EXPECT_EQ(names[3], "r1 communication");
+  EXPECT_EQ(names.count(2), 0u);  // r0 has no communication
+  EXPECT_EQ(tid_of["gather layer 2"], 4);
+  EXPECT_EQ(tid_of["gather layer 0"], 5);
+  EXPECT_LT(order[0], order[4]);
+  EXPECT_LT(order[4], order[1]);
+  EXPECT_LT(order[3], order[5]);
+}
+
 }  // namespace
 }  // namespace ddp
 
