@@ -4,10 +4,10 @@
 // optimizer over the whole buffer.
 #include <algorithm>
 #include <cstring>
-#include <map>
-#include <tuple>
+#include <deque>
 
 #include "engine/runners/stage_runner.h"
+#include "engine/runners/stage_transfers.h"
 #include "engine/sync/ddp.h"
 #include "engine/sync/gradient_ring.h"
 #include "engine/sync/zero_host.h"
@@ -20,16 +20,13 @@ namespace ddp {
 
 namespace {
 
-// What the rank's stages share: the pipeline links, this step's samples, the hand-overs
-// between two of its stages, the sends to wait for and the count of what they hold.
+// What the rank's stages share: the pipeline links, this step's samples and the count of what
+// the micro-batches in flight hold.
 struct RankState {
   const Dataset& data;
   StageLinks links;
   std::vector<int32_t> indices;  // this replica's samples of the step
-  // Hand-overs between two stages of this rank: (receiving stage, micro-batch, activation?).
-  std::map<std::tuple<int, int, bool>, std::vector<float>> handed_over;
-  std::vector<std::unique_ptr<Work>> sends;  // waited at the end of the step
-  int held = 0, peak_held = 0;  // micro-batches forwarded, weight gradients not yet written
+  int held = 0, peak_held = 0;   // micro-batches forwarded, weight gradients not yet written
   // The bytes they hold (their layers' outputs, or with --recompute their inputs) and the
   // working sets of the stages that recompute.
   int64_t held_bytes = 0, working_bytes = 0, peak_bytes = 0;
@@ -50,7 +47,8 @@ class CpuChunk final : public ChunkOps {
       : spec_(spec),
         rank_(rank),
         stage_(spec.shape, spec.first, spec.end, spec.max_batch, spec.slots, params, grads,
-               recompute) {
+               recompute),
+        transfers_(spec, host_memory()) {
     int64_t outputs = 0;  // one micro-batch's layer outputs
     for (int i = spec.first; i < spec.end; ++i)
       outputs += int64_t{spec.batch} * spec.shape.layer(i).out * int64_t{sizeof(float)};
@@ -72,11 +70,12 @@ class CpuChunk final : public ChunkOps {
 
   const StageSpec& spec() const { return spec_; }
   CpuStage& stage() { return stage_; }
+  StageTransfers& transfers() { return transfers_; }
 
   void recv_activation(int micro, int slot) override {
     (void)slot;
-    receive(&received_x_[row(micro) * spec_.in_width()], spec_.batch * spec_.in_width(),
-            rank_.links.activations, spec_.prev_rank, micro, true);
+    transfers_.receive_activation(&received_x_[row(micro) * spec_.in_width()], spec_.in_width(),
+                                  micro);
   }
   void forward(int micro, int slot) override {
     gather(micro);
@@ -86,16 +85,14 @@ class CpuChunk final : public ChunkOps {
     rank_.take(micro_bytes_);
   }
   void send_activation(int micro, int slot) override {
-    (void)slot;
     float* out = &sent_x_[row(micro) * spec_.out_width()];
     const size_t count = static_cast<size_t>(spec_.batch) * spec_.out_width();
     std::copy_n(output_of_[micro], count, out);
-    send(out, count, rank_.links.activations, spec_.next_rank, spec_.stage + 1, micro, true);
+    transfers_.send_activation(out, spec_.out_width(), micro, slot);
   }
   void recv_gradient(int micro, int slot) override {
     (void)slot;
-    receive(received_dy_.data(), spec_.batch * spec_.out_width(), rank_.links.gradients,
-            spec_.next_rank, micro, false);
+    transfers_.receive_gradient(received_dy_.data(), spec_.out_width(), micro);
   }
   LossSum loss(int micro, int slot, float grad_scale) override {
     (void)slot;
@@ -122,11 +119,10 @@ class CpuChunk final : public ChunkOps {
     rank_.give_back(micro_bytes_);
   }
   void send_gradient(int micro, int slot) override {
-    (void)slot;
     float* dx = &sent_dx_[row(micro) * spec_.in_width()];
     const size_t count = static_cast<size_t>(spec_.batch) * spec_.in_width();
     std::copy_n(grad_input_, count, dx);
-    send(dx, count, rank_.links.gradients, spec_.prev_rank, spec_.stage - 1, micro, false);
+    transfers_.send_gradient(dx, spec_.in_width(), micro, slot);
   }
 
   // Evaluation of `count` samples at `x` (first stage) through this stage: its input from
@@ -139,8 +135,8 @@ class CpuChunk final : public ChunkOps {
       if (handed != nullptr) {
         x = handed;
       } else {
-        receive(eval_x_.data(), static_cast<size_t>(count) * spec_.in_width(),
-                rank_.links.activations, spec_.prev_rank, -1, true);
+        transfers_.evaluation_receive(eval_x_.data(),
+                                      static_cast<size_t>(count) * spec_.in_width());
         x = eval_x_.data();
       }
     }
@@ -153,10 +149,7 @@ class CpuChunk final : public ChunkOps {
       return nullptr;
     }
     if (spec_.next_rank == spec_.rank) return out;
-    rank_.links.activations
-        ->isend(out, static_cast<size_t>(count) * spec_.out_width(), DataType::kFloat32,
-                spec_.next_rank)
-        ->wait(rank_.links.activations->timeout());
+    transfers_.evaluation_send(out, static_cast<size_t>(count) * spec_.out_width());
     return nullptr;
   }
 
@@ -174,34 +167,22 @@ class CpuChunk final : public ChunkOps {
       batch_y_[at] = rank_.data.train.y[index];
     }
   }
-  // A transfer to or from `peer`; to or from this rank itself (two of its stages), a
-  // hand-over in memory (micro < 0: evaluation, never handed over).
-  void send(const float* data, size_t count, Communicator* link, int peer, int to_stage, int micro,
-            bool activation) {
-    if (peer == spec_.rank) {
-      rank_.handed_over[{to_stage, micro, activation}].assign(data, data + count);
-      return;
-    }
-    rank_.sends.push_back(link->isend(data, count, DataType::kFloat32, peer));
-  }
-  void receive(float* buffer, size_t count, Communicator* link, int peer, int micro,
-               bool activation) {
-    if (peer == spec_.rank) {
-      const auto it = rank_.handed_over.find({spec_.stage, micro, activation});
-      DDP_CHECK(it != rank_.handed_over.end() && it->second.size() == count,
-                "pipeline: stage {} takes micro-batch {} from its own rank before it was handed "
-                "over",
-                spec_.stage, micro);
-      std::copy_n(it->second.data(), count, buffer);
-      rank_.handed_over.erase(it);
-      return;
-    }
-    link->irecv(buffer, count, DataType::kFloat32, peer)->wait(link->timeout());
+  // The host's memory for the transfers: hand-over buffers of its own, copies at once.
+  TransferMemory host_memory() {
+    TransferMemory memory;
+    memory.allocate = [this](size_t bytes) -> void* {
+      handed_.emplace_back((bytes + sizeof(float) - 1) / sizeof(float), 0.0f);
+      return handed_.back().data();
+    };
+    memory.copy = [](void* to, const void* from, size_t bytes) { std::memcpy(to, from, bytes); };
+    return memory;
   }
 
   StageSpec spec_;
   RankState& rank_;
   CpuStage stage_;
+  std::deque<std::vector<float>> handed_;  // hand-over buffers from this rank's other stages
+  StageTransfers transfers_;
   std::vector<float> batch_x_;      // [micro_batches * batch, input width] (first stage)
   std::vector<int32_t> batch_y_;    // [micro_batches * batch]
   std::vector<float> received_x_;   // activations from the previous stage, per micro-batch
@@ -220,7 +201,7 @@ class CpuRunner final : public StageRunner {
             StageLinks links)
       : config_(config),
         stages_(stages),
-        rank_{data, links, {}, {}, {}},
+        rank_{data, links, {}},
         params_(stages.param_count()),
         grads_(stages.param_count()),
         optimizer_(make_optimizer(config.optimizer, stages.param_count())) {
@@ -230,6 +211,17 @@ class CpuRunner final : public StageRunner {
       const size_t at = stages.offset_of(static_cast<int>(c));
       chunks_.push_back(std::make_unique<CpuChunk>(stages.chunks[c], rank_, &params_[at],
                                                    &grads_[at], config.recompute));
+    }
+    // Two neighbouring stages of this rank hand over in memory; the others use the links.
+    for (size_t c = 0; c < chunks_.size(); ++c) {
+      const auto neighbour = [&](size_t at, int stage) -> StageTransfers* {
+        return at < chunks_.size() && chunks_[at]->spec().stage == stage ? &chunks_[at]->transfers()
+                                                                         : nullptr;
+      };
+      const int stage = chunks_[c]->spec().stage;
+      chunks_[c]->transfers().set_neighbours(c > 0 ? neighbour(c - 1, stage - 1) : nullptr,
+                                             neighbour(c + 1, stage + 1));
+      chunks_[c]->transfers().attach(links);
     }
   }
 
@@ -252,10 +244,9 @@ class CpuRunner final : public StageRunner {
     ddp.check_same_layout(fingerprint, description);
   }
   void shard_optimizer(Ddp& ddp, int level) override {
-    const bool ring =
-        gradient_ring_applies(static_cast<int>(stages_.chunks.size()),
-                              stages_.chunks.front().micro_batches, config_.overlap,
-                              ddp.comm().size());
+    const bool ring = gradient_ring_applies(static_cast<int>(stages_.chunks.size()),
+                                            stages_.chunks.front().micro_batches, config_.overlap,
+                                            ddp.comm().size());
     std::vector<std::pair<int, ParamSpan>> layers;  // the model's layer and its span
     const std::vector<std::pair<size_t, size_t>> spans = stages_.layer_spans();
     size_t span = 0;
@@ -313,7 +304,6 @@ class CpuRunner final : public StageRunner {
     DDP_CHECK(steps == 1, "the CPU runner takes one step at a time, not {}", steps);
     std::copy_n(indices, rank_.indices.size(), rank_.indices.begin());
     lr_ = lrs[0];
-    rank_.sends.clear();
   }
   ChunkOps& chunk(int c) override { return *chunks_.at(c); }
   int peak_held_activations() const override { return rank_.peak_held; }
@@ -333,13 +323,8 @@ class CpuRunner final : public StageRunner {
   }
   LossSum take_loss() override { return {}; }  // the executor has the step's sums
   void end_schedule() override {
-    for (auto& work : rank_.sends)
-      work->wait(rank_.links.activations->timeout());
-    rank_.sends.clear();
-    DDP_CHECK(rank_.handed_over.empty(),
-              "pipeline: {} hand-overs between this rank's stages "
-              "were never taken",
-              rank_.handed_over.size());
+    for (auto& chunk : chunks_)
+      chunk->transfers().end_step();
   }
   bool grads_nonfinite() override {
     return any_nonfinite(grads_.data(), grads_.size()) ||
@@ -370,10 +355,9 @@ class CpuRunner final : public StageRunner {
   }
   std::vector<std::pair<std::string, int64_t>> held_by_kind() const override {
     const auto bytes = [](size_t floats) { return static_cast<int64_t>(floats * sizeof(float)); };
-    return {
-        {"parameters", bytes(params_.size() + (zero_ ? zero_->param_floats() : 0))},
-        {"gradients", bytes(grads_.size() + (zero_ ? zero_->grad_floats() : 0))},
-        {"optimizer state", bytes(optimizer_->state_floats())}};
+    return {{"parameters", bytes(params_.size() + (zero_ ? zero_->param_floats() : 0))},
+            {"gradients", bytes(grads_.size() + (zero_ ? zero_->grad_floats() : 0))},
+            {"optimizer state", bytes(optimizer_->state_floats())}};
   }
   LossSum evaluate(const Split& split, int64_t begin, int64_t end) override {
     // --zero 3: the replicas' shares of the split may differ in length, so their uses could

@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <deque>
 #include <future>
 #include <memory>
 #include <optional>
@@ -25,6 +26,7 @@
 #include "engine/runners/fused_step.h"
 #include "engine/runners/optimizer_overlap.h"
 #include "engine/runners/stage_runner.h"
+#include "engine/runners/stage_transfers.h"
 #include "engine/runners/step_watchdog.h"
 #include "engine/sync/ddp.h"
 #include "engine/sync/ddp_device.h"
@@ -83,51 +85,28 @@ CudaStageOptions stage_options(const StageSpec& spec, const TrainConfig& config,
   return options;
 }
 
-// The stream waits for `work` (a transfer), which is then forgotten.
-void wait_for(std::unique_ptr<Work>* work, cudaStream_t stream) {
-  if (*work) (*work)->then_on(stream);
-  work->reset();
-}
-
 class GpuRunner;
 
-// One stage of the rank: its CudaStage and its transfers, to another rank over the lane of
-// that flow and peer, or to a neighbouring stage of this rank through a hand-over buffer a
-// micro-batch (written by the sender's send, read by the receiver's receive, in stream order).
+// One stage of the rank: its CudaStage and its transfers (runners/stage_transfers.h: to another
+// rank over the lane of that flow and peer, or to a neighbouring stage of this rank through a
+// hand-over buffer a micro-batch), all in the stream's order.
 class GpuChunk final : public ChunkOps {
  public:
   GpuChunk(GpuRunner& rank, const StageSpec& spec, std::unique_ptr<CudaStage> stage)
-      : rank_(rank), spec_(spec), stage_(std::move(stage)) {
-    if (spec.stages > 1) {
-      act_sent_.resize(spec.slots);
-      grad_sent_.resize(spec.slots);
-    }
-  }
+      : rank_(rank),
+        spec_(spec),
+        stage_(std::move(stage)),
+        transfers_(spec, device_memory(*stage_, handed_)) {}
   CudaStage& stage() const { return *stage_; }
   const StageSpec& spec() const { return spec_; }
-  // The stages of this rank just before and after this one (null: another rank's, or none),
-  // and their hand-over buffers.
+  // The stages of this rank just before and after this one (null: another rank's, or none).
   void set_neighbours(GpuChunk* before, GpuChunk* after) {
     before_ = before;
     after_ = after;
-    const auto buffers = [&](std::vector<DeviceBuffer<char>>* into, int width) {
-      for (int m = 0; m < spec_.micro_batches; ++m)
-        into->emplace_back(bytes(width), MemoryCategory::kActivations);
-    };
-    if (before_ != nullptr) buffers(&handed_act_, spec_.in_width());
-    if (after_ != nullptr) buffers(&handed_grad_, spec_.out_width());
+    transfers_.set_neighbours(before ? &before->transfers_ : nullptr,
+                              after ? &after->transfers_ : nullptr);
   }
-  void attach(const StageLinks& links) {
-    const int me = spec_.rank;
-    if (spec_.prev_rank >= 0 && before_ == nullptr) {
-      act_in_ = links.lane(true, spec_.prev_rank, me);
-      grad_out_ = links.lane(false, me, spec_.prev_rank);
-    }
-    if (spec_.next_rank >= 0 && after_ == nullptr) {
-      act_out_ = links.lane(true, me, spec_.next_rank);
-      grad_in_ = links.lane(false, spec_.next_rank, me);
-    }
-  }
+  void attach(const StageLinks& links) { transfers_.attach(links); }
 
   void recv_activation(int micro, int slot) override;
   void forward(int micro, int slot) override;
@@ -143,45 +122,33 @@ class GpuChunk final : public ChunkOps {
   void send_gradient(int micro, int slot) override;
   // Where its transfers go: "activations from rank 0 on world0/split6c0, ..., to stage 2
   // in memory".
-  std::string describe_links() const {
-    std::vector<std::string> parts;
-    const auto add = [&](const char* what, Communicator* lane, int peer, const GpuChunk* local,
-                         int stage) {
-      if (local != nullptr)
-        parts.push_back(fmt::format("{} stage {} in memory", what, stage));
-      else if (lane != nullptr)
-        parts.push_back(fmt::format("{} rank {} on {}", what, peer, lane->name()));
-    };
-    add("activations from", act_in_, spec_.prev_rank, before_, spec_.stage - 1);
-    add("gradients to", grad_out_, spec_.prev_rank, before_, spec_.stage - 1);
-    add("activations to", act_out_, spec_.next_rank, after_, spec_.stage + 1);
-    add("gradients from", grad_in_, spec_.next_rank, after_, spec_.stage + 1);
-    std::string text;
-    for (const std::string& p : parts)
-      text += (text.empty() ? "" : ", ") + p;
-    return text;
-  }
+  std::string describe_links() const { return transfers_.describe(); }
   // The stream waits for every send of the step.
-  void wait_sends() {
-    for (auto* sent : {&act_sent_, &grad_sent_})
-      for (auto& work : *sent)
-        wait_for(&work, stage_->stream());
-  }
+  void wait_sends() { transfers_.end_step(); }
   // Evaluation of `n` samples in slot 0: the input from `x` (the first stage), the stage
   // before on this rank or its rank; the output to the next stage's rank, or (last stage) the
   // evaluation sums of `labels`.
-  void evaluate(const float* x, const int32_t* labels, int n, DataType type);
+  void evaluate(const float* x, const int32_t* labels, int n);
 
  private:
-  size_t count(int width) const { return static_cast<size_t>(spec_.batch) * width; }
-  size_t bytes(int width) const { return count(width) * stage_->act_bytes(); }
-  // One micro-batch's `width`-wide tensor to the neighbouring stage: into its hand-over
-  // buffer (`handed`: the stage is this rank's), or over `lane` to rank `peer` (`sent` keeps
-  // the send until waited for); and from it into `data`.
-  void send(const void* data, int width, DeviceBuffer<char>* handed, Communicator* lane, int peer,
-            std::unique_ptr<Work>* sent);
-  void receive(void* data, int width, const DeviceBuffer<char>* handed, Communicator* lane,
-               int peer);
+  // The device's memory for the transfers: hand-over buffers of activations' memory (kept in
+  // `handed`), copies and waits on the stage's stream, in its activations' type.
+  static TransferMemory device_memory(const CudaStage& stage,
+                                      std::deque<DeviceBuffer<char>>& handed) {
+    TransferMemory memory;
+    memory.type = stage.bf16() ? DataType::kBFloat16 : DataType::kFloat32;
+    memory.element_bytes = stage.act_bytes();
+    memory.allocate = [&handed](size_t bytes) -> void* {
+      handed.emplace_back(bytes, MemoryCategory::kActivations);
+      return handed.back().data();
+    };
+    cudaStream_t stream = stage.stream();
+    memory.copy = [stream](void* to, const void* from, size_t bytes) {
+      DDP_CUDA_CHECK(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, stream));
+    };
+    memory.stream = stream;
+    return memory;
+  }
   void copy(void* to, const void* from, size_t bytes) const {
     DDP_CUDA_CHECK(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, stage_->stream()));
   }
@@ -189,16 +156,10 @@ class GpuChunk final : public ChunkOps {
   GpuRunner& rank_;
   StageSpec spec_;
   std::unique_ptr<CudaStage> stage_;
-  GpuChunk* before_ = nullptr;
+  GpuChunk* before_ = nullptr;  // the stages before and after, when this rank's (evaluation)
   GpuChunk* after_ = nullptr;
-  Communicator* act_in_ = nullptr;  // the lanes to the neighbouring stages' ranks
-  Communicator* act_out_ = nullptr;
-  Communicator* grad_in_ = nullptr;
-  Communicator* grad_out_ = nullptr;
-  // By micro-batch: the activation the stage before (on this rank) handed over, and the
-  // gradient the stage after handed back.
-  std::vector<DeviceBuffer<char>> handed_act_, handed_grad_;
-  std::vector<std::unique_ptr<Work>> act_sent_, grad_sent_;  // by slot, until waited for
+  std::deque<DeviceBuffer<char>> handed_;  // hand-over buffers from this rank's other stages
+  StageTransfers transfers_;
 };
 
 class GpuRunner final : public StageRunner {
@@ -255,7 +216,6 @@ class GpuRunner final : public StageRunner {
     epilogues_ = front.epilogue_summary();  // slot 0's plans built
     feeder_ = std::make_unique<BatchFeeder>(spec_.batch, spec_.micro_batches,
                                             alone_ ? std::min(config.log_every, 512) : 1, stream_);
-    act_type_ = front.bf16() ? DataType::kBFloat16 : DataType::kFloat32;
     if (!alone_) {
       // Each stage's micro-batches' forward and backward, or backward's two halves.
       busy_ = std::make_unique<DeviceBusySpans>(stream_, 3 * spec_.micro_batches * chunks_.size());
@@ -535,7 +495,7 @@ class GpuRunner final : public StageRunner {
       for (const auto& c : chunks_)
         c->evaluate(
             stages_.has_first() ? eval_.x.data() + static_cast<size_t>(at) * split.dim : nullptr,
-            stages_.has_last() ? eval_.y.data() + at : nullptr, n, act_type_);
+            stages_.has_last() ? eval_.y.data() + at : nullptr, n);
     }
     if (zero_ && zero_->shards_parameters())
       match_gathers(split.n, (end - begin + chunk - 1) / chunk, chunk);
@@ -767,7 +727,6 @@ class GpuRunner final : public StageRunner {
   cudaStream_t stream_ = nullptr;                  // and its compute stream
   std::string epilogues_;
   std::unique_ptr<BatchFeeder> feeder_;  // the training split, the steps' samples and scalars
-  DataType act_type_ = DataType::kFloat32;
   bool lead_ = true;
   DeviceSplit eval_;  // the split evaluated: features on the first stage, labels on the last
   const Split* eval_split_ = nullptr;
@@ -795,30 +754,13 @@ class GpuRunner final : public StageRunner {
   int64_t train_rows_ = 0;  // the training split's samples
 };
 
-void GpuChunk::send(const void* data, int width, DeviceBuffer<char>* handed, Communicator* lane,
-                    int peer, std::unique_ptr<Work>* sent) {
-  if (handed != nullptr)
-    copy(handed->data(), data, bytes(width));
-  else
-    *sent = lane->isend(data, count(width), rank_.act_type_, peer);
-}
-
-void GpuChunk::receive(void* data, int width, const DeviceBuffer<char>* handed, Communicator* lane,
-                       int peer) {
-  if (handed != nullptr)
-    copy(data, handed->data(), bytes(width));
-  else
-    lane->irecv(data, count(width), rank_.act_type_, peer)->then_on(stage_->stream());
-}
-
 void GpuChunk::recv_activation(int micro, int slot) {
-  wait_for(&act_sent_[slot], stage_->stream());  // the slot's output may still be on its way out
-  receive(stage_->input(slot), spec_.in_width(), before_ ? &handed_act_[micro] : nullptr, act_in_,
-          spec_.prev_rank);
+  transfers_.wait_sent(true, slot);  // the slot's output may still be on its way out
+  transfers_.receive_activation(stage_->input(slot), spec_.in_width(), micro);
 }
 
 void GpuChunk::forward(int micro, int slot) {
-  if (!act_sent_.empty()) wait_for(&act_sent_[slot], stage_->stream());
+  transfers_.wait_sent(true, slot);
   rank_.busy_begin(SpanKind::kForward, micro, spec_.stage);
   if (spec_.is_first() || spec_.is_last()) rank_.feeder_->feed(*stage_, micro, slot);
   stage_->forward(slot, spec_.batch);
@@ -826,13 +768,11 @@ void GpuChunk::forward(int micro, int slot) {
 }
 
 void GpuChunk::send_activation(int micro, int slot) {
-  send(stage_->output(slot), spec_.out_width(), after_ ? &after_->handed_act_[micro] : nullptr,
-       act_out_, spec_.next_rank, &act_sent_[slot]);
+  transfers_.send_activation(stage_->output(slot), spec_.out_width(), micro, slot);
 }
 
 void GpuChunk::recv_gradient(int micro, int slot) {
-  receive(stage_->grad_output(slot), spec_.out_width(), after_ ? &handed_grad_[micro] : nullptr,
-          grad_in_, spec_.next_rank);
+  transfers_.receive_gradient(stage_->grad_output(slot), spec_.out_width(), micro);
 }
 
 LossSum GpuChunk::loss(int micro, int slot, float grad_scale) {
@@ -845,7 +785,7 @@ LossSum GpuChunk::loss(int micro, int slot, float grad_scale) {
 void GpuChunk::backward(int micro, int slot, bool accumulate,
                         const std::function<void(int)>& on_layer_done) {
   // grad_input(slot) of an earlier micro-batch is sent
-  if (!grad_sent_.empty()) wait_for(&grad_sent_[slot], stage_->stream());
+  transfers_.wait_sent(false, slot);
   rank_.busy_begin(SpanKind::kBackward, micro, spec_.stage);
   rank_.weight_grads(on_layer_done, [&](const std::function<void(int)>& hook) {
     stage_->backward(slot, spec_.batch, accumulate, hook);
@@ -858,7 +798,7 @@ bool GpuChunk::splits_backward() const {
 }
 
 void GpuChunk::backward_input(int micro, int slot) {
-  wait_for(&grad_sent_[slot], stage_->stream());
+  transfers_.wait_sent(false, slot);
   rank_.busy_begin(SpanKind::kBackwardInput, micro, spec_.stage);
   stage_->backward_input(slot, spec_.batch);
   rank_.busy_end();
@@ -874,28 +814,22 @@ void GpuChunk::backward_weight(int micro, int slot, bool accumulate,
 }
 
 void GpuChunk::send_gradient(int micro, int slot) {
-  send(stage_->grad_input(slot), spec_.in_width(),
-       before_ ? &before_->handed_grad_[micro] : nullptr, grad_out_, spec_.prev_rank,
-       &grad_sent_[slot]);
+  transfers_.send_gradient(stage_->grad_input(slot), spec_.in_width(), micro, slot);
 }
 
-void GpuChunk::evaluate(const float* x, const int32_t* labels, int n, DataType type) {
-  cudaStream_t s = stage_->stream();
+void GpuChunk::evaluate(const float* x, const int32_t* labels, int n) {
   const size_t in = static_cast<size_t>(n) * spec_.in_width();
   if (spec_.is_first())
     stage_->set_input(x, n, 0);
   else if (before_ != nullptr)  // its output of these samples, just forwarded on this stream
     copy(stage_->input(0), before_->stage().output(0), in * stage_->act_bytes());
   else
-    act_in_->irecv(stage_->input(0), in, type, spec_.prev_rank)->then_on(s);
+    transfers_.evaluation_receive(stage_->input(0), in);
   stage_->forward(0, n);
   if (spec_.is_last())
     stage_->loss(0, n, 0.0f, labels, /*evaluation=*/true);
   else if (after_ == nullptr)
-    act_out_
-        ->isend(stage_->output(0), static_cast<size_t>(n) * spec_.out_width(), type,
-                spec_.next_rank)
-        ->then_on(s);
+    transfers_.evaluation_send(stage_->output(0), static_cast<size_t>(n) * spec_.out_width());
 }
 
 }  // namespace
