@@ -1,6 +1,7 @@
 // ddptrain: trains an MLP on the CPU or on this process's GPU, alone or as one rank of a
-// data-parallel job started by ddprun, mpirun or srun. A GPU worker binds its device first
-// (the process's first CUDA call); main owns the runtime objects and, on a fatal error,
+// data-parallel job started by ddprun, mpirun or srun. It joins the job as every program does,
+// through ddp::init (engine/setup/world.h: the store served under srun, the GPU bound first,
+// NCCL started while the model builds), with its own checks of the device; on a fatal error it
 // aborts the communicator so that peers stop waiting, then exits non-zero.
 #include <algorithm>
 #include <cstdio>
@@ -19,9 +20,9 @@
 #include "engine/runners/stage_runner.h"
 #include "engine/setup/faults.h"
 #include "engine/setup/run_setup.h"
+#include "engine/setup/world.h"
 #include "engine/telemetry/gpu_monitor.h"
 #include "engine/telemetry/metrics.h"
-#include "launcher/store_server.h"
 #include "models/mlp.h"
 #include "runtime/device.h"
 #include "runtime/error.h"
@@ -50,8 +51,8 @@ void write_failed(ddp::MetricsWriter& metrics, const std::exception& e, int64_t 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::unique_ptr<ddp::Communicator> comm;
-  ddp::MetricsWriter metrics;  // outlives the try: a failure's record goes to it
+  std::optional<ddp::World> world;  // outlives the try: a failure aborts its communicator
+  ddp::MetricsWriter metrics;       // outlives the try: a failure's record goes to it
   int64_t step_reached = 0;
   int rank = 0;
   try {
@@ -108,52 +109,38 @@ int main(int argc, char** argv) {
         env.restart_count > 0 ||
         (config.resume && ddp::find_latest_checkpoint(config.checkpoint_dir).has_value());
     if (!config.metrics.empty() && lead) metrics = ddp::MetricsWriter(config.metrics, continuing);
-    // srun without ddprun: rank 0 serves the store the others connect to.
-    std::unique_ptr<ddp::StoreServer> served;
-    if (env.serves_store) {
-      DDP_USAGE_CHECK(!env.store_token.empty(),
-                      "srun: set DDP_STORE_TOKEN to the same secret for every task (outside "
-                      "Slurm there is no SLURM_JOB_ID to derive it from)");
-      ddp::StoreServerConfig store_config;
-      store_config.bind_addr = "0.0.0.0";
-      store_config.port = env.master_port;
-      store_config.token = env.store_token;
-      store_config.on_refused = [](const std::string& line) {
-        spdlog::warn("store refused a connection from {}", line);
-      };
-      served = std::make_unique<ddp::StoreServer>(store_config);
-      served->start();
-      spdlog::info("srun: rank 0 serves the rendezvous store on port {}", env.master_port);
-    }
-    std::shared_ptr<ddp::StoreClient> store;
-    if (!env.master_addr.empty() && env.master_port > 0)
-      store = std::make_shared<ddp::StoreClient>(env.master_addr, env.master_port, env.store_token);
     nlohmann::json device_record = nullptr;
-    std::unique_ptr<ddp::GpuMonitor> gpu_monitor;
-    if (cuda) {
-      if (env.launcher == ddp::Launcher::kMpirun || env.launcher == ddp::Launcher::kSrun)
-        ddp::narrow_visible_devices(&env);
-      const ddp::DeviceInfo device = ddp::bind_device(env, {config.init_retries, 0.5});
-      ddp::set_process_context({env.rank, env.world_size, "cuda:" + device.uuid.substr(4, 8)});
+    ddp::InitOptions options;
+    options.backend = config.backend;
+    options.bind_gpu = cuda;
+    options.timeout_s = config.timeout;
+    options.bind_retries = config.init_retries;
+    // One process gets a communicator too when a backend is named, so that the data-parallel
+    // path can be checked against the plain one on a single device.
+    options.communicator_alone = false;
+    // On the GPU, NCCL starts while the model runner builds its plans; the CPU backends start
+    // in init.
+    options.start_in_background = cuda;
+    options.on_device = [&](const ddp::World& joined) {
+      const ddp::DeviceInfo& device = *joined.device();
+      const ddp::ProcessEnv& e = joined.env();
+      ddp::set_process_context({e.rank, e.world_size, "cuda:" + device.uuid.substr(4, 8)});
       ddp::init_logging(
-          {env.rank, env.world_size, "cuda:" + device.uuid.substr(4, 8), "", false, false});
+          {e.rank, e.world_size, "cuda:" + device.uuid.substr(4, 8), "", false, false});
       spdlog::info("{}", ddp::describe_phases(device));
-      {
-        ddp::MemoryNeed on_device = need;
-        on_device.data_bytes = 0;  // kept on the host when it does not fit (--stage-from-host)
-        const int sharing = env.share_gpu ? std::max(1, env.local_world_size) : 1;
-        ddp::check_memory_fits(config, on_device, static_cast<double>(device.total_bytes) / sharing,
-                               sharing > 1
-                                   ? fmt::format("the GPU's share of each of its {} ranks", sharing)
-                                   : "the GPU " + device.name);
-      }
-      if (env.share_gpu)
+      ddp::MemoryNeed on_device = need;
+      on_device.data_bytes = 0;  // kept on the host when it does not fit (--stage-from-host)
+      const int sharing = e.share_gpu ? std::max(1, e.local_world_size) : 1;
+      ddp::check_memory_fits(config, on_device, static_cast<double>(device.total_bytes) / sharing,
+                             sharing > 1
+                                 ? fmt::format("the GPU's share of each of its {} ranks", sharing)
+                                 : "the GPU " + device.name);
+      if (e.share_gpu)
         spdlog::warn(
             "test mode (--share-gpu / DDP_SHARE_GPU=1): the ranks share this GPU, each its own "
-            "NCCL "
-            "host (NCCL_HOSTID={}); NCCL traffic goes through sockets: correct but slow, never a "
-            "performance figure",
-            env.nccl_host_id);
+            "NCCL host (NCCL_HOSTID={}); NCCL traffic goes through sockets: correct but slow, "
+            "never a performance figure",
+            e.nccl_host_id);
       device_record = {{"gpu", device.name},
                        {"uuid", device.uuid},
                        {"cuda_runtime", device.runtime_version},
@@ -163,39 +150,26 @@ int main(int argc, char** argv) {
                        {"first_alloc_ms", device.phases.first_alloc_ms},
                        {"first_kernel_ms", device.phases.first_kernel_ms},
                        {"attempts", device.phases.attempts}};
-      if (store) ddp::check_unique_gpus(*store, env, device, 60.0);
-      if (config.gpu_monitor) {
-        gpu_monitor = std::make_unique<ddp::GpuMonitor>(device.uuid);
-        if (gpu_monitor->available())
-          spdlog::info(
-              "gpu monitor: sampling {} through NVML every {:.1f}s (--no-gpu-monitor: off)",
-              device.uuid.substr(0, 12), gpu_monitor->period_s());
-        else
-          spdlog::info("gpu monitor: off ({}); no gpu fields in the metrics", gpu_monitor->why());
-      }
+    };
+    world.emplace(ddp::init(options, env));
+    std::unique_ptr<ddp::GpuMonitor> gpu_monitor;
+    if (cuda && config.gpu_monitor) {
+      gpu_monitor = std::make_unique<ddp::GpuMonitor>(world->device()->uuid);
+      if (gpu_monitor->available())
+        spdlog::info("gpu monitor: sampling {} through NVML every {:.1f}s (--no-gpu-monitor: off)",
+                     world->device()->uuid.substr(0, 12), gpu_monitor->period_s());
+      else
+        spdlog::info("gpu monitor: off ({}); no gpu fields in the metrics", gpu_monitor->why());
     }
     if (!cuda) spdlog::info("gpu monitor: off (--device cpu)");
-    // One process gets a communicator too when a backend is named, so that the data-parallel
-    // path can be checked against the plain one on a single device.
-    // On the GPU, NCCL starts while the model runner builds its plans; the CPU
-    // backends start here.
-    ddp::CommunicatorStart starting;
-    ddp::Stopwatch comm_clock;
+    ddp::Communicator* comm = nullptr;
     auto started = [&] {
-      comm = starting();
-      starting = nullptr;
+      comm = &world->comm();
       spdlog::info("rank {} of {} ({}), collectives over {} (ready {:.2f}s after its start)",
                    env.rank, env.world_size, ddp::launcher_name(env.launcher), comm->backend(),
-                   comm_clock.seconds());
+                   world->comm_seconds());
     };
-    if (env.world_size > 1 || config.backend != ddp::Backend::kAuto) {
-      ddp::CommConfig comm_config;
-      comm_config.backend = config.backend;
-      comm_config.timeout_s = config.timeout;
-      comm_config.gpu = cuda;
-      starting = ddp::start_communicator(comm_config, env, store);
-      if (!cuda) started();
-    }
+    if (world->has_comm() && !cuda) started();
     // The first record says what this run is, so that runs can be told apart later; a
     // resumed or restarted run appends it again with its restart count.
     metrics.write({{"event", continuing ? "resume" : "start"},
@@ -207,9 +181,9 @@ int main(int argc, char** argv) {
                      {"local_size", env.local_world_size},
                      {"nodes", env.world_size / std::max(1, env.local_world_size)},
                      {"launcher", ddp::launcher_name(env.launcher)},
-                     {"backend", comm       ? comm->backend()
-                                 : starting ? "nccl"
-                                            : "none"}}},
+                     {"backend", comm                ? comm->backend()
+                                 : world->has_comm() ? "nccl"
+                                                     : "none"}}},
                    {"versions",
                     {{"ddp", DDP_VERSION},
                      {"built_backends", ddp::built_backends()},
@@ -235,10 +209,10 @@ int main(int argc, char** argv) {
       runner = ddp::make_gpu_runner(
           ddp::RankStages{{ddp::whole_model_spec(config, env.world_size)}}, config);
     const ddp::Dataset& data = data_ready();
-    if (starting) started();
+    if (world->has_comm() && comm == nullptr) started();
     {
       // Its groups (split from the world) go before the world does.
-      ddp::Trainer trainer(config, data, comm.get(), std::move(runner));
+      ddp::Trainer trainer(config, data, comm, std::move(runner));
       trainer.set_before_step(ddp::injected_faults(config));
       step_reached = trainer.current_step();
       try {
@@ -249,18 +223,18 @@ int main(int argc, char** argv) {
       }
     }
     spdlog::info("process time {:.2f}s", process_clock.seconds());
-    comm.reset();  // before the store and the device go
+    world.reset();  // the communicator before the store and the device go
     return 0;
   } catch (const ddp::UsageError& e) {
     std::fprintf(stderr, "ddptrain: error: %s\n", e.what());
     std::fflush(stderr);
-    if (comm) comm->abort();
+    if (world) world->abort();
     write_failed(metrics, e, step_reached, rank, 2);
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ddptrain: error: %s\n", e.what());
     std::fflush(stderr);
-    if (comm) comm->abort();
+    if (world) world->abort();
     write_failed(metrics, e, step_reached, rank, 1);
     return 1;
   }

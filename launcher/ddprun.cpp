@@ -23,12 +23,12 @@
 #include "launcher/gpu_discovery.h"
 #include "launcher/launch_config.h"
 #include "launcher/node_watch.h"
-#include "launcher/store_server.h"
 #include "launcher/torch_store.h"
 #include "launcher/worker_group.h"
 #include "runtime/error.h"
 #include "runtime/parse.h"
 #include "runtime/store.h"
+#include "runtime/store_server.h"
 #include "runtime/timer.h"
 
 extern char** environ;

@@ -18,7 +18,7 @@
 #include <thread>
 #include <vector>
 
-#include "launcher/listener.h"
+#include "runtime/listener.h"
 #include "runtime/socket.h"
 
 namespace ddp {

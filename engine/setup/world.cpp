@@ -1,36 +1,80 @@
-// ddp::init: the environment, the device, the store, the communicator, in that order.
+// ddp::init: the environment, the store served (srun), the device, the store client, the
+// communicator, in that order.
 #include "engine/setup/world.h"
 
+#include <spdlog/spdlog.h>
+
 #include "runtime/error.h"
+#include "runtime/store_server.h"
 
 namespace ddp {
 
+World::World(World&&) noexcept = default;
+World& World::operator=(World&&) noexcept = default;
+
 World::~World() {
-  comm_.reset();  // before the store it may still use
+  starting_ = nullptr;  // a start still in flight ends (its threads use the store)
+  comm_.reset();        // before the store it may still use
   store_.reset();
+  served_.reset();  // the others' store: last
+}
+
+Communicator& World::comm() {
+  if (starting_) {
+    CommunicatorStart start = std::move(starting_);
+    starting_ = nullptr;
+    comm_ = start();
+    comm_s_ =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - comm_started_).count();
+  }
+  DDP_CHECK(comm_ != nullptr,
+            "this process has no world communicator (one process, and no backend named)");
+  return *comm_;
 }
 
 World init(const InitOptions& options) {
+  return init(options, ProcessEnv::detect());
+}
+
+World init(const InitOptions& options, ProcessEnv env) {
   World world;
-  world.env_ = ProcessEnv::detect();
-  ProcessEnv& env = world.env_;
-  DDP_USAGE_CHECK(!env.serves_store,
-                  "srun without ddprun: ddp::init does not serve the rendezvous store; start the "
-                  "tasks with ddprun (srun ddprun ...) or under mpirun");
-  if (options.bind_gpu) {
-    if (!cuda_built()) bind_device(env, {});  // the error that says what is missing
-    if (env.launcher == Launcher::kMpirun || env.launcher == Launcher::kSrun)
-      narrow_visible_devices(&env);
-    world.device_ = std::make_unique<DeviceInfo>(bind_device(env, {}));
+  world.env_ = std::move(env);
+  ProcessEnv& e = world.env_;
+  // srun without ddprun: rank 0 serves the store the others connect to.
+  if (e.serves_store) {
+    DDP_USAGE_CHECK(!e.store_token.empty(),
+                    "srun: set DDP_STORE_TOKEN to the same secret for every task (outside "
+                    "Slurm there is no SLURM_JOB_ID to derive it from)");
+    StoreServerConfig store_config;
+    store_config.bind_addr = "0.0.0.0";
+    store_config.port = e.master_port;
+    store_config.token = e.store_token;
+    store_config.on_refused = [](const std::string& line) {
+      spdlog::warn("store refused a connection from {}", line);
+    };
+    world.served_ = std::make_unique<StoreServer>(store_config);
+    world.served_->start();
+    spdlog::info("srun: rank 0 serves the rendezvous store on port {}", e.master_port);
   }
-  if (!env.master_addr.empty() && env.master_port > 0)
-    world.store_ = std::make_shared<StoreClient>(env.master_addr, env.master_port, env.store_token);
-  if (world.store_ && world.device_) check_unique_gpus(*world.store_, env, *world.device_, 60.0);
-  CommConfig config;
-  config.backend = options.backend;
-  config.timeout_s = options.timeout_s;
-  config.gpu = options.bind_gpu;
-  world.comm_ = make_communicator(config, env, world.store_);
+  if (options.bind_gpu) {
+    if (!cuda_built()) bind_device(e, {});  // the error that says what is missing
+    if (e.launcher == Launcher::kMpirun || e.launcher == Launcher::kSrun)
+      narrow_visible_devices(&e);
+    world.device_ = std::make_unique<DeviceInfo>(bind_device(e, {options.bind_retries, 0.5}));
+    if (options.on_device) options.on_device(world);
+  }
+  if (!e.master_addr.empty() && e.master_port > 0)
+    world.store_ = std::make_shared<StoreClient>(e.master_addr, e.master_port, e.store_token);
+  if (world.store_ && world.device_) check_unique_gpus(*world.store_, e, *world.device_, 60.0);
+  if (e.world_size > 1 || options.backend != Backend::kAuto || options.communicator_alone) {
+    CommConfig config;
+    config.backend = options.backend;
+    config.timeout_s = options.timeout_s;
+    config.gpu = options.bind_gpu;
+    world.comm_started_ = std::chrono::steady_clock::now();
+    world.starting_ = start_communicator(config, e, world.store_);
+    if (!options.start_in_background) world.comm();
+  }
   return world;
 }
 

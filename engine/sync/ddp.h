@@ -161,6 +161,7 @@ class Ddp {
   // that on the GPU a gather runs on its own stream and never queues behind the reduce-
   // scatters issued before it; null: on comm().
   void set_gather_comm(Communicator* comm) { gather_comm_ = comm; }
+  // The communicator of --zero 3's layer gathers: set_gather_comm's, else comm().
   Communicator& gather_comm() { return gather_comm_ != nullptr ? *gather_comm_ : comm_; }
   // Collective: every rank's pieces of `full`, each rank's own being current in place, into
   // every rank's `full` (device communicators: `stream` made to wait).

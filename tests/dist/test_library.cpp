@@ -1,5 +1,6 @@
 // ddp as a library: the README's short example (ddp::init, Ddp) equals one process with 2
-// and 3 ranks; a layout check of one's own model names the first difference on every rank.
+// and 3 ranks, under ddprun and under srun without it; a layout check of one's own model names the
+// first difference on every rank.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -40,6 +41,31 @@ TEST(Library, TheShortExampleEqualsOneProcess) {
           << ranks << " ranks, weight " << i << "\n"
           << r.output;
   }
+}
+
+// srun without ddprun, faked on loopback: ddp::init serves the rendezvous store from rank 0
+// (as ddptrain does, the one start-up path), and the example trains as one process does.
+TEST(Library, UnderSrunWithoutDdprunRankZeroServesTheStore) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  const RunResult one = run_command(CLASSIFIER_PATH);
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  const std::string common =
+      "CUDA_VISIBLE_DEVICES= SLURM_NTASKS=2 SLURM_TASKS_PER_NODE=2 SLURM_NODEID=0 "
+      "SLURM_JOB_ID=4343 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+      std::to_string(free_port()) + " ";
+  TempDir dir;
+  const RunResult r =
+      run_command("{ " + common + "SLURM_PROCID=1 SLURM_LOCALID=1 " + CLASSIFIER_PATH + " > " +
+                  dir.file("rank1.log") + " 2>&1 & " + common + "SLURM_PROCID=0 SLURM_LOCALID=0 " +
+                  CLASSIFIER_PATH + "; echo rank0 exit $?; wait $!; echo rank1 exit $?; cat " +
+                  dir.file("rank1.log") + "; }");
+  EXPECT_NE(r.output.find("rank0 exit 0"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rank1 exit 0"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("srun: rank 0 serves the rendezvous store"), std::string::npos)
+      << r.output;
+  const std::vector<double> reference = weights(one.output), w = weights(r.output);
+  for (int i = 0; i < 3; ++i)
+    EXPECT_NEAR(w[i], reference[i], 1e-5 * (1 + std::abs(reference[i]))) << r.output;
 }
 
 TEST(Library, ALayoutCheckNamesTheFirstDifferenceOnEveryRank) {

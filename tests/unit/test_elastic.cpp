@@ -11,9 +11,9 @@
 #include <thread>
 
 #include "launcher/elastic.h"
-#include "launcher/store_server.h"
 #include "runtime/error.h"
 #include "runtime/store.h"
+#include "runtime/store_server.h"
 
 namespace ddp {
 namespace {

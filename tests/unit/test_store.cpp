@@ -12,11 +12,11 @@
 #include <vector>
 
 #include "collectives/communicator.h"
-#include "launcher/listener.h"
-#include "launcher/store_server.h"
 #include "runtime/error.h"
+#include "runtime/listener.h"
 #include "runtime/socket.h"
 #include "runtime/store.h"
+#include "runtime/store_server.h"
 #include "runtime/timer.h"
 
 namespace ddp {

@@ -1,5 +1,5 @@
-// What ddprun's two servers (its own store, PyTorch's) share: a listening TCP socket and a
-// pipe that wakes their poll() loop to stop.
+// What the store servers (ddprun's own store, PyTorch's; ddp::init's under srun) share: a
+// listening TCP socket and a pipe that wakes their poll() loop to stop.
 #pragma once
 
 #include <cstdint>
@@ -11,9 +11,10 @@
 
 namespace ddp {
 
+// A listening socket and the port it got.
 struct Listener {
-  UniqueFd fd;
-  int port = 0;  // the port it got (the one asked for, or a free one for 0)
+  UniqueFd fd;   ///< the listening socket
+  int port = 0;  ///< the port it got (the one asked for, or a free one for 0)
 };
 
 // Listens on bind_addr:port (0: a free port). UsageError naming --master-port when the port is
@@ -23,9 +24,12 @@ Listener listen_tcp(const std::string& bind_addr, int port, const std::string& w
 
 // A non-blocking pipe: wake() makes `read` readable.
 struct WakePipe {
+  /// Opens the pipe, both ends non-blocking.
   WakePipe();
+  /// Makes `read` readable (a byte written; never blocks).
   void wake();
-  UniqueFd read, write;
+  UniqueFd read;   ///< the end a poll() loop watches
+  UniqueFd write;  ///< the end wake() writes to
 };
 
 // The refusals a server reports, once per peer address and kind of reason: the reason with
@@ -34,7 +38,9 @@ struct WakePipe {
 // what it remembers stays bounded. Used by one thread.
 class RefusalLog {
  public:
+  /// The most lines it reports.
   static constexpr size_t kMaxRefusalLines = 64;
+  /// Reports each line through `report`.
   explicit RefusalLog(std::function<void(const std::string&)> report)
       : report_(std::move(report)) {}
   // `peer` is an address without its port. Returns whether a line was reported.

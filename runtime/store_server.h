@@ -1,4 +1,5 @@
-// The rendezvous store server that ddprun hosts: a TCP key-value store on one thread with
+// The rendezvous store server that ddprun hosts (and, under srun without ddprun, rank 0's
+// ddp::init): a TCP key-value store on one thread with
 // poll(). A client must present the job's token first, in a small hello frame and within
 // a deadline, or is dropped; unauthenticated connections are capped; a malformed or
 // oversized message drops that connection only, and the server goes on serving. Each
@@ -12,7 +13,7 @@
 #include <string>
 #include <thread>
 
-#include "launcher/listener.h"
+#include "runtime/listener.h"
 #include "runtime/socket.h"
 
 namespace ddp {

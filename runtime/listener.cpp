@@ -1,5 +1,5 @@
 // listen_tcp and WakePipe.
-#include "launcher/listener.h"
+#include "runtime/listener.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

@@ -1,6 +1,6 @@
 // StoreServer: per-connection input buffers, framed requests, waits parked until their keys
 // appear or their deadline passes.
-#include "launcher/store_server.h"
+#include "runtime/store_server.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
