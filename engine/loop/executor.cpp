@@ -105,7 +105,8 @@ void ScheduleExecutor::run(StageRunner& runner, Ddp* ddp, TimelineRecorder& time
   };
   auto compute_done = [&](ActionKind kind, double seconds) {
     stats->busy_s += seconds;
-    if (!gpu) stats->costs.add(span_of(kind), seconds);  // the GPU's host clock times only enqueueing
+    if (!gpu)
+      stats->costs.add(span_of(kind), seconds);  // the GPU's host clock times only enqueueing
   };
   auto loss = [&](ChunkOps& ops, int c, int mb, int slot) {
     if (!stages_.chunks[c].is_last()) return;

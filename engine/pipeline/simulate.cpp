@@ -137,7 +137,8 @@ SimResult simulate_schedule(const std::vector<std::vector<PipelineAction>>& list
             cost += rank_costs[r].forward;  // forwarded again from its input
           working = a.micro_batch;
           if (rank_costs[r].gather > 0)
-            me.clock = after_gather(me, rank_costs[r].gather, std::max(1, rank_costs[r].gather_ahead));
+            me.clock =
+                after_gather(me, rank_costs[r].gather, std::max(1, rank_costs[r].gather_ahead));
           me.clock += cost;
           me.busy += cost;
           if (a.kind == ActionKind::kForward) me.peak = std::max(me.peak, ++me.live);

@@ -49,11 +49,11 @@ struct SimCosts {
 
 struct SimResult {
   bool ok = false;
-  std::string error;           // why not ok: deadlock (who waits for what) or mismatch
-  double step_time = 0;        // the slowest rank's
-  std::vector<double> busy;    // per rank: compute time
-  std::vector<int> peak_live;  // per rank: most micro-batches forwarded, not yet backwarded
-  double bubble = 0;           // mean over ranks of idle / step_time
+  std::string error;                // why not ok: deadlock (who waits for what) or mismatch
+  double step_time = 0;             // the slowest rank's
+  std::vector<double> busy;         // per rank: compute time
+  std::vector<int> peak_live;       // per rank: most micro-batches forwarded, not yet backwarded
+  double bubble = 0;                // mean over ranks of idle / step_time
   std::vector<double> gather_wait;  // per rank: time its compute waited for gathers (--zero 3)
 };
 

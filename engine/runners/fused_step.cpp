@@ -129,8 +129,8 @@ std::unique_ptr<FusedStep> FusedStep::choose(const FusedStepSetting& s) {
     weights.to_low_precision(stream);
   };
   const auto usual = [&] {
-    stage.gather(s.feeder->train_x(), s.feeder->train_y(), spec.shape.input_width(),
-                 indices.data(), nullptr, batch, batch, 0);
+    stage.gather(s.feeder->train_x(), s.feeder->train_y(), spec.shape.input_width(), indices.data(),
+                 nullptr, batch, batch, 0);
     stage.forward(0, batch);
     stage.loss(0, batch, 1.0f / static_cast<float>(batch));
     stage.backward(0, batch, false);

@@ -113,7 +113,9 @@ float* HostZero::grad_at(size_t offset) {
   return nullptr;
 }
 
-LayerParams* HostZero::layer_params() { return gathered_.get(); }
+LayerParams* HostZero::layer_params() {
+  return gathered_.get();
+}
 
 bool HostZero::pieces_nonfinite() const {
   return level_ >= 2 && any_nonfinite(ddp_.reduced_pieces(), ddp_.shards().shard_count);
@@ -196,6 +198,8 @@ size_t HostZero::param_floats() const {
   return shard_params_.size() + (gathered_ ? gathered_->peak_floats() : 0);
 }
 
-size_t HostZero::grad_floats() const { return ring_floats() + ddp_.scratch_floats(); }
+size_t HostZero::grad_floats() const {
+  return ring_floats() + ddp_.scratch_floats();
+}
 
 }  // namespace ddp

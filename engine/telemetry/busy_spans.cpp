@@ -41,7 +41,9 @@ void DeviceBusySpans::begin(SpanKind kind, int micro, int stage) {
   record(start_[marks_]->get(), stream_);
 }
 
-void DeviceBusySpans::end() { record(end_[marks_++]->get(), stream_); }
+void DeviceBusySpans::end() {
+  record(end_[marks_++]->get(), stream_);
+}
 
 ComputeCosts DeviceBusySpans::costs() const {
   ComputeCosts costs;

@@ -41,10 +41,8 @@ TEST(LayerGathers, AForwardThenABackwardGathersEachUseOnceAndTheNextMeanwhile) {
 TEST(LayerGathers, TwoAheadGathersTheNextTwoLayersMeanwhile) {
   LayerGathers g(5, 2);
   EXPECT_EQ(g.slots(), 3);
-  EXPECT_EQ(g.use(0, {1, 2}), (Actions{{Kind::kGather, 0},
-                                       {Kind::kUse, 0},
-                                       {Kind::kGather, 1},
-                                       {Kind::kGather, 2}}));
+  EXPECT_EQ(g.use(0, {1, 2}),
+            (Actions{{Kind::kGather, 0}, {Kind::kUse, 0}, {Kind::kGather, 1}, {Kind::kGather, 2}}));
   EXPECT_EQ(g.use(1, {2, 3}), (Actions{{Kind::kUse, 1}, {Kind::kGather, 3}}));  // into 0's slot
   EXPECT_EQ(g.use(2, {3, 4}), (Actions{{Kind::kUse, 2}, {Kind::kGather, 4}}));
   EXPECT_EQ(g.use(3, {4}), (Actions{{Kind::kUse, 3}}));
@@ -66,8 +64,8 @@ TEST(LayerGathers, APrefetchNobodyUsedIsWaitedForBeforeItsSlotIsGatheredAgain) {
   // Another pass reads 5 (slot 1, where 3 is still on its way).
   EXPECT_EQ(g.use(5, {}), (Actions{{Kind::kDrop, 3}, {Kind::kGather, 5}, {Kind::kUse, 5}}));
   EXPECT_EQ(g.forget(), Actions{});
-  EXPECT_THROW(g.use(6, {}), Error);  // no such layer
-  EXPECT_THROW(g.use(2, {4}), Error);   // the next layer is always the other slot's
+  EXPECT_THROW(g.use(6, {}), Error);   // no such layer
+  EXPECT_THROW(g.use(2, {4}), Error);  // the next layer is always the other slot's
 }
 
 TEST(LayerGathers, RandomPassesReadTheirOwnLayersAndWaitForEveryGatherOnce) {

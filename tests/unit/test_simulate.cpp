@@ -443,8 +443,8 @@ TEST(Simulator, GatheringTwoAheadHidesWhatOneAheadCannot) {
   };
   const double one = step(1, PipelineSchedule::kOneForwardOneBackward, 1, 4);
   const double two = step(2, PipelineSchedule::kOneForwardOneBackward, 1, 4);
-  std::printf("1f1b, 1 rank, 4 micro-batches, F 1, B 4, gathers 3: one ahead %.1f, two %.1f\n",
-              one, two);
+  std::printf("1f1b, 1 rank, 4 micro-batches, F 1, B 4, gathers 3: one ahead %.1f, two %.1f\n", one,
+              two);
   EXPECT_LT(two, one);
   for (PipelineSchedule schedule :
        {PipelineSchedule::kGpipe, PipelineSchedule::kOneForwardOneBackward})
