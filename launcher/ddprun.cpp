@@ -277,6 +277,7 @@ int run(int argc, char** argv, ddp::Console& console) {
   const ddp::GpuList gpus = ddp::discover_gpus(cvd);
   const int cpus = static_cast<int>(std::thread::hardware_concurrency());
   const ddp::WorkerPlan plan = ddp::plan_workers(config, gpus, cpus);
+  if (!plan.note.empty()) std::fprintf(stderr, "ddprun: %s\n", plan.note.c_str());
   if (plan.nproc > 1 && !parent.count("OMP_NUM_THREADS"))  // torchrun's words
     std::fprintf(stderr,
                  "ddprun: setting OMP_NUM_THREADS environment variable for each process to be 1 "

@@ -160,7 +160,8 @@ bool parse_launch_args(int argc, char** argv, LaunchConfig* config) {
                            "Usage: ddprun [options] [--] PROGRAM [ARGS...]");
   // clang-format off
   options.add_options()
-    ("nproc-per-node", "workers on this node: N, gpu (one per visible GPU) or cpu (one per core)",
+    ("nproc-per-node", "workers on this node: N, gpu (one per visible GPU; left out on a machine "
+        "without GPUs: 1, as torchrun) or cpu (one per core)",
         cxxopts::value<std::string>()->default_value(d.nproc_per_node))
     ("nnodes", "number of nodes, or MIN:MAX (elastic: --rdzv-endpoint, no --node-rank)", cxxopts::value<std::string>()->default_value(std::to_string(d.nnodes)))
     ("node-rank", "this node's index", cxxopts::value<std::string>()->default_value(std::to_string(d.node_rank)))
@@ -218,6 +219,7 @@ bool parse_launch_args(int argc, char** argv, LaunchConfig* config) {
     return false;
   }
   c.nproc_per_node = result["nproc-per-node"].as<std::string>();
+  c.nproc_given = result.count("nproc-per-node") > 0;
   const std::string nnodes = result["nnodes"].as<std::string>();
   const size_t colon = nnodes.find(':');
   if (colon != std::string::npos) {
@@ -407,6 +409,14 @@ WorkerPlan plan_workers(const LaunchConfig& config, const GpuList& gpus, int cpu
                     gpus.detail.empty() ? gpus.source : gpus.detail);
     plan.nproc = config.nproc_per_node == "gpu" ? found : *parse_number<int>(config.nproc_per_node);
     plan.gpu_ids.assign(plan.nproc, gpus.ids.front());
+    return plan;
+  }
+  if (config.nproc_per_node == "gpu" && found == 0 && !config.nproc_given) {
+    plan.nproc = 1;
+    plan.note = fmt::format(
+        "no GPU found ({}): one CPU worker, torchrun's default without --nproc-per-node; give "
+        "--nproc-per-node N or cpu for more",
+        gpus.detail.empty() ? gpus.source : gpus.detail);
     return plan;
   }
   if (config.nproc_per_node == "gpu") {

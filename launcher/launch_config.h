@@ -14,6 +14,7 @@ namespace ddp {
 
 struct LaunchConfig {
   std::string nproc_per_node = "gpu";  // N | gpu | cpu
+  bool nproc_given = false;            // --nproc-per-node given (else its default: gpu, or 1)
   int nnodes = 1;
   int node_rank = 0;
   // --nnodes MIN:MAX with MIN < MAX: elastic membership (launcher/elastic.h); nnodes is MIN.
@@ -73,9 +74,12 @@ struct WorkerPlan {
   int nproc = 0;
   std::vector<std::string> gpu_ids;  // gpu_ids[local_rank], or empty for CPU workers
   bool hide_gpus = false;            // CPU workers asked for with --nproc-per-node cpu
+  std::string note;                  // a line for the user about the choice made, or empty
 };
 // `cpu_count`: cores of this machine. Throws UsageError when more GPU workers are asked for
 // than GPUs were found, saying what was found. With share_gpu every worker gets the first GPU.
+// --nproc-per-node left out on a machine without GPUs: one worker, as torchrun's default (the
+// note says so).
 WorkerPlan plan_workers(const LaunchConfig& config, const GpuList& gpus, int cpu_count);
 
 // A TCP port that nobody listens on at `address` now (bound to port 0, then released).

@@ -37,6 +37,20 @@ class HideGpus : public ::testing::Environment {
 };
 const auto* const kHideGpus = ::testing::AddGlobalTestEnvironment(new HideGpus);
 
+// torchrun's default where a user expects it: `ddprun --standalone PROGRAM` on a machine
+// without GPUs starts one worker (and says why), not an error about GPUs.
+TEST(Ddprun, WithoutNprocPerNodeAMachineWithoutGpusGetsOneWorker) {
+  const RunResult r = run_command(ddprun() + " --standalone -- sh -c 'echo R=$RANK W=$WORLD_SIZE'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("R=0 W=1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("no GPU found"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("one CPU worker, torchrun's default"), std::string::npos) << r.output;
+  const RunResult asked = run_command(ddprun() + " --nproc-per-node gpu -- true");
+  EXPECT_EQ(asked.exit_code, 2) << asked.output;
+  EXPECT_NE(asked.output.find("--nproc-per-node gpu: no GPU found"), std::string::npos)
+      << asked.output;
+}
+
 TEST(Ddprun, EnvironmentContractForEachWorker) {
   const RunResult r =
       run_command("CUDA_VISIBLE_DEVICES=4,6 " + ddprun() +

@@ -86,7 +86,26 @@ TEST(WorkerPlan, MoreGpuWorkersThanGpusShowsWhatWasFound) {
         << e.what();
   }
   config.nproc_per_node = "gpu";
+  config.nproc_given = true;  // asked for GPU workers: none is an error
   EXPECT_THROW(plan_workers(config, GpuList{"none", {}, ""}, 8), UsageError);
+}
+
+// --nproc-per-node left out, as torchrun's users do: one worker a GPU where there are GPUs,
+// one CPU worker where there are none (torchrun's default), with a note saying so.
+TEST(WorkerPlan, LeftOutItIsOneWorkerWithoutGpusAndOneAGpuWithThem) {
+  const LaunchConfig config = parse({"--", "p"});
+  EXPECT_FALSE(config.nproc_given);
+  const WorkerPlan none = plan_workers(config, GpuList{"none", {}, "no driver"}, 8);
+  EXPECT_EQ(none.nproc, 1);
+  EXPECT_TRUE(none.gpu_ids.empty());
+  EXPECT_NE(none.note.find("no GPU found (no driver): one CPU worker, torchrun's default"),
+            std::string::npos)
+      << none.note;
+  const WorkerPlan gpus = plan_workers(config, GpuList{"NVML", {"0", "1"}, ""}, 8);
+  EXPECT_EQ(gpus.nproc, 2);
+  EXPECT_TRUE(gpus.note.empty());
+  EXPECT_TRUE(parse({"--nproc-per-node", "gpu", "--", "p"}).nproc_given);
+  EXPECT_TRUE(parse({"--nproc_per_node=gpu", "--", "p"}).nproc_given);
 }
 
 TEST(WorkerPlan, CpuWorkersWithoutGpusOrOnRequest) {
