@@ -1,6 +1,7 @@
 // ddptrain's command line through cxxopts; defaults come from TrainConfig's initialisers.
 #include "engine/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <iostream>
@@ -15,6 +16,7 @@
 #include "models/gemm.h"
 #include "models/mlp.h"
 #include "runtime/error.h"
+#include "runtime/flag_hint.h"
 #include "runtime/parse.h"
 
 namespace ddp {
@@ -432,6 +434,19 @@ bool parse_train_args(int argc, char** argv, TrainConfig* config) {
   }
   add("version", "print the version and the parts this build has");
   add("h,help", "print this help");
+  // An unknown flag is named with the one it most likely meant.
+  std::vector<std::string> known;
+  for (const cxxopts::HelpOptionDetails& o : options.group_help("").options)
+    known.insert(known.end(), o.l.begin(), o.l.end());
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.size() <= 2 || arg.compare(0, 2, "--") != 0) continue;
+    const std::string name = arg.substr(2, arg.find('=') - 2);
+    const std::string hint = did_you_mean(name, known);
+    DDP_USAGE_CHECK(std::find(known.begin(), known.end(), name) != known.end(),
+                    "--{}: no such flag{} (see ddptrain --help)", name,
+                    hint.empty() ? "" : ";" + hint);
+  }
   cxxopts::ParseResult result;
   try {
     result = options.parse(argc, argv);

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/error.h"
+#include "runtime/flag_hint.h"
 #include "runtime/parse.h"
 #include "runtime/socket.h"
 
@@ -208,6 +209,23 @@ bool parse_launch_args(int argc, char** argv, LaunchConfig* config) {
         "TORCHELASTIC_USE_AGENT_STORE as torchrun does)")
     ("h,help", "print this help");
   // clang-format on
+  // An unknown flag before the program: the one it most likely meant, and where a flag of
+  // the program goes.
+  std::vector<std::string> known;
+  for (const cxxopts::HelpOptionDetails& o : options.group_help("").options)
+    known.insert(known.end(), o.l.begin(), o.l.end());
+  for (size_t k = 0; k < spellings.size(); ++k) {
+    const std::string& arg = spellings[k];
+    if (arg.size() > 2 && arg.compare(0, 2, "--") == 0) {
+      const std::string name = arg.substr(2, arg.find('=') - 2);
+      const std::string hint = did_you_mean(name, known);
+      DDP_USAGE_CHECK(std::find(known.begin(), known.end(), name) != known.end(),
+                      "--{}: not a ddprun flag;{} {} flag of the program goes after it: ddprun "
+                      "[options] PROGRAM --{} ... (see ddprun --help)",
+                      name, hint, hint.empty() ? "a" : "A", name);
+    }
+    if (takes_value(arg) && arg.find('=') == std::string::npos) ++k;  // its value
+  }
   cxxopts::ParseResult result;
   try {
     result = options.parse(static_cast<int>(own.size()), own.data());

@@ -159,7 +159,11 @@ TEST(DdptrainCli, MetricsStartWithTheRunsContextAndEveryRecordIsTimed) {
 }
 
 TEST(DdptrainCli, BadFlagsAndValues) {
-  expect_usage_error("--no-such-flag", "no-such-flag");
+  expect_usage_error("--no-such-flag", "--no-such-flag: no such flag (see ddptrain --help)");
+  // A mistyped flag is named with the one it most likely meant.
+  expect_usage_error("--batchsize 64", "--batchsize: no such flag; did you mean --batch-size?");
+  expect_usage_error("--batch_size 64", "did you mean --batch-size?");
+  expect_usage_error("--sedd 1", "did you mean --seed?");
   expect_usage_error("--batch-size abc", "--batch-size abc: expected an integer");
   expect_usage_error("--lr 0.1x", "--lr 0.1x: expected a number");
   expect_usage_error("--seed -1", "--seed -1: expected a non-negative integer");

@@ -8,6 +8,7 @@
 #include "launcher/launch_config.h"
 #include "runtime/device.h"
 #include "runtime/error.h"
+#include "runtime/flag_hint.h"
 
 namespace ddp {
 namespace {
@@ -64,7 +65,31 @@ TEST(LaunchArgs, BadValuesNameTheFlag) {
   EXPECT_NE(message({"--node-rank", "2", "--nnodes", "2", "--", "p"}).find("--node-rank 2"),
             std::string::npos);
   EXPECT_NE(message({"--nproc-per-node", "2"}).find("no program to run"), std::string::npos);
-  EXPECT_NE(message({"--bogus", "1", "--", "p"}).find("bogus"), std::string::npos);
+  EXPECT_NE(message({"--bogus", "1", "--", "p"}).find("--bogus: not a ddprun flag"),
+            std::string::npos);
+  // A flag of the program before it: where it goes; a mistyped one of ddprun's: which.
+  EXPECT_NE(message({"--nproc-per-node", "2", "--steps", "10", "ddptrain"})
+                .find("--steps: not a ddprun flag; a flag of the program goes after it: ddprun "
+                      "[options] PROGRAM --steps ..."),
+            std::string::npos);
+  EXPECT_NE(message({"--nproc_per_nod", "2", "--", "p"}).find("did you mean --nproc-per-node?"),
+            std::string::npos);
+}
+
+// The flag a user most likely meant: the same once case, dashes and underscores are set aside,
+// else within a few edits (fewer for short names), else none.
+TEST(FlagHint, TheClosestKnownFlagOrNone) {
+  const std::vector<std::string> known = {"batch-size", "lr", "seed", "steps", "nproc-per-node"};
+  EXPECT_EQ(closest_flag("batchsize", known), "batch-size");
+  EXPECT_EQ(closest_flag("Batch_Size", known), "batch-size");
+  EXPECT_EQ(closest_flag("sed", known), "seed");
+  EXPECT_EQ(closest_flag("nproc-per-nodes", known), "nproc-per-node");
+  EXPECT_EQ(closest_flag("step", known), "steps");
+  EXPECT_EQ(closest_flag("xy", known), "");  // two edits from "lr": too far for a short name
+  EXPECT_EQ(closest_flag("learning-rate", known), "");
+  EXPECT_EQ(closest_flag("", known), "");
+  EXPECT_EQ(did_you_mean("batchsize", known), " did you mean --batch-size?");
+  EXPECT_EQ(did_you_mean("zzzzzz", known), "");
 }
 
 TEST(WorkerPlan, GpuModeTakesEveryVisibleGpu) {
