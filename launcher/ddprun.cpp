@@ -278,7 +278,8 @@ int run(int argc, char** argv, ddp::Console& console) {
   const int cpus = static_cast<int>(std::thread::hardware_concurrency());
   const ddp::WorkerPlan plan = ddp::plan_workers(config, gpus, cpus);
   if (!plan.note.empty()) std::fprintf(stderr, "ddprun: %s\n", plan.note.c_str());
-  if (plan.nproc > 1 && !parent.count("OMP_NUM_THREADS"))  // torchrun's words
+  // torchrun's words, for PyTorch's programs (the variable is set for every program).
+  if (plan.nproc > 1 && !parent.count("OMP_NUM_THREADS") && ddp::runs_python(config))
     std::fprintf(stderr,
                  "ddprun: setting OMP_NUM_THREADS environment variable for each process to be 1 "
                  "in default, to avoid your system being overloaded, please further tune the "
@@ -357,7 +358,9 @@ int run(int argc, char** argv, ddp::Console& console) {
         ddp::kTorchStoreStallSeconds, torch_store_clients());
     torch_store->start();
     ports.program = torch_store->port();
-    std::fprintf(stderr, "ddprun: PyTorch's store on 127.0.0.1:%d (MASTER_PORT)\n", ports.program);
+    if (ddp::runs_python(config))
+      std::fprintf(stderr, "ddprun: PyTorch's store on 127.0.0.1:%d (MASTER_PORT)\n",
+                   ports.program);
   } else if (config.nnodes == 1) {
     ports.program = ddp::free_port("127.0.0.1");
   } else {

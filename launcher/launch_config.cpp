@@ -89,12 +89,27 @@ std::vector<int> parse_streams(const std::string& flag, const std::string& value
   return out;
 }
 
-std::vector<std::string> program_argv(const LaunchConfig& c) {
+namespace {
+
+// Whether ddprun runs PROGRAM with python3 (-m, --run-path, a .py file).
+bool runs_with_python3(const LaunchConfig& c) {
   const std::string& program = c.command.front();
-  const bool python =
-      c.module || c.run_path ||
-      (!c.no_python && program.size() > 3 && program.compare(program.size() - 3, 3, ".py") == 0);
-  if (!python) return c.command;
+  return c.module || c.run_path ||
+         (!c.no_python && program.size() > 3 && program.compare(program.size() - 3, 3, ".py") == 0);
+}
+
+}  // namespace
+
+bool runs_python(const LaunchConfig& c) {
+  if (c.command.empty()) return false;
+  if (runs_with_python3(c)) return true;
+  const std::string& program = c.command.front();
+  const std::string name = program.substr(program.find_last_of('/') + 1);
+  return name.rfind("python", 0) == 0;  // python, python3, python3.11
+}
+
+std::vector<std::string> program_argv(const LaunchConfig& c) {
+  if (!runs_with_python3(c)) return c.command;
   std::vector<std::string> argv = {"python3", "-u"};
   if (c.module) argv.push_back("-m");
   argv.insert(argv.end(), c.command.begin(), c.command.end());

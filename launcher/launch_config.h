@@ -63,6 +63,9 @@ std::vector<int> parse_streams(const std::string& flag, const std::string& value
 // The argv that runs the program (torchrun's rules): with -m, python3 -u -m MODULE ARGS; a
 // PROGRAM ending in .py (unless --no-python), python3 -u PROGRAM ARGS; else as given.
 std::vector<std::string> program_argv(const LaunchConfig& config);
+// Whether the program is Python's (as program_argv runs it, or a python interpreter given as
+// the program): PyTorch's notes (OMP_NUM_THREADS, its store) are for those only.
+bool runs_python(const LaunchConfig& config);
 
 // Parses `ddprun [options] [--] PROGRAM [ARGS...]`. Returns false after printing --help.
 // Throws UsageError naming the flag on bad input.

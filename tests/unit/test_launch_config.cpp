@@ -76,6 +76,18 @@ TEST(LaunchArgs, BadValuesNameTheFlag) {
             std::string::npos);
 }
 
+// PyTorch's notes are for PyTorch's programs: a .py file, -m, a python interpreter; not
+// ddptrain or a C++ program of one's own.
+TEST(LaunchArgs, PythonProgramsAreToldApart) {
+  EXPECT_TRUE(runs_python(parse({"train.py"})));
+  EXPECT_TRUE(runs_python(parse({"-m", "pkg.train"})));
+  EXPECT_TRUE(runs_python(parse({"--", "/usr/bin/python3", "train.py"})));
+  EXPECT_TRUE(runs_python(parse({"--", "python", "-c", "pass"})));
+  EXPECT_FALSE(runs_python(parse({"--", "build/bin/ddptrain", "--steps", "1"})));
+  EXPECT_FALSE(runs_python(parse({"--no-python", "--", "./train.py"})));
+  EXPECT_FALSE(runs_python(parse({"--", "./my_worker"})));
+}
+
 // The flag a user most likely meant: the same once case, dashes and underscores are set aside,
 // else within a few edits (fewer for short names), else none.
 TEST(FlagHint, TheClosestKnownFlagOrNone) {
