@@ -380,13 +380,13 @@ int main(int argc, char** argv) {
                     "--iters {} --warmup {}: expected at least 1 and 0", c.iters, c.warmup);
     return ddp::bench(c, argc, argv);
   } catch (const cxxopts::exceptions::exception& e) {
-    std::fprintf(stderr, "ddpbench: error: %s\n", e.what());
+    std::fprintf(stderr, "ddpbench: error: %s\n", ddp::error_text(e).c_str());
     return 2;
   } catch (const ddp::UsageError& e) {
-    std::fprintf(stderr, "ddpbench: error: %s\n", e.what());
+    std::fprintf(stderr, "ddpbench: error: %s\n", ddp::error_text(e).c_str());
     return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "ddpbench: error: %s\n", e.what());
+    std::fprintf(stderr, "ddpbench: error: %s\n", ddp::error_text(e).c_str());
     return 1;
   }
 }

@@ -226,13 +226,13 @@ int main(int argc, char** argv) {
     world.reset();  // the communicator before the store and the device go
     return 0;
   } catch (const ddp::UsageError& e) {
-    std::fprintf(stderr, "ddptrain: error: %s\n", e.what());
+    std::fprintf(stderr, "ddptrain: error: %s\n", ddp::error_text(e).c_str());
     std::fflush(stderr);
     if (world) world->abort();
     write_failed(metrics, e, step_reached, rank, 2);
     return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "ddptrain: error: %s\n", e.what());
+    std::fprintf(stderr, "ddptrain: error: %s\n", ddp::error_text(e).c_str());
     std::fflush(stderr);
     if (world) world->abort();
     write_failed(metrics, e, step_reached, rank, 1);

@@ -527,10 +527,10 @@ int run_and_report(int argc, char** argv, ddp::Console& console) {
                  ddp::signal_name(interrupted.signal).c_str());
     return 128 + interrupted.signal;
   } catch (const ddp::UsageError& e) {
-    std::fprintf(stderr, "ddprun: error: %s\n", e.what());
+    std::fprintf(stderr, "ddprun: error: %s\n", ddp::error_text(e).c_str());
     return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "ddprun: error: %s\n", e.what());
+    std::fprintf(stderr, "ddprun: error: %s\n", ddp::error_text(e).c_str());
     return 1;
   }
 }

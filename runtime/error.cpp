@@ -1,6 +1,8 @@
 // Process context and the cold path of the DDP_CHECK macros.
 #include "runtime/error.h"
 
+#include <cstdlib>
+
 namespace ddp {
 namespace {
 ProcessContext g_context;  // plain data, set once by main; owns no GPU or network state
@@ -13,12 +15,20 @@ const ProcessContext& process_context() {
   return g_context;
 }
 
+std::string error_text(const std::exception& e) {
+  const auto* error = dynamic_cast<const Error*>(&e);
+  const char* debug = std::getenv("DDP_DEBUG");
+  if (error == nullptr || error->where().empty() || debug == nullptr || std::string(debug) != "1")
+    return e.what();
+  return fmt::format("{} [at {}]", e.what(), error->where());
+}
+
 namespace detail {
 void throw_check_failed(const char* file, int line, const char* statement,
                         const std::string& message) {
   const ProcessContext& c = g_context;
-  throw Error(fmt::format("{} [at {}:{}: {}; rank {}/{}, device {}]", message, file, line,
-                          statement, c.rank, c.world, c.device));
+  throw Error(fmt::format("{} [rank {}/{}, device {}]", message, c.rank, c.world, c.device),
+              fmt::format("{}:{}: {}", file, line, statement));
 }
 }  // namespace detail
 }  // namespace ddp

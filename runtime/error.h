@@ -1,5 +1,6 @@
-// ddp::Error and the DDP_CHECK* macros: every failure carries the failing statement,
-// file:line and the process context (rank/world, device); user errors carry only a message.
+// ddp::Error and the DDP_CHECK* macros: every failure carries the process context (rank/world,
+// device), and the failing statement and file:line apart (where(), for DDP_DEBUG=1 and the
+// debug log: a user reads no build paths or assert text); user errors carry only a message.
 #pragma once
 
 #include <stdexcept>
@@ -9,13 +10,25 @@
 
 namespace ddp {
 
-// An error with context. what() is the full one-line message: the cause first, then
-// "[at file:line: statement; rank r/w, device d]" for internal failures.
+// An error with context. what() is the one-line message a user reads: the cause first, then
+// "[rank r/w, device d]" for internal failures; where() says where in the source it failed.
 class Error : public std::runtime_error {
  public:
   // An error whose what() is `message`.
   explicit Error(const std::string& message) : std::runtime_error(message) {}
+  // The same, failed at `where` ("file:line: statement").
+  Error(const std::string& message, std::string where)
+      : std::runtime_error(message), where_(std::move(where)) {}
+  // Where in the source a check failed ("file:line: statement"), or empty.
+  const std::string& where() const { return where_; }
+
+ private:
+  std::string where_;
 };
+
+// What a program prints of `e`: what(), and with DDP_DEBUG=1 in the environment where a check
+// failed in the source (" [at file:line: statement]").
+std::string error_text(const std::exception& e);
 
 // A bad flag, value or input file. what() names the flag or file, what was expected and
 // what was found; no source location is added since the user cannot act on it.
