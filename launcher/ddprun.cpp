@@ -126,6 +126,16 @@ void report_failure(const ddp::LaunchConfig& config, const ddp::WorkerPlan& plan
     for (const std::string& line : outcome.last_lines)
       std::fprintf(stderr, "  | %s\n", line.c_str());
   }
+  // A module the interpreter lacks: which interpreter ran it, and how to choose another.
+  bool missing_module = false;
+  for (const std::string& line : outcome.last_lines)
+    missing_module = missing_module || line.find("ModuleNotFoundError") != std::string::npos;
+  if (missing_module && ddp::launches_python(config))
+    std::fprintf(stderr,
+                 "ddprun: rank %d ran %s with %s (%s); give --python PATH or DDP_PYTHON for an "
+                 "interpreter that has the module\n",
+                 outcome.failed_rank, config.command.front().c_str(), config.python.c_str(),
+                 ddp::find_on_path(config.python).c_str());
   const std::string error_file =
       ddp::worker_dir(config, restart, outcome.failed_rank - config.node_rank * plan.nproc) +
       "/error.json";

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iostream>
@@ -89,28 +90,38 @@ std::vector<int> parse_streams(const std::string& flag, const std::string& value
   return out;
 }
 
-namespace {
-
-// Whether ddprun runs PROGRAM with python3 (-m, --run-path, a .py file).
-bool runs_with_python3(const LaunchConfig& c) {
+bool launches_python(const LaunchConfig& c) {
+  if (c.command.empty()) return false;
   const std::string& program = c.command.front();
   return c.module || c.run_path ||
          (!c.no_python && program.size() > 3 && program.compare(program.size() - 3, 3, ".py") == 0);
 }
 
-}  // namespace
+std::string find_on_path(const std::string& program) {
+  if (program.find('/') != std::string::npos) return program;
+  const char* path = std::getenv("PATH");
+  const std::string dirs = path != nullptr ? path : "";
+  for (size_t at = 0; at <= dirs.size();) {
+    const size_t colon = std::min(dirs.find(':', at), dirs.size());
+    const std::string dir = dirs.substr(at, colon - at);
+    const std::string candidate = (dir.empty() ? "." : dir) + "/" + program;
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+    at = colon + 1;
+  }
+  return "not on PATH";
+}
 
 bool runs_python(const LaunchConfig& c) {
   if (c.command.empty()) return false;
-  if (runs_with_python3(c)) return true;
+  if (launches_python(c)) return true;
   const std::string& program = c.command.front();
   const std::string name = program.substr(program.find_last_of('/') + 1);
   return name.rfind("python", 0) == 0;  // python, python3, python3.11
 }
 
 std::vector<std::string> program_argv(const LaunchConfig& c) {
-  if (!runs_with_python3(c)) return c.command;
-  std::vector<std::string> argv = {"python3", "-u"};
+  if (!launches_python(c)) return c.command;
+  std::vector<std::string> argv = {c.python, "-u"};
   if (c.module) argv.push_back("-m");
   argv.insert(argv.end(), c.command.begin(), c.command.end());
   return argv;
@@ -207,6 +218,8 @@ bool parse_launch_args(int argc, char** argv, LaunchConfig* config) {
     ("m,module", "torchrun's: PROGRAM is a Python module, run as python3 -u -m PROGRAM")
     ("no-python", "torchrun's: run PROGRAM as given, even one ending in .py")
     ("run-path", "torchrun's: PROGRAM is a Python file, run with python3 (as a .py is)")
+    ("python", "the interpreter a .py PROGRAM or -m MODULE runs with (torchrun: its own): "
+        "python3 on PATH, or DDP_PYTHON", cxxopts::value<std::string>())
     ("r,redirects", "torchrun's: streams of each rank to files only: 0 none, 1 stdout, 2 stderr, 3 "
         "both, or per local rank like 0:1,1:2 (files under --log-dir, torchrun's layout)",
         cxxopts::value<std::string>())
@@ -328,6 +341,12 @@ bool parse_launch_args(int argc, char** argv, LaunchConfig* config) {
   }
   if (result.count("role")) c.role = result["role"].as<std::string>();
   c.module = result.count("module") > 0;
+  if (result.count("python")) {
+    c.python = result["python"].as<std::string>();
+  } else if (const char* python = std::getenv("DDP_PYTHON"); python != nullptr && *python) {
+    c.python = python;
+  }
+  DDP_USAGE_CHECK(!c.python.empty(), "--python: expected an interpreter, like /usr/bin/python3");
   c.no_python = result.count("no-python") > 0;
   c.run_path = result.count("run-path") > 0;
   c.torch_store = result.count("no-torch-store") == 0;

@@ -38,6 +38,7 @@ struct LaunchConfig {
   bool module = false;                  // -m: PROGRAM is a Python module
   bool no_python = false;               // --no-python: PROGRAM runs as given, even a .py
   bool run_path = false;                // --run-path: PROGRAM is a Python file
+  std::string python = "python3";       // --python, else DDP_PYTHON: what runs a Python PROGRAM
   bool torch_store = false;             // --torch-store: serve PyTorch's store (agent store)
   std::vector<int> redirects;           // per local rank: 1 stdout, 2 stderr, 3 both to
   std::vector<int> tee;                 // files only (redirects) or to files and console (tee)
@@ -66,6 +67,11 @@ std::vector<std::string> program_argv(const LaunchConfig& config);
 // Whether the program is Python's (as program_argv runs it, or a python interpreter given as
 // the program): PyTorch's notes (OMP_NUM_THREADS, its store) are for those only.
 bool runs_python(const LaunchConfig& config);
+// Whether ddprun chose the interpreter (a .py PROGRAM, -m, --run-path): config.python.
+bool launches_python(const LaunchConfig& config);
+// Where `program` is run from: itself when it names a path, else the first executable of that
+// name on PATH, else "not on PATH".
+std::string find_on_path(const std::string& program);
 
 // Parses `ddprun [options] [--] PROGRAM [ARGS...]`. Returns false after printing --help.
 // Throws UsageError naming the flag on bad input.

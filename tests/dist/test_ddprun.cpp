@@ -909,5 +909,23 @@ TEST(TorchrunCompat, LogLayoutConsoleFilterAndRecordedRootCause) {
   EXPECT_NE(f.output.find("raise ValueError('bad batch 7')"), std::string::npos) << f.output;
 }
 
+// A Python program whose interpreter lacks a module: the report says which interpreter ran
+// it (and where it is) and how to choose another; --python chooses it.
+TEST(Ddprun, AMissingModuleNamesTheInterpreterAndPythonChoosesIt) {
+  TempDir dir;
+  write_text(dir.file("needs.py"), "import no_such_module_for_ddp\n");
+  write_text(dir.file("which.py"), "import sys\nprint('interpreter', sys.executable)\n");
+  const RunResult r = run_command(ddprun() + " --nproc-per-node 1 " + dir.file("needs.py"));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("ModuleNotFoundError"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("ran " + dir.file("needs.py") + " with python3 (/"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("give --python PATH or DDP_PYTHON"), std::string::npos) << r.output;
+  const RunResult chosen = run_command(ddprun() + " --nproc-per-node 1 --python /usr/bin/python3 " +
+                                       dir.file("which.py"));
+  ASSERT_EQ(chosen.exit_code, 0) << chosen.output;
+  EXPECT_NE(chosen.output.find("interpreter /usr/bin/python3"), std::string::npos) << chosen.output;
+}
+
 }  // namespace
 }  // namespace ddp

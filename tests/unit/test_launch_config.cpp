@@ -88,6 +88,24 @@ TEST(LaunchArgs, PythonProgramsAreToldApart) {
   EXPECT_FALSE(runs_python(parse({"--", "./my_worker"})));
 }
 
+// The interpreter of a Python program: --python, else DDP_PYTHON, else python3 on PATH; a
+// program that is not Python's runs as given.
+TEST(LaunchArgs, PythonInterpreterFromTheFlagOrTheEnvironment) {
+  ::unsetenv("DDP_PYTHON");
+  EXPECT_EQ(program_argv(parse({"train.py", "--x"})),
+            (std::vector<std::string>{"python3", "-u", "train.py", "--x"}));
+  EXPECT_EQ(program_argv(parse({"--python", "/opt/py/bin/python3", "train.py"})).front(),
+            "/opt/py/bin/python3");
+  ::setenv("DDP_PYTHON", "/venv/bin/python", 1);
+  EXPECT_EQ(program_argv(parse({"-m", "pkg"})).front(), "/venv/bin/python");
+  EXPECT_EQ(program_argv(parse({"--python", "python3.11", "-m", "pkg"})).front(), "python3.11");
+  EXPECT_EQ(program_argv(parse({"--", "./worker"})).front(), "./worker");
+  ::unsetenv("DDP_PYTHON");
+  EXPECT_EQ(find_on_path("/x/y"), "/x/y");
+  EXPECT_EQ(find_on_path("sh").substr(find_on_path("sh").size() - 3), "/sh");
+  EXPECT_EQ(find_on_path("no-such-program-here"), "not on PATH");
+}
+
 // The flag a user most likely meant: the same once case, dashes and underscores are set aside,
 // else within a few edits (fewer for short names), else none.
 TEST(FlagHint, TheClosestKnownFlagOrNone) {
