@@ -69,7 +69,8 @@ int main(int argc, char** argv) {
     rank = env.rank;
     const std::string device = ddp::device_name(config.device);
     ddp::set_process_context({env.rank, env.world_size, device});
-    ddp::init_logging({env.rank, env.world_size, device, "", false, false});
+    // Under ddprun, whose "[rank N]" starts each line, the lines name the device only.
+    ddp::init_logging({env.rank, env.world_size, device, "", false, false, !env.rank_prefixed});
     // Before anything slow: a run must not train for hours and then fail to write.
     std::unique_ptr<ddp::CheckpointDirLock> checkpoint_lock;
     if (lead) {
@@ -125,8 +126,8 @@ int main(int argc, char** argv) {
       const ddp::DeviceInfo& device = *joined.device();
       const ddp::ProcessEnv& e = joined.env();
       ddp::set_process_context({e.rank, e.world_size, "cuda:" + device.uuid.substr(4, 8)});
-      ddp::init_logging(
-          {e.rank, e.world_size, "cuda:" + device.uuid.substr(4, 8), "", false, false});
+      ddp::init_logging({e.rank, e.world_size, "cuda:" + device.uuid.substr(4, 8), "", false, false,
+                         !e.rank_prefixed});
       spdlog::info("{}", ddp::describe_phases(device));
       ddp::MemoryNeed on_device = need;
       on_device.data_bytes = 0;  // kept on the host when it does not fit (--stage-from-host)

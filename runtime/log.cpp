@@ -22,8 +22,10 @@ void init_logging(const LogConfig& config) {
   }
   auto logger = std::make_shared<spdlog::logger>("ddp", sinks.begin(), sinks.end());
   logger->set_level(spdlog::level::debug);
-  logger->set_pattern(
-      fmt::format("[%H:%M:%S.%e] [{}/{} {}] %^%l%$: %v", config.rank, config.world, config.device));
+  const std::string who = config.show_rank
+                              ? fmt::format("{}/{} {}", config.rank, config.world, config.device)
+                              : config.device;
+  logger->set_pattern(fmt::format("[%H:%M:%S.%e] [{}] %^%l%$: %v", who));
   logger->flush_on(spdlog::level::info);
   spdlog::set_default_logger(logger);
 }

@@ -15,6 +15,8 @@ struct LogConfig {
   std::string file;        // empty: no file
   bool verbose = false;    // debug level on the console
   bool all_ranks = false;  // every rank prints info on the console
+  bool show_rank = true;   // "[r/w device]" on each line; false: "[device]" (the launcher says
+                           // the rank, as ddprun's "[rank N]" prefix does)
 };
 
 // Installs the default logger. Call once, early in main; safe to call again (replaces it).

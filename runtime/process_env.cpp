@@ -58,6 +58,7 @@ ProcessEnv ProcessEnv::detect(const Lookup& lookup) {
         lookup("DDP_STORE_ADDR").value_or(lookup("MASTER_ADDR").value_or("127.0.0.1"));
     env.master_port = lookup("DDP_STORE_PORT") ? read_int(lookup, "DDP_STORE_PORT", 0)
                                                : read_int(lookup, "MASTER_PORT", 0);
+    env.rank_prefixed = lookup("DDP_STORE_PORT").has_value();
     env.store_token = lookup("DDP_STORE_TOKEN").value_or("");
     if (const auto launched = lookup("DDP_LAUNCH_TIME_MS"))
       env.launch_time_ms = parse_number<double>(*launched).value_or(0.0);

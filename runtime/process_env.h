@@ -35,6 +35,7 @@ struct ProcessEnv {
   // node uses the same GPU and declares its own NCCL_HOSTID, so that NCCL connects the
   // ranks through sockets. Correct but slow; never for performance figures.
   bool share_gpu = false;
+  bool rank_prefixed = false;  // ddprun (DDP_STORE_PORT set) prefixes each line with "[rank N]"
   // srun without ddprun: rank 0 serves the store at MASTER_ADDR:MASTER_PORT (the job script
   // sets them) and the others connect; the token is DDP_STORE_TOKEN, else "slurm-JOBID".
   bool serves_store = false;
