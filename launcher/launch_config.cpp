@@ -183,12 +183,13 @@ bool parse_launch_args(int argc, char** argv, LaunchConfig* config) {
 
   cxxopts::Options options("ddprun",
                            "Start one worker process per GPU (or CPU worker) with the torchrun "
-                           "environment, host the rendezvous store, supervise the workers.\n"
-                           "Usage: ddprun [options] [--] PROGRAM [ARGS...]");
+                           "environment, host the rendezvous store, supervise the workers.");
+  options.custom_help("[options] [--] PROGRAM [ARGS...]");
   // clang-format off
   options.add_options()
     ("nproc-per-node", "workers on this node: N, gpu (one per visible GPU; left out on a machine "
-        "without GPUs: 1, as torchrun) or cpu (one per core)",
+        "without GPUs: 1, as torchrun), cpu (one per core) or auto (gpu where there are GPUs, "
+        "else cpu)",
         cxxopts::value<std::string>()->default_value(d.nproc_per_node))
     ("nnodes", "number of nodes, or MIN:MAX (elastic: --rdzv-endpoint, no --node-rank)", cxxopts::value<std::string>()->default_value(std::to_string(d.nnodes)))
     ("node-rank", "this node's index", cxxopts::value<std::string>()->default_value(std::to_string(d.node_rank)))
@@ -213,7 +214,9 @@ bool parse_launch_args(int argc, char** argv, LaunchConfig* config) {
     ("rdzv-endpoint", "torchrun's: HOST[:PORT] of the store (node 0's; port 29400 if left out)",
         cxxopts::value<std::string>())
     ("rdzv-id", "torchrun's: the job's id (TORCHELASTIC_RUN_ID)", cxxopts::value<std::string>())
-    ("rdzv-conf", "torchrun's: key=value,...; join_timeout sets --timeout", cxxopts::value<std::string>())
+    ("rdzv-conf", "torchrun's: key=value,...; join_timeout sets --timeout, last_call_timeout "
+        "how long an elastic join waits for more nodes once it has enough",
+        cxxopts::value<std::string>())
     ("role", "torchrun's: the workers' role (ROLE_NAME)", cxxopts::value<std::string>())
     ("m,module", "torchrun's: PROGRAM is a Python module, run as python3 -u -m PROGRAM")
     ("no-python", "torchrun's: run PROGRAM as given, even one ending in .py")

@@ -37,6 +37,18 @@ class HideGpus : public ::testing::Environment {
 };
 const auto* const kHideGpus = ::testing::AddGlobalTestEnvironment(new HideGpus);
 
+// --help: one usage line, and every value the flags take (auto, last_call_timeout).
+TEST(Ddprun, HelpSaysUsageOnceAndEveryValue) {
+  const RunResult r = run_command(ddprun() + " --help");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("Usage:"), r.output.rfind("Usage:")) << r.output;
+  EXPECT_NE(r.output.find("ddprun [options] [--] PROGRAM [ARGS...]"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("auto (gpu where there are GPUs"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("last_call_timeout"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--python"), std::string::npos) << r.output;
+}
+
 // torchrun's default where a user expects it: `ddprun --standalone PROGRAM` on a machine
 // without GPUs starts one worker (and says why), not an error about GPUs.
 TEST(Ddprun, WithoutNprocPerNodeAMachineWithoutGpusGetsOneWorker) {

@@ -7,6 +7,9 @@
 #include <array>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
+#include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -85,6 +88,26 @@ TEST(DdptrainCli, EveryFlagIsInTheConfigRecord) {
 
 // The README's flag table against --help: every default the table states is the one the
 // parser has (a value in --help's "(default: X)").
+// Every flag --help lists is in the README (the ones for tests say so there).
+TEST(DdptrainCli, EveryFlagOfHelpIsInTheReadme) {
+  std::ifstream in(README_PATH);
+  ASSERT_TRUE(in.good()) << README_PATH;
+  const std::string readme((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::regex option("^ +(-[a-z], )?--([a-z0-9-]+)");
+  std::istringstream help(run_ddptrain("--help").output);
+  int flags = 0;
+  for (std::string line; std::getline(help, line);) {
+    std::smatch m;
+    if (!std::regex_search(line, m, option)) continue;
+    const std::string flag = m[2];
+    if (flag == "help" || flag == "version") continue;
+    ++flags;
+    EXPECT_NE(readme.find("`--" + flag), std::string::npos)
+        << "--" << flag << " is not in the README";
+  }
+  EXPECT_GE(flags, 40);
+}
+
 TEST(DdptrainCli, ReadmeDefaultsMatchHelp) {
   std::ifstream in(README_PATH);
   ASSERT_TRUE(in.good()) << README_PATH;
