@@ -143,6 +143,9 @@ std::unique_ptr<Communicator> make_communicator(const CommConfig& config, const 
 CommunicatorStart start_communicator(const CommConfig& config, const ProcessEnv& env,
                                      std::shared_ptr<StoreClient> store) {
   Backend backend = config.backend;
+  // How a message names the backend: the flag where one was asked for, else why it was chosen
+  // (a program of one's own has no --backend).
+  const bool chosen = backend == Backend::kAuto;
   if (backend == Backend::kAuto) {
     // One process talks to itself, whatever a job of several would use.
     if (env.world_size == 1) return ready(std::make_unique<SelfCommunicator>(config.gpu));
@@ -176,11 +179,13 @@ CommunicatorStart start_communicator(const CommConfig& config, const ProcessEnv&
 #endif
   }
   if (backend == Backend::kMpi) {
-    const MpiBackend& backend_mpi = mpi("--backend mpi");
+    const MpiBackend& backend_mpi =
+        mpi(chosen ? "under mpirun the collectives go through MPI" : "--backend mpi");
     DDP_USAGE_CHECK(env.launcher == Launcher::kMpirun, "--backend mpi: start the job with mpirun");
     return ready(backend_mpi.make(store, config.timeout_s));
   }
-  const NcclBackend& backend_nccl = nccl("--backend nccl");
+  const NcclBackend& backend_nccl =
+      nccl(chosen ? "GPU collectives go through NCCL" : "--backend nccl");
   std::unique_ptr<Communicator> bootstrap;
   // Under mpirun without a store, NCCL's id goes through MPI.
   if (store == nullptr && env.launcher == Launcher::kMpirun && DDP_HAVE_MPI &&

@@ -131,8 +131,10 @@ EOF
     grep -q "hello from rank 1 of 2 over mpi: sum 3" <<<"$out" ||
       { echo "$out"; echo "FAILED: hello (ddp::ddp, COMPONENTS $components) under mpirun"; failed=1; }
     out="$("${mpi_job[@]}" "$work/build/own_model" 2>&1)"
-    grep -q "this program links ddp without its MPI backend; link it with find_package(ddp COMPONENTS mpi)" <<<"$out" ||
+    grep -q "under mpirun the collectives go through MPI: this program links ddp without its MPI backend; link it with find_package(ddp COMPONENTS mpi)" <<<"$out" ||
       { echo "$out"; echo "FAILED: own_model (no components) under mpirun without the message"; failed=1; }
+    ! grep -q -- "--backend" <<<"$out" ||
+      { echo "$out"; echo "FAILED: own_model's message names --backend, a flag it does not have"; failed=1; }
     echo "ddp::ddp: COMPONENTS $components finds MPI under mpirun; without, the message says what to link"
   fi
 else
