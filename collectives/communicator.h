@@ -17,6 +17,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "collectives/backend.h"
@@ -39,6 +40,25 @@ std::string describe_stuck_step(StoreClient* store, const std::string& group, in
 enum class DataType { kFloat32, kBFloat16, kFloat64, kInt32, kInt64 };
 // The bytes of one element of `type`.
 size_t dtype_bytes(DataType type);
+
+// A bfloat16 value as stored (its 16 bits), so that typed calls can tell it from an integer.
+struct BFloat16 {
+  uint16_t bits = 0;  ///< the value's upper 16 bits of float32
+};
+// The DataType of a C++ element type (float, double, int32_t, int64_t, BFloat16): typed calls
+// take it from the pointer, so that a double* can never pass as float32.
+template <typename T>
+constexpr DataType data_type_of() {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> ||
+                    std::is_same_v<T, int32_t> || std::is_same_v<T, int64_t> ||
+                    std::is_same_v<T, BFloat16>,
+                "the collectives move float, double, int32_t, int64_t and BFloat16 elements");
+  if constexpr (std::is_same_v<T, float>) return DataType::kFloat32;
+  if constexpr (std::is_same_v<T, double>) return DataType::kFloat64;
+  if constexpr (std::is_same_v<T, int32_t>) return DataType::kInt32;
+  if constexpr (std::is_same_v<T, int64_t>) return DataType::kInt64;
+  return DataType::kBFloat16;
+}
 // "float32", "bfloat16", ... (for messages).
 const char* dtype_name(DataType type);
 
@@ -89,6 +109,12 @@ class Communicator {
   // all_reduce_async, waited for.
   void all_reduce(void* buffer, size_t count, DataType type, ReduceOp op) {
     all_reduce_async(buffer, count, type, op)->wait(timeout_s_);
+  }
+  // The same, typed: the element type from the pointer (float, double, int32_t, int64_t,
+  // BFloat16).
+  template <typename T>
+  void all_reduce(T* buffer, size_t count, ReduceOp op) {
+    all_reduce(static_cast<void*>(buffer), count, data_type_of<T>(), op);
   }
   // In place, float32 data reduced as bfloat16 (half the bytes on the wire, as PyTorch's
   // bf16_compress_hook): buffer[count] is rounded to bf16 into scratch[count], reduced

@@ -331,6 +331,20 @@ int run_all(Communicator& comm, bool gpu) {
     checker.expect("reduce_scatter_async", rrecv, count, f32,
                    [&](size_t i) { return S * (S - 1) / 2.0 + S * (2 * R + double(i % 3)); });
   }
+  // The typed all_reduce takes the element type from the pointer: doubles that float32 could
+  // not hold (2^40 + rank) sum exactly, as double.
+  if (!gpu) {
+    std::vector<double> typed(7, std::ldexp(1.0, 40) + comm.rank());
+    comm.all_reduce(typed.data(), typed.size(), ReduceOp::kSum);
+    const double want = std::ldexp(1.0, 40) * comm.size() + comm.size() * (comm.size() - 1) / 2.0;
+    for (size_t i = 0; i < typed.size(); ++i)
+      if (typed[i] != want) {
+        std::printf("MISMATCH typed all_reduce<double>[%zu]: %.17g, want %.17g\n", i, typed[i],
+                    want);
+        ++checker.failures;
+        break;
+      }
+  }
   // Sub-groups: even and odd ranks.
   auto sub = comm.split(comm.rank() % 2, comm.rank());
   std::vector<char> h(4 * 5);
