@@ -2,6 +2,10 @@
 // communicator, in that order.
 #include "engine/setup/world.h"
 
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+
 #include <spdlog/spdlog.h>
 
 #include "runtime/error.h"
@@ -36,7 +40,33 @@ World init(const InitOptions& options) {
   return init(options, ProcessEnv::detect());
 }
 
+namespace {
+
+// An exception nobody caught: its message and the exit status a user expects (2 for a
+// UsageError, 1 for another ddp::Error or std::exception), not std::terminate's abort (134).
+[[noreturn]] void report_uncaught() {
+  int status = 1;
+  try {
+    if (std::current_exception()) std::rethrow_exception(std::current_exception());
+    std::fprintf(stderr, "error: std::terminate called without an exception\n");
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "error: %s\n", error_text(e).c_str());
+    status = 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", error_text(e).c_str());
+  } catch (...) {
+    std::fprintf(stderr, "error: an exception of an unknown type\n");
+  }
+  std::fflush(stderr);
+  std::fflush(stdout);
+  std::_Exit(status);
+}
+
+}  // namespace
+
 World init(const InitOptions& options, ProcessEnv env) {
+  // A program's uncaught error ends it with its message and status, not an abort.
+  std::set_terminate(report_uncaught);
   World world;
   world.env_ = std::move(env);
   ProcessEnv& e = world.env_;

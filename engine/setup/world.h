@@ -3,8 +3,10 @@
 // srun without ddprun), binds its GPU first when asked (before any other CUDA call; two ranks
 // on one GPU fail at start), connects the store and makes the world communicator (Gloo, MPI or
 // NCCL: collectives/communicator.h), NCCL's in the background where asked. The World owns
-// them and ends them in order (the communicator, the store client, the store served). Like
-// PyTorch's init_process_group, for one's own programs; ddptrain starts the same way.
+// them and ends them in order (the communicator, the store client, the store served). An
+// exception the program leaves uncaught then ends it with its message and exit status 2
+// (UsageError) or 1, not an abort. Like PyTorch's init_process_group, for one's own programs;
+// ddptrain starts the same way.
 #pragma once
 
 #include <chrono>

@@ -80,5 +80,16 @@ TEST(Library, ALayoutCheckNamesTheFirstDifferenceOnEveryRank) {
       << r.output;
 }
 
+// A program of one's own that leaves ddp's UsageError uncaught ends with its message and exit
+// status 2 (ddp::init's terminate handler), not std::terminate's abort (134).
+TEST(Library, AnUncaughtUsageErrorExitsTwoWithItsMessage) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  const RunResult r = run_command(kDdprun + " --nproc-per-node 2 -- " + LAYOUT_PATH + " uncaught");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("error: the model differs between ranks"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("terminate called"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("SIGABRT"), std::string::npos) << r.output;
+}
+
 }  // namespace
 }  // namespace ddp
