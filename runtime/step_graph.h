@@ -15,6 +15,17 @@
 
 namespace ddp {
 
+// Records `event` on `stream`; inside a capture as an external node, so that every replay of
+// the graph records it again (the timelines' events inside a captured step).
+inline void record_event(cudaEvent_t event, cudaStream_t stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  DDP_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture == cudaStreamCaptureStatusNone)
+    DDP_CUDA_CHECK(cudaEventRecord(event, stream));
+  else
+    DDP_CUDA_CHECK(cudaEventRecordWithFlags(event, stream, cudaEventRecordExternal));
+}
+
 class StepGraph {
  public:
   enum class Ran { kEager, kCaptured, kReplayed };

@@ -3,22 +3,9 @@
 
 #include "runtime/cuda_check.h"
 #include "runtime/error.h"
+#include "runtime/step_graph.h"
 
 namespace ddp {
-
-namespace {
-
-// Inside a capture, an event recorded as an external node is recorded at every replay.
-void record(cudaEvent_t event, cudaStream_t stream) {
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  DDP_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  if (capture == cudaStreamCaptureStatusNone)
-    DDP_CUDA_CHECK(cudaEventRecord(event, stream));
-  else
-    DDP_CUDA_CHECK(cudaEventRecordWithFlags(event, stream, cudaEventRecordExternal));
-}
-
-}  // namespace
 
 DeviceBusySpans::DeviceBusySpans(cudaStream_t stream, size_t most) : stream_(stream) {
   for (size_t i = 0; i < most; ++i) {
@@ -38,11 +25,11 @@ void DeviceBusySpans::begin(SpanKind kind, int micro, int stage) {
   DDP_CHECK(static_cast<size_t>(marks_) < what_.size(),
             "busy spans: more than {} compute spans in one step", what_.size());
   what_[marks_] = {kind, micro, stage};
-  record(start_[marks_]->get(), stream_);
+  record_event(start_[marks_]->get(), stream_);
 }
 
 void DeviceBusySpans::end() {
-  record(end_[marks_++]->get(), stream_);
+  record_event(end_[marks_++]->get(), stream_);
 }
 
 ComputeCosts DeviceBusySpans::costs() const {

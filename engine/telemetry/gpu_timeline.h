@@ -10,6 +10,7 @@
 #include "engine/telemetry/timeline.h"
 #include "runtime/cuda_check.h"
 #include "runtime/device_buffer.h"
+#include "runtime/step_graph.h"
 
 namespace ddp {
 
@@ -102,15 +103,7 @@ class GpuTimeline {
   }
 
  private:
-  // Inside a capture, an event recorded as an external node is recorded at every replay.
-  static void record(CudaEvent& event, cudaStream_t stream) {
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    DDP_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-    if (capture == cudaStreamCaptureStatusNone)
-      DDP_CUDA_CHECK(cudaEventRecord(event.get(), stream));
-    else
-      DDP_CUDA_CHECK(cudaEventRecordWithFlags(event.get(), stream, cudaEventRecordExternal));
-  }
+  static void record(CudaEvent& event, cudaStream_t stream) { record_event(event.get(), stream); }
   double at(const CudaEvent& event) const {
     float ms = 0;
     DDP_CUDA_CHECK(cudaEventElapsedTime(&ms, anchor_.get(), event.get()));
