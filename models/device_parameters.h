@@ -21,7 +21,7 @@ namespace ddp {
 // --zero 2's gradients without the whole buffer: `slots` buffers of `slot_floats` each, the
 // gradients of bucket b (elements [offset, + count) of the flat layout, in the buckets'
 // order) written in slot b % slots. Whoever reduces a bucket must be done with its slot
-// before the bucket `slots` later is written (engine/sync/ddp.h).
+// before the bucket `slots` later is written (engine/sync/sharded_buckets.h).
 struct GradientRing {
   std::vector<std::pair<size_t, size_t>> buckets;  // offset, count
   size_t slot_floats = 0;

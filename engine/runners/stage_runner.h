@@ -20,6 +20,7 @@
 #include "engine/config.h"
 #include "engine/pipeline/schedule.h"
 #include "engine/sync/ddp.h"
+#include "engine/sync/zero.h"
 #include "engine/telemetry/compute_costs.h"
 #include "engine/telemetry/timeline.h"
 #include "models/cpu_ops.h"
@@ -150,8 +151,9 @@ class StageRunner {
   virtual void prepare_ddp(Ddp& ddp, uint64_t fingerprint, const std::string& description) = 0;
   // --zero `level` over `ddp`'s group (engine/sync/zero.h): from now on the runner keeps the
   // optimizer state of its pieces only, updates them from the averaged gradient pieces and
-  // all-gathers the parameters; optimizer_state() then gathers (collective over the group).
-  virtual void shard_optimizer(Ddp& ddp, int level) = 0;
+  // all-gathers the parameters (--zero 3: a layer's before each use, on `gathers` where not
+  // null); optimizer_state() then gathers (collective over the group). Returns its pieces.
+  virtual const ShardPlan& shard_optimizer(Ddp& ddp, int level, Communicator* gathers) = 0;
   // The stream that Ddp::finish makes wait (GPU), or null.
   virtual void* stream() = 0;
 

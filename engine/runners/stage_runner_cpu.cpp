@@ -243,7 +243,7 @@ class CpuRunner final : public StageRunner {
   void prepare_ddp(Ddp& ddp, uint64_t fingerprint, const std::string& description) override {
     ddp.check_same_layout(fingerprint, description);
   }
-  void shard_optimizer(Ddp& ddp, int level) override {
+  const ShardPlan& shard_optimizer(Ddp& ddp, int level, Communicator* gathers) override {
     const bool ring = gradient_ring_applies(static_cast<int>(stages_.chunks.size()),
                                             stages_.chunks.front().micro_batches, config_.overlap,
                                             ddp.comm().size());
@@ -253,7 +253,7 @@ class CpuRunner final : public StageRunner {
     for (const StageSpec& c : stages_.chunks)
       for (int i = c.first; i < c.end; ++i, ++span)
         layers.push_back({i, {spans[span].first, spans[span].second}});
-    zero_ = std::make_unique<HostZero>(ddp, level, ring, params_, layers);
+    zero_ = std::make_unique<HostZero>(ddp, level, ring, params_, layers, gathers);
     if (zero_->ringed()) {
       // Backward writes each layer's gradients into its bucket's slot; the whole buffer goes.
       HostZero* zero = zero_.get();
@@ -261,12 +261,13 @@ class CpuRunner final : public StageRunner {
       grads_ = {};
     }
     optimizer_ = make_optimizer(config_.optimizer, zero_->shard_count());
-    if (!zero_->shards_parameters()) return;
+    if (!zero_->shards_parameters()) return zero_->plan();
     // Every layer reads its whole parameters from the pieces for each use; the whole buffer
     // is freed.
     for (auto& chunk : chunks_)
       chunk->stage().set_params_source(zero_->layer_params());
     params_ = {};
+    return zero_->plan();
   }
   std::vector<float> get_params() override {
     if (zero_ && zero_->shards_parameters()) return zero_->params(count());

@@ -332,16 +332,16 @@ class GpuRunner final : public StageRunner {
           config_.overlap ? "on" : "off", grad_reduce_name(config_.grad_reduce));
   }
 
-  void shard_optimizer(Ddp& ddp, int level) override {
+  const ShardPlan& shard_optimizer(Ddp& ddp, int level, Communicator* gathers) override {
     DDP_CHECK(level == config_.zero, "--zero {}: asked to shard at level {}", config_.zero, level);
     std::vector<int> stage_layers;  // of each of the rank's stages
     for (const StageSpec& c : stages_.chunks)
       stage_layers.push_back(c.end - c.first);
     zero_ = std::make_unique<DeviceZero>(
         ddp, ring_layout(spec_, config_, static_cast<int>(stages_.chunks.size())), *weights_,
-        stages_.layer_spans(), stage_layers, config_.zero_prefetch, stream_, lead_);
+        stages_.layer_spans(), stage_layers, config_.zero_prefetch, gathers, stream_, lead_);
     zero_->set_wait([this] { wait_stream(); });
-    if (!zero_->shards_parameters()) return;
+    if (!zero_->shards_parameters()) return zero_->plan();
     int base = 0;  // the chunk's first layer among the rank's
     for (auto& chunk : chunks_) {
       const int first = chunk->spec().first;
@@ -350,6 +350,7 @@ class GpuRunner final : public StageRunner {
       });
       base += chunk->spec().end - first;
     }
+    return zero_->plan();
   }
 
   std::vector<float> get_params() override {
@@ -696,7 +697,7 @@ class GpuRunner final : public StageRunner {
                      ? fmt::format("overlapped with backward ({} ranges on a side stream)",
                                    ddp_ ? ddp_->buckets().size() : spec_.shape.num_layers())
                  : zero_ ? fmt::format("after backward, on this rank's {} of {} parameters",
-                                       zero_->shards().owned(), spec_.param_count())
+                                       zero_->plan().owned(), spec_.param_count())
                          : std::string("after backward"));
     if (!ddp_ && config_.grad_reduce == GradReduce::kBf16)
       spdlog::warn("--grad-reduce bf16: one process and no --backend, so nothing is reduced");

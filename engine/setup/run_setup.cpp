@@ -305,13 +305,11 @@ std::unique_ptr<Ddp> make_stage_ddp(const TrainConfig& config, Communicator& gro
   for (const auto& [offset, count] : stages.layer_spans())
     spans.push_back({offset, count});
   auto ddp = std::make_unique<Ddp>(group, spans, stage_ddp_options(config));
-  ddp->set_gather_comm(gathers);
   runner.prepare_ddp(*ddp, stages.fingerprint(), stages.shape().to_string());
   ddp->broadcast_parameters(runner.params(), stages.param_count());
   runner.params_changed();
   if (config.zero > 0) {
-    runner.shard_optimizer(*ddp, config.zero);
-    const ShardPlan& plan = ddp->shards();
+    const ShardPlan& plan = runner.shard_optimizer(*ddp, config.zero, gathers);
     if (lead)
       spdlog::info(
           "zero: stage {} over {} data-parallel ranks; rank 0 holds the optimizer state of {} "

@@ -102,7 +102,8 @@ void Ddp::broadcast_parameters(float* params, size_t count) {
 }
 
 void Ddp::begin_backward(float* grads) {
-  DDP_USAGE_CHECK(grads != nullptr || ringed(), "Ddp::begin_backward: no gradient buffer (null)");
+  DDP_USAGE_CHECK(grads != nullptr || (reduction_ != nullptr && reduction_->keeps_gradients()),
+                  "Ddp::begin_backward: no gradient buffer (null)");
   in_backward_ = true;
   grads_ = grads;
   next_bucket_ = 0;
@@ -115,191 +116,11 @@ void Ddp::reduce_in_bf16(void* scratch) {
   bf16_scratch_ = static_cast<uint16_t*>(scratch);
 }
 
-void Ddp::shard(int level, const DeviceMemory* device) {
-  DDP_USAGE_CHECK(level >= 1 && level <= 3, "--zero {}: expected 0, 1, 2 or 3", level);
-  DDP_CHECK(!comm_.device_buffers() || device != nullptr,
-            "Ddp::shard over {} needs the device's memory", comm_.backend());
-  DDP_USAGE_CHECK(bf16_scratch_ == nullptr || device != nullptr,
-                  "--zero {} with --grad-reduce bf16: on the GPU (NCCL) only", level);
-  zero_ = level;
-  // Host collectives take any piece size: a bucket that divides evenly is sharded in place,
-  // only the others go through a padded copy. NCCL's pieces are kept 256-byte aligned.
-  shards_ = plan_shards(buckets_, comm_.size(), comm_.rank(),
-                        device == nullptr   ? 1
-                        : device->align > 0 ? device->align
-                                            : kDeviceShardAlign);
-  if (device != nullptr) device_ = *device;
-  if (bf16_scratch_ != nullptr) {
-    // A bucket's bf16 copy spans its padded pieces (from its offset): where the last one
-    // would overrun the gradients' scratch, a larger one (bf16 values, two a float).
-    size_t total = 0, need = 0;
-    for (size_t b = 0; b < buckets_.size(); ++b) {
-      total = std::max(total, buckets_[b].offset + buckets_[b].count);
-      need = std::max(need, buckets_[b].offset + shards_.parts[b].piece * comm_.size());
-    }
-    if (need > total) bf16_scratch_ = reinterpret_cast<uint16_t*>(device_.allocate((need + 1) / 2));
-  }
-  bucket_scratch_.assign(buckets_.size(), nullptr);
-  bucket_host_.assign(buckets_.size(), {});
-  scratch_floats_ = 0;
-  if (ringed()) {
-    DDP_CHECK(level >= 2 && overlap_, "a gradient ring needs --zero 2 or 3 and overlap");
-    for (size_t b = 0; b < buckets_.size(); ++b) {
-      DDP_CHECK(shards_.parts[b].piece * comm_.size() <= device_.slot_floats,
-                "gradient ring: bucket {}'s pieces ({} x {}) overrun its slot of {}", b,
-                shards_.parts[b].piece, comm_.size(), device_.slot_floats);
-      bucket_scratch_[b] = device_.bucket_grads(b);  // the slot is also the padded copy
-    }
-    reduced_device_ = device_.allocate(shards_.shard_count);
-    scratch_floats_ = shards_.shard_count;  // the slots are the gradients' own memory
-    return;
-  }
-  for (size_t b = 0; b < buckets_.size(); ++b) {
-    if (!padded(b)) continue;
-    const size_t floats = shards_.parts[b].piece * comm_.size();
-    if (device != nullptr) {
-      bucket_scratch_[b] = device_.allocate(floats);
-    } else {
-      bucket_host_[b].assign(floats, 0.0f);
-      bucket_scratch_[b] = bucket_host_[b].data();
-    }
-    scratch_floats_ += floats;
-  }
-  if (level >= 2 && device == nullptr) {
-    reduced_shard_.assign(shards_.shard_count, 0.0f);
-    scratch_floats_ += shards_.shard_count;
-  }
-}
-
-size_t Ddp::scratch_floats() const {
-  return scratch_floats_;
-}
-
-const float* Ddp::reduced_piece(size_t bucket) const {
-  const ShardPart& p = shards_.parts.at(bucket);
-  if (zero_ == 1) return grads_ + p.offset;
-  if (!reduced_shard_.empty()) return reduced_shard_.data() + p.shard_at;
-  if (ringed()) return reduced_device_ + p.shard_at;
-  // In place: the piece's own place in the bucket, or in its padded copy.
-  return padded(bucket) ? bucket_scratch_[bucket] + p.piece * shards_.rank : grads_ + p.offset;
-}
-
-void Ddp::take_shard(const float* full, float* shard) const {
-  std::fill(shard, shard + shards_.shard_count, 0.0f);
-  for (const ShardPart& p : shards_.parts)
-    std::copy_n(full + p.offset, p.count, shard + p.shard_at);
-}
-
-void Ddp::copy(float* dst, const float* src, size_t floats) {
-  if (comm_.device_buffers())
-    device_.copy(dst, src, floats);
-  else
-    std::copy_n(src, floats, dst);
-}
-
-void Ddp::wait_all(std::vector<std::unique_ptr<Work>>& works, void* stream) {
-  for (auto& work : works) {
-    if (comm_.device_buffers())
-      work->then_on(stream);
-    else
-      work->wait(comm_.timeout());
-  }
-  works.clear();
-}
-
-void Ddp::gather_shards(const float* shard, float* full, void* stream) {
-  std::vector<std::unique_ptr<Work>> gathers;
-  for (size_t b = 0; b < shards_.parts.size(); ++b) {
-    const ShardPart& p = shards_.parts[b];
-    float* into = padded(b) ? bucket_scratch_[b] : full + p.bucket_offset;
-    gathers.push_back(
-        comm_.all_gather_async(shard + p.shard_at, into, p.piece, DataType::kFloat32));
-    if (ringed() && padded(b)) copy_back(b, full, gathers, stream);  // its slot is shared
-  }
-  wait_all(gathers, stream);
-  if (!ringed())
-    for (size_t b = 0; b < shards_.parts.size(); ++b)
-      if (padded(b)) copy_back(b, full, gathers, stream);
-}
-
-void Ddp::gather_in_place(float* full, void* stream) {
-  // Host collectives send from a copy of the rank's piece (their all-gather does not take an
-  // aliased input); NCCL's is in place.
-  const bool host = !comm_.device_buffers();
-  std::vector<std::vector<float>> mine(host ? shards_.parts.size() : 0);
-  std::vector<std::unique_ptr<Work>> gathers;
-  for (size_t b = 0; b < shards_.parts.size(); ++b) {
-    const ShardPart& p = shards_.parts[b];
-    float* into = padded(b) ? bucket_scratch_[b] : full + p.bucket_offset;
-    const float* send = into + p.piece * shards_.rank;
-    if (host) {
-      mine[b].assign(p.piece, 0.0f);
-      std::copy_n(full + p.offset, p.count, mine[b].data());
-      send = mine[b].data();
-    } else if (padded(b) && p.count > 0) {
-      copy(into + p.piece * shards_.rank, full + p.offset, p.count);
-    }
-    gathers.push_back(comm_.all_gather_async(send, into, p.piece, DataType::kFloat32));
-    if (ringed() && padded(b)) copy_back(b, full, gathers, stream);  // its slot is shared
-  }
-  wait_all(gathers, stream);
-  if (!ringed())
-    for (size_t b = 0; b < shards_.parts.size(); ++b)
-      if (padded(b)) copy_back(b, full, gathers, stream);
-}
-
-void Ddp::gather_bucket(size_t b, const float* shard, float* into) {
-  gather_bucket_async(b, shard, into)->wait(gather_comm().timeout());
-}
-
-std::unique_ptr<Work> Ddp::gather_bucket_async(size_t b, const float* shard, float* into) {
-  const ShardPart& p = shards_.parts.at(b);
-  return gather_comm().all_gather_async(shard + p.shard_at, into, p.piece, DataType::kFloat32);
-}
-
-void Ddp::copy_back(size_t b, float* full, std::vector<std::unique_ptr<Work>>& gathers,
-                    void* stream) {
-  wait_all(gathers, stream);
-  copy(full + shards_.parts[b].bucket_offset, bucket_scratch_[b], shards_.parts[b].bucket_count);
-}
-
 void Ddp::issue(size_t bucket) {
   const Bucket& b = buckets_[bucket];
-  if (zero_ >= 2) {
-    // The bucket (or its padded copy) reduce-scattered into this rank's averaged piece: on
-    // the host into the pieces' own buffer, on the device in place.
-    const ShardPart& p = shards_.parts[bucket];
-    if (ringed()) {
-      // From its slot, the tail past the bucket zeroed, into the averaged pieces; the bucket
-      // ring_slots later waits for it before backward writes the slot again.
-      float* slot = device_.bucket_grads(bucket);
-      device_.zero(slot + b.count, p.piece * comm_.size() - b.count);
-      pending_.push_back(reduce_scatter(slot, reduced_device_ + p.shard_at, bucket));
-      record({"reduce_scatter_issued", b.first_layer, static_cast<int>(bucket)});
-      const size_t next = bucket + 1, slots = static_cast<size_t>(device_.ring_slots);
-      if (next < buckets_.size() && next >= slots) {
-        if (comm_.device_buffers())
-          pending_[next - slots]->then_on(device_.stream);
-        else
-          pending_[next - slots]->wait(comm_.timeout());
-      }
-      return;
-    }
-    float* send = grads_ + b.offset;
-    if (padded(bucket)) {
-      float* scratch = bucket_scratch_[bucket];
-      copy(scratch, grads_ + b.offset, b.count);
-      const size_t tail = p.piece * comm_.size() - b.count;
-      if (comm_.device_buffers())
-        device_.zero(scratch + b.count, tail);
-      else
-        std::fill_n(scratch + b.count, tail, 0.0f);
-      send = scratch;
-    }
-    float* recv =
-        reduced_shard_.empty() ? send + p.piece * shards_.rank : reduced_shard_.data() + p.shard_at;
-    pending_.push_back(reduce_scatter(send, recv, bucket));
-    record({"reduce_scatter_issued", b.first_layer, static_cast<int>(bucket)});
+  if (reduction_ != nullptr) {
+    pending_.push_back(reduction_->reduce(bucket, grads_));
+    record({reduction_->issued_event(), b.first_layer, static_cast<int>(bucket)});
     return;
   }
   pending_.push_back(bf16_scratch_ != nullptr
@@ -308,14 +129,6 @@ void Ddp::issue(size_t bucket) {
                          : comm_.all_reduce_async(grads_ + b.offset, b.count, DataType::kFloat32,
                                                   ReduceOp::kAverage));
   record({"allreduce_issued", b.first_layer, static_cast<int>(bucket)});
-}
-
-std::unique_ptr<Work> Ddp::reduce_scatter(const float* send, float* recv, size_t bucket) {
-  const size_t piece = shards_.parts[bucket].piece;
-  if (bf16_scratch_ != nullptr)
-    return comm_.reduce_scatter_bf16_async(send, recv, bf16_scratch_ + buckets_[bucket].offset,
-                                           piece, ReduceOp::kAverage);
-  return comm_.reduce_scatter_async(send, recv, piece, DataType::kFloat32, ReduceOp::kAverage);
 }
 
 void Ddp::layer_done(int layer) {
@@ -344,7 +157,13 @@ void Ddp::end_backward() {
 }
 
 void Ddp::finish(void* stream) {
-  wait_all(pending_, stream);
+  for (auto& work : pending_) {
+    if (comm_.device_buffers())
+      work->then_on(stream);
+    else
+      work->wait(comm_.timeout());
+  }
+  pending_.clear();
   record({"allreduce_waited", -1, -1});
 }
 

@@ -5,14 +5,12 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "collectives/communicator.h"
 #include "engine/sync/buckets.h"
-#include "engine/sync/zero.h"
 #include "models/mlp.h"
 #include "runtime/checksum.h"
 
@@ -29,6 +27,20 @@ struct DdpEvent {
 struct NamedParam {
   std::string name;  // as the model calls it ("fc1.weight")
   size_t count = 0;  // its elements
+};
+
+// How a bucket is reduced instead of the averaging all-reduce (as c10d's communication hooks):
+// ZeRO's reduce-scatter into this rank's piece (engine/sync/sharded_buckets.h).
+class BucketReduction {
+ public:
+  virtual ~BucketReduction() = default;
+  // Starts bucket `bucket`'s reduction of the step's gradients (`grads`: begin_backward's
+  // flat buffer, or null where the reduction keeps them); Ddp::finish waits for its Work.
+  virtual std::unique_ptr<Work> reduce(size_t bucket, float* grads) = 0;
+  // What the engine's record calls its start ("reduce_scatter_issued").
+  virtual const char* issued_event() const = 0;
+  // Whether backward may give no flat gradient buffer (the gradients are in its own memory).
+  virtual bool keeps_gradients() const = 0;
 };
 
 // Data parallelism over a communicator (the top of this file): one per model replica group.
@@ -99,90 +111,25 @@ class Ddp {
   const std::vector<DdpEvent>& events() const { return events_; }
   // The communicator it reduces over.
   Communicator& comm() { return comm_; }
+  // Whether buckets start as soon as their layers are done (else all after backward).
+  bool overlaps() const { return overlap_; }
 
-  // ZeRO (engine/sync/zero.h): from now on, with `level` 2 or 3, each bucket is reduce-scattered
-  // into this rank's piece of the averaged gradients (reduced_piece()) instead of all-reduced; with
-  // level 1 the all-reduce stays. The shards' plan is this rank's pieces of the buckets. Host
-  // communicators: any piece size, the averaged pieces in a buffer of their own. Device
-  // communicators need `device` (the memory of the padded buckets' copies and the copies on
-  // the compute stream); pieces are multiples of 64 elements and the reduce-scatter is in
-  // place, so a bucket that divides evenly needs no memory of its own.
-  //
-  // Level 2 or 3 with `ring_slots` (models/device_parameters.h, GradientRing): backward writes
-  // bucket b's gradients into bucket_grads(b), a slot shared with every ring_slots-th bucket
-  // and large enough for its padded pieces; each bucket is reduce-scattered from its slot into
-  // a shard of the averaged pieces, and `stream` waits for that (host communicators: the
-  // caller's thread, in layer_done) before the bucket ring_slots later is written (so the
-  // buckets need overlap); the slots serve as the padded copies. A host communicator's ring
-  // gives `device` too (host memory, host copies, `align` 1).
-  struct DeviceMemory {
-    std::function<float*(size_t floats)> allocate;  // kept as long as the Ddp is used
-    std::function<void(float* dst, const float* src, size_t floats)> copy;  // stream order
-    std::function<void(float* dst, size_t floats)> zero;  // dst[floats] = 0, stream order
-    int ring_slots = 0;                                   // 0: the gradients in one buffer
-    std::function<float*(size_t bucket)> bucket_grads;    // a bucket's slot (ring)
-    size_t slot_floats = 0;                               // a slot's size (ring)
-    void* stream = nullptr;                               // the compute stream
-    size_t align = 0;  // the pieces' alignment (elements; 0: kDeviceShardAlign)
-  };
-  // Shards as above: `level` 1, 2 or 3 (3: the gradients as 2; the caller shards the
-  // parameters, through gather_bucket); `device` with a device communicator.
-  void shard(int level, const DeviceMemory* device = nullptr);
-  // The ZeRO level shard() set (0: not sharded).
-  int zero() const { return zero_; }
-  // This rank's pieces of the buckets (after shard()).
-  const ShardPlan& shards() const { return shards_; }
-  // After finish(): where this rank's averaged piece of bucket b is (shards().parts[b].count
-  // elements, or none past the bucket's end): the gradients' own place with level 1, the
-  // reduced pieces with level 2.
-  const float* reduced_piece(size_t bucket) const;
-  // Host, level 2: every averaged piece, as one shard (shards().shard_count).
-  const float* reduced_shard() const { return reduced_shard_.data(); }
-  // Level 2 or 3: every averaged piece, as one shard, wherever it is kept (host: the buffer of
-  // reduced_shard(), or with a ring its own).
-  const float* reduced_pieces() const { return ringed() ? reduced_device_ : reduced_shard(); }
-  // This rank's pieces of the flat buffer `full` into `shard` (shard_count, padding zero).
-  // Host memory.
-  void take_shard(const float* full, float* shard) const;
-  // The floats of the padded buckets' copies (the buckets that do not divide evenly) and of
-  // the averaged pieces kept apart (host, level 2).
-  size_t scratch_floats() const;
-  // Collective: every rank's pieces (`shard`, its own) into the whole flat buffer `full`
-  // (device communicators: device buffers, `stream` made to wait).
-  void gather_shards(const float* shard, float* full, void* stream = nullptr);
-  // Collective: bucket b's pieces of every rank (`shard`, its own) into
-  // `into` (shards().parts[b].piece x size() floats: the bucket, then the padding).
-  void gather_bucket(size_t b, const float* shard, float* into);
-  // The same, not waited for (device communicators: the Work makes a stream wait), on the
-  // gathers' communicator.
-  std::unique_ptr<Work> gather_bucket_async(size_t b, const float* shard, float* into);
-  // --zero 3's gathers of a layer before its use (gather_bucket, gather_bucket_async) on a
-  // communicator of their own over the same ranks (in the same order: a split of comm()), so
-  // that on the GPU a gather runs on its own stream and never queues behind the reduce-
-  // scatters issued before it; null: on comm().
-  void set_gather_comm(Communicator* comm) { gather_comm_ = comm; }
-  // The communicator of --zero 3's layer gathers: set_gather_comm's, else comm().
-  Communicator& gather_comm() { return gather_comm_ != nullptr ? *gather_comm_ : comm_; }
-  // Collective: every rank's pieces of `full`, each rank's own being current in place, into
-  // every rank's `full` (device communicators: `stream` made to wait).
-  void gather_in_place(float* full, void* stream);
+  // A bucket's reduction in place of the averaging all-reduce, from now on (null: the
+  // all-reduce again); kept by the caller as long as the Ddp is used.
+  void set_reduction(BucketReduction* reduction) { reduction_ = reduction; }
+  // The flat gradient buffer of this step's backward (begin_backward's; null with a reduction
+  // that keeps the gradients itself).
+  float* grads() const { return grads_; }
+  // reduce_in_bf16's scratch, or null.
+  uint16_t* bf16_scratch() const { return bf16_scratch_; }
 
  private:
   void issue(size_t bucket);
-  // Bucket `bucket`'s padded pieces at `send` reduce-scattered (averaged) into this rank's
-  // piece at `recv`: as float32, or (--grad-reduce bf16) as bfloat16 through the scratch.
-  std::unique_ptr<Work> reduce_scatter(const float* send, float* recv, size_t bucket);
-  void copy(float* dst, const float* src, size_t floats);  // host, or the device's (in order)
-  // `gathers` waited for, then padded bucket b's gathered copy into `full`.
-  void copy_back(size_t b, float* full, std::vector<std::unique_ptr<Work>>& gathers, void* stream);
-  // Each of `works` waited for (host) or made `stream` wait (device); then none left.
-  void wait_all(std::vector<std::unique_ptr<Work>>& works, void* stream);
   void record(DdpEvent event) {
     if (recording_) events_.push_back(std::move(event));
   }
 
   Communicator& comm_;
-  Communicator* gather_comm_ = nullptr;  // --zero 3's layer gathers, where apart
   CopyFn copy_to_device_ = nullptr;
   CopyFn copy_to_host_ = nullptr;
   std::vector<Bucket> buckets_;
@@ -195,20 +142,7 @@ class Ddp {
   bool recording_ = false;
   int layer_count_ = 0;
   bool in_backward_ = false;  // between begin_backward and end_backward
-  int zero_ = 0;
-  ShardPlan shards_;
-  // Whether bucket b's pieces overrun it (then they go through bucket_scratch_[b]).
-  bool padded(size_t b) const {
-    return shards_.parts[b].piece * static_cast<size_t>(comm_.size()) != buckets_[b].count;
-  }
-  // A padded bucket's pieces, every rank's (host: in bucket_host_; device: the caller's).
-  std::vector<float*> bucket_scratch_;
-  std::vector<std::vector<float>> bucket_host_;
-  std::vector<float> reduced_shard_;  // host, level 2: the averaged pieces
-  DeviceMemory device_;
-  bool ringed() const { return device_.ring_slots > 0; }
-  float* reduced_device_ = nullptr;  // ring: the averaged pieces
-  size_t scratch_floats_ = 0;
+  BucketReduction* reduction_ = nullptr;
 };
 
 }  // namespace ddp

@@ -39,11 +39,11 @@ GradientRing device_gradient_ring(const std::vector<ParamSpan>& layers, size_t p
 
 DeviceZero::DeviceZero(Ddp& ddp, const RingLayout& layout, DeviceParameters& weights,
                        const std::vector<std::pair<size_t, size_t>>& layers,
-                       const std::vector<int>& stage_layers, int ahead, cudaStream_t stream,
-                       bool lead)
-    : ddp_(ddp), level_(layout.zero), weights_(weights), stream_(stream) {
+                       const std::vector<int>& stage_layers, int ahead, Communicator* gathers,
+                       cudaStream_t stream, bool lead)
+    : level_(layout.zero), weights_(weights), stream_(stream) {
   cudaStream_t s = stream;
-  Ddp::DeviceMemory memory;
+  ShardMemory memory;
   memory.allocate = [this](size_t floats) {
     buffers_.emplace_back(floats, MemoryCategory::kGradients);
     return buffers_.back().data();
@@ -61,10 +61,11 @@ DeviceZero::DeviceZero(Ddp& ddp, const RingLayout& layout, DeviceParameters& wei
     memory.bucket_grads = [&weights](size_t bucket) { return weights.bucket_grads(bucket); };
     memory.stream = s;
   }
-  ddp.shard(level_, &memory);
-  weights.shard_optimizer(ddp.shards().shard_count);
+  shards_ = std::make_unique<ShardedBuckets>(ddp, level_, &memory);
+  shards_->set_gather_comm(gathers);
+  weights.shard_optimizer(shards_->plan().shard_count);
   // The gathers' communicator (where apart) starts after the compute stream's work, too.
-  ddp.gather_comm().set_compute_stream(stream);
+  shards_->gather_comm().set_compute_stream(stream);
   const size_t param_count = weights.count();
   const auto mib = [](size_t floats) { return floats * sizeof(float) / 1048576.0; };
   if (level_ == 3) {
@@ -74,7 +75,7 @@ DeviceZero::DeviceZero(Ddp& ddp, const RingLayout& layout, DeviceParameters& wei
     // next `ahead` layers are gathered meanwhile into the others. What a slot holds is known
     // within a step (a layer used twice in a row is gathered once) and forgotten at each step's
     // start.
-    const ShardPlan& plan = ddp.shards();
+    const ShardPlan& plan = shards_->plan();
     const std::vector<Bucket>& buckets = ddp.buckets();
     std::vector<ParamSpan> spans;
     for (const auto& [offset, count] : layers)
@@ -101,8 +102,8 @@ DeviceZero::DeviceZero(Ddp& ddp, const RingLayout& layout, DeviceParameters& wei
           "meanwhile{})",
           mib(plan.shard_count), mib(param_count), ahead == 1 ? "two" : std::to_string(ahead + 1),
           mib(slot), ahead == 1 ? std::string("one") : fmt::format("{}", ahead),
-          &ddp.gather_comm() != &ddp.comm()
-              ? fmt::format(", on {}, a communicator of their own", ddp.gather_comm().name())
+          &shards_->gather_comm() != &ddp.comm()
+              ? fmt::format(", on {}, a communicator of their own", shards_->gather_comm().name())
               : std::string());
   }
   if (level_ < 2 || !lead) return;
@@ -110,7 +111,8 @@ DeviceZero::DeviceZero(Ddp& ddp, const RingLayout& layout, DeviceParameters& wei
     spdlog::info(
         "zero {}: the gradients in {} bucket slots of {:.1f} MiB and this rank's averaged "
         "pieces ({:.1f} MiB), not one buffer of {:.1f} MiB",
-        level_, ring.slots, mib(ring.slot_floats), mib(ddp.shards().shard_count), mib(param_count));
+        level_, ring.slots, mib(ring.slot_floats), mib(shards_->plan().shard_count),
+        mib(param_count));
   else
     spdlog::info(
         "zero {}: the whole gradient buffer stays, backward's workspace ({}); the buckets are "
@@ -158,8 +160,8 @@ void DeviceZero::carry_out(const std::vector<LayerGathers::Action>& actions) {
   for (const LayerGathers::Action& a : actions) {
     std::unique_ptr<Work>& work = gathering_[a.layer];
     if (a.kind == LayerGathers::Kind::kGather) {
-      work = ddp_.gather_bucket_async(bucket_of_layer_[a.layer], weights_.shard_params(),
-                                      weights_.layer_slot(a.layer));
+      work = shards_->gather_bucket_async(bucket_of_layer_[a.layer], weights_.shard_params(),
+                                          weights_.layer_slot(a.layer));
       if (on_gather_) on_gather_(a.layer, *work);
       continue;
     }
@@ -170,15 +172,15 @@ void DeviceZero::carry_out(const std::vector<LayerGathers::Action>& actions) {
 }
 
 void DeviceZero::step(const OptStep* steps, const int* counter) {
-  const ShardPlan& plan = ddp_.shards();
+  const ShardPlan& plan = shards_->plan();
   for (size_t b = 0; b < plan.parts.size(); ++b) {
     const ShardPart& p = plan.parts[b];
     if (p.count > 0)
-      weights_.update_piece(p.offset, ddp_.reduced_piece(b), p.shard_at, p.count, steps, counter,
-                            stream_);
+      weights_.update_piece(p.offset, shards_->reduced_piece(b), p.shard_at, p.count, steps,
+                            counter, stream_);
   }
   if (level_ == 3) return;  // the pieces are the parameters: the next uses gather them
-  ddp_.gather_in_place(weights_.params(), stream_);
+  shards_->gather_in_place(weights_.params(), stream_);
   weights_.to_low_precision(stream_);
 }
 
@@ -191,7 +193,7 @@ std::vector<float> DeviceZero::params(size_t count) {
   // Every rank's pieces gathered (collective over the data-parallel group).
   forget_gathers();
   DeviceBuffer<float> whole(count, MemoryCategory::kOther);
-  ddp_.gather_shards(weights_.shard_params(), whole.data(), stream_);
+  shards_->gather_shards(weights_.shard_params(), whole.data(), stream_);
   DDP_CUDA_CHECK(
       cudaMemcpyAsync(host.data(), whole.data(), whole.bytes(), cudaMemcpyDeviceToHost, stream_));
   wait();
@@ -200,8 +202,8 @@ std::vector<float> DeviceZero::params(size_t count) {
 
 void DeviceZero::set_params(const float* host) {
   if (level_ < 3) return weights_.set(host);
-  std::vector<float> mine(ddp_.shards().shard_count);  // this rank's pieces
-  ddp_.take_shard(host, mine.data());
+  std::vector<float> mine(shards_->plan().shard_count);  // this rank's pieces
+  shards_->take_shard(host, mine.data());
   forget_gathers();
   DDP_CUDA_CHECK(cudaMemcpyAsync(weights_.shard_params(), mine.data(), mine.size() * sizeof(float),
                                  cudaMemcpyHostToDevice, stream_));
@@ -214,7 +216,7 @@ NamedState DeviceZero::optimizer_state(size_t count) {
   NamedState state;
   DeviceBuffer<float> whole(count, MemoryCategory::kOther);
   for (const auto& [name, shard] : weights_.optimizer().buffers()) {
-    ddp_.gather_shards(shard, whole.data(), stream_);
+    shards_->gather_shards(shard, whole.data(), stream_);
     state.emplace_back(name, std::vector<float>(whole.count()));
     DDP_CUDA_CHECK(cudaMemcpyAsync(state.back().second.data(), whole.data(), whole.bytes(),
                                    cudaMemcpyDeviceToHost, stream_));
@@ -226,8 +228,8 @@ NamedState DeviceZero::optimizer_state(size_t count) {
 void DeviceZero::set_optimizer_state(const NamedState& state) {
   NamedState mine;  // this rank's pieces
   for (const auto& [name, values] : state) {
-    mine.emplace_back(name, std::vector<float>(ddp_.shards().shard_count));
-    ddp_.take_shard(values.data(), mine.back().second.data());
+    mine.emplace_back(name, std::vector<float>(shards_->plan().shard_count));
+    shards_->take_shard(values.data(), mine.back().second.data());
   }
   weights_.set_optimizer_state(mine);
 }

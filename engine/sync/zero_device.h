@@ -20,6 +20,7 @@
 #include "collectives/communicator.h"
 #include "engine/sync/ddp.h"
 #include "engine/sync/layer_gathers.h"
+#include "engine/sync/sharded_buckets.h"
 #include "models/device_parameters.h"
 #include "models/optimizer.h"
 #include "runtime/device_buffer.h"
@@ -45,13 +46,15 @@ GradientRing device_gradient_ring(const std::vector<ParamSpan>& layers, size_t p
 
 class DeviceZero {
  public:
-  // Shards `ddp`'s state at `layout.zero`'s level over the rank's buffers `weights` (its layers
+  // Shards `ddp`'s state at `layout.zero`'s level (--zero 3's gathers on `gathers`, null: the
+  // Ddp's communicator) over the rank's buffers `weights` (its layers
   // as spans `layers` of them, in order, `stage_layers` of them a stage of the rank; its ring
   // made from `layout`) on `stream`; level 3 gathers up to `ahead` layers ahead of the one in
   // use (--zero-prefetch). `lead` logs what it holds.
   DeviceZero(Ddp& ddp, const RingLayout& layout, DeviceParameters& weights,
              const std::vector<std::pair<size_t, size_t>>& layers,
-             const std::vector<int>& stage_layers, int ahead, cudaStream_t stream, bool lead);
+             const std::vector<int>& stage_layers, int ahead, Communicator* gathers,
+             cudaStream_t stream, bool lead);
   // Each layer gather as it is issued (the GPU timeline's), or none.
   void set_on_gather(std::function<void(int layer, Work& gather)> on_gather) {
     on_gather_ = std::move(on_gather);
@@ -61,7 +64,7 @@ class DeviceZero {
   void set_wait(std::function<void()> wait) { wait_ = std::move(wait); }
 
   int level() const { return level_; }
-  const ShardPlan& shards() const { return ddp_.shards(); }
+  const ShardPlan& plan() const { return shards_->plan(); }
   // --zero 3: the parameters are this rank's pieces and two gather slots.
   bool shards_parameters() const { return level_ == 3; }
 
@@ -91,13 +94,13 @@ class DeviceZero {
   void carry_out(const std::vector<LayerGathers::Action>& actions);
   void wait();
 
-  Ddp& ddp_;
   int level_;
   DeviceParameters& weights_;
   cudaStream_t stream_;
   std::function<void()> wait_;
   std::function<void(int, Work&)> on_gather_;
   std::vector<DeviceBuffer<float>> buffers_;      // its padded buckets' copies
+  std::unique_ptr<ShardedBuckets> shards_;        // the pieces, reduce-scatters, gathers
   std::vector<size_t> bucket_of_layer_;           // --zero 3: the rank's layer i -> its bucket
   std::vector<int> stage_of_layer_;               // and -> its stage among the rank's
   std::vector<std::unique_ptr<Work>> gathering_;  // by layer: its gather, until waited for

@@ -18,17 +18,18 @@ namespace ddp {
 // in the same order, so the gathers match.
 class GatheredLayers final : public LayerParams {
  public:
-  // `bucket_of`: the model layer's bucket; `shard`: the rank's pieces (Ddp::shards()).
-  GatheredLayers(Ddp& ddp, const std::vector<float>& shard, std::map<int, size_t> bucket_of)
-      : ddp_(ddp), shard_(shard), bucket_of_(std::move(bucket_of)) {}
+  // `bucket_of`: the model layer's bucket; `shard`: the rank's pieces (of `shards`' plan).
+  GatheredLayers(ShardedBuckets& shards, const std::vector<float>& shard,
+                 std::map<int, size_t> bucket_of)
+      : shards_(shards), shard_(shard), bucket_of_(std::move(bucket_of)) {}
 
   const float* acquire(int layer) override {
     const size_t b = bucket_of_.at(layer);
-    if (materialised_) return whole_.data() + ddp_.shards().parts[b].bucket_offset;
+    if (materialised_) return whole_.data() + shards_.plan().parts[b].bucket_offset;
     std::vector<float>& into = held_[layer];
     DDP_CHECK(into.empty(), "--zero 3: layer {} gathered twice", layer);
-    into.resize(ddp_.shards().parts[b].piece * static_cast<size_t>(ddp_.shards().ranks));
-    ddp_.gather_bucket(b, shard_.data(), into.data());
+    into.resize(shards_.plan().parts[b].piece * static_cast<size_t>(shards_.plan().ranks));
+    shards_.gather_bucket(b, shard_.data(), into.data());
     held_floats_ += into.size();
     peak_floats_ = std::max(peak_floats_, held_floats_);
     return into.data();
@@ -43,7 +44,7 @@ class GatheredLayers final : public LayerParams {
   // Collective: every layer's parameters (`count`, the rank's flat layout), until drop().
   const std::vector<float>& materialise(size_t count) {
     whole_.assign(count, 0.0f);
-    ddp_.gather_shards(shard_.data(), whole_.data());
+    shards_.gather_shards(shard_.data(), whole_.data());
     materialised_ = true;
     return whole_;
   }
@@ -55,7 +56,7 @@ class GatheredLayers final : public LayerParams {
   size_t peak_floats() const { return peak_floats_; }
 
  private:
-  Ddp& ddp_;
+  ShardedBuckets& shards_;
   const std::vector<float>& shard_;
   std::map<int, size_t> bucket_of_;
   std::map<int, std::vector<float>> held_;  // the layers in use
@@ -65,7 +66,7 @@ class GatheredLayers final : public LayerParams {
 };
 
 HostZero::HostZero(Ddp& ddp, int level, bool ring, const std::vector<float>& params,
-                   const std::vector<std::pair<int, ParamSpan>>& layers)
+                   const std::vector<std::pair<int, ParamSpan>>& layers, Communicator* gathers)
     : ddp_(ddp), level_(level) {
   const size_t count = params.size();
   const size_t slot =
@@ -86,12 +87,13 @@ HostZero::HostZero(Ddp& ddp, int level, bool ring, const std::vector<float>& par
     ring_memory_.slot_floats = slot;
     ring_memory_.align = 1;
   }
-  ddp.shard(level, ringed() ? &ring_memory_ : nullptr);
+  shards_ = std::make_unique<ShardedBuckets>(ddp, level, ringed() ? &ring_memory_ : nullptr);
+  shards_->set_gather_comm(gathers);
   if (level < 3) return;
   // The parameters become this rank's pieces, and every layer reads its whole parameters from
   // them for each use (GatheredLayers).
-  shard_params_.assign(ddp.shards().shard_count, 0.0f);
-  ddp.take_shard(params.data(), shard_params_.data());
+  shard_params_.assign(shards_->plan().shard_count, 0.0f);
+  shards_->take_shard(params.data(), shard_params_.data());
   std::vector<ParamSpan> spans;
   for (const auto& [layer, span] : layers)
     spans.push_back(span);
@@ -99,7 +101,7 @@ HostZero::HostZero(Ddp& ddp, int level, bool ring, const std::vector<float>& par
   std::map<int, size_t> bucket_of;  // the model's layer -> its bucket
   for (size_t i = 0; i < layers.size(); ++i)
     bucket_of[layers[i].first] = bucket_of_span[i];
-  gathered_ = std::make_unique<GatheredLayers>(ddp, shard_params_, std::move(bucket_of));
+  gathered_ = std::make_unique<GatheredLayers>(*shards_, shard_params_, std::move(bucket_of));
 }
 
 HostZero::~HostZero() = default;
@@ -118,26 +120,26 @@ LayerParams* HostZero::layer_params() {
 }
 
 bool HostZero::pieces_nonfinite() const {
-  return level_ >= 2 && any_nonfinite(ddp_.reduced_pieces(), ddp_.shards().shard_count);
+  return level_ >= 2 && any_nonfinite(shards_->reduced_pieces(), shards_->plan().shard_count);
 }
 
 void HostZero::step(Optimizer& optimizer, float* params, float lr) {
   // Level 3: the pieces are the parameters, updated from their averaged gradients (the
   // padding stays zero); the next uses gather them.
   if (gathered_) {
-    optimizer.step(shard_params_.data(), ddp_.reduced_pieces(), shard_params_.size(), lr);
+    optimizer.step(shard_params_.data(), shards_->reduced_pieces(), shard_params_.size(), lr);
     return;
   }
   // Else this rank's pieces updated in place from their averaged gradients, then every
   // rank's pieces gathered into the whole parameters.
   std::vector<OptimizerPiece> pieces;
-  const ShardPlan& plan = ddp_.shards();
+  const ShardPlan& plan = shards_->plan();
   for (size_t b = 0; b < plan.parts.size(); ++b)
     if (plan.parts[b].count > 0)
-      pieces.push_back({plan.parts[b].offset, ddp_.reduced_piece(b), plan.parts[b].shard_at,
+      pieces.push_back({plan.parts[b].offset, shards_->reduced_piece(b), plan.parts[b].shard_at,
                         plan.parts[b].count});
   optimizer.step_pieces(params, pieces, lr);
-  ddp_.gather_in_place(params, nullptr);
+  shards_->gather_in_place(params, nullptr);
 }
 
 std::vector<float> HostZero::params(size_t count) {
@@ -149,7 +151,7 @@ std::vector<float> HostZero::params(size_t count) {
 
 void HostZero::set_params(const float* host) {
   DDP_CHECK(gathered_ != nullptr, "--zero {}: the parameters are not sharded", level_);
-  ddp_.take_shard(host, shard_params_.data());
+  shards_->take_shard(host, shard_params_.data());
 }
 
 NamedState HostZero::optimizer_state(Optimizer& optimizer, size_t count) {
@@ -157,7 +159,7 @@ NamedState HostZero::optimizer_state(Optimizer& optimizer, size_t count) {
   for (const auto& [name, buffer] : optimizer.state()) {
     // Every rank's pieces of it, gathered (collective over the data-parallel group).
     state.emplace_back(name, std::vector<float>(count));
-    ddp_.gather_shards(buffer->data(), state.back().second.data());
+    shards_->gather_shards(buffer->data(), state.back().second.data());
   }
   return state;
 }
@@ -165,7 +167,7 @@ NamedState HostZero::optimizer_state(Optimizer& optimizer, size_t count) {
 void HostZero::set_optimizer_state(Optimizer& optimizer, const NamedState& state) {
   for (auto& [name, buffer] : optimizer.state())
     for (const auto& [saved_name, values] : state)
-      if (saved_name == name) ddp_.take_shard(values.data(), buffer->data());
+      if (saved_name == name) shards_->take_shard(values.data(), buffer->data());
 }
 
 void HostZero::begin_evaluation(size_t count) {
@@ -189,8 +191,8 @@ std::string HostZero::memory_report(size_t count, size_t state_floats,
                     : fmt::format("{} ({} bucket slots, written again after each bucket's "
                                   "reduce-scatter)",
                                   size(ring_floats()), ring_.size()),
-      size(state_floats), level_, ddp_.shards().ranks, ddp_.shards().owned(), count,
-      size(ddp_.scratch_floats()),
+      size(state_floats), level_, shards_->plan().ranks, shards_->plan().owned(), count,
+      size(shards_->scratch_floats()),
       level_ >= 2 ? ", the averaged gradients as this rank's pieces only" : "");
 }
 
@@ -199,7 +201,7 @@ size_t HostZero::param_floats() const {
 }
 
 size_t HostZero::grad_floats() const {
-  return ring_floats() + ddp_.scratch_floats();
+  return ring_floats() + shards_->scratch_floats();
 }
 
 }  // namespace ddp

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "engine/sync/ddp.h"
+#include "engine/sync/sharded_buckets.h"
 #include "models/linear_cpu.h"
 #include "models/optimizer.h"
 
@@ -25,17 +26,20 @@ class GatheredLayers;
 
 class HostZero {
  public:
-  // Shards `ddp`'s state at `level`, its gradients in a ring of bucket slots where `ring` (the
-  // gradient ring applies: engine/sync/gradient_ring.h) and the ring holds less than the
-  // whole buffer; level 3 takes this rank's pieces of `params` (the rank's whole parameters,
-  // `layers` being each of its layers' model index and span of them, in order).
+  // Shards `ddp`'s state at `level` (its buckets' gathers on `gathers`, null: its own), its
+  // gradients in a ring of bucket slots where `ring` (the gradient ring applies:
+  // engine/sync/gradient_ring.h) and the ring holds less than the whole buffer; level 3 takes this
+  // rank's pieces of `params` (the rank's whole parameters, `layers` being each of its layers'
+  // model index and span of them, in order).
   HostZero(Ddp& ddp, int level, bool ring, const std::vector<float>& params,
-           const std::vector<std::pair<int, ParamSpan>>& layers);
+           const std::vector<std::pair<int, ParamSpan>>& layers, Communicator* gathers);
   ~HostZero();
 
   int level() const { return level_; }
   // The floats of this rank's pieces (the sharded optimizer's state has as many).
-  size_t shard_count() const { return ddp_.shards().shard_count; }
+  size_t shard_count() const { return shards_->plan().shard_count; }
+  // This rank's pieces of the buckets.
+  const ShardPlan& plan() const { return shards_->plan(); }
   // With a ring: where backward writes the gradient of element `offset` of the flat buffer.
   bool ringed() const { return !ring_.empty(); }
   float* grad_at(size_t offset);
@@ -79,7 +83,8 @@ class HostZero {
   // as on the GPU.
   std::vector<std::vector<float>> ring_;
   std::vector<std::vector<float>> ring_pieces_;  // what Ddp allocates: the averaged pieces
-  Ddp::DeviceMemory ring_memory_;
+  ShardMemory ring_memory_;
+  std::unique_ptr<ShardedBuckets> shards_;    // the buckets' pieces, reduce-scatters, gathers
   std::vector<float> shard_params_;           // level 3: this rank's pieces of the parameters
   std::unique_ptr<GatheredLayers> gathered_;  // level 3: the layers' parameters for each use
 };
