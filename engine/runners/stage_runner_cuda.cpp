@@ -24,14 +24,14 @@
 #include <spdlog/spdlog.h>
 
 #include "engine/runners/fused_step.h"
+#include "engine/runners/gpu_step_hooks.h"
 #include "engine/runners/optimizer_overlap.h"
 #include "engine/runners/stage_runner.h"
 #include "engine/runners/stage_transfers.h"
-#include "engine/runners/step_watchdog.h"
+#include "engine/runners/step_replay.h"
 #include "engine/sync/ddp.h"
 #include "engine/sync/ddp_device.h"
 #include "engine/sync/zero_device.h"
-#include "engine/telemetry/busy_spans.h"
 #include "engine/telemetry/gpu_timeline.h"
 #include "engine/telemetry/timeline.h"
 #include "models/autotune_cache.h"
@@ -162,6 +162,55 @@ class GpuChunk final : public ChunkOps {
   StageTransfers transfers_;
 };
 
+// Stage `c` of the rank's `stages` on the GPU; with several stages a rank, in the rank's
+// `shared` flat buffers and stream. A pipeline stage evaluates in chunks of max_batch; the
+// whole model (`alone`) in training-size chunks, so that its buffers stay those of training.
+std::unique_ptr<CudaStage> make_stage(const RankStages& stages, size_t c, const TrainConfig& config,
+                                      bool alone, DeviceParameters* shared,
+                                      cudaStream_t shared_stream) {
+  const StageSpec& chunk = stages.chunks[c];
+  CudaStageOptions options =
+      stage_options(chunk, config, alone, static_cast<int>(stages.chunks.size()));
+  if (shared != nullptr)
+    options.shared = {shared, stages.offset_of(static_cast<int>(c)), shared_stream};
+  return std::make_unique<CudaStage>(chunk.shape, chunk.first, chunk.end,
+                                     alone ? chunk.batch : chunk.max_batch, chunk.slots,
+                                     config.optimizer, options);
+}
+
+// Each of the rank's stages knows the stages just before and after it on the rank (null:
+// another rank's, or none).
+void link_neighbours(std::vector<std::unique_ptr<GpuChunk>>& chunks) {
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    const auto neighbour = [&](size_t at, int stage) {
+      return at < chunks.size() && chunks[at]->spec().stage == stage ? chunks[at].get() : nullptr;
+    };
+    chunks[c]->set_neighbours(c > 0 ? neighbour(c - 1, chunks[c]->spec().stage - 1) : nullptr,
+                              neighbour(c + 1, chunks[c]->spec().stage + 1));
+  }
+}
+
+// The training set stays on the host where asked or where it does not fit in half the
+// free device memory (then one micro-batch a step).
+bool use_host_staging(const TrainConfig& config, const Split& train, bool lead) {
+  size_t free_bytes = 0, total_bytes = 0;
+  DDP_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  const size_t data_bytes = train.x.size() * sizeof(float) + train.y.size() * sizeof(int32_t);
+  if (!config.stage_from_host && data_bytes <= free_bytes / 2) return false;
+  DDP_USAGE_CHECK(config.accumulate == 1,
+                  "--accumulate {}: the training set {} on the host{}, and host staging takes one "
+                  "batch a step; drop --accumulate (or --stage-from-host) or use --device cpu",
+                  config.accumulate, config.stage_from_host ? "stays" : "must stay",
+                  config.stage_from_host ? " (--stage-from-host)"
+                                         : " (it does not fit in half the free device memory)");
+  if (lead)
+    spdlog::info(
+        "training set ({:.1f} MiB) stays on the host; batches are staged through pinned "
+        "memory",
+        data_bytes / 1048576.0);
+  return true;
+}
+
 class GpuRunner final : public StageRunner {
  public:
   // Made before the data and the communicators are ready (the whole model's plans and
@@ -185,41 +234,23 @@ class GpuRunner final : public StageRunner {
                                                         config.precision == Precision::kBf16,
                                                         config.optimizer, own_stream_->get());
     }
-    for (size_t c = 0; c < stages.chunks.size(); ++c) {
-      const StageSpec& chunk = stages.chunks[c];
-      CudaStageOptions options =
-          stage_options(chunk, config, alone_, static_cast<int>(stages.chunks.size()));
-      if (several)
-        options.shared = {own_weights_.get(), stages.offset_of(static_cast<int>(c)),
-                          own_stream_->get()};
-      // A pipeline stage evaluates in chunks of max_batch; the whole model in training-size
-      // chunks, so that its buffers stay those of training.
-      chunks_.push_back(std::make_unique<GpuChunk>(
-          *this, chunk,
-          std::make_unique<CudaStage>(chunk.shape, chunk.first, chunk.end,
-                                      alone_ ? chunk.batch : chunk.max_batch, chunk.slots,
-                                      config.optimizer, options)));
-    }
-    for (size_t c = 0; c < chunks_.size(); ++c) {
-      const auto neighbour = [&](size_t at, int stage) {
-        return at < chunks_.size() && chunks_[at]->spec().stage == stage ? chunks_[at].get()
-                                                                         : nullptr;
-      };
-      chunks_[c]->set_neighbours(c > 0 ? neighbour(c - 1, chunks_[c]->spec().stage - 1) : nullptr,
-                                 neighbour(c + 1, chunks_[c]->spec().stage + 1));
-    }
+    for (size_t c = 0; c < stages.chunks.size(); ++c)
+      chunks_.push_back(
+          std::make_unique<GpuChunk>(*this, stages.chunks[c],
+                                     make_stage(stages, c, config, alone_, own_weights_.get(),
+                                                several ? own_stream_->get() : nullptr)));
+    link_neighbours(chunks_);
     CudaStage& front = chunks_.front()->stage();
     weights_ = several ? own_weights_.get() : &front.weights();
     stream_ = front.stream();
+    replay_ = std::make_unique<StepReplay>(stream_, alone_);
     // --zero 3 moves the parameters into gather slots, and the plans are made again there.
     if (config.autotune && alone_ && config.zero < 3) front.autotune();
     epilogues_ = front.epilogue_summary();  // slot 0's plans built
     feeder_ = std::make_unique<BatchFeeder>(spec_.batch, spec_.micro_batches,
                                             alone_ ? std::min(config.log_every, 512) : 1, stream_);
-    if (!alone_) {
-      // Each stage's micro-batches' forward and backward, or backward's two halves.
-      busy_ = std::make_unique<DeviceBusySpans>(stream_, 3 * spec_.micro_batches * chunks_.size());
-    }
+    hooks_ = std::make_unique<GpuStepHooks>(stream_, alone_, spec_.micro_batches,
+                                            static_cast<int>(chunks_.size()));
     model_s_ = clock_.seconds();
   }
 
@@ -250,7 +281,7 @@ class GpuRunner final : public StageRunner {
               std::function<void()> abort_all) override {
     world_s_ = clock_.seconds();
     lead_ = world == nullptr || world->rank() == 0;
-    if (alone_ && use_host_staging(data.train)) {
+    if (alone_ && use_host_staging(config_, data.train, lead_)) {
       feeder_->set_train_data_host(data.train);
     } else {
       // The stages that read the data hold the training split on the device.
@@ -267,12 +298,24 @@ class GpuRunner final : public StageRunner {
       c->set_compute_stream(stream_);
     for (auto& chunk : chunks_)
       chunk->attach(links);
-    check_lanes(links);
+    if (!links.lanes.empty()) {  // one number end to end on each lane (check_lanes)
+      DeviceBuffer<int32_t> word(1, MemoryCategory::kOther);
+      check_lanes(
+          links, spec_.rank, word.data(),
+          [&word](int32_t value) {
+            DDP_CUDA_CHECK(cudaMemcpy(word.data(), &value, sizeof(value), cudaMemcpyHostToDevice));
+          },
+          [&word] {
+            int32_t value = 0;
+            DDP_CUDA_CHECK(cudaMemcpy(&value, word.data(), sizeof(value), cudaMemcpyDeviceToHost));
+            return value;
+          },
+          config_.timeout, lead_);
+    }
     // With peers, every host wait on the stream is bounded: a dead or stopped rank makes the
     // others fail within --timeout with a message naming it, instead of hanging in a sync.
     if (world != nullptr && world->size() > 1)
-      watchdog_ = std::make_unique<StepWatchdog>(
-          stream_, config_.timeout, abort_on_stall(world, std::move(abort_all), config_.timeout));
+      replay_->watch(config_.timeout, abort_on_stall(world, std::move(abort_all), config_.timeout));
     if (alone_) {
       spdlog::info("memory at start: {}", memory_report());
       if (lead_) spdlog::info("{}", epilogues_);
@@ -395,89 +438,64 @@ class GpuRunner final : public StageRunner {
       opt_steps_[k] = optimizer_scalars(config_.optimizer, lrs[k], optimizer_steps_ + k);
     const size_t per_step = static_cast<size_t>(spec_.micro_batches) * spec_.batch;
     if (feeder_->host_staged()) chunk_indices_.assign(indices, indices + per_step * steps);
-    chunk_first_ = first_step;
-    chunk_end_ = first_step + steps;
+    replay_->begin_chunk(first_step, steps);
     feeder_->upload_schedule(indices, opt_steps_.data(), steps);
     // The stream is idle (the previous step was waited for): the spans' anchor.
-    if (busy_) busy_->step_begins();
+    hooks_->chunk_begins();
   }
 
   void end_schedule() override {
     for (auto& chunk : chunks_)
       chunk->wait_sends();
-    // After Ddp::end_backward (the executor's): the rest of the buckets are issued.
-    mark_buckets();
-    if (timeline_ && ddp_) timeline_->buckets_issued(*ddp_);
-    // The updates joined into the stream; Ddp::finish then has nothing left to wait for.
-    if (overlapped_ && ddp_) overlapped_->end_backward();
+    hooks_->end_schedule();  // after Ddp::end_backward (the executor's)
   }
   bool grads_nonfinite() override { return false; }  // the GPU stops on the loss instead
   void optimizer_step() override {
     // --zero 3: a gather still reading the pieces (a prefetch nobody used) is done before the
     // update writes them, and none is left past the step (nor past its capture).
     forget_gathers();
+    OptimizerOverlap* overlapped = hooks_->overlapped();
     if (zero_)
       zero_->step(feeder_->steps(), feeder_->counter());
-    else if (own_weights_ && !overlapped_)
+    else if (own_weights_ && !overlapped)
       own_weights_->update(0, own_weights_->count(), feeder_->steps(), feeder_->counter(), stream_);
-    else if (!overlapped_)
+    else if (!overlapped)
       chunks_.front()->stage().optimizer_step(feeder_->steps(), feeder_->counter());
     else if (ddp_ == nullptr)
-      overlapped_->join();  // the updates made during the last backward
+      overlapped->join();  // the updates made during the last backward
     feeder_->next_step();
   }
 
   void run_step(int64_t step, const std::function<void()>& enqueue) override {
-    DDP_CHECK(step >= chunk_first_ && step < chunk_end_, "step {} is outside the chunk [{}, {})",
-              step, chunk_first_, chunk_end_);
+    const int64_t in_chunk = replay_->in_chunk(step);
     // Host state of the step, set here because a replayed step does not call `enqueue`.
-    if (overlapped_) overlapped_->begin_step();
     forget_gathers();  // --zero 3: every layer gathered afresh in the step (none pending)
-    if (timeline_) timeline_->step_begins();
-    marked_ = 0;
-    backwards_ = 0;
+    hooks_->step_begins();
     // Host staging: this step's batch gathered on the host (and its copy started) while the
     // GPU still runs the previous one.
     if (feeder_->host_staged())
-      feeder_->stage_batch(chunk_indices_.data() + static_cast<size_t>(step - chunk_first_) *
-                                                       spec_.micro_batches * spec_.batch);
+      feeder_->stage_batch(chunk_indices_.data() +
+                           static_cast<size_t>(in_chunk) * spec_.micro_batches * spec_.batch);
     // The step: the schedule's actions as `enqueue` runs them, or the fused step instead.
     const std::function<void()> fused = [this] { fused_->run(); };
     const StepGraph::Ran ran =
-        graph_.run(stream_, config_.cuda_graph && !config_.sync_debug && !feeder_->host_staged(),
-                   fused_ ? fused : enqueue);
+        replay_->run(step, config_.cuda_graph && !config_.sync_debug && !feeder_->host_staged(),
+                     fused_ ? fused : enqueue);
+    ++optimizer_steps_;  // the step's optimizer, replayed or not
     if (ran == StepGraph::Ran::kCaptured) {
-      if (busy_) busy_->captured();
+      hooks_->captured();
       if (!alone_ && spec_.stage == 0) spdlog::info("pipeline step captured in a CUDA graph");
       if (alone_ && lead_) spdlog::info("step captured in a CUDA graph; replayed from now on");
     } else if (ran == StepGraph::Ran::kReplayed) {
-      if (busy_) busy_->replayed();  // its events, recorded again by the replay
-    }
-    ++optimizer_steps_;  // the step's optimizer, replayed or not
-    last_step_ = step + 1;
-    if (watchdog_) {
-      watchdog_->mark(step + 1);
-      watchdog_->check();
-    }
-    if (steps_run_++ == 0) {  // the first step is waited for: its time is reported
-      wait_idle();
-      DDP_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    } else if (step + 1 == chunk_end_) {
-      wait_idle();  // before any synchronising call at the chunk's end
-      if (!alone_ && !watchdog_) DDP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      hooks_->replayed();  // its events, recorded again by the replay
     }
   }
   void add_device_spans(TimelineRecorder& timeline, int64_t step) override {
-    if (timeline_) timeline_->step_ends(timeline, step);
-    if (busy_) busy_->add_to(timeline, step, chunks_.size() > 1);
+    hooks_->add_device_spans(timeline, step, chunks_.size() > 1);
   }
   // The whole model's step is timed by the host's clock; a pipeline stage's by its events.
-  double last_busy_s() const override { return busy_ ? busy_->costs().total_seconds() : -1; }
-  bool last_costs(ComputeCosts* costs) const override {
-    if (!busy_) return false;
-    costs->add(busy_->costs());
-    return true;
-  }
+  double last_busy_s() const override { return hooks_->last_busy_s(); }
+  bool last_costs(ComputeCosts* costs) const override { return hooks_->last_costs(costs); }
   LossSum take_loss() override {
     wait_idle();
     return chunks_.back()->stage().take_sums(false);
@@ -499,7 +517,7 @@ class GpuRunner final : public StageRunner {
             stages_.has_last() ? eval_.y.data() + at : nullptr, n);
     }
     if (zero_ && zero_->shards_parameters())
-      match_gathers(split.n, (end - begin + chunk - 1) / chunk, chunk);
+      zero_->match_evaluation(split.n, spec_.replicas, (end - begin + chunk - 1) / chunk, chunk);
     wait_stream();
     forget_gathers();
     return chunks_.back()->stage().take_sums(true);
@@ -515,167 +533,26 @@ class GpuRunner final : public StageRunner {
   }
 
  private:
-  // The training set stays on the host where asked or where it does not fit in half the
-  // free device memory (then one micro-batch a step).
-  bool use_host_staging(const Split& train) const {
-    size_t free_bytes = 0, total_bytes = 0;
-    DDP_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-    const size_t data_bytes = train.x.size() * sizeof(float) + train.y.size() * sizeof(int32_t);
-    if (!config_.stage_from_host && data_bytes <= free_bytes / 2) return false;
-    DDP_USAGE_CHECK(
-        config_.accumulate == 1,
-        "--accumulate {}: the training set {} on the host{}, and host staging takes one "
-        "batch a step; drop --accumulate (or --stage-from-host) or use --device cpu",
-        config_.accumulate, config_.stage_from_host ? "stays" : "must stay",
-        config_.stage_from_host ? " (--stage-from-host)"
-                                : " (it does not fit in half the free device memory)");
-    if (lead_)
-      spdlog::info(
-          "training set ({:.1f} MiB) stays on the host; batches are staged through pinned "
-          "memory",
-          data_bytes / 1048576.0);
-    return true;
-  }
-  // Several stages a rank: every lane of the pipeline carries one number end to end before
-  // training, one lane at a time in the same order on every rank (its sender sends the lane's
-  // code, its receiver checks it), so that NCCL connects the lanes one after the other and a
-  // lane that reached the wrong communicator is named here, not as a mismatch mid-step.
-  void check_lanes(const StageLinks& links) {
-    if (links.lanes.empty()) return;
-    const auto code = [](const std::tuple<bool, int, int>& lane) {
-      return (std::get<0>(lane) ? 1 : 2) * 1000000 + std::get<1>(lane) * 1000 + std::get<2>(lane);
-    };
-    const auto name = [](const std::tuple<bool, int, int>& lane) {
-      return fmt::format("{} {} -> {}", std::get<0>(lane) ? "activations" : "gradients",
-                         std::get<1>(lane), std::get<2>(lane));
-    };
-    DeviceBuffer<int32_t> value(1, MemoryCategory::kOther);
-    for (const auto& [lane, comm] : links.lanes) {
-      const auto [activations, from, to] = lane;
-      (void)activations;
-      if (spec_.rank != from && spec_.rank != to) continue;
-      int32_t host = spec_.rank == from ? code(lane) : -1;
-      DDP_CUDA_CHECK(cudaMemcpy(value.data(), &host, sizeof(host), cudaMemcpyHostToDevice));
-      std::unique_ptr<Work> work = spec_.rank == from
-                                       ? comm->isend(value.data(), 1, DataType::kInt32, to)
-                                       : comm->irecv(value.data(), 1, DataType::kInt32, from);
-      work->wait(config_.timeout);
-      if (spec_.rank != to) continue;
-      DDP_CUDA_CHECK(cudaMemcpy(&host, value.data(), sizeof(host), cudaMemcpyDeviceToHost));
-      for (const auto& [other, c] : links.lanes)
-        DDP_CHECK(host == code(lane) || host != code(other),
-                  "pipeline lane {} (on {}) received the check of lane {}: the lanes' "
-                  "communicators are crossed",
-                  name(lane), comm->name(), name(other));
-      DDP_CHECK(host == code(lane), "pipeline lane {} (on {}) received {} instead of its check {}",
-                name(lane), comm->name(), host, code(lane));
-    }
-    if (lead_)
-      spdlog::info(
-          "pipeline: {} lanes (NCCL communicators a flow, direction and peer) checked end "
-          "to end",
-          links.lanes.size());
-  }
-  // A backward or weight half, `compute` with the layer hook it is given. The step's last
-  // one gets the hooks (bucket all-reduces, the timeline, the optimizer overlapped on a side
-  // stream: each layer updated as soon as backward no longer reads it, its input gradient
-  // being enqueued before the next lower layer's hook).
-  void weight_grads(const std::function<void(int)>& on_layer_done,
-                    const std::function<void(const std::function<void(int)>&)>& compute) {
-    const bool last = ++backwards_ == spec_.micro_batches * static_cast<int>(chunks_.size());
-    if (!last || !(timeline_ || overlapped_)) {
-      compute(on_layer_done);
-      return;
-    }
-    compute([&](int layer) {
-      if (on_layer_done) on_layer_done(layer);
-      mark_buckets();
-      if (timeline_) timeline_->layer_done(layer);
-      if (overlapped_) overlapped_->layer_done(layer);
-    });
-    // Without data parallelism the rest at once (a stage's last gradient, sent next, does
-    // not wait for them); with it, once every bucket is issued (end_schedule).
-    if (overlapped_ && ddp_ == nullptr) overlapped_->apply_rest();
-  }
-  // --zero 3, evaluation: the replicas' shares of `samples` (Trainer::evaluate_shards) may take
-  // one chunk more or less, and every chunk's forward gathers every layer (collectives over the
-  // data-parallel group); this replica, having forwarded `mine` chunks, gathers as a forward
-  // would for the chunks it lacks against the replica with the most.
-  void match_gathers(int64_t samples, int64_t mine, int chunk) {
-    const int64_t replicas = spec_.replicas;
-    int64_t most = 0;
-    for (int64_t r = 0; r < replicas; ++r) {
-      const int64_t n = samples * (r + 1) / replicas - samples * r / replicas;
-      most = std::max(most, (n + chunk - 1) / chunk);
-    }
-    std::vector<int> layers;  // of each stage of the rank
-    for (const auto& c : chunks_)
-      layers.push_back(c->spec().end - c->spec().first);
-    if (most > mine) zero_->gather_as_forwards(most - mine, layers);
-  }
   void forget_gathers() {
     if (zero_) zero_->forget_gathers();
   }
-  void wait_idle() {
-    if (watchdog_) watchdog_->wait_idle();
-  }
-  // Everything enqueued so far done (collectives bounded by the watchdog).
-  void wait_stream() {
-    if (watchdog_) {
-      watchdog_->mark(last_step_);
-      watchdog_->wait_idle();
-    }
-    DDP_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  }
-  // The data-parallel buckets issued since the last call, timed on the GPU timeline.
-  void mark_buckets() {
-    if (ddp_ == nullptr) return;
-    for (; marked_ < ddp_->issued(); ++marked_)
-      if (timeline_) timeline_->bucket_issued(marked_);
-  }
+  void wait_idle() { replay_->wait_idle(); }
+  void wait_stream() { replay_->wait_stream(); }
   // Once the trainer has set up data parallelism (or not): the overlapped optimizer and the
   // timeline, which need its buckets.
   void set_up_hooks() {
     hooks_ready_ = true;
-    // The optimizer overlapped with backward (--overlap-optimizer; else one pass after it):
-    // by layer, or with data parallelism by bucket as each one's average is in place (the
-    // whole model with --overlap only; a pipeline stage's update would have to wait for each
-    // bucket's all-reduce).
-    if (config_.overlap_optimizer && ddp_ && !alone_ && spec_.stage == 0)
-      spdlog::info(
-          "--overlap-optimizer: not with data parallelism in a pipeline; one pass after "
-          "the gradients are reduced");
-    if (config_.overlap_optimizer && zero_ != nullptr && lead_)
-      spdlog::info("--overlap-optimizer: not with --zero; one pass over this rank's pieces");
-    const bool several = chunks_.size() > 1;
-    if (config_.overlap_optimizer && several && !ddp_ && spec_.rank == 0)
-      spdlog::info("--overlap-optimizer: not with several stages a rank; one pass after backward");
-    if (config_.overlap_optimizer && zero_ == nullptr && !several &&
-        (!ddp_ || (alone_ && config_.overlap))) {
-      std::vector<ParamSpan> spans;  // one range a layer, offsets into the stage's buffers
-      for (int i = spec_.first; i < spec_.end; ++i)
-        spans.push_back({spec_.shape.layer(i).weight_offset - spec_.param_offset(),
-                         spec_.shape.layer(i).count()});
-      CudaStage* stage = &chunks_.front()->stage();
-      const BatchFeeder* feeder = feeder_.get();
-      overlapped_ = std::make_unique<OptimizerOverlap>(
-          stage->stream(),
-          [stage, feeder](size_t offset, size_t count, cudaStream_t stream) {
-            stage->optimizer_range(offset, count, feeder->steps(), feeder->counter(), stream);
-          },
-          ddp_ ? OptimizerOverlap::of_buckets(ddp_->buckets()) : OptimizerOverlap::of_layers(spans),
-          ddp_);
-    }
-    // The whole model's timeline: every layer's backward and bucket (a pipeline stage's is
-    // its micro-batches' spans).
-    if (!config_.timeline.empty() && alone_)
-      timeline_ = std::make_unique<GpuTimeline>(stream_, spec_.shape.num_layers(),
-                                                ddp_ ? ddp_->buckets().size() : 0);
-    if (timeline_ && zero_) {
-      GpuTimeline* timeline = timeline_.get();
-      zero_->set_on_gather(
-          [timeline](int layer, Work& gather) { timeline->gather_issued(layer, gather); });
-    }
+    GpuStepHooks::Setting setting;
+    setting.config = &config_;
+    setting.spec = &spec_;
+    setting.stage = &chunks_.front()->stage();
+    setting.feeder = feeder_.get();
+    setting.ddp = ddp_;
+    setting.zero = zero_.get();
+    setting.several = chunks_.size() > 1;
+    setting.lead = lead_;
+    hooks_->set_up(setting);
+    OptimizerOverlap* overlapped = hooks_->overlapped();
     FusedStepSetting fused;
     fused.config = &config_;
     fused.spec = &spec_;
@@ -687,13 +564,13 @@ class GpuRunner final : public StageRunner {
     fused.lead = lead_;
     fused.whole_model = alone_;
     fused.data_parallel = ddp_ != nullptr;
-    fused.overlapped = overlapped_ != nullptr;
-    fused.timeline = timeline_ != nullptr;
+    fused.overlapped = overlapped != nullptr;
+    fused.timeline = hooks_->timeline();
     fused_ = FusedStep::choose(fused);
     if (!lead_ || !alone_) return;
     spdlog::info("optimizer {}",
                  fused_ ? std::string("in the fused step")
-                 : overlapped_
+                 : overlapped
                      ? fmt::format("overlapped with backward ({} ranges on a side stream)",
                                    ddp_ ? ddp_->buckets().size() : spec_.shape.num_layers())
                  : zero_ ? fmt::format("after backward, on this rank's {} of {} parameters",
@@ -701,12 +578,6 @@ class GpuRunner final : public StageRunner {
                          : std::string("after backward"));
     if (!ddp_ && config_.grad_reduce == GradReduce::kBf16)
       spdlog::warn("--grad-reduce bf16: one process and no --backend, so nothing is reduced");
-  }
-  void busy_begin(SpanKind kind, int micro, int stage) {
-    if (busy_) busy_->begin(kind, micro, stage);
-  }
-  void busy_end() {
-    if (busy_) busy_->end();
   }
 
   friend class GpuChunk;
@@ -732,23 +603,14 @@ class GpuRunner final : public StageRunner {
   DeviceSplit eval_;  // the split evaluated: features on the first stage, labels on the last
   const Split* eval_split_ = nullptr;
   Ddp* ddp_ = nullptr;
-  std::unique_ptr<DeviceZero> zero_;   // --zero: ddp_'s state sharded
-  DeviceBuffer<uint16_t> bf16_grads_;  // the gradients on the wire with --grad-reduce bf16
-  std::unique_ptr<OptimizerOverlap> overlapped_;
-  std::unique_ptr<GpuTimeline> timeline_;  // the whole model's --timeline
-  std::unique_ptr<StepWatchdog> watchdog_;
+  std::unique_ptr<DeviceZero> zero_;     // --zero: ddp_'s state sharded
+  DeviceBuffer<uint16_t> bf16_grads_;    // the gradients on the wire with --grad-reduce bf16
+  std::unique_ptr<GpuStepHooks> hooks_;  // the layer hook, the schedule's end, busy spans
+  std::unique_ptr<StepReplay> replay_;   // the steps: eager, captured, replayed; the watchdog
   bool hooks_ready_ = false;
-  size_t marked_ = 0;  // buckets of this step marked on the timeline
-  int backwards_ = 0;  // this step's, so far
   std::vector<OptStep> opt_steps_;
   std::vector<int32_t> chunk_indices_;  // host staging: the chunk's samples
-  int64_t chunk_first_ = 0, chunk_end_ = 0;
-  int64_t steps_run_ = 0, last_step_ = 0;
   int64_t optimizer_steps_ = 0;
-  // A pipeline stage's forwards and backwards of the step, timed by events (not the whole
-  // model's: the host's clock times its steps).
-  std::unique_ptr<DeviceBusySpans> busy_;
-  StepGraph graph_;  // the step, captured at the second and replayed
   // --fused-step or --autotune, where the trial chose it: the step run instead of the
   // schedule's actions.
   std::unique_ptr<FusedStep> fused_;
@@ -762,10 +624,10 @@ void GpuChunk::recv_activation(int micro, int slot) {
 
 void GpuChunk::forward(int micro, int slot) {
   transfers_.wait_sent(true, slot);
-  rank_.busy_begin(SpanKind::kForward, micro, spec_.stage);
+  rank_.hooks_->busy_begin(SpanKind::kForward, micro, spec_.stage);
   if (spec_.is_first() || spec_.is_last()) rank_.feeder_->feed(*stage_, micro, slot);
   stage_->forward(slot, spec_.batch);
-  rank_.busy_end();
+  rank_.hooks_->busy_end();
 }
 
 void GpuChunk::send_activation(int micro, int slot) {
@@ -779,7 +641,7 @@ void GpuChunk::recv_gradient(int micro, int slot) {
 LossSum GpuChunk::loss(int micro, int slot, float grad_scale) {
   (void)micro;
   stage_->loss(slot, spec_.batch, grad_scale);
-  if (rank_.timeline_) rank_.timeline_->forward_done();
+  rank_.hooks_->forward_done();
   return {};  // kept on the device until take_loss()
 }
 
@@ -787,11 +649,11 @@ void GpuChunk::backward(int micro, int slot, bool accumulate,
                         const std::function<void(int)>& on_layer_done) {
   // grad_input(slot) of an earlier micro-batch is sent
   transfers_.wait_sent(false, slot);
-  rank_.busy_begin(SpanKind::kBackward, micro, spec_.stage);
-  rank_.weight_grads(on_layer_done, [&](const std::function<void(int)>& hook) {
+  rank_.hooks_->busy_begin(SpanKind::kBackward, micro, spec_.stage);
+  rank_.hooks_->weight_grads(on_layer_done, [&](const std::function<void(int)>& hook) {
     stage_->backward(slot, spec_.batch, accumulate, hook);
   });
-  rank_.busy_end();
+  rank_.hooks_->busy_end();
 }
 
 bool GpuChunk::splits_backward() const {
@@ -800,18 +662,18 @@ bool GpuChunk::splits_backward() const {
 
 void GpuChunk::backward_input(int micro, int slot) {
   transfers_.wait_sent(false, slot);
-  rank_.busy_begin(SpanKind::kBackwardInput, micro, spec_.stage);
+  rank_.hooks_->busy_begin(SpanKind::kBackwardInput, micro, spec_.stage);
   stage_->backward_input(slot, spec_.batch);
-  rank_.busy_end();
+  rank_.hooks_->busy_end();
 }
 
 void GpuChunk::backward_weight(int micro, int slot, bool accumulate,
                                const std::function<void(int)>& on_layer_done) {
-  rank_.busy_begin(SpanKind::kBackwardWeight, micro, spec_.stage);
-  rank_.weight_grads(on_layer_done, [&](const std::function<void(int)>& hook) {
+  rank_.hooks_->busy_begin(SpanKind::kBackwardWeight, micro, spec_.stage);
+  rank_.hooks_->weight_grads(on_layer_done, [&](const std::function<void(int)>& hook) {
     stage_->backward_weight(slot, spec_.batch, accumulate, hook);
   });
-  rank_.busy_end();
+  rank_.hooks_->busy_end();
 }
 
 void GpuChunk::send_gradient(int micro, int slot) {

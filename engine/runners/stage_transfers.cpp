@@ -1,6 +1,10 @@
 // StageTransfers: a stage's messages to its neighbours, over lanes or hand-over buffers.
 #include "engine/runners/stage_transfers.h"
 
+#include <tuple>
+
+#include <spdlog/spdlog.h>
+
 #include "runtime/error.h"
 
 namespace ddp {
@@ -137,6 +141,42 @@ std::string StageTransfers::describe() const {
   for (const std::string& p : parts)
     text += (text.empty() ? "" : ", ") + p;
   return text;
+}
+
+void check_lanes(const StageLinks& links, int rank, int32_t* word,
+                 const std::function<void(int32_t)>& put, const std::function<int32_t()>& get,
+                 double timeout_s, bool lead) {
+  if (links.lanes.empty()) return;
+  const auto code = [](const std::tuple<bool, int, int>& lane) {
+    return (std::get<0>(lane) ? 1 : 2) * 1000000 + std::get<1>(lane) * 1000 + std::get<2>(lane);
+  };
+  const auto name = [](const std::tuple<bool, int, int>& lane) {
+    return fmt::format("{} {} -> {}", std::get<0>(lane) ? "activations" : "gradients",
+                       std::get<1>(lane), std::get<2>(lane));
+  };
+  for (const auto& [lane, comm] : links.lanes) {
+    const auto [activations, from, to] = lane;
+    (void)activations;
+    if (rank != from && rank != to) continue;
+    put(rank == from ? code(lane) : -1);
+    std::unique_ptr<Work> work = rank == from ? comm->isend(word, 1, DataType::kInt32, to)
+                                              : comm->irecv(word, 1, DataType::kInt32, from);
+    work->wait(timeout_s);
+    if (rank != to) continue;
+    const int32_t got = get();
+    for (const auto& [other, c] : links.lanes)
+      DDP_CHECK(got == code(lane) || got != code(other),
+                "pipeline lane {} (on {}) received the check of lane {}: the lanes' "
+                "communicators are crossed",
+                name(lane), comm->name(), name(other));
+    DDP_CHECK(got == code(lane), "pipeline lane {} (on {}) received {} instead of its check {}",
+              name(lane), comm->name(), got, code(lane));
+  }
+  if (lead)
+    spdlog::info(
+        "pipeline: {} lanes (NCCL communicators a flow, direction and peer) checked end "
+        "to end",
+        links.lanes.size());
 }
 
 }  // namespace ddp

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -92,5 +93,15 @@ class StageTransfers {
   // By slot: the activations and the gradients sent from it, until waited for.
   std::vector<std::vector<std::unique_ptr<Work>>> act_sent_, grad_sent_;
 };
+
+// Several stages a rank: every lane of the pipeline carries one number end to end before
+// training, one lane at a time in the same order on every rank (its sender sends the lane's
+// code, its receiver checks it), so that NCCL connects the lanes one after the other and a
+// lane that reached the wrong communicator is named here, not as a mismatch mid-step. `word`:
+// one int32 in the lanes' memory, `put` and `get` its copies from and to the host (done when
+// they return); each wait bounded by `timeout_s`; `lead` logs the result.
+void check_lanes(const StageLinks& links, int rank, int32_t* word,
+                 const std::function<void(int32_t)>& put, const std::function<int32_t()>& get,
+                 double timeout_s, bool lead);
 
 }  // namespace ddp

@@ -145,15 +145,20 @@ void DeviceZero::forget_gathers() {
   if (gathers_) carry_out(gathers_->forget());
 }
 
-void DeviceZero::gather_as_forwards(int64_t chunks, const std::vector<int>& layers) {
-  for (int64_t k = 0; k < chunks; ++k) {
-    int base = 0;
-    for (const int n : layers) {
-      for (int i = 0; i < n; ++i)
-        use_layer(base + i, i + 1 < n ? base + i + 1 : -1);
-      base += n;
-    }
+void DeviceZero::match_evaluation(int64_t samples, int64_t replicas, int64_t mine, int chunk) {
+  int64_t most = 0;
+  for (int64_t r = 0; r < replicas; ++r) {
+    const int64_t n = samples * (r + 1) / replicas - samples * r / replicas;
+    most = std::max(most, (n + chunk - 1) / chunk);
   }
+  if (most > mine) gather_as_forwards(most - mine);
+}
+
+void DeviceZero::gather_as_forwards(int64_t chunks) {
+  const int layers = static_cast<int>(stage_of_layer_.size());
+  for (int64_t k = 0; k < chunks; ++k)
+    for (int i = 0; i < layers; ++i)  // each stage's layers in order, the next in its stage
+      use_layer(i, i + 1 < layers && stage_of_layer_[i + 1] == stage_of_layer_[i] ? i + 1 : -1);
 }
 
 void DeviceZero::carry_out(const std::vector<LayerGathers::Action>& actions) {

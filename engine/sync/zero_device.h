@@ -75,9 +75,12 @@ class DeviceZero {
   // Every gather still pending waited for by the stream, what the slots hold forgotten: at a
   // step's start and before its update, so every step, the captured one too, gathers alike.
   void forget_gathers();
-  // --zero 3, evaluation: the gathers of `chunks` more forwards of the rank's stages of
-  // `layers` layers each (so that every replica makes as many as the one with the most).
-  void gather_as_forwards(int64_t chunks, const std::vector<int>& layers);
+  // --zero 3, evaluation: the replicas' shares of `samples` (Trainer::evaluate_shards) may take
+  // one chunk of `chunk` samples more or less, and every chunk's forward gathers every layer
+  // (collectives over the data-parallel group of `replicas`); this replica, having forwarded
+  // `mine` chunks, gathers as a forward would for the chunks it lacks against the replica with
+  // the most.
+  void match_evaluation(int64_t samples, int64_t replicas, int64_t mine, int chunk);
 
   // The step's update on the stream: this rank's pieces from their averaged gradients, then
   // (1, 2) every rank's pieces gathered into the whole parameters and their bf16 copy.
@@ -91,6 +94,8 @@ class DeviceZero {
   void set_optimizer_state(const NamedState& state);
 
  private:
+  // The gathers of `chunks` more forwards of the rank's stages.
+  void gather_as_forwards(int64_t chunks);
   void carry_out(const std::vector<LayerGathers::Action>& actions);
   void wait();
 
