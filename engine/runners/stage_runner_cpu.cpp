@@ -204,7 +204,8 @@ class CpuRunner final : public StageRunner {
         rank_{data, links, {}},
         params_(stages.param_count()),
         grads_(stages.param_count()),
-        optimizer_(make_optimizer(config.optimizer, stages.param_count())) {
+        state_(std::make_unique<HostWhole>(
+            params_, grads_, make_optimizer(config.optimizer, stages.param_count()))) {
     const StageSpec& first = stages.chunks.front();
     rank_.indices.resize(static_cast<size_t>(first.micro_batches) * first.batch);
     for (size_t c = 0; c < stages.chunks.size(); ++c) {
@@ -244,58 +245,37 @@ class CpuRunner final : public StageRunner {
     ddp.check_same_layout(fingerprint, description);
   }
   const ShardPlan& shard_optimizer(Ddp& ddp, int level, Communicator* gathers) override {
-    const bool ring = gradient_ring_applies(static_cast<int>(stages_.chunks.size()),
-                                            stages_.chunks.front().micro_batches, config_.overlap,
-                                            ddp.comm().size());
+    RingLayout layout;
+    layout.zero = level;
+    layout.overlap = config_.overlap;
+    layout.stages_on_rank = static_cast<int>(stages_.chunks.size());
+    layout.micro_batches = stages_.chunks.front().micro_batches;
     std::vector<std::pair<int, ParamSpan>> layers;  // the model's layer and its span
     const std::vector<std::pair<size_t, size_t>> spans = stages_.layer_spans();
     size_t span = 0;
     for (const StageSpec& c : stages_.chunks)
       for (int i = c.first; i < c.end; ++i, ++span)
         layers.push_back({i, {spans[span].first, spans[span].second}});
-    zero_ = std::make_unique<HostZero>(ddp, level, ring, params_, layers, gathers);
-    if (zero_->ringed()) {
-      // Backward writes each layer's gradients into its bucket's slot; the whole buffer goes.
-      HostZero* zero = zero_.get();
-      chunks_.front()->stage().set_grads([zero](size_t offset) { return zero->grad_at(offset); });
-      grads_ = {};
-    }
-    optimizer_ = make_optimizer(config_.optimizer, zero_->shard_count());
-    if (!zero_->shards_parameters()) return zero_->plan();
-    // Every layer reads its whole parameters from the pieces for each use; the whole buffer
-    // is freed.
-    for (auto& chunk : chunks_)
-      chunk->stage().set_params_source(zero_->layer_params());
-    params_ = {};
-    return zero_->plan();
+    auto zero = std::make_unique<HostZero>(ddp, layout, params_, grads_, layers, gathers,
+                                           config_.optimizer);
+    const ShardPlan& plan = zero->plan();
+    state_ = std::move(zero);
+    // The model writes its gradients and reads its parameters where the state keeps them.
+    if (std::function<float*(size_t)> home = state_->gradient_home())
+      chunks_.front()->stage().set_grads(home);
+    if (LayerParams* source = state_->layer_params())
+      for (auto& chunk : chunks_)
+        chunk->stage().set_params_source(source);
+    return plan;
   }
-  std::vector<float> get_params() override {
-    if (zero_ && zero_->shards_parameters()) return zero_->params(count());
-    return params_;
-  }
-  void set_params(const float* host) override {
-    if (zero_ && zero_->shards_parameters())
-      zero_->set_params(host);
-    else
-      std::copy_n(host, params_.size(), params_.begin());
-  }
-  NamedState optimizer_state() override {
-    if (zero_) return zero_->optimizer_state(*optimizer_, count());
-    NamedState state;
-    for (const auto& [name, buffer] : optimizer_->state())
-      state.emplace_back(name, *buffer);
-    return state;
-  }
+  std::vector<float> get_params() override { return state_->params(count()); }
+  void set_params(const float* host) override { state_->set_params(host); }
+  NamedState optimizer_state() override { return state_->optimizer_state(count()); }
   void set_optimizer_state(const NamedState& state, int64_t steps) override {
-    if (zero_)
-      zero_->set_optimizer_state(*optimizer_, state);
-    else
-      for (auto& [name, buffer] : optimizer_->state())
-        for (const auto& [saved_name, values] : state)
-          if (saved_name == name) *buffer = values;
-    optimizer_->set_steps(steps);
+    state_->set_optimizer_state(state);
+    state_->optimizer().set_steps(steps);
   }
-  int64_t optimizer_steps() const override { return optimizer_->steps(); }
+  int64_t optimizer_steps() const override { return state_->optimizer().steps(); }
 
   int steps_ahead() const override { return 1; }
 
@@ -328,25 +308,16 @@ class CpuRunner final : public StageRunner {
       chunk->transfers().end_step();
   }
   bool grads_nonfinite() override {
-    return any_nonfinite(grads_.data(), grads_.size()) ||
-           (zero_ != nullptr && zero_->pieces_nonfinite());
+    return any_nonfinite(grads_.data(), grads_.size()) || state_->kept_grads_nonfinite();
   }
-  void optimizer_step() override {
-    if (zero_)
-      zero_->step(*optimizer_, params_.data(), lr_);
-    else
-      optimizer_->step(params_.data(), grads_.data(), params_.size(), lr_);
-  }
+  void optimizer_step() override { state_->step(lr_); }
   std::string memory_report() const override {
     const auto size = [](size_t floats) {
       const double bytes = static_cast<double>(floats) * sizeof(float);
       return bytes < 1048576 ? fmt::format("{:.1f} KiB", bytes / 1024)
                              : fmt::format("{:.1f} MiB", bytes / 1048576);
     };
-    const size_t state = optimizer_->state_floats();
-    if (zero_) return zero_->memory_report(count(), state, size);
-    return fmt::format("parameters {}, gradients {}, optimizer state {}", size(params_.size()),
-                       size(grads_.size()), size(state));
+    return state_->memory_report(count(), size);
   }
   int64_t held_bytes() const override {
     int64_t total = 0;
@@ -356,14 +327,14 @@ class CpuRunner final : public StageRunner {
   }
   std::vector<std::pair<std::string, int64_t>> held_by_kind() const override {
     const auto bytes = [](size_t floats) { return static_cast<int64_t>(floats * sizeof(float)); };
-    return {{"parameters", bytes(params_.size() + (zero_ ? zero_->param_floats() : 0))},
-            {"gradients", bytes(grads_.size() + (zero_ ? zero_->grad_floats() : 0))},
-            {"optimizer state", bytes(optimizer_->state_floats())}};
+    return {{"parameters", bytes(params_.size() + state_->param_floats())},
+            {"gradients", bytes(grads_.size() + state_->grad_floats())},
+            {"optimizer state", bytes(state_->optimizer().state_floats())}};
   }
   LossSum evaluate(const Split& split, int64_t begin, int64_t end) override {
     // --zero 3: the replicas' shares of the split may differ in length, so their uses could
     // not match: the whole model is gathered once, for the evaluation.
-    if (zero_) zero_->begin_evaluation(count());
+    state_->begin_evaluation(count());
     LossSum total{};
     const int chunk = stages_.chunks.front().max_batch;
     for (int64_t at = begin; at < end; at += chunk) {
@@ -373,7 +344,7 @@ class CpuRunner final : public StageRunner {
         handed = c->evaluate(&split.x[static_cast<size_t>(at) * split.dim], handed, count,
                              &split.y[at], &total);
     }
-    if (zero_) zero_->end_evaluation();
+    state_->end_evaluation();
     return total;
   }
 
@@ -385,9 +356,10 @@ class CpuRunner final : public StageRunner {
   std::vector<float> params_;  // every stage's, one after the other
   std::vector<float> grads_;   // none with a gradient ring
   std::vector<std::unique_ptr<CpuChunk>> chunks_;
-  std::unique_ptr<Optimizer> optimizer_;
+  // Where gradient sync keeps the parameters, gradients and optimizer state: whole, or
+  // (--zero) sharded over the replicas; it updates them.
+  std::unique_ptr<HostState> state_;
   float lr_ = 0;
-  std::unique_ptr<HostZero> zero_;  // --zero: the data parallelism's state sharded
 };
 
 }  // namespace

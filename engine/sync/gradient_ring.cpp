@@ -8,6 +8,11 @@
 
 namespace ddp {
 
+bool gradient_ring_applies(const RingLayout& layout) {
+  return layout.zero >= 2 && gradient_ring_applies(layout.stages_on_rank, layout.micro_batches,
+                                                   layout.overlap, layout.replicas);
+}
+
 bool gradient_ring_applies(int stages_on_rank, int micro_batches, bool overlap, int ranks) {
   return stages_on_rank == 1 && micro_batches == 1 && overlap && ranks >= 2;
 }

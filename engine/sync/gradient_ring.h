@@ -22,6 +22,19 @@ constexpr int kGradientRingSlots = 3;
 // (`overlap`), and there are `ranks` >= 2 to reduce-scatter over.
 bool gradient_ring_applies(int stages_on_rank, int micro_batches, bool overlap, int ranks);
 
+// What decides a stage's gradient ring: --zero's level, the buckets' options and overlap, and
+// how backward runs (stages on the rank, micro-batches a step) over how many replicas.
+struct RingLayout {
+  int zero = 0;
+  DdpOptions buckets;
+  bool overlap = true;
+  int stages_on_rank = 1;
+  int micro_batches = 1;
+  int replicas = 1;
+};
+// gradient_ring_applies for `layout` at its --zero level (2 or 3).
+bool gradient_ring_applies(const RingLayout& layout);
+
 // A ring slot's size in elements over `buckets` (each padded to `ranks` pieces of a multiple
 // of `align` elements, as plan_shards cuts them), or 0 where the ring would hold as much as
 // the whole buffer of `param_count` elements (its slots and the averaged pieces together).

@@ -23,9 +23,7 @@ void wait_for(std::unique_ptr<Work>* work, cudaStream_t stream) {
 
 GradientRing device_gradient_ring(const std::vector<ParamSpan>& layers, size_t param_count,
                                   const RingLayout& layout) {
-  if (layout.zero < 2 || !gradient_ring_applies(layout.stages_on_rank, layout.micro_batches,
-                                                layout.overlap, layout.replicas))
-    return {};
+  if (!gradient_ring_applies(layout)) return {};
   const std::vector<Bucket> buckets = plan_buckets(layers, layout.buckets);
   const size_t slot = gradient_ring_slot(buckets, layout.replicas, kDeviceShardAlign, param_count);
   if (slot == 0) return {};

@@ -19,6 +19,7 @@
 
 #include "collectives/communicator.h"
 #include "engine/sync/ddp.h"
+#include "engine/sync/gradient_ring.h"
 #include "engine/sync/layer_gathers.h"
 #include "engine/sync/sharded_buckets.h"
 #include "models/device_parameters.h"
@@ -26,17 +27,6 @@
 #include "runtime/device_buffer.h"
 
 namespace ddp {
-
-// What decides a stage's gradient ring: --zero's level, the buckets' options and overlap, and
-// how backward runs (stages on the rank, micro-batches a step) over how many replicas.
-struct RingLayout {
-  int zero = 0;
-  DdpOptions buckets;
-  bool overlap = true;
-  int stages_on_rank = 1;
-  int micro_batches = 1;
-  int replicas = 1;
-};
 
 // --zero 2 and 3's gradient ring (engine/sync/gradient_ring.h) as the device memory of the
 // buckets a stage's Ddp will cut from the same options (`layers`: its layers' spans of the

@@ -65,12 +65,17 @@ class GatheredLayers final : public LayerParams {
   std::vector<float> whole_;
 };
 
-HostZero::HostZero(Ddp& ddp, int level, bool ring, const std::vector<float>& params,
-                   const std::vector<std::pair<int, ParamSpan>>& layers, Communicator* gathers)
-    : ddp_(ddp), level_(level) {
+HostZero::HostZero(Ddp& ddp, const RingLayout& layout, std::vector<float>& params,
+                   std::vector<float>& grads, const std::vector<std::pair<int, ParamSpan>>& layers,
+                   Communicator* gathers, const OptimizerConfig& optimizer)
+    : ddp_(ddp), level_(layout.zero), params_(params), grads_(grads) {
+  const int level = level_;
   const size_t count = params.size();
-  const size_t slot =
-      level >= 2 && ring ? gradient_ring_slot(ddp.buckets(), ddp.comm().size(), 1, count) : 0;
+  RingLayout ring = layout;
+  ring.replicas = ddp.comm().size();
+  const size_t slot = gradient_ring_applies(ring)
+                          ? gradient_ring_slot(ddp.buckets(), ddp.comm().size(), 1, count)
+                          : 0;
   if (slot > 0) {
     constexpr int kRing = kGradientRingSlots;
     ring_.assign(kRing, std::vector<float>(slot, 0.0f));
@@ -89,6 +94,8 @@ HostZero::HostZero(Ddp& ddp, int level, bool ring, const std::vector<float>& par
   }
   shards_ = std::make_unique<ShardedBuckets>(ddp, level, ringed() ? &ring_memory_ : nullptr);
   shards_->set_gather_comm(gathers);
+  optimizer_ = make_optimizer(optimizer, shards_->plan().shard_count);
+  if (ringed()) grads_ = {};  // backward writes into the slots; the whole buffer goes
   if (level < 3) return;
   // The parameters become this rank's pieces, and every layer reads its whole parameters from
   // them for each use (GatheredLayers).
@@ -102,6 +109,7 @@ HostZero::HostZero(Ddp& ddp, int level, bool ring, const std::vector<float>& par
   for (size_t i = 0; i < layers.size(); ++i)
     bucket_of[layers[i].first] = bucket_of_span[i];
   gathered_ = std::make_unique<GatheredLayers>(*shards_, shard_params_, std::move(bucket_of));
+  params_ = {};  // every layer reads its whole parameters from the pieces for each use
 }
 
 HostZero::~HostZero() = default;
@@ -115,15 +123,22 @@ float* HostZero::grad_at(size_t offset) {
   return nullptr;
 }
 
+std::function<float*(size_t)> HostZero::gradient_home() {
+  if (!ringed()) return {};
+  return [this](size_t offset) { return grad_at(offset); };
+}
+
 LayerParams* HostZero::layer_params() {
   return gathered_.get();
 }
 
-bool HostZero::pieces_nonfinite() const {
+bool HostZero::kept_grads_nonfinite() const {
   return level_ >= 2 && any_nonfinite(shards_->reduced_pieces(), shards_->plan().shard_count);
 }
 
-void HostZero::step(Optimizer& optimizer, float* params, float lr) {
+void HostZero::step(float lr) {
+  Optimizer& optimizer = *optimizer_;
+  float* params = params_.data();
   // Level 3: the pieces are the parameters, updated from their averaged gradients (the
   // padding stays zero); the next uses gather them.
   if (gathered_) {
@@ -143,20 +158,20 @@ void HostZero::step(Optimizer& optimizer, float* params, float lr) {
 }
 
 std::vector<float> HostZero::params(size_t count) {
-  DDP_CHECK(gathered_ != nullptr, "--zero {}: the parameters are not sharded", level_);
+  if (gathered_ == nullptr) return params_;  // whole on every replica
   std::vector<float> whole = gathered_->materialise(count);
   gathered_->drop();
   return whole;
 }
 
 void HostZero::set_params(const float* host) {
-  DDP_CHECK(gathered_ != nullptr, "--zero {}: the parameters are not sharded", level_);
+  if (gathered_ == nullptr) return (void)std::copy_n(host, params_.size(), params_.begin());
   shards_->take_shard(host, shard_params_.data());
 }
 
-NamedState HostZero::optimizer_state(Optimizer& optimizer, size_t count) {
+NamedState HostZero::optimizer_state(size_t count) {
   NamedState state;
-  for (const auto& [name, buffer] : optimizer.state()) {
+  for (const auto& [name, buffer] : optimizer_->state()) {
     // Every rank's pieces of it, gathered (collective over the data-parallel group).
     state.emplace_back(name, std::vector<float>(count));
     shards_->gather_shards(buffer->data(), state.back().second.data());
@@ -164,8 +179,8 @@ NamedState HostZero::optimizer_state(Optimizer& optimizer, size_t count) {
   return state;
 }
 
-void HostZero::set_optimizer_state(Optimizer& optimizer, const NamedState& state) {
-  for (auto& [name, buffer] : optimizer.state())
+void HostZero::set_optimizer_state(const NamedState& state) {
+  for (auto& [name, buffer] : optimizer_->state())
     for (const auto& [saved_name, values] : state)
       if (saved_name == name) shards_->take_shard(values.data(), buffer->data());
 }
@@ -178,8 +193,9 @@ void HostZero::end_evaluation() {
   if (gathered_) gathered_->drop();
 }
 
-std::string HostZero::memory_report(size_t count, size_t state_floats,
+std::string HostZero::memory_report(size_t count,
                                     const std::function<std::string(size_t)>& size) const {
+  const size_t state_floats = optimizer_->state_floats();
   return fmt::format(
       "parameters {}, gradients {}, optimizer state {} (--zero {}: this rank's 1/{} of it, {} of "
       "{} parameters; {} of padded bucket copies and averaged pieces{})",
