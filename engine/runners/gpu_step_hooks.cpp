@@ -23,11 +23,12 @@ void GpuStepHooks::set_up(const Setting& setting) {
     spdlog::info(
         "--overlap-optimizer: not with data parallelism in a pipeline; one pass after "
         "the gradients are reduced");
-  if (config.overlap_optimizer && setting.zero != nullptr && setting.lead)
+  const bool sharded = setting.state->sharded();
+  if (config.overlap_optimizer && sharded && setting.lead)
     spdlog::info("--overlap-optimizer: not with --zero; one pass over this rank's pieces");
   if (config.overlap_optimizer && setting.several && !ddp_ && spec.rank == 0)
     spdlog::info("--overlap-optimizer: not with several stages a rank; one pass after backward");
-  if (config.overlap_optimizer && setting.zero == nullptr && !setting.several &&
+  if (config.overlap_optimizer && !sharded && !setting.several &&
       (!ddp_ || (alone_ && config.overlap))) {
     std::vector<ParamSpan> spans;  // one range a layer, offsets into the stage's buffers
     for (int i = spec.first; i < spec.end; ++i)
@@ -48,9 +49,9 @@ void GpuStepHooks::set_up(const Setting& setting) {
   if (!config.timeline.empty() && alone_)
     timeline_ = std::make_unique<GpuTimeline>(stream_, spec.shape.num_layers(),
                                               ddp_ ? ddp_->buckets().size() : 0);
-  if (timeline_ && setting.zero) {
+  if (timeline_) {
     GpuTimeline* timeline = timeline_.get();
-    setting.zero->set_on_gather(
+    setting.state->set_on_gather(
         [timeline](int layer, Work& gather) { timeline->gather_issued(layer, gather); });
   }
 }

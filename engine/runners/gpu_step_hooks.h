@@ -17,7 +17,7 @@
 #include "engine/runners/optimizer_overlap.h"
 #include "engine/runners/stage_runner.h"
 #include "engine/sync/ddp.h"
-#include "engine/sync/zero_device.h"
+#include "engine/sync/device_state.h"
 #include "engine/telemetry/busy_spans.h"
 #include "engine/telemetry/compute_costs.h"
 #include "engine/telemetry/gpu_timeline.h"
@@ -36,14 +36,14 @@ class GpuStepHooks {
 
   // Once data parallelism is set up (or not): the overlapped optimizer where it applies (`stage`'s
   // optimizer on ranges, the feeder's scalars) and the whole model's timeline (`ddp`'s buckets,
-  // `zero`'s gathers). `several`: several stages on the rank.
+  // the state's gathers). `several`: several stages on the rank.
   struct Setting {
     const TrainConfig* config = nullptr;
     const StageSpec* spec = nullptr;
     CudaStage* stage = nullptr;
     const BatchFeeder* feeder = nullptr;
     Ddp* ddp = nullptr;
-    DeviceZero* zero = nullptr;
+    DeviceState* state = nullptr;  // gradient sync's: whole or sharded
     bool several = false;
     bool lead = false;
   };

@@ -244,6 +244,9 @@ class GpuRunner final : public StageRunner {
     weights_ = several ? own_weights_.get() : &front.weights();
     stream_ = front.stream();
     replay_ = std::make_unique<StepReplay>(stream_, alone_);
+    state_ = std::make_unique<DeviceWhole>(
+        *weights_,
+        [this](const OptStep* steps, const int* counter) { whole_update(steps, counter); });
     // --zero 3 moves the parameters into gather slots, and the plans are made again there.
     if (config.autotune && alone_ && config.zero < 3) front.autotune();
     epilogues_ = front.epilogue_summary();  // slot 0's plans built
@@ -380,43 +383,35 @@ class GpuRunner final : public StageRunner {
     std::vector<int> stage_layers;  // of each of the rank's stages
     for (const StageSpec& c : stages_.chunks)
       stage_layers.push_back(c.end - c.first);
-    zero_ = std::make_unique<DeviceZero>(
+    auto zero = std::make_unique<DeviceZero>(
         ddp, ring_layout(spec_, config_, static_cast<int>(stages_.chunks.size())), *weights_,
         stages_.layer_spans(), stage_layers, config_.zero_prefetch, gathers, stream_, lead_);
-    zero_->set_wait([this] { wait_stream(); });
-    if (!zero_->shards_parameters()) return zero_->plan();
+    zero->set_wait([this] { wait_stream(); });
+    DeviceZero* sharded = zero.get();
+    state_ = std::move(zero);
+    if (!sharded->shards_parameters()) return sharded->plan();
     int base = 0;  // the chunk's first layer among the rank's
     for (auto& chunk : chunks_) {
       const int first = chunk->spec().first;
-      chunk->stage().set_layer_hook([this, base, first](int layer, int next) {
-        zero_->use_layer(base + layer - first, next < 0 ? -1 : base + next - first);
+      chunk->stage().set_layer_hook([sharded, base, first](int layer, int next) {
+        sharded->use_layer(base + layer - first, next < 0 ? -1 : base + next - first);
       });
       base += chunk->spec().end - first;
     }
-    return zero_->plan();
+    return sharded->plan();
   }
 
   std::vector<float> get_params() override {
     wait_idle();
-    if (zero_) return zero_->params(stages_.param_count());
-    std::vector<float> host(stages_.param_count());
-    weights_->get(host.data());
-    return host;
+    return state_->params(stages_.param_count());
   }
-  void set_params(const float* host) override {
-    if (zero_) return zero_->set_params(host);
-    weights_->set(host);
-  }
+  void set_params(const float* host) override { state_->set_params(host); }
   NamedState optimizer_state() override {
     wait_idle();
-    if (zero_) return zero_->optimizer_state(stages_.param_count());
-    return weights_->optimizer_state();
+    return state_->optimizer_state(stages_.param_count());
   }
   void set_optimizer_state(const NamedState& state, int64_t steps) override {
-    if (zero_)
-      zero_->set_optimizer_state(state);
-    else
-      weights_->set_optimizer_state(state);
+    state_->set_optimizer_state(state);
     optimizer_steps_ = steps;
   }
   int64_t optimizer_steps() const override { return optimizer_steps_; }
@@ -453,23 +448,15 @@ class GpuRunner final : public StageRunner {
   void optimizer_step() override {
     // --zero 3: a gather still reading the pieces (a prefetch nobody used) is done before the
     // update writes them, and none is left past the step (nor past its capture).
-    forget_gathers();
-    OptimizerOverlap* overlapped = hooks_->overlapped();
-    if (zero_)
-      zero_->step(feeder_->steps(), feeder_->counter());
-    else if (own_weights_ && !overlapped)
-      own_weights_->update(0, own_weights_->count(), feeder_->steps(), feeder_->counter(), stream_);
-    else if (!overlapped)
-      chunks_.front()->stage().optimizer_step(feeder_->steps(), feeder_->counter());
-    else if (ddp_ == nullptr)
-      overlapped->join();  // the updates made during the last backward
+    state_->forget_gathers();
+    state_->step(feeder_->steps(), feeder_->counter());
     feeder_->next_step();
   }
 
   void run_step(int64_t step, const std::function<void()>& enqueue) override {
     const int64_t in_chunk = replay_->in_chunk(step);
     // Host state of the step, set here because a replayed step does not call `enqueue`.
-    forget_gathers();  // --zero 3: every layer gathered afresh in the step (none pending)
+    state_->forget_gathers();  // every layer gathered afresh in the step (none pending)
     hooks_->step_begins();
     // Host staging: this step's batch gathered on the host (and its copy started) while the
     // GPU still runs the previous one.
@@ -516,10 +503,9 @@ class GpuRunner final : public StageRunner {
             stages_.has_first() ? eval_.x.data() + static_cast<size_t>(at) * split.dim : nullptr,
             stages_.has_last() ? eval_.y.data() + at : nullptr, n);
     }
-    if (zero_ && zero_->shards_parameters())
-      zero_->match_evaluation(split.n, spec_.replicas, (end - begin + chunk - 1) / chunk, chunk);
+    state_->match_evaluation(split.n, spec_.replicas, (end - begin + chunk - 1) / chunk, chunk);
     wait_stream();
-    forget_gathers();
+    state_->forget_gathers();
     return chunks_.back()->stage().take_sums(true);
   }
   std::string memory_report() const override { return chunks_.front()->stage().memory_report(); }
@@ -533,8 +519,16 @@ class GpuRunner final : public StageRunner {
   }
 
  private:
-  void forget_gathers() {
-    if (zero_) zero_->forget_gathers();
+  // The whole state's update (DeviceWhole): one pass over the rank's buffers, or the updates
+  // overlapped with the last backward joined.
+  void whole_update(const OptStep* steps, const int* counter) {
+    OptimizerOverlap* overlapped = hooks_->overlapped();
+    if (own_weights_ && !overlapped)
+      own_weights_->update(0, own_weights_->count(), steps, counter, stream_);
+    else if (!overlapped)
+      chunks_.front()->stage().optimizer_step(steps, counter);
+    else if (ddp_ == nullptr)
+      overlapped->join();  // the updates made during the last backward
   }
   void wait_idle() { replay_->wait_idle(); }
   void wait_stream() { replay_->wait_stream(); }
@@ -548,7 +542,7 @@ class GpuRunner final : public StageRunner {
     setting.stage = &chunks_.front()->stage();
     setting.feeder = feeder_.get();
     setting.ddp = ddp_;
-    setting.zero = zero_.get();
+    setting.state = state_.get();
     setting.several = chunks_.size() > 1;
     setting.lead = lead_;
     hooks_->set_up(setting);
@@ -573,9 +567,7 @@ class GpuRunner final : public StageRunner {
                  : overlapped
                      ? fmt::format("overlapped with backward ({} ranges on a side stream)",
                                    ddp_ ? ddp_->buckets().size() : spec_.shape.num_layers())
-                 : zero_ ? fmt::format("after backward, on this rank's {} of {} parameters",
-                                       zero_->plan().owned(), spec_.param_count())
-                         : std::string("after backward"));
+                     : state_->describe_update(spec_.param_count()));
     if (!ddp_ && config_.grad_reduce == GradReduce::kBf16)
       spdlog::warn("--grad-reduce bf16: one process and no --backend, so nothing is reduced");
   }
@@ -603,7 +595,9 @@ class GpuRunner final : public StageRunner {
   DeviceSplit eval_;  // the split evaluated: features on the first stage, labels on the last
   const Split* eval_split_ = nullptr;
   Ddp* ddp_ = nullptr;
-  std::unique_ptr<DeviceZero> zero_;     // --zero: ddp_'s state sharded
+  // Where gradient sync keeps the parameters and optimizer state: whole, or (--zero) sharded
+  // over the replicas; it updates them.
+  std::unique_ptr<DeviceState> state_;
   DeviceBuffer<uint16_t> bf16_grads_;    // the gradients on the wire with --grad-reduce bf16
   std::unique_ptr<GpuStepHooks> hooks_;  // the layer hook, the schedule's end, busy spans
   std::unique_ptr<StepReplay> replay_;   // the steps: eager, captured, replayed; the watchdog

@@ -144,6 +144,7 @@ void DeviceZero::forget_gathers() {
 }
 
 void DeviceZero::match_evaluation(int64_t samples, int64_t replicas, int64_t mine, int chunk) {
+  if (level_ < 3) return;  // the whole parameters are in place: nothing to gather
   int64_t most = 0;
   for (int64_t r = 0; r < replicas; ++r) {
     const int64_t n = samples * (r + 1) / replicas - samples * r / replicas;
@@ -235,6 +236,10 @@ void DeviceZero::set_optimizer_state(const NamedState& state) {
     shards_->take_shard(values.data(), mine.back().second.data());
   }
   weights_.set_optimizer_state(mine);
+}
+
+std::string DeviceZero::describe_update(size_t count) const {
+  return fmt::format("after backward, on this rank's {} of {} parameters", plan().owned(), count);
 }
 
 }  // namespace ddp

@@ -19,6 +19,7 @@
 
 #include "collectives/communicator.h"
 #include "engine/sync/ddp.h"
+#include "engine/sync/device_state.h"
 #include "engine/sync/gradient_ring.h"
 #include "engine/sync/layer_gathers.h"
 #include "engine/sync/sharded_buckets.h"
@@ -34,7 +35,7 @@ namespace ddp {
 GradientRing device_gradient_ring(const std::vector<ParamSpan>& layers, size_t param_count,
                                   const RingLayout& layout);
 
-class DeviceZero {
+class DeviceZero final : public DeviceState {
  public:
   // Shards `ddp`'s state at `layout.zero`'s level (--zero 3's gathers on `gathers`, null: the
   // Ddp's communicator) over the rank's buffers `weights` (its layers
@@ -46,7 +47,7 @@ class DeviceZero {
              const std::vector<int>& stage_layers, int ahead, Communicator* gathers,
              cudaStream_t stream, bool lead);
   // Each layer gather as it is issued (the GPU timeline's), or none.
-  void set_on_gather(std::function<void(int layer, Work& gather)> on_gather) {
+  void set_on_gather(std::function<void(int layer, Work& gather)> on_gather) override {
     on_gather_ = std::move(on_gather);
   }
   // How the host waits for the stream where a copy needs it (the runner's: bounded by
@@ -64,24 +65,27 @@ class DeviceZero {
   void use_layer(int layer, int next);
   // Every gather still pending waited for by the stream, what the slots hold forgotten: at a
   // step's start and before its update, so every step, the captured one too, gathers alike.
-  void forget_gathers();
+  void forget_gathers() override;
   // --zero 3, evaluation: the replicas' shares of `samples` (Trainer::evaluate_shards) may take
   // one chunk of `chunk` samples more or less, and every chunk's forward gathers every layer
   // (collectives over the data-parallel group of `replicas`); this replica, having forwarded
   // `mine` chunks, gathers as a forward would for the chunks it lacks against the replica with
   // the most.
-  void match_evaluation(int64_t samples, int64_t replicas, int64_t mine, int chunk);
+  void match_evaluation(int64_t samples, int64_t replicas, int64_t mine, int chunk) override;
 
   // The step's update on the stream: this rank's pieces from their averaged gradients, then
   // (1, 2) every rank's pieces gathered into the whole parameters and their bf16 copy.
-  void step(const OptStep* steps, const int* counter);
+  void step(const OptStep* steps, const int* counter) override;
+  bool sharded() const override { return true; }
+  // "after backward, on this rank's 1234 of 2468 parameters".
+  std::string describe_update(size_t count) const override;
 
   // Host copies (collectives over the group; the stream synchronised): the whole parameters
   // (`count`, the rank's flat layout), and this rank's pieces set from a whole host copy.
-  std::vector<float> params(size_t count);
-  void set_params(const float* host);
-  NamedState optimizer_state(size_t count);
-  void set_optimizer_state(const NamedState& state);
+  std::vector<float> params(size_t count) override;
+  void set_params(const float* host) override;
+  NamedState optimizer_state(size_t count) override;
+  void set_optimizer_state(const NamedState& state) override;
 
  private:
   // The gathers of `chunks` more forwards of the rank's stages.
