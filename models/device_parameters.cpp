@@ -47,7 +47,7 @@ void DeviceParameters::fill_grads(float value, cudaStream_t stream) {
 }
 
 void* DeviceParameters::for_products(size_t offset) const {
-  if (params_sharded()) {
+  if (layers_placed()) {
     const auto [layer, at] = layer_of(offset);
     return bf16() ? static_cast<void*>(slots16_[layer % slots16_.size()].data() + at)
                   : static_cast<void*>(slots_[layer % slots_.size()].data() + at);
@@ -57,7 +57,7 @@ void* DeviceParameters::for_products(size_t offset) const {
 }
 
 float* DeviceParameters::param_at(size_t offset) const {
-  if (!params_sharded()) return params_.data() + offset;
+  if (!layers_placed()) return params_.data() + offset;
   const auto [layer, at] = layer_of(offset);
   return slots_[layer % slots_.size()].data() + at;
 }
@@ -66,25 +66,18 @@ std::pair<size_t, size_t> DeviceParameters::layer_of(size_t offset) const {
   for (size_t i = 0; i < layers_.size(); ++i)
     if (offset >= layers_[i].first && offset < layers_[i].first + layers_[i].second)
       return {i, offset - layers_[i].first};
-  DDP_CHECK(false, "--zero 3: element {} is in no layer", offset);
+  DDP_CHECK(false, "element {} is in no placed layer", offset);
   return {0, 0};
 }
 
-void DeviceParameters::shard_parameters(const std::vector<std::pair<size_t, size_t>>& layers,
-                                        const std::vector<Piece>& pieces, size_t shard_floats,
-                                        size_t slot_floats, int slots) {
-  DDP_CHECK(!params_sharded() && !layers.empty() && slots >= 2,
-            "shard_parameters: already sharded, no layers, or {} slots", slots);
-  shard_ = DeviceBuffer<float>(shard_floats, MemoryCategory::kParameters);
-  DDP_CUDA_CHECK(cudaMemsetAsync(shard_.data(), 0, shard_.bytes(), stream_));
-  for (const Piece& p : pieces) {
-    DDP_CHECK(p.offset + p.count <= count_ && p.shard_at + p.count <= shard_floats,
-              "shard_parameters: piece {}+{} -> {} out of range", p.offset, p.count, p.shard_at);
-    DDP_CUDA_CHECK(cudaMemcpyAsync(shard_.data() + p.shard_at, params_.data() + p.offset,
-                                   p.count * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
-  }
+void DeviceParameters::place_layers(const std::vector<std::pair<size_t, size_t>>& layers,
+                                    size_t slot_floats, int slots) {
+  DDP_CHECK(!layers_placed() && !layers.empty() && slots >= 2,
+            "place_layers: already placed, no layers, or {} slots", slots);
   for (const auto& [offset, n] : layers)
-    DDP_CHECK(n <= slot_floats, "shard_parameters: a layer of {} in slots of {}", n, slot_floats);
+    DDP_CHECK(offset + n <= count_ && n <= slot_floats,
+              "place_layers: a layer of {} at {} in slots of {} ({} parameters)", n, offset,
+              slot_floats, count_);
   for (int s = 0; s < slots; ++s) {
     slots_.emplace_back(slot_floats, MemoryCategory::kParameters);
     if (bf16_) slots16_.emplace_back(slot_floats, MemoryCategory::kParameters);
@@ -96,7 +89,7 @@ void DeviceParameters::shard_parameters(const std::vector<std::pair<size_t, size
 }
 
 void DeviceParameters::layer_to_low_precision(size_t layer, cudaStream_t stream) {
-  DDP_CHECK(params_sharded() && layer < layers_.size(), "layer_to_low_precision({}) unsharded",
+  DDP_CHECK(layers_placed() && layer < layers_.size(), "layer_to_low_precision({}): not placed",
             layer);
   if (bf16_)
     launch_to_bf16(slots_[layer % slots_.size()].data(), slots16_[layer % slots16_.size()].data(),
@@ -104,21 +97,22 @@ void DeviceParameters::layer_to_low_precision(size_t layer, cudaStream_t stream)
 }
 
 void DeviceParameters::set(const float* host) {
-  DDP_CHECK(!params_sharded(), "DeviceParameters::set: sharded (--zero 3): set the pieces");
+  DDP_CHECK(!layers_placed(),
+            "DeviceParameters::set: the layers are placed; their owner sets them");
   DDP_CUDA_CHECK(
       cudaMemcpyAsync(params_.data(), host, params_.bytes(), cudaMemcpyHostToDevice, stream_));
   refresh_low_precision();
 }
 
 void DeviceParameters::get(float* host) const {
-  DDP_CHECK(!params_sharded(), "DeviceParameters::get: sharded (--zero 3): gather the pieces");
+  DDP_CHECK(!layers_placed(), "DeviceParameters::get: the layers are placed; their owner has them");
   DDP_CUDA_CHECK(
       cudaMemcpyAsync(host, params_.data(), params_.bytes(), cudaMemcpyDeviceToHost, stream_));
   DDP_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
 void DeviceParameters::get_grads(float* host) const {
-  DDP_CHECK(!ringed(), "the gradients are in a ring of bucket slots (--zero 2), not one buffer");
+  DDP_CHECK(!ringed(), "the gradients are in a ring of slots, not one buffer");
   DDP_CUDA_CHECK(
       cudaMemcpyAsync(host, grads_.data(), grads_.bytes(), cudaMemcpyDeviceToHost, stream_));
   DDP_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -130,7 +124,7 @@ void DeviceParameters::refresh_low_precision() {
 }
 
 void DeviceParameters::to_low_precision(cudaStream_t stream) {
-  if (params_sharded()) return;  // each layer's gathered copy is made as it is gathered
+  if (layers_placed()) return;  // each layer's copy is made as its slot is filled
   if (bf16()) launch_to_bf16(params_.data(), params16_.data(), params_.count(), stream);
 }
 
@@ -140,7 +134,7 @@ void DeviceParameters::update(size_t offset, size_t count, const OptStep* steps,
   update_piece(offset, grads_.data() + offset, offset, count, steps, counter, stream);
 }
 
-void DeviceParameters::shard_optimizer(size_t count) {
+void DeviceParameters::resize_optimizer(size_t count) {
   optimizer_->resize(count, stream_);
   DDP_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
@@ -148,17 +142,18 @@ void DeviceParameters::shard_optimizer(size_t count) {
 void DeviceParameters::update_piece(size_t offset, const float* grads, size_t state_offset,
                                     size_t count, const OptStep* steps, const int* counter,
                                     cudaStream_t stream) {
-  if (params_sharded()) {  // --zero 3: the rank's pieces are the parameters
-    DDP_CHECK(state_offset + count <= shard_.count(), "optimizer update {}+{} past the shard's {}",
-              state_offset, count, shard_.count());
-    optimizer_->update(shard_.data() + state_offset, grads, nullptr, state_offset, count, steps,
-                       counter, stream);
-    return;
-  }
+  DDP_CHECK(!layers_placed(), "optimizer update {}+{}: the layers are placed (update_at)", offset,
+            count);
   DDP_CHECK(offset + count <= params_.count(), "optimizer update {}+{} past {} parameters", offset,
             count, params_.count());
   optimizer_->update(params_.data() + offset, grads, bf16() ? params16_.data() + offset : nullptr,
                      state_offset, count, steps, counter, stream);
+}
+
+void DeviceParameters::update_at(float* params, const float* grads, size_t state_offset,
+                                 size_t count, const OptStep* steps, const int* counter,
+                                 cudaStream_t stream) {
+  optimizer_->update(params, grads, nullptr, state_offset, count, steps, counter, stream);
 }
 
 std::vector<std::pair<std::string, std::vector<float>>> DeviceParameters::optimizer_state() const {

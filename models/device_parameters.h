@@ -18,10 +18,11 @@
 
 namespace ddp {
 
-// --zero 2's gradients without the whole buffer: `slots` buffers of `slot_floats` each, the
-// gradients of bucket b (elements [offset, + count) of the flat layout, in the buckets'
-// order) written in slot b % slots. Whoever reduces a bucket must be done with its slot
-// before the bucket `slots` later is written (engine/sync/sharded_buckets.h).
+// The gradients without the whole buffer: `slots` buffers of `slot_floats` each, the
+// gradients of range b (elements [offset, + count) of the flat layout, in the ranges' order)
+// written in slot b % slots. Whoever reads a range must be done with its slot before the range
+// `slots` later is written (the owner's choice; ddp's gradient sync makes it for its buckets:
+// engine/sync/gradient_ring.h).
 struct GradientRing {
   std::vector<std::pair<size_t, size_t>> buckets;  // offset, count
   size_t slot_floats = 0;
@@ -34,41 +35,35 @@ class DeviceParameters {
                    GradientRing ring = {});
 
   size_t count() const { return count_; }
-  // The whole float32 parameters (null once shard_parameters() freed them).
+  // The whole float32 parameters (null once place_layers() freed them).
   float* params() const { return params_.data(); }
   float* grads() const { return grads_.data(); }  // null with a gradient ring
-  // Where the gradient of element `offset` is written (the whole buffer, or its bucket's slot).
+  // Where the gradient of element `offset` is written (the whole buffer, or its range's slot).
   float* grad_at(size_t offset) const;
   bool ringed() const { return ring_.slots > 0; }
   const GradientRing& ring() const { return ring_; }
-  // The slot of bucket b (with a ring).
+  // The slot of range b (with a ring).
   float* bucket_grads(size_t bucket) const;
   // Every gradient element set to `value` (autotuning's real values, a test's NaN).
   void fill_grads(float value, cudaStream_t stream);
-  uint16_t* params16() const { return params16_.data(); }  // null without bf16 (or sharded)
+  uint16_t* params16() const { return params16_.data(); }  // null without bf16 (or placed)
   bool bf16() const { return bf16_; }
   // Element `offset` as the products read it: of the bf16 copy with bf16 precision, else of
-  // the float32 parameters; once sharded, of its layer's gather slot (or the slot's bf16 copy).
+  // the float32 parameters; once placed, of its layer's slot (or the slot's bf16 copy).
   void* for_products(size_t offset) const;
-  // Element `offset` of the float32 parameters (once sharded: of its layer's gather slot).
+  // Element `offset` of the float32 parameters (once placed: of its layer's slot).
   float* param_at(size_t offset) const;
 
-  // --zero 3: the rank keeps only its pieces of every layer (`pieces`: offset in this buffer,
-  // place in the shard, count; the shard's padding zero) and `slots` gather slots of
-  // `slot_floats` (plus their bf16 copies with bf16 precision): layer i of `layers` (offset,
-  // count, in order) is gathered by the caller into layer_slot(i), slot i % slots, for each use.
-  // The whole buffer and its bf16 copy are freed; plans built on them must be built again.
-  struct Piece {
-    size_t offset, shard_at, count;
-  };
-  void shard_parameters(const std::vector<std::pair<size_t, size_t>>& layers,
-                        const std::vector<Piece>& pieces, size_t shard_floats, size_t slot_floats,
-                        int slots = 2);
-  bool params_sharded() const { return !layers_.empty(); }
-  float* shard_params() const { return shard_.data(); }
-  size_t layer_count() const { return layers_.size(); }
+  // From now on the parameters are not kept here: layer i of `layers` (offset, count, in
+  // order) is read from layer_slot(i), slot i % slots of `slots` slots of `slot_floats` (plus
+  // their bf16 copies with bf16 precision), which the owner fills before each use (ddp's
+  // gradient sync gathers it there). The whole buffer and its bf16 copy are freed; plans built on
+  // them must be built again.
+  void place_layers(const std::vector<std::pair<size_t, size_t>>& layers, size_t slot_floats,
+                    int slots = 2);
+  bool layers_placed() const { return !layers_.empty(); }
   float* layer_slot(size_t layer) const { return slots_[layer % slots_.size()].data(); }
-  // After layer_slot(layer) was gathered: its bf16 copy (none without bf16), on `stream`.
+  // After layer_slot(layer) was filled: its bf16 copy (none without bf16), on `stream`.
   void layer_to_low_precision(size_t layer, cudaStream_t stream);
 
   // Host copies (synchronous); set() also makes the bf16 copy.
@@ -84,12 +79,15 @@ class DeviceParameters {
   // bitwise the whole-buffer result.
   void update(size_t offset, size_t count, const OptStep* steps, const int* counter,
               cudaStream_t stream);
-  // --zero: the optimizer keeps the state of `count` parameters only (a rank's shard), and
-  // updates parameters [offset, + count) from the gradients at `grads` with the state's
-  // [state_offset, + count).
-  void shard_optimizer(size_t count);
+  // The optimizer keeps the state of `count` parameters only (the part its owner updates, as
+  // the engine's sharded state its rank's pieces); update_piece updates parameters [offset, +
+  // count) from the gradients at `grads` with the state's [state_offset, + count), and update_at
+  // the same for `count` parameters kept elsewhere (at `params`, no bf16 copy).
+  void resize_optimizer(size_t count);
   void update_piece(size_t offset, const float* grads, size_t state_offset, size_t count,
                     const OptStep* steps, const int* counter, cudaStream_t stream);
+  void update_at(float* params, const float* grads, size_t state_offset, size_t count,
+                 const OptStep* steps, const int* counter, cudaStream_t stream);
   DeviceOptimizer& optimizer() const { return *optimizer_; }
   // The bf16 copy made again from the float32 parameters on `stream`, without waiting (none
   // without bf16).
@@ -110,10 +108,9 @@ class DeviceParameters {
   std::vector<DeviceBuffer<float>> ring_slots_;
   std::unique_ptr<DeviceOptimizer> optimizer_;
   DeviceBuffer<uint16_t> params16_;
-  // --zero 3: the rank's pieces, the layers' (offset, count) and the two gather slots.
-  DeviceBuffer<float> shard_;
+  // Once placed: the layers' (offset, count) and their slots.
   std::vector<std::pair<size_t, size_t>> layers_;
-  std::vector<DeviceBuffer<float>> slots_;  // --zero 3's gather slots
+  std::vector<DeviceBuffer<float>> slots_;
   std::vector<DeviceBuffer<uint16_t>> slots16_;
 };
 

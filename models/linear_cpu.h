@@ -10,9 +10,9 @@
 
 namespace ddp {
 
-// Where a layer's parameters are when the stage does not hold them (ZeRO 3: gathered from
-// every rank's pieces for each use and dropped after). acquire(layer) returns the layer's
-// weight then its bias (LayerSlice's order), valid until release(layer).
+// Where a layer's parameters are when the stage does not hold them (its owner's: the engine's
+// gradient sync gathers them for each use and drops them after). acquire(layer) returns the
+// layer's weight then its bias (LayerSlice's order), valid until release(layer).
 class LayerParams {
  public:
   virtual ~LayerParams() = default;
@@ -45,8 +45,8 @@ class CpuLinear {
     source_ = source;
     layer_ = layer;
   }
-  // From now on the weight and bias gradients are written at `weight` and `bias` (ZeRO's
-  // gradient ring: the slot of the layer's bucket).
+  // From now on the weight and bias gradients are written at `weight` and `bias` (a gradient
+  // ring's slot, where its owner keeps them).
   void set_grads(float* weight, float* bias) {
     grad_weight_ = weight;
     grad_bias_ = bias;

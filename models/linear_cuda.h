@@ -70,7 +70,7 @@ class CudaLinear {
   // products without their fused epilogues, for autotuning.
   void build(int slot, int batch, bool alternatives);
   bool built(int slot, int batch) const { return plans_.count({slot, batch}) > 0; }
-  // Every plan dropped (the parameters moved: --zero 3's gather slots); built again on use.
+  // Every plan dropped (the parameters moved: placed layers' slots); built again on use.
   void clear_plans() { plans_.clear(); }
   void forward(int slot, int batch) const;
   // Weight and bias gradients over (or, with `accumulate`, added to) the stage's gradients.

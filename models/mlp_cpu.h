@@ -53,11 +53,11 @@ class CpuStage : public StageLayers {
   size_t activation_bytes() const;
   // Forwards run again for backward (recompute) so far.
   int64_t recomputed() const { return recomputed_; }
-  // From now on every layer reads its parameters from `source` for each use (ZeRO 3), not
-  // from params(), which may then be freed by its owner.
+  // From now on every layer reads its parameters from `source` for each use, not from
+  // params(), which may then be freed by its owner.
   void set_params_source(LayerParams* source);
   // From now on every layer writes its gradients at grad_at(offset) for its parameters'
-  // offsets in the stage's flat layout (ZeRO's gradient ring), not in grads().
+  // offsets in the stage's flat layout (a gradient ring's slots), not in grads().
   void set_grads(const std::function<float*(size_t offset)>& grad_at);
 
   // Runs the stage's layers on x[batch, in_width()] into slot `slot`; returns the output

@@ -53,7 +53,7 @@ struct CudaStageOptions {
   // backward_input / backward_weight (zero-bubble schedules): every slot keeps each layer's
   // output gradient until its weight half (else two buffers serve every slot's backward).
   bool split_backward = false;
-  // --zero 2: the gradients in a ring of bucket slots instead of one buffer.
+  // The gradients in a ring of slots instead of one buffer (GradientRing; the owner decides).
   GradientRing gradient_ring;
   // --recompute (activation checkpointing): the layers' outputs but the stage's last live in
   // one working set, of the slot forwarded last; backward (or a half) of another slot first
@@ -90,7 +90,7 @@ class CudaStage : public StageLayers {
   size_t act_bytes() const { return bf16() ? 2 : 4; }
   float* params() const { return weights_->params(); }
   float* grads() const { return weights_->grads(); }
-  // The flat buffers and their optimizer (--zero shards its state through it).
+  // The flat buffers and their optimizer (whose state its owner may cut to a part).
   DeviceParameters& weights() const { return *weights_; }
 
   // Host copies of the stage's parameters (synchronous); set_params also makes the bf16 copy.
@@ -157,10 +157,10 @@ class CudaStage : public StageLayers {
   void optimizer_range(size_t offset, size_t count, const OptStep* steps, const int* counter,
                        cudaStream_t stream);
 
-  // --zero 3: `acquire(layer, next)` is called (host, in stream order) before each use of a
-  // layer's parameters (its forward, its input gradient), `next` being the layer this pass
-  // uses next (-1: none), so that the caller gathers them (and may prefetch the next); the
-  // plans are made again, on the parameters' new place.
+  // `acquire(layer, next)` is called (host, in stream order) before each use of a layer's
+  // parameters (its forward, its input gradient), `next` being the layer this pass uses next
+  // (-1: none), so that the caller fills the layer's slot (DeviceParameters::place_layers) and
+  // may start on the next; the plans are made again, on the parameters' new place.
   void set_layer_hook(std::function<void(int layer, int next)> acquire);
   // Forwards run again for a backward (--recompute) so far.
   int64_t recomputed() const { return recomputed_; }
@@ -215,7 +215,7 @@ class CudaStage : public StageLayers {
   std::vector<std::unique_ptr<CudaLinear>> layers_;  // their plans go before the handle
   std::unique_ptr<DeviceLossSums> sums_;             // the loss's sums, training and evaluation
   TuneResult tuned_;
-  std::function<void(int, int)> acquire_;  // --zero 3's gathers
+  std::function<void(int, int)> acquire_;  // fills a placed layer's slot before its use
   // Before layer i's parameters are read, in a pass that goes up (forward) or down.
   void acquire(int i, bool up) const {
     if (acquire_) acquire_(i, up ? (i + 1 < end_ ? i + 1 : -1) : (i > first_ ? i - 1 : -1));

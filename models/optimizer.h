@@ -58,8 +58,8 @@ class Optimizer {
   virtual ~Optimizer() = default;
   // One update of params[count] from grads[count] with learning rate lr.
   virtual void step(float* params, const float* grads, size_t count, float lr) = 0;
-  // One update (one step of the count) of the pieces of `params` (--zero: the rank's pieces
-  // of the whole buffer); elementwise, so bitwise step() over the same elements.
+  // One update (one step of the count) of the pieces of `params` (a sharded state: its rank's
+  // pieces of the whole buffer); elementwise, so bitwise step() over the same elements.
   virtual void step_pieces(float* params, const std::vector<OptimizerPiece>& pieces, float lr) = 0;
   // Named state buffers (for checkpoints): SGD "momentum", AdamW "exp_avg", "exp_avg_sq".
   virtual std::vector<std::pair<std::string, std::vector<float>*>> state() = 0;

@@ -6,6 +6,7 @@
 #include "models/safetensors.h"
 
 #include "engine/runners/stage_runner.h"
+#include "engine/sync/gradient_ring.h"
 #include "runtime/error.h"
 
 namespace ddp {
@@ -100,9 +101,8 @@ std::vector<float> initial_weights(const TrainConfig& config, const MlpShape& sh
 }
 
 DdpOptions stage_ddp_options(const TrainConfig& config) {
-  // --zero 3 gathers a layer's parameters at a time: a bucket a layer.
-  return config.zero == 3 ? DdpOptions{1e-12, 0, config.overlap}
-                          : DdpOptions{config.bucket_mb, config.first_bucket_mb, config.overlap};
+  return sync_bucket_options(config.zero,
+                             DdpOptions{config.bucket_mb, config.first_bucket_mb, config.overlap});
 }
 
 }  // namespace ddp

@@ -8,6 +8,10 @@
 
 namespace ddp {
 
+DdpOptions sync_bucket_options(int zero, const DdpOptions& asked) {
+  return zero == 3 ? DdpOptions{1e-12, 0, asked.overlap} : asked;
+}
+
 bool gradient_ring_applies(const RingLayout& layout) {
   return layout.zero >= 2 && gradient_ring_applies(layout.stages_on_rank, layout.micro_batches,
                                                    layout.overlap, layout.replicas);

@@ -41,6 +41,10 @@ bool gradient_ring_applies(const RingLayout& layout);
 size_t gradient_ring_slot(const std::vector<Bucket>& buckets, int ranks, size_t align,
                           size_t param_count);
 
+// The buckets gradient sync cuts at --zero `zero` from those `asked` (the flags'): --zero 3
+// gathers a layer's parameters at a time, so a bucket a layer.
+DdpOptions sync_bucket_options(int zero, const DdpOptions& asked);
+
 // --zero 3: the bucket of each of `layers` (the rank's layers as spans of its flat buffer, in
 // order), one bucket a layer; throws ddp::Error when a bucket is not exactly one layer.
 std::vector<size_t> layer_buckets(const std::vector<Bucket>& buckets,

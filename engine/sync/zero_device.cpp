@@ -61,7 +61,7 @@ DeviceZero::DeviceZero(Ddp& ddp, const RingLayout& layout, DeviceParameters& wei
   }
   shards_ = std::make_unique<ShardedBuckets>(ddp, level_, &memory);
   shards_->set_gather_comm(gathers);
-  weights.shard_optimizer(shards_->plan().shard_count);
+  weights.resize_optimizer(shards_->plan().shard_count);
   // The gathers' communicator (where apart) starts after the compute stream's work, too.
   shards_->gather_comm().set_compute_stream(stream);
   const size_t param_count = weights.count();
@@ -79,13 +79,20 @@ DeviceZero::DeviceZero(Ddp& ddp, const RingLayout& layout, DeviceParameters& wei
     for (const auto& [offset, count] : layers)
       spans.push_back({offset, count});
     bucket_of_layer_ = layer_buckets(buckets, spans);
+    // This rank's pieces (the padding zero) copied out of the whole parameters, which the
+    // layers' slots then replace.
+    pieces_ = DeviceBuffer<float>(plan.shard_count, MemoryCategory::kParameters);
+    DDP_CUDA_CHECK(cudaMemsetAsync(pieces_.data(), 0, pieces_.bytes(), stream));
     size_t slot = 0;
-    std::vector<DeviceParameters::Piece> pieces;
     for (size_t b = 0; b < buckets.size(); ++b) {
-      slot = std::max(slot, plan.parts[b].piece * static_cast<size_t>(plan.ranks));
-      pieces.push_back({plan.parts[b].offset, plan.parts[b].shard_at, plan.parts[b].count});
+      const ShardPart& p = plan.parts[b];
+      slot = std::max(slot, p.piece * static_cast<size_t>(plan.ranks));
+      DDP_CHECK(p.offset + p.count <= param_count && p.shard_at + p.count <= plan.shard_count,
+                "--zero 3: piece {}+{} -> {} out of range", p.offset, p.count, p.shard_at);
+      DDP_CUDA_CHECK(cudaMemcpyAsync(pieces_.data() + p.shard_at, weights.params() + p.offset,
+                                     p.count * sizeof(float), cudaMemcpyDeviceToDevice, stream));
     }
-    weights.shard_parameters(layers, pieces, plan.shard_count, slot, ahead + 1);
+    weights.place_layers(layers, slot, ahead + 1);
     gathering_.resize(layers.size());
     gathers_ = std::make_unique<LayerGathers>(static_cast<int>(layers.size()), ahead);
     for (size_t s = 0; s < stage_layers.size(); ++s)
@@ -164,7 +171,7 @@ void DeviceZero::carry_out(const std::vector<LayerGathers::Action>& actions) {
   for (const LayerGathers::Action& a : actions) {
     std::unique_ptr<Work>& work = gathering_[a.layer];
     if (a.kind == LayerGathers::Kind::kGather) {
-      work = shards_->gather_bucket_async(bucket_of_layer_[a.layer], weights_.shard_params(),
+      work = shards_->gather_bucket_async(bucket_of_layer_[a.layer], pieces_.data(),
                                           weights_.layer_slot(a.layer));
       if (on_gather_) on_gather_(a.layer, *work);
       continue;
@@ -179,7 +186,11 @@ void DeviceZero::step(const OptStep* steps, const int* counter) {
   const ShardPlan& plan = shards_->plan();
   for (size_t b = 0; b < plan.parts.size(); ++b) {
     const ShardPart& p = plan.parts[b];
-    if (p.count > 0)
+    if (p.count == 0) continue;
+    if (level_ == 3)  // the pieces are the parameters
+      weights_.update_at(pieces_.data() + p.shard_at, shards_->reduced_piece(b), p.shard_at,
+                         p.count, steps, counter, stream_);
+    else
       weights_.update_piece(p.offset, shards_->reduced_piece(b), p.shard_at, p.count, steps,
                             counter, stream_);
   }
@@ -197,7 +208,7 @@ std::vector<float> DeviceZero::params(size_t count) {
   // Every rank's pieces gathered (collective over the data-parallel group).
   forget_gathers();
   DeviceBuffer<float> whole(count, MemoryCategory::kOther);
-  shards_->gather_shards(weights_.shard_params(), whole.data(), stream_);
+  shards_->gather_shards(pieces_.data(), whole.data(), stream_);
   DDP_CUDA_CHECK(
       cudaMemcpyAsync(host.data(), whole.data(), whole.bytes(), cudaMemcpyDeviceToHost, stream_));
   wait();
@@ -209,7 +220,7 @@ void DeviceZero::set_params(const float* host) {
   std::vector<float> mine(shards_->plan().shard_count);  // this rank's pieces
   shards_->take_shard(host, mine.data());
   forget_gathers();
-  DDP_CUDA_CHECK(cudaMemcpyAsync(weights_.shard_params(), mine.data(), mine.size() * sizeof(float),
+  DDP_CUDA_CHECK(cudaMemcpyAsync(pieces_.data(), mine.data(), mine.size() * sizeof(float),
                                  cudaMemcpyHostToDevice, stream_));
   DDP_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }

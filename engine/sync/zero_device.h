@@ -99,6 +99,7 @@ class DeviceZero final : public DeviceState {
   std::function<void()> wait_;
   std::function<void(int, Work&)> on_gather_;
   std::vector<DeviceBuffer<float>> buffers_;      // its padded buckets' copies
+  DeviceBuffer<float> pieces_;                    // --zero 3: this rank's pieces of the parameters
   std::unique_ptr<ShardedBuckets> shards_;        // the pieces, reduce-scatters, gathers
   std::vector<size_t> bucket_of_layer_;           // --zero 3: the rank's layer i -> its bucket
   std::vector<int> stage_of_layer_;               // and -> its stage among the rank's
