@@ -156,14 +156,18 @@ void Ddp::end_backward() {
     issue(next_bucket_++);
 }
 
-void Ddp::finish(void* stream) {
-  for (auto& work : pending_) {
-    if (comm_.device_buffers())
+void wait_all(std::vector<std::unique_ptr<Work>>& works, Communicator& comm, void* stream) {
+  for (auto& work : works) {
+    if (comm.device_buffers())
       work->then_on(stream);
     else
-      work->wait(comm_.timeout());
+      work->wait(comm.timeout());
   }
-  pending_.clear();
+  works.clear();
+}
+
+void Ddp::finish(void* stream) {
+  wait_all(pending_, comm_, stream);
   record({"allreduce_waited", -1, -1});
 }
 

@@ -43,6 +43,10 @@ class BucketReduction {
   virtual bool keeps_gradients() const = 0;
 };
 
+// Each of `works` (collectives over `comm`) waited for on the host, bounded by its timeout, or
+// (device communicators) made `stream` wait; then none left.
+void wait_all(std::vector<std::unique_ptr<Work>>& works, Communicator& comm, void* stream);
+
 // Data parallelism over a communicator (the top of this file): one per model replica group.
 class Ddp {
  public:

@@ -23,6 +23,10 @@ class HostState {
  public:
   virtual ~HostState() = default;
 
+  // The optimizer over what the strategy updates (every parameter, or this rank's pieces).
+  Optimizer& optimizer() { return *optimizer_; }
+  const Optimizer& optimizer() const { return *optimizer_; }
+
   // Where backward writes the gradient of element `offset` of the flat layout, where the
   // strategy keeps them apart from the runner's buffer (empty: in the buffer).
   virtual std::function<float*(size_t offset)> gradient_home() = 0;
@@ -34,8 +38,6 @@ class HostState {
   virtual bool kept_grads_nonfinite() const = 0;
   // The step's update at `lr`, after the gradients are reduced.
   virtual void step(float lr) = 0;
-  virtual Optimizer& optimizer() = 0;
-  virtual const Optimizer& optimizer() const = 0;
 
   // Host copies (collectives over the group where sharded): the whole parameters (`count`,
   // the rank's flat layout) and the optimizer's state; and both set from whole copies.
@@ -53,6 +55,11 @@ class HostState {
                                     const std::function<std::string(size_t)>& size) const = 0;
   virtual size_t param_floats() const = 0;
   virtual size_t grad_floats() const = 0;
+
+ protected:
+  explicit HostState(std::unique_ptr<Optimizer> optimizer) : optimizer_(std::move(optimizer)) {}
+  void set_optimizer(std::unique_ptr<Optimizer> optimizer) { optimizer_ = std::move(optimizer); }
+  std::unique_ptr<Optimizer> optimizer_;
 };
 
 // The whole state in the runner's buffers `params` and `grads` (kept by the caller), updated by
@@ -61,14 +68,12 @@ class HostWhole final : public HostState {
  public:
   HostWhole(std::vector<float>& params, std::vector<float>& grads,
             std::unique_ptr<Optimizer> optimizer)
-      : params_(params), grads_(grads), optimizer_(std::move(optimizer)) {}
+      : HostState(std::move(optimizer)), params_(params), grads_(grads) {}
 
   std::function<float*(size_t)> gradient_home() override { return {}; }
   LayerParams* layer_params() override { return nullptr; }
   bool kept_grads_nonfinite() const override { return false; }  // it keeps none apart
   void step(float lr) override;
-  Optimizer& optimizer() override { return *optimizer_; }
-  const Optimizer& optimizer() const override { return *optimizer_; }
   std::vector<float> params(size_t count) override;
   void set_params(const float* host) override;
   NamedState optimizer_state(size_t count) override;
@@ -83,7 +88,6 @@ class HostWhole final : public HostState {
  private:
   std::vector<float>& params_;
   std::vector<float>& grads_;
-  std::unique_ptr<Optimizer> optimizer_;
 };
 
 }  // namespace ddp

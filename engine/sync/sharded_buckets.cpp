@@ -94,16 +94,6 @@ void ShardedBuckets::copy(float* dst, const float* src, size_t floats) {
     std::copy_n(src, floats, dst);
 }
 
-void ShardedBuckets::wait_all(std::vector<std::unique_ptr<Work>>& works, void* stream) {
-  for (auto& work : works) {
-    if (comm_.device_buffers())
-      work->then_on(stream);
-    else
-      work->wait(comm_.timeout());
-  }
-  works.clear();
-}
-
 std::unique_ptr<Work> ShardedBuckets::reduce(size_t bucket, float* grads) {
   const Bucket& b = ddp_.buckets()[bucket];
   // The bucket (or its padded copy) reduce-scattered into this rank's averaged piece: on
@@ -159,7 +149,7 @@ void ShardedBuckets::gather_shards(const float* shard, float* full, void* stream
         comm_.all_gather_async(shard + p.shard_at, into, p.piece, DataType::kFloat32));
     if (ringed() && padded(b)) copy_back(b, full, gathers, stream);  // its slot is shared
   }
-  wait_all(gathers, stream);
+  wait_all(gathers, comm_, stream);
   if (!ringed())
     for (size_t b = 0; b < plan_.parts.size(); ++b)
       if (padded(b)) copy_back(b, full, gathers, stream);
@@ -185,7 +175,7 @@ void ShardedBuckets::gather_in_place(float* full, void* stream) {
     gathers.push_back(comm_.all_gather_async(send, into, p.piece, DataType::kFloat32));
     if (ringed() && padded(b)) copy_back(b, full, gathers, stream);  // its slot is shared
   }
-  wait_all(gathers, stream);
+  wait_all(gathers, comm_, stream);
   if (!ringed())
     for (size_t b = 0; b < plan_.parts.size(); ++b)
       if (padded(b)) copy_back(b, full, gathers, stream);
@@ -203,7 +193,7 @@ std::unique_ptr<Work> ShardedBuckets::gather_bucket_async(size_t b, const float*
 
 void ShardedBuckets::copy_back(size_t b, float* full, std::vector<std::unique_ptr<Work>>& gathers,
                                void* stream) {
-  wait_all(gathers, stream);
+  wait_all(gathers, comm_, stream);
   copy(full + plan_.parts[b].bucket_offset, bucket_scratch_[b], plan_.parts[b].bucket_count);
 }
 

@@ -104,8 +104,6 @@ class ShardedBuckets final : public BucketReduction {
   void copy(float* dst, const float* src, size_t floats);  // host, or the device's (in order)
   // `gathers` waited for, then padded bucket b's gathered copy into `full`.
   void copy_back(size_t b, float* full, std::vector<std::unique_ptr<Work>>& gathers, void* stream);
-  // Each of `works` waited for (host) or made `stream` wait (device); then none left.
-  void wait_all(std::vector<std::unique_ptr<Work>>& works, void* stream);
 
   Ddp& ddp_;
   Communicator& comm_;

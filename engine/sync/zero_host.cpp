@@ -68,7 +68,7 @@ class GatheredLayers final : public LayerParams {
 HostZero::HostZero(Ddp& ddp, const RingLayout& layout, std::vector<float>& params,
                    std::vector<float>& grads, const std::vector<std::pair<int, ParamSpan>>& layers,
                    Communicator* gathers, const OptimizerConfig& optimizer)
-    : ddp_(ddp), level_(layout.zero), params_(params), grads_(grads) {
+    : HostState(nullptr), ddp_(ddp), level_(layout.zero), params_(params), grads_(grads) {
   const int level = level_;
   const size_t count = params.size();
   RingLayout ring = layout;
@@ -94,7 +94,7 @@ HostZero::HostZero(Ddp& ddp, const RingLayout& layout, std::vector<float>& param
   }
   shards_ = std::make_unique<ShardedBuckets>(ddp, level, ringed() ? &ring_memory_ : nullptr);
   shards_->set_gather_comm(gathers);
-  optimizer_ = make_optimizer(optimizer, shards_->plan().shard_count);
+  set_optimizer(make_optimizer(optimizer, shards_->plan().shard_count));  // over the pieces
   if (ringed()) grads_ = {};  // backward writes into the slots; the whole buffer goes
   if (level < 3) return;
   // The parameters become this rank's pieces, and every layer reads its whole parameters from

@@ -52,8 +52,6 @@ class HostZero final : public HostState {
   // The update of this rank's pieces at `lr`; then (1, 2) every rank's pieces gathered into the
   // whole parameters.
   void step(float lr) override;
-  Optimizer& optimizer() override { return *optimizer_; }
-  const Optimizer& optimizer() const override { return *optimizer_; }
   // Level 3, collective: the whole parameters (`count`, the rank's flat layout); and this
   // rank's pieces set from a whole host copy. Below, the runner's buffer.
   std::vector<float> params(size_t count) override;
@@ -83,7 +81,6 @@ class HostZero final : public HostState {
   int level_;
   std::vector<float>& params_;  // the runner's buffers (level 3: the parameters freed)
   std::vector<float>& grads_;
-  std::unique_ptr<Optimizer> optimizer_;  // over this rank's pieces
   // The gradients in kGradientRingSlots bucket slots (bucket b in slot b % slots, each written
   // again only after its reduce-scatter, which layer_done waits for) and the averaged pieces,
   // as on the GPU.
