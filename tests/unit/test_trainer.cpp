@@ -180,6 +180,63 @@ TEST(DdpMisuse, HooksOutOfOrderOrOutOfRangeSayWhatToCall) {
             std::string::npos);
 }
 
+// A bucket reduction of one's own in place of the averaging all-reduce (as c10d's
+// communication hooks): Ddp starts it for each bucket as backward completes it, in order, waits
+// for its Work in finish(), and names it in its record; null gives the all-reduce back. A
+// reduction that keeps the gradients itself lets backward pass no flat buffer.
+TEST(DdpBucketReduction, RunsInPlaceOfTheAllReduceForEachBucketInOrder) {
+  ProcessEnv env;
+  CommConfig config;
+  std::unique_ptr<Communicator> comm = make_communicator(config, env, nullptr);
+  // Three layers of 4, 2 and 3 elements, a bucket each (last layers first).
+  Ddp ddp(*comm, {{0, 4}, {4, 2}, {6, 3}}, 1, 1, true);
+  ASSERT_EQ(ddp.buckets().size(), 3u);
+  struct Doubling final : BucketReduction {
+    Communicator& comm;
+    const Ddp& ddp;
+    std::vector<size_t> asked;
+    bool keeps = false;
+    Doubling(Communicator& c, const Ddp& d) : comm(c), ddp(d) {}
+    std::unique_ptr<Work> reduce(size_t bucket, float* grads) override {
+      asked.push_back(bucket);
+      const Bucket& b = ddp.buckets()[bucket];
+      for (size_t i = 0; i < b.count; ++i)
+        grads[b.offset + i] *= 2;
+      return comm.all_reduce_async(grads + b.offset, b.count, DataType::kFloat32,
+                                   ReduceOp::kAverage);
+    }
+    const char* issued_event() const override { return "doubled_issued"; }
+    bool keeps_gradients() const override { return keeps; }
+  } doubling(*comm, ddp);
+  std::vector<float> grads(9, 1.0f);
+  const auto step = [&] {
+    ddp.record_events(true);
+    ddp.begin_backward(grads.data());
+    for (int layer = 2; layer >= 0; --layer)
+      ddp.layer_done(layer);
+    ddp.end_backward();
+    ddp.finish(nullptr);
+  };
+  ddp.set_reduction(&doubling);
+  step();
+  EXPECT_EQ(doubling.asked, (std::vector<size_t>{0, 1, 2}));
+  EXPECT_EQ(grads, std::vector<float>(9, 2.0f));  // each bucket once, through the hook
+  int issued = 0;
+  for (const DdpEvent& e : ddp.events()) {
+    EXPECT_NE(e.what, "allreduce_issued");
+    issued += e.what == "doubled_issued";
+  }
+  EXPECT_EQ(issued, 3);
+  ddp.set_reduction(nullptr);  // the averaging all-reduce again: one rank leaves them be
+  step();
+  EXPECT_EQ(doubling.asked.size(), 3u);
+  EXPECT_EQ(grads, std::vector<float>(9, 2.0f));
+  EXPECT_THROW(ddp.begin_backward(nullptr), UsageError);
+  doubling.keeps = true;
+  ddp.set_reduction(&doubling);
+  EXPECT_NO_THROW(ddp.begin_backward(nullptr));
+}
+
 }  // namespace
 }  // namespace ddp
 
