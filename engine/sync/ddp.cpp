@@ -27,9 +27,10 @@ std::string broadcast_text(Communicator& comm, const std::string& text, int root
   int64_t length = static_cast<int64_t>(text.size());
   comm.broadcast(&length, 1, DataType::kInt64, root);
   // As 32-bit words (the communicators move numbers), padded.
-  const size_t words = (static_cast<size_t>(length) + 3) / 4;
+  constexpr size_t kWord = sizeof(int32_t);
+  const size_t words = (static_cast<size_t>(length) + kWord - 1) / kWord;
   std::string out = comm.rank() == root ? text : std::string();
-  out.resize(words * 4, '\0');
+  out.resize(words * kWord, '\0');
   if (words > 0) comm.broadcast(out.data(), words, DataType::kInt32, root);
   out.resize(static_cast<size_t>(length));
   return out;
