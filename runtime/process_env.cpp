@@ -60,6 +60,12 @@ ProcessEnv ProcessEnv::detect(const Lookup& lookup) {
                                                : read_int(lookup, "MASTER_PORT", 0);
     env.rank_prefixed = lookup("DDP_STORE_PORT").has_value();
     env.store_token = lookup("DDP_STORE_TOKEN").value_or("");
+    if (!lookup("DDP_STORE_PORT") && lookup("TORCHELASTIC_RUN_ID")) {
+      env.torch_store = true;
+      env.torch2_store = lookup("TORCH_NCCL_ASYNC_ERROR_HANDLING").has_value();
+      env.torch_rank0_store = lookup("TORCHELASTIC_USE_AGENT_STORE").value_or("True") != "True";
+      env.restart_count = read_int(lookup, "TORCHELASTIC_RESTART_COUNT", 0);
+    }
     if (const auto launched = lookup("DDP_LAUNCH_TIME_MS"))
       env.launch_time_ms = parse_number<double>(*launched).value_or(0.0);
   } else if (lookup("OMPI_COMM_WORLD_RANK")) {

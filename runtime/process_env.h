@@ -27,6 +27,13 @@ struct ProcessEnv {
   std::string master_addr;  // the store: DDP_STORE_ADDR (ddprun), else MASTER_ADDR; empty: none
   int master_port = 0;      // the store's port; 0: none
   std::string store_token;  // ddprun's job token for the store
+  // torchrun (TORCHELASTIC_RUN_ID, no DDP_STORE_PORT): the store at MASTER_ADDR:MASTER_PORT is
+  // its agent's, PyTorch's TCPStore (runtime/store.h, StoreProtocol::kTorch); `torch2_store`:
+  // the agent is PyTorch 2.x's, as far as its environment says (TORCH_NCCL_ASYNC_ERROR_HANDLING).
+  bool torch_store = false;
+  bool torch2_store = false;
+  // torchrun with TORCHELASTIC_USE_AGENT_STORE=False: rank 0 is to serve the store itself.
+  bool torch_rank0_store = false;
   std::string cuda_visible_devices;       // as inherited; empty when unset
   bool cuda_visible_devices_set = false;  // whether CUDA_VISIBLE_DEVICES was set at all
   double launch_time_ms =

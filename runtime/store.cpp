@@ -92,12 +92,14 @@ std::string StoreClient::local_address() const {
 }
 
 void StoreClient::set(const std::string& key, const std::string& value) {
+  if (torch()) return torch_set(key, value);
   MessageWriter request;
   request.u8(static_cast<uint8_t>(StoreOp::kSet)).str(key).str(value);
   round_trip(request, reply_timeout_s_);
 }
 
 std::optional<std::string> StoreClient::get(const std::string& key) {
+  if (torch()) return torch_get(key);
   MessageWriter request;
   request.u8(static_cast<uint8_t>(StoreOp::kGet)).str(key);
   const std::string reply = round_trip(request, reply_timeout_s_);
@@ -116,6 +118,7 @@ std::vector<std::string> StoreClient::missing(const std::vector<std::string>& ke
 }
 
 void StoreClient::wait(const std::vector<std::string>& keys, double timeout_s) {
+  if (torch()) return torch_wait(keys, timeout_s);
   MessageWriter request;
   request.u8(static_cast<uint8_t>(StoreOp::kWait)).u32(static_cast<uint32_t>(keys.size()));
   for (const std::string& key : keys)
@@ -147,6 +150,7 @@ std::string StoreClient::wait_get(const std::string& key, double timeout_s) {
 }
 
 int64_t StoreClient::add(const std::string& key, int64_t delta) {
+  if (torch()) return torch_add(key, delta);
   MessageWriter request;
   request.u8(static_cast<uint8_t>(StoreOp::kAdd)).str(key).i64(delta);
   const std::string reply = round_trip(request, reply_timeout_s_);
@@ -158,6 +162,7 @@ int64_t StoreClient::add(const std::string& key, int64_t delta) {
 }
 
 bool StoreClient::remove(const std::string& key) {
+  if (torch()) return torch_remove(key);
   MessageWriter request;
   request.u8(static_cast<uint8_t>(StoreOp::kDelete)).str(key);
   MessageReader reader(round_trip(request, reply_timeout_s_));

@@ -38,6 +38,11 @@ enum class StoreStatus : uint8_t {
   kVersion = 5,       // the hello's protocol version is not the store's: + u32 the store's
 };
 
+// Which protocol the store speaks: ddp's own (ddprun's and srun's: a token first, then the
+// requests above), or PyTorch's TCPStore (torchrun's agent store: PyTorch 1.13's query
+// numbers or 2.x's, which open with a validate query; which one is found by asking).
+enum class StoreProtocol { kDdp, kTorch };
+
 // A connection to the launcher's rendezvous store (the top of this file).
 class StoreClient {
  public:
@@ -46,6 +51,16 @@ class StoreClient {
   // its own timeout plus that), and ConnectionClosed when the server has gone.
   StoreClient(const std::string& host, int port, const std::string& token,
               double connect_timeout_s = 30.0, double reply_timeout_s = 40.0);
+  // A client of PyTorch's TCPStore (`protocol` kTorch) at host:port: no token; every key this
+  // process sets or reads is `key_prefix` + its name, so that a torchrun agent's own keys and
+  // an earlier attempt's stay apart. `torch2_first`: try 2.x's protocol first (a wrong guess
+  // costs a few seconds). A store that speaks neither is a ddp::Error saying so.
+  StoreClient(StoreProtocol protocol, const std::string& host, int port,
+              const std::string& key_prefix, bool torch2_first, double connect_timeout_s = 30.0,
+              double reply_timeout_s = 40.0);
+  // The protocol it speaks, and (kTorch) whether PyTorch 2.x's.
+  StoreProtocol protocol() const { return protocol_; }
+  bool torch2() const { return torch2_; }
 
   // Sets key to value (every waiter on it returns).
   void set(const std::string& key, const std::string& value);
@@ -78,8 +93,27 @@ class StoreClient {
 
  private:
   std::string round_trip(const MessageWriter& request, double reply_within_s);
+  // PyTorch's TCPStore (runtime/store_torch.cpp): one query's bytes, then a reply of
+  // `reply_bytes` (0: none) or, `sized`, a u64 length and that many bytes.
+  std::string torch_query(uint8_t type, const std::string& fields, size_t reply_bytes, bool sized,
+                          double reply_within_s);
+  // Whether the store answers PyTorch 2.x's protocol (`torch2`) or 1.13's within `within_s`,
+  // on a connection of its own made here.
+  bool torch_probe(const std::string& host, int port, bool torch2, double within_s);
+  uint8_t torch_type(uint8_t v113) const;  // 1.13's query number in this store's numbering
+  bool torch_ready(const std::vector<std::string>& keys);
+  void torch_set(const std::string& key, const std::string& value);
+  std::optional<std::string> torch_get(const std::string& key);
+  void torch_wait(const std::vector<std::string>& keys, double timeout_s);
+  int64_t torch_add(const std::string& key, int64_t delta);
+  bool torch_remove(const std::string& key);
+  bool torch() const { return protocol_ == StoreProtocol::kTorch; }
+  std::string torch_key(const std::string& key) const { return key_prefix_ + key; }
 
   std::string address_;
+  StoreProtocol protocol_ = StoreProtocol::kDdp;
+  bool torch2_ = false;
+  std::string key_prefix_;
   std::atomic<double> reply_timeout_s_;
   std::atomic<bool> interrupted_{false};
   UniqueFd fd_;

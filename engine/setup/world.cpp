@@ -93,7 +93,16 @@ World init(const InitOptions& options, ProcessEnv env) {
     world.device_ = std::make_unique<DeviceInfo>(bind_device(e, {options.bind_retries, 0.5}));
     if (options.on_device) options.on_device(world);
   }
-  if (!e.master_addr.empty() && e.master_port > 0)
+  DDP_USAGE_CHECK(!e.torch_rank0_store,
+                  "torchrun with TORCHELASTIC_USE_AGENT_STORE=False: ddp::init joins through "
+                  "torchrun's agent store only; start the job with ddprun (the same command "
+                  "line), or torchrun's static rendezvous");
+  if (e.torch_store && e.master_port > 0)
+    // torchrun's agent store, PyTorch's TCPStore; this attempt's keys apart from the agent's.
+    world.store_ = std::make_shared<StoreClient>(
+        StoreProtocol::kTorch, e.master_addr, e.master_port,
+        fmt::format("ddp/attempt_{}/", e.restart_count), e.torch2_store);
+  else if (!e.master_addr.empty() && e.master_port > 0)
     world.store_ = std::make_shared<StoreClient>(e.master_addr, e.master_port, e.store_token);
   if (world.store_ && world.device_) check_unique_gpus(*world.store_, e, *world.device_, 60.0);
   if (e.world_size > 1 || options.backend != Backend::kAuto || options.communicator_alone) {

@@ -1,6 +1,6 @@
 // ddp as a library: the README's short example (ddp::init, Ddp) equals one process with 2
-// and 3 ranks, under ddprun and under srun without it; a layout check of one's own model names the
-// first difference on every rank.
+// and 3 ranks, under ddprun, under srun without it and under torchrun; a layout check of one's own
+// model names the first difference on every rank.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -66,6 +66,28 @@ TEST(Library, UnderSrunWithoutDdprunRankZeroServesTheStore) {
   const std::vector<double> reference = weights(one.output), w = weights(r.output);
   for (int i = 0; i < 3; ++i)
     EXPECT_NEAR(w[i], reference[i], 1e-5 * (1 + std::abs(reference[i]))) << r.output;
+}
+
+// Under torchrun (Debian's PyTorch, --no_python): ddp::init joins through its agent's store,
+// PyTorch's TCPStore, and the example's weights are ddprun's to the digit; also when the first
+// guess of the store's PyTorch version is the wrong one (TORCH_NCCL_ASYNC_ERROR_HANDLING set,
+// which 2.x's agents set: 1.13's store is then found by the second guess).
+TEST(Library, UnderTorchrunJoinsThroughItsAgentStore) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  if (run_command("/usr/bin/python3 -c 'import torch.distributed.run'").exit_code != 0)
+    GTEST_SKIP() << "no torch for /usr/bin/python3";
+  const RunResult ddprun = run_command(kDdprun + " --nproc-per-node 2 -- " + CLASSIFIER_PATH);
+  ASSERT_EQ(ddprun.exit_code, 0) << ddprun.output;
+  const std::vector<double> reference = weights(ddprun.output);
+  for (const std::string hint : {"", "TORCH_NCCL_ASYNC_ERROR_HANDLING=1 "}) {
+    const RunResult r = run_command(
+        "CUDA_VISIBLE_DEVICES= " + hint +
+        "/usr/bin/python3 -m torch.distributed.run --no_python -r 1 -t 1 --nproc_per_node 2 "
+        "--master_port " +
+        std::to_string(free_port()) + " " + CLASSIFIER_PATH);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(weights(r.output), reference) << hint << "\n" << r.output;
+  }
 }
 
 TEST(Library, ALayoutCheckNamesTheFirstDifferenceOnEveryRank) {

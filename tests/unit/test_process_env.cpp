@@ -71,6 +71,35 @@ TEST(ProcessEnv, DdprunsStoreComesFromDdpStoreVariablesAndMasterIsLeftToTheProgr
   EXPECT_EQ(env.master_port, 41000);
 }
 
+// torchrun (TORCHELASTIC_RUN_ID, no DDP_STORE_PORT): its agent's store is PyTorch's, the
+// version hinted by the variable 2.x's agents set, the attempt from its restart count; ddprun's
+// own variables win where both are set.
+TEST(ProcessEnv, TorchrunsAgentStoreIsPyTorchs) {
+  std::map<std::string, std::string> vars = {{"RANK", "1"},
+                                             {"WORLD_SIZE", "2"},
+                                             {"MASTER_ADDR", "127.0.0.1"},
+                                             {"MASTER_PORT", "29500"},
+                                             {"TORCHELASTIC_RUN_ID", "none"},
+                                             {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+                                             {"TORCHELASTIC_RESTART_COUNT", "3"},
+                                             {"NCCL_ASYNC_ERROR_HANDLING", "1"}};
+  ProcessEnv env = detect_from(vars);
+  EXPECT_TRUE(env.torch_store);
+  EXPECT_FALSE(env.torch2_store);
+  EXPECT_FALSE(env.torch_rank0_store);
+  EXPECT_EQ(env.restart_count, 3);
+  EXPECT_EQ(env.master_port, 29500);
+  vars["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1";
+  EXPECT_TRUE(detect_from(vars).torch2_store);
+  vars["TORCHELASTIC_USE_AGENT_STORE"] = "False";
+  EXPECT_TRUE(detect_from(vars).torch_rank0_store);
+  vars["DDP_STORE_PORT"] = "41000";
+  EXPECT_FALSE(detect_from(vars).torch_store);
+  vars.erase("DDP_STORE_PORT");
+  vars.erase("TORCHELASTIC_RUN_ID");
+  EXPECT_FALSE(detect_from(vars).torch_store);
+}
+
 TEST(ProcessEnv, OpenMpiVariables) {
   const ProcessEnv env = detect_from({{"OMPI_COMM_WORLD_RANK", "1"},
                                       {"OMPI_COMM_WORLD_SIZE", "2"},

@@ -2,7 +2,11 @@
 // as captured from that client talking to torch's own server, get torch's replies; a wait
 // for a key not set yet is answered when another connection sets it; bytes may arrive one
 // at a time; PyTorch 2.x's dialect is told apart; a malformed query is refused.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <functional>
@@ -14,6 +18,7 @@
 
 #include "launcher/torch_store.h"
 #include "runtime/socket.h"
+#include "runtime/store.h"
 
 namespace ddp {
 namespace {
@@ -315,6 +320,71 @@ TEST(TorchStoreServer, SilentConnectionsMakeRoomForClientsAtTheCap) {
   ASSERT_TRUE(read_exact(speaker.get(), reply, 8, deadline));
   EXPECT_EQ(reply[0], 3);
   server.stop();
+}
+
+}  // namespace
+}  // namespace ddp
+
+namespace ddp {
+namespace {
+
+// ddp's own client of PyTorch's store (what ddp::init uses under torchrun), against the server
+// above in each dialect it guesses first: values, counters, removal, waits across clients and
+// a wait's timeout naming the keys missing, each process's keys under its prefix.
+TEST(TorchStoreClient, SpeaksBothDialectsThroughTheSameCalls) {
+  Refusals refusals;
+  TorchStoreServer server("127.0.0.1", 0, refusals.sink());
+  server.start();
+  for (const bool torch2 : {false, true}) {
+    const std::string prefix = torch2 ? "ddp/attempt_1/" : "ddp/attempt_0/";
+    StoreClient a(StoreProtocol::kTorch, "127.0.0.1", server.port(), prefix, torch2, 5.0, 5.0);
+    StoreClient b(StoreProtocol::kTorch, "127.0.0.1", server.port(), prefix, torch2, 5.0, 5.0);
+    EXPECT_EQ(a.torch2(), torch2);
+    EXPECT_EQ(a.get("k"), std::nullopt);
+    std::thread setter([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      b.set("k", std::string("v\0w", 3));
+    });
+    EXPECT_EQ(a.wait_get("k", 5.0), std::string("v\0w", 3));
+    setter.join();
+    EXPECT_EQ(a.add("n", 2), 2);
+    EXPECT_EQ(b.add("n", -5), -3);
+    EXPECT_EQ(a.missing({"k", "gone"}), std::vector<std::string>{"gone"});
+    EXPECT_TRUE(a.remove("k"));
+    EXPECT_FALSE(b.remove("k"));
+    try {
+      a.wait({"n", "never"}, 0.2);
+      ADD_FAILURE() << "the wait did not time out";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("for 1 of 2 keys: never"), std::string::npos)
+          << e.what();
+    }
+  }
+  server.stop();
+  EXPECT_TRUE(refusals.lines().empty());
+}
+
+// Something that accepts and never answers is neither dialect: said so, naming the address.
+TEST(TorchStoreClient, AListenerThatNeverAnswersIsNamed) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(fd, 8), 0);
+  socklen_t length = sizeof(addr);
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length), 0);
+  const int port = ntohs(addr.sin_port);
+  try {
+    StoreClient c(StoreProtocol::kTorch, "127.0.0.1", port, "p/", false, 5.0, 5.0);
+    ADD_FAILURE() << "a silent listener was taken for a store";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(fmt::format("127.0.0.1:{}", port)), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("neither PyTorch 1.13's nor 2.x's"), std::string::npos)
+        << e.what();
+  }
+  ::close(fd);
 }
 
 }  // namespace
