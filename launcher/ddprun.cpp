@@ -296,10 +296,22 @@ int run(int argc, char** argv, ddp::Console& console) {
                  "variable for optimal performance in your application as needed\n");
 
   std::string token = parent.count("DDP_STORE_TOKEN") ? parent["DDP_STORE_TOKEN"] : "";
-  DDP_USAGE_CHECK((config.nnodes == 1 && !config.elastic()) || !token.empty(),
-                  "--nnodes {}: set the same DDP_STORE_TOKEN on every node",
-                  config.elastic() ? fmt::format("{}:{}", config.nnodes, config.max_nodes)
-                                   : std::to_string(config.nnodes));
+  const bool several = config.nnodes > 1 || config.elastic();
+  if (several && token.empty() && config.run_id_given) {
+    // torchrun's line gives every node the same --rdzv-id and no secret: the token from it.
+    token = "rdzv-id:" + config.run_id;
+    std::fprintf(stderr,
+                 "ddprun: the store's token is derived from --rdzv-id %s, which anyone who knows "
+                 "it can give; set the same secret in DDP_STORE_TOKEN on every node for a real "
+                 "one\n",
+                 config.run_id.c_str());
+  }
+  DDP_USAGE_CHECK(!several || !token.empty(),
+                  "--nnodes {}: set the same DDP_STORE_TOKEN on every node (or give every node "
+                  "the same --rdzv-id)",
+                  config.elastic() && !config.by_arrival
+                      ? fmt::format("{}:{}", config.nnodes, config.max_nodes)
+                      : std::to_string(config.nnodes));
   if (token.empty()) token = ddp::random_token("/dev/urandom");
   if (config.elastic()) return run_elastic(config, parent, plan, token, console);
 

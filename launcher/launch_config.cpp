@@ -297,11 +297,16 @@ bool parse_launch_args(int argc, char** argv, LaunchConfig* config) {
                     "--rdzv-backend {}: expected static or c10d (ddprun serves the rendezvous "
                     "itself; no etcd)",
                     backend);
+    // torchrun's c10d rendezvous numbers the nodes as they arrive; static needs node ranks.
+    if (backend == "c10d" && c.nnodes > 1 && !result.count("node-rank")) c.by_arrival = true;
     DDP_USAGE_CHECK(c.nnodes == 1 || c.elastic() || result.count("node-rank"),
-                    "--rdzv-backend {} with --nnodes {}: give each node its --node-rank (0 on the "
-                    "node of --rdzv-endpoint); ddprun does not number nodes by their arrival",
-                    backend, c.nnodes);
+                    "--rdzv-backend static with --nnodes {}: give each node its --node-rank (0 on "
+                    "the node of --master-addr), or use --rdzv-backend c10d, which numbers the "
+                    "nodes as they join",
+                    c.nnodes);
   }
+  // --nnodes N:N without node ranks: numbered as they join, as torchrun does.
+  if (colon != std::string::npos && c.nnodes > 1 && !result.count("node-rank")) c.by_arrival = true;
   if (result.count("rdzv-endpoint") && !result.count("standalone")) {
     const std::string endpoint = result["rdzv-endpoint"].as<std::string>();
     const size_t at = endpoint.rfind(':');
@@ -312,7 +317,10 @@ bool parse_launch_args(int argc, char** argv, LaunchConfig* config) {
     DDP_USAGE_CHECK(!c.master_addr.empty(), "--rdzv-endpoint {}: expected HOST[:PORT]", endpoint);
     if (c.master_addr == "localhost") c.master_addr = "127.0.0.1";
   }
-  if (result.count("rdzv-id")) c.run_id = result["rdzv-id"].as<std::string>();
+  if (result.count("rdzv-id")) {
+    c.run_id = result["rdzv-id"].as<std::string>();
+    c.run_id_given = true;
+  }
   std::optional<double> join_timeout;  // --rdzv-conf's, unless --timeout is given
   if (result.count("rdzv-conf")) {
     const std::string conf = result["rdzv-conf"].as<std::string>();
@@ -407,9 +415,12 @@ bool parse_launch_args(int argc, char** argv, LaunchConfig* config) {
                     c.nnodes, c.max_nodes);
     if (c.torch_store) {
       c.torch_store = false;
-      c.notes.push_back(
-          "--nnodes MIN:MAX: PyTorch's store is left to the program's rank 0 in an elastic job "
-          "(MASTER_ADDR is the generation's first node)");
+      if (runs_python(c))  // a PyTorch program's note only
+        c.notes.push_back(fmt::format(
+            "--nnodes {}: PyTorch's store is left to the program's rank 0 where nodes are "
+            "numbered as they join (MASTER_ADDR is the generation's first node)",
+            c.by_arrival && c.max_nodes == c.nnodes ? std::to_string(c.nnodes)
+                                                    : fmt::format("{}:{}", c.nnodes, c.max_nodes)));
     }
   }
   validate(c);

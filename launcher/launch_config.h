@@ -20,7 +20,10 @@ struct LaunchConfig {
   // --nnodes MIN:MAX with MIN < MAX: elastic membership (launcher/elastic.h); nnodes is MIN.
   int max_nodes = 1;
   double last_call_s = 30;  // --rdzv-conf last_call_timeout: a generation's wait for more nodes
-  bool elastic() const { return max_nodes > nnodes; }
+  // Several nodes numbered in the order they join (torchrun's c10d line, or --nnodes N:N,
+  // without --node-rank): the elastic membership with MIN = MAX.
+  bool by_arrival = false;
+  bool elastic() const { return max_nodes > nnodes || by_arrival; }
   std::string master_addr = "127.0.0.1";
   int master_port = 0;  // 0: pick a free port (single node)
   std::string log_dir;  // empty: no per-rank files
@@ -34,6 +37,7 @@ struct LaunchConfig {
   double launch_time_ms = 0;         // when ddprun started (ms since the epoch); not a flag
   // torchrun's flags with the same meaning (README, "Launching PyTorch scripts").
   std::string run_id = "none";          // --rdzv-id: TORCHELASTIC_RUN_ID
+  bool run_id_given = false;            // --rdzv-id given (a store token can be derived from it)
   std::string role = "default";         // --role: ROLE_NAME
   bool module = false;                  // -m: PROGRAM is a Python module
   bool no_python = false;               // --no-python: PROGRAM runs as given, even a .py

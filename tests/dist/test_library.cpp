@@ -90,6 +90,41 @@ TEST(Library, UnderTorchrunJoinsThroughItsAgentStore) {
   }
 }
 
+// torchrun's usual multi-node line, on each "node" alike (two ddprun processes on loopback): no
+// --node-rank, no DDP_STORE_TOKEN. The nodes are numbered as they join, the store's token comes
+// from --rdzv-id (said once), and the example's weights are one process's; `--nnodes 2:2`
+// likewise. Without --rdzv-id and a token it is refused, naming both ways.
+TEST(Library, TorchrunsMultiNodeLineNumbersTheNodesAsTheyJoin) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  const RunResult one = run_command(CLASSIFIER_PATH);
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  const std::vector<double> reference = weights(one.output);
+  for (const std::string nnodes : {"2 --rdzv-backend c10d", "2:2"}) {
+    const std::string node = "env -u DDP_STORE_TOKEN " + kDdprun + " --nnodes " + nnodes +
+                             " --rdzv-endpoint 127.0.0.1:" + std::to_string(free_port()) +
+                             " --rdzv-id job1 --nproc-per-node 1 -- " + CLASSIFIER_PATH;
+    const RunResult r = run_command("{ (" + node + " 2>&1 | sed 's/^/A /') & (" + node +
+                                    " 2>&1 | sed 's/^/B /'); wait; }");
+    EXPECT_NE(r.output.find("ddprun: the store's token is derived from --rdzv-id job1"),
+              std::string::npos)
+        << r.output;
+    EXPECT_NE(r.output.find("generation 0: node 0 of 2"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("generation 0: node 1 of 2"), std::string::npos) << r.output;
+    const std::vector<double> w = weights(r.output);
+    for (int i = 0; i < 3; ++i)
+      EXPECT_NEAR(w[i], reference[i], 1e-5 * (1 + std::abs(reference[i]))) << nnodes << "\n"
+                                                                           << r.output;
+  }
+  const RunResult refused =
+      run_command("env -u DDP_STORE_TOKEN " + kDdprun +
+                  " --nnodes 2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:1 -- true");
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_NE(refused.output.find("set the same DDP_STORE_TOKEN on every node (or give every node "
+                                "the same --rdzv-id)"),
+            std::string::npos)
+      << refused.output;
+}
+
 TEST(Library, ALayoutCheckNamesTheFirstDifferenceOnEveryRank) {
   if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
   const RunResult same = run_command(kDdprun + " --nproc-per-node 2 -- " + LAYOUT_PATH);

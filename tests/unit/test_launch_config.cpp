@@ -385,8 +385,27 @@ TEST(TorchrunArgs, BothSpellingsAndTheRendezvousFlags) {
                 .find("--rdzv-backend etcd: expected "
                       "static or c10d"),
             std::string::npos);
+  // torchrun's c10d line and N:N without node ranks: the nodes numbered as they join.
+  const LaunchConfig c10d = parse({"--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                                   "127.0.0.1:29611", "--rdzv-id", "job1", "p"});
+  EXPECT_TRUE(c10d.by_arrival);
+  EXPECT_TRUE(c10d.elastic());
+  EXPECT_EQ(c10d.nnodes, 2);
+  EXPECT_EQ(c10d.max_nodes, 2);
+  EXPECT_TRUE(c10d.run_id_given);
+  EXPECT_EQ(c10d.run_id, "job1");
+  const LaunchConfig same = parse({"--nnodes", "2:2", "--rdzv-endpoint", "h:1", "p"});
+  EXPECT_TRUE(same.by_arrival);
+  EXPECT_FALSE(same.run_id_given);
+  EXPECT_FALSE(parse({"--nnodes", "2", "--rdzv-backend", "c10d", "--node-rank", "1",
+                      "--master-port", "1", "p"})
+                   .elastic());
   EXPECT_NE(usage_error({"--nnodes", "2", "--rdzv-backend", "c10d", "p"})
-                .find("give each node its --node-rank"),
+                .find("--nnodes 2:2: give --rdzv-endpoint"),
+            std::string::npos);
+  EXPECT_NE(usage_error({"--nnodes", "2", "--rdzv-backend", "static", "p"})
+                .find("give each node its --node-rank (0 on the node of --master-addr), or use "
+                      "--rdzv-backend c10d"),
             std::string::npos);
   EXPECT_NE(usage_error({"--local-addr", "10.0.0.1", "p"}).find("give --iface"), std::string::npos);
   EXPECT_NE(usage_error({"--redirects", "5", "p"}).find("--redirects 5: expected 0 (none)"),
