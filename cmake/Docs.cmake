@@ -6,7 +6,7 @@
 # runtime/socket.h (StoreClient's descriptor) and models/linear_cpu.h (CpuStage's layers).
 find_package(Doxygen QUIET)
 if(DOXYGEN_FOUND)
-  set(_ddp_doc_headers ${_ddp_public} ${_ddp_headers})
+  set(_ddp_doc_headers ${_ddp_headers})  # the public ones and what they include
   list(REMOVE_ITEM _ddp_doc_headers runtime/socket.h models/linear_cpu.h)
   list(TRANSFORM _ddp_doc_headers PREPEND "${PROJECT_SOURCE_DIR}/")
   list(JOIN _ddp_doc_headers " " DDP_DOC_INPUT)

@@ -4,7 +4,7 @@
 # bin, and ddpConfig.cmake so that find_package(ddp [COMPONENTS cuda nccl mpi]) gives targets
 # that carry their own dependencies (spdlog, zlib, nlohmann-json, cxxopts; CUDA, NCCL, MPI,
 # Gloo as this build found them) and DDP_HAVE_* definitions, and ddp::ddp with what was asked;
-# and lib/pkgconfig/ddp.pc with the same for other builds.
+# and lib/pkgconfig/ddp.pc with the same for other builds (ddp-cpu.pc: a CPU-only program's).
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
@@ -58,21 +58,19 @@ function(ddp_header_closure out)
   set(${out} ${seen} PARENT_SCOPE)
 endfunction()
 file(GLOB _ddp_public RELATIVE ${PROJECT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/include/ddp/*.h)
-list(TRANSFORM _ddp_public PREPEND "${PROJECT_SOURCE_DIR}/" OUTPUT_VARIABLE _ddp_public_files)
-install(FILES ${_ddp_public_files} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/ddp)
 ddp_header_closure(_ddp_headers ${_ddp_public})
-list(FILTER _ddp_headers EXCLUDE REGEX "^include/")
-foreach(header IN LISTS _ddp_headers)
-  get_filename_component(dir ${header} DIRECTORY)
-  install(FILES ${PROJECT_SOURCE_DIR}/${header} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/ddp/${dir})
-endforeach()
+# Installed with their includes of each other as <ddp/...>: a program's include path is
+# PREFIX/include alone, and no header of its own (a models/mlp.h) can stand in for one of ddp's.
+install(CODE "set(DDP_SOURCE_DIR \"${PROJECT_SOURCE_DIR}\")
+set(DDP_INSTALL_HEADERS \"${_ddp_headers}\")
+set(DDP_INCLUDEDIR \"${CMAKE_INSTALL_INCLUDEDIR}\")")
+install(SCRIPT ${PROJECT_SOURCE_DIR}/cmake/install_headers.cmake)
 install(EXPORT ddpTargets NAMESPACE ddp:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/ddp)
 
-# What the config needs to find again, and where this build found the header-only parts.
+# Where this build found the header-only parts (pkg-config's flags below; the CMake config
+# finds them again on the user's machine).
 get_target_property(_ddp_json_dirs nlohmann_json::nlohmann_json INTERFACE_INCLUDE_DIRECTORIES)
 get_target_property(_ddp_cxxopts_dirs cxxopts::cxxopts INTERFACE_INCLUDE_DIRECTORIES)
-set(DDP_CONFIG_JSON_DIRS "${_ddp_json_dirs}")
-set(DDP_CONFIG_CXXOPTS_DIRS "${_ddp_cxxopts_dirs}")
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/ddpConfig.cmake.in
                               ${CMAKE_BINARY_DIR}/ddpConfig.cmake
                               INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/ddp)
@@ -138,6 +136,35 @@ endif()
 set(DDP_PC_OWN_LIBS "${_ddp_pc_own}")
 set(DDP_PC_DEP_LIBS "${_ddp_pc_deps}")
 set(DDP_PC_CFLAGS "${_ddp_pc_cflags}")
+set(DDP_PC_NAME ddp)
+set(DDP_PC_DESCRIPTION "every part, with the backends this build has")
 configure_file(${PROJECT_SOURCE_DIR}/cmake/ddp.pc.in ${CMAKE_BINARY_DIR}/ddp.pc.configured @ONLY)
 file(GENERATE OUTPUT ${CMAKE_BINARY_DIR}/ddp.pc INPUT ${CMAKE_BINARY_DIR}/ddp.pc.configured)
-install(FILES ${CMAKE_BINARY_DIR}/ddp.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+# ddp-cpu: what ddp::ddp without components links (ddp::init, World, Ddp, the collectives over
+# Gloo, the models on the CPU), for a CPU-only program: no CUDA, NCCL or MPI in its flags.
+set(DDP_PC_NAME ddp-cpu)
+set(DDP_PC_DESCRIPTION "a CPU-only program's part (ddp::init, Ddp, Gloo), as ddp::ddp")
+set(DDP_PC_OWN_LIBS " -lddp_core -lddp_models -lddp_collectives_core -lddp_device_none -lddp_runtime")
+if(BUILD_SHARED_LIBS)
+  string(APPEND DDP_PC_OWN_LIBS " -Wl,-rpath,\${libdir}")
+endif()
+set(DDP_PC_DEP_LIBS "")
+foreach(library IN ITEMS "${DDP_GLOO_LIBRARY}" "${DDP_OPENBLAS_LIBRARY}")
+  if(library)
+    string(APPEND DDP_PC_DEP_LIBS " ${library}")
+  endif()
+endforeach()
+string(APPEND DDP_PC_DEP_LIBS " -pthread ${_ddp_pc_dl}")
+set(DDP_PC_CFLAGS " -DDDP_HAVE_CUDA=0 -DDDP_HAVE_NCCL=0 -DDDP_HAVE_MPI=0")
+foreach(name GLOO OPENBLAS)
+  string(APPEND DDP_PC_CFLAGS " -DDDP_HAVE_${name}=$<BOOL:${DDP_HAVE_${name}}>")
+endforeach()
+foreach(dir IN LISTS _ddp_json_dirs _ddp_cxxopts_dirs)
+  if(dir AND NOT dir STREQUAL "/usr/include" AND NOT dir MATCHES "^\\$<")
+    string(APPEND DDP_PC_CFLAGS " -I${dir}")
+  endif()
+endforeach()
+configure_file(${PROJECT_SOURCE_DIR}/cmake/ddp.pc.in ${CMAKE_BINARY_DIR}/ddp-cpu.pc.configured @ONLY)
+file(GENERATE OUTPUT ${CMAKE_BINARY_DIR}/ddp-cpu.pc INPUT ${CMAKE_BINARY_DIR}/ddp-cpu.pc.configured)
+install(FILES ${CMAKE_BINARY_DIR}/ddp.pc ${CMAKE_BINARY_DIR}/ddp-cpu.pc
+        DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

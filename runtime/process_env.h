@@ -28,9 +28,10 @@ struct ProcessEnv {
   int master_port = 0;      // the store's port; 0: none
   std::string store_token;  // ddprun's job token for the store
   // torchrun (TORCHELASTIC_RUN_ID, no DDP_STORE_PORT): the store at MASTER_ADDR:MASTER_PORT is
-  // its agent's, PyTorch's TCPStore (runtime/store.h, StoreProtocol::kTorch); `torch2_store`:
-  // the agent is PyTorch 2.x's, as far as its environment says (TORCH_NCCL_ASYNC_ERROR_HANDLING).
+  // its agent's, PyTorch's TCPStore (runtime/store.h, StoreProtocol::kTorch).
   bool torch_store = false;
+  // torchrun's agent is PyTorch 2.x's, as far as its environment says
+  // (TORCH_NCCL_ASYNC_ERROR_HANDLING): the store's protocol tried first.
   bool torch2_store = false;
   // torchrun with TORCHELASTIC_USE_AGENT_STORE=False: rank 0 is to serve the store itself.
   bool torch_rank0_store = false;

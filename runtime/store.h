@@ -58,8 +58,9 @@ class StoreClient {
   StoreClient(StoreProtocol protocol, const std::string& host, int port,
               const std::string& key_prefix, bool torch2_first, double connect_timeout_s = 30.0,
               double reply_timeout_s = 40.0);
-  // The protocol it speaks, and (kTorch) whether PyTorch 2.x's.
+  // The protocol it speaks.
   StoreProtocol protocol() const { return protocol_; }
+  // With PyTorch's (kTorch): whether the store answered PyTorch 2.x's dialect.
   bool torch2() const { return torch2_; }
 
   // Sets key to value (every waiter on it returns).

@@ -5,11 +5,9 @@
 // one process would have. Run: ddprun --nproc-per-node 2 -- ./own_model
 #include <cmath>
 #include <cstdio>
-#include <memory>
 #include <random>
 #include <vector>
 
-#include <ddp/collectives.h>
 #include <ddp/ddp.h>
 
 namespace {
@@ -36,74 +34,61 @@ void sample(int64_t i, float* x) {
 }  // namespace
 
 int main() {
-  std::unique_ptr<ddp::Communicator> comm;
-  try {
-    const ddp::ProcessEnv env = ddp::ProcessEnv::detect();
-    std::shared_ptr<ddp::StoreClient> store;
-    if (env.master_port > 0)
-      store = std::make_shared<ddp::StoreClient>(env.master_addr, env.master_port, env.store_token);
-    ddp::CommConfig config;
-    config.backend = ddp::Backend::kAuto;  // gloo under ddprun, mpi under mpirun, none alone
-    comm = ddp::make_communicator(config, env, store);
-    const int ranks = comm->size(), rank = comm->rank();
-    const int local = kGlobalBatch / ranks;
+  ddp::World world = ddp::init();  // gloo under ddprun, mpi under mpirun, one process alone
+  ddp::Communicator& comm = world.comm();
+  const int ranks = comm.size(), rank = comm.rank();
+  const int local = kGlobalBatch / ranks;
+  std::vector<float> params(kCount), grads(kCount);
+  std::mt19937 init(7);
+  std::normal_distribution<float> normal(0.0f, 0.5f);
+  for (float& p : params)
+    p = normal(init);
+  ddp::Ddp ddp(comm, {{kW1, kW2 - kW1}, {kW2, kCount - kW2}}, 1 << 20, 64,
+               /*overlap=*/true);
+  ddp.check_same_layout(kCount, "own_model 4-16-1");
+  ddp.broadcast_parameters(params.data(), kCount);
 
-    std::vector<float> params(kCount), grads(kCount);
-    std::mt19937 init(7);
-    std::normal_distribution<float> normal(0.0f, 0.5f);
-    for (float& p : params)
-      p = normal(init);
-    ddp::Ddp ddp(*comm, {{kW1, kW2 - kW1}, {kW2, kCount - kW2}}, 1 << 20, 64,
-                 /*overlap=*/true);
-    ddp.check_same_layout(kCount, "own_model 4-16-1");
-    ddp.broadcast_parameters(params.data(), kCount);
-
-    std::vector<float> x(kIn), h(kHidden);
-    double loss = 0;
-    for (int step = 0; step < kSteps; ++step) {
-      std::fill(grads.begin(), grads.end(), 0.0f);
-      ddp.begin_backward(grads.data());
-      loss = 0;
-      std::vector<float> dh(kHidden);
-      for (int s = 0; s < local; ++s) {  // this rank's contiguous share of the global batch
-        sample(int64_t{step} * kGlobalBatch + rank * local + s, x.data());
-        float y = params[kB2];
-        for (int j = 0; j < kHidden; ++j) {
-          float z = params[kB1 + j];
-          for (int k = 0; k < kIn; ++k)
-            z += params[kW1 + j * kIn + k] * x[k];
-          h[j] = std::tanh(z);
-          y += params[kW2 + j] * h[j];
-        }
-        const float err = y - target(x.data());
-        loss += 0.5 * err * err;
-        const float g = err / static_cast<float>(local);  // mean over this rank's samples
-        grads[kB2] += g;
-        for (int j = 0; j < kHidden; ++j) {
-          grads[kW2 + j] += g * h[j];
-          dh[j] = g * params[kW2 + j] * (1 - h[j] * h[j]);
-          grads[kB1 + j] += dh[j];
-          for (int k = 0; k < kIn; ++k)
-            grads[kW1 + j * kIn + k] += dh[j] * x[k];
-        }
+  std::vector<float> x(kIn), h(kHidden);
+  double loss = 0;
+  for (int step = 0; step < kSteps; ++step) {
+    std::fill(grads.begin(), grads.end(), 0.0f);
+    ddp.begin_backward(grads.data());
+    loss = 0;
+    std::vector<float> dh(kHidden);
+    for (int s = 0; s < local; ++s) {  // this rank's contiguous share of the global batch
+      sample(int64_t{step} * kGlobalBatch + rank * local + s, x.data());
+      float y = params[kB2];
+      for (int j = 0; j < kHidden; ++j) {
+        float z = params[kB1 + j];
+        for (int k = 0; k < kIn; ++k)
+          z += params[kW1 + j * kIn + k] * x[k];
+        h[j] = std::tanh(z);
+        y += params[kW2 + j] * h[j];
       }
-      // Backward is done layer by layer (last first): Ddp starts each bucket's average.
-      ddp.layer_done(1);
-      ddp.layer_done(0);
-      ddp.end_backward();
-      ddp.finish(nullptr);
-      for (size_t i = 0; i < kCount; ++i)
-        params[i] -= 0.1f * grads[i];
+      const float err = y - target(x.data());
+      loss += 0.5 * err * err;
+      const float g = err / static_cast<float>(local);  // mean over this rank's samples
+      grads[kB2] += g;
+      for (int j = 0; j < kHidden; ++j) {
+        grads[kW2 + j] += g * h[j];
+        dh[j] = g * params[kW2 + j] * (1 - h[j] * h[j]);
+        grads[kB1 + j] += dh[j];
+        for (int k = 0; k < kIn; ++k)
+          grads[kW1 + j * kIn + k] += dh[j] * x[k];
+      }
     }
-    double sums[2] = {loss, static_cast<double>(local)};
-    comm->all_reduce(sums, 2, ddp::DataType::kFloat64, ddp::ReduceOp::kSum);
-    const uint32_t checksum = ddp::params_checksum(params.data(), kCount);
-    std::printf("rank %d of %d: final loss %.5f, weights checksum %08x\n", rank, ranks,
-                sums[0] / sums[1], checksum);
-    return 0;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "own_model: error: %s\n", e.what());
-    if (comm) comm->abort();
-    return 1;
+    // Backward is done layer by layer (last first): Ddp starts each bucket's average.
+    ddp.layer_done(1);
+    ddp.layer_done(0);
+    ddp.end_backward();
+    ddp.finish(nullptr);
+    for (size_t i = 0; i < kCount; ++i)
+      params[i] -= 0.1f * grads[i];
   }
+  double sums[2] = {loss, static_cast<double>(local)};
+  comm.all_reduce(sums, 2, ddp::ReduceOp::kSum);
+  const uint32_t checksum = ddp::params_checksum(params.data(), kCount);
+  std::printf("rank %d of %d: final loss %.5f, weights checksum %08x\n", rank, ranks,
+              sums[0] / sums[1], checksum);
+  return 0;
 }

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The installed package as a user meets it: cmake --install this build into a prefix, moved
 # (mv) to another one, build examples/ as a separate CMake project with find_package(ddp)
-# from the moved copy (and hello with pkg-config), check that find_package(ddp 99) is
+# from the moved copy (and hello with pkg-config, ddp and the CPU-only ddp-cpu), check that the
+# CMake files hold no absolute path and that a project with its own models/mlp.h and
+# engine/ddp.h builds and runs, check that find_package(ddp 99) is
 # refused with the version message and an unknown component with its reason, that own_model
 # (ddp::ddp without components) links no CUDA, NCCL or MPI library, and run the examples
 # under ddprun: hello (sum of rank + 1 over 2 ranks), own_model (replicas hold identical
@@ -43,6 +45,41 @@ for private in engine/loop/trainer.h engine/runners/stage_runner.h collectives/n
     { echo "FAILED: the private header $private was installed"; exit 1; }
 done
 echo "headers: $(find "$work/moved/include" -name '*.h' | wc -l) installed, the private ones not"
+# Nothing in the package's CMake files names a path of this machine (the libraries ddp
+# linked by file are found again by name where it is used).
+if grep -nE '"/[^"]|;/' "$work/moved/lib/cmake/ddp/"*.cmake | grep -v 'STREQUAL "/"'; then
+  echo "FAILED: the installed CMake files above hold absolute paths"; exit 1
+fi
+echo "lib/cmake/ddp: no absolute path"
+# A project with headers of its own at ddp's internal names (models/mlp.h, engine/ddp.h) on its
+# include path: ddp's headers are reached as <ddp/...> and never take the project's.
+mkdir -p "$work/mine/models" "$work/mine/engine"
+printf '#pragma once\nstruct UserMlp {\n  int layers = 2;\n};\n' > "$work/mine/models/mlp.h"
+printf '#pragma once\ninline int user_engine() { return 7; }\n' > "$work/mine/engine/ddp.h"
+cat > "$work/mine/main.cpp" <<'CPP'
+#include <cstdio>
+
+#include "engine/ddp.h"
+#include "models/mlp.h"
+
+#include <ddp/ddp.h>
+#include <ddp/models.h>
+
+int main() {
+  ddp::World world = ddp::init();
+  const ddp::MlpShape shape({4, 8, 2});
+  float value = 1.0f;
+  world.comm().all_reduce(&value, 1, ddp::ReduceOp::kSum);
+  std::printf("mine: rank %d, %d parameters, sum %g, own %d %d\n", world.rank(),
+              static_cast<int>(shape.param_count()), value, UserMlp{}.layers, user_engine());
+  return 0;
+}
+CPP
+printf 'cmake_minimum_required(VERSION 3.24)\nproject(mine LANGUAGES CXX)\nset(CMAKE_CXX_STANDARD 17)\nfind_package(ddp REQUIRED)\nadd_executable(mine main.cpp)\ntarget_include_directories(mine PRIVATE ${CMAKE_SOURCE_DIR})\ntarget_link_libraries(mine PRIVATE ddp::ddp)\n' > "$work/mine/CMakeLists.txt"
+{ cmake -S "$work/mine" -B "$work/mine/build" -DCMAKE_PREFIX_PATH="$work/moved" &&
+  cmake --build "$work/mine/build"; } > "$work/mine.log" 2>&1 ||
+  { tail -30 "$work/mine.log"; echo "FAILED: a project with its own models/mlp.h and engine/ddp.h"; exit 1; }
+echo "a project with its own models/mlp.h and engine/ddp.h: built"
 # ddp::ddp without components: a CPU-only binary.
 libs="$(ldd "$work/build/own_model")"
 if grep -E 'libcuda|libcudart|libnccl|libmpi|libcublas' <<<"$libs"; then
@@ -58,6 +95,14 @@ if command -v pkg-config > /dev/null; then
     { echo "$pc"; echo "FAILED: pkg-config ddp"; exit 1; }
   g++ -std=c++17 -O1 "$root/examples/hello/hello.cpp" -o "$work/hello-pc" $pc > "$work/pc.log" 2>&1 ||
     { tail -20 "$work/pc.log"; echo "FAILED: hello built with pkg-config --cflags --libs ddp"; exit 1; }
+  # ddp-cpu: a CPU-only program's flags, no CUDA, NCCL or MPI in its binary.
+  pc="$(PKG_CONFIG_PATH="$work/moved/lib/pkgconfig" pkg-config --cflags --libs ddp-cpu 2>&1)" ||
+    { echo "$pc"; echo "FAILED: pkg-config ddp-cpu"; exit 1; }
+  g++ -std=c++17 -O1 "$root/examples/hello/hello.cpp" -o "$work/hello-cpu" $pc > "$work/pc.log" 2>&1 ||
+    { tail -20 "$work/pc.log"; echo "FAILED: hello built with pkg-config --cflags --libs ddp-cpu"; exit 1; }
+  if ldd "$work/hello-cpu" | grep -E 'libcuda|libcudart|libnccl|libmpi|libcublas'; then
+    echo "FAILED: hello built with ddp-cpu links the libraries above"; exit 1
+  fi
 else
   echo "no pkg-config on PATH: the pkg-config build is left out"
 fi
@@ -75,6 +120,14 @@ if [ $pkg -eq 1 ]; then
   grep -q "hello from rank 1 of 2 over gloo: sum 3" <<<"$out" ||
     { echo "$out"; echo "FAILED: hello built with pkg-config"; failed=1; }
 fi
+out="$(CUDA_VISIBLE_DEVICES= "$work/moved/bin/ddprun" --nproc-per-node 2 -- "$work/mine/build/mine" 2>&1)"
+grep -q "mine: rank 1, 58 parameters, sum 2, own 2 7" <<<"$out" ||
+  { echo "$out"; echo "FAILED: the project with its own models/mlp.h"; failed=1; }
+if [ $pkg -eq 1 ]; then
+  out="$(CUDA_VISIBLE_DEVICES= "$work/moved/bin/ddprun" --nproc-per-node 2 -- "$work/hello-cpu" 2>&1)"
+  grep -q "hello from rank 1 of 2 over gloo: sum 3" <<<"$out" ||
+    { echo "$out"; echo "FAILED: hello built with pkg-config ddp-cpu"; failed=1; }
+fi
 out="$(CUDA_VISIBLE_DEVICES= "$work/moved/bin/ddprun" --nproc-per-node 2 -- "$work/build/own_model" 2>&1)"
 echo "$out"
 sums="$(grep -oE 'checksum [0-9a-f]+' <<<"$out" | sort -u | wc -l)"
@@ -91,7 +144,7 @@ import sys
 a, b = ([float(v) for v in s.split()] for s in sys.argv[1:3])
 assert len(a) == 3 and len(b) == 3 and all(abs(x - y) <= 1e-5 * (1 + abs(x)) for x, y in zip(a, b)), (a, b)
 PY
-# Under mpirun: the MPI backend, which classifier links (ddp::engine: every backend).
+# Under mpirun: the MPI backend, which classifier links (ddp::ddp and ddp::mpi).
 mpirun="$(command -v mpirun || true)"
 if [ -n "$mpirun" ]; then
   three="$(OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 CUDA_VISIBLE_DEVICES= "$mpirun" \
