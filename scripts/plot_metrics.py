@@ -7,15 +7,17 @@ Four panels against the step: training loss (and test loss where --eval-every lo
 accuracy (training, and test), learning rate, and samples/s; two more, GPU utilization and
 memory per rank, when the runs' records carry the GPU monitor's fields (--device cuda). Each run's legend names the
 settings in which the runs differ (from their first record), or the file when none do.
-Needs matplotlib (Debian: python3-matplotlib). Prints the legend labels and the PNG's path.
+Needs matplotlib (Debian: python3-matplotlib; another interpreter: DDP_PYTHON).
+Prints the legend labels and the PNG's path.
 """
 import argparse
 import json
 import os
 import sys
 
-import matplotlib
+from ddp_python import require
 
+matplotlib = require("matplotlib", "python3-matplotlib")
 matplotlib.use("Agg")  # no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 

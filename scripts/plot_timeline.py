@@ -7,15 +7,17 @@ Forward, backward (or its input and weight halves), send, recv, all-reduce and o
 spans are bars in their own colours, micro-batch numbers written on forward and backward bars wide enough to hold
 them. A GPU trace's rows are each rank and, under it, its communication (the all-reduce of
 each gradient bucket beside backward); layer and bucket numbers are written on the bars. --steps keeps a range of steps (default: the last two recorded, after warm-up).
-Needs matplotlib (Debian: python3-matplotlib). Prints the ranks, the steps drawn and the
+Needs matplotlib (Debian: python3-matplotlib; another interpreter: DDP_PYTHON).
+Prints the ranks, the steps drawn and the
 PNG's path.
 """
 import argparse
 import json
 import sys
 
-import matplotlib
+from ddp_python import require
 
+matplotlib = require("matplotlib", "python3-matplotlib")
 matplotlib.use("Agg")  # no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # scripts/plot_metrics.py on real metrics: two ddptrain runs that differ in --lr drawn into
-# one PNG whose legend names the difference; one run alone. Exit 77 (skipped) without
+# one PNG whose legend names the difference; one run alone; run through its #! line with
+# DDP_PYTHON, and the line an interpreter without matplotlib gets. Exit 77 (skipped) without
 # matplotlib. Usage: test_plot.sh DDPTRAIN
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -25,6 +26,17 @@ check grep -q "run: lr=0.05" <<<"$out"
 check grep -q "run: lr=0.1" <<<"$out"
 check test "$(head -c 8 "$work/two.png" | od -An -tx1 | tr -d ' \n')" = "89504e470d0a1a0a"
 check test "$(stat -c %s "$work/two.png")" -gt 20000
+# Run as a user runs it (its #! line: the first python3 on PATH, which may lack matplotlib):
+# it goes on under DDP_PYTHON where that one has it; an interpreter without it and no other is
+# one line naming both and the ways to get it.
+check env DDP_PYTHON="$py" "$root/scripts/plot_metrics.py" "$work/lr-0.05.jsonl" -o "$work/direct.png"
+check test -s "$work/direct.png"
+if err="$(DDP_PYTHON=/nonexistent "$py" -S "$root/scripts/plot_metrics.py" "$work/lr-0.05.jsonl" \
+            -o "$work/none.png" 2>&1)"; then
+  echo "(matplotlib importable without site-packages: the error line is not checked)"
+else
+  check grep -q "has no matplotlib (nor has DDP_PYTHON /nonexistent); install python3-matplotlib" <<<"$err"
+fi
 out="$("$py" "$root/scripts/plot_metrics.py" "$work/lr-0.05.jsonl" -o "$work/one.png")"
 check grep -q "run: lr-0.05.jsonl" <<<"$out"
 check test -s "$work/one.png"
