@@ -95,6 +95,17 @@ ProcessEnv ProcessEnv::detect(const Lookup& lookup) {
     env.master_addr = lookup("MASTER_ADDR").value_or("");
     env.master_port = read_int(lookup, "MASTER_PORT", 0);
     const std::string job = lookup("SLURM_JOB_ID").value_or("");
+    // As PyTorch's env:// under Slurm is usually given them: the job's first node, and a port
+    // of the job's own (the same on every task), where the script sets neither.
+    if (env.master_addr.empty() && env.world_size > 1)
+      env.master_addr =
+          first_host(lookup("SLURM_JOB_NODELIST").value_or(lookup("SLURM_NODELIST").value_or("")));
+    const std::optional<int> job_number = parse_number<int>(job);
+    if (env.master_port == 0 && env.world_size > 1 && !env.master_addr.empty() && job_number &&
+        *job_number >= 0) {
+      env.master_port = 20000 + *job_number % 10000;
+      env.store_from_slurm = true;
+    }
     env.store_token = lookup("DDP_STORE_TOKEN").value_or(job.empty() ? "" : "slurm-" + job);
     env.serves_store = env.rank == 0 && env.master_port > 0;
   }
@@ -119,6 +130,16 @@ ProcessEnv ProcessEnv::detect(const Lookup& lookup) {
                   "{} environment: local rank {} is not below local world size {}",
                   launcher_name(env.launcher), env.local_rank, env.local_world_size);
   return env;
+}
+
+std::string first_host(const std::string& nodelist) {
+  // "gpu[07-09,12],cpu3" -> "gpu07"; "a,b" -> "a"; "" -> "".
+  const size_t bracket = nodelist.find('['), comma = nodelist.find(',');
+  if (bracket == std::string::npos || (comma != std::string::npos && comma < bracket))
+    return nodelist.substr(0, comma);
+  const size_t end = nodelist.find_first_of("-,]", bracket + 1);
+  if (end == std::string::npos) return nodelist.substr(0, bracket);
+  return nodelist.substr(0, bracket) + nodelist.substr(bracket + 1, end - bracket - 1);
 }
 
 int tasks_on_node(const std::string& tasks_per_node, int node) {

@@ -47,6 +47,9 @@ struct ProcessEnv {
   // srun without ddprun: rank 0 serves the store at MASTER_ADDR:MASTER_PORT (the job script
   // sets them) and the others connect; the token is DDP_STORE_TOKEN, else "slurm-JOBID".
   bool serves_store = false;
+  // srun, MASTER_ADDR or MASTER_PORT unset: the store on the job's first node
+  // (SLURM_JOB_NODELIST) at a port from its job id (20000 + SLURM_JOB_ID % 10000).
+  bool store_from_slurm = false;
   std::string socket_iface;  // GLOO_SOCKET_IFNAME (ddprun --iface): Gloo's network interface
   std::string nccl_host_id;  // NCCL_HOSTID as inherited; empty when unset
   // Where results kept between runs go (--autotune's choices): DDP_CACHE_DIR, else
@@ -62,6 +65,9 @@ struct ProcessEnv {
 // Slurm's SLURM_TASKS_PER_NODE ("2(x3),1": 2 tasks on each of nodes 0-2, 1 on node 3): the
 // count of `node`, or 0 when the text does not say. Pure.
 int tasks_on_node(const std::string& tasks_per_node, int node);
+
+// The first host of Slurm's node list ("gpu[07-09,12],cpu3": gpu07), or "" for none. Pure.
+std::string first_host(const std::string& nodelist);
 
 // Under mpirun or srun with several GPUs visible: narrows this process's
 // CUDA_VISIBLE_DEVICES to the GPU of its local rank (entry local_rank of the list, or index

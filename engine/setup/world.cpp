@@ -85,6 +85,14 @@ World init(const InitOptions& options, ProcessEnv env) {
     world.served_ = std::make_unique<StoreServer>(store_config);
     world.served_->start();
     spdlog::info("srun: rank 0 serves the rendezvous store on port {}", e.master_port);
+    if (e.store_from_slurm)
+      spdlog::info(
+          "srun: MASTER_ADDR/MASTER_PORT unset: the store on the job's first node {} at port {} "
+          "(from the job id){}",
+          e.master_addr, e.master_port,
+          std::getenv("DDP_STORE_TOKEN") == nullptr
+              ? ", its token from the job id (set DDP_STORE_TOKEN for a secret)"
+              : "");
   }
   if (options.bind_gpu) {
     if (!cuda_built()) bind_device(e, {});  // the error that says what is missing

@@ -111,6 +111,33 @@ TEST(ProcessEnv, OpenMpiVariables) {
   EXPECT_EQ(env.local_rank, 1);
 }
 
+// srun without MASTER_ADDR/MASTER_PORT: the store on the job's first node at a port of the
+// job's own, the same on every task; the script's own values win.
+TEST(ProcessEnv, SrunWithoutMasterVariablesUsesTheJobsFirstNode) {
+  EXPECT_EQ(first_host("gpu[07-09,12],cpu3"), "gpu07");
+  EXPECT_EQ(first_host("node3,node4"), "node3");
+  EXPECT_EQ(first_host("solo"), "solo");
+  EXPECT_EQ(first_host("n[5]"), "n5");
+  EXPECT_EQ(first_host(""), "");
+  std::map<std::string, std::string> vars = {
+      {"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"},      {"SLURM_NTASKS_PER_NODE", "1"},
+      {"SLURM_NODEID", "1"}, {"SLURM_JOB_ID", "123456"}, {"SLURM_JOB_NODELIST", "gpu[07-08]"}};
+  ProcessEnv env = detect_from(vars);
+  EXPECT_EQ(env.master_addr, "gpu07");
+  EXPECT_EQ(env.master_port, 23456);
+  EXPECT_TRUE(env.store_from_slurm);
+  EXPECT_EQ(env.store_token, "slurm-123456");
+  EXPECT_FALSE(env.serves_store);  // rank 1
+  vars["SLURM_PROCID"] = "0";
+  EXPECT_TRUE(detect_from(vars).serves_store);
+  vars["MASTER_ADDR"] = "10.0.0.9";
+  vars["MASTER_PORT"] = "29400";
+  env = detect_from(vars);
+  EXPECT_EQ(env.master_addr, "10.0.0.9");
+  EXPECT_EQ(env.master_port, 29400);
+  EXPECT_FALSE(env.store_from_slurm);
+}
+
 TEST(ProcessEnv, SlurmTasksPerNodeGivesTheLocalWorld) {
   EXPECT_EQ(tasks_on_node("2(x3),1", 0), 2);
   EXPECT_EQ(tasks_on_node("2(x3),1", 2), 2);
