@@ -18,6 +18,7 @@
 
 #include "runtime/error.h"
 #include "runtime/parse.h"
+#include "runtime/torch_wire.h"
 
 namespace ddp {
 namespace {
@@ -53,18 +54,9 @@ Op op_of(bool torch2, uint8_t type) {
   return type < std::size(v113) ? v113[type] : Op::kUnknown;
 }
 constexpr uint8_t kReady = 0, kNotReady = 1, kStopWaiting = 0, kWaitCanceled = 1;
-// PyTorch 2.x validates a connection with this (little-endian bytes CE F7 85 3C), and some
-// 2.x releases put it before every query too.
-constexpr uint32_t kTorch2Magic = 0x3C85F7CE;
-
-void put_u64(std::string* out, uint64_t v) {
-  for (int i = 0; i < 8; ++i)
-    out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
-void put_bytes(std::string* out, const std::string& v) {
-  put_u64(out, v.size());
-  out->append(v);
-}
+using torch_wire::kTorch2Magic;
+using torch_wire::put_bytes;
+using torch_wire::put_u64;
 
 // Reads from `in` at `*at` without consuming on a short read: false until enough bytes came.
 struct Reader {

@@ -11,31 +11,22 @@
 
 #include "runtime/error.h"
 #include "runtime/store.h"
+#include "runtime/torch_wire.h"
 
 namespace ddp {
 namespace {
 
-constexpr uint32_t kTorch2Magic = 0x3C85F7CE;
 // 1.13's query numbers (2.x's are one more, its 0 being the validate query).
 constexpr uint8_t kSet = 0, kGet = 2, kAdd = 3, kCheck = 4, kGetNumKeys = 6, kDeleteKey = 8;
 constexpr uint8_t kReady = 0;
 // How long a guess of the protocol waits for its answer before the other is tried.
 constexpr double kProbeSeconds = 3.0;
 
-void put_u64(std::string* out, uint64_t v) {
-  for (int i = 0; i < 8; ++i)
-    out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
-void put_str(std::string* out, const std::string& v) {
-  put_u64(out, v.size());
-  out->append(v);
-}
-uint64_t get_u64(const std::string& in, size_t at = 0) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i)
-    v |= uint64_t{static_cast<uint8_t>(in[at + i])} << (8 * i);
-  return v;
-}
+using torch_wire::get_u64;
+using torch_wire::kTorch2Magic;
+using torch_wire::put_bytes;
+using torch_wire::put_u64;
+
 std::string validate_query() {
   std::string q(1, '\0');
   for (int i = 0; i < 4; ++i)
@@ -125,14 +116,14 @@ bool StoreClient::torch_ready(const std::vector<std::string>& keys) {
   std::string fields;
   put_u64(&fields, keys.size());
   for (const std::string& key : keys)
-    put_str(&fields, torch_key(key));
+    put_bytes(&fields, torch_key(key));
   return static_cast<uint8_t>(torch_query(kCheck, fields, 1, false, reply_timeout_s_)[0]) == kReady;
 }
 
 void StoreClient::torch_set(const std::string& key, const std::string& value) {
   std::string fields;
-  put_str(&fields, torch_key(key));
-  put_str(&fields, value);
+  put_bytes(&fields, torch_key(key));
+  put_bytes(&fields, value);
   torch_query(kSet, fields, 0, false, reply_timeout_s_);
 }
 
@@ -140,7 +131,7 @@ std::optional<std::string> StoreClient::torch_get(const std::string& key) {
   // PyTorch's GET of a key not set waits (2.x) or drops the connection (1.13): asked first.
   if (!torch_ready({key})) return std::nullopt;
   std::string fields;
-  put_str(&fields, torch_key(key));
+  put_bytes(&fields, torch_key(key));
   return torch_query(kGet, fields, 0, true, reply_timeout_s_);
 }
 
@@ -165,14 +156,14 @@ void StoreClient::torch_wait(const std::vector<std::string>& keys, double timeou
 
 int64_t StoreClient::torch_add(const std::string& key, int64_t delta) {
   std::string fields;
-  put_str(&fields, torch_key(key));
+  put_bytes(&fields, torch_key(key));
   put_u64(&fields, static_cast<uint64_t>(delta));
   return static_cast<int64_t>(get_u64(torch_query(kAdd, fields, 8, false, reply_timeout_s_)));
 }
 
 bool StoreClient::torch_remove(const std::string& key) {
   std::string fields;
-  put_str(&fields, torch_key(key));
+  put_bytes(&fields, torch_key(key));
   return get_u64(torch_query(kDeleteKey, fields, 8, false, reply_timeout_s_)) > 0;
 }
 
