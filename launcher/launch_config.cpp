@@ -191,7 +191,7 @@ bool parse_launch_args(int argc, char** argv, LaunchConfig* config) {
         "without GPUs: 1, as torchrun), cpu (one per core) or auto (gpu where there are GPUs, "
         "else cpu)",
         cxxopts::value<std::string>()->default_value(d.nproc_per_node))
-    ("nnodes", "number of nodes, or MIN:MAX (elastic: --rdzv-endpoint, no --node-rank)", cxxopts::value<std::string>()->default_value(std::to_string(d.nnodes)))
+    ("nnodes", "number of nodes, or MIN:MAX (elastic: --rdzv-endpoint, no --node-rank); N with --rdzv-backend c10d and no --node-rank, or N:N: numbered as they join", cxxopts::value<std::string>()->default_value(std::to_string(d.nnodes)))
     ("node-rank", "this node's index", cxxopts::value<std::string>()->default_value(std::to_string(d.node_rank)))
     ("master-addr", "address of node 0, where the store runs", cxxopts::value<std::string>()->default_value(d.master_addr))
     ("master-port", "one node: PyTorch's store's port, MASTER_PORT (ddprun's own store takes a "
@@ -210,10 +210,10 @@ bool parse_launch_args(int argc, char** argv, LaunchConfig* config) {
     ("iface", "network interface for Gloo, NCCL's sockets and (several nodes) the store, e.g. eth0",
         cxxopts::value<std::string>())
     ("standalone", "torchrun's: one node, the store on a free port of this machine")
-    ("rdzv-backend", "torchrun's: static or c10d (both: ddprun's own store)", cxxopts::value<std::string>())
+    ("rdzv-backend", "torchrun's: static (nodes given --node-rank) or c10d (numbered as they join; both: ddprun's own store)", cxxopts::value<std::string>())
     ("rdzv-endpoint", "torchrun's: HOST[:PORT] of the store (node 0's; port 29400 if left out)",
         cxxopts::value<std::string>())
-    ("rdzv-id", "torchrun's: the job's id (TORCHELASTIC_RUN_ID)", cxxopts::value<std::string>())
+    ("rdzv-id", "torchrun's: the job's id (TORCHELASTIC_RUN_ID; several nodes without DDP_STORE_TOKEN: the store's token from it)", cxxopts::value<std::string>())
     ("rdzv-conf", "torchrun's: key=value,...; join_timeout sets --timeout, last_call_timeout "
         "how long an elastic join waits for more nodes once it has enough",
         cxxopts::value<std::string>())

@@ -47,6 +47,7 @@ TEST(Ddprun, HelpSaysUsageOnceAndEveryValue) {
   EXPECT_NE(r.output.find("auto (gpu where there are GPUs"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("last_call_timeout"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("--python"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("numbered as they join"), std::string::npos) << r.output;
 }
 
 // torchrun's default where a user expects it: `ddprun --standalone PROGRAM` on a machine
