@@ -12,13 +12,25 @@ Ddp::Ddp(Communicator& comm, const std::vector<ParamSpan>& layers, size_t bucket
     : comm_(comm),
       buckets_(plan_buckets(layers, bucket_bytes, first_bucket_bytes)),
       overlap_(overlap),
-      layer_count_(static_cast<int>(layers.size())) {}
+      layer_count_(static_cast<int>(layers.size())) {
+  index_layers();
+}
 
 Ddp::Ddp(Communicator& comm, const std::vector<ParamSpan>& layers, const DdpOptions& options)
     : comm_(comm),
       buckets_(plan_buckets(layers, options)),
       overlap_(options.overlap),
-      layer_count_(static_cast<int>(layers.size())) {}
+      layer_count_(static_cast<int>(layers.size())) {
+  index_layers();
+}
+
+void Ddp::index_layers() {
+  bucket_of_.assign(static_cast<size_t>(layer_count_), -1);
+  for (size_t b = 0; b < buckets_.size(); ++b)
+    for (int layer = buckets_[b].first_layer; layer <= buckets_[b].last_layer; ++layer)
+      bucket_of_[static_cast<size_t>(layer)] = static_cast<int>(b);
+  waiting_.assign(buckets_.size(), 0);
+}
 
 namespace {
 
@@ -109,6 +121,10 @@ void Ddp::begin_backward(float* grads) {
   grads_ = grads;
   next_bucket_ = 0;
   pending_.clear();
+  std::fill(waiting_.begin(), waiting_.end(), 0);
+  ready_.assign(bucket_of_.size(), 0);
+  for (const int bucket : bucket_of_)
+    if (bucket >= 0) ++waiting_[static_cast<size_t>(bucket)];
 }
 
 void Ddp::reduce_in_bf16(void* scratch) {
@@ -132,18 +148,35 @@ void Ddp::issue(size_t bucket) {
   record({"allreduce_issued", b.first_layer, static_cast<int>(bucket)});
 }
 
-void Ddp::layer_done(int layer) {
+void Ddp::check_layer(const char* what, int layer) const {
   DDP_USAGE_CHECK(in_backward_,
-                  "Ddp::layer_done({}) before begin_backward: call begin_backward(grads) when a "
-                  "step's backward starts",
-                  layer);
+                  "Ddp::{}({}) before begin_backward: call begin_backward(grads) when a step's "
+                  "backward starts",
+                  what, layer);
   DDP_USAGE_CHECK(layer >= 0 && layer < layer_count_,
-                  "Ddp::layer_done({}): the model has layers 0 to {} (as given to Ddp)", layer,
+                  "Ddp::{}({}): the model has layers 0 to {} (as given to Ddp)", what, layer,
                   layer_count_ - 1);
+}
+
+void Ddp::layer_done(int layer) {
+  check_layer("layer_done", layer);
   record({"layer_done", layer, -1});
   if (!overlap_) return;
   // A bucket is complete once its lowest layer is done (layers arrive last to first).
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].first_layer >= layer)
+    issue(next_bucket_++);
+}
+
+void Ddp::layer_ready(int layer) {
+  check_layer("layer_ready", layer);
+  const int bucket = bucket_of_[static_cast<size_t>(layer)];
+  DDP_USAGE_CHECK(!ready_[static_cast<size_t>(layer)],
+                  "Ddp::layer_ready({}): layer {} was already ready in this step", layer, layer);
+  ready_[static_cast<size_t>(layer)] = 1;
+  --waiting_[static_cast<size_t>(bucket)];
+  record({"layer_done", layer, -1});
+  if (!overlap_) return;
+  while (next_bucket_ < buckets_.size() && waiting_[next_bucket_] == 0)
     issue(next_bucket_++);
 }
 

@@ -93,6 +93,10 @@ class Ddp {
   void begin_backward(float* grads);
   // Layer `layer`'s gradients are written: the buckets it completes start (with overlap).
   void layer_done(int layer);
+  // Layer `layer`'s gradients are written, in whatever order they come (autograd's): a bucket
+  // starts once all of its layers are ready, the buckets in order (every rank issues the same
+  // sequence). Each layer at most once a step.
+  void layer_ready(int layer);
   // Backward is over: every bucket not yet started starts.
   void end_backward();
   // Waits for every bucket's average (host: blocking; NCCL: makes `stream` wait).
@@ -129,6 +133,8 @@ class Ddp {
 
  private:
   void issue(size_t bucket);
+  void check_layer(const char* what, int layer) const;
+  void index_layers();
   void record(DdpEvent event) {
     if (recording_) events_.push_back(std::move(event));
   }
@@ -145,7 +151,10 @@ class Ddp {
   std::vector<DdpEvent> events_;
   bool recording_ = false;
   int layer_count_ = 0;
-  bool in_backward_ = false;  // between begin_backward and end_backward
+  std::vector<int> bucket_of_;  // each layer's bucket (layer_ready)
+  std::vector<int> waiting_;    // each bucket's layers not yet ready this step (layer_ready)
+  std::vector<char> ready_;     // each layer: ready this step (layer_ready)
+  bool in_backward_ = false;    // between begin_backward and end_backward
   BucketReduction* reduction_ = nullptr;
 };
 

@@ -180,6 +180,50 @@ TEST(DdpMisuse, HooksOutOfOrderOrOutOfRangeSayWhatToCall) {
             std::string::npos);
 }
 
+// Gradients in autograd's order (LibTorch's hooks): layer_ready takes layers in any order, and a
+// bucket starts only once all of its layers are ready, the buckets in order (every rank issues
+// the same sequence); a layer ready twice in a step is a UsageError naming it.
+TEST(DdpLayerReady, AnyOrderStartsEachBucketWhenItsLayersAreAllReady) {
+  ProcessEnv env;
+  CommConfig config;
+  std::unique_ptr<Communicator> comm = make_communicator(config, env, nullptr);
+  // Four layers of 4 elements (16 bytes each), buckets of 32 bytes: {3, 2} then {1, 0}.
+  Ddp ddp(*comm, {{0, 4}, {4, 4}, {8, 4}, {12, 4}}, 32, 32, true);
+  ASSERT_EQ(ddp.buckets().size(), 2u);
+  ASSERT_EQ(ddp.buckets()[0].first_layer, 2);
+  std::vector<float> grads(16, 1.0f);
+  ddp.record_events(true);
+  ddp.begin_backward(grads.data());
+  ddp.layer_ready(1);  // the second bucket's, first: nothing may start yet
+  ddp.layer_ready(3);
+  EXPECT_EQ(ddp.issued(), 0u);
+  ddp.layer_ready(0);  // the second bucket is complete, but the first is not
+  EXPECT_EQ(ddp.issued(), 0u);
+  try {
+    ddp.layer_ready(3);
+    ADD_FAILURE() << "a layer ready twice was taken";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("layer 3 was already ready in this step"),
+              std::string::npos)
+        << e.what();
+  }
+  ddp.layer_ready(2);  // both, in order
+  EXPECT_EQ(ddp.issued(), 2u);
+  ddp.end_backward();
+  ddp.finish(nullptr);
+  std::vector<std::string> issued;
+  for (const DdpEvent& e : ddp.events())
+    if (e.what == "allreduce_issued") issued.push_back(std::to_string(e.bucket));
+  EXPECT_EQ(issued, (std::vector<std::string>{"0", "1"}));
+  // The next step starts afresh.
+  ddp.begin_backward(grads.data());
+  for (const int layer : {0, 1, 2, 3})
+    ddp.layer_ready(layer);
+  EXPECT_EQ(ddp.issued(), 2u);
+  ddp.end_backward();
+  ddp.finish(nullptr);
+}
+
 // A bucket reduction of one's own in place of the averaging all-reduce (as c10d's
 // communication hooks): Ddp starts it for each bucket as backward completes it, in order, waits
 // for its Work in finish(), and names it in its record; null gives the all-reduce back. A
