@@ -174,6 +174,39 @@ else()
   ddp_report(GLOO FALSE "switched off")
 endif()
 
+# LibTorch: ddp::DistributedDataParallel for LibTorch modules (the package component torch).
+# Debian's libtorch-dev (CPU), or the LibTorch inside PyTorch's pip wheel: Torch_DIR, else the
+# path the python3 on PATH (or DDP_PYTHON) gives (torch.utils.cmake_prefix_path).
+ddp_optional(TORCH)
+if(NOT DDP_WITH_TORCH STREQUAL "OFF")
+  find_package(Torch QUIET)
+  if(NOT Torch_FOUND)
+    set(_ddp_python python3)
+    if(DEFINED ENV{DDP_PYTHON})
+      set(_ddp_python "$ENV{DDP_PYTHON}")
+    endif()
+    execute_process(COMMAND ${_ddp_python} -c
+                            "import sys, torch.utils; sys.stdout.write(torch.utils.cmake_prefix_path)"
+                    OUTPUT_VARIABLE _ddp_torch_prefix RESULT_VARIABLE _ddp_torch_rc ERROR_QUIET)
+    if(_ddp_torch_rc EQUAL 0 AND _ddp_torch_prefix)
+      find_package(Torch QUIET PATHS "${_ddp_torch_prefix}" NO_DEFAULT_PATH)
+    endif()
+  endif()
+  if(Torch_FOUND)
+    set(DDP_TORCH_CUDA OFF)
+    set(_ddp_torch_kind CPU)
+    if(TORCH_CUDA_LIBRARIES OR TARGET c10_cuda)
+      set(DDP_TORCH_CUDA ON)
+      set(_ddp_torch_kind CUDA)
+    endif()
+    ddp_report(TORCH TRUE "LibTorch ${Torch_VERSION}, ${_ddp_torch_kind}, in ${Torch_DIR}")
+  else()
+    ddp_report(TORCH FALSE "no LibTorch (install libtorch-dev, or set Torch_DIR to a LibTorch's share/cmake/Torch): no ddp::torch")
+  endif()
+else()
+  ddp_report(TORCH FALSE "switched off")
+endif()
+
 # GoogleTest for the test suites.
 if(DDP_BUILD_TESTS)
   find_package(GTest QUIET)

@@ -1,0 +1,8 @@
+// ddp for LibTorch programs (the package component `torch`, target ddp::torch):
+// ddp::DistributedDataParallel over a torch::nn::Module (torch/distributed_data_parallel.h), with
+// ddp::init() and the World it returns, in one include.
+#pragma once
+
+#include "engine/setup/world.h"
+#include "runtime/error.h"
+#include "torch/distributed_data_parallel.h"

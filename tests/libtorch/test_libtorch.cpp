@@ -1,0 +1,192 @@
+// ddp::DistributedDataParallel on LibTorch modules, on the CPU (Gloo under ddprun, MPI under
+// mpirun): a model of an embedding, a convolution, layer norm and linear layers trained on 2, 3
+// and 4 ranks equals one process with the same global batch; so does no_sync accumulation with
+// the larger batch; an unused parameter is named (or reduced with find_unused_parameters);
+// ranks whose models differ fail at construction naming the difference; the first bucket's
+// all-reduce starts during backward; buffers are rank 0's; and PyTorch's own Python DDP on the
+// same model, weights and data gives the same weights.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "tests/libtorch/torch_compare.h"
+#include "tests/support/test_support.h"
+
+namespace ddp {
+namespace {
+
+const std::string kDdprun = std::string("CUDA_VISIBLE_DEVICES= ") + DDPRUN_PATH;
+const std::string kWorker = WORKER_PATH;
+
+// Trains one process on the whole global batch; its weights in dir/single.safetensors.
+std::string train_single(const TempDir& dir, const std::string& flags = "") {
+  const std::string out =
+      dir.file("single" + std::to_string(std::hash<std::string>()(flags)) + ".safetensors");
+  const RunResult r = run_command(kWorker + " --single --out " + out + " " + flags);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  return out;
+}
+
+RunResult train_ranks(int ranks, const std::string& out, const std::string& flags = "") {
+  return run_command(kDdprun + " --nproc-per-node " + std::to_string(ranks) + " -- " + kWorker +
+                     " --out " + out + " " + flags);
+}
+
+TEST(TorchDdp, TwoThreeAndFourRanksEqualOneProcess) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  const std::string single = train_single(dir);
+  for (const int ranks : {2, 3, 4}) {
+    const std::string out = dir.file("ranks" + std::to_string(ranks) + ".safetensors");
+    const RunResult r = train_ranks(ranks, out);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_LT(max_relative_difference(out, single), 1e-5) << ranks << " ranks\n" << r.output;
+  }
+  // Small buckets (several of them, each started as its parameters are ready): the same.
+  const std::string out = dir.file("buckets.safetensors");
+  const RunResult r = train_ranks(2, out, "--bucket-kb 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_LT(max_relative_difference(out, single), 1e-5) << r.output;
+}
+
+TEST(TorchDdp, UnderMpirunTheSameWeightsAsUnderDdprun) {
+  if (!HAVE_GLOO || !HAVE_MPI) GTEST_SKIP() << "needs Gloo and MPI";
+  TempDir dir;
+  const RunResult ddprun = train_ranks(2, dir.file("ddprun.safetensors"));
+  ASSERT_EQ(ddprun.exit_code, 0) << ddprun.output;
+  const RunResult mpirun = run_command(std::string("CUDA_VISIBLE_DEVICES= ") + MPIRUN_PATH +
+                                       " --allow-run-as-root --oversubscribe -np 2 " + kWorker +
+                                       " --out " + dir.file("mpirun.safetensors"));
+  ASSERT_EQ(mpirun.exit_code, 0) << mpirun.output;
+  EXPECT_NE(mpirun.output.find("rank 1 of 2 trained"), std::string::npos) << mpirun.output;
+  EXPECT_EQ(max_relative_difference(dir.file("mpirun.safetensors"), dir.file("ddprun.safetensors")),
+            0.0);
+}
+
+// Three micro-batches a step, the first two under no_sync(): the same as one process taking
+// the three as one batch.
+TEST(TorchDdp, NoSyncAccumulationEqualsTheLargerBatch) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  const std::string single = train_single(dir, "--accumulate 3");
+  const std::string out = dir.file("accumulated.safetensors");
+  const RunResult r = train_ranks(2, out, "--accumulate 3");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_LT(max_relative_difference(out, single), 1e-5) << r.output;
+}
+
+TEST(TorchDdp, AnUnusedParameterIsNamedOrReducedWhenAskedTo) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  const RunResult refused = train_ranks(2, dir.file("refused.safetensors"), "--unused");
+  EXPECT_NE(refused.exit_code, 0) << refused.output;
+  EXPECT_NE(refused.output.find("parameter(s) 'spare.weight', 'spare.bias' got no gradient in "
+                                "this backward"),
+            std::string::npos)
+      << refused.output;
+  EXPECT_NE(refused.output.find("find_unused_parameters(true)"), std::string::npos);
+  // With find_unused_parameters: trained as one process trains it (the spare layer untouched).
+  const std::string single = train_single(dir, "--unused");
+  const std::string out = dir.file("found.safetensors");
+  const RunResult r = train_ranks(2, out, "--unused --find-unused");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_LT(max_relative_difference(out, single), 1e-5) << r.output;
+}
+
+TEST(TorchDdp, RanksWhoseModelsDifferFailAtConstructionNamingTheDifference) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  const RunResult r = train_ranks(2, dir.file("w.safetensors"), "--differ");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  // Each rank names both sides: rank 1's fc1.weight is [33, 72], rank 0's [32, 72].
+  for (const std::string rank : {"[rank 0] ", "[rank 1] "})
+    EXPECT_EQ(count_of(r.output, rank + "error: the model differs between ranks: rank 1 has "
+                                        "parameter 5 'fc1.weight [33, 72] Float' of 2376 elements "
+                                        "where rank 0 has 'fc1.weight [32, 72] Float' of 2304 "
+                                        "elements"),
+              1)
+        << r.output;
+  EXPECT_EQ(count_of(r.output, "trained"), 0) << r.output;
+}
+
+// The engine's record of a step with buckets of 0.5 KiB: the first bucket's all-reduce is issued
+// while parameters' gradients are still arriving, before backward ends.
+TEST(TorchDdp, TheFirstBucketIsReducedDuringBackward) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  const RunResult r = train_ranks(2, dir.file("w.safetensors"), "--events --bucket-kb 0.5");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const size_t line = r.output.find("events:");
+  ASSERT_NE(line, std::string::npos) << r.output;
+  const std::string events = r.output.substr(line, r.output.find('\n', line) - line);
+  const size_t first_issued = events.find("allreduce_issued:0");
+  const size_t last_ready = events.rfind("layer_done");
+  const size_t done = events.find("backward_done");
+  ASSERT_NE(first_issued, std::string::npos) << events;
+  EXPECT_LT(first_issued, last_ready) << events;
+  EXPECT_LT(first_issued, done) << events;
+  EXPECT_GE(count_of(events, "allreduce_issued"), 3) << events;
+}
+
+// Batch norm's running statistics and its count of batches (float and int64 buffers): every
+// rank's are rank 0's after sync_buffers() (what forward() calls first); a forward of one's own
+// without it is named.
+TEST(TorchDdp, BuffersAreRankZerosAndAForwardWithoutTheirSyncIsNamed) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  for (const std::string flags : {"--batchnorm", "--batchnorm --own-forward"}) {
+    const RunResult r = train_ranks(2, dir.file("w.safetensors"), flags);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const size_t zero = r.output.find("rank 0 running_mean "),
+                 one = r.output.find("rank 1 running_mean ");
+    ASSERT_NE(zero, std::string::npos) << r.output;
+    ASSERT_NE(one, std::string::npos) << r.output;
+    EXPECT_EQ(r.output.substr(zero + 20, r.output.find('\n', zero) - zero - 20),
+              r.output.substr(one + 20, r.output.find('\n', one) - one - 20))
+        << flags << "\n"
+        << r.output;
+  }
+  const RunResult r =
+      train_ranks(2, dir.file("w.safetensors"), "--batchnorm --own-forward --no-sync-buffers");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("this step's forward ran without model.forward(...) or "
+                          "model.sync_buffers() before it"),
+            std::string::npos)
+      << r.output;
+}
+
+// PyTorch's Python DistributedDataParallel (Debian's torch, Gloo, under torchrun) on the same
+// model, the same starting weights and data (handed over in safetensors) gives the same
+// weights on 2 ranks.
+TEST(TorchDdp, EqualsPyTorchsPythonDdp) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  if (run_command("/usr/bin/python3 -c 'import torch.distributed.run'").exit_code != 0)
+    GTEST_SKIP() << "no torch for /usr/bin/python3";
+  TempDir dir;
+  const RunResult r =
+      train_ranks(2, dir.file("ddp.safetensors"), "--init " + dir.file("init.safetensors"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const RunResult py = run_command(
+      "CUDA_VISIBLE_DEVICES= /usr/bin/python3 -m torch.distributed.run -r 1 -t 1 --nproc_per_node "
+      "2 "
+      "--master_port " +
+      std::to_string(free_port()) + " " + PYTORCH_DDP_SCRIPT + " " + dir.file("init.safetensors") +
+      " " + dir.file("pytorch.safetensors"));
+  ASSERT_EQ(py.exit_code, 0) << py.output;
+  EXPECT_LT(max_relative_difference(dir.file("ddp.safetensors"), dir.file("pytorch.safetensors")),
+            1e-5)
+      << py.output;
+}
+
+TEST(TorchDdp, BadUseIsOneClearError) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  // bf16 reduction over Gloo: the backend is named.
+  const RunResult r = train_ranks(2, dir.file("w.safetensors"), "--bf16");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("gloo"), std::string::npos) << r.output;
+  EXPECT_EQ(count_of(r.output, "trained"), 0) << r.output;
+}
+
+}  // namespace
+}  // namespace ddp

@@ -1,0 +1,39 @@
+// The LibTorch tests' comparison: two safetensors files of parameters (torch_worker's --out)
+// hold the same names and shapes, and their largest relative difference.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "models/safetensors.h"
+
+namespace ddp {
+
+// max over elements of |a - b| / (1 + |b|), or +inf where the files differ in names or shapes
+// (with a test failure naming it).
+inline double max_relative_difference(const std::string& a_path, const std::string& b_path) {
+  const SafetensorsFile a = read_safetensors(a_path), b = read_safetensors(b_path);
+  double worst = 0;
+  EXPECT_EQ(a.tensors.size(), b.tensors.size());
+  for (const auto& [name, tb] : b.tensors) {
+    const auto it = a.tensors.find(name);
+    if (it == a.tensors.end() || it->second.shape != tb.shape || tb.dtype != "F32") {
+      ADD_FAILURE() << name << " missing, of another shape or not F32 in " << a_path;
+      return INFINITY;
+    }
+    const size_t n = tb.data.size() / sizeof(float);
+    for (size_t i = 0; i < n; ++i) {
+      float x = 0, y = 0;
+      std::memcpy(&x, it->second.data.data() + i * sizeof(float), sizeof(float));
+      std::memcpy(&y, tb.data.data() + i * sizeof(float), sizeof(float));
+      worst = std::max(worst, std::abs(double(x) - double(y)) / (1 + std::abs(double(y))));
+    }
+  }
+  return worst;
+}
+
+}  // namespace ddp

@@ -1,0 +1,226 @@
+// A LibTorch program for ddp::DistributedDataParallel's tests: a model of several kinds of layer
+// (an embedding, a convolution, layer norm, linear layers) trained K steps with SGD on a fixed
+// data set, one global batch a step split over the ranks, or by one process alone.
+//   torch_worker --single [--steps K] [--accumulate A] [--out FILE]
+//   ddprun ... torch_worker [--steps K] [--accumulate A] [--out FILE] [--init FILE]
+//       [--cuda] [--bf16] [--unused [--find-unused]] [--differ] [--events] [--batchnorm]
+//       [--own-forward [--no-sync-buffers]] [--bucket-kb N]
+// Rank 0 writes the trained parameters (safetensors, registration order) to --out; --init
+// writes the starting parameters (rank 0's, after the broadcast) and the data set, for
+// PyTorch's Python DDP to start from. Each rank starts from its own seed, so the runs equal one
+// process only if the construction's broadcast works.
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <ddp/torch.h>
+#include "models/safetensors.h"
+
+namespace {
+
+constexpr int64_t kVocabulary = 16, kTokens = 6, kClasses = 4, kGlobalBatch = 12;
+
+struct NetImpl : torch::nn::Module {
+  NetImpl(int64_t hidden, bool unused, bool batchnorm)
+      : embed(register_module("embed", torch::nn::Embedding(kVocabulary, 8))),
+        conv(register_module("conv",
+                             torch::nn::Conv1d(torch::nn::Conv1dOptions(8, 12, 3).padding(1)))),
+        norm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({12})))),
+        fc1(register_module("fc1", torch::nn::Linear(kTokens * 12, hidden))),
+        fc2(register_module("fc2", torch::nn::Linear(hidden, kClasses))) {
+    if (unused) spare = register_module("spare", torch::nn::Linear(hidden, hidden));
+    if (batchnorm) bn = register_module("bn", torch::nn::BatchNorm1d(hidden));
+  }
+  torch::Tensor forward(torch::Tensor tokens) {
+    torch::Tensor x = embed(tokens).transpose(1, 2);  // (B, 8, T)
+    x = torch::relu(conv(x)).transpose(1, 2);         // (B, T, 12)
+    x = norm(x).flatten(1);
+    x = torch::relu(fc1(x));
+    if (!bn.is_empty()) x = bn(x);
+    return fc2(x);
+  }
+  torch::nn::Embedding embed;
+  torch::nn::Conv1d conv;
+  torch::nn::LayerNorm norm;
+  torch::nn::Linear fc1, fc2;
+  torch::nn::Linear spare{nullptr};
+  torch::nn::BatchNorm1d bn{nullptr};
+};
+TORCH_MODULE(Net);
+
+struct Args {
+  bool single = false, cuda = false, bf16 = false, unused = false, find_unused = false,
+       differ = false, events = false, batchnorm = false, own_forward = false,
+       no_sync_buffers = false;
+  int steps = 5, accumulate = 1;
+  double bucket_kb = 0;
+  std::string out, init;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string f = argv[i];
+    const auto value = [&] {
+      if (i + 1 >= argc) throw ddp::UsageError(f + " needs a value");
+      return std::string(argv[++i]);
+    };
+    if (f == "--single")
+      a.single = true;
+    else if (f == "--cuda")
+      a.cuda = true;
+    else if (f == "--bf16")
+      a.bf16 = true;
+    else if (f == "--unused")
+      a.unused = true;
+    else if (f == "--find-unused")
+      a.find_unused = true;
+    else if (f == "--differ")
+      a.differ = true;
+    else if (f == "--events")
+      a.events = true;
+    else if (f == "--batchnorm")
+      a.batchnorm = true;
+    else if (f == "--own-forward")
+      a.own_forward = true;
+    else if (f == "--no-sync-buffers")
+      a.no_sync_buffers = true;
+    else if (f == "--steps")
+      a.steps = std::stoi(value());
+    else if (f == "--accumulate")
+      a.accumulate = std::stoi(value());
+    else if (f == "--bucket-kb")
+      a.bucket_kb = std::stod(value());
+    else if (f == "--out")
+      a.out = value();
+    else if (f == "--init")
+      a.init = value();
+    else
+      throw ddp::UsageError("unknown flag " + f);
+  }
+  return a;
+}
+
+// The named tensors as safetensors (float32 and int64 as they are), on the CPU.
+void save(const std::string& path,
+          const std::vector<std::pair<std::string, torch::Tensor>>& named) {
+  std::vector<torch::Tensor> keep;
+  std::vector<ddp::TensorRef> refs;
+  for (const auto& [name, tensor] : named) {
+    keep.push_back(tensor.detach().cpu().contiguous());
+    const torch::Tensor& t = keep.back();
+    refs.push_back({name, t.scalar_type() == torch::kInt64 ? "I64" : "F32",
+                    std::vector<int64_t>(t.sizes().begin(), t.sizes().end()), t.data_ptr(),
+                    static_cast<size_t>(t.numel()) * t.element_size()});
+  }
+  ddp::write_safetensors(path, refs);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args args = parse(argc, argv);
+  // The data set: the same on every rank (one seed), kGlobalBatch samples a step.
+  const int64_t batch = kGlobalBatch * args.accumulate;
+  torch::manual_seed(1234);
+  const torch::Tensor tokens =
+      torch::randint(kVocabulary, {batch * args.steps, kTokens}, torch::kLong);
+  const torch::Tensor labels = torch::randint(kClasses, {batch * args.steps}, torch::kLong);
+
+  std::unique_ptr<ddp::World> world;
+  int rank = 0, ranks = 1;
+  if (!args.single) {
+    ddp::InitOptions init;
+    init.bind_gpu = args.cuda;
+    world = std::make_unique<ddp::World>(ddp::init(init));
+    rank = world->rank();
+    ranks = world->size();
+  }
+  const torch::Device device = args.cuda ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
+  torch::manual_seed(7 + rank);  // each rank its own start: the broadcast makes them rank 0's
+  Net net(args.differ && rank == 1 ? 33 : 32, args.unused, args.batchnorm);
+  net->to(device);
+
+  std::unique_ptr<ddp::DistributedDataParallel> model;
+  if (world) {
+    ddp::DistributedDataParallelOptions options;
+    options.find_unused_parameters(args.find_unused).reduce_in_bf16(args.bf16);
+    if (args.bucket_kb > 0)
+      options.bucket_cap_mb(args.bucket_kb / 1024).first_bucket_cap_mb(args.bucket_kb / 1024);
+    if (args.own_forward)
+      model = std::make_unique<ddp::DistributedDataParallel>(*net, *world, options);
+    else
+      model = std::make_unique<ddp::DistributedDataParallel>(net, *world, options);
+  }
+  if (!args.init.empty() && rank == 0) {
+    auto named = net->named_parameters();
+    std::vector<std::pair<std::string, torch::Tensor>> state;
+    for (const auto& p : named)
+      state.emplace_back(p.key(), p.value());
+    state.emplace_back("data.tokens", tokens);
+    state.emplace_back("data.labels", labels);
+    save(args.init, state);
+  }
+  torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+
+  // This rank's share of each micro-batch.
+  const int64_t share = kGlobalBatch / ranks;
+  for (int step = 0; step < args.steps; ++step) {
+    if (model && args.events && step == 1) model->record_events(true);
+    optimizer.zero_grad();
+    for (int micro = 0; micro < args.accumulate; ++micro) {
+      const int64_t first = (step * args.accumulate + micro) * kGlobalBatch + rank * share;
+      const torch::Tensor x = tokens.narrow(0, first, share).to(device);
+      const torch::Tensor y = labels.narrow(0, first, share).to(device);
+      const auto run = [&] {
+        torch::Tensor logits;
+        if (!model) {
+          logits = net->forward(x);
+        } else if (args.own_forward) {
+          if (!args.no_sync_buffers) model->sync_buffers();
+          logits = net->forward(x);
+        } else {
+          logits = model->forward(x);
+        }
+        torch::Tensor loss = torch::nn::functional::cross_entropy(logits, y) / args.accumulate;
+        loss.backward();
+      };
+      if (model && micro + 1 < args.accumulate) {
+        auto guard = model->no_sync();
+        run();
+      } else {
+        run();
+      }
+    }
+    optimizer.step();
+    if (model && args.events && step == 1) {
+      model->record_events(false);
+      if (rank == 0) {
+        std::string line = "events:";
+        for (const ddp::DdpEvent& e : model->events())
+          line += " " + e.what + (e.bucket >= 0 ? ":" + std::to_string(e.bucket) : "");
+        std::printf("%s\nbuckets: %zu\n", line.c_str(), model->buckets().size());
+      }
+    }
+  }
+  if (args.batchnorm) {  // rank 0's, as the next forward would see them
+    if (model) model->sync_buffers();
+    const torch::Tensor mean = net->bn->running_mean.cpu(), var = net->bn->running_var.cpu();
+    std::printf("rank %d running_mean %.9g %.9g batches %lld\n", rank, mean.sum().item<double>(),
+                var.sum().item<double>(),
+                static_cast<long long>(net->bn->num_batches_tracked.item<int64_t>()));
+  }
+  if (rank == 0 && !args.out.empty()) {
+    std::vector<std::pair<std::string, torch::Tensor>> state;
+    for (const auto& p : net->named_parameters())
+      state.emplace_back(p.key(), p.value());
+    save(args.out, state);
+  }
+  std::printf("rank %d of %d trained %d steps\n", rank, ranks, args.steps);
+  return 0;
+}

@@ -1,0 +1,416 @@
+// DistributedDataParallel: the module's parameters and buffers, the gradient buckets as views,
+// the hooks on the gradient accumulators and the end of backward.
+#include "torch/distributed_data_parallel.h"
+
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/torch.h>
+
+#include <sstream>
+
+#include "runtime/error.h"
+
+#if DDP_TORCH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace ddp {
+
+namespace {
+
+// "[8, 1, 3, 3] Float" (for the layout check's names).
+std::string describe(const torch::Tensor& tensor) {
+  std::ostringstream out;
+  out << tensor.sizes() << ' ' << tensor.scalar_type();
+  return out.str();
+}
+
+// The tensors' bytes, one after the other, as 32-bit words (padded), in one tensor on their
+// device.
+torch::Tensor packed(const std::vector<torch::Tensor>& tensors) {
+  std::vector<torch::Tensor> bytes;
+  for (const torch::Tensor& t : tensors)
+    bytes.push_back(t.detach().contiguous().reshape(-1).view(torch::kUInt8));
+  torch::Tensor flat = torch::cat(bytes);
+  const int64_t padded = (flat.numel() + 3) / 4 * 4;
+  if (padded != flat.numel())
+    flat = torch::cat({flat, torch::zeros({padded - flat.numel()}, flat.options())});
+  return flat;
+}
+
+// The strides of a contiguous tensor of `sizes`.
+std::vector<int64_t> dense_strides(torch::IntArrayRef sizes) {
+  std::vector<int64_t> strides(sizes.size(), 1);
+  for (size_t i = sizes.size(); i-- > 1;)
+    strides[i - 1] = strides[i] * std::max<int64_t>(sizes[i], 1);
+  return strides;
+}
+
+// packed()'s bytes back into the tensors.
+void unpack(const torch::Tensor& flat, const std::vector<torch::Tensor>& tensors) {
+  int64_t at = 0;
+  for (const torch::Tensor& t : tensors) {
+    const int64_t bytes = t.numel() * static_cast<int64_t>(t.element_size());
+    t.detach().copy_(flat.narrow(0, at, bytes).view(t.scalar_type()).view(t.sizes()));
+    at += bytes;
+  }
+}
+
+}  // namespace
+
+struct DistributedDataParallel::Impl {
+  // A parameter that gets gradients: its slot in the flat gradient buffer and its hook.
+  struct Param {
+    std::string name;
+    torch::Tensor tensor;
+    torch::Tensor view;  // its part of the flat gradient buffer, its shape (its .grad())
+    std::shared_ptr<torch::autograd::Node> accumulator;
+    uintptr_t hook = 0;
+    bool ready = false;  // its gradient is written this backward
+  };
+
+  Impl(torch::nn::Module& module, World& world, const DistributedDataParallelOptions& options);
+  ~Impl();
+  void check_and_copy_rank0s_state(
+      const std::vector<std::pair<std::string, torch::Tensor>>& all,
+      const std::vector<std::pair<std::string, torch::Tensor>>& buffers);
+  void make_reducer();
+  void point_grads_at_buckets();
+  void broadcast(const std::vector<torch::Tensor>& tensors);
+  void sync_buffers();
+  void* stream() const;
+  void on_gradient(size_t index);
+  void begin_backward();
+  void end_backward();
+  void point_grad_at_view(Param& param);
+
+  torch::nn::Module& module;
+  Communicator& comm;
+  DistributedDataParallelOptions options;
+  torch::Device device = torch::kCPU;
+  std::vector<Param> params;  // those that get gradients, in registration order
+  std::vector<torch::Tensor> buffers;
+  torch::Tensor grads;         // the flat gradient buffer (float32)
+  torch::Tensor bf16_scratch;  // reduce_in_bf16's
+  std::unique_ptr<Ddp> reducer;
+  torch::Tensor device_scratch;  // the layout check's messages over NCCL
+  torch::nn::AnyModule forward;
+  bool no_sync = false;
+  bool in_backward = false;
+  bool buffers_synced = false;  // since the last synchronised backward
+};
+
+DistributedDataParallel::Impl::Impl(torch::nn::Module& module_, World& world,
+                                    const DistributedDataParallelOptions& options_)
+    : module(module_), comm(world.comm()), options(options_) {
+  const auto named = module.named_parameters(/*recurse=*/true);
+  const auto named_buffers = module.named_buffers(/*recurse=*/true);
+  DDP_USAGE_CHECK(named.size() > 0,
+                  "ddp::DistributedDataParallel: the module has no parameters (nothing to train)");
+  device = named[0].value().device();
+  std::vector<std::pair<std::string, torch::Tensor>> all, bufs;
+  for (const auto& p : named)
+    all.emplace_back(p.key(), p.value());
+  for (const auto& b : named_buffers)
+    bufs.emplace_back(b.key(), b.value());
+  for (const auto& [name, tensor] : all) {
+    DDP_USAGE_CHECK(tensor.device() == device,
+                    "ddp::DistributedDataParallel: parameter '{}' is on {} where '{}' is on {}; "
+                    "one module on one device per process",
+                    name, tensor.device().str(), all[0].first, device.str());
+    DDP_USAGE_CHECK(!tensor.requires_grad() || tensor.scalar_type() == torch::kFloat32,
+                    "ddp::DistributedDataParallel: parameter '{}' is {}; only float32 parameters "
+                    "are bucketed (module->to(torch::kFloat32))",
+                    name, c10::toString(tensor.scalar_type()));
+  }
+  DDP_USAGE_CHECK(device.is_cuda() == comm.device_buffers(),
+                  "ddp::DistributedDataParallel: the module is on {} but the world communicator "
+                  "({}) takes {} tensors; {}",
+                  device.str(), comm.backend(), comm.device_buffers() ? "CUDA" : "CPU",
+                  comm.device_buffers()
+                      ? "move the module to the GPU (module->to(torch::kCUDA))"
+                      : "for CUDA tensors call ddp::init with InitOptions::bind_gpu (NCCL)");
+  for (const auto& [name, tensor] : all)
+    if (tensor.requires_grad()) params.push_back({name, tensor, {}, nullptr, 0, false});
+  DDP_USAGE_CHECK(!params.empty(),
+                  "ddp::DistributedDataParallel: no parameter of the module requires a gradient");
+  for (const auto& b : bufs)
+    buffers.push_back(b.second);
+  make_reducer();
+  check_and_copy_rank0s_state(all, bufs);
+  point_grads_at_buckets();
+}
+
+void DistributedDataParallel::Impl::check_and_copy_rank0s_state(
+    const std::vector<std::pair<std::string, torch::Tensor>>& all,
+    const std::vector<std::pair<std::string, torch::Tensor>>& bufs) {
+  // Every rank the same names, shapes and dtypes, the first difference named on every rank.
+  std::vector<NamedParam> layout;
+  for (const auto& [name, tensor] : all)
+    layout.push_back({name + ' ' + describe(tensor), static_cast<size_t>(tensor.numel())});
+  for (const auto& [name, tensor] : bufs)
+    layout.push_back(
+        {"buffer " + name + ' ' + describe(tensor), static_cast<size_t>(tensor.numel())});
+  if (comm.device_buffers()) {
+    reducer->set_device_copies(
+        [](void* dst, const void* src, size_t bytes) {
+          auto host = torch::from_blob(const_cast<void*>(src), {static_cast<int64_t>(bytes)},
+                                       torch::kUInt8);
+          torch::from_blob(dst, {static_cast<int64_t>(bytes)},
+                           torch::TensorOptions().dtype(torch::kUInt8).device(torch::kCUDA))
+              .copy_(host);
+        },
+        [](void* dst, const void* src, size_t bytes) {
+          auto device =
+              torch::from_blob(const_cast<void*>(src), {static_cast<int64_t>(bytes)},
+                               torch::TensorOptions().dtype(torch::kUInt8).device(torch::kCUDA));
+          torch::from_blob(dst, {static_cast<int64_t>(bytes)}, torch::kUInt8).copy_(device);
+        });
+    reducer->set_device_scratch([this](size_t bytes) {
+      if (!device_scratch.defined() || device_scratch.numel() < static_cast<int64_t>(bytes))
+        device_scratch = torch::empty({static_cast<int64_t>(bytes)},
+                                      torch::TensorOptions().dtype(torch::kUInt8).device(device));
+      return device_scratch.data_ptr();
+    });
+    comm.set_compute_stream(stream());
+  }
+  reducer->check_same_layout(layout);
+  device_scratch = torch::Tensor();
+  // Rank 0's parameters and buffers, in one collective.
+  std::vector<torch::Tensor> state;
+  for (const auto& p : all)
+    state.push_back(p.second);
+  for (const auto& b : bufs)
+    state.push_back(b.second);
+  broadcast(state);
+}
+
+void DistributedDataParallel::Impl::make_reducer() {
+  size_t total = 0;
+  std::vector<ParamSpan> spans;
+  for (const Param& p : params) {
+    spans.push_back({total, static_cast<size_t>(p.tensor.numel())});
+    total += static_cast<size_t>(p.tensor.numel());
+  }
+  DdpOptions ddp_options;
+  ddp_options.bucket_mb = options.bucket_cap_mb();
+  ddp_options.first_bucket_mb = options.first_bucket_cap_mb();
+  ddp_options.overlap = options.overlap();
+  reducer = std::make_unique<Ddp>(comm, spans, ddp_options);
+  grads = torch::zeros({static_cast<int64_t>(total)},
+                       torch::TensorOptions().dtype(torch::kFloat32).device(device));
+  if (options.reduce_in_bf16()) {
+    comm.require_bf16_reduction();
+    bf16_scratch = torch::empty({static_cast<int64_t>(total)},
+                                torch::TensorOptions().dtype(torch::kBFloat16).device(device));
+    reducer->reduce_in_bf16(bf16_scratch.data_ptr());
+  }
+}
+
+// Each parameter's .grad() a view of its bucket, and a hook on its gradient accumulator that
+// tells when its gradient is written.
+void DistributedDataParallel::Impl::point_grads_at_buckets() {
+  torch::NoGradGuard no_grad;
+  int64_t offset = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    Param& p = params[i];
+    // The flat buffer's memory, but not an autograd view of it: LibTorch's
+    // Optimizer::zero_grad() detaches gradients in place, which views refuse.
+    p.view = torch::empty({0}, grads.options())
+                 .set_(grads.storage(), offset, p.tensor.sizes(), dense_strides(p.tensor.sizes()));
+    offset += p.tensor.numel();
+    p.accumulator = torch::autograd::impl::grad_accumulator(p.tensor);
+    DDP_CHECK(p.accumulator != nullptr, "parameter '{}' has no gradient accumulator", p.name);
+    p.hook = p.accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+        [this, i](const torch::autograd::variable_list& outputs,
+                  const torch::autograd::variable_list&) {
+          on_gradient(i);
+          return outputs;
+        }));
+  }
+}
+
+DistributedDataParallel::Impl::~Impl() {
+  for (Param& p : params)
+    if (p.accumulator) p.accumulator->del_post_hook(p.hook);
+}
+
+// The current CUDA stream of the module's device (what the gradients were written on, what
+// the optimizer will read them on), or null on the CPU.
+void* DistributedDataParallel::Impl::stream() const {
+#if DDP_TORCH_CUDA
+  if (device.is_cuda()) return c10::cuda::getCurrentCUDAStream(device.index()).stream();
+#endif
+  return nullptr;
+}
+
+void DistributedDataParallel::Impl::broadcast(const std::vector<torch::Tensor>& tensors) {
+  if (comm.size() == 1 || tensors.empty()) return;
+  torch::NoGradGuard no_grad;
+  torch::Tensor flat = packed(tensors);
+  const size_t words = static_cast<size_t>(flat.numel() / 4);
+  if (comm.device_buffers()) {
+    comm.set_compute_stream(stream());
+    comm.broadcast_async(flat.data_ptr(), words, DataType::kInt32, 0)->then_on(stream());
+  } else {
+    comm.broadcast(flat.data_ptr(), words, DataType::kInt32, 0);
+  }
+  unpack(flat, tensors);
+}
+
+void DistributedDataParallel::Impl::sync_buffers() {
+  if (options.broadcast_buffers()) broadcast(buffers);
+  buffers_synced = true;
+}
+
+// Its .grad() is its slot of the bucket: a gradient written elsewhere (none yet, or
+// optimizer.zero_grad() setting it to none) is copied there first.
+void DistributedDataParallel::Impl::point_grad_at_view(Param& param) {
+  torch::Tensor& grad = param.tensor.mutable_grad();
+  if (grad.defined() && grad.is_same(param.view)) return;
+  if (grad.defined())
+    param.view.copy_(grad);
+  else
+    param.view.zero_();
+  grad = param.view;
+}
+
+void DistributedDataParallel::Impl::on_gradient(size_t index) {
+  if (no_sync) return;  // accumulated here, reduced by the next backward outside no_sync()
+  if (!in_backward) begin_backward();
+  Param& p = params[index];
+  DDP_CHECK(!p.ready, "parameter '{}' got its gradient twice in one backward", p.name);
+  {
+    torch::NoGradGuard no_grad;
+    point_grad_at_view(p);
+  }
+  p.ready = true;
+  if (comm.device_buffers()) comm.set_compute_stream(stream());
+  reducer->layer_ready(static_cast<int>(index));
+}
+
+void DistributedDataParallel::Impl::begin_backward() {
+  DDP_USAGE_CHECK(
+      buffers_synced || !options.broadcast_buffers() || buffers.empty() || comm.size() == 1,
+      "ddp::DistributedDataParallel: the module has buffers and broadcast_buffers is on, but this "
+      "step's forward ran without model.forward(...) or model.sync_buffers() before it; call one "
+      "of them before each forward, or set DistributedDataParallelOptions().broadcast_buffers("
+      "false)");
+  in_backward = true;
+  for (Param& p : params)
+    p.ready = false;
+  reducer->begin_backward(grads.data_ptr<float>());
+  // Called by the autograd engine once backward is over (its final callback).
+  torch::autograd::Engine::get_default_engine().queue_callback([this] { end_backward(); });
+}
+
+void DistributedDataParallel::Impl::end_backward() {
+  in_backward = false;
+  buffers_synced = false;
+  std::vector<size_t> unused;
+  for (size_t i = 0; i < params.size(); ++i)
+    if (!params[i].ready) unused.push_back(i);
+  if (!unused.empty() && !options.find_unused_parameters()) {
+    std::string names;
+    for (size_t k = 0; k < unused.size() && k < 5; ++k)
+      names += (k ? ", '" : "'") + params[unused[k]].name + "'";
+    if (unused.size() > 5) names += fmt::format(" and {} more", unused.size() - 5);
+    throw UsageError(fmt::format(
+        "ddp::DistributedDataParallel: parameter(s) {} got no gradient in this backward, so their "
+        "buckets cannot be reduced; use them in the loss, set requires_grad(false) on them, or "
+        "construct with DistributedDataParallelOptions().find_unused_parameters(true)",
+        names));
+  }
+  // An unused parameter's part of its bucket: what it holds (a gradient accumulated
+  // earlier, zero after zero_grad()), or zero where it has no gradient at all.
+  std::vector<int32_t> used(params.size(), 1);
+  {
+    torch::NoGradGuard no_grad;
+    for (const size_t i : unused) {
+      Param& p = params[i];
+      if (!p.tensor.grad().defined()) {
+        p.view.zero_();
+        used[i] = 0;
+      } else {
+        point_grad_at_view(p);
+      }
+      if (comm.device_buffers()) comm.set_compute_stream(stream());
+      reducer->layer_ready(static_cast<int>(i));
+    }
+  }
+  reducer->end_backward();
+  reducer->finish(stream());
+  if (!options.find_unused_parameters()) return;
+  // A parameter no rank used keeps no gradient (as PyTorch's); one another rank used gets
+  // the average.
+  torch::Tensor map = torch::tensor(used, torch::kInt32).to(device);
+  if (comm.device_buffers()) comm.set_compute_stream(stream());
+  comm.all_reduce(map.data_ptr(), used.size(), DataType::kInt32, ReduceOp::kMax);
+  map = map.cpu();
+  for (const size_t i : unused)
+    if (used[i] == 0 && map[static_cast<int64_t>(i)].item<int32_t>() == 1) {
+      torch::NoGradGuard no_grad;
+      params[i].tensor.mutable_grad() = params[i].view;
+    }
+}
+
+DistributedDataParallel::DistributedDataParallel(torch::nn::Module& module, World& world,
+                                                 const DistributedDataParallelOptions& options)
+    : impl_(std::make_unique<Impl>(module, world, options)) {}
+
+DistributedDataParallel::~DistributedDataParallel() = default;
+DistributedDataParallel::DistributedDataParallel(DistributedDataParallel&&) noexcept = default;
+DistributedDataParallel& DistributedDataParallel::operator=(DistributedDataParallel&&) noexcept =
+    default;
+
+void DistributedDataParallel::sync_buffers() {
+  impl_->sync_buffers();
+}
+
+void DistributedDataParallel::set_forward(torch::nn::AnyModule forward) {
+  impl_->forward = std::move(forward);
+}
+
+torch::nn::AnyModule& DistributedDataParallel::forward_module() {
+  DDP_USAGE_CHECK(!impl_->forward.is_empty(),
+                  "ddp::DistributedDataParallel::forward: made from a torch::nn::Module&, it does "
+                  "not know the module's forward; call model.sync_buffers() and then the module's "
+                  "own forward, or make it from the module holder (or shared_ptr)");
+  return impl_->forward;
+}
+
+DistributedDataParallel::NoSync::NoSync(DistributedDataParallel& owner)
+    : owner_(owner), was_(owner.impl_->no_sync) {
+  owner_.impl_->no_sync = true;
+}
+
+DistributedDataParallel::NoSync::~NoSync() {
+  owner_.impl_->no_sync = was_;
+}
+
+torch::nn::Module& DistributedDataParallel::module() {
+  return impl_->module;
+}
+
+const std::vector<Bucket>& DistributedDataParallel::buckets() const {
+  return impl_->reducer->buckets();
+}
+
+std::vector<std::string> DistributedDataParallel::parameter_names() const {
+  std::vector<std::string> names;
+  for (const Impl::Param& p : impl_->params)
+    names.push_back(p.name);
+  return names;
+}
+
+void DistributedDataParallel::record_events(bool on) {
+  impl_->reducer->record_events(on);
+}
+
+const std::vector<DdpEvent>& DistributedDataParallel::events() const {
+  return impl_->reducer->events();
+}
+
+}  // namespace ddp

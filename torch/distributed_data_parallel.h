@@ -1,0 +1,144 @@
+// ddp::DistributedDataParallel: data parallelism for a LibTorch torch::nn::Module, as PyTorch's
+// DistributedDataParallel does it for Python, over the World of ddp::init() (Gloo or MPI for CPU
+// tensors, NCCL for CUDA tensors). The user's loop stays LibTorch's:
+//
+//   ddp::World world = ddp::init();
+//   ddp::DistributedDataParallel model(net, world);   // every rank now holds rank 0's weights
+//   torch::optim::SGD optimizer(net->parameters(), 0.01);
+//   ...  optimizer.zero_grad(); auto loss = loss_fn(model.forward(x), y);
+//        loss.backward(); optimizer.step();          // nothing between them
+//
+// At construction every rank gets rank 0's parameters and buffers, after a check that the
+// ranks' modules have the same parameters and buffers (names, shapes, dtypes), the first
+// difference named on every rank. Gradients live in buckets over the parameters in reverse order
+// of registration (options: 25 MiB, the first 1 MiB); each parameter's .grad() is a view into
+// its bucket's buffer (PyTorch's gradient_as_bucket_view), so nothing is copied. A hook on each
+// parameter's gradient accumulator marks it ready; a bucket's all-reduce (the average over
+// ranks) starts once all of its parameters are, during backward; the autograd engine's final
+// callback starts what is left and waits for all of them before backward() returns (CUDA: the
+// current stream waits, the host does not).
+#pragma once
+
+#include <torch/arg.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/any.h>
+
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "engine/setup/world.h"
+#include "engine/sync/ddp.h"
+
+namespace ddp {
+
+// How DistributedDataParallel buckets and reduces (PyTorch's constructor arguments; chained
+// setters as LibTorch's options: DistributedDataParallelOptions().bucket_cap_mb(50)).
+struct DistributedDataParallelOptions {
+  // A bucket's size (MiB), as PyTorch's bucket_cap_mb.
+  TORCH_ARG(double, bucket_cap_mb) = 25;
+  // The first bucket's (the last parameters'), so that communication starts early.
+  TORCH_ARG(double, first_bucket_cap_mb) = 1;
+  // A parameter that gets no gradient in a backward has its bucket reduced all the same (its
+  // part zero); without it, such a parameter is an error naming it.
+  TORCH_ARG(bool, find_unused_parameters) = false;
+  // Rank 0's buffers (running statistics) copied to every rank before each forward
+  // (DistributedDataParallel::forward, or sync_buffers() before one's own forward).
+  TORCH_ARG(bool, broadcast_buffers) = true;
+  // Gradients travel as bfloat16 (half the bytes; PyTorch's bf16_compress_hook). NCCL only.
+  TORCH_ARG(bool, reduce_in_bf16) = false;
+  // Start each bucket's all-reduce as soon as its gradients are written (else all of them when
+  // backward ends; for comparisons).
+  TORCH_ARG(bool, overlap) = true;
+};
+
+// Data parallelism over a LibTorch module (the top of this file).
+class DistributedDataParallel {
+ public:
+  // Any module; forward is the module's own, preceded by sync_buffers(). Collective.
+  DistributedDataParallel(torch::nn::Module& module, World& world,
+                          const DistributedDataParallelOptions& options = {});
+  // A module holder (torch::nn::Linear, TORCH_MODULE(Net)'s Net) or a shared_ptr of a module:
+  // the same, and forward(args...) calls the module's forward with the buffers synced first.
+  template <typename Holder, typename = decltype(std::declval<Holder&>().ptr())>
+  DistributedDataParallel(Holder& module, World& world,
+                          const DistributedDataParallelOptions& options = {})
+      : DistributedDataParallel(*module.ptr(), world, options) {
+    keep_forward(module.ptr());
+  }
+  // A shared_ptr of a module (std::make_shared<NetImpl>()).
+  template <typename Module,
+            typename = std::enable_if_t<std::is_base_of_v<torch::nn::Module, Module>>>
+  DistributedDataParallel(const std::shared_ptr<Module>& module, World& world,
+                          const DistributedDataParallelOptions& options = {})
+      : DistributedDataParallel(*module, world, options) {
+    keep_forward(module);
+  }
+  ~DistributedDataParallel();
+  DistributedDataParallel(DistributedDataParallel&&) noexcept;
+  DistributedDataParallel& operator=(DistributedDataParallel&&) noexcept;
+
+  // sync_buffers(), then the module's forward (made from a holder or shared_ptr whose module
+  // has one forward). Returns what it returns (torch::Tensor unless asked otherwise).
+  template <typename Return = torch::Tensor, typename... Args>
+  Return forward(Args&&... args) {
+    sync_buffers();
+    return forward_module().template forward<Return>(std::forward<Args>(args)...);
+  }
+  // Collective: every rank's buffers become rank 0's (where broadcast_buffers and the module
+  // has buffers). Call it before each forward of one's own; forward() does.
+  void sync_buffers();
+
+  // While the returned guard lives, backward passes accumulate gradients locally (no
+  // communication); the first backward after it reduces the sum (gradient accumulation, as
+  // PyTorch's no_sync()).
+  class NoSync {
+   public:
+    explicit NoSync(DistributedDataParallel& owner);
+    ~NoSync();
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+
+   private:
+    DistributedDataParallel& owner_;
+    bool was_;
+  };
+  // A guard (above): `{ auto guard = model.no_sync(); loss.backward(); }`.
+  NoSync no_sync() { return NoSync(*this); }
+
+  // The module it wraps.
+  torch::nn::Module& module();
+  // The buckets, in the order they are reduced (last parameters first); layer i of a Bucket is
+  // the i-th parameter that requires a gradient, in registration order.
+  const std::vector<Bucket>& buckets() const;
+  // The names of the parameters that get gradients, in registration order (Bucket's layers).
+  std::vector<std::string> parameter_names() const;
+  // The record of what happened during the steps while asked for (DdpEvent: "layer_done" as each
+  // parameter's gradient is ready, "allreduce_issued", "backward_done", "allreduce_waited").
+  void record_events(bool on);
+  // That record.
+  const std::vector<DdpEvent>& events() const;
+
+ private:
+  struct Impl;
+  template <typename Module>
+  void keep_forward(const std::shared_ptr<Module>& module) {
+    if constexpr (has_one_forward<Module>(0)) set_forward(torch::nn::AnyModule(module));
+  }
+  template <typename Module>
+  static constexpr bool has_one_forward(decltype(&Module::forward)) {
+    return true;
+  }
+  template <typename Module>
+  static constexpr bool has_one_forward(...) {
+    return false;
+  }
+  void set_forward(torch::nn::AnyModule forward);
+  torch::nn::AnyModule& forward_module();
+
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ddp
