@@ -1,6 +1,6 @@
 # cmake --install: the libraries as ddp::runtime, ddp::device (ddp::device_none: the stub),
 # ddp::collectives (ddp::collectives_core, ddp::nccl, ddp::mpi), ddp::models, ddp::core,
-# ddp::engine (and ddp::models_cuda with CUDA), their headers under include/ddp, the tools in
+# ddp::engine (and ddp::models_cuda with CUDA, ddp::torch with LibTorch), their headers under include/ddp, the tools in
 # bin, and ddpConfig.cmake so that find_package(ddp [COMPONENTS cuda nccl mpi]) gives targets
 # that carry their own dependencies (spdlog, zlib, nlohmann-json, cxxopts; CUDA, NCCL, MPI,
 # Gloo as this build found them) and DDP_HAVE_* definitions, and ddp::ddp with what was asked;
@@ -10,7 +10,7 @@ include(CMakePackageConfigHelpers)
 
 set(_ddp_export_targets ddp_runtime ddp_device ddp_device_none ddp_collectives_core
     ddp_collectives ddp_models ddp_core ddp_engine)
-foreach(target ddp_nccl ddp_mpi ddp_models_cuda)
+foreach(target ddp_nccl ddp_mpi ddp_models_cuda ddp_torch)
   if(TARGET ${target})
     list(APPEND _ddp_export_targets ${target})
   endif()

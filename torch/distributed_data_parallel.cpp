@@ -146,6 +146,7 @@ DistributedDataParallel::Impl::Impl(torch::nn::Module& module_, World& world,
 void DistributedDataParallel::Impl::check_and_copy_rank0s_state(
     const std::vector<std::pair<std::string, torch::Tensor>>& all,
     const std::vector<std::pair<std::string, torch::Tensor>>& bufs) {
+  if (comm.size() == 1) return;  // one process: nothing to compare or copy
   // Every rank the same names, shapes and dtypes, the first difference named on every rank.
   std::vector<NamedParam> layout;
   for (const auto& [name, tensor] : all)
@@ -201,7 +202,7 @@ void DistributedDataParallel::Impl::make_reducer() {
   reducer = std::make_unique<Ddp>(comm, spans, ddp_options);
   grads = torch::zeros({static_cast<int64_t>(total)},
                        torch::TensorOptions().dtype(torch::kFloat32).device(device));
-  if (options.reduce_in_bf16()) {
+  if (options.reduce_in_bf16() && comm.size() > 1) {  // one process reduces nothing
     comm.require_bf16_reduction();
     bf16_scratch = torch::empty({static_cast<int64_t>(total)},
                                 torch::TensorOptions().dtype(torch::kBFloat16).device(device));

@@ -34,29 +34,60 @@ void Ddp::index_layers() {
 
 namespace {
 
-// `text` of rank `root` on every rank (collective over `comm`, a host communicator).
-std::string broadcast_text(Communicator& comm, const std::string& text, int root) {
-  int64_t length = static_cast<int64_t>(text.size());
-  comm.broadcast(&length, 1, DataType::kInt64, root);
-  // As 32-bit words (the communicators move numbers), padded.
-  constexpr size_t kWord = sizeof(int32_t);
-  const size_t words = (static_cast<size_t>(length) + kWord - 1) / kWord;
-  std::string out = comm.rank() == root ? text : std::string();
-  out.resize(words * kWord, '\0');
-  if (words > 0) comm.broadcast(out.data(), words, DataType::kInt32, root);
-  out.resize(static_cast<size_t>(length));
-  return out;
-}
+// Host memory exchanged over `comm`: directly with a host communicator, through a device
+// scratch and the copies with a device one.
+struct Relay {
+  Communicator& comm;
+  const Ddp::ScratchFn& scratch;
+  Ddp::CopyFn to_device;
+  Ddp::CopyFn to_host;
+
+  // words[count] of rank `root` on every rank.
+  void broadcast(int32_t* words, size_t count, int root) {
+    if (count == 0) return;
+    if (!comm.device_buffers()) return comm.broadcast(words, count, DataType::kInt32, root);
+    void* device = scratch(count * sizeof(int32_t));
+    to_device(device, words, count * sizeof(int32_t));
+    comm.broadcast(device, count, DataType::kInt32, root);
+    to_host(words, device, count * sizeof(int32_t));
+  }
+  // all[size] holds every rank's `mine`, in rank order.
+  void all_gather(int64_t mine, int64_t* all) {
+    if (!comm.device_buffers()) return comm.all_gather(&mine, all, 1, DataType::kInt64);
+    const size_t n = static_cast<size_t>(comm.size());
+    auto* device = static_cast<int64_t*>(scratch((n + 1) * sizeof(int64_t)));
+    to_device(device, &mine, sizeof(int64_t));
+    comm.all_gather(device, device + 1, 1, DataType::kInt64);
+    to_host(all, device + 1, n * sizeof(int64_t));
+  }
+  // `text` of rank `root` on every rank.
+  std::string broadcast_text(const std::string& text, int root) {
+    // The length and the text as 32-bit words (the communicators move numbers), padded.
+    constexpr size_t kWord = sizeof(int32_t);
+    int32_t length = static_cast<int32_t>(text.size());
+    broadcast(&length, 1, root);
+    const size_t words = (static_cast<size_t>(length) + kWord - 1) / kWord;
+    std::string out = comm.rank() == root ? text : std::string();
+    out.resize(words * kWord, '\0');
+    broadcast(reinterpret_cast<int32_t*>(out.data()), words, root);
+    out.resize(static_cast<size_t>(length));
+    return out;
+  }
+};
 
 }  // namespace
 
 void Ddp::check_same_layout(const std::vector<NamedParam>& params) {
-  DDP_CHECK(!comm_.device_buffers(), "check_same_layout(names) takes a host communicator");
+  DDP_CHECK(!comm_.device_buffers() ||
+                (device_scratch_ && copy_to_device_ != nullptr && copy_to_host_ != nullptr),
+            "check_same_layout(names) over {} needs set_device_copies and set_device_scratch",
+            comm_.backend());
+  Relay relay{comm_, device_scratch_, copy_to_device_, copy_to_host_};
   // Rank 0's description to everyone; each compares and finds where it differs first.
   std::string mine;
   for (const NamedParam& p : params)
     mine += p.name + '\n' + std::to_string(p.count) + '\n';
-  const std::string theirs = broadcast_text(comm_, mine, 0);
+  const std::string theirs = relay.broadcast_text(mine, 0);
   std::vector<NamedParam> reference;
   for (size_t at = 0; at < theirs.size();) {
     const size_t a = theirs.find('\n', at), b = theirs.find('\n', a + 1);
@@ -69,7 +100,7 @@ void Ddp::check_same_layout(const std::vector<NamedParam>& params) {
         params[i].count != reference[i].count)
       first = static_cast<int64_t>(i);
   std::vector<int64_t> all(static_cast<size_t>(comm_.size()));
-  comm_.all_gather(&first, all.data(), 1, DataType::kInt64);
+  relay.all_gather(first, all.data());
   // The lowest rank that differs says what it has, so that every rank names both sides.
   const auto differs = std::find_if(all.begin(), all.end(), [](int64_t at) { return at >= 0; });
   if (differs == all.end()) return;
@@ -79,7 +110,7 @@ void Ddp::check_same_layout(const std::vector<NamedParam>& params) {
     return i < list.size() ? fmt::format("'{}' of {} elements", list[i].name, list[i].count)
                            : std::string("nothing");
   };
-  const std::string its = broadcast_text(comm_, describe(params), r);
+  const std::string its = relay.broadcast_text(describe(params), r);
   throw UsageError(
       fmt::format("the model differs between ranks: rank {} has parameter {} {} where rank 0 has "
                   "{}; every rank must build the same model",

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -58,9 +59,10 @@ class Ddp {
   // The same with the flags' units (DdpOptions: MiB); bad options are a UsageError.
   Ddp(Communicator& comm, const std::vector<ParamSpan>& layers, const DdpOptions& options = {});
 
-  // Collective (host communicators): every rank describes its model the same way, or the
-  // first difference is a UsageError on every rank naming it ("rank 1 has parameter 3
-  // 'fc2.weight' of 512 elements where rank 0 has 'fc2.weight' of 256").
+  // Collective: every rank describes its model the same way, or the first difference is a
+  // UsageError on every rank naming it ("rank 1 has parameter 3 'fc2.weight' of 512 elements
+  // where rank 0 has 'fc2.weight' of 256"). A device communicator needs the copies
+  // (set_device_copies) and a scratch (set_device_scratch).
   void check_same_layout(const std::vector<NamedParam>& params);
 
   // Collective: every rank must hold the same model; `fingerprint` identifies its layout
@@ -76,6 +78,11 @@ class Ddp {
     copy_to_device_ = to_device;
     copy_to_host_ = to_host;
   }
+  // A device buffer of at least `bytes`, valid until the next call (for the layout check's
+  // messages over a device communicator).
+  using ScratchFn = std::function<void*(size_t bytes)>;
+  // The scratch check_same_layout(names) uses with a device communicator.
+  void set_device_scratch(ScratchFn scratch) { device_scratch_ = std::move(scratch); }
   // Reduce gradients as bfloat16 (Communicator::all_reduce_bf16_async) through `scratch`:
   // as many bf16 values as the gradient buffer has floats, in the communicator's memory.
   // UsageError when the backend cannot.
@@ -142,6 +149,7 @@ class Ddp {
   Communicator& comm_;
   CopyFn copy_to_device_ = nullptr;
   CopyFn copy_to_host_ = nullptr;
+  ScratchFn device_scratch_;
   std::vector<Bucket> buckets_;
   bool overlap_;
   float* grads_ = nullptr;

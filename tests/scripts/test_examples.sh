@@ -36,7 +36,7 @@ refused() {
   echo "find_package(ddp $2): refused with: $3"
 }
 refused v99 "99 REQUIRED" 'with requested version "99"'
-refused bogus "REQUIRED COMPONENTS bogus" "unknown component 'bogus' (expected cuda, nccl or mpi)"
+refused bogus "REQUIRED COMPONENTS bogus" "unknown component 'bogus' (expected cuda, nccl, mpi or torch)"
 cmake --build "$work/build" -j 2 > "$work/build.log" 2>&1 ||
   { tail -40 "$work/build.log"; echo "FAILED: build the examples"; exit 1; }
 # Only the public headers and what they include are installed: ddp's internals stay private.
@@ -80,12 +80,25 @@ printf 'cmake_minimum_required(VERSION 3.24)\nproject(mine LANGUAGES CXX)\nset(C
   cmake --build "$work/mine/build"; } > "$work/mine.log" 2>&1 ||
   { tail -30 "$work/mine.log"; echo "FAILED: a project with its own models/mlp.h and engine/ddp.h"; exit 1; }
 echo "a project with its own models/mlp.h and engine/ddp.h: built"
+# The torch component as a LibTorch user's project asks for it: one find_package, ddp::ddp.
+torch_example=""
+if grep -q "set(ddp_HAVE_TORCH ON)" "$work/moved/lib/cmake/ddp/ddpConfig.cmake"; then
+  [ -x "$work/build/libtorch_fashion" ] ||
+    { echo "FAILED: this ddp has the torch component but the examples did not build libtorch_fashion"; exit 1; }
+  mkdir -p "$work/torchapp"
+  printf 'cmake_minimum_required(VERSION 3.24)\nproject(torchapp LANGUAGES CXX)\nset(CMAKE_CXX_STANDARD 17)\nfind_package(ddp REQUIRED COMPONENTS torch)\nadd_executable(libtorch_fashion %s/examples/libtorch/libtorch_fashion.cpp)\ntarget_link_libraries(libtorch_fashion PRIVATE ddp::ddp)\n' "$root" > "$work/torchapp/CMakeLists.txt"
+  { cmake -S "$work/torchapp" -B "$work/torchapp/build" -DCMAKE_PREFIX_PATH="$work/moved" &&
+    cmake --build "$work/torchapp/build"; } > "$work/torchapp.log" 2>&1 ||
+    { tail -30 "$work/torchapp.log"; echo "FAILED: a LibTorch project with find_package(ddp COMPONENTS torch)"; exit 1; }
+  torch_example="$work/torchapp/build/libtorch_fashion"
+  echo "find_package(ddp COMPONENTS torch): the LibTorch example built with ddp::ddp"
+fi
 # ddp::ddp without components: a CPU-only binary.
 libs="$(ldd "$work/build/own_model")"
-if grep -E 'libcuda|libcudart|libnccl|libmpi|libcublas' <<<"$libs"; then
+if grep -E 'libcuda|libcudart|libnccl|libmpi|libcublas|libtorch|libc10' <<<"$libs"; then
   echo "FAILED: own_model (ddp::ddp, no components) links the libraries above"; exit 1
 fi
-echo "own_model: no CUDA, NCCL or MPI library in ldd ($(wc -l <<<"$libs") libraries)"
+echo "own_model: no CUDA, NCCL, MPI or LibTorch library in ldd ($(wc -l <<<"$libs") libraries)"
 # Without CMake: the hello example compiled with pkg-config's flags from the moved copy
 # (scripts/deps.sh installs pkgconf for the tests).
 pkg=0
@@ -144,6 +157,13 @@ import sys
 a, b = ([float(v) for v in s.split()] for s in sys.argv[1:3])
 assert len(a) == 3 and len(b) == 3 and all(abs(x - y) <= 1e-5 * (1 + abs(x)) for x, y in zip(a, b)), (a, b)
 PY
+# The LibTorch example on 2 ranks, from the moved prefix (where the dataset is installed).
+if [ -n "$torch_example" ] && [ -e /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
+  out="$(CUDA_VISIBLE_DEVICES= "$work/moved/bin/ddprun" --nproc-per-node 2 -- "$torch_example" --max-steps 40 --checkpoint "$work/torch.pt" 2>&1)"
+  echo "$out" | tail -2
+  grep -qE "epoch 1: 40 steps, train loss [0-9.]+, test accuracy [0-9.]+%" <<<"$out" && [ -s "$work/torch.pt" ] ||
+    { echo "$out"; echo "FAILED: libtorch_fashion under ddprun"; failed=1; }
+fi
 # Under mpirun: the MPI backend, which classifier links (ddp::ddp and ddp::mpi).
 mpirun="$(command -v mpirun || true)"
 if [ -n "$mpirun" ]; then

@@ -1,0 +1,60 @@
+// ddp::DistributedDataParallel on CUDA tensors (NCCL, LibTorch's current stream), with two ranks
+// sharing the one GPU (ddprun --share-gpu: correct, slow): the same weights as one CUDA process
+// with the same global batch, also under no_sync accumulation; bf16 reduction close to them; and
+// the same model's weights on the GPU close to the CPU's.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "tests/libtorch/torch_compare.h"
+#include "tests/support/gpu_support.h"
+#include "tests/support/shared_gpu.h"
+#include "tests/support/test_support.h"
+
+namespace ddp {
+namespace {
+
+const std::string kWorker = WORKER_PATH;
+
+TEST(TorchDdpCuda, TwoRanksSharingTheGpuEqualOneCudaProcess) {
+  REQUIRE_GPU();
+  TempDir dir;
+  for (const std::string flags : {"", "--accumulate 2"}) {
+    const std::string single = dir.file("single.safetensors"), cpu = dir.file("cpu.safetensors");
+    const RunResult one =
+        run_command(kGpuEnv + kWorker + " --single --cuda --out " + single + " " + flags);
+    ASSERT_EQ(one.exit_code, 0) << one.output;
+    const RunResult host = run_command(kWorker + " --single --out " + cpu + " " + flags);
+    ASSERT_EQ(host.exit_code, 0) << host.output;
+    EXPECT_LT(max_relative_difference(single, cpu), 1e-4) << flags;  // TF32 off: fp32 products
+    const std::string out = dir.file("two.safetensors");
+    const RunResult r = run_command(kSharedGpu + " --nproc-per-node 2 -- " + kWorker +
+                                    " --cuda --bucket-kb 2 --out " + out + " " + flags);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_LT(max_relative_difference(out, single), 1e-5) << flags << "\n" << r.output;
+  }
+}
+
+TEST(TorchDdpCuda, Bf16ReductionStaysCloseAndBuffersAreRankZeros) {
+  REQUIRE_GPU();
+  TempDir dir;
+  const std::string single = dir.file("single.safetensors"), out = dir.file("bf16.safetensors");
+  ASSERT_EQ(run_command(kGpuEnv + kWorker + " --single --cuda --out " + single).exit_code, 0);
+  const RunResult r =
+      run_command(kSharedGpu + " --nproc-per-node 2 -- " + kWorker + " --cuda --bf16 --out " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_LT(max_relative_difference(out, single), 2e-2) << r.output;
+  const RunResult bn = run_command(kSharedGpu + " --nproc-per-node 2 -- " + kWorker +
+                                   " --cuda --batchnorm --out " + out);
+  ASSERT_EQ(bn.exit_code, 0) << bn.output;
+  const size_t zero = bn.output.find("rank 0 running_mean "),
+               one = bn.output.find("rank 1 running_mean ");
+  ASSERT_NE(zero, std::string::npos) << bn.output;
+  ASSERT_NE(one, std::string::npos) << bn.output;
+  EXPECT_EQ(bn.output.substr(zero + 20, bn.output.find('\n', zero) - zero - 20),
+            bn.output.substr(one + 20, bn.output.find('\n', one) - one - 20))
+      << bn.output;
+}
+
+}  // namespace
+}  // namespace ddp
