@@ -283,11 +283,12 @@ void DistributedDataParallel::Impl::on_gradient(size_t index) {
   if (!in_backward) begin_backward();
   Param& p = params[index];
   DDP_CHECK(!p.ready, "parameter '{}' got its gradient twice in one backward", p.name);
+  p.ready = true;
+  if (comm.size() == 1) return;  // one process: nothing to reduce, the gradient stays put
   {
     torch::NoGradGuard no_grad;
     point_grad_at_view(p);
   }
-  p.ready = true;
   if (comm.device_buffers()) comm.set_compute_stream(stream());
   reducer->layer_ready(static_cast<int>(index));
 }
@@ -324,6 +325,7 @@ void DistributedDataParallel::Impl::end_backward() {
         "construct with DistributedDataParallelOptions().find_unused_parameters(true)",
         names));
   }
+  if (comm.size() == 1) return;  // nothing to reduce
   // An unused parameter's part of its bucket: what it holds (a gradient accumulated
   // earlier, zero after zero_grad()), or zero where it has no gradient at all.
   std::vector<int32_t> used(params.size(), 1);

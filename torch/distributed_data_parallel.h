@@ -16,7 +16,8 @@
 // parameter's gradient accumulator marks it ready; a bucket's all-reduce (the average over
 // ranks) starts once all of its parameters are, during backward; the autograd engine's final
 // callback starts what is left and waits for all of them before backward() returns (CUDA: the
-// current stream waits, the host does not).
+// current stream waits, the host does not). A job of one process reduces nothing: the hooks
+// only check that every parameter got its gradient, which stays where LibTorch wrote it.
 #pragma once
 
 #include <torch/arg.h>
