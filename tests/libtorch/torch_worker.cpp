@@ -142,6 +142,7 @@ int main(int argc, char** argv) {
     ranks = world->size();
   }
   const torch::Device device = args.cuda ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
+  at::globalContext().setAllowTF32CuDNN(false);  // fp32 convolutions, comparable with the CPU's
   torch::manual_seed(7 + rank);  // each rank its own start: the broadcast makes them rank 0's
   Net net(args.differ && rank == 1 ? 33 : 32, args.unused, args.batchnorm);
   net->to(device);
