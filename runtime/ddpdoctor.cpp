@@ -48,6 +48,14 @@ void check_build() {
          yes_no(DDP_HAVE_GLOO, "install libgloo-dev and rebuild for CPU collectives under ddprun"));
   report(DDP_HAVE_MPI ? "ok" : "warn", "build: MPI",
          yes_no(DDP_HAVE_MPI, "install libopenmpi-dev and rebuild for mpirun"));
+  const std::string torch = DDP_TORCH;
+  report(!torch.empty() ? "ok" : "warn", "build: LibTorch",
+         !torch.empty()
+             ? fmt::format("built ({}): ddp::DistributedDataParallel, find_package(ddp "
+                           "COMPONENTS torch)",
+                           torch)
+             : std::string("left out (install libtorch-dev, or set Torch_DIR, and rebuild for "
+                           "ddp::DistributedDataParallel on LibTorch modules)"));
   report(DDP_HAVE_OPENBLAS ? "ok" : "warn", "build: OpenBLAS",
          yes_no(DDP_HAVE_OPENBLAS, "CPU products use slow loops; install libopenblas-dev"));
 }
