@@ -8,19 +8,21 @@
 
 namespace ddp {
 
+// One split of a data set (train or test).
 struct Split {
-  std::vector<float> x;    // [n, dim]
-  std::vector<int32_t> y;  // [n]
-  int64_t n = 0;
-  int dim = 0;
+  std::vector<float> x;     ///< features, [n, dim] row-major
+  std::vector<int32_t> y;   ///< labels, [n]
+  int64_t n = 0;            ///< samples
+  int dim = 0;              ///< features a sample
   std::string labels_file;  // where y came from (for messages); empty for generated data
 };
 
+// A data set: its train and test splits.
 struct Dataset {
-  std::string name;
-  Split train;
-  Split test;  // n == 0 when there is none
-  int classes = 0;
+  std::string name;  ///< "fashion-mnist", "npy", "synthetic"
+  Split train;       ///< the training split
+  Split test;        ///< the test split; n == 0 when there is none
+  int classes = 0;   ///< labels are 0 to classes - 1
 };
 
 // Reads train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, t10k-*.gz from `dir`;
@@ -36,19 +38,22 @@ Dataset load_npy_dataset(const std::string& dir);
 Dataset make_synthetic(int64_t train_n, int64_t test_n, int dim, int classes, uint64_t seed);
 
 // Lower-level readers (exposed for tests).
+// An IDX file's array of unsigned bytes.
 struct IdxArray {
-  std::vector<int> dims;
-  std::vector<uint8_t> data;
+  std::vector<int> dims;      ///< its dimensions
+  std::vector<uint8_t> data;  ///< its bytes, row-major
 };
 // Reads a gzip-compressed (or plain) IDX file of unsigned bytes (type code 0x08).
 IdxArray read_idx_gz(const std::string& path);
 
+// A .npy file's array.
 struct NpyArray {
-  std::string dtype;  // "<f4", "<f8", "<f2", "<i4", "<i8", "<i2", "|u1", "|i1"
-  std::vector<int64_t> shape;
+  std::string dtype;           // "<f4", "<f8", "<f2", "<i4", "<i8", "<i2", "|u1", "|i1"
+  std::vector<int64_t> shape;  ///< its dimensions
   bool fortran_order = false;  // column-major data (NumPy's order='F')
-  std::vector<char> data;
+  std::vector<char> data;      ///< its bytes, as stored
 };
+// Reads a .npy file (the dtypes above); throws UsageError naming the file on a bad one.
 NpyArray read_npy(const std::string& path);
 // Writes an array of `dtype` as given (used by tests and tools); `fortran_order` only marks
 // the header: the bytes are written as they are.

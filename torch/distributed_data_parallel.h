@@ -77,8 +77,11 @@ class DistributedDataParallel {
       : DistributedDataParallel(*module, world, options) {
     keep_forward(module);
   }
+  // Removes its hooks from the module's parameters.
   ~DistributedDataParallel();
+  // Moves the wrapper (its hooks stay valid).
   DistributedDataParallel(DistributedDataParallel&&) noexcept;
+  // Moves the wrapper (its hooks stay valid).
   DistributedDataParallel& operator=(DistributedDataParallel&&) noexcept;
 
   // sync_buffers(), then the module's forward (made from a holder or shared_ptr whose module
@@ -97,7 +100,9 @@ class DistributedDataParallel {
   // PyTorch's no_sync()).
   class NoSync {
    public:
+    // Backward passes of `owner` accumulate locally from now on.
     explicit NoSync(DistributedDataParallel& owner);
+    // As before the guard.
     ~NoSync();
     NoSync(const NoSync&) = delete;
     NoSync& operator=(const NoSync&) = delete;
