@@ -51,10 +51,10 @@ double run(Net& net, bool ddp_mode, bool cuda, int64_t batch, int64_t features_o
   net->to(device);
   if (world) model = std::make_unique<ddp::DistributedDataParallel>(net, *world);
   torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
-  const torch::Tensor x =
-      features_or_image > 0 ? torch::randn({batch, features_or_image}, device)
-                            : torch::rand({batch, 1, 28, 28}, device);
-  const torch::Tensor y = torch::randint(classes, {batch}, torch::TensorOptions(device).dtype(torch::kLong));
+  const torch::Tensor x = features_or_image > 0 ? torch::randn({batch, features_or_image}, device)
+                                                : torch::rand({batch, 1, 28, 28}, device);
+  const torch::Tensor y =
+      torch::randint(classes, {batch}, torch::TensorOptions(device).dtype(torch::kLong));
   const auto step = [&] {
     optimizer.zero_grad();
     torch::Tensor loss = torch::nll_loss(model ? model->forward(x) : net->forward(x), y);
@@ -70,7 +70,10 @@ double run(Net& net, bool ddp_mode, bool cuda, int64_t batch, int64_t features_o
     for (int i = 0; i < steps; ++i)
       step();
     synchronize(device);
-    rounds.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / steps);
+    rounds.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+            .count() /
+        steps);
   }
   std::sort(rounds.begin(), rounds.end());
   return rounds[2];
@@ -88,12 +91,19 @@ int main(int argc, char** argv) {
       if (i + 1 >= argc) throw ddp::UsageError(flag + " needs a value");
       return std::string(argv[++i]);
     };
-    if (flag == "--model") model = value();
-    else if (flag == "--mode") mode = value();
-    else if (flag == "--cuda") cuda = true;
-    else if (flag == "--steps") steps = std::stoi(value());
-    else if (flag == "--warmup") warmup = std::stoi(value());
-    else throw ddp::UsageError("unknown flag " + flag + " (expected --model, --mode, --cuda, --steps, --warmup)");
+    if (flag == "--model")
+      model = value();
+    else if (flag == "--mode")
+      mode = value();
+    else if (flag == "--cuda")
+      cuda = true;
+    else if (flag == "--steps")
+      steps = std::stoi(value());
+    else if (flag == "--warmup")
+      warmup = std::stoi(value());
+    else
+      throw ddp::UsageError("unknown flag " + flag +
+                            " (expected --model, --mode, --cuda, --steps, --warmup)");
   }
   DDP_USAGE_CHECK(model == "cnn" || model == "mlp", "--model {}: expected cnn or mlp", model);
   DDP_USAGE_CHECK(mode == "plain" || mode == "ddp", "--mode {}: expected plain or ddp", mode);

@@ -36,4 +36,16 @@ inline double max_relative_difference(const std::string& a_path, const std::stri
   return worst;
 }
 
+// What rank `rank` printed after "running_mean " (torch_worker --batchnorm), or "" (with a test
+// failure) where it printed nothing.
+inline std::string batchnorm_line(const std::string& output, int rank) {
+  const std::string tag = "rank " + std::to_string(rank) + " running_mean ";
+  const size_t at = output.find(tag);
+  if (at == std::string::npos) {
+    ADD_FAILURE() << "no '" << tag << "' in\n" << output;
+    return "";
+  }
+  return output.substr(at + tag.size(), output.find('\n', at) - at - tag.size());
+}
+
 }  // namespace ddp
