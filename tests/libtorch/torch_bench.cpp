@@ -2,6 +2,7 @@
 // of the example's network (cnn, batch 64) or of an MLP of 50 M parameters (mlp, batch 512),
 // plain LibTorch or under ddp::DistributedDataParallel, timed over --steps after --warmup.
 //   ddp_torch_bench --model cnn|mlp --mode plain|ddp [--cuda] [--steps N] [--warmup N]
+//       [--batch B]
 // Prints "ms_per_step X" (the median of 5 rounds of N steps, the device synchronised around
 // each round). Under ddprun each rank trains its own batch; alone it is one rank.
 #include <ddp/torch.h>
@@ -85,6 +86,7 @@ int main(int argc, char** argv) {
   std::string model = "cnn", mode = "plain";
   bool cuda = false;
   int steps = 100, warmup = 20;
+  int64_t batch = 0;  // 0: the model's (64, 512)
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     const auto value = [&] {
@@ -101,9 +103,11 @@ int main(int argc, char** argv) {
       steps = std::stoi(value());
     else if (flag == "--warmup")
       warmup = std::stoi(value());
+    else if (flag == "--batch")
+      batch = std::stoll(value());
     else
       throw ddp::UsageError("unknown flag " + flag +
-                            " (expected --model, --mode, --cuda, --steps, --warmup)");
+                            " (expected --model, --mode, --cuda, --steps, --warmup, --batch)");
   }
   DDP_USAGE_CHECK(model == "cnn" || model == "mlp", "--model {}: expected cnn or mlp", model);
   DDP_USAGE_CHECK(mode == "plain" || mode == "ddp", "--mode {}: expected plain or ddp", mode);
@@ -111,10 +115,10 @@ int main(int argc, char** argv) {
   double ms = 0;
   if (model == "cnn") {
     FashionNet net;
-    ms = run(net, mode == "ddp", cuda, 64, 0, 10, steps, warmup);
+    ms = run(net, mode == "ddp", cuda, batch > 0 ? batch : 64, 0, 10, steps, warmup);
   } else {
     Mlp net;
-    ms = run(net, mode == "ddp", cuda, 512, 2048, 2048, steps, warmup);
+    ms = run(net, mode == "ddp", cuda, batch > 0 ? batch : 512, 2048, 2048, steps, warmup);
   }
   std::printf("libtorch %s %s: ms_per_step %.4f\n", model.c_str(), mode.c_str(), ms);
   return 0;
