@@ -64,15 +64,21 @@ TEST(TorchDdp, UnderMpirunTheSameWeightsAsUnderDdprun) {
 }
 
 // Three micro-batches a step, the first two under no_sync(): the same as one process taking
-// the three as one batch.
+// the three as one batch, and each bucket reduced once a step (not once a micro-batch).
 TEST(TorchDdp, NoSyncAccumulationEqualsTheLargerBatch) {
   if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
   TempDir dir;
   const std::string single = train_single(dir, "--accumulate 3");
   const std::string out = dir.file("accumulated.safetensors");
-  const RunResult r = train_ranks(2, out, "--accumulate 3");
+  const RunResult r = train_ranks(2, out, "--accumulate 3 --events --bucket-kb 0.5");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_LT(max_relative_difference(out, single), 1e-5) << r.output;
+  int buckets = 0;
+  const size_t at = r.output.find("buckets: ");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  buckets = std::stoi(r.output.substr(at + 9));
+  EXPECT_GE(buckets, 3);
+  EXPECT_EQ(count_of(r.output, "allreduce_issued"), buckets) << r.output;
 }
 
 TEST(TorchDdp, AnUnusedParameterIsNamedOrReducedWhenAskedTo) {
