@@ -283,6 +283,11 @@ void DistributedDataParallel::Impl::on_gradient(size_t index) {
   if (!in_backward) begin_backward();
   Param& p = params[index];
   DDP_CHECK(!p.ready, "parameter '{}' got its gradient twice in one backward", p.name);
+  DDP_USAGE_CHECK(!p.tensor.grad().defined() || !p.tensor.grad().is_sparse(),
+                  "ddp::DistributedDataParallel: parameter '{}' has a sparse gradient (an "
+                  "embedding with sparse(true)?); its buckets reduce dense gradients: make it "
+                  "dense (sparse(false))",
+                  p.name);
   p.ready = true;
   if (comm.size() == 1) return;  // one process: nothing to reduce, the gradient stays put
   {

@@ -185,6 +185,11 @@ TEST(TorchDdp, BadUseIsOneClearError) {
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("gloo"), std::string::npos) << r.output;
   EXPECT_EQ(count_of(r.output, "trained"), 0) << r.output;
+  // A sparse gradient (an embedding with sparse(true)): named, with what to do.
+  const RunResult sparse = train_ranks(2, dir.file("w.safetensors"), "--sparse");
+  EXPECT_NE(sparse.exit_code, 0) << sparse.output;
+  EXPECT_NE(sparse.output.find("parameter 'embed.weight' has a sparse gradient"), std::string::npos)
+      << sparse.output;
 }
 
 }  // namespace

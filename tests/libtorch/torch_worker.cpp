@@ -4,7 +4,7 @@
 //   torch_worker --single [--steps K] [--accumulate A] [--out FILE]
 //   ddprun ... torch_worker [--steps K] [--accumulate A] [--out FILE] [--init FILE]
 //       [--cuda] [--bf16] [--unused [--find-unused]] [--differ] [--events] [--batchnorm]
-//       [--own-forward [--no-sync-buffers]] [--bucket-kb N]
+//       [--own-forward [--no-sync-buffers]] [--bucket-kb N] [--sparse]
 // Rank 0 writes the trained parameters (safetensors, registration order) to --out; --init
 // writes the starting parameters (rank 0's, after the broadcast) and the data set, for
 // PyTorch's Python DDP to start from. Each rank starts from its own seed, so the runs equal one
@@ -26,8 +26,10 @@ namespace {
 constexpr int64_t kVocabulary = 16, kTokens = 6, kClasses = 4, kGlobalBatch = 12;
 
 struct NetImpl : torch::nn::Module {
-  NetImpl(int64_t hidden, bool unused, bool batchnorm)
-      : embed(register_module("embed", torch::nn::Embedding(kVocabulary, 8))),
+  NetImpl(int64_t hidden, bool unused, bool batchnorm, bool sparse)
+      : embed(register_module(
+            "embed",
+            torch::nn::Embedding(torch::nn::EmbeddingOptions(kVocabulary, 8).sparse(sparse)))),
         conv(register_module("conv",
                              torch::nn::Conv1d(torch::nn::Conv1dOptions(8, 12, 3).padding(1)))),
         norm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({12})))),
@@ -55,7 +57,7 @@ TORCH_MODULE(Net);
 
 struct Args {
   bool single = false, cuda = false, bf16 = false, unused = false, find_unused = false,
-       differ = false, events = false, batchnorm = false, own_forward = false,
+       differ = false, events = false, batchnorm = false, own_forward = false, sparse = false,
        no_sync_buffers = false;
   int steps = 5, accumulate = 1;
   double bucket_kb = 0;
@@ -84,6 +86,8 @@ Args parse(int argc, char** argv) {
       a.differ = true;
     else if (f == "--events")
       a.events = true;
+    else if (f == "--sparse")
+      a.sparse = true;
     else if (f == "--batchnorm")
       a.batchnorm = true;
     else if (f == "--own-forward")
@@ -144,7 +148,7 @@ int main(int argc, char** argv) {
   const torch::Device device = args.cuda ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
   at::globalContext().setAllowTF32CuDNN(false);  // fp32 convolutions, comparable with the CPU's
   torch::manual_seed(7 + rank);  // each rank its own start: the broadcast makes them rank 0's
-  Net net(args.differ && rank == 1 ? 33 : 32, args.unused, args.batchnorm);
+  Net net(args.differ && rank == 1 ? 33 : 32, args.unused, args.batchnorm, args.sparse);
   net->to(device);
 
   std::unique_ptr<ddp::DistributedDataParallel> model;
