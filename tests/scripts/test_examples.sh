@@ -157,12 +157,26 @@ import sys
 a, b = ([float(v) for v in s.split()] for s in sys.argv[1:3])
 assert len(a) == 3 and len(b) == 3 and all(abs(x - y) <= 1e-5 * (1 + abs(x)) for x, y in zip(a, b)), (a, b)
 PY
-# The LibTorch example on 2 ranks, from the moved prefix (where the dataset is installed).
+# The LibTorch example on 2 ranks, from the moved prefix (where the dataset is installed), under
+# ddprun, mpirun and Debian's torchrun: the same epoch line under each (one seed, the same
+# ranks' shares), and rank 0's checkpoint written.
 if [ -n "$torch_example" ] && [ -e /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
   out="$(CUDA_VISIBLE_DEVICES= "$work/moved/bin/ddprun" --nproc-per-node 2 -- "$torch_example" --max-steps 40 --checkpoint "$work/torch.pt" 2>&1)"
   echo "$out" | tail -2
-  grep -qE "epoch 1: 40 steps, train loss [0-9.]+, test accuracy [0-9.]+%" <<<"$out" && [ -s "$work/torch.pt" ] ||
-    { echo "$out"; echo "FAILED: libtorch_fashion under ddprun"; failed=1; }
+  line="$(grep -oE "epoch 1: 40 steps, train loss [0-9.]+, test accuracy [0-9.]+%" <<<"$out")"
+  [ -n "$line" ] && [ -s "$work/torch.pt" ] || { echo "$out"; echo "FAILED: libtorch_fashion under ddprun"; failed=1; }
+  if command -v mpirun > /dev/null; then
+    out="$(OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 CUDA_VISIBLE_DEVICES= mpirun \
+      --oversubscribe --mca btl self,vader --mca btl_vader_single_copy_mechanism none -np 2 \
+      "$work/build/libtorch_fashion" --max-steps 40 2>&1)"  # the examples' build links ddp::mpi
+    grep -qF "$line" <<<"$out" || { echo "$out"; echo "FAILED: libtorch_fashion under mpirun: not '$line'"; failed=1; }
+  fi
+  if /usr/bin/python3 -c 'import torch.distributed.run' 2> /dev/null; then
+    out="$(CUDA_VISIBLE_DEVICES= /usr/bin/python3 -m torch.distributed.run --no_python -r 1 -t 1 \
+      --nproc_per_node 2 --master_port "$(( 20000 + RANDOM % 20000 ))" "$torch_example" --max-steps 40 2>&1)"
+    grep -qF "$line" <<<"$out" || { echo "$out"; echo "FAILED: libtorch_fashion under torchrun: not '$line'"; failed=1; }
+  fi
+  echo "libtorch_fashion: '$line' under ddprun, mpirun and torchrun"
 fi
 # Under mpirun: the MPI backend, which classifier links (ddp::ddp and ddp::mpi).
 mpirun="$(command -v mpirun || true)"
