@@ -6,7 +6,7 @@
 # and the exit status is non-zero when any check failed, the failing sections named last.
 # Usage: scripts/device-check.sh [sections...]
 #   sections: build test cuda run doctor launcher fashion monitor options ddp1 multi bench-warm
-#   bench fused profile bench-ddp collectives levers pipeline (build: only the build; cuda: build and only
+#   bench fused profile bench-ddp collectives levers pipeline libtorch (build: only the build; cuda: build and only
 #   the GPU tests, `ctest -L cuda`, when CI has run the rest; bench-warm: bench-vs-torch.sh
 #   --warm, the compile caches that let `bench` fit in the next call on a warm machine; default: test run bench; multi, bench-ddp, collectives, levers and pipeline need two or more
 #   GPUs; collectives needs nccl-tests' source: scripts/device-prepare.sh --nccl-tests DIR)
@@ -218,6 +218,18 @@ if want bench-ddp; then
   timeout 330 scripts/bench-ddp.sh "$build" > "$out/bench-ddp.md" 2> "$out/bench-ddp.err" ||
     fail bench-ddp "bench-ddp.sh exited $?"
   cat "$out/bench-ddp.md"
+fi
+
+if want libtorch; then
+  # LibTorch's DistributedDataParallel on one rank against plain LibTorch and PyTorch's DDP
+  # (needs the build's torch component: the pip wheel's LibTorch). About 4 minutes with 5 reps.
+  if [ -x "$build/bin/ddp_torch_bench" ]; then
+    timeout 400 scripts/bench-libtorch.sh "$build" --reps 5 > "$out/libtorch.log" 2>&1 ||
+      fail libtorch "bench-libtorch.sh exited $? ($(tail -1 "$out/libtorch.log"))"
+    grep '^|' "$out/libtorch.log"
+  else
+    fail libtorch "$build/bin/ddp_torch_bench not built (no LibTorch found at configure time)"
+  fi
 fi
 
 if want pipeline; then
