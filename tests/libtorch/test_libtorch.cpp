@@ -185,6 +185,14 @@ TEST(TorchDdp, BadUseIsOneClearError) {
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("gloo"), std::string::npos) << r.output;
   EXPECT_EQ(count_of(r.output, "trained"), 0) << r.output;
+  // forward() of a wrapper made from a torch::nn::Module& (which does not know its forward).
+  const RunResult reference = train_ranks(2, dir.file("w.safetensors"), "--reference-forward");
+  EXPECT_NE(reference.exit_code, 0) << reference.output;
+  EXPECT_NE(reference.output.find("made from a torch::nn::Module&, it does not know the module's "
+                                  "forward; call model.sync_buffers() and then the module's own "
+                                  "forward"),
+            std::string::npos)
+      << reference.output;
   // A sparse gradient (an embedding with sparse(true)): named, with what to do.
   const RunResult sparse = train_ranks(2, dir.file("w.safetensors"), "--sparse");
   EXPECT_NE(sparse.exit_code, 0) << sparse.output;

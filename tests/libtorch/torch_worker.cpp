@@ -4,7 +4,7 @@
 //   torch_worker --single [--steps K] [--accumulate A] [--out FILE]
 //   ddprun ... torch_worker [--steps K] [--accumulate A] [--out FILE] [--init FILE]
 //       [--cuda] [--bf16] [--unused [--find-unused]] [--differ] [--events] [--batchnorm]
-//       [--own-forward [--no-sync-buffers]] [--bucket-kb N] [--sparse]
+//       [--own-forward [--no-sync-buffers]] [--bucket-kb N] [--sparse] [--reference-forward]
 // Rank 0 writes the trained parameters (safetensors, registration order) to --out; --init
 // writes the starting parameters (rank 0's, after the broadcast) and the data set, for
 // PyTorch's Python DDP to start from. Each rank starts from its own seed, so the runs equal one
@@ -58,7 +58,7 @@ TORCH_MODULE(Net);
 struct Args {
   bool single = false, cuda = false, bf16 = false, unused = false, find_unused = false,
        differ = false, events = false, batchnorm = false, own_forward = false, sparse = false,
-       no_sync_buffers = false;
+       reference_forward = false, no_sync_buffers = false;
   int steps = 5, accumulate = 1;
   double bucket_kb = 0;
   std::string out, init;
@@ -86,6 +86,8 @@ Args parse(int argc, char** argv) {
       a.differ = true;
     else if (f == "--events")
       a.events = true;
+    else if (f == "--reference-forward")
+      a.reference_forward = true;
     else if (f == "--sparse")
       a.sparse = true;
     else if (f == "--batchnorm")
@@ -157,7 +159,7 @@ int main(int argc, char** argv) {
     options.find_unused_parameters(args.find_unused).reduce_in_bf16(args.bf16);
     if (args.bucket_kb > 0)
       options.bucket_cap_mb(args.bucket_kb / 1024).first_bucket_cap_mb(args.bucket_kb / 1024);
-    if (args.own_forward)
+    if (args.own_forward || args.reference_forward)  // made from the module itself
       model = std::make_unique<ddp::DistributedDataParallel>(*net, *world, options);
     else
       model = std::make_unique<ddp::DistributedDataParallel>(net, *world, options);
