@@ -119,19 +119,14 @@ void Ddp::check_same_layout(const std::vector<NamedParam>& params) {
 
 void Ddp::check_same_layout(uint64_t fingerprint, const std::string& description,
                             void* device_scratch) {
+  // The device scratch holds size() + 1 int64: this rank's, then everyone's (Relay's layout).
   const int n = comm_.size();
-  std::vector<int64_t> mine = {static_cast<int64_t>(fingerprint)};
-  std::vector<int64_t> all(n);
-  if (comm_.device_buffers()) {
-    DDP_CHECK(device_scratch != nullptr, "check_same_layout over {} needs a device buffer",
-              comm_.backend());
-    copy_to_device_(device_scratch, mine.data(), sizeof(int64_t));
-    auto* slots = static_cast<int64_t*>(device_scratch);
-    comm_.all_gather(slots, slots + 1, 1, DataType::kInt64);
-    copy_to_host_(all.data(), slots + 1, sizeof(int64_t) * n);
-  } else {
-    comm_.all_gather(mine.data(), all.data(), 1, DataType::kInt64);
-  }
+  DDP_CHECK(!comm_.device_buffers() || device_scratch != nullptr,
+            "check_same_layout over {} needs a device buffer", comm_.backend());
+  const ScratchFn given = [device_scratch](size_t) { return device_scratch; };
+  std::vector<int64_t> all(static_cast<size_t>(n));
+  Relay{comm_, given, copy_to_device_, copy_to_host_}.all_gather(static_cast<int64_t>(fingerprint),
+                                                                 all.data());
   std::string differ;
   for (int r = 0; r < n; ++r)
     if (all[r] != all[0]) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
