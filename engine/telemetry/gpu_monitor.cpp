@@ -250,11 +250,20 @@ GpuWindow GpuMonitor::take_window() {
 }
 
 GpuWindow GpuMonitor::whole_run() {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::unique_lock<std::mutex> lock(mutex_);
   if (handle_ == nullptr) {
     GpuWindow none;
     none.samples = -1;
     return none;
+  }
+  if (run_.count() == 0) {
+    // Training ended before the sampler's first reading landed (a short run on a busy host,
+    // where one NVML reading can take longer than the run): one reading now, the GPU as
+    // training left it, rather than a summary of nothing.
+    lock.unlock();
+    const GpuSample sample = nvml_.sample(handle_);  // NVML is thread-safe
+    lock.lock();
+    if (run_.count() == 0) run_.add(sample);
   }
   return run_.result();
 }

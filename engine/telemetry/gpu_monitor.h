@@ -96,7 +96,8 @@ class GpuMonitor {
   void begin_training();
   // The samples since the last call (with none yet, the latest reading alone, samples = 0).
   GpuWindow take_window();
-  // Every sample since the start.
+  // Every sample since the start; at least one (taken now when training was shorter than
+  // the first reading).
   GpuWindow whole_run();
 
  private:
