@@ -368,9 +368,10 @@ const std::vector<Flag>& flags() {
                           "send, recv and all-reduce to FILE (.json)",
                           &C::timeline));
     f.push_back(text_flag("profile-steps",
-                          "cuda: Nsight Systems' capture range, steps A-B (1-based, or one step "
-                          "A): cudaProfilerStart before step A, cudaProfilerStop after step B; "
-                          "run under nsys profile --capture-range=cudaProfilerApi",
+                          "cuda: a CUDA profiler's capture range, steps A-B (1-based, or one "
+                          "step A): cudaProfilerStart before step A, cudaProfilerStop after step "
+                          "B; run under ncu or nsys capturing the profiler API's range "
+                          "(scripts/profile-step.sh does)",
                           &C::profile_steps));
     f.back().set = [](C& c, const std::string& v) {
       const auto [first, last] = parse_step_range(v);

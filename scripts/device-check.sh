@@ -305,7 +305,8 @@ if want bench; then
 fi
 
 if want profile; then
-  # Issue 33: where medium's and large's steps go (Nsight Systems, kernels by kind a step).
+  # Issues 33 and 46: where medium's and large's steps go beside PyTorch's best (Nsight Compute where
+  # found, else Nsight Systems; kernels by kind a step).
   if timeout 590 scripts/profile-step.sh "$build" > "$out/profile.md" 2> "$out/profile.err"; then
     note "profile: see profile.md ($(grep -c '^### ' "$out/profile.md") workloads)"
   else

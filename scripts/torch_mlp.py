@@ -55,7 +55,13 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--mode", choices=["eager", "graph", "compile"], default="eager",
                    help="cuda: eager, the step in a CUDA graph, or compiled and in a graph")
+    p.add_argument("--profile-steps", type=int, default=0,
+                   help="cuda: after the warm-up, this many steps inside a CUDA profiler capture "
+                        "range (cudaProfilerStart/Stop, for ncu --profile-from-start off or nsys "
+                        "--capture-range=cudaProfilerApi) before the timed steps")
     args = p.parse_args()
+    if args.profile_steps < 0:
+        raise SystemExit(f"--profile-steps {args.profile_steps}: expected 0 or more")
 
     t_start = time.perf_counter()
     widths = [int(w) for w in args.layers.split(",")]
@@ -150,6 +156,12 @@ def run_cuda(args, widths, t_start):
     for i in range(1, args.warmup):
         step(i)
     torch.cuda.synchronize()
+    if args.profile_steps > 0:
+        torch.cuda.profiler.start()
+        for i in range(args.profile_steps):
+            step(i)
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
     start = time.perf_counter()
     for i in range(args.steps):
         step(i)
