@@ -84,6 +84,11 @@ void CudaLinear::build(int slot, int batch, bool alternatives) {
                           hidden_ ? mask(slot) : nullptr, mask_ld_);
   plans.forward = make_plan(context_.lt, f, ws, hidden_ && fused && io.keep_mask,
                             hidden_ ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS);
+  if (alternatives && plans.forward->epilogue() == CUBLASLT_EPILOGUE_RELU_AUX_BIAS) {
+    // Where the layer above takes the plain input gradient, the mask is written for nothing.
+    plans.forward_no_mask = make_plan(context_.lt, f, ws, false, CUBLASLT_EPILOGUE_RELU_BIAS);
+    plans.forward_bias = make_plan(context_.lt, f, ws, false, CUBLASLT_EPILOGUE_BIAS);
+  }
 
   const MatmulSpec w = linear_weight_grad_spec(
       p, io.input, io.grad_output, weights.grad_at(slice_.weight_offset - base), grad_bias());
@@ -113,8 +118,17 @@ void CudaLinear::build(int slot, int batch, bool alternatives) {
 }
 
 void CudaLinear::forward(int slot, int batch) const {
-  plans(slot, batch).forward->run(context_.workspace, context_.workspace_bytes, context_.stream);
+  const LtMatmul& f = *plans(slot, batch).forward;
+  f.run(context_.workspace, context_.workspace_bytes, context_.stream);
   after("forward matmul");
+  if (hidden_ && f.epilogue() == CUBLASLT_EPILOGUE_BIAS) relu_in_place(slot, batch);
+}
+
+void CudaLinear::relu_in_place(int slot, int batch) const {
+  // The mask kernel on the output itself: every value not above zero becomes zero.
+  launch_relu_mask(output(slot), output(slot), static_cast<size_t>(batch) * slice_.out, bf16(),
+                   context_.stream);
+  after("ReLU");
 }
 
 void CudaLinear::backward_weight(int slot, int batch, bool accumulate) const {
@@ -145,27 +159,37 @@ void CudaLinear::backward_input(int slot, int batch) const {
 void CudaLinear::tunables(int slot, int batch, std::vector<TunableProduct>* products) {
   Plans& p = plans_.at({slot, batch});
   const Wiring io = wiring_[slot];
-  products->push_back({&p.forward, nullptr, {}});
+  // Forward: ReLU with its mask in the epilogue, against no mask (where the layer above does
+  // not read it): ReLU in the epilogue, or the bias alone and our ReLU after.
+  forward_tunable_ = static_cast<int>(products->size());
+  TunableProduct forward{&p.forward, {}, -1};
+  if (p.forward_no_mask) forward.alternatives.push_back({&p.forward_no_mask, nullptr});
+  if (p.forward_bias)
+    forward.alternatives.push_back(
+        {&p.forward_bias, [this, slot, batch] { relu_in_place(slot, batch); }});
+  products->push_back(std::move(forward));
   // Weight gradient: the fused bias gradient (BGRADB) against the plain product + our kernel.
-  TunableProduct dw{&p.dw, nullptr, {}};
-  if (p.dw->epilogue() == CUBLASLT_EPILOGUE_BGRADB && p.dw_plain) {
-    dw.plain = &p.dw_plain;
-    dw.plain_extra = [this, io, batch] {
-      launch_bias_grad(io.grad_output, batch, slice_.out, bf16(), grad_bias(), false,
-                       context_.stream);
-    };
-  }
+  TunableProduct dw{&p.dw, {}, -1};
+  if (p.dw->epilogue() == CUBLASLT_EPILOGUE_BGRADB && p.dw_plain)
+    dw.alternatives.push_back({&p.dw_plain, [this, io, batch] {
+                                 launch_bias_grad(io.grad_output, batch, slice_.out, bf16(),
+                                                  grad_bias(), false, context_.stream);
+                               }});
   products->push_back(std::move(dw));
   if (!p.dx) return;
   // Input gradient: the fused ReLU derivative (DRELU) against the plain product + our mask.
-  TunableProduct dx{&p.dx, nullptr, {}};
-  if (p.dx->epilogue() == CUBLASLT_EPILOGUE_DRELU && p.dx_plain) {
-    dx.plain = &p.dx_plain;
-    dx.plain_extra = [this, io, slot, batch] {
-      launch_relu_mask(io.grad_input, io.below->output(slot),
-                       static_cast<size_t>(batch) * io.below->slice_.out, bf16(), context_.stream);
-    };
-  }
+  TunableProduct dx{&p.dx, {}, -1};
+  if (p.dx->epilogue() == CUBLASLT_EPILOGUE_DRELU && p.dx_plain)
+    dx.alternatives.push_back({&p.dx_plain, [this, io, slot, batch] {
+                                 launch_relu_mask(io.grad_input, io.below->output(slot),
+                                                  static_cast<size_t>(batch) * io.below->slice_.out,
+                                                  bf16(), context_.stream);
+                               }});
+  // The layer below's forward may drop its mask only where this product does not read it.
+  if (io.below != nullptr && io.below->forward_tunable_ >= 0 &&
+      static_cast<size_t>(io.below->forward_tunable_) < products->size())
+    (*products)[static_cast<size_t>(io.below->forward_tunable_)].mask_reader =
+        static_cast<int>(products->size());
   products->push_back(std::move(dx));
 }
 
@@ -175,8 +199,10 @@ void CudaLinear::count_fused(int slot, int batch, int* fused, int* total) const 
     if (!*plan) continue;
     ++*total;
     const auto e = (*plan)->epilogue();
+    // A hidden layer's forward with the bias alone has its ReLU in our kernel.
     *fused += e == CUBLASLT_EPILOGUE_RELU_AUX_BIAS || e == CUBLASLT_EPILOGUE_BGRADB ||
-              e == CUBLASLT_EPILOGUE_DRELU || e == CUBLASLT_EPILOGUE_BIAS;
+              e == CUBLASLT_EPILOGUE_DRELU || e == CUBLASLT_EPILOGUE_RELU_BIAS ||
+              (e == CUBLASLT_EPILOGUE_BIAS && !hidden_);
   }
 }
 

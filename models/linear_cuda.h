@@ -88,11 +88,15 @@ class CudaLinear {
  private:
   struct Plans {
     std::unique_ptr<LtMatmul> forward, dw, dw_accumulate, dx;
-    std::unique_ptr<LtMatmul> dw_plain, dx_plain;  // autotune's alternatives
+    // Autotune's alternatives: the products without their fused bias gradient or ReLU
+    // derivative, and the forward keeping no ReLU mask (ReLU in the epilogue, or bias alone
+    // and ReLU in our kernel).
+    std::unique_ptr<LtMatmul> dw_plain, dx_plain, forward_no_mask, forward_bias;
   };
   const Plans& plans(int slot, int batch) const { return plans_.at({slot, batch}); }
   bool keeps_mask(int slot, int batch) const;
   void after(const char* op) const;
+  void relu_in_place(int slot, int batch) const;
   bool bf16() const { return context_.precision == Precision::kBf16; }
   float* grad_bias() const;
   size_t buffer(int slot) const { return outputs_.size() == 1 ? 0 : static_cast<size_t>(slot); }
@@ -106,6 +110,7 @@ class CudaLinear {
   std::vector<DeviceBuffer<char>> outputs_, masks_;  // by slot, or one for every slot
   std::vector<Wiring> wiring_;                       // by slot
   std::map<std::pair<int, int>, Plans> plans_;       // by (slot, batch)
+  int forward_tunable_ = -1;  // the forward's index in the list tunables() last filled
 };
 
 }  // namespace ddp

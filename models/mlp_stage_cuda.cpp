@@ -310,11 +310,12 @@ void CudaStage::autotune() {
   std::vector<TunableProduct> products;
   for (const auto& l : layers_)
     l->tunables(0, max_batch_, &products);
-  const std::string key =
-      fmt::format("layers {} [{}, {}) | batch {} | {} | fused {} | workspace {}{}",
-                  shape_.to_string(), first_, end_, max_batch_, precision_name(options_.precision),
-                  options_.fused_epilogues ? 1 : 0, options_.workspace_bytes,
-                  options_.product_sms > 0 ? fmt::format(" | sms {}", options_.product_sms) : "");
+  const std::string key = fmt::format(
+      "layers {} [{}, {}) | batch {} | {} | fused {} | forward without mask | "
+      "workspace {}{}",
+      shape_.to_string(), first_, end_, max_batch_, precision_name(options_.precision),
+      options_.fused_epilogues ? 1 : 0, options_.workspace_bytes,
+      options_.product_sms > 0 ? fmt::format(" | sms {}", options_.product_sms) : "");
   tuned_ = tune_products(products, key, options_.autotune_cache, workspace_.data(),
                          workspace_.bytes(), stream());
 }

@@ -35,20 +35,33 @@ std::string full_key(const std::string& key) {
                      cublasLtGetVersion(), key);
 }
 
-// Applies cached choices (per product: the alternative or not, and the candidate); false,
-// changing nothing, when they do not fit these plans.
+// The plan that `pick` chooses for `product` (0: its own, k: alternative k - 1).
+const std::unique_ptr<LtMatmul>& chosen(const TunableProduct& product, int pick) {
+  return pick == 0 ? *product.plan : *product.alternatives[static_cast<size_t>(pick - 1)].plan;
+}
+
+// Applies cached choices (per product: which plan, and its candidate); false, changing
+// nothing, when they do not fit these plans, or would drop a mask that a product reads.
 bool apply(const std::vector<TunableProduct>& products, const std::vector<int>& choices) {
   if (choices.size() != 2 * products.size()) return false;
   for (size_t i = 0; i < products.size(); ++i) {
-    const bool alternative = choices[2 * i] != 0;
-    if (alternative && products[i].plain == nullptr) return false;
-    const auto& plan = alternative ? *products[i].plain : *products[i].plan;
+    const int pick = choices[2 * i];
+    if (pick < 0 || static_cast<size_t>(pick) > products[i].alternatives.size()) return false;
+    const auto& plan = chosen(products[i], pick);
     if (!plan || choices[2 * i + 1] < 0 ||
         static_cast<size_t>(choices[2 * i + 1]) >= plan->candidates())
       return false;
   }
   for (size_t i = 0; i < products.size(); ++i) {
-    if (choices[2 * i] != 0) std::swap(*products[i].plan, *products[i].plain);
+    const int reader = products[i].mask_reader;
+    if (choices[2 * i] == 0 || reader < 0) continue;
+    if (static_cast<size_t>(reader) >= products.size() ||
+        chosen(products[reader], choices[2 * reader])->epilogue() == CUBLASLT_EPILOGUE_DRELU)
+      return false;
+  }
+  for (size_t i = 0; i < products.size(); ++i) {
+    const int pick = choices[2 * i];
+    if (pick != 0) std::swap(*products[i].plan, *products[i].alternatives[pick - 1].plan);
     (*products[i].plan)->select(static_cast<size_t>(choices[2 * i + 1]));
   }
   return true;
@@ -82,18 +95,27 @@ TuneResult tune_products(const std::vector<TunableProduct>& products, const std:
     plan.select(best);
     return std::make_pair(best_ms, static_cast<int>(best));
   };
-  std::vector<int> choices;
-  for (const TunableProduct& product : products) {
-    const auto fused = tune(**product.plan, nullptr);
-    if (product.plain == nullptr) {
-      choices.insert(choices.end(), {0, fused.second});
-      continue;
+  std::vector<int> choices(2 * products.size(), 0);
+  auto tune_product = [&](size_t i) {
+    const TunableProduct& product = products[i];
+    auto best = tune(**product.plan, nullptr);
+    int pick = 0;
+    const int reader = product.mask_reader;
+    const bool mask_unread =
+        reader < 0 || (*products[reader].plan)->epilogue() != CUBLASLT_EPILOGUE_DRELU;
+    for (size_t k = 0; mask_unread && k < product.alternatives.size(); ++k) {
+      const auto timed = tune(**product.alternatives[k].plan, product.alternatives[k].extra);
+      if (timed.first < best.first) best = timed, pick = static_cast<int>(k) + 1;
     }
-    const auto plain = tune(**product.plain, product.plain_extra);
-    const bool alternative = plain.first < fused.first;
-    if (alternative) std::swap(*product.plan, *product.plain);
-    choices.insert(choices.end(), {alternative ? 1 : 0, alternative ? plain.second : fused.second});
-  }
+    if (pick != 0) std::swap(*product.plan, *product.alternatives[pick - 1].plan);
+    choices[2 * i] = pick;
+    choices[2 * i + 1] = best.second;
+  };
+  // The mask readers' choices first: they decide whether a mask may be dropped.
+  for (size_t i = 0; i < products.size(); ++i)
+    if (products[i].mask_reader < 0) tune_product(i);
+  for (size_t i = 0; i < products.size(); ++i)
+    if (products[i].mask_reader >= 0) tune_product(i);
   DDP_CUDA_CHECK(cudaStreamSynchronize(stream));
   result.save_error = save_autotune(cache, stored_key, choices);
   return result;

@@ -16,12 +16,23 @@
 
 namespace ddp {
 
-// One product autotuning may change: its plan and, where there is one, the alternative with
-// the kernel that completes it. Choosing the alternative swaps the two plans.
+// Another way to compute a product: its plan, and the kernel run after it (none: the plan
+// does it all).
+struct ProductAlternative {
+  std::unique_ptr<LtMatmul>* plan = nullptr;
+  std::function<void()> extra;
+};
+
+// One product autotuning may change: its plan and the alternatives (the product without its
+// fused epilogue, plus the kernel that then does the epilogue's work). Choosing alternative k
+// swaps the plan with alternatives[k]'s.
 struct TunableProduct {
   std::unique_ptr<LtMatmul>* plan = nullptr;
-  std::unique_ptr<LtMatmul>* plain = nullptr;  // null: no alternative
-  std::function<void()> plain_extra;           // after the plain product
+  std::vector<ProductAlternative> alternatives;
+  // The product (an index into the tuned list) that may read this one's ReLU mask through
+  // CUBLASLT_EPILOGUE_DRELU, or -1. This product's alternatives keep no mask: they are tried
+  // only where that product, as tuned, reads none, and tuned after it.
+  int mask_reader = -1;
 };
 
 struct TuneResult {

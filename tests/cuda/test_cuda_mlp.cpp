@@ -7,10 +7,12 @@
 // the other side of zero flips a ReLU mask, seen at 2e-2 on 784-512-512-10 on an H200);
 // bf16 6e-2 (8-bit mantissa operands and activations).
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <string>
 #include <vector>
@@ -26,6 +28,7 @@
 #include "models/rng.h"
 #include "runtime/step_graph.h"
 #include "tests/support/gpu_support.h"
+#include "tests/support/test_support.h"
 
 namespace ddp {
 namespace {
@@ -338,12 +341,15 @@ TEST(CudaKernels, OptimizersMatchTheCpu) {
 // K steps through the device-resident schedule against K steps of CpuMlp + Optimizer.
 std::vector<float> gpu_steps(const MlpShape& shape, const Dataset& data, const OptimizerConfig& opt,
                              int batch, int k, bool graph, const std::vector<float>& init,
-                             bool staged = false, bool autotune = false, int product_sms = 0) {
+                             bool staged = false, bool autotune = false, int product_sms = 0,
+                             const std::string& autotune_cache = "", bool* from_cache = nullptr) {
   CudaStageOptions options;
   options.autotune = autotune;
   options.product_sms = product_sms;
+  options.autotune_cache = autotune_cache;
   CudaStage gpu(shape, 0, shape.num_layers(), batch, 1, opt, options);
   if (autotune) gpu.autotune();
+  if (from_cache != nullptr) *from_cache = gpu.autotune_cached();
   gpu.set_params(init.data());
   BatchFeeder feeder(batch, 1, k, gpu.stream());
   if (staged)
@@ -436,6 +442,59 @@ TEST(CudaTraining, AutotunedStepsMatchTheCpu) {
   const auto want = cpu_steps(shape, data, opt, 128, 6, init);
   const auto got = gpu_steps(shape, data, opt, 128, 6, true, init, false, /*autotune=*/true);
   EXPECT_LE(relative_error(got, want), 1e-5);
+}
+
+// Every way autotuning may compute a hidden layer's forward (ReLU and its mask in the epilogue,
+// ReLU without the mask, the bias alone and our ReLU after) and an input gradient (DRELU from
+// the mask, or the plain product and our mask from the output), each put in the cache as the
+// choice, gives the CPU's weights; a choice that drops a mask the layer above reads is refused
+// and tuned again.
+TEST(CudaTraining, EveryAutotuneAlternativeMatchesTheCpu) {
+  REQUIRE_GPU();
+  TempDir dir;
+  const std::string cache = dir.file("autotune.json");
+  const MlpShape shape({256, 512, 384, 10});
+  const Dataset data = make_synthetic(1024, 10, 256, 10, 11);
+  std::vector<float> init(shape.param_count());
+  init_params(shape, 12, init.data());
+  OptimizerConfig opt;
+  const auto want = cpu_steps(shape, data, opt, 128, 6, init);
+  auto run = [&](bool* cached) {
+    return gpu_steps(shape, data, opt, 128, 6, true, init, false, true, 0, cache, cached);
+  };
+  bool cached = true;
+  EXPECT_LE(relative_error(run(&cached), want), 1e-5) << "tuned";
+  EXPECT_FALSE(cached);
+  nlohmann::json stored;
+  std::ifstream(cache) >> stored;
+  ASSERT_EQ(stored.size(), 1u) << stored.dump();
+  const std::string key = stored.begin().key();
+  // The products in order: layer 0's forward and weight gradient; layers 1 and 2's forward,
+  // weight gradient and input gradient (which reads the layer below's mask).
+  ASSERT_EQ(stored[key].size(), 16u) << stored.dump();
+  enum { kForward0 = 0, kForward1 = 2, kInput1 = 4, kInput2 = 7 };
+  auto choose = [&](std::vector<std::pair<int, int>> picks) {
+    nlohmann::json choices = stored[key];
+    for (const auto& [product, pick] : picks) {
+      choices[2 * product] = pick;
+      choices[2 * product + 1] = 0;  // the first candidate of that plan
+    }
+    nlohmann::json file;
+    file[key] = choices;
+    std::ofstream(cache) << file.dump();
+  };
+  // Layer 0: bias alone and our ReLU; layer 1: ReLU without its mask; neither mask read.
+  choose({{kForward0, 2}, {kInput1, 1}, {kForward1, 1}, {kInput2, 1}});
+  EXPECT_LE(relative_error(run(&cached), want), 1e-5) << "no masks";
+  EXPECT_TRUE(cached) << "the choices without masks were not taken from the cache";
+  // Both masks kept and read (DRELU).
+  choose({{kForward0, 0}, {kInput1, 0}, {kForward1, 0}, {kInput2, 0}});
+  EXPECT_LE(relative_error(run(&cached), want), 1e-5) << "masks";
+  EXPECT_TRUE(cached) << "the choices with masks were not taken from the cache";
+  // Layer 0's mask dropped while layer 1's input gradient reads it: refused, tuned again.
+  choose({{kForward0, 1}, {kInput1, 0}});
+  EXPECT_LE(relative_error(run(&cached), want), 1e-5) << "retuned";
+  EXPECT_FALSE(cached) << "a dropped mask that is read was taken from the cache";
 }
 
 // --product-sms: the products told to leave SMs free (cuBLASLt's SM count target) still match
