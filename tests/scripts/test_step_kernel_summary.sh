@@ -31,7 +31,7 @@ Processing [/tmp/p.sqlite] with [/opt/nvidia/nsight-systems/2025.3/reports/cuda_
 CSV
 echo '{"precision": "bf16", "limit_products_ms": 0.7, "limit_optimizer_ms": 0.12, "limit_ms": 0.82}' > "$work/l.json"
 "$py" "$root/scripts/step_kernel_summary.py" "$work/k.csv" --steps 10 --step-ms 1.25 --limits "$work/l.json" > "$work/out.md" ||
-  { cat "$work/out.md"; echo "FAILED: the summary exited $?"; exit 1; }
+  { rc=$?; cat "$work/out.md"; echo "FAILED: the summary exited $rc"; exit 1; }
 cat "$work/out.md"
 has "| products (cuBLASLt) | 2 | 4.0 | 0.800 | 80 % | 0.700 | 88 % |" "$work/out.md"
 # In bf16 the optimizer's limit holds the bf16 copy: 0.12 ms over 0.100 + 0.050 ms.
@@ -62,7 +62,7 @@ row() { echo "\"$1\",\"7\",\"ddptrain\",\"h\",\"$2\",\"1\",\"7\",\"(256, 1, 1)\"
 } > "$work/torch.csv"
 "$py" "$root/scripts/step_kernel_summary.py" "$work/ddp.csv" --steps 2 --step-ms 1.5 \
   --beside "$work/torch.csv" --beside-steps 1 --beside-step-ms 1.0 --beside-name "PyTorch graph" > "$work/ncu.md" ||
-  { cat "$work/ncu.md"; echo "FAILED: the summary of ncu's CSV exited $?"; exit 1; }
+  { rc=$?; cat "$work/ncu.md"; echo "FAILED: the summary of ncu's CSV exited $rc"; exit 1; }
 cat "$work/ncu.md"
 has "| products (cuBLASLt) | 1 | 1.0 | 1.000 | 83 % | - | - |" "$work/ncu.md"
 has "| optimizer | 1 | 1.0 | 0.200 | 17 % | - | - |" "$work/ncu.md"
