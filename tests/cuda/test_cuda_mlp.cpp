@@ -432,16 +432,25 @@ TEST(CudaTraining, GraphReplayEqualsEagerLaunches) {
   EXPECT_NE(eager, init);
 }
 
+// The tuning tests' model (256-512-384-10 on synthetic data), its initial weights, and the
+// CPU's weights after 6 steps of 128.
+struct TuningCase {
+  MlpShape shape{std::vector<int>{256, 512, 384, 10}};
+  Dataset data = make_synthetic(1024, 10, 256, 10, 11);
+  OptimizerConfig opt;
+  std::vector<float> init, want;
+  TuningCase() : init(shape.param_count()) {
+    init_params(shape, 12, init.data());
+    want = cpu_steps(shape, data, opt, 128, 6, init);
+  }
+};
+
 TEST(CudaTraining, AutotunedStepsMatchTheCpu) {
   REQUIRE_GPU();
-  const MlpShape shape({256, 512, 384, 10});
-  const Dataset data = make_synthetic(1024, 10, 256, 10, 11);
-  std::vector<float> init(shape.param_count());
-  init_params(shape, 12, init.data());
-  OptimizerConfig opt;
-  const auto want = cpu_steps(shape, data, opt, 128, 6, init);
-  const auto got = gpu_steps(shape, data, opt, 128, 6, true, init, false, /*autotune=*/true);
-  EXPECT_LE(relative_error(got, want), 1e-5);
+  const TuningCase c;
+  const auto got =
+      gpu_steps(c.shape, c.data, c.opt, 128, 6, true, c.init, false, /*autotune=*/true);
+  EXPECT_LE(relative_error(got, c.want), 1e-5);
 }
 
 // Every way autotuning may compute a hidden layer's forward (ReLU and its mask in the epilogue,
@@ -453,14 +462,10 @@ TEST(CudaTraining, EveryAutotuneAlternativeMatchesTheCpu) {
   REQUIRE_GPU();
   TempDir dir;
   const std::string cache = dir.file("autotune.json");
-  const MlpShape shape({256, 512, 384, 10});
-  const Dataset data = make_synthetic(1024, 10, 256, 10, 11);
-  std::vector<float> init(shape.param_count());
-  init_params(shape, 12, init.data());
-  OptimizerConfig opt;
-  const auto want = cpu_steps(shape, data, opt, 128, 6, init);
+  const TuningCase c;
+  const std::vector<float>& want = c.want;
   auto run = [&](bool* cached) {
-    return gpu_steps(shape, data, opt, 128, 6, true, init, false, true, 0, cache, cached);
+    return gpu_steps(c.shape, c.data, c.opt, 128, 6, true, c.init, false, true, 0, cache, cached);
   };
   bool cached = true;
   EXPECT_LE(relative_error(run(&cached), want), 1e-5) << "tuned";
@@ -501,15 +506,10 @@ TEST(CudaTraining, EveryAutotuneAlternativeMatchesTheCpu) {
 // the CPU, tuned or not.
 TEST(CudaTraining, ProductsOnFewerSmsMatchTheCpu) {
   REQUIRE_GPU();
-  const MlpShape shape({256, 512, 384, 10});
-  const Dataset data = make_synthetic(1024, 10, 256, 10, 11);
-  std::vector<float> init(shape.param_count());
-  init_params(shape, 12, init.data());
-  OptimizerConfig opt;
-  const auto want = cpu_steps(shape, data, opt, 128, 6, init);
+  const TuningCase c;
   for (const bool tuned : {false, true}) {
-    const auto got = gpu_steps(shape, data, opt, 128, 6, true, init, false, tuned, 16);
-    EXPECT_LE(relative_error(got, want), 1e-5) << (tuned ? "autotuned" : "heuristic");
+    const auto got = gpu_steps(c.shape, c.data, c.opt, 128, 6, true, c.init, false, tuned, 16);
+    EXPECT_LE(relative_error(got, c.want), 1e-5) << (tuned ? "autotuned" : "heuristic");
   }
 }
 
