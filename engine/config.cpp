@@ -84,6 +84,7 @@ struct Flag {
   std::function<void(TrainConfig&, const std::string&)> set;
   std::string key;  // config_json's key: the name, or the setting a "no-" switch clears
   std::function<nlohmann::json(const TrainConfig&)> record;
+  std::string implicit = "";  // the value of "--flag" given alone, where the value may be left out
 };
 
 template <typename T>
@@ -312,13 +313,27 @@ const std::vector<Flag>& flags() {
                             "target), the others left to the optimizer of --overlap-optimizer "
                             "beside them; 0: all",
                             &C::product_sms));
-    f.push_back(switch_flag(
-        "fused-step",
-        "cuda, one GPU: the whole training step as one kernel where the model fits (at most 8 "
-        "layers, widths and batch at most 1024, at most 32 classes, SGD, one micro-batch), "
-        "checked at start against the usual step on one batch and used where it agrees, also "
-        "where slower (both times logged; --autotune alone uses it only where it is faster)",
-        &C::fused_step, true, "fused-step"));
+    f.push_back(
+        {"fused-step",
+         "cuda, one GPU: the whole training step as one kernel where the model fits (at "
+         "most 8 layers, widths and batch at most 1024, at most 32 classes, SGD, one "
+         "micro-batch), checked at start against the usual step on one batch (both "
+         "timed) and used where it agrees and is faster; --fused-step=force also where "
+         "slower",
+         true, nullptr,
+         [](C& c, const std::string& v) {
+           DDP_USAGE_CHECK(v == "faster" || v == "force",
+                           "--fused-step={}: expected force, or no value (the fused step "
+                           "where it is faster)",
+                           v);
+           c.fused_step = true;
+           c.fused_step_force = v == "force";
+         },
+         "fused-step",
+         [](const C& c) {
+           return nlohmann::json(!c.fused_step ? "off" : c.fused_step_force ? "force" : "faster");
+         },
+         "faster"});
     f.push_back(choice_flag<GradReduce>(
         "grad-reduce",
         "gradients on the wire: fp32, or bf16 (half the bytes, rounded; GPU with NCCL)",
@@ -428,6 +443,8 @@ bool parse_train_args(int argc, char** argv, TrainConfig* config) {
   for (const Flag& flag : flags()) {
     if (!flag.takes_value)
       add(flag.name, flag.help);
+    else if (!flag.implicit.empty())
+      add(flag.name, flag.help, cxxopts::value<std::string>()->implicit_value(flag.implicit));
     else if (flag.shown)
       add(flag.name, flag.help, cxxopts::value<std::string>()->default_value(flag.shown(d)));
     else
@@ -447,6 +464,12 @@ bool parse_train_args(int argc, char** argv, TrainConfig* config) {
     DDP_USAGE_CHECK(std::find(known.begin(), known.end(), name) != known.end(),
                     "--{}: no such flag{} (see ddptrain --help)", name,
                     hint.empty() ? "" : ";" + hint);
+    // A flag whose value is optional takes it only after '=' (ddptrain has no other arguments).
+    for (const Flag& flag : flags())
+      if (!flag.implicit.empty() && arg == "--" + flag.name && i + 1 < argc &&
+          argv[i + 1][0] != '-')
+        throw UsageError(fmt::format("--{} {}: write --{}={} (its value follows '=')", name,
+                                     argv[i + 1], name, argv[i + 1]));
   }
   cxxopts::ParseResult result;
   try {

@@ -71,6 +71,7 @@ struct TrainConfig {
   bool overlap_optimizer = false;  // GPU: each parameter range updated as backward finishes it
   int product_sms = 0;             // GPU: the SMs each matrix product may use (0: all)
   bool fused_step = false;         // GPU, one GPU: the whole step as one kernel where it pays
+  bool fused_step_force = false;   // --fused-step=force: also where it is slower
   int accumulate = 1;              // micro-steps per optimizer step
   // Pipeline parallelism: the world is dp x pp ranks (rank = stage * dp + replica).
   int pp = 1;             // pipeline stages

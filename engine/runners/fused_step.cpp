@@ -224,12 +224,16 @@ std::unique_ptr<FusedStep> FusedStep::choose(const FusedStepSetting& s) {
     if (!failed.empty() && s.lead)
       spdlog::warn("--autotune: the fused step's choice was not kept: {}", failed);
   }
-  if (!asked && !faster) return not_used(times + "; the usual step");
+  // Where slower, the usual step, unless --fused-step=force.
+  if (!faster && !config.fused_step_force)
+    return not_used(times + (asked ? "; the usual step (--fused-step=force uses it anyway)"
+                                   : "; the usual step"));
   if (s.lead)
     spdlog::info(
         "{}: the whole step as one kernel ({} blocks, products split up to {} ways "
-        "along k), {}; used",
-        flag, fused->blocks(), fused->most_splits(), times);
+        "along k), {}; used{}",
+        flag, fused->blocks(), fused->most_splits(), times,
+        faster ? "" : " (--fused-step=force, though slower)");
   const FusedStepIo step_io =
       fused_io(s, s.feeder->indices(), s.feeder->counter(), s.feeder->steps());
   return std::unique_ptr<FusedStep>(new FusedStep(std::move(fused), step_io, s.feeder, stream));

@@ -45,7 +45,8 @@ struct FusedStepSetting {
 
 class FusedStep {
  public:
-  // The strategy where --fused-step or --autotune ask for it and the trial accepts it, else
+  // The strategy where --fused-step or --autotune ask for it and the trial accepts it (its
+  // update agrees with the usual step's, and it is faster, unless --fused-step=force), else
   // null; the log says which (with both steps' times) or why not (with --autotune alone, only
   // once the trial ran).
   static std::unique_ptr<FusedStep> choose(const FusedStepSetting& setting);

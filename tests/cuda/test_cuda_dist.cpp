@@ -258,10 +258,11 @@ TEST(GpuRun, TrainsAsTheCpuDoes) {
   }
 }
 
-// --fused-step: checked at start against the usual step and, where its update agrees, used
-// (the log says so with both steps' times); 40 steps then give the usual step's weights within
-// the GPU's tolerance against the CPU, in fp32 and (looser, bf16 rounding) bf16; where the
-// model does not fit it (AdamW), the log says why and the usual step trains.
+// --fused-step=force: checked at start against the usual step and, where its update agrees,
+// used (the log says so with both steps' times); 40 steps then give the usual step's weights
+// within the GPU's tolerance against the CPU, in fp32 and (looser, bf16 rounding) bf16; where
+// the model does not fit it (AdamW), the log says why and the usual step trains. --fused-step
+// alone uses it only where it is the faster, by the times it logs.
 TEST(GpuRun, FusedStepIsCheckedAndTrainsAsTheUsualStep) {
   REQUIRE_GPU();
   TempDir dir;
@@ -271,7 +272,7 @@ TEST(GpuRun, FusedStepIsCheckedAndTrainsAsTheUsualStep) {
         kEnv + kTrain + kArgs + " --precision " + precision + " --save-weights ";
     const RunResult usual = run_command(run + dir.file("usual.st"));
     ASSERT_EQ(usual.exit_code, 0) << usual.output;
-    const RunResult fused = run_command(run + dir.file("fused.st") + " --fused-step");
+    const RunResult fused = run_command(run + dir.file("fused.st") + " --fused-step=force");
     ASSERT_EQ(fused.exit_code, 0) << fused.output;
     EXPECT_NE(fused.output.find("--fused-step: the whole step as one kernel"), std::string::npos)
         << fused.output;
@@ -282,6 +283,14 @@ TEST(GpuRun, FusedStepIsCheckedAndTrainsAsTheUsualStep) {
                 precision.c_str(), error);
     EXPECT_LT(error, tolerance) << precision;
   }
+  const RunResult timed = run_command(kEnv + kTrain + kArgs + " --fused-step");
+  ASSERT_EQ(timed.exit_code, 0) << timed.output;
+  const std::regex times(
+      "--fused-step: (not used: )?.*?([0-9]+\\.[0-9]) us a step against ([0-9]+\\.[0-9]) us for "
+      "the usual one");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(timed.output, m, times)) << timed.output;
+  EXPECT_EQ(!m[1].matched, std::stod(m[2]) < std::stod(m[3])) << timed.output;
   const RunResult adamw =
       run_command(kEnv + kTrain + kArgs + " --fused-step --optimizer adamw --lr 0.005");
   ASSERT_EQ(adamw.exit_code, 0) << adamw.output;

@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/config.h"
 #include "tests/support/test_support.h"
 
 namespace ddp {
@@ -84,6 +85,31 @@ TEST(DdptrainCli, EveryFlagIsInTheConfigRecord) {
     EXPECT_TRUE(config.contains(key)) << "--" << flag << " is not in the config record";
   }
   EXPECT_GE(flags, 50);
+}
+
+// --fused-step: the fused step where it is faster; --fused-step=force: also where slower;
+// each recorded in the metrics' configuration.
+TEST(DdptrainCli, FusedStepIsForcedOnlyWhenAskedTo) {
+  auto parse = [](std::vector<std::string> args) {
+    args.insert(args.begin(), "ddptrain");
+    std::vector<char*> argv;
+    for (std::string& a : args)
+      argv.push_back(a.data());
+    TrainConfig config;
+    EXPECT_TRUE(parse_train_args(static_cast<int>(argv.size()), argv.data(), &config));
+    return config;
+  };
+  const TrainConfig off = parse({"--device", "cuda"});
+  EXPECT_FALSE(off.fused_step);
+  EXPECT_EQ(config_json(off)["fused-step"], "off");
+  const TrainConfig faster = parse({"--device", "cuda", "--fused-step"});
+  EXPECT_TRUE(faster.fused_step);
+  EXPECT_FALSE(faster.fused_step_force);
+  EXPECT_EQ(config_json(faster)["fused-step"], "faster");
+  const TrainConfig force = parse({"--fused-step=force", "--device", "cuda"});
+  EXPECT_TRUE(force.fused_step);
+  EXPECT_TRUE(force.fused_step_force);
+  EXPECT_EQ(config_json(force)["fused-step"], "force");
 }
 
 // The README's flag table against --help: every default the table states is the one the
