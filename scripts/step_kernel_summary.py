@@ -118,7 +118,9 @@ def idle_line(step_ms, all_ms):
     gap = step_ms - all_ms
     return (f"step {step_ms:.3f} ms, its kernels {all_ms:.3f} ms: "
             + (f"{gap:.3f} ms ({100 * gap / step_ms:.0f} %) with the GPU idle "
-               "(launch gaps, host waits) or kernels overlapping less" if gap >= 0 else
+               "(launch gaps, host waits), kernels overlapping less, or kernels slower in the "
+               "run than profiled (ncu times each alone: no neighbours, clocks not held down "
+               "by the step's power)" if gap >= 0 else
                f"kernels overlap by {-gap:.3f} ms (several streams)"))
 
 
