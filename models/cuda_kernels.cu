@@ -1,7 +1,9 @@
 // The MLP's elementwise, reduction and optimizer kernels.
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cfloat>
+#include <cstdint>
 
 #include "models/cuda_kernels.h"
 #include "models/rng.h"
@@ -39,6 +41,45 @@ __global__ void gather_kernel(const float* x, const int32_t* y, int dim, const i
   const float* in = x + static_cast<size_t>(src) * dim;
   for (int d = threadIdx.x; d < dim; d += blockDim.x)
     store(x_out, static_cast<size_t>(row) * dim + d, in[d], bf16);
+}
+
+// As gather_kernel for rows of a multiple of 4 values: 16-byte loads, each thread's loads all
+// issued before its stores (the row's latency paid once, not once a value).
+template <bool kBf16>
+__global__ void gather_rows4_kernel(const float4* __restrict__ x, const int32_t* y, int dim4,
+                                    const int32_t* indices, const int* counter, int stride,
+                                    void* __restrict__ x_out, int32_t* y_out) {
+  constexpr int kUnroll = 4;
+  const size_t offset = counter ? static_cast<size_t>(*counter) * stride : 0;
+  const int row = blockIdx.x;
+  const int32_t src = indices[offset + row];
+  if (threadIdx.x == 0 && y_out != nullptr) y_out[row] = y[src];
+  const float4* in = x + static_cast<size_t>(src) * dim4;
+  const size_t out_row = static_cast<size_t>(row) * dim4;
+  for (int base = threadIdx.x; base < dim4; base += kUnroll * blockDim.x) {
+    float4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int d = base + u * blockDim.x;
+      if (d < dim4) v[u] = __ldg(in + d);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int d = base + u * blockDim.x;
+      if (d >= dim4) continue;
+      if (kBf16) {
+        // Each value rounded to nearest even, as __float2bfloat16 does.
+        const __nv_bfloat162 lo = __floats2bfloat162_rn(v[u].x, v[u].y);
+        const __nv_bfloat162 hi = __floats2bfloat162_rn(v[u].z, v[u].w);
+        uint2 packed;
+        packed.x = *reinterpret_cast<const uint32_t*>(&lo);
+        packed.y = *reinterpret_cast<const uint32_t*>(&hi);
+        static_cast<uint2*>(x_out)[out_row + d] = packed;
+      } else {
+        static_cast<float4*>(x_out)[out_row + d] = v[u];
+      }
+    }
+  }
 }
 
 // One block per row; classes spread over the block's threads.
@@ -193,8 +234,22 @@ void launch_gather_batch(const float* x, const int32_t* y, int dim, const int32_
                          const int* counter, int stride, int batch, void* x_out, bool bf16,
                          int32_t* y_out, cudaStream_t stream) {
   if (batch == 0) return;
-  gather_kernel<<<batch, 128, 0, stream>>>(x, y, dim, indices, counter, stride, batch, x_out, bf16,
-                                           y_out);
+  const bool aligned = reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(x_out) % (bf16 ? 8 : 16) == 0;
+  if (x_out != nullptr && dim % 4 == 0 && aligned) {
+    const int dim4 = dim / 4;
+    const int threads = std::min(kThreads, (dim4 + 31) / 32 * 32);
+    const auto* x4 = reinterpret_cast<const float4*>(x);
+    if (bf16)
+      gather_rows4_kernel<true>
+          <<<batch, threads, 0, stream>>>(x4, y, dim4, indices, counter, stride, x_out, y_out);
+    else
+      gather_rows4_kernel<false>
+          <<<batch, threads, 0, stream>>>(x4, y, dim4, indices, counter, stride, x_out, y_out);
+  } else {
+    gather_kernel<<<batch, 128, 0, stream>>>(x, y, dim, indices, counter, stride, batch, x_out,
+                                             bf16, y_out);
+  }
   DDP_CUDA_CHECK_LAUNCH();
 }
 
