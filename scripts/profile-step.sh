@@ -9,8 +9,8 @@
 # (scripts/torch_matmul_rate.py) and against the wall time (what the GPU left idle).
 # The profiler: Nsight Compute (ncu, each kernel's gpu__time_duration; it leaves the clocks and
 # caches as they are: --clock-control none --cache-control none), which works on the GPU
-# machine, or Nsight Systems (nsys, reports kept in PROFILE_DIR for nsys-ui), which cannot make
-# reports there. ncu runs kernels one at a time, so its sum is of kernels alone, overlap not
+# machine, or Nsight Systems (nsys), which cannot make reports there. What the profiler wrote
+# is kept in PROFILE_DIR (default BUILD_DIR/profiles): ncu's CSV of every kernel, nsys's reports. ncu runs kernels one at a time, so its sum is of kernels alone, overlap not
 # counted.
 # Usage: scripts/profile-step.sh [BUILD_DIR] [workload:precision ...]
 #   default: medium:tf32 medium:bf16 large:tf32 large:bf16
@@ -60,6 +60,7 @@ profile() {
       --graph-profiling node --metrics gpu__time_duration.sum --csv --print-units base \
       --log-file "$tmp/$name.csv" "$@" > "$tmp/$name.log" 2>&1 ||
       { echo "ncu failed ($*):"; tail -5 "$tmp/$name.log" "$tmp/$name.csv"; return 1; }
+    cp "$tmp/$name.csv" "$reports/"  # each kernel's time, kept to read
   else
     timeout 400 "$prof" profile --capture-range=cudaProfilerApi --capture-range-end=stop -t cuda \
       --cuda-graph-trace=node --force-overwrite true -o "$reports/$name" "$@" > "$tmp/$name.log" 2>&1 ||
