@@ -313,6 +313,14 @@ const std::vector<Flag>& flags() {
                             "target), the others left to the optimizer of --overlap-optimizer "
                             "beside them; 0: all",
                             &C::product_sms));
+    f.push_back(choice_flag<WeightGradStream>(
+        "weight-grad-stream",
+        "cuda: each layer's weight gradient on a second stream beside its input gradient (the "
+        "same gradients): auto (where the products are too small to fill the GPU), on, off",
+        &C::weight_grad_stream,
+        {{"auto", WeightGradStream::kAuto},
+         {"on", WeightGradStream::kOn},
+         {"off", WeightGradStream::kOff}}));
     f.push_back(
         {"fused-step",
          "cuda, one GPU: the whole training step as one kernel where the model fits (at "
@@ -560,6 +568,8 @@ void validate(const TrainConfig& c) {
                   c.product_sms);
   DDP_USAGE_CHECK(c.product_sms == 0 || c.device == Device::kCuda,
                   "--product-sms: the GPU's products only; use --device cuda");
+  DDP_USAGE_CHECK(c.weight_grad_stream == WeightGradStream::kAuto || c.device == Device::kCuda,
+                  "--weight-grad-stream: the GPU's backward only; use --device cuda");
   DDP_USAGE_CHECK(!c.fused_step || c.device == Device::kCuda,
                   "--fused-step: the GPU's step only; use --device cuda");
   DDP_USAGE_CHECK(c.profile_steps.empty() || c.device == Device::kCuda,

@@ -10,6 +10,7 @@
 
 #include "collectives/backend.h"
 #include "engine/pipeline/schedule.h"
+#include "models/mlp.h"
 #include "models/optimizer.h"
 #include "models/precision.h"
 
@@ -70,9 +71,11 @@ struct TrainConfig {
   std::string cache_dir;           // from the environment (ProcessEnv::cache_dir), not a flag
   bool overlap_optimizer = false;  // GPU: each parameter range updated as backward finishes it
   int product_sms = 0;             // GPU: the SMs each matrix product may use (0: all)
-  bool fused_step = false;         // GPU, one GPU: the whole step as one kernel where it pays
-  bool fused_step_force = false;   // --fused-step=force: also where it is slower
-  int accumulate = 1;              // micro-steps per optimizer step
+  // GPU: each layer's weight gradient beside its input gradient on a second stream.
+  WeightGradStream weight_grad_stream = WeightGradStream::kAuto;
+  bool fused_step = false;        // GPU, one GPU: the whole step as one kernel where it pays
+  bool fused_step_force = false;  // --fused-step=force: also where it is slower
+  int accumulate = 1;             // micro-steps per optimizer step
   // Pipeline parallelism: the world is dp x pp ranks (rank = stage * dp + replica).
   int pp = 1;             // pipeline stages
   int dp = 0;             // data-parallel replicas; 0: world / pp (checked against the world)

@@ -33,9 +33,9 @@ CudaLinear::CudaLinear(int index, const LayerSlice& slice, bool hidden, int slot
   }
 }
 
-void CudaLinear::after(const char* op) const {
+void CudaLinear::after(const char* op, cudaStream_t stream) const {
   if (!context_.sync_debug) return;
-  const cudaError_t error = cudaStreamSynchronize(context_.stream);
+  const cudaError_t error = cudaStreamSynchronize(stream ? stream : context_.stream);
   DDP_CHECK(error == cudaSuccess, "--sync-debug: {} failed: {} ({})", op, cudaGetErrorName(error),
             cudaGetErrorString(error));
 }
@@ -131,15 +131,17 @@ void CudaLinear::relu_in_place(int slot, int batch) const {
   after("ReLU");
 }
 
-void CudaLinear::backward_weight(int slot, int batch, bool accumulate) const {
+void CudaLinear::backward_weight(int slot, int batch, bool accumulate, const Lane* lane) const {
+  const Lane on =
+      lane ? *lane : Lane{context_.stream, context_.workspace, context_.workspace_bytes};
   const Plans& p = plans(slot, batch);
   const LtMatmul& dw = accumulate ? *p.dw_accumulate : *p.dw;
-  dw.run(context_.workspace, context_.workspace_bytes, context_.stream);
-  after("weight-gradient matmul");
+  dw.run(on.workspace, on.workspace_bytes, on.stream);
+  after("weight-gradient matmul", on.stream);
   if (dw.epilogue() != CUBLASLT_EPILOGUE_BGRADB) {
     launch_bias_grad(wiring_[slot].grad_output, batch, slice_.out, bf16(), grad_bias(), accumulate,
-                     context_.stream);
-    after("bias gradient");
+                     on.stream);
+    after("bias gradient", on.stream);
   }
 }
 

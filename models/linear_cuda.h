@@ -6,7 +6,7 @@
 // below (DRELU, from that layer's mask). forward, backward_weight and backward_input are
 // separate calls, so that a stage runs backward whole or in its two halves. What a new layer
 // type on the GPU is: a class like this one, and its line where CudaStage lists its layers.
-// Only built with CUDA. Every call is on the stage's stream.
+// Only built with CUDA. Every call is on the stage's stream unless stated.
 #pragma once
 
 #include <cublasLt.h>
@@ -73,8 +73,15 @@ class CudaLinear {
   // Every plan dropped (the parameters moved: placed layers' slots); built again on use.
   void clear_plans() { plans_.clear(); }
   void forward(int slot, int batch) const;
-  // Weight and bias gradients over (or, with `accumulate`, added to) the stage's gradients.
-  void backward_weight(int slot, int batch, bool accumulate) const;
+  // Where products run: a stream and a cuBLASLt workspace of its own.
+  struct Lane {
+    cudaStream_t stream = nullptr;
+    void* workspace = nullptr;
+    size_t workspace_bytes = 0;
+  };
+  // Weight and bias gradients over (or, with `accumulate`, added to) the stage's gradients,
+  // on `lane` (null: the stage's stream and workspace).
+  void backward_weight(int slot, int batch, bool accumulate, const Lane* lane = nullptr) const;
   // The input gradient, with the layer below's ReLU derivative.
   void backward_input(int slot, int batch) const;
 
@@ -95,7 +102,7 @@ class CudaLinear {
   };
   const Plans& plans(int slot, int batch) const { return plans_.at({slot, batch}); }
   bool keeps_mask(int slot, int batch) const;
-  void after(const char* op) const;
+  void after(const char* op, cudaStream_t stream = nullptr) const;  // null: the stage's
   void relu_in_place(int slot, int batch) const;
   bool bf16() const { return context_.precision == Precision::kBf16; }
   float* grad_bias() const;

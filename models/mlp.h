@@ -101,4 +101,16 @@ MlpShape parse_layers(const std::string& text, const std::string& flag = "--laye
 // initialisation: weight and bias uniform in [-1/sqrt(in), 1/sqrt(in)], seeded.
 void init_params(const MlpShape& shape, uint64_t seed, float* params);
 
+// backward() on the GPU: each layer's weight gradient on a second stream beside its input
+// gradient (kOn), or after it on the one stream (kOff); kAuto: beside where
+// backward_products_leave_sms_idle (the gradients are bitwise the same either way).
+enum class WeightGradStream { kAuto, kOn, kOff };
+const char* weight_grad_stream_name(WeightGradStream mode);
+
+// Whether every weight- and input-gradient product of layers [first, end) of `shape` at
+// `batch` has fewer 128 x 128 output tiles than the GPU has SMs (`sms`): products that leave
+// most of the GPU idle, so that a layer's two run side by side in about the time of one.
+bool backward_products_leave_sms_idle(const MlpShape& shape, int first, int end, int batch,
+                                      int sms);
+
 }  // namespace ddp

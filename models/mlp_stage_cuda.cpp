@@ -14,6 +14,22 @@
 
 namespace ddp {
 
+namespace {
+
+// Whether backward() runs the weight gradients beside: options.weight_grad_stream, kAuto
+// decided by the products' size against this GPU's SMs.
+bool beside(const CudaStageOptions& options, const MlpShape& shape, int first, int end,
+            int max_batch) {
+  if (options.weight_grad_stream != WeightGradStream::kAuto)
+    return options.weight_grad_stream == WeightGradStream::kOn;
+  int device = 0, sms = 0;
+  DDP_CUDA_CHECK(cudaGetDevice(&device));
+  DDP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return backward_products_leave_sms_idle(shape, first, end, max_batch, sms);
+}
+
+}  // namespace
+
 CudaStage::CudaStage(MlpShape shape, int first, int end, int max_batch, int slots,
                      const OptimizerConfig& optimizer, const CudaStageOptions& options)
     : StageLayers(std::move(shape), first, end),
@@ -51,6 +67,10 @@ CudaStage::CudaStage(MlpShape shape, int first, int end, int max_batch, int slot
     for (auto& buffer : pingpong_)
       buffer = DeviceBuffer<char>(rows * widest * act_bytes(), MemoryCategory::kActivations);
   workspace_ = DeviceBuffer<char>(options.workspace_bytes, MemoryCategory::kWorkspace);
+  if (beside(options, shape_, first, end, max_batch)) {
+    side_.emplace();
+    side_->workspace = DeviceBuffer<char>(options.workspace_bytes, MemoryCategory::kWorkspace);
+  }
   const CudaLayerContext context{lt_,
                                  stream(),
                                  workspace_.data(),
@@ -193,10 +213,25 @@ void CudaStage::backward(int slot, int batch, bool accumulate,
   ensure_forwarded(slot);
   mask_received(slot, batch);
   for (int i = end_ - 1; i >= first_; --i) {
-    layer(i).backward_weight(slot, batch, accumulate);
-    if (on_layer_done) on_layer_done(i - first_);
+    if (side_) {
+      // The weight gradient beside the input gradient: both read the layer's output gradient
+      // and neither writes what the other reads; joined before the layer is reported done.
+      DDP_CUDA_CHECK(cudaEventRecord(side_->fork.get(), stream()));
+      DDP_CUDA_CHECK(cudaStreamWaitEvent(side_->stream.get(), side_->fork.get(), 0));
+      const CudaLinear::Lane lane{side_->stream.get(), side_->workspace.data(),
+                                  side_->workspace.bytes()};
+      layer(i).backward_weight(slot, batch, accumulate, &lane);
+      DDP_CUDA_CHECK(cudaEventRecord(side_->join.get(), side_->stream.get()));
+    } else {
+      layer(i).backward_weight(slot, batch, accumulate);
+      if (on_layer_done) on_layer_done(i - first_);
+    }
     if (i > first_ || !is_first()) acquire(i, false);  // the first layer's has no product
     layer(i).backward_input(slot, batch);
+    if (side_) {
+      DDP_CUDA_CHECK(cudaStreamWaitEvent(stream(), side_->join.get(), 0));
+      if (on_layer_done) on_layer_done(i - first_);
+    }
   }
 }
 
@@ -276,8 +311,9 @@ std::string CudaStage::epilogue_summary() {
   int fused = 0, total = 0;
   for (const auto& l : layers_)
     l->count_fused(0, max_batch_, &fused, &total);
-  return fmt::format("{} of {} products with fused epilogues (bias/ReLU mask, BGRADB, DRELU)",
-                     fused, total);
+  return fmt::format(
+      "{} of {} products with fused epilogues (bias/ReLU mask, BGRADB, DRELU){}", fused, total,
+      side_ ? "; weight gradients beside the input gradients, on a second stream" : "");
 }
 
 void CudaStage::fill_work_buffers(float value) {

@@ -50,6 +50,9 @@ struct CudaStageOptions {
   // another order). `autotune_cache`: where the choices are kept between runs (empty: not).
   bool autotune = false;
   std::string autotune_cache;
+  // backward(): each layer's weight gradient on a second stream (with a workspace of its
+  // own) beside its input gradient, joined before on_layer_done (WeightGradStream, mlp.h).
+  WeightGradStream weight_grad_stream = WeightGradStream::kAuto;
   // backward_input / backward_weight (zero-bubble schedules): every slot keeps each layer's
   // output gradient until its weight half (else two buffers serve every slot's backward).
   bool split_backward = false;
@@ -173,6 +176,8 @@ class CudaStage : public StageLayers {
   std::string memory_report() const;
   // Which products use cuBLASLt's fused epilogues (and which fell back), for the log.
   std::string epilogue_summary();
+  // Whether backward() runs the weight gradients on a second stream (options, kAuto decided).
+  bool weight_grads_beside() const { return side_.has_value(); }
 
   // With options.autotune (plan_tuner.h): tunes slot 0's products at max_batch; the weights
   // and every slot's buffers are overwritten (call it before the weights are set).
@@ -212,6 +217,14 @@ class CudaStage : public StageLayers {
   std::vector<Slot> slots_;
   DeviceBuffer<char> pingpong_[2];  // every slot's output gradients, without split backward
   DeviceBuffer<char> workspace_;
+  // backward()'s second stream for the weight gradients, where they run beside (with its
+  // workspace, and the events that fork it from the stage's stream and join it back).
+  struct Side {
+    CudaStream stream;
+    DeviceBuffer<char> workspace;
+    CudaEvent fork, join;
+  };
+  std::optional<Side> side_;
   std::vector<std::unique_ptr<CudaLinear>> layers_;  // their plans go before the handle
   std::unique_ptr<DeviceLossSums> sums_;             // the loss's sums, training and evaluation
   TuneResult tuned_;

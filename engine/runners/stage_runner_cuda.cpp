@@ -52,6 +52,7 @@ CudaStageOptions stage_options(const TrainConfig& config, bool tuned) {
   options.precision = config.precision;
   options.fused_epilogues = config.fused_epilogues;
   options.product_sms = config.product_sms;
+  options.weight_grad_stream = config.weight_grad_stream;
   options.sync_debug = config.sync_debug;
   options.autotune = config.autotune && tuned;
   options.autotune_cache = autotune_cache_path(config.cache_dir);

@@ -297,6 +297,68 @@ TEST(CudaKernels, SoftmaxCrossEntropyMatchesTheCpu) {
   }
 }
 
+// The batch gather: the rows `indices` names at the counter's step, bitwise (bf16: each value
+// rounded to nearest even), on the vector path (rows of a multiple of 4 values, aligned) and
+// the scalar one (63 values, or an output one value off alignment).
+TEST(CudaKernels, GatherCopiesTheIndexedRowsBitwise) {
+  REQUIRE_GPU();
+  const int rows = 40, batch = 6, stride = 7, step = 2;
+  for (int dim : {64, 63, 8192})
+    for (bool bf16 : {false, true})
+      for (int skew : {0, 1}) {
+        const auto x = random_vector(static_cast<size_t>(rows) * dim, dim);
+        std::vector<int32_t> y(rows), indices(static_cast<size_t>(stride) * 3);
+        for (int i = 0; i < rows; ++i)
+          y[i] = 100 + i;
+        for (size_t i = 0; i < indices.size(); ++i)
+          indices[i] = static_cast<int32_t>((i * 17 + 5) % rows);
+        DeviceBuffer<float> d_x(x.size(), MemoryCategory::kOther);
+        DeviceBuffer<int32_t> d_y(rows, MemoryCategory::kOther),
+            d_indices(indices.size(), MemoryCategory::kOther),
+            d_labels(batch, MemoryCategory::kOther);
+        DeviceBuffer<int> counter(1, MemoryCategory::kOther);
+        DeviceBuffer<float> out(static_cast<size_t>(batch) * dim + 1, MemoryCategory::kOther);
+        copy_to_device(d_x.data(), x.data(), d_x.bytes());
+        copy_to_device(d_y.data(), y.data(), d_y.bytes());
+        copy_to_device(d_indices.data(), indices.data(), d_indices.bytes());
+        copy_to_device(counter.data(), &step, sizeof(int));
+        launch_fill(out.data(), out.count(), false, NAN, nullptr);
+        // An output `skew` values in: off the 16-byte alignment the vector path needs.
+        char* x_out = reinterpret_cast<char*>(out.data()) + skew * (bf16 ? 2 : 4);
+        launch_gather_batch(d_x.data(), d_y.data(), dim, d_indices.data(), counter.data(), stride,
+                            batch, x_out, bf16, d_labels.data(), nullptr);
+        std::vector<char> got(out.bytes());
+        std::vector<int32_t> labels(batch);
+        ASSERT_EQ(cudaMemcpy(got.data(), out.data(), out.bytes(), cudaMemcpyDeviceToHost),
+                  cudaSuccess);
+        ASSERT_EQ(
+            cudaMemcpy(labels.data(), d_labels.data(), d_labels.bytes(), cudaMemcpyDeviceToHost),
+            cudaSuccess);
+        const std::string where = "dim " + std::to_string(dim) + (bf16 ? " bf16" : " fp32") +
+                                  " skew " + std::to_string(skew);
+        for (int r = 0; r < batch; ++r) {
+          const int src = indices[static_cast<size_t>(step) * stride + r];
+          ASSERT_EQ(labels[r], y[src]) << where << " row " << r;
+          for (int d = 0; d < dim; ++d) {
+            const float want = x[static_cast<size_t>(src) * dim + d];
+            const size_t at = static_cast<size_t>(r) * dim + d + skew;
+            uint32_t bits;
+            std::memcpy(&bits, &want, 4);
+            if (bf16) {
+              uint16_t low;
+              std::memcpy(&low, got.data() + 2 * at, 2);
+              ASSERT_EQ(low, static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16))
+                  << where << " row " << r << " value " << d;
+            } else {
+              uint32_t have;
+              std::memcpy(&have, got.data() + 4 * at, 4);
+              ASSERT_EQ(have, bits) << where << " row " << r << " value " << d;
+            }
+          }
+        }
+      }
+}
+
 TEST(CudaKernels, OptimizersMatchTheCpu) {
   REQUIRE_GPU();
   const size_t count = 1001;
@@ -341,14 +403,11 @@ TEST(CudaKernels, OptimizersMatchTheCpu) {
 // K steps through the device-resident schedule against K steps of CpuMlp + Optimizer.
 std::vector<float> gpu_steps(const MlpShape& shape, const Dataset& data, const OptimizerConfig& opt,
                              int batch, int k, bool graph, const std::vector<float>& init,
-                             bool staged = false, bool autotune = false, int product_sms = 0,
-                             const std::string& autotune_cache = "", bool* from_cache = nullptr) {
-  CudaStageOptions options;
-  options.autotune = autotune;
-  options.product_sms = product_sms;
-  options.autotune_cache = autotune_cache;
+                             bool staged = false, const CudaStageOptions& options = {},
+                             bool* from_cache = nullptr, bool* beside = nullptr) {
   CudaStage gpu(shape, 0, shape.num_layers(), batch, 1, opt, options);
-  if (autotune) gpu.autotune();
+  if (beside != nullptr) *beside = gpu.weight_grads_beside();
+  if (options.autotune) gpu.autotune();
   if (from_cache != nullptr) *from_cache = gpu.autotune_cached();
   gpu.set_params(init.data());
   BatchFeeder feeder(batch, 1, k, gpu.stream());
@@ -443,13 +502,22 @@ struct TuningCase {
     init_params(shape, 12, init.data());
     want = cpu_steps(shape, data, opt, 128, 6, init);
   }
+  // The stage's options with --autotune (its choices kept in `cache`, if given), and
+  // --product-sms.
+  static CudaStageOptions tuned(bool autotune = true, const std::string& cache = "", int sms = 0) {
+    CudaStageOptions options;
+    options.autotune = autotune;
+    options.autotune_cache = cache;
+    options.product_sms = sms;
+    return options;
+  }
 };
 
 TEST(CudaTraining, AutotunedStepsMatchTheCpu) {
   REQUIRE_GPU();
   const TuningCase c;
   const auto got =
-      gpu_steps(c.shape, c.data, c.opt, 128, 6, true, c.init, false, /*autotune=*/true);
+      gpu_steps(c.shape, c.data, c.opt, 128, 6, true, c.init, false, TuningCase::tuned());
   EXPECT_LE(relative_error(got, c.want), 1e-5);
 }
 
@@ -465,7 +533,8 @@ TEST(CudaTraining, EveryAutotuneAlternativeMatchesTheCpu) {
   const TuningCase c;
   const std::vector<float>& want = c.want;
   auto run = [&](bool* cached) {
-    return gpu_steps(c.shape, c.data, c.opt, 128, 6, true, c.init, false, true, 0, cache, cached);
+    return gpu_steps(c.shape, c.data, c.opt, 128, 6, true, c.init, false,
+                     TuningCase::tuned(true, cache), cached);
   };
   bool cached = true;
   EXPECT_LE(relative_error(run(&cached), want), 1e-5) << "tuned";
@@ -508,9 +577,44 @@ TEST(CudaTraining, ProductsOnFewerSmsMatchTheCpu) {
   REQUIRE_GPU();
   const TuningCase c;
   for (const bool tuned : {false, true}) {
-    const auto got = gpu_steps(c.shape, c.data, c.opt, 128, 6, true, c.init, false, tuned, 16);
+    const auto got = gpu_steps(c.shape, c.data, c.opt, 128, 6, true, c.init, false,
+                               TuningCase::tuned(tuned, "", 16));
     EXPECT_LE(relative_error(got, c.want), 1e-5) << (tuned ? "autotuned" : "heuristic");
   }
+}
+
+// Each layer's weight gradient on a second stream beside its input gradient: bitwise the
+// weights of the one stream, eager and replayed, in every precision, tuned or not; and where
+// --weight-grad-stream auto puts it (these products leave the GPU's SMs idle).
+TEST(CudaTraining, WeightGradientsBesideAreBitwiseTheOneStream) {
+  REQUIRE_GPU();
+  TempDir dir;
+  const TuningCase c;
+  for (Precision precision : {Precision::kFp32, Precision::kTf32, Precision::kBf16})
+    for (bool tuned : {false, true}) {
+      // The tuned runs share their choices through the cache (timings alone may pick others).
+      CudaStageOptions options = TuningCase::tuned(tuned, tuned ? dir.file("tuned.json") : "");
+      options.precision = precision;
+      const std::string what = std::string(precision_name(precision)) + (tuned ? " tuned" : "");
+      options.weight_grad_stream = WeightGradStream::kOff;
+      bool beside = true;
+      const auto one =
+          gpu_steps(c.shape, c.data, c.opt, 128, 6, true, c.init, false, options, nullptr, &beside);
+      EXPECT_FALSE(beside) << what;
+      if (precision == Precision::kFp32) EXPECT_LE(relative_error(one, c.want), 1e-5) << what;
+      options.weight_grad_stream = WeightGradStream::kOn;
+      for (bool graph : {false, true}) {
+        beside = false;
+        const auto two = gpu_steps(c.shape, c.data, c.opt, 128, 6, graph, c.init, false, options,
+                                   nullptr, &beside);
+        EXPECT_TRUE(beside) << what;
+        EXPECT_EQ(two, one) << what << (graph ? " replayed" : " eager");
+      }
+    }
+  CudaStageOptions options;
+  bool beside = false;
+  gpu_steps(c.shape, c.data, c.opt, 128, 1, false, c.init, false, options, nullptr, &beside);
+  EXPECT_TRUE(beside) << "auto, 256-512-384-10 at 128";
 }
 
 TEST(CudaTraining, HostStagedBatchesEqualDeviceGather) {

@@ -110,6 +110,12 @@ TEST(DdptrainCli, FusedStepIsForcedOnlyWhenAskedTo) {
   EXPECT_TRUE(force.fused_step);
   EXPECT_TRUE(force.fused_step_force);
   EXPECT_EQ(config_json(force)["fused-step"], "force");
+  // --weight-grad-stream: auto unless given, and recorded.
+  EXPECT_EQ(off.weight_grad_stream, WeightGradStream::kAuto);
+  EXPECT_EQ(config_json(off)["weight-grad-stream"], "auto");
+  const TrainConfig one = parse({"--device", "cuda", "--weight-grad-stream", "off"});
+  EXPECT_EQ(one.weight_grad_stream, WeightGradStream::kOff);
+  EXPECT_EQ(config_json(one)["weight-grad-stream"], "off");
 }
 
 // The README's flag table against --help: every default the table states is the one the

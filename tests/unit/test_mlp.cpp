@@ -36,6 +36,21 @@ TEST(MlpShape, MalformedListsAreRefusedWithTheFlag) {
   }
 }
 
+// --weight-grad-stream auto: a second stream where every backward product has fewer 128 x 128
+// output tiles than the GPU has SMs (the benchmarks' tiny model on an H200's 132), not where
+// one fills it (medium, large).
+TEST(MlpShape, BackwardProductsLeaveSmsIdleOnlyWhenSmall) {
+  const MlpShape tiny({784, 512, 512, 10}), medium({1024, 4096, 4096, 4096, 4096, 1000});
+  EXPECT_TRUE(backward_products_leave_sms_idle(tiny, 0, 3, 128, 132));
+  EXPECT_FALSE(backward_products_leave_sms_idle(tiny, 0, 3, 128, 28));  // layer 0's 7 x 4 tiles
+  EXPECT_TRUE(backward_products_leave_sms_idle(tiny, 0, 3, 128, 29));
+  EXPECT_TRUE(backward_products_leave_sms_idle(tiny, 1, 3, 128, 17));     // from layer 1: 4 x 4
+  EXPECT_FALSE(backward_products_leave_sms_idle(tiny, 0, 3, 4096, 132));  // 32 x 7 input tiles
+  EXPECT_FALSE(backward_products_leave_sms_idle(medium, 0, 5, 1024, 132));
+  EXPECT_FALSE(backward_products_leave_sms_idle(medium, 4, 5, 128, 132));  // 4096 x 1000: 256
+  EXPECT_STREQ(weight_grad_stream_name(WeightGradStream::kAuto), "auto");
+}
+
 TEST(MlpShape, FingerprintDependsOnShape) {
   EXPECT_EQ(parse_layers("4,3,2").fingerprint(), parse_layers("4,3,2").fingerprint());
   EXPECT_NE(parse_layers("4,3,2").fingerprint(), parse_layers("4,2,3").fingerprint());
