@@ -5,9 +5,10 @@
 # options and benchmarks. Logs go to $OUT (or ./device-out); a short table is printed last,
 # and the exit status is non-zero when any check failed, the failing sections named last.
 # Usage: scripts/device-check.sh [sections...]
-#   sections: build test cuda run doctor launcher fashion monitor options ddp1 multi bench-warm
+#   sections: build test cuda cuda1 cuda2 run doctor launcher fashion monitor options ddp1 multi bench-warm
 #   bench fused profile bench-ddp collectives levers pipeline libtorch (build: only the build; cuda: build and only
-#   the GPU tests, `ctest -L cuda`, when CI has run the rest; bench-warm: bench-vs-torch.sh
+#   the GPU tests, `ctest -L cuda`, when CI has run the rest; cuda1 and cuda2: each half of
+#   them, one a call, as the whole runs past the device's 10 minutes; bench-warm: bench-vs-torch.sh
 #   --warm, the compile caches that let `bench` fit in the next call on a warm machine; default: test run bench; multi, bench-ddp, collectives, levers and pipeline need two or more
 #   GPUs; collectives needs nccl-tests' source: scripts/device-prepare.sh --nccl-tests DIR)
 # Expects .deps/ (made by scripts/device-prepare.sh here): fashion-mnist/, and zlib/ and
@@ -34,16 +35,20 @@ failed=()
 note() { summary+=("$1"); echo "== $1"; }
 fail() { failed+=("$1"); note "FAILED $1: $2"; }
 
-if want cuda; then
+# The GPU tests: all (cuda), or every other one (cuda1: the odd-numbered, cuda2: the even),
+# so that each half with the build fits in one 10-minute device call.
+for section in cuda cuda1 cuda2; do
+  want "$section" || continue
+  case "$section" in cuda1) pick=(-I 1,,2) ;; cuda2) pick=(-I 2,,2) ;; *) pick=() ;; esac
   start=$(date +%s)
   if (source scripts/deps.sh && ddp_build) > "$out/build.log" 2>&1 &&
-    (cd "$build" && ctest -L cuda -j 8 --timeout 150 --output-on-failure) > "$out/cuda.log" 2>&1; then
-    note "ctest -L cuda: $(grep -E 'tests passed|tests failed' "$out/cuda.log" | tail -1) in $(( $(date +%s) - start ))s with the build"
+    (cd "$build" && ctest -L cuda "${pick[@]}" -j 8 --timeout 150 --output-on-failure) > "$out/$section.log" 2>&1; then
+    note "ctest -L cuda ${pick[*]}: $(grep -E 'tests passed|tests failed' "$out/$section.log" | tail -1) in $(( $(date +%s) - start ))s with the build"
   else
-    grep -E 'error:|\(Failed|\(Timeout|Expected|Which is' "$out/build.log" "$out/cuda.log" | head -20
-    fail cuda "$(grep -E 'tests passed|tests failed' "$out/cuda.log" 2>/dev/null | tail -1)"
+    grep -E 'error:|\(Failed|\(Timeout|Expected|Which is' "$out/build.log" "$out/$section.log" | head -20
+    fail "$section" "$(grep -E 'tests passed|tests failed' "$out/$section.log" 2>/dev/null | tail -1)"
   fi
-fi
+done
 
 if want build; then
   start=$(date +%s)
@@ -55,7 +60,7 @@ if want build; then
   fi
 fi
 
-if want test || { ! want cuda && [ ! -x "$build/bin/ddptrain" ]; }; then
+if want test || { ! want cuda && ! want cuda1 && ! want cuda2 && [ ! -x "$build/bin/ddptrain" ]; }; then
   start=$(date +%s)
   if scripts/test.sh -j 8 --timeout 150 > "$out/test.log" 2>&1; then
     note "scripts/test.sh: $(grep -E 'tests passed|tests failed' "$out/test.log" | tail -1) in $(( $(date +%s) - start ))s"
