@@ -131,18 +131,24 @@ void CudaLinear::relu_in_place(int slot, int batch) const {
   after("ReLU");
 }
 
-void CudaLinear::backward_weight(int slot, int batch, bool accumulate, const Lane* lane) const {
+void CudaLinear::backward_weight(int slot, int batch, bool accumulate, const Lane* lane,
+                                 const Lane* bias_lane) const {
   const Lane on =
       lane ? *lane : Lane{context_.stream, context_.workspace, context_.workspace_bytes};
+  const cudaStream_t bias_on = bias_lane ? bias_lane->stream : on.stream;
   const Plans& p = plans(slot, batch);
   const LtMatmul& dw = accumulate ? *p.dw_accumulate : *p.dw;
+  const bool bias_kernel = dw.epilogue() != CUBLASLT_EPILOGUE_BGRADB;
+  auto bias_gradient = [&] {
+    launch_bias_grad(wiring_[slot].grad_output, batch, slice_.out, bf16(), grad_bias(), accumulate,
+                     bias_on);
+    after("bias gradient", bias_on);
+  };
+  // On a stream of its own the bias gradient goes first, to run beside the product.
+  if (bias_kernel && bias_on != on.stream) bias_gradient();
   dw.run(on.workspace, on.workspace_bytes, on.stream);
   after("weight-gradient matmul", on.stream);
-  if (dw.epilogue() != CUBLASLT_EPILOGUE_BGRADB) {
-    launch_bias_grad(wiring_[slot].grad_output, batch, slice_.out, bf16(), grad_bias(), accumulate,
-                     on.stream);
-    after("bias gradient", on.stream);
-  }
+  if (bias_kernel && bias_on == on.stream) bias_gradient();
 }
 
 void CudaLinear::backward_input(int slot, int batch) const {

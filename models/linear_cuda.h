@@ -80,8 +80,10 @@ class CudaLinear {
     size_t workspace_bytes = 0;
   };
   // Weight and bias gradients over (or, with `accumulate`, added to) the stage's gradients,
-  // on `lane` (null: the stage's stream and workspace).
-  void backward_weight(int slot, int batch, bool accumulate, const Lane* lane = nullptr) const;
+  // on `lane` (null: the stage's stream and workspace); a bias gradient not fused into the
+  // product on `bias_lane` (null: `lane`).
+  void backward_weight(int slot, int batch, bool accumulate, const Lane* lane = nullptr,
+                       const Lane* bias_lane = nullptr) const;
   // The input gradient, with the layer below's ReLU derivative.
   void backward_input(int slot, int batch) const;
 

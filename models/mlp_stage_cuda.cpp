@@ -220,7 +220,10 @@ void CudaStage::backward(int slot, int batch, bool accumulate,
       DDP_CUDA_CHECK(cudaStreamWaitEvent(side_->stream.get(), side_->fork.get(), 0));
       const CudaLinear::Lane lane{side_->stream.get(), side_->workspace.data(),
                                   side_->workspace.bytes()};
-      layer(i).backward_weight(slot, batch, accumulate, &lane);
+      // The model's first layer has no input gradient: its bias gradient takes this stream.
+      const CudaLinear::Lane here{stream(), workspace_.data(), workspace_.bytes()};
+      const bool no_input_gradient = i == first_ && is_first();
+      layer(i).backward_weight(slot, batch, accumulate, &lane, no_input_gradient ? &here : nullptr);
       DDP_CUDA_CHECK(cudaEventRecord(side_->join.get(), side_->stream.get()));
     } else {
       layer(i).backward_weight(slot, batch, accumulate);
