@@ -17,6 +17,7 @@
 #   PROFILER: ncu or nsys (default: ncu where found, else nsys)
 #   PROFILE_STEPS: steps profiled (default 5 under ncu; under nsys a sixth of the run, at most 20)
 #   TORCH_MODE: PyTorch's mode beside ddptrain (default graph; "" leaves PyTorch out)
+#   PROFILE_ORDER=1: also each run's first profiled step kernel by kernel, in launch order (ncu)
 #   exit 0, 1 (a run failed), 2 (bad arguments), 77 (no profiler here)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -106,8 +107,10 @@ for run in "${runs[@]}"; do
   fi
   echo "### $workload $prec: steps $first-$last of $steps (batch $batch), $profiler"
   echo
+  order=()
+  [ "${PROFILE_ORDER:-0}" = 1 ] && order=(--order)
   "$py" scripts/step_kernel_summary.py "$tmp/$workload-$prec.csv" --steps "$count" --step-ms "$step_ms" \
-    "${limits[@]}" "${beside[@]}" || status=1
+    "${limits[@]}" "${beside[@]}" "${order[@]}" || status=1
   echo
 done
 echo "(commit $commit; ms a step = the kernels' time in the capture range over its steps; the step's"

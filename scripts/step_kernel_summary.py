@@ -10,7 +10,8 @@ gather, NCCL, ddptrain's fused step, the rest), their sum against the step's wal
 and the optimizer against their limits (--limits: scripts/torch_matmul_rate.py's JSON; in bf16
 the optimizer's limit holds the bf16 casts' bytes, so its share is of both rows), and the
 costliest kernels. With --beside, a second run's kernels (PyTorch's step) kind by kind beside
-the first's. Prints Markdown. Pure Python, no third-party modules."""
+the first's; with --order, each run's first step kernel by kernel in launch order (Nsight
+Compute's CSV). Prints Markdown. Pure Python, no third-party modules."""
 import argparse
 import csv
 import io
@@ -26,7 +27,7 @@ KINDS = [
     ("bf16 casts and copies", r"to_bf16|from_bf16|to_float|copy_kernel"),
     ("loss", r"softmax|nll_loss|cross_entropy"),
     ("bias and ReLU masks", r"bias_grad|relu|threshold|clamp"),
-    ("reductions (bias gradients)", r"reduce_kernel"),
+    ("reductions (bias gradients)", r"reduce_kernel|bgrad"),
     ("fills and zeroing", r"fill|zero"),
     ("batch gather", r"gather_kernel|index_select|indexselect"),
     ("NCCL", r"nccl"),
@@ -51,46 +52,75 @@ def number(text):
     return float(text.replace(",", ""))
 
 
-def read_kernels(text):
-    """(name, total ns, instances) of each kernel name: the rows of nsys' summary, or Nsight
-    Compute's one row per launch summed by name. The CSV may follow other lines (the
-    profiler's own, the program's output)."""
+def read_launches(text):
+    """Nsight Compute's launches in their order, (name, ns) each; None for nsys' summary (one
+    row a kernel name, no order). The CSV may follow other lines (the profiler's own, the
+    program's output)."""
     lines = text.splitlines()
     start = next((i for i, line in enumerate(lines)
-                  if "Total Time (ns)" in line and "Name" in line), None)
-    if start is not None:
+                  if '"Kernel Name"' in line and '"Metric Name"' in line), None)
+    if start is None:
+        return None
+    launches = []
+    csv_lines = [line for line in lines[start:] if line.startswith('"')]
+    for row in csv.DictReader(io.StringIO("\n".join(csv_lines))):
+        if row.get("Metric Name") != "gpu__time_duration.sum":
+            continue
+        unit = row.get("Metric Unit", "ns") or "ns"
+        if unit not in NS_PER_UNIT:
+            raise SystemExit(f"gpu__time_duration.sum in '{unit}': expected one of "
+                             f"{', '.join(NS_PER_UNIT)}")
+        launches.append((row["Kernel Name"], number(row["Metric Value"]) * NS_PER_UNIT[unit]))
+    return launches
+
+
+def read_kernels(text):
+    """(name, total ns, instances) of each kernel name: the rows of nsys' summary, or Nsight
+    Compute's one row per launch summed by name."""
+    launches = read_launches(text)
+    if launches is not None:
+        per_name = {}
+        for name, ns in launches:
+            total, count = per_name.get(name, (0.0, 0))
+            per_name[name] = (total + ns, count + 1)
+        rows = [(name, ns, count) for name, (ns, count) in per_name.items()]
+    else:
+        lines = text.splitlines()
+        start = next((i for i, line in enumerate(lines)
+                      if "Total Time (ns)" in line and "Name" in line), None)
+        if start is None:
+            raise SystemExit("no kernel summary here: expected Nsight Compute's CSV (ncu --csv "
+                             "--metrics gpu__time_duration.sum: a header with 'Kernel Name' and "
+                             "'Metric Name') or nsys stats --report cuda_gpu_kern_sum --format "
+                             "csv (a header with 'Total Time (ns)')")
         rows = []
         for row in csv.DictReader(io.StringIO("\n".join(lines[start:]))):
             if not row.get("Name"):
                 continue
             rows.append((row["Name"], number(row["Total Time (ns)"]),
                          int(number(row["Instances"]))))
-    else:
-        start = next((i for i, line in enumerate(lines)
-                      if '"Kernel Name"' in line and '"Metric Name"' in line), None)
-        if start is None:
-            raise SystemExit("no kernel summary here: expected Nsight Compute's CSV (ncu --csv "
-                             "--metrics gpu__time_duration.sum: a header with 'Kernel Name' and "
-                             "'Metric Name') or nsys stats --report cuda_gpu_kern_sum --format "
-                             "csv (a header with 'Total Time (ns)')")
-        per_name = {}
-        csv_lines = [line for line in lines[start:] if line.startswith('"')]
-        for row in csv.DictReader(io.StringIO("\n".join(csv_lines))):
-            if row.get("Metric Name") != "gpu__time_duration.sum":
-                continue
-            unit = row.get("Metric Unit", "ns") or "ns"
-            if unit not in NS_PER_UNIT:
-                raise SystemExit(f"gpu__time_duration.sum in '{unit}': expected one of "
-                                 f"{', '.join(NS_PER_UNIT)}")
-            ns = number(row["Metric Value"]) * NS_PER_UNIT[unit]
-            total, count = per_name.get(row["Kernel Name"], (0.0, 0))
-            per_name[row["Kernel Name"]] = (total + ns, count + 1)
-        rows = [(name, ns, count) for name, (ns, count) in per_name.items()]
     if not rows:
         raise SystemExit("the kernel summary has no kernels: was the capture range empty "
                          "(--profile-steps under nsys --capture-range=cudaProfilerApi or "
                          "ncu --profile-from-start off)?")
     return rows
+
+
+def launch_order(text, steps, name):
+    """The first step's kernels in launch order (Nsight Compute's CSV only)."""
+    launches = read_launches(text)
+    if launches is None:
+        print(f"\n{name}: no launch order in nsys' summary (Nsight Compute's CSV has it)")
+        return
+    per_step = len(launches) // steps
+    note = ("" if per_step * steps == len(launches) else
+            f"; {len(launches)} launches over {steps} steps is no whole number a step")
+    print(f"\n{name}'s first step, kernel by kernel in launch order "
+          f"({per_step} a step{note}):\n")
+    print("| # | us | kind | kernel |")
+    print("|---|---|---|---|")
+    for i, (kernel, ns) in enumerate(launches[:per_step]):
+        print(f"| {i + 1} | {ns / 1e3:.1f} | {kind_of(kernel)} | {short(kernel)} |")
 
 
 def by_kind(rows, steps):
@@ -140,13 +170,16 @@ def main():
     p.add_argument("--beside-steps", type=int, help="steps in the second run's capture range")
     p.add_argument("--beside-step-ms", type=float, help="the second run's step wall time, ms")
     p.add_argument("--beside-name", default="PyTorch", help="the second run's name")
+    p.add_argument("--order", action="store_true",
+                   help="also each run's first step kernel by kernel, in launch order (ncu)")
     args = p.parse_args()
     for flag, steps in (("--steps", args.steps), ("--beside-steps", args.beside_steps)):
         if steps is not None and steps < 1:
             raise SystemExit(f"{flag} {steps}: expected at least 1")
     if args.beside and args.beside_steps is None:
         raise SystemExit("--beside: give --beside-steps too (the steps in its capture range)")
-    rows = read_kernels(read_csv_arg(args.csv))
+    text = read_csv_arg(args.csv)
+    rows = read_kernels(text)
     limits = json.load(open(args.limits)) if args.limits else {}
     per_kind = by_kind(rows, args.steps)
     all_ms = sum(ns for _, ns, _ in rows) / 1e6 / args.steps
@@ -175,9 +208,12 @@ def main():
         print("\n" + idle_line(args.step_ms, all_ms))
     print(f"\ncostliest kernels (of {len(rows)}), ms a step:")
     costliest(rows, args.steps, args.top)
+    if args.order:
+        launch_order(text, args.steps, args.name)
     if not args.beside:
         return
-    other = read_kernels(read_csv_arg(args.beside))
+    other_text = read_csv_arg(args.beside)
+    other = read_kernels(other_text)
     other_kind = by_kind(other, args.beside_steps)
     other_ms = sum(ns for _, ns, _ in other) / 1e6 / args.beside_steps
     a, b = args.name, args.beside_name
@@ -202,6 +238,8 @@ def main():
               f"{(args.step_ms - all_ms) - (args.beside_step_ms - other_ms):+.3f} |")
     print(f"\n{b}'s costliest kernels (of {len(other)}), ms a step:")
     costliest(other, args.beside_steps, args.top)
+    if args.order:
+        launch_order(other_text, args.beside_steps, b)
 
 
 if __name__ == "__main__":

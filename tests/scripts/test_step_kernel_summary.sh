@@ -2,7 +2,8 @@
 # scripts/step_kernel_summary.py on a kernel summary shaped as nsys 2025 prints it (lines before
 # the CSV): each kind's milliseconds a step, the limits' shares, the idle time against the
 # step's wall time; on Nsight Compute's per-launch CSV (the profiler's and the program's lines
-# before it, thousands separators, mixed units) beside a PyTorch-named run, kind by kind; text
+# before it, thousands separators, mixed units) beside a PyTorch-named run, kind by kind, and
+# each run's first step in launch order (--order); text
 # that is no summary, --steps 0 and --beside without its steps refused. scripts/profile-step.sh
 # refuses a build folder without ddptrain and an unknown PROFILER, and says it is skipped where
 # no profiler is.
@@ -60,7 +61,7 @@ row() { echo "\"$1\",\"7\",\"ddptrain\",\"h\",\"$2\",\"1\",\"7\",\"(256, 1, 1)\"
   row 1 "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedSgdMathFunctor<float, 2>>(...)" gpu__time_duration.sum nsecond "50,000"
   row 2 "void at::native::vectorized_elementwise_kernel<4, at::native::threshold_kernel_impl<float>>(...)" gpu__time_duration.sum nsecond "30,000"
 } > "$work/torch.csv"
-"$py" "$root/scripts/step_kernel_summary.py" "$work/ddp.csv" --steps 2 --step-ms 1.5 \
+"$py" "$root/scripts/step_kernel_summary.py" "$work/ddp.csv" --steps 2 --step-ms 1.5 --order \
   --beside "$work/torch.csv" --beside-steps 1 --beside-step-ms 1.0 --beside-name "PyTorch graph" > "$work/ncu.md" ||
   { rc=$?; cat "$work/ncu.md"; echo "FAILED: the summary of ncu's CSV exited $rc"; exit 1; }
 cat "$work/ncu.md"
@@ -72,6 +73,21 @@ has "| optimizer | 0.200 (1.0) | 0.050 (1.0) | +0.150 |" "$work/ncu.md"
 has "| bias and ReLU masks | 0.000 (0.0) | 0.030 (1.0) | -0.030 |" "$work/ncu.md"
 has "| all kernels | 1.200 (2.0) | 0.980 (3.0) | +0.220 |" "$work/ncu.md"
 has "| outside the kernels | 0.300 | 0.020 | +0.280 |" "$work/ncu.md"
+# --order: the first of the 2 steps is launches 0 and 1 (both products, in ns and in us), the
+# optimizer's launches 2 and 3 the second's (launch 2's other metric row is no time); then
+# PyTorch's one step.
+has "ddptrain's first step, kernel by kernel in launch order (2 a step):" "$work/ncu.md"
+has "| 1 | 1000.0 | products (cuBLASLt) | nvjet_tst_128x256_64x4_2x1_v_bz_TNT |" "$work/ncu.md"
+has "| 2 | 1000.0 | products (cuBLASLt) | nvjet_tst_128x256_64x4_2x1_v_bz_TNT |" "$work/ncu.md"
+check test "$(grep -c '^| [0-9] | [0-9.]* | optimizer |' "$work/ncu.md")" -eq 1  # PyTorch's
+check test "$(grep -c '^| 3 |' "$work/ncu.md")" -eq 1  # PyTorch's third; ddptrain's step has 2
+has "PyTorch graph's first step, kernel by kernel in launch order (3 a step):" "$work/ncu.md"
+has "| 3 | 30.0 | bias and ReLU masks |" "$work/ncu.md"
+# cuBLASLt's BGRADB epilogue kernel is a bias-gradient reduction, not "other".
+{ echo "$hdr"; row 0 "void epilogue::globalKernelBgradAB_v1<16, 16, float, float, float>(int)" \
+    gpu__time_duration.sum nsecond "2,700"; } > "$work/bgrad.csv"
+"$py" "$root/scripts/step_kernel_summary.py" "$work/bgrad.csv" --steps 1 > "$work/bgrad.md"
+has "| reductions (bias gradients) | 1 | 1.0 | 0.003 | 100 % | - | - |" "$work/bgrad.md"
 check bash -c "! '$py' '$root/scripts/step_kernel_summary.py' '$work/ddp.csv' --steps 2 --beside '$work/torch.csv' 2> '$work/beside.err'"
 has "--beside: give --beside-steps too" "$work/beside.err"
 echo "not a summary" > "$work/bad.csv"
