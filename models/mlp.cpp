@@ -98,18 +98,6 @@ StageLayers::StageLayers(MlpShape shape, int first, int end)
             "stage of layers [{}, {}) of a {}-layer model", first_, end_, shape_.num_layers());
 }
 
-const char* weight_grad_stream_name(WeightGradStream mode) {
-  switch (mode) {
-    case WeightGradStream::kAuto:
-      return "auto";
-    case WeightGradStream::kOn:
-      return "on";
-    case WeightGradStream::kOff:
-      return "off";
-  }
-  return "?";
-}
-
 bool backward_products_leave_sms_idle(const MlpShape& shape, int first, int end, int batch,
                                       int sms) {
   const auto tiles = [](int64_t rows, int64_t cols) {

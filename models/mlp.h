@@ -105,8 +105,6 @@ void init_params(const MlpShape& shape, uint64_t seed, float* params);
 // gradient (kOn), or after it on the one stream (kOff); kAuto: beside where
 // backward_products_leave_sms_idle (the gradients are bitwise the same either way).
 enum class WeightGradStream { kAuto, kOn, kOff };
-// "auto", "on" or "off", as --weight-grad-stream takes it.
-const char* weight_grad_stream_name(WeightGradStream mode);
 
 // Whether every weight- and input-gradient product of layers [first, end) of `shape` at
 // `batch` has fewer 128 x 128 output tiles than the GPU has SMs (`sms`): products that leave

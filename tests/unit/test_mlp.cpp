@@ -48,7 +48,6 @@ TEST(MlpShape, BackwardProductsLeaveSmsIdleOnlyWhenSmall) {
   EXPECT_FALSE(backward_products_leave_sms_idle(tiny, 0, 3, 4096, 132));  // 32 x 7 input tiles
   EXPECT_FALSE(backward_products_leave_sms_idle(medium, 0, 5, 1024, 132));
   EXPECT_FALSE(backward_products_leave_sms_idle(medium, 4, 5, 128, 132));  // 4096 x 1000: 256
-  EXPECT_STREQ(weight_grad_stream_name(WeightGradStream::kAuto), "auto");
 }
 
 TEST(MlpShape, FingerprintDependsOnShape) {
