@@ -15,7 +15,8 @@
 #     workloads took about 10 minutes with compiling (most of tiny's 95 s and medium's 160 s a
 #     precision): where one call cannot hold that, warm in one and run the table in the next
 #     on the same machine.
-#   TORCH_MODES: the PyTorch modes besides eager (default "graph compile"; "" for eager only)
+#   TORCH_MODES: the PyTorch modes besides eager (default "graph compile"; "" for eager only);
+#     compile is left out on large (scripts/workloads.sh says why) unless TORCH_COMPILE_ALL=1
 #   DDP_COMMIT: the commit the table names (default: git's HEAD)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -37,6 +38,15 @@ tmp="$(mktemp -d)"
 commit="${DDP_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 
 json() { ddp_json "$@"; }
+# The PyTorch modes for the current workload: TORCH_MODES, less compile where it does not compile.
+workload_modes() {
+  local mode picked=()
+  for mode in $modes; do
+    [ "$mode" = compile ] && [ "$compiles" = 0 ] && [ "${TORCH_COMPILE_ALL:-0}" != 1 ] && continue
+    picked+=("$mode")
+  done
+  echo "${picked[*]}"
+}
 # PyTorch's ms per step in MODE for the current workload, or "-" (its error on stderr).
 torch_ms() {
   local mode="$1"
@@ -57,7 +67,7 @@ if [ "$warm" = 1 ]; then
     timeout 300 "$build/bin/ddptrain" --device cuda --precision "$prec" --data synthetic --layers "$layers" \
       --batch-size "$batch" --synthetic-samples "$samples" --steps 2 --quiet --autotune ${DDP_BENCH_FLAGS:-} > "$tmp/ddp.log" 2>&1 ||
       { echo "ddptrain failed on $run:"; tail -5 "$tmp/ddp.log"; exit 1; }
-    case " $modes " in
+    case " $(workload_modes) " in
       *" compile "*)
         timeout 600 "$py" scripts/torch_mlp.py --device cuda --data random --precision "$prec" --layers "$layers" \
           --batch-size "$batch" --steps 1 --warmup 2 --mode compile > /dev/null 2> "$tmp/torch.err" ||
@@ -84,7 +94,7 @@ for run in "${runs[@]}"; do
   eager="$(torch_ms eager)"
   [ "$eager" = "-" ] && continue
   graph="-"; compiled="-"
-  for mode in $modes; do
+  for mode in $(workload_modes); do
     case "$mode" in
       graph) graph="$(torch_ms graph)" ;;
       compile) compiled="$(torch_ms compile)" ;;
@@ -113,5 +123,6 @@ done
 echo "(commit $commit; PyTorch ms/step and samples/s: eager; ratio = ddptrain samples/s over eager PyTorch's;"
 echo " products / ddptrain step = cuBLAS time of the step's products over ddptrain's step; limit = FLOPs at"
 echo " the measured peak product rate + optimizer bytes at the measured copy bandwidth;"
-echo " vs best = the fastest PyTorch mode's ms over ddptrain's)"
+echo " vs best = the fastest PyTorch mode's ms over ddptrain's; torch.compile \"-\" on large: not compiled there,"
+echo " scripts/workloads.sh says why)"
 rm -rf "$tmp"

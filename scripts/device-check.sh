@@ -293,11 +293,13 @@ fi
 if want bench-warm; then
   # torch.compile's autotuned kernels and ddptrain's autotune choices, kept in the build folder
   # (which stays between calls on a warm machine) so that `bench` fits in the next call.
+  # About 450 s: torch.compile on tiny and medium (80 to 160 s a precision), not on large.
   if timeout 590 scripts/bench-vs-torch.sh --warm "$build" > "$out/bench-warm.log" 2>&1; then
     note "bench-warm: $(grep -c '^warmed' "$out/bench-warm.log") workloads warmed ($(grep '^warmed' "$out/bench-warm.log" | sed 's/^warmed //' | paste -sd, -))"
   else
+    rc=$?
     tail -5 "$out/bench-warm.log"
-    fail bench-warm "bench-vs-torch.sh --warm exited $? ($(tail -1 "$out/bench-warm.log"))"
+    fail bench-warm "bench-vs-torch.sh --warm exited $rc ($(tail -1 "$out/bench-warm.log"))"
   fi
 fi
 
