@@ -12,9 +12,9 @@
 #   --warm: only fill the caches that make a later run quick, timing nothing: torch.compile's
 #     (its autotuned kernels; TORCHINDUCTOR_CACHE_DIR, default BUILD_DIR/torchinductor-cache)
 #     and ddptrain's --autotune choices (DDP_CACHE_DIR, default BUILD_DIR/ddp-cache). The six
-#     workloads took about 10 minutes with compiling (most of tiny's 95 s and medium's 160 s a
-#     precision): where one call cannot hold that, warm in one and run the table in the next
-#     on the same machine.
+#     workloads took about 450 s, nearly all compiling (tiny 80 to 95 s and medium 100 to 165 s
+#     a precision; large is not compiled): warm in one device call and run the table in the
+#     next on the same machine.
 #   TORCH_MODES: the PyTorch modes besides eager (default "graph compile"; "" for eager only);
 #     compile is left out on large (scripts/workloads.sh says why) unless TORCH_COMPILE_ALL=1
 #   DDP_COMMIT: the commit the table names (default: git's HEAD)
