@@ -5,10 +5,7 @@
 # naming what was expected.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
-failed=0
-check() { if ! "$@"; then echo "FAILED: $*"; failed=1; fi; }
+source "$(dirname "$0")/check_lib.sh"
 mkdir -p "$work/build/bin"
 # The stand-in: 1e6 samples/s, 2e6 with --weight-grad-stream on, times 1.0, 1.1, 1.2 on the
 # configuration's first, second, third run; --fail fails.

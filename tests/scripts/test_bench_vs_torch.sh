@@ -5,10 +5,7 @@
 # back), and --warm compiles only where the table will.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
-failed=0
-check() { if ! "$@"; then echo "FAILED: $*"; failed=1; fi; }
+source "$(dirname "$0")/check_lib.sh"
 real_python="$(command -v python3)"
 mkdir -p "$work/build/bin"
 # ddptrain: 2e6 samples/s (tiny's batch of 128: 0.064 ms a step), 2e5 on large (4096: 20.48 ms).

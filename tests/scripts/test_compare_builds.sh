@@ -8,10 +8,7 @@ set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 build="$(cd "$1" && pwd)"
 case "$("$build/bin/ddptrain" --version)" in *"gloo yes"*) ;; *) echo "skipped: built without Gloo"; exit 77 ;; esac
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
-failed=0
-check() { if ! "$@"; then echo "FAILED: $*"; failed=1; fi; }
+source "$(dirname "$0")/check_lib.sh"
 export CUDA_VISIBLE_DEVICES=
 same="$(DEVICE=cpu "$root/scripts/compare-builds.sh" "$build" "$build" "$work/same" 2>&1)"
 check test $? -eq 0

@@ -12,10 +12,7 @@ if [ -z "$py" ]; then
   echo "skipped: no Python with matplotlib (Debian: python3-matplotlib)"
   exit 77
 fi
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
-failed=0
-check() { if ! "$@"; then echo "FAILED: $*"; failed=1; fi; }
+source "$(dirname "$0")/check_lib.sh"
 for lr in 0.05 0.1; do
   "$ddptrain" --data synthetic --layers 8,16,4 --steps 40 --log-every 5 --eval-every 10 --quiet \
     --lr "$lr" --metrics "$work/lr-$lr.jsonl" > /dev/null || { echo "ddptrain failed"; exit 1; }

@@ -15,10 +15,7 @@ if [ -z "$py" ]; then
   exit 77
 fi
 case "$("$ddptrain" --version)" in *"gloo yes"*) ;; *) echo "skipped: built without Gloo"; exit 77 ;; esac
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
-failed=0
-check() { if ! "$@"; then echo "FAILED: $*"; failed=1; fi; }
+source "$(dirname "$0")/check_lib.sh"
 CUDA_VISIBLE_DEVICES= "$ddprun" --nproc-per-node 2 -- "$ddptrain" --data synthetic \
   --layers 8,64,64,4 --steps 6 --pp 2 --micro-batches 4 --quiet --timeline "$work/t.json" \
   > "$work/run.log" 2>&1 || { cat "$work/run.log"; echo "ddptrain failed"; exit 1; }

@@ -12,10 +12,7 @@ set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 py=/usr/bin/python3
 [ -x "$py" ] || py=python3
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
-failed=0
-check() { if ! "$@"; then echo "FAILED: $*"; failed=1; fi; }
+source "$(dirname "$0")/check_lib.sh"
 has() { grep -qF -- "$1" "$2" || { echo "FAILED: no '$1' in:"; cat "$2"; failed=1; }; }
 cat > "$work/k.csv" <<'CSV'
 Processing [/tmp/p.sqlite] with [/opt/nvidia/nsight-systems/2025.3/reports/cuda_gpu_kern_sum.py]...
