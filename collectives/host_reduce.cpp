@@ -2,6 +2,7 @@
 #include "collectives/host_reduce.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "runtime/error.h"
 
@@ -46,6 +47,17 @@ void reduce_into(void* out, const void* a, const void* b, size_t count, DataType
       return;
     }
   }
+}
+
+void reduce_blocks_in_order(void* out, const void* blocks, int n, size_t count, DataType type,
+                            ReduceOp op) {
+  const size_t bytes = count * dtype_bytes(type);
+  const auto* base = static_cast<const char*>(blocks);
+  std::memcpy(out, base, bytes);
+  const ReduceOp combine = op == ReduceOp::kMax ? ReduceOp::kMax : ReduceOp::kSum;
+  for (int r = 1; r < n; ++r)
+    reduce_into(out, out, base + static_cast<size_t>(r) * bytes, count, type, combine);
+  if (op == ReduceOp::kAverage) scale_by(out, count, type, n);
 }
 
 void scale_by(void* buffer, size_t count, DataType type, double divisor) {

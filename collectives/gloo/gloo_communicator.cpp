@@ -3,7 +3,7 @@
 #include "collectives/gloo/gloo_communicator.h"
 
 #include <gloo/allgather.h>
-#include <gloo/allreduce.h>
+#include <gloo/alltoall.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/rendezvous/context.h>
@@ -192,18 +192,13 @@ class GlooCommunicator final : public Communicator {
 
   std::unique_ptr<Work> reduce_scatter_async(const void* send, void* recv, size_t count,
                                              DataType type, ReduceOp op) override {
-    // Gloo has no general reduce-scatter: all-reduce a copy and keep this rank's block (the
-    // copy is taken now, so `send` may change once the call returns).
+    // The copy is taken now, so `send` may change once the call returns.
     const size_t bytes = count * dtype_bytes(type);
     auto whole = std::make_shared<std::vector<char>>(
         static_cast<const char*>(send), static_cast<const char*>(send) + bytes * size_);
     const uint64_t seq = next_sequence();
-    return submit(
-        [=] {
-          all_reduce_now(whole->data(), count * size_, type, op, seq);
-          std::memcpy(recv, whole->data() + rank_ * bytes, bytes);
-        },
-        seq, "reduce_scatter", count, type);
+    return submit([=] { reduce_scatter_now(whole->data(), recv, count, type, op, seq); }, seq,
+                  "reduce_scatter", count, type);
   }
 
   void send(const void* buffer, size_t count, DataType type, int peer) override {
@@ -306,37 +301,52 @@ class GlooCommunicator final : public Communicator {
     DDP_CHECK(peer >= 0 && peer < size_, "{} {} outside [0, {})", what, peer, size_);
   }
 
-  static void set_buffers(gloo::AllreduceOptions& opts, void* buffer, size_t count, DataType type) {
-    switch (type) {
-      case DataType::kFloat32:
-        return opts.setOutput(static_cast<float*>(buffer), count);
-      case DataType::kFloat64:
-        return opts.setOutput(static_cast<double*>(buffer), count);
-      case DataType::kInt32:
-        return opts.setOutput(static_cast<int32_t*>(buffer), count);
-      case DataType::kInt64:
-        return opts.setOutput(static_cast<int64_t*>(buffer), count);
-      case DataType::kBFloat16:
-        return opts.setOutput(static_cast<uint16_t*>(buffer), count);
+  // The reductions below run on the queue's thread (tag `seq`) and combine every element in
+  // rank order (reduce_blocks_in_order), never in a ring's order: a ring adds an element's
+  // values starting from the rank that owns its chunk, so the same gradient summed in buckets
+  // of other lengths (ZeRO 3's one bucket a layer, or another --bucket-mb) would round
+  // differently with 3 or more ranks. The bytes on the wire are a ring's: (n-1)/n of the
+  // buffer in the all-to-all and again in the all-gather.
+
+  // Rank r's block i (`count` elements) goes to rank i, which combines the n blocks it
+  // receives in rank order into `recv`.
+  void reduce_scatter_now(const void* send, void* recv, size_t count, DataType type, ReduceOp op,
+                          uint64_t seq) {
+    const size_t bytes = count * dtype_bytes(type);
+    if (bytes == 0) return;
+    if (size_ == 1) {
+      std::memcpy(recv, send, bytes);
+      return;
     }
+    std::vector<char> blocks(bytes * size_);
+    gloo::AlltoallOptions opts(context_);
+    opts.setTag(static_cast<uint32_t>(seq));
+    opts.setTimeout(ms(timeout_s_));
+    opts.setInput(const_cast<char*>(static_cast<const char*>(send)), bytes * size_);
+    opts.setOutput(blocks.data(), bytes * size_);
+    gloo::alltoall(opts);
+    reduce_blocks_in_order(recv, blocks.data(), size_, count, type, op);
   }
 
-  // The all-reduce itself, on the queue's thread (tag `seq`).
+  // The buffer padded to n equal pieces, reduce-scattered, and the pieces gathered back.
   void all_reduce_now(void* buffer, size_t count, DataType type, ReduceOp op, uint64_t seq) {
     if (count == 0 || size_ == 1) {
       if (op == ReduceOp::kAverage && size_ > 1) scale_by(buffer, count, type, size_);
       return;
     }
-    gloo::AllreduceOptions opts(context_);
+    const size_t element = dtype_bytes(type);
+    const size_t piece = (count + size_ - 1) / size_;
+    std::vector<char> whole(piece * size_ * element, 0);
+    std::memcpy(whole.data(), buffer, count * element);
+    std::vector<char> mine(piece * element);
+    reduce_scatter_now(whole.data(), mine.data(), piece, type, op, seq);
+    gloo::AllgatherOptions opts(context_);
     opts.setTag(static_cast<uint32_t>(seq));
     opts.setTimeout(ms(timeout_s_));
-    set_buffers(opts, buffer, count, type);
-    const ReduceOp combine = op == ReduceOp::kMax ? ReduceOp::kMax : ReduceOp::kSum;
-    opts.setReduceFunction([type, combine](void* c, const void* a, const void* b, size_t n) {
-      reduce_into(c, a, b, n, type, combine);
-    });
-    gloo::allreduce(opts);
-    if (op == ReduceOp::kAverage) scale_by(buffer, count, type, size_);
+    opts.setInput(mine.data(), mine.size());
+    opts.setOutput(whole.data(), whole.size());
+    gloo::allgather(opts);
+    std::memcpy(buffer, whole.data(), count * element);
   }
 
   std::unique_ptr<Work> submit(std::function<void()> run, uint64_t seq, const char* op,
