@@ -8,6 +8,7 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/torch.h>
 
+#include <cstdio>
 #include <sstream>
 
 #include "runtime/error.h"
@@ -68,7 +69,9 @@ struct DistributedDataParallel::Impl {
     torch::Tensor view;  // its part of the flat gradient buffer, its shape (its .grad())
     std::shared_ptr<torch::autograd::Node> accumulator;
     uintptr_t hook = 0;
-    bool ready = false;  // its gradient is written this backward
+    bool ready = false;       // its gradient is written this backward
+    bool reattached = false;  // its hook moved to a new accumulator during this backward
+    uint32_t version = 0;     // the tensor's version when the last synchronised backward ended
   };
 
   Impl(torch::nn::Module& module, World& world, const DistributedDataParallelOptions& options);
@@ -85,6 +88,9 @@ struct DistributedDataParallel::Impl {
   void begin_backward();
   void end_backward();
   void point_grad_at_view(Param& param);
+  void attach(size_t index);
+  void reattach_replaced();
+  void refuse_a_second_backward(size_t index) const;
 
   torch::nn::Module& module;
   Communicator& comm;
@@ -100,6 +106,8 @@ struct DistributedDataParallel::Impl {
   bool no_sync = false;
   bool in_backward = false;
   bool buffers_synced = false;  // since the last synchronised backward
+  bool forward_seen = false;    // forward() or sync_buffers() since the last synchronised backward
+  bool backward_done = false;   // a synchronised backward has ended (versions are recorded)
 };
 
 DistributedDataParallel::Impl::Impl(torch::nn::Module& module_, World& world,
@@ -222,15 +230,71 @@ void DistributedDataParallel::Impl::point_grads_at_buckets() {
     p.view = torch::empty({0}, grads.options())
                  .set_(grads.storage(), offset, p.tensor.sizes(), dense_strides(p.tensor.sizes()));
     offset += p.tensor.numel();
-    p.accumulator = torch::autograd::impl::grad_accumulator(p.tensor);
-    DDP_CHECK(p.accumulator != nullptr, "parameter '{}' has no gradient accumulator", p.name);
-    p.hook = p.accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-        [this, i](const torch::autograd::variable_list& outputs,
-                  const torch::autograd::variable_list&) {
-          on_gradient(i);
-          return outputs;
-        }));
+    attach(i);
   }
+}
+
+// A hook on the parameter's gradient accumulator (the autograd node that writes its .grad()).
+void DistributedDataParallel::Impl::attach(size_t index) {
+  Param& p = params[index];
+  p.accumulator = torch::autograd::impl::grad_accumulator(p.tensor);
+  DDP_CHECK(p.accumulator != nullptr, "parameter '{}' has no gradient accumulator", p.name);
+  p.hook = p.accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+      [this, index](const torch::autograd::variable_list& outputs,
+                    const torch::autograd::variable_list&) {
+        on_gradient(index);
+        return outputs;
+      }));
+}
+
+// torch::load(module, file) replaces each parameter's data with Tensor::set_, and LibTorch then
+// drops the parameter's gradient accumulator: the hooks on the old one would never fire again
+// and the ranks would train apart with no message. A parameter whose accumulator is not the one
+// hooked gets the hook on its new one (same shape, dtype and device, or it is refused: its
+// slot in the buckets would be wrong). Comparing the owners of the weak and the strong pointer
+// takes no lock, so this runs before every forward.
+void DistributedDataParallel::Impl::reattach_replaced() {
+  std::vector<std::string> moved;
+  for (size_t i = 0; i < params.size(); ++i) {
+    Param& p = params[i];
+    const auto* meta = torch::autograd::impl::get_autograd_meta(p.tensor);
+    if (meta != nullptr && !meta->grad_accumulator_.owner_before(p.accumulator) &&
+        !p.accumulator.owner_before(meta->grad_accumulator_) && !meta->grad_accumulator_.expired())
+      continue;
+    DDP_USAGE_CHECK(p.tensor.sizes() == p.view.sizes() &&
+                        p.tensor.scalar_type() == p.view.scalar_type() &&
+                        p.tensor.device() == p.view.device(),
+                    "ddp::DistributedDataParallel: parameter '{}' was replaced by a tensor of "
+                    "another shape, dtype or device ({}) since the wrapper was made; load "
+                    "(torch::load) a model of the same layout, or construct the wrapper after it",
+                    p.name, describe(p.tensor));
+    p.accumulator->del_post_hook(p.hook);
+    attach(i);
+    p.reattached = in_backward;
+    moved.push_back(p.name);
+  }
+  if (moved.empty()) return;
+  std::fprintf(stderr,
+               "ddp::DistributedDataParallel: %zu parameter(s) (first '%s') got new tensors since "
+               "the wrapper was made (torch::load does this): their gradients are reduced from "
+               "now on; every rank must load the same values, as they are not broadcast again\n",
+               moved.size(), moved[0].c_str());
+}
+
+// A backward that starts after a synchronised one with neither a forward through the wrapper
+// (forward(), sync_buffers()) nor an update of any parameter (optimizer.step()) in between is a
+// second backward of one step: its all-reduces would pair with the other ranks' next step
+// and the replicas would part from then on (PyTorch: "mark a variable ready only once").
+void DistributedDataParallel::Impl::refuse_a_second_backward(size_t index) const {
+  if (!backward_done || forward_seen) return;
+  for (const Param& p : params)
+    if (p.tensor._version() != p.version) return;
+  throw UsageError(fmt::format(
+      "ddp::DistributedDataParallel: parameter '{}' got a second gradient in one step: a second "
+      "backward ran after the synchronised one with no forward and no optimizer step in between; "
+      "its all-reduce would pair with the other ranks' next step. Sum the losses and call "
+      "backward once, or run the earlier backwards under model.no_sync()",
+      params[index].name));
 }
 
 DistributedDataParallel::Impl::~Impl() {
@@ -262,8 +326,10 @@ void DistributedDataParallel::Impl::broadcast(const std::vector<torch::Tensor>& 
 }
 
 void DistributedDataParallel::Impl::sync_buffers() {
+  reattach_replaced();
   if (options.broadcast_buffers()) broadcast(buffers);
   buffers_synced = true;
+  forward_seen = true;
 }
 
 // Its .grad() is its slot of the bucket: a gradient written elsewhere (none yet, or
@@ -280,7 +346,10 @@ void DistributedDataParallel::Impl::point_grad_at_view(Param& param) {
 
 void DistributedDataParallel::Impl::on_gradient(size_t index) {
   if (no_sync) return;  // accumulated here, reduced by the next backward outside no_sync()
-  if (!in_backward) begin_backward();
+  if (!in_backward) {
+    refuse_a_second_backward(index);
+    begin_backward();
+  }
   Param& p = params[index];
   DDP_CHECK(!p.ready, "parameter '{}' got its gradient twice in one backward", p.name);
   DDP_USAGE_CHECK(!p.tensor.grad().defined() || !p.tensor.grad().is_sparse(),
@@ -308,6 +377,7 @@ void DistributedDataParallel::Impl::begin_backward() {
   in_backward = true;
   for (Param& p : params)
     p.ready = false;
+  reattach_replaced();
   reducer->begin_backward(grads.data_ptr<float>());
   // Called by the autograd engine once backward is over (its final callback).
   torch::autograd::Engine::get_default_engine().queue_callback([this] { end_backward(); });
@@ -316,9 +386,27 @@ void DistributedDataParallel::Impl::begin_backward() {
 void DistributedDataParallel::Impl::end_backward() {
   in_backward = false;
   buffers_synced = false;
+  forward_seen = false;
+  backward_done = true;
+  for (Param& p : params)
+    p.version = p.tensor._version();
   std::vector<size_t> unused;
-  for (size_t i = 0; i < params.size(); ++i)
-    if (!params[i].ready) unused.push_back(i);
+  for (size_t i = 0; i < params.size(); ++i) {
+    Param& p = params[i];
+    // Re-attached during this backward, after its new accumulator had run: its gradient is in
+    // .grad(), the hook missed it.
+    if (!p.ready && p.reattached && p.tensor.grad().defined()) {
+      p.ready = true;
+      if (comm.size() > 1) {
+        torch::NoGradGuard no_grad;
+        point_grad_at_view(p);
+        if (comm.device_buffers()) comm.set_compute_stream(stream());
+        reducer->layer_ready(static_cast<int>(i));
+      }
+    }
+    p.reattached = false;
+    if (!p.ready) unused.push_back(i);
+  }
   if (!unused.empty() && !options.find_unused_parameters()) {
     std::string names;
     for (size_t k = 0; k < unused.size() && k < 5; ++k)

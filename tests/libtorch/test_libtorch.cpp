@@ -177,6 +177,70 @@ TEST(TorchDdp, EqualsPyTorchsPythonDdp) {
       << py.output;
 }
 
+// Resume code loads after building everything: torch::load(net, file) after the wrapper is
+// made replaces every parameter's tensor and LibTorch drops their gradient accumulators. The
+// wrapper hooks the new ones (and says so once), so 2 ranks still equal one process that
+// loaded the same file; replicas stay bitwise equal.
+TEST(TorchDdp, TorchLoadAfterWrappingKeepsTheRanksTogether) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  const std::string start = dir.file("start.pt");
+  ASSERT_EQ(run_command(kWorker + " --save-start " + start).exit_code, 0);
+  const std::string single = train_single(dir, "--load " + start);
+  const RunResult r = train_ranks(2, dir.file("loaded-RANK.safetensors"), "--load " + start);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(count_of(r.output,
+                     "got new tensors since the wrapper was made (torch::load does "
+                     "this)"),
+            2)
+      << r.output;
+  // Not bitwise against one process: its gradients sum all 12 samples at once, the ranks' 6
+  // and 6 then average (float rounding, ~1e-7 here), so the same 1e-5 as the other tests.
+  EXPECT_LT(max_relative_difference(dir.file("loaded-0.safetensors"), single), 1e-5) << r.output;
+  EXPECT_EQ(
+      max_relative_difference(dir.file("loaded-1.safetensors"), dir.file("loaded-0.safetensors")),
+      0.0);
+}
+
+// A second backward in one step on one rank (retain_graph) is refused at once, naming a
+// parameter, before its all-reduce can pair with the other rank's next step.
+TEST(TorchDdp, ASecondBackwardInOneStepIsRefusedAtOnce) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  const RunResult r = train_ranks(2, dir.file("w.safetensors"), "--second-backward 1");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("[rank 1] error: ddp::DistributedDataParallel: parameter 'fc2.bias' "
+                          "got a second gradient in one step"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(count_of(r.output, "trained"), 0) << r.output;
+  // Gradient accumulation under no_sync() and one backward a step stay accepted (the other
+  // tests), as does a backward after an optimizer step without a forward through the wrapper.
+}
+
+// find_unused_parameters with a layer that one rank uses and the other does not: the used
+// rank's gradient is averaged with the other's zero, and the replicas stay bitwise equal.
+TEST(TorchDdp, AParameterOneRankUsesAndAnotherDoesNotKeepsTheReplicasEqual) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  const RunResult r =
+      train_ranks(2, dir.file("w-RANK.safetensors"), "--unused --find-unused --unused-on-rank 1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(max_relative_difference(dir.file("w-1.safetensors"), dir.file("w-0.safetensors")), 0.0)
+      << r.output;
+}
+
+// The construction broadcasts buffers as well as parameters (as PyTorch's does), also where
+// broadcast_buffers is off for the steps: each rank's own running mean becomes rank 0's.
+TEST(TorchDdp, TheConstructionBroadcastsBuffers) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  const RunResult r =
+      train_ranks(2, dir.file("w.safetensors"), "--batchnorm --no-broadcast-buffers --steps 1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(count_of(r.output, "start running_mean 0\n"), 2) << r.output;
+}
+
 TEST(TorchDdp, BadUseIsOneClearError) {
   if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
   TempDir dir;

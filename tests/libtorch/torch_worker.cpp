@@ -5,7 +5,13 @@
 //   ddprun ... torch_worker [--steps K] [--accumulate A] [--out FILE] [--init FILE]
 //       [--cuda] [--bf16] [--unused [--find-unused]] [--differ] [--events] [--batchnorm]
 //       [--own-forward [--no-sync-buffers]] [--bucket-kb N] [--sparse] [--reference-forward]
-// Rank 0 writes the trained parameters (safetensors, registration order) to --out; --init
+//       [--load FILE] [--second-backward RANK] [--unused-on-rank RANK] [--no-broadcast-buffers]
+//   torch_worker --save-start FILE   (a model of another seed, torch::save'd, for --load)
+// --load: torch::load of the whole model after wrapping it and making the optimizer (as resume
+// code does); --second-backward: that rank runs a second backward in step 1; --unused-on-rank:
+// the spare layer (--unused) adds to the loss on every rank but that one.
+// Rank 0 writes the trained parameters (safetensors, registration order) to --out (every rank
+// where it holds RANK); --init
 // writes the starting parameters (rank 0's, after the broadcast) and the data set, for
 // PyTorch's Python DDP to start from. Each rank starts from its own seed, so the runs equal one
 // process only if the construction's broadcast works.
@@ -44,8 +50,10 @@ struct NetImpl : torch::nn::Module {
     x = norm(x).flatten(1);
     x = torch::relu(fc1(x));
     if (!bn.is_empty()) x = bn(x);
+    if (use_spare && !spare.is_empty()) x = x + 0.1 * torch::tanh(spare(x));
     return fc2(x);
   }
+  bool use_spare = false;
   torch::nn::Embedding embed;
   torch::nn::Conv1d conv;
   torch::nn::LayerNorm norm;
@@ -58,10 +66,10 @@ TORCH_MODULE(Net);
 struct Args {
   bool single = false, cuda = false, bf16 = false, unused = false, find_unused = false,
        differ = false, events = false, batchnorm = false, own_forward = false, sparse = false,
-       reference_forward = false, no_sync_buffers = false;
-  int steps = 5, accumulate = 1;
+       reference_forward = false, no_sync_buffers = false, no_broadcast_buffers = false;
+  int steps = 5, accumulate = 1, second_backward = -1, unused_on_rank = -1;
   double bucket_kb = 0;
-  std::string out, init;
+  std::string out, init, load, save_start;
 };
 
 Args parse(int argc, char** argv) {
@@ -106,6 +114,16 @@ Args parse(int argc, char** argv) {
       a.out = value();
     else if (f == "--init")
       a.init = value();
+    else if (f == "--no-broadcast-buffers")
+      a.no_broadcast_buffers = true;
+    else if (f == "--load")
+      a.load = value();
+    else if (f == "--save-start")
+      a.save_start = value();
+    else if (f == "--second-backward")
+      a.second_backward = std::stoi(value());
+    else if (f == "--unused-on-rank")
+      a.unused_on_rank = std::stoi(value());
     else
       throw ddp::UsageError("unknown flag " + f);
   }
@@ -131,6 +149,12 @@ void save(const std::string& path,
 
 int main(int argc, char** argv) {
   const Args args = parse(argc, argv);
+  if (!args.save_start.empty()) {
+    torch::manual_seed(99);
+    Net other(32, args.unused, args.batchnorm, args.sparse);
+    torch::save(other, args.save_start);
+    return 0;
+  }
   // The data set: the same on every rank (one seed), kGlobalBatch samples a step.
   const int64_t batch = kGlobalBatch * args.accumulate;
   torch::manual_seed(1234);
@@ -156,7 +180,11 @@ int main(int argc, char** argv) {
   std::unique_ptr<ddp::DistributedDataParallel> model;
   if (world) {
     ddp::DistributedDataParallelOptions options;
-    options.find_unused_parameters(args.find_unused).reduce_in_bf16(args.bf16);
+    options.find_unused_parameters(args.find_unused)
+        .reduce_in_bf16(args.bf16)
+        .broadcast_buffers(!args.no_broadcast_buffers);
+    // Each rank's own running statistics: the construction's broadcast makes them rank 0's.
+    if (args.batchnorm) net->bn->running_mean.add_(static_cast<double>(rank));
     if (args.bucket_kb > 0)
       options.bucket_cap_mb(args.bucket_kb / 1024).first_bucket_cap_mb(args.bucket_kb / 1024);
     if (args.own_forward || args.reference_forward)  // made from the module itself
@@ -164,6 +192,9 @@ int main(int argc, char** argv) {
     else
       model = std::make_unique<ddp::DistributedDataParallel>(net, *world, options);
   }
+  if (args.batchnorm)
+    std::printf("rank %d start running_mean %.9g\n", rank,
+                net->bn->running_mean.cpu().sum().item<double>());
   if (!args.init.empty() && rank == 0) {
     auto named = net->named_parameters();
     std::vector<std::pair<std::string, torch::Tensor>> state;
@@ -174,6 +205,11 @@ int main(int argc, char** argv) {
     save(args.init, state);
   }
   torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  if (!args.load.empty()) {
+    torch::load(net, args.load);
+    net->to(device);
+  }
+  net->use_spare = args.unused_on_rank >= 0 && rank != args.unused_on_rank;
 
   // This rank's share of each micro-batch.
   const int64_t share = kGlobalBatch / ranks;
@@ -195,6 +231,10 @@ int main(int argc, char** argv) {
           logits = model->forward(x);
         }
         torch::Tensor loss = torch::nn::functional::cross_entropy(logits, y) / args.accumulate;
+        if (step == 1 && rank == args.second_backward) {
+          loss.backward({}, /*retain_graph=*/true);
+          std::printf("rank %d: a second backward in step 1\n", rank);
+        }
         loss.backward();
       };
       if (model && micro + 1 < args.accumulate) {
@@ -222,11 +262,16 @@ int main(int argc, char** argv) {
                 var.sum().item<double>(),
                 static_cast<long long>(net->bn->num_batches_tracked.item<int64_t>()));
   }
-  if (rank == 0 && !args.out.empty()) {
+  // "RANK" in --out: every rank writes its own file (the replicas compared).
+  const size_t rank_at = args.out.find("RANK");
+  if (!args.out.empty() && (rank == 0 || rank_at != std::string::npos)) {
     std::vector<std::pair<std::string, torch::Tensor>> state;
     for (const auto& p : net->named_parameters())
       state.emplace_back(p.key(), p.value());
-    save(args.out, state);
+    save(rank_at == std::string::npos
+             ? args.out
+             : args.out.substr(0, rank_at) + std::to_string(rank) + args.out.substr(rank_at + 4),
+         state);
   }
   std::printf("rank %d of %d trained %d steps\n", rank, ranks, args.steps);
   return 0;
