@@ -71,21 +71,78 @@ namespace {
 rlimit g_given_nofile{};  // the open-file limit ddprun was started with (its workers get it)
 bool g_raised_nofile = false;
 
-// The guard's reaction to ddprun's death (async-signal-safe): SIGKILL to its process group,
-// which holds the worker, whatever the worker started, and the guard itself.
-void kill_own_group(int) {
+// Every process's parent, from /proc/PID/stat ("pid (comm) state ppid ...": comm may hold
+// spaces and parentheses, the last ')' ends it).
+std::vector<std::pair<pid_t, pid_t>> processes_and_parents() {
+  std::vector<std::pair<pid_t, pid_t>> found;
+  DIR* proc = ::opendir("/proc");
+  if (proc == nullptr) return found;
+  while (const dirent* entry = ::readdir(proc)) {
+    const std::optional<pid_t> pid = parse_number<pid_t>(entry->d_name);
+    if (!pid) continue;
+    std::ifstream in(fmt::format("/proc/{}/stat", *pid));
+    std::string stat;
+    std::getline(in, stat);
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(stat.substr(close + 1));
+    std::string state;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    found.emplace_back(*pid, ppid);
+  }
+  ::closedir(proc);
+  return found;
+}
+
+// Set by the guard's SIGUSR1 (its parent-death signal: ddprun died, even by SIGKILL).
+volatile std::sig_atomic_t g_launcher_died = 0;
+void note_launcher_death(int) {
+  g_launcher_died = 1;
+}
+void note_child(int) {}  // wakes the guard's sleep when the worker ends
+
+// The guard's reaction to ddprun's death: every descendant stopped and then killed (the
+// worker, what it started, and what left its group with setsid and came to the guard, a
+// subreaper), then its own process group, the guard with it. Stopping first keeps a
+// descendant from forking a child between the survey and the kill.
+[[noreturn]] void kill_descendants_and_group() {
+  const pid_t self = ::getpid();
+  for (const int signal : {SIGSTOP, SIGSTOP, SIGKILL}) {
+    std::vector<pid_t> family{self};
+    const auto table = processes_and_parents();
+    for (size_t at = 0; at < family.size(); ++at)
+      for (const auto& [pid, ppid] : table)
+        if (ppid == family[at]) family.push_back(pid);
+    for (size_t i = 1; i < family.size(); ++i)
+      ::kill(family[i], signal);
+  }
   ::kill(0, SIGKILL);
+  ::_exit(137);
 }
 
 // The guard: waits for the worker and ends the way it ended (exit code, or the same
 // signal), so that ddprun's supervision sees the worker's own outcome. Signals that
-// ddprun forwards to the group reach the worker directly; the guard ignores them.
+// ddprun forwards to the group reach the worker directly; the guard ignores them. It is the
+// subreaper of what the worker leaves in sessions of its own, so that ddprun's death (SIGKILL)
+// can still reach them; after a normal ending they pass up to ddprun, which stops them.
 [[noreturn]] void guard(pid_t worker) {
   ::signal(SIGINT, SIG_IGN);
   ::signal(SIGTERM, SIG_IGN);
   ::signal(SIGHUP, SIG_IGN);
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+  struct sigaction wake {};
+  wake.sa_handler = note_child;  // no SA_RESTART: the sleep below returns at the worker's end
+  ::sigaction(SIGCHLD, &wake, nullptr);
   int status = 0;
-  while (::waitpid(worker, &status, 0) < 0 && errno == EINTR) {
+  while (true) {
+    if (g_launcher_died) kill_descendants_and_group();
+    const pid_t done = ::waitpid(worker, &status, WNOHANG);
+    if (done == worker || (done < 0 && errno != EINTR)) break;
+    // Polled, not a blocking wait: a signal between the check above and a blocking wait
+    // would be lost until the worker's end.
+    const timespec nap{0, 100 * 1000 * 1000};
+    ::nanosleep(&nap, nullptr);
   }
   if (WIFSIGNALED(status)) {
     const int signal = WTERMSIG(status);
@@ -121,28 +178,13 @@ void take_launcher_limits() {
 std::vector<pid_t> WorkerGroup::orphans() const {
   std::vector<pid_t> found;
   const pid_t self = ::getpid();
-  DIR* proc = ::opendir("/proc");
-  if (proc == nullptr) return found;
-  while (const dirent* entry = ::readdir(proc)) {
-    const std::optional<pid_t> pid = parse_number<pid_t>(entry->d_name);
-    if (!pid) continue;
-    std::ifstream in(fmt::format("/proc/{}/stat", *pid));
-    std::string stat;
-    std::getline(in, stat);
-    // "pid (comm) state ppid ...": comm may hold spaces and parentheses, the last ')' ends it.
-    const size_t close = stat.rfind(')');
-    if (close == std::string::npos) continue;
-    std::istringstream rest(stat.substr(close + 1));
-    std::string state;
-    pid_t ppid = 0;
-    rest >> state >> ppid;
+  for (const auto& [pid, ppid] : processes_and_parents()) {
     if (ppid != self) continue;
     bool guard = false;
     for (const Worker& w : workers_)
-      guard = guard || w.pid == *pid;
-    if (!guard) found.push_back(*pid);
+      guard = guard || w.pid == pid;
+    if (!guard) found.push_back(pid);
   }
-  ::closedir(proc);
   return found;
 }
 
@@ -227,7 +269,9 @@ void WorkerGroup::start(const std::vector<EnvMap>& environments, int restart) {
       // ddprun cannot act on), kills the whole group, so that a worker started through a
       // wrapper script does not outlive the job.
       ::setpgid(0, 0);
-      ::signal(SIGUSR1, kill_own_group);
+      struct sigaction died {};
+      died.sa_handler = note_launcher_death;
+      ::sigaction(SIGUSR1, &died, nullptr);
       ::prctl(PR_SET_PDEATHSIG, SIGUSR1);
       if (::getppid() != parent) ::_exit(127);
       const pid_t worker = ::fork();

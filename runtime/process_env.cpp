@@ -100,13 +100,20 @@ ProcessEnv ProcessEnv::detect(const Lookup& lookup) {
     if (env.master_addr.empty() && env.world_size > 1)
       env.master_addr =
           first_host(lookup("SLURM_JOB_NODELIST").value_or(lookup("SLURM_NODELIST").value_or("")));
-    const std::optional<int> job_number = parse_number<int>(job);
+    // The step too: two srun steps of one job running side by side (`srun ... & srun ... &`)
+    // must not meet at one store and train as one world.
+    const std::string step = lookup("SLURM_STEP_ID").value_or(lookup("SLURM_STEPID").value_or(""));
+    const std::optional<int64_t> job_number = parse_number<int64_t>(job);
+    const std::optional<int64_t> step_number = parse_number<int64_t>(step);
     if (env.master_port == 0 && env.world_size > 1 && !env.master_addr.empty() && job_number &&
         *job_number >= 0) {
-      env.master_port = 20000 + *job_number % 10000;
+      const int64_t step_part = step_number && *step_number >= 0 ? *step_number : 0;
+      env.master_port = static_cast<int>(20000 + (*job_number + 1009 * step_part) % 10000);
       env.store_from_slurm = true;
     }
-    env.store_token = lookup("DDP_STORE_TOKEN").value_or(job.empty() ? "" : "slurm-" + job);
+    std::string derived;
+    if (!job.empty()) derived = "slurm-" + job + (step.empty() ? "" : "." + step);
+    env.store_token = lookup("DDP_STORE_TOKEN").value_or(derived);
     env.serves_store = env.rank == 0 && env.master_port > 0;
   }
   if (const auto share = lookup("DDP_SHARE_GPU")) {

@@ -45,10 +45,12 @@ struct ProcessEnv {
   bool share_gpu = false;
   bool rank_prefixed = false;  // ddprun (DDP_STORE_PORT set) prefixes each line with "[rank N]"
   // srun without ddprun: rank 0 serves the store at MASTER_ADDR:MASTER_PORT (the job script
-  // sets them) and the others connect; the token is DDP_STORE_TOKEN, else "slurm-JOBID".
+  // sets them) and the others connect; the token is DDP_STORE_TOKEN, else
+  // "slurm-JOBID.STEPID" (the step's own, so that two steps of one job never meet).
   bool serves_store = false;
   // srun, MASTER_ADDR or MASTER_PORT unset: the store on the job's first node
-  // (SLURM_JOB_NODELIST) at a port from its job id (20000 + SLURM_JOB_ID % 10000).
+  // (SLURM_JOB_NODELIST) at a port from its job and step ids
+  // (20000 + (SLURM_JOB_ID + 1009 x SLURM_STEP_ID) % 10000).
   bool store_from_slurm = false;
   std::string socket_iface;  // GLOO_SOCKET_IFNAME (ddprun --iface): Gloo's network interface
   std::string nccl_host_id;  // NCCL_HOSTID as inherited; empty when unset

@@ -281,17 +281,20 @@ TEST(Ddprun, FirstFailureStopsTheOthersAndSetsTheExitCode) {
   EXPECT_NE(r.output.find("| about to fail"), std::string::npos) << r.output;
 }
 
+// Each rank's wrapper script starts one sleep in its own session (setsid) and one in its group;
+// kill -9 of ddprun leaves neither behind (each worker's guard is their subreaper).
 TEST(Ddprun, WorkersBehindAWrapperScriptDieWithAKilledDdprun) {
   TempDir dir;
   const std::string script =
       "export DDP_TEST_TAG=" + dir.path() + "\n" + ddprun() +
-      " --nproc-per-node 2 -- sh -c 'sh -c \"sleep 297\"; true' > /dev/null 2>&1 &\n"
+      " --nproc-per-node 2 -- sh -c 'setsid sh -c \"sleep 297\" < /dev/null > /dev/null 2>&1 & "
+      "sh -c \"sleep 297\"; true' > /dev/null 2>&1 &\n"
       "launcher=$!\n"
       "sleeping() { n=0; for d in /proc/[0-9]*; do [ \"$(cat $d/comm 2>/dev/null)\" = sleep ] && "
       "tr '\\0' '\\n' < $d/environ 2>/dev/null | grep -qx \"DDP_TEST_TAG=" +
       dir.path() +
       "\" && n=$((n + 1)); done; echo $n; }\n"
-      "for i in $(seq 100); do [ $(sleeping) -ge 2 ] && break; sleep 0.05; done\n"
+      "for i in $(seq 100); do [ $(sleeping) -ge 4 ] && break; sleep 0.05; done\n"
       "echo running $(sleeping)\n"
       "kill -9 $launcher\n"
       "sleep 1\n"
@@ -302,7 +305,7 @@ TEST(Ddprun, WorkersBehindAWrapperScriptDieWithAKilledDdprun) {
       "true\n";
   std::ofstream(dir.file("run.sh")) << script;
   const RunResult r = run_command("sh " + dir.file("run.sh"));
-  EXPECT_NE(r.output.find("running 2"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("running 4"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("LEFT BEHIND"), std::string::npos) << r.output;
 }
 

@@ -130,6 +130,13 @@ TEST(ProcessEnv, SrunWithoutMasterVariablesUsesTheJobsFirstNode) {
   EXPECT_FALSE(env.serves_store);  // rank 1
   vars["SLURM_PROCID"] = "0";
   EXPECT_TRUE(detect_from(vars).serves_store);
+  // Two steps of one job side by side: another port and another token each.
+  vars["SLURM_STEP_ID"] = "0";
+  EXPECT_EQ(detect_from(vars).master_port, 23456);
+  EXPECT_EQ(detect_from(vars).store_token, "slurm-123456.0");
+  vars["SLURM_STEP_ID"] = "1";
+  EXPECT_EQ(detect_from(vars).master_port, 24465);
+  EXPECT_EQ(detect_from(vars).store_token, "slurm-123456.1");
   vars["MASTER_ADDR"] = "10.0.0.9";
   vars["MASTER_PORT"] = "29400";
   env = detect_from(vars);
