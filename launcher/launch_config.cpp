@@ -35,10 +35,31 @@ int parse_int(const std::string& flag, const std::string& value) {
 
 // Switches (no value): the program starts at the first argument that is not an option or an
 // option's value, or after "--".
+// torchrun's flags that change nothing under ddprun: accepted, each named once in a note
+// that says why (a torchrun command line runs unchanged).
+struct NoOpFlag {
+  const char* name;
+  bool takes_value;
+  const char* why;
+};
+constexpr NoOpFlag kTorchrunNoOps[] = {
+    {"exit-barrier-timeout", true,
+     "ddprun waits for every worker's exit itself and needs no barrier"},
+    {"logs-specs", true, "ddprun writes its own per-rank logs (--log-dir)"},
+    {"event-log-handler", true, "ddprun keeps no torchelastic event log"},
+    {"numa-binding", true, "ddprun binds no NUMA nodes; numactl in the command does"},
+    {"signals-to-handle", true, "ddprun forwards SIGINT, SIGTERM and SIGHUP to every worker"},
+    {"duplicate-stdout-filters", true, "ddprun tees whole streams (--tee)"},
+    {"duplicate-stderr-filters", true, "ddprun tees whole streams (--tee)"},
+    {"virtual-local-rank", false, "each worker sees its one GPU as device 0 already"},
+};
+
 bool takes_value(const std::string& arg) {
   for (const char* flag : {"--quiet", "--share-gpu", "--help", "-h", "--standalone", "-m",
                            "--module", "--no-python", "--run-path", "--no-torch-store"})
     if (arg == flag) return false;
+  for (const NoOpFlag& flag : kTorchrunNoOps)
+    if (!flag.takes_value && arg == std::string("--") + flag.name) return false;
   return arg.find('=') == std::string::npos;
 }
 
@@ -240,6 +261,14 @@ bool parse_launch_args(int argc, char** argv, LaunchConfig* config) {
         "TORCHELASTIC_USE_AGENT_STORE as torchrun does)")
     ("h,help", "print this help");
   // clang-format on
+  for (const NoOpFlag& flag : kTorchrunNoOps) {
+    const std::string help =
+        std::string("torchrun's: accepted, changes nothing (") + flag.why + ")";
+    if (flag.takes_value)
+      options.add_options()(flag.name, help, cxxopts::value<std::string>());
+    else
+      options.add_options()(flag.name, help);
+  }
   // An unknown flag before the program: the one it most likely meant, and where a flag of
   // the program goes.
   std::vector<std::string> known;
@@ -378,6 +407,11 @@ bool parse_launch_args(int argc, char** argv, LaunchConfig* config) {
       at = comma + 1;
     }
   }
+  for (const NoOpFlag& flag : kTorchrunNoOps)
+    if (result.count(flag.name))
+      c.notes.push_back(fmt::format(
+          "--{}{}: accepted, changes nothing ({})", flag.name,
+          flag.takes_value ? " " + result[flag.name].as<std::string>() : std::string(), flag.why));
   if (result.count("monitor-interval"))
     c.notes.push_back(
         fmt::format("--monitor-interval {}: not needed (ddprun acts on a worker's exit at once)",

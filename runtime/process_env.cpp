@@ -122,6 +122,7 @@ ProcessEnv ProcessEnv::detect(const Lookup& lookup) {
     env.share_gpu = *share == "1";
   }
   env.nccl_host_id = lookup("NCCL_HOSTID").value_or("");
+  env.omp_threads_given = lookup("OMP_NUM_THREADS").has_value();
   env.socket_iface = lookup("GLOO_SOCKET_IFNAME").value_or("");
   auto set = [&](const char* name) { return lookup(name).value_or(""); };
   if (!set("DDP_CACHE_DIR").empty())

@@ -57,6 +57,9 @@ struct ProcessEnv {
   // Where results kept between runs go (--autotune's choices): DDP_CACHE_DIR, else
   // $XDG_CACHE_HOME/ddp, else $HOME/.cache/ddp; empty when none of them is set.
   std::string cache_dir;
+  // OMP_NUM_THREADS was set (torchrun and ddprun set it to 1 for several workers on a node;
+  // mpirun and srun do not, and ddp::DistributedDataParallel then limits LibTorch itself).
+  bool omp_threads_given = false;
 
   // Reads the real environment.
   static ProcessEnv detect();

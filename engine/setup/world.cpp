@@ -36,10 +36,6 @@ Communicator& World::comm() {
   return *comm_;
 }
 
-World init(const InitOptions& options) {
-  return init(options, ProcessEnv::detect());
-}
-
 namespace {
 
 // An exception nobody caught: its message and the exit status a user expects (2 for a
@@ -63,6 +59,12 @@ namespace {
 }
 
 }  // namespace
+
+World init(const InitOptions& options) {
+  // Before the environment is read: its usage errors end the program as `error:` lines too.
+  std::set_terminate(report_uncaught);
+  return init(options, ProcessEnv::detect());
+}
 
 World init(const InitOptions& options, ProcessEnv env) {
   // A program's uncaught error ends it with its message and status, not an abort.

@@ -43,6 +43,17 @@ TEST(Library, TheShortExampleEqualsOneProcess) {
   }
 }
 
+// A launcher environment that cannot be (rank 3 of 2) ends a program that calls ddp::init() with
+// an `error:` line and exit status 2, as the README promises, not std::terminate's abort (134).
+TEST(Library, AnInitEnvironmentErrorIsAnErrorLineAndExitTwo) {
+  const RunResult r = run_command("RANK=3 WORLD_SIZE=2 " + std::string(CLASSIFIER_PATH));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("error: ddprun environment: rank 3 is not below world size 2"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("terminate called"), std::string::npos) << r.output;
+}
+
 // srun without ddprun, faked on loopback: ddp::init serves the rendezvous store from rank 0
 // (as ddptrain does, the one start-up path), and the example trains as one process does.
 TEST(Library, UnderSrunWithoutDdprunRankZeroServesTheStore) {

@@ -54,11 +54,17 @@ TEST(TorchDdp, UnderMpirunTheSameWeightsAsUnderDdprun) {
   TempDir dir;
   const RunResult ddprun = train_ranks(2, dir.file("ddprun.safetensors"));
   ASSERT_EQ(ddprun.exit_code, 0) << ddprun.output;
-  const RunResult mpirun = run_command(std::string("CUDA_VISIBLE_DEVICES= ") + MPIRUN_PATH +
-                                       " --allow-run-as-root --oversubscribe -np 2 " + kWorker +
-                                       " --out " + dir.file("mpirun.safetensors"));
+  // OMP_NUM_THREADS unset, as mpirun leaves it, and LibTorch at 2 threads (as on any machine of
+  // more than one physical core): one thread a rank, said once.
+  const RunResult mpirun =
+      run_command(std::string("env -u OMP_NUM_THREADS CUDA_VISIBLE_DEVICES= ") + MPIRUN_PATH +
+                  " --allow-run-as-root --oversubscribe --bind-to none -np 2 " + kWorker +
+                  " --threads 2 --out " + dir.file("mpirun.safetensors"));
   ASSERT_EQ(mpirun.exit_code, 0) << mpirun.output;
-  EXPECT_NE(mpirun.output.find("rank 1 of 2 trained"), std::string::npos) << mpirun.output;
+  EXPECT_NE(mpirun.output.find("rank 1 of 2 trained 5 steps (threads 1)"), std::string::npos)
+      << mpirun.output;
+  EXPECT_EQ(count_of(mpirun.output, "OMP_NUM_THREADS is unset and 2 ranks share this node"), 1)
+      << mpirun.output;
   EXPECT_EQ(max_relative_difference(dir.file("mpirun.safetensors"), dir.file("ddprun.safetensors")),
             0.0);
 }

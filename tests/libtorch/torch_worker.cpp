@@ -6,6 +6,7 @@
 //       [--cuda] [--bf16] [--unused [--find-unused]] [--differ] [--events] [--batchnorm]
 //       [--own-forward [--no-sync-buffers]] [--bucket-kb N] [--sparse] [--reference-forward]
 //       [--load FILE] [--second-backward RANK] [--unused-on-rank RANK] [--no-broadcast-buffers]
+//       [--threads N]
 //   torch_worker --save-start FILE   (a model of another seed, torch::save'd, for --load)
 // --load: torch::load of the whole model after wrapping it and making the optimizer (as resume
 // code does); --second-backward: that rank runs a second backward in step 1; --unused-on-rank:
@@ -67,7 +68,7 @@ struct Args {
   bool single = false, cuda = false, bf16 = false, unused = false, find_unused = false,
        differ = false, events = false, batchnorm = false, own_forward = false, sparse = false,
        reference_forward = false, no_sync_buffers = false, no_broadcast_buffers = false;
-  int steps = 5, accumulate = 1, second_backward = -1, unused_on_rank = -1;
+  int steps = 5, accumulate = 1, second_backward = -1, unused_on_rank = -1, threads = 0;
   double bucket_kb = 0;
   std::string out, init, load, save_start;
 };
@@ -116,6 +117,8 @@ Args parse(int argc, char** argv) {
       a.init = value();
     else if (f == "--no-broadcast-buffers")
       a.no_broadcast_buffers = true;
+    else if (f == "--threads")
+      a.threads = std::stoi(value());
     else if (f == "--load")
       a.load = value();
     else if (f == "--save-start")
@@ -162,6 +165,7 @@ int main(int argc, char** argv) {
       torch::randint(kVocabulary, {batch * args.steps, kTokens}, torch::kLong);
   const torch::Tensor labels = torch::randint(kClasses, {batch * args.steps}, torch::kLong);
 
+  if (args.threads > 0) at::set_num_threads(args.threads);  // as LibTorch on a larger machine
   std::unique_ptr<ddp::World> world;
   int rank = 0, ranks = 1;
   if (!args.single) {
@@ -273,6 +277,7 @@ int main(int argc, char** argv) {
              : args.out.substr(0, rank_at) + std::to_string(rank) + args.out.substr(rank_at + 4),
          state);
   }
-  std::printf("rank %d of %d trained %d steps\n", rank, ranks, args.steps);
+  std::printf("rank %d of %d trained %d steps (threads %d)\n", rank, ranks, args.steps,
+              at::get_num_threads());
   return 0;
 }

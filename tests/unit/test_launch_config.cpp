@@ -454,5 +454,22 @@ TEST(TorchrunArgs, StreamsAndProgramsAsTorchrunTakesThem) {
   EXPECT_EQ(child_environment({}, e, one, 0, {1, 2}, "t", 0).count("OMP_NUM_THREADS"), 0u);
 }
 
+// torchrun 2.x's flags that change nothing here are accepted (a torchrun command line runs
+// unchanged), each named once in a note with why; the program's own arguments stay its own.
+TEST(LaunchConfig, TorchrunFlagsThatChangeNothingAreAcceptedAndNamed) {
+  const LaunchConfig c =
+      parse({"--exit_barrier_timeout", "5", "--logs-specs", "x", "--virtual-local-rank",
+             "--numa-binding=node", "prog", "--exit-barrier-timeout", "7"});
+  ASSERT_EQ(c.command.size(), 3u);
+  EXPECT_EQ(c.command[0], "prog");
+  EXPECT_EQ(c.command[1], "--exit-barrier-timeout");
+  ASSERT_EQ(c.notes.size(), 4u);
+  EXPECT_NE(c.notes[0].find("--exit-barrier-timeout 5: accepted, changes nothing"),
+            std::string::npos)
+      << c.notes[0];
+  EXPECT_NE(c.notes[3].find("--virtual-local-rank: accepted, changes nothing"), std::string::npos)
+      << c.notes[3];
+}
+
 }  // namespace
 }  // namespace ddp
