@@ -305,8 +305,12 @@ void prepare_checkpoint_dir(const std::string& dir, const MlpShape& shape, uint6
   std::vector<std::string> earlier;  // the checkpoint files an earlier run left
   int unfinished = 0;
   for (const std::string& file : files_of(dir)) {
-    // The lock is ours: a temporary file is a write that a dead job never finished.
-    if (ends_with(file, ".safetensors.tmp") || file == latest_name + ".link") {
+    // The lock is ours: a temporary file of ours (step-N or latest .safetensors.tmp) is a
+    // write that a dead job never finished. A user's own file.safetensors.tmp is not ours.
+    const std::string written =
+        ends_with(file, ".tmp") ? file.substr(0, file.size() - 4) : std::string();
+    if ((!written.empty() && (written == latest_name || step_of_checkpoint_file(written))) ||
+        file == latest_name + ".link") {
       unfinished += ::unlink((dir + "/" + file).c_str()) == 0 ? 1 : 0;
       continue;
     }

@@ -111,6 +111,22 @@ TEST(CheckpointPruning, ASecondRunInTheFolderKeepsWhatItWroteAndResumesFromIt) {
   EXPECT_NE(resumed.output.find("at step 20"), std::string::npos) << resumed.output;
 }
 
+// --fresh twice: each earlier run's files go into a folder of their own (earlier-1, then
+// earlier-2); the second never overwrites what the first moved aside.
+TEST(CheckpointDir, ASecondFreshKeepsTheFirstsFilesApart) {
+  TempDir dir;
+  const std::string ckpt = " --checkpoint-dir " + dir.file("D") + " --checkpoint-every 5";
+  ASSERT_EQ(train(ckpt + " --steps 5 --seed 1").exit_code, 0);
+  ASSERT_EQ(train(ckpt + " --steps 5 --seed 2 --fresh").exit_code, 0);
+  const std::string first = read_file(dir.file("D/earlier-1/latest.safetensors"));
+  ASSERT_FALSE(first.empty());
+  const RunResult r = train(ckpt + " --steps 5 --seed 3 --fresh");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(read_file(dir.file("D/earlier-1/latest.safetensors")), first);
+  EXPECT_TRUE(std::filesystem::exists(dir.file("D/earlier-2/latest.safetensors")));
+  EXPECT_NE(r.output.find("moved into " + dir.file("D/earlier-2/")), std::string::npos) << r.output;
+}
+
 // A rerun of the same run without --resume would replace a newer checkpoint and prune the
 // earlier run's step files: refused, nothing touched; with --fresh the earlier files are
 // moved aside whole (and still resume), never deleted.
@@ -183,10 +199,13 @@ TEST(CheckpointDir, UnfinishedWritesAreRemovedAndMkdirErrorsNamed) {
   TempDir dir;
   ASSERT_EQ(::mkdir(dir.file("D").c_str(), 0755), 0);
   std::ofstream(dir.file("D/step-000000050.safetensors.tmp")) << std::string(4096, 'x');
+  // A user's own temporary file in the folder is not ddp's to remove.
+  std::ofstream(dir.file("D/mymodel.safetensors.tmp")) << "mine";
   const RunResult r = train(" --steps 4 --checkpoint-dir " + dir.file("D"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("removed 1 unfinished checkpoint file"), std::string::npos) << r.output;
   EXPECT_FALSE(std::filesystem::exists(dir.file("D/step-000000050.safetensors.tmp")));
+  EXPECT_TRUE(std::filesystem::exists(dir.file("D/mymodel.safetensors.tmp")));
   const RunResult missing = train(" --steps 4 --checkpoint-dir " + dir.file("none/D"));
   EXPECT_EQ(missing.exit_code, 2) << missing.output;
   EXPECT_NE(missing.output.find("--checkpoint-dir " + dir.file("none/D") + ": cannot create it"),
