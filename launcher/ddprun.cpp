@@ -35,6 +35,17 @@ extern char** environ;
 
 namespace {
 
+// A program that cannot be started (not on PATH, not executable) is refused here, once, before
+// any worker or store starts, not by every rank's exec after the job has begun.
+void check_program_runs(const std::string& program) {
+  const std::string found = ddp::find_on_path(program);
+  DDP_USAGE_CHECK(found != "not on PATH", "cannot run {}: not found on PATH (give its path)",
+                  program);
+  DDP_USAGE_CHECK(::access(found.c_str(), X_OK) == 0 && !std::filesystem::is_directory(found),
+                  "cannot run {}: {}", program,
+                  ::access(found.c_str(), F_OK) != 0 ? "no such file" : "not an executable file");
+}
+
 void on_signal(int signal) {
   ddp::g_forward_signal = signal;
 }
@@ -288,6 +299,7 @@ int run(int argc, char** argv, ddp::Console& console) {
   const int cpus = static_cast<int>(std::thread::hardware_concurrency());
   const ddp::WorkerPlan plan = ddp::plan_workers(config, gpus, cpus);
   if (!plan.note.empty()) std::fprintf(stderr, "ddprun: %s\n", plan.note.c_str());
+  check_program_runs(ddp::program_argv(config).at(0));
   // torchrun's words, for PyTorch's programs (the variable is set for every program).
   if (plan.nproc > 1 && !parent.count("OMP_NUM_THREADS") && ddp::runs_python(config))
     std::fprintf(stderr,

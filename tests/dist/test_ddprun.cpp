@@ -493,10 +493,14 @@ TEST(Ddprun, PortInUseIsAClearError) {
   (void)first;
 }
 
+// Refused once, before any worker starts (exit 2), not by every rank's exec.
 TEST(Ddprun, MissingProgramIsReported) {
-  const RunResult r = run_command(ddprun() + " --nproc-per-node 1 -- /no/such/program");
-  EXPECT_EQ(r.exit_code, 127) << r.output;
-  EXPECT_NE(r.output.find("cannot run /no/such/program"), std::string::npos) << r.output;
+  for (const std::string program : {"/no/such/program", "no-such-program-here"}) {
+    const RunResult r = run_command(ddprun() + " --nproc-per-node 2 -- " + program);
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_EQ(count_of(r.output, "ddprun: error: cannot run " + program), 1) << r.output;
+    EXPECT_EQ(r.output.find("starting"), std::string::npos) << r.output;
+  }
 }
 
 TEST(Ddprun, LinksNoCudaNcclOrMpiLibrary) {
@@ -761,10 +765,12 @@ TEST(TorchrunCompat, PythonScriptsAndModulesRunAsUnderTorchrun) {
                                   ddprun() + " --nproc-per-node 2 -m pkg.hello --a");
   ASSERT_EQ(m.exit_code, 0) << m.output;
   EXPECT_NE(m.output.find("module __main__ 1 ['--a']"), std::string::npos) << m.output;
-  // --no-python runs it as given: not executable, not on PATH.
+  // --no-python runs it as given: not executable, not on PATH, refused before any rank starts.
   const RunResult raw = run_command("cd " + dir.path() + " && " + ddprun() +
                                     " --nproc-per-node 1 --no-python env.py");
-  EXPECT_EQ(raw.exit_code, 127) << raw.output;
+  EXPECT_EQ(raw.exit_code, 2) << raw.output;
+  EXPECT_NE(raw.output.find("cannot run env.py: not found on PATH"), std::string::npos)
+      << raw.output;
 }
 
 // Two nodes (two ddpruns on loopback): node 0 serves PyTorch's store for both, and a torch
