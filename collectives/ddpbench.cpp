@@ -249,7 +249,8 @@ int bench(const BenchConfig& c, int argc, char** argv) {
   }
   std::shared_ptr<StoreClient> store;
   if (env.master_port > 0)
-    store = std::make_shared<StoreClient>(env.master_addr, env.master_port, env.store_token);
+    store = std::make_shared<StoreClient>(env.master_addr, env.master_port, env.store_token, 30.0,
+                                          40.0, env.run_id);
   CommConfig config;
   config.backend = c.backend;
   config.gpu = gpu;

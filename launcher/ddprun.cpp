@@ -69,17 +69,18 @@ void throw_if_interrupted() {
   if (ddp::g_forward_signal != 0) throw Interrupted{ddp::g_forward_signal};
 }
 
-// Connects to the job's store, retrying until `timeout_s`, in slices of a second so that a
-// signal ends the wait at once.
+// Connects to the job's store as a process of run `run_id`, retrying until `timeout_s`, in
+// slices of a second so that a signal ends the wait at once.
 std::unique_ptr<ddp::StoreClient> connect_to_store(const std::string& host, int port,
-                                                   const std::string& token, double timeout_s) {
+                                                   const std::string& token,
+                                                   const std::string& run_id, double timeout_s) {
   ddp::Stopwatch waited;
   while (true) {
     throw_if_interrupted();
     try {
-      return std::make_unique<ddp::StoreClient>(host, port, token, 1.0, timeout_s);
+      return std::make_unique<ddp::StoreClient>(host, port, token, 1.0, timeout_s, run_id);
     } catch (const ddp::UsageError&) {
-      throw;  // a wrong token: no use retrying
+      throw;  // a wrong token or run: no use retrying
     } catch (const ddp::Error& e) {
       if (waited.seconds() >= timeout_s)
         throw ddp::Error(fmt::format("{} (waited {:.0f}s, --timeout)", e.what(), timeout_s));
@@ -171,6 +172,7 @@ int run_elastic(ddp::LaunchConfig config, const ddp::EnvMap& parent, const ddp::
     store_config.bind_addr = config.master_addr;
     store_config.port = config.master_port;
     store_config.token = token;
+    store_config.run_id = config.run_id;
     store_config.on_refused = [](const std::string& line) {
       std::fprintf(stderr, "ddprun: store refused a connection from %s\n", line.c_str());
     };
@@ -179,8 +181,8 @@ int run_elastic(ddp::LaunchConfig config, const ddp::EnvMap& parent, const ddp::
   } catch (const ddp::UsageError&) {
     store.reset();  // another node listens there (or the address is not this host's)
   }
-  const std::unique_ptr<ddp::StoreClient> control =
-      connect_to_store(config.master_addr, config.master_port, token, config.timeout);
+  const std::unique_ptr<ddp::StoreClient> control = connect_to_store(
+      config.master_addr, config.master_port, token, config.run_id, config.timeout);
   const std::string me = control->local_address();
   const std::string address = me.substr(0, me.rfind(':'));
   std::fprintf(stderr,
@@ -190,6 +192,7 @@ int run_elastic(ddp::LaunchConfig config, const ddp::EnvMap& parent, const ddp::
   ddp::ElasticRendezvous rendezvous(*control, config.nnodes, config.max_nodes, config.last_call_s,
                                     config.timeout, address);
   int failures = 0;
+  int lost_nodes = 0;  // generations ended by a node that vanished (no restart spent)
   int64_t after = -1;
   while (true) {
     ddp::Membership m;
@@ -220,6 +223,15 @@ int run_elastic(ddp::LaunchConfig config, const ddp::EnvMap& parent, const ddp::
           ddp::child_environment(parent, generation, plan, local, ports, token, attempt));
       environments.back()["MASTER_ADDR"] = m.addresses.front();  // where its rank 0 runs
     }
+    // Beats from a thread of its own until the generation ends here (also while this node
+    // stops its workers), so that the others can tell a lost node from a failing one.
+    std::optional<ddp::Heartbeat> heartbeat;
+    heartbeat.emplace(
+        [&] {
+          return connect_to_store(config.master_addr, config.master_port, token, config.run_id,
+                                  config.timeout);
+        },
+        m.generation, m.node_rank);
     ddp::WorkerGroup group(generation, ranks, console);
     group.start(environments, attempt);
     const ddp::GroupOutcome outcome = group.supervise([&] { return rendezvous.check(m); });
@@ -242,23 +254,44 @@ int run_elastic(ddp::LaunchConfig config, const ddp::EnvMap& parent, const ddp::
       std::fprintf(stderr, "ddprun: %s; stopped this node's workers\n", outcome.cause.c_str());
       if (outcome.cause.find("waiting to join") != std::string::npos)
         rendezvous.end(m, {outcome.cause, true});
+      else if (!rendezvous.silent_node().empty())
+        rendezvous.end(
+            m, {fmt::format("{} lost: {}", rendezvous.silent_node(), outcome.cause), false, true});
     } else {
-      report_failure(generation, plan, outcome, attempt);
-      rendezvous.end(
-          m, {fmt::format("{}: rank {} failed first: {}", node, outcome.failed_rank, outcome.cause),
-              false});
+      // A rank that failed because another node vanished (its ddprun or host gone) is not this
+      // node's failure: the lost node is named, and no restart is spent.
+      const double window = std::min(config.timeout, 3.0);
+      const std::string lost = rendezvous.lost_member(m, window);
+      if (!lost.empty()) {
+        std::fprintf(stderr,
+                     "ddprun: %s is lost (its heartbeat stopped for %.0fs: its ddprun or host is "
+                     "gone); rank %d failed after it: %s\n",
+                     lost.c_str(), window, outcome.failed_rank, outcome.cause.c_str());
+        rendezvous.end(
+            m, {fmt::format("{} lost (no heartbeat for {:.0f}s)", lost, window), false, true});
+      } else {
+        report_failure(generation, plan, outcome, attempt);
+        rendezvous.end(m, {fmt::format("{}: rank {} failed first: {}", node, outcome.failed_rank,
+                                       outcome.cause),
+                           false});
+      }
     }
+    heartbeat.reset();
     if (outcome.signalled_in_teardown) return outcome.exit_code;  // asked to stop: no next one
     const ddp::GenerationEnd end = rendezvous.ended(m);
-    if (!end.membership && ++failures > config.max_restarts) {
+    if (end.lost) ++lost_nodes;
+    if (!end.membership && !end.lost && ++failures > config.max_restarts) {
       std::fprintf(stderr, "ddprun: giving up after %d failed generation%s (--max-restarts %d)\n",
                    failures, failures == 1 ? "" : "s", config.max_restarts);
       return outcome.exit_code != 0 ? outcome.exit_code : 1;
     }
     std::fprintf(stderr, "ddprun: generation %lld ended (%s); joining the next one%s\n",
                  static_cast<long long>(m.generation), end.why.c_str(),
-                 end.membership
-                     ? ""
+                 end.membership ? ""
+                 : end.lost
+                     ? fmt::format(" ({} node{} lost so far; no restart spent)", lost_nodes,
+                                   lost_nodes == 1 ? "" : "s")
+                           .c_str()
                      : fmt::format(" (restart {} of {})", failures, config.max_restarts).c_str());
   }
 }
@@ -309,12 +342,20 @@ int run(int argc, char** argv, ddp::Console& console) {
 
   std::string token = parent.count("DDP_STORE_TOKEN") ? parent["DDP_STORE_TOKEN"] : "";
   const bool several = config.nnodes > 1 || config.elastic();
+  // torchrun's default id, or none: every job shares it, no token can come from it.
+  DDP_USAGE_CHECK(!several || !token.empty() || !config.run_id_given ||
+                      (config.run_id != "none" && !config.run_id.empty()),
+                  "--rdzv-id '{}': every job that gives no id has that one, so no store token "
+                  "can be derived from it; set the same secret in DDP_STORE_TOKEN on every node, "
+                  "or give --rdzv-id an id of this job's own",
+                  config.run_id);
   if (several && token.empty() && config.run_id_given) {
     // torchrun's line gives every node the same --rdzv-id and no secret: the token from it.
     token = "rdzv-id:" + config.run_id;
     std::fprintf(stderr,
-                 "ddprun: the store's token is derived from --rdzv-id %s, which anyone who knows "
-                 "it can give; set the same secret in DDP_STORE_TOKEN on every node for a real "
+                 "ddprun: the store's token is derived from --rdzv-id %s, which anyone on another "
+                 "host who knows it can give; set the same secret in DDP_STORE_TOKEN on every node "
+                 "for a real "
                  "one\n",
                  config.run_id.c_str());
   }
@@ -338,6 +379,7 @@ int run(int argc, char** argv, ddp::Console& console) {
     // own store takes a free port then.
     store_config.port = config.torch_store && config.nnodes == 1 ? 0 : config.master_port;
     store_config.token = token;
+    store_config.run_id = config.run_id;
     store_config.on_refused = [](const std::string& line) {
       std::fprintf(stderr, "ddprun: store refused a connection from %s\n", line.c_str());
     };
@@ -405,7 +447,8 @@ int run(int argc, char** argv, ddp::Console& console) {
     // with --iface.
     if (config.node_rank == 0) {
       try {
-        control = connect_to_store(config.master_addr, port, token, std::min(config.timeout, 2.0));
+        control = connect_to_store(config.master_addr, port, token, config.run_id,
+                                   std::min(config.timeout, 2.0));
       } catch (const std::exception&) {
         control.reset();
       }
@@ -414,7 +457,7 @@ int run(int argc, char** argv, ddp::Console& console) {
       const std::string host = config.node_rank != 0                ? config.master_addr
                                : store->bind_address() == "0.0.0.0" ? "127.0.0.1"
                                                                     : store->bind_address();
-      control = connect_to_store(host, port, token, config.timeout);
+      control = connect_to_store(host, port, token, config.run_id, config.timeout);
     }
     const int64_t joined = control->add(fmt::format("ddprun/node/{}", config.node_rank), 1);
     DDP_USAGE_CHECK(joined == 1,

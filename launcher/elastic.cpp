@@ -5,7 +5,8 @@
 //   G/addr/K              node K's address
 //   G/vote, G/closed      the first to see G complete votes and writes how many it took
 //   G/late                nodes that came after G closed (G's nodes then restart with them)
-//   G/ended, G/why, G/kind  the first end() of G, its reason and kind
+//   G/ended, G/why, G/kind  the first end() of G, its reason and kind (membership, failure,
+//                           lost)
 //   G/beat/K, G/finished  node K's heartbeat; how many finished G's workers
 #include "launcher/elastic.h"
 
@@ -32,6 +33,34 @@ void pause() {
 
 }  // namespace
 
+Heartbeat::Heartbeat(std::function<std::unique_ptr<StoreClient>()> connect, int64_t generation,
+                     int node_rank) {
+  const std::string beat = fmt::format("ddprun/elastic/{}/beat/{}", generation, node_rank);
+  thread_ = std::thread([this, connect = std::move(connect), beat] {
+    try {
+      const std::unique_ptr<StoreClient> store = connect();
+      std::unique_lock<std::mutex> lock(mutex_);
+      while (!stopping_) {
+        lock.unlock();
+        store->add(beat, 1);
+        lock.lock();
+        stop_.wait_for(lock, std::chrono::milliseconds(200), [this] { return stopping_; });
+      }
+    } catch (const std::exception&) {
+      // The store is gone or cut off: the node's own calls say so.
+    }
+  });
+}
+
+Heartbeat::~Heartbeat() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  stop_.notify_all();
+  thread_.join();
+}
+
 ElasticRendezvous::ElasticRendezvous(StoreClient& store, int min_nodes, int max_nodes,
                                      double last_call_s, double timeout_s, std::string address)
     : store_(store),
@@ -53,6 +82,7 @@ bool ElasticRendezvous::join(Membership* m, int64_t after, const std::function<v
     Stopwatch waited;
     double complete_at = -1;  // when this node first saw MIN nodes
     bool late = false;
+    double late_at = 0;  // when it found G closed without it
     while (true) {
       between();
       if (store_.get("ddprun/elastic/done")) return false;
@@ -71,9 +101,15 @@ bool ElasticRendezvous::join(Membership* m, int64_t after, const std::function<v
           return true;
         }
         // Too late for G: say so (its nodes restart with this one), and wait for G + 1.
-        if (!late) store_.add(key(g, "late"), 1);
+        if (!late) store_.add(key(g, "late"), 1), late_at = waited.seconds();
         late = true;
         if (count("ddprun/elastic/gen") > g) break;
+        if (waited.seconds() - late_at >= timeout_s_)
+          throw Error(fmt::format(
+              "--nnodes {}:{}: generation {} closed with {} node{} before this one came{}, and "
+              "made no room for it within {:.0f}s (--timeout)",
+              min_nodes_, max_nodes_, g, n, n == 1 ? "" : "s",
+              n >= max_nodes_ ? " (the most --nnodes allows)" : "", timeout_s_));
         pause();
         continue;
       }
@@ -117,18 +153,43 @@ std::string ElasticRendezvous::check(const Membership& m) {
       beat_seen_s_[k] = now;
     } else if (now - beat_seen_s_[k] > timeout_s_ &&
                count(key(g, "finished")) == 0) {  // a node done with its work stops beating
-      return fmt::format("node {} ({}) stopped answering for {:.0f}s (--timeout)", k,
-                         m.addresses[k], timeout_s_);
+      silent_node_ = fmt::format("node {} ({})", k, m.addresses[k]);
+      return fmt::format("{} stopped answering for {:.0f}s (--timeout)", silent_node_, timeout_s_);
     }
   }
   return "";
+}
+
+std::string ElasticRendezvous::lost_member(const Membership& m, double window_s) {
+  const int64_t g = m.generation;
+  std::vector<int64_t> first(static_cast<size_t>(m.nnodes), -1);
+  std::vector<bool> moved(static_cast<size_t>(m.nnodes), false);
+  moved[static_cast<size_t>(m.node_rank)] = true;
+  Stopwatch watched;
+  while (true) {
+    store_.add(key(g, fmt::format("beat/{}", m.node_rank)), 1);
+    if (count(key(g, "finished")) > 0) return "";  // a node done with its work stops beating
+    bool all = true;
+    for (int k = 0; k < m.nnodes; ++k) {
+      if (moved[k]) continue;
+      const int64_t beat = count(key(g, fmt::format("beat/{}", k)));
+      if (first[k] < 0) first[k] = beat;
+      moved[k] = beat != first[k];
+      all = all && moved[k];
+    }
+    if (all) return "";
+    if (watched.seconds() >= window_s)
+      for (int k = 0; k < m.nnodes; ++k)
+        if (!moved[k]) return fmt::format("node {} ({})", k, m.addresses[k]);
+    pause();
+  }
 }
 
 void ElasticRendezvous::end(const Membership& m, const GenerationEnd& e) {
   const int64_t g = m.generation;
   if (store_.add(key(g, "ended"), 1) != 1) return;
   store_.set(key(g, "why"), e.why);
-  store_.set(key(g, "kind"), e.membership ? "membership" : "failure");
+  store_.set(key(g, "kind"), e.membership ? "membership" : e.lost ? "lost" : "failure");
   store_.add("ddprun/elastic/gen", 1);
 }
 
@@ -138,7 +199,9 @@ GenerationEnd ElasticRendezvous::ended(const Membership& m) {
   while (!store_.get(key(m.generation, "kind")) && waited.seconds() < 2)
     pause();
   e.why = store_.get(key(m.generation, "why")).value_or("");
-  e.membership = store_.get(key(m.generation, "kind")).value_or("") == "membership";
+  const std::string kind = store_.get(key(m.generation, "kind")).value_or("");
+  e.membership = kind == "membership";
+  e.lost = kind == "lost";
   return e;
 }
 

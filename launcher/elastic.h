@@ -4,13 +4,19 @@
 // they joined. A node that arrives after its generation closed is late: it says so, and the
 // generation's nodes stop their workers and start the next one with it. A node whose workers
 // fail, or that sees another's heartbeat stop, ends the generation; the others follow, and
-// whoever comes back forms the next one (while at least MIN do). Every generation gets fresh
-// ranks and world sizes; a program that checkpoints resumes across them.
+// whoever comes back forms the next one (while at least MIN do). A node whose heartbeat stopped
+// (its ddprun or host gone) is named as lost, apart from a failure: a lost node spends no
+// restart. A node that waits for room in a full generation waits at most the timeout. Every
+// generation gets fresh ranks and world sizes; a program that checkpoints resumes across them.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "runtime/store.h"
@@ -29,6 +35,26 @@ struct Membership {
 struct GenerationEnd {
   std::string why;          // "node 1 (10.0.0.2): rank 1 failed first: exit code 1"
   bool membership = false;  // a late node joins (not a failure: no restart is spent)
+  bool lost = false;        // a node's heartbeat stopped (not a failure: no restart is spent)
+};
+
+// Beats for one node of one generation every 0.2 s, from a thread of its own on a connection
+// of its own, until destroyed: a node that stops or restarts its workers (the grace period)
+// goes on beating, so that only a node whose ddprun or host is gone falls silent. When the
+// store cannot be reached it stops quietly (the node's own calls report that).
+class Heartbeat {
+ public:
+  Heartbeat(std::function<std::unique_ptr<StoreClient>()> connect, int64_t generation,
+            int node_rank);
+  ~Heartbeat();
+  Heartbeat(const Heartbeat&) = delete;
+  Heartbeat& operator=(const Heartbeat&) = delete;
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable stop_;
+  bool stopping_ = false;
+  std::thread thread_;
 };
 
 class ElasticRendezvous {
@@ -41,13 +67,20 @@ class ElasticRendezvous {
 
   // Joins the open generation (at least `after` + 1 when given): returns once one closed with
   // this node in it, waiting through any that closed without it. false: the job finished
-  // while this node waited. Throws ddp::Error when fewer than MIN nodes joined in timeout_s.
+  // while this node waited. Throws ddp::Error when fewer than MIN nodes joined in timeout_s,
+  // or when it came late and no generation made room for it in timeout_s.
   // `between` runs between polls (it may throw: a signal that ends the wait).
   bool join(Membership* membership, int64_t after, const std::function<void()>& between);
   // While `m` runs (called often; it talks to the store at most every 0.2 s): this node's
   // heartbeat, and why it must stop its workers, or "": a late node waits, another node ended
   // the generation, a member's heartbeat stopped for timeout_s.
   std::string check(const Membership& m);
+  // The node check() last declared silent ("node 1 (10.0.0.2)"), or "".
+  const std::string& silent_node() const { return silent_node_; }
+  // After this node's workers failed: whether another member of `m` is gone. Beats for this
+  // node while it watches; returns "node K (ADDRESS)" of the first member whose heartbeat did
+  // not move for `window_s`, or "" as soon as every other member's has moved (or finished).
+  std::string lost_member(const Membership& m, double window_s);
   // Ends `m`'s generation (the first to call moves the job to the next one).
   void end(const Membership& m, const GenerationEnd& end);
   // How `m`'s generation ended (after end()).
@@ -68,6 +101,7 @@ class ElasticRendezvous {
   double last_check_s_ = -1;
   std::vector<int64_t> beats_;       // each member's last heartbeat seen (check)
   std::vector<double> beat_seen_s_;  // when it last moved
+  std::string silent_node_;
 };
 
 }  // namespace ddp

@@ -10,6 +10,8 @@
 #include <cctype>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 
 #include <fmt/format.h>
 
@@ -44,6 +46,45 @@ Listener listen_tcp(const std::string& bind_addr, int port, const std::string& w
   ::getsockname(l.fd.get(), reinterpret_cast<sockaddr*>(&addr), &len);
   l.port = ntohs(addr.sin_port);
   return l;
+}
+
+std::optional<unsigned> tcp_socket_owner(const std::string& proc_net_tcp, uint32_t local_ip,
+                                         int local_port, uint32_t remote_ip, int remote_port) {
+  // "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid ...":
+  // an address is the in-memory (network order) u32 printed as hex, so 127.0.0.1 reads
+  // 0100007F on x86; the port is hex in host order.
+  const auto text_of = [](uint32_t ip, int port) {
+    return fmt::format("{:08X}:{:04X}", htonl(ip), port);
+  };
+  const std::string local = text_of(local_ip, local_port);
+  const std::string remote = text_of(remote_ip, remote_port);
+  std::istringstream lines(proc_net_tcp);
+  std::string line;
+  while (std::getline(lines, line)) {
+    std::istringstream fields(line);
+    std::string slot, here, there, state, queues, timer, retransmits;
+    unsigned uid = 0;
+    if (!(fields >> slot >> here >> there >> state >> queues >> timer >> retransmits >> uid))
+      continue;  // the header
+    if (here == local && there == remote) return uid;
+  }
+  return std::nullopt;
+}
+
+std::optional<unsigned> local_peer_uid(int fd) {
+  sockaddr_in mine{}, theirs{};
+  socklen_t mine_len = sizeof(mine), theirs_len = sizeof(theirs);
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&mine), &mine_len) != 0 ||
+      ::getpeername(fd, reinterpret_cast<sockaddr*>(&theirs), &theirs_len) != 0 ||
+      mine.sin_family != AF_INET || theirs.sin_family != AF_INET)
+    return std::nullopt;
+  std::ifstream file("/proc/net/tcp");
+  if (!file) return std::nullopt;
+  std::ostringstream text;
+  text << file.rdbuf();
+  // The peer's socket: its local end is our remote one.
+  return tcp_socket_owner(text.str(), ntohl(theirs.sin_addr.s_addr), ntohs(theirs.sin_port),
+                          ntohl(mine.sin_addr.s_addr), ntohs(mine.sin_port));
 }
 
 WakePipe::WakePipe() {

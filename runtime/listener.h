@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -21,6 +22,17 @@ struct Listener {
 // taken, --master-addr when the address is not this machine's IPv4 one; `what` names the
 // server in other errors ("the store").
 Listener listen_tcp(const std::string& bind_addr, int port, const std::string& what);
+
+// The user id that owns the other end of the connected TCP socket `fd`, when that end is a
+// socket of this host (of this network namespace: the kernel's /proc/net/tcp lists it);
+// nullopt when it is elsewhere (another host) or cannot be told. TCP's counterpart of a Unix
+// socket's SO_PEERCRED, which TCP does not have.
+std::optional<unsigned> local_peer_uid(int fd);
+// The owner of the socket whose local end is local_ip:local_port and whose remote end is
+// remote_ip:remote_port (addresses and ports in host order) in `proc_net_tcp`, text as
+// /proc/net/tcp has it; nullopt when no line matches. Pure, for tests.
+std::optional<unsigned> tcp_socket_owner(const std::string& proc_net_tcp, uint32_t local_ip,
+                                         int local_port, uint32_t remote_ip, int remote_port);
 
 // A non-blocking pipe: wake() makes `read` readable.
 struct WakePipe {

@@ -60,6 +60,7 @@ ProcessEnv ProcessEnv::detect(const Lookup& lookup) {
                                                : read_int(lookup, "MASTER_PORT", 0);
     env.rank_prefixed = lookup("DDP_STORE_PORT").has_value();
     env.store_token = lookup("DDP_STORE_TOKEN").value_or("");
+    env.run_id = lookup("TORCHELASTIC_RUN_ID").value_or("");
     if (!lookup("DDP_STORE_PORT") && lookup("TORCHELASTIC_RUN_ID")) {
       env.torch_store = true;
       env.torch2_store = lookup("TORCH_NCCL_ASYNC_ERROR_HANDLING").has_value();
@@ -114,6 +115,7 @@ ProcessEnv ProcessEnv::detect(const Lookup& lookup) {
     std::string derived;
     if (!job.empty()) derived = "slurm-" + job + (step.empty() ? "" : "." + step);
     env.store_token = lookup("DDP_STORE_TOKEN").value_or(derived);
+    env.run_id = derived;
     env.serves_store = env.rank == 0 && env.master_port > 0;
   }
   if (const auto share = lookup("DDP_SHARE_GPU")) {

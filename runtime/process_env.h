@@ -27,6 +27,9 @@ struct ProcessEnv {
   std::string master_addr;  // the store: DDP_STORE_ADDR (ddprun), else MASTER_ADDR; empty: none
   int master_port = 0;      // the store's port; 0: none
   std::string store_token;  // ddprun's job token for the store
+  // The run's id, said in the store's hello (a store of another run refuses it):
+  // TORCHELASTIC_RUN_ID under ddprun, "slurm-JOB.STEP" under srun; empty: none.
+  std::string run_id;
   // torchrun (TORCHELASTIC_RUN_ID, no DDP_STORE_PORT): the store at MASTER_ADDR:MASTER_PORT is
   // its agent's, PyTorch's TCPStore (runtime/store.h, StoreProtocol::kTorch).
   bool torch_store = false;

@@ -8,12 +8,13 @@
 namespace ddp {
 
 StoreClient::StoreClient(const std::string& host, int port, const std::string& token,
-                         double connect_timeout_s, double reply_timeout_s)
+                         double connect_timeout_s, double reply_timeout_s,
+                         const std::string& run_id)
     : address_(fmt::format("{}:{}", host, port)),
       reply_timeout_s_(reply_timeout_s),
       fd_(tcp_connect(host, port, deadline_in(connect_timeout_s))) {
   MessageWriter hello;
-  hello.u8(static_cast<uint8_t>(StoreOp::kHello)).str(token).u32(kStoreProtocolVersion);
+  hello.u8(static_cast<uint8_t>(StoreOp::kHello)).str(token).u32(kStoreProtocolVersion).str(run_id);
   std::string reply;
   try {
     reply = round_trip(hello, connect_timeout_s);
@@ -31,11 +32,22 @@ StoreClient::StoreClient(const std::string& host, int port, const std::string& t
         "worker of a job needs the same ddp",
         address_, theirs, kStoreProtocolVersion));
   }
-  if (static_cast<StoreStatus>(static_cast<uint8_t>(reply[0])) == StoreStatus::kUnauthorized)
+  if (static_cast<StoreStatus>(static_cast<uint8_t>(reply[0])) == StoreStatus::kOtherRun) {
+    MessageReader reader(reply);
+    reader.u8();
+    const std::string theirs = reader.str();
     throw UsageError(fmt::format(
-        "the rendezvous store at {} refused this process's token: a wrong token (every node of "
-        "a job needs the same DDP_STORE_TOKEN)",
-        address_));
+        "the rendezvous store at {} serves run '{}', this process belongs to run '{}' "
+        "(TORCHELASTIC_RUN_ID, or srun's job and step): two jobs meet at one address and token",
+        address_, theirs, run_id));
+  }
+  if (static_cast<StoreStatus>(static_cast<uint8_t>(reply[0])) == StoreStatus::kUnauthorized) {
+    MessageReader reader(reply);
+    reader.u8();
+    const std::string why = reader.str();
+    throw UsageError(fmt::format("the rendezvous store at {} refused this process: {}", address_,
+                                 reader.ok() ? why : "a wrong token"));
+  }
 }
 
 std::string StoreClient::round_trip(const MessageWriter& request, double reply_within_s) {
@@ -82,6 +94,17 @@ std::string StoreClient::round_trip(const MessageWriter& request, double reply_w
   }
 }
 
+void StoreClient::check_room(const std::string& reply, const std::string& key, size_t bytes) {
+  if (static_cast<StoreStatus>(static_cast<uint8_t>(reply[0])) != StoreStatus::kTooLarge) return;
+  MessageReader reader(reply);
+  reader.u8();
+  const int64_t bound = reader.i64();
+  throw UsageError(fmt::format(
+      "the rendezvous store at {} refused to hold key '{}' ({} bytes): what it holds would pass "
+      "its bound of {} MiB (the store is for addresses and ids, not data)",
+      address_, key, bytes, bound >> 20));
+}
+
 void StoreClient::interrupt() {
   interrupted_ = true;
   ::shutdown(fd_.get(), SHUT_RDWR);
@@ -95,14 +118,18 @@ void StoreClient::set(const std::string& key, const std::string& value) {
   if (torch()) return torch_set(key, value);
   MessageWriter request;
   request.u8(static_cast<uint8_t>(StoreOp::kSet)).str(key).str(value);
-  round_trip(request, reply_timeout_s_);
+  check_room(round_trip(request, reply_timeout_s_), key, value.size());
 }
 
 std::optional<std::string> StoreClient::get(const std::string& key) {
-  if (torch()) return torch_get(key);
+  return get_within(key, reply_timeout_s_);
+}
+
+std::optional<std::string> StoreClient::get_within(const std::string& key, double reply_within_s) {
+  if (torch()) return torch_get(key, reply_within_s);
   MessageWriter request;
   request.u8(static_cast<uint8_t>(StoreOp::kGet)).str(key);
-  const std::string reply = round_trip(request, reply_timeout_s_);
+  const std::string reply = round_trip(request, reply_within_s);
   MessageReader reader(reply);
   if (static_cast<StoreStatus>(reader.u8()) != StoreStatus::kOk) return std::nullopt;
   std::string value = reader.str();
@@ -143,8 +170,13 @@ void StoreClient::wait(const std::vector<std::string>& keys, double timeout_s) {
 }
 
 std::string StoreClient::wait_get(const std::string& key, double timeout_s) {
+  const Deadline deadline = deadline_in(timeout_s);
   wait({key}, timeout_s);
-  auto value = get(key);
+  // The value's reply counts against the same deadline: one cut short must not hold the
+  // caller a whole reply timeout more.
+  const double left =
+      std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
+  auto value = get_within(key, std::min<double>(reply_timeout_s_, std::max(1.0, left)));
   DDP_CHECK(value.has_value(), "key {} vanished from the store at {}", key, address_);
   return *value;
 }
@@ -154,6 +186,7 @@ int64_t StoreClient::add(const std::string& key, int64_t delta) {
   MessageWriter request;
   request.u8(static_cast<uint8_t>(StoreOp::kAdd)).str(key).i64(delta);
   const std::string reply = round_trip(request, reply_timeout_s_);
+  check_room(reply, key, 0);
   MessageReader reader(reply);
   reader.u8();
   const int64_t value = reader.i64();

@@ -17,15 +17,16 @@ namespace ddp {
 // Wire protocol, shared with the server. Request: u8 op, then fields; reply: u8 status, then
 // fields. Strings are u32 length + bytes, integers little-endian.
 // The protocol's version, carried by the hello, so that a ddp of another version is told
-// so by name (the hello of version 1 had none).
-constexpr uint32_t kStoreProtocolVersion = 2;
+// so by name (the hello of version 1 had none; version 3's carries the run's id).
+constexpr uint32_t kStoreProtocolVersion = 3;
 // A request's operation and its fields.
 enum class StoreOp : uint8_t {
-  kHello = 1,   // str token, u32 version           -> ok | unauthorized | version (then closed)
-  kSet = 2,     // str key, str value                -> ok
+  kHello = 1,  // str token, u32 version, str run id -> ok | unauthorized | version | other run
+  //                                                    (those three: then closed)
+  kSet = 2,     // str key, str value                -> ok | too large
   kGet = 3,     // str key                           -> ok + str value | missing
   kWait = 4,    // u32 n, n x str key, i64 timeout_ms -> ok | timeout + u32 m, m x missing key
-  kAdd = 5,     // str key, i64 delta                -> ok + i64 new value
+  kAdd = 5,     // str key, i64 delta                -> ok + i64 new value | too large
   kDelete = 6,  // str key                           -> ok | missing
 };
 // A reply's status.
@@ -36,6 +37,8 @@ enum class StoreStatus : uint8_t {
   kBadRequest = 3,
   kUnauthorized = 4,  // the hello's token is not the job's: said once, then the store hangs up
   kVersion = 5,       // the hello's protocol version is not the store's: + u32 the store's
+  kOtherRun = 6,      // the hello's run id is not the store's: + str the store's
+  kTooLarge = 7,      // the set would pass the store's bound on what it holds: + i64 the bound
 };
 
 // Which protocol the store speaks: ddp's own (ddprun's and srun's: a token first, then the
@@ -46,11 +49,14 @@ enum class StoreProtocol { kDdp, kTorch };
 // A connection to the launcher's rendezvous store (the top of this file).
 class StoreClient {
  public:
-  // Connects (retrying until connect_timeout_s) and presents the token. Every call then
-  // throws ddp::Error when the server has not answered within reply_timeout_s (a wait:
-  // its own timeout plus that), and ConnectionClosed when the server has gone.
+  // Connects (retrying until connect_timeout_s) and presents the token and the run's id
+  // (`run_id`: ProcessEnv::run_id; a store of another run refuses it, a UsageError naming
+  // both; "" names none and is let in on the token alone). Every call then throws ddp::Error when
+  // the server has not answered within reply_timeout_s (a wait: its own timeout plus that), and
+  // ConnectionClosed when the server has gone.
   StoreClient(const std::string& host, int port, const std::string& token,
-              double connect_timeout_s = 30.0, double reply_timeout_s = 40.0);
+              double connect_timeout_s = 30.0, double reply_timeout_s = 40.0,
+              const std::string& run_id = "");
   // A client of PyTorch's TCPStore (`protocol` kTorch) at host:port: no token; every key this
   // process sets or reads is `key_prefix` + its name, so that a torchrun agent's own keys and
   // an earlier attempt's stay apart. `torch2_first`: try 2.x's protocol first (a wrong guess
@@ -70,7 +76,7 @@ class StoreClient {
   // Blocks until every key is set or timeout_s passes; throws ddp::Error naming the keys
   // still missing on timeout.
   void wait(const std::vector<std::string>& keys, double timeout_s);
-  // wait({key}) then get(key).
+  // wait({key}) then get(key), both within timeout_s (the value's reply gets at least 1 s).
   std::string wait_get(const std::string& key, double timeout_s);
   // Adds delta to the integer at key (0 when unset); returns the new value. Atomic.
   int64_t add(const std::string& key, int64_t delta);
@@ -94,6 +100,8 @@ class StoreClient {
 
  private:
   std::string round_trip(const MessageWriter& request, double reply_within_s);
+  // Throws a UsageError naming key when the reply says the store refused to hold it.
+  void check_room(const std::string& reply, const std::string& key, size_t bytes);
   // PyTorch's TCPStore (runtime/store_torch.cpp): one query's bytes, then a reply of
   // `reply_bytes` (0: none) or, `sized`, a u64 length and that many bytes.
   std::string torch_query(uint8_t type, const std::string& fields, size_t reply_bytes, bool sized,
@@ -102,9 +110,11 @@ class StoreClient {
   // on a connection of its own made here.
   bool torch_probe(const std::string& host, int port, bool torch2, double within_s);
   uint8_t torch_type(uint8_t v113) const;  // 1.13's query number in this store's numbering
-  bool torch_ready(const std::vector<std::string>& keys);
+  bool torch_ready(const std::vector<std::string>& keys, double reply_within_s);
   void torch_set(const std::string& key, const std::string& value);
-  std::optional<std::string> torch_get(const std::string& key);
+  std::optional<std::string> torch_get(const std::string& key, double reply_within_s);
+  // get(), its reply awaited at most reply_within_s.
+  std::optional<std::string> get_within(const std::string& key, double reply_within_s);
   void torch_wait(const std::vector<std::string>& keys, double timeout_s);
   int64_t torch_add(const std::string& key, int64_t delta);
   bool torch_remove(const std::string& key);

@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -25,6 +26,8 @@ struct Connection {
   UniqueFd fd;
   std::string peer;  // "address:port"
   bool authenticated = false;
+  // Not empty: a process of this host of another user, refused at its hello with this reason.
+  std::string foreign;
   Deadline hello_deadline;
   std::string input;
   // A parked wait: keys still wanted and the deadline.
@@ -77,8 +80,14 @@ void StoreServer::stop() {
 void StoreServer::clear() {
   std::lock_guard<std::mutex> lock(mutex_);
   // The launchers' own keys (nodes, generation) outlive a restart; the workers' do not.
-  for (auto it = data_.begin(); it != data_.end();)
-    it = it->first.rfind("ddprun/", 0) == 0 ? std::next(it) : data_.erase(it);
+  for (auto it = data_.begin(); it != data_.end();) {
+    if (it->first.rfind("ddprun/", 0) == 0) {
+      ++it;
+      continue;
+    }
+    data_bytes_ -= it->first.size() + it->second.size();
+    it = data_.erase(it);
+  }
 }
 
 void StoreServer::refuse(const std::string& peer, const std::string& reason) {
@@ -155,6 +164,15 @@ void StoreServer::serve() {
         Connection c;
         c.fd = std::move(client);
         c.peer = fmt::format("{}:{}", address, ntohs(peer.sin_port));
+        // A client that reads nothing of a reply for this long makes the send fail (dropped).
+        const timeval stall{static_cast<time_t>(kStoreStallSeconds), 0};
+        ::setsockopt(c.fd.get(), SOL_SOCKET, SO_SNDTIMEO, &stall, sizeof(stall));
+        if (config_.check_peer_user) {
+          const std::optional<unsigned> uid = local_peer_uid(c.fd.get());
+          if (uid && *uid != ::geteuid() && *uid != 0)
+            c.foreign = fmt::format("a process of user {} on this host (the job's user is {})",
+                                    *uid, ::geteuid());
+        }
         c.hello_deadline =
             std::chrono::steady_clock::now() +
             std::chrono::milliseconds(static_cast<int64_t>(config_.hello_timeout_s * 1000));
@@ -173,7 +191,11 @@ void StoreServer::serve() {
             break;
           }
         }
-        connections.push_back(std::move(c));
+        if (connections.size() >= kMaxStoreClients) {
+          refuse(c.peer, fmt::format("more than {} connections at once", kMaxStoreClients));
+        } else {
+          connections.push_back(std::move(c));
+        }
       }
     }
     for (size_t i = 2; i < fds.size(); ++i) {
@@ -205,9 +227,12 @@ void StoreServer::serve() {
         bool drop = false;
         if (!c.authenticated) {
           const std::string token = reader.str();
-          // Version 1's hello ended at the token.
+          // Version 1's hello ended at the token; version 3's carries the run's id.
           const uint32_t version = reader.ok() && reader.at_end() ? 1 : reader.u32();
-          if (op != StoreOp::kHello || !reader.ok() || !reader.at_end()) {
+          // Another version's hello may hold other fields: its version is told first.
+          const bool hello = op == StoreOp::kHello && reader.ok();
+          const std::string run_id = version == kStoreProtocolVersion ? reader.str() : "";
+          if (!hello || (version == kStoreProtocolVersion && (!reader.ok() || !reader.at_end()))) {
             refuse(c.peer, "not a store hello (another program on this port?)");
             c.fd.reset();
             break;
@@ -223,14 +248,33 @@ void StoreServer::serve() {
             c.fd.reset();
             break;
           }
-          if (!same_token(token, config_.token)) {
-            refuse(c.peer, "wrong token (check DDP_STORE_TOKEN on every node)");
-            // Said before hanging up, so that the peer can tell a wrong token from a store
-            // that is not up yet (best effort: a stranger may not read it).
-            const std::string unauthorized = reply_of(StoreStatus::kUnauthorized);
-            (void)!::send(c.fd.get(), unauthorized.data(), unauthorized.size(),
-                          MSG_NOSIGNAL | MSG_DONTWAIT);
+          // Said before hanging up, so that the peer can tell a refusal from a store that is
+          // not up yet (best effort: a stranger may not read it).
+          const auto refuse_hello = [&](const std::string& reason, const std::string& told) {
+            refuse(c.peer, reason);
+            (void)!::send(c.fd.get(), told.data(), told.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
             c.fd.reset();
+          };
+          if (!c.foreign.empty()) {
+            MessageWriter body;
+            body.str(c.foreign);
+            refuse_hello(c.foreign, reply_of(StoreStatus::kUnauthorized, body));
+            break;
+          }
+          if (!same_token(token, config_.token)) {
+            MessageWriter body;
+            body.str("a wrong token (every node of a job needs the same DDP_STORE_TOKEN)");
+            refuse_hello("wrong token (check DDP_STORE_TOKEN on every node)",
+                         reply_of(StoreStatus::kUnauthorized, body));
+            break;
+          }
+          // A client that names no run (a program's own StoreClient) comes in on the token alone.
+          if (!config_.run_id.empty() && !run_id.empty() && run_id != config_.run_id) {
+            MessageWriter body;
+            body.str(config_.run_id);
+            refuse_hello(fmt::format("a process of run '{}' (this store serves run '{}')", run_id,
+                                     config_.run_id),
+                         reply_of(StoreStatus::kOtherRun, body));
             break;
           }
           c.authenticated = true, reply = reply_of(StoreStatus::kOk);
@@ -244,6 +288,17 @@ void StoreServer::serve() {
                 drop = true;
                 break;
               }
+              const auto found = data_.find(key);
+              const uint64_t before = found == data_.end() ? 0 : key.size() + found->second.size();
+              if (data_bytes_ - before + key.size() + value.size() > config_.max_bytes) {
+                refuse(c.peer, fmt::format("a set that would pass the bound of {} MiB held",
+                                           config_.max_bytes >> 20));
+                MessageWriter body;
+                body.i64(static_cast<int64_t>(config_.max_bytes));
+                reply = reply_of(StoreStatus::kTooLarge, body);
+                break;
+              }
+              data_bytes_ += key.size() + value.size() - before;
               data_[key] = std::move(value);
               reply = reply_of(StoreStatus::kOk);
               break;
@@ -293,7 +348,16 @@ void StoreServer::serve() {
                 value = parse_number<int64_t>(found->second).value_or(0);
               }
               value += delta;
-              data_[key] = std::to_string(value);
+              const std::string text = std::to_string(value);
+              const uint64_t before = found == data_.end() ? 0 : key.size() + found->second.size();
+              if (data_bytes_ - before + key.size() + text.size() > config_.max_bytes) {
+                MessageWriter body;
+                body.i64(static_cast<int64_t>(config_.max_bytes));
+                reply = reply_of(StoreStatus::kTooLarge, body);
+                break;
+              }
+              data_bytes_ += key.size() + text.size() - before;
+              data_[key] = text;
               MessageWriter body;
               body.i64(value);
               reply = reply_of(StoreStatus::kOk, body);
@@ -305,7 +369,13 @@ void StoreServer::serve() {
                 drop = true;
                 break;
               }
-              reply = reply_of(data_.erase(key) ? StoreStatus::kOk : StoreStatus::kMissing);
+              const auto found = data_.find(key);
+              const bool existed = found != data_.end();
+              if (existed) {
+                data_bytes_ -= key.size() + found->second.size();
+                data_.erase(found);
+              }
+              reply = reply_of(existed ? StoreStatus::kOk : StoreStatus::kMissing);
               break;
             }
             default:

@@ -1,12 +1,18 @@
 // The rendezvous store server that ddprun hosts (and, under srun without ddprun, rank 0's
-// ddp::init): a TCP key-value store on one thread with
-// poll(). A client must present the job's token first, in a small hello frame and within
-// a deadline, or is dropped; unauthenticated connections are capped; a malformed or
-// oversized message drops that connection only, and the server goes on serving. Each
-// refused peer is reported once (address and reason) through on_refused.
+// ddp::init): a TCP key-value store on one thread with poll(). Who may enter: a process of
+// this host must run as this store's user (or root; the socket's owner, as the kernel lists
+// it), and every client must present the job's token and the run's id first, in a small
+// hello frame and within a deadline, or is dropped; unauthenticated connections are capped;
+// a malformed or oversized message drops that connection only, and the server goes on
+// serving. Its bounds: a message of at most kMaxStoreMessageBytes, the keys and values held
+// at most kMaxStoreBytes together (a set past it is refused, the connection kept), at most
+// kMaxStoreClients connections, and a client that reads none of a reply for
+// kStoreStallSeconds is dropped. Each refused peer is reported once (address and reason)
+// through on_refused.
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -18,18 +24,32 @@
 
 namespace ddp {
 
+// Before authentication a frame may be at most this long (a hello is a few dozen bytes).
+constexpr size_t kMaxHelloBytes = 4096;
+// The bytes of every key and value held together (ranks store addresses and NCCL ids:
+// kilobytes); a set past it is refused with kTooLarge.
+constexpr uint64_t kMaxStoreBytes = uint64_t{256} << 20;
+// Connections served at once; past it a new one is closed at once (reported).
+constexpr size_t kMaxStoreClients = 4096;
+// A client that reads nothing of a reply for this long is dropped.
+constexpr double kStoreStallSeconds = 10.0;
+
 struct StoreServerConfig {
   std::string bind_addr = "127.0.0.1";  // loopback for single-node jobs
   int port = 0;                         // 0: pick a free port
   std::string token;
+  // The run's id (TORCHELASTIC_RUN_ID, or srun's "slurm-JOB.STEP"); a hello of another run is
+  // refused, naming both (one that names none comes in on the token alone). Empty: any.
+  std::string run_id;
+  // Refuse a process of this host that runs as another user (tests turn it off).
+  bool check_peer_user = true;
+  // The bytes of keys and values held together (a set past it is refused).
+  uint64_t max_bytes = kMaxStoreBytes;
   double hello_timeout_s = 10;      // an unauthenticated connection is closed after this
   size_t max_unauthenticated = 64;  // more waiting for their hello are refused at once
   // Called on the server thread, once per (peer address, reason): "1.2.3.4: wrong token".
   std::function<void(const std::string&)> on_refused;
 };
-
-// Before authentication a frame may be at most this long (a hello is a few dozen bytes).
-constexpr size_t kMaxHelloBytes = 4096;
 
 class StoreServer {
  public:
@@ -63,7 +83,8 @@ class StoreServer {
   std::atomic<size_t> dropped_{0};
   std::mutex mutex_;  // guards data_ against clear() from another thread
   std::map<std::string, std::string> data_;
-  RefusalLog refusals_;  // what was reported (server thread)
+  uint64_t data_bytes_ = 0;  // keys' and values' lengths in data_
+  RefusalLog refusals_;      // what was reported (server thread)
 };
 
 }  // namespace ddp

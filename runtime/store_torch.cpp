@@ -102,8 +102,9 @@ std::string StoreClient::torch_query(uint8_t type, const std::string& fields, si
     DDP_CHECK(n <= kMaxStoreMessageBytes, "the store at {} sent a value of {} bytes", address_, n);
     std::string value(n, '\0');
     if (n > 0 && !read_exact(fd_.get(), value.data(), n, deadline))
-      throw Error(
-          fmt::format("the store at {} did not answer within {:.0f}s", address_, reply_within_s));
+      throw Error(fmt::format(
+          "the store at {} announced a value of {} bytes and did not send it all within {:.1f}s",
+          address_, n, reply_within_s));
     return value;
   } catch (const ConnectionClosed&) {
     if (interrupted_) throw Error(fmt::format("rendezvous store at {}: interrupted", address_));
@@ -112,12 +113,12 @@ std::string StoreClient::torch_query(uint8_t type, const std::string& fields, si
   }
 }
 
-bool StoreClient::torch_ready(const std::vector<std::string>& keys) {
+bool StoreClient::torch_ready(const std::vector<std::string>& keys, double reply_within_s) {
   std::string fields;
   put_u64(&fields, keys.size());
   for (const std::string& key : keys)
     put_bytes(&fields, torch_key(key));
-  return static_cast<uint8_t>(torch_query(kCheck, fields, 1, false, reply_timeout_s_)[0]) == kReady;
+  return static_cast<uint8_t>(torch_query(kCheck, fields, 1, false, reply_within_s)[0]) == kReady;
 }
 
 void StoreClient::torch_set(const std::string& key, const std::string& value) {
@@ -127,24 +128,32 @@ void StoreClient::torch_set(const std::string& key, const std::string& value) {
   torch_query(kSet, fields, 0, false, reply_timeout_s_);
 }
 
-std::optional<std::string> StoreClient::torch_get(const std::string& key) {
+std::optional<std::string> StoreClient::torch_get(const std::string& key, double reply_within_s) {
   // PyTorch's GET of a key not set waits (2.x) or drops the connection (1.13): asked first.
-  if (!torch_ready({key})) return std::nullopt;
+  if (!torch_ready({key}, reply_within_s)) return std::nullopt;
   std::string fields;
   put_bytes(&fields, torch_key(key));
-  return torch_query(kGet, fields, 0, true, reply_timeout_s_);
+  return torch_query(kGet, fields, 0, true, reply_within_s);
 }
 
 void StoreClient::torch_wait(const std::vector<std::string>& keys, double timeout_s) {
   // Polled with CHECK, so that a timeout leaves no answer pending on the connection.
   const Deadline deadline = deadline_in(timeout_s);
+  // Each poll's reply within the wait's time left (and a second): a store that answers short
+  // or late must not hold the caller a whole reply timeout past the wait's own.
+  const auto within = [&] {
+    const double left =
+        std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
+    return std::min<double>(reply_timeout_s_, std::max(0.0, left) + 1.0);
+  };
   auto pause = std::chrono::milliseconds(1);
-  while (!torch_ready(keys)) {
+  while (!torch_ready(keys, within())) {
     if (std::chrono::steady_clock::now() >= deadline) {
       std::string list;
       size_t count = 0;
       for (const std::string& key : keys)
-        if (!torch_ready({key})) list += (count++ < 16 ? (list.empty() ? "" : ", ") + key : "");
+        if (!torch_ready({key}, within()))
+          list += (count++ < 16 ? (list.empty() ? "" : ", ") + key : "");
       throw Error(fmt::format(
           "timed out after {:.1f}s waiting at the rendezvous store {} for {} of {} keys: {}",
           timeout_s, address_, count, keys.size(), list));

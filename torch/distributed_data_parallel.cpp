@@ -9,6 +9,8 @@
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <mutex>
+#include <set>
 #include <sstream>
 
 #include "runtime/error.h"
@@ -57,6 +59,14 @@ void unpack(const torch::Tensor& flat, const std::vector<torch::Tensor>& tensors
     t.detach().copy_(flat.narrow(0, at, bytes).view(t.scalar_type()).view(t.sizes()));
     at += bytes;
   }
+}
+
+// The parameters some wrapper holds now (their TensorImpl, which torch::load's set_ keeps),
+// so that a second wrapper of one module is refused by name rather than failing later.
+std::mutex wrapped_mutex;
+std::set<const c10::TensorImpl*>& wrapped() {
+  static std::set<const c10::TensorImpl*> held;
+  return held;
 }
 
 }  // namespace
@@ -142,6 +152,15 @@ DistributedDataParallel::Impl::Impl(torch::nn::Module& module_, World& world,
                       : "for CUDA tensors call ddp::init with InitOptions::bind_gpu (NCCL)");
   for (const auto& [name, tensor] : all)
     if (tensor.requires_grad()) params.push_back({name, tensor, {}, nullptr, 0, false});
+  {
+    std::lock_guard<std::mutex> lock(wrapped_mutex);
+    for (const Param& p : params)
+      DDP_USAGE_CHECK(!wrapped().count(p.tensor.unsafeGetTensorImpl()),
+                      "ddp::DistributedDataParallel: parameter '{}' is already wrapped by another "
+                      "ddp::DistributedDataParallel that is alive; wrap a module once and train "
+                      "through that wrapper (two would each reduce every gradient)",
+                      p.name);
+  }
   DDP_USAGE_CHECK(!params.empty(),
                   "ddp::DistributedDataParallel: no parameter of the module requires a gradient");
   for (const auto& b : bufs)
@@ -149,6 +168,9 @@ DistributedDataParallel::Impl::Impl(torch::nn::Module& module_, World& world,
   make_reducer();
   check_and_copy_rank0s_state(all, bufs);
   point_grads_at_buckets();
+  std::lock_guard<std::mutex> lock(wrapped_mutex);
+  for (const Param& p : params)
+    wrapped().insert(p.tensor.unsafeGetTensorImpl());
 }
 
 void DistributedDataParallel::Impl::check_and_copy_rank0s_state(
@@ -300,6 +322,9 @@ void DistributedDataParallel::Impl::refuse_a_second_backward(size_t index) const
 DistributedDataParallel::Impl::~Impl() {
   for (Param& p : params)
     if (p.accumulator) p.accumulator->del_post_hook(p.hook);
+  std::lock_guard<std::mutex> lock(wrapped_mutex);
+  for (const Param& p : params)
+    wrapped().erase(p.tensor.unsafeGetTensorImpl());
 }
 
 // The current CUDA stream of the module's device (what the gradients were written on, what

@@ -81,6 +81,7 @@ World init(const InitOptions& options, ProcessEnv env) {
     store_config.bind_addr = "0.0.0.0";
     store_config.port = e.master_port;
     store_config.token = e.store_token;
+    store_config.run_id = e.run_id;
     store_config.on_refused = [](const std::string& line) {
       spdlog::warn("store refused a connection from {}", line);
     };
@@ -113,7 +114,8 @@ World init(const InitOptions& options, ProcessEnv env) {
         StoreProtocol::kTorch, e.master_addr, e.master_port,
         fmt::format("ddp/attempt_{}/", e.restart_count), e.torch2_store);
   else if (!e.master_addr.empty() && e.master_port > 0)
-    world.store_ = std::make_shared<StoreClient>(e.master_addr, e.master_port, e.store_token);
+    world.store_ = std::make_shared<StoreClient>(e.master_addr, e.master_port, e.store_token, 30.0,
+                                                 40.0, e.run_id);
   if (world.store_ && world.device_) check_unique_gpus(*world.store_, e, *world.device_, 60.0);
   if (e.world_size > 1 || options.backend != Backend::kAuto || options.communicator_alone) {
     CommConfig config;

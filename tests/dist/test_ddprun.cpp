@@ -446,6 +446,67 @@ TEST(Ddprun, NodesAgreeOnTheGenerationWhenOneNodeFails) {
   EXPECT_NE(r.output.find("node1 [rank 1] gen=1 rank=1"), std::string::npos) << r.output;
 }
 
+// A secret in DDP_STORE_TOKEN stays the token when --rdzv-id is given too (torchrun's lines
+// always have one): the id is the run's, said in every hello, never a replacement for the
+// secret; and an id that every job shares (torchrun's default "none", or '') makes no token.
+TEST(Ddprun, TheSecretStaysTheTokenAndASharedRunIdMakesNone) {
+  const std::string worker = "echo token=$DDP_STORE_TOKEN run=$TORCHELASTIC_RUN_ID";
+  const RunResult r =
+      run_command(two_nodes(free_port(), worker, worker, "--rdzv-id job7 --timeout 20"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(count_of(r.output, "token=t0k3n run=job7"), 2) << r.output;
+  EXPECT_EQ(r.output.find("derived from --rdzv-id"), std::string::npos) << r.output;
+  for (const std::string id : {"none", "''"}) {
+    const RunResult shared =
+        run_command("env -u DDP_STORE_TOKEN " + ddprun() + " --nnodes 2 --node-rank 1 --rdzv-id " +
+                    id + " --master-port 1 -- true");
+    EXPECT_EQ(shared.exit_code, 2) << shared.output;
+    EXPECT_NE(shared.output.find("--rdzv-id '" + (id == "''" ? std::string() : id) +
+                                 "': every job that gives no id has that one"),
+              std::string::npos)
+        << shared.output;
+  }
+}
+
+// A node that joins an elastic job and vanishes (kill -9 of its ddprun and its worker, as a
+// stranger with the id would, twice) is named as lost by the node that stays, and spends no
+// restart: with --max-restarts 0 the job goes on alone and finishes.
+TEST(Ddprun, AnElasticNodeThatVanishesIsNamedAsLostAndSpendsNoRestart) {
+  TempDir dir;
+  const std::string node =
+      "env DDP_STORE_TOKEN=t0k3n " + ddprun() +
+      " --nnodes 1:3 --nproc-per-node 1 --rdzv-endpoint " +
+      "127.0.0.1:" + std::to_string(free_port()) +
+      " --rdzv-conf last_call_timeout=0.3 --max-restarts 0 --timeout 2 --grace-period 1 -- sh -c "
+      "'echo gen=$DDP_RESTART_COUNT nodes=$GROUP_WORLD_SIZE; exec sleep 4'";
+  std::ofstream(dir.file("job.sh"))
+      << "wait_for() { for i in $(seq 300); do grep -q \"$2\" \"$1\" && return 0; sleep 0.1; done; "
+         "echo \"no '$2' in $1\"; return 1; }\n"
+      << node << " > " << dir.file("a.log") << " 2>&1 &\n"
+      << "a=$!\n"
+      << "wait_for " << dir.file("a.log") << " 'gen=0 nodes=1' || { cat " << dir.file("a.log")
+      << "; exit 9; }\n"
+      << "for stranger in 1 2; do\n"
+      << "  setsid " << node << " > " << dir.file("b.log") << " 2>&1 &\n"
+      << "  b=$!\n"
+      << "  wait_for " << dir.file("b.log") << " 'nodes=2' || { cat " << dir.file("a.log")
+      << "; exit 9; }\n"
+      << "  kill -9 -- -$b; wait $b\n"
+      << "  wait_for " << dir.file("a.log") << " \"$stranger node.* lost so far\" || { cat "
+      << dir.file("a.log") << "; exit 9; }\n"
+      << "done\n"
+      << "wait $a; echo \"node a exit $?\"\n"
+      << "cat " << dir.file("a.log") << "\n";
+  const RunResult r = run_command("bash " + dir.file("job.sh"));
+  EXPECT_NE(r.output.find("node a exit 0"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(1 node lost so far; no restart spent)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(2 nodes lost so far; no restart spent)"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("node 1 (127.0.0.1) lost"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("giving up"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("failed first"), std::string::npos) << r.output;
+}
+
 TEST(Ddprun, TwoNodesWithTheSameNodeRankAreRefused) {
   const int port = free_port();
   const std::string common = "DDP_STORE_TOKEN=t0k3n " + ddprun() + " --nnodes 3 --master-port " +

@@ -27,7 +27,8 @@ int main(int argc, char** argv) {
     const ddp::ProcessEnv env = ddp::ProcessEnv::detect();
     ddp::set_process_context({env.rank, env.world_size, mode == "bind" ? "cuda" : "cpu"});
     ddp::init_logging({env.rank, env.world_size, mode == "bind" ? "cuda" : "cpu", "", false, true});
-    ddp::StoreClient store(env.master_addr, env.master_port, env.store_token, 10.0);
+    ddp::StoreClient store(env.master_addr, env.master_port, env.store_token, 10.0, 40.0,
+                           env.run_id);
     if (mode == "store") {
       const std::string gen = std::to_string(env.restart_count);
       store.set("hello/" + gen + "/" + std::to_string(env.rank), std::to_string(env.rank * 10));

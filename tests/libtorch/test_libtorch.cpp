@@ -268,6 +268,14 @@ TEST(TorchDdp, BadUseIsOneClearError) {
   EXPECT_NE(sparse.exit_code, 0) << sparse.output;
   EXPECT_NE(sparse.output.find("parameter 'embed.weight' has a sparse gradient"), std::string::npos)
       << sparse.output;
+  // One module wrapped twice: named at the second wrapper, before any step.
+  const RunResult twice = train_ranks(2, dir.file("w.safetensors"), "--wrap-twice");
+  EXPECT_NE(twice.exit_code, 0) << twice.output;
+  EXPECT_NE(twice.output.find("is already wrapped by another ddp::DistributedDataParallel that "
+                              "is alive"),
+            std::string::npos)
+      << twice.output;
+  EXPECT_EQ(count_of(twice.output, "trained"), 0) << twice.output;
 }
 
 }  // namespace

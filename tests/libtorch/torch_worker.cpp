@@ -6,7 +6,7 @@
 //       [--cuda] [--bf16] [--unused [--find-unused]] [--differ] [--events] [--batchnorm]
 //       [--own-forward [--no-sync-buffers]] [--bucket-kb N] [--sparse] [--reference-forward]
 //       [--load FILE] [--second-backward RANK] [--unused-on-rank RANK] [--no-broadcast-buffers]
-//       [--threads N]
+//       [--threads N] [--wrap-twice]
 //   torch_worker --save-start FILE   (a model of another seed, torch::save'd, for --load)
 // --load: torch::load of the whole model after wrapping it and making the optimizer (as resume
 // code does); --second-backward: that rank runs a second backward in step 1; --unused-on-rank:
@@ -67,7 +67,8 @@ TORCH_MODULE(Net);
 struct Args {
   bool single = false, cuda = false, bf16 = false, unused = false, find_unused = false,
        differ = false, events = false, batchnorm = false, own_forward = false, sparse = false,
-       reference_forward = false, no_sync_buffers = false, no_broadcast_buffers = false;
+       reference_forward = false, no_sync_buffers = false, no_broadcast_buffers = false,
+       wrap_twice = false;
   int steps = 5, accumulate = 1, second_backward = -1, unused_on_rank = -1, threads = 0;
   double bucket_kb = 0;
   std::string out, init, load, save_start;
@@ -97,6 +98,8 @@ Args parse(int argc, char** argv) {
       a.events = true;
     else if (f == "--reference-forward")
       a.reference_forward = true;
+    else if (f == "--wrap-twice")
+      a.wrap_twice = true;
     else if (f == "--sparse")
       a.sparse = true;
     else if (f == "--batchnorm")
@@ -195,6 +198,7 @@ int main(int argc, char** argv) {
       model = std::make_unique<ddp::DistributedDataParallel>(*net, *world, options);
     else
       model = std::make_unique<ddp::DistributedDataParallel>(net, *world, options);
+    if (args.wrap_twice) ddp::DistributedDataParallel again(net, *world, options);
   }
   if (args.batchnorm)
     std::printf("rank %d start running_mean %.9g\n", rank,

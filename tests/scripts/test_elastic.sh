@@ -41,6 +41,9 @@ start c
 wait_for "$work/a.log" "generation 0: node 0 of 3" 30 || exit 1
 wait_for "$work/a.log" "checkpoint at step 20 " 60 || exit 1
 kill -9 -- "-$c"  # node c dies: its ddprun and its worker
+# The nodes left name it as lost (not their own ranks' failure) and spend no restart.
+wait_for "$work/a.log $work/b.log" "node [0-9] (127.0.0.1) is lost (its heartbeat stopped" 60 || exit 1
+wait_for "$work/a.log $work/b.log" "1 node lost so far; no restart spent" 60 || exit 1
 # (A survivor later than the last call comes in at the next generation: any generation.)
 wait_for "$work/a.log" "generation [1-9][0-9]*: node . of 2" 60 || exit 1
 wait_for "$work/a.log $work/b.log" "resumed from" 60 || exit 1  # rank 0's, on a or b

@@ -10,6 +10,8 @@
 #include <string>
 #include <thread>
 
+#include <fmt/format.h>
+
 #include "launcher/elastic.h"
 #include "runtime/error.h"
 #include "runtime/store.h"
@@ -137,6 +139,53 @@ TEST_F(Elastic, AClosingGenerationNeverTakesMoreThanMax) {
     if (joined[i]) nodes[i]->rendezvous->finish(*ms[i]);
   for (int i = 0; i < 3; ++i)
     if (joins[i]->valid()) EXPECT_FALSE(joins[i]->get());
+}
+
+// Every join came before any vote (a store that answers the joins first, as under load): the
+// generation still closes with MAX nodes, and the one over waits for room no longer than the
+// timeout, saying why. (Two joins are made by hand before the node's own, so the order cannot
+// vary.)
+TEST_F(Elastic, AGenerationClosesWithMaxEvenWhenEveryJoinCameBeforeTheVote) {
+  std::unique_ptr<StoreClient> others = client();
+  for (int k = 0; k < 2; ++k) {
+    others->add("ddprun/elastic/0/joined", 1);
+    others->set(fmt::format("ddprun/elastic/0/addr/{}", k), "10.0.0." + std::to_string(k + 1));
+  }
+  Node c = node(1, 2, 0, /*timeout_s=*/0.5);
+  Membership mc;
+  try {
+    join(c, &mc);
+    ADD_FAILURE() << "a third node joined a generation of at most 2, with " << mc.nnodes;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--nnodes 1:2: generation 0 closed with 2 nodes before "
+                                         "this one came (the most --nnodes allows), and made no "
+                                         "room for it within 0s (--timeout)"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(others->get("ddprun/elastic/0/closed").value_or(""), "2");
+}
+
+// After a node's workers failed: a member whose heartbeat goes on (from its Heartbeat thread,
+// as while it stops its own workers) is not lost; one whose heartbeat stopped is, by name; a
+// generation ended as lost says so to every node.
+TEST_F(Elastic, ALostMemberIsToldApartFromALiveOne) {
+  Node a = node(2, 2, 0), b = node(2, 2, 0);
+  Membership ma, mb;
+  auto ja = std::async(std::launch::async, [&] { return join(a, &ma); });
+  ASSERT_TRUE(join(b, &mb));
+  ASSERT_TRUE(ja.get());
+  {
+    Heartbeat beating([this] { return client(); }, mb.generation, mb.node_rank);
+    EXPECT_EQ(a.rendezvous->lost_member(ma, 5.0), "");
+  }
+  const std::string lost = a.rendezvous->lost_member(ma, 0.5);
+  EXPECT_EQ(lost, fmt::format("node {} (127.0.0.1)", mb.node_rank));
+  a.rendezvous->end(ma, {lost + " lost", false, true});
+  const GenerationEnd seen = b.rendezvous->ended(mb);
+  EXPECT_TRUE(seen.lost);
+  EXPECT_FALSE(seen.membership);
+  EXPECT_EQ(seen.why, lost + " lost");
 }
 
 // A node whose workers finished stops beating: its peer, still saving, does not declare it

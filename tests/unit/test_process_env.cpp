@@ -137,6 +137,11 @@ TEST(ProcessEnv, SrunWithoutMasterVariablesUsesTheJobsFirstNode) {
   vars["SLURM_STEP_ID"] = "1";
   EXPECT_EQ(detect_from(vars).master_port, 24465);
   EXPECT_EQ(detect_from(vars).store_token, "slurm-123456.1");
+  // With one secret for both steps, the run's id in the hello still keeps them apart.
+  vars["DDP_STORE_TOKEN"] = "s3cret";
+  EXPECT_EQ(detect_from(vars).store_token, "s3cret");
+  EXPECT_EQ(detect_from(vars).run_id, "slurm-123456.1");
+  vars.erase("DDP_STORE_TOKEN");
   vars["MASTER_ADDR"] = "10.0.0.9";
   vars["MASTER_PORT"] = "29400";
   env = detect_from(vars);

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -180,7 +181,10 @@ TEST_F(StoreTest, GarbageAndOversizedInputDropOnlyThatConnection) {
   {
     UniqueFd raw = tcp_connect("127.0.0.1", server_->port(), deadline_in(2.0));
     MessageWriter hello;
-    hello.u8(static_cast<uint8_t>(StoreOp::kHello)).str("secret").u32(kStoreProtocolVersion);
+    hello.u8(static_cast<uint8_t>(StoreOp::kHello))
+        .str("secret")
+        .u32(kStoreProtocolVersion)
+        .str("");
     const std::string frame = hello.framed();
     write_all(raw.get(), frame.data(), frame.size());
     char reply[5];
@@ -193,7 +197,10 @@ TEST_F(StoreTest, GarbageAndOversizedInputDropOnlyThatConnection) {
   {
     UniqueFd raw = tcp_connect("127.0.0.1", server_->port(), deadline_in(2.0));
     MessageWriter hello;
-    hello.u8(static_cast<uint8_t>(StoreOp::kHello)).str("secret").u32(kStoreProtocolVersion);
+    hello.u8(static_cast<uint8_t>(StoreOp::kHello))
+        .str("secret")
+        .u32(kStoreProtocolVersion)
+        .str("");
     MessageWriter truncated;  // a set whose value length runs past the frame
     truncated.u8(static_cast<uint8_t>(StoreOp::kSet)).str("k").u32(1000);
     const std::string frames = hello.framed() + truncated.framed();
@@ -508,6 +515,130 @@ TEST_F(StoreTest, ACallBehindAnUnansweredOneKeepsItsOwnDeadline) {
 
 // Refusals are reported once per peer and kind of reason (numbers aside), and a bounded
 // number of lines in all.
+// A hello of another run (two jobs that meet at one address with one token: two srun steps
+// given one DDP_STORE_TOKEN) is refused, naming both runs; the run's own is let in.
+TEST(StoreRun, AHelloOfAnotherRunIsRefusedNamingBoth) {
+  StoreServerConfig config{"127.0.0.1", 0, "secret"};
+  config.run_id = "slurm-7.0";
+  std::string refused;
+  config.on_refused = [&refused](const std::string& line) { refused += line + "\n"; };
+  StoreServer server(config);
+  server.start();
+  try {
+    StoreClient("127.0.0.1", server.port(), "secret", 2.0, 5.0, "slurm-7.1");
+    ADD_FAILURE() << "a process of another run was let in";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("serves run 'slurm-7.0', this process belongs to run "
+                                         "'slurm-7.1'"),
+              std::string::npos)
+        << e.what();
+  }
+  StoreClient mine("127.0.0.1", server.port(), "secret", 2.0, 5.0, "slurm-7.0");
+  mine.set("k", "v");
+  // A program's own client that names no run comes in on the token alone.
+  EXPECT_EQ(StoreClient("127.0.0.1", server.port(), "secret", 2.0).get("k").value(), "v");
+  EXPECT_EQ(mine.get("k").value(), "v");
+  server.stop();  // before reading what its thread wrote
+  EXPECT_NE(refused.find("a process of run 'slurm-7.1' (this store serves run 'slurm-7.0')"),
+            std::string::npos)
+      << refused;
+}
+
+// The owner of a TCP socket as /proc/net/tcp lists it (text of a real x86 kernel), and of a
+// real loopback connection: this process's user.
+TEST(PeerUser, TheSocketsOwnerIsReadFromTheKernelsTable) {
+  const std::string table =
+      "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  "
+      "timeout inode\n"
+      "   0: 0100007F:9C41 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        "
+      "0 4242 1 0000000000000000 100 0 0 10 0\n"
+      "   1: 0100007F:D431 0100007F:9C41 01 00000000:00000000 00:00000000 00000000  1000        "
+      "0 4243 1 0000000000000000 20 4 30 10 -1\n";
+  const uint32_t loopback = 0x7F000001;
+  EXPECT_EQ(tcp_socket_owner(table, loopback, 0xD431, loopback, 0x9C41), 1000u);
+  EXPECT_EQ(tcp_socket_owner(table, loopback, 0x9C41, 0, 0), 0u);
+  EXPECT_FALSE(tcp_socket_owner(table, loopback, 0xD431, loopback, 0x9C42).has_value());
+  EXPECT_FALSE(tcp_socket_owner(table, 0x0A000001, 0xD431, loopback, 0x9C41).has_value());
+
+  Listener listener = listen_tcp("127.0.0.1", 0, "a test");
+  UniqueFd client = tcp_connect("127.0.0.1", listener.port, deadline_in(2.0));
+  UniqueFd accepted(::accept(listener.fd.get(), nullptr, nullptr));
+  ASSERT_TRUE(accepted.valid());
+  EXPECT_EQ(local_peer_uid(accepted.get()), ::geteuid());
+  EXPECT_EQ(local_peer_uid(client.get()), ::geteuid());
+}
+
+// A process of this host that runs as another user is refused even with the token (it could
+// have read it from a world-readable script), and says why; the store goes on serving.
+TEST(PeerUser, AProcessOfAnotherUserOnThisHostIsRefusedWithTheToken) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root, to run a client as another user";
+  StoreServerConfig config{"127.0.0.1", 0, "secret"};
+  std::string refused;
+  config.on_refused = [&refused](const std::string& line) { refused += line + "\n"; };
+  StoreServer server(config);
+  server.start();
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // nobody: 65534 on Debian and Ubuntu
+    if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(3);
+    try {
+      StoreClient("127.0.0.1", server.port(), "secret", 2.0);
+      ::_exit(1);  // let in
+    } catch (const UsageError& e) {
+      const bool named = std::string(e.what()).find(
+                             "refused this process: a process of user 65534 on this "
+                             "host (the job's user is 0)") != std::string::npos;
+      if (!named) std::fprintf(stderr, "%s\n", e.what());
+      ::_exit(named ? 0 : 2);
+    } catch (...) {
+      ::_exit(4);
+    }
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "1: let in, 2: another message, 3: setuid, 4: other";
+  StoreClient mine("127.0.0.1", server.port(), "secret", 2.0);  // the job's user still gets in
+  mine.set("k", "v");
+  server.stop();
+  EXPECT_NE(refused.find("127.0.0.1: a process of user 65534 on this host"), std::string::npos)
+      << refused;
+}
+
+// What the store holds is bounded (256 MiB of keys and values by default; 4 MiB here, so the
+// test stays light): a set past it is refused, naming the key and the bound, and the
+// connection stays; replacing or removing a key makes room, and so does a restart's clear.
+TEST(StoreBound, WhatTheStoreHoldsIsBounded) {
+  EXPECT_EQ(StoreServerConfig().max_bytes, uint64_t{256} << 20);
+  StoreServerConfig config{"127.0.0.1", 0, "secret"};
+  config.max_bytes = uint64_t{4} << 20;
+  StoreServer server(config);
+  server.start();
+  StoreClient c("127.0.0.1", server.port(), "secret", 5.0);
+  const std::string big(1000000, 'x');
+  for (int i = 0; i < 4; ++i)
+    c.set("big" + std::to_string(i), big);  // 4,000,016 bytes of 4,194,304
+  c.set("big0", big);                       // a replacement takes no more room
+  try {
+    c.set("big4", big);
+    ADD_FAILURE() << "the store held more than its bound";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("refused to hold key 'big4' (1000000 bytes): what it "
+                                         "holds would pass its bound of 4 MiB"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(c.add("counter", 2), 2);  // small keys still fit, on the same connection
+  EXPECT_TRUE(c.remove("big1"));
+  c.set("big4", big);
+  EXPECT_EQ(c.get("big4")->size(), big.size());
+  EXPECT_THROW(c.set("big5", big), UsageError);
+  server.clear();  // a restart's clear gives back the room too
+  for (int i = 5; i < 9; ++i)
+    c.set("big" + std::to_string(i), big);
+}
+
 TEST(RefusalLog, OncePerPeerAndKindAndBoundedInAll) {
   std::vector<std::string> lines;
   RefusalLog log([&](const std::string& line) { lines.push_back(line); });

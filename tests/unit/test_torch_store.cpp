@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "launcher/torch_store.h"
+#include "runtime/listener.h"
 #include "runtime/socket.h"
 #include "runtime/store.h"
 
@@ -130,6 +131,36 @@ std::string add_query(const std::string& key, int64_t delta) {
 }
 std::string get_query(const std::string& key) {
   return query(2, {key});
+}
+
+// PyTorch's compare_set on a key that holds a value: set only when the expected value is the
+// held one; otherwise the key keeps its value, which is the reply. And a wait on several keys
+// is answered only once every one of them is set. (Checked against torch's own server by the
+// Python test too; this one runs where python3-torch is missing.)
+TEST(TorchStore, CompareSetOnAHeldKeyAndAWaitOnSeveralKeysAreTorchs) {
+  TorchStoreKeys kv;
+  TorchStoreConnection c, setter;
+  const auto sized = [](const std::string& value) { return query(99, {value}).substr(1); };
+  EXPECT_EQ(c.feed(set_query("cs", "held"), kv), "");
+  EXPECT_EQ(c.feed(query(1, {"cs", "wrong", "new"}), kv), sized("held"));
+  EXPECT_EQ(kv.values.at("cs"), "held");
+  EXPECT_EQ(c.feed(query(1, {"cs", "", "new"}), kv), sized("held"));  // empty is not "held"
+  EXPECT_EQ(kv.values.at("cs"), "held");
+  EXPECT_EQ(c.feed(query(1, {"cs", "held", "new"}), kv), sized("new"));
+  EXPECT_EQ(kv.values.at("cs"), "new");
+  // A missing key with a non-empty expected value: not set, the expected value answered.
+  EXPECT_EQ(c.feed(query(1, {"gone", "x", "y"}), kv), sized("x"));
+  EXPECT_EQ(kv.values.count("gone"), 0u);
+
+  // wait(["a", "b"]): 1.13's WAIT (type 5) with a u64 count before the keys.
+  const std::string wait =
+      std::string(1, '\x05') + hex("0200000000000000") + query(0, {"a", "b"}).substr(1);
+  EXPECT_EQ(c.feed(wait, kv), "");
+  EXPECT_EQ(setter.feed(set_query("b", "2"), kv), "");  // the last key first
+  EXPECT_EQ(c.answer_waits(kv), "") << "answered with one of two keys set";
+  EXPECT_EQ(setter.feed(set_query("a", "1"), kv), "");
+  EXPECT_EQ(c.answer_waits(kv), hex("00"));
+  EXPECT_TRUE(c.error().empty()) << c.error();
 }
 
 // An add to a key holding text that is no integer, or past int64, drops that connection with
@@ -362,6 +393,46 @@ TEST(TorchStoreClient, SpeaksBothDialectsThroughTheSameCalls) {
   }
   server.stop();
   EXPECT_TRUE(refusals.lines().empty());
+}
+
+// A store that announces a value and sends part of it (a stranger's, or one cut off) holds a
+// wait_get no longer than its own timeout and a second, not a whole reply timeout (40 s
+// under ddp::init), and the message says what happened.
+TEST(TorchStoreClient, AValueCutShortHoldsAWaitNoLongerThanItsTimeout) {
+  Listener listener = listen_tcp("127.0.0.1", 0, "a test");
+  std::thread store([fd = listener.fd.get()] {
+    // PyTorch 1.13's replies, one query a read (the client waits for each reply): the key
+    // count (the probe), "ready" to every check, and a value of 100 bytes cut after 10.
+    for (int connection = 0; connection < 2; ++connection) {
+      UniqueFd c(::accept(fd, nullptr, nullptr));
+      char buffer[4096];
+      ssize_t n;
+      while ((n = ::recv(c.get(), buffer, sizeof(buffer), 0)) > 0) {
+        std::string reply;
+        if (buffer[0] == 6) reply = std::string(8, '\0');
+        if (buffer[0] == 4) reply = std::string(1, '\0');
+        if (buffer[0] == 2) reply = query(99, {std::string(100, 'v')}).substr(1, 8 + 10);
+        if (!reply.empty()) write_all(c.get(), reply.data(), reply.size());
+      }
+    }
+  });
+  {
+    StoreClient c(StoreProtocol::kTorch, "127.0.0.1", listener.port, "p/", false, 5.0, 30.0);
+    const auto started = std::chrono::steady_clock::now();
+    try {
+      c.wait_get("k", 1.0);
+      ADD_FAILURE() << "a value cut short was taken";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("announced a value of 100 bytes and did not send it "
+                                           "all within 1.0s"),
+                std::string::npos)
+          << e.what();
+    }
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    EXPECT_LT(seconds, 5.0) << "held past the wait's timeout";
+  }
+  store.join();
 }
 
 // Something that accepts and never answers is neither dialect: said so, naming the address.
