@@ -180,6 +180,27 @@ std::vector<std::string> describe_error_file(const std::string& path) {
   return lines;
 }
 
+const char* const kDdprunHelpFooter =
+    "Environment (read):\n"
+    "  DDP_STORE_TOKEN       the rendezvous store's secret; past one node set the same one on\n"
+    "                        every node (else: a random one on one node, one derived from\n"
+    "                        --rdzv-id, named weak, across nodes)\n"
+    "  CUDA_VISIBLE_DEVICES  the GPUs to use (each worker gets one of them)\n"
+    "  OMP_NUM_THREADS       passed on; unset with several workers a node: 1 (as torchrun)\n"
+    "  DDP_PYTHON            the interpreter of a .py PROGRAM, -m or --run-path (else python3)\n"
+    "  PATH                  where PROGRAM is found (checked before any worker starts)\n"
+    "Environment (each worker's): RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE GROUP_RANK\n"
+    "  MASTER_ADDR MASTER_PORT TORCHELASTIC_RUN_ID TORCHELASTIC_RESTART_COUNT, and ddp's own\n"
+    "  DDP_STORE_ADDR DDP_STORE_PORT DDP_STORE_TOKEN (ddp::init joins through them)\n"
+    "\n"
+    "Examples:\n"
+    "  ddprun --nproc-per-node gpu -- build/bin/ddptrain --device cuda\n"
+    "  ddprun --nproc-per-node 2 train.py --epochs 3\n"
+    "  ddprun --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --master-port 29500 "
+    "--nproc-per-node gpu -- prog\n"
+    "  ddprun --nnodes 1:3 --rdzv-endpoint 10.0.0.1:29400 --rdzv-id job7 --max-restarts 3 "
+    "-- prog\n";
+
 bool parse_launch_args(int argc, char** argv, LaunchConfig* config) {
   LaunchConfig& c = *config;
   const LaunchConfig d;
@@ -293,7 +314,7 @@ bool parse_launch_args(int argc, char** argv, LaunchConfig* config) {
     throw UsageError(fmt::format("{} (see ddprun --help)", e.what()));
   }
   if (result.count("help")) {
-    std::cout << options.help() << std::endl;
+    std::cout << options.help() << '\n' << kDdprunHelpFooter << std::endl;
     return false;
   }
   c.nproc_per_node = result["nproc-per-node"].as<std::string>();

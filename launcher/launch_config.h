@@ -77,6 +77,10 @@ bool launches_python(const LaunchConfig& config);
 // name on PATH, else "not on PATH".
 std::string find_on_path(const std::string& program);
 
+// What --help prints after the flags: the environment ddprun reads and sets, and examples
+// (each example's line parses: LaunchArgs.HelpExamplesParse).
+extern const char* const kDdprunHelpFooter;
+
 // Parses `ddprun [options] [--] PROGRAM [ARGS...]`. Returns false after printing --help.
 // Throws UsageError naming the flag on bad input.
 bool parse_launch_args(int argc, char** argv, LaunchConfig* config);

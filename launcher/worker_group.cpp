@@ -527,11 +527,15 @@ GroupOutcome WorkerGroup::supervise(const std::function<std::string()>& peer_fai
       all_drained = all_drained && w.out_fd < 0 && w.err_fd < 0;
     // Output pipes can stay open in a worker's own children; once every worker has exited,
     // stop waiting for them once they have said nothing for a second, unless the console is
-    // what holds them back (a slow reader: it drains, or is stalled and drops).
+    // what holds them back (a slow reader: it drains, or is stalled and drops). A group being
+    // stopped waits for the console no longer than the grace period: a reader that takes
+    // nothing must not hold a SIGTERM's exit to the console's stall mark.
     const bool groups_gone = clean_groups();
+    const bool grace_over = stopping && kill_at == Clock::time_point::max();
     if (all_exited && groups_gone &&
         (all_drained ||
-         (Clock::now() - last_read > std::chrono::seconds(1) && take[0] && take[1]))) {
+         (Clock::now() - last_read > std::chrono::seconds(1) && take[0] && take[1]) ||
+         grace_over)) {
       for (Worker& w : workers_) {
         while (w.out_fd >= 0 && pump(w, w.out_fd, w.out_partial, false, true) > 0) {
         }

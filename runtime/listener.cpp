@@ -19,7 +19,8 @@
 
 namespace ddp {
 
-Listener listen_tcp(const std::string& bind_addr, int port, const std::string& what) {
+Listener listen_tcp(const std::string& bind_addr, int port, const std::string& what,
+                    const ListenOrigin& origin) {
   Listener l;
   l.fd = UniqueFd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   DDP_CHECK(l.fd.valid(), "socket() failed: {}", std::strerror(errno));
@@ -29,15 +30,13 @@ Listener listen_tcp(const std::string& bind_addr, int port, const std::string& w
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
   DDP_USAGE_CHECK(::inet_pton(AF_INET, bind_addr.c_str(), &addr.sin_addr) == 1,
-                  "--master-addr {}: expected an IPv4 address of this machine to serve {} on",
+                  "{} {}: expected an IPv4 address of this machine to serve {} on", origin.addr,
                   bind_addr, what);
   if (::bind(l.fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     const int err = errno;
     if (err == EADDRINUSE)
-      throw UsageError(
-          fmt::format("--master-port {}: {}:{} is already in use; choose another port or pass "
-                      "--master-port 0 to pick a free one",
-                      port, bind_addr, port));
+      throw UsageError(fmt::format("{} {}: {}:{} is already in use; {}", origin.port, port,
+                                   bind_addr, port, origin.remedy));
     throw UsageError(
         fmt::format("cannot serve {} on {}:{}: {}", what, bind_addr, port, std::strerror(err)));
   }

@@ -18,10 +18,19 @@ struct Listener {
   int port = 0;  ///< the port it got (the one asked for, or a free one for 0)
 };
 
-// Listens on bind_addr:port (0: a free port). UsageError naming --master-port when the port is
-// taken, --master-addr when the address is not this machine's IPv4 one; `what` names the
-// server in other errors ("the store").
-Listener listen_tcp(const std::string& bind_addr, int port, const std::string& what);
+// Where the address and port to listen on came from, for the errors that name them.
+struct ListenOrigin {
+  std::string port = "--master-port";  // "MASTER_PORT" under srun
+  std::string addr = "--master-addr";  // "MASTER_ADDR" under srun
+  // What to do when the port is taken.
+  std::string remedy = "choose another port or pass --master-port 0 to pick a free one";
+};
+
+// Listens on bind_addr:port (0: a free port). UsageError naming the port's origin when the port
+// is taken, the address's when it is not this machine's IPv4 one; `what` names the server in
+// other errors ("the store").
+Listener listen_tcp(const std::string& bind_addr, int port, const std::string& what,
+                    const ListenOrigin& origin = ListenOrigin());
 
 // The user id that owns the other end of the connected TCP socket `fd`, when that end is a
 // socket of this host (of this network namespace: the kernel's /proc/net/tcp lists it);

@@ -88,9 +88,7 @@ std::string StoreClient::round_trip(const MessageWriter& request, double reply_w
   } catch (const ConnectionClosed&) {
     if (interrupted_) throw Error(fmt::format("rendezvous store at {}: interrupted", address_));
     throw ConnectionClosed(fmt::format(
-        "the rendezvous store at {} closed the connection: the ddprun that serves it (node 0) "
-        "has ended",
-        address_));
+        "the rendezvous store at {} closed the connection: {} has ended", address_, server_));
   }
 }
 

@@ -95,6 +95,9 @@ class StoreClient {
   // The reply timeout of the calls made from now on (seconds; a wait adds its own timeout).
   // A call also waits at most that long for a call in flight on another thread to return.
   void set_reply_timeout(double seconds) { reply_timeout_s_ = seconds; }
+  // Who serves the store, for the message when it hangs up ("rank 0, which serves it,";
+  // ddprun's node 0 by default).
+  void set_server_description(const std::string& who) { server_ = who; }
   // The reply timeout calls are made with now (seconds).
   double reply_timeout() const { return reply_timeout_s_; }
 
@@ -125,6 +128,7 @@ class StoreClient {
   StoreProtocol protocol_ = StoreProtocol::kDdp;
   bool torch2_ = false;
   std::string key_prefix_;
+  std::string server_ = "the ddprun that serves it (node 0)";
   std::atomic<double> reply_timeout_s_;
   std::atomic<bool> interrupted_{false};
   UniqueFd fd_;

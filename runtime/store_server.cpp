@@ -56,7 +56,7 @@ bool same_token(const std::string& given, const std::string& token) {
 
 StoreServer::StoreServer(const StoreServerConfig& config)
     : config_(config), refusals_(config.on_refused) {
-  Listener listener = listen_tcp(config.bind_addr, config.port, "the store");
+  Listener listener = listen_tcp(config.bind_addr, config.port, "the store", config.origin);
   listen_fd_ = std::move(listener.fd);
   port_ = listener.port;
 }

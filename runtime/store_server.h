@@ -43,6 +43,8 @@ struct StoreServerConfig {
   std::string run_id;
   // Refuse a process of this host that runs as another user (tests turn it off).
   bool check_peer_user = true;
+  // Where bind_addr and port came from, for the errors that name them.
+  ListenOrigin origin;
   // The bytes of keys and values held together (a set past it is refused).
   uint64_t max_bytes = kMaxStoreBytes;
   double hello_timeout_s = 10;      // an unauthenticated connection is closed after this

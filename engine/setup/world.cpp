@@ -82,6 +82,12 @@ World init(const InitOptions& options, ProcessEnv env) {
     store_config.port = e.master_port;
     store_config.token = e.store_token;
     store_config.run_id = e.run_id;
+    // Named as the job script gave them (or not), never as ddprun's flags.
+    store_config.origin.addr = "MASTER_ADDR";
+    store_config.origin.port = e.store_from_slurm ? "the store's port from SLURM_JOB_ID and "
+                                                    "SLURM_STEP_ID (MASTER_PORT unset)"
+                                                  : "MASTER_PORT";
+    store_config.origin.remedy = "set MASTER_PORT to a free port in the job script";
     store_config.on_refused = [](const std::string& line) {
       spdlog::warn("store refused a connection from {}", line);
     };
@@ -116,6 +122,8 @@ World init(const InitOptions& options, ProcessEnv env) {
   else if (!e.master_addr.empty() && e.master_port > 0)
     world.store_ = std::make_shared<StoreClient>(e.master_addr, e.master_port, e.store_token, 30.0,
                                                  40.0, e.run_id);
+  if (world.store_ && e.launcher == Launcher::kSrun)
+    world.store_->set_server_description("rank 0's process, which serves it,");
   if (world.store_ && world.device_) check_unique_gpus(*world.store_, e, *world.device_, 60.0);
   if (e.world_size > 1 || options.backend != Backend::kAuto || options.communicator_alone) {
     CommConfig config;

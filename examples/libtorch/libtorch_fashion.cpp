@@ -90,7 +90,13 @@ void save_checkpoint(const FashionNet& net, const std::string& path) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const Flags flags = parse(argc, argv);
+  Flags flags;
+  try {  // before ddp::init, whose handler makes later errors `error:` lines and exit 2
+    flags = parse(argc, argv);
+  } catch (const ddp::UsageError& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  }
   ddp::InitOptions init;
   init.bind_gpu = flags.cuda;  // NCCL for CUDA tensors; Gloo (or MPI under mpirun) otherwise
   ddp::World world = ddp::init(init);

@@ -2,8 +2,12 @@
 // mpirun (MPI) reproduce one process's weights; replicas stay bitwise identical; the
 // engine's timeline shows a bucket's all-reduce issued before backward ends; checkpoints
 // resume bitwise and broken ones are refused; a restarted job resumes from its checkpoint.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -14,6 +18,7 @@
 #include <sstream>
 #include <string>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "models/mlp.h"
@@ -241,6 +246,55 @@ TEST(DataParallel, SrunWithoutDdprunMatchesOneProcess) {
   EXPECT_LE(max_relative_error(load_weights(dir.file("srun.safetensors"), kLayers),
                                load_weights(dir.file("one.safetensors"), kLayers)),
             1e-5);
+}
+
+// Under srun a taken port is named as the job script gave it (MASTER_PORT, or the port derived
+// from the job and step ids), never as ddprun's --master-port, which nobody gave.
+TEST(DataParallel, SrunNamesATakenPortAsTheJobScriptGaveIt) {
+  // A listener of this test's own on a free port, and on the port a job id gives.
+  const auto hold = [](int port) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(fd, 1) != 0) {
+      ::close(fd);
+      return std::make_pair(-1, 0);
+    }
+    socklen_t len = sizeof(addr);
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+    return std::make_pair(fd, static_cast<int>(ntohs(addr.sin_port)));
+  };
+  const std::string srun =
+      "CUDA_VISIBLE_DEVICES= SLURM_NTASKS=2 SLURM_TASKS_PER_NODE=2 SLURM_NODEID=0 SLURM_PROCID=0 "
+      "SLURM_LOCALID=0 ";
+  const auto [fd, port] = hold(0);
+  ASSERT_GE(fd, 0);
+  const RunResult given = run_command(
+      srun + "SLURM_JOB_ID=4242 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " " +
+      kTrain + kArgs);
+  ::close(fd);
+  EXPECT_EQ(given.exit_code, 2) << given.output;
+  EXPECT_NE(given.output.find(fmt::format("MASTER_PORT {}: 0.0.0.0:{} is already in use; set "
+                                          "MASTER_PORT to a free port in the job script",
+                                          port, port)),
+            std::string::npos)
+      << given.output;
+  EXPECT_EQ(given.output.find("--master-port"), std::string::npos) << given.output;
+  // MASTER_PORT unset: 20000 + (job + 1009 x step) % 10000, here job 4321 step 0: 24321.
+  const auto [derived_fd, derived] = hold(24321);
+  if (derived_fd < 0) GTEST_SKIP() << "port 24321 is taken on this machine";
+  const RunResult from_job = run_command(srun +
+                                         "SLURM_JOB_ID=4321 SLURM_STEP_ID=0 "
+                                         "SLURM_JOB_NODELIST=127.0.0.1 " +
+                                         kTrain + kArgs);
+  ::close(derived_fd);
+  EXPECT_EQ(from_job.exit_code, 2) << from_job.output;
+  EXPECT_NE(
+      from_job.output.find("the store's port from SLURM_JOB_ID and SLURM_STEP_ID (MASTER_PORT "
+                           "unset) 24321: 0.0.0.0:24321 is already in use"),
+      std::string::npos)
+      << from_job.output;
 }
 
 TEST(DataParallel, GlobalBatchMustDivideAmongRanks) {

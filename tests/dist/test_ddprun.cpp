@@ -48,6 +48,10 @@ TEST(Ddprun, HelpSaysUsageOnceAndEveryValue) {
   EXPECT_NE(r.output.find("last_call_timeout"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("--python"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("numbered as they join"), std::string::npos) << r.output;
+  // The environment it reads (the store's secret past one node) and examples, after the flags.
+  EXPECT_NE(r.output.find("Environment (read):\n  DDP_STORE_TOKEN"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("Examples:\n  ddprun --nproc-per-node gpu"), std::string::npos)
+      << r.output;
 }
 
 // torchrun's default where a user expects it: `ddprun --standalone PROGRAM` on a machine
@@ -251,6 +255,33 @@ TEST(Ddprun, AnUnreadConsoleDoesNotStopSupervision) {
   // slow terminal) and was then stopped with the group; its log has what it wrote.
   EXPECT_GE(count_of(read_file(dir.file("logs/rank-1.log")), "chatty-line-of-rank-1\n"),
             (Console::kMaxQueuedBytes - 65536) / 31);
+}
+
+// A SIGTERM with a console that reads nothing (its queue full): ddprun stops the group and
+// exits within the grace period, not at the console's stall mark (10 s without progress).
+TEST(Ddprun, ASignalWithAStalledConsoleEndsWithinTheGracePeriod) {
+  TempDir dir;
+  std::ofstream(dir.file("run.sh"))
+      << "mkfifo " << dir.file("console") << "\n"
+      << "sleep 120 < " << dir.file("console") << " > /dev/null &\n"
+      << "reader=$!\n"
+      << ddprun() << " --nproc-per-node 1 --grace-period 2 -- sh -c "
+      << "'yes chatty-line | head -c 8000000; sleep 100' > " << dir.file("console") << " 2> "
+      << dir.file("err") << " &\n"
+      << "job=$!\n"
+      << "sleep 1.5\n"
+      << "kill -TERM $job\n"
+      << "start=$(date +%s%N)\n"
+      << "wait $job; rc=$?\n"
+      << "echo rc=$rc after_ms=$(( ($(date +%s%N) - start) / 1000000 ))\n"
+      << "kill $reader\n";
+  const RunResult r = run_command("bash " + dir.file("run.sh"));
+  const std::string err = read_file(dir.file("err"));
+  EXPECT_NE(r.output.find("rc=143 "), std::string::npos) << r.output << err;
+  const size_t after = r.output.find("after_ms=");
+  ASSERT_NE(after, std::string::npos) << r.output;
+  // The grace period (2 s) and a second's margin for a loaded machine; before: 8.5 s.
+  EXPECT_LE(std::atoi(r.output.c_str() + after + 9), 5000) << r.output << err;
 }
 
 // A console that reads slowly (a pipe whose reader sleeps first) gets every line: ddprun holds

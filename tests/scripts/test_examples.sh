@@ -116,6 +116,19 @@ if command -v pkg-config > /dev/null; then
   if ldd "$work/hello-cpu" | grep -E 'libcuda|libcudart|libnccl|libmpi|libcublas'; then
     echo "FAILED: hello built with ddp-cpu links the libraries above"; exit 1
   fi
+  # ddp-torch: the LibTorch example with pkg-config's flags alone (where ddp has LibTorch).
+  if [ -n "$torch_example" ]; then
+    pc="$(PKG_CONFIG_PATH="$work/moved/lib/pkgconfig" pkg-config --cflags --libs ddp-torch 2>&1)" ||
+      { echo "$pc"; echo "FAILED: pkg-config ddp-torch"; exit 1; }
+    g++ -std=c++17 -O0 "$root/examples/libtorch/libtorch_fashion.cpp" -o "$work/torch-pc" $pc \
+      > "$work/pc.log" 2>&1 ||
+      { tail -20 "$work/pc.log"; echo "FAILED: libtorch_fashion built with pkg-config --cflags --libs ddp-torch"; exit 1; }
+    # It starts, with ddp's error handling: a bad flag is its one error line and exit 2.
+    out="$("$work/torch-pc" --bogus 2>&1)"; rc=$?
+    [ "$rc" = 2 ] && grep -q "unknown flag --bogus" <<<"$out" ||
+      { echo "$out"; echo "FAILED: libtorch_fashion built with ddp-torch: exit $rc"; exit 1; }
+    echo "pkg-config ddp-torch: the LibTorch example built and runs"
+  fi
 else
   echo "no pkg-config on PATH: the pkg-config build is left out"
 fi

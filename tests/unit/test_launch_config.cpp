@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <set>
+#include <sstream>
 
 #include "launcher/gpu_discovery.h"
 #include "launcher/launch_config.h"
@@ -22,6 +23,27 @@ LaunchConfig parse(std::vector<std::string> args) {
   LaunchConfig config;
   parse_launch_args(static_cast<int>(argv.size()), argv.data(), &config);
   return config;
+}
+
+// Every example of --help's footer parses as ddprun reads it; the environment section names
+// the store's secret.
+TEST(LaunchArgs, HelpExamplesParse) {
+  const std::string footer = kDdprunHelpFooter;
+  EXPECT_NE(footer.find("DDP_STORE_TOKEN"), std::string::npos);
+  std::istringstream lines(footer.substr(footer.find("Examples:")));
+  int examples = 0;
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("  ddprun ", 0) != 0) continue;
+    std::istringstream words(line.substr(9));
+    std::vector<std::string> args;
+    for (std::string word; words >> word;)
+      args.push_back(word);
+    LaunchConfig config;
+    EXPECT_NO_THROW(config = parse(args)) << line;
+    EXPECT_FALSE(config.command.empty()) << line;
+    ++examples;
+  }
+  EXPECT_EQ(examples, 4);
 }
 
 TEST(LaunchArgs, OptionsThenProgramWithOrWithoutDoubleDash) {

@@ -639,6 +639,29 @@ TEST(StoreBound, WhatTheStoreHoldsIsBounded) {
     c.set("big" + std::to_string(i), big);
 }
 
+// The message when the store hangs up names who served it: ddprun's node 0 by default, rank 0
+// under srun (there is no ddprun there).
+TEST(StoreClient, AStoreThatEndsIsNamedByWhoServedIt) {
+  for (const bool srun : {false, true}) {
+    auto server = std::make_unique<StoreServer>(StoreServerConfig{"127.0.0.1", 0, "secret"});
+    server->start();
+    StoreClient c("127.0.0.1", server->port(), "secret", 2.0);
+    if (srun) c.set_server_description("rank 0's process, which serves it,");
+    server.reset();
+    try {
+      c.get("k");
+      ADD_FAILURE() << "a store that ended answered";
+    } catch (const ConnectionClosed& e) {
+      EXPECT_NE(std::string(e.what()).find(srun ? "closed the connection: rank 0's process, which "
+                                                  "serves it, has ended"
+                                                : "closed the connection: the ddprun that serves "
+                                                  "it (node 0) has ended"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 TEST(RefusalLog, OncePerPeerAndKindAndBoundedInAll) {
   std::vector<std::string> lines;
   RefusalLog log([&](const std::string& line) { lines.push_back(line); });
