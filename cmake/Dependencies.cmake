@@ -177,6 +177,22 @@ endif()
 # LibTorch: ddp::DistributedDataParallel for LibTorch modules (the package component torch).
 # Debian's libtorch-dev (CPU), or the LibTorch inside PyTorch's pip wheel: Torch_DIR, else the
 # path the python3 on PATH (or DDP_PYTHON) gives (torch.utils.cmake_prefix_path).
+# MUNGE (Slurm's credential service): under srun the store admits, from other hosts, only
+# processes that MUNGE says run as the job's user. Its header at build time (libmunge-dev);
+# its library is opened with dlopen at run time (libmunge.so.2), so that ddp's programs run
+# where it is not installed.
+ddp_optional(MUNGE)
+if(NOT DDP_WITH_MUNGE STREQUAL "OFF")
+  find_path(DDP_MUNGE_INCLUDE_DIR munge.h)
+  if(DDP_MUNGE_INCLUDE_DIR)
+    ddp_report(MUNGE TRUE "${DDP_MUNGE_INCLUDE_DIR}/munge.h, libmunge.so.2 opened at run time")
+  else()
+    ddp_report(MUNGE FALSE "no munge.h (install libmunge-dev): under srun the store checks peers of other hosts by token only")
+  endif()
+else()
+  ddp_report(MUNGE FALSE "switched off")
+endif()
+
 ddp_optional(TORCH)
 if(NOT DDP_WITH_TORCH STREQUAL "OFF")
   # Torch's CMake files may change the compilers' flags and CUDA architectures: ddp's own

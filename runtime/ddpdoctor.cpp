@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "runtime/munge_auth.h"
 #include "runtime/nvml.h"
 #include "runtime/process_env.h"
 #include "runtime/socket.h"
@@ -58,6 +59,22 @@ void check_build() {
                            "ddp::DistributedDataParallel on LibTorch modules)"));
   report(DDP_HAVE_OPENBLAS ? "ok" : "warn", "build: OpenBLAS",
          yes_no(DDP_HAVE_OPENBLAS, "CPU products use slow loops; install libopenblas-dev"));
+  // MUNGE: whether srun's store can admit other hosts' processes by user, here and now.
+  if (!ddp::munge_built()) {
+    report("warn", "build: MUNGE",
+           "left out (install libmunge-dev and rebuild: under srun the store then admits other "
+           "hosts' processes by MUNGE, not by token alone)");
+    return;
+  }
+  const ddp::ProcessEnv env = ddp::ProcessEnv::detect();
+  std::string why;
+  const bool answers = ddp::munge_credential("ddpdoctor", env.munge_socket, &why).has_value();
+  report("ok", "build: MUNGE",
+         answers ? "built; this host's munged answers: under srun the store admits only the job's "
+                   "user"
+                 : fmt::format("built; not usable here ({}): under srun the store admits other "
+                               "hosts' processes by token alone",
+                               why));
 }
 
 void check_driver_and_gpus(std::vector<std::string>* uuids) {

@@ -124,6 +124,12 @@ ProcessEnv ProcessEnv::detect(const Lookup& lookup) {
     env.share_gpu = *share == "1";
   }
   env.nccl_host_id = lookup("NCCL_HOSTID").value_or("");
+  if (const auto munge = lookup("DDP_STORE_MUNGE")) {
+    DDP_USAGE_CHECK(*munge == "0" || *munge == "1",
+                    "environment variable DDP_STORE_MUNGE={}: expected 0 or 1", *munge);
+    env.store_munge = *munge == "1";
+  }
+  env.munge_socket = lookup("DDP_MUNGE_SOCKET").value_or("");
   env.omp_threads_given = lookup("OMP_NUM_THREADS").has_value();
   env.socket_iface = lookup("GLOO_SOCKET_IFNAME").value_or("");
   auto set = [&](const char* name) { return lookup(name).value_or(""); };

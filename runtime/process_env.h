@@ -27,6 +27,11 @@ struct ProcessEnv {
   std::string master_addr;  // the store: DDP_STORE_ADDR (ddprun), else MASTER_ADDR; empty: none
   int master_port = 0;      // the store's port; 0: none
   std::string store_token;  // ddprun's job token for the store
+  // MUNGE credentials for the store under srun (runtime/munge_auth.h); DDP_STORE_MUNGE=0
+  // turns them off.
+  bool store_munge = true;
+  // DDP_MUNGE_SOCKET: munged's socket where it is not libmunge's default ("": the default).
+  std::string munge_socket;
   // The run's id, said in the store's hello (a store of another run refuses it):
   // TORCHELASTIC_RUN_ID under ddprun, "slurm-JOB.STEP" under srun; empty: none.
   std::string run_id;

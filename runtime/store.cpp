@@ -9,12 +9,16 @@ namespace ddp {
 
 StoreClient::StoreClient(const std::string& host, int port, const std::string& token,
                          double connect_timeout_s, double reply_timeout_s,
-                         const std::string& run_id)
+                         const std::string& run_id, const std::string& credential)
     : address_(fmt::format("{}:{}", host, port)),
       reply_timeout_s_(reply_timeout_s),
       fd_(tcp_connect(host, port, deadline_in(connect_timeout_s))) {
   MessageWriter hello;
-  hello.u8(static_cast<uint8_t>(StoreOp::kHello)).str(token).u32(kStoreProtocolVersion).str(run_id);
+  hello.u8(static_cast<uint8_t>(StoreOp::kHello))
+      .str(token)
+      .u32(kStoreProtocolVersion)
+      .str(run_id)
+      .str(credential);
   std::string reply;
   try {
     reply = round_trip(hello, connect_timeout_s);

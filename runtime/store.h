@@ -21,8 +21,9 @@ namespace ddp {
 constexpr uint32_t kStoreProtocolVersion = 3;
 // A request's operation and its fields.
 enum class StoreOp : uint8_t {
-  kHello = 1,  // str token, u32 version, str run id -> ok | unauthorized | version | other run
-  //                                                    (those three: then closed)
+  // str token, u32 version, str run id, str MUNGE credential ("": none)
+  //   -> ok | unauthorized + str why | version + u32 | other run + str (those three: closed)
+  kHello = 1,
   kSet = 2,     // str key, str value                -> ok | too large
   kGet = 3,     // str key                           -> ok + str value | missing
   kWait = 4,    // u32 n, n x str key, i64 timeout_ms -> ok | timeout + u32 m, m x missing key
@@ -51,12 +52,13 @@ class StoreClient {
  public:
   // Connects (retrying until connect_timeout_s) and presents the token and the run's id
   // (`run_id`: ProcessEnv::run_id; a store of another run refuses it, a UsageError naming
-  // both; "" names none and is let in on the token alone). Every call then throws ddp::Error when
-  // the server has not answered within reply_timeout_s (a wait: its own timeout plus that), and
-  // ConnectionClosed when the server has gone.
+  // both; "" names none and is let in on the token alone) and `credential`, a MUNGE
+  // credential of the run's id ("": none; a store under Slurm may demand one). Every call then
+  // throws ddp::Error when the server has not answered within reply_timeout_s (a wait: its own
+  // timeout plus that), and ConnectionClosed when the server has gone.
   StoreClient(const std::string& host, int port, const std::string& token,
               double connect_timeout_s = 30.0, double reply_timeout_s = 40.0,
-              const std::string& run_id = "");
+              const std::string& run_id = "", const std::string& credential = "");
   // A client of PyTorch's TCPStore (`protocol` kTorch) at host:port: no token; every key this
   // process sets or reads is `key_prefix` + its name, so that a torchrun agent's own keys and
   // an earlier attempt's stay apart. `torch2_first`: try 2.x's protocol first (a wrong guess

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "runtime/error.h"
+#include "runtime/munge_auth.h"
 #include "runtime/parse.h"
 #include "runtime/store.h"
 
@@ -88,6 +89,23 @@ void StoreServer::clear() {
     data_bytes_ -= it->first.size() + it->second.size();
     it = data_.erase(it);
   }
+}
+
+std::string StoreServer::munge_refusal(const std::string& credential) const {
+  if (credential.empty())
+    return "no MUNGE credential: under Slurm this store admits only processes that MUNGE "
+           "vouches for (is munged running on that host? DDP_STORE_MUNGE=0 turns this off)";
+  std::string why;
+  const std::optional<MungeIdentity> who =
+      munge_decode_credential(credential, config_.munge_socket, &why);
+  if (!who) return why;
+  if (who->uid != ::geteuid() && who->uid != 0)
+    return fmt::format("a MUNGE credential of user {} (the job's user is {})", who->uid,
+                       ::geteuid());
+  if (who->payload != config_.run_id)
+    return fmt::format("a MUNGE credential for run '{}' (this store serves run '{}')", who->payload,
+                       config_.run_id);
+  return "";
 }
 
 void StoreServer::refuse(const std::string& peer, const std::string& reason) {
@@ -232,6 +250,7 @@ void StoreServer::serve() {
           // Another version's hello may hold other fields: its version is told first.
           const bool hello = op == StoreOp::kHello && reader.ok();
           const std::string run_id = version == kStoreProtocolVersion ? reader.str() : "";
+          const std::string credential = version == kStoreProtocolVersion ? reader.str() : "";
           if (!hello || (version == kStoreProtocolVersion && (!reader.ok() || !reader.at_end()))) {
             refuse(c.peer, "not a store hello (another program on this port?)");
             c.fd.reset();
@@ -260,6 +279,15 @@ void StoreServer::serve() {
             body.str(c.foreign);
             refuse_hello(c.foreign, reply_of(StoreStatus::kUnauthorized, body));
             break;
+          }
+          if (config_.require_munge) {
+            const std::string why = munge_refusal(credential);
+            if (!why.empty()) {
+              MessageWriter body;
+              body.str(why);
+              refuse_hello(why, reply_of(StoreStatus::kUnauthorized, body));
+              break;
+            }
           }
           if (!same_token(token, config_.token)) {
             MessageWriter body;

@@ -43,6 +43,10 @@ struct StoreServerConfig {
   std::string run_id;
   // Refuse a process of this host that runs as another user (tests turn it off).
   bool check_peer_user = true;
+  // Under Slurm: admit only processes that MUNGE vouches for as this store's user (or root),
+  // with a credential of run_id (munged at munge_socket; "": libmunge's default).
+  bool require_munge = false;
+  std::string munge_socket;
   // Where bind_addr and port came from, for the errors that name them.
   ListenOrigin origin;
   // The bytes of keys and values held together (a set past it is refused).
@@ -75,6 +79,8 @@ class StoreServer {
  private:
   void serve();
   void refuse(const std::string& peer, const std::string& reason);
+  // Why a hello's MUNGE credential does not admit it ("" when it does).
+  std::string munge_refusal(const std::string& credential) const;
 
   StoreServerConfig config_;
   UniqueFd listen_fd_;

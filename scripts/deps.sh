@@ -19,7 +19,7 @@ DDP_REQUIRED_PACKAGES=(g++ make libspdlog-dev libfmt-dev libcxxopts-dev nlohmann
 DDP_TEST_PACKAGES=(libgtest-dev pkgconf doxygen)  # pkgconf: the pkg-config file is tested; doxygen: the API reference
 # Optional for the tests only: a real one-node Slurm cluster (tests/slurm/slurm-test.sh).
 DDP_OPTIONAL_TEST_PACKAGES=(slurm-wlm munge python3-torch python3-pip libtorch-dev)
-DDP_OPTIONAL_PACKAGES=(libopenblas-dev openmpi-bin libopenmpi-dev libgloo-dev
+DDP_OPTIONAL_PACKAGES=(libopenblas-dev openmpi-bin libopenmpi-dev libgloo-dev libmunge-dev
                        dataset-fashion-mnist python3-matplotlib)
 
 ddp_log() { echo "deps: $*" >&2; }

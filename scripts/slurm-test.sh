@@ -116,10 +116,14 @@ grep -q "rank 0 of 2 (srun)" "$work"/job-*.out || fail "the job's ranks were not
 python3 "$here/../tests/multinode/compare_weights.py" "$work/sbatch.st" "$work/one.st" 1e-5 ||
   fail "sbatch's weights differ from one process"
 
-# srun directly.
+# srun directly, with MUNGE (the test's munged): rank 0's store admits only the processes that
+# MUNGE vouches for as this user.
 MASTER_ADDR=127.0.0.1 MASTER_PORT=$(free_port) DDP_STORE_TOKEN=direct-token \
-  timeout 120 srun -n 2 "$ddptrain" "${args[@]}" --save-weights "$work/srun.st" > "$work/srun.log" 2>&1 ||
+  DDP_MUNGE_SOCKET="$work/munge/socket" \
+  timeout 120 srun -n 2 "$ddptrain" "${args[@]:0:${#args[@]}-1}" --save-weights "$work/srun.st" > "$work/srun.log" 2>&1 ||
   fail "srun -n 2 failed"
+grep -q "the store admits only processes that MUNGE vouches for" "$work/srun.log" ||
+  fail "srun's store did not use MUNGE ($(grep -m1 'MUNGE' "$work/srun.log"))"
 python3 "$here/../tests/multinode/compare_weights.py" "$work/srun.st" "$work/one.st" 1e-5 ||
   fail "srun's weights differ from one process"
 

@@ -2,6 +2,8 @@
 // communicator, in that order.
 #include "engine/setup/world.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -9,6 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include "runtime/error.h"
+#include "runtime/munge_auth.h"
 #include "runtime/store_server.h"
 
 namespace ddp {
@@ -72,6 +75,12 @@ World init(const InitOptions& options, ProcessEnv env) {
   World world;
   world.env_ = std::move(env);
   ProcessEnv& e = world.env_;
+  // Under srun, MUNGE where this host's munged answers: every hello carries a credential of
+  // the run's id, and rank 0's store admits only processes that MUNGE vouches for as its user.
+  std::string credential;
+  std::string no_munge = "switched off by DDP_STORE_MUNGE=0";
+  if (e.launcher == Launcher::kSrun && e.master_port > 0 && e.world_size > 1 && e.store_munge)
+    if (auto made = munge_credential(e.run_id, e.munge_socket, &no_munge)) credential = *made;
   // srun without ddprun: rank 0 serves the store the others connect to.
   if (e.serves_store) {
     DDP_USAGE_CHECK(!e.store_token.empty(),
@@ -82,6 +91,8 @@ World init(const InitOptions& options, ProcessEnv env) {
     store_config.port = e.master_port;
     store_config.token = e.store_token;
     store_config.run_id = e.run_id;
+    store_config.require_munge = !credential.empty();
+    store_config.munge_socket = e.munge_socket;
     // Named as the job script gave them (or not), never as ddprun's flags.
     store_config.origin.addr = "MASTER_ADDR";
     store_config.origin.port = e.store_from_slurm ? "the store's port from SLURM_JOB_ID and "
@@ -94,6 +105,16 @@ World init(const InitOptions& options, ProcessEnv env) {
     world.served_ = std::make_unique<StoreServer>(store_config);
     world.served_->start();
     spdlog::info("srun: rank 0 serves the rendezvous store on port {}", e.master_port);
+    if (store_config.require_munge)
+      spdlog::info(
+          "srun: the store admits only processes that MUNGE vouches for as user {} "
+          "(DDP_STORE_MUNGE=0 turns this off)",
+          ::geteuid());
+    else
+      spdlog::info(
+          "srun: no MUNGE ({}): the store admits processes of other hosts by its token "
+          "alone",
+          no_munge);
     if (e.store_from_slurm)
       spdlog::info(
           "srun: MASTER_ADDR/MASTER_PORT unset: the store on the job's first node {} at port {} "
@@ -121,7 +142,7 @@ World init(const InitOptions& options, ProcessEnv env) {
         fmt::format("ddp/attempt_{}/", e.restart_count), e.torch2_store);
   else if (!e.master_addr.empty() && e.master_port > 0)
     world.store_ = std::make_shared<StoreClient>(e.master_addr, e.master_port, e.store_token, 30.0,
-                                                 40.0, e.run_id);
+                                                 40.0, e.run_id, credential);
   if (world.store_ && e.launcher == Launcher::kSrun)
     world.store_->set_server_description("rank 0's process, which serves it,");
   if (world.store_ && world.device_) check_unique_gpus(*world.store_, e, *world.device_, 60.0);

@@ -58,7 +58,7 @@ check() {  # check NAME CONDITION...
 has() { grep -q -- "$1" <<<"$out"; }
 called() { grep -q -- "$1" "$work/calls"; }
 
-everything="g++ make cmake libspdlog-dev libfmt-dev libcxxopts-dev nlohmann-json3-dev zlib1g-dev libgtest-dev pkgconf doxygen libopenblas-dev openmpi-bin libopenmpi-dev libgloo-dev dataset-fashion-mnist python3-matplotlib slurm-wlm munge python3-torch python3-pip libtorch-dev"
+everything="g++ make cmake libspdlog-dev libfmt-dev libcxxopts-dev nlohmann-json3-dev zlib1g-dev libgtest-dev pkgconf doxygen libopenblas-dev openmpi-bin libopenmpi-dev libgloo-dev libmunge-dev dataset-fashion-mnist python3-matplotlib slurm-wlm munge python3-torch python3-pip libtorch-dev"
 
 # 1. Root, apt reaches a mirror: installs required then optional packages, nothing else.
 machine "g++ make cmake" ok 0 3.25.1

@@ -357,9 +357,9 @@ TEST(DdptrainCli, TrainsSyntheticAndWritesMetricsAndWeights) {
 
 TEST(Ddpdoctor, ReportsTheBuildAndTheMachine) {
   const RunResult r = run_command(DDPDOCTOR_PATH);
-  for (const char* line :
-       {"build: CUDA", "build: NCCL", "build: Gloo", "build: MPI", "build: LibTorch",
-        "NVIDIA driver", "CUDA_VISIBLE_DEVICES", "network", "lo=127.0.0.1", "failure(s)"})
+  for (const char* line : {"build: CUDA", "build: NCCL", "build: Gloo", "build: MPI",
+                           "build: LibTorch", "build: MUNGE", "NVIDIA driver",
+                           "CUDA_VISIBLE_DEVICES", "network", "lo=127.0.0.1", "failure(s)"})
     EXPECT_NE(r.output.find(line), std::string::npos) << line << "\n" << r.output;
   EXPECT_EQ(run_command(std::string(DDPDOCTOR_PATH) + " --help").exit_code, 0);
   EXPECT_EQ(run_command(std::string(DDPDOCTOR_PATH) + " --bogus").exit_code, 2);

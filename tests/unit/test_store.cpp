@@ -15,10 +15,12 @@
 #include "collectives/communicator.h"
 #include "runtime/error.h"
 #include "runtime/listener.h"
+#include "runtime/munge_auth.h"
 #include "runtime/socket.h"
 #include "runtime/store.h"
 #include "runtime/store_server.h"
 #include "runtime/timer.h"
+#include "tests/support/test_support.h"
 
 namespace ddp {
 namespace {
@@ -184,7 +186,8 @@ TEST_F(StoreTest, GarbageAndOversizedInputDropOnlyThatConnection) {
     hello.u8(static_cast<uint8_t>(StoreOp::kHello))
         .str("secret")
         .u32(kStoreProtocolVersion)
-        .str("");
+        .str("")   // the run's id: none
+        .str("");  // a MUNGE credential: none
     const std::string frame = hello.framed();
     write_all(raw.get(), frame.data(), frame.size());
     char reply[5];
@@ -200,7 +203,8 @@ TEST_F(StoreTest, GarbageAndOversizedInputDropOnlyThatConnection) {
     hello.u8(static_cast<uint8_t>(StoreOp::kHello))
         .str("secret")
         .u32(kStoreProtocolVersion)
-        .str("");
+        .str("")              // the run's id: none
+        .str("");             // a MUNGE credential: none
     MessageWriter truncated;  // a set whose value length runs past the frame
     truncated.u8(static_cast<uint8_t>(StoreOp::kSet)).str("k").u32(1000);
     const std::string frames = hello.framed() + truncated.framed();
@@ -660,6 +664,101 @@ TEST(StoreClient, AStoreThatEndsIsNamedByWhoServedIt) {
           << e.what();
     }
   }
+}
+
+// A munged of the test's own (its own key and socket), as Slurm's nodes run one.
+class OwnMunged : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!munge_built()) GTEST_SKIP() << "built without MUNGE (libmunge-dev)";
+    if (::access("/usr/sbin/munged", X_OK) != 0) GTEST_SKIP() << "no munged (Debian's munge)";
+    const std::string d = dir_.path();
+    const RunResult r = run_command(
+        "dd if=/dev/urandom of=" + d + "/key bs=1024 count=1 2>/dev/null && chmod 400 " + d +
+        "/key && chmod 755 " + d + " && /usr/sbin/munged --force --key-file=" + d +
+        "/key --socket=" + d + "/socket --pid-file=" + d + "/pid --log-file=" + d +
+        "/log --seed-file=" + d + "/seed");
+    if (r.exit_code != 0) GTEST_SKIP() << "munged did not start here: " << r.output;
+    socket_ = d + "/socket";
+  }
+  void TearDown() override {
+    if (socket_.empty()) return;
+    run_command("kill $(cat " + dir_.file("pid") + ")");
+  }
+  std::string credential(const std::string& payload) {
+    std::string why;
+    const std::optional<std::string> made = munge_credential(payload, socket_, &why);
+    EXPECT_TRUE(made.has_value()) << why;
+    return made.value_or("");
+  }
+  TempDir dir_;
+  std::string socket_;
+};
+
+// A credential made and decoded through the test's munged: this process's user and the
+// payload; a credential decoded twice is refused the second time (a replay).
+TEST_F(OwnMunged, ACredentialSaysWhoMadeItOnce) {
+  const std::string made = credential("slurm-9.0");
+  std::string why;
+  const std::optional<MungeIdentity> who = munge_decode_credential(made, socket_, &why);
+  ASSERT_TRUE(who.has_value()) << why;
+  EXPECT_EQ(who->uid, ::geteuid());
+  EXPECT_EQ(who->payload, "slurm-9.0");
+  EXPECT_FALSE(munge_decode_credential(made, socket_, &why).has_value());
+  EXPECT_NE(why.find("its MUNGE credential: "), std::string::npos) << why;
+}
+
+// A store under Slurm that demands MUNGE: a client with a credential of the run's id is let
+// in; without one, with one of another run, a replayed one, or (root only) one of another user,
+// it is refused with the reason, even with the right token.
+TEST_F(OwnMunged, TheStoreAdmitsOnlyWhomMungeVouchesFor) {
+  StoreServerConfig config{"127.0.0.1", 0, "slurm-9.0"};
+  config.run_id = "slurm-9.0";
+  config.require_munge = true;
+  config.munge_socket = socket_;
+  StoreServer server(config);
+  server.start();
+  const auto refused = [&](const std::string& cred) -> std::string {
+    try {
+      StoreClient("127.0.0.1", server.port(), "slurm-9.0", 2.0, 5.0, "slurm-9.0", cred);
+      return "let in";
+    } catch (const UsageError& e) {
+      return e.what();
+    }
+  };
+  const std::string good = credential("slurm-9.0");
+  StoreClient("127.0.0.1", server.port(), "slurm-9.0", 2.0, 5.0, "slurm-9.0", good).set("k", "v");
+  EXPECT_NE(refused("").find("refused this process: no MUNGE credential"), std::string::npos);
+  EXPECT_NE(refused(credential("slurm-9.1"))
+                .find("a MUNGE credential for run 'slurm-9.1' (this store serves run 'slurm-9.0')"),
+            std::string::npos);
+  EXPECT_NE(refused(good).find("its MUNGE credential: "), std::string::npos);  // replayed
+  EXPECT_NE(refused("garbage").find("its MUNGE credential: "), std::string::npos);
+  if (::geteuid() != 0) return;  // another user's credential needs root to make
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(fds[0]);
+    if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(3);
+    std::string why;
+    const std::optional<std::string> made = munge_credential("slurm-9.0", socket_, &why);
+    const std::string out = made.value_or("");
+    (void)!::write(fds[1], out.data(), out.size());
+    ::_exit(made ? 0 : 4);
+  }
+  ::close(fds[1]);
+  std::string theirs;
+  char buffer[4096];
+  for (ssize_t n; (n = ::read(fds[0], buffer, sizeof(buffer))) > 0;)
+    theirs.append(buffer, static_cast<size_t>(n));
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  ASSERT_EQ(WEXITSTATUS(status), 0) << "nobody could not get a credential";
+  EXPECT_NE(refused(theirs).find("a MUNGE credential of user 65534 (the job's user is 0)"),
+            std::string::npos);
 }
 
 TEST(RefusalLog, OncePerPeerAndKindAndBoundedInAll) {
