@@ -2,6 +2,8 @@
 // mpirun (MPI) reproduce one process's weights; replicas stay bitwise identical; the
 // engine's timeline shows a bucket's all-reduce issued before backward ends; checkpoints
 // resume bitwise and broken ones are refused; a restarted job resumes from its checkpoint.
+// Ranks against one process are compared within kAcrossRanksMargin, not bitwise: why, and the
+// figures measured across OpenBLAS's kernels, in tests/support/margins.h.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -54,7 +56,7 @@ TEST_P(DataParallelRanks, GlooMatchesOneProcessAndReplicasStayIdentical) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_LE(max_relative_error(load_weights(dir.file("dp.safetensors"), kLayers),
                                load_weights(dir.file("one.safetensors"), kLayers)),
-            1e-5);
+            kAcrossRanksMargin);
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, DataParallelRanks, ::testing::Values(2, 3, 4));
@@ -88,7 +90,7 @@ TEST_P(DataParallelBuckets, GlooMatchesOneProcessWithOneAllReduceABucket) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_LE(max_relative_error(load_weights(dir.file("dp.safetensors"), kLayers),
                                load_weights(dir.file("one.safetensors"), kLayers)),
-            1e-5);
+            kAcrossRanksMargin);
   const std::string first_step = timeline(dir.file("m.jsonl"));
   EXPECT_NE(first_step.find("\"buckets\":" + std::to_string(c.buckets)), std::string::npos)
       << first_step;
@@ -120,7 +122,7 @@ TEST(DataParallel, MpiMatchesOneProcessWithMultiLayerBucketsOverlapOnAndOff) {
     ASSERT_EQ(r.exit_code, 0) << overlap << "\n" << r.output;
     EXPECT_LE(max_relative_error(load_weights(dir.file("dp.safetensors"), kLayers),
                                  load_weights(dir.file("one.safetensors"), kLayers)),
-              1e-5)
+              kAcrossRanksMargin)
         << overlap;
   }
 }
@@ -138,7 +140,7 @@ TEST(DataParallel, MpiMatchesOneProcess) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_LE(max_relative_error(load_weights(dir.file("dp.safetensors"), kLayers),
                                load_weights(dir.file("one.safetensors"), kLayers)),
-            1e-5);
+            kAcrossRanksMargin);
 }
 
 // The engine's own record of the first step, from the metrics file.
@@ -215,7 +217,8 @@ TEST(DataParallel, EvalEveryGivesTheOneProcessResultsFromShards) {
   for (size_t i = 0; i < one.size(); ++i) {
     EXPECT_EQ(dp[i]["step"], one[i]["step"]);
     EXPECT_EQ(dp[i]["test_samples"], 48);  // every shard counted once
-    EXPECT_NEAR(dp[i]["test_loss"].get<double>(), one[i]["test_loss"].get<double>(), 1e-5);
+    EXPECT_NEAR(dp[i]["test_loss"].get<double>(), one[i]["test_loss"].get<double>(),
+                kAcrossRanksMargin);
     EXPECT_NEAR(dp[i]["test_accuracy"].get<double>(), one[i]["test_accuracy"].get<double>(),
                 1.0 / 48 + 1e-9);
   }
@@ -245,7 +248,7 @@ TEST(DataParallel, SrunWithoutDdprunMatchesOneProcess) {
       << r.output;
   EXPECT_LE(max_relative_error(load_weights(dir.file("srun.safetensors"), kLayers),
                                load_weights(dir.file("one.safetensors"), kLayers)),
-            1e-5);
+            kAcrossRanksMargin);
 }
 
 // Under srun a taken port is named as the job script gave it (MASTER_PORT, or the port derived
@@ -359,7 +362,7 @@ TEST(Checkpoint, DdprunRestartResumesFromTheLatestCheckpoint) {
   EXPECT_NE(r.output.find("resumed from"), std::string::npos) << r.output;
   EXPECT_LE(max_relative_error(load_weights(dir.file("dp.safetensors"), kLayers),
                                load_weights(dir.file("straight.safetensors"), kLayers)),
-            1e-5);
+            kAcrossRanksMargin);
 }
 
 TEST(Checkpoint, MetricsOfAResumedRunAreAppendedWithAResumeRecord) {

@@ -2,7 +2,9 @@
 // and pp = 2 under mpirun reproduce one process's weights (and its file layout); the
 // engine's own count of live activations meets the 1F1B bound; a pipelined run resumes
 // bitwise; evaluation runs through the pipeline; the timeline has a track per rank; bad
-// layouts stop with one line naming the flag; a killed stage ends the job, named.
+// layouts stop with one line naming the flag; a killed stage ends the job, named. Against one
+// process within kAcrossRanksMargin, not bitwise: micro-batches add their gradients in another
+// order than one batch does (tests/support/margins.h).
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -64,7 +66,7 @@ TEST_P(PipelineStages, GlooMatchesOneProcessWithinTheActivationBound) {
                   dir.file("m.jsonl") + " --save-weights " + dir.file("pp.st"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   // load_weights checks the names, shapes and order of a one-process file.
-  EXPECT_LE(max_relative_error(load_weights(dir.file("pp.st"), kLayers), one), 1e-5);
+  EXPECT_LE(max_relative_error(load_weights(dir.file("pp.st"), kLayers), one), kAcrossRanksMargin);
   const auto summary = events_of(dir.file("m.jsonl"), "pipeline_summary");
   ASSERT_EQ(summary.size(), 1u);
   const auto peaks = summary[0]["peak_live_activations"].get<std::vector<int>>();
@@ -139,7 +141,7 @@ TEST_P(ChunkedStages, GlooMatchesOneProcessAndHoldsWhatTheSimulatorCounts) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_LE(max_relative_error(load_weights(dir.file("pp.st"), kDeepLayers),
                                load_weights(dir.file("one.st"), kDeepLayers)),
-            1e-5);
+            kAcrossRanksMargin);
   const PipelineSchedule schedule = *schedule_from_name(c.schedule);
   SimCosts gloo;  // a lane a flow, direction and peer, as Gloo's point-to-point
   gloo.lane_per_direction = gloo.lane_per_peer = true;
@@ -264,7 +266,8 @@ TEST(Pipeline, DataParallelTimesPipelineMatchesOneProcessAndReplicasAgree) {
                           "ranks 2,3"),
             std::string::npos)
       << r.output;
-  EXPECT_LE(max_relative_error(load_weights(dir.file("hybrid.st"), kLayers), one), 1e-5);
+  EXPECT_LE(max_relative_error(load_weights(dir.file("hybrid.st"), kLayers), one),
+            kAcrossRanksMargin);
   // One track per rank; every rank forwards and backwards, stages exchange, replicas reduce.
   const nlohmann::json trace = nlohmann::json::parse(read_file(dir.file("t.json")));
   std::vector<std::set<std::string>> kinds(4);
@@ -295,7 +298,7 @@ TEST(Pipeline, ZeroBubbleH1WithDataParallelismMatchesOneProcessAndShowsItsHalves
         std::to_string(pp) + " --check-replicas --bucket-mb 0.0005 --timeline " +
         dir.file("t.json") + " --save-weights " + dir.file("zb.st") + " --threads 1");
     ASSERT_EQ(r.exit_code, 0) << r.output;
-    EXPECT_LE(max_relative_error(load_weights(dir.file("zb.st"), kLayers), one), 1e-5)
+    EXPECT_LE(max_relative_error(load_weights(dir.file("zb.st"), kLayers), one), kAcrossRanksMargin)
         << "pp " << pp;
     const nlohmann::json trace = nlohmann::json::parse(read_file(dir.file("t.json")));
     std::vector<std::set<std::string>> kinds(world);
@@ -317,14 +320,15 @@ TEST(Pipeline, MpiMatchesOneProcess) {
       run_command(kMpirun + "-np 2 " + kTrain + kArgs +
                   " --backend mpi --pp 2 --schedule gpipe --save-weights " + dir.file("mpi.st"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_LE(max_relative_error(load_weights(dir.file("mpi.st"), kLayers), one), 1e-5);
+  EXPECT_LE(max_relative_error(load_weights(dir.file("mpi.st"), kLayers), one), kAcrossRanksMargin);
   // Two chunks a rank, interleaved, and zb-v's V under MPI.
   for (const char* schedule : {"interleaved-1f1b", "zb-v"}) {
     const RunResult chunked =
         run_command(kMpirun + "-np 2 " + kTrain + kArgs + " --backend mpi --pp 2 --schedule " +
                     schedule + " --micro-batches 4 --save-weights " + dir.file("chunked.st"));
     ASSERT_EQ(chunked.exit_code, 0) << chunked.output;
-    EXPECT_LE(max_relative_error(load_weights(dir.file("chunked.st"), kLayers), one), 1e-5)
+    EXPECT_LE(max_relative_error(load_weights(dir.file("chunked.st"), kLayers), one),
+              kAcrossRanksMargin)
         << schedule;
   }
   const RunResult zb = run_command(
@@ -332,7 +336,7 @@ TEST(Pipeline, MpiMatchesOneProcess) {
       " --backend mpi --dp 2 --pp 2 --schedule zb-h1 --micro-batches 4 --save-weights " +
       dir.file("zb.st"));
   ASSERT_EQ(zb.exit_code, 0) << zb.output;
-  EXPECT_LE(max_relative_error(load_weights(dir.file("zb.st"), kLayers), one), 1e-5);
+  EXPECT_LE(max_relative_error(load_weights(dir.file("zb.st"), kLayers), one), kAcrossRanksMargin);
 }
 
 TEST(Pipeline, ResumeOfAPipelinedRunIsBitwise) {
@@ -374,12 +378,14 @@ TEST(Pipeline, EvaluationRunsThroughThePipeline) {
   ASSERT_EQ(pp.size(), one.size());
   for (size_t i = 0; i < one.size(); ++i) {
     EXPECT_EQ(pp[i]["test_samples"], 48);
-    EXPECT_NEAR(pp[i]["test_loss"].get<double>(), one[i]["test_loss"].get<double>(), 1e-5);
+    EXPECT_NEAR(pp[i]["test_loss"].get<double>(), one[i]["test_loss"].get<double>(),
+                kAcrossRanksMargin);
   }
   const auto end_one = events_of(dir.file("one.jsonl"), "end");
   const auto end_pp = events_of(dir.file("pp.jsonl"), "end");
   ASSERT_EQ(end_pp.size(), 1u);
-  EXPECT_NEAR(end_pp[0]["test_loss"].get<double>(), end_one[0]["test_loss"].get<double>(), 1e-5);
+  EXPECT_NEAR(end_pp[0]["test_loss"].get<double>(), end_one[0]["test_loss"].get<double>(),
+              kAcrossRanksMargin);
 }
 
 struct BadLayout {

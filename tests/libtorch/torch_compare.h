@@ -10,6 +10,7 @@
 #include <string>
 
 #include "models/safetensors.h"
+#include "tests/support/margins.h"
 
 namespace ddp {
 
@@ -33,7 +34,7 @@ inline double max_relative_difference(const std::string& a_path, const std::stri
       worst = std::max(worst, std::abs(double(x) - double(y)) / (1 + std::abs(double(y))));
     }
   }
-  return worst;
+  return reported_error(worst);
 }
 
 // What rank `rank` printed after "running_mean " (torch_worker --batchnorm), or "" (with a test

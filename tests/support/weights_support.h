@@ -9,6 +9,7 @@
 
 #include "models/mlp.h"
 #include "models/safetensors.h"
+#include "tests/support/margins.h"
 
 namespace ddp {
 
@@ -26,7 +27,7 @@ inline double max_relative_error(const std::vector<float>& a, const std::vector<
     scale = std::max(scale, double(std::fabs(b[i])));
     diff = std::max(diff, double(std::fabs(a[i] - b[i])));
   }
-  return diff / scale;
+  return reported_error(diff / scale);
 }
 
 }  // namespace ddp

@@ -41,6 +41,10 @@ TEST(Gemm, MatchesNaiveLoopsForEveryTransposition) {
           for (int p = 0; p < k; ++p)
             want += (ta ? a[p * lda + i] : a[i * lda + p]) * (tb ? b[j * ldb + p] : b[p * ldb + j]);
           want = 0.5 * want + 2.0 * c0[i * n + j];
+          // Not bitwise: OpenBLAS adds in float, in its kernel's order (chosen per CPU), the
+          // loop in double. Whatever the order, 9 products of magnitude <= 1 sum with at most
+          // 9 roundings of <= 9 x 2^-24 each (<= 5e-6), halved, plus 2c's one rounding: under
+          // 1e-5 on any CPU.
           EXPECT_NEAR(c[i * n + j], want, 1e-5) << "ta=" << ta << " tb=" << tb;
         }
       }
@@ -193,6 +197,10 @@ TEST(CpuStage, ChainedStagesGiveTheWholeModelsGradientsThroughSlots) {
     EXPECT_EQ(front.backward(grad_hidden.data(), batch, mb, done > 0), nullptr);
     ++done;
   }
+  // Not bitwise: the stages accumulate micro-batch 1 then 0 into their gradients with the
+  // product's beta = 1 (the sum taken inside the kernel, in its order), the whole model 0
+  // then 1; gradients here are below 1, so the orders differ by a few float roundings
+  // (~1e-7), a tenth of the margin on any CPU.
   for (size_t i = 0; i < front.param_count(); ++i)
     EXPECT_NEAR(front.grads()[i], model.grads()[i], 1e-6) << "parameter " << i;
   for (size_t i = 0; i < back.param_count(); ++i)
