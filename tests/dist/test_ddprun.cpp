@@ -538,6 +538,29 @@ TEST(Ddprun, AnElasticNodeThatVanishesIsNamedAsLostAndSpendsNoRestart) {
   EXPECT_EQ(r.output.find("failed first"), std::string::npos) << r.output;
 }
 
+// A third node started with torchrun's c10d line of a 2-node job that already runs: it waits
+// for room no longer than --timeout (it once waited on past 70 s with --timeout 10) and says
+// why; the job's two nodes go on.
+TEST(Ddprun, AThirdNodeAtAFullC10dJobEndsWithinTheTimeout) {
+  const std::string node =
+      "env DDP_STORE_TOKEN=t0k3n " + ddprun() +
+      " --nnodes 2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:" + std::to_string(free_port()) +
+      " --rdzv-id job9 --nproc-per-node 1 --timeout 3 -- ";
+  const RunResult r = run_command(
+      "{ " + node + "sh -c 'echo member; sleep 6' & " + node + "sh -c 'echo member; sleep 6' & " +
+      "sleep 1.5; start=$(date +%s%N); " + node + "true; rc=$?; " +
+      "echo third rc=$rc after_ms=$(( ($(date +%s%N) - start) / 1000000 )); wait; }");
+  EXPECT_NE(r.output.find("third rc=1 "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("generation 0 closed with 2 nodes before this one came (the most "
+                          "--nnodes allows), and made no room for it within 3s (--timeout)"),
+            std::string::npos)
+      << r.output;
+  const size_t at = r.output.find("after_ms=");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  EXPECT_LT(std::atoi(r.output.c_str() + at + 9), 6000) << r.output;  // 3 s and a margin
+  EXPECT_EQ(count_of(r.output, "member"), 2) << r.output;
+}
+
 TEST(Ddprun, TwoNodesWithTheSameNodeRankAreRefused) {
   const int port = free_port();
   const std::string common = "DDP_STORE_TOKEN=t0k3n " + ddprun() + " --nnodes 3 --master-port " +
