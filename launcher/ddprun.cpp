@@ -226,12 +226,13 @@ int run_elastic(ddp::LaunchConfig config, const ddp::EnvMap& parent, const ddp::
     // Beats from a thread of its own until the generation ends here (also while this node
     // stops its workers), so that the others can tell a lost node from a failing one.
     std::optional<ddp::Heartbeat> heartbeat;
-    heartbeat.emplace(
-        [&] {
-          return connect_to_store(config.master_addr, config.master_port, token, config.run_id,
-                                  config.timeout);
-        },
-        m.generation, m.node_rank);
+    try {
+      heartbeat.emplace(connect_to_store(config.master_addr, config.master_port, token,
+                                         config.run_id, std::min(config.timeout, 5.0)),
+                        m.generation, m.node_rank);
+    } catch (const ddp::Error& e) {  // the node's own checks still beat, between their calls
+      std::fprintf(stderr, "ddprun: no heartbeat connection of its own: %s\n", e.what());
+    }
     ddp::WorkerGroup group(generation, ranks, console);
     group.start(environments, attempt);
     const ddp::GroupOutcome outcome = group.supervise([&] { return rendezvous.check(m); });

@@ -33,16 +33,15 @@ void pause() {
 
 }  // namespace
 
-Heartbeat::Heartbeat(std::function<std::unique_ptr<StoreClient>()> connect, int64_t generation,
-                     int node_rank) {
+Heartbeat::Heartbeat(std::unique_ptr<StoreClient> store, int64_t generation, int node_rank)
+    : store_(std::move(store)) {
   const std::string beat = fmt::format("ddprun/elastic/{}/beat/{}", generation, node_rank);
-  thread_ = std::thread([this, connect = std::move(connect), beat] {
+  thread_ = std::thread([this, beat] {
     try {
-      const std::unique_ptr<StoreClient> store = connect();
       std::unique_lock<std::mutex> lock(mutex_);
       while (!stopping_) {
         lock.unlock();
-        store->add(beat, 1);
+        store_->add(beat, 1);
         lock.lock();
         stop_.wait_for(lock, std::chrono::milliseconds(200), [this] { return stopping_; });
       }
@@ -58,6 +57,7 @@ Heartbeat::~Heartbeat() {
     stopping_ = true;
   }
   stop_.notify_all();
+  store_->interrupt();  // a beat the store does not answer returns at once
   thread_.join();
 }
 

@@ -39,18 +39,19 @@ struct GenerationEnd {
 };
 
 // Beats for one node of one generation every 0.2 s, from a thread of its own on a connection
-// of its own, until destroyed: a node that stops or restarts its workers (the grace period)
-// goes on beating, so that only a node whose ddprun or host is gone falls silent. When the
-// store cannot be reached it stops quietly (the node's own calls report that).
+// of its own (`store`), until destroyed: a node that stops or restarts its workers (the grace
+// period) goes on beating, so that only a node whose ddprun or host is gone falls silent. When
+// the store cannot be reached it stops quietly (the node's own calls report that); destroying
+// it interrupts a call in flight, so that a store that no longer answers never holds it.
 class Heartbeat {
  public:
-  Heartbeat(std::function<std::unique_ptr<StoreClient>()> connect, int64_t generation,
-            int node_rank);
+  Heartbeat(std::unique_ptr<StoreClient> store, int64_t generation, int node_rank);
   ~Heartbeat();
   Heartbeat(const Heartbeat&) = delete;
   Heartbeat& operator=(const Heartbeat&) = delete;
 
  private:
+  std::unique_ptr<StoreClient> store_;
   std::mutex mutex_;
   std::condition_variable stop_;
   bool stopping_ = false;

@@ -410,6 +410,17 @@ void TorchStoreServer::serve() {
                             SOCK_CLOEXEC | SOCK_NONBLOCK));
       char text[INET_ADDRSTRLEN] = "?";
       ::inet_ntop(AF_INET, &addr.sin_addr, text, sizeof(text));
+      // PyTorch's clients give no token, but one of this host must run as the job's user
+      // (or root): the kernel's table names the other end's owner.
+      if (fd.valid()) {
+        const std::optional<unsigned> uid = local_peer_uid(fd.get());
+        if (uid && *uid != ::geteuid() && *uid != 0) {
+          refusals_.refuse(text, fmt::format("a process of user {} on this host (the job's user "
+                                             "is {})",
+                                             *uid, ::geteuid()));
+          fd.reset();
+        }
+      }
       bool room = clients.size() < max_clients_;
       if (fd.valid() && !room) {
         // Room is made by the longest-idle connection that never sent a whole query (a

@@ -4,8 +4,10 @@
 // 1.13 and of 2.x (which opens with a validate query carrying a magic number, numbers its
 // query types from it, and pings), so that every rank connects as a client to a store already
 // open (TORCHELASTIC_USE_AGENT_STORE, as torchrun's agent store) instead of rank 1 retrying
-// until rank 0 has opened its own. Unauthenticated, as torchrun's store is, so that anyone who
-// can reach it is a client: no query may stop the server, and its memory and its time are
+// until rank 0 has opened its own. Without a token, as torchrun's store is (PyTorch's clients
+// give none), so that anyone who can reach it from another host, and any process of this host
+// that runs as the job's user (or root; the kernel's table names a local peer's owner), is a
+// client: no query may stop the server, and its memory and its time are
 // bounded per client and in all (the bounds below), a client that does not read its replies
 // being dropped rather than waited for.
 #pragma once

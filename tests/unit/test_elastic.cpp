@@ -176,7 +176,7 @@ TEST_F(Elastic, ALostMemberIsToldApartFromALiveOne) {
   ASSERT_TRUE(join(b, &mb));
   ASSERT_TRUE(ja.get());
   {
-    Heartbeat beating([this] { return client(); }, mb.generation, mb.node_rank);
+    Heartbeat beating(client(), mb.generation, mb.node_rank);
     EXPECT_EQ(a.rendezvous->lost_member(ma, 5.0), "");
   }
   const std::string lost = a.rendezvous->lost_member(ma, 0.5);

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -265,6 +266,44 @@ TEST(TorchStoreServer, ServesWaitsAcrossConnectionsAndNamesARefusedPeer) {
   const std::vector<std::string> refused = refusals.lines();
   ASSERT_EQ(refused.size(), 1u);
   EXPECT_NE(refused[0].find("127.0.0.1: query type 42"), std::string::npos) << refused[0];
+}
+
+// PyTorch's clients give no token, but a process of this host that runs as another user is
+// closed at once, named; the job's user is served.
+TEST(TorchStoreServer, AProcessOfAnotherUserOnThisHostIsClosed) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root, to run a client as another user";
+  Refusals refusals;
+  TorchStoreServer server("127.0.0.1", 0, refusals.sink());
+  server.start();
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(3);
+    try {
+      UniqueFd fd = tcp_connect("127.0.0.1", server.port(), deadline_in(2.0));
+      const std::string count = hex("06");  // 1.13's key count: answered with 8 bytes
+      write_all(fd.get(), count.data(), count.size());
+      char reply[8];
+      ::_exit(read_exact(fd.get(), reply, 8, deadline_in(3.0)) ? 1 : 2);
+    } catch (const ConnectionClosed&) {
+      ::_exit(0);  // closed by the server
+    } catch (...) {
+      ::_exit(4);
+    }
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "1: served, 2: left open unanswered, 3: setuid, 4: other";
+  UniqueFd mine = tcp_connect("127.0.0.1", server.port(), deadline_in(2.0));
+  const std::string count = hex("06");
+  write_all(mine.get(), count.data(), count.size());
+  char reply[8];
+  EXPECT_TRUE(read_exact(mine.get(), reply, 8, deadline_in(3.0)));
+  server.stop();
+  const std::vector<std::string> refused = refusals.lines();
+  ASSERT_EQ(refused.size(), 1u);
+  EXPECT_NE(refused[0].find("127.0.0.1: a process of user 65534 on this host"), std::string::npos)
+      << refused[0];
 }
 
 // A stranger's two queries (a set of text, an add to it) close that connection alone: the
