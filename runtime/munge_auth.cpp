@@ -55,8 +55,7 @@ const MungeLibrary& library() {
 // A context on `socket` where it is given (else libmunge's default); owns it.
 class Context {
  public:
-  Context(const MungeLibrary& lib, const std::string& socket)
-      : lib_(lib), ctx_(lib.ctx_create()) {
+  Context(const MungeLibrary& lib, const std::string& socket) : lib_(lib), ctx_(lib.ctx_create()) {
     if (ctx_ && !socket.empty()) lib_.ctx_set(ctx_, MUNGE_OPT_SOCKET, socket.c_str());
   }
   ~Context() {
@@ -86,8 +85,8 @@ std::optional<std::string> munge_credential(const std::string& payload, const st
   }
   Context ctx(lib, socket);
   char* credential = nullptr;
-  const munge_err_t err = lib.encode(&credential, ctx.get(), payload.data(),
-                                     static_cast<int>(payload.size()));
+  const munge_err_t err =
+      lib.encode(&credential, ctx.get(), payload.data(), static_cast<int>(payload.size()));
   if (err != EMUNGE_SUCCESS) {
     *why_not = fmt::format("this host's munged: {}", lib.strerror(err));
     std::free(credential);
