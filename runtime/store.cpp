@@ -27,27 +27,19 @@ StoreClient::StoreClient(const std::string& host, int port, const std::string& t
     throw Error(fmt::format(
         "the rendezvous store at {} closed the connection before answering its hello", address_));
   }
-  if (static_cast<StoreStatus>(static_cast<uint8_t>(reply[0])) == StoreStatus::kVersion) {
-    MessageReader reader(reply);
-    reader.u8();
-    const uint32_t theirs = reader.u32();
+  MessageReader reader(reply);
+  const auto status = static_cast<StoreStatus>(reader.u8());
+  if (status == StoreStatus::kVersion)
     throw UsageError(fmt::format(
         "the rendezvous store at {} speaks protocol version {}, this process {}: every node and "
         "worker of a job needs the same ddp",
-        address_, theirs, kStoreProtocolVersion));
-  }
-  if (static_cast<StoreStatus>(static_cast<uint8_t>(reply[0])) == StoreStatus::kOtherRun) {
-    MessageReader reader(reply);
-    reader.u8();
-    const std::string theirs = reader.str();
+        address_, reader.u32(), kStoreProtocolVersion));
+  if (status == StoreStatus::kOtherRun)
     throw UsageError(fmt::format(
         "the rendezvous store at {} serves run '{}', this process belongs to run '{}' "
         "(TORCHELASTIC_RUN_ID, or srun's job and step): two jobs meet at one address and token",
-        address_, theirs, run_id));
-  }
-  if (static_cast<StoreStatus>(static_cast<uint8_t>(reply[0])) == StoreStatus::kUnauthorized) {
-    MessageReader reader(reply);
-    reader.u8();
+        address_, reader.str(), run_id));
+  if (status == StoreStatus::kUnauthorized) {
     const std::string why = reader.str();
     throw UsageError(fmt::format("the rendezvous store at {} refused this process: {}", address_,
                                  reader.ok() ? why : "a wrong token"));

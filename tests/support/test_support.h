@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <string>
 
@@ -66,6 +67,43 @@ inline int free_port() {
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   ::close(fd);
   return ntohs(addr.sin_port);
+}
+
+// What a child process run as user nobody (65534 on Debian and Ubuntu) returned: its exit
+// status (3: it could not become nobody; 4: `body` threw) and what `body` put in its text.
+struct AsNobody {
+  int status = -1;
+  std::string text;
+};
+// Forks, becomes nobody and runs `body` (needs root: callers skip otherwise); the child's text
+// comes back through a pipe. For tests of what a process of another user gets.
+inline AsNobody run_as_nobody(const std::function<int(std::string* text)>& body) {
+  int fds[2];
+  AsNobody result;
+  if (::pipe(fds) != 0) return result;
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::close(fds[0]);
+    if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(3);
+    int code = 4;
+    std::string text;
+    try {
+      code = body(&text);
+    } catch (...) {
+      code = 4;
+    }
+    (void)!::write(fds[1], text.data(), text.size());
+    ::_exit(code);
+  }
+  ::close(fds[1]);
+  char buffer[4096];
+  for (ssize_t n; (n = ::read(fds[0], buffer, sizeof(buffer))) > 0;)
+    result.text.append(buffer, static_cast<size_t>(n));
+  ::close(fds[0]);
+  int status = 0;
+  if (child > 0 && ::waitpid(child, &status, 0) == child && WIFEXITED(status))
+    result.status = WEXITSTATUS(status);
+  return result;
 }
 
 class TempDir {

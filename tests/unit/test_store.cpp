@@ -581,28 +581,20 @@ TEST(PeerUser, AProcessOfAnotherUserOnThisHostIsRefusedWithTheToken) {
   config.on_refused = [&refused](const std::string& line) { refused += line + "\n"; };
   StoreServer server(config);
   server.start();
-  const pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    // nobody: 65534 on Debian and Ubuntu
-    if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(3);
+  const AsNobody nobody = run_as_nobody([&](std::string* text) {
     try {
       StoreClient("127.0.0.1", server.port(), "secret", 2.0);
-      ::_exit(1);  // let in
+      return 1;  // let in
     } catch (const UsageError& e) {
-      const bool named = std::string(e.what()).find(
-                             "refused this process: a process of user 65534 on this "
-                             "host (the job's user is 0)") != std::string::npos;
-      if (!named) std::fprintf(stderr, "%s\n", e.what());
-      ::_exit(named ? 0 : 2);
-    } catch (...) {
-      ::_exit(4);
+      *text = e.what();
+      return 0;
     }
-  }
-  int status = 0;
-  ASSERT_EQ(::waitpid(child, &status, 0), child);
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 0) << "1: let in, 2: another message, 3: setuid, 4: other";
+  });
+  EXPECT_EQ(nobody.status, 0) << "1: let in, 3: setuid, 4: another error";
+  EXPECT_NE(nobody.text.find("refused this process: a process of user 65534 on this host (the "
+                             "job's user is 0)"),
+            std::string::npos)
+      << nobody.text;
   StoreClient mine("127.0.0.1", server.port(), "secret", 2.0);  // the job's user still gets in
   mine.set("k", "v");
   server.stop();
@@ -735,28 +727,14 @@ TEST_F(OwnMunged, TheStoreAdmitsOnlyWhomMungeVouchesFor) {
   EXPECT_NE(refused(good).find("its MUNGE credential: "), std::string::npos);  // replayed
   EXPECT_NE(refused("garbage").find("its MUNGE credential: "), std::string::npos);
   if (::geteuid() != 0) return;  // another user's credential needs root to make
-  int fds[2];
-  ASSERT_EQ(::pipe(fds), 0);
-  const pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    ::close(fds[0]);
-    if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(3);
+  const AsNobody nobody = run_as_nobody([&](std::string* text) {
     std::string why;
     const std::optional<std::string> made = munge_credential("slurm-9.0", socket_, &why);
-    const std::string out = made.value_or("");
-    (void)!::write(fds[1], out.data(), out.size());
-    ::_exit(made ? 0 : 4);
-  }
-  ::close(fds[1]);
-  std::string theirs;
-  char buffer[4096];
-  for (ssize_t n; (n = ::read(fds[0], buffer, sizeof(buffer))) > 0;)
-    theirs.append(buffer, static_cast<size_t>(n));
-  ::close(fds[0]);
-  int status = 0;
-  ::waitpid(child, &status, 0);
-  ASSERT_EQ(WEXITSTATUS(status), 0) << "nobody could not get a credential";
+    *text = made.value_or(why);
+    return made ? 0 : 5;
+  });
+  ASSERT_EQ(nobody.status, 0) << "nobody could not get a credential: " << nobody.text;
+  const std::string theirs = nobody.text;
   EXPECT_NE(refused(theirs).find("a MUNGE credential of user 65534 (the job's user is 0)"),
             std::string::npos);
 }

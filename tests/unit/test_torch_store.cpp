@@ -21,6 +21,7 @@
 #include "runtime/listener.h"
 #include "runtime/socket.h"
 #include "runtime/store.h"
+#include "tests/support/test_support.h"
 
 namespace ddp {
 namespace {
@@ -275,25 +276,18 @@ TEST(TorchStoreServer, AProcessOfAnotherUserOnThisHostIsClosed) {
   Refusals refusals;
   TorchStoreServer server("127.0.0.1", 0, refusals.sink());
   server.start();
-  const pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(3);
+  const AsNobody nobody = run_as_nobody([&](std::string*) {
     try {
       UniqueFd fd = tcp_connect("127.0.0.1", server.port(), deadline_in(2.0));
       const std::string count = hex("06");  // 1.13's key count: answered with 8 bytes
       write_all(fd.get(), count.data(), count.size());
       char reply[8];
-      ::_exit(read_exact(fd.get(), reply, 8, deadline_in(3.0)) ? 1 : 2);
+      return read_exact(fd.get(), reply, 8, deadline_in(3.0)) ? 1 : 2;
     } catch (const ConnectionClosed&) {
-      ::_exit(0);  // closed by the server
-    } catch (...) {
-      ::_exit(4);
+      return 0;  // closed by the server
     }
-  }
-  int status = 0;
-  ASSERT_EQ(::waitpid(child, &status, 0), child);
-  EXPECT_EQ(WEXITSTATUS(status), 0) << "1: served, 2: left open unanswered, 3: setuid, 4: other";
+  });
+  EXPECT_EQ(nobody.status, 0) << "1: served, 2: left open unanswered, 3: setuid, 4: other";
   UniqueFd mine = tcp_connect("127.0.0.1", server.port(), deadline_in(2.0));
   const std::string count = hex("06");
   write_all(mine.get(), count.data(), count.size());
