@@ -110,4 +110,11 @@ bool backward_products_leave_sms_idle(const MlpShape& shape, int first, int end,
   return true;
 }
 
+std::vector<ParamSpan> param_spans(const MlpShape& shape) {
+  std::vector<ParamSpan> spans;
+  for (int i = 0; i < shape.num_layers(); ++i)
+    spans.push_back({shape.layer(i).weight_offset, shape.layer(i).count()});
+  return spans;
+}
+
 }  // namespace ddp

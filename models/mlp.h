@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "runtime/param_span.h"
+
 namespace ddp {
 
 // One layer's shape and where its parameters are in the flat buffer.
@@ -111,5 +113,9 @@ enum class WeightGradStream { kAuto, kOn, kOff };
 // most of the GPU idle, so that a layer's two run side by side in about the time of one.
 bool backward_products_leave_sms_idle(const MlpShape& shape, int first, int end, int batch,
                                       int sms);
+
+// The MLP's layers (weight then bias of layer i) as spans of its flat buffer (the core's
+// buckets and Ddp take them).
+std::vector<ParamSpan> param_spans(const MlpShape& shape);
 
 }  // namespace ddp

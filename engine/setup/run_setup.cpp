@@ -305,7 +305,7 @@ std::unique_ptr<Ddp> make_stage_ddp(const TrainConfig& config, Communicator& gro
   for (const auto& [offset, count] : stages.layer_spans())
     spans.push_back({offset, count});
   auto ddp = std::make_unique<Ddp>(group, spans, stage_ddp_options(config));
-  runner.prepare_ddp(*ddp, stages.fingerprint(), stages.shape().to_string());
+  runner.prepare_ddp(*ddp, stages.fingerprint(), "--layers " + stages.shape().to_string());
   ddp->broadcast_parameters(runner.params(), stages.param_count());
   runner.params_changed();
   if (config.zero > 0) {

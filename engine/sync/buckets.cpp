@@ -1,4 +1,4 @@
-// param_spans and plan_buckets.
+// plan_buckets.
 #include "engine/sync/buckets.h"
 
 #include <cmath>
@@ -6,13 +6,6 @@
 #include "runtime/error.h"
 
 namespace ddp {
-
-std::vector<ParamSpan> param_spans(const MlpShape& shape) {
-  std::vector<ParamSpan> spans;
-  for (int i = 0; i < shape.num_layers(); ++i)
-    spans.push_back({shape.layer(i).weight_offset, shape.layer(i).count()});
-  return spans;
-}
 
 std::vector<Bucket> plan_buckets(const std::vector<ParamSpan>& layers, size_t bucket_bytes,
                                  size_t first_bucket_bytes) {

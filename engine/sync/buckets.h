@@ -1,12 +1,12 @@
-// Gradient buckets: a model's layers as spans of one flat buffer, cut into buckets (contiguous
-// ranges, last layers first) that one collective each averages. Pure; what Ddp reduces and
-// ZeRO shards.
+// Gradient buckets: a model's layers as spans of one flat buffer (ParamSpan), cut into buckets
+// (contiguous ranges, last layers first) that one collective each averages. Pure; what Ddp
+// reduces and ZeRO shards. Knows no model.
 #pragma once
 
 #include <cstddef>
 #include <vector>
 
-#include "models/mlp.h"
+#include "runtime/param_span.h"
 
 namespace ddp {
 
@@ -17,16 +17,6 @@ struct Bucket {
   int first_layer = 0;  // lowest layer whose gradients it holds
   int last_layer = 0;   // highest
 };
-
-// A layer's parameters as a range of the flat parameter (and gradient) buffer, in elements.
-// Any model can describe itself so: a list of spans in forward order, each contiguous.
-struct ParamSpan {
-  size_t offset = 0;  // where the layer's parameters start (elements)
-  size_t count = 0;   // how many it has
-};
-
-// The MLP's layers (weight then bias of layer i) as spans.
-std::vector<ParamSpan> param_spans(const MlpShape& shape);
 
 // Buckets of about bucket_bytes (the first, holding the last layers, of about
 // first_bucket_bytes so that communication starts early), walking layers from the last to

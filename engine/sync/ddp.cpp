@@ -131,8 +131,8 @@ void Ddp::check_same_layout(uint64_t fingerprint, const std::string& description
   for (int r = 0; r < n; ++r)
     if (all[r] != all[0]) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
   DDP_USAGE_CHECK(differ.empty(),
-                  "--layers: rank(s) {} hold a different model than rank 0 (this rank: {}); every "
-                  "rank must be started with the same --layers",
+                  "rank(s) {} hold a different model than rank 0 (this rank: {}); every rank must "
+                  "build the same model",
                   differ, description);
 }
 

@@ -12,7 +12,6 @@
 
 #include "collectives/communicator.h"
 #include "engine/sync/buckets.h"
-#include "models/mlp.h"
 #include "runtime/checksum.h"
 
 namespace ddp {
@@ -66,9 +65,9 @@ class Ddp {
   void check_same_layout(const std::vector<NamedParam>& params);
 
   // Collective: every rank must hold the same model; `fingerprint` identifies its layout
-  // (MlpShape::fingerprint()), `description` names it in the message; throws naming the
-  // ranks that differ. A device communicator needs `device_scratch` of size() + 1 int64 and
-  // the copy functions (set_device_copies).
+  // (MlpShape::fingerprint()), `description` names it in the message (ddptrain's: "--layers
+  // 12,8,4", the flag that made it); throws naming the ranks that differ. A device communicator
+  // needs `device_scratch` of size() + 1 int64 and the copy functions (set_device_copies).
   void check_same_layout(uint64_t fingerprint, const std::string& description,
                          void* device_scratch = nullptr);
   // A synchronous copy of `bytes` between host and device memory.
