@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "runtime/error.h"
+#include "torch/param_shards.h"
 
 #if DDP_TORCH_CUDA
 #include <c10/cuda/CUDAStream.h>
@@ -76,12 +77,15 @@ struct DistributedDataParallel::Impl {
   struct Param {
     std::string name;
     torch::Tensor tensor;
-    torch::Tensor view;  // its part of the flat gradient buffer, its shape (its .grad())
+    std::vector<int64_t> sizes;  // its shape (with ZeRO 3 it is empty between steps)
+    torch::Tensor view;          // its part of the flat gradient buffer, its shape (its .grad())
     std::shared_ptr<torch::autograd::Node> accumulator;
     uintptr_t hook = 0;
     bool ready = false;       // its gradient is written this backward
     bool reattached = false;  // its hook moved to a new accumulator during this backward
     uint32_t version = 0;     // the tensor's version when the last synchronised backward ended
+    const c10::TensorImpl* grad = nullptr;  // and its gradient's tensor (null: none)
+    uint32_t grad_version = 0;              // and that one's version
   };
 
   Impl(torch::nn::Module& module, World& world, const DistributedDataParallelOptions& options);
@@ -91,12 +95,18 @@ struct DistributedDataParallel::Impl {
       const std::vector<std::pair<std::string, torch::Tensor>>& buffers);
   void make_reducer();
   void point_grads_at_buckets();
+  void make_views();
+  void moved(size_t index);
+  void gather_parameters();
+  void keep_own_gradients();
   void broadcast(const std::vector<torch::Tensor>& tensors);
   void sync_buffers();
   void* stream() const;
   void on_gradient(size_t index);
   void begin_backward();
   void end_backward();
+  void reduce_at_end();
+  void mark_step_end();
   void point_grad_at_view(Param& param);
   void attach(size_t index);
   void reattach_replaced();
@@ -108,10 +118,13 @@ struct DistributedDataParallel::Impl {
   torch::Device device = torch::kCPU;
   std::vector<Param> params;  // those that get gradients, in registration order
   std::vector<torch::Tensor> buffers;
-  torch::Tensor grads;         // the flat gradient buffer (float32)
+  torch::Tensor grads;    // the flat gradient buffer (float32; ZeRO 2, 3: during backward)
+  size_t grad_count = 0;  // its elements
+  torch::TensorOptions grads_options;
   torch::Tensor bf16_scratch;  // reduce_in_bf16's
   std::unique_ptr<Ddp> reducer;
-  torch::Tensor device_scratch;  // the layout check's messages over NCCL
+  std::unique_ptr<ParamShards> shards;  // with ZeRO on more than one rank
+  torch::Tensor device_scratch;         // the layout check's messages over NCCL
   torch::nn::AnyModule forward;
   bool no_sync = false;
   bool in_backward = false;
@@ -150,8 +163,14 @@ DistributedDataParallel::Impl::Impl(torch::nn::Module& module_, World& world,
                   comm.device_buffers()
                       ? "move the module to the GPU (module->to(torch::kCUDA))"
                       : "for CUDA tensors call ddp::init with InitOptions::bind_gpu (NCCL)");
+  DDP_USAGE_CHECK(options.zero() >= 0 && options.zero() <= 3,
+                  "ddp::DistributedDataParallelOptions().zero({}): expected 0 (plain), 1 "
+                  "(optimizer state sharded), 2 (and gradients) or 3 (and parameters)",
+                  options.zero());
   for (const auto& [name, tensor] : all)
-    if (tensor.requires_grad()) params.push_back({name, tensor, {}, nullptr, 0, false});
+    if (tensor.requires_grad())
+      params.push_back(
+          {name, tensor, std::vector<int64_t>(tensor.sizes().begin(), tensor.sizes().end())});
   {
     std::lock_guard<std::mutex> lock(wrapped_mutex);
     for (const Param& p : params)
@@ -167,6 +186,13 @@ DistributedDataParallel::Impl::Impl(torch::nn::Module& module_, World& world,
     buffers.push_back(b.second);
   make_reducer();
   check_and_copy_rank0s_state(all, bufs);
+  if (options.zero() > 0 && comm.size() > 1) {
+    std::vector<torch::Tensor> tensors;
+    for (const Param& p : params)
+      tensors.push_back(p.tensor);
+    shards = std::make_unique<ParamShards>(tensors, options.zero(), comm.rank(), comm.size(),
+                                           [this](size_t i) { moved(i); });
+  }
   point_grads_at_buckets();
   std::lock_guard<std::mutex> lock(wrapped_mutex);
   for (const Param& p : params)
@@ -230,8 +256,9 @@ void DistributedDataParallel::Impl::make_reducer() {
   ddp_options.first_bucket_mb = options.first_bucket_cap_mb();
   ddp_options.overlap = options.overlap();
   reducer = std::make_unique<Ddp>(comm, spans, ddp_options);
-  grads = torch::zeros({static_cast<int64_t>(total)},
-                       torch::TensorOptions().dtype(torch::kFloat32).device(device));
+  grad_count = total;
+  grads_options = torch::TensorOptions().dtype(torch::kFloat32).device(device);
+  grads = torch::zeros({static_cast<int64_t>(total)}, grads_options);
   if (options.reduce_in_bf16() && comm.size() > 1) {  // one process reduces nothing
     comm.require_bf16_reduction();
     bf16_scratch = torch::empty({static_cast<int64_t>(total)},
@@ -243,17 +270,31 @@ void DistributedDataParallel::Impl::make_reducer() {
 // Each parameter's .grad() a view of its bucket, and a hook on its gradient accumulator that
 // tells when its gradient is written.
 void DistributedDataParallel::Impl::point_grads_at_buckets() {
+  make_views();
+  for (size_t i = 0; i < params.size(); ++i)
+    attach(i);
+}
+
+// Each parameter's slot of the flat gradient buffer, a tensor of its shape.
+void DistributedDataParallel::Impl::make_views() {
   torch::NoGradGuard no_grad;
   int64_t offset = 0;
-  for (size_t i = 0; i < params.size(); ++i) {
-    Param& p = params[i];
+  for (Param& p : params) {
     // The flat buffer's memory, but not an autograd view of it: LibTorch's
     // Optimizer::zero_grad() detaches gradients in place, which views refuse.
     p.view = torch::empty({0}, grads.options())
-                 .set_(grads.storage(), offset, p.tensor.sizes(), dense_strides(p.tensor.sizes()));
-    offset += p.tensor.numel();
-    attach(i);
+                 .set_(grads.storage(), offset, p.sizes, dense_strides(p.sizes));
+    offset += p.view.numel();
   }
+}
+
+// ZeRO re-set parameter `index`'s tensor (a view into its owner's flat tensor, or empty):
+// LibTorch gave it a new gradient accumulator, which gets the hook.
+void DistributedDataParallel::Impl::moved(size_t index) {
+  Param& p = params[index];
+  if (!p.accumulator) return;  // not hooked yet (construction)
+  p.accumulator->del_post_hook(p.hook);
+  attach(index);
 }
 
 // A hook on the parameter's gradient accumulator (the autograd node that writes its .grad()).
@@ -283,15 +324,16 @@ void DistributedDataParallel::Impl::reattach_replaced() {
     if (meta != nullptr && !meta->grad_accumulator_.owner_before(p.accumulator) &&
         !p.accumulator.owner_before(meta->grad_accumulator_) && !meta->grad_accumulator_.expired())
       continue;
-    DDP_USAGE_CHECK(p.tensor.sizes() == p.view.sizes() &&
-                        p.tensor.scalar_type() == p.view.scalar_type() &&
-                        p.tensor.device() == p.view.device(),
+    DDP_USAGE_CHECK(p.tensor.sizes() == torch::IntArrayRef(p.sizes) &&
+                        p.tensor.scalar_type() == grads.scalar_type() &&
+                        p.tensor.device() == device,
                     "ddp::DistributedDataParallel: parameter '{}' was replaced by a tensor of "
                     "another shape, dtype or device ({}) since the wrapper was made; load "
                     "(torch::load) a model of the same layout, or construct the wrapper after it",
                     p.name, describe(p.tensor));
     p.accumulator->del_post_hook(p.hook);
     attach(i);
+    if (shards) shards->take_back(i);  // the loaded values into its owner's flat tensor
     p.reattached = in_backward;
     moved.push_back(p.name);
   }
@@ -309,8 +351,18 @@ void DistributedDataParallel::Impl::reattach_replaced() {
 // and the replicas would part from then on (PyTorch: "mark a variable ready only once").
 void DistributedDataParallel::Impl::refuse_a_second_backward(size_t index) const {
   if (!backward_done || forward_seen) return;
-  for (const Param& p : params)
+  // An optimizer step changes the parameters, though not always their version (LibTorch
+  // 1.13's SGD steps .data()); zero_grad() changes or drops the gradients. Parameter `index`'s
+  // own gradient was just accumulated, by this backward.
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Param& p = params[i];
     if (p.tensor._version() != p.version) return;
+    if (i == index) continue;
+    const torch::Tensor& grad = p.tensor.grad();
+    if ((grad.defined() ? grad.unsafeGetTensorImpl() : nullptr) != p.grad ||
+        (grad.defined() && grad._version() != p.grad_version))
+      return;
+  }
   throw UsageError(fmt::format(
       "ddp::DistributedDataParallel: parameter '{}' got a second gradient in one step: a second "
       "backward ran after the synchronised one with no forward and no optimizer step in between; "
@@ -350,8 +402,15 @@ void DistributedDataParallel::Impl::broadcast(const std::vector<torch::Tensor>& 
   unpack(flat, tensors);
 }
 
-void DistributedDataParallel::Impl::sync_buffers() {
+void DistributedDataParallel::Impl::gather_parameters() {
   reattach_replaced();
+  if (!shards) return;
+  if (comm.device_buffers()) comm.set_compute_stream(stream());
+  shards->gather(comm, stream());
+}
+
+void DistributedDataParallel::Impl::sync_buffers() {
+  gather_parameters();
   if (options.broadcast_buffers()) broadcast(buffers);
   buffers_synced = true;
   forward_seen = true;
@@ -399,10 +458,20 @@ void DistributedDataParallel::Impl::begin_backward() {
       "step's forward ran without model.forward(...) or model.sync_buffers() before it; call one "
       "of them before each forward, or set DistributedDataParallelOptions().broadcast_buffers("
       "false)");
+  DDP_USAGE_CHECK(
+      !shards || shards->current(),
+      "ddp::DistributedDataParallel with zero({}): this step's forward ran without "
+      "model.forward(...), model.sync_buffers() or model.gather_parameters() before it, so it used "
+      "parameters that only their owners had updated; call one of them before each forward",
+      options.zero());
   in_backward = true;
   for (Param& p : params)
     p.ready = false;
   reattach_replaced();
+  if (!grads.defined()) {  // ZeRO 2 and 3 free it between steps
+    grads = torch::zeros({static_cast<int64_t>(grad_count)}, grads_options);
+    make_views();
+  }
   reducer->begin_backward(grads.data_ptr<float>());
   // Called by the autograd engine once backward is over (its final callback).
   torch::autograd::Engine::get_default_engine().queue_callback([this] { end_backward(); });
@@ -412,9 +481,24 @@ void DistributedDataParallel::Impl::end_backward() {
   in_backward = false;
   buffers_synced = false;
   forward_seen = false;
+  reduce_at_end();
+  mark_step_end();
+}
+
+// What the next backward compares to tell a new step from a second backward of this one
+// (refuse_a_second_backward).
+void DistributedDataParallel::Impl::mark_step_end() {
   backward_done = true;
-  for (Param& p : params)
+  for (Param& p : params) {
     p.version = p.tensor._version();
+    const torch::Tensor& grad = p.tensor.grad();
+    p.grad = grad.defined() ? grad.unsafeGetTensorImpl() : nullptr;
+    p.grad_version = grad.defined() ? grad._version() : 0;
+  }
+}
+
+// The end of backward: every parameter's readiness settled, what is left reduced, waited for.
+void DistributedDataParallel::Impl::reduce_at_end() {
   std::vector<size_t> unused;
   for (size_t i = 0; i < params.size(); ++i) {
     Param& p = params[i];
@@ -463,18 +547,41 @@ void DistributedDataParallel::Impl::end_backward() {
   }
   reducer->end_backward();
   reducer->finish(stream());
-  if (!options.find_unused_parameters()) return;
-  // A parameter no rank used keeps no gradient (as PyTorch's); one another rank used gets
-  // the average.
-  torch::Tensor map = torch::tensor(used, torch::kInt32).to(device);
-  if (comm.device_buffers()) comm.set_compute_stream(stream());
-  comm.all_reduce(map.data_ptr(), used.size(), DataType::kInt32, ReduceOp::kMax);
-  map = map.cpu();
-  for (const size_t i : unused)
-    if (used[i] == 0 && map[static_cast<int64_t>(i)].item<int32_t>() == 1) {
-      torch::NoGradGuard no_grad;
-      params[i].tensor.mutable_grad() = params[i].view;
-    }
+  if (options.find_unused_parameters()) {
+    // A parameter no rank used keeps no gradient (as PyTorch's); one another rank used gets
+    // the average.
+    torch::Tensor map = torch::tensor(used, torch::kInt32).to(device);
+    if (comm.device_buffers()) comm.set_compute_stream(stream());
+    comm.all_reduce(map.data_ptr(), used.size(), DataType::kInt32, ReduceOp::kMax);
+    map = map.cpu();
+    for (const size_t i : unused)
+      if (used[i] == 0 && map[static_cast<int64_t>(i)].item<int32_t>() == 1) {
+        torch::NoGradGuard no_grad;
+        params[i].tensor.mutable_grad() = params[i].view;
+      }
+  }
+  if (shards) keep_own_gradients();
+}
+
+// ZeRO, once the gradients are averaged: a parameter of another rank keeps no gradient (so the
+// optimizer steps and keeps state for this rank's own only); with ZeRO 2 and 3 this rank's own
+// gradients leave the flat buffer, which is freed until the next backward. The owners are
+// about to step: the next forward gathers.
+void DistributedDataParallel::Impl::keep_own_gradients() {
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < params.size(); ++i) {
+    torch::Tensor& grad = params[i].tensor.mutable_grad();
+    if (!shards->owns(i))
+      grad = torch::Tensor();
+    else if (options.zero() >= 2 && grad.defined())
+      grad = grad.clone();
+  }
+  if (options.zero() >= 2) {
+    grads = torch::Tensor();
+    for (Param& p : params)
+      p.view = torch::Tensor();
+  }
+  shards->stale();
 }
 
 namespace {
@@ -508,6 +615,60 @@ DistributedDataParallel& DistributedDataParallel::operator=(DistributedDataParal
 
 void DistributedDataParallel::sync_buffers() {
   impl_->sync_buffers();
+}
+
+void DistributedDataParallel::gather_parameters() {
+  impl_->gather_parameters();
+}
+
+std::vector<std::string> DistributedDataParallel::owned_parameter_names() const {
+  std::vector<std::string> names;
+  for (size_t i = 0; i < impl_->params.size(); ++i)
+    if (!impl_->shards || impl_->shards->owns(i)) names.push_back(impl_->params[i].name);
+  return names;
+}
+
+ShardedMemory DistributedDataParallel::memory() const {
+  ShardedMemory memory;
+  std::set<const void*> seen;
+  const auto count = [&seen](const torch::Tensor& t) -> size_t {
+    if (!t.defined() || !t.has_storage() || !seen.insert(t.storage().data()).second) return 0;
+    return t.storage().nbytes();
+  };
+  for (const auto& p : impl_->module.parameters()) {
+    memory.parameter_bytes += count(p);
+    memory.gradient_bytes += count(p.grad());
+  }
+  return memory;
+}
+
+size_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {
+  size_t bytes = 0;
+  const auto add = [&bytes](const torch::Tensor& t) {
+    if (t.defined()) bytes += static_cast<size_t>(t.numel()) * t.element_size();
+  };
+  for (const auto& [key, state] : optimizer.state()) {
+    if (const auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(state.get())) {
+      add(sgd->momentum_buffer());
+    } else if (const auto* adamw =
+                   dynamic_cast<const torch::optim::AdamWParamState*>(state.get())) {
+      add(adamw->exp_avg()), add(adamw->exp_avg_sq()), add(adamw->max_exp_avg_sq());
+    } else if (const auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(state.get())) {
+      add(adam->exp_avg()), add(adam->exp_avg_sq()), add(adam->max_exp_avg_sq());
+    } else if (const auto* adagrad =
+                   dynamic_cast<const torch::optim::AdagradParamState*>(state.get())) {
+      add(adagrad->sum());
+    } else if (const auto* rms =
+                   dynamic_cast<const torch::optim::RMSpropParamState*>(state.get())) {
+      add(rms->square_avg()), add(rms->momentum_buffer()), add(rms->grad_avg());
+    } else {
+      throw UsageError(
+          "ddp::optimizer_state_bytes: knows the state of SGD, Adam, AdamW, Adagrad and RMSprop, "
+          "not this optimizer's (parameter state " +
+          key + ")");
+    }
+  }
+  return bytes;
 }
 
 void DistributedDataParallel::set_forward(torch::nn::AnyModule forward) {

@@ -18,11 +18,24 @@
 // callback starts what is left and waits for all of them before backward() returns (CUDA: the
 // current stream waits, the host does not). A job of one process reduces nothing: the hooks
 // only check that every parameter got its gradient, which stays where LibTorch wrote it.
+//
+// ZeRO (DistributedDataParallelOptions().zero(1), 2 or 3; PyTorch's ZeroRedundancyOptimizer and
+// FSDP's SHARD_GRAD_OP and FULL_SHARD in effect): each parameter is owned by one rank (whole
+// tensors, contiguous runs of the registration order balanced by size). After the reduction a
+// rank keeps the gradients of its own parameters only, so the user's unchanged LibTorch optimizer
+// steps those alone and keeps state for about 1/N of the model (LibTorch's optimizers skip a
+// parameter without a gradient); the owners' new values reach every rank by a broadcast from
+// each owner before the next forward (forward(), sync_buffers() or gather_parameters()).
+// ZeRO 2 also frees the full gradient buffer between steps (a rank's own gradients are kept);
+// ZeRO 3 also frees the parameters a rank does not own between steps (they are empty tensors
+// until the next gather). The gradients are averaged by the same all-reduce as plain data
+// parallelism, so every level trains bitwise as plain DistributedDataParallel on as many ranks.
 #pragma once
 
 #include <torch/arg.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/any.h>
+#include <torch/optim/optimizer.h>
 
 #include <memory>
 #include <string>
@@ -53,7 +66,22 @@ struct DistributedDataParallelOptions {
   // Start each bucket's all-reduce as soon as its gradients are written (else all of them when
   // backward ends; for comparisons).
   TORCH_ARG(bool, overlap) = true;
+  // ZeRO (the top of this file): 0 plain, 1 optimizer state sharded, 2 and gradients, 3 and
+  // parameters. No effect on a job of one process.
+  TORCH_ARG(int, zero) = 0;
 };
+
+// What the module's parameters and gradients keep alive on this rank now, in bytes (each
+// storage once: a bucket's gradients count as the whole flat buffer they are views of).
+struct ShardedMemory {
+  size_t parameter_bytes = 0;
+  size_t gradient_bytes = 0;
+};
+
+// The bytes of an optimizer's per-parameter state (SGD's momentum, Adam's and AdamW's moments,
+// Adagrad's sums, RMSprop's averages): with ZeRO about 1/N of plain data parallelism's.
+// UsageError for another optimizer's state.
+size_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer);
 
 // Data parallelism over a LibTorch module (the top of this file).
 class DistributedDataParallel {
@@ -92,8 +120,13 @@ class DistributedDataParallel {
     return forward_module().template forward<Return>(std::forward<Args>(args)...);
   }
   // Collective: every rank's buffers become rank 0's (where broadcast_buffers and the module
-  // has buffers). Call it before each forward of one's own; forward() does.
+  // has buffers), and with ZeRO the parameters their owners' (gather_parameters()). Call it
+  // before each forward of one's own; forward() does.
   void sync_buffers();
+  // Collective, with ZeRO: every rank's module holds the full parameters as their owners
+  // updated them (ZeRO 3 until the next synchronised backward ends); before torch::save on
+  // rank 0, or an evaluation that does not go through forward(). Without ZeRO nothing to do.
+  void gather_parameters();
 
   // While the returned guard lives, backward passes accumulate gradients locally (no
   // communication); the first backward after it reduces the sum (gradient accumulation, as
@@ -121,6 +154,11 @@ class DistributedDataParallel {
   const std::vector<Bucket>& buckets() const;
   // The names of the parameters that get gradients, in registration order (Bucket's layers).
   std::vector<std::string> parameter_names() const;
+  // The names of the parameters this rank owns with ZeRO (their optimizer state and update);
+  // every parameter that gets gradients without it.
+  std::vector<std::string> owned_parameter_names() const;
+  // What the parameters and gradients hold on this rank now (ShardedMemory).
+  ShardedMemory memory() const;
   // The record of what happened during the steps while asked for (DdpEvent: "layer_done" as each
   // parameter's gradient is ready, "allreduce_issued", "backward_done", "allreduce_waited").
   void record_events(bool on);

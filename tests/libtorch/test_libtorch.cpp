@@ -168,6 +168,19 @@ TEST(TorchDdp, BuffersAreRankZerosAndAForwardWithoutTheirSyncIsNamed) {
 // its own order (a ring, whose chunks start at different ranks) where ddp's adds them in rank
 // order, and PyTorch divides before it sums; each rounds once per element and step, within
 // kAcrossRanksMargin (margins.h).
+// A module without buffers may run its own forward with no sync_buffers() before it: the
+// optimizer's step between two backwards tells them apart even where it leaves the parameters'
+// versions alone (LibTorch 1.13's SGD steps .data()).
+TEST(TorchDdp, AModuleWithoutBuffersMayRunItsOwnForward) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  const std::string single = train_single(dir);
+  const std::string out = dir.file("own.safetensors");
+  const RunResult r = train_ranks(2, out, "--own-forward --no-sync-buffers");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_LT(max_relative_difference(out, single), kAcrossRanksMargin) << r.output;
+}
+
 TEST(TorchDdp, EqualsPyTorchsPythonDdp) {
   if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
   if (run_command("/usr/bin/python3 -c 'import torch.distributed.run'").exit_code != 0)

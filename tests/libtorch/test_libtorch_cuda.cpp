@@ -1,7 +1,8 @@
 // ddp::DistributedDataParallel on CUDA tensors (NCCL, LibTorch's current stream), with two ranks
 // sharing the one GPU (ddprun --share-gpu: correct, slow): the same weights as one CUDA process
 // with the same global batch, also under no_sync accumulation; bf16 reduction close to them; and
-// the same model's weights on the GPU close to the CPU's.
+// the same model's weights on the GPU close to the CPU's; ZeRO 1, 2 and 3 bitwise plain DDP
+// with a share of the optimizer state.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -48,6 +49,27 @@ TEST(TorchDdpCuda, Bf16ReductionStaysCloseAndBuffersAreRankZeros) {
                                    " --cuda --batchnorm --out " + out);
   ASSERT_EQ(bn.exit_code, 0) << bn.output;
   EXPECT_EQ(batchnorm_line(bn.output, 1), batchnorm_line(bn.output, 0));
+}
+
+// ZeRO over NCCL (the owners' broadcasts on LibTorch's stream): bitwise plain DDP on 2 and 3
+// ranks with AdamW, each rank's optimizer state below plain DDP's.
+TEST(TorchDdpCuda, ZeroEveryLevelTrainsBitwiseAsPlainDdp) {
+  REQUIRE_GPU();
+  TempDir dir;
+  for (const int ranks : {2, 3}) {
+    const std::string common = kSharedGpu + " --nproc-per-node " + std::to_string(ranks) +
+                               " -- " + kWorker + " --cuda --deep 4 --adamw --memory --out ";
+    const std::string plain = dir.file("plain.safetensors");
+    const RunResult base = run_command(common + plain);
+    ASSERT_EQ(base.exit_code, 0) << base.output;
+    for (const int level : {1, 2, 3}) {
+      const std::string out = dir.file("zero.safetensors");
+      const RunResult r = run_command(common + out + " --zero " + std::to_string(level));
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+      EXPECT_EQ(max_relative_difference(out, plain), 0.0) << ranks << " ranks, zero " << level;
+      EXPECT_NE(r.output.find("owned"), std::string::npos) << r.output;
+    }
+  }
 }
 
 }  // namespace

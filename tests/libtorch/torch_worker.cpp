@@ -6,11 +6,17 @@
 //       [--cuda] [--bf16] [--unused [--find-unused]] [--differ] [--events] [--batchnorm]
 //       [--own-forward [--no-sync-buffers]] [--bucket-kb N] [--sparse] [--reference-forward]
 //       [--load FILE] [--second-backward RANK] [--unused-on-rank RANK] [--no-broadcast-buffers]
-//       [--threads N] [--wrap-twice]
+//       [--threads N] [--wrap-twice] [--zero LEVEL] [--adamw] [--memory] [--save-full FILE]
+//       [--deep K]
+//   torch_worker --check-load FILE --out FILE [--deep K]  (a plain module loads --save-full's)
 //   torch_worker --save-start FILE   (a model of another seed, torch::save'd, for --load)
 // --load: torch::load of the whole model after wrapping it and making the optimizer (as resume
 // code does); --second-backward: that rank runs a second backward in step 1; --unused-on-rank:
-// the spare layer (--unused) adds to the loss on every rank but that one.
+// the spare layer (--unused) adds to the loss on every rank but that one; --zero: ZeRO 1-3;
+// --adamw: AdamW instead of SGD with momentum; --memory: each rank prints its optimizer state's,
+// parameters' and gradients' bytes after the last step; --save-full: rank 0 torch::save's the
+// module after gather_parameters() (a checkpoint for a plain module); --deep K: K residual
+// linear blocks more (a model whose parameters several ranks can share evenly).
 // Rank 0 writes the trained parameters (safetensors, registration order) to --out (every rank
 // where it holds RANK); --init
 // writes the starting parameters (rank 0's, after the broadcast) and the data set, for
@@ -33,7 +39,7 @@ namespace {
 constexpr int64_t kVocabulary = 16, kTokens = 6, kClasses = 4, kGlobalBatch = 12;
 
 struct NetImpl : torch::nn::Module {
-  NetImpl(int64_t hidden, bool unused, bool batchnorm, bool sparse)
+  NetImpl(int64_t hidden, bool unused, bool batchnorm, bool sparse, int deep = 0)
       : embed(register_module(
             "embed",
             torch::nn::Embedding(torch::nn::EmbeddingOptions(kVocabulary, 8).sparse(sparse)))),
@@ -44,6 +50,9 @@ struct NetImpl : torch::nn::Module {
         fc2(register_module("fc2", torch::nn::Linear(hidden, kClasses))) {
     if (unused) spare = register_module("spare", torch::nn::Linear(hidden, hidden));
     if (batchnorm) bn = register_module("bn", torch::nn::BatchNorm1d(hidden));
+    for (int i = 0; i < deep; ++i)
+      blocks.push_back(
+          register_module("block" + std::to_string(i), torch::nn::Linear(hidden, hidden)));
   }
   torch::Tensor forward(torch::Tensor tokens) {
     torch::Tensor x = embed(tokens).transpose(1, 2);  // (B, 8, T)
@@ -52,6 +61,8 @@ struct NetImpl : torch::nn::Module {
     x = torch::relu(fc1(x));
     if (!bn.is_empty()) x = bn(x);
     if (use_spare && !spare.is_empty()) x = x + 0.1 * torch::tanh(spare(x));
+    for (torch::nn::Linear& block : blocks)
+      x = x + torch::relu(block(x));
     return fc2(x);
   }
   bool use_spare = false;
@@ -61,6 +72,7 @@ struct NetImpl : torch::nn::Module {
   torch::nn::Linear fc1, fc2;
   torch::nn::Linear spare{nullptr};
   torch::nn::BatchNorm1d bn{nullptr};
+  std::vector<torch::nn::Linear> blocks;
 };
 TORCH_MODULE(Net);
 
@@ -68,10 +80,11 @@ struct Args {
   bool single = false, cuda = false, bf16 = false, unused = false, find_unused = false,
        differ = false, events = false, batchnorm = false, own_forward = false, sparse = false,
        reference_forward = false, no_sync_buffers = false, no_broadcast_buffers = false,
-       wrap_twice = false;
-  int steps = 5, accumulate = 1, second_backward = -1, unused_on_rank = -1, threads = 0;
+       wrap_twice = false, adamw = false, memory = false;
+  int deep = 0;
+  int steps = 5, accumulate = 1, second_backward = -1, unused_on_rank = -1, threads = 0, zero = 0;
   double bucket_kb = 0;
-  std::string out, init, load, save_start;
+  std::string out, init, load, save_start, save_full, check_load;
 };
 
 Args parse(int argc, char** argv) {
@@ -98,6 +111,18 @@ Args parse(int argc, char** argv) {
       a.events = true;
     else if (f == "--reference-forward")
       a.reference_forward = true;
+    else if (f == "--adamw")
+      a.adamw = true;
+    else if (f == "--deep")
+      a.deep = std::stoi(value());
+    else if (f == "--check-load")
+      a.check_load = value();
+    else if (f == "--memory")
+      a.memory = true;
+    else if (f == "--zero")
+      a.zero = std::stoi(value());
+    else if (f == "--save-full")
+      a.save_full = value();
     else if (f == "--wrap-twice")
       a.wrap_twice = true;
     else if (f == "--sparse")
@@ -157,7 +182,7 @@ int main(int argc, char** argv) {
   const Args args = parse(argc, argv);
   if (!args.save_start.empty()) {
     torch::manual_seed(99);
-    Net other(32, args.unused, args.batchnorm, args.sparse);
+    Net other(32, args.unused, args.batchnorm, args.sparse, args.deep);
     torch::save(other, args.save_start);
     return 0;
   }
@@ -181,7 +206,15 @@ int main(int argc, char** argv) {
   const torch::Device device = args.cuda ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
   at::globalContext().setAllowTF32CuDNN(false);  // fp32 convolutions, comparable with the CPU's
   torch::manual_seed(7 + rank);  // each rank its own start: the broadcast makes them rank 0's
-  Net net(args.differ && rank == 1 ? 33 : 32, args.unused, args.batchnorm, args.sparse);
+  Net net(args.differ && rank == 1 ? 33 : 32, args.unused, args.batchnorm, args.sparse, args.deep);
+  if (!args.check_load.empty()) {  // a plain module loads what a ZeRO run saved, then --out
+    torch::load(net, args.check_load);
+    std::vector<std::pair<std::string, torch::Tensor>> state;
+    for (const auto& p : net->named_parameters())
+      state.emplace_back(p.key(), p.value());
+    save(args.out, state);
+    return 0;
+  }
   net->to(device);
 
   std::unique_ptr<ddp::DistributedDataParallel> model;
@@ -189,7 +222,8 @@ int main(int argc, char** argv) {
     ddp::DistributedDataParallelOptions options;
     options.find_unused_parameters(args.find_unused)
         .reduce_in_bf16(args.bf16)
-        .broadcast_buffers(!args.no_broadcast_buffers);
+        .broadcast_buffers(!args.no_broadcast_buffers)
+        .zero(args.zero);
     // Each rank's own running statistics: the construction's broadcast makes them rank 0's.
     if (args.batchnorm) net->bn->running_mean.add_(static_cast<double>(rank));
     if (args.bucket_kb > 0)
@@ -212,7 +246,13 @@ int main(int argc, char** argv) {
     state.emplace_back("data.labels", labels);
     save(args.init, state);
   }
-  torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  if (args.adamw)
+    optimizer = std::make_unique<torch::optim::AdamW>(
+        net->parameters(), torch::optim::AdamWOptions(0.01).weight_decay(0.01));
+  else
+    optimizer = std::make_unique<torch::optim::SGD>(net->parameters(),
+                                                    torch::optim::SGDOptions(0.1).momentum(0.9));
   if (!args.load.empty()) {
     torch::load(net, args.load);
     net->to(device);
@@ -223,7 +263,7 @@ int main(int argc, char** argv) {
   const int64_t share = kGlobalBatch / ranks;
   for (int step = 0; step < args.steps; ++step) {
     if (model && args.events && step == 1) model->record_events(true);
-    optimizer.zero_grad();
+    optimizer->zero_grad();
     for (int micro = 0; micro < args.accumulate; ++micro) {
       const int64_t first = (step * args.accumulate + micro) * kGlobalBatch + rank * share;
       const torch::Tensor x = tokens.narrow(0, first, share).to(device);
@@ -252,7 +292,7 @@ int main(int argc, char** argv) {
         run();
       }
     }
-    optimizer.step();
+    optimizer->step();
     if (model && args.events && step == 1) {
       model->record_events(false);
       if (rank == 0) {
@@ -263,6 +303,14 @@ int main(int argc, char** argv) {
       }
     }
   }
+  if (args.memory && model) {
+    const ddp::ShardedMemory held = model->memory();
+    std::printf("rank %d memory optimizer %zu parameters %zu gradients %zu owned %zu\n", rank,
+                ddp::optimizer_state_bytes(*optimizer), held.parameter_bytes, held.gradient_bytes,
+                model->owned_parameter_names().size());
+  }
+  if (model) model->gather_parameters();  // ZeRO: the owners' last updates on every rank
+  if (!args.save_full.empty() && rank == 0) torch::save(net, args.save_full);
   if (args.batchnorm) {  // rank 0's, as the next forward would see them
     if (model) model->sync_buffers();
     const torch::Tensor mean = net->bn->running_mean.cpu(), var = net->bn->running_var.cpu();
