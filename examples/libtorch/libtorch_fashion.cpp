@@ -2,6 +2,7 @@
 // Fashion-MNIST, one process per CPU slot or GPU, started by ddprun, mpirun, srun or torchrun.
 //   ddprun --nproc-per-node 2 -- ./libtorch_fashion                 (CPU, Gloo)
 //   ddprun --nproc-per-node 8 -- ./libtorch_fashion --cuda          (a GPU each, NCCL)
+//   ddprun --nproc-per-node 2 -- ./libtorch_fashion --zero 3        (ZeRO: each rank a share)
 // What it adds to a LibTorch loop: ddp::init(), the DistributedDataParallel wrapper, LibTorch's
 // DistributedRandomSampler so that each rank reads its own part of each epoch, and rank 0 saving
 // the checkpoint (written aside, read back, then renamed over the last one).
@@ -45,6 +46,7 @@ struct Flags {
   int64_t max_steps = -1;
   double lr = 0.05;
   bool cuda = false;
+  int zero = 0;  // ZeRO level (DistributedDataParallelOptions::zero)
 };
 
 Flags parse(int argc, char** argv) {
@@ -69,10 +71,12 @@ Flags parse(int argc, char** argv) {
       f.lr = std::stod(value());
     else if (flag == "--cuda")
       f.cuda = true;
+    else if (flag == "--zero")
+      f.zero = std::stoi(value());
     else
       throw ddp::UsageError("unknown flag " + flag +
                             " (expected --data-dir, --checkpoint, --epochs, --batch, "
-                            "--max-steps, --lr, --cuda)");
+                            "--max-steps, --lr, --cuda, --zero)");
   }
   return f;
 }
@@ -111,7 +115,10 @@ int main(int argc, char** argv) {
     if (world.rank() == 0) std::printf("resumed from %s\n", flags.checkpoint.c_str());
   }
   net->to(device);
-  ddp::DistributedDataParallel model(net, world);  // rank 0's weights on every rank
+  // Rank 0's weights on every rank; with --zero each rank steps and keeps the optimizer state
+  // of its share of the parameters (ZeRO 3: holds only those between steps).
+  ddp::DistributedDataParallel model(net, world,
+                                     ddp::DistributedDataParallelOptions().zero(flags.zero));
   torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(flags.lr).momentum(0.5));
 
   const ddp::Dataset data = ddp::load_fashion_mnist(flags.data_dir);
@@ -140,6 +147,7 @@ int main(int argc, char** argv) {
       ++batches;
       ++step;
     }
+    model.gather_parameters();  // ZeRO: every parameter as its owner updated it (every rank)
     if (world.rank() == 0) {
       torch::NoGradGuard no_grad;
       net->eval();

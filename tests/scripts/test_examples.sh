@@ -189,7 +189,11 @@ if [ -n "$torch_example" ] && [ -e /usr/share/datasets/fashion-mnist/t10k-labels
       --nproc_per_node 2 --master_port "$(( 20000 + RANDOM % 20000 ))" "$torch_example" --max-steps 40 2>&1)"
     grep -qF "$line" <<<"$out" || { echo "$out"; echo "FAILED: libtorch_fashion under torchrun: not '$line'"; failed=1; }
   fi
-  echo "libtorch_fashion: '$line' under ddprun, mpirun and torchrun"
+  # ZeRO 3 (each rank steps its share; the parameters gathered for rank 0's evaluation and
+  # checkpoint): the same line, as it trains bitwise as plain data parallelism.
+  out="$(CUDA_VISIBLE_DEVICES= "$work/moved/bin/ddprun" --nproc-per-node 2 -- "$torch_example" --max-steps 40 --zero 3 --checkpoint "$work/torch-zero.pt" 2>&1)"
+  grep -qF "$line" <<<"$out" && [ -s "$work/torch-zero.pt" ] || { echo "$out"; echo "FAILED: libtorch_fashion --zero 3: not '$line'"; failed=1; }
+  echo "libtorch_fashion: '$line' under ddprun, mpirun, torchrun and with --zero 3"
 fi
 # Under mpirun: the MPI backend, which classifier links (ddp::ddp and ddp::mpi).
 mpirun="$(command -v mpirun || true)"
