@@ -74,8 +74,8 @@ struct DistributedDataParallelOptions {
 // What the module's parameters and gradients keep alive on this rank now, in bytes (each
 // storage once: a bucket's gradients count as the whole flat buffer they are views of).
 struct ShardedMemory {
-  size_t parameter_bytes = 0;
-  size_t gradient_bytes = 0;
+  size_t parameter_bytes = 0;  // the parameters' storages
+  size_t gradient_bytes = 0;   // the gradients' storages (.grad())
 };
 
 // The bytes of an optimizer's per-parameter state (SGD's momentum, Adam's and AdamW's moments,

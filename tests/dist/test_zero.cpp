@@ -119,6 +119,20 @@ INSTANTIATE_TEST_SUITE_P(
                       ZeroCase{3, 2, "sgd", "--pp 2 --micro-batches 4 --schedule zb-h1"},
                       ZeroCase{3, 3, "adamw", "--recompute --accumulate 2"}));
 
+// --zero 3 reduces one bucket a layer whatever --bucket-mb says: said once, not silently.
+TEST(Zero, ThreeSaysOnceThatItCutsABucketALayer) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  const std::string said = "--zero 3 cuts one bucket a layer (a layer's parameters are gathered "
+                           "and freed together): --bucket-mb 0.0005 and --first-bucket-mb 0.0002 "
+                           "are not used";
+  const RunResult three = run_command(ddprun(2, "--zero 3"));
+  ASSERT_EQ(three.exit_code, 0) << three.output;
+  EXPECT_EQ(count_of(three.output, said), 1) << three.output;
+  const RunResult two = run_command(ddprun(2, "--zero 2"));
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  EXPECT_EQ(count_of(two.output, "cuts one bucket a layer"), 0) << two.output;
+}
+
 // --zero 3 with two chunks of layers a rank (interleaved 1F1B): each chunk's layers are
 // gathered from the rank's pieces of its own layers.
 TEST(Zero, ThreeWithInterleavedStagesEqualsPlainDataParallelism) {

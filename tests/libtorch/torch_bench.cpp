@@ -2,9 +2,11 @@
 // of the example's network (cnn, batch 64) or of an MLP of 50 M parameters (mlp, batch 512),
 // plain LibTorch or under ddp::DistributedDataParallel, timed over --steps after --warmup.
 //   ddp_torch_bench --model cnn|mlp --mode plain|ddp [--cuda] [--steps N] [--warmup N]
-//       [--batch B]
+//       [--batch B] [--zero LEVEL] [--adamw]
 // Prints "ms_per_step X" (the median of 5 rounds of N steps, the device synchronised around
-// each round). Under ddprun each rank trains its own batch; alone it is one rank.
+// each round) and, with --mode ddp, what the rank holds after the last step (optimizer state,
+// parameters, gradients: MiB). Under ddprun each rank trains its own batch; alone it is one
+// rank. --zero: ZeRO's level; --adamw: AdamW instead of SGD with momentum.
 #include <ddp/torch.h>
 #include <torch/torch.h>
 
@@ -38,9 +40,15 @@ void synchronize(const torch::Device& device) {
   if (device.is_cuda()) torch::cuda::synchronize();
 }
 
+struct Setup {
+  bool ddp_mode = false, cuda = false, adamw = false;
+  int zero = 0, steps = 100, warmup = 20;
+};
+
 template <typename Net>
-double run(Net& net, bool ddp_mode, bool cuda, int64_t batch, int64_t features_or_image,
-           int classes, int steps, int warmup) {
+double run(Net& net, const Setup& setup, int64_t batch, int64_t features_or_image, int classes) {
+  const bool ddp_mode = setup.ddp_mode, cuda = setup.cuda;
+  const int steps = setup.steps, warmup = setup.warmup;
   const torch::Device device = cuda ? torch::kCUDA : torch::kCPU;
   std::unique_ptr<ddp::World> world;
   std::unique_ptr<ddp::DistributedDataParallel> model;
@@ -50,8 +58,17 @@ double run(Net& net, bool ddp_mode, bool cuda, int64_t batch, int64_t features_o
     world = std::make_unique<ddp::World>(ddp::init(init));
   }
   net->to(device);
-  if (world) model = std::make_unique<ddp::DistributedDataParallel>(net, *world);
-  torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  if (world)
+    model = std::make_unique<ddp::DistributedDataParallel>(
+        net, *world, ddp::DistributedDataParallelOptions().zero(setup.zero));
+  std::unique_ptr<torch::optim::Optimizer> made;
+  if (setup.adamw)
+    made =
+        std::make_unique<torch::optim::AdamW>(net->parameters(), torch::optim::AdamWOptions(1e-4));
+  else
+    made = std::make_unique<torch::optim::SGD>(net->parameters(),
+                                               torch::optim::SGDOptions(0.01).momentum(0.9));
+  torch::optim::Optimizer& optimizer = *made;
   const torch::Tensor x = features_or_image > 0 ? torch::randn({batch, features_or_image}, device)
                                                 : torch::rand({batch, 1, 28, 28}, device);
   const torch::Tensor y =
@@ -77,6 +94,13 @@ double run(Net& net, bool ddp_mode, bool cuda, int64_t batch, int64_t features_o
         steps);
   }
   std::sort(rounds.begin(), rounds.end());
+  if (model) {
+    const ddp::ShardedMemory held = model->memory();
+    std::printf(
+        "rank %d holds: optimizer state %.1f MiB, parameters %.1f MiB, gradients %.1f MiB\n",
+        world->rank(), ddp::optimizer_state_bytes(optimizer) / 1048576.0,
+        held.parameter_bytes / 1048576.0, held.gradient_bytes / 1048576.0);
+  }
   return rounds[2];
 }
 
@@ -84,8 +108,7 @@ double run(Net& net, bool ddp_mode, bool cuda, int64_t batch, int64_t features_o
 
 int main(int argc, char** argv) {
   std::string model = "cnn", mode = "plain";
-  bool cuda = false;
-  int steps = 100, warmup = 20;
+  Setup setup;
   int64_t batch = 0;  // 0: the model's (64, 512)
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
@@ -98,28 +121,35 @@ int main(int argc, char** argv) {
     else if (flag == "--mode")
       mode = value();
     else if (flag == "--cuda")
-      cuda = true;
+      setup.cuda = true;
+    else if (flag == "--adamw")
+      setup.adamw = true;
+    else if (flag == "--zero")
+      setup.zero = std::stoi(value());
     else if (flag == "--steps")
-      steps = std::stoi(value());
+      setup.steps = std::stoi(value());
     else if (flag == "--warmup")
-      warmup = std::stoi(value());
+      setup.warmup = std::stoi(value());
     else if (flag == "--batch")
       batch = std::stoll(value());
     else
       throw ddp::UsageError("unknown flag " + flag +
-                            " (expected --model, --mode, --cuda, --steps, --warmup, --batch)");
+                            " (expected --model, --mode, --cuda, --steps, --warmup, --batch, "
+                            "--zero, --adamw)");
   }
   DDP_USAGE_CHECK(model == "cnn" || model == "mlp", "--model {}: expected cnn or mlp", model);
   DDP_USAGE_CHECK(mode == "plain" || mode == "ddp", "--mode {}: expected plain or ddp", mode);
+  setup.ddp_mode = mode == "ddp";
   torch::manual_seed(0);
   double ms = 0;
   if (model == "cnn") {
     FashionNet net;
-    ms = run(net, mode == "ddp", cuda, batch > 0 ? batch : 64, 0, 10, steps, warmup);
+    ms = run(net, setup, batch > 0 ? batch : 64, 0, 10);
   } else {
     Mlp net;
-    ms = run(net, mode == "ddp", cuda, batch > 0 ? batch : 512, 2048, 2048, steps, warmup);
+    ms = run(net, setup, batch > 0 ? batch : 512, 2048, 2048);
   }
-  std::printf("libtorch %s %s: ms_per_step %.4f\n", model.c_str(), mode.c_str(), ms);
+  std::printf("libtorch %s %s%s: ms_per_step %.4f\n", model.c_str(), mode.c_str(),
+              setup.zero > 0 ? (" zero " + std::to_string(setup.zero)).c_str() : "", ms);
   return 0;
 }
