@@ -621,6 +621,50 @@ void DistributedDataParallel::gather_parameters() {
   impl_->gather_parameters();
 }
 
+void DistributedDataParallel::register_comm_hook(TorchCommHook hook) {
+  DDP_USAGE_CHECK(hook != nullptr,
+                  "ddp::DistributedDataParallel::register_comm_hook: an empty hook");
+  Impl& impl = *impl_;
+  // Each bucket's parameters, once.
+  auto parameters = std::make_shared<std::vector<std::vector<torch::Tensor>>>();
+  for (const Bucket& b : impl.reducer->buckets()) {
+    parameters->emplace_back();
+    for (int i = b.first_layer; i <= b.last_layer; ++i)
+      parameters->back().push_back(impl.params[static_cast<size_t>(i)].tensor);
+  }
+  impl.reducer->register_comm_hook(
+      [&impl, parameters, hook = std::move(hook)](Communicator& comm, const GradBucket& b) {
+        TorchGradBucket bucket{
+            b.index,
+            impl.grads.narrow(0, static_cast<int64_t>(b.offset), static_cast<int64_t>(b.count)),
+            (*parameters)[b.index]};
+        return hook(comm, bucket);
+      });
+}
+
+TorchCommHook allreduce_comm_hook() {
+  return [](Communicator& comm, TorchGradBucket& bucket) {
+    return comm.all_reduce_async(bucket.buffer.data_ptr(),
+                                 static_cast<size_t>(bucket.buffer.numel()), DataType::kFloat32,
+                                 ReduceOp::kAverage);
+  };
+}
+
+TorchCommHook bf16_compress_comm_hook() {
+  // Each bucket's bf16 values, kept from step to step (a collective in flight reads them).
+  auto wire = std::make_shared<std::vector<torch::Tensor>>();
+  return [wire](Communicator& comm, TorchGradBucket& bucket) {
+    comm.require_bf16_reduction();
+    if (wire->size() <= bucket.index) wire->resize(bucket.index + 1);
+    torch::Tensor& scratch = (*wire)[bucket.index];
+    if (!scratch.defined() || scratch.numel() != bucket.buffer.numel())
+      scratch = torch::empty_like(bucket.buffer, bucket.buffer.options().dtype(torch::kBFloat16));
+    return comm.all_reduce_bf16_async(bucket.buffer.data_ptr<float>(), scratch.data_ptr(),
+                                      static_cast<size_t>(bucket.buffer.numel()),
+                                      ReduceOp::kAverage);
+  };
+}
+
 std::vector<std::string> DistributedDataParallel::owned_parameter_names() const {
   std::vector<std::string> names;
   for (size_t i = 0; i < impl_->params.size(); ++i)

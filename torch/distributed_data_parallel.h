@@ -37,6 +37,7 @@
 #include <torch/nn/modules/container/any.h>
 #include <torch/optim/optimizer.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -77,6 +78,28 @@ struct ShardedMemory {
   size_t parameter_bytes = 0;  // the parameters' storages
   size_t gradient_bytes = 0;   // the gradients' storages (.grad())
 };
+
+// A bucket as a LibTorch communication hook sees it (PyTorch's GradBucket).
+struct TorchGradBucket {
+  size_t index = 0;                       // its place in the reduction order (0: the last
+                                          // parameters')
+  torch::Tensor buffer;                   // its gradients, one flat float32 tensor: a view of
+                                          // the bucket, to hold the average over the ranks
+  std::vector<torch::Tensor> parameters;  // the parameters whose gradients it holds
+};
+
+// A communication hook (PyTorch's register_comm_hook): starts the reduction of `bucket` over
+// `comm` so that bucket.buffer holds the average over the ranks once the returned Work is done
+// (CPU: backward waits for it; CUDA: LibTorch's current stream is made to wait), or returns null
+// where it is done already (on the CPU, or in the current stream's order on the GPU). Every rank
+// runs it on the same buckets in the same order.
+using TorchCommHook =
+    std::function<std::unique_ptr<Work>(Communicator& comm, TorchGradBucket& bucket)>;
+
+// The built-in hooks: the averaging all-reduce (what the buckets do without a hook) and the same
+// with the gradients on the wire as bfloat16 (PyTorch's bf16_compress_hook; NCCL).
+TorchCommHook allreduce_comm_hook();
+TorchCommHook bf16_compress_comm_hook();
 
 // The bytes of an optimizer's per-parameter state (SGD's momentum, Adam's and AdamW's moments,
 // Adagrad's sums, RMSprop's averages): with ZeRO about 1/N of plain data parallelism's.
@@ -154,6 +177,9 @@ class DistributedDataParallel {
   const std::vector<Bucket>& buckets() const;
   // The names of the parameters that get gradients, in registration order (Bucket's layers).
   std::vector<std::string> parameter_names() const;
+  // Each bucket reduced by `hook` (above) instead of the averaging all-reduce, from the next
+  // backward; once a model, between steps (as PyTorch's register_comm_hook).
+  void register_comm_hook(TorchCommHook hook);
   // The names of the parameters this rank owns with ZeRO (their optimizer state and update);
   // every parameter that gets gradients without it.
   std::vector<std::string> owned_parameter_names() const;

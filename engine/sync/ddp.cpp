@@ -153,10 +153,49 @@ void Ddp::begin_backward(float* grads) {
     if (bucket >= 0) ++waiting_[static_cast<size_t>(bucket)];
 }
 
+CommHook allreduce_hook() {
+  return [](Communicator& comm, const GradBucket& bucket) {
+    return comm.all_reduce_async(bucket.data, bucket.count, DataType::kFloat32, ReduceOp::kAverage);
+  };
+}
+
+CommHook bf16_compress_hook(uint16_t* scratch) {
+  DDP_CHECK(scratch != nullptr, "bf16_compress_hook: no scratch buffer");
+  return [scratch](Communicator& comm, const GradBucket& bucket) {
+    return comm.all_reduce_bf16_async(bucket.data, scratch + bucket.offset, bucket.count,
+                                      ReduceOp::kAverage);
+  };
+}
+
 void Ddp::reduce_in_bf16(void* scratch) {
   comm_.require_bf16_reduction();  // before training, not at the first step
   DDP_CHECK(scratch != nullptr, "reduce_in_bf16: no scratch buffer");
+  DDP_USAGE_CHECK(!user_hook_,
+                  "reduce_in_bf16: a communication hook is registered; bf16 travel is a hook "
+                  "itself (bf16_compress_hook): register one of them");
   bf16_scratch_ = static_cast<uint16_t*>(scratch);
+  hook_ = bf16_compress_hook(bf16_scratch_);
+}
+
+void Ddp::register_comm_hook(CommHook hook) {
+  DDP_USAGE_CHECK(hook != nullptr, "register_comm_hook: an empty hook");
+  DDP_USAGE_CHECK(!user_hook_ && bf16_scratch_ == nullptr,
+                  "register_comm_hook: the buckets have a hook already ({}); one hook a model, as "
+                  "PyTorch's register_comm_hook",
+                  user_hook_ ? "registered before" : "reduce_in_bf16's");
+  DDP_USAGE_CHECK(
+      reduction_ == nullptr,
+      "register_comm_hook: the buckets are reduced by ZeRO's sharded reduction, which a "
+      "hook cannot replace");
+  DDP_USAGE_CHECK(!in_backward_, "register_comm_hook during backward: register it between steps");
+  hook_ = std::move(hook);
+  user_hook_ = true;
+}
+
+void Ddp::set_reduction(BucketReduction* reduction) {
+  DDP_USAGE_CHECK(reduction == nullptr || !user_hook_,
+                  "a communication hook is registered: ZeRO's sharded reduction cannot replace it");
+  reduction_ = reduction;
 }
 
 void Ddp::issue(size_t bucket) {
@@ -166,11 +205,10 @@ void Ddp::issue(size_t bucket) {
     record({reduction_->issued_event(), b.first_layer, static_cast<int>(bucket)});
     return;
   }
-  pending_.push_back(bf16_scratch_ != nullptr
-                         ? comm_.all_reduce_bf16_async(grads_ + b.offset, bf16_scratch_ + b.offset,
-                                                       b.count, ReduceOp::kAverage)
-                         : comm_.all_reduce_async(grads_ + b.offset, b.count, DataType::kFloat32,
-                                                  ReduceOp::kAverage));
+  const GradBucket view{bucket, grads_ + b.offset, b.count, b.offset};
+  pending_.push_back(hook_ ? hook_(comm_, view)
+                           : comm_.all_reduce_async(view.data, view.count, DataType::kFloat32,
+                                                    ReduceOp::kAverage));
   record({"allreduce_issued", b.first_layer, static_cast<int>(bucket)});
 }
 
@@ -218,6 +256,7 @@ void Ddp::end_backward() {
 
 void wait_all(std::vector<std::unique_ptr<Work>>& works, Communicator& comm, void* stream) {
   for (auto& work : works) {
+    if (!work) continue;  // a hook that finished its bucket itself
     if (comm.device_buffers())
       work->then_on(stream);
     else

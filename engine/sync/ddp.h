@@ -43,6 +43,28 @@ class BucketReduction {
   virtual bool keeps_gradients() const = 0;
 };
 
+// One bucket's gradients as a communication hook sees them (c10d's GradBucket).
+struct GradBucket {
+  size_t index = 0;       // its place in the reduction order (0: the last layers')
+  float* data = nullptr;  // its gradients, `count` floats of the flat buffer (host or device
+                          // memory, as the communicator takes)
+  size_t count = 0;       // its elements
+  size_t offset = 0;      // where they start in the flat gradient buffer
+};
+
+// A communication hook (c10d's register_comm_hook): starts the reduction of `bucket` over `comm`
+// so that `bucket.data` holds the average over the ranks once the returned Work is done (host
+// communicators: Ddp::finish waits for it; device ones: the compute stream is made to wait), or
+// returns null where it is done already (in the compute stream's order). Every rank runs the
+// same hook on the same buckets in the same order.
+using CommHook = std::function<std::unique_ptr<Work>(Communicator& comm, const GradBucket& bucket)>;
+
+// Ddp's own reduction as a hook: the averaging all-reduce.
+CommHook allreduce_hook();
+// The same with the gradients on the wire as bfloat16 through `scratch` (as many bf16 values
+// as the gradient buffer has floats, in the communicator's memory; c10d's bf16_compress_hook).
+CommHook bf16_compress_hook(uint16_t* scratch);
+
 // Each of `works` (collectives over `comm`) waited for on the host, bounded by its timeout, or
 // (device communicators) made `stream` wait; then none left.
 void wait_all(std::vector<std::unique_ptr<Work>>& works, Communicator& comm, void* stream);
@@ -83,9 +105,14 @@ class Ddp {
   // The scratch check_same_layout(names) uses with a device communicator.
   void set_device_scratch(ScratchFn scratch) { device_scratch_ = std::move(scratch); }
   // Reduce gradients as bfloat16 (Communicator::all_reduce_bf16_async) through `scratch`:
-  // as many bf16 values as the gradient buffer has floats, in the communicator's memory.
-  // UsageError when the backend cannot.
+  // as many bf16 values as the gradient buffer has floats, in the communicator's memory
+  // (bf16_compress_hook registered, and ZeRO's reduce-scatters in bf16 too). UsageError when
+  // the backend cannot.
   void reduce_in_bf16(void* scratch);
+  // Each bucket reduced by `hook` instead of the averaging all-reduce, from the next backward
+  // (one hook a Ddp, as PyTorch's; a UsageError for a second, during backward, or beside a
+  // sharded reduction).
+  void register_comm_hook(CommHook hook);
   // Whether reduce_in_bf16 was called.
   bool reduces_in_bf16() const { return bf16_scratch_ != nullptr; }
   // Collective: parameters (params[count], host or device as the communicator expects)
@@ -130,7 +157,7 @@ class Ddp {
 
   // A bucket's reduction in place of the averaging all-reduce, from now on (null: the
   // all-reduce again); kept by the caller as long as the Ddp is used.
-  void set_reduction(BucketReduction* reduction) { reduction_ = reduction; }
+  void set_reduction(BucketReduction* reduction);
   // The flat gradient buffer of this step's backward (begin_backward's; null with a reduction
   // that keeps the gradients itself).
   float* grads() const { return grads_; }
@@ -153,6 +180,8 @@ class Ddp {
   bool overlap_;
   float* grads_ = nullptr;
   uint16_t* bf16_scratch_ = nullptr;  // bf16 gradients on the wire, when asked
+  CommHook hook_;                     // registered, or empty (the averaging all-reduce)
+  bool user_hook_ = false;            // hook_ came from register_comm_hook
   size_t next_bucket_ = 0;            // buckets are issued in order (last layers first)
   std::vector<std::unique_ptr<Work>> pending_;
   std::vector<DdpEvent> events_;

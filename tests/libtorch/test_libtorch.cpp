@@ -168,6 +168,41 @@ TEST(TorchDdp, BuffersAreRankZerosAndAForwardWithoutTheirSyncIsNamed) {
 // its own order (a ring, whose chunks start at different ranks) where ddp's adds them in rank
 // order, and PyTorch divides before it sums; each rounds once per element and step, within
 // kAcrossRanksMargin (margins.h).
+// Communication hooks: the built-in average is the buckets' own reduction (bitwise); a hook of
+// one's own (the sum over a blocking all-reduce, divided in place) runs once a bucket a step and
+// trains as one process does; a second hook is refused.
+TEST(TorchDdp, CommHooksReduceTheBucketsOnceAStep) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  const std::string single = train_single(dir);
+  const RunResult plain = train_ranks(2, dir.file("plain.safetensors"), "--bucket-kb 2");
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  const RunResult average =
+      train_ranks(2, dir.file("average.safetensors"), "--bucket-kb 2 --hook average");
+  ASSERT_EQ(average.exit_code, 0) << average.output;
+  EXPECT_EQ(max_relative_difference(dir.file("average.safetensors"), dir.file("plain.safetensors")),
+            0.0);
+  const RunResult own =
+      train_ranks(2, dir.file("own.safetensors"), "--bucket-kb 2 --hook sum --events");
+  ASSERT_EQ(own.exit_code, 0) << own.output;
+  EXPECT_LT(max_relative_difference(dir.file("own.safetensors"), single), kAcrossRanksMargin);
+  const size_t at = own.output.find("buckets: ");
+  ASSERT_NE(at, std::string::npos) << own.output;
+  const int buckets = std::stoi(own.output.substr(at + 9));
+  EXPECT_GE(buckets, 2);
+  for (const int rank : {0, 1})  // 5 steps
+    EXPECT_NE(own.output.find("rank " + std::to_string(rank) + " hook calls " +
+                              std::to_string(5 * buckets)),
+              std::string::npos)
+        << own.output;
+  const RunResult twice = train_ranks(2, dir.file("twice.safetensors"), "--hook twice");
+  EXPECT_NE(twice.exit_code, 0) << twice.output;
+  EXPECT_NE(twice.output.find("register_comm_hook: the buckets have a hook already (registered "
+                              "before); one hook a model"),
+            std::string::npos)
+      << twice.output;
+}
+
 // A module without buffers may run its own forward with no sync_buffers() before it: the
 // optimizer's step between two backwards tells them apart even where it leaves the parameters'
 // versions alone (LibTorch 1.13's SGD steps .data()).

@@ -51,14 +51,28 @@ TEST(TorchDdpCuda, Bf16ReductionStaysCloseAndBuffersAreRankZeros) {
   EXPECT_EQ(batchnorm_line(bn.output, 1), batchnorm_line(bn.output, 0));
 }
 
+// The built-in bf16 compression hook: the same collective as reduce_in_bf16, so the same
+// weights.
+TEST(TorchDdpCuda, Bf16CompressHookEqualsReduceInBf16) {
+  REQUIRE_GPU();
+  TempDir dir;
+  const std::string common = kSharedGpu + " --nproc-per-node 2 -- " + kWorker + " --cuda --out ";
+  const RunResult option = run_command(common + dir.file("option.safetensors") + " --bf16");
+  ASSERT_EQ(option.exit_code, 0) << option.output;
+  const RunResult hook = run_command(common + dir.file("hook.safetensors") + " --hook bf16");
+  ASSERT_EQ(hook.exit_code, 0) << hook.output;
+  EXPECT_EQ(max_relative_difference(dir.file("hook.safetensors"), dir.file("option.safetensors")),
+            0.0);
+}
+
 // ZeRO over NCCL (the owners' broadcasts on LibTorch's stream): bitwise plain DDP on 2 and 3
 // ranks with AdamW, each rank's optimizer state below plain DDP's.
 TEST(TorchDdpCuda, ZeroEveryLevelTrainsBitwiseAsPlainDdp) {
   REQUIRE_GPU();
   TempDir dir;
   for (const int ranks : {2, 3}) {
-    const std::string common = kSharedGpu + " --nproc-per-node " + std::to_string(ranks) +
-                               " -- " + kWorker + " --cuda --deep 4 --adamw --memory --out ";
+    const std::string common = kSharedGpu + " --nproc-per-node " + std::to_string(ranks) + " -- " +
+                               kWorker + " --cuda --deep 4 --adamw --memory --out ";
     const std::string plain = dir.file("plain.safetensors");
     const RunResult base = run_command(common + plain);
     ASSERT_EQ(base.exit_code, 0) << base.output;

@@ -7,7 +7,7 @@
 //       [--own-forward [--no-sync-buffers]] [--bucket-kb N] [--sparse] [--reference-forward]
 //       [--load FILE] [--second-backward RANK] [--unused-on-rank RANK] [--no-broadcast-buffers]
 //       [--threads N] [--wrap-twice] [--zero LEVEL] [--adamw] [--memory] [--save-full FILE]
-//       [--deep K]
+//       [--deep K] [--hook average|sum|twice|bf16]
 //   torch_worker --check-load FILE --out FILE [--deep K]  (a plain module loads --save-full's)
 //   torch_worker --save-start FILE   (a model of another seed, torch::save'd, for --load)
 // --load: torch::load of the whole model after wrapping it and making the optimizer (as resume
@@ -16,7 +16,9 @@
 // --adamw: AdamW instead of SGD with momentum; --memory: each rank prints its optimizer state's,
 // parameters' and gradients' bytes after the last step; --save-full: rank 0 torch::save's the
 // module after gather_parameters() (a checkpoint for a plain module); --deep K: K residual
-// linear blocks more (a model whose parameters several ranks can share evenly).
+// linear blocks more (a model whose parameters several ranks can share evenly); --hook: a
+// communication hook (the built-in average or bf16 compression, a hook of one's own that sums
+// and divides and counts its calls, or two hooks registered).
 // Rank 0 writes the trained parameters (safetensors, registration order) to --out (every rank
 // where it holds RANK); --init
 // writes the starting parameters (rank 0's, after the broadcast) and the data set, for
@@ -84,7 +86,7 @@ struct Args {
   int deep = 0;
   int steps = 5, accumulate = 1, second_backward = -1, unused_on_rank = -1, threads = 0, zero = 0;
   double bucket_kb = 0;
-  std::string out, init, load, save_start, save_full, check_load;
+  std::string out, init, load, save_start, save_full, check_load, hook;
 };
 
 Args parse(int argc, char** argv) {
@@ -113,6 +115,8 @@ Args parse(int argc, char** argv) {
       a.reference_forward = true;
     else if (f == "--adamw")
       a.adamw = true;
+    else if (f == "--hook")
+      a.hook = value();
     else if (f == "--deep")
       a.deep = std::stoi(value());
     else if (f == "--check-load")
@@ -218,6 +222,7 @@ int main(int argc, char** argv) {
   net->to(device);
 
   std::unique_ptr<ddp::DistributedDataParallel> model;
+  int hook_calls = 0;
   if (world) {
     ddp::DistributedDataParallelOptions options;
     options.find_unused_parameters(args.find_unused)
@@ -233,6 +238,19 @@ int main(int argc, char** argv) {
     else
       model = std::make_unique<ddp::DistributedDataParallel>(net, *world, options);
     if (args.wrap_twice) ddp::DistributedDataParallel again(net, *world, options);
+    if (args.hook == "average" || args.hook == "twice")
+      model->register_comm_hook(ddp::allreduce_comm_hook());
+    if (args.hook == "twice") model->register_comm_hook(ddp::allreduce_comm_hook());
+    if (args.hook == "bf16") model->register_comm_hook(ddp::bf16_compress_comm_hook());
+    if (args.hook == "sum")  // one's own: the sum, divided here, done when it returns
+      model->register_comm_hook(
+          [&hook_calls](ddp::Communicator& comm, ddp::TorchGradBucket& bucket) {
+            comm.all_reduce(bucket.buffer.data_ptr(), static_cast<size_t>(bucket.buffer.numel()),
+                            ddp::DataType::kFloat32, ddp::ReduceOp::kSum);
+            bucket.buffer.div_(comm.size());
+            ++hook_calls;
+            return std::unique_ptr<ddp::Work>();
+          });
   }
   if (args.batchnorm)
     std::printf("rank %d start running_mean %.9g\n", rank,
@@ -329,6 +347,7 @@ int main(int argc, char** argv) {
              : args.out.substr(0, rank_at) + std::to_string(rank) + args.out.substr(rank_at + 4),
          state);
   }
+  if (!args.hook.empty()) std::printf("rank %d hook calls %d\n", rank, hook_calls);
   std::printf("rank %d of %d trained %d steps (threads %d)\n", rank, ranks, args.steps,
               at::get_num_threads());
   return 0;
