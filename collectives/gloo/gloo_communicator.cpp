@@ -318,14 +318,14 @@ class GlooCommunicator final : public Communicator {
       std::memcpy(recv, send, bytes);
       return;
     }
-    std::vector<char> blocks(bytes * size_);
+    char* blocks = scratch(blocks_, bytes * size_);
     gloo::AlltoallOptions opts(context_);
     opts.setTag(static_cast<uint32_t>(seq));
     opts.setTimeout(ms(timeout_s_));
     opts.setInput(const_cast<char*>(static_cast<const char*>(send)), bytes * size_);
-    opts.setOutput(blocks.data(), bytes * size_);
+    opts.setOutput(blocks, bytes * size_);
     gloo::alltoall(opts);
-    reduce_blocks_in_order(recv, blocks.data(), size_, count, type, op);
+    reduce_blocks_in_order(recv, blocks, size_, count, type, op);
   }
 
   // The buffer padded to n equal pieces, reduce-scattered, and the pieces gathered back.
@@ -336,17 +336,27 @@ class GlooCommunicator final : public Communicator {
     }
     const size_t element = dtype_bytes(type);
     const size_t piece = (count + size_ - 1) / size_;
-    std::vector<char> whole(piece * size_ * element, 0);
-    std::memcpy(whole.data(), buffer, count * element);
-    std::vector<char> mine(piece * element);
-    reduce_scatter_now(whole.data(), mine.data(), piece, type, op, seq);
+    const size_t padded = piece * size_ * element;
+    char* whole = scratch(whole_, padded);
+    std::memcpy(whole, buffer, count * element);
+    std::memset(whole + count * element, 0, padded - count * element);
+    char* mine = scratch(mine_, piece * element);
+    reduce_scatter_now(whole, mine, piece, type, op, seq);
     gloo::AllgatherOptions opts(context_);
     opts.setTag(static_cast<uint32_t>(seq));
     opts.setTimeout(ms(timeout_s_));
-    opts.setInput(mine.data(), mine.size());
-    opts.setOutput(whole.data(), whole.size());
+    opts.setInput(mine, piece * element);
+    opts.setOutput(whole, padded);
     gloo::allgather(opts);
-    std::memcpy(buffer, whole.data(), count * element);
+    std::memcpy(buffer, whole, count * element);
+  }
+
+  // `kept`, at least `bytes` long: the operations' scratch, kept from one to the next (a fresh
+  // buffer a call cost a bucket's page faults and zeroing each time; the queue runs one
+  // operation at a time, so one set serves them all).
+  static char* scratch(std::vector<char>& kept, size_t bytes) {
+    if (kept.size() < bytes) kept.resize(bytes);
+    return kept.data();
   }
 
   std::unique_ptr<Work> submit(std::function<void()> run, uint64_t seq, const char* op,
@@ -370,8 +380,9 @@ class GlooCommunicator final : public Communicator {
   std::string hostname_;
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::rendezvous::Context> context_;
-  std::map<int, uint64_t> sent_;      // messages sent to each peer (point to point)
-  std::map<int, uint64_t> received_;  // messages received from each peer
+  std::map<int, uint64_t> sent_;             // messages sent to each peer (point to point)
+  std::map<int, uint64_t> received_;         // messages received from each peer
+  std::vector<char> whole_, mine_, blocks_;  // all_reduce_now's and reduce_scatter_now's scratch
   std::unique_ptr<OperationQueue> queue_;
 };
 

@@ -2,7 +2,10 @@
 """torch_bench.py --model cnn|mlp --mode plain|ddp [--cuda] [--steps N] [--warmup N]: the step
 ddp_torch_bench times, in Python: the example's network (batch 64) or the MLP of 50 M parameters
 (batch 512), plain PyTorch or under PyTorch's DistributedDataParallel on one rank (NCCL on the
-GPU, Gloo on the CPU), the same median of 5 rounds. Prints "ms_per_step X"."""
+GPU, Gloo on the CPU), the same median of 5 rounds. Prints "ms_per_step X". Under torchrun
+(RANK and WORLD_SIZE set) each rank trains its own batch. --adamw: AdamW (lr 1e-4) instead of
+SGD with momentum; --zero: PyTorch's ZeroRedundancyOptimizer over it (ZeRO 1), whose
+optimizer-state bytes on this rank are printed; --batch: the batch (the model's by default)."""
 import argparse
 import os
 import time
@@ -50,6 +53,9 @@ def main():
     p.add_argument("--cuda", action="store_true")
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--adamw", action="store_true")
+    p.add_argument("--zero", action="store_true")
+    p.add_argument("--batch", type=int, default=0)
     a = p.parse_args()
     device = torch.device("cuda" if a.cuda else "cpu")
     torch.manual_seed(0)
@@ -58,13 +64,21 @@ def main():
     if a.mode == "ddp":
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29533")
-        dist.init_process_group("nccl" if a.cuda else "gloo", rank=0, world_size=1)
+        dist.init_process_group("nccl" if a.cuda else "gloo",
+                                rank=int(os.environ.get("RANK", 0)),
+                                world_size=int(os.environ.get("WORLD_SIZE", 1)))
         model = torch.nn.parallel.DistributedDataParallel(net)
-    optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
-    if a.model == "cnn":
-        x, classes = torch.rand(64, 1, 28, 28, device=device), 10
+    kind, options = ((torch.optim.AdamW, {"lr": 1e-4}) if a.adamw else
+                     (torch.optim.SGD, {"lr": 0.01, "momentum": 0.9}))
+    if a.zero:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        optimizer = ZeroRedundancyOptimizer(net.parameters(), optimizer_class=kind, **options)
     else:
-        x, classes = torch.randn(512, 2048, device=device), 2048
+        optimizer = kind(net.parameters(), **options)
+    if a.model == "cnn":
+        x, classes = torch.rand(a.batch or 64, 1, 28, 28, device=device), 10
+    else:
+        x, classes = torch.randn(a.batch or 512, 2048, device=device), 2048
     y = torch.randint(classes, (x.shape[0],), device=device)
 
     def step():
@@ -84,7 +98,13 @@ def main():
         if a.cuda:
             torch.cuda.synchronize()
         rounds.append((time.perf_counter() - start) * 1000 / a.steps)
-    print(f"pytorch {a.model} {a.mode}: ms_per_step {sorted(rounds)[2]:.4f}")
+    print(f"pytorch {a.model} {a.mode}{' zero' if a.zero else ''}: ms_per_step "
+          f"{sorted(rounds)[2]:.4f}")
+    if a.zero:
+        inner = optimizer.optim
+        state = sum(t.numel() * t.element_size() for s in inner.state.values()
+                    for t in s.values() if torch.is_tensor(t) and t.dim() > 0)
+        print(f"rank {dist.get_rank()} optimizer state {state / 1048576:.1f} MiB")
     if a.mode == "ddp":
         dist.destroy_process_group()
 
