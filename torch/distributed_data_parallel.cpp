@@ -469,7 +469,9 @@ void DistributedDataParallel::Impl::begin_backward() {
     p.ready = false;
   reattach_replaced();
   if (!grads.defined()) {  // ZeRO 2 and 3 free it between steps
-    grads = torch::zeros({static_cast<int64_t>(grad_count)}, grads_options);
+    // Not zeroed: every slot is written before its bucket is reduced (a gradient copied in as
+    // it is ready, an unused parameter's zeroed at the end of backward).
+    grads = torch::empty({static_cast<int64_t>(grad_count)}, grads_options);
     make_views();
   }
   reducer->begin_backward(grads.data_ptr<float>());
