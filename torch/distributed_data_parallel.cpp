@@ -15,6 +15,7 @@
 
 #include "runtime/error.h"
 #include "torch/param_shards.h"
+#include "torch/sync_batch_norm.h"
 
 #if DDP_TORCH_CUDA
 #include <c10/cuda/CUDAStream.h>
@@ -194,6 +195,8 @@ DistributedDataParallel::Impl::Impl(torch::nn::Module& module_, World& world,
                                            [this](size_t i) { moved(i); });
   }
   point_grads_at_buckets();
+  for (const auto& m : module.modules())  // batch statistics over every rank's slice
+    if (auto* sync = dynamic_cast<SyncBatchNormImpl*>(m.get())) sync->set_communicator(&comm);
   std::lock_guard<std::mutex> lock(wrapped_mutex);
   for (const Param& p : params)
     wrapped().insert(p.tensor.unsafeGetTensorImpl());
@@ -374,6 +377,8 @@ void DistributedDataParallel::Impl::refuse_a_second_backward(size_t index) const
 DistributedDataParallel::Impl::~Impl() {
   for (Param& p : params)
     if (p.accumulator) p.accumulator->del_post_hook(p.hook);
+  for (const auto& m : module.modules())
+    if (auto* sync = dynamic_cast<SyncBatchNormImpl*>(m.get())) sync->set_communicator(nullptr);
   std::lock_guard<std::mutex> lock(wrapped_mutex);
   for (const Param& p : params)
     wrapped().erase(p.tensor.unsafeGetTensorImpl());

@@ -96,9 +96,10 @@ struct TorchGradBucket {
 using TorchCommHook =
     std::function<std::unique_ptr<Work>(Communicator& comm, TorchGradBucket& bucket)>;
 
-// The built-in hooks: the averaging all-reduce (what the buckets do without a hook) and the same
-// with the gradients on the wire as bfloat16 (PyTorch's bf16_compress_hook; NCCL).
+// The built-in hook of the averaging all-reduce (what the buckets do without a hook).
 TorchCommHook allreduce_comm_hook();
+// The built-in hook of the same average with the gradients on the wire as bfloat16 (PyTorch's
+// bf16_compress_hook; NCCL).
 TorchCommHook bf16_compress_comm_hook();
 
 // The bytes of an optimizer's per-parameter state (SGD's momentum, Adam's and AdamW's moments,

@@ -51,6 +51,20 @@ TEST(TorchDdpCuda, Bf16ReductionStaysCloseAndBuffersAreRankZeros) {
   EXPECT_EQ(batchnorm_line(bn.output, 1), batchnorm_line(bn.output, 0));
 }
 
+// ddp::SyncBatchNorm over NCCL: two ranks sharing the GPU train as one CUDA process with
+// LibTorch's BatchNorm1d and the global batch (the CPU's margin: float64 statistics there too).
+TEST(TorchDdpCuda, SyncBatchNormTrainsAsOneProcessWithTheGlobalBatch) {
+  REQUIRE_GPU();
+  TempDir dir;
+  const std::string single = dir.file("single.safetensors"), out = dir.file("sync.safetensors");
+  ASSERT_EQ(
+      run_command(kGpuEnv + kWorker + " --single --cuda --batchnorm --out " + single).exit_code, 0);
+  const RunResult r = run_command(kSharedGpu + " --nproc-per-node 2 -- " + kWorker +
+                                  " --cuda --syncbn --out " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_LT(max_relative_difference(out, single), kAcrossRanksMargin) << r.output;
+}
+
 // The built-in bf16 compression hook: the same collective as reduce_in_bf16, so the same
 // weights.
 TEST(TorchDdpCuda, Bf16CompressHookEqualsReduceInBf16) {

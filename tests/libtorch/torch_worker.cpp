@@ -7,7 +7,7 @@
 //       [--own-forward [--no-sync-buffers]] [--bucket-kb N] [--sparse] [--reference-forward]
 //       [--load FILE] [--second-backward RANK] [--unused-on-rank RANK] [--no-broadcast-buffers]
 //       [--threads N] [--wrap-twice] [--zero LEVEL] [--adamw] [--memory] [--save-full FILE]
-//       [--deep K] [--hook average|sum|twice|bf16]
+//       [--deep K] [--hook average|sum|twice|bf16] [--syncbn]
 //   torch_worker --check-load FILE --out FILE [--deep K]  (a plain module loads --save-full's)
 //   torch_worker --save-start FILE   (a model of another seed, torch::save'd, for --load)
 // --load: torch::load of the whole model after wrapping it and making the optimizer (as resume
@@ -18,7 +18,8 @@
 // module after gather_parameters() (a checkpoint for a plain module); --deep K: K residual
 // linear blocks more (a model whose parameters several ranks can share evenly); --hook: a
 // communication hook (the built-in average or bf16 compression, a hook of one's own that sums
-// and divides and counts its calls, or two hooks registered).
+// and divides and counts its calls, or two hooks registered); --syncbn: ddp::SyncBatchNorm
+// where --batchnorm puts LibTorch's BatchNorm1d (the same names).
 // Rank 0 writes the trained parameters (safetensors, registration order) to --out (every rank
 // where it holds RANK); --init
 // writes the starting parameters (rank 0's, after the broadcast) and the data set, for
@@ -41,7 +42,8 @@ namespace {
 constexpr int64_t kVocabulary = 16, kTokens = 6, kClasses = 4, kGlobalBatch = 12;
 
 struct NetImpl : torch::nn::Module {
-  NetImpl(int64_t hidden, bool unused, bool batchnorm, bool sparse, int deep = 0)
+  NetImpl(int64_t hidden, bool unused, bool batchnorm, bool sparse, int deep = 0,
+          bool syncbn = false)
       : embed(register_module(
             "embed",
             torch::nn::Embedding(torch::nn::EmbeddingOptions(kVocabulary, 8).sparse(sparse)))),
@@ -52,6 +54,7 @@ struct NetImpl : torch::nn::Module {
         fc2(register_module("fc2", torch::nn::Linear(hidden, kClasses))) {
     if (unused) spare = register_module("spare", torch::nn::Linear(hidden, hidden));
     if (batchnorm) bn = register_module("bn", torch::nn::BatchNorm1d(hidden));
+    if (syncbn) sbn = register_module("bn", ddp::SyncBatchNorm(hidden));
     for (int i = 0; i < deep; ++i)
       blocks.push_back(
           register_module("block" + std::to_string(i), torch::nn::Linear(hidden, hidden)));
@@ -62,6 +65,7 @@ struct NetImpl : torch::nn::Module {
     x = norm(x).flatten(1);
     x = torch::relu(fc1(x));
     if (!bn.is_empty()) x = bn(x);
+    if (!sbn.is_empty()) x = sbn(x);
     if (use_spare && !spare.is_empty()) x = x + 0.1 * torch::tanh(spare(x));
     for (torch::nn::Linear& block : blocks)
       x = x + torch::relu(block(x));
@@ -74,6 +78,7 @@ struct NetImpl : torch::nn::Module {
   torch::nn::Linear fc1, fc2;
   torch::nn::Linear spare{nullptr};
   torch::nn::BatchNorm1d bn{nullptr};
+  ddp::SyncBatchNorm sbn{nullptr};
   std::vector<torch::nn::Linear> blocks;
 };
 TORCH_MODULE(Net);
@@ -82,7 +87,7 @@ struct Args {
   bool single = false, cuda = false, bf16 = false, unused = false, find_unused = false,
        differ = false, events = false, batchnorm = false, own_forward = false, sparse = false,
        reference_forward = false, no_sync_buffers = false, no_broadcast_buffers = false,
-       wrap_twice = false, adamw = false, memory = false;
+       wrap_twice = false, adamw = false, memory = false, syncbn = false;
   int deep = 0;
   int steps = 5, accumulate = 1, second_backward = -1, unused_on_rank = -1, threads = 0, zero = 0;
   double bucket_kb = 0;
@@ -115,6 +120,8 @@ Args parse(int argc, char** argv) {
       a.reference_forward = true;
     else if (f == "--adamw")
       a.adamw = true;
+    else if (f == "--syncbn")
+      a.syncbn = true;
     else if (f == "--hook")
       a.hook = value();
     else if (f == "--deep")
@@ -210,7 +217,8 @@ int main(int argc, char** argv) {
   const torch::Device device = args.cuda ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
   at::globalContext().setAllowTF32CuDNN(false);  // fp32 convolutions, comparable with the CPU's
   torch::manual_seed(7 + rank);  // each rank its own start: the broadcast makes them rank 0's
-  Net net(args.differ && rank == 1 ? 33 : 32, args.unused, args.batchnorm, args.sparse, args.deep);
+  Net net(args.differ && rank == 1 ? 33 : 32, args.unused, args.batchnorm, args.sparse, args.deep,
+          args.syncbn);
   if (!args.check_load.empty()) {  // a plain module loads what a ZeRO run saved, then --out
     torch::load(net, args.check_load);
     std::vector<std::pair<std::string, torch::Tensor>> state;
@@ -231,6 +239,7 @@ int main(int argc, char** argv) {
         .zero(args.zero);
     // Each rank's own running statistics: the construction's broadcast makes them rank 0's.
     if (args.batchnorm) net->bn->running_mean.add_(static_cast<double>(rank));
+    if (args.syncbn) net->sbn->running_mean.add_(static_cast<double>(rank));
     if (args.bucket_kb > 0)
       options.bucket_cap_mb(args.bucket_kb / 1024).first_bucket_cap_mb(args.bucket_kb / 1024);
     if (args.own_forward || args.reference_forward)  // made from the module itself
@@ -255,6 +264,9 @@ int main(int argc, char** argv) {
   if (args.batchnorm)
     std::printf("rank %d start running_mean %.9g\n", rank,
                 net->bn->running_mean.cpu().sum().item<double>());
+  if (args.syncbn)
+    std::printf("rank %d start running_mean %.9g\n", rank,
+                net->sbn->running_mean.cpu().sum().item<double>());
   if (!args.init.empty() && rank == 0) {
     auto named = net->named_parameters();
     std::vector<std::pair<std::string, torch::Tensor>> state;
@@ -329,12 +341,15 @@ int main(int argc, char** argv) {
   }
   if (model) model->gather_parameters();  // ZeRO: the owners' last updates on every rank
   if (!args.save_full.empty() && rank == 0) torch::save(net, args.save_full);
-  if (args.batchnorm) {  // rank 0's, as the next forward would see them
+  if (args.batchnorm || args.syncbn) {  // rank 0's, as the next forward would see them
     if (model) model->sync_buffers();
-    const torch::Tensor mean = net->bn->running_mean.cpu(), var = net->bn->running_var.cpu();
-    std::printf("rank %d running_mean %.9g %.9g batches %lld\n", rank, mean.sum().item<double>(),
-                var.sum().item<double>(),
-                static_cast<long long>(net->bn->num_batches_tracked.item<int64_t>()));
+    const torch::Tensor mean = args.syncbn ? net->sbn->running_mean : net->bn->running_mean;
+    const torch::Tensor var = args.syncbn ? net->sbn->running_var : net->bn->running_var;
+    const torch::Tensor batches =
+        args.syncbn ? net->sbn->num_batches_tracked : net->bn->num_batches_tracked;
+    std::printf("rank %d running_mean %.9g %.9g batches %lld\n", rank,
+                mean.cpu().sum().item<double>(), var.cpu().sum().item<double>(),
+                static_cast<long long>(batches.cpu().item<int64_t>()));
   }
   // "RANK" in --out: every rank writes its own file (the replicas compared).
   const size_t rank_at = args.out.find("RANK");
