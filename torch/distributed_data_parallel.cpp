@@ -100,7 +100,11 @@ struct DistributedDataParallel::Impl {
   void moved(size_t index);
   void gather_parameters();
   void keep_own_gradients();
-  void broadcast(const std::vector<torch::Tensor>& tensors);
+  void broadcast(const std::vector<torch::Tensor>& tensors, int root = 0);
+  void join(const std::function<void()>& loop);
+  std::vector<int32_t> join_all_reduce(int32_t active, int32_t sync);
+  void shadow_backward();
+  void take_last_joiners_model();
   void sync_buffers();
   void* stream() const;
   void on_gradient(size_t index);
@@ -132,6 +136,9 @@ struct DistributedDataParallel::Impl {
   bool buffers_synced = false;  // since the last synchronised backward
   bool forward_seen = false;    // forward() or sync_buffers() since the last synchronised backward
   bool backward_done = false;   // a synchronised backward has ended (versions are recorded)
+  bool joining = false;         // inside join(): each forward tells the joined ranks
+  bool join_notified = false;   // this step's forward did (join())
+  int64_t steps_joined = 0;     // the forwards this rank told them of (join())
 };
 
 DistributedDataParallel::Impl::Impl(torch::nn::Module& module_, World& world,
@@ -393,18 +400,89 @@ void* DistributedDataParallel::Impl::stream() const {
   return nullptr;
 }
 
-void DistributedDataParallel::Impl::broadcast(const std::vector<torch::Tensor>& tensors) {
+void DistributedDataParallel::Impl::broadcast(const std::vector<torch::Tensor>& tensors, int root) {
   if (comm.size() == 1 || tensors.empty()) return;
   torch::NoGradGuard no_grad;
   torch::Tensor flat = packed(tensors);
   const size_t words = static_cast<size_t>(flat.numel() / 4);
   if (comm.device_buffers()) {
     comm.set_compute_stream(stream());
-    comm.broadcast_async(flat.data_ptr(), words, DataType::kInt32, 0)->then_on(stream());
+    comm.broadcast_async(flat.data_ptr(), words, DataType::kInt32, root)->then_on(stream());
   } else {
-    comm.broadcast(flat.data_ptr(), words, DataType::kInt32, 0);
+    comm.broadcast(flat.data_ptr(), words, DataType::kInt32, root);
   }
   unpack(flat, tensors);
+}
+
+// join(): every rank's {training, synchronising} flags summed (a small all-reduce each forward
+// of a rank still training, and each round of a rank that has joined).
+std::vector<int32_t> DistributedDataParallel::Impl::join_all_reduce(int32_t active, int32_t sync) {
+  torch::Tensor flags = torch::tensor({active, sync}, torch::kInt32).to(device);
+  if (comm.device_buffers()) comm.set_compute_stream(stream());
+  comm.all_reduce(flags.data_ptr(), 2, DataType::kInt32, ReduceOp::kSum);
+  flags = flags.cpu();
+  return {flags[0].item<int32_t>(), flags[1].item<int32_t>()};
+}
+
+// A joined rank's part in the others' backward: the buckets reduced from zeros by the same
+// reducer (so the same collectives, hooks included, in the same order), and the unused
+// parameters' map where find_unused_parameters.
+void DistributedDataParallel::Impl::shadow_backward() {
+  torch::NoGradGuard no_grad;
+  grads.zero_();
+  if (comm.device_buffers()) comm.set_compute_stream(stream());
+  reducer->begin_backward(grads.data_ptr<float>());
+  for (size_t i = 0; i < params.size(); ++i)
+    reducer->layer_ready(static_cast<int>(i));
+  reducer->end_backward();
+  reducer->finish(stream());
+  if (options.find_unused_parameters()) {
+    torch::Tensor map =
+        torch::zeros({static_cast<int64_t>(params.size())}, torch::kInt32).to(device);
+    comm.all_reduce(map.data_ptr(), params.size(), DataType::kInt32, ReduceOp::kMax);
+  }
+}
+
+// Once every rank has joined: the parameters and buffers of the rank that trained the most
+// steps (the lowest such rank) on every rank, so that the replicas end equal (PyTorch's Join).
+void DistributedDataParallel::Impl::take_last_joiners_model() {
+  torch::Tensor steps = torch::tensor({steps_joined}, torch::kInt64).to(device);
+  torch::Tensor all = torch::empty({comm.size()}, steps.options());
+  if (comm.device_buffers()) comm.set_compute_stream(stream());
+  comm.all_gather(steps.data_ptr(), all.data_ptr(), 1, DataType::kInt64);
+  const int root = static_cast<int>(all.cpu().argmax().item<int64_t>());
+  std::vector<torch::Tensor> state;
+  for (const auto& p : module.parameters())
+    state.push_back(p);
+  for (const torch::Tensor& b : buffers)
+    state.push_back(b);
+  broadcast(state, root);
+}
+
+void DistributedDataParallel::Impl::join(const std::function<void()>& loop) {
+  DDP_USAGE_CHECK(!shards,
+                  "ddp::DistributedDataParallel::join with zero({}): a rank that has joined would "
+                  "miss its own parameters' updates; uneven inputs under ZeRO are not supported",
+                  options.zero());
+  DDP_USAGE_CHECK(!joining, "ddp::DistributedDataParallel::join inside join");
+  if (comm.size() == 1) return loop();
+  joining = true;
+  steps_joined = 0;
+  try {
+    loop();
+  } catch (...) {
+    joining = false;
+    throw;
+  }
+  joining = false;
+  // Out of batches: take part in the others' steps until every rank is.
+  for (;;) {
+    const std::vector<int32_t> flags = join_all_reduce(0, 0);
+    if (flags[0] == 0) break;
+    if (options.broadcast_buffers()) broadcast(buffers);
+    if (flags[1] > 0) shadow_backward();
+  }
+  take_last_joiners_model();
 }
 
 void DistributedDataParallel::Impl::gather_parameters() {
@@ -415,6 +493,11 @@ void DistributedDataParallel::Impl::gather_parameters() {
 }
 
 void DistributedDataParallel::Impl::sync_buffers() {
+  if (joining && comm.size() > 1) {  // this rank trains one more step: the joined ranks hear of it
+    join_all_reduce(1, no_sync ? 0 : 1);
+    ++steps_joined;
+    join_notified = true;
+  }
   gather_parameters();
   if (options.broadcast_buffers()) broadcast(buffers);
   buffers_synced = true;
@@ -463,6 +546,11 @@ void DistributedDataParallel::Impl::begin_backward() {
       "step's forward ran without model.forward(...) or model.sync_buffers() before it; call one "
       "of them before each forward, or set DistributedDataParallelOptions().broadcast_buffers("
       "false)");
+  DDP_USAGE_CHECK(!joining || join_notified,
+                  "ddp::DistributedDataParallel::join: this step's forward ran without "
+                  "model.forward(...) or model.sync_buffers() before it, which tell the ranks that "
+                  "have joined of the step; call one of them before each forward");
+  join_notified = false;
   DDP_USAGE_CHECK(
       !shards || shards->current(),
       "ddp::DistributedDataParallel with zero({}): this step's forward ran without "
@@ -626,6 +714,10 @@ void DistributedDataParallel::sync_buffers() {
 
 void DistributedDataParallel::gather_parameters() {
   impl_->gather_parameters();
+}
+
+void DistributedDataParallel::join(const std::function<void()>& loop) {
+  impl_->join(loop);
 }
 
 void DistributedDataParallel::register_comm_hook(TorchCommHook hook) {

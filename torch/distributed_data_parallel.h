@@ -181,6 +181,15 @@ class DistributedDataParallel {
   // Each bucket reduced by `hook` (above) instead of the averaging all-reduce, from the next
   // backward; once a model, between steps (as PyTorch's register_comm_hook).
   void register_comm_hook(TorchCommHook hook);
+  // Collective: runs `loop` (this rank's training loop) so that ranks with fewer batches than
+  // the others finish together (PyTorch's Join / model.join()): while a rank still trains, each
+  // forward() or sync_buffers() tells the others; once `loop` returns, this rank takes part in
+  // the others' steps (the buffers' broadcast, each bucket's all-reduce with zeros) until every
+  // rank's loop has returned; then every rank gets the parameters and buffers of the rank that
+  // trained the most steps. Gradients stay averaged over all ranks (PyTorch's default,
+  // divide_by_initial_world_size). Not with ZeRO. Without it, a rank that stops early makes the
+  // others' next collective fail naming it.
+  void join(const std::function<void()>& loop);
   // The names of the parameters this rank owns with ZeRO (their optimizer state and update);
   // every parameter that gets gradients without it.
   std::vector<std::string> owned_parameter_names() const;

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "tests/libtorch/torch_compare.h"
@@ -247,6 +248,42 @@ TEST(TorchDdp, SyncBatchNormTrainsAsOneProcessWithTheGlobalBatch) {
   const RunResult plain = train_ranks(2, apart, "--batchnorm");
   ASSERT_EQ(plain.exit_code, 0) << plain.output;
   EXPECT_GT(max_relative_difference(apart, out), 100 * kAcrossRanksMargin);
+}
+
+// Uneven inputs: under model.join(...) a rank with two batches fewer takes part in the others'
+// last steps with zeros, and the job equals one process that left that rank's share out of
+// those steps (the loss still over the global batch: DDP averages over every rank); the
+// replicas end bitwise equal; the buffers' broadcast is shadowed too. Without join the others'
+// next collective fails at once naming the rank that stopped.
+TEST(TorchDdp, JoinLetsRanksWithFewerBatchesFinishTogether) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  for (const auto& [ranks, short_rank, extra] :
+       {std::tuple<int, int, std::string>{2, 1, ""}, {3, 0, ""}, {2, 0, "--batchnorm"}}) {
+    const std::string tag = std::to_string(ranks) + "-" + std::to_string(short_rank);
+    const std::string single = dir.file("single" + tag + ".safetensors");
+    const RunResult one =
+        run_command(kWorker + " --single --short-rank " + std::to_string(short_rank) + " --ranks " +
+                    std::to_string(ranks) + " --out " + single + " " + extra);
+    ASSERT_EQ(one.exit_code, 0) << one.output;
+    const RunResult r =
+        train_ranks(ranks, dir.file("joined" + tag + "-RANK.safetensors"),
+                    "--join --short-rank " + std::to_string(short_rank) + " " + extra);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    if (extra.empty())  // (batch norm: each rank's slice, not one process's batch)
+      EXPECT_LT(max_relative_difference(dir.file("joined" + tag + "-0.safetensors"), single),
+                kAcrossRanksMargin)
+          << tag;
+    for (int rank = 1; rank < ranks; ++rank)
+      EXPECT_EQ(max_relative_difference(
+                    dir.file("joined" + tag + "-" + std::to_string(rank) + ".safetensors"),
+                    dir.file("joined" + tag + "-0.safetensors")),
+                0.0)
+          << tag << " rank " << rank;
+  }
+  const RunResult uneven = train_ranks(2, dir.file("uneven.safetensors"), "--short-rank 1");
+  EXPECT_NE(uneven.exit_code, 0) << uneven.output;
+  EXPECT_NE(uneven.output.find("rank(s) 1 never reached it"), std::string::npos) << uneven.output;
 }
 
 // A module without buffers may run its own forward with no sync_buffers() before it: the

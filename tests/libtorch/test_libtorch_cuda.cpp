@@ -65,6 +65,26 @@ TEST(TorchDdpCuda, SyncBatchNormTrainsAsOneProcessWithTheGlobalBatch) {
   EXPECT_LT(max_relative_difference(out, single), kAcrossRanksMargin) << r.output;
 }
 
+// model.join over NCCL: a rank with two batches fewer; the replicas end bitwise equal and as one
+// CUDA process that left its share out of those steps.
+TEST(TorchDdpCuda, JoinLetsRanksWithFewerBatchesFinishTogether) {
+  REQUIRE_GPU();
+  TempDir dir;
+  const std::string single = dir.file("single.safetensors");
+  ASSERT_EQ(
+      run_command(kGpuEnv + kWorker + " --single --cuda --short-rank 1 --ranks 2 --out " + single)
+          .exit_code,
+      0);
+  const RunResult r =
+      run_command(kSharedGpu + " --nproc-per-node 2 -- " + kWorker +
+                  " --cuda --join --short-rank 1 --out " + dir.file("joined-RANK.safetensors"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_LT(max_relative_difference(dir.file("joined-0.safetensors"), single), 1e-5) << r.output;
+  EXPECT_EQ(
+      max_relative_difference(dir.file("joined-1.safetensors"), dir.file("joined-0.safetensors")),
+      0.0);
+}
+
 // The built-in bf16 compression hook: the same collective as reduce_in_bf16, so the same
 // weights.
 TEST(TorchDdpCuda, Bf16CompressHookEqualsReduceInBf16) {

@@ -7,7 +7,8 @@
 //       [--own-forward [--no-sync-buffers]] [--bucket-kb N] [--sparse] [--reference-forward]
 //       [--load FILE] [--second-backward RANK] [--unused-on-rank RANK] [--no-broadcast-buffers]
 //       [--threads N] [--wrap-twice] [--zero LEVEL] [--adamw] [--memory] [--save-full FILE]
-//       [--deep K] [--hook average|sum|twice|bf16] [--syncbn]
+//       [--deep K] [--hook average|sum|twice|bf16] [--syncbn] [--short-rank R [--join]]
+//   torch_worker --single --short-rank R --ranks N   (one process as that job with --join)
 //   torch_worker --check-load FILE --out FILE [--deep K]  (a plain module loads --save-full's)
 //   torch_worker --save-start FILE   (a model of another seed, torch::save'd, for --load)
 // --load: torch::load of the whole model after wrapping it and making the optimizer (as resume
@@ -88,7 +89,9 @@ struct Args {
        differ = false, events = false, batchnorm = false, own_forward = false, sparse = false,
        reference_forward = false, no_sync_buffers = false, no_broadcast_buffers = false,
        wrap_twice = false, adamw = false, memory = false, syncbn = false;
-  int deep = 0;
+  int deep = 0, short_rank = -1;  // --short-rank: that rank has two batches fewer
+  int ranks = 0;                  // --ranks: with --single and --short-rank, the job it emulates
+  bool join = false;
   int steps = 5, accumulate = 1, second_backward = -1, unused_on_rank = -1, threads = 0, zero = 0;
   double bucket_kb = 0;
   std::string out, init, load, save_start, save_full, check_load, hook;
@@ -120,6 +123,12 @@ Args parse(int argc, char** argv) {
       a.reference_forward = true;
     else if (f == "--adamw")
       a.adamw = true;
+    else if (f == "--join")
+      a.join = true;
+    else if (f == "--ranks")
+      a.ranks = std::stoi(value());
+    else if (f == "--short-rank")
+      a.short_rank = std::stoi(value());
     else if (f == "--syncbn")
       a.syncbn = true;
     else if (f == "--hook")
@@ -291,48 +300,69 @@ int main(int argc, char** argv) {
 
   // This rank's share of each micro-batch.
   const int64_t share = kGlobalBatch / ranks;
-  for (int step = 0; step < args.steps; ++step) {
-    if (model && args.events && step == 1) model->record_events(true);
-    optimizer->zero_grad();
-    for (int micro = 0; micro < args.accumulate; ++micro) {
-      const int64_t first = (step * args.accumulate + micro) * kGlobalBatch + rank * share;
-      const torch::Tensor x = tokens.narrow(0, first, share).to(device);
-      const torch::Tensor y = labels.narrow(0, first, share).to(device);
-      const auto run = [&] {
-        torch::Tensor logits;
-        if (!model) {
-          logits = net->forward(x);
-        } else if (args.own_forward) {
-          if (!args.no_sync_buffers) model->sync_buffers();
-          logits = net->forward(x);
+  const int my_steps = rank == args.short_rank && !args.single ? args.steps - 2 : args.steps;
+  const auto train = [&] {
+    for (int step = 0; step < my_steps; ++step) {
+      if (model && args.events && step == 1) model->record_events(true);
+      optimizer->zero_grad();
+      for (int micro = 0; micro < args.accumulate; ++micro) {
+        const int64_t first = (step * args.accumulate + micro) * kGlobalBatch + rank * share;
+        torch::Tensor x = tokens.narrow(0, first, share).to(device);
+        torch::Tensor y = labels.narrow(0, first, share).to(device);
+        // One process emulating a job whose rank --short-rank has run out (its last two steps):
+        // that rank's share left out, the loss still over the whole global batch (as the
+        // average over every rank, the joined one's zeros included).
+        const bool emulate = args.single && args.short_rank >= 0 && step >= args.steps - 2;
+        if (emulate) {
+          const int64_t part = kGlobalBatch / args.ranks;
+          std::vector<int64_t> keep;
+          for (int64_t i = 0; i < kGlobalBatch; ++i)
+            if (i / part != args.short_rank) keep.push_back(i);
+          const torch::Tensor index = torch::tensor(keep, torch::kLong).to(device);
+          x = x.index_select(0, index);
+          y = y.index_select(0, index);
+        }
+        const auto run = [&] {
+          torch::Tensor logits;
+          if (!model) {
+            logits = net->forward(x);
+          } else if (args.own_forward) {
+            if (!args.no_sync_buffers) model->sync_buffers();
+            logits = net->forward(x);
+          } else {
+            logits = model->forward(x);
+          }
+          torch::Tensor loss = torch::nn::functional::cross_entropy(logits, y) / args.accumulate;
+          if (emulate) loss = loss * static_cast<double>(x.size(0)) / kGlobalBatch;
+          if (step == 1 && rank == args.second_backward) {
+            loss.backward({}, /*retain_graph=*/true);
+            std::printf("rank %d: a second backward in step 1\n", rank);
+          }
+          loss.backward();
+        };
+        if (model && micro + 1 < args.accumulate) {
+          auto guard = model->no_sync();
+          run();
         } else {
-          logits = model->forward(x);
+          run();
         }
-        torch::Tensor loss = torch::nn::functional::cross_entropy(logits, y) / args.accumulate;
-        if (step == 1 && rank == args.second_backward) {
-          loss.backward({}, /*retain_graph=*/true);
-          std::printf("rank %d: a second backward in step 1\n", rank);
+      }
+      optimizer->step();
+      if (model && args.events && step == 1) {
+        model->record_events(false);
+        if (rank == 0) {
+          std::string line = "events:";
+          for (const ddp::DdpEvent& e : model->events())
+            line += " " + e.what + (e.bucket >= 0 ? ":" + std::to_string(e.bucket) : "");
+          std::printf("%s\nbuckets: %zu\n", line.c_str(), model->buckets().size());
         }
-        loss.backward();
-      };
-      if (model && micro + 1 < args.accumulate) {
-        auto guard = model->no_sync();
-        run();
-      } else {
-        run();
       }
     }
-    optimizer->step();
-    if (model && args.events && step == 1) {
-      model->record_events(false);
-      if (rank == 0) {
-        std::string line = "events:";
-        for (const ddp::DdpEvent& e : model->events())
-          line += " " + e.what + (e.bucket >= 0 ? ":" + std::to_string(e.bucket) : "");
-        std::printf("%s\nbuckets: %zu\n", line.c_str(), model->buckets().size());
-      }
-    }
-  }
+  };
+  if (model && args.join)
+    model->join(train);
+  else
+    train();
   if (args.memory && model) {
     const ddp::ShardedMemory held = model->memory();
     std::printf("rank %d memory optimizer %zu parameters %zu gradients %zu owned %zu\n", rank,
