@@ -148,7 +148,9 @@ TEST_F(StoreTest, AWrongTokenIsToldApartFromAStoreThatDoesNotAnswer) {
       ::close(client);
     });
     try {
-      StoreClient("127.0.0.1", ntohs(addr.sin_port), "secret", 2.0);
+      // A deadline far above the hang-up's microseconds: on a loaded CI machine the hang-up
+      // thread once ran only after a 2 s deadline had passed ("did not answer within 2s").
+      StoreClient("127.0.0.1", ntohs(addr.sin_port), "secret", 20.0);
       ADD_FAILURE() << "a store that hung up was accepted";
     } catch (const UsageError& e) {
       ADD_FAILURE() << "taken for a wrong token: " << e.what();
