@@ -307,7 +307,8 @@ std::unique_ptr<Ddp> make_stage_ddp(const TrainConfig& config, Communicator& gro
   auto ddp = std::make_unique<Ddp>(group, spans, stage_ddp_options(config));
   const DdpOptions defaults;
   if (lead && config.zero == 3 &&
-      (config.bucket_mb != defaults.bucket_mb || config.first_bucket_mb != defaults.first_bucket_mb))
+      (config.bucket_mb != defaults.bucket_mb ||
+       config.first_bucket_mb != defaults.first_bucket_mb))
     spdlog::warn(
         "--zero 3 cuts one bucket a layer (a layer's parameters are gathered and freed together): "
         "--bucket-mb {} and --first-bucket-mb {} are not used",

@@ -122,9 +122,10 @@ INSTANTIATE_TEST_SUITE_P(
 // --zero 3 reduces one bucket a layer whatever --bucket-mb says: said once, not silently.
 TEST(Zero, ThreeSaysOnceThatItCutsABucketALayer) {
   if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
-  const std::string said = "--zero 3 cuts one bucket a layer (a layer's parameters are gathered "
-                           "and freed together): --bucket-mb 0.0005 and --first-bucket-mb 0.0002 "
-                           "are not used";
+  const std::string said =
+      "--zero 3 cuts one bucket a layer (a layer's parameters are gathered "
+      "and freed together): --bucket-mb 0.0005 and --first-bucket-mb 0.0002 "
+      "are not used";
   const RunResult three = run_command(ddprun(2, "--zero 3"));
   ASSERT_EQ(three.exit_code, 0) << three.output;
   EXPECT_EQ(count_of(three.output, said), 1) << three.output;
