@@ -790,7 +790,10 @@ size_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {
   const auto add = [&bytes](const torch::Tensor& t) {
     if (t.defined()) bytes += static_cast<size_t>(t.numel()) * t.element_size();
   };
-  for (const auto& [key, state] : optimizer.state()) {
+  // The state map is keyed by a string in LibTorch 1.13 and by the parameter's address in
+  // later ones: only the values are read.
+  for (const auto& entry : optimizer.state()) {
+    const auto& state = entry.second;
     if (const auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(state.get())) {
       add(sgd->momentum_buffer());
     } else if (const auto* adamw =
@@ -807,8 +810,7 @@ size_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {
     } else {
       throw UsageError(
           "ddp::optimizer_state_bytes: knows the state of SGD, Adam, AdamW, Adagrad and RMSprop, "
-          "not this optimizer's (parameter state " +
-          key + ")");
+          "not this optimizer's");
     }
   }
   return bytes;
