@@ -736,32 +736,13 @@ void DistributedDataParallel::register_comm_hook(TorchCommHook hook) {
         TorchGradBucket bucket{
             b.index,
             impl.grads.narrow(0, static_cast<int64_t>(b.offset), static_cast<int64_t>(b.count)),
-            (*parameters)[b.index]};
+            (*parameters)[b.index],
+            {}};
+        const Bucket& planned = impl.reducer->buckets()[b.index];
+        for (int i = planned.first_layer; i <= planned.last_layer; ++i)
+          bucket.gradients.push_back(impl.params[static_cast<size_t>(i)].view);
         return hook(comm, bucket);
       });
-}
-
-TorchCommHook allreduce_comm_hook() {
-  return [](Communicator& comm, TorchGradBucket& bucket) {
-    return comm.all_reduce_async(bucket.buffer.data_ptr(),
-                                 static_cast<size_t>(bucket.buffer.numel()), DataType::kFloat32,
-                                 ReduceOp::kAverage);
-  };
-}
-
-TorchCommHook bf16_compress_comm_hook() {
-  // Each bucket's bf16 values, kept from step to step (a collective in flight reads them).
-  auto wire = std::make_shared<std::vector<torch::Tensor>>();
-  return [wire](Communicator& comm, TorchGradBucket& bucket) {
-    comm.require_bf16_reduction();
-    if (wire->size() <= bucket.index) wire->resize(bucket.index + 1);
-    torch::Tensor& scratch = (*wire)[bucket.index];
-    if (!scratch.defined() || scratch.numel() != bucket.buffer.numel())
-      scratch = torch::empty_like(bucket.buffer, bucket.buffer.options().dtype(torch::kBFloat16));
-    return comm.all_reduce_bf16_async(bucket.buffer.data_ptr<float>(), scratch.data_ptr(),
-                                      static_cast<size_t>(bucket.buffer.numel()),
-                                      ReduceOp::kAverage);
-  };
 }
 
 std::vector<std::string> DistributedDataParallel::owned_parameter_names() const {

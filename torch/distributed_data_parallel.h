@@ -46,6 +46,7 @@
 
 #include "engine/setup/world.h"
 #include "engine/sync/ddp.h"
+#include "torch/comm_hooks.h"
 
 namespace ddp {
 
@@ -78,29 +79,6 @@ struct ShardedMemory {
   size_t parameter_bytes = 0;  // the parameters' storages
   size_t gradient_bytes = 0;   // the gradients' storages (.grad())
 };
-
-// A bucket as a LibTorch communication hook sees it (PyTorch's GradBucket).
-struct TorchGradBucket {
-  size_t index = 0;                       // its place in the reduction order (0: the last
-                                          // parameters')
-  torch::Tensor buffer;                   // its gradients, one flat float32 tensor: a view of
-                                          // the bucket, to hold the average over the ranks
-  std::vector<torch::Tensor> parameters;  // the parameters whose gradients it holds
-};
-
-// A communication hook (PyTorch's register_comm_hook): starts the reduction of `bucket` over
-// `comm` so that bucket.buffer holds the average over the ranks once the returned Work is done
-// (CPU: backward waits for it; CUDA: LibTorch's current stream is made to wait), or returns null
-// where it is done already (on the CPU, or in the current stream's order on the GPU). Every rank
-// runs it on the same buckets in the same order.
-using TorchCommHook =
-    std::function<std::unique_ptr<Work>(Communicator& comm, TorchGradBucket& bucket)>;
-
-// The built-in hook of the averaging all-reduce (what the buckets do without a hook).
-TorchCommHook allreduce_comm_hook();
-// The built-in hook of the same average with the gradients on the wire as bfloat16 (PyTorch's
-// bf16_compress_hook; NCCL).
-TorchCommHook bf16_compress_comm_hook();
 
 // The bytes of an optimizer's per-parameter state (SGD's momentum, Adam's and AdamW's moments,
 // Adagrad's sums, RMSprop's averages): with ZeRO about 1/N of plain data parallelism's.

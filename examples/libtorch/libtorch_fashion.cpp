@@ -3,6 +3,7 @@
 //   ddprun --nproc-per-node 2 -- ./libtorch_fashion                 (CPU, Gloo)
 //   ddprun --nproc-per-node 8 -- ./libtorch_fashion --cuda          (a GPU each, NCCL)
 //   ddprun --nproc-per-node 2 -- ./libtorch_fashion --zero 3        (ZeRO: each rank a share)
+//   ddprun --nproc-per-node 2 -- ./libtorch_fashion --powersgd 2    (PowerSGD, rank 2)
 // What it adds to a LibTorch loop: ddp::init(), the DistributedDataParallel wrapper, LibTorch's
 // DistributedRandomSampler so that each rank reads its own part of each epoch, and rank 0 saving
 // the checkpoint (written aside, read back, then renamed over the last one).
@@ -46,7 +47,8 @@ struct Flags {
   int64_t max_steps = -1;
   double lr = 0.05;
   bool cuda = false;
-  int zero = 0;  // ZeRO level (DistributedDataParallelOptions::zero)
+  int zero = 0;      // ZeRO level (DistributedDataParallelOptions::zero)
+  int powersgd = 0;  // PowerSGD's rank (0: the exact average)
 };
 
 Flags parse(int argc, char** argv) {
@@ -73,10 +75,12 @@ Flags parse(int argc, char** argv) {
       f.cuda = true;
     else if (flag == "--zero")
       f.zero = std::stoi(value());
+    else if (flag == "--powersgd")
+      f.powersgd = std::stoi(value());
     else
       throw ddp::UsageError("unknown flag " + flag +
                             " (expected --data-dir, --checkpoint, --epochs, --batch, "
-                            "--max-steps, --lr, --cuda, --zero)");
+                            "--max-steps, --lr, --cuda, --zero, --powersgd)");
   }
   return f;
 }
@@ -119,6 +123,11 @@ int main(int argc, char** argv) {
   // of its share of the parameters (ZeRO 3: holds only those between steps).
   ddp::DistributedDataParallel model(net, world,
                                      ddp::DistributedDataParallelOptions().zero(flags.zero));
+  if (flags.powersgd > 0) {  // gradients as rank-r approximations, after 10 exact steps
+    auto state = std::make_shared<ddp::PowerSGDState>(
+        ddp::PowerSGDOptions().matrix_approximation_rank(flags.powersgd).start_powerSGD_iter(10));
+    model.register_comm_hook(ddp::powersgd_comm_hook(state));
+  }
   torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(flags.lr).momentum(0.5));
 
   const ddp::Dataset data = ddp::load_fashion_mnist(flags.data_dir);

@@ -1,10 +1,12 @@
 // ddp for LibTorch programs (the package component `torch`, target ddp::torch):
 // ddp::DistributedDataParallel over a torch::nn::Module (torch/distributed_data_parallel.h),
-// ddp::SyncBatchNorm (torch/sync_batch_norm.h), with
+// its communication hooks, PowerSGD among them (torch/comm_hooks.h), ddp::SyncBatchNorm
+// (torch/sync_batch_norm.h), with
 // ddp::init() and the World it returns, in one include.
 #pragma once
 
 #include "engine/setup/world.h"
 #include "runtime/error.h"
+#include "torch/comm_hooks.h"
 #include "torch/distributed_data_parallel.h"
 #include "torch/sync_batch_norm.h"

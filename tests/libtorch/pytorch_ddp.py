@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""pytorch_ddp.py INIT OUT, under torchrun: torch_worker's model in Python, trained with PyTorch's
+"""pytorch_ddp.py INIT OUT [STEPS POWERSGD_RANK], under torchrun: torch_worker's model in Python, trained with PyTorch's
 own DistributedDataParallel (Gloo) from the starting weights and data torch_worker wrote to INIT
 (safetensors), its steps as torch_worker takes them (12 samples a step split over the ranks,
 cross entropy, SGD 0.1 with momentum 0.9); rank 0 writes the weights to OUT (safetensors). The
 reader and writer are the format's few lines (a JSON header after its length), so that no
-package beyond torch is needed."""
+package beyond torch is needed. With STEPS and POWERSGD_RANK: STEPS steps over INIT's batches in
+turn, PyTorch's powerSGD_hook at that rank from step 2 (the rank 0: none), and each rank prints
+"rank R loss BEFORE -> AFTER" over the whole data set, as torch_worker --loss does."""
 import json
 import struct
 import sys
@@ -71,14 +73,30 @@ def main():
     net = Net()
     net.load_state_dict(state)
     model = torch.nn.parallel.DistributedDataParallel(net)
-    optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     batch, share = 12, 12 // ranks
-    for step in range(labels.numel() // batch):
-        first = step * batch + rank * share
+    batches = labels.numel() // batch
+    steps = int(sys.argv[3]) if len(sys.argv) > 3 else batches
+    powersgd = int(sys.argv[4]) if len(sys.argv) > 4 else 0
+    if powersgd > 0:
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd_hook
+        state = powersgd_hook.PowerSGDState(process_group=None, matrix_approximation_rank=powersgd,
+                                            start_powerSGD_iter=2)
+        model.register_comm_hook(state, powersgd_hook.powerSGD_hook)
+
+    def data_loss():
+        with torch.no_grad():
+            return F.cross_entropy(net(tokens), labels).item()
+
+    before = data_loss()
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    for step in range(steps):
+        first = (step % batches) * batch + rank * share
         optimizer.zero_grad()
         loss = F.cross_entropy(model(tokens[first:first + share]), labels[first:first + share])
         loss.backward()
         optimizer.step()
+    if len(sys.argv) > 3:
+        print(f"rank {rank} loss {before:.9g} -> {data_loss():.9g}", flush=True)
     if rank == 0:
         write_safetensors(out, dict(net.named_parameters()))
     dist.destroy_process_group()

@@ -2,7 +2,7 @@
 // sharing the one GPU (ddprun --share-gpu: correct, slow): the same weights as one CUDA process
 // with the same global batch, also under no_sync accumulation; bf16 reduction close to them; and
 // the same model's weights on the GPU close to the CPU's; ZeRO 1, 2 and 3 bitwise plain DDP
-// with a share of the optimizer state.
+// with a share of the optimizer state; PowerSGD exact at full rank.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -97,6 +97,28 @@ TEST(TorchDdpCuda, Bf16CompressHookEqualsReduceInBf16) {
   ASSERT_EQ(hook.exit_code, 0) << hook.output;
   EXPECT_EQ(max_relative_difference(dir.file("hook.safetensors"), dir.file("option.safetensors")),
             0.0);
+}
+
+// PowerSGD over NCCL (its products, QR and all-reduces in LibTorch's stream order): at a rank
+// as large as each gradient matrix the approximation is the exact average, so two ranks
+// sharing the GPU equal one CUDA process (the CPU's margin); at rank 1 it sends under a fifth
+// of the elements and fits the data set as on the CPU.
+TEST(TorchDdpCuda, PowerSgdHookIsExactAtFullRankAndConvergesCompressed) {
+  REQUIRE_GPU();
+  TempDir dir;
+  const std::string single = dir.file("single.safetensors"), out = dir.file("full.safetensors");
+  ASSERT_EQ(run_command(kGpuEnv + kWorker + " --single --cuda --out " + single).exit_code, 0);
+  const std::string common =
+      kSharedGpu + " --nproc-per-node 2 -- " + kWorker + " --cuda --bucket-kb 2 --hook powersgd ";
+  const RunResult full = run_command(
+      common + "--powersgd-start 0 --powersgd-rank 100 --powersgd-min-rate 0.01 --out " + out);
+  ASSERT_EQ(full.exit_code, 0) << full.output;
+  EXPECT_LT(max_relative_difference(out, single), kAcrossRanksMargin) << full.output;
+  const RunResult fit = run_command(common + "--powersgd-rank 1 --steps 40 --data-steps 2 --loss");
+  ASSERT_EQ(fit.exit_code, 0) << fit.output;
+  const size_t at = fit.output.find("rank 0 loss ");
+  ASSERT_NE(at, std::string::npos) << fit.output;
+  EXPECT_LT(std::stod(fit.output.substr(fit.output.find("-> ", at) + 3)), 0.2) << fit.output;
 }
 
 // ZeRO over NCCL (the owners' broadcasts on LibTorch's stream): bitwise plain DDP on 2 and 3

@@ -7,7 +7,9 @@
 //       [--own-forward [--no-sync-buffers]] [--bucket-kb N] [--sparse] [--reference-forward]
 //       [--load FILE] [--second-backward RANK] [--unused-on-rank RANK] [--no-broadcast-buffers]
 //       [--threads N] [--wrap-twice] [--zero LEVEL] [--adamw] [--memory] [--save-full FILE]
-//       [--deep K] [--hook average|sum|twice|bf16] [--syncbn] [--short-rank R [--join]]
+//       [--deep K] [--hook average|sum|twice|bf16|powersgd] [--syncbn] [--short-rank R [--join]]
+//       [--data-steps D] [--loss] [--powersgd-rank R] [--powersgd-start S]
+//       [--powersgd-min-rate X] [--powersgd-no-error-feedback]
 //   torch_worker --single --short-rank R --ranks N   (one process as that job with --join)
 //   torch_worker --check-load FILE --out FILE [--deep K]  (a plain module loads --save-full's)
 //   torch_worker --save-start FILE   (a model of another seed, torch::save'd, for --load)
@@ -19,12 +21,13 @@
 // module after gather_parameters() (a checkpoint for a plain module); --deep K: K residual
 // linear blocks more (a model whose parameters several ranks can share evenly); --hook: a
 // communication hook (the built-in average or bf16 compression, a hook of one's own that sums
-// and divides and counts its calls, or two hooks registered); --syncbn: ddp::SyncBatchNorm
-// where --batchnorm puts LibTorch's BatchNorm1d (the same names).
-// Rank 0 writes the trained parameters (safetensors, registration order) to --out (every rank
-// where it holds RANK); --init
-// writes the starting parameters (rank 0's, after the broadcast) and the data set, for
-// PyTorch's Python DDP to start from. Each rank starts from its own seed, so the runs equal one
+// and divides and counts its calls, two hooks registered, or PowerSGD with the --powersgd-*
+// options); --data-steps D: D steps' batches run in turn (a data set the model can fit);
+// --loss: each rank prints the loss over the data set before and after training; --syncbn:
+// ddp::SyncBatchNorm where --batchnorm puts LibTorch's BatchNorm1d (the same names). Rank 0 writes
+// the trained parameters (safetensors, registration order) to --out (every rank where it holds
+// RANK); --init writes the starting parameters (rank 0's, after the broadcast) and the data set,
+// for PyTorch's Python DDP to start from. Each rank starts from its own seed, so the runs equal one
 // process only if the construction's broadcast works.
 #include <torch/torch.h>
 
@@ -93,6 +96,11 @@ struct Args {
   int ranks = 0;                  // --ranks: with --single and --short-rank, the job it emulates
   bool join = false;
   int steps = 5, accumulate = 1, second_backward = -1, unused_on_rank = -1, threads = 0, zero = 0;
+  int data_steps = 0;  // --data-steps D: the data set of D steps' batches, run in turn
+  bool loss = false;   // --loss: the loss over the data set before and after training
+  int powersgd_rank = 1, powersgd_start = 2;
+  double powersgd_min_rate = 2;
+  bool powersgd_no_error_feedback = false;
   double bucket_kb = 0;
   std::string out, init, load, save_start, save_full, check_load, hook;
 };
@@ -133,6 +141,18 @@ Args parse(int argc, char** argv) {
       a.syncbn = true;
     else if (f == "--hook")
       a.hook = value();
+    else if (f == "--data-steps")
+      a.data_steps = std::stoi(value());
+    else if (f == "--loss")
+      a.loss = true;
+    else if (f == "--powersgd-rank")
+      a.powersgd_rank = std::stoi(value());
+    else if (f == "--powersgd-start")
+      a.powersgd_start = std::stoi(value());
+    else if (f == "--powersgd-min-rate")
+      a.powersgd_min_rate = std::stod(value());
+    else if (f == "--powersgd-no-error-feedback")
+      a.powersgd_no_error_feedback = true;
     else if (f == "--deep")
       a.deep = std::stoi(value());
     else if (f == "--check-load")
@@ -209,9 +229,10 @@ int main(int argc, char** argv) {
   // The data set: the same on every rank (one seed), kGlobalBatch samples a step.
   const int64_t batch = kGlobalBatch * args.accumulate;
   torch::manual_seed(1234);
+  const int data_steps = args.data_steps > 0 ? args.data_steps : args.steps;
   const torch::Tensor tokens =
-      torch::randint(kVocabulary, {batch * args.steps, kTokens}, torch::kLong);
-  const torch::Tensor labels = torch::randint(kClasses, {batch * args.steps}, torch::kLong);
+      torch::randint(kVocabulary, {batch * data_steps, kTokens}, torch::kLong);
+  const torch::Tensor labels = torch::randint(kClasses, {batch * data_steps}, torch::kLong);
 
   if (args.threads > 0) at::set_num_threads(args.threads);  // as LibTorch on a larger machine
   std::unique_ptr<ddp::World> world;
@@ -240,6 +261,13 @@ int main(int argc, char** argv) {
 
   std::unique_ptr<ddp::DistributedDataParallel> model;
   int hook_calls = 0;
+  std::shared_ptr<ddp::PowerSGDState> powersgd;
+  // The mean loss over the whole data set (every rank alike), without gradients.
+  const auto data_loss = [&] {
+    torch::NoGradGuard no_grad;
+    return torch::nn::functional::cross_entropy(net->forward(tokens.to(device)), labels.to(device))
+        .item<double>();
+  };
   if (world) {
     ddp::DistributedDataParallelOptions options;
     options.find_unused_parameters(args.find_unused)
@@ -260,6 +288,15 @@ int main(int argc, char** argv) {
       model->register_comm_hook(ddp::allreduce_comm_hook());
     if (args.hook == "twice") model->register_comm_hook(ddp::allreduce_comm_hook());
     if (args.hook == "bf16") model->register_comm_hook(ddp::bf16_compress_comm_hook());
+    if (args.hook == "powersgd") {
+      powersgd = std::make_shared<ddp::PowerSGDState>(
+          ddp::PowerSGDOptions()
+              .matrix_approximation_rank(args.powersgd_rank)
+              .start_powerSGD_iter(args.powersgd_start)
+              .min_compression_rate(args.powersgd_min_rate)
+              .use_error_feedback(!args.powersgd_no_error_feedback));
+      model->register_comm_hook(ddp::powersgd_comm_hook(powersgd));
+    }
     if (args.hook == "sum")  // one's own: the sum, divided here, done when it returns
       model->register_comm_hook(
           [&hook_calls](ddp::Communicator& comm, ddp::TorchGradBucket& bucket) {
@@ -270,6 +307,7 @@ int main(int argc, char** argv) {
             return std::unique_ptr<ddp::Work>();
           });
   }
+  const double start_loss = args.loss ? data_loss() : 0;  // rank 0's weights, after the wrapper
   if (args.batchnorm)
     std::printf("rank %d start running_mean %.9g\n", rank,
                 net->bn->running_mean.cpu().sum().item<double>());
@@ -306,7 +344,8 @@ int main(int argc, char** argv) {
       if (model && args.events && step == 1) model->record_events(true);
       optimizer->zero_grad();
       for (int micro = 0; micro < args.accumulate; ++micro) {
-        const int64_t first = (step * args.accumulate + micro) * kGlobalBatch + rank * share;
+        const int64_t first =
+            ((step % data_steps) * args.accumulate + micro) * kGlobalBatch + rank * share;
         torch::Tensor x = tokens.narrow(0, first, share).to(device);
         torch::Tensor y = labels.narrow(0, first, share).to(device);
         // One process emulating a job whose rank --short-rank has run out (its last two steps):
@@ -393,6 +432,11 @@ int main(int argc, char** argv) {
          state);
   }
   if (!args.hook.empty()) std::printf("rank %d hook calls %d\n", rank, hook_calls);
+  if (powersgd)
+    std::printf("rank %d powersgd sent %lld of %lld elements\n", rank,
+                static_cast<long long>(powersgd->elements_after_compression()),
+                static_cast<long long>(powersgd->elements_before_compression()));
+  if (args.loss) std::printf("rank %d loss %.9g -> %.9g\n", rank, start_loss, data_loss());
   std::printf("rank %d of %d trained %d steps (threads %d)\n", rank, ranks, args.steps,
               at::get_num_threads());
   return 0;
