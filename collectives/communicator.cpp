@@ -17,6 +17,7 @@ size_t dtype_bytes(DataType type) {
     case DataType::kFloat32:
       return 4;
     case DataType::kBFloat16:
+    case DataType::kFloat16:
       return 2;
     case DataType::kFloat64:
       return 8;
@@ -34,6 +35,8 @@ const char* dtype_name(DataType type) {
       return "float32";
     case DataType::kBFloat16:
       return "bfloat16";
+    case DataType::kFloat16:
+      return "float16";
     case DataType::kFloat64:
       return "float64";
     case DataType::kInt32:

@@ -37,7 +37,7 @@ std::string describe_stuck_step(StoreClient* store, const std::string& group, in
                                 const std::string& cause, const std::vector<int>& world_ranks = {});
 
 // The element types the collectives move.
-enum class DataType { kFloat32, kBFloat16, kFloat64, kInt32, kInt64 };
+enum class DataType { kFloat32, kBFloat16, kFloat64, kInt32, kInt64, kFloat16 };
 // The bytes of one element of `type`.
 size_t dtype_bytes(DataType type);
 
@@ -45,21 +45,27 @@ size_t dtype_bytes(DataType type);
 struct BFloat16 {
   uint16_t bits = 0;  ///< the value's upper 16 bits of float32
 };
-// The DataType of a C++ element type (float, double, int32_t, int64_t, BFloat16): typed calls
+// An IEEE half (float16) value as stored (its 16 bits).
+struct Float16 {
+  uint16_t bits = 0;  ///< sign, 5 exponent bits, 10 mantissa bits
+};
+// The DataType of a C++ element type (float, double, int32_t, int64_t, BFloat16, Float16): typed calls
 // take it from the pointer, so that a double* can never pass as float32.
 template <typename T>
 constexpr DataType data_type_of() {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> ||
                     std::is_same_v<T, int32_t> || std::is_same_v<T, int64_t> ||
-                    std::is_same_v<T, BFloat16>,
-                "the collectives move float, double, int32_t, int64_t and BFloat16 elements");
+                    std::is_same_v<T, BFloat16> || std::is_same_v<T, Float16>,
+                "the collectives move float, double, int32_t, int64_t, BFloat16 and Float16 "
+                "elements");
   if constexpr (std::is_same_v<T, float>) return DataType::kFloat32;
   if constexpr (std::is_same_v<T, double>) return DataType::kFloat64;
   if constexpr (std::is_same_v<T, int32_t>) return DataType::kInt32;
   if constexpr (std::is_same_v<T, int64_t>) return DataType::kInt64;
+  if constexpr (std::is_same_v<T, Float16>) return DataType::kFloat16;
   return DataType::kBFloat16;
 }
-// "float32", "bfloat16", ... (for messages).
+// "float32", "bfloat16", "float16", ... (for messages).
 const char* dtype_name(DataType type);
 
 // How a reduction combines the ranks' elements (kAverage: the sum divided by the ranks).

@@ -46,6 +46,16 @@ void reduce_into(void* out, const void* a, const void* b, size_t count, DataType
       }
       return;
     }
+    case DataType::kFloat16: {  // each sum in float, rounded once to half (as NCCL's)
+      auto* o = static_cast<uint16_t*>(out);
+      const auto* x = static_cast<const uint16_t*>(a);
+      const auto* y = static_cast<const uint16_t*>(b);
+      for (size_t i = 0; i < count; ++i) {
+        const float fx = fp16_to_float(x[i]), fy = fp16_to_float(y[i]);
+        o[i] = float_to_fp16(op == ReduceOp::kMax ? std::max(fx, fy) : fx + fy);
+      }
+      return;
+    }
   }
 }
 
@@ -78,6 +88,12 @@ void scale_by(void* buffer, size_t count, DataType type, double divisor) {
       auto* p = static_cast<uint16_t*>(buffer);
       for (size_t i = 0; i < count; ++i)
         p[i] = float_to_bf16(static_cast<float>(bf16_to_float(p[i]) / divisor));
+      return;
+    }
+    case DataType::kFloat16: {
+      auto* p = static_cast<uint16_t*>(buffer);
+      for (size_t i = 0; i < count; ++i)
+        p[i] = float_to_fp16(static_cast<float>(fp16_to_float(p[i]) / divisor));
       return;
     }
     default:

@@ -62,11 +62,38 @@ TorchCommHook allreduce_comm_hook() {
   };
 }
 
-TorchCommHook bf16_compress_comm_hook() {
-  // Each bucket's bf16 values, kept from step to step (a collective in flight reads them).
+namespace {
+
+// The average with the gradients on the wire in `dtype` (PyTorch's fp16_compress_hook and
+// bf16_compress_hook): each bucket cast into a scratch tensor of its own (kept from step to
+// step), divided by the ranks there, summed, cast back. Done when it returns on the CPU (the
+// host waits), in the current stream's order on the GPU.
+TorchCommHook compress_hook(torch::ScalarType dtype, DataType wire_type) {
   auto wire = std::make_shared<std::vector<torch::Tensor>>();
-  return [wire](Communicator& comm, TorchGradBucket& bucket) {
-    comm.require_bf16_reduction();
+  return [wire, dtype, wire_type](Communicator& comm,
+                                  TorchGradBucket& bucket) -> std::unique_ptr<Work> {
+    if (wire->size() <= bucket.index) wire->resize(bucket.index + 1);
+    torch::Tensor& scratch = (*wire)[bucket.index];
+    if (!scratch.defined() || scratch.numel() != bucket.buffer.numel())
+      scratch = torch::empty_like(bucket.buffer, bucket.buffer.options().dtype(dtype));
+    scratch.copy_(bucket.buffer).div_(comm.size());
+    auto work = comm.all_reduce_async(scratch.data_ptr(), static_cast<size_t>(scratch.numel()),
+                                      wire_type, ReduceOp::kSum);
+    finish_in_order(comm, *work, bucket.buffer);
+    bucket.buffer.copy_(scratch);
+    return nullptr;
+  };
+}
+
+}  // namespace
+
+TorchCommHook bf16_compress_comm_hook() {
+  // NCCL: its fused float-to-bf16 all-reduce (the collective of reduce_in_bf16, so the same
+  // weights); the host backends: the cast in LibTorch and a bf16 all-reduce.
+  auto wire = std::make_shared<std::vector<torch::Tensor>>();
+  TorchCommHook host = compress_hook(torch::kBFloat16, DataType::kBFloat16);
+  return [wire, host](Communicator& comm, TorchGradBucket& bucket) {
+    if (!comm.reduces_bf16()) return host(comm, bucket);
     if (wire->size() <= bucket.index) wire->resize(bucket.index + 1);
     torch::Tensor& scratch = (*wire)[bucket.index];
     if (!scratch.defined() || scratch.numel() != bucket.buffer.numel())
@@ -75,6 +102,10 @@ TorchCommHook bf16_compress_comm_hook() {
                                       static_cast<size_t>(bucket.buffer.numel()),
                                       ReduceOp::kAverage);
   };
+}
+
+TorchCommHook fp16_compress_comm_hook() {
+  return compress_hook(torch::kHalf, DataType::kFloat16);
 }
 
 PowerSGDState::PowerSGDState(PowerSGDOptions options) : options_(options) {

@@ -1,8 +1,8 @@
 // Communication hooks for ddp::DistributedDataParallel (PyTorch's register_comm_hook and
 // torch.distributed.algorithms.ddp_comm_hooks): how each bucket of gradients is reduced over the
 // ranks. The built-ins: the averaging all-reduce (what the buckets do without a hook), the same
-// with the gradients on the wire as bfloat16, and PowerSGD, a low-rank approximation of each
-// matrix gradient with error feedback (Vogels et al., 2019; PyTorch's powerSGD_hook):
+// with the gradients on the wire as bfloat16 or float16, and PowerSGD, a low-rank approximation of
+// each matrix gradient with error feedback (Vogels et al., 2019; PyTorch's powerSGD_hook):
 //
 //   auto state = std::make_shared<ddp::PowerSGDState>(
 //       ddp::PowerSGDOptions().matrix_approximation_rank(2).start_powerSGD_iter(10));
@@ -44,8 +44,13 @@ using TorchCommHook =
 // The built-in hook of the averaging all-reduce (what the buckets do without a hook).
 TorchCommHook allreduce_comm_hook();
 // The built-in hook of the same average with the gradients on the wire as bfloat16 (PyTorch's
-// bf16_compress_hook; NCCL).
+// bf16_compress_hook): NCCL's fused cast and all-reduce; on Gloo and MPI the cast in LibTorch
+// and a bf16 all-reduce, done when the hook returns.
 TorchCommHook bf16_compress_comm_hook();
+// The same with float16 (PyTorch's fp16_compress_hook): each gradient divided by the ranks in
+// half precision (so that the sum does not overflow 65504), summed, cast back to float32.
+// Finer than bf16 (10 mantissa bits against 7), narrower in range. Every backend.
+TorchCommHook fp16_compress_comm_hook();
 
 // PowerSGD's settings, PyTorch's PowerSGDState arguments under the same names and defaults.
 struct PowerSGDOptions {

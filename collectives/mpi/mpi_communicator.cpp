@@ -42,17 +42,24 @@ MPI_Datatype mpi_type(DataType type) {
     case DataType::kInt64:
       return MPI_INT64_T;
     case DataType::kBFloat16:
+    case DataType::kFloat16:
       return MPI_UINT16_T;
   }
   return MPI_BYTE;
 }
 
-// MPI has no bfloat16: a user operator that sums or maxes uint16-stored bf16 values.
+// MPI has no bfloat16 or float16: user operators that sum or max uint16-stored values.
 void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
   reduce_into(inout, inout, in, static_cast<size_t>(*len), DataType::kBFloat16, ReduceOp::kSum);
 }
 void bf16_max(void* in, void* inout, int* len, MPI_Datatype*) {
   reduce_into(inout, inout, in, static_cast<size_t>(*len), DataType::kBFloat16, ReduceOp::kMax);
+}
+void fp16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  reduce_into(inout, inout, in, static_cast<size_t>(*len), DataType::kFloat16, ReduceOp::kSum);
+}
+void fp16_max(void* in, void* inout, int* len, MPI_Datatype*) {
+  reduce_into(inout, inout, in, static_cast<size_t>(*len), DataType::kFloat16, ReduceOp::kMax);
 }
 
 class MpiWork final : public Work {
@@ -141,10 +148,14 @@ class MpiCommunicator final : public Communicator {
     MPI_Comm_dup(comm_, &diagnosis_);
     MPI_Op_create(bf16_sum, 1, &bf16_sum_);
     MPI_Op_create(bf16_max, 1, &bf16_max_);
+    MPI_Op_create(fp16_sum, 1, &fp16_sum_);
+    MPI_Op_create(fp16_max, 1, &fp16_max_);
   }
   ~MpiCommunicator() override {
     MPI_Op_free(&bf16_sum_);
     MPI_Op_free(&bf16_max_);
+    MPI_Op_free(&fp16_sum_);
+    MPI_Op_free(&fp16_max_);
     if (diagnosis_ != MPI_COMM_NULL) MPI_Comm_free(&diagnosis_);
     if (comm_ != MPI_COMM_WORLD) MPI_Comm_free(&comm_);
     if (owns_mpi_) MPI_Finalize();
@@ -293,6 +304,7 @@ class MpiCommunicator final : public Communicator {
   }
   MPI_Op mpi_op(DataType type, ReduceOp op) const {
     if (type == DataType::kBFloat16) return op == ReduceOp::kMax ? bf16_max_ : bf16_sum_;
+    if (type == DataType::kFloat16) return op == ReduceOp::kMax ? fp16_max_ : fp16_sum_;
     return op == ReduceOp::kMax ? MPI_MAX : MPI_SUM;
   }
   std::function<std::string(const std::string&)> p2p_describer(uint64_t seq,
@@ -356,6 +368,7 @@ class MpiCommunicator final : public Communicator {
   std::shared_ptr<StoreClient> store_;
   std::string group_;
   MPI_Op bf16_sum_ = MPI_OP_NULL, bf16_max_ = MPI_OP_NULL;
+  MPI_Op fp16_sum_ = MPI_OP_NULL, fp16_max_ = MPI_OP_NULL;
 };
 
 }  // namespace

@@ -40,6 +40,8 @@ ncclDataType_t nccl_type(DataType type) {
       return ncclFloat32;
     case DataType::kBFloat16:
       return ncclBfloat16;
+    case DataType::kFloat16:
+      return ncclFloat16;
     case DataType::kFloat64:
       return ncclFloat64;
     case DataType::kInt32:

@@ -78,6 +78,11 @@ struct Checker {
         std::memcpy(p, &v, 2);
         break;
       }
+      case DataType::kFloat16: {
+        uint16_t v = float_to_fp16(static_cast<float>(value));
+        std::memcpy(p, &v, 2);
+        break;
+      }
     }
   }
   static double get(const std::vector<char>& buffer, size_t i, DataType type) {
@@ -108,6 +113,11 @@ struct Checker {
         std::memcpy(&v, p, 2);
         return bf16_to_float(v);
       }
+      case DataType::kFloat16: {
+        uint16_t v;
+        std::memcpy(&v, p, 2);
+        return fp16_to_float(v);
+      }
     }
     return 0;
   }
@@ -118,11 +128,13 @@ struct Checker {
     for (size_t i = 0; i < count; ++i) {
       const double expected = want(i);
       const double got = get(buffer, i, type);
-      // The closed forms are computed in double; the backends add float32 (or bfloat16)
-      // values of up to 8 ranks in their own order: at most 8 roundings of 2^-24 (2^-8 for
-      // bfloat16) relative each, whatever the order or CPU; integers are exact.
-      const double tolerance =
-          type == DataType::kBFloat16 ? 1e-2 * std::fabs(expected) : 1e-6 * std::fabs(expected);
+      // The closed forms are computed in double; the backends add float32 (or bfloat16,
+      // float16) values of up to 8 ranks in their own order: at most 8 roundings of 2^-24
+      // (2^-8 for bfloat16, 2^-11 for float16) relative each, whatever the order or CPU;
+      // integers are exact.
+      const double tolerance = type == DataType::kBFloat16  ? 1e-2 * std::fabs(expected)
+                               : type == DataType::kFloat16 ? 4e-3 * std::fabs(expected)
+                                                            : 1e-6 * std::fabs(expected);
       if (std::fabs(got - expected) > tolerance) {
         std::printf("MISMATCH %s %s count %zu element %zu: got %g want %g (rank %d)\n", what,
                     dtype_name(type), count, i, got, expected, comm.rank());
@@ -135,8 +147,8 @@ struct Checker {
   void run(size_t count, DataType type) {
     const int S = comm.size(), R = comm.rank();
     const size_t b = dtype_bytes(type);
-    const bool floating =
-        type == DataType::kFloat32 || type == DataType::kFloat64 || type == DataType::kBFloat16;
+    const bool floating = type == DataType::kFloat32 || type == DataType::kFloat64 ||
+                          type == DataType::kBFloat16 || type == DataType::kFloat16;
     {  // all_reduce sum / average
       for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage}) {
         if (op == ReduceOp::kAverage && !floating) continue;
@@ -251,7 +263,7 @@ struct Checker {
 int run_all(Communicator& comm, bool gpu) {
   Checker checker{comm, gpu};
   for (DataType type : {DataType::kFloat32, DataType::kBFloat16, DataType::kFloat64,
-                        DataType::kInt32, DataType::kInt64})
+                        DataType::kInt32, DataType::kInt64, DataType::kFloat16})
     for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1001}})
       checker.run(count, type);
   checker.run(3'000'001, DataType::kFloat32);

@@ -7,7 +7,8 @@
 //       [--own-forward [--no-sync-buffers]] [--bucket-kb N] [--sparse] [--reference-forward]
 //       [--load FILE] [--second-backward RANK] [--unused-on-rank RANK] [--no-broadcast-buffers]
 //       [--threads N] [--wrap-twice] [--zero LEVEL] [--adamw] [--memory] [--save-full FILE]
-//       [--deep K] [--hook average|sum|twice|bf16|powersgd] [--syncbn] [--short-rank R [--join]]
+//       [--deep K] [--hook average|sum|twice|bf16|fp16|powersgd] [--syncbn] [--short-rank R
+//       [--join]]
 //       [--data-steps D] [--loss] [--powersgd-rank R] [--powersgd-start S]
 //       [--powersgd-min-rate X] [--powersgd-no-error-feedback]
 //   torch_worker --single --short-rank R --ranks N   (one process as that job with --join)
@@ -20,7 +21,7 @@
 // parameters' and gradients' bytes after the last step; --save-full: rank 0 torch::save's the
 // module after gather_parameters() (a checkpoint for a plain module); --deep K: K residual
 // linear blocks more (a model whose parameters several ranks can share evenly); --hook: a
-// communication hook (the built-in average or bf16 compression, a hook of one's own that sums
+// communication hook (the built-in average, bf16 or fp16 compression, a hook of one's own that sums
 // and divides and counts its calls, two hooks registered, or PowerSGD with the --powersgd-*
 // options); --data-steps D: D steps' batches run in turn (a data set the model can fit);
 // --loss: each rank prints the loss over the data set before and after training; --syncbn:
@@ -288,6 +289,7 @@ int main(int argc, char** argv) {
       model->register_comm_hook(ddp::allreduce_comm_hook());
     if (args.hook == "twice") model->register_comm_hook(ddp::allreduce_comm_hook());
     if (args.hook == "bf16") model->register_comm_hook(ddp::bf16_compress_comm_hook());
+    if (args.hook == "fp16") model->register_comm_hook(ddp::fp16_compress_comm_hook());
     if (args.hook == "powersgd") {
       powersgd = std::make_shared<ddp::PowerSGDState>(
           ddp::PowerSGDOptions()
