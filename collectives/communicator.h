@@ -49,8 +49,8 @@ struct BFloat16 {
 struct Float16 {
   uint16_t bits = 0;  ///< sign, 5 exponent bits, 10 mantissa bits
 };
-// The DataType of a C++ element type (float, double, int32_t, int64_t, BFloat16, Float16): typed calls
-// take it from the pointer, so that a double* can never pass as float32.
+// The DataType of a C++ element type (float, double, int32_t, int64_t, BFloat16, Float16): typed
+// calls take it from the pointer, so that a double* can never pass as float32.
 template <typename T>
 constexpr DataType data_type_of() {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> ||
