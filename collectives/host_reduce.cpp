@@ -19,6 +19,26 @@ void reduce_typed(T* out, const T* a, const T* b, size_t count, ReduceOp op) {
       out[i] = a[i] + b[i];
 }
 
+// A 16-bit float type stored as uint16 (bfloat16, float16): each element widened to float,
+// combined, rounded back once.
+template <float (*widen)(uint16_t), uint16_t (*narrow)(float)>
+void reduce_16bit(void* out, const void* a, const void* b, size_t count, ReduceOp op) {
+  auto* o = static_cast<uint16_t*>(out);
+  const auto* x = static_cast<const uint16_t*>(a);
+  const auto* y = static_cast<const uint16_t*>(b);
+  for (size_t i = 0; i < count; ++i) {
+    const float fx = widen(x[i]), fy = widen(y[i]);
+    o[i] = narrow(op == ReduceOp::kMax ? std::max(fx, fy) : fx + fy);
+  }
+}
+
+template <float (*widen)(uint16_t), uint16_t (*narrow)(float)>
+void scale_16bit(void* buffer, size_t count, double divisor) {
+  auto* p = static_cast<uint16_t*>(buffer);
+  for (size_t i = 0; i < count; ++i)
+    p[i] = narrow(static_cast<float>(widen(p[i]) / divisor));
+}
+
 }  // namespace
 
 void reduce_into(void* out, const void* a, const void* b, size_t count, DataType type,
@@ -36,26 +56,10 @@ void reduce_into(void* out, const void* a, const void* b, size_t count, DataType
     case DataType::kInt64:
       return reduce_typed(static_cast<int64_t*>(out), static_cast<const int64_t*>(a),
                           static_cast<const int64_t*>(b), count, op);
-    case DataType::kBFloat16: {
-      auto* o = static_cast<uint16_t*>(out);
-      const auto* x = static_cast<const uint16_t*>(a);
-      const auto* y = static_cast<const uint16_t*>(b);
-      for (size_t i = 0; i < count; ++i) {
-        const float fx = bf16_to_float(x[i]), fy = bf16_to_float(y[i]);
-        o[i] = float_to_bf16(op == ReduceOp::kMax ? std::max(fx, fy) : fx + fy);
-      }
-      return;
-    }
-    case DataType::kFloat16: {  // each sum in float, rounded once to half (as NCCL's)
-      auto* o = static_cast<uint16_t*>(out);
-      const auto* x = static_cast<const uint16_t*>(a);
-      const auto* y = static_cast<const uint16_t*>(b);
-      for (size_t i = 0; i < count; ++i) {
-        const float fx = fp16_to_float(x[i]), fy = fp16_to_float(y[i]);
-        o[i] = float_to_fp16(op == ReduceOp::kMax ? std::max(fx, fy) : fx + fy);
-      }
-      return;
-    }
+    case DataType::kBFloat16:
+      return reduce_16bit<bf16_to_float, float_to_bf16>(out, a, b, count, op);
+    case DataType::kFloat16:  // each sum in float, rounded once to half (as NCCL's)
+      return reduce_16bit<fp16_to_float, float_to_fp16>(out, a, b, count, op);
   }
 }
 
@@ -84,18 +88,10 @@ void scale_by(void* buffer, size_t count, DataType type, double divisor) {
         p[i] /= divisor;
       return;
     }
-    case DataType::kBFloat16: {
-      auto* p = static_cast<uint16_t*>(buffer);
-      for (size_t i = 0; i < count; ++i)
-        p[i] = float_to_bf16(static_cast<float>(bf16_to_float(p[i]) / divisor));
-      return;
-    }
-    case DataType::kFloat16: {
-      auto* p = static_cast<uint16_t*>(buffer);
-      for (size_t i = 0; i < count; ++i)
-        p[i] = float_to_fp16(static_cast<float>(fp16_to_float(p[i]) / divisor));
-      return;
-    }
+    case DataType::kBFloat16:
+      return scale_16bit<bf16_to_float, float_to_bf16>(buffer, count, divisor);
+    case DataType::kFloat16:
+      return scale_16bit<fp16_to_float, float_to_fp16>(buffer, count, divisor);
     default:
       throw UsageError(fmt::format(
           "average of {} values: use sum (integer types cannot be averaged)", dtype_name(type)));

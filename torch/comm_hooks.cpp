@@ -52,30 +52,31 @@ void orthogonalize(torch::Tensor m, double epsilon) {
   }
 }
 
-}  // namespace
-
-TorchCommHook allreduce_comm_hook() {
-  return [](Communicator& comm, TorchGradBucket& bucket) {
-    return comm.all_reduce_async(bucket.buffer.data_ptr(),
-                                 static_cast<size_t>(bucket.buffer.numel()), DataType::kFloat32,
-                                 ReduceOp::kAverage);
-  };
-}
-
-namespace {
-
-// The average with the gradients on the wire in `dtype` (PyTorch's fp16_compress_hook and
-// bf16_compress_hook): each bucket cast into a scratch tensor of its own (kept from step to
-// step), divided by the ranks there, summed, cast back. Done when it returns on the CPU (the
-// host waits), in the current stream's order on the GPU.
-TorchCommHook compress_hook(torch::ScalarType dtype, DataType wire_type) {
-  auto wire = std::make_shared<std::vector<torch::Tensor>>();
-  return [wire, dtype, wire_type](Communicator& comm,
-                                  TorchGradBucket& bucket) -> std::unique_ptr<Work> {
-    if (wire->size() <= bucket.index) wire->resize(bucket.index + 1);
-    torch::Tensor& scratch = (*wire)[bucket.index];
+// Each bucket's scratch tensor in another dtype, kept from step to step (a collective in
+// flight reads it), made again only when the bucket's size changes.
+class BucketScratch {
+ public:
+  torch::Tensor& of(const TorchGradBucket& bucket, torch::ScalarType dtype) {
+    if (tensors_.size() <= bucket.index) tensors_.resize(bucket.index + 1);
+    torch::Tensor& scratch = tensors_[bucket.index];
     if (!scratch.defined() || scratch.numel() != bucket.buffer.numel())
       scratch = torch::empty_like(bucket.buffer, bucket.buffer.options().dtype(dtype));
+    return scratch;
+  }
+
+ private:
+  std::vector<torch::Tensor> tensors_;
+};
+
+// The average with the gradients on the wire in `dtype` (PyTorch's fp16_compress_hook and
+// bf16_compress_hook): each bucket cast into its scratch, divided by the ranks there, summed,
+// cast back. Done when it returns on the CPU (the host waits), in the current stream's order
+// on the GPU.
+TorchCommHook compress_hook(torch::ScalarType dtype, DataType wire_type) {
+  auto wire = std::make_shared<BucketScratch>();
+  return [wire, dtype, wire_type](Communicator& comm,
+                                  TorchGradBucket& bucket) -> std::unique_ptr<Work> {
+    torch::Tensor& scratch = wire->of(bucket, dtype);
     scratch.copy_(bucket.buffer).div_(comm.size());
     auto work = comm.all_reduce_async(scratch.data_ptr(), static_cast<size_t>(scratch.numel()),
                                       wire_type, ReduceOp::kSum);
@@ -87,20 +88,24 @@ TorchCommHook compress_hook(torch::ScalarType dtype, DataType wire_type) {
 
 }  // namespace
 
+TorchCommHook allreduce_comm_hook() {
+  return [](Communicator& comm, TorchGradBucket& bucket) {
+    return comm.all_reduce_async(bucket.buffer.data_ptr(),
+                                 static_cast<size_t>(bucket.buffer.numel()), DataType::kFloat32,
+                                 ReduceOp::kAverage);
+  };
+}
+
 TorchCommHook bf16_compress_comm_hook() {
   // NCCL: its fused float-to-bf16 all-reduce (the collective of reduce_in_bf16, so the same
   // weights); the host backends: the cast in LibTorch and a bf16 all-reduce.
-  auto wire = std::make_shared<std::vector<torch::Tensor>>();
+  auto wire = std::make_shared<BucketScratch>();
   TorchCommHook host = compress_hook(torch::kBFloat16, DataType::kBFloat16);
   return [wire, host](Communicator& comm, TorchGradBucket& bucket) {
     if (!comm.reduces_bf16()) return host(comm, bucket);
-    if (wire->size() <= bucket.index) wire->resize(bucket.index + 1);
-    torch::Tensor& scratch = (*wire)[bucket.index];
-    if (!scratch.defined() || scratch.numel() != bucket.buffer.numel())
-      scratch = torch::empty_like(bucket.buffer, bucket.buffer.options().dtype(torch::kBFloat16));
-    return comm.all_reduce_bf16_async(bucket.buffer.data_ptr<float>(), scratch.data_ptr(),
-                                      static_cast<size_t>(bucket.buffer.numel()),
-                                      ReduceOp::kAverage);
+    return comm.all_reduce_bf16_async(
+        bucket.buffer.data_ptr<float>(), wire->of(bucket, torch::kBFloat16).data_ptr(),
+        static_cast<size_t>(bucket.buffer.numel()), ReduceOp::kAverage);
   };
 }
 
