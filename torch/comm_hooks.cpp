@@ -88,11 +88,27 @@ TorchCommHook compress_hook(torch::ScalarType dtype, DataType wire_type) {
 
 }  // namespace
 
+DataType collective_type(torch::ScalarType dtype) {
+  switch (dtype) {
+    case torch::kFloat32:
+      return DataType::kFloat32;
+    case torch::kFloat64:
+      return DataType::kFloat64;
+    case torch::kBFloat16:
+      return DataType::kBFloat16;
+    case torch::kFloat16:
+      return DataType::kFloat16;
+    default:
+      throw UsageError(fmt::format("{} where float32, float64, bfloat16 or float16 was expected",
+                                   c10::toString(dtype)));
+  }
+}
+
 TorchCommHook allreduce_comm_hook() {
   return [](Communicator& comm, TorchGradBucket& bucket) {
     return comm.all_reduce_async(bucket.buffer.data_ptr(),
-                                 static_cast<size_t>(bucket.buffer.numel()), DataType::kFloat32,
-                                 ReduceOp::kAverage);
+                                 static_cast<size_t>(bucket.buffer.numel()),
+                                 collective_type(bucket.buffer.scalar_type()), ReduceOp::kAverage);
   };
 }
 
@@ -102,7 +118,8 @@ TorchCommHook bf16_compress_comm_hook() {
   auto wire = std::make_shared<BucketScratch>();
   TorchCommHook host = compress_hook(torch::kBFloat16, DataType::kBFloat16);
   return [wire, host](Communicator& comm, TorchGradBucket& bucket) {
-    if (!comm.reduces_bf16()) return host(comm, bucket);
+    if (!comm.reduces_bf16() || bucket.buffer.scalar_type() != torch::kFloat32)
+      return host(comm, bucket);
     return comm.all_reduce_bf16_async(
         bucket.buffer.data_ptr<float>(), wire->of(bucket, torch::kBFloat16).data_ptr(),
         static_cast<size_t>(bucket.buffer.numel()), ReduceOp::kAverage);

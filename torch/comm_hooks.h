@@ -22,12 +22,17 @@
 
 namespace ddp {
 
+// The collectives' element type of a LibTorch dtype (float32, float64, bfloat16, float16: the
+// dtypes DistributedDataParallel buckets); a UsageError naming another.
+DataType collective_type(torch::ScalarType dtype);
+
 // A bucket as a LibTorch communication hook sees it (PyTorch's GradBucket).
 struct TorchGradBucket {
   size_t index = 0;                       // its place in the reduction order (0: the last
                                           // parameters'), the same on every rank
-  torch::Tensor buffer;                   // its gradients, one flat float32 tensor: a view of
-                                          // the bucket, to hold the average over the ranks
+  torch::Tensor buffer;                   // its gradients, one flat tensor of its parameters'
+                                          // dtype (a bucket holds one): a view of the bucket,
+                                          // to hold the average over the ranks
   std::vector<torch::Tensor> parameters;  // the parameters whose gradients it holds
   std::vector<torch::Tensor> gradients;   // their gradients: views of buffer, each of its
                                           // parameter's shape (PyTorch's bucket.gradients())
@@ -44,11 +49,13 @@ using TorchCommHook =
 // The built-in hook of the averaging all-reduce (what the buckets do without a hook).
 TorchCommHook allreduce_comm_hook();
 // The built-in hook of the same average with the gradients on the wire as bfloat16 (PyTorch's
-// bf16_compress_hook): NCCL's fused cast and all-reduce; on Gloo and MPI the cast in LibTorch
-// and a bf16 all-reduce, done when the hook returns.
+// bf16_compress_hook): NCCL's fused cast and all-reduce for a float32 bucket; on Gloo and MPI,
+// and for a bucket of another dtype, the cast in LibTorch and a bf16 all-reduce, done when the
+// hook returns.
 TorchCommHook bf16_compress_comm_hook();
 // The same with float16 (PyTorch's fp16_compress_hook): each gradient divided by the ranks in
-// half precision (so that the sum does not overflow 65504), summed, cast back to float32.
+// half precision (so that the sum does not overflow 65504), summed, cast back to the bucket's
+// dtype.
 // Finer than bf16 (10 mantissa bits against 7), narrower in range. Every backend.
 TorchCommHook fp16_compress_comm_hook();
 

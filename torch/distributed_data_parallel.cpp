@@ -63,6 +63,18 @@ void unpack(const torch::Tensor& flat, const std::vector<torch::Tensor>& tensors
   }
 }
 
+// The collectives' element type of parameter `name`'s dtype, or a UsageError naming it.
+DataType wire_type(torch::ScalarType dtype, const std::string& name) {
+  try {
+    return collective_type(dtype);
+  } catch (const UsageError& e) {
+    throw UsageError(
+        fmt::format("ddp::DistributedDataParallel: parameter '{}': {}; "
+                    "module->to(torch::kFloat32) for example",
+                    name, e.what()));
+  }
+}
+
 // The parameters some wrapper holds now (their TensorImpl, which torch::load's set_ keeps),
 // so that a second wrapper of one module is refused by name rather than failing later.
 std::mutex wrapped_mutex;
@@ -74,12 +86,15 @@ std::set<const c10::TensorImpl*>& wrapped() {
 }  // namespace
 
 struct DistributedDataParallel::Impl {
-  // A parameter that gets gradients: its slot in the flat gradient buffer and its hook.
+  // A parameter that gets gradients: its slot in its dtype's gradient buffer and its hook.
   struct Param {
     std::string name;
     torch::Tensor tensor;
     std::vector<int64_t> sizes;  // its shape (with ZeRO 3 it is empty between steps)
-    torch::Tensor view;          // its part of the flat gradient buffer, its shape (its .grad())
+    torch::ScalarType dtype = torch::kFloat32;
+    size_t buffer = 0;   // its dtype's GradBuffer
+    int64_t offset = 0;  // where its gradient starts there (elements)
+    torch::Tensor view;  // its part of that buffer, its shape (its .grad())
     std::shared_ptr<torch::autograd::Node> accumulator;
     uintptr_t hook = 0;
     bool ready = false;       // its gradient is written this backward
@@ -89,12 +104,27 @@ struct DistributedDataParallel::Impl {
     uint32_t grad_version = 0;              // and that one's version
   };
 
+  // The gradients of one dtype's parameters, one flat tensor in the reducer's order, so that
+  // a bucket (one dtype) is a range of it.
+  struct GradBuffer {
+    torch::ScalarType dtype = torch::kFloat32;
+    int64_t count = 0;   // its elements
+    torch::Tensor flat;  // (ZeRO 2, 3: during backward only)
+  };
+  // A bucket's range of its buffer.
+  struct BucketSlice {
+    size_t buffer = 0;
+    int64_t offset = 0, count = 0;
+  };
+
   Impl(torch::nn::Module& module, World& world, const DistributedDataParallelOptions& options);
   ~Impl();
   void check_and_copy_rank0s_state(
       const std::vector<std::pair<std::string, torch::Tensor>>& all,
       const std::vector<std::pair<std::string, torch::Tensor>>& buffers);
   void make_reducer();
+  std::unique_ptr<Work> reduce_bucket(size_t bucket);
+  void make_grad_buffers();
   void point_grads_at_buckets();
   void make_views();
   void moved(size_t index);
@@ -123,10 +153,13 @@ struct DistributedDataParallel::Impl {
   torch::Device device = torch::kCPU;
   std::vector<Param> params;  // those that get gradients, in registration order
   std::vector<torch::Tensor> buffers;
-  torch::Tensor grads;    // the flat gradient buffer (float32; ZeRO 2, 3: during backward)
-  size_t grad_count = 0;  // its elements
-  torch::TensorOptions grads_options;
-  torch::Tensor bf16_scratch;  // reduce_in_bf16's
+  std::vector<GradBuffer> grad_buffers;  // one a dtype
+  std::vector<BucketSlice> slices;       // each bucket's
+  std::vector<size_t>
+      param_of;  // the reducer's layer j is params[param_of[j]] (plan_grouped_buckets)
+  std::vector<size_t> layer_of;  // and params[i] its layer layer_of[i]
+  TorchCommHook hook;            // register_comm_hook's, or none
+  torch::Tensor bf16_scratch;    // reduce_in_bf16's (the float32 buffer's gradients as bf16)
   std::unique_ptr<Ddp> reducer;
   std::unique_ptr<ParamShards> shards;  // with ZeRO on more than one rank
   torch::Tensor device_scratch;         // the layout check's messages over NCCL
@@ -159,10 +192,7 @@ DistributedDataParallel::Impl::Impl(torch::nn::Module& module_, World& world,
                     "ddp::DistributedDataParallel: parameter '{}' is on {} where '{}' is on {}; "
                     "one module on one device per process",
                     name, tensor.device().str(), all[0].first, device.str());
-    DDP_USAGE_CHECK(!tensor.requires_grad() || tensor.scalar_type() == torch::kFloat32,
-                    "ddp::DistributedDataParallel: parameter '{}' is {}; only float32 parameters "
-                    "are bucketed (module->to(torch::kFloat32))",
-                    name, c10::toString(tensor.scalar_type()));
+    if (tensor.requires_grad()) wire_type(tensor.scalar_type(), name);
   }
   DDP_USAGE_CHECK(device.is_cuda() == comm.device_buffers(),
                   "ddp::DistributedDataParallel: the module is on {} but the world communicator "
@@ -177,8 +207,9 @@ DistributedDataParallel::Impl::Impl(torch::nn::Module& module_, World& world,
                   options.zero());
   for (const auto& [name, tensor] : all)
     if (tensor.requires_grad())
-      params.push_back(
-          {name, tensor, std::vector<int64_t>(tensor.sizes().begin(), tensor.sizes().end())});
+      params.push_back({name, tensor,
+                        std::vector<int64_t>(tensor.sizes().begin(), tensor.sizes().end()),
+                        tensor.scalar_type()});
   {
     std::lock_guard<std::mutex> lock(wrapped_mutex);
     for (const Param& p : params)
@@ -254,47 +285,108 @@ void DistributedDataParallel::Impl::check_and_copy_rank0s_state(
   broadcast(state);
 }
 
+// Buckets of one dtype each (PyTorch's bucketing by dtype), reduced in the order backward
+// completes them; a buffer a dtype; the buckets' reduction as the reducer's hook.
 void DistributedDataParallel::Impl::make_reducer() {
-  size_t total = 0;
-  std::vector<ParamSpan> spans;
+  DDP_USAGE_CHECK(options.bucket_cap_mb() > 0 && options.first_bucket_cap_mb() >= 0,
+                  "ddp::DistributedDataParallelOptions: bucket_cap_mb {} and first_bucket_cap_mb "
+                  "{}: expected sizes above 0",
+                  options.bucket_cap_mb(), options.first_bucket_cap_mb());
+  std::vector<size_t> counts, element_bytes;
+  std::vector<int> kinds;
   for (const Param& p : params) {
-    spans.push_back({total, static_cast<size_t>(p.tensor.numel())});
-    total += static_cast<size_t>(p.tensor.numel());
+    counts.push_back(static_cast<size_t>(p.tensor.numel()));
+    kinds.push_back(static_cast<int>(p.dtype));
+    element_bytes.push_back(p.tensor.element_size());
   }
-  DdpOptions ddp_options;
-  ddp_options.bucket_mb = options.bucket_cap_mb();
-  ddp_options.first_bucket_mb = options.first_bucket_cap_mb();
-  ddp_options.overlap = options.overlap();
-  reducer = std::make_unique<Ddp>(comm, spans, ddp_options);
-  grad_count = total;
-  grads_options = torch::TensorOptions().dtype(torch::kFloat32).device(device);
-  grads = torch::zeros({static_cast<int64_t>(total)}, grads_options);
+  GroupedBuckets plan = plan_grouped_buckets(
+      counts, kinds, element_bytes, static_cast<size_t>(options.bucket_cap_mb() * 1048576),
+      static_cast<size_t>(options.first_bucket_cap_mb() * 1048576));
+  param_of = plan.order;
+  layer_of.assign(params.size(), 0);
+  for (size_t j = 0; j < param_of.size(); ++j)
+    layer_of[param_of[j]] = j;
+  for (const size_t i : param_of) {  // each dtype's parameters in the reducer's order
+    Param& p = params[i];
+    size_t b = 0;
+    while (b < grad_buffers.size() && grad_buffers[b].dtype != p.dtype)
+      ++b;
+    if (b == grad_buffers.size()) grad_buffers.push_back({p.dtype, 0, {}});
+    p.buffer = b;
+    p.offset = grad_buffers[b].count;
+    grad_buffers[b].count += p.tensor.numel();
+  }
+  for (const Bucket& bucket : plan.buckets) {
+    const Param& first = params[param_of[static_cast<size_t>(bucket.first_layer)]];
+    slices.push_back({first.buffer, first.offset, static_cast<int64_t>(bucket.count)});
+  }
+  reducer = std::make_unique<Ddp>(comm, std::move(plan.buckets), static_cast<int>(params.size()),
+                                  options.overlap());
+  make_grad_buffers();
+  for (GradBuffer& buffer : grad_buffers)
+    buffer.flat.zero_();
   if (options.reduce_in_bf16() && comm.size() > 1) {  // one process reduces nothing
     comm.require_bf16_reduction();
-    bf16_scratch = torch::empty({static_cast<int64_t>(total)},
-                                torch::TensorOptions().dtype(torch::kBFloat16).device(device));
-    reducer->reduce_in_bf16(bf16_scratch.data_ptr());
+    for (const GradBuffer& buffer : grad_buffers)
+      if (buffer.dtype == torch::kFloat32)
+        bf16_scratch = torch::empty({buffer.count},
+                                    torch::TensorOptions().dtype(torch::kBFloat16).device(device));
   }
+  reducer->register_comm_hook(
+      [this](Communicator&, const GradBucket& bucket) { return reduce_bucket(bucket.index); });
+}
+
+// Bucket `bucket`'s average: the user's hook, or the all-reduce in the bucket's dtype (float32
+// through bf16 with reduce_in_bf16). bf16 and fp16 buckets are summed in their own dtype, as
+// PyTorch's DDP does (NCCL adds in that dtype; Gloo and MPI add each pair in float and round).
+std::unique_ptr<Work> DistributedDataParallel::Impl::reduce_bucket(size_t bucket) {
+  const BucketSlice& slice = slices[bucket];
+  GradBuffer& buffer = grad_buffers[slice.buffer];
+  if (hook) {
+    TorchGradBucket view{bucket, buffer.flat.narrow(0, slice.offset, slice.count), {}, {}};
+    const Bucket& planned = reducer->buckets()[bucket];
+    for (int layer = planned.first_layer; layer <= planned.last_layer; ++layer) {
+      const Param& p = params[param_of[static_cast<size_t>(layer)]];
+      view.parameters.push_back(p.tensor);
+      view.gradients.push_back(p.view);
+    }
+    return hook(comm, view);
+  }
+  void* data = static_cast<char*>(buffer.flat.data_ptr()) +
+               slice.offset * static_cast<int64_t>(buffer.flat.element_size());
+  const auto count = static_cast<size_t>(slice.count);
+  if (bf16_scratch.defined() && buffer.dtype == torch::kFloat32)
+    return comm.all_reduce_bf16_async(
+        static_cast<float*>(data), static_cast<uint16_t*>(bf16_scratch.data_ptr()) + slice.offset,
+        count, ReduceOp::kAverage);
+  return comm.all_reduce_async(data, count, wire_type(buffer.dtype, params[0].name),
+                               ReduceOp::kAverage);
+}
+
+// Each dtype's gradient buffer (uninitialised), and the parameters' views of it.
+void DistributedDataParallel::Impl::make_grad_buffers() {
+  for (GradBuffer& buffer : grad_buffers)
+    buffer.flat =
+        torch::empty({buffer.count}, torch::TensorOptions().dtype(buffer.dtype).device(device));
+  make_views();
 }
 
 // Each parameter's .grad() a view of its bucket, and a hook on its gradient accumulator that
 // tells when its gradient is written.
 void DistributedDataParallel::Impl::point_grads_at_buckets() {
-  make_views();
   for (size_t i = 0; i < params.size(); ++i)
     attach(i);
 }
 
-// Each parameter's slot of the flat gradient buffer, a tensor of its shape.
+// Each parameter's slot of its dtype's gradient buffer, a tensor of its shape.
 void DistributedDataParallel::Impl::make_views() {
   torch::NoGradGuard no_grad;
-  int64_t offset = 0;
   for (Param& p : params) {
-    // The flat buffer's memory, but not an autograd view of it: LibTorch's
-    // Optimizer::zero_grad() detaches gradients in place, which views refuse.
-    p.view = torch::empty({0}, grads.options())
-                 .set_(grads.storage(), offset, p.sizes, dense_strides(p.sizes));
-    offset += p.view.numel();
+    // The buffer's memory, but not an autograd view of it: LibTorch's Optimizer::zero_grad()
+    // detaches gradients in place, which views refuse.
+    const torch::Tensor& flat = grad_buffers[p.buffer].flat;
+    p.view = torch::empty({0}, flat.options())
+                 .set_(flat.storage(), p.offset, p.sizes, dense_strides(p.sizes));
   }
 }
 
@@ -335,8 +427,7 @@ void DistributedDataParallel::Impl::reattach_replaced() {
         !p.accumulator.owner_before(meta->grad_accumulator_) && !meta->grad_accumulator_.expired())
       continue;
     DDP_USAGE_CHECK(p.tensor.sizes() == torch::IntArrayRef(p.sizes) &&
-                        p.tensor.scalar_type() == grads.scalar_type() &&
-                        p.tensor.device() == device,
+                        p.tensor.scalar_type() == p.dtype && p.tensor.device() == device,
                     "ddp::DistributedDataParallel: parameter '{}' was replaced by a tensor of "
                     "another shape, dtype or device ({}) since the wrapper was made; load "
                     "(torch::load) a model of the same layout, or construct the wrapper after it",
@@ -429,11 +520,12 @@ std::vector<int32_t> DistributedDataParallel::Impl::join_all_reduce(int32_t acti
 // parameters' map where find_unused_parameters.
 void DistributedDataParallel::Impl::shadow_backward() {
   torch::NoGradGuard no_grad;
-  grads.zero_();
+  for (GradBuffer& buffer : grad_buffers)
+    buffer.flat.zero_();
   if (comm.device_buffers()) comm.set_compute_stream(stream());
-  reducer->begin_backward(grads.data_ptr<float>());
-  for (size_t i = 0; i < params.size(); ++i)
-    reducer->layer_ready(static_cast<int>(i));
+  reducer->begin_backward(nullptr);  // reduce_bucket knows the buffers
+  for (size_t layer = 0; layer < params.size(); ++layer)
+    reducer->layer_ready(static_cast<int>(layer));
   reducer->end_backward();
   reducer->finish(stream());
   if (options.find_unused_parameters()) {
@@ -536,7 +628,7 @@ void DistributedDataParallel::Impl::on_gradient(size_t index) {
     point_grad_at_view(p);
   }
   if (comm.device_buffers()) comm.set_compute_stream(stream());
-  reducer->layer_ready(static_cast<int>(index));
+  reducer->layer_ready(static_cast<int>(layer_of[index]));
 }
 
 void DistributedDataParallel::Impl::begin_backward() {
@@ -561,13 +653,11 @@ void DistributedDataParallel::Impl::begin_backward() {
   for (Param& p : params)
     p.ready = false;
   reattach_replaced();
-  if (!grads.defined()) {  // ZeRO 2 and 3 free it between steps
-    // Not zeroed: every slot is written before its bucket is reduced (a gradient copied in as
-    // it is ready, an unused parameter's zeroed at the end of backward).
-    grads = torch::empty({static_cast<int64_t>(grad_count)}, grads_options);
-    make_views();
-  }
-  reducer->begin_backward(grads.data_ptr<float>());
+  // ZeRO 2 and 3 free them between steps. Not zeroed: every slot is written before its bucket
+  // is reduced (a gradient copied in as it is ready, an unused parameter's zeroed at the end of
+  // backward).
+  if (!grad_buffers[0].flat.defined()) make_grad_buffers();
+  reducer->begin_backward(nullptr);  // reduce_bucket knows the buffers
   // Called by the autograd engine once backward is over (its final callback).
   torch::autograd::Engine::get_default_engine().queue_callback([this] { end_backward(); });
 }
@@ -605,7 +695,7 @@ void DistributedDataParallel::Impl::reduce_at_end() {
         torch::NoGradGuard no_grad;
         point_grad_at_view(p);
         if (comm.device_buffers()) comm.set_compute_stream(stream());
-        reducer->layer_ready(static_cast<int>(i));
+        reducer->layer_ready(static_cast<int>(layer_of[i]));
       }
     }
     p.reattached = false;
@@ -637,7 +727,7 @@ void DistributedDataParallel::Impl::reduce_at_end() {
         point_grad_at_view(p);
       }
       if (comm.device_buffers()) comm.set_compute_stream(stream());
-      reducer->layer_ready(static_cast<int>(i));
+      reducer->layer_ready(static_cast<int>(layer_of[i]));
     }
   }
   reducer->end_backward();
@@ -672,7 +762,8 @@ void DistributedDataParallel::Impl::keep_own_gradients() {
       grad = grad.clone();
   }
   if (options.zero() >= 2) {
-    grads = torch::Tensor();
+    for (GradBuffer& buffer : grad_buffers)
+      buffer.flat = torch::Tensor();
     for (Param& p : params)
       p.view = torch::Tensor();
   }
@@ -724,25 +815,13 @@ void DistributedDataParallel::register_comm_hook(TorchCommHook hook) {
   DDP_USAGE_CHECK(hook != nullptr,
                   "ddp::DistributedDataParallel::register_comm_hook: an empty hook");
   Impl& impl = *impl_;
-  // Each bucket's parameters, once.
-  auto parameters = std::make_shared<std::vector<std::vector<torch::Tensor>>>();
-  for (const Bucket& b : impl.reducer->buckets()) {
-    parameters->emplace_back();
-    for (int i = b.first_layer; i <= b.last_layer; ++i)
-      parameters->back().push_back(impl.params[static_cast<size_t>(i)].tensor);
-  }
-  impl.reducer->register_comm_hook(
-      [&impl, parameters, hook = std::move(hook)](Communicator& comm, const GradBucket& b) {
-        TorchGradBucket bucket{
-            b.index,
-            impl.grads.narrow(0, static_cast<int64_t>(b.offset), static_cast<int64_t>(b.count)),
-            (*parameters)[b.index],
-            {}};
-        const Bucket& planned = impl.reducer->buckets()[b.index];
-        for (int i = planned.first_layer; i <= planned.last_layer; ++i)
-          bucket.gradients.push_back(impl.params[static_cast<size_t>(i)].view);
-        return hook(comm, bucket);
-      });
+  DDP_USAGE_CHECK(!impl.hook && !impl.bf16_scratch.defined(),
+                  "register_comm_hook: the buckets have a hook already ({}); one hook a model, as "
+                  "PyTorch's register_comm_hook",
+                  impl.hook ? "registered before" : "reduce_in_bf16's");
+  DDP_USAGE_CHECK(!impl.in_backward,
+                  "register_comm_hook during backward: register it between steps");
+  impl.hook = std::move(hook);
 }
 
 std::vector<std::string> DistributedDataParallel::owned_parameter_names() const {
@@ -828,8 +907,8 @@ const std::vector<Bucket>& DistributedDataParallel::buckets() const {
 
 std::vector<std::string> DistributedDataParallel::parameter_names() const {
   std::vector<std::string> names;
-  for (const Impl::Param& p : impl_->params)
-    names.push_back(p.name);
+  for (const size_t i : impl_->param_of)
+    names.push_back(impl_->params[i].name);
   return names;
 }
 

@@ -12,7 +12,10 @@
 // ranks' modules have the same parameters and buffers (names, shapes, dtypes), the first
 // difference named on every rank. Gradients live in buckets over the parameters in reverse order
 // of registration (options: 25 MiB, the first 1 MiB); each parameter's .grad() is a view into
-// its bucket's buffer (PyTorch's gradient_as_bucket_view), so nothing is copied. A hook on each
+// its bucket's buffer (PyTorch's gradient_as_bucket_view), so nothing is copied. Parameters may
+// be float32, float64, bfloat16 or float16, mixed in one module: a bucket holds one dtype and is
+// averaged in it (as PyTorch's: bf16 and fp16 sums round to their dtype), the buckets of each
+// dtype cut as PyTorch cuts them and reduced in the order backward completes them. A hook on each
 // parameter's gradient accumulator marks it ready; a bucket's all-reduce (the average over
 // ranks) starts once all of its parameters are, during backward; the autograd engine's final
 // callback starts what is left and waits for all of them before backward() returns (CUDA: the
@@ -152,9 +155,10 @@ class DistributedDataParallel {
   // The module it wraps.
   torch::nn::Module& module();
   // The buckets, in the order they are reduced (last parameters first); layer i of a Bucket is
-  // the i-th parameter that requires a gradient, in registration order.
+  // the parameter parameter_names()[i].
   const std::vector<Bucket>& buckets() const;
-  // The names of the parameters that get gradients, in registration order (Bucket's layers).
+  // The names of the parameters that get gradients, in the buckets' order: registration order
+  // where they have one dtype; with several, grouped so that each bucket holds one dtype.
   std::vector<std::string> parameter_names() const;
   // Each bucket reduced by `hook` (above) instead of the averaging all-reduce, from the next
   // backward; once a model, between steps (as PyTorch's register_comm_hook).

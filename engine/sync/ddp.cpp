@@ -24,6 +24,21 @@ Ddp::Ddp(Communicator& comm, const std::vector<ParamSpan>& layers, const DdpOpti
   index_layers();
 }
 
+Ddp::Ddp(Communicator& comm, std::vector<Bucket> buckets, int layer_count, bool overlap)
+    : comm_(comm), buckets_(std::move(buckets)), overlap_(overlap), layer_count_(layer_count) {
+  int next = layer_count;  // the buckets tile the layers downwards, with no gap
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    DDP_CHECK(
+        buckets_[b].last_layer == next - 1 && buckets_[b].first_layer <= buckets_[b].last_layer,
+        "Ddp: bucket {} holds layers {} to {} where layer {} was expected to end it (buckets "
+        "tile the {} layers, the highest first)",
+        b, buckets_[b].first_layer, buckets_[b].last_layer, next - 1, layer_count);
+    next = buckets_[b].first_layer;
+  }
+  DDP_CHECK(next == 0, "Ddp: the buckets leave layers 0 to {} out", next - 1);
+  index_layers();
+}
+
 void Ddp::index_layers() {
   bucket_of_.assign(static_cast<size_t>(layer_count_), -1);
   for (size_t b = 0; b < buckets_.size(); ++b)
@@ -141,8 +156,9 @@ void Ddp::broadcast_parameters(float* params, size_t count) {
 }
 
 void Ddp::begin_backward(float* grads) {
-  DDP_USAGE_CHECK(grads != nullptr || (reduction_ != nullptr && reduction_->keeps_gradients()),
-                  "Ddp::begin_backward: no gradient buffer (null)");
+  DDP_USAGE_CHECK(
+      grads != nullptr || user_hook_ || (reduction_ != nullptr && reduction_->keeps_gradients()),
+      "Ddp::begin_backward: no gradient buffer (null)");
   in_backward_ = true;
   grads_ = grads;
   next_bucket_ = 0;
@@ -205,7 +221,7 @@ void Ddp::issue(size_t bucket) {
     record({reduction_->issued_event(), b.first_layer, static_cast<int>(bucket)});
     return;
   }
-  const GradBucket view{bucket, grads_ + b.offset, b.count, b.offset};
+  const GradBucket view{bucket, grads_ != nullptr ? grads_ + b.offset : nullptr, b.count, b.offset};
   pending_.push_back(hook_ ? hook_(comm_, view)
                            : comm_.all_reduce_async(view.data, view.count, DataType::kFloat32,
                                                     ReduceOp::kAverage));

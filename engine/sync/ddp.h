@@ -47,7 +47,8 @@ class BucketReduction {
 struct GradBucket {
   size_t index = 0;       // its place in the reduction order (0: the last layers')
   float* data = nullptr;  // its gradients, `count` floats of the flat buffer (host or device
-                          // memory, as the communicator takes)
+                          // memory, as the communicator takes; null where backward was given
+                          // none: the hook knows where they are)
   size_t count = 0;       // its elements
   size_t offset = 0;      // where they start in the flat gradient buffer
 };
@@ -79,6 +80,9 @@ class Ddp {
       size_t first_bucket_bytes, bool overlap);
   // The same with the flags' units (DdpOptions: MiB); bad options are a UsageError.
   Ddp(Communicator& comm, const std::vector<ParamSpan>& layers, const DdpOptions& options = {});
+  // Buckets planned by the caller (plan_grouped_buckets) over `layer_count` layers: they must
+  // tile the layers, the highest first (else a Error naming the first that does not).
+  Ddp(Communicator& comm, std::vector<Bucket> buckets, int layer_count, bool overlap);
 
   // Collective: every rank describes its model the same way, or the first difference is a
   // UsageError on every rank naming it ("rank 1 has parameter 3 'fc2.weight' of 512 elements
@@ -122,7 +126,8 @@ class Ddp {
   // Backward hooks, called on the training thread: start of a step's backward, each layer's
   // gradients written (layers arrive last to first), end of backward. layer_done or
   // end_backward without begin_backward, and a layer index out of range, are UsageErrors
-  // that say what to call.
+  // that say what to call. `grads` may be null where a registered hook finds each bucket's
+  // gradients itself (GradBucket::data is then null) or a reduction keeps them.
   void begin_backward(float* grads);
   // Layer `layer`'s gradients are written: the buckets it completes start (with overlap).
   void layer_done(int layer);

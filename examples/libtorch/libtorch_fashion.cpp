@@ -4,11 +4,16 @@
 //   ddprun --nproc-per-node 8 -- ./libtorch_fashion --cuda          (a GPU each, NCCL)
 //   ddprun --nproc-per-node 2 -- ./libtorch_fashion --zero 3        (ZeRO: each rank a share)
 //   ddprun --nproc-per-node 2 -- ./libtorch_fashion --powersgd 2    (PowerSGD, rank 2)
+//   ddprun --nproc-per-node 2 -- ./libtorch_fashion --precision bf16  (bf16 weights and buckets)
+//   ddprun --nproc-per-node 2 -- ./libtorch_fashion --precision autocast  (float32 weights,
+//                                                     bf16 products: LibTorch's autocast)
 // What it adds to a LibTorch loop: ddp::init(), the DistributedDataParallel wrapper, LibTorch's
 // DistributedRandomSampler so that each rank reads its own part of each epoch, and rank 0 saving
 // the checkpoint (written aside, read back, then renamed over the last one).
+#include <ATen/autocast_mode.h>
 #include <ddp/torch.h>
 #include <torch/torch.h>
+#include <torch/version.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -49,7 +54,25 @@ struct Flags {
   bool cuda = false;
   int zero = 0;      // ZeRO level (DistributedDataParallelOptions::zero)
   int powersgd = 0;  // PowerSGD's rank (0: the exact average)
+  std::string precision = "fp32";  // fp32, bf16 (the model in bf16), autocast (bf16 products)
 };
+
+// LibTorch's autocast to bfloat16 on `device`'s type, on or off (its API changed in 2.4).
+void autocast_bf16(const torch::Device& device, bool on) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  at::autocast::set_autocast_dtype(device.type(), torch::kBFloat16);
+  at::autocast::set_autocast_enabled(device.type(), on);
+#else
+  if (device.is_cuda()) {
+    at::autocast::set_autocast_gpu_dtype(torch::kBFloat16);
+    at::autocast::set_enabled(on);
+  } else {
+    at::autocast::set_autocast_cpu_dtype(torch::kBFloat16);
+    at::autocast::set_cpu_enabled(on);
+  }
+#endif
+  if (!on) at::autocast::clear_cache();  // the casts of this step's weights
+}
 
 Flags parse(int argc, char** argv) {
   Flags f;
@@ -75,13 +98,19 @@ Flags parse(int argc, char** argv) {
       f.cuda = true;
     else if (flag == "--zero")
       f.zero = std::stoi(value());
+    else if (flag == "--precision")
+      f.precision = value();
     else if (flag == "--powersgd")
       f.powersgd = std::stoi(value());
     else
       throw ddp::UsageError("unknown flag " + flag +
                             " (expected --data-dir, --checkpoint, --epochs, --batch, "
-                            "--max-steps, --lr, --cuda, --zero, --powersgd)");
+                            "--max-steps, --lr, --cuda, --zero, --powersgd, --precision)");
   }
+  if (f.precision != "fp32" && f.precision != "bf16" && f.precision != "autocast")
+    throw ddp::UsageError("--precision " + f.precision +
+                          ": expected fp32, bf16 (the model in bfloat16) or autocast (float32 "
+                          "weights, bfloat16 products)");
   return f;
 }
 
@@ -118,7 +147,9 @@ int main(int argc, char** argv) {
     torch::load(net, flags.checkpoint);  // rank 0's copy reaches the others below
     if (world.rank() == 0) std::printf("resumed from %s\n", flags.checkpoint.c_str());
   }
-  net->to(device);
+  // bf16: the parameters, their gradients and the buckets' all-reduce in bfloat16.
+  const torch::Dtype dtype = flags.precision == "bf16" ? torch::kBFloat16 : torch::kFloat32;
+  net->to(device, dtype);
   // Rank 0's weights on every rank; with --zero each rank steps and keeps the optimizer state
   // of its share of the parameters (ZeRO 3: holds only those between steps).
   ddp::DistributedDataParallel model(net, world,
@@ -148,8 +179,10 @@ int main(int argc, char** argv) {
     for (auto& batch : *loader) {
       if (flags.max_steps >= 0 && step >= flags.max_steps) break;
       optimizer.zero_grad();
-      torch::Tensor loss =
-          torch::nll_loss(model.forward(batch.data.to(device)), batch.target.to(device));
+      if (flags.precision == "autocast") autocast_bf16(device, true);
+      torch::Tensor output = model.forward(batch.data.to(device, dtype));
+      if (flags.precision == "autocast") autocast_bf16(device, false);
+      torch::Tensor loss = torch::nll_loss(output.to(torch::kFloat32), batch.target.to(device));
       loss.backward();  // the gradients are averaged over the ranks before it returns
       optimizer.step();
       loss_sum += loss.item<double>();
@@ -160,7 +193,7 @@ int main(int argc, char** argv) {
     if (world.rank() == 0) {
       torch::NoGradGuard no_grad;
       net->eval();
-      const torch::Tensor predicted = net->forward(test.images().to(device)).argmax(1);
+      const torch::Tensor predicted = net->forward(test.images().to(device, dtype)).argmax(1);
       const double accuracy =
           predicted.eq(test.labels().to(device)).sum().item<double>() / test.images().size(0);
       std::printf("epoch %d: %lld steps, train loss %.4f, test accuracy %.2f%%\n", epoch,

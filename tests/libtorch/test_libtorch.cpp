@@ -237,6 +237,59 @@ TEST(TorchDdp, CompressionHooksStayWithinTheirPrecision) {
     }
 }
 
+// Parameters of four dtypes in one model (--dtypes: the embedding bfloat16, the layer norm's
+// float16, the last layer float64, the rest float32): at least a bucket a dtype, each averaged
+// in its dtype. The first step's gradients on 2 and 3 ranks equal one process's over the global
+// batch within what each dtype's rounding allows, relative to each tensor's largest element:
+// float32 and float64 1e-5 (measured 2e-7: float32 layers summed in another order), float16
+// 2^-8 (measured 4.4e-4 to 8.8e-4; a half's step is 2^-11 of the value, and each rank's
+// gradient, their sum and the one process's are each rounded), bfloat16 2^-5 (measured 2.7e-3
+// to 5.5e-3; bf16's step is 2^-8 and LibTorch accumulates the embedding's gradient in bf16, a
+// rounding a token). A gradient left unaveraged is off by the ranks' spread, tens of percent.
+// After 5 steps the weights are within the bf16 hook's margin, 2e-2 (measured 2.2e-3: a bf16
+// weight rounds to one of two neighbours).
+TEST(TorchDdp, ParametersOfEveryFloatDtypeInOneModelAreAveragedInTheirDtype) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  const std::string single = train_single(dir, "--dtypes --grads-out " + dir.file("g1.st"));
+  const std::map<std::string, double> margins = {
+      {"embed.weight", 1.0 / 32}, {"norm.weight", 1.0 / 256}, {"norm.bias", 1.0 / 256}};
+  for (const int ranks : {2, 3}) {
+    const std::string grads = dir.file("g" + std::to_string(ranks) + ".st");
+    const std::string out = dir.file("w" + std::to_string(ranks) + ".st");
+    const RunResult r = train_ranks(ranks, out, "--dtypes --events --grads-out " + grads);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    for (const auto& [name, difference] : difference_per_tensor(grads, dir.file("g1.st"))) {
+      const auto margin = margins.find(name);
+      EXPECT_LT(difference, margin == margins.end() ? kAcrossRanksMargin : margin->second)
+          << name << " on " << ranks << " ranks";
+    }
+    const size_t at = r.output.find("buckets: ");
+    ASSERT_NE(at, std::string::npos) << r.output;
+    EXPECT_GE(std::stoi(r.output.substr(at + 9)), 4) << r.output;
+    EXPECT_LT(max_relative_difference(out, single), 2e-2) << ranks << " ranks";
+  }
+}
+
+// LibTorch's autocast to bfloat16 around each forward (the wrapper's forward inside it): 2 ranks
+// train as one process under autocast within bf16's margin, 2e-2 (measured 3.4e-3: the
+// products round to bf16, and the kernels block a batch of 6 otherwise than one of 12).
+TEST(TorchDdp, AutocastForwardsTrainAsOneProcess) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  const std::string single = train_single(dir, "--autocast");
+  const std::string out = dir.file("autocast.st");
+  const RunResult r = train_ranks(2, out, "--autocast --loss");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_LT(max_relative_difference(out, single), 2e-2) << r.output;
+  const size_t at = r.output.find("rank 0 loss ");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  const std::vector<double> loss =
+      numbers(r.output.substr(at + 12, r.output.find('\n', at) - at - 12));
+  ASSERT_GE(loss.size(), 2u) << r.output;
+  EXPECT_LT(loss[1], loss[0]) << r.output;
+}
+
 // The loss rank 0 printed after training (torch_worker --loss), or NaN (with a test failure).
 double final_loss(const RunResult& r) {
   const std::string mark = "rank 0 loss ";

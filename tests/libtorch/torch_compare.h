@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <string>
 
 #include "models/safetensors.h"
@@ -35,6 +36,34 @@ inline double max_relative_difference(const std::string& a_path, const std::stri
     }
   }
   return reported_error(worst);
+}
+
+// For each tensor: max over its elements of |a - b| over the largest |b| (a difference relative
+// to the tensor's scale, for gradients, many of them near zero), +inf where the files differ in
+// names or shapes (with a test failure naming it).
+inline std::map<std::string, double> difference_per_tensor(const std::string& a_path,
+                                                           const std::string& b_path) {
+  const SafetensorsFile a = read_safetensors(a_path), b = read_safetensors(b_path);
+  std::map<std::string, double> out;
+  EXPECT_EQ(a.tensors.size(), b.tensors.size());
+  for (const auto& [name, tb] : b.tensors) {
+    const auto it = a.tensors.find(name);
+    if (it == a.tensors.end() || it->second.shape != tb.shape || tb.dtype != "F32") {
+      ADD_FAILURE() << name << " missing, of another shape or not F32 in " << a_path;
+      out[name] = INFINITY;
+      continue;
+    }
+    double worst = 0, largest = 0;
+    for (size_t i = 0; i < tb.data.size() / sizeof(float); ++i) {
+      float x = 0, y = 0;
+      std::memcpy(&x, it->second.data.data() + i * sizeof(float), sizeof(float));
+      std::memcpy(&y, tb.data.data() + i * sizeof(float), sizeof(float));
+      worst = std::max(worst, std::abs(double(x) - double(y)));
+      largest = std::max(largest, std::abs(double(y)));
+    }
+    out[name] = reported_error(largest > 0 ? worst / largest : worst);
+  }
+  return out;
 }
 
 // What rank `rank` printed after "running_mean " (torch_worker --batchnorm), or "" (with a test

@@ -10,7 +10,8 @@
 //       [--deep K] [--hook average|sum|twice|bf16|fp16|powersgd] [--syncbn] [--short-rank R
 //       [--join]]
 //       [--data-steps D] [--loss] [--powersgd-rank R] [--powersgd-start S]
-//       [--powersgd-min-rate X] [--powersgd-no-error-feedback]
+//       [--powersgd-min-rate X] [--powersgd-no-error-feedback] [--dtypes] [--autocast]
+//       [--grads-out FILE]
 //   torch_worker --single --short-rank R --ranks N   (one process as that job with --join)
 //   torch_worker --check-load FILE --out FILE [--deep K]  (a plain module loads --save-full's)
 //   torch_worker --save-start FILE   (a model of another seed, torch::save'd, for --load)
@@ -25,12 +26,17 @@
 // and divides and counts its calls, two hooks registered, or PowerSGD with the --powersgd-*
 // options); --data-steps D: D steps' batches run in turn (a data set the model can fit);
 // --loss: each rank prints the loss over the data set before and after training; --syncbn:
-// ddp::SyncBatchNorm where --batchnorm puts LibTorch's BatchNorm1d (the same names). Rank 0 writes
-// the trained parameters (safetensors, registration order) to --out (every rank where it holds
-// RANK); --init writes the starting parameters (rank 0's, after the broadcast) and the data set,
-// for PyTorch's Python DDP to start from. Each rank starts from its own seed, so the runs equal one
-// process only if the construction's broadcast works.
+// ddp::SyncBatchNorm where --batchnorm puts LibTorch's BatchNorm1d (the same names).
+// --dtypes: the embedding in bfloat16, the layer norm's parameters in float16 and the last layer
+// in float64 (the forward casts around them); --autocast: each forward under LibTorch's autocast
+// to bfloat16; --grads-out: rank 0 writes the first step's gradients (as float32) there. Rank 0
+// writes the trained parameters (safetensors, registration order, as float32) to --out (every rank
+// where it holds RANK); --init writes the starting parameters (rank 0's, after the broadcast) and
+// the data set, for PyTorch's Python DDP to start from. Each rank starts from its own seed, so the
+// runs equal one process only if the construction's broadcast works.
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
+#include <torch/version.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -64,19 +70,33 @@ struct NetImpl : torch::nn::Module {
       blocks.push_back(
           register_module("block" + std::to_string(i), torch::nn::Linear(hidden, hidden)));
   }
+  // --dtypes: the embedding bfloat16, the norm's parameters float16, fc2 float64.
+  void mix_dtypes() {
+    mixed = true;
+    embed->to(torch::kBFloat16);
+    norm->to(torch::kFloat16);
+    fc2->to(torch::kFloat64);
+  }
   torch::Tensor forward(torch::Tensor tokens) {
-    torch::Tensor x = embed(tokens).transpose(1, 2);  // (B, 8, T)
-    x = torch::relu(conv(x)).transpose(1, 2);         // (B, T, 12)
-    x = norm(x).flatten(1);
+    torch::Tensor x = embed(tokens).to(torch::kFloat32).transpose(1, 2);  // (B, 8, T)
+    x = torch::relu(conv(x)).transpose(1, 2);                             // (B, T, 12)
+    if (mixed)
+      x = torch::layer_norm(x, {12}, norm->weight.to(torch::kFloat32),
+                            norm->bias.to(torch::kFloat32))
+              .flatten(1);
+    else  // float32 (a no-op but under autocast: LibTorch 1.13's CPU layer norm takes one dtype)
+      x = norm(x.to(torch::kFloat32)).flatten(1);
     x = torch::relu(fc1(x));
     if (!bn.is_empty()) x = bn(x);
     if (!sbn.is_empty()) x = sbn(x);
     if (use_spare && !spare.is_empty()) x = x + 0.1 * torch::tanh(spare(x));
     for (torch::nn::Linear& block : blocks)
       x = x + torch::relu(block(x));
+    if (mixed) return fc2(x.to(torch::kFloat64)).to(torch::kFloat32);
     return fc2(x);
   }
   bool use_spare = false;
+  bool mixed = false;
   torch::nn::Embedding embed;
   torch::nn::Conv1d conv;
   torch::nn::LayerNorm norm;
@@ -92,7 +112,8 @@ struct Args {
   bool single = false, cuda = false, bf16 = false, unused = false, find_unused = false,
        differ = false, events = false, batchnorm = false, own_forward = false, sparse = false,
        reference_forward = false, no_sync_buffers = false, no_broadcast_buffers = false,
-       wrap_twice = false, adamw = false, memory = false, syncbn = false;
+       wrap_twice = false, adamw = false, memory = false, syncbn = false, dtypes = false,
+       autocast = false;
   int deep = 0, short_rank = -1;  // --short-rank: that rank has two batches fewer
   int ranks = 0;                  // --ranks: with --single and --short-rank, the job it emulates
   bool join = false;
@@ -103,7 +124,7 @@ struct Args {
   double powersgd_min_rate = 2;
   bool powersgd_no_error_feedback = false;
   double bucket_kb = 0;
-  std::string out, init, load, save_start, save_full, check_load, hook;
+  std::string out, init, load, save_start, save_full, check_load, hook, grads_out;
 };
 
 Args parse(int argc, char** argv) {
@@ -146,6 +167,12 @@ Args parse(int argc, char** argv) {
       a.data_steps = std::stoi(value());
     else if (f == "--loss")
       a.loss = true;
+    else if (f == "--dtypes")
+      a.dtypes = true;
+    else if (f == "--autocast")
+      a.autocast = true;
+    else if (f == "--grads-out")
+      a.grads_out = value();
     else if (f == "--powersgd-rank")
       a.powersgd_rank = std::stoi(value());
     else if (f == "--powersgd-start")
@@ -202,13 +229,32 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-// The named tensors as safetensors (float32 and int64 as they are), on the CPU.
+// LibTorch's autocast to bfloat16 on the CPU or the GPU, on or off (the API changed in 2.4).
+void autocast(bool cuda, bool on) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  const c10::DeviceType type = cuda ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
+  at::autocast::set_autocast_dtype(type, torch::kBFloat16);
+  at::autocast::set_autocast_enabled(type, on);
+#else
+  if (cuda) {
+    at::autocast::set_autocast_gpu_dtype(torch::kBFloat16);
+    at::autocast::set_enabled(on);
+  } else {
+    at::autocast::set_autocast_cpu_dtype(torch::kBFloat16);
+    at::autocast::set_cpu_enabled(on);
+  }
+#endif
+  if (!on) at::autocast::clear_cache();
+}
+
+// The named tensors as safetensors (floating point as float32, int64 as it is), on the CPU.
 void save(const std::string& path,
           const std::vector<std::pair<std::string, torch::Tensor>>& named) {
   std::vector<torch::Tensor> keep;
   std::vector<ddp::TensorRef> refs;
   for (const auto& [name, tensor] : named) {
-    keep.push_back(tensor.detach().cpu().contiguous());
+    const torch::Tensor cpu = tensor.detach().cpu();
+    keep.push_back((cpu.is_floating_point() ? cpu.to(torch::kFloat32) : cpu).contiguous());
     const torch::Tensor& t = keep.back();
     refs.push_back({name, t.scalar_type() == torch::kInt64 ? "I64" : "F32",
                     std::vector<int64_t>(t.sizes().begin(), t.sizes().end()), t.data_ptr(),
@@ -258,6 +304,7 @@ int main(int argc, char** argv) {
     save(args.out, state);
     return 0;
   }
+  if (args.dtypes) net->mix_dtypes();
   net->to(device);
 
   std::unique_ptr<ddp::DistributedDataParallel> model;
@@ -303,7 +350,8 @@ int main(int argc, char** argv) {
       model->register_comm_hook(
           [&hook_calls](ddp::Communicator& comm, ddp::TorchGradBucket& bucket) {
             comm.all_reduce(bucket.buffer.data_ptr(), static_cast<size_t>(bucket.buffer.numel()),
-                            ddp::DataType::kFloat32, ddp::ReduceOp::kSum);
+                            ddp::collective_type(bucket.buffer.scalar_type()),
+                            ddp::ReduceOp::kSum);
             bucket.buffer.div_(comm.size());
             ++hook_calls;
             return std::unique_ptr<ddp::Work>();
@@ -365,6 +413,7 @@ int main(int argc, char** argv) {
         }
         const auto run = [&] {
           torch::Tensor logits;
+          if (args.autocast) autocast(args.cuda, true);
           if (!model) {
             logits = net->forward(x);
           } else if (args.own_forward) {
@@ -372,6 +421,10 @@ int main(int argc, char** argv) {
             logits = net->forward(x);
           } else {
             logits = model->forward(x);
+          }
+          if (args.autocast) {
+            autocast(args.cuda, false);
+            logits = logits.to(torch::kFloat32);
           }
           torch::Tensor loss = torch::nn::functional::cross_entropy(logits, y) / args.accumulate;
           if (emulate) loss = loss * static_cast<double>(x.size(0)) / kGlobalBatch;
@@ -387,6 +440,12 @@ int main(int argc, char** argv) {
         } else {
           run();
         }
+      }
+      if (step == 0 && rank == 0 && !args.grads_out.empty()) {
+        std::vector<std::pair<std::string, torch::Tensor>> grads;
+        for (const auto& p : net->named_parameters())
+          grads.emplace_back(p.key(), p.value().grad());
+        save(args.grads_out, grads);
       }
       optimizer->step();
       if (model && args.events && step == 1) {

@@ -180,6 +180,62 @@ TEST(DdpMisuse, HooksOutOfOrderOrOutOfRangeSayWhatToCall) {
             std::string::npos);
 }
 
+// Buckets over layers of several dtypes (LibTorch modules with bf16, float16 or float64
+// parameters): each bucket holds one kind, each kind starts with a first bucket of its own, and
+// the buckets are reduced in the order a backward from the last layer completes them; the
+// reducer's numbering makes each a contiguous run. With one kind: plan_buckets exactly.
+TEST(PlanGroupedBuckets, OneKindABucketOrderedByWhenBackwardCompletesThem) {
+  // Layers 0..5: float32 (4 bytes), bf16 (2 bytes), float32, bf16, float32, float64.
+  const std::vector<size_t> counts = {100, 40, 30, 60, 10, 5};
+  const std::vector<int> kinds = {0, 1, 0, 1, 0, 2};
+  const std::vector<size_t> bytes = {4, 2, 4, 2, 4, 8};
+  const GroupedBuckets plan = plan_grouped_buckets(counts, kinds, bytes, 200, 40);
+  // Walking 5..0: float64 {5} (40 bytes: the first's limit) closes; float32 {4} 40 bytes closes;
+  // bf16 {3} 120 bytes closes; float32 {2, 0} (120, 520 bytes) closes at layer 0; bf16 {1}
+  // stays open until the end.
+  std::vector<std::vector<size_t>> layers;
+  for (const Bucket& b : plan.buckets) {
+    layers.emplace_back();
+    size_t count = 0;
+    for (int j = b.first_layer; j <= b.last_layer; ++j) {
+      layers.back().push_back(plan.order[static_cast<size_t>(j)]);
+      count += counts[plan.order[static_cast<size_t>(j)]];
+      EXPECT_EQ(kinds[plan.order[static_cast<size_t>(j)]],
+                kinds[plan.order[static_cast<size_t>(b.first_layer)]]);
+    }
+    EXPECT_EQ(b.count, count);
+  }
+  EXPECT_EQ(layers, (std::vector<std::vector<size_t>>{{5}, {4}, {3}, {1}, {0, 2}}));
+  // The buckets tile the reducer's layers from the top down, offsets in its order.
+  ASSERT_EQ(plan.buckets.back().first_layer, 0);
+  EXPECT_EQ(plan.buckets.back().offset, 0u);
+  for (size_t b = 0; b + 1 < plan.buckets.size(); ++b) {
+    EXPECT_EQ(plan.buckets[b].first_layer, plan.buckets[b + 1].last_layer + 1);
+    EXPECT_EQ(plan.buckets[b].offset, plan.buckets[b + 1].offset + plan.buckets[b + 1].count);
+  }
+  // One kind: plan_buckets' buckets over the layers in their own order.
+  const std::vector<size_t> same = {100, 50, 10, 300};
+  const GroupedBuckets one =
+      plan_grouped_buckets(same, {0, 0, 0, 0}, {4, 4, 4, 4}, 60 * 4, 250 * 4);
+  EXPECT_EQ(one.order, (std::vector<size_t>{0, 1, 2, 3}));
+  const std::vector<Bucket> cut =
+      plan_buckets({{0, 100}, {100, 50}, {150, 10}, {160, 300}}, 60 * 4, 250 * 4);
+  ASSERT_EQ(one.buckets.size(), cut.size());
+  for (size_t b = 0; b < cut.size(); ++b) {
+    EXPECT_EQ(one.buckets[b].offset, cut[b].offset);
+    EXPECT_EQ(one.buckets[b].count, cut[b].count);
+    EXPECT_EQ(one.buckets[b].first_layer, cut[b].first_layer);
+    EXPECT_EQ(one.buckets[b].last_layer, cut[b].last_layer);
+  }
+  // A Ddp over a plan of the caller's: one that leaves a layer out is refused.
+  ProcessEnv env;
+  CommConfig config;
+  std::unique_ptr<Communicator> comm = make_communicator(config, env, nullptr);
+  Ddp ddp(*comm, plan.buckets, 6, true);
+  EXPECT_EQ(ddp.buckets().size(), 5u);
+  EXPECT_THROW(Ddp(*comm, {{0, 10, 1, 2}}, 3, true), Error);
+}
+
 // Gradients in autograd's order (LibTorch's hooks): layer_ready takes layers in any order, and a
 // bucket starts only once all of its layers are ready, the buckets in order (every rank issues
 // the same sequence); a layer ready twice in a step is a UsageError naming it.
