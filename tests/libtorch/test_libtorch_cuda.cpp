@@ -5,6 +5,7 @@
 // with a share of the optimizer state; PowerSGD exact at full rank.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <string>
 
 #include "tests/libtorch/torch_compare.h"
@@ -123,6 +124,39 @@ TEST(TorchDdpCuda, PowerSgdHookIsExactAtFullRankAndConvergesCompressed) {
 
 // ZeRO over NCCL (the owners' broadcasts on LibTorch's stream): bitwise plain DDP on 2 and 3
 // ranks with AdamW, each rank's optimizer state below plain DDP's.
+// Parameters of four dtypes over NCCL (bf16, fp16 and float64 all-reduces, ncclAvg): the first
+// step's gradients of two ranks sharing the GPU within each dtype's rounding of one CUDA
+// process's (the CPU test's margins, relative to each tensor's largest element), and the
+// weights after 5 steps within bf16's margin; LibTorch's CUDA autocast to bf16 around the
+// wrapper's forward trains as one CUDA process under it, within the same margin.
+TEST(TorchDdpCuda, EveryFloatDtypeAndAutocastTrainAsOneCudaProcess) {
+  REQUIRE_GPU();
+  TempDir dir;
+  const std::string single = dir.file("single.st"), grads = dir.file("g1.st");
+  const RunResult one = run_command(kGpuEnv + kWorker + " --single --cuda --dtypes --out " +
+                                    single + " --grads-out " + grads);
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  const std::string out = dir.file("two.st"), two_grads = dir.file("g2.st");
+  const RunResult r = run_command(kSharedGpu + " --nproc-per-node 2 -- " + kWorker +
+                                  " --cuda --dtypes --out " + out + " --grads-out " + two_grads);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::map<std::string, double> margins = {
+      {"embed.weight", 1.0 / 32}, {"norm.weight", 1.0 / 256}, {"norm.bias", 1.0 / 256}};
+  for (const auto& [name, difference] : difference_per_tensor(two_grads, grads)) {
+    const auto margin = margins.find(name);
+    EXPECT_LT(difference, margin == margins.end() ? 1e-5 : margin->second) << name;
+  }
+  EXPECT_LT(max_relative_difference(out, single), 2e-2) << r.output;
+  const std::string autocast_one = dir.file("a1.st"), autocast_two = dir.file("a2.st");
+  ASSERT_EQ(run_command(kGpuEnv + kWorker + " --single --cuda --autocast --out " + autocast_one)
+                .exit_code,
+            0);
+  const RunResult a = run_command(kSharedGpu + " --nproc-per-node 2 -- " + kWorker +
+                                  " --cuda --autocast --out " + autocast_two);
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  EXPECT_LT(max_relative_difference(autocast_two, autocast_one), 2e-2) << a.output;
+}
+
 TEST(TorchDdpCuda, ZeroEveryLevelTrainsBitwiseAsPlainDdp) {
   REQUIRE_GPU();
   TempDir dir;

@@ -1,12 +1,17 @@
 // The LibTorch wrapper's cost: a training step (zero_grad, forward, loss, backward, SGD step)
-// of the example's network (cnn, batch 64) or of an MLP of 50 M parameters (mlp, batch 512),
-// plain LibTorch or under ddp::DistributedDataParallel, timed over --steps after --warmup.
-//   ddp_torch_bench --model cnn|mlp --mode plain|ddp [--cuda] [--steps N] [--warmup N]
-//       [--batch B] [--zero LEVEL] [--adamw]
+// of the example's network (cnn, batch 64), of an MLP of 50 M parameters (mlp, batch 512), of
+// ResNet-18 as for CIFAR-10 (resnet: 3x3 stem, 4 stages of 2 basic blocks with batch norm,
+// 11 M parameters, 32x32 images, batch 128) or of 4 pre-norm transformer blocks (transformer:
+// width 1024, 16 heads, 256 tokens, batch 16, 50 M parameters), plain LibTorch or under
+// ddp::DistributedDataParallel, timed over --steps after --warmup; tests/libtorch/torch_bench.py
+// is the same in Python.
+//   ddp_torch_bench --model cnn|mlp|resnet|transformer --mode plain|ddp [--cuda] [--steps N]
+//       [--warmup N] [--batch B] [--zero LEVEL] [--adamw] [--dtype fp32|bf16]
 // Prints "ms_per_step X" (the median of 5 rounds of N steps, the device synchronised around
 // each round) and, with --mode ddp, what the rank holds after the last step (optimizer state,
 // parameters, gradients: MiB). Under ddprun each rank trains its own batch; alone it is one
-// rank. --zero: ZeRO's level; --adamw: AdamW instead of SGD with momentum.
+// rank. --zero: ZeRO's level; --adamw: AdamW instead of SGD with momentum; --dtype bf16: the
+// model and its input in bfloat16 (the loss in float32).
 #include <ddp/torch.h>
 #include <torch/torch.h>
 
@@ -36,17 +41,120 @@ struct MlpImpl : torch::nn::Module {
 };
 TORCH_MODULE(Mlp);
 
+// ResNet's basic block: two 3x3 convolutions with batch norm, and the shortcut (a strided 1x1
+// convolution with batch norm where the shape changes).
+struct BasicBlockImpl : torch::nn::Module {
+  BasicBlockImpl(int64_t in, int64_t out, int64_t stride)
+      : conv1(register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 3)
+                                                             .stride(stride)
+                                                             .padding(1)
+                                                             .bias(false)))),
+        bn1(register_module("bn1", torch::nn::BatchNorm2d(out))),
+        conv2(register_module(
+            "conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(out, out, 3).padding(1).bias(false)))),
+        bn2(register_module("bn2", torch::nn::BatchNorm2d(out))) {
+    if (stride != 1 || in != out) {
+      down = register_module(
+          "down", torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 1).stride(stride).bias(false)));
+      down_bn = register_module("down_bn", torch::nn::BatchNorm2d(out));
+    }
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    torch::Tensor y = torch::relu(bn1(conv1(x)));
+    y = bn2(conv2(y));
+    return torch::relu(y + (down.is_empty() ? x : down_bn(down(x))));
+  }
+  torch::nn::Conv2d conv1, conv2, down{nullptr};
+  torch::nn::BatchNorm2d bn1, bn2, down_bn{nullptr};
+};
+TORCH_MODULE(BasicBlock);
+
+// ResNet-18 as for CIFAR-10: a 3x3 stem, stages of 64, 128, 256 and 512 channels, 10 classes.
+struct ResNetImpl : torch::nn::Module {
+  ResNetImpl()
+      : stem(register_module(
+            "stem", torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 64, 3).padding(1).bias(false)))),
+        stem_bn(register_module("stem_bn", torch::nn::BatchNorm2d(64))),
+        fc(register_module("fc", torch::nn::Linear(512, 10))) {
+    int64_t in = 64;
+    for (const int64_t out : {64, 128, 256, 512})
+      for (int b = 0; b < 2; ++b) {
+        blocks.push_back(register_module("block" + std::to_string(blocks.size()),
+                                         BasicBlock(in, out, b == 0 && out != 64 ? 2 : 1)));
+        in = out;
+      }
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = torch::relu(stem_bn(stem(x)));
+    for (BasicBlock& block : blocks)
+      x = block(x);
+    return torch::log_softmax(fc(x.mean({2, 3})).to(torch::kFloat32), 1);
+  }
+  torch::nn::Conv2d stem;
+  torch::nn::BatchNorm2d stem_bn;
+  torch::nn::Linear fc;
+  std::vector<BasicBlock> blocks;
+};
+TORCH_MODULE(ResNet);
+
+// A pre-norm transformer block: attention (written out: LibTorch 1.13 has no fused kernel) and
+// a 4x MLP with GELU, each around a residual.
+struct BlockImpl : torch::nn::Module {
+  explicit BlockImpl(int64_t width)
+      : norm1(register_module("norm1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({width})))),
+        qkv(register_module("qkv", torch::nn::Linear(width, 3 * width))),
+        proj(register_module("proj", torch::nn::Linear(width, width))),
+        norm2(register_module("norm2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({width})))),
+        up(register_module("up", torch::nn::Linear(width, 4 * width))),
+        down(register_module("down", torch::nn::Linear(4 * width, width))) {}
+  torch::Tensor forward(torch::Tensor x) {
+    const int64_t b = x.size(0), t = x.size(1), d = x.size(2), heads = 16;
+    std::vector<torch::Tensor> parts = qkv(norm1(x)).view({b, t, 3, heads, d / heads}).unbind(2);
+    const torch::Tensor q = parts[0].transpose(1, 2), k = parts[1].transpose(1, 2),
+                        v = parts[2].transpose(1, 2);  // (b, heads, t, d / heads)
+    torch::Tensor a = torch::softmax(torch::matmul(q, k.transpose(2, 3)) /
+                                         std::sqrt(static_cast<double>(d / heads)),
+                                     -1);
+    x = x + proj(torch::matmul(a, v).transpose(1, 2).reshape({b, t, d}));
+    return x + down(torch::gelu(up(norm2(x))));
+  }
+  torch::nn::LayerNorm norm1;
+  torch::nn::Linear qkv, proj;
+  torch::nn::LayerNorm norm2;
+  torch::nn::Linear up, down;
+};
+TORCH_MODULE(Block);
+
+// 4 blocks of width 1024 and a classifier over the mean token (1000 classes).
+struct TransformerImpl : torch::nn::Module {
+  TransformerImpl() : head(register_module("head", torch::nn::Linear(1024, 1000))) {
+    for (int i = 0; i < 4; ++i)
+      blocks.push_back(register_module("block" + std::to_string(i), Block(1024)));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    for (Block& block : blocks)
+      x = block(x);
+    return torch::log_softmax(head(x.mean(1)).to(torch::kFloat32), 1);
+  }
+  torch::nn::Linear head;
+  std::vector<Block> blocks;
+};
+TORCH_MODULE(Transformer);
+
 void synchronize(const torch::Device& device) {
   if (device.is_cuda()) torch::cuda::synchronize();
 }
 
 struct Setup {
   bool ddp_mode = false, cuda = false, adamw = false;
+  torch::Dtype dtype = torch::kFloat32;
   int zero = 0, steps = 100, warmup = 20;
 };
 
+// A step's input: [batch, sizes...] of `dtype` on `device`.
 template <typename Net>
-double run(Net& net, const Setup& setup, int64_t batch, int64_t features_or_image, int classes) {
+double run(Net& net, const Setup& setup, const std::vector<int64_t>& input, int classes) {
+  const int64_t batch = input[0];
   const bool ddp_mode = setup.ddp_mode, cuda = setup.cuda;
   const int steps = setup.steps, warmup = setup.warmup;
   const torch::Device device = cuda ? torch::kCUDA : torch::kCPU;
@@ -57,7 +165,7 @@ double run(Net& net, const Setup& setup, int64_t batch, int64_t features_or_imag
     init.bind_gpu = cuda;
     world = std::make_unique<ddp::World>(ddp::init(init));
   }
-  net->to(device);
+  net->to(device, setup.dtype);
   if (world)
     model = std::make_unique<ddp::DistributedDataParallel>(
         net, *world, ddp::DistributedDataParallelOptions().zero(setup.zero));
@@ -69,13 +177,13 @@ double run(Net& net, const Setup& setup, int64_t batch, int64_t features_or_imag
     made = std::make_unique<torch::optim::SGD>(net->parameters(),
                                                torch::optim::SGDOptions(0.01).momentum(0.9));
   torch::optim::Optimizer& optimizer = *made;
-  const torch::Tensor x = features_or_image > 0 ? torch::randn({batch, features_or_image}, device)
-                                                : torch::rand({batch, 1, 28, 28}, device);
+  const torch::Tensor x = torch::randn(input, torch::TensorOptions(device).dtype(setup.dtype));
   const torch::Tensor y =
       torch::randint(classes, {batch}, torch::TensorOptions(device).dtype(torch::kLong));
   const auto step = [&] {
     optimizer.zero_grad();
-    torch::Tensor loss = torch::nll_loss(model ? model->forward(x) : net->forward(x), y);
+    torch::Tensor loss =
+        torch::nll_loss((model ? model->forward(x) : net->forward(x)).to(torch::kFloat32), y);
     loss.backward();
     optimizer.step();
   };
@@ -107,7 +215,7 @@ double run(Net& net, const Setup& setup, int64_t batch, int64_t features_or_imag
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model = "cnn", mode = "plain";
+  std::string model = "cnn", mode = "plain", dtype = "fp32";
   Setup setup;
   int64_t batch = 0;  // 0: the model's (64, 512)
   for (int i = 1; i < argc; ++i) {
@@ -132,24 +240,36 @@ int main(int argc, char** argv) {
       setup.warmup = std::stoi(value());
     else if (flag == "--batch")
       batch = std::stoll(value());
+    else if (flag == "--dtype")
+      dtype = value();
     else
       throw ddp::UsageError("unknown flag " + flag +
                             " (expected --model, --mode, --cuda, --steps, --warmup, --batch, "
-                            "--zero, --adamw)");
+                            "--zero, --adamw, --dtype)");
   }
-  DDP_USAGE_CHECK(model == "cnn" || model == "mlp", "--model {}: expected cnn or mlp", model);
+  DDP_USAGE_CHECK(model == "cnn" || model == "mlp" || model == "resnet" || model == "transformer",
+                  "--model {}: expected cnn, mlp, resnet or transformer", model);
+  DDP_USAGE_CHECK(dtype == "fp32" || dtype == "bf16", "--dtype {}: expected fp32 or bf16", dtype);
+  setup.dtype = dtype == "bf16" ? torch::kBFloat16 : torch::kFloat32;
   DDP_USAGE_CHECK(mode == "plain" || mode == "ddp", "--mode {}: expected plain or ddp", mode);
   setup.ddp_mode = mode == "ddp";
   torch::manual_seed(0);
   double ms = 0;
   if (model == "cnn") {
     FashionNet net;
-    ms = run(net, setup, batch > 0 ? batch : 64, 0, 10);
-  } else {
+    ms = run(net, setup, {batch > 0 ? batch : 64, 1, 28, 28}, 10);
+  } else if (model == "mlp") {
     Mlp net;
-    ms = run(net, setup, batch > 0 ? batch : 512, 2048, 2048);
+    ms = run(net, setup, {batch > 0 ? batch : 512, 2048}, 2048);
+  } else if (model == "resnet") {
+    ResNet net;
+    ms = run(net, setup, {batch > 0 ? batch : 128, 3, 32, 32}, 10);
+  } else {
+    Transformer net;
+    ms = run(net, setup, {batch > 0 ? batch : 16, 256, 1024}, 1000);
   }
-  std::printf("libtorch %s %s%s: ms_per_step %.4f\n", model.c_str(), mode.c_str(),
-              setup.zero > 0 ? (" zero " + std::to_string(setup.zero)).c_str() : "", ms);
+  std::printf("libtorch %s %s%s%s: ms_per_step %.4f\n", model.c_str(), mode.c_str(),
+              setup.zero > 0 ? (" zero " + std::to_string(setup.zero)).c_str() : "",
+              dtype == "bf16" ? " bf16" : "", ms);
   return 0;
 }

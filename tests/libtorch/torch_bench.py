@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""torch_bench.py --model cnn|mlp --mode plain|ddp [--cuda] [--steps N] [--warmup N]: the step
-ddp_torch_bench times, in Python: the example's network (batch 64) or the MLP of 50 M parameters
-(batch 512), plain PyTorch or under PyTorch's DistributedDataParallel on one rank (NCCL on the
+"""torch_bench.py --model cnn|mlp|resnet|transformer --mode plain|ddp [--cuda] [--steps N]
+[--warmup N] [--dtype fp32|bf16]: the step ddp_torch_bench times, in Python: the example's
+network (batch 64), the MLP of 50 M parameters (batch 512), ResNet-18 as for CIFAR-10 (batch
+128) or 4 transformer blocks of width 1024 (batch 16 of 256 tokens), plain PyTorch or under PyTorch's DistributedDataParallel on one rank (NCCL on the
 GPU, Gloo on the CPU), the same median of 5 rounds. Prints "ms_per_step X". Under torchrun
 (RANK and WORLD_SIZE set) each rank trains its own batch. --adamw: AdamW (lr 1e-4) instead of
 SGD with momentum; --zero: PyTorch's ZeroRedundancyOptimizer over it (ZeRO 1), whose
-optimizer-state bytes on this rank are printed; --batch: the batch (the model's by default)."""
+optimizer-state bytes on this rank are printed; --batch: the batch (the model's by default);
+--dtype bf16: the model and its input in bfloat16 (the loss in float32)."""
+import math
 import argparse
 import os
 import time
@@ -46,9 +49,78 @@ class Mlp(torch.nn.Module):
         return F.log_softmax(x, 1)
 
 
+class BasicBlock(torch.nn.Module):
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(cout)
+        self.conv2 = torch.nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = torch.nn.BatchNorm2d(cout)
+        self.down = self.down_bn = None
+        if stride != 1 or cin != cout:
+            self.down = torch.nn.Conv2d(cin, cout, 1, stride, bias=False)
+            self.down_bn = torch.nn.BatchNorm2d(cout)
+
+    def forward(self, x):
+        y = self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x)))))
+        return F.relu(y + (x if self.down is None else self.down_bn(self.down(x))))
+
+
+class ResNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 64, 3, 1, 1, bias=False)
+        self.stem_bn = torch.nn.BatchNorm2d(64)
+        self.fc = torch.nn.Linear(512, 10)
+        blocks, cin = [], 64
+        for cout in (64, 128, 256, 512):
+            for b in range(2):
+                blocks.append(BasicBlock(cin, cout, 2 if b == 0 and cout != 64 else 1))
+                cin = cout
+        self.blocks = torch.nn.ModuleList(blocks)
+
+    def forward(self, x):
+        x = F.relu(self.stem_bn(self.stem(x)))
+        for block in self.blocks:
+            x = block(x)
+        return F.log_softmax(self.fc(x.mean((2, 3))).float(), 1)
+
+
+class Block(torch.nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.norm1 = torch.nn.LayerNorm(width)
+        self.qkv = torch.nn.Linear(width, 3 * width)
+        self.proj = torch.nn.Linear(width, width)
+        self.norm2 = torch.nn.LayerNorm(width)
+        self.up = torch.nn.Linear(width, 4 * width)
+        self.down = torch.nn.Linear(4 * width, width)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        heads = 16
+        q, k, v = (p.transpose(1, 2) for p in self.qkv(self.norm1(x)).view(b, t, 3, heads, d // heads).unbind(2))
+        a = torch.softmax(q @ k.transpose(2, 3) / math.sqrt(d // heads), -1)
+        x = x + self.proj((a @ v).transpose(1, 2).reshape(b, t, d))
+        return x + self.down(F.gelu(self.up(self.norm2(x))))
+
+
+class Transformer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head = torch.nn.Linear(1024, 1000)
+        self.blocks = torch.nn.ModuleList(Block(1024) for _ in range(4))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return F.log_softmax(self.head(x.mean(1)).float(), 1)
+
+
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--model", choices=["cnn", "mlp"], default="cnn")
+    p.add_argument("--model", choices=["cnn", "mlp", "resnet", "transformer"], default="cnn")
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--mode", choices=["plain", "ddp"], default="plain")
     p.add_argument("--cuda", action="store_true")
     p.add_argument("--steps", type=int, default=100)
@@ -59,7 +131,9 @@ def main():
     a = p.parse_args()
     device = torch.device("cuda" if a.cuda else "cpu")
     torch.manual_seed(0)
-    net = (FashionNet() if a.model == "cnn" else Mlp()).to(device)
+    dtype = torch.bfloat16 if a.dtype == "bf16" else torch.float32
+    net = {"cnn": FashionNet, "mlp": Mlp, "resnet": ResNet, "transformer": Transformer}[a.model]()
+    net = net.to(device, dtype)
     model = net
     if a.mode == "ddp":
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -75,15 +149,15 @@ def main():
         optimizer = ZeroRedundancyOptimizer(net.parameters(), optimizer_class=kind, **options)
     else:
         optimizer = kind(net.parameters(), **options)
-    if a.model == "cnn":
-        x, classes = torch.rand(a.batch or 64, 1, 28, 28, device=device), 10
-    else:
-        x, classes = torch.randn(a.batch or 512, 2048, device=device), 2048
+    shape, classes = {"cnn": ((a.batch or 64, 1, 28, 28), 10), "mlp": ((a.batch or 512, 2048), 2048),
+                      "resnet": ((a.batch or 128, 3, 32, 32), 10),
+                      "transformer": ((a.batch or 16, 256, 1024), 1000)}[a.model]
+    x = torch.randn(*shape, device=device, dtype=dtype)
     y = torch.randint(classes, (x.shape[0],), device=device)
 
     def step():
         optimizer.zero_grad()
-        F.nll_loss(model(x), y).backward()
+        F.nll_loss(model(x).float(), y).backward()
         optimizer.step()
 
     for _ in range(a.warmup):
@@ -98,7 +172,7 @@ def main():
         if a.cuda:
             torch.cuda.synchronize()
         rounds.append((time.perf_counter() - start) * 1000 / a.steps)
-    print(f"pytorch {a.model} {a.mode}{' zero' if a.zero else ''}: ms_per_step "
+    print(f"pytorch {a.model} {a.mode}{' zero' if a.zero else ''}{' bf16' if a.dtype == 'bf16' else ''}: ms_per_step "
           f"{sorted(rounds)[2]:.4f}")
     if a.zero:
         inner = optimizer.optim
