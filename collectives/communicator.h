@@ -108,6 +108,8 @@ class Communicator {
   // NCCL: the stream that produces and consumes the buffers (a cudaStream_t); ignored by
   // host backends.
   virtual void set_compute_stream(void* stream) { (void)stream; }
+  // The stream set_compute_stream set last (null: none, or a host backend).
+  virtual void* compute_stream() const { return nullptr; }
 
   // In place: buffer[count] becomes the element-wise reduction over ranks.
   virtual std::unique_ptr<Work> all_reduce_async(void* buffer, size_t count, DataType type,
@@ -258,6 +260,28 @@ class Communicator {
   uint64_t p2p_sequence_ = 0;     // the last point-to-point call's number
   std::vector<int> world_ranks_;  // empty: the world itself, or unknown (is_world_ false)
   bool is_world_ = true;          // the group is the world (its ranks are world ranks)
+};
+
+// A device communicator's compute stream set for the guard's life, the previous one given back
+// at its end, so that a library's collectives leave alone the stream the communicator's other
+// users set (ddp::DistributedDataParallel on the world communicator). Nothing on a host one.
+class ComputeStreamGuard {
+ public:
+  // Sets `stream` as `comm`'s compute stream.
+  ComputeStreamGuard(Communicator& comm, void* stream)
+      : comm_(comm), previous_(comm.compute_stream()) {
+    if (comm_.device_buffers()) comm_.set_compute_stream(stream);
+  }
+  // Gives the previous stream back.
+  ~ComputeStreamGuard() {
+    if (comm_.device_buffers()) comm_.set_compute_stream(previous_);
+  }
+  ComputeStreamGuard(const ComputeStreamGuard&) = delete;
+  ComputeStreamGuard& operator=(const ComputeStreamGuard&) = delete;
+
+ private:
+  Communicator& comm_;
+  void* previous_;
 };
 
 // Which backend to use (backend.h): auto = NCCL with GPUs, else Gloo, else MPI under mpirun.

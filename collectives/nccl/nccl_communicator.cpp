@@ -334,6 +334,7 @@ class NcclCommunicator final : public Communicator {
   void set_compute_stream(void* stream) override {
     compute_stream_ = static_cast<cudaStream_t>(stream);
   }
+  void* compute_stream() const override { return compute_stream_; }
   void* communication_stream() const { return comm_stream_.get(); }
 
   std::unique_ptr<Work> all_reduce_async(void* buffer, size_t count, DataType type,

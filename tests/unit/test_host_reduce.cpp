@@ -6,7 +6,9 @@
 #include <cstdint>
 #include <limits>
 
+#include "collectives/communicator.h"
 #include "collectives/host_reduce.h"
+#include "runtime/error.h"
 
 namespace ddp {
 namespace {
@@ -55,6 +57,63 @@ TEST(Float16, SumsAreRoundedOnceAndAveragesDivideInFloat) {
   EXPECT_EQ(fp16_to_float(out[0]), 1.5f);
   EXPECT_EQ(dtype_bytes(DataType::kFloat16), 2u);
   EXPECT_STREQ(dtype_name(DataType::kFloat16), "float16");
+}
+
+// A device communicator that only keeps its compute stream (the collectives are not called).
+class StreamOnly final : public Communicator {
+ public:
+  StreamOnly(bool device) : Communicator(0, 1), device_(device) {}
+  const char* backend() const override { return "stream-only"; }
+  bool device_buffers() const override { return device_; }
+  void set_compute_stream(void* stream) override { stream_ = stream; }
+  void* compute_stream() const override { return stream_; }
+  std::unique_ptr<Work> all_reduce_async(void*, size_t, DataType, ReduceOp) override {
+    return none();
+  }
+  std::unique_ptr<Work> broadcast_async(void*, size_t, DataType, int) override { return none(); }
+  std::unique_ptr<Work> all_gather_async(const void*, void*, size_t, DataType) override {
+    return none();
+  }
+  std::unique_ptr<Work> reduce_scatter_async(const void*, void*, size_t, DataType,
+                                             ReduceOp) override {
+    return none();
+  }
+  void send(const void*, size_t, DataType, int) override { none(); }
+  void recv(void*, size_t, DataType, int) override { none(); }
+  std::unique_ptr<Work> batch_async(const std::vector<P2pOp>&) override { return none(); }
+  void barrier() override { none(); }
+  std::unique_ptr<Communicator> split(int, int) override {
+    none();
+    return nullptr;
+  }
+
+ private:
+  static std::unique_ptr<Work> none() { throw Error("StreamOnly: no collectives"); }
+  bool device_;
+  void* stream_ = nullptr;
+};
+
+// ComputeStreamGuard: a library's stream for the guard's life, the user's back at its end
+// (nested guards too); nothing on a host communicator.
+TEST(ComputeStreamGuard, GivesTheUsersStreamBack) {
+  int user = 0, library = 0, inner = 0;
+  StreamOnly device(true);
+  device.set_compute_stream(&user);
+  {
+    const ComputeStreamGuard outer(device, &library);
+    EXPECT_EQ(device.compute_stream(), &library);
+    {
+      const ComputeStreamGuard nested(device, &inner);
+      EXPECT_EQ(device.compute_stream(), &inner);
+    }
+    EXPECT_EQ(device.compute_stream(), &library);
+  }
+  EXPECT_EQ(device.compute_stream(), &user);
+  StreamOnly host(false);
+  {
+    const ComputeStreamGuard guard(host, &library);
+    EXPECT_EQ(host.compute_stream(), nullptr);
+  }
 }
 
 }  // namespace
