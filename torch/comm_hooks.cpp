@@ -146,9 +146,14 @@ PowerSGDState::PowerSGDState(PowerSGDOptions options) : options_(options) {
 }
 
 PowerSGDState::BucketState& PowerSGDState::bucket_state(const TorchGradBucket& bucket) {
+  std::vector<const void*> members;
+  for (const torch::Tensor& p : bucket.parameters)
+    members.push_back(p.unsafeGetTensorImpl());
   const auto found = buckets_.find(bucket.index);
-  if (found != buckets_.end()) return found->second;
+  if (found != buckets_.end() && found->second.members == members) return found->second;
   BucketState& state = buckets_[bucket.index];
+  state = BucketState();
+  state.members = members;
   int64_t p_size = 0, q_size = 0, exact_size = 0;
   for (size_t i = 0; i < bucket.gradients.size(); ++i) {
     const torch::Tensor& g = bucket.gradients[i];

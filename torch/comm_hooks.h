@@ -108,12 +108,15 @@ class PowerSGDState {
     torch::Tensor p_memory, q_memory;   // every P of the bucket in one flat tensor; every Q
     torch::Tensor exact_memory;         // the exact tensors, flattened into one
     std::vector<torch::Tensor> errors;  // each compressed gradient's error (feedback)
+    std::vector<const void*> members;   // its parameters (their TensorImpl) when it was made
   };
 
   friend TorchCommHook powersgd_comm_hook(std::shared_ptr<PowerSGDState> state);
   // Reduces `bucket` as the hook does (below).
   void reduce(Communicator& comm, TorchGradBucket& bucket);
-  // The bucket's state, made from its gradients at its first compressed step.
+  // The bucket's state, made from its gradients at its first compressed step, and again (its
+  // error feedback dropped) where the bucket's gradients have changed since (the wrapper
+  // rebuilt its buckets from the order gradients arrive in).
   BucketState& bucket_state(const TorchGradBucket& bucket);
 
   PowerSGDOptions options_;

@@ -1,5 +1,5 @@
-// DistributedDataParallel: the module's parameters and buffers, the gradient buckets as views,
-// the hooks on the gradient accumulators and the end of backward.
+// DistributedDataParallel: the module's parameters and buffers, the hooks on the gradient
+// accumulators and the end of backward (the buckets: ddp_buckets.cpp; join: ddp_join.cpp).
 #include "torch/distributed_data_parallel.h"
 
 #include <torch/csrc/autograd/engine.h>
@@ -12,9 +12,10 @@
 #include <mutex>
 #include <set>
 #include <sstream>
+#include <unordered_set>
 
 #include "runtime/error.h"
-#include "torch/param_shards.h"
+#include "torch/ddp_impl.h"
 #include "torch/sync_batch_norm.h"
 
 #if DDP_TORCH_CUDA
@@ -25,56 +26,6 @@ namespace ddp {
 
 namespace {
 
-// "[8, 1, 3, 3] Float" (for the layout check's names).
-std::string describe(const torch::Tensor& tensor) {
-  std::ostringstream out;
-  out << tensor.sizes() << ' ' << tensor.scalar_type();
-  return out.str();
-}
-
-// The tensors' bytes, one after the other, as 32-bit words (padded), in one tensor on their
-// device.
-torch::Tensor packed(const std::vector<torch::Tensor>& tensors) {
-  std::vector<torch::Tensor> bytes;
-  for (const torch::Tensor& t : tensors)
-    bytes.push_back(t.detach().contiguous().reshape(-1).view(torch::kUInt8));
-  torch::Tensor flat = torch::cat(bytes);
-  const int64_t padded = (flat.numel() + 3) / 4 * 4;
-  if (padded != flat.numel())
-    flat = torch::cat({flat, torch::zeros({padded - flat.numel()}, flat.options())});
-  return flat;
-}
-
-// The strides of a contiguous tensor of `sizes`.
-std::vector<int64_t> dense_strides(torch::IntArrayRef sizes) {
-  std::vector<int64_t> strides(sizes.size(), 1);
-  for (size_t i = sizes.size(); i-- > 1;)
-    strides[i - 1] = strides[i] * std::max<int64_t>(sizes[i], 1);
-  return strides;
-}
-
-// packed()'s bytes back into the tensors.
-void unpack(const torch::Tensor& flat, const std::vector<torch::Tensor>& tensors) {
-  int64_t at = 0;
-  for (const torch::Tensor& t : tensors) {
-    const int64_t bytes = t.numel() * static_cast<int64_t>(t.element_size());
-    t.detach().copy_(flat.narrow(0, at, bytes).view(t.scalar_type()).view(t.sizes()));
-    at += bytes;
-  }
-}
-
-// The collectives' element type of parameter `name`'s dtype, or a UsageError naming it.
-DataType wire_type(torch::ScalarType dtype, const std::string& name) {
-  try {
-    return collective_type(dtype);
-  } catch (const UsageError& e) {
-    throw UsageError(
-        fmt::format("ddp::DistributedDataParallel: parameter '{}': {}; "
-                    "module->to(torch::kFloat32) for example",
-                    name, e.what()));
-  }
-}
-
 // The parameters some wrapper holds now (their TensorImpl, which torch::load's set_ keeps),
 // so that a second wrapper of one module is refused by name rather than failing later.
 std::mutex wrapped_mutex;
@@ -84,95 +35,6 @@ std::set<const c10::TensorImpl*>& wrapped() {
 }
 
 }  // namespace
-
-struct DistributedDataParallel::Impl {
-  // A parameter that gets gradients: its slot in its dtype's gradient buffer and its hook.
-  struct Param {
-    std::string name;
-    torch::Tensor tensor;
-    std::vector<int64_t> sizes;  // its shape (with ZeRO 3 it is empty between steps)
-    torch::ScalarType dtype = torch::kFloat32;
-    size_t buffer = 0;   // its dtype's GradBuffer
-    int64_t offset = 0;  // where its gradient starts there (elements)
-    torch::Tensor view;  // its part of that buffer, its shape (its .grad())
-    std::shared_ptr<torch::autograd::Node> accumulator;
-    uintptr_t hook = 0;
-    bool ready = false;       // its gradient is written this backward
-    bool reattached = false;  // its hook moved to a new accumulator during this backward
-    uint32_t version = 0;     // the tensor's version when the last synchronised backward ended
-    const c10::TensorImpl* grad = nullptr;  // and its gradient's tensor (null: none)
-    uint32_t grad_version = 0;              // and that one's version
-  };
-
-  // The gradients of one dtype's parameters, one flat tensor in the reducer's order, so that
-  // a bucket (one dtype) is a range of it.
-  struct GradBuffer {
-    torch::ScalarType dtype = torch::kFloat32;
-    int64_t count = 0;   // its elements
-    torch::Tensor flat;  // (ZeRO 2, 3: during backward only)
-  };
-  // A bucket's range of its buffer.
-  struct BucketSlice {
-    size_t buffer = 0;
-    int64_t offset = 0, count = 0;
-  };
-
-  Impl(torch::nn::Module& module, World& world, const DistributedDataParallelOptions& options);
-  ~Impl();
-  void check_and_copy_rank0s_state(
-      const std::vector<std::pair<std::string, torch::Tensor>>& all,
-      const std::vector<std::pair<std::string, torch::Tensor>>& buffers);
-  void make_reducer();
-  std::unique_ptr<Work> reduce_bucket(size_t bucket);
-  void make_grad_buffers();
-  void point_grads_at_buckets();
-  void make_views();
-  void moved(size_t index);
-  void gather_parameters();
-  void keep_own_gradients();
-  void broadcast(const std::vector<torch::Tensor>& tensors, int root = 0);
-  void join(const std::function<void()>& loop);
-  std::vector<int32_t> join_all_reduce(int32_t active, int32_t sync);
-  void shadow_backward();
-  void take_last_joiners_model();
-  void sync_buffers();
-  void* stream() const;
-  void on_gradient(size_t index);
-  void begin_backward();
-  void end_backward();
-  void reduce_at_end();
-  void mark_step_end();
-  void point_grad_at_view(Param& param);
-  void attach(size_t index);
-  void reattach_replaced();
-  void refuse_a_second_backward(size_t index) const;
-
-  torch::nn::Module& module;
-  Communicator& comm;
-  DistributedDataParallelOptions options;
-  torch::Device device = torch::kCPU;
-  std::vector<Param> params;  // those that get gradients, in registration order
-  std::vector<torch::Tensor> buffers;
-  std::vector<GradBuffer> grad_buffers;  // one a dtype
-  std::vector<BucketSlice> slices;       // each bucket's
-  std::vector<size_t>
-      param_of;  // the reducer's layer j is params[param_of[j]] (plan_grouped_buckets)
-  std::vector<size_t> layer_of;  // and params[i] its layer layer_of[i]
-  TorchCommHook hook;            // register_comm_hook's, or none
-  torch::Tensor bf16_scratch;    // reduce_in_bf16's (the float32 buffer's gradients as bf16)
-  std::unique_ptr<Ddp> reducer;
-  std::unique_ptr<ParamShards> shards;  // with ZeRO on more than one rank
-  torch::Tensor device_scratch;         // the layout check's messages over NCCL
-  torch::nn::AnyModule forward;
-  bool no_sync = false;
-  bool in_backward = false;
-  bool buffers_synced = false;  // since the last synchronised backward
-  bool forward_seen = false;    // forward() or sync_buffers() since the last synchronised backward
-  bool backward_done = false;   // a synchronised backward has ended (versions are recorded)
-  bool joining = false;         // inside join(): each forward tells the joined ranks
-  bool join_notified = false;   // this step's forward did (join())
-  int64_t steps_joined = 0;     // the forwards this rank told them of (join())
-};
 
 DistributedDataParallel::Impl::Impl(torch::nn::Module& module_, World& world,
                                     const DistributedDataParallelOptions& options_)
@@ -272,8 +134,8 @@ void DistributedDataParallel::Impl::check_and_copy_rank0s_state(
                                       torch::TensorOptions().dtype(torch::kUInt8).device(device));
       return device_scratch.data_ptr();
     });
-    comm.set_compute_stream(stream());
   }
+  const ComputeStreamGuard on_stream(comm, stream());
   reducer->check_same_layout(layout);
   device_scratch = torch::Tensor();
   // Rank 0's parameters and buffers, in one collective.
@@ -285,109 +147,11 @@ void DistributedDataParallel::Impl::check_and_copy_rank0s_state(
   broadcast(state);
 }
 
-// Buckets of one dtype each (PyTorch's bucketing by dtype), reduced in the order backward
-// completes them; a buffer a dtype; the buckets' reduction as the reducer's hook.
-void DistributedDataParallel::Impl::make_reducer() {
-  DDP_USAGE_CHECK(options.bucket_cap_mb() > 0 && options.first_bucket_cap_mb() >= 0,
-                  "ddp::DistributedDataParallelOptions: bucket_cap_mb {} and first_bucket_cap_mb "
-                  "{}: expected sizes above 0",
-                  options.bucket_cap_mb(), options.first_bucket_cap_mb());
-  std::vector<size_t> counts, element_bytes;
-  std::vector<int> kinds;
-  for (const Param& p : params) {
-    counts.push_back(static_cast<size_t>(p.tensor.numel()));
-    kinds.push_back(static_cast<int>(p.dtype));
-    element_bytes.push_back(p.tensor.element_size());
-  }
-  GroupedBuckets plan = plan_grouped_buckets(
-      counts, kinds, element_bytes, static_cast<size_t>(options.bucket_cap_mb() * 1048576),
-      static_cast<size_t>(options.first_bucket_cap_mb() * 1048576));
-  param_of = plan.order;
-  layer_of.assign(params.size(), 0);
-  for (size_t j = 0; j < param_of.size(); ++j)
-    layer_of[param_of[j]] = j;
-  for (const size_t i : param_of) {  // each dtype's parameters in the reducer's order
-    Param& p = params[i];
-    size_t b = 0;
-    while (b < grad_buffers.size() && grad_buffers[b].dtype != p.dtype)
-      ++b;
-    if (b == grad_buffers.size()) grad_buffers.push_back({p.dtype, 0, {}});
-    p.buffer = b;
-    p.offset = grad_buffers[b].count;
-    grad_buffers[b].count += p.tensor.numel();
-  }
-  for (const Bucket& bucket : plan.buckets) {
-    const Param& first = params[param_of[static_cast<size_t>(bucket.first_layer)]];
-    slices.push_back({first.buffer, first.offset, static_cast<int64_t>(bucket.count)});
-  }
-  reducer = std::make_unique<Ddp>(comm, std::move(plan.buckets), static_cast<int>(params.size()),
-                                  options.overlap());
-  make_grad_buffers();
-  for (GradBuffer& buffer : grad_buffers)
-    buffer.flat.zero_();
-  if (options.reduce_in_bf16() && comm.size() > 1) {  // one process reduces nothing
-    comm.require_bf16_reduction();
-    for (const GradBuffer& buffer : grad_buffers)
-      if (buffer.dtype == torch::kFloat32)
-        bf16_scratch = torch::empty({buffer.count},
-                                    torch::TensorOptions().dtype(torch::kBFloat16).device(device));
-  }
-  reducer->register_comm_hook(
-      [this](Communicator&, const GradBucket& bucket) { return reduce_bucket(bucket.index); });
-}
-
-// Bucket `bucket`'s average: the user's hook, or the all-reduce in the bucket's dtype (float32
-// through bf16 with reduce_in_bf16). bf16 and fp16 buckets are summed in their own dtype, as
-// PyTorch's DDP does (NCCL adds in that dtype; Gloo and MPI add each pair in float and round).
-std::unique_ptr<Work> DistributedDataParallel::Impl::reduce_bucket(size_t bucket) {
-  const BucketSlice& slice = slices[bucket];
-  GradBuffer& buffer = grad_buffers[slice.buffer];
-  if (hook) {
-    TorchGradBucket view{bucket, buffer.flat.narrow(0, slice.offset, slice.count), {}, {}};
-    const Bucket& planned = reducer->buckets()[bucket];
-    for (int layer = planned.first_layer; layer <= planned.last_layer; ++layer) {
-      const Param& p = params[param_of[static_cast<size_t>(layer)]];
-      view.parameters.push_back(p.tensor);
-      view.gradients.push_back(p.view);
-    }
-    return hook(comm, view);
-  }
-  void* data = static_cast<char*>(buffer.flat.data_ptr()) +
-               slice.offset * static_cast<int64_t>(buffer.flat.element_size());
-  const auto count = static_cast<size_t>(slice.count);
-  if (bf16_scratch.defined() && buffer.dtype == torch::kFloat32)
-    return comm.all_reduce_bf16_async(
-        static_cast<float*>(data), static_cast<uint16_t*>(bf16_scratch.data_ptr()) + slice.offset,
-        count, ReduceOp::kAverage);
-  return comm.all_reduce_async(data, count, wire_type(buffer.dtype, params[0].name),
-                               ReduceOp::kAverage);
-}
-
-// Each dtype's gradient buffer (uninitialised), and the parameters' views of it.
-void DistributedDataParallel::Impl::make_grad_buffers() {
-  for (GradBuffer& buffer : grad_buffers)
-    buffer.flat =
-        torch::empty({buffer.count}, torch::TensorOptions().dtype(buffer.dtype).device(device));
-  make_views();
-}
-
 // Each parameter's .grad() a view of its bucket, and a hook on its gradient accumulator that
 // tells when its gradient is written.
 void DistributedDataParallel::Impl::point_grads_at_buckets() {
   for (size_t i = 0; i < params.size(); ++i)
     attach(i);
-}
-
-// Each parameter's slot of its dtype's gradient buffer, a tensor of its shape.
-void DistributedDataParallel::Impl::make_views() {
-  torch::NoGradGuard no_grad;
-  for (Param& p : params) {
-    // The buffer's memory, but not an autograd view of it: LibTorch's Optimizer::zero_grad()
-    // detaches gradients in place, which views refuse.
-    const torch::Tensor& flat = grad_buffers[p.buffer].flat;
-    p.view = torch::empty({0}, flat.options())
-                 .set_(flat.storage(), p.offset, p.sizes, dense_strides(p.sizes));
-  }
 }
 
 // ZeRO re-set parameter `index`'s tensor (a view into its owner's flat tensor, or empty):
@@ -497,7 +261,7 @@ void DistributedDataParallel::Impl::broadcast(const std::vector<torch::Tensor>& 
   torch::Tensor flat = packed(tensors);
   const size_t words = static_cast<size_t>(flat.numel() / 4);
   if (comm.device_buffers()) {
-    comm.set_compute_stream(stream());
+    const ComputeStreamGuard on_stream(comm, stream());
     comm.broadcast_async(flat.data_ptr(), words, DataType::kInt32, root)->then_on(stream());
   } else {
     comm.broadcast(flat.data_ptr(), words, DataType::kInt32, root);
@@ -505,86 +269,15 @@ void DistributedDataParallel::Impl::broadcast(const std::vector<torch::Tensor>& 
   unpack(flat, tensors);
 }
 
-// join(): every rank's {training, synchronising} flags summed (a small all-reduce each forward
-// of a rank still training, and each round of a rank that has joined).
-std::vector<int32_t> DistributedDataParallel::Impl::join_all_reduce(int32_t active, int32_t sync) {
-  torch::Tensor flags = torch::tensor({active, sync}, torch::kInt32).to(device);
-  if (comm.device_buffers()) comm.set_compute_stream(stream());
-  comm.all_reduce(flags.data_ptr(), 2, DataType::kInt32, ReduceOp::kSum);
-  flags = flags.cpu();
-  return {flags[0].item<int32_t>(), flags[1].item<int32_t>()};
-}
-
-// A joined rank's part in the others' backward: the buckets reduced from zeros by the same
-// reducer (so the same collectives, hooks included, in the same order), and the unused
-// parameters' map where find_unused_parameters.
-void DistributedDataParallel::Impl::shadow_backward() {
-  torch::NoGradGuard no_grad;
-  for (GradBuffer& buffer : grad_buffers)
-    buffer.flat.zero_();
-  if (comm.device_buffers()) comm.set_compute_stream(stream());
-  reducer->begin_backward(nullptr);  // reduce_bucket knows the buffers
-  for (size_t layer = 0; layer < params.size(); ++layer)
-    reducer->layer_ready(static_cast<int>(layer));
-  reducer->end_backward();
-  reducer->finish(stream());
-  if (options.find_unused_parameters()) {
-    torch::Tensor map =
-        torch::zeros({static_cast<int64_t>(params.size())}, torch::kInt32).to(device);
-    comm.all_reduce(map.data_ptr(), params.size(), DataType::kInt32, ReduceOp::kMax);
-  }
-}
-
-// Once every rank has joined: the parameters and buffers of the rank that trained the most
-// steps (the lowest such rank) on every rank, so that the replicas end equal (PyTorch's Join).
-void DistributedDataParallel::Impl::take_last_joiners_model() {
-  torch::Tensor steps = torch::tensor({steps_joined}, torch::kInt64).to(device);
-  torch::Tensor all = torch::empty({comm.size()}, steps.options());
-  if (comm.device_buffers()) comm.set_compute_stream(stream());
-  comm.all_gather(steps.data_ptr(), all.data_ptr(), 1, DataType::kInt64);
-  const int root = static_cast<int>(all.cpu().argmax().item<int64_t>());
-  std::vector<torch::Tensor> state;
-  for (const auto& p : module.parameters())
-    state.push_back(p);
-  for (const torch::Tensor& b : buffers)
-    state.push_back(b);
-  broadcast(state, root);
-}
-
-void DistributedDataParallel::Impl::join(const std::function<void()>& loop) {
-  DDP_USAGE_CHECK(!shards,
-                  "ddp::DistributedDataParallel::join with zero({}): a rank that has joined would "
-                  "miss its own parameters' updates; uneven inputs under ZeRO are not supported",
-                  options.zero());
-  DDP_USAGE_CHECK(!joining, "ddp::DistributedDataParallel::join inside join");
-  if (comm.size() == 1) return loop();
-  joining = true;
-  steps_joined = 0;
-  try {
-    loop();
-  } catch (...) {
-    joining = false;
-    throw;
-  }
-  joining = false;
-  // Out of batches: take part in the others' steps until every rank is.
-  for (;;) {
-    const std::vector<int32_t> flags = join_all_reduce(0, 0);
-    if (flags[0] == 0) break;
-    if (options.broadcast_buffers()) broadcast(buffers);
-    if (flags[1] > 0) shadow_backward();
-  }
-  take_last_joiners_model();
-}
-
 void DistributedDataParallel::Impl::gather_parameters() {
   reattach_replaced();
   if (!shards) return;
-  if (comm.device_buffers()) comm.set_compute_stream(stream());
+  const ComputeStreamGuard on_stream(comm, stream());
   shards->gather(comm, stream());
 }
 
 void DistributedDataParallel::Impl::sync_buffers() {
+  rebuild_buckets();
   if (joining && comm.size() > 1) {  // this rank trains one more step: the joined ranks hear of it
     join_all_reduce(1, no_sync ? 0 : 1);
     ++steps_joined;
@@ -615,6 +308,14 @@ void DistributedDataParallel::Impl::on_gradient(size_t index) {
     begin_backward();
   }
   Param& p = params[index];
+  DDP_USAGE_CHECK(!p.early_unused,
+                  "ddp::DistributedDataParallel: parameter '{}' got a gradient, but {} marked it "
+                  "unused when backward started ({}); compute the loss from forward()'s output "
+                  "(or give prepare_for_backward every output it uses){}",
+                  p.name, static_recorded ? "static_graph" : "find_unused_parameters",
+                  static_recorded ? "the first step left it without one"
+                                  : "forward's output does not depend on it",
+                  static_recorded ? ", or construct without static_graph" : "");
   DDP_CHECK(!p.ready, "parameter '{}' got its gradient twice in one backward", p.name);
   DDP_USAGE_CHECK(!p.tensor.grad().defined() || !p.tensor.grad().is_sparse(),
                   "ddp::DistributedDataParallel: parameter '{}' has a sparse gradient (an "
@@ -623,11 +324,12 @@ void DistributedDataParallel::Impl::on_gradient(size_t index) {
                   p.name);
   p.ready = true;
   if (comm.size() == 1) return;  // one process: nothing to reduce, the gradient stays put
+  if (!arrival_recorded) arrival.push_back(index);
   {
     torch::NoGradGuard no_grad;
     point_grad_at_view(p);
   }
-  if (comm.device_buffers()) comm.set_compute_stream(stream());
+  const ComputeStreamGuard on_stream(comm, stream());
   reducer->layer_ready(static_cast<int>(layer_of[index]));
 }
 
@@ -651,13 +353,24 @@ void DistributedDataParallel::Impl::begin_backward() {
       options.zero());
   in_backward = true;
   for (Param& p : params)
-    p.ready = false;
+    p.ready = p.early_unused = false;
   reattach_replaced();
+  rebuild_buckets();  // where this step runs no forward through the wrapper
   // ZeRO 2 and 3 free them between steps. Not zeroed: every slot is written before its bucket
   // is reduced (a gradient copied in as it is ready, an unused parameter's zeroed at the end of
   // backward).
   if (!grad_buffers[0].flat.defined()) make_grad_buffers();
   reducer->begin_backward(nullptr);  // reduce_bucket knows the buffers
+  used.assign(params.size(), 1);
+  // The parameters known unused already (forward's graph walk, or static_graph's first step):
+  // their buckets need not wait for them.
+  const std::vector<char> early = static_recorded ? static_unused : std::move(predicted_unused);
+  predicted_unused.clear();
+  for (size_t i = 0; i < early.size() && comm.size() > 1; ++i)
+    if (early[i]) {
+      params[i].ready = params[i].early_unused = true;
+      mark_unused(i);
+    }
   // Called by the autograd engine once backward is over (its final callback).
   torch::autograd::Engine::get_default_engine().queue_callback([this] { end_backward(); });
 }
@@ -667,6 +380,7 @@ void DistributedDataParallel::Impl::end_backward() {
   buffers_synced = false;
   forward_seen = false;
   reduce_at_end();
+  plan_rebuild();
   mark_step_end();
 }
 
@@ -692,16 +406,18 @@ void DistributedDataParallel::Impl::reduce_at_end() {
     if (!p.ready && p.reattached && p.tensor.grad().defined()) {
       p.ready = true;
       if (comm.size() > 1) {
+        if (!arrival_recorded) arrival.push_back(i);
         torch::NoGradGuard no_grad;
         point_grad_at_view(p);
-        if (comm.device_buffers()) comm.set_compute_stream(stream());
+        const ComputeStreamGuard on_stream(comm, stream());
         reducer->layer_ready(static_cast<int>(layer_of[i]));
       }
     }
     p.reattached = false;
     if (!p.ready) unused.push_back(i);
   }
-  if (!unused.empty() && !options.find_unused_parameters()) {
+  const bool handles_unused = options.find_unused_parameters() || options.static_graph();
+  if (!unused.empty() && !handles_unused) {
     std::string names;
     for (size_t k = 0; k < unused.size() && k < 5; ++k)
       names += (k ? ", '" : "'") + params[unused[k]].name + "'";
@@ -712,40 +428,84 @@ void DistributedDataParallel::Impl::reduce_at_end() {
         "construct with DistributedDataParallelOptions().find_unused_parameters(true)",
         names));
   }
+  DDP_USAGE_CHECK(!static_recorded || unused.empty(),
+                  "ddp::DistributedDataParallel with static_graph: parameter '{}' got no gradient "
+                  "in this step but did in the first, so the graph changed; construct with "
+                  "find_unused_parameters instead, which follows a graph that changes",
+                  unused.empty() ? "" : params[unused[0]].name);
   if (comm.size() == 1) return;  // nothing to reduce
-  // An unused parameter's part of its bucket: what it holds (a gradient accumulated
-  // earlier, zero after zero_grad()), or zero where it has no gradient at all.
-  std::vector<int32_t> used(params.size(), 1);
-  {
-    torch::NoGradGuard no_grad;
-    for (const size_t i : unused) {
-      Param& p = params[i];
-      if (!p.tensor.grad().defined()) {
-        p.view.zero_();
-        used[i] = 0;
-      } else {
-        point_grad_at_view(p);
-      }
-      if (comm.device_buffers()) comm.set_compute_stream(stream());
-      reducer->layer_ready(static_cast<int>(layer_of[i]));
-    }
-  }
+  const ComputeStreamGuard on_stream(comm, stream());
+  for (const size_t i : unused)
+    mark_unused(i);
   reducer->end_backward();
   reducer->finish(stream());
-  if (options.find_unused_parameters()) {
+  if (handles_unused) {
     // A parameter no rank used keeps no gradient (as PyTorch's); one another rank used gets
-    // the average.
-    torch::Tensor map = torch::tensor(used, torch::kInt32).to(device);
-    if (comm.device_buffers()) comm.set_compute_stream(stream());
-    comm.all_reduce(map.data_ptr(), used.size(), DataType::kInt32, ReduceOp::kMax);
-    map = map.cpu();
-    for (const size_t i : unused)
-      if (used[i] == 0 && map[static_cast<int64_t>(i)].item<int32_t>() == 1) {
-        torch::NoGradGuard no_grad;
-        params[i].tensor.mutable_grad() = params[i].view;
-      }
+    // the average. static_graph: what the first step's all-reduce found.
+    if (!static_recorded) {
+      torch::Tensor map = torch::tensor(used, torch::kInt32).to(device);
+      const ComputeStreamGuard on_stream(comm, stream());
+      comm.all_reduce(map.data_ptr(), used.size(), DataType::kInt32, ReduceOp::kMax);
+      map = map.cpu();
+      used_anywhere.assign(params.size(), 0);
+      for (size_t i = 0; i < params.size(); ++i)
+        used_anywhere[i] = static_cast<char>(map[static_cast<int64_t>(i)].item<int32_t>());
+    }
+    if (options.static_graph() && !static_recorded) {
+      static_recorded = true;
+      static_unused.assign(params.size(), 0);
+      for (const size_t i : unused)
+        static_unused[i] = 1;
+    }
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < params.size(); ++i)
+      if (used[i] == 0 && used_anywhere[i]) params[i].tensor.mutable_grad() = params[i].view;
   }
   if (shards) keep_own_gradients();
+}
+
+// Parameter `i` gets no gradient in this backward: its part of its bucket is what its .grad()
+// holds (a gradient accumulated earlier, zero after zero_grad()), or zero where it has none (then
+// used[i] is 0); its bucket may go.
+void DistributedDataParallel::Impl::mark_unused(size_t i) {
+  Param& p = params[i];
+  if (!arrival_recorded) arrival.push_back(i);
+  {
+    torch::NoGradGuard no_grad;
+    if (!p.tensor.grad().defined()) {
+      p.view.zero_();
+      used[i] = 0;
+    } else {
+      point_grad_at_view(p);
+    }
+  }
+  const ComputeStreamGuard on_stream(comm, stream());
+  reducer->layer_ready(static_cast<int>(layer_of[i]));
+}
+
+// The parameters none of `outputs` depends on: a walk of the autograd graph from their
+// functions, each parameter's gradient accumulator reached or not (PyTorch's
+// prepare_for_backward).
+void DistributedDataParallel::Impl::prepare_for_backward(
+    const std::vector<torch::Tensor>& outputs) {
+  predicted_unused.clear();
+  if (!options.find_unused_parameters() || options.static_graph() || no_sync || comm.size() == 1)
+    return;
+  std::unordered_set<const torch::autograd::Node*> seen;
+  std::vector<torch::autograd::Node*> stack;
+  for (const torch::Tensor& out : outputs)
+    if (out.defined() && out.grad_fn() && seen.insert(out.grad_fn().get()).second)
+      stack.push_back(out.grad_fn().get());
+  while (!stack.empty()) {
+    torch::autograd::Node* node = stack.back();
+    stack.pop_back();
+    for (const torch::autograd::Edge& edge : node->next_edges())
+      if (edge.function && seen.insert(edge.function.get()).second)
+        stack.push_back(edge.function.get());
+  }
+  predicted_unused.assign(params.size(), 0);
+  for (size_t i = 0; i < params.size(); ++i)
+    predicted_unused[i] = !seen.count(params[i].accumulator.get());
 }
 
 // ZeRO, once the gradients are averaged: a parameter of another rank keeps no gradient (so the
@@ -912,7 +672,12 @@ std::vector<std::string> DistributedDataParallel::parameter_names() const {
   return names;
 }
 
+void DistributedDataParallel::prepare_for_backward(const std::vector<torch::Tensor>& outputs) {
+  impl_->prepare_for_backward(outputs);
+}
+
 void DistributedDataParallel::record_events(bool on) {
+  impl_->recording_events = on;
   impl_->reducer->record_events(on);
 }
 

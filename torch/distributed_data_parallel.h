@@ -61,8 +61,18 @@ struct DistributedDataParallelOptions {
   // The first bucket's (the last parameters'), so that communication starts early.
   TORCH_ARG(double, first_bucket_cap_mb) = 1;
   // A parameter that gets no gradient in a backward has its bucket reduced all the same (its
-  // part zero); without it, such a parameter is an error naming it.
+  // part zero); without it, such a parameter is an error naming it. When forward() returns, the
+  // parameters its output does not depend on (a walk of the autograd graph, as PyTorch's) are
+  // marked unused as backward starts, so that their buckets hold no other back; a small
+  // all-reduce at the end of each backward (and on the GPU the host's wait for it) tells which
+  // no rank used.
   TORCH_ARG(bool, find_unused_parameters) = false;
+  // The autograd graph is the same every step (PyTorch's static_graph): the first step records
+  // which parameters get no gradient (on any rank, once); from the second on they are marked
+  // unused as backward starts, with neither the graph walk nor the all-reduce of
+  // find_unused_parameters (which it implies). A later step where another parameter gets no
+  // gradient, or one of them gets one, is an error naming it.
+  TORCH_ARG(bool, static_graph) = false;
   // Rank 0's buffers (running statistics) copied to every rank before each forward
   // (DistributedDataParallel::forward, or sync_buffers() before one's own forward).
   TORCH_ARG(bool, broadcast_buffers) = true;
@@ -122,8 +132,15 @@ class DistributedDataParallel {
   template <typename Return = torch::Tensor, typename... Args>
   Return forward(Args&&... args) {
     sync_buffers();
-    return forward_module().template forward<Return>(std::forward<Args>(args)...);
+    Return out = forward_module().template forward<Return>(std::forward<Args>(args)...);
+    if constexpr (std::is_same_v<Return, torch::Tensor>) prepare_for_backward({out});
+    return out;
   }
+  // With find_unused_parameters: the parameters that `outputs` (what the loss is computed from)
+  // do not depend on are marked unused when the next backward starts, so that their buckets
+  // hold no other back (forward() calls it with the module's output; after a forward of one's
+  // own, call it with the outputs). Without it, or under no_sync(), nothing to do.
+  void prepare_for_backward(const std::vector<torch::Tensor>& outputs);
   // Collective: every rank's buffers become rank 0's (where broadcast_buffers and the module
   // has buffers), and with ZeRO the parameters their owners' (gather_parameters()). Call it
   // before each forward of one's own; forward() does.

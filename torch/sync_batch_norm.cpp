@@ -31,9 +31,11 @@ struct AllReduceSum : torch::autograd::Function<AllReduceSum> {
   static torch::Tensor summed(const torch::Tensor& local, int64_t handle) {
     auto& comm = *reinterpret_cast<Communicator*>(handle);
     torch::Tensor out = local.detach().to(torch::kDouble).contiguous().clone();
+    void* stream = comm.compute_stream();
 #if DDP_TORCH_CUDA
-    if (out.is_cuda()) comm.set_compute_stream(c10::cuda::getCurrentCUDAStream().stream());
+    if (out.is_cuda()) stream = c10::cuda::getCurrentCUDAStream().stream();
 #endif
+    const ComputeStreamGuard on_stream(comm, stream);
     comm.all_reduce(out.data_ptr(), static_cast<size_t>(out.numel()), DataType::kFloat64,
                     ReduceOp::kSum);
     return out;

@@ -40,42 +40,60 @@ std::vector<Bucket> plan_buckets(const std::vector<ParamSpan>& layers, size_t bu
 GroupedBuckets plan_grouped_buckets(const std::vector<size_t>& counts,
                                     const std::vector<int>& kinds,
                                     const std::vector<size_t>& element_bytes, size_t bucket_bytes,
-                                    size_t first_bucket_bytes) {
-  DDP_CHECK(kinds.size() == counts.size() && element_bytes.size() == counts.size(),
-            "plan_grouped_buckets: {} layers, {} kinds and {} element sizes", counts.size(),
-            kinds.size(), element_bytes.size());
-  // Each kind's open bucket (its layers, highest first) and whether it has closed one yet.
+                                    size_t first_bucket_bytes, const std::vector<size_t>& arrival) {
+  const size_t n = counts.size();
+  DDP_CHECK(kinds.size() == n && element_bytes.size() == n,
+            "plan_grouped_buckets: {} layers, {} kinds and {} element sizes", n, kinds.size(),
+            element_bytes.size());
+  std::vector<size_t> walk = arrival;
+  if (walk.empty())
+    for (size_t i = n; i-- > 0;)
+      walk.push_back(i);
+  std::vector<char> seen(n, 0);
+  for (const size_t i : walk) {
+    DDP_CHECK(i < n && !seen[i], "plan_grouped_buckets: the arrival order names layer {} {}", i,
+              i < n ? "twice" : "out of range");
+    seen[i] = 1;
+  }
+  DDP_CHECK(walk.size() == n, "plan_grouped_buckets: the arrival order has {} of the {} layers",
+            walk.size(), n);
+  // Each kind's open bucket (its layers, in arrival order) and whether it has closed one yet.
   struct Open {
     std::vector<size_t> layers;
     size_t bytes = 0;
     bool closed_one = false;
   };
   std::map<int, Open> open;
-  std::vector<std::vector<size_t>> closed;  // each bucket's layers, highest first
-  for (size_t i = counts.size(); i-- > 0;) {
+  // Each bucket's layers, and the walk's step at which it completes.
+  std::vector<std::pair<size_t, std::vector<size_t>>> closed;
+  for (size_t step = 0; step < n; ++step) {
+    const size_t i = walk[step];
     Open& bucket = open[kinds[i]];
     bucket.layers.push_back(i);
     bucket.bytes += counts[i] * element_bytes[i];
     if (bucket.bytes >= (bucket.closed_one ? bucket_bytes : first_bucket_bytes)) {
-      closed.push_back(std::move(bucket.layers));
+      closed.emplace_back(step, std::move(bucket.layers));
       bucket = Open{{}, 0, true};
     }
   }
+  std::vector<size_t> position(n);
+  for (size_t step = 0; step < n; ++step)
+    position[walk[step]] = step;
   for (auto& [kind, bucket] : open)
-    if (!bucket.layers.empty()) closed.push_back(std::move(bucket.layers));
-  // Completed first by a backward from the last layer: the highest lowest layer first.
+    if (!bucket.layers.empty())
+      closed.emplace_back(position[bucket.layers.back()], std::move(bucket.layers));
   std::stable_sort(closed.begin(), closed.end(),
-                   [](const std::vector<size_t>& a, const std::vector<size_t>& b) {
-                     return a.back() > b.back();
-                   });
-  // The reducer's numbering: the last bucket's layers lowest, each bucket's in their order.
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  // The reducer's numbering: the last bucket's layers lowest, each bucket's in ascending order.
   GroupedBuckets plan;
   size_t offset = 0;
   for (size_t b = closed.size(); b-- > 0;) {
+    std::vector<size_t> layers = closed[b].second;
+    std::sort(layers.begin(), layers.end());
     Bucket bucket{offset, 0, static_cast<int>(plan.order.size()), 0};
-    for (size_t k = closed[b].size(); k-- > 0;) {
-      plan.order.push_back(closed[b][k]);
-      bucket.count += counts[closed[b][k]];
+    for (const size_t layer : layers) {
+      plan.order.push_back(layer);
+      bucket.count += counts[layer];
     }
     bucket.last_layer = static_cast<int>(plan.order.size()) - 1;
     offset += bucket.count;

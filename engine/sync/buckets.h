@@ -25,12 +25,12 @@ std::vector<Bucket> plan_buckets(const std::vector<ParamSpan>& layers, size_t bu
                                  size_t first_bucket_bytes);
 
 // Buckets over layers of several kinds (element types) that never mix kinds, as PyTorch's
-// compute_bucket_assignment_by_size: walking the layers from the last to the first, each kind
-// fills a bucket of its own (its first of about first_bucket_bytes, then about bucket_bytes, in
-// its own element bytes), and the buckets are reduced in the order a backward that writes the
-// last layers first completes them (the highest lowest layer first). A reducer numbers the
-// layers so that each bucket is a contiguous run (`order`); with one kind that is the layers'
-// own order and the buckets are plan_buckets'. Pure.
+// compute_bucket_assignment_by_size: walking the layers in the order their gradients are
+// expected (`arrival`; empty: the last layer first), each kind fills a bucket of its own (its
+// first of about first_bucket_bytes, then about bucket_bytes, in its own element bytes), and the
+// buckets are reduced in the order that walk completes them. A reducer numbers the layers so
+// that each bucket is a contiguous run (`order`); with one kind and no arrival order that is the
+// layers' own order and the buckets are plan_buckets'. Pure.
 struct GroupedBuckets {
   std::vector<size_t> order;    // order[j]: the layer the reducer calls j
   std::vector<Bucket> buckets;  // over the layers so numbered (offsets in elements, in that
@@ -38,11 +38,13 @@ struct GroupedBuckets {
 };
 
 // GroupedBuckets of layers of `counts[i]` elements of kind `kinds[i]`, `element_bytes[i]`
-// bytes each.
+// bytes each; `arrival`: every layer once, in the order backward writes their gradients (as a
+// first step recorded it), or empty.
 GroupedBuckets plan_grouped_buckets(const std::vector<size_t>& counts,
                                     const std::vector<int>& kinds,
                                     const std::vector<size_t>& element_bytes, size_t bucket_bytes,
-                                    size_t first_bucket_bytes);
+                                    size_t first_bucket_bytes,
+                                    const std::vector<size_t>& arrival = {});
 
 // How Ddp buckets and overlaps, in ddptrain's flags' units.
 struct DdpOptions {

@@ -7,6 +7,7 @@
 // same model, weights and data gives the same weights.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <sstream>
@@ -288,6 +289,98 @@ TEST(TorchDdp, AutocastForwardsTrainAsOneProcess) {
       numbers(r.output.substr(at + 12, r.output.find('\n', at) - at - 12));
   ASSERT_GE(loss.size(), 2u) << r.output;
   EXPECT_LT(loss[1], loss[0]) << r.output;
+}
+
+// The engine's record of step 1 (torch_worker --events): its events in order, up to backward's end.
+std::vector<std::string> step_events(const RunResult& r) {
+  const size_t at = r.output.find("events:");
+  EXPECT_NE(at, std::string::npos) << r.output;
+  if (at == std::string::npos) return {};
+  std::istringstream in(r.output.substr(at + 7, r.output.find('\n', at) - at - 7));
+  std::vector<std::string> events;
+  for (std::string event; in >> event && event != "backward_done";)
+    events.push_back(event);
+  return events;
+}
+
+// Buckets rebuilt from the order the first step's gradients arrived in (PyTorch's rebuilt
+// buckets): with linear layers on the embeddings registered last but used first (--stem), the
+// registration-order buckets put them in the first bucket, which holds every other bucket back
+// until the end of backward (several all-reduces issued at once); rebuilt, each bucket is
+// issued as its last gradient arrives. The rebuild moves no sum: the weights equal one process
+// (kAcrossRanksMargin) and ZeRO 2 (its buffers freed between steps) bitwise; gradient
+// accumulation (a rebuild with gradients in the buckets) and unused parameters too.
+TEST(TorchDdp, BucketsAreRebuiltFromTheOrderGradientsArrive) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  for (const std::string flags :
+       {"--stem 8", "--stem 8 --accumulate 2", "--stem 8 --unused --find-unused"}) {
+    const std::string single = train_single(dir, flags);
+    for (const int ranks : {2, 3}) {
+      const std::string out = dir.file("rebuilt" + std::to_string(ranks) + ".st");
+      const RunResult r = train_ranks(ranks, out, flags + " --bucket-kb 1 --events");
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+      EXPECT_LT(max_relative_difference(out, single), kAcrossRanksMargin) << flags << ", " << ranks;
+      std::string before;
+      int issued = 0;
+      for (const std::string& event : step_events(r)) {
+        if (event.rfind("allreduce_issued", 0) == 0) {
+          ++issued;
+          EXPECT_EQ(before.rfind("layer_done", 0), 0u)
+              << flags << ": " << event << " waited for an earlier bucket\n"
+              << r.output;
+        }
+        before = event;
+      }
+      EXPECT_GE(issued, 4) << r.output;
+    }
+  }
+  const std::string plain = dir.file("plain.st"), zero = dir.file("zero.st");
+  ASSERT_EQ(train_ranks(2, plain, "--stem 8 --bucket-kb 1").exit_code, 0);
+  const RunResult r = train_ranks(2, zero, "--stem 8 --bucket-kb 1 --zero 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(max_relative_difference(zero, plain), 0.0) << r.output;
+}
+
+// find_unused_parameters marks the parameters forward's output does not depend on (a walk of
+// the autograd graph when forward() returns) as backward starts: the spare layer's are the
+// step's first events, so their bucket holds no other back. static_graph does the same from
+// the first step's record, with neither the walk nor the all-reduce, and trains bitwise as
+// find_unused_parameters. A gradient from outside forward (a regulariser of the spare layer),
+// and under static_graph a graph that changes either way, is one clear error naming the
+// parameter.
+TEST(TorchDdp, UnusedParametersAreMarkedAsBackwardStarts) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  const std::string single = train_single(dir, "--unused");
+  const std::string found = dir.file("found.st"), fixed = dir.file("static.st");
+  for (const auto& [flag, out] : std::vector<std::pair<std::string, std::string>>{
+           {"--find-unused", found}, {"--static-graph", fixed}}) {
+    const RunResult r = train_ranks(2, out, "--unused --bucket-kb 1 --events " + flag);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_LT(max_relative_difference(out, single), kAcrossRanksMargin) << flag;
+    std::vector<std::string> first;  // the step's first two parameters
+    for (const std::string& event : step_events(r))
+      if (event.rfind("layer_done:", 0) == 0 && first.size() < 2) first.push_back(event.substr(11));
+    std::sort(first.begin(), first.end());
+    EXPECT_EQ(first, (std::vector<std::string>{"spare.bias", "spare.weight"})) << flag << "\n"
+                                                                               << r.output;
+  }
+  EXPECT_EQ(max_relative_difference(fixed, found), 0.0);
+  for (const auto& [flags, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--find-unused --regularize-spare",
+            "parameter 'spare.weight' got a gradient, but find_unused_parameters marked it unused "
+            "when backward started (forward's output does not depend on it)"},
+           {"--static-graph --spare-from-step 2",
+            "got a gradient, but static_graph marked it unused when backward started (the first "
+            "step left it without one)"},
+           {"--static-graph --spare-until-step 2",
+            "with static_graph: parameter 'spare.weight' got no gradient in this step but did in "
+            "the first, so the graph changed"}}) {
+    const RunResult r = train_ranks(2, dir.file("bad.st"), "--unused " + flags);
+    EXPECT_NE(r.exit_code, 0) << flags;
+    EXPECT_NE(r.output.find(message), std::string::npos) << flags << "\n" << r.output;
+  }
 }
 
 // The loss rank 0 printed after training (torch_worker --loss), or NaN (with a test failure).

@@ -157,6 +157,23 @@ TEST(TorchDdpCuda, EveryFloatDtypeAndAutocastTrainAsOneCudaProcess) {
   EXPECT_LT(max_relative_difference(autocast_two, autocast_one), 2e-2) << a.output;
 }
 
+// The wrapper sets LibTorch's stream on the world communicator only while it uses it: a stream
+// the program set there before is still there after training (unused parameters, a rebuild and
+// SyncBatchNorm's all-reduce included).
+TEST(TorchDdpCuda, TheWorldCommunicatorKeepsTheProgramsStream) {
+  REQUIRE_GPU();
+  TempDir dir;
+  const RunResult r = run_command(kSharedGpu + " --nproc-per-node 2 -- " + kWorker +
+                                  " --cuda --keep-stream --unused --find-unused --syncbn --stem 2 "
+                                  "--out " +
+                                  dir.file("kept.st"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const int rank : {0, 1})
+    EXPECT_NE(r.output.find("rank " + std::to_string(rank) + " compute stream kept: yes"),
+              std::string::npos)
+        << r.output;
+}
+
 TEST(TorchDdpCuda, ZeroEveryLevelTrainsBitwiseAsPlainDdp) {
   REQUIRE_GPU();
   TempDir dir;

@@ -45,17 +45,19 @@ TORCH_MODULE(Mlp);
 // convolution with batch norm where the shape changes).
 struct BasicBlockImpl : torch::nn::Module {
   BasicBlockImpl(int64_t in, int64_t out, int64_t stride)
-      : conv1(register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 3)
-                                                             .stride(stride)
-                                                             .padding(1)
-                                                             .bias(false)))),
+      : conv1(register_module(
+            "conv1",
+            torch::nn::Conv2d(
+                torch::nn::Conv2dOptions(in, out, 3).stride(stride).padding(1).bias(false)))),
         bn1(register_module("bn1", torch::nn::BatchNorm2d(out))),
         conv2(register_module(
-            "conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(out, out, 3).padding(1).bias(false)))),
+            "conv2",
+            torch::nn::Conv2d(torch::nn::Conv2dOptions(out, out, 3).padding(1).bias(false)))),
         bn2(register_module("bn2", torch::nn::BatchNorm2d(out))) {
     if (stride != 1 || in != out) {
       down = register_module(
-          "down", torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 1).stride(stride).bias(false)));
+          "down",
+          torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 1).stride(stride).bias(false)));
       down_bn = register_module("down_bn", torch::nn::BatchNorm2d(out));
     }
   }
@@ -112,9 +114,8 @@ struct BlockImpl : torch::nn::Module {
     std::vector<torch::Tensor> parts = qkv(norm1(x)).view({b, t, 3, heads, d / heads}).unbind(2);
     const torch::Tensor q = parts[0].transpose(1, 2), k = parts[1].transpose(1, 2),
                         v = parts[2].transpose(1, 2);  // (b, heads, t, d / heads)
-    torch::Tensor a = torch::softmax(torch::matmul(q, k.transpose(2, 3)) /
-                                         std::sqrt(static_cast<double>(d / heads)),
-                                     -1);
+    torch::Tensor a = torch::softmax(
+        torch::matmul(q, k.transpose(2, 3)) / std::sqrt(static_cast<double>(d / heads)), -1);
     x = x + proj(torch::matmul(a, v).transpose(1, 2).reshape({b, t, d}));
     return x + down(torch::gelu(up(norm2(x))));
   }

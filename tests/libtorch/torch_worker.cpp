@@ -11,7 +11,8 @@
 //       [--join]]
 //       [--data-steps D] [--loss] [--powersgd-rank R] [--powersgd-start S]
 //       [--powersgd-min-rate X] [--powersgd-no-error-feedback] [--dtypes] [--autocast]
-//       [--grads-out FILE]
+//       [--grads-out FILE] [--stem K] [--static-graph] [--regularize-spare]
+//       [--spare-from-step S] [--spare-until-step S] [--keep-stream]
 //   torch_worker --single --short-rank R --ranks N   (one process as that job with --join)
 //   torch_worker --check-load FILE --out FILE [--deep K]  (a plain module loads --save-full's)
 //   torch_worker --save-start FILE   (a model of another seed, torch::save'd, for --load)
@@ -21,10 +22,17 @@
 // --adamw: AdamW instead of SGD with momentum; --memory: each rank prints its optimizer state's,
 // parameters' and gradients' bytes after the last step; --save-full: rank 0 torch::save's the
 // module after gather_parameters() (a checkpoint for a plain module); --deep K: K residual
-// linear blocks more (a model whose parameters several ranks can share evenly); --hook: a
-// communication hook (the built-in average, bf16 or fp16 compression, a hook of one's own that sums
-// and divides and counts its calls, two hooks registered, or PowerSGD with the --powersgd-*
-// options); --data-steps D: D steps' batches run in turn (a data set the model can fit);
+// linear blocks more (a model whose parameters several ranks can share evenly); --stem K: K
+// linear layers on the embeddings, registered last (their gradients arrive last);
+// --static-graph: DistributedDataParallelOptions::static_graph; --regularize-spare: the loss adds
+// the spare layer's squared weights (a gradient from outside forward); --spare-from-step S: the
+// spare layer (--unused) joins the forward from step S; --spare-until-step S: leaves it at S;
+// --keep-stream (CUDA): the world communicator's compute stream set to a stream of this program
+// before wrapping, and whether it is still that one after training printed;
+// --hook: a communication hook (the built-in average, bf16 or fp16 compression, a hook of one's own
+// that sums and divides and counts its calls, two hooks registered, or PowerSGD with the
+// --powersgd-* options); --data-steps D: D steps' batches run in turn (a data set the model can
+// fit);
 // --loss: each rank prints the loss over the data set before and after training; --syncbn:
 // ddp::SyncBatchNorm where --batchnorm puts LibTorch's BatchNorm1d (the same names).
 // --dtypes: the embedding in bfloat16, the layer norm's parameters in float16 and the last layer
@@ -46,6 +54,9 @@
 #include <vector>
 
 #include <ddp/torch.h>
+#if WORKER_TORCH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
 #include "models/safetensors.h"
 
 namespace {
@@ -54,7 +65,7 @@ constexpr int64_t kVocabulary = 16, kTokens = 6, kClasses = 4, kGlobalBatch = 12
 
 struct NetImpl : torch::nn::Module {
   NetImpl(int64_t hidden, bool unused, bool batchnorm, bool sparse, int deep = 0,
-          bool syncbn = false)
+          bool syncbn = false, int stem = 0)
       : embed(register_module(
             "embed",
             torch::nn::Embedding(torch::nn::EmbeddingOptions(kVocabulary, 8).sparse(sparse)))),
@@ -69,6 +80,8 @@ struct NetImpl : torch::nn::Module {
     for (int i = 0; i < deep; ++i)
       blocks.push_back(
           register_module("block" + std::to_string(i), torch::nn::Linear(hidden, hidden)));
+    for (int i = 0; i < stem; ++i)  // registered last, used first
+      stems.push_back(register_module("stem" + std::to_string(i), torch::nn::Linear(8, 8)));
   }
   // --dtypes: the embedding bfloat16, the norm's parameters float16, fc2 float64.
   void mix_dtypes() {
@@ -78,8 +91,10 @@ struct NetImpl : torch::nn::Module {
     fc2->to(torch::kFloat64);
   }
   torch::Tensor forward(torch::Tensor tokens) {
-    torch::Tensor x = embed(tokens).to(torch::kFloat32).transpose(1, 2);  // (B, 8, T)
-    x = torch::relu(conv(x)).transpose(1, 2);                             // (B, T, 12)
+    torch::Tensor x = embed(tokens).to(torch::kFloat32);  // (B, T, 8)
+    for (torch::nn::Linear& stem : stems)
+      x = x + torch::relu(stem(x));
+    x = torch::relu(conv(x.transpose(1, 2))).transpose(1, 2);  // (B, T, 12)
     if (mixed)
       x = torch::layer_norm(x, {12}, norm->weight.to(torch::kFloat32),
                             norm->bias.to(torch::kFloat32))
@@ -104,7 +119,7 @@ struct NetImpl : torch::nn::Module {
   torch::nn::Linear spare{nullptr};
   torch::nn::BatchNorm1d bn{nullptr};
   ddp::SyncBatchNorm sbn{nullptr};
-  std::vector<torch::nn::Linear> blocks;
+  std::vector<torch::nn::Linear> blocks, stems;
 };
 TORCH_MODULE(Net);
 
@@ -114,12 +129,15 @@ struct Args {
        reference_forward = false, no_sync_buffers = false, no_broadcast_buffers = false,
        wrap_twice = false, adamw = false, memory = false, syncbn = false, dtypes = false,
        autocast = false;
-  int deep = 0, short_rank = -1;  // --short-rank: that rank has two batches fewer
-  int ranks = 0;                  // --ranks: with --single and --short-rank, the job it emulates
+  int deep = 0, stem = 0, short_rank = -1;  // --short-rank: that rank has two batches fewer
+  int ranks = 0;  // --ranks: with --single and --short-rank, the job it emulates
   bool join = false;
   int steps = 5, accumulate = 1, second_backward = -1, unused_on_rank = -1, threads = 0, zero = 0;
-  int data_steps = 0;  // --data-steps D: the data set of D steps' batches, run in turn
-  bool loss = false;   // --loss: the loss over the data set before and after training
+  bool static_graph = false, regularize_spare = false, keep_stream = false;
+  int spare_from_step = -1;   // --spare-from-step S: the spare layer joins the forward at step S
+  int spare_until_step = -1;  // --spare-until-step S: it is in the forward until step S
+  int data_steps = 0;         // --data-steps D: the data set of D steps' batches, run in turn
+  bool loss = false;          // --loss: the loss over the data set before and after training
   int powersgd_rank = 1, powersgd_start = 2;
   double powersgd_min_rate = 2;
   bool powersgd_no_error_feedback = false;
@@ -183,6 +201,18 @@ Args parse(int argc, char** argv) {
       a.powersgd_no_error_feedback = true;
     else if (f == "--deep")
       a.deep = std::stoi(value());
+    else if (f == "--keep-stream")
+      a.keep_stream = true;
+    else if (f == "--static-graph")
+      a.static_graph = true;
+    else if (f == "--regularize-spare")
+      a.regularize_spare = true;
+    else if (f == "--spare-from-step")
+      a.spare_from_step = std::stoi(value());
+    else if (f == "--spare-until-step")
+      a.spare_until_step = std::stoi(value());
+    else if (f == "--stem")
+      a.stem = std::stoi(value());
     else if (f == "--check-load")
       a.check_load = value();
     else if (f == "--memory")
@@ -292,10 +322,17 @@ int main(int argc, char** argv) {
     ranks = world->size();
   }
   const torch::Device device = args.cuda ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
+  void* user_stream = nullptr;  // --keep-stream
+#if WORKER_TORCH_CUDA
+  if (args.keep_stream && args.cuda && world) {
+    user_stream = c10::cuda::getStreamFromPool().stream();
+    world->comm().set_compute_stream(user_stream);
+  }
+#endif
   at::globalContext().setAllowTF32CuDNN(false);  // fp32 convolutions, comparable with the CPU's
   torch::manual_seed(7 + rank);  // each rank its own start: the broadcast makes them rank 0's
   Net net(args.differ && rank == 1 ? 33 : 32, args.unused, args.batchnorm, args.sparse, args.deep,
-          args.syncbn);
+          args.syncbn, args.stem);
   if (!args.check_load.empty()) {  // a plain module loads what a ZeRO run saved, then --out
     torch::load(net, args.check_load);
     std::vector<std::pair<std::string, torch::Tensor>> state;
@@ -319,6 +356,7 @@ int main(int argc, char** argv) {
   if (world) {
     ddp::DistributedDataParallelOptions options;
     options.find_unused_parameters(args.find_unused)
+        .static_graph(args.static_graph)
         .reduce_in_bf16(args.bf16)
         .broadcast_buffers(!args.no_broadcast_buffers)
         .zero(args.zero);
@@ -350,8 +388,7 @@ int main(int argc, char** argv) {
       model->register_comm_hook(
           [&hook_calls](ddp::Communicator& comm, ddp::TorchGradBucket& bucket) {
             comm.all_reduce(bucket.buffer.data_ptr(), static_cast<size_t>(bucket.buffer.numel()),
-                            ddp::collective_type(bucket.buffer.scalar_type()),
-                            ddp::ReduceOp::kSum);
+                            ddp::collective_type(bucket.buffer.scalar_type()), ddp::ReduceOp::kSum);
             bucket.buffer.div_(comm.size());
             ++hook_calls;
             return std::unique_ptr<ddp::Work>();
@@ -392,6 +429,8 @@ int main(int argc, char** argv) {
   const auto train = [&] {
     for (int step = 0; step < my_steps; ++step) {
       if (model && args.events && step == 1) model->record_events(true);
+      if (step == args.spare_from_step) net->use_spare = true;
+      if (args.spare_until_step >= 0) net->use_spare = step < args.spare_until_step;
       optimizer->zero_grad();
       for (int micro = 0; micro < args.accumulate; ++micro) {
         const int64_t first =
@@ -428,6 +467,7 @@ int main(int argc, char** argv) {
           }
           torch::Tensor loss = torch::nn::functional::cross_entropy(logits, y) / args.accumulate;
           if (emulate) loss = loss * static_cast<double>(x.size(0)) / kGlobalBatch;
+          if (args.regularize_spare) loss = loss + 1e-3 * net->spare->weight.pow(2).sum();
           if (step == 1 && rank == args.second_backward) {
             loss.backward({}, /*retain_graph=*/true);
             std::printf("rank %d: a second backward in step 1\n", rank);
@@ -453,7 +493,8 @@ int main(int argc, char** argv) {
         if (rank == 0) {
           std::string line = "events:";
           for (const ddp::DdpEvent& e : model->events())
-            line += " " + e.what + (e.bucket >= 0 ? ":" + std::to_string(e.bucket) : "");
+            line += " " + e.what + (e.bucket >= 0 ? ":" + std::to_string(e.bucket) : "") +
+                    (e.what == "layer_done" ? ":" + model->parameter_names()[e.layer] : "");
           std::printf("%s\nbuckets: %zu\n", line.c_str(), model->buckets().size());
         }
       }
@@ -493,6 +534,9 @@ int main(int argc, char** argv) {
          state);
   }
   if (!args.hook.empty()) std::printf("rank %d hook calls %d\n", rank, hook_calls);
+  if (user_stream)
+    std::printf("rank %d compute stream kept: %s\n", rank,
+                world->comm().compute_stream() == user_stream ? "yes" : "no");
   if (powersgd)
     std::printf("rank %d powersgd sent %lld of %lld elements\n", rank,
                 static_cast<long long>(powersgd->elements_after_compression()),

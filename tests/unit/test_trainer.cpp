@@ -227,6 +227,14 @@ TEST(PlanGroupedBuckets, OneKindABucketOrderedByWhenBackwardCompletesThem) {
     EXPECT_EQ(one.buckets[b].first_layer, cut[b].first_layer);
     EXPECT_EQ(one.buckets[b].last_layer, cut[b].last_layer);
   }
+  // An arrival order recorded by a first step (layers 1 and 3 first): the buckets follow it.
+  const GroupedBuckets rebuilt =
+      plan_grouped_buckets({10, 10, 10, 10}, {0, 0, 0, 0}, {4, 4, 4, 4}, 80, 80, {1, 3, 0, 2});
+  EXPECT_EQ(rebuilt.order, (std::vector<size_t>{0, 2, 1, 3}));
+  ASSERT_EQ(rebuilt.buckets.size(), 2u);
+  EXPECT_EQ(rebuilt.buckets[0].first_layer, 2);  // the reducer's layers 2, 3: layers 1 and 3
+  EXPECT_THROW(plan_grouped_buckets({1, 1}, {0, 0}, {4, 4}, 8, 8, {1, 1}), Error);
+  EXPECT_THROW(plan_grouped_buckets({1, 1}, {0, 0}, {4, 4}, 8, 8, {1}), Error);
   // A Ddp over a plan of the caller's: one that leaves a layer out is refused.
   ProcessEnv env;
   CommConfig config;

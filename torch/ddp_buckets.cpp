@@ -1,0 +1,176 @@
+// DistributedDataParallel's buckets: planned by dtype (plan_grouped_buckets), a gradient buffer
+// a dtype with each parameter's .grad() a view of it, each bucket's reduction, and the rebuild
+// of the buckets from the order the first step's gradients arrived in.
+#include <torch/torch.h>
+
+#include "runtime/error.h"
+#include "torch/ddp_impl.h"
+
+namespace ddp {
+
+// Buckets of one dtype each (PyTorch's bucketing by dtype), reduced in the order backward
+// completes them; a buffer a dtype; the buckets' reduction as the reducer's hook.
+void DistributedDataParallel::Impl::make_reducer() {
+  DDP_USAGE_CHECK(options.bucket_cap_mb() > 0 && options.first_bucket_cap_mb() >= 0,
+                  "ddp::DistributedDataParallelOptions: bucket_cap_mb {} and first_bucket_cap_mb "
+                  "{}: expected sizes above 0",
+                  options.bucket_cap_mb(), options.first_bucket_cap_mb());
+  use_plan(plan({}));
+  make_grad_buffers();
+  for (GradBuffer& buffer : grad_buffers)
+    buffer.flat.zero_();
+  if (options.reduce_in_bf16() && comm.size() > 1) {  // one process reduces nothing
+    comm.require_bf16_reduction();
+    for (const GradBuffer& buffer : grad_buffers)
+      if (buffer.dtype == torch::kFloat32)
+        bf16_scratch = torch::empty({buffer.count},
+                                    torch::TensorOptions().dtype(torch::kBFloat16).device(device));
+  }
+}
+
+// The buckets for gradients arriving in `arrival`'s order (empty: the last parameter first).
+GroupedBuckets DistributedDataParallel::Impl::plan(const std::vector<size_t>& arrival) const {
+  std::vector<size_t> counts, element_bytes;
+  std::vector<int> kinds;
+  for (const Param& p : params) {
+    counts.push_back(static_cast<size_t>(p.tensor.numel()));
+    kinds.push_back(static_cast<int>(p.dtype));
+    element_bytes.push_back(dtype_bytes(wire_type(p.dtype, p.name)));
+  }
+  return plan_grouped_buckets(
+      counts, kinds, element_bytes, static_cast<size_t>(options.bucket_cap_mb() * 1048576),
+      static_cast<size_t>(options.first_bucket_cap_mb() * 1048576), arrival);
+}
+
+// `planned`'s numbering, each dtype's buffer layout (its parameters in the reducer's order, so
+// that a bucket is a range of it) and a reducer over its buckets. The buffers are not made.
+void DistributedDataParallel::Impl::use_plan(GroupedBuckets planned) {
+  param_of = planned.order;
+  layer_of.assign(params.size(), 0);
+  for (size_t j = 0; j < param_of.size(); ++j)
+    layer_of[param_of[j]] = j;
+  grad_buffers.clear();
+  slices.clear();
+  for (const size_t i : param_of) {
+    Param& p = params[i];
+    size_t b = 0;
+    while (b < grad_buffers.size() && grad_buffers[b].dtype != p.dtype)
+      ++b;
+    if (b == grad_buffers.size()) grad_buffers.push_back({p.dtype, 0, {}});
+    p.buffer = b;
+    p.offset = grad_buffers[b].count;
+    grad_buffers[b].count += p.tensor.numel();
+  }
+  for (const Bucket& bucket : planned.buckets) {
+    const Param& first = params[param_of[static_cast<size_t>(bucket.first_layer)]];
+    slices.push_back({first.buffer, first.offset, static_cast<int64_t>(bucket.count)});
+  }
+  reducer = std::make_unique<Ddp>(comm, std::move(planned.buckets), static_cast<int>(params.size()),
+                                  options.overlap());
+  reducer->record_events(recording_events);
+  reducer->register_comm_hook(
+      [this](Communicator&, const GradBucket& bucket) { return reduce_bucket(bucket.index); });
+}
+
+// The end of the first synchronised backward: rank 0's order of arrival (each rank may see
+// its own; one order for all, as PyTorch takes rank 0's) planned again, to be used from the
+// next step where it cuts other buckets (PyTorch's rebuilt buckets). Collective; not inside
+// join(), where a rank that has joined would not take part.
+void DistributedDataParallel::Impl::plan_rebuild() {
+  const bool first = !arrival_recorded;
+  arrival_recorded = true;
+  if (!first || comm.size() == 1 || joining || arrival.size() != params.size()) return;
+  std::vector<int32_t> order(arrival.begin(), arrival.end());
+  torch::Tensor rank0s = torch::tensor(order, torch::kInt32).to(device);
+  broadcast({rank0s});
+  rank0s = rank0s.cpu();
+  std::vector<size_t> agreed;
+  for (int64_t k = 0; k < rank0s.numel(); ++k)
+    agreed.push_back(static_cast<size_t>(rank0s[k].item<int32_t>()));
+  GroupedBuckets rebuilt = plan(agreed);
+  bool same = rebuilt.order == param_of && rebuilt.buckets.size() == reducer->buckets().size();
+  for (size_t b = 0; same && b < rebuilt.buckets.size(); ++b)
+    same = rebuilt.buckets[b].first_layer == reducer->buckets()[b].first_layer;
+  if (!same) pending_plan = std::make_unique<GroupedBuckets>(std::move(rebuilt));
+  arrival.clear();
+}
+
+// The rebuilt buckets in use from here (before a step's forward or backward): new buffers, each
+// gradient that was a view of the old ones copied into its new view.
+void DistributedDataParallel::Impl::rebuild_buckets() {
+  if (!pending_plan) return;
+  torch::NoGradGuard no_grad;
+  const bool allocated = grad_buffers[0].flat.defined();  // ZeRO 2, 3 free them between steps
+  std::vector<torch::Tensor> old_views;
+  std::vector<char> was_view;
+  for (Param& p : params) {
+    const torch::Tensor& grad = p.tensor.grad();
+    was_view.push_back(grad.defined() && p.view.defined() && grad.is_same(p.view));
+    old_views.push_back(p.view);
+  }
+  const std::vector<GradBuffer> old = grad_buffers;  // alive until the copies are done
+  use_plan(std::move(*pending_plan));
+  pending_plan.reset();
+  if (!allocated) {
+    for (Param& p : params)
+      p.view = torch::Tensor();
+    return;
+  }
+  make_grad_buffers();
+  for (GradBuffer& buffer : grad_buffers)
+    buffer.flat.zero_();
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!was_view[i]) continue;
+    params[i].view.copy_(old_views[i]);
+    params[i].tensor.mutable_grad() = params[i].view;
+  }
+}
+
+// Bucket `bucket`'s average: the user's hook, or the all-reduce in the bucket's dtype (float32
+// through bf16 with reduce_in_bf16). bf16 and fp16 buckets are summed in their own dtype, as
+// PyTorch's DDP does (NCCL adds in that dtype; Gloo and MPI add each pair in float and round).
+std::unique_ptr<Work> DistributedDataParallel::Impl::reduce_bucket(size_t bucket) {
+  const BucketSlice& slice = slices[bucket];
+  GradBuffer& buffer = grad_buffers[slice.buffer];
+  if (hook) {
+    TorchGradBucket view{bucket, buffer.flat.narrow(0, slice.offset, slice.count), {}, {}};
+    const Bucket& planned = reducer->buckets()[bucket];
+    for (int layer = planned.first_layer; layer <= planned.last_layer; ++layer) {
+      const Param& p = params[param_of[static_cast<size_t>(layer)]];
+      view.parameters.push_back(p.tensor);
+      view.gradients.push_back(p.view);
+    }
+    return hook(comm, view);
+  }
+  void* data = static_cast<char*>(buffer.flat.data_ptr()) +
+               slice.offset * static_cast<int64_t>(buffer.flat.element_size());
+  const auto count = static_cast<size_t>(slice.count);
+  if (bf16_scratch.defined() && buffer.dtype == torch::kFloat32)
+    return comm.all_reduce_bf16_async(
+        static_cast<float*>(data), static_cast<uint16_t*>(bf16_scratch.data_ptr()) + slice.offset,
+        count, ReduceOp::kAverage);
+  return comm.all_reduce_async(data, count, wire_type(buffer.dtype, params[0].name),
+                               ReduceOp::kAverage);
+}
+
+// Each dtype's gradient buffer (uninitialised), and the parameters' views of it.
+void DistributedDataParallel::Impl::make_grad_buffers() {
+  for (GradBuffer& buffer : grad_buffers)
+    buffer.flat =
+        torch::empty({buffer.count}, torch::TensorOptions().dtype(buffer.dtype).device(device));
+  make_views();
+}
+
+// Each parameter's slot of its dtype's gradient buffer, a tensor of its shape.
+void DistributedDataParallel::Impl::make_views() {
+  torch::NoGradGuard no_grad;
+  for (Param& p : params) {
+    // The buffer's memory, but not an autograd view of it: LibTorch's Optimizer::zero_grad()
+    // detaches gradients in place, which views refuse.
+    const torch::Tensor& flat = grad_buffers[p.buffer].flat;
+    p.view = torch::empty({0}, flat.options())
+                 .set_(flat.storage(), p.offset, p.sizes, dense_strides(p.sizes));
+  }
+}
+
+}  // namespace ddp

@@ -1,0 +1,177 @@
+// The state of a ddp::DistributedDataParallel (its Impl) and the helpers its parts share:
+// distributed_data_parallel.cpp (construction, the autograd hooks, the end of backward),
+// ddp_buckets.cpp (the buckets, their buffers and reduction, and their rebuild from the order
+// gradients arrive in) and ddp_join.cpp (uneven inputs). Internal: not installed.
+#pragma once
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/torch.h>
+
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "runtime/error.h"
+#include "torch/distributed_data_parallel.h"
+#include "torch/param_shards.h"
+
+namespace ddp {
+
+// "[8, 1, 3, 3] Float" (for the layout check's names).
+inline std::string describe(const torch::Tensor& tensor) {
+  std::ostringstream out;
+  out << tensor.sizes() << ' ' << tensor.scalar_type();
+  return out.str();
+}
+
+// The tensors' bytes, one after the other, as 32-bit words (padded), in one tensor on their
+// device.
+inline torch::Tensor packed(const std::vector<torch::Tensor>& tensors) {
+  std::vector<torch::Tensor> bytes;
+  for (const torch::Tensor& t : tensors)
+    bytes.push_back(t.detach().contiguous().reshape(-1).view(torch::kUInt8));
+  torch::Tensor flat = torch::cat(bytes);
+  const int64_t padded = (flat.numel() + 3) / 4 * 4;
+  if (padded != flat.numel())
+    flat = torch::cat({flat, torch::zeros({padded - flat.numel()}, flat.options())});
+  return flat;
+}
+
+// The strides of a contiguous tensor of `sizes`.
+inline std::vector<int64_t> dense_strides(torch::IntArrayRef sizes) {
+  std::vector<int64_t> strides(sizes.size(), 1);
+  for (size_t i = sizes.size(); i-- > 1;)
+    strides[i - 1] = strides[i] * std::max<int64_t>(sizes[i], 1);
+  return strides;
+}
+
+// packed()'s bytes back into the tensors.
+inline void unpack(const torch::Tensor& flat, const std::vector<torch::Tensor>& tensors) {
+  int64_t at = 0;
+  for (const torch::Tensor& t : tensors) {
+    const int64_t bytes = t.numel() * static_cast<int64_t>(t.element_size());
+    t.detach().copy_(flat.narrow(0, at, bytes).view(t.scalar_type()).view(t.sizes()));
+    at += bytes;
+  }
+}
+
+// The collectives' element type of parameter `name`'s dtype, or a UsageError naming it.
+inline DataType wire_type(torch::ScalarType dtype, const std::string& name) {
+  try {
+    return collective_type(dtype);
+  } catch (const UsageError& e) {
+    throw UsageError(
+        fmt::format("ddp::DistributedDataParallel: parameter '{}': {}; "
+                    "module->to(torch::kFloat32) for example",
+                    name, e.what()));
+  }
+}
+
+struct DistributedDataParallel::Impl {
+  // A parameter that gets gradients: its slot in its dtype's gradient buffer and its hook.
+  struct Param {
+    std::string name;
+    torch::Tensor tensor;
+    std::vector<int64_t> sizes;  // its shape (with ZeRO 3 it is empty between steps)
+    torch::ScalarType dtype = torch::kFloat32;
+    size_t buffer = 0;   // its dtype's GradBuffer
+    int64_t offset = 0;  // where its gradient starts there (elements)
+    torch::Tensor view;  // its part of that buffer, its shape (its .grad())
+    std::shared_ptr<torch::autograd::Node> accumulator;
+    uintptr_t hook = 0;
+    bool ready = false;  // its gradient is written this backward
+    bool reattached = false;
+    bool early_unused = false;  // marked unused as this backward started  // its hook moved to a
+                                // new accumulator during this backward
+    uint32_t version = 0;       // the tensor's version when the last synchronised backward ended
+    const c10::TensorImpl* grad = nullptr;  // and its gradient's tensor (null: none)
+    uint32_t grad_version = 0;              // and that one's version
+  };
+
+  // The gradients of one dtype's parameters, one flat tensor in the reducer's order, so that
+  // a bucket (one dtype) is a range of it.
+  struct GradBuffer {
+    torch::ScalarType dtype = torch::kFloat32;
+    int64_t count = 0;   // its elements
+    torch::Tensor flat;  // (ZeRO 2, 3: during backward only)
+  };
+  // A bucket's range of its buffer.
+  struct BucketSlice {
+    size_t buffer = 0;
+    int64_t offset = 0, count = 0;
+  };
+
+  Impl(torch::nn::Module& module, World& world, const DistributedDataParallelOptions& options);
+  ~Impl();
+  void check_and_copy_rank0s_state(
+      const std::vector<std::pair<std::string, torch::Tensor>>& all,
+      const std::vector<std::pair<std::string, torch::Tensor>>& buffers);
+  void make_reducer();
+  GroupedBuckets plan(const std::vector<size_t>& arrival) const;
+  void use_plan(GroupedBuckets planned);
+  void plan_rebuild();
+  void rebuild_buckets();
+  std::unique_ptr<Work> reduce_bucket(size_t bucket);
+  void make_grad_buffers();
+  void point_grads_at_buckets();
+  void make_views();
+  void moved(size_t index);
+  void gather_parameters();
+  void keep_own_gradients();
+  void broadcast(const std::vector<torch::Tensor>& tensors, int root = 0);
+  void join(const std::function<void()>& loop);
+  std::vector<int32_t> join_all_reduce(int32_t active, int32_t sync);
+  void shadow_backward();
+  void take_last_joiners_model();
+  void sync_buffers();
+  void* stream() const;
+  void on_gradient(size_t index);
+  void begin_backward();
+  void end_backward();
+  void reduce_at_end();
+  void mark_unused(size_t index);
+  void prepare_for_backward(const std::vector<torch::Tensor>& outputs);
+  void mark_step_end();
+  void point_grad_at_view(Param& param);
+  void attach(size_t index);
+  void reattach_replaced();
+  void refuse_a_second_backward(size_t index) const;
+
+  torch::nn::Module& module;
+  Communicator& comm;
+  DistributedDataParallelOptions options;
+  torch::Device device = torch::kCPU;
+  std::vector<Param> params;  // those that get gradients, in registration order
+  std::vector<torch::Tensor> buffers;
+  std::vector<GradBuffer> grad_buffers;  // one a dtype
+  std::vector<BucketSlice> slices;       // each bucket's
+  std::vector<size_t>
+      param_of;  // the reducer's layer j is params[param_of[j]] (plan_grouped_buckets)
+  std::vector<size_t> layer_of;   // and params[i] its layer layer_of[i]
+  TorchCommHook hook;             // register_comm_hook's, or none
+  torch::Tensor bf16_scratch;     // reduce_in_bf16's (the float32 buffer's gradients as bf16)
+  std::vector<size_t> arrival;    // the parameters in the order the first step made them ready
+  bool arrival_recorded = false;  // the first synchronised backward has ended
+  std::unique_ptr<GroupedBuckets> pending_plan;  // rebuilt buckets, used from the next step
+  bool recording_events = false;                 // record_events(), kept over a rebuild
+  std::vector<char> predicted_unused;            // prepare_for_backward's, for the next backward
+  std::vector<int32_t> used;        // this backward: 0 for a parameter with no gradient at all
+  std::vector<char> used_anywhere;  // the last all-reduce of `used`: some rank had a gradient
+  bool static_recorded = false;     // static_graph: the first step is over
+  std::vector<char> static_unused;  // and the parameters it left without gradient here
+  std::unique_ptr<Ddp> reducer;
+  std::unique_ptr<ParamShards> shards;  // with ZeRO on more than one rank
+  torch::Tensor device_scratch;         // the layout check's messages over NCCL
+  torch::nn::AnyModule forward;
+  bool no_sync = false;
+  bool in_backward = false;
+  bool buffers_synced = false;  // since the last synchronised backward
+  bool forward_seen = false;    // forward() or sync_buffers() since the last synchronised backward
+  bool backward_done = false;   // a synchronised backward has ended (versions are recorded)
+  bool joining = false;         // inside join(): each forward tells the joined ranks
+  bool join_notified = false;   // this step's forward did (join())
+  int64_t steps_joined = 0;     // the forwards this rank told them of (join())
+};
+
+}  // namespace ddp

@@ -1,0 +1,87 @@
+// DistributedDataParallel::join: uneven inputs (PyTorch's Join), a rank out of batches shadowing
+// the others' collectives until every rank's loop has returned.
+#include <torch/torch.h>
+
+#include "runtime/error.h"
+#include "torch/ddp_impl.h"
+
+namespace ddp {
+
+// join(): every rank's {training, synchronising} flags summed (a small all-reduce each forward
+// of a rank still training, and each round of a rank that has joined).
+std::vector<int32_t> DistributedDataParallel::Impl::join_all_reduce(int32_t active, int32_t sync) {
+  torch::Tensor flags = torch::tensor({active, sync}, torch::kInt32).to(device);
+  const ComputeStreamGuard on_stream(comm, stream());
+  comm.all_reduce(flags.data_ptr(), 2, DataType::kInt32, ReduceOp::kSum);
+  flags = flags.cpu();
+  return {flags[0].item<int32_t>(), flags[1].item<int32_t>()};
+}
+
+// A joined rank's part in the others' backward: the buckets reduced from zeros by the same
+// reducer (so the same collectives, hooks included, in the same order), and the unused
+// parameters' map where find_unused_parameters.
+void DistributedDataParallel::Impl::shadow_backward() {
+  rebuild_buckets();
+  torch::NoGradGuard no_grad;
+  for (GradBuffer& buffer : grad_buffers)
+    buffer.flat.zero_();
+  const ComputeStreamGuard on_stream(comm, stream());
+  reducer->begin_backward(nullptr);  // reduce_bucket knows the buffers
+  for (size_t layer = 0; layer < params.size(); ++layer)
+    reducer->layer_ready(static_cast<int>(layer));
+  reducer->end_backward();
+  reducer->finish(stream());
+  if (options.find_unused_parameters()) {
+    torch::Tensor map =
+        torch::zeros({static_cast<int64_t>(params.size())}, torch::kInt32).to(device);
+    comm.all_reduce(map.data_ptr(), params.size(), DataType::kInt32, ReduceOp::kMax);
+  }
+}
+
+// Once every rank has joined: the parameters and buffers of the rank that trained the most
+// steps (the lowest such rank) on every rank, so that the replicas end equal (PyTorch's Join).
+void DistributedDataParallel::Impl::take_last_joiners_model() {
+  torch::Tensor steps = torch::tensor({steps_joined}, torch::kInt64).to(device);
+  torch::Tensor all = torch::empty({comm.size()}, steps.options());
+  const ComputeStreamGuard on_stream(comm, stream());
+  comm.all_gather(steps.data_ptr(), all.data_ptr(), 1, DataType::kInt64);
+  const int root = static_cast<int>(all.cpu().argmax().item<int64_t>());
+  std::vector<torch::Tensor> state;
+  for (const auto& p : module.parameters())
+    state.push_back(p);
+  for (const torch::Tensor& b : buffers)
+    state.push_back(b);
+  broadcast(state, root);
+}
+
+void DistributedDataParallel::Impl::join(const std::function<void()>& loop) {
+  DDP_USAGE_CHECK(!shards,
+                  "ddp::DistributedDataParallel::join with zero({}): a rank that has joined would "
+                  "miss its own parameters' updates; uneven inputs under ZeRO are not supported",
+                  options.zero());
+  DDP_USAGE_CHECK(!joining, "ddp::DistributedDataParallel::join inside join");
+  DDP_USAGE_CHECK(!options.static_graph(),
+                  "ddp::DistributedDataParallel::join with static_graph: a rank that has joined "
+                  "cannot follow the first step's record; uneven inputs under static_graph are "
+                  "not supported");
+  if (comm.size() == 1) return loop();
+  joining = true;
+  steps_joined = 0;
+  try {
+    loop();
+  } catch (...) {
+    joining = false;
+    throw;
+  }
+  joining = false;
+  // Out of batches: take part in the others' steps until every rank is.
+  for (;;) {
+    const std::vector<int32_t> flags = join_all_reduce(0, 0);
+    if (flags[0] == 0) break;
+    if (options.broadcast_buffers()) broadcast(buffers);
+    if (flags[1] > 0) shadow_backward();
+  }
+  take_last_joiners_model();
+}
+
+}  // namespace ddp
