@@ -10,7 +10,7 @@
 #include "engine/runners/stage_transfers.h"
 #include "engine/sync/ddp.h"
 #include "engine/sync/gradient_ring.h"
-#include "engine/sync/zero_host.h"
+#include "engine/zero/zero_host.h"
 #include "models/cpu_ops.h"
 #include "models/mlp_cpu.h"
 #include "models/optimizer.h"

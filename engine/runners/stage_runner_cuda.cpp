@@ -31,7 +31,7 @@
 #include "engine/runners/step_replay.h"
 #include "engine/sync/ddp.h"
 #include "engine/sync/ddp_device.h"
-#include "engine/sync/zero_device.h"
+#include "engine/zero/zero_device.h"
 #include "engine/telemetry/gpu_timeline.h"
 #include "engine/telemetry/timeline.h"
 #include "models/autotune_cache.h"

@@ -1,5 +1,5 @@
 // HostZero: ZeRO's ring, update, gathers and host copies on the CPU.
-#include "engine/sync/zero_host.h"
+#include "engine/zero/zero_host.h"
 
 #include <algorithm>
 

@@ -1,5 +1,5 @@
 // DeviceZero: ZeRO's memory, update, gathers and host copies on the GPU.
-#include "engine/sync/zero_device.h"
+#include "engine/zero/zero_device.h"
 
 #include <algorithm>
 

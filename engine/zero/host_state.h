@@ -2,7 +2,7 @@
 // where the parameters and the gradients live, how the optimizer updates them, and their host
 // copies. Whole (HostWhole: one replica, or plain data parallelism whose all-reduce leaves
 // every replica the whole averaged gradients) or sharded over the data-parallel group
-// (HostZero, engine/sync/zero_host.h: --zero 1, 2, 3). The CPU runner owns the flat buffers
+// (HostZero, engine/zero/zero_host.h: --zero 1, 2, 3). The CPU runner owns the flat buffers
 // and the model; it asks the state where backward writes and where layers read.
 #pragma once
 

@@ -1,5 +1,5 @@
 // HostWhole: a CPU replica's whole state in the runner's buffers.
-#include "engine/sync/host_state.h"
+#include "engine/zero/host_state.h"
 
 #include <algorithm>
 

@@ -1,8 +1,8 @@
 // What gradient sync decides about a GPU replica's state, as one interface with its strategies
-// (the GPU's HostState, engine/sync/host_state.h): how the optimizer updates the rank's flat
+// (the GPU's HostState, engine/zero/host_state.h): how the optimizer updates the rank's flat
 // buffers, the host copies of the parameters and optimizer state, and the gathers a step or an
 // evaluation needs before a layer's use. Whole (DeviceWhole: one replica, or plain data
-// parallelism) or sharded over the data-parallel group (DeviceZero, engine/sync/zero_device.h:
+// parallelism) or sharded over the data-parallel group (DeviceZero, engine/zero/zero_device.h:
 // --zero 1, 2, 3). The GPU runner owns the buffers and the stream and supplies its update.
 // Only built with CUDA.
 #pragma once

@@ -3,7 +3,7 @@
 // rank's pieces and the parameters' gather after it (1, 2) or (3) for each use of a layer
 // (LayerParams: gathered at acquire, dropped at release; while materialised, every layer's once),
 // and the host copies of the sharded parameters and optimizer state (collectives over the
-// group): the sharded strategy of HostState (engine/sync/host_state.h). The CPU runner supplies
+// group): the sharded strategy of HostState (engine/zero/host_state.h). The CPU runner supplies
 // its flat buffers and wires its model where the state says.
 #pragma once
 
@@ -17,7 +17,7 @@
 
 #include "engine/sync/ddp.h"
 #include "engine/sync/gradient_ring.h"
-#include "engine/sync/host_state.h"
+#include "engine/zero/host_state.h"
 #include "engine/sync/sharded_buckets.h"
 #include "models/linear_cpu.h"
 #include "models/optimizer.h"

@@ -1,5 +1,5 @@
 // DeviceWhole: a GPU replica's whole state in the rank's flat buffers.
-#include "engine/sync/device_state.h"
+#include "engine/zero/device_state.h"
 
 namespace ddp {
 

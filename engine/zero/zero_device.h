@@ -19,7 +19,7 @@
 
 #include "collectives/communicator.h"
 #include "engine/sync/ddp.h"
-#include "engine/sync/device_state.h"
+#include "engine/zero/device_state.h"
 #include "engine/sync/gradient_ring.h"
 #include "engine/sync/layer_gathers.h"
 #include "engine/sync/sharded_buckets.h"
