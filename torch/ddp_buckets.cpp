@@ -33,7 +33,7 @@ GroupedBuckets DistributedDataParallel::Impl::plan(const std::vector<size_t>& ar
   std::vector<size_t> counts, element_bytes;
   std::vector<int> kinds;
   for (const Param& p : params) {
-    counts.push_back(static_cast<size_t>(p.tensor.numel()));
+    counts.push_back(static_cast<size_t>(p.numel()));
     kinds.push_back(static_cast<int>(p.dtype));
     element_bytes.push_back(dtype_bytes(wire_type(p.dtype, p.name)));
   }
@@ -59,7 +59,7 @@ void DistributedDataParallel::Impl::use_plan(GroupedBuckets planned) {
     if (b == grad_buffers.size()) grad_buffers.push_back({p.dtype, 0, {}});
     p.buffer = b;
     p.offset = grad_buffers[b].count;
-    grad_buffers[b].count += p.tensor.numel();
+    grad_buffers[b].count += p.numel();
   }
   for (const Bucket& bucket : planned.buckets) {
     const Param& first = params[param_of[static_cast<size_t>(bucket.first_layer)]];

@@ -73,7 +73,14 @@ struct DistributedDataParallel::Impl {
   struct Param {
     std::string name;
     torch::Tensor tensor;
-    std::vector<int64_t> sizes;  // its shape (with ZeRO 3 it is empty between steps)
+    std::vector<int64_t> sizes;  // its shape (with ZeRO 3 the tensor is empty between steps)
+    // Its elements (of `sizes`: the tensor's own may be none, ZeRO 3).
+    int64_t numel() const {
+      int64_t n = 1;
+      for (const int64_t size : sizes)
+        n *= size;
+      return n;
+    }
     torch::ScalarType dtype = torch::kFloat32;
     size_t buffer = 0;   // its dtype's GradBuffer
     int64_t offset = 0;  // where its gradient starts there (elements)
