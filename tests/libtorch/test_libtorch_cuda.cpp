@@ -158,20 +158,32 @@ TEST(TorchDdpCuda, EveryFloatDtypeAndAutocastTrainAsOneCudaProcess) {
 }
 
 // The wrapper sets LibTorch's stream on the world communicator only while it uses it: a stream
-// the program set there before is still there after training (unused parameters, a rebuild and
-// SyncBatchNorm's all-reduce included).
+// the program set there before is still there after training (unused parameters marked as
+// backward starts, the buckets' rebuild and SyncBatchNorm's all-reduce included); static_graph
+// over NCCL trains bitwise as find_unused_parameters, and both as one CUDA process.
 TEST(TorchDdpCuda, TheWorldCommunicatorKeepsTheProgramsStream) {
   REQUIRE_GPU();
   TempDir dir;
-  const RunResult r = run_command(kSharedGpu + " --nproc-per-node 2 -- " + kWorker +
-                                  " --cuda --keep-stream --unused --find-unused --syncbn --stem 2 "
-                                  "--out " +
-                                  dir.file("kept.st"));
+  const std::string common = kSharedGpu + " --nproc-per-node 2 -- " + kWorker +
+                             " --cuda --unused --stem 2 --bucket-kb 1 --out ";
+  const RunResult r =
+      run_command(common + dir.file("kept.st") + " --keep-stream --find-unused --syncbn");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   for (const int rank : {0, 1})
     EXPECT_NE(r.output.find("rank " + std::to_string(rank) + " compute stream kept: yes"),
               std::string::npos)
         << r.output;
+  const std::string single = dir.file("single.st"), found = dir.file("found.st"),
+                    fixed = dir.file("static.st");
+  ASSERT_EQ(run_command(kGpuEnv + kWorker + " --single --cuda --unused --stem 2 --out " + single)
+                .exit_code,
+            0);
+  const RunResult f = run_command(common + found + " --find-unused");
+  ASSERT_EQ(f.exit_code, 0) << f.output;
+  const RunResult g = run_command(common + fixed + " --static-graph");
+  ASSERT_EQ(g.exit_code, 0) << g.output;
+  EXPECT_LT(max_relative_difference(found, single), 1e-5);
+  EXPECT_EQ(max_relative_difference(fixed, found), 0.0);
 }
 
 TEST(TorchDdpCuda, ZeroEveryLevelTrainsBitwiseAsPlainDdp) {
