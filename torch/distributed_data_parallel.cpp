@@ -485,10 +485,9 @@ void DistributedDataParallel::Impl::mark_unused(size_t i) {
 
 // The parameters none of `outputs` depends on: a walk of the autograd graph from their
 // functions, each parameter's gradient accumulator reached or not (PyTorch's
-// prepare_for_backward).
+// prepare_for_backward). Several forwards before one backward: unused by all of them.
 void DistributedDataParallel::Impl::prepare_for_backward(
     const std::vector<torch::Tensor>& outputs) {
-  predicted_unused.clear();
   if (!options.find_unused_parameters() || options.static_graph() || no_sync || comm.size() == 1)
     return;
   std::unordered_set<const torch::autograd::Node*> seen;
@@ -496,6 +495,7 @@ void DistributedDataParallel::Impl::prepare_for_backward(
   for (const torch::Tensor& out : outputs)
     if (out.defined() && out.grad_fn() && seen.insert(out.grad_fn().get()).second)
       stack.push_back(out.grad_fn().get());
+  if (stack.empty()) return;  // no graph (a forward without gradients): nothing to predict
   while (!stack.empty()) {
     torch::autograd::Node* node = stack.back();
     stack.pop_back();
@@ -503,9 +503,9 @@ void DistributedDataParallel::Impl::prepare_for_backward(
       if (edge.function && seen.insert(edge.function.get()).second)
         stack.push_back(edge.function.get());
   }
-  predicted_unused.assign(params.size(), 0);
+  if (predicted_unused.empty()) predicted_unused.assign(params.size(), 1);
   for (size_t i = 0; i < params.size(); ++i)
-    predicted_unused[i] = !seen.count(params[i].accumulator.get());
+    predicted_unused[i] = predicted_unused[i] && !seen.count(params[i].accumulator.get());
 }
 
 // ZeRO, once the gradients are averaged: a parameter of another rank keeps no gradient (so the

@@ -139,7 +139,8 @@ class DistributedDataParallel {
   // With find_unused_parameters: the parameters that `outputs` (what the loss is computed from)
   // do not depend on are marked unused when the next backward starts, so that their buckets
   // hold no other back (forward() calls it with the module's output; after a forward of one's
-  // own, call it with the outputs). Without it, or under no_sync(), nothing to do.
+  // own, call it with the outputs). Several calls before one backward: the parameters none of
+  // them depends on. Without it, or under no_sync(), nothing to do.
   void prepare_for_backward(const std::vector<torch::Tensor>& outputs);
   // Collective: every rank's buffers become rank 0's (where broadcast_buffers and the module
   // has buffers), and with ZeRO the parameters their owners' (gather_parameters()). Call it

@@ -346,7 +346,8 @@ TEST(TorchDdp, BucketsAreRebuiltFromTheOrderGradientsArrive) {
 
 // find_unused_parameters marks the parameters forward's output does not depend on (a walk of
 // the autograd graph when forward() returns) as backward starts: the spare layer's are the
-// step's first events, so their bucket holds no other back. static_graph does the same from
+// step's first events, so their bucket holds no other back (with two forwards before one
+// backward, only what neither used). static_graph does the same from
 // the first step's record, with neither the walk nor the all-reduce, and trains bitwise as
 // find_unused_parameters. A gradient from outside forward (a regulariser of the spare layer),
 // and under static_graph a graph that changes either way, is one clear error naming the
@@ -369,6 +370,12 @@ TEST(TorchDdp, UnusedParametersAreMarkedAsBackwardStarts) {
                                                                                << r.output;
   }
   EXPECT_EQ(max_relative_difference(fixed, found), 0.0);
+  // Two forwards before one backward, the spare layer in the first only: unused by neither, so
+  // not marked; the replicas end bitwise equal.
+  const RunResult two =
+      train_ranks(2, dir.file("two.RANK.st"), "--unused --find-unused --two-forwards");
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  EXPECT_EQ(max_relative_difference(dir.file("two.1.st"), dir.file("two.0.st")), 0.0);
   for (const auto& [flags, message] : std::vector<std::pair<std::string, std::string>>{
            {"--find-unused --regularize-spare",
             "parameter 'spare.weight' got a gradient, but find_unused_parameters marked it unused "

@@ -12,7 +12,7 @@
 //       [--data-steps D] [--loss] [--powersgd-rank R] [--powersgd-start S]
 //       [--powersgd-min-rate X] [--powersgd-no-error-feedback] [--dtypes] [--autocast]
 //       [--grads-out FILE] [--stem K] [--static-graph] [--regularize-spare]
-//       [--spare-from-step S] [--spare-until-step S] [--keep-stream]
+//       [--spare-from-step S] [--spare-until-step S] [--keep-stream] [--two-forwards]
 //   torch_worker --single --short-rank R --ranks N   (one process as that job with --join)
 //   torch_worker --check-load FILE --out FILE [--deep K]  (a plain module loads --save-full's)
 //   torch_worker --save-start FILE   (a model of another seed, torch::save'd, for --load)
@@ -28,7 +28,8 @@
 // the spare layer's squared weights (a gradient from outside forward); --spare-from-step S: the
 // spare layer (--unused) joins the forward from step S; --spare-until-step S: leaves it at S;
 // --keep-stream (CUDA): the world communicator's compute stream set to a stream of this program
-// before wrapping, and whether it is still that one after training printed;
+// before wrapping, and whether it is still that one after training printed; --two-forwards:
+// each share in two halves through model.forward, the spare layer (--unused) in the first only;
 // --hook: a communication hook (the built-in average, bf16 or fp16 compression, a hook of one's own
 // that sums and divides and counts its calls, two hooks registered, or PowerSGD with the
 // --powersgd-* options); --data-steps D: D steps' batches run in turn (a data set the model can
@@ -133,7 +134,7 @@ struct Args {
   int ranks = 0;  // --ranks: with --single and --short-rank, the job it emulates
   bool join = false;
   int steps = 5, accumulate = 1, second_backward = -1, unused_on_rank = -1, threads = 0, zero = 0;
-  bool static_graph = false, regularize_spare = false, keep_stream = false;
+  bool static_graph = false, regularize_spare = false, keep_stream = false, two_forwards = false;
   int spare_from_step = -1;   // --spare-from-step S: the spare layer joins the forward at step S
   int spare_until_step = -1;  // --spare-until-step S: it is in the forward until step S
   int data_steps = 0;         // --data-steps D: the data set of D steps' batches, run in turn
@@ -201,6 +202,8 @@ Args parse(int argc, char** argv) {
       a.powersgd_no_error_feedback = true;
     else if (f == "--deep")
       a.deep = std::stoi(value());
+    else if (f == "--two-forwards")
+      a.two_forwards = true;
     else if (f == "--keep-stream")
       a.keep_stream = true;
     else if (f == "--static-graph")
@@ -458,6 +461,12 @@ int main(int argc, char** argv) {
           } else if (args.own_forward) {
             if (!args.no_sync_buffers) model->sync_buffers();
             logits = net->forward(x);
+          } else if (args.two_forwards) {
+            const int64_t half = x.size(0) / 2;
+            net->use_spare = true;
+            torch::Tensor first = model->forward(x.narrow(0, 0, half));
+            net->use_spare = false;
+            logits = torch::cat({first, model->forward(x.narrow(0, half, x.size(0) - half))});
           } else {
             logits = model->forward(x);
           }
