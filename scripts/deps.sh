@@ -194,9 +194,8 @@ ddp_python_test_deps() {
   fi
 }
 
-# Configures (once) and builds into build/ (or $DDP_BUILD_DIR), incrementally, then says in
-# one line what this build was made without.
-ddp_build() {
+# Configures build/ (or $DDP_BUILD_DIR) once; a later call finds it configured.
+ddp_configure() {
   local root build
   root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
   build="${DDP_BUILD_DIR:-$root/build}"
@@ -215,6 +214,15 @@ ddp_build() {
       return 1
     }
   fi
+}
+
+# Configures (once) and builds into build/ (or $DDP_BUILD_DIR), incrementally, then says in
+# one line what this build was made without.
+ddp_build() {
+  local root build
+  root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+  build="${DDP_BUILD_DIR:-$root/build}"
+  ddp_configure || return 1
   cmake --build "$build" -j "$(nproc)" || return 1
   if [ -s "$build/left-out.txt" ]; then
     ddp_log "built without: $(paste -sd ';' "$build/left-out.txt" | sed 's/;/; /g')"

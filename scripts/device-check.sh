@@ -6,7 +6,10 @@
 # and the exit status is non-zero when any check failed, the failing sections named last.
 # Usage: scripts/device-check.sh [sections...]
 #   sections: build test cuda cuda1 cuda2 run doctor launcher fashion monitor options ddp1 multi bench-warm
-#   bench fused profile bench-ddp collectives levers pipeline libtorch (build: only the build; cuda: build and only
+#   bench fused profile bench-ddp collectives levers pipeline torch libtorch libtorch-shapes
+#   (build: only the build; torch: only the LibTorch targets and their GPU tests, TorchDdpCuda.*,
+#   about 2 minutes from a fresh machine; libtorch and libtorch-shapes: bench-libtorch.sh's cnn and
+#   mlp, then resnet and transformer, fp32 and bf16, a call each; cuda: build and only
 #   the GPU tests, `ctest -L cuda`, when CI has run the rest; cuda1 and cuda2: each half of
 #   them, one a call, as the whole runs past the device's 10 minutes; bench-warm: bench-vs-torch.sh
 #   --warm, the compile caches that let `bench` fit in the next call on a warm machine; default: test run bench; multi, bench-ddp, collectives, levers and pipeline need two or more
@@ -60,7 +63,21 @@ if want build; then
   fi
 fi
 
-if want test || { ! want cuda && ! want cuda1 && ! want cuda2 && [ ! -x "$build/bin/ddptrain" ]; }; then
+if want torch; then
+  # The LibTorch component alone (the wheel's LibTorch): its targets built, its GPU tests run.
+  start=$(date +%s)
+  if (source scripts/deps.sh && ddp_configure) > "$out/build.log" 2>&1 &&
+    cmake --build "$build" -j "$(nproc)" --target ddp_torch_cuda_tests ddp_torch_worker ddprun \
+      ddp_torch_bench >> "$out/build.log" 2>&1 &&
+    (cd "$build" && ctest -R 'TorchDdpCuda' -j 8 --timeout 250 --output-on-failure) > "$out/torch.log" 2>&1; then
+    note "torch: $(grep -E 'tests passed|tests failed' "$out/torch.log" | tail -1) in $(( $(date +%s) - start ))s with the build"
+  else
+    grep -E 'error:|\(Failed|\(Timeout|Expected|Which is|actual' "$out/build.log" "$out/torch.log" 2>/dev/null | head -20
+    fail torch "$(grep -E 'tests passed|tests failed' "$out/torch.log" 2>/dev/null | tail -1)"
+  fi
+fi
+
+if want test || { ! want cuda && ! want cuda1 && ! want cuda2 && ! want torch && ! want libtorch && ! want libtorch-shapes && [ ! -x "$build/bin/ddptrain" ]; }; then
   start=$(date +%s)
   if scripts/test.sh -j 8 --timeout 150 > "$out/test.log" 2>&1; then
     note "scripts/test.sh: $(grep -E 'tests passed|tests failed' "$out/test.log" | tail -1) in $(( $(date +%s) - start ))s"
@@ -225,17 +242,21 @@ if want bench-ddp; then
   cat "$out/bench-ddp.md"
 fi
 
-if want libtorch; then
+for section in libtorch libtorch-shapes; do
+  want "$section" || continue
   # LibTorch's DistributedDataParallel on one rank against plain LibTorch and PyTorch's DDP
-  # (needs the build's torch component: the pip wheel's LibTorch). About 4 minutes with 5 reps.
+  # (needs the build's torch component: the pip wheel's LibTorch; `torch` builds it), fp32 and
+  # bf16: the example's CNN and the MLP, or ResNet-18 and the transformer blocks.
+  models=cnn,mlp
+  [ "$section" = libtorch-shapes ] && models=resnet,transformer
   if [ -x "$build/bin/ddp_torch_bench" ]; then
-    timeout 400 scripts/bench-libtorch.sh "$build" --reps 5 > "$out/libtorch.log" 2>&1 ||
-      fail libtorch "bench-libtorch.sh exited $? ($(tail -1 "$out/libtorch.log"))"
-    grep '^|' "$out/libtorch.log"
+    timeout 500 scripts/bench-libtorch.sh "$build" --reps 3 --steps 50 --models $models > "$out/$section.log" 2>&1 ||
+      fail "$section" "bench-libtorch.sh exited $? ($(tail -1 "$out/$section.log"))"
+    grep '^|' "$out/$section.log"
   else
-    fail libtorch "$build/bin/ddp_torch_bench not built (no LibTorch found at configure time)"
+    fail "$section" "$build/bin/ddp_torch_bench not built (no LibTorch found at configure time; run the torch section first)"
   fi
-fi
+done
 
 if want pipeline; then
   # pp 2 on large across two GPUs: equality with one GPU, step time against the ideal,
