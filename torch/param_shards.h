@@ -19,11 +19,11 @@ namespace ddp {
 
 class ParamShards {
  public:
-  // `params`: the parameters that get gradients, in registration order, float32, on one
-  // device, each with its own values (rank 0's, after the construction's broadcast). They
-  // become views into their owner's flat tensor; ZeRO 3 (`level` 3) frees the others' at once
-  // (call gather before they are used). `moved(i)` runs after parameter i's tensor is re-set
-  // (LibTorch gives it a new gradient accumulator then).
+  // `params`: the parameters that get gradients, in registration order, on one device, of
+  // any dtypes, each with its own values (rank 0's, after the construction's broadcast). They
+  // become views into their owner's flat bytes (each at a multiple of its element size); ZeRO 3
+  // (`level` 3) frees the others' at once (call gather before they are used). `moved(i)` runs after
+  // parameter i's tensor is re-set (LibTorch gives it a new gradient accumulator then).
   ParamShards(std::vector<torch::Tensor> params, int level, int rank, int ranks,
               std::function<void(size_t)> moved);
 
@@ -48,15 +48,17 @@ class ParamShards {
   size_t parameter_bytes() const;
 
  private:
-  void view_into(int owner);  // the owner's parameters as views into its flat tensor
-  void free(int owner);       // the owner's parameters empty, its flat tensor released
+  void view_into(int owner);                 // the owner's parameters as views into its flat tensor
+  torch::Tensor make_flat(int owner) const;  // the owner's flat bytes (not filled)
+  torch::Tensor slot(size_t i) const;        // parameter i's place there, of its shape
+  void free(int owner);  // the owner's parameters empty, its flat tensor released
 
   std::vector<torch::Tensor> params_;
   std::vector<int> owner_;
-  std::vector<int64_t> offset_;              // each parameter's offset in its owner's flat tensor
-  std::vector<int64_t> owner_count_;         // each owner's elements
+  std::vector<int64_t> offset_;              // each parameter's byte offset in its owner's flat
+  std::vector<int64_t> owner_count_;         // each owner's bytes (whole 32-bit words)
   std::vector<std::vector<int64_t>> sizes_;  // each parameter's shape (a freed one is [0])
-  std::vector<torch::Tensor> flat_;          // each owner's flat tensor (undefined: freed)
+  std::vector<torch::Tensor> flat_;          // each owner's flat bytes (undefined: freed)
   int level_, rank_;
   bool current_ = true;
   std::function<void(size_t)> moved_;

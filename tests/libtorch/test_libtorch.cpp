@@ -248,7 +248,7 @@ TEST(TorchDdp, CompressionHooksStayWithinTheirPrecision) {
 // to 5.5e-3; bf16's step is 2^-8 and LibTorch accumulates the embedding's gradient in bf16, a
 // rounding a token). A gradient left unaveraged is off by the ranks' spread, tens of percent.
 // After 5 steps the weights are within the bf16 hook's margin, 2e-2 (measured 2.2e-3: a bf16
-// weight rounds to one of two neighbours).
+// weight rounds to one of two neighbours), and ZeRO 3 bitwise the same.
 TEST(TorchDdp, ParametersOfEveryFloatDtypeInOneModelAreAveragedInTheirDtype) {
   if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
   TempDir dir;
@@ -269,6 +269,11 @@ TEST(TorchDdp, ParametersOfEveryFloatDtypeInOneModelAreAveragedInTheirDtype) {
     ASSERT_NE(at, std::string::npos) << r.output;
     EXPECT_GE(std::stoi(r.output.substr(at + 9)), 4) << r.output;
     EXPECT_LT(max_relative_difference(out, single), 2e-2) << ranks << " ranks";
+    // ZeRO 3 over the four dtypes (each owner's parameters in one flat of bytes): bitwise.
+    const std::string zero = dir.file("z" + std::to_string(ranks) + ".st");
+    const RunResult z = train_ranks(ranks, zero, "--dtypes --zero 3");
+    ASSERT_EQ(z.exit_code, 0) << z.output;
+    EXPECT_EQ(max_relative_difference(zero, out), 0.0) << ranks << " ranks, zero 3";
   }
 }
 
