@@ -43,6 +43,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -133,7 +134,9 @@ class DistributedDataParallel {
   Return forward(Args&&... args) {
     sync_buffers();
     Return out = forward_module().template forward<Return>(std::forward<Args>(args)...);
-    if constexpr (std::is_same_v<Return, torch::Tensor>) prepare_for_backward({out});
+    std::vector<torch::Tensor> tensors;
+    collect_tensors(out, tensors);
+    if (!tensors.empty()) prepare_for_backward(tensors);
     return out;
   }
   // With find_unused_parameters: the parameters that `outputs` (what the loss is computed from)
@@ -215,6 +218,25 @@ class DistributedDataParallel {
   static constexpr bool has_one_forward(...) {
     return false;
   }
+  // The tensors of a forward's output (a tensor, a vector of them, a tuple or pair of these),
+  // for prepare_for_backward; nothing from another type.
+  template <typename T>
+  static void collect_tensors(const T& value, std::vector<torch::Tensor>& tensors) {
+    if constexpr (std::is_same_v<T, torch::Tensor>) {
+      tensors.push_back(value);
+    } else if constexpr (std::is_same_v<T, std::vector<torch::Tensor>>) {
+      tensors.insert(tensors.end(), value.begin(), value.end());
+    } else if constexpr (is_tuple<T>::value) {
+      std::apply([&tensors](const auto&... parts) { (collect_tensors(parts, tensors), ...); },
+                 value);
+    }
+  }
+  template <typename T>
+  struct is_tuple : std::false_type {};
+  template <typename... Ts>
+  struct is_tuple<std::tuple<Ts...>> : std::true_type {};
+  template <typename A, typename B>
+  struct is_tuple<std::pair<A, B>> : std::true_type {};
   void set_forward(torch::nn::AnyModule forward);
   torch::nn::AnyModule& forward_module();
 

@@ -375,6 +375,16 @@ TEST(TorchDdp, UnusedParametersAreMarkedAsBackwardStarts) {
                                                                                << r.output;
   }
   EXPECT_EQ(max_relative_difference(fixed, found), 0.0);
+  // A module whose forward returns a pair: the walk starts from both.
+  const RunResult pair = train_ranks(
+      2, dir.file("pair.st"), "--unused --find-unused --pair-forward --bucket-kb 1 --events");
+  ASSERT_EQ(pair.exit_code, 0) << pair.output;
+  EXPECT_LT(max_relative_difference(dir.file("pair.st"), single), kAcrossRanksMargin);
+  std::vector<std::string> first;  // the step's first two parameters
+  for (const std::string& event : step_events(pair))
+    if (event.rfind("layer_done:", 0) == 0 && first.size() < 2) first.push_back(event.substr(11));
+  std::sort(first.begin(), first.end());
+  EXPECT_EQ(first, (std::vector<std::string>{"net.spare.bias", "net.spare.weight"})) << pair.output;
   // Two forwards before one backward, the spare layer in the first only: unused by neither, so
   // not marked; the replicas end bitwise equal.
   const RunResult two =

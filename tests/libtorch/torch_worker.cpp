@@ -13,6 +13,7 @@
 //       [--powersgd-min-rate X] [--powersgd-no-error-feedback] [--dtypes] [--autocast]
 //       [--grads-out FILE] [--stem K] [--static-graph] [--regularize-spare]
 //       [--spare-from-step S] [--spare-until-step S] [--keep-stream] [--two-forwards]
+//       [--pair-forward]
 //   torch_worker --single --short-rank R --ranks N   (one process as that job with --join)
 //   torch_worker --check-load FILE --out FILE [--deep K]  (a plain module loads --save-full's)
 //   torch_worker --save-start FILE   (a model of another seed, torch::save'd, for --load)
@@ -30,6 +31,7 @@
 // --keep-stream (CUDA): the world communicator's compute stream set to a stream of this program
 // before wrapping, and whether it is still that one after training printed; --two-forwards:
 // each share in two halves through model.forward, the spare layer (--unused) in the first only;
+// --pair-forward: the wrapper made from a module whose forward returns (logits, a copy);
 // --hook: a communication hook (the built-in average, bf16 or fp16 compression, a hook of one's own
 // that sums and divides and counts its calls, two hooks registered, or PowerSGD with the
 // --powersgd-* options); --data-steps D: D steps' batches run in turn (a data set the model can
@@ -124,6 +126,18 @@ struct NetImpl : torch::nn::Module {
 };
 TORCH_MODULE(Net);
 
+// --pair-forward: the model under a module whose forward returns a pair (the logits and a
+// detached copy), as a model with an auxiliary output.
+struct PairImpl : torch::nn::Module {
+  explicit PairImpl(Net inner) : net(register_module("net", inner)) {}
+  std::tuple<torch::Tensor, torch::Tensor> forward(torch::Tensor tokens) {
+    torch::Tensor logits = net->forward(tokens);
+    return {logits, logits.detach()};
+  }
+  Net net;
+};
+TORCH_MODULE(Pair);
+
 struct Args {
   bool single = false, cuda = false, bf16 = false, unused = false, find_unused = false,
        differ = false, events = false, batchnorm = false, own_forward = false, sparse = false,
@@ -134,7 +148,8 @@ struct Args {
   int ranks = 0;  // --ranks: with --single and --short-rank, the job it emulates
   bool join = false;
   int steps = 5, accumulate = 1, second_backward = -1, unused_on_rank = -1, threads = 0, zero = 0;
-  bool static_graph = false, regularize_spare = false, keep_stream = false, two_forwards = false;
+  bool static_graph = false, regularize_spare = false, keep_stream = false, two_forwards = false,
+       pair_forward = false;
   int spare_from_step = -1;   // --spare-from-step S: the spare layer joins the forward at step S
   int spare_until_step = -1;  // --spare-until-step S: it is in the forward until step S
   int data_steps = 0;         // --data-steps D: the data set of D steps' batches, run in turn
@@ -202,6 +217,8 @@ Args parse(int argc, char** argv) {
       a.powersgd_no_error_feedback = true;
     else if (f == "--deep")
       a.deep = std::stoi(value());
+    else if (f == "--pair-forward")
+      a.pair_forward = true;
     else if (f == "--two-forwards")
       a.two_forwards = true;
     else if (f == "--keep-stream")
@@ -348,6 +365,7 @@ int main(int argc, char** argv) {
   net->to(device);
 
   std::unique_ptr<ddp::DistributedDataParallel> model;
+  Pair pair{nullptr};
   int hook_calls = 0;
   std::shared_ptr<ddp::PowerSGDState> powersgd;
   // The mean loss over the whole data set (every rank alike), without gradients.
@@ -372,6 +390,11 @@ int main(int argc, char** argv) {
       model = std::make_unique<ddp::DistributedDataParallel>(*net, *world, options);
     else
       model = std::make_unique<ddp::DistributedDataParallel>(net, *world, options);
+    if (args.pair_forward) {
+      model.reset();
+      pair = Pair(net);
+      model = std::make_unique<ddp::DistributedDataParallel>(pair, *world, options);
+    }
     if (args.wrap_twice) ddp::DistributedDataParallel again(net, *world, options);
     if (args.hook == "average" || args.hook == "twice")
       model->register_comm_hook(ddp::allreduce_comm_hook());
@@ -461,6 +484,8 @@ int main(int argc, char** argv) {
           } else if (args.own_forward) {
             if (!args.no_sync_buffers) model->sync_buffers();
             logits = net->forward(x);
+          } else if (args.pair_forward) {
+            logits = std::get<0>(model->forward<std::tuple<torch::Tensor, torch::Tensor>>(x));
           } else if (args.two_forwards) {
             const int64_t half = x.size(0) / 2;
             net->use_spare = true;
