@@ -17,11 +17,11 @@
 #include "engine/runners/optimizer_overlap.h"
 #include "engine/runners/stage_runner.h"
 #include "engine/sync/ddp.h"
-#include "engine/zero/device_state.h"
 #include "engine/telemetry/busy_spans.h"
 #include "engine/telemetry/compute_costs.h"
 #include "engine/telemetry/gpu_timeline.h"
 #include "engine/telemetry/timeline.h"
+#include "engine/zero/device_state.h"
 #include "models/batch_feeder.h"
 #include "models/mlp_stage_cuda.h"
 

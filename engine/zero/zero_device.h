@@ -19,10 +19,10 @@
 
 #include "collectives/communicator.h"
 #include "engine/sync/ddp.h"
-#include "engine/zero/device_state.h"
 #include "engine/sync/gradient_ring.h"
 #include "engine/sync/layer_gathers.h"
 #include "engine/sync/sharded_buckets.h"
+#include "engine/zero/device_state.h"
 #include "models/device_parameters.h"
 #include "models/optimizer.h"
 #include "runtime/device_buffer.h"

@@ -17,8 +17,8 @@
 
 #include "engine/sync/ddp.h"
 #include "engine/sync/gradient_ring.h"
-#include "engine/zero/host_state.h"
 #include "engine/sync/sharded_buckets.h"
+#include "engine/zero/host_state.h"
 #include "models/linear_cpu.h"
 #include "models/optimizer.h"
 

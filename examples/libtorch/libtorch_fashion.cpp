@@ -52,8 +52,8 @@ struct Flags {
   int64_t max_steps = -1;
   double lr = 0.05;
   bool cuda = false;
-  int zero = 0;      // ZeRO level (DistributedDataParallelOptions::zero)
-  int powersgd = 0;  // PowerSGD's rank (0: the exact average)
+  int zero = 0;                    // ZeRO level (DistributedDataParallelOptions::zero)
+  int powersgd = 0;                // PowerSGD's rank (0: the exact average)
   std::string precision = "fp32";  // fp32, bf16 (the model in bf16), autocast (bf16 products)
 };
 
