@@ -10,14 +10,13 @@
 // What it adds to a LibTorch loop: ddp::init(), the DistributedDataParallel wrapper, LibTorch's
 // DistributedRandomSampler so that each rank reads its own part of each epoch, and rank 0 saving
 // the checkpoint (written aside, read back, then renamed over the last one).
-#include <ATen/autocast_mode.h>
 #include <ddp/torch.h>
 #include <torch/torch.h>
-#include <torch/version.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <string>
 
 #include <ddp/models.h>  // ddp::load_fashion_mnist
@@ -56,23 +55,6 @@ struct Flags {
   int powersgd = 0;                // PowerSGD's rank (0: the exact average)
   std::string precision = "fp32";  // fp32, bf16 (the model in bf16), autocast (bf16 products)
 };
-
-// LibTorch's autocast to bfloat16 on `device`'s type, on or off (its API changed in 2.4).
-void autocast_bf16(const torch::Device& device, bool on) {
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-  at::autocast::set_autocast_dtype(device.type(), torch::kBFloat16);
-  at::autocast::set_autocast_enabled(device.type(), on);
-#else
-  if (device.is_cuda()) {
-    at::autocast::set_autocast_gpu_dtype(torch::kBFloat16);
-    at::autocast::set_enabled(on);
-  } else {
-    at::autocast::set_autocast_cpu_dtype(torch::kBFloat16);
-    at::autocast::set_cpu_enabled(on);
-  }
-#endif
-  if (!on) at::autocast::clear_cache();  // the casts of this step's weights
-}
 
 Flags parse(int argc, char** argv) {
   Flags f;
@@ -179,9 +161,12 @@ int main(int argc, char** argv) {
     for (auto& batch : *loader) {
       if (flags.max_steps >= 0 && step >= flags.max_steps) break;
       optimizer.zero_grad();
-      if (flags.precision == "autocast") autocast_bf16(device, true);
-      torch::Tensor output = model.forward(batch.data.to(device, dtype));
-      if (flags.precision == "autocast") autocast_bf16(device, false);
+      torch::Tensor output;
+      {
+        std::optional<ddp::Autocast> autocast;  // bf16 products while it lives
+        if (flags.precision == "autocast") autocast.emplace(device.type(), torch::kBFloat16);
+        output = model.forward(batch.data.to(device, dtype));
+      }
       torch::Tensor loss = torch::nll_loss(output.to(torch::kFloat32), batch.target.to(device));
       loss.backward();  // the gradients are averaged over the ranks before it returns
       optimizer.step();

@@ -7,6 +7,7 @@
 
 #include "engine/setup/world.h"
 #include "runtime/error.h"
+#include "torch/autocast.h"
 #include "torch/comm_hooks.h"
 #include "torch/distributed_data_parallel.h"
 #include "torch/sync_batch_norm.h"

@@ -277,7 +277,8 @@ TEST(TorchDdp, ParametersOfEveryFloatDtypeInOneModelAreAveragedInTheirDtype) {
   }
 }
 
-// LibTorch's autocast to bfloat16 around each forward (the wrapper's forward inside it): 2 ranks
+// LibTorch's autocast to bfloat16 around each forward (ddp::Autocast, the wrapper's forward
+// inside it; nested guards give the previous state back): 2 ranks
 // train as one process under autocast within bf16's margin, 2e-2 (measured 3.4e-3: the
 // products round to bf16, and the kernels block a batch of 6 otherwise than one of 12).
 TEST(TorchDdp, AutocastForwardsTrainAsOneProcess) {
@@ -294,6 +295,7 @@ TEST(TorchDdp, AutocastForwardsTrainAsOneProcess) {
       numbers(r.output.substr(at + 12, r.output.find('\n', at) - at - 12));
   ASSERT_GE(loss.size(), 2u) << r.output;
   EXPECT_LT(loss[1], loss[0]) << r.output;
+  EXPECT_NE(r.output.find("rank 0 autocast guard: restores"), std::string::npos) << r.output;
 }
 
 // The engine's record of step 1 (torch_worker --events): its events in order, up to backward's end.

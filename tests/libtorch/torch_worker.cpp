@@ -45,14 +45,13 @@
 // where it holds RANK); --init writes the starting parameters (rank 0's, after the broadcast) and
 // the data set, for PyTorch's Python DDP to start from. Each rank starts from its own seed, so the
 // runs equal one process only if the construction's broadcast works.
-#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
-#include <torch/version.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -279,24 +278,6 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-// LibTorch's autocast to bfloat16 on the CPU or the GPU, on or off (the API changed in 2.4).
-void autocast(bool cuda, bool on) {
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-  const c10::DeviceType type = cuda ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
-  at::autocast::set_autocast_dtype(type, torch::kBFloat16);
-  at::autocast::set_autocast_enabled(type, on);
-#else
-  if (cuda) {
-    at::autocast::set_autocast_gpu_dtype(torch::kBFloat16);
-    at::autocast::set_enabled(on);
-  } else {
-    at::autocast::set_autocast_cpu_dtype(torch::kBFloat16);
-    at::autocast::set_cpu_enabled(on);
-  }
-#endif
-  if (!on) at::autocast::clear_cache();
-}
-
 // The named tensors as safetensors (floating point as float32, int64 as it is), on the CPU.
 void save(const std::string& path,
           const std::vector<std::pair<std::string, torch::Tensor>>& named) {
@@ -478,7 +459,8 @@ int main(int argc, char** argv) {
         }
         const auto run = [&] {
           torch::Tensor logits;
-          if (args.autocast) autocast(args.cuda, true);
+          std::optional<ddp::Autocast> autocast;  // --autocast: the forward under it
+          if (args.autocast) autocast.emplace(device.type(), torch::kBFloat16);
           if (!model) {
             logits = net->forward(x);
           } else if (args.own_forward) {
@@ -496,7 +478,7 @@ int main(int argc, char** argv) {
             logits = model->forward(x);
           }
           if (args.autocast) {
-            autocast(args.cuda, false);
+            autocast.reset();
             logits = logits.to(torch::kFloat32);
           }
           torch::Tensor loss = torch::nn::functional::cross_entropy(logits, y) / args.accumulate;
@@ -566,6 +548,17 @@ int main(int argc, char** argv) {
              ? args.out
              : args.out.substr(0, rank_at) + std::to_string(rank) + args.out.substr(rank_at + 4),
          state);
+  }
+  if (args.autocast) {  // ddp::Autocast nested: the outer one still on, then off again
+    const torch::Tensor a = torch::ones({2, 2}, device);
+    bool outer_on = false;
+    {
+      ddp::Autocast outer(device.type());
+      { ddp::Autocast inner(device.type()); }
+      outer_on = torch::mm(a, a).scalar_type() == torch::kBFloat16;
+    }
+    const bool off = torch::mm(a, a).scalar_type() == torch::kFloat32;
+    std::printf("rank %d autocast guard: %s\n", rank, outer_on && off ? "restores" : "broken");
   }
   if (!args.hook.empty()) std::printf("rank %d hook calls %d\n", rank, hook_calls);
   if (user_stream)

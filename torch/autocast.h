@@ -1,0 +1,34 @@
+// ddp::Autocast: LibTorch's autocast (Python's `with torch.autocast(device, dtype)`) as a scope
+// guard, the same on LibTorch 1.13 and 2.x (whose calls differ: set_enabled / set_cpu_enabled
+// before 2.4, set_autocast_enabled(device type) after):
+//
+//   {
+//     ddp::Autocast autocast(torch::kCUDA, torch::kBFloat16);
+//     logits = model.forward(x);            // bf16 products, float32 weights and gradients
+//   }
+//   auto loss = torch::nll_loss(logits.to(torch::kFloat32), y);
+#pragma once
+
+#include <c10/core/DeviceType.h>
+#include <c10/core/ScalarType.h>
+
+namespace ddp {
+
+// Autocast on `device`'s type to `dtype` while it lives; the previous state given back at its
+// end, and the casts' cache cleared when autocast ends there (as Python's context does).
+class Autocast {
+ public:
+  // Turns autocast on for `device` (torch::kCPU or torch::kCUDA) with `dtype`.
+  explicit Autocast(c10::DeviceType device, c10::ScalarType dtype = c10::kBFloat16);
+  // The previous state back.
+  ~Autocast();
+  Autocast(const Autocast&) = delete;
+  Autocast& operator=(const Autocast&) = delete;
+
+ private:
+  c10::DeviceType device_;
+  bool was_enabled_;
+  c10::ScalarType was_dtype_;
+};
+
+}  // namespace ddp
