@@ -1,5 +1,5 @@
 # cmake --install: the libraries as ddp::runtime, ddp::checksum, ddp::device (ddp::device_none: the stub),
-# ddp::collectives (ddp::collectives_core, ddp::nccl, ddp::mpi), ddp::models, ddp::core,
+# ddp::collectives (ddp::collectives_core, ddp::nccl, ddp::mpi), ddp::models, ddp::core, ddp::pipeline,
 # ddp::engine (and ddp::models_cuda with CUDA, ddp::torch with LibTorch), their headers under include/ddp, the tools in
 # bin, and ddpConfig.cmake so that find_package(ddp [COMPONENTS cuda nccl mpi]) gives targets
 # that carry their own dependencies (spdlog, zlib, nlohmann-json, cxxopts; CUDA, NCCL, MPI,
@@ -9,7 +9,7 @@ include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
 set(_ddp_export_targets ddp_runtime ddp_checksum ddp_device ddp_device_none ddp_collectives_core
-    ddp_collectives ddp_models ddp_core ddp_engine)
+    ddp_collectives ddp_models ddp_core ddp_pipeline ddp_engine)
 foreach(target ddp_nccl ddp_mpi ddp_models_cuda ddp_torch)
   if(TARGET ${target})
     list(APPEND _ddp_export_targets ${target})
@@ -86,7 +86,7 @@ set(_ddp_pc_device ddp_device)
 if(NOT DDP_HAVE_CUDA)
   set(_ddp_pc_device ddp_device_none)  # ddp_device is only its alias then
 endif()
-foreach(target ddp_engine ddp_models_cuda ddp_core ddp_models ddp_checksum ddp_nccl ddp_mpi
+foreach(target ddp_engine ddp_models_cuda ddp_pipeline ddp_core ddp_models ddp_checksum ddp_nccl ddp_mpi
         ddp_collectives_core ${_ddp_pc_device} ddp_runtime)
   if(TARGET ${target})
     string(APPEND _ddp_pc_own " -l${target}")
@@ -144,7 +144,7 @@ file(GENERATE OUTPUT ${CMAKE_BINARY_DIR}/ddp.pc INPUT ${CMAKE_BINARY_DIR}/ddp.pc
 # Gloo, the models on the CPU), for a CPU-only program: no CUDA, NCCL or MPI in its flags.
 set(DDP_PC_NAME ddp-cpu)
 set(DDP_PC_DESCRIPTION "a CPU-only program's part (ddp::init, Ddp, Gloo), as ddp::ddp")
-set(DDP_PC_OWN_LIBS " -lddp_core -lddp_models -lddp_checksum -lddp_collectives_core -lddp_device_none -lddp_runtime")
+set(DDP_PC_OWN_LIBS " -lddp_pipeline -lddp_core -lddp_models -lddp_checksum -lddp_collectives_core -lddp_device_none -lddp_runtime")
 if(BUILD_SHARED_LIBS)
   string(APPEND DDP_PC_OWN_LIBS " -Wl,-rpath,\${libdir}")
 endif()

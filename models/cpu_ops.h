@@ -5,6 +5,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "runtime/loss_sum.h"
+
 namespace ddp {
 
 // y[batch, out] = x[batch, in] * w[out, in]^T + b[out]; then max(y, 0) when `relu`.
@@ -25,12 +27,6 @@ void linear_input_grad_cpu(const float* w, const float* dy, float* dx, int batch
 // (gradient accumulation); otherwise they are overwritten.
 void linear_backward_cpu(const float* x, const float* w, const float* dy, float* dx, float* dw,
                          float* db, int batch, int in, int out, bool accumulate);
-
-// A batch's loss, summed, and its hits.
-struct LossSum {
-  double loss = 0;  // sum over the batch of -log softmax(logits)[label]
-  int correct = 0;  // samples whose arg-max equals the label
-};
 
 // Softmax cross-entropy over logits[batch, classes] and labels[batch] (0 <= label < classes).
 // Writes dlogits = (softmax - one_hot(label)) * grad_scale (grad_scale = 1/batch for a batch

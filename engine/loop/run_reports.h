@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "collectives/communicator.h"
-#include "engine/loop/executor.h"
+#include "engine/pipeline/executor.h"
 #include "engine/pipeline/schedule.h"
 #include "engine/pipeline/simulate.h"
 #include "engine/runners/stage_runner.h"

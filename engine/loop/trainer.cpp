@@ -47,7 +47,7 @@ Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* c
   executor_ = std::make_unique<ScheduleExecutor>(
       plan_rank_schedule(config.pp > 1 ? config.schedule : PipelineSchedule::kOneForwardOneBackward,
                          layout_.stage, layout_.stages, layout_.chunks(), micro_batches_),
-      stages_);
+      stages_.places());
   for (StageSpec& c : stages_.chunks)
     c.slots = executor_->slots();
   spec_ = stages_.chunks.front();

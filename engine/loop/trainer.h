@@ -14,7 +14,7 @@
 #include "collectives/communicator.h"
 #include "engine/config.h"
 #include "engine/loop/checkpoint.h"
-#include "engine/loop/executor.h"
+#include "engine/pipeline/executor.h"
 #include "engine/loop/resume.h"
 #include "engine/loop/run_reports.h"
 #include "engine/loop/sampler.h"

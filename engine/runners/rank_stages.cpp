@@ -68,6 +68,13 @@ uint64_t RankStages::fingerprint() const {
   return f;
 }
 
+std::vector<StagePlace> RankStages::places() const {
+  std::vector<StagePlace> places;
+  for (const StageSpec& c : chunks)
+    places.push_back({c.stage, c.stages, c.micro_batches, c.end - c.first});
+  return places;
+}
+
 RankStages rank_stages(const PipelineLayout& layout, int pipe_rank, const StageSpec& cut) {
   RankStages stages;
   const int total = static_cast<int>(layout.stage_rank.size());

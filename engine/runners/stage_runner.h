@@ -19,6 +19,7 @@
 #include "collectives/communicator.h"
 #include "engine/config.h"
 #include "engine/pipeline/schedule.h"
+#include "engine/pipeline/stage.h"
 #include "engine/sync/ddp.h"
 #include "engine/sync/zero.h"
 #include "engine/telemetry/compute_costs.h"
@@ -75,6 +76,8 @@ struct RankStages {
   // order (the data-parallel buckets' layers).
   std::vector<std::pair<size_t, size_t>> layer_spans() const;
   uint64_t fingerprint() const;  // the shape and the layers held
+  // Each stage's place, as the schedule executor takes them.
+  std::vector<StagePlace> places() const;
 };
 
 // The stages pipeline rank `pipe_rank` runs under `layout`, each cut as `cut` says (its
@@ -87,32 +90,6 @@ std::vector<float> initial_weights(const TrainConfig& config, const MlpShape& sh
 
 // The buckets' options of a stage's data parallelism (--zero 3: a bucket a layer).
 DdpOptions stage_ddp_options(const TrainConfig& config);
-
-// What one stage does with one micro-batch: its transfers, forward, loss and backward
-// (activations kept in slots). The executor asks the rank's runner for each stage's
-// (StageRunner::chunk); one-stage runners are their own.
-class ChunkOps {
- public:
-  virtual ~ChunkOps() = default;
-  virtual void recv_activation(int micro, int slot) = 0;
-  virtual void forward(int micro, int slot) = 0;
-  virtual void send_activation(int micro, int slot) = 0;
-  virtual void recv_gradient(int micro, int slot) = 0;
-  // Last stage: the loss of the micro-batch and its gradient (scaled) for backward. The CPU
-  // returns the sums; the GPU keeps them on the device (take_loss) and returns zeros.
-  virtual LossSum loss(int micro, int slot, float grad_scale) = 0;
-  virtual void backward(int micro, int slot, bool accumulate,
-                        const std::function<void(int)>& on_layer_done) = 0;
-  // The two halves of backward, for the zero-bubble schedules, where splits_backward():
-  // backward_input (after loss() on the last stage) computes the gradient that
-  // send_gradient sends and keeps what backward_weight needs; backward_weight then writes
-  // (or, with `accumulate`, adds) the weight gradients, calling on_layer_done as backward.
-  virtual bool splits_backward() const = 0;
-  virtual void backward_input(int micro, int slot) = 0;
-  virtual void backward_weight(int micro, int slot, bool accumulate,
-                               const std::function<void(int)>& on_layer_done) = 0;
-  virtual void send_gradient(int micro, int slot) = 0;
-};
 
 // The neighbours a stage talks to: activations go forward on `activations`, gradients back
 // on `gradients` (the same communicator on the CPU; two on the GPU, so that NCCL's queue of
@@ -135,16 +112,14 @@ struct StageLinks {
   }
 };
 
-class StageRunner {
+// The MLP's stages of one pipeline rank on the CPU or the GPU: the executor's PipelineRank
+// (on_gpu, chunk, grads, stream, end_schedule) and what the trainer asks besides.
+class StageRunner : public PipelineRank {
  public:
-  virtual ~StageRunner() = default;
-  virtual bool on_gpu() const = 0;
-
-  // The stage's flat parameters and gradients where the data-parallel communicator takes
-  // them (host or device memory); params_changed() after something wrote the parameters
-  // there (a broadcast).
+  // The stage's flat parameters where the data-parallel communicator takes them (host or
+  // device memory); params_changed() after something wrote the parameters there (a
+  // broadcast). Its gradients: PipelineRank::grads().
   virtual float* params() = 0;
-  virtual float* grads() = 0;
   virtual void params_changed() = 0;
   // Sets up data parallelism over the stage's replicas: the model check (collective) and,
   // where asked, bf16 gradients.
@@ -154,9 +129,6 @@ class StageRunner {
   // all-gathers the parameters (--zero 3: a layer's before each use, on `gathers` where not
   // null); optimizer_state() then gathers (collective over the group). Returns its pieces.
   virtual const ShardPlan& shard_optimizer(Ddp& ddp, int level, Communicator* gathers) = 0;
-  // The stream that Ddp::finish makes wait (GPU), or null.
-  virtual void* stream() = 0;
-
   // Host copies of the stage's parameters and optimizer state (its slice of the model).
   virtual std::vector<float> get_params() = 0;
   virtual void set_params(const float* host) = 0;
@@ -173,8 +145,6 @@ class StageRunner {
   virtual int steps_ahead() const = 0;
   virtual void begin_steps(const int32_t* indices, const float* lrs, int64_t first_step,
                            int steps) = 0;
-  // The rank's chunk `c` (0 for one-stage runners, which are their own ChunkOps).
-  virtual ChunkOps& chunk(int c) = 0;
   // The most micro-batches whose activations the runner held at once (forwarded, their
   // weight gradients not yet written) in any step so far, as it counted them; -1 where it
   // does not count (the GPU's: its slots are the schedule's plan).
@@ -182,8 +152,6 @@ class StageRunner {
   // The most bytes of layer outputs it held at once for the micro-batches in flight (with
   // --recompute: their inputs and one working set), as it counted them; -1 where not counted.
   virtual int64_t peak_activation_bytes() const = 0;
-  // Every send of the step complete (host: waited; GPU: the stream waits for them).
-  virtual void end_schedule() = 0;
   // Whether any gradient is NaN or Inf (host runners; the GPU stops on the loss instead).
   virtual bool grads_nonfinite() = 0;
   virtual void optimizer_step() = 0;

@@ -41,7 +41,7 @@ struct RankState {
   }
 };
 
-class CpuChunk final : public ChunkOps {
+class CpuChunk final : public PipelineStage {
  public:
   CpuChunk(const StageSpec& spec, RankState& rank, float* params, float* grads, bool recompute)
       : spec_(spec),
@@ -286,7 +286,7 @@ class CpuRunner final : public StageRunner {
     std::copy_n(indices, rank_.indices.size(), rank_.indices.begin());
     lr_ = lrs[0];
   }
-  ChunkOps& chunk(int c) override { return *chunks_.at(c); }
+  PipelineStage& chunk(int c) override { return *chunks_.at(c); }
   int peak_held_activations() const override { return rank_.peak_held; }
   int64_t peak_activation_bytes() const override { return rank_.peak_bytes; }
   void run_step(int64_t step, const std::function<void()>& enqueue) override {

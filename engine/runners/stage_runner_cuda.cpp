@@ -91,7 +91,7 @@ class GpuRunner;
 // One stage of the rank: its CudaStage and its transfers (runners/stage_transfers.h: to another
 // rank over the lane of that flow and peer, or to a neighbouring stage of this rank through a
 // hand-over buffer a micro-batch), all in the stream's order.
-class GpuChunk final : public ChunkOps {
+class GpuChunk final : public PipelineStage {
  public:
   GpuChunk(GpuRunner& rank, const StageSpec& spec, std::unique_ptr<CudaStage> stage)
       : rank_(rank),
@@ -271,7 +271,7 @@ class GpuRunner final : public StageRunner {
     DDP_CUDA_CHECK(cudaDeviceSynchronize());
     DDP_CUDA_CHECK(on ? cudaProfilerStart() : cudaProfilerStop());
   }
-  ChunkOps& chunk(int c) override {
+  PipelineStage& chunk(int c) override {
     DDP_CHECK(c >= 0 && c < static_cast<int>(chunks_.size()), "the rank holds {} stages, not {}",
               chunks_.size(), c + 1);
     return *chunks_[c];

@@ -1,5 +1,5 @@
 // ScheduleExecutor: one pass over the action list, each action handed to the runner.
-#include "engine/loop/executor.h"
+#include "engine/pipeline/executor.h"
 
 #include <functional>
 
@@ -31,13 +31,15 @@ SpanKind span_of(ActionKind kind) {
 
 }  // namespace
 
-ScheduleExecutor::ScheduleExecutor(std::vector<PipelineAction> actions, const RankStages& stages)
-    : actions_(std::move(actions)), stages_(stages) {
-  const int chunks = static_cast<int>(stages.chunks.size());
+ScheduleExecutor::ScheduleExecutor(std::vector<PipelineAction> actions,
+                                   std::vector<StagePlace> stages)
+    : actions_(std::move(actions)), stages_(std::move(stages)) {
+  DDP_CHECK(!stages_.empty(), "pipeline: a rank with no stage");
+  const int chunks = static_cast<int>(stages_.size());
   int layers = 0;
-  for (const StageSpec& c : stages.chunks) {
+  for (const StagePlace& c : stages_) {
     layer_base_.push_back(layers);
-    layers += c.end - c.first;
+    layers += c.layers;
   }
   // Each stage's actions planned for slots on their own.
   chunk_.assign(actions_.size(), -1);
@@ -47,12 +49,11 @@ ScheduleExecutor::ScheduleExecutor(std::vector<PipelineAction> actions, const Ra
     std::vector<PipelineAction> mine;
     std::vector<size_t> at;
     for (size_t i = 0; i < actions_.size(); ++i)
-      if (actions_[i].stage == stages.chunks[c].stage) {
+      if (actions_[i].stage == stages_[c].stage) {
         mine.push_back(actions_[i]);
         at.push_back(i);
       }
-    const SlotPlan plan =
-        plan_slots(mine, stages.chunks[c].micro_batches, peak_live_activations(mine));
+    const SlotPlan plan = plan_slots(mine, stages_[c].micro_batches, peak_live_activations(mine));
     for (size_t k = 0; k < at.size(); ++k) {
       chunk_[at[k]] = c;
       slot_[at[k]] = plan.slot[k];
@@ -71,17 +72,17 @@ ScheduleExecutor::ScheduleExecutor(std::vector<PipelineAction> actions, const Ra
   }
 }
 
-void ScheduleExecutor::run(StageRunner& runner, Ddp* ddp, TimelineRecorder& timeline, int64_t step,
+void ScheduleExecutor::run(PipelineRank& runner, Ddp* ddp, TimelineRecorder& timeline, int64_t step,
                            float scale, StepStats* stats) const {
   // The host's clock times the CPU's work; the GPU's spans come from its events (the host
   // only enqueues here, or not at all when the step is replayed from its graph).
   const bool gpu = runner.on_gpu();
-  const bool several = stages_.chunks.size() > 1;
+  const bool several = stages_.size() > 1;
   int stage = -1;  // of the action being run, where the rank has several
   auto span = [&](SpanKind kind, int mb, double start) {
     if (!gpu) timeline.add(kind, step, mb, start, timeline.now_us(), 0, stage);
   };
-  const int chunks = static_cast<int>(stages_.chunks.size());
+  const int chunks = static_cast<int>(stages_.size());
   std::vector<int> weight_grads(chunks, 0);  // per stage, backwards and weight halves so far
   bool reduce_next = false;  // the next one completes its stage's gradients: reduce as written
   int reductions_left = 0;   // stages whose gradients are not yet complete
@@ -108,8 +109,8 @@ void ScheduleExecutor::run(StageRunner& runner, Ddp* ddp, TimelineRecorder& time
     if (!gpu)
       stats->costs.add(span_of(kind), seconds);  // the GPU's host clock times only enqueueing
   };
-  auto loss = [&](ChunkOps& ops, int c, int mb, int slot) {
-    if (!stages_.chunks[c].is_last()) return;
+  auto loss = [&](PipelineStage& ops, int c, int mb, int slot) {
+    if (!stages_[c].is_last()) return;
     const LossSum sum = ops.loss(mb, slot, scale);
     stats->loss_sum += sum.loss;
     stats->correct += sum.correct;
@@ -119,7 +120,7 @@ void ScheduleExecutor::run(StageRunner& runner, Ddp* ddp, TimelineRecorder& time
     const int mb = action.micro_batch;
     const int c = chunk_[i];
     const int slot = slot_[i];
-    ChunkOps& ops = runner.chunk(c);
+    PipelineStage& ops = runner.chunk(c);
     stage = several ? action.stage : -1;
     const double start = timeline.now_us();
     Stopwatch clock;
@@ -165,7 +166,7 @@ void ScheduleExecutor::run(StageRunner& runner, Ddp* ddp, TimelineRecorder& time
   {
     const double start = timeline.now_us();
     runner.end_schedule();
-    if (stages_.chunks[0].stages > 1) span(SpanKind::kSend, -1, start);
+    if (stages_[0].stages > 1) span(SpanKind::kSend, -1, start);
   }
   if (ddp != nullptr) {
     const double start = timeline.now_us();

@@ -1,17 +1,18 @@
 // The schedule executor: runs one pipeline rank's action list (engine/pipeline/schedule.h) for
-// one step on the CPU or the GPU through the rank's StageRunner, each action by the chunk of
-// its stage: micro-batches in activation slots (plan_slots, a stage's own), transfers to and
-// from the neighbouring stages, the loss on the last stage, and the data-parallel gradient
-// reduction started where the list says (kReduceGrad: bucket by bucket as the next backward
-// or weight half writes the gradients; with several stages a rank, one reduction over all of
-// them, started at the first stage's point and ended after the last's).
+// one step through the rank's stages (engine/pipeline/stage.h: the MLP's on the CPU or the GPU,
+// a LibTorch module's), knowing no model, each action by the stage it names: micro-batches in
+// activation slots (plan_slots, a stage's own), transfers to and from the neighbouring stages, the
+// loss on the last stage, and the data-parallel gradient reduction started where the list says
+// (kReduceGrad: bucket by bucket as the next backward or weight half writes the gradients; with
+// several stages a rank, one reduction over all of them, started at the first stage's point and
+// ended after the last's).
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "engine/pipeline/schedule.h"
-#include "engine/runners/stage_runner.h"
+#include "engine/pipeline/stage.h"
 #include "engine/sync/ddp.h"
 #include "engine/telemetry/compute_costs.h"
 #include "engine/telemetry/timeline.h"
@@ -30,8 +31,8 @@ struct StepStats {
 
 class ScheduleExecutor {
  public:
-  // `actions`: this rank's list for one step (lowered); `stages`: the stages it runs.
-  ScheduleExecutor(std::vector<PipelineAction> actions, const RankStages& stages);
+  // `actions`: this rank's list for one step (lowered); `stages`: the stages it runs, in order.
+  ScheduleExecutor(std::vector<PipelineAction> actions, std::vector<StagePlace> stages);
 
   // The activation slots the list needs at once in any one stage (a runner allocates that
   // many a stage).
@@ -43,12 +44,12 @@ class ScheduleExecutor {
   // weight of one sample (1 / this replica's samples in the step). `ddp` may be null (no
   // data parallelism). The CPU's spans go to `timeline` (the GPU times its own). Adds to
   // `stats` the loss, hits and compute time of the step.
-  void run(StageRunner& runner, Ddp* ddp, TimelineRecorder& timeline, int64_t step, float scale,
+  void run(PipelineRank& runner, Ddp* ddp, TimelineRecorder& timeline, int64_t step, float scale,
            StepStats* stats) const;
 
  private:
   std::vector<PipelineAction> actions_;
-  RankStages stages_;
+  std::vector<StagePlace> stages_;
   std::vector<int> chunk_;       // chunk_[i]: the chunk (of stages_) that runs action i
   std::vector<int> slot_;        // slot_[i]: its slot in that chunk
   std::vector<int> layer_base_;  // per chunk: its first layer's index among the rank's
