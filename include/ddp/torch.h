@@ -1,7 +1,7 @@
 // ddp for LibTorch programs (the package component `torch`, target ddp::torch):
 // ddp::DistributedDataParallel over a torch::nn::Module (torch/distributed_data_parallel.h),
 // its communication hooks, PowerSGD among them (torch/comm_hooks.h), ddp::SyncBatchNorm
-// (torch/sync_batch_norm.h), with
+// (torch/sync_batch_norm.h), ddp::Pipeline over a Sequential (torch/pipeline.h), with
 // ddp::init() and the World it returns, in one include.
 #pragma once
 
@@ -10,4 +10,5 @@
 #include "torch/autocast.h"
 #include "torch/comm_hooks.h"
 #include "torch/distributed_data_parallel.h"
+#include "torch/pipeline.h"
 #include "torch/sync_batch_norm.h"

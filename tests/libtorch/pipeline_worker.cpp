@@ -1,0 +1,162 @@
+// A LibTorch program with ddp::Pipeline, as a user writes one (ddp::init, the Sequential, the
+// user's optimizer over pipe.parameters()), for the pipeline tests: K steps of a seeded model of
+// several kinds of layer (linear, layer norm, GELU, tanh, a residual-free MLP of 9 modules) on
+// seeded data, then each rank's parameters (named as in the Sequential) to --out.RANK (the
+// safetensors the tests compare), and the mean loss of every step printed by the last stage.
+// --reference: the same steps in one process without a pipeline (the whole batch at once).
+// --bad-shape: the fourth module takes 24 features instead of 32 (a stage that refuses its
+// input, mid-step).
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "models/safetensors.h"
+#include "torch/pipeline.h"
+
+namespace {
+
+struct Args {
+  std::string schedule = "1f1b", optimizer = "sgd", out;
+  int micro_batches = 4, stages_per_rank = 0, steps = 3, batch = 24;
+  std::vector<int> balance;
+  bool recompute = false, reference = false, bad_shape = false;
+  bool cuda = false;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string f = argv[i];
+    auto value = [&] {
+      if (i + 1 >= argc) throw ddp::UsageError(f + " needs a value");
+      return std::string(argv[++i]);
+    };
+    if (f == "--schedule")
+      a.schedule = value();
+    else if (f == "--optimizer")
+      a.optimizer = value();
+    else if (f == "--out")
+      a.out = value();
+    else if (f == "--micro-batches")
+      a.micro_batches = std::stoi(value());
+    else if (f == "--stages-per-rank")
+      a.stages_per_rank = std::stoi(value());
+    else if (f == "--steps")
+      a.steps = std::stoi(value());
+    else if (f == "--batch")
+      a.batch = std::stoi(value());
+    else if (f == "--balance") {
+      const std::string list = value();
+      for (size_t at = 0; at < list.size();) {
+        const size_t comma = list.find(',', at);
+        a.balance.push_back(std::stoi(list.substr(at, comma - at)));
+        at = comma == std::string::npos ? list.size() : comma + 1;
+      }
+    } else if (f == "--recompute")
+      a.recompute = true;
+    else if (f == "--reference")
+      a.reference = true;
+    else if (f == "--bad-shape")
+      a.bad_shape = true;
+    else if (f == "--cuda")
+      a.cuda = true;
+    else
+      throw ddp::UsageError("unknown flag " + f);
+  }
+  return a;
+}
+
+torch::nn::Sequential make_model(bool bad_shape) {
+  torch::manual_seed(7);
+  return torch::nn::Sequential(
+      torch::nn::Linear(16, 32), torch::nn::LayerNorm(torch::nn::LayerNormOptions({32})),
+      torch::nn::GELU(), torch::nn::Linear(bad_shape ? 24 : 32, 32), torch::nn::Tanh(),
+      torch::nn::Linear(32, 32), torch::nn::LayerNorm(torch::nn::LayerNormOptions({32})),
+      torch::nn::GELU(), torch::nn::Linear(32, 8));
+}
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& name,
+                                                        std::vector<torch::Tensor> params) {
+  if (name == "sgd")
+    return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1).momentum(0.9));
+  if (name == "adamw")
+    return std::make_unique<torch::optim::AdamW>(
+        params, torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+  throw ddp::UsageError("--optimizer " + name + ": expected sgd or adamw");
+}
+
+void save(const std::string& path, const torch::nn::Sequential& model,
+          const std::vector<torch::Tensor>& mine) {
+  std::vector<torch::Tensor> keep;
+  std::vector<ddp::TensorRef> refs;
+  for (const auto& item : model->named_parameters()) {
+    bool held = false;
+    for (const torch::Tensor& p : mine)
+      held = held || p.is_same(item.value());
+    if (!held) continue;
+    keep.push_back(item.value().detach().cpu().to(torch::kFloat32).contiguous());
+    const torch::Tensor& t = keep.back();
+    refs.push_back({item.key(), "F32", std::vector<int64_t>(t.sizes().begin(), t.sizes().end()),
+                    t.data_ptr(), static_cast<size_t>(t.numel()) * sizeof(float)});
+  }
+  ddp::write_safetensors(path, refs);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Args args = parse(argc, argv);
+    const torch::Device device = args.cuda ? torch::Device(torch::kCUDA) : torch::kCPU;
+    torch::nn::Sequential model = make_model(args.bad_shape);
+    model->to(device);
+    const auto loss_fn = [](const torch::Tensor& out, const torch::Tensor& target) {
+      return torch::nn::functional::cross_entropy(out, target);
+    };
+    // Every step's batch, the same on every rank.
+    auto batch = [&](int step) {
+      torch::manual_seed(1000 + step);
+      return std::make_pair(torch::randn({args.batch, 16}).to(device),
+                            torch::randint(0, 8, {args.batch}).to(device));
+    };
+    if (args.reference) {
+      auto optimizer = make_optimizer(args.optimizer, model->parameters());
+      for (int step = 0; step < args.steps; ++step) {
+        const auto [x, y] = batch(step);
+        optimizer->zero_grad();
+        const torch::Tensor loss = loss_fn(model->forward(x), y);
+        loss.backward();
+        optimizer->step();
+        std::printf("step %d loss %.6f\n", step, loss.item<double>());
+      }
+      if (!args.out.empty()) save(args.out + ".0", model, model->parameters());
+      return 0;
+    }
+    ddp::World world = ddp::init();
+    ddp::Pipeline pipe(model, world,
+                       ddp::PipelineOptions()
+                           .schedule(args.schedule)
+                           .micro_batches(args.micro_batches)
+                           .stages_per_rank(args.stages_per_rank)
+                           .balance(args.balance)
+                           .recompute(args.recompute));
+    auto optimizer = make_optimizer(args.optimizer, pipe.parameters());
+    for (int step = 0; step < args.steps; ++step) {
+      const auto [x, y] = batch(step);
+      optimizer->zero_grad();
+      const torch::Tensor loss = pipe.step(x, y, loss_fn);
+      optimizer->step();
+      if (pipe.has_last()) std::printf("step %d loss %.6f\n", step, loss.item<double>());
+    }
+    std::printf("rank %d report: %s\n", world.rank(), pipe.report().c_str());
+    if (!args.out.empty())
+      save(args.out + "." + std::to_string(world.rank()), model, pipe.parameters());
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "pipeline_worker: %s\n", e.what());
+    return 1;
+  }
+}

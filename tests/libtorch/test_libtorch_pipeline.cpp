@@ -1,0 +1,152 @@
+// ddp::Pipeline on the CPU (Gloo under ddprun): a LibTorch Sequential of several kinds of layer
+// under every schedule on 2 and 3 ranks trains as one process with the same global batch
+// (within kAcrossRanksMargin: the micro-batches' gradients are summed in another order than
+// the whole batch's product); recomputation is bitwise the run without it; a stage that refuses
+// its input mid-step is named, with the shape and where it came from, and the job ends.
+#include <gtest/gtest.h>
+
+#include <ostream>
+#include <string>
+
+#include "tests/libtorch/torch_compare.h"
+#include "tests/support/test_support.h"
+
+namespace ddp {
+namespace {
+
+const std::string kDdprun = std::string("CUDA_VISIBLE_DEVICES= ") + DDPRUN_PATH;
+const std::string kWorker = PIPELINE_WORKER_PATH;
+
+RunResult pipeline(int ranks, const std::string& out, const std::string& flags) {
+  return run_command(kDdprun + " --nproc-per-node " + std::to_string(ranks) + " -- " + kWorker +
+                     " --out " + out + " " + flags);
+}
+
+// The largest difference of every rank's parameters (out.R) from the reference's (ref.0); each
+// reference tensor found in exactly one rank's file.
+double against_reference(const TempDir& dir, int ranks) {
+  const SafetensorsFile reference = read_safetensors(dir.file("ref.0"));
+  size_t found = 0;
+  double worst = 0;
+  for (int r = 0; r < ranks; ++r) {
+    const SafetensorsFile mine = read_safetensors(dir.file("out." + std::to_string(r)));
+    for (const auto& [name, tensor] : mine.tensors) {
+      const auto it = reference.tensors.find(name);
+      if (it == reference.tensors.end() || it->second.shape != tensor.shape) {
+        ADD_FAILURE() << name << " of rank " << r << " not in the reference";
+        return INFINITY;
+      }
+      ++found;
+      const auto* a = reinterpret_cast<const float*>(tensor.data.data());
+      const auto* b = reinterpret_cast<const float*>(it->second.data.data());
+      for (size_t i = 0; i < tensor.data.size() / sizeof(float); ++i)
+        worst =
+            std::max(worst, std::abs(double(a[i]) - double(b[i])) / (1 + std::abs(double(b[i]))));
+    }
+  }
+  EXPECT_EQ(found, reference.tensors.size()) << "every parameter on exactly one rank";
+  return reported_error(worst);
+}
+
+struct Case {
+  const char* schedule;
+  int ranks;
+  const char* optimizer;
+};
+
+// gtest prints a case by its fields (not its bytes: the names ctest lists stay the same).
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.schedule << " pp " << c.ranks << " " << c.optimizer;
+}
+
+class TorchPipeline : public ::testing::TestWithParam<Case> {};
+
+TEST_P(TorchPipeline, TrainsAsOneProcessWithTheWholeBatch) {
+  const Case c = GetParam();
+  TempDir dir;
+  // 6 micro-batches of 4: a multiple of 2 and 3 ranks (interleaved takes them in groups).
+  const std::string flags = std::string(" --micro-batches 6 --steps 3 --optimizer ") + c.optimizer;
+  const RunResult ref = run_command(kWorker + " --reference --out " + dir.file("ref") + flags);
+  ASSERT_EQ(ref.exit_code, 0) << ref.output;
+  const RunResult run = pipeline(c.ranks, dir.file("out"), flags + " --schedule " + c.schedule);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("the simulator's bubble"), std::string::npos) << run.output;
+  // Margin: kAcrossRanksMargin (support/margins.h); a micro-batch lost or a gradient sent to
+  // the wrong stage is off by 1e-3 or more after 3 steps.
+  EXPECT_LT(against_reference(dir, c.ranks), kAcrossRanksMargin) << run.output;
+  // The losses the last stage printed are the reference's (6 decimals).
+  for (int step = 0; step < 3; ++step) {
+    const std::string tag = "step " + std::to_string(step) + " loss ";
+    const size_t at = ref.output.find(tag);
+    ASSERT_NE(at, std::string::npos) << ref.output;
+    EXPECT_NE(run.output.find(ref.output.substr(at, tag.size() + 6)), std::string::npos)
+        << ref.output.substr(at, ref.output.find('\n', at) - at) << " in\n"
+        << run.output;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Schedules, TorchPipeline,
+    ::testing::Values(Case{"gpipe", 2, "sgd"}, Case{"1f1b", 2, "sgd"}, Case{"1f1b", 3, "sgd"},
+                      Case{"interleaved-1f1b", 2, "sgd"}, Case{"interleaved-1f1b", 3, "sgd"},
+                      Case{"zb-h1", 2, "sgd"}, Case{"zb-h1", 3, "sgd"}, Case{"zb-v", 2, "sgd"},
+                      Case{"zb-v", 3, "sgd"}, Case{"gpipe", 3, "adamw"}, Case{"zb-v", 2, "adamw"}),
+    [](const ::testing::TestParamInfo<Case>& info) {
+      std::string name = std::string(info.param.schedule) + "_pp" +
+                         std::to_string(info.param.ranks) + "_" + info.param.optimizer;
+      for (char& ch : name)
+        if (ch == '-') ch = '_';
+      return name;
+    });
+
+TEST(TorchPipelineUse, RecomputationIsBitwiseTheRunWithout) {
+  TempDir dir;
+  const std::string flags = " --schedule zb-v --micro-batches 4 --steps 2";
+  const RunResult plain = pipeline(2, dir.file("plain"), flags);
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  const RunResult again = pipeline(2, dir.file("again"), flags + " --recompute");
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_NE(again.output.find("recomputing activations"), std::string::npos) << again.output;
+  for (int r = 0; r < 2; ++r)
+    EXPECT_EQ(max_relative_difference(dir.file("again." + std::to_string(r)),
+                                      dir.file("plain." + std::to_string(r))),
+              0.0);
+}
+
+TEST(TorchPipelineUse, AStageThatRefusesItsInputIsNamedAndTheJobEnds) {
+  TempDir dir;
+  // Module 3 takes 24 features but module 2 gives 32; with balance 3,6 it is stage 1's first.
+  const RunResult run =
+      pipeline(2, dir.file("out"), " --bad-shape --balance 3,6 --micro-batches 4 --steps 2");
+  EXPECT_NE(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("module 3 (stage 1's first) refused its input [6, 32] Float of "
+                            "micro-batch 0, received from stage 0"),
+            std::string::npos)
+      << run.output;
+  EXPECT_NE(run.output.find("rank 1"), std::string::npos) << run.output;
+  EXPECT_LT(run.seconds, 60) << "the job was torn down, not left waiting";
+}
+
+TEST(TorchPipelineUse, OptionsThatDoNotFitAreNamed) {
+  TempDir dir;
+  const RunResult schedule = pipeline(2, dir.file("out"), " --schedule 2f2b");
+  EXPECT_NE(schedule.exit_code, 0);
+  EXPECT_NE(schedule.output.find("PipelineOptions::schedule '2f2b': expected gpipe, 1f1b"),
+            std::string::npos)
+      << schedule.output;
+  const RunResult balance = pipeline(2, dir.file("out"), " --balance 4,4");
+  EXPECT_NE(balance.exit_code, 0);
+  EXPECT_NE(balance.output.find("PipelineOptions::balance: 8 modules in all, but the Sequential "
+                                "has 9"),
+            std::string::npos)
+      << balance.output;
+  const RunResult groups =
+      pipeline(2, dir.file("out"), " --schedule interleaved-1f1b --micro-batches 3");
+  EXPECT_NE(groups.exit_code, 0);
+  EXPECT_NE(groups.output.find("PipelineOptions::micro_batches 3: interleaved-1f1b"),
+            std::string::npos)
+      << groups.output;
+}
+
+}  // namespace
+}  // namespace ddp
