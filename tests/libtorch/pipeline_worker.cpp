@@ -10,6 +10,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -111,6 +112,9 @@ int main(int argc, char** argv) {
   try {
     const Args args = parse(argc, argv);
     const torch::Device device = args.cuda ? torch::Device(torch::kCUDA) : torch::kCPU;
+    // ddp::init binds the GPU before anything else touches CUDA (one process alone: none to bind).
+    std::unique_ptr<ddp::World> world;
+    if (!args.reference) world = std::make_unique<ddp::World>(ddp::init());
     torch::nn::Sequential model = make_model(args.bad_shape);
     model->to(device);
     const auto loss_fn = [](const torch::Tensor& out, const torch::Tensor& target) {
@@ -135,8 +139,7 @@ int main(int argc, char** argv) {
       if (!args.out.empty()) save(args.out + ".0", model, model->parameters());
       return 0;
     }
-    ddp::World world = ddp::init();
-    ddp::Pipeline pipe(model, world,
+    ddp::Pipeline pipe(model, *world,
                        ddp::PipelineOptions()
                            .schedule(args.schedule)
                            .micro_batches(args.micro_batches)
@@ -151,9 +154,9 @@ int main(int argc, char** argv) {
       optimizer->step();
       if (pipe.has_last()) std::printf("step %d loss %.6f\n", step, loss.item<double>());
     }
-    std::printf("rank %d report: %s\n", world.rank(), pipe.report().c_str());
+    std::printf("rank %d report: %s\n", world->rank(), pipe.report().c_str());
     if (!args.out.empty())
-      save(args.out + "." + std::to_string(world.rank()), model, pipe.parameters());
+      save(args.out + "." + std::to_string(world->rank()), model, pipe.parameters());
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "pipeline_worker: %s\n", e.what());

@@ -17,6 +17,42 @@ namespace ddp {
 namespace {
 
 const std::string kWorker = WORKER_PATH;
+const std::string kPipelineWorker = PIPELINE_WORKER_PATH;
+
+// ddp::Pipeline over NCCL (CUDA tensors, LibTorch's current stream): two pipeline ranks sharing
+// the GPU train as one CUDA process with the whole batch, under 1f1b and zb-v (the CPU's
+// margin: the micro-batches' products and sums differ from the whole batch's in order only;
+// TF32 is off in LibTorch's products by default).
+TEST(TorchPipelineCuda, TwoStagesSharingTheGpuTrainAsOneCudaProcess) {
+  REQUIRE_GPU();
+  TempDir dir;
+  const std::string flags = " --cuda --micro-batches 6 --steps 3";
+  const RunResult one =
+      run_command(kGpuEnv + kPipelineWorker + " --reference --out " + dir.file("ref") + flags);
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  for (const std::string schedule : {"1f1b", "zb-v"}) {
+    const RunResult r =
+        run_command(kSharedGpu + " --nproc-per-node 2 -- " + kPipelineWorker + " --out " +
+                    dir.file(schedule) + " --schedule " + schedule + flags);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const SafetensorsFile reference = read_safetensors(dir.file("ref.0"));
+    size_t found = 0;
+    for (int rank = 0; rank < 2; ++rank)
+      for (const auto& [name, tensor] :
+           read_safetensors(dir.file(schedule + "." + std::to_string(rank))).tensors) {
+        ASSERT_EQ(reference.tensors.count(name), 1u) << name;
+        const auto* a = reinterpret_cast<const float*>(tensor.data.data());
+        const auto* b = reinterpret_cast<const float*>(reference.tensors.at(name).data.data());
+        double worst = 0;
+        for (size_t i = 0; i < tensor.data.size() / sizeof(float); ++i)
+          worst =
+              std::max(worst, std::abs(double(a[i]) - double(b[i])) / (1 + std::abs(double(b[i]))));
+        EXPECT_LT(reported_error(worst), kAcrossRanksMargin) << schedule << " " << name;
+        ++found;
+      }
+    EXPECT_EQ(found, reference.tensors.size()) << schedule;
+  }
+}
 
 TEST(TorchDdpCuda, TwoRanksSharingTheGpuEqualOneCudaProcess) {
   REQUIRE_GPU();
