@@ -36,6 +36,15 @@ std::string shape_of(const torch::Tensor& t) {
   return s + "] " + std::string(c10::toString(t.scalar_type()));
 }
 
+// The current CUDA stream of `device`, or null (the CPU).
+void* stream_of(const torch::Device& device) {
+#if DDP_TORCH_CUDA
+  if (device.is_cuda()) return c10::cuda::getCurrentCUDAStream(device.index()).stream();
+#endif
+  (void)device;
+  return nullptr;
+}
+
 // What travels ahead of a flow's first message (the first step): the dtype and the shape.
 constexpr int kHeaderWords = 8;  // dtype, dimensions, up to 6 sizes
 constexpr int kMaxDims = kHeaderWords - 2;
@@ -102,7 +111,7 @@ class PipelineTransfers {
       return t;
     }
     Communicator& lane = *lanes_.at({activation, stage_rank_[from], rank_});
-    const ComputeStreamGuard on_stream(lane, stream_of(device));
+    const ComputeStreamGuard on_stream(lane, ddp::stream_of(device));
     const int peer = stage_rank_[from];
     auto known = received_.find(key);
     if (known == received_.end()) {
@@ -161,7 +170,7 @@ class PipelineTransfers {
     std::unique_ptr<Work> work = lane.irecv(t.data_ptr(), static_cast<size_t>(t.numel()),
                                             collective_type_or_int(t.scalar_type()), peer);
     if (device.is_cuda())
-      work->then_on(stream_of(device));
+      work->then_on(ddp::stream_of(device));
     else
       work->wait(lane.timeout());
   }
@@ -201,15 +210,39 @@ class TorchStage final : public PipelineStage {
     torch::Tensor loss_sum;  // the last stage's, sum over samples
   };
 
+  // `replicas`: the stage's data-parallel group (null: none), over which its gradients are
+  // averaged once its `micro_batches` weight gradients of a step are in.
   TorchStage(int stage, int stages, int first_module, std::vector<torch::nn::AnyModule> modules,
-             bool recompute, PipelineTransfers& transfers, StepData& step)
+             bool recompute, PipelineTransfers& transfers, StepData& step, Communicator* replicas,
+             int micro_batches)
       : stage_(stage),
         stages_(stages),
         first_module_(first_module),
         modules_(std::move(modules)),
         recompute_(recompute),
         transfers_(transfers),
-        step_(step) {}
+        step_(step),
+        replicas_(replicas),
+        micro_batches_(micro_batches) {}
+
+  // The step's end: the gradients' averages waited for and put back (CUDA: the current stream
+  // waits for them).
+  void finish_reduction() {
+    weight_passes_ = 0;
+    for (Reduction& r : reducing_) {
+      if (r.flat.is_cuda())
+        r.work->then_on(stream_of(r.flat.device()));
+      else
+        r.work->wait(replicas_->timeout());
+      int64_t at = 0;
+      torch::NoGradGuard no_grad;
+      for (torch::Tensor& g : r.grads) {
+        g.copy_(r.flat.narrow(0, at, g.numel()).view_as(g));
+        at += g.numel();
+      }
+    }
+    reducing_.clear();
+  }
 
   int first_module() const { return first_module_; }
   int module_count() const { return static_cast<int>(modules_.size()); }
@@ -271,6 +304,7 @@ class TorchStage final : public PipelineStage {
     for (int i = module_count() - 1; on_layer_done && i >= 0; --i)
       on_layer_done(i);
     release(s, stage_ > 0 && s.input.requires_grad() ? s.input.grad() : torch::Tensor());
+    weight_pass_done();
   }
   bool splits_backward() const override { return true; }
   void backward_input(int micro, int slot) override {
@@ -320,6 +354,7 @@ class TorchStage final : public PipelineStage {
       if (on_layer_done) on_layer_done(i);
     }
     release(s, s.input_grad);
+    weight_pass_done();
   }
   void send_gradient(int micro, int slot) override {
     Slot& s = slots_[slot];
@@ -394,18 +429,57 @@ class TorchStage final : public PipelineStage {
     s.input_grad = std::move(keep);
   }
 
+  // One weight gradient of the step's micro-batches written; after the last, the stage's
+  // gradients start on their way to their average over the replicas (the rest of the schedule
+  // runs meanwhile), one flat copy a dtype.
+  void weight_pass_done() {
+    if (++weight_passes_ < micro_batches_ || replicas_ == nullptr || replicas_->size() == 1) return;
+    std::map<torch::ScalarType, Reduction> by_dtype;
+    for (const torch::Tensor& p : parameters()) {
+      if (!p.requires_grad()) continue;
+      if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);  // unused: its part zero
+      by_dtype[p.scalar_type()].grads.push_back(p.grad());
+    }
+    for (auto& [dtype, r] : by_dtype) {
+      std::vector<torch::Tensor> flat;
+      for (const torch::Tensor& g : r.grads)
+        flat.push_back(g.reshape({-1}));
+      r.flat = torch::cat(flat);
+      const ComputeStreamGuard on_stream(*replicas_, stream_of(r.flat.device()));
+      r.work = replicas_->all_reduce_async(r.flat.data_ptr(), static_cast<size_t>(r.flat.numel()),
+                                           collective_type(dtype), ReduceOp::kAverage);
+      reducing_.push_back(std::move(r));
+    }
+  }
+
+  struct Reduction {
+    std::vector<torch::Tensor> grads;  // the parameters' .grad(), in order
+    torch::Tensor flat;                // their copy, averaged in place
+    std::unique_ptr<Work> work;
+  };
+
   int stage_, stages_, first_module_;
   std::vector<torch::nn::AnyModule> modules_;
   bool recompute_;
   PipelineTransfers& transfers_;
   StepData& step_;
+  Communicator* replicas_;
+  int micro_batches_;
+  int weight_passes_ = 0;  // of this step
+  std::vector<Reduction> reducing_;
   std::vector<Slot> slots_;
 };
 
 class Pipeline::Impl final : public PipelineRank {
  public:
-  Impl(torch::nn::Sequential model, Communicator& group, const PipelineOptions& options)
-      : model_(std::move(model)), group_(group), options_(options) {
+  // `owned`: the communicators made for it (kept as long as it is).
+  Impl(torch::nn::Sequential model, Communicator& group, Communicator* replicas,
+       const PipelineOptions& options, std::vector<std::unique_ptr<Communicator>> owned)
+      : model_(std::move(model)),
+        group_(group),
+        replicas_(replicas),
+        options_(options),
+        owned_(std::move(owned)) {
     const int ranks = group.size();
     const int rank = group.rank();
     const auto schedule = schedule_from_name(options.schedule());
@@ -481,7 +555,8 @@ class Pipeline::Impl final : public PipelineRank {
       for (int i = bounds_[s]; i < bounds_[s + 1]; ++i)
         mine.push_back(*(model_->begin() + i));
       stages_.push_back(std::make_unique<TorchStage>(s, stages, bounds_[s], std::move(mine),
-                                                     options.recompute(), *transfers_, data_));
+                                                     options.recompute(), *transfers_, data_,
+                                                     replicas_, m));
       places.push_back({s, stages, m, bounds_[s + 1] - bounds_[s]});
       stage_index_.push_back(s);
     }
@@ -489,7 +564,7 @@ class Pipeline::Impl final : public PipelineRank {
         plan_rank_schedule(schedule_, rank, ranks, chunks_, m), places);
     for (auto& s : stages_)
       s->set_slots(executor_->slots());
-    if (rank == 0) spdlog::info("{}", describe());
+    if (rank == 0 && replica() == 0) spdlog::info("{}", describe());
   }
 
   // PipelineRank
@@ -497,7 +572,11 @@ class Pipeline::Impl final : public PipelineRank {
   PipelineStage& chunk(int c) override { return *stages_.at(static_cast<size_t>(c)); }
   float* grads() override { return nullptr; }  // no data-parallel reducer here
   void* stream() override { return nullptr; }
-  void end_schedule() override { transfers_->end_step(); }
+  void end_schedule() override {
+    transfers_->end_step();
+    for (auto& s : stages_)
+      s->finish_reduction();
+  }
 
   torch::Tensor step(const torch::Tensor& input, const torch::Tensor& target, const LossFn& loss) {
     const int m = options_.micro_batches();
@@ -529,7 +608,7 @@ class Pipeline::Impl final : public PipelineRank {
     data_ = {};
     if (steps_ == 2) {
       step_s_ = clock.seconds();
-      if (group_.rank() == 0) spdlog::info("ddp::Pipeline: {}", report());
+      if (group_.rank() == 0 && replica() == 0) spdlog::info("ddp::Pipeline: {}", report());
     }
     return mean;
   }
@@ -542,6 +621,8 @@ class Pipeline::Impl final : public PipelineRank {
     return all;
   }
   const std::vector<int>& stages() const { return stage_index_; }
+  int replica() const { return replicas_ ? replicas_->rank() : 0; }
+  int replicas() const { return replicas_ ? replicas_->size() : 1; }
   bool has_first() const { return stage_index_.front() == 0; }
   bool has_last() const { return stage_index_.back() == static_cast<int>(stage_rank_.size()) - 1; }
 
@@ -560,10 +641,11 @@ class Pipeline::Impl final : public PipelineRank {
                                                          : ", ",
                           stage_index_[k]);
     return fmt::format(
-        "{} over {} ranks, {} stages (modules {}), {} micro-batches{}; rank {} runs stage{} {}",
+        "{} over {} ranks, {} stages (modules {}), {} micro-batches{}{}; rank {} runs stage{} {}",
         schedule_name(schedule_), group_.size(), stage_rank_.size(), cut, options_.micro_batches(),
-        options_.recompute() ? ", recomputing activations" : "", group_.rank(),
-        stage_index_.size() > 1 ? "s" : "", mine);
+        options_.recompute() ? ", recomputing activations" : "",
+        replicas() > 1 ? fmt::format("; {} replicas (data parallel)", replicas()) : "",
+        group_.rank(), stage_index_.size() > 1 ? "s" : "", mine);
   }
 
   std::string report() const {
@@ -588,7 +670,9 @@ class Pipeline::Impl final : public PipelineRank {
  private:
   torch::nn::Sequential model_;
   Communicator& group_;
+  Communicator* replicas_;
   PipelineOptions options_;
+  std::vector<std::unique_ptr<Communicator>> owned_;
   PipelineSchedule schedule_ = PipelineSchedule::kOneForwardOneBackward;
   int chunks_ = 1;
   std::vector<int> bounds_;      // stage s holds modules [bounds_[s], bounds_[s + 1])
@@ -604,11 +688,31 @@ class Pipeline::Impl final : public PipelineRank {
   double step_s_ = 0;
 };
 
-Pipeline::Pipeline(torch::nn::Sequential model, World& world, const PipelineOptions& options)
-    : Pipeline(std::move(model), world.comm(), options) {}
+Pipeline::Pipeline(torch::nn::Sequential model, World& world, const PipelineOptions& options) {
+  const int replicas = options.data_parallel();
+  Communicator& comm = world.comm();
+  DDP_USAGE_CHECK(replicas >= 1 && comm.size() % replicas == 0,
+                  "PipelineOptions::data_parallel {}: expected a divisor of the world's {} ranks",
+                  replicas, comm.size());
+  if (replicas == 1) {
+    impl_ = std::make_unique<Impl>(std::move(model), comm, nullptr, options,
+                                   std::vector<std::unique_ptr<Communicator>>{});
+    return;
+  }
+  // Rank r: pipeline rank r % P of replica r / P (a replica's ranks side by side).
+  const int pipe_ranks = comm.size() / replicas;
+  std::vector<std::unique_ptr<Communicator>> owned;
+  owned.push_back(comm.split(comm.rank() / pipe_ranks, comm.rank() % pipe_ranks));
+  owned.push_back(comm.split(comm.rank() % pipe_ranks, comm.rank() / pipe_ranks));
+  Communicator& group = *owned[0];
+  Communicator* dp = owned[1].get();
+  impl_ = std::make_unique<Impl>(std::move(model), group, dp, options, std::move(owned));
+}
 
-Pipeline::Pipeline(torch::nn::Sequential model, Communicator& group, const PipelineOptions& options)
-    : impl_(std::make_unique<Impl>(std::move(model), group, options)) {}
+Pipeline::Pipeline(torch::nn::Sequential model, Communicator& group, Communicator* replicas,
+                   const PipelineOptions& options)
+    : impl_(std::make_unique<Impl>(std::move(model), group, replicas, options,
+                                   std::vector<std::unique_ptr<Communicator>>{})) {}
 
 Pipeline::~Pipeline() = default;
 
@@ -623,6 +727,14 @@ std::vector<torch::Tensor> Pipeline::parameters() const {
 
 std::vector<int> Pipeline::stages() const {
   return impl_->stages();
+}
+
+int Pipeline::replica() const {
+  return impl_->replica();
+}
+
+int Pipeline::replicas() const {
+  return impl_->replicas();
 }
 
 bool Pipeline::has_first() const {

@@ -55,6 +55,12 @@ struct PipelineOptions {
   // Keep only each stage's input between a micro-batch's forward and backward, and forward it
   // again with gradients right before its backward (activation recomputation).
   TORCH_ARG(bool, recompute) = false;
+  // Replicas of the whole pipeline (dp x pp, the World's ranks being dp x P): world rank r is
+  // pipeline rank r % P of replica r / P. Each replica steps on its own batch; a stage's
+  // gradients are averaged over its replicas (one all-reduce a dtype, started as the stage's
+  // last backward of the step ends, while the schedule goes on, and waited for at the step's
+  // end), as DistributedDataParallel averages them.
+  TORCH_ARG(int, data_parallel) = 1;
 };
 
 // Pipeline parallelism over a Sequential (the top of this file).
@@ -65,11 +71,14 @@ class Pipeline {
   using LossFn =
       std::function<torch::Tensor(const torch::Tensor& output, const torch::Tensor& target)>;
 
-  // Every rank of `world` a pipeline rank (collective: it makes the pipeline's communicators).
-  // UsageError for options that do not fit the model or the world.
+  // Every rank of `world` a pipeline rank, or with data_parallel(D) D pipelines of world / D
+  // ranks each (collective: it makes the pipeline's communicators). UsageError for options
+  // that do not fit the model or the world.
   Pipeline(torch::nn::Sequential model, World& world, const PipelineOptions& options = {});
-  // The pipeline over `group`'s ranks (one of several pipelines: a split of the world).
-  Pipeline(torch::nn::Sequential model, Communicator& group, const PipelineOptions& options = {});
+  // The pipeline over `group`'s ranks, its stages' gradients averaged over `replicas` (null: one
+  // replica; else the same stage's ranks of every replica, in replica order).
+  Pipeline(torch::nn::Sequential model, Communicator& group, Communicator* replicas,
+           const PipelineOptions& options = {});
   ~Pipeline();
   Pipeline(const Pipeline&) = delete;
   Pipeline& operator=(const Pipeline&) = delete;
@@ -88,6 +97,11 @@ class Pipeline {
   bool has_first() const;
   // Whether this rank runs the last stage (it reads step()'s target and returns the loss).
   bool has_last() const;
+  // This rank's replica (its index among data_parallel()'s): the replica's share of the data is
+  // its to give to step().
+  int replica() const;
+  // How many replicas of the pipeline there are (data_parallel()).
+  int replicas() const;
   // "zb-v over 2 ranks, 4 stages (modules 0-2, 3-4, 5-6, 7-8), 8 micro-batches; rank 0 runs
   // stages 0 and 3".
   std::string describe() const;

@@ -4,8 +4,9 @@
 // seeded data, then each rank's parameters (named as in the Sequential) to --out.RANK (the
 // safetensors the tests compare), and the mean loss of every step printed by the last stage.
 // --reference: the same steps in one process without a pipeline (the whole batch at once).
-// --bad-shape: the fourth module takes 24 features instead of 32 (a stage that refuses its
-// input, mid-step).
+// --data-parallel D: D replicas of the pipeline, each on its share of the global batch (replica 0
+// writes the files). --bad-shape: the fourth module takes 24 features instead of 32 (a stage that
+// refuses its input, mid-step).
 #include <torch/torch.h>
 
 #include <cstdio>
@@ -21,7 +22,7 @@ namespace {
 
 struct Args {
   std::string schedule = "1f1b", optimizer = "sgd", out;
-  int micro_batches = 4, stages_per_rank = 0, steps = 3, batch = 24;
+  int micro_batches = 4, stages_per_rank = 0, steps = 3, batch = 24, data_parallel = 1;
   std::vector<int> balance;
   bool recompute = false, reference = false, bad_shape = false;
   bool cuda = false;
@@ -49,6 +50,8 @@ Args parse(int argc, char** argv) {
       a.steps = std::stoi(value());
     else if (f == "--batch")
       a.batch = std::stoi(value());
+    else if (f == "--data-parallel")
+      a.data_parallel = std::stoi(value());
     else if (f == "--balance") {
       const std::string list = value();
       for (size_t at = 0; at < list.size();) {
@@ -145,17 +148,21 @@ int main(int argc, char** argv) {
                            .micro_batches(args.micro_batches)
                            .stages_per_rank(args.stages_per_rank)
                            .balance(args.balance)
-                           .recompute(args.recompute));
+                           .recompute(args.recompute)
+                           .data_parallel(args.data_parallel));
     auto optimizer = make_optimizer(args.optimizer, pipe.parameters());
     for (int step = 0; step < args.steps; ++step) {
-      const auto [x, y] = batch(step);
+      const auto [x, y] = batch(step);  // the global batch; this replica's share of it
       optimizer->zero_grad();
-      const torch::Tensor loss = pipe.step(x, y, loss_fn);
+      const torch::Tensor loss =
+          pipe.step(x.tensor_split(pipe.replicas())[pipe.replica()],
+                    y.tensor_split(pipe.replicas())[pipe.replica()], loss_fn);
       optimizer->step();
-      if (pipe.has_last()) std::printf("step %d loss %.6f\n", step, loss.item<double>());
+      if (pipe.has_last() && pipe.replica() == 0)
+        std::printf("step %d loss %.6f\n", step, loss.item<double>());
     }
     std::printf("rank %d report: %s\n", world->rank(), pipe.report().c_str());
-    if (!args.out.empty())
+    if (!args.out.empty() && pipe.replica() == 0)  // the replicas hold the same weights
       save(args.out + "." + std::to_string(world->rank()), model, pipe.parameters());
     return 0;
   } catch (const std::exception& e) {

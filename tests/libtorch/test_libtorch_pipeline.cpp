@@ -99,6 +99,23 @@ INSTANTIATE_TEST_SUITE_P(
       return name;
     });
 
+// dp 2 x pp 2 (four ranks: two replicas of a two-rank zb-v pipeline, each on half of the
+// global batch): the stages' gradients averaged over their replicas give the one process's
+// weights with the whole batch, with SGD momentum and with AdamW.
+TEST(TorchPipelineUse, TwoReplicasOfTheZbvPipelineTrainAsOneProcess) {
+  for (const std::string optimizer : {"sgd", "adamw"}) {
+    TempDir dir;
+    const std::string flags = " --micro-batches 4 --steps 3 --optimizer " + optimizer;
+    const RunResult ref = run_command(kWorker + " --reference --out " + dir.file("ref") + flags);
+    ASSERT_EQ(ref.exit_code, 0) << ref.output;
+    const RunResult run =
+        pipeline(4, dir.file("out"), flags + " --schedule zb-v --data-parallel 2");
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    EXPECT_NE(run.output.find("2 replicas (data parallel)"), std::string::npos) << run.output;
+    EXPECT_LT(against_reference(dir, 2), kAcrossRanksMargin) << optimizer << "\n" << run.output;
+  }
+}
+
 TEST(TorchPipelineUse, RecomputationIsBitwiseTheRunWithout) {
   TempDir dir;
   const std::string flags = " --schedule zb-v --micro-batches 4 --steps 2";
