@@ -70,8 +70,9 @@ class PipelineTransfers {
     }
     Communicator& lane = *lanes_.at({activation, rank_, stage_rank_[to]});
     const ComputeStreamGuard on_stream(lane, stream_of(t));
-    auto known = sent_.find(key);
-    if (known == sent_.end()) {  // the first step: the shape goes first
+    auto& cache = evaluating_ ? evaluation_sent_ : sent_;
+    auto known = cache.find(key);
+    if (known == cache.end()) {  // the first step (or an evaluation): the shape goes first
       DDP_USAGE_CHECK(t.dim() <= kMaxDims,
                       "ddp::Pipeline: stage {} sends a tensor of {} dimensions "
                       "(at most {})",
@@ -83,7 +84,7 @@ class PipelineTransfers {
         words[2 + d] = t.size(d);
       torch::Tensor header = torch::tensor(words, torch::kInt64).to(t.device());
       post_send(lane, header, stage_rank_[to]);
-      sent_[key] = {t.sizes().vec(), t.scalar_type()};
+      cache[key] = {t.sizes().vec(), t.scalar_type()};
     } else {
       DDP_USAGE_CHECK(
           known->second.first == t.sizes().vec() && known->second.second == t.scalar_type(),
@@ -113,21 +114,29 @@ class PipelineTransfers {
     Communicator& lane = *lanes_.at({activation, stage_rank_[from], rank_});
     const ComputeStreamGuard on_stream(lane, ddp::stream_of(device));
     const int peer = stage_rank_[from];
-    auto known = received_.find(key);
-    if (known == received_.end()) {
+    auto& cache = evaluating_ ? evaluation_received_ : received_;
+    auto known = cache.find(key);
+    if (known == cache.end()) {
       torch::Tensor header =
           torch::zeros({kHeaderWords}, torch::TensorOptions().dtype(torch::kInt64).device(device));
       post_receive(lane, header, peer, device);
       const torch::Tensor words = header.cpu();
       const auto* w = words.data_ptr<int64_t>();
       std::vector<int64_t> sizes(w + 2, w + 2 + w[1]);
-      known =
-          received_.emplace(key, std::make_pair(sizes, static_cast<torch::ScalarType>(w[0]))).first;
+      known = cache.emplace(key, std::make_pair(sizes, static_cast<torch::ScalarType>(w[0]))).first;
     }
     torch::Tensor t = torch::empty(
         known->second.first, torch::TensorOptions().dtype(known->second.second).device(device));
     post_receive(lane, t, peer, device);
     return t;
+  }
+
+  // Evaluation's transfers (on) until it ends (off): every message's shape goes with it, as
+  // an evaluation's micro-batches need not be a step's.
+  void set_evaluating(bool on) {
+    evaluating_ = on;
+    evaluation_sent_.clear();
+    evaluation_received_.clear();
   }
 
   // The step's end: every send done (CPU: waited for; CUDA: the current stream waits).
@@ -196,6 +205,9 @@ class PipelineTransfers {
   int rank_;
   std::map<Key, torch::Tensor> handed_;
   std::map<Key, std::pair<std::vector<int64_t>, torch::ScalarType>> sent_, received_;
+  bool evaluating_ = false;
+  std::map<Key, std::pair<std::vector<int64_t>, torch::ScalarType>> evaluation_sent_,
+      evaluation_received_;
   std::vector<Sending> sending_;
 };
 
@@ -269,6 +281,25 @@ class TorchStage final : public PipelineStage {
     }
     forward_with_grad(s, micro);
   }
+  // Where its modules' parameters are (the first stage's input's device where it has none).
+  torch::Device device() const {
+    for (const torch::nn::AnyModule& m : modules_) {
+      const auto params = m.ptr()->parameters();
+      if (!params.empty()) return params.front().device();
+    }
+    return step_.inputs.empty() ? torch::Device(torch::kCPU) : step_.inputs.front().device();
+  }
+
+  // Evaluation: micro-batch `micro` (its `input` on the first stage) through the stage without
+  // gradients, received from the stage before and sent on; returns the output.
+  torch::Tensor evaluate(int micro, const torch::Tensor& input) {
+    const torch::Tensor x =
+        stage_ == 0 ? input : transfers_.receive(true, stage_ - 1, stage_, micro, device());
+    torch::Tensor out = run(x, micro).back();
+    if (stage_ < stages_ - 1) transfers_.send(true, stage_, stage_ + 1, micro, out);
+    return out;
+  }
+
   void send_activation(int micro, int slot) override {
     transfers_.send(true, stage_, stage_ + 1, micro, slots_[slot].outputs.back());
     if (recompute_) slots_[slot].outputs.clear();
@@ -377,14 +408,6 @@ class TorchStage final : public PipelineStage {
     std::vector<torch::Tensor> grads;    // split backward: each activation's gradient
     torch::Tensor input_grad;            // what send_gradient sends
   };
-
-  torch::Device device() const {
-    for (const torch::nn::AnyModule& m : modules_) {
-      const auto params = m.ptr()->parameters();
-      if (!params.empty()) return params.front().device();
-    }
-    return step_.inputs.empty() ? torch::Device(torch::kCPU) : step_.inputs.front().device();
-  }
 
   // Every module in turn, each output kept; a module that refuses its input is named with the
   // input's shape and where it came from.
@@ -613,6 +636,42 @@ class Pipeline::Impl final : public PipelineRank {
     return mean;
   }
 
+  torch::Tensor forward(const torch::Tensor& input) {
+    torch::NoGradGuard no_grad;
+    const int m = options_.micro_batches();
+    std::vector<torch::Tensor> inputs;
+    if (has_first()) {
+      DDP_USAGE_CHECK(input.defined() && input.dim() >= 1 && input.size(0) >= 1,
+                      "ddp::Pipeline::forward: the input ({}) has no samples along dimension 0",
+                      input.defined() ? shape_of(input) : "undefined");
+      inputs = input.tensor_split(std::min<int64_t>(m, input.size(0)), 0);
+    }
+    // The micro-batch count, from the first stage's rank (its input's samples may be fewer
+    // than micro_batches).
+    const int chunks = has_first() ? static_cast<int>(inputs.size()) : 0;
+    int count = chunks;
+    {
+      torch::Tensor n = torch::tensor({static_cast<int32_t>(count)}, torch::kInt32);
+      const bool device = group_.device_buffers();
+      if (device) n = n.to(stages_.front()->device());
+      group_.all_reduce(n.data_ptr(), 1, DataType::kInt32, ReduceOp::kMax);
+      count = n.cpu().item<int32_t>();
+    }
+    // Each micro-batch through this rank's stages in order (a stage waits only for a lower
+    // stage of the same micro-batch or an earlier micro-batch: no cycle); sends not waited for.
+    transfers_->set_evaluating(true);
+    std::vector<torch::Tensor> outputs;
+    for (int micro = 0; micro < count; ++micro)
+      for (auto& stage : stages_) {
+        torch::Tensor out = stage->evaluate(
+            micro, has_first() ? inputs[static_cast<size_t>(micro)] : torch::Tensor());
+        if (stage.get() == stages_.back().get() && has_last()) outputs.push_back(out);
+      }
+    transfers_->end_step();
+    transfers_->set_evaluating(false);
+    return has_last() ? torch::cat(outputs) : torch::Tensor();
+  }
+
   std::vector<torch::Tensor> parameters() const {
     std::vector<torch::Tensor> all;
     for (const auto& s : stages_)
@@ -719,6 +778,10 @@ Pipeline::~Pipeline() = default;
 torch::Tensor Pipeline::step(const torch::Tensor& input, const torch::Tensor& target,
                              const LossFn& loss) {
   return impl_->step(input, target, loss);
+}
+
+torch::Tensor Pipeline::forward(const torch::Tensor& input) {
+  return impl_->forward(input);
 }
 
 std::vector<torch::Tensor> Pipeline::parameters() const {

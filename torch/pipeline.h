@@ -89,6 +89,12 @@ class Pipeline {
   // device, not waited for), an undefined tensor on the others.
   torch::Tensor step(const torch::Tensor& input, const torch::Tensor& target, const LossFn& loss);
 
+  // Evaluation (collective over the pipeline): `input` (read on the first stage's rank) through
+  // every stage without gradients, in micro_batches pieces; returns the model's output on the
+  // last stage's rank, an undefined tensor on the others. The modules' train/eval mode is the
+  // user's (model->eval()).
+  torch::Tensor forward(const torch::Tensor& input);
+
   // The parameters of this rank's stages (for its optimizer), in the model's order.
   std::vector<torch::Tensor> parameters() const;
   // The stage indices this rank runs, in order.

@@ -92,10 +92,17 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& name,
   throw ddp::UsageError("--optimizer " + name + ": expected sgd or adamw");
 }
 
+// The parameters of `mine` (named as in the model) and, where defined, the model's `output` on
+// the evaluation batch.
 void save(const std::string& path, const torch::nn::Sequential& model,
-          const std::vector<torch::Tensor>& mine) {
+          const std::vector<torch::Tensor>& mine, const torch::Tensor& output) {
   std::vector<torch::Tensor> keep;
   std::vector<ddp::TensorRef> refs;
+  if (output.defined()) {
+    keep.push_back(output.detach().cpu().to(torch::kFloat32).contiguous());
+    refs.push_back({"output", "F32", keep.back().sizes().vec(), keep.back().data_ptr(),
+                    static_cast<size_t>(keep.back().numel()) * sizeof(float)});
+  }
   for (const auto& item : model->named_parameters()) {
     bool held = false;
     for (const torch::Tensor& p : mine)
@@ -129,6 +136,11 @@ int main(int argc, char** argv) {
       return std::make_pair(torch::randn({args.batch, 16}).to(device),
                             torch::randint(0, 8, {args.batch}).to(device));
     };
+    // 10 samples the training never saw, for forward(): fewer than some runs' micro-batches.
+    auto evaluation_batch = [&] {
+      torch::manual_seed(99);
+      return torch::randn({10, 16}).to(device);
+    };
     if (args.reference) {
       auto optimizer = make_optimizer(args.optimizer, model->parameters());
       for (int step = 0; step < args.steps; ++step) {
@@ -139,7 +151,9 @@ int main(int argc, char** argv) {
         optimizer->step();
         std::printf("step %d loss %.6f\n", step, loss.item<double>());
       }
-      if (!args.out.empty()) save(args.out + ".0", model, model->parameters());
+      torch::NoGradGuard no_grad;
+      if (!args.out.empty())
+        save(args.out + ".0", model, model->parameters(), model->forward(evaluation_batch()));
       return 0;
     }
     ddp::Pipeline pipe(model, *world,
@@ -162,8 +176,10 @@ int main(int argc, char** argv) {
         std::printf("step %d loss %.6f\n", step, loss.item<double>());
     }
     std::printf("rank %d report: %s\n", world->rank(), pipe.report().c_str());
+    // The evaluation batch through the pipeline (every replica: collective over its pipeline).
+    const torch::Tensor output = pipe.forward(evaluation_batch());
     if (!args.out.empty() && pipe.replica() == 0)  // the replicas hold the same weights
-      save(args.out + "." + std::to_string(world->rank()), model, pipe.parameters());
+      save(args.out + "." + std::to_string(world->rank()), model, pipe.parameters(), output);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "pipeline_worker: %s\n", e.what());
