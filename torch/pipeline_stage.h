@@ -1,0 +1,315 @@
+// ddp::Pipeline's stage (torch/pipeline.h): a run of the user's modules as engine/pipeline's
+// PipelineStage, its micro-batches' tensors in the executor's slots, backward whole or in the
+// zero-bubble schedules' two halves, and the average of its gradients over the replicas.
+// Internal to torch/pipeline.cpp.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "collectives/communicator.h"
+#include "runtime/error.h"
+#include "torch/comm_hooks.h"
+
+#if DDP_TORCH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+#include <spdlog/fmt/fmt.h>
+
+#include "engine/pipeline/stage.h"
+#include "torch/pipeline.h"
+#include "torch/pipeline_transfers.h"
+
+namespace ddp {
+
+// One stage: its modules (the user's), its slots' tensors, and what the executor asks of it.
+class TorchStage final : public PipelineStage {
+ public:
+  // What a step gives every stage: the micro-batches of the input (first stage) and target
+  // (last stage), and the loss function.
+  struct StepData {
+    std::vector<torch::Tensor> inputs, targets;
+    const Pipeline::LossFn* loss = nullptr;
+    torch::Tensor loss_sum;  // the last stage's, sum over samples
+  };
+
+  // `replicas`: the stage's data-parallel group (null: none), over which its gradients are
+  // averaged once its `micro_batches` weight gradients of a step are in.
+  TorchStage(int stage, int stages, int first_module, std::vector<torch::nn::AnyModule> modules,
+             bool recompute, PipelineTransfers& transfers, StepData& step, Communicator* replicas,
+             int micro_batches)
+      : stage_(stage),
+        stages_(stages),
+        first_module_(first_module),
+        modules_(std::move(modules)),
+        recompute_(recompute),
+        transfers_(transfers),
+        step_(step),
+        replicas_(replicas),
+        micro_batches_(micro_batches) {}
+
+  // The step's end: the gradients' averages waited for and put back (CUDA: the current stream
+  // waits for them).
+  void finish_reduction() {
+    weight_passes_ = 0;
+    for (Reduction& r : reducing_) {
+      if (r.flat.is_cuda())
+        r.work->then_on(stream_of(r.flat.device()));
+      else
+        r.work->wait(replicas_->timeout());
+      int64_t at = 0;
+      torch::NoGradGuard no_grad;
+      for (torch::Tensor& g : r.grads) {
+        g.copy_(r.flat.narrow(0, at, g.numel()).view_as(g));
+        at += g.numel();
+      }
+    }
+    reducing_.clear();
+  }
+
+  int first_module() const { return first_module_; }
+  int module_count() const { return static_cast<int>(modules_.size()); }
+  void set_slots(int slots) { slots_.assign(static_cast<size_t>(slots), Slot{}); }
+  std::vector<torch::Tensor> parameters() const {
+    std::vector<torch::Tensor> all;
+    for (const torch::nn::AnyModule& m : modules_)
+      for (const torch::Tensor& p : m.ptr()->parameters())
+        all.push_back(p);
+    return all;
+  }
+
+  void recv_activation(int micro, int slot) override {
+    slots_[slot].input = transfers_.receive(true, stage_ - 1, stage_, micro, device());
+  }
+  void forward(int micro, int slot) override {
+    Slot& s = slots_[slot];
+    if (stage_ == 0) s.input = step_.inputs.at(static_cast<size_t>(micro));
+    if (recompute_) {
+      torch::NoGradGuard no_grad;
+      s.outputs = {run(s.input, micro).back()};  // the output alone, for the send
+      s.recomputed = false;
+      return;
+    }
+    forward_with_grad(s, micro);
+  }
+  // Where its modules' parameters are (the first stage's input's device where it has none).
+  torch::Device device() const {
+    for (const torch::nn::AnyModule& m : modules_) {
+      const auto params = m.ptr()->parameters();
+      if (!params.empty()) return params.front().device();
+    }
+    return step_.inputs.empty() ? torch::Device(torch::kCPU) : step_.inputs.front().device();
+  }
+
+  // Evaluation: micro-batch `micro` (its `input` on the first stage) through the stage without
+  // gradients, received from the stage before and sent on; returns the output.
+  torch::Tensor evaluate(int micro, const torch::Tensor& input) {
+    const torch::Tensor x =
+        stage_ == 0 ? input : transfers_.receive(true, stage_ - 1, stage_, micro, device());
+    torch::Tensor out = run(x, micro).back();
+    if (stage_ < stages_ - 1) transfers_.send(true, stage_, stage_ + 1, micro, out);
+    return out;
+  }
+
+  void send_activation(int micro, int slot) override {
+    transfers_.send(true, stage_, stage_ + 1, micro, slots_[slot].outputs.back());
+    if (recompute_) slots_[slot].outputs.clear();
+  }
+  void recv_gradient(int micro, int slot) override {
+    slots_[slot].grad_out = transfers_.receive(false, stage_ + 1, stage_, micro, device());
+  }
+  LossSum loss(int micro, int slot, float grad_scale) override {
+    Slot& s = slots_[slot];
+    ready_for_backward(s, micro);
+    const torch::Tensor& target = step_.targets.at(static_cast<size_t>(micro));
+    const torch::Tensor l = (*step_.loss)(s.outputs.back(), target);
+    DDP_USAGE_CHECK(l.numel() == 1,
+                    "ddp::Pipeline: the loss function returned {} values, not "
+                    "one (the mean over the micro-batch)",
+                    shape_of(l));
+    const double samples = static_cast<double>(target.size(0));
+    // The micro-batch's share of the batch's mean: its mean times its samples over the batch's.
+    s.root = l.reshape({}) * (samples * grad_scale);
+    const torch::Tensor sum = l.detach().reshape({}).to(torch::kFloat64) * samples;
+    step_.loss_sum = step_.loss_sum.defined() ? step_.loss_sum + sum : sum;
+    return {};  // kept on the device, in step_.loss_sum
+  }
+  void backward(int micro, int slot, bool accumulate,
+                const std::function<void(int)>& on_layer_done) override {
+    (void)accumulate;  // LibTorch's .grad() adds up, as backward() does
+    Slot& s = slots_[slot];
+    ready_for_backward(s, micro);
+    if (stage_ == stages_ - 1)
+      torch::autograd::backward({s.root});
+    else
+      torch::autograd::backward({s.outputs.back()}, {s.grad_out});
+    for (int i = module_count() - 1; on_layer_done && i >= 0; --i)
+      on_layer_done(i);
+    release(s, stage_ > 0 && s.input.requires_grad() ? s.input.grad() : torch::Tensor());
+    weight_pass_done();
+  }
+  bool splits_backward() const override { return true; }
+  void backward_input(int micro, int slot) override {
+    // The gradients of the stage's input and of every module's input (and, on the last stage,
+    // its output), the graph kept for the weight half.
+    Slot& s = slots_[slot];
+    ready_for_backward(s, micro);
+    const bool last = stage_ == stages_ - 1;
+    std::vector<torch::Tensor> wrt;
+    std::vector<int> index;  // which of inputs_ (0: the stage's input, i: module i-1's output)
+    const int points = module_count() + (last ? 1 : 0);  // the activations before each module
+    for (int i = 0; i < points; ++i) {
+      const torch::Tensor& a = i == 0 ? s.input : s.outputs[static_cast<size_t>(i - 1)];
+      if (a.defined() && a.requires_grad()) {
+        wrt.push_back(a);
+        index.push_back(i);
+      }
+    }
+    s.grads.assign(static_cast<size_t>(module_count() + 1), torch::Tensor());
+    if (!last) s.grads.back() = s.grad_out;
+    if (!wrt.empty()) {
+      const std::vector<torch::Tensor> g =
+          last ? torch::autograd::grad({s.root}, wrt, {}, /*retain_graph=*/true,
+                                       /*create_graph=*/false, /*allow_unused=*/true)
+               : torch::autograd::grad({s.outputs.back()}, wrt, {s.grad_out},
+                                       /*retain_graph=*/true, false, true);
+      for (size_t k = 0; k < g.size(); ++k)
+        s.grads[static_cast<size_t>(index[k])] = g[k];
+    }
+    if (stage_ > 0) s.input_grad = s.grads[0];
+  }
+  void backward_weight(int micro, int slot, bool accumulate,
+                       const std::function<void(int)>& on_layer_done) override {
+    (void)micro, (void)accumulate;
+    Slot& s = slots_[slot];
+    // Each module's parameters from its output's gradient, last module first; the graph freed
+    // as it goes (a module's part is not needed by the ones before it).
+    for (int i = module_count() - 1; i >= 0; --i) {
+      std::vector<torch::Tensor> params;
+      for (const torch::Tensor& p : modules_[static_cast<size_t>(i)].ptr()->parameters())
+        if (p.requires_grad()) params.push_back(p);
+      const torch::Tensor& out = s.outputs[static_cast<size_t>(i)];
+      const torch::Tensor& g = s.grads[static_cast<size_t>(i + 1)];
+      if (!params.empty() && out.requires_grad() && g.defined())
+        torch::autograd::backward({out}, {g}, /*retain_graph=*/true, /*create_graph=*/false,
+                                  params);
+      if (on_layer_done) on_layer_done(i);
+    }
+    release(s, s.input_grad);
+    weight_pass_done();
+  }
+  void send_gradient(int micro, int slot) override {
+    Slot& s = slots_[slot];
+    DDP_CHECK(s.input_grad.defined(),
+              "ddp::Pipeline: stage {} has no gradient of its input for "
+              "micro-batch {} (does its first module use its input?)",
+              stage_, micro);
+    transfers_.send(false, stage_, stage_ - 1, micro, s.input_grad);
+    s.input_grad = torch::Tensor();
+    if (!s.grads.empty()) s.grads.front() = torch::Tensor();
+  }
+
+ private:
+  struct Slot {
+    torch::Tensor input;                 // the stage's input (received: a leaf needing its grad)
+    std::vector<torch::Tensor> outputs;  // each module's output (recomputed: the last alone)
+    bool recomputed = true;              // outputs hold the graph for backward
+    torch::Tensor grad_out;              // the gradient of the output (not the last stage)
+    torch::Tensor root;                  // the last stage's scaled loss
+    std::vector<torch::Tensor> grads;    // split backward: each activation's gradient
+    torch::Tensor input_grad;            // what send_gradient sends
+  };
+
+  // Every module in turn, each output kept; a module that refuses its input is named with the
+  // input's shape and where it came from.
+  std::vector<torch::Tensor> run(const torch::Tensor& input, int micro) {
+    std::vector<torch::Tensor> outputs;
+    torch::Tensor x = input;
+    for (size_t i = 0; i < modules_.size(); ++i) {
+      try {
+        x = modules_[i].forward(x);
+      } catch (const c10::Error& e) {
+        const std::string first_line =
+            std::string(e.what_without_backtrace())
+                .substr(0, std::string(e.what_without_backtrace()).find('\n'));
+        throw UsageError(fmt::format(
+            "ddp::Pipeline: module {} (stage {}'s {}) refused its input {} of micro-batch {}{}: "
+            "{}",
+            first_module_ + static_cast<int>(i), stage_, i == 0 ? "first" : "next", shape_of(x),
+            micro,
+            i > 0 ? std::string(", module ") + std::to_string(first_module_ + i - 1) + "'s output"
+            : stage_ > 0 ? ", received from stage " + std::to_string(stage_ - 1)
+                         : std::string(", the step's input"),
+            first_line));
+      }
+      outputs.push_back(x);
+    }
+    return outputs;
+  }
+  void forward_with_grad(Slot& s, int micro) {
+    // A received activation of floats is a leaf whose gradient the stage before waits for.
+    if (stage_ > 0 && s.input.is_floating_point()) s.input = s.input.detach().requires_grad_(true);
+    s.outputs = run(s.input, micro);
+    s.recomputed = true;
+  }
+  // With recomputation: the forward again, with gradients, before the first backward action.
+  void ready_for_backward(Slot& s, int micro) {
+    if (!s.recomputed) forward_with_grad(s, micro);
+  }
+  // The micro-batch's backward done: every tensor let go (its graph with them) but the input's
+  // gradient `keep`, which send_gradient sends.
+  static void release(Slot& s, torch::Tensor keep) {
+    s = Slot{};
+    s.input_grad = std::move(keep);
+  }
+
+  // One weight gradient of the step's micro-batches written; after the last, the stage's
+  // gradients start on their way to their average over the replicas (the rest of the schedule
+  // runs meanwhile), one flat copy a dtype.
+  void weight_pass_done() {
+    if (++weight_passes_ < micro_batches_ || replicas_ == nullptr || replicas_->size() == 1) return;
+    std::map<torch::ScalarType, Reduction> by_dtype;
+    for (const torch::Tensor& p : parameters()) {
+      if (!p.requires_grad()) continue;
+      if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);  // unused: its part zero
+      by_dtype[p.scalar_type()].grads.push_back(p.grad());
+    }
+    for (auto& [dtype, r] : by_dtype) {
+      std::vector<torch::Tensor> flat;
+      for (const torch::Tensor& g : r.grads)
+        flat.push_back(g.reshape({-1}));
+      r.flat = torch::cat(flat);
+      const ComputeStreamGuard on_stream(*replicas_, stream_of(r.flat.device()));
+      r.work = replicas_->all_reduce_async(r.flat.data_ptr(), static_cast<size_t>(r.flat.numel()),
+                                           collective_type(dtype), ReduceOp::kAverage);
+      reducing_.push_back(std::move(r));
+    }
+  }
+
+  struct Reduction {
+    std::vector<torch::Tensor> grads;  // the parameters' .grad(), in order
+    torch::Tensor flat;                // their copy, averaged in place
+    std::unique_ptr<Work> work;
+  };
+
+  int stage_, stages_, first_module_;
+  std::vector<torch::nn::AnyModule> modules_;
+  bool recompute_;
+  PipelineTransfers& transfers_;
+  StepData& step_;
+  Communicator* replicas_;
+  int micro_batches_;
+  int weight_passes_ = 0;  // of this step
+  std::vector<Reduction> reducing_;
+  std::vector<Slot> slots_;
+};
+
+}  // namespace ddp
