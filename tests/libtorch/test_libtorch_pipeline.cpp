@@ -116,6 +116,22 @@ TEST(TorchPipelineUse, TwoReplicasOfTheZbvPipelineTrainAsOneProcess) {
   }
 }
 
+// The same dp 2 x pp 2 started by mpirun (ddp::init joins the job as under ddprun).
+TEST(TorchPipelineUse, MpirunStartsTheSamePipeline) {
+  if (!HAVE_MPI) GTEST_SKIP() << "built without MPI";
+  TempDir dir;
+  const std::string flags = " --micro-batches 4 --steps 3 --schedule zb-v --data-parallel 2";
+  const RunResult ref = run_command(kWorker + " --reference --out " + dir.file("ref") + flags);
+  ASSERT_EQ(ref.exit_code, 0) << ref.output;
+  const RunResult run =
+      run_command(std::string("env -u OMP_NUM_THREADS CUDA_VISIBLE_DEVICES= ") + MPIRUN_PATH +
+                  " --allow-run-as-root --oversubscribe --bind-to none -np 4 " + kWorker +
+                  " --out " + dir.file("out") + flags);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("2 replicas (data parallel)"), std::string::npos) << run.output;
+  EXPECT_LT(against_reference(dir, 2), kAcrossRanksMargin) << run.output;
+}
+
 TEST(TorchPipelineUse, RecomputationIsBitwiseTheRunWithout) {
   TempDir dir;
   const std::string flags = " --schedule zb-v --micro-batches 4 --steps 2";
