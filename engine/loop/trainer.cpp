@@ -313,7 +313,15 @@ TrainResult Trainer::run_loop(MetricsWriter* metrics_in, GpuMonitor* monitor) {
                      config_.profile_steps, step_);
     }
     if (first && ddp_ && lead()) write_ddp_timeline(metrics, *ddp_, step_);
-    if (first) progress.first_step_done();
+    if (first) {
+      progress.first_step_done();
+      // The step strategy, decided as the first step began (StageRunner::step_strategy).
+      const StepStrategy strategy = runner_->step_strategy();
+      metrics.write({{"event", "step_strategy"},
+                     {"strategy", strategy.name()},
+                     {"fused", strategy.fused},
+                     {"graph", strategy.graph}});
+    }
     first = false;
     if (stats.skipped > 0) {
       ++skipped_;

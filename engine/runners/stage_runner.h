@@ -112,6 +112,18 @@ struct StageLinks {
   }
 };
 
+// How a runner carries out a step: the schedule's actions one by one (the CPU; the GPU's
+// pipeline stages and accumulation), or the fused step (the whole model on one GPU, where it
+// applies); eagerly, or captured once and replayed from a CUDA graph.
+struct StepStrategy {
+  bool fused = false;
+  bool graph = false;
+  // "schedule, eager", "fused step, CUDA graph", ...
+  std::string name() const {
+    return std::string(fused ? "fused step" : "schedule") + (graph ? ", CUDA graph" : ", eager");
+  }
+};
+
 // The MLP's stages of one pipeline rank on the CPU or the GPU: the executor's PipelineRank
 // (on_gpu, chunk, grads, stream, end_schedule) and what the trainer asks besides.
 class StageRunner : public PipelineRank {
@@ -159,6 +171,9 @@ class StageRunner : public PipelineRank {
   // in a CUDA graph, later ones replayed from it without calling `enqueue`; then waits for
   // the step, bounded by --timeout.
   virtual void run_step(int64_t step, const std::function<void()>& enqueue) = 0;
+  // How a step runs, decided when the first one begins (StepStrategy): the schedule's actions
+  // or the fused step, and whether replayed from a CUDA graph.
+  virtual StepStrategy step_strategy() const = 0;
   // The device's compute time (forwards and backwards) of the last step, in seconds, or -1
   // when the host's clock measured it (the CPU).
   virtual double last_busy_s() const = 0;

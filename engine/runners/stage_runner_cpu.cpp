@@ -237,6 +237,8 @@ class CpuRunner final : public StageRunner {
     (void)data, (void)links, (void)world, (void)abort_all;
   }
   bool initial_params() override { return false; }
+  // The host runs the schedule's actions as they come.
+  StepStrategy step_strategy() const override { return {}; }
   void profile(bool on) override {
     DDP_CHECK(false, "--profile-steps: the CPU runner has no CUDA profiler (asked to turn it {})",
               on ? "on" : "off");

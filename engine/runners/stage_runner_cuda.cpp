@@ -466,9 +466,7 @@ class GpuRunner final : public StageRunner {
                            static_cast<size_t>(in_chunk) * spec_.micro_batches * spec_.batch);
     // The step: the schedule's actions as `enqueue` runs them, or the fused step instead.
     const std::function<void()> fused = [this] { fused_->run(); };
-    const StepGraph::Ran ran =
-        replay_->run(step, config_.cuda_graph && !config_.sync_debug && !feeder_->host_staged(),
-                     fused_ ? fused : enqueue);
+    const StepGraph::Ran ran = replay_->run(step, step_strategy().graph, fused_ ? fused : enqueue);
     ++optimizer_steps_;  // the step's optimizer, replayed or not
     if (ran == StepGraph::Ran::kCaptured) {
       hooks_->captured();
@@ -477,6 +475,13 @@ class GpuRunner final : public StageRunner {
     } else if (ran == StepGraph::Ran::kReplayed) {
       hooks_->replayed();  // its events, recorded again by the replay
     }
+  }
+  // Decided by the first begin_steps (set_up_hooks chooses the fused step).
+  StepStrategy step_strategy() const override {
+    StepStrategy strategy;
+    strategy.fused = fused_ != nullptr;
+    strategy.graph = config_.cuda_graph && !config_.sync_debug && !feeder_->host_staged();
+    return strategy;
   }
   void add_device_spans(TimelineRecorder& timeline, int64_t step) override {
     hooks_->add_device_spans(timeline, step, chunks_.size() > 1);

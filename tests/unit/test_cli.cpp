@@ -204,6 +204,16 @@ TEST(DdptrainCli, MetricsStartWithTheRunsContextAndEveryRecordIsTimed) {
   EXPECT_EQ(first["world"]["size"], 1);
   EXPECT_FALSE(first["versions"]["ddp"].get<std::string>().empty());
   EXPECT_EQ(first["start_time"].get<std::string>().size(), 24u);  // 2026-11-29T17:55:02.123Z
+  // The step strategy, once, after the first step: the CPU runs the schedule's actions.
+  int strategies = 0;
+  for (const nlohmann::json& record : records)
+    if (record["event"] == "step_strategy") {
+      ++strategies;
+      EXPECT_EQ(record["strategy"], "schedule, eager") << record.dump();
+      EXPECT_EQ(record["fused"], false);
+      EXPECT_EQ(record["graph"], false);
+    }
+  EXPECT_EQ(strategies, 1);
   double last = -1;
   for (const nlohmann::json& record : records) {
     EXPECT_TRUE(record.contains("time")) << record.dump();
