@@ -1,5 +1,6 @@
 // Installs one spdlog logger with a console sink and an optional per-rank file sink.
 #include "runtime/log.h"
+#include "runtime/log_line.h"
 
 #include <memory>
 #include <vector>
@@ -28,6 +29,14 @@ void init_logging(const LogConfig& config) {
   logger->set_pattern(fmt::format("[%H:%M:%S.%e] [{}] %^%l%$: %v", who));
   logger->flush_on(spdlog::level::info);
   spdlog::set_default_logger(logger);
+}
+
+}  // namespace ddp
+
+namespace ddp {
+
+void log_info_line(const std::string& line) {
+  spdlog::info("{}", line);
 }
 
 }  // namespace ddp

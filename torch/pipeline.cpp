@@ -10,13 +10,14 @@
 #include <tuple>
 #include <utility>
 
-#include <spdlog/spdlog.h>
+#include <fmt/format.h>
 
 #include "engine/pipeline/executor.h"
 #include "engine/pipeline/schedule.h"
 #include "engine/pipeline/simulate.h"
 #include "engine/telemetry/timeline.h"
 #include "runtime/error.h"
+#include "runtime/log_line.h"
 #include "runtime/timer.h"
 #include "torch/comm_hooks.h"
 #include "torch/pipeline_stage.h"
@@ -122,7 +123,7 @@ class Pipeline::Impl final : public PipelineRank {
         plan_rank_schedule(schedule_, rank, ranks, chunks_, m), places);
     for (auto& s : stages_)
       s->set_slots(executor_->slots());
-    if (rank == 0 && replica() == 0) spdlog::info("{}", describe());
+    if (rank == 0 && replica() == 0) log_info_line(describe());
   }
 
   // PipelineRank
@@ -166,7 +167,7 @@ class Pipeline::Impl final : public PipelineRank {
     data_ = {};
     if (steps_ == 2) {
       step_s_ = clock.seconds();
-      if (group_.rank() == 0 && replica() == 0) spdlog::info("ddp::Pipeline: {}", report());
+      if (group_.rank() == 0 && replica() == 0) log_info_line("ddp::Pipeline: " + report());
     }
     return mean;
   }

@@ -22,7 +22,7 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
-#include <spdlog/fmt/fmt.h>
+#include <fmt/format.h>
 
 #include "engine/pipeline/stage.h"
 #include "torch/pipeline.h"
