@@ -517,7 +517,8 @@ TEST(SharedGpu, WithoutShareGpuTwoRanksOnOneGpuStayAnError) {
 }
 
 // The GPU monitor: every window's record carries every rank's utilization and memory, the
-// end has a table and a gpu_summary of every rank; --no-gpu-monitor leaves them out.
+// end has a table and a gpu_summary of every rank; --no-gpu-monitor leaves them out. (And the
+// step strategy's record says the step was replayed from a CUDA graph.)
 TEST(GpuMonitor, EveryRankReportsItsGpuInTheMetricsAndTheEndTable) {
   REQUIRE_GPU();
   TempDir dir;
@@ -546,6 +547,10 @@ TEST(GpuMonitor, EveryRankReportsItsGpuInTheMetricsAndTheEndTable) {
         EXPECT_GT(step["gpu"]["mem_total_mib"][k].get<double>(), 1000.0) << step.dump();
       }
     }
+    // The step strategy, once: replayed from a CUDA graph (the default on the GPU).
+    const auto strategy = events_of(metrics, "step_strategy");
+    ASSERT_EQ(strategy.size(), 1u);
+    EXPECT_EQ(strategy[0]["graph"], true) << strategy[0].dump();
     const auto summary = events_of(metrics, "gpu_summary");
     ASSERT_EQ(summary.size(), 1u);
     for (int k = 0; k < ranks; ++k)
