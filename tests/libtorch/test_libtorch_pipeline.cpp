@@ -7,6 +7,7 @@
 
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "tests/libtorch/torch_compare.h"
 #include "tests/support/test_support.h"
@@ -25,27 +26,10 @@ RunResult pipeline(int ranks, const std::string& out, const std::string& flags) 
 // The largest difference of every rank's parameters (out.R) from the reference's (ref.0); each
 // reference tensor found in exactly one rank's file.
 double against_reference(const TempDir& dir, int ranks) {
-  const SafetensorsFile reference = read_safetensors(dir.file("ref.0"));
-  size_t found = 0;
-  double worst = 0;
-  for (int r = 0; r < ranks; ++r) {
-    const SafetensorsFile mine = read_safetensors(dir.file("out." + std::to_string(r)));
-    for (const auto& [name, tensor] : mine.tensors) {
-      const auto it = reference.tensors.find(name);
-      if (it == reference.tensors.end() || it->second.shape != tensor.shape) {
-        ADD_FAILURE() << name << " of rank " << r << " not in the reference";
-        return INFINITY;
-      }
-      ++found;
-      const auto* a = reinterpret_cast<const float*>(tensor.data.data());
-      const auto* b = reinterpret_cast<const float*>(it->second.data.data());
-      for (size_t i = 0; i < tensor.data.size() / sizeof(float); ++i)
-        worst =
-            std::max(worst, std::abs(double(a[i]) - double(b[i])) / (1 + std::abs(double(b[i]))));
-    }
-  }
-  EXPECT_EQ(found, reference.tensors.size()) << "every parameter on exactly one rank";
-  return reported_error(worst);
+  std::vector<std::string> paths;
+  for (int r = 0; r < ranks; ++r)
+    paths.push_back(dir.file("out." + std::to_string(r)));
+  return max_relative_difference_of_ranks(paths, dir.file("ref.0"));
 }
 
 struct Case {

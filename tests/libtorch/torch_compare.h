@@ -9,6 +9,7 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "models/safetensors.h"
 #include "tests/support/margins.h"
@@ -35,6 +36,34 @@ inline double max_relative_difference(const std::string& a_path, const std::stri
       worst = std::max(worst, std::abs(double(x) - double(y)) / (1 + std::abs(double(y))));
     }
   }
+  return reported_error(worst);
+}
+
+// A pipeline's parameters, each rank's own in `rank_paths`, against one process's `reference`
+// file: max over elements of |a - b| / (1 + |b|); every reference tensor must be in exactly
+// one rank's file (a test failure otherwise), and a tensor of no reference or of another
+// shape is +inf.
+inline double max_relative_difference_of_ranks(const std::vector<std::string>& rank_paths,
+                                               const std::string& reference_path) {
+  const SafetensorsFile reference = read_safetensors(reference_path);
+  size_t found = 0;
+  double worst = 0;
+  for (const std::string& path : rank_paths) {
+    for (const auto& [name, tensor] : read_safetensors(path).tensors) {
+      const auto it = reference.tensors.find(name);
+      if (it == reference.tensors.end() || it->second.shape != tensor.shape) {
+        ADD_FAILURE() << name << " of " << path << " not in the reference";
+        return INFINITY;
+      }
+      ++found;
+      const auto* a = reinterpret_cast<const float*>(tensor.data.data());
+      const auto* b = reinterpret_cast<const float*>(it->second.data.data());
+      for (size_t i = 0; i < tensor.data.size() / sizeof(float); ++i)
+        worst =
+            std::max(worst, std::abs(double(a[i]) - double(b[i])) / (1 + std::abs(double(b[i]))));
+    }
+  }
+  EXPECT_EQ(found, reference.tensors.size()) << "every tensor on exactly one rank";
   return reported_error(worst);
 }
 
