@@ -19,8 +19,15 @@
 
 namespace ddp {
 
-Listener listen_tcp(const std::string& bind_addr, int port, const std::string& what,
-                    const ListenOrigin& origin) {
+namespace {
+UsageError port_in_use(const std::string& bind_addr, int port, const ListenOrigin& origin) {
+  return UsageError(fmt::format("{} {}: {}:{} is already in use; {}", origin.port, port, bind_addr,
+                                port, origin.remedy));
+}
+}  // namespace
+
+Listener bind_tcp(const std::string& bind_addr, int port, const std::string& what,
+                  const ListenOrigin& origin) {
   Listener l;
   l.fd = UniqueFd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   DDP_CHECK(l.fd.valid(), "socket() failed: {}", std::strerror(errno));
@@ -34,16 +41,30 @@ Listener listen_tcp(const std::string& bind_addr, int port, const std::string& w
                   bind_addr, what);
   if (::bind(l.fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     const int err = errno;
-    if (err == EADDRINUSE)
-      throw UsageError(fmt::format("{} {}: {}:{} is already in use; {}", origin.port, port,
-                                   bind_addr, port, origin.remedy));
+    if (err == EADDRINUSE) throw port_in_use(bind_addr, port, origin);
     throw UsageError(
         fmt::format("cannot serve {} on {}:{}: {}", what, bind_addr, port, std::strerror(err)));
   }
-  DDP_CHECK(::listen(l.fd.get(), 1024) == 0, "listen() failed: {}", std::strerror(errno));
   socklen_t len = sizeof(addr);
   ::getsockname(l.fd.get(), reinterpret_cast<sockaddr*>(&addr), &len);
   l.port = ntohs(addr.sin_port);
+  return l;
+}
+
+void start_listening(const Listener& l, const std::string& bind_addr, const ListenOrigin& origin) {
+  if (::listen(l.fd.get(), 1024) == 0) return;
+  const int err = errno;
+  // With SO_REUSEADDR, Linux lets two sockets bind one port while neither listens yet; the
+  // second listen() is then the one that finds it taken (two nodes racing for the rendezvous
+  // endpoint): the same error as a failed bind, so that the loser joins as a client.
+  if (err == EADDRINUSE) throw port_in_use(bind_addr, l.port, origin);
+  throw Error(fmt::format("listen() failed: {}", std::strerror(err)));
+}
+
+Listener listen_tcp(const std::string& bind_addr, int port, const std::string& what,
+                    const ListenOrigin& origin) {
+  Listener l = bind_tcp(bind_addr, port, what, origin);
+  start_listening(l, bind_addr, origin);
   return l;
 }
 

@@ -31,6 +31,14 @@ struct ListenOrigin {
 // other errors ("the store").
 Listener listen_tcp(const std::string& bind_addr, int port, const std::string& what,
                     const ListenOrigin& origin = ListenOrigin());
+// listen_tcp's two halves. bind_tcp binds (SO_REUSEADDR) without listening; start_listening
+// listens, and a port another socket began listening on after this one's bind (Linux lets both
+// bind while neither listens) is the same UsageError as a taken port at bind_tcp.
+Listener bind_tcp(const std::string& bind_addr, int port, const std::string& what,
+                  const ListenOrigin& origin = ListenOrigin());
+// The second half: listen() on the socket bind_tcp bound.
+void start_listening(const Listener& l, const std::string& bind_addr,
+                     const ListenOrigin& origin = ListenOrigin());
 
 // The user id that owns the other end of the connected TCP socket `fd`, when that end is a
 // socket of this host (of this network namespace: the kernel's /proc/net/tcp lists it);

@@ -574,6 +574,25 @@ TEST(PeerUser, TheSocketsOwnerIsReadFromTheKernelsTable) {
   EXPECT_EQ(local_peer_uid(client.get()), ::geteuid());
 }
 
+// Two nodes racing for one rendezvous endpoint: Linux lets both bind it (SO_REUSEADDR) while
+// neither listens, and the second listen() finds it taken. That is the taken-port UsageError a
+// failed bind gives (ddprun's elastic nodes then join as clients), not an internal error.
+TEST(Listener, ASecondListenOnAPortBothBoundIsThePortInUse) {
+  Listener first = bind_tcp("127.0.0.1", 0, "a test");
+  Listener second = bind_tcp("127.0.0.1", first.port, "a test");
+  start_listening(first, "127.0.0.1");
+  try {
+    start_listening(second, "127.0.0.1");
+    FAIL() << "two sockets listen on port " << first.port;
+  } catch (const UsageError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "--master-port " + std::to_string(first.port) + ": 127.0.0.1:" +
+                  std::to_string(first.port) +
+                  " is already in use; choose another port or pass --master-port 0 to pick a "
+                  "free one");
+  }
+}
+
 // A process of this host that runs as another user is refused even with the token (it could
 // have read it from a world-readable script), and says why; the store goes on serving.
 TEST(PeerUser, AProcessOfAnotherUserOnThisHostIsRefusedWithTheToken) {
