@@ -107,9 +107,13 @@ std::vector<float> initial_weights(const TrainConfig& config, const MlpShape& sh
   return whole;
 }
 
-DdpOptions stage_ddp_options(const TrainConfig& config) {
-  return sync_bucket_options(config.zero,
-                             DdpOptions{config.bucket_mb, config.first_bucket_mb, config.overlap});
+BucketPlan stage_bucket_plan(const RankStages& stages, const TrainConfig& config) {
+  std::vector<ParamSpan> spans;
+  for (const auto& [offset, count] : stages.layer_spans())
+    spans.push_back({offset, count});
+  return make_bucket_plan(
+      spans, sync_bucket_options(config.zero, DdpOptions{config.bucket_mb, config.first_bucket_mb,
+                                                         config.overlap}));
 }
 
 }  // namespace ddp

@@ -88,8 +88,10 @@ RankStages rank_stages(const PipelineLayout& layout, int pipe_rank, const StageS
 // initialisation; a weight that is not finite is a UsageError naming the file and index.
 std::vector<float> initial_weights(const TrainConfig& config, const MlpShape& shape);
 
-// The buckets' options of a stage's data parallelism (--zero 3: a bucket a layer).
-DdpOptions stage_ddp_options(const TrainConfig& config);
+// The buckets of the rank's stages' data parallelism, planned once from their layers and the
+// flags (--zero 3: a bucket a layer): what the runner's gradient ring, the stages' Ddp and
+// ZeRO's pieces are all cut from (StageRunner::bucket_plan()).
+BucketPlan stage_bucket_plan(const RankStages& stages, const TrainConfig& config);
 
 // The neighbours a stage talks to: activations go forward on `activations`, gradients back
 // on `gradients` (the same communicator on the CPU; two on the GPU, so that NCCL's queue of
@@ -133,6 +135,9 @@ class StageRunner : public PipelineRank {
   // broadcast). Its gradients: PipelineRank::grads().
   virtual float* params() = 0;
   virtual void params_changed() = 0;
+  // The buckets of the stages' data parallelism (stage_bucket_plan), planned when the runner
+  // was made; the Ddp over its replicas is made from them.
+  virtual const BucketPlan& bucket_plan() const = 0;
   // Sets up data parallelism over the stage's replicas: the model check (collective) and,
   // where asked, bf16 gradients.
   virtual void prepare_ddp(Ddp& ddp, uint64_t fingerprint, const std::string& description) = 0;

@@ -201,6 +201,7 @@ class CpuRunner final : public StageRunner {
             StageLinks links)
       : config_(config),
         stages_(stages),
+        plan_(stage_bucket_plan(stages, config)),
         rank_{data, links, {}},
         params_(stages.param_count()),
         grads_(stages.param_count()),
@@ -228,6 +229,7 @@ class CpuRunner final : public StageRunner {
 
   bool on_gpu() const override { return false; }
   float* params() override { return params_.data(); }
+  const BucketPlan& bucket_plan() const override { return plan_; }
   float* grads() override { return grads_.data(); }
   void params_changed() override {}  // the parameters are read where they are written
   void* stream() override { return nullptr; }
@@ -354,6 +356,7 @@ class CpuRunner final : public StageRunner {
   size_t count() const { return stages_.param_count(); }
   TrainConfig config_;
   RankStages stages_;
+  BucketPlan plan_;  // the buckets of the stages' data parallelism (the Ddp's, ZeRO's pieces')
   RankState rank_;
   std::vector<float> params_;  // every stage's, one after the other
   std::vector<float> grads_;   // none with a gradient ring

@@ -65,7 +65,6 @@ CudaStageOptions stage_options(const TrainConfig& config, bool tuned) {
 RingLayout ring_layout(const StageSpec& spec, const TrainConfig& config, int stages_on_rank) {
   RingLayout layout;
   layout.zero = config.zero;
-  layout.buckets = stage_ddp_options(config);
   layout.overlap = config.overlap;
   layout.stages_on_rank = stages_on_rank;
   layout.micro_batches = spec.micro_batches;
@@ -73,16 +72,13 @@ RingLayout ring_layout(const StageSpec& spec, const TrainConfig& config, int sta
   return layout;
 }
 
-// The same, with the stage's gradient ring.
+// The same, with the stage's gradient ring cut from the rank's buckets `plan` (where a ring
+// applies the rank has this one stage, so the rank's buckets are the stage's).
 CudaStageOptions stage_options(const StageSpec& spec, const TrainConfig& config, bool tuned,
-                               int stages_on_rank) {
+                               int stages_on_rank, const BucketPlan& plan) {
   CudaStageOptions options = stage_options(config, tuned);
-  std::vector<ParamSpan> layers;
-  for (int i = spec.first; i < spec.end; ++i)
-    layers.push_back(
-        {spec.shape.layer(i).weight_offset - spec.param_offset(), spec.shape.layer(i).count()});
-  options.gradient_ring =
-      device_gradient_ring(layers, spec.param_count(), ring_layout(spec, config, stages_on_rank));
+  options.gradient_ring = device_gradient_ring(plan.buckets, spec.param_count(),
+                                               ring_layout(spec, config, stages_on_rank));
   return options;
 }
 
@@ -167,11 +163,11 @@ class GpuChunk final : public PipelineStage {
 // `shared` flat buffers and stream. A pipeline stage evaluates in chunks of max_batch; the
 // whole model (`alone`) in training-size chunks, so that its buffers stay those of training.
 std::unique_ptr<CudaStage> make_stage(const RankStages& stages, size_t c, const TrainConfig& config,
-                                      bool alone, DeviceParameters* shared,
+                                      const BucketPlan& plan, bool alone, DeviceParameters* shared,
                                       cudaStream_t shared_stream) {
   const StageSpec& chunk = stages.chunks[c];
   CudaStageOptions options =
-      stage_options(chunk, config, alone, static_cast<int>(stages.chunks.size()));
+      stage_options(chunk, config, alone, static_cast<int>(stages.chunks.size()), plan);
   if (shared != nullptr)
     options.shared = {shared, stages.offset_of(static_cast<int>(c)), shared_stream};
   return std::make_unique<CudaStage>(chunk.shape, chunk.first, chunk.end,
@@ -221,7 +217,8 @@ class GpuRunner final : public StageRunner {
         spec_(stages.chunks.front()),
         config_(config),
         alone_(spec_.stages == 1),
-        split_(stage_options(config, false).split_backward) {
+        split_(stage_options(config, false).split_backward),
+        plan_(stage_bucket_plan(stages, config)) {
     // --init-weights are read (and checked) on another thread while the stages build.
     if (!config.init_weights.empty())
       weights_read_ = std::async(std::launch::async, [this] {
@@ -236,10 +233,10 @@ class GpuRunner final : public StageRunner {
                                                         config.optimizer, own_stream_->get());
     }
     for (size_t c = 0; c < stages.chunks.size(); ++c)
-      chunks_.push_back(
-          std::make_unique<GpuChunk>(*this, stages.chunks[c],
-                                     make_stage(stages, c, config, alone_, own_weights_.get(),
-                                                several ? own_stream_->get() : nullptr)));
+      chunks_.push_back(std::make_unique<GpuChunk>(
+          *this, stages.chunks[c],
+          make_stage(stages, c, config, plan_, alone_, own_weights_.get(),
+                     several ? own_stream_->get() : nullptr)));
     link_neighbours(chunks_);
     CudaStage& front = chunks_.front()->stage();
     weights_ = several ? own_weights_.get() : &front.weights();
@@ -277,6 +274,7 @@ class GpuRunner final : public StageRunner {
     return *chunks_[c];
   }
   float* params() override { return weights_->params(); }
+  const BucketPlan& bucket_plan() const override { return plan_; }
   float* grads() override { return weights_->grads(); }
   void params_changed() override { weights_->refresh_low_precision(); }
   void* stream() override { return stream_; }
@@ -585,6 +583,7 @@ class GpuRunner final : public StageRunner {
   TrainConfig config_;
   bool alone_;       // the whole model: no neighbours, chunks of steps
   bool split_;       // backward in two halves (zero-bubble schedules)
+  BucketPlan plan_;  // the buckets of the stages' data parallelism: the ring's and the Ddp's
   Stopwatch clock_;  // since the runner was made: its start-up figures
   double model_s_ = 0, world_s_ = 0;
   std::vector<float> loaded_;  // --init-weights (the rank's slices), read while it builds

@@ -301,10 +301,7 @@ double available_host_bytes() {
 std::unique_ptr<Ddp> make_stage_ddp(const TrainConfig& config, Communicator& group,
                                     const RankStages& stages, StageRunner& runner, bool lead,
                                     Communicator* gathers) {
-  std::vector<ParamSpan> spans;
-  for (const auto& [offset, count] : stages.layer_spans())
-    spans.push_back({offset, count});
-  auto ddp = std::make_unique<Ddp>(group, spans, stage_ddp_options(config));
+  auto ddp = std::make_unique<Ddp>(group, runner.bucket_plan());
   const DdpOptions defaults;
   if (lead && config.zero == 3 &&
       (config.bucket_mb != defaults.bucket_mb ||

@@ -110,4 +110,9 @@ std::vector<Bucket> plan_buckets(const std::vector<ParamSpan>& layers, const Ddp
                       static_cast<size_t>(options.first_bucket_mb * 1048576));
 }
 
+BucketPlan make_bucket_plan(const std::vector<ParamSpan>& layers, const DdpOptions& options) {
+  return BucketPlan{plan_buckets(layers, options), static_cast<int>(layers.size()),
+                    options.overlap};
+}
+
 }  // namespace ddp

@@ -56,4 +56,14 @@ struct DdpOptions {
 // plan_buckets with the flags' sizes (as Ddp cuts them).
 std::vector<Bucket> plan_buckets(const std::vector<ParamSpan>& layers, const DdpOptions& options);
 
+// A stage's buckets, decided once from its layers and the options: the reducer (Ddp), the
+// gradient ring and ZeRO's pieces are all cut from this one value, never planned again.
+struct BucketPlan {
+  std::vector<Bucket> buckets;  // in reduction order (the last layers first)
+  int layer_count = 0;          // the layers they tile
+  bool overlap = true;          // each bucket's all-reduce starts as soon as its layers are done
+};
+// plan_buckets over `layers` with `options`' sizes, as a BucketPlan (bad sizes: a UsageError).
+BucketPlan make_bucket_plan(const std::vector<ParamSpan>& layers, const DdpOptions& options);
+
 }  // namespace ddp

@@ -83,6 +83,9 @@ class Ddp {
   // Buckets planned by the caller (plan_grouped_buckets) over `layer_count` layers: they must
   // tile the layers, the highest first (else a Error naming the first that does not).
   Ddp(Communicator& comm, std::vector<Bucket> buckets, int layer_count, bool overlap);
+  // The buckets of a plan decided once for the stage (make_bucket_plan), checked as above.
+  Ddp(Communicator& comm, const BucketPlan& plan)
+      : Ddp(comm, plan.buckets, plan.layer_count, plan.overlap) {}
 
   // Collective: every rank describes its model the same way, or the first difference is a
   // UsageError on every rank naming it ("rank 1 has parameter 3 'fc2.weight' of 512 elements

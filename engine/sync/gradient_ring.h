@@ -22,11 +22,11 @@ constexpr int kGradientRingSlots = 3;
 // (`overlap`), and there are `ranks` >= 2 to reduce-scatter over.
 bool gradient_ring_applies(int stages_on_rank, int micro_batches, bool overlap, int ranks);
 
-// What decides a stage's gradient ring: --zero's level, the buckets' options and overlap, and
-// how backward runs (stages on the rank, micro-batches a step) over how many replicas.
+// What decides whether a stage's gradients go into a ring: --zero's level, overlap, and how
+// backward runs (stages on the rank, micro-batches a step) over how many replicas. (The ring's
+// slots are cut from the stage's BucketPlan.)
 struct RingLayout {
   int zero = 0;
-  DdpOptions buckets;
   bool overlap = true;
   int stages_on_rank = 1;
   int micro_batches = 1;

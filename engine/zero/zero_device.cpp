@@ -21,10 +21,9 @@ void wait_for(std::unique_ptr<Work>* work, cudaStream_t stream) {
 
 }  // namespace
 
-GradientRing device_gradient_ring(const std::vector<ParamSpan>& layers, size_t param_count,
+GradientRing device_gradient_ring(const std::vector<Bucket>& buckets, size_t param_count,
                                   const RingLayout& layout) {
   if (!gradient_ring_applies(layout)) return {};
-  const std::vector<Bucket> buckets = plan_buckets(layers, layout.buckets);
   const size_t slot = gradient_ring_slot(buckets, layout.replicas, kDeviceShardAlign, param_count);
   if (slot == 0) return {};
   GradientRing ring;
@@ -54,6 +53,16 @@ DeviceZero::DeviceZero(Ddp& ddp, const RingLayout& layout, DeviceParameters& wei
   };
   const GradientRing& ring = weights.ring();
   if (weights.ringed()) {
+    // The ring's slots and the Ddp's buckets are cut from the stage's one BucketPlan.
+    DDP_CHECK(ring.buckets.size() == ddp.buckets().size(),
+              "gradient ring: {} buckets where the Ddp has {}", ring.buckets.size(),
+              ddp.buckets().size());
+    for (size_t b = 0; b < ring.buckets.size(); ++b)
+      DDP_CHECK(ring.buckets[b].first == ddp.buckets()[b].offset &&
+                    ring.buckets[b].second == ddp.buckets()[b].count,
+                "gradient ring: bucket {} is {}+{} where the Ddp's is {}+{}", b,
+                ring.buckets[b].first, ring.buckets[b].second, ddp.buckets()[b].offset,
+                ddp.buckets()[b].count);
     memory.ring_slots = ring.slots;
     memory.slot_floats = ring.slot_floats;
     memory.bucket_grads = [&weights](size_t bucket) { return weights.bucket_grads(bucket); };

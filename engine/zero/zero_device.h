@@ -29,10 +29,10 @@
 
 namespace ddp {
 
-// --zero 2 and 3's gradient ring (engine/sync/gradient_ring.h) as the device memory of the
-// buckets a stage's Ddp will cut from the same options (`layers`: its layers' spans of the
-// stage's flat buffer of `param_count`), or none (a stage's gradients in one buffer).
-GradientRing device_gradient_ring(const std::vector<ParamSpan>& layers, size_t param_count,
+// --zero 2 and 3's gradient ring (engine/sync/gradient_ring.h) as the device memory of
+// `buckets` (the stage's BucketPlan, which its Ddp reduces; offsets in the stage's flat buffer of
+// `param_count`), or none (a stage's gradients in one buffer).
+GradientRing device_gradient_ring(const std::vector<Bucket>& buckets, size_t param_count,
                                   const RingLayout& layout);
 
 class DeviceZero final : public DeviceState {

@@ -6,6 +6,8 @@
 
 #include "collectives/communicator.h"
 #include "engine/loop/trainer.h"
+#include "engine/runners/stage_runner.h"
+#include "engine/setup/run_setup.h"
 #include "engine/sync/ddp.h"
 #include "engine/sync/zero.h"
 #include "models/safetensors.h"
@@ -128,6 +130,39 @@ TEST(PlanBuckets, AnyModelsLayersLastFirstNeverSplit) {
   EXPECT_EQ(covered, shape.param_count());
   // Layers that do not tile the buffer in order are refused.
   EXPECT_THROW(plan_buckets({{0, 10}, {20, 5}}, 100, 100), Error);
+}
+
+// A stage's buckets are planned once (stage_bucket_plan): the flags' sizes, or --zero 3's bucket
+// a layer (its gathers take a layer at a time); the Ddp made from the plan reduces those very
+// buckets, and a runner's gradient ring is cut from the same value.
+TEST(StageBucketPlan, TheFlagsSizesOrALayerABucketAndTheDdpTakesThemAsTheyAre) {
+  TrainConfig config = synthetic_config();
+  config.layers = "12,32,32,16,4";
+  config.bucket_mb = 1200 * 4 / 1048576.0;  // about 1200 elements a bucket
+  config.first_bucket_mb = 0;
+  const RankStages stages{{whole_model_spec(config, 1)}};
+  const BucketPlan plan = stage_bucket_plan(stages, config);
+  std::vector<ParamSpan> spans;
+  for (const auto& [offset, count] : stages.layer_spans())
+    spans.push_back({offset, count});
+  const std::vector<Bucket> asked = plan_buckets(spans, 1200 * 4, 0);
+  ASSERT_EQ(plan.buckets.size(), asked.size());
+  ASSERT_LT(plan.buckets.size(), spans.size());  // some bucket holds two layers
+  for (size_t b = 0; b < asked.size(); ++b)
+    EXPECT_EQ(plan.buckets[b].offset, asked[b].offset) << b;
+  EXPECT_EQ(plan.layer_count, static_cast<int>(spans.size()));
+  config.zero = 3;
+  const BucketPlan layered = stage_bucket_plan(stages, config);
+  ASSERT_EQ(layered.buckets.size(), spans.size());
+  for (size_t b = 0; b < spans.size(); ++b)
+    EXPECT_EQ(layered.buckets[b].first_layer, layered.buckets[b].last_layer) << b;
+  ProcessEnv env;
+  CommConfig comm_config;
+  std::unique_ptr<Communicator> comm = make_communicator(comm_config, env, nullptr);
+  const Ddp ddp(*comm, layered);
+  ASSERT_EQ(ddp.buckets().size(), layered.buckets.size());
+  for (size_t b = 0; b < layered.buckets.size(); ++b)
+    EXPECT_EQ(ddp.buckets()[b].offset, layered.buckets[b].offset) << b;
 }
 
 }  // namespace
