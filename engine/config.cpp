@@ -61,6 +61,15 @@ const char* grad_reduce_name(GradReduce reduce) {
   return reduce == GradReduce::kBf16 ? "bf16" : "fp32";
 }
 
+SyncOptions sync_options(const TrainConfig& config) {
+  SyncOptions options;
+  options.zero = config.zero;
+  options.buckets = DdpOptions{config.bucket_mb, config.first_bucket_mb, config.overlap};
+  options.bf16_grads = config.grad_reduce == GradReduce::kBf16;
+  options.zero_prefetch = config.zero_prefetch;
+  return options;
+}
+
 const char* schedule_name(LrSchedule schedule) {
   return schedule == LrSchedule::kCosine ? "cosine" : "constant";
 }

@@ -10,6 +10,7 @@
 
 #include "collectives/backend.h"
 #include "engine/pipeline/schedule.h"
+#include "engine/sync/sync_options.h"
 #include "models/mlp.h"
 #include "models/optimizer.h"
 #include "models/precision.h"
@@ -104,6 +105,10 @@ struct TrainConfig {
   int restart_count = 0;      // set from the launcher's environment, not a flag
   double start_time_ms = 0;   // ddprun's start, else this process's (wall clock ms); not a flag
 };
+
+// Gradient sync's options out of the flags (--zero, --bucket-mb, --first-bucket-mb, --overlap,
+// --grad-reduce, --zero-prefetch).
+SyncOptions sync_options(const TrainConfig& config);
 
 // Parses argv into a config. Returns false when --help or --version was printed (the
 // caller exits 0). Throws UsageError naming the flag on unknown flags or bad values.

@@ -21,6 +21,7 @@
 #include "engine/loop/checkpoint.h"
 #include "engine/loop/resume.h"
 #include "engine/setup/run_setup.h"
+#include "engine/sync/grad_sync.h"
 #include "engine/telemetry/progress.h"
 #include "models/gemm.h"
 #include "models/safetensors.h"
@@ -80,7 +81,9 @@ Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* c
   // A data-parallel group of one (a backend named for one process) still runs the
   // data-parallel path, so that it can be checked against the plain one.
   if (layout_.replicas > 1 || (layout_.stages == 1 && comm_ != nullptr)) {
-    ddp_ = make_stage_ddp(config, *dp_comm(), stages_, *runner_, lead(), groups_.gathers.get());
+    ddp_ = GradSync::make(*dp_comm(), runner_->param_store(), sync_options(config),
+                          {stages_.fingerprint(), "--layers " + stages_.shape().to_string()},
+                          lead(), groups_.gathers.get());
   } else if (config.zero > 0 && lead()) {
     spdlog::warn("--zero {}: one replica holds everything; nothing to shard", config.zero);
   }
@@ -184,7 +187,8 @@ StepStats Trainer::step() {
   timeline_.add(SpanKind::kOptimizer, step_, -1, start, timeline_.now_us());
   Communicator* replicas = dp_comm();
   if (config_.check_replicas && replicas != nullptr && replicas->size() > 1)
-    check_replicas_agree(*replicas, runner_->params(), stages_.param_count(), step_, layout_);
+    check_replicas_agree(*replicas, runner_->param_store().params(), stages_.param_count(), step_,
+                         layout_);
   stats.step_s = step_clock.seconds();
   return stats;
 }

@@ -67,8 +67,8 @@ class Trainer {
   const MlpShape& shape() const { return spec_.shape; }
   // This rank's stage's parameters (the whole model without a pipeline), where its device
   // keeps them (host memory on the CPU); stage_params() copies them to the host.
-  const float* params() const { return runner_->params(); }
-  float* params() { return runner_->params(); }
+  const float* params() const { return runner_->param_store().params(); }
+  float* params() { return runner_->param_store().params(); }
   std::vector<float> stage_params() { return runner_->get_params(); }
   const Ddp* ddp() const { return ddp_.get(); }
   int64_t resumed_from() const { return resumed_from_; }

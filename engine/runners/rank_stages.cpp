@@ -6,7 +6,7 @@
 #include "models/safetensors.h"
 
 #include "engine/runners/stage_runner.h"
-#include "engine/sync/gradient_ring.h"
+#include "engine/sync/grad_sync.h"
 #include "runtime/error.h"
 
 namespace ddp {
@@ -107,13 +107,11 @@ std::vector<float> initial_weights(const TrainConfig& config, const MlpShape& sh
   return whole;
 }
 
-BucketPlan stage_bucket_plan(const RankStages& stages, const TrainConfig& config) {
+BucketPlan stage_bucket_plan(const RankStages& stages, const SyncOptions& sync) {
   std::vector<ParamSpan> spans;
   for (const auto& [offset, count] : stages.layer_spans())
     spans.push_back({offset, count});
-  return make_bucket_plan(
-      spans, sync_bucket_options(config.zero, DdpOptions{config.bucket_mb, config.first_bucket_mb,
-                                                         config.overlap}));
+  return plan_sync_buckets(spans, sync);
 }
 
 }  // namespace ddp

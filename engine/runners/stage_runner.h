@@ -21,7 +21,7 @@
 #include "engine/pipeline/schedule.h"
 #include "engine/pipeline/stage.h"
 #include "engine/sync/ddp.h"
-#include "engine/sync/zero.h"
+#include "engine/sync/param_store.h"
 #include "engine/telemetry/compute_costs.h"
 #include "engine/telemetry/timeline.h"
 #include "models/cpu_ops.h"
@@ -89,9 +89,9 @@ RankStages rank_stages(const PipelineLayout& layout, int pipe_rank, const StageS
 std::vector<float> initial_weights(const TrainConfig& config, const MlpShape& shape);
 
 // The buckets of the rank's stages' data parallelism, planned once from their layers and the
-// flags (--zero 3: a bucket a layer): what the runner's gradient ring, the stages' Ddp and
-// ZeRO's pieces are all cut from (StageRunner::bucket_plan()).
-BucketPlan stage_bucket_plan(const RankStages& stages, const TrainConfig& config);
+// sync options (a bucket a layer where layers are gathered): what the runner's gradient ring,
+// the stages' Ddp and the sharded state's pieces are all cut from (ParamStore::bucket_plan()).
+BucketPlan stage_bucket_plan(const RankStages& stages, const SyncOptions& sync);
 
 // The neighbours a stage talks to: activations go forward on `activations`, gradients back
 // on `gradients` (the same communicator on the CPU; two on the GPU, so that NCCL's queue of
@@ -130,22 +130,10 @@ struct StepStrategy {
 // (on_gpu, chunk, grads, stream, end_schedule) and what the trainer asks besides.
 class StageRunner : public PipelineRank {
  public:
-  // The stage's flat parameters where the data-parallel communicator takes them (host or
-  // device memory); params_changed() after something wrote the parameters there (a
-  // broadcast). Its gradients: PipelineRank::grads().
-  virtual float* params() = 0;
-  virtual void params_changed() = 0;
-  // The buckets of the stages' data parallelism (stage_bucket_plan), planned when the runner
-  // was made; the Ddp over its replicas is made from them.
-  virtual const BucketPlan& bucket_plan() const = 0;
-  // Sets up data parallelism over the stage's replicas: the model check (collective) and,
-  // where asked, bf16 gradients.
-  virtual void prepare_ddp(Ddp& ddp, uint64_t fingerprint, const std::string& description) = 0;
-  // --zero `level` over `ddp`'s group (engine/sync/zero.h): from now on the runner keeps the
-  // optimizer state of its pieces only, updates them from the averaged gradient pieces and
-  // all-gathers the parameters (--zero 3: a layer's before each use, on `gathers` where not
-  // null); optimizer_state() then gathers (collective over the group). Returns its pieces.
-  virtual const ShardPlan& shard_optimizer(Ddp& ddp, int level, Communicator* gathers) = 0;
+  // The stages' parameters as gradient sync sets them up and keeps them (GradSync): their
+  // buckets, memory, model check and state, whole or sharded. Its gradients:
+  // PipelineRank::grads().
+  virtual ParamStore& param_store() = 0;
   // Host copies of the stage's parameters and optimizer state (its slice of the model).
   virtual std::vector<float> get_params() = 0;
   virtual void set_params(const float* host) = 0;

@@ -10,7 +10,7 @@
 #include "engine/runners/stage_transfers.h"
 #include "engine/sync/ddp.h"
 #include "engine/sync/gradient_ring.h"
-#include "engine/zero/zero_host.h"
+#include "engine/zero/host_store.h"
 #include "models/cpu_ops.h"
 #include "models/mlp_cpu.h"
 #include "models/optimizer.h"
@@ -195,25 +195,47 @@ class CpuChunk final : public PipelineStage {
   int64_t micro_bytes_ = 0;  // what a micro-batch in flight holds
 };
 
+// The store of the rank's stages: their layers (model index and span), buckets and optimizer.
+HostStoreLayout store_layout(const RankStages& stages, const TrainConfig& config) {
+  HostStoreLayout layout;
+  layout.count = stages.param_count();
+  const std::vector<std::pair<size_t, size_t>> spans = stages.layer_spans();
+  size_t span = 0;
+  for (const StageSpec& c : stages.chunks)
+    for (int i = c.first; i < c.end; ++i, ++span)
+      layout.layers.push_back({i, {spans[span].first, spans[span].second}});
+  layout.plan = stage_bucket_plan(stages, sync_options(config));
+  layout.stages_on_rank = static_cast<int>(stages.chunks.size());
+  layout.micro_batches = stages.chunks.front().micro_batches;
+  layout.optimizer = config.optimizer;
+  return layout;
+}
+
 class CpuRunner final : public StageRunner {
  public:
   CpuRunner(const RankStages& stages, const TrainConfig& config, const Dataset& data,
             StageLinks links)
       : config_(config),
         stages_(stages),
-        plan_(stage_bucket_plan(stages, config)),
         rank_{data, links, {}},
-        params_(stages.param_count()),
-        grads_(stages.param_count()),
-        state_(std::make_unique<HostWhole>(
-            params_, grads_, make_optimizer(config.optimizer, stages.param_count()))) {
+        store_(store_layout(stages, config)) {
     const StageSpec& first = stages.chunks.front();
     rank_.indices.resize(static_cast<size_t>(first.micro_batches) * first.batch);
     for (size_t c = 0; c < stages.chunks.size(); ++c) {
       const size_t at = stages.offset_of(static_cast<int>(c));
-      chunks_.push_back(std::make_unique<CpuChunk>(stages.chunks[c], rank_, &params_[at],
-                                                   &grads_[at], config.recompute));
+      chunks_.push_back(std::make_unique<CpuChunk>(stages.chunks[c], rank_,
+                                                   &store_.params_buffer()[at],
+                                                   &store_.grads_buffer()[at], config.recompute));
     }
+    // Once gradient sync has sharded the state, the model writes its gradients and reads its
+    // parameters where the state keeps them.
+    store_.set_rewire([this](HostState& state) {
+      if (std::function<float*(size_t)> home = state.gradient_home())
+        chunks_.front()->stage().set_grads(home);
+      if (LayerParams* source = state.layer_params())
+        for (auto& chunk : chunks_)
+          chunk->stage().set_params_source(source);
+    });
     // Two neighbouring stages of this rank hand over in memory; the others use the links.
     for (size_t c = 0; c < chunks_.size(); ++c) {
       const auto neighbour = [&](size_t at, int stage) -> StageTransfers* {
@@ -228,10 +250,8 @@ class CpuRunner final : public StageRunner {
   }
 
   bool on_gpu() const override { return false; }
-  float* params() override { return params_.data(); }
-  const BucketPlan& bucket_plan() const override { return plan_; }
-  float* grads() override { return grads_.data(); }
-  void params_changed() override {}  // the parameters are read where they are written
+  ParamStore& param_store() override { return store_; }
+  float* grads() override { return store_.grads_buffer().data(); }
   void* stream() override { return nullptr; }
   // Made with the data and the links; it makes no weights of its own (the trainer's).
   void attach(const Dataset& data, StageLinks links, Communicator* world,
@@ -245,41 +265,14 @@ class CpuRunner final : public StageRunner {
     DDP_CHECK(false, "--profile-steps: the CPU runner has no CUDA profiler (asked to turn it {})",
               on ? "on" : "off");
   }
-  void prepare_ddp(Ddp& ddp, uint64_t fingerprint, const std::string& description) override {
-    ddp.check_same_layout(fingerprint, description);
-  }
-  const ShardPlan& shard_optimizer(Ddp& ddp, int level, Communicator* gathers) override {
-    RingLayout layout;
-    layout.zero = level;
-    layout.overlap = config_.overlap;
-    layout.stages_on_rank = static_cast<int>(stages_.chunks.size());
-    layout.micro_batches = stages_.chunks.front().micro_batches;
-    std::vector<std::pair<int, ParamSpan>> layers;  // the model's layer and its span
-    const std::vector<std::pair<size_t, size_t>> spans = stages_.layer_spans();
-    size_t span = 0;
-    for (const StageSpec& c : stages_.chunks)
-      for (int i = c.first; i < c.end; ++i, ++span)
-        layers.push_back({i, {spans[span].first, spans[span].second}});
-    auto zero = std::make_unique<HostZero>(ddp, layout, params_, grads_, layers, gathers,
-                                           config_.optimizer);
-    const ShardPlan& plan = zero->plan();
-    state_ = std::move(zero);
-    // The model writes its gradients and reads its parameters where the state keeps them.
-    if (std::function<float*(size_t)> home = state_->gradient_home())
-      chunks_.front()->stage().set_grads(home);
-    if (LayerParams* source = state_->layer_params())
-      for (auto& chunk : chunks_)
-        chunk->stage().set_params_source(source);
-    return plan;
-  }
-  std::vector<float> get_params() override { return state_->params(count()); }
-  void set_params(const float* host) override { state_->set_params(host); }
-  NamedState optimizer_state() override { return state_->optimizer_state(count()); }
+  std::vector<float> get_params() override { return store_.state().params(count()); }
+  void set_params(const float* host) override { store_.state().set_params(host); }
+  NamedState optimizer_state() override { return store_.state().optimizer_state(count()); }
   void set_optimizer_state(const NamedState& state, int64_t steps) override {
-    state_->set_optimizer_state(state);
-    state_->optimizer().set_steps(steps);
+    store_.state().set_optimizer_state(state);
+    store_.state().optimizer().set_steps(steps);
   }
-  int64_t optimizer_steps() const override { return state_->optimizer().steps(); }
+  int64_t optimizer_steps() const override { return store_.state().optimizer().steps(); }
 
   int steps_ahead() const override { return 1; }
 
@@ -312,16 +305,17 @@ class CpuRunner final : public StageRunner {
       chunk->transfers().end_step();
   }
   bool grads_nonfinite() override {
-    return any_nonfinite(grads_.data(), grads_.size()) || state_->kept_grads_nonfinite();
+    const std::vector<float>& grads = store_.grads_buffer();
+    return any_nonfinite(grads.data(), grads.size()) || store_.state().kept_grads_nonfinite();
   }
-  void optimizer_step() override { state_->step(lr_); }
+  void optimizer_step() override { store_.state().step(lr_); }
   std::string memory_report() const override {
     const auto size = [](size_t floats) {
       const double bytes = static_cast<double>(floats) * sizeof(float);
       return bytes < 1048576 ? fmt::format("{:.1f} KiB", bytes / 1024)
                              : fmt::format("{:.1f} MiB", bytes / 1048576);
     };
-    return state_->memory_report(count(), size);
+    return store_.state().memory_report(count(), size);
   }
   int64_t held_bytes() const override {
     int64_t total = 0;
@@ -331,14 +325,15 @@ class CpuRunner final : public StageRunner {
   }
   std::vector<std::pair<std::string, int64_t>> held_by_kind() const override {
     const auto bytes = [](size_t floats) { return static_cast<int64_t>(floats * sizeof(float)); };
-    return {{"parameters", bytes(params_.size() + state_->param_floats())},
-            {"gradients", bytes(grads_.size() + state_->grad_floats())},
-            {"optimizer state", bytes(state_->optimizer().state_floats())}};
+    const HostState& state = store_.state();
+    return {{"parameters", bytes(store_.params_buffer().size() + state.param_floats())},
+            {"gradients", bytes(store_.grads_buffer().size() + state.grad_floats())},
+            {"optimizer state", bytes(state.optimizer().state_floats())}};
   }
   LossSum evaluate(const Split& split, int64_t begin, int64_t end) override {
     // --zero 3: the replicas' shares of the split may differ in length, so their uses could
     // not match: the whole model is gathered once, for the evaluation.
-    state_->begin_evaluation(count());
+    store_.state().begin_evaluation(count());
     LossSum total{};
     const int chunk = stages_.chunks.front().max_batch;
     for (int64_t at = begin; at < end; at += chunk) {
@@ -348,7 +343,7 @@ class CpuRunner final : public StageRunner {
         handed = c->evaluate(&split.x[static_cast<size_t>(at) * split.dim], handed, count,
                              &split.y[at], &total);
     }
-    state_->end_evaluation();
+    store_.state().end_evaluation();
     return total;
   }
 
@@ -356,14 +351,11 @@ class CpuRunner final : public StageRunner {
   size_t count() const { return stages_.param_count(); }
   TrainConfig config_;
   RankStages stages_;
-  BucketPlan plan_;  // the buckets of the stages' data parallelism (the Ddp's, ZeRO's pieces')
   RankState rank_;
-  std::vector<float> params_;  // every stage's, one after the other
-  std::vector<float> grads_;   // none with a gradient ring
+  // The parameters and gradients (every stage's, one after the other) and the state gradient
+  // sync keeps them in: whole, or sharded over the replicas; it updates them.
+  HostParamStore store_;
   std::vector<std::unique_ptr<CpuChunk>> chunks_;
-  // Where gradient sync keeps the parameters, gradients and optimizer state: whole, or
-  // (--zero) sharded over the replicas; it updates them.
-  std::unique_ptr<HostState> state_;
   float lr_ = 0;
 };
 

@@ -30,10 +30,10 @@
 #include "engine/runners/stage_transfers.h"
 #include "engine/runners/step_replay.h"
 #include "engine/sync/ddp.h"
-#include "engine/sync/ddp_device.h"
+#include "engine/sync/grad_sync.h"
 #include "engine/telemetry/gpu_timeline.h"
 #include "engine/telemetry/timeline.h"
-#include "engine/zero/zero_device.h"
+#include "engine/zero/device_store.h"
 #include "models/autotune_cache.h"
 #include "models/batch_feeder.h"
 #include "models/mlp_stage_cuda.h"
@@ -61,15 +61,9 @@ CudaStageOptions stage_options(const TrainConfig& config, bool tuned) {
   return options;
 }
 
-// What decides the stage's gradient ring and ZeRO's memory.
+// Whether the stage's gradients go into a ring (gradient sync's decision, from its options).
 RingLayout ring_layout(const StageSpec& spec, const TrainConfig& config, int stages_on_rank) {
-  RingLayout layout;
-  layout.zero = config.zero;
-  layout.overlap = config.overlap;
-  layout.stages_on_rank = stages_on_rank;
-  layout.micro_batches = spec.micro_batches;
-  layout.replicas = spec.replicas;
-  return layout;
+  return sync_ring_layout(sync_options(config), stages_on_rank, spec.micro_batches, spec.replicas);
 }
 
 // The same, with the stage's gradient ring cut from the rank's buckets `plan` (where a ring
@@ -217,8 +211,7 @@ class GpuRunner final : public StageRunner {
         spec_(stages.chunks.front()),
         config_(config),
         alone_(spec_.stages == 1),
-        split_(stage_options(config, false).split_backward),
-        plan_(stage_bucket_plan(stages, config)) {
+        split_(stage_options(config, false).split_backward) {
     // --init-weights are read (and checked) on another thread while the stages build.
     if (!config.init_weights.empty())
       weights_read_ = std::async(std::launch::async, [this] {
@@ -232,21 +225,44 @@ class GpuRunner final : public StageRunner {
                                                         config.precision == Precision::kBf16,
                                                         config.optimizer, own_stream_->get());
     }
+    const SyncOptions sync = sync_options(config);
+    BucketPlan plan = stage_bucket_plan(stages, sync);  // the ring's and the Ddp's
     for (size_t c = 0; c < stages.chunks.size(); ++c)
-      chunks_.push_back(std::make_unique<GpuChunk>(
-          *this, stages.chunks[c],
-          make_stage(stages, c, config, plan_, alone_, own_weights_.get(),
-                     several ? own_stream_->get() : nullptr)));
+      chunks_.push_back(
+          std::make_unique<GpuChunk>(*this, stages.chunks[c],
+                                     make_stage(stages, c, config, plan, alone_, own_weights_.get(),
+                                                several ? own_stream_->get() : nullptr)));
     link_neighbours(chunks_);
     CudaStage& front = chunks_.front()->stage();
     weights_ = several ? own_weights_.get() : &front.weights();
     stream_ = front.stream();
     replay_ = std::make_unique<StepReplay>(stream_, alone_);
-    state_ = std::make_unique<DeviceWhole>(
-        *weights_,
+    DeviceStoreLayout layout;
+    layout.count = stages.param_count();
+    layout.layers = stages.layer_spans();
+    for (const StageSpec& c : stages.chunks)
+      layout.stage_layers.push_back(c.end - c.first);
+    layout.plan = std::move(plan);
+    layout.ring = ring_layout(spec_, config, static_cast<int>(stages.chunks.size()));
+    layout.sync = sync;
+    store_ = std::make_unique<DeviceParamStore>(
+        std::move(layout), *weights_, stream_,
         [this](const OptStep* steps, const int* counter) { whole_update(steps, counter); });
-    // --zero 3 moves the parameters into gather slots, and the plans are made again there.
-    if (config.autotune && alone_ && config.zero < 3) front.autotune();
+    store_->set_wait([this] { wait_stream(); });
+    // Where the state gathers a layer's parameters for each use, each stage asks it first.
+    store_->set_rewire([this](DeviceState& state) {
+      if (!state.gathers_layers()) return;
+      int base = 0;  // the chunk's first layer among the rank's
+      for (auto& chunk : chunks_) {
+        const int first = chunk->spec().first;
+        chunk->stage().set_layer_hook([&state, base, first](int layer, int next) {
+          state.use_layer(base + layer - first, next < 0 ? -1 : base + next - first);
+        });
+        base += chunk->spec().end - first;
+      }
+    });
+    // Gathered layers move the parameters into gather slots, and the plans are made again there.
+    if (config.autotune && alone_ && !sync.gathers_layers()) front.autotune();
     epilogues_ = front.epilogue_summary();  // slot 0's plans built
     feeder_ = std::make_unique<BatchFeeder>(spec_.batch, spec_.micro_batches,
                                             alone_ ? std::min(config.log_every, 512) : 1, stream_);
@@ -273,16 +289,15 @@ class GpuRunner final : public StageRunner {
               chunks_.size(), c + 1);
     return *chunks_[c];
   }
-  float* params() override { return weights_->params(); }
-  const BucketPlan& bucket_plan() const override { return plan_; }
+  ParamStore& param_store() override { return *store_; }
   float* grads() override { return weights_->grads(); }
-  void params_changed() override { weights_->refresh_low_precision(); }
   void* stream() override { return stream_; }
 
   void attach(const Dataset& data, StageLinks links, Communicator* world,
               std::function<void()> abort_all) override {
     world_s_ = clock_.seconds();
     lead_ = world == nullptr || world->rank() == 0;
+    store_->set_lead(lead_, alone_);  // the whole model's runner says its data parallelism
     if (alone_ && use_host_staging(config_, data.train, lead_)) {
       feeder_->set_train_data_host(data.train);
     } else {
@@ -365,52 +380,17 @@ class GpuRunner final : public StageRunner {
     return true;
   }
 
-  void prepare_ddp(Ddp& ddp, uint64_t fingerprint, const std::string& description) override {
-    ddp_ = &ddp;
-    bf16_grads_ =
-        prepare_device_ddp(ddp, stream_, fingerprint, description,
-                           config_.grad_reduce == GradReduce::kBf16, stages_.param_count());
-    if (lead_ && alone_)
-      spdlog::info(
-          "data parallel over {} GPUs ({}): {} buckets, overlap {}, gradients reduced in {}",
-          ddp.comm().size(), ddp.comm().backend(), ddp.buckets().size(),
-          config_.overlap ? "on" : "off", grad_reduce_name(config_.grad_reduce));
-  }
-
-  const ShardPlan& shard_optimizer(Ddp& ddp, int level, Communicator* gathers) override {
-    DDP_CHECK(level == config_.zero, "--zero {}: asked to shard at level {}", config_.zero, level);
-    std::vector<int> stage_layers;  // of each of the rank's stages
-    for (const StageSpec& c : stages_.chunks)
-      stage_layers.push_back(c.end - c.first);
-    auto zero = std::make_unique<DeviceZero>(
-        ddp, ring_layout(spec_, config_, static_cast<int>(stages_.chunks.size())), *weights_,
-        stages_.layer_spans(), stage_layers, config_.zero_prefetch, gathers, stream_, lead_);
-    zero->set_wait([this] { wait_stream(); });
-    DeviceZero* sharded = zero.get();
-    state_ = std::move(zero);
-    if (!sharded->shards_parameters()) return sharded->plan();
-    int base = 0;  // the chunk's first layer among the rank's
-    for (auto& chunk : chunks_) {
-      const int first = chunk->spec().first;
-      chunk->stage().set_layer_hook([sharded, base, first](int layer, int next) {
-        sharded->use_layer(base + layer - first, next < 0 ? -1 : base + next - first);
-      });
-      base += chunk->spec().end - first;
-    }
-    return sharded->plan();
-  }
-
   std::vector<float> get_params() override {
     wait_idle();
-    return state_->params(stages_.param_count());
+    return store_->state().params(stages_.param_count());
   }
-  void set_params(const float* host) override { state_->set_params(host); }
+  void set_params(const float* host) override { store_->state().set_params(host); }
   NamedState optimizer_state() override {
     wait_idle();
-    return state_->optimizer_state(stages_.param_count());
+    return store_->state().optimizer_state(stages_.param_count());
   }
   void set_optimizer_state(const NamedState& state, int64_t steps) override {
-    state_->set_optimizer_state(state);
+    store_->state().set_optimizer_state(state);
     optimizer_steps_ = steps;
   }
   int64_t optimizer_steps() const override { return optimizer_steps_; }
@@ -447,15 +427,15 @@ class GpuRunner final : public StageRunner {
   void optimizer_step() override {
     // --zero 3: a gather still reading the pieces (a prefetch nobody used) is done before the
     // update writes them, and none is left past the step (nor past its capture).
-    state_->forget_gathers();
-    state_->step(feeder_->steps(), feeder_->counter());
+    store_->state().forget_gathers();
+    store_->state().step(feeder_->steps(), feeder_->counter());
     feeder_->next_step();
   }
 
   void run_step(int64_t step, const std::function<void()>& enqueue) override {
     const int64_t in_chunk = replay_->in_chunk(step);
     // Host state of the step, set here because a replayed step does not call `enqueue`.
-    state_->forget_gathers();  // every layer gathered afresh in the step (none pending)
+    store_->state().forget_gathers();  // every layer gathered afresh in the step (none pending)
     hooks_->step_begins();
     // Host staging: this step's batch gathered on the host (and its copy started) while the
     // GPU still runs the previous one.
@@ -507,9 +487,10 @@ class GpuRunner final : public StageRunner {
             stages_.has_first() ? eval_.x.data() + static_cast<size_t>(at) * split.dim : nullptr,
             stages_.has_last() ? eval_.y.data() + at : nullptr, n);
     }
-    state_->match_evaluation(split.n, spec_.replicas, (end - begin + chunk - 1) / chunk, chunk);
+    store_->state().match_evaluation(split.n, spec_.replicas, (end - begin + chunk - 1) / chunk,
+                                     chunk);
     wait_stream();
-    state_->forget_gathers();
+    store_->state().forget_gathers();
     return chunks_.back()->stage().take_sums(true);
   }
   std::string memory_report() const override { return chunks_.front()->stage().memory_report(); }
@@ -531,7 +512,7 @@ class GpuRunner final : public StageRunner {
       own_weights_->update(0, own_weights_->count(), steps, counter, stream_);
     else if (!overlapped)
       chunks_.front()->stage().optimizer_step(steps, counter);
-    else if (ddp_ == nullptr)
+    else if (store_->ddp() == nullptr)
       overlapped->join();  // the updates made during the last backward
   }
   void wait_idle() { replay_->wait_idle(); }
@@ -545,8 +526,8 @@ class GpuRunner final : public StageRunner {
     setting.spec = &spec_;
     setting.stage = &chunks_.front()->stage();
     setting.feeder = feeder_.get();
-    setting.ddp = ddp_;
-    setting.state = state_.get();
+    setting.ddp = store_->ddp();
+    setting.state = &store_->state();
     setting.several = chunks_.size() > 1;
     setting.lead = lead_;
     hooks_->set_up(setting);
@@ -561,18 +542,18 @@ class GpuRunner final : public StageRunner {
     fused.train_rows = train_rows_;
     fused.lead = lead_;
     fused.whole_model = alone_;
-    fused.data_parallel = ddp_ != nullptr;
+    fused.data_parallel = store_->ddp() != nullptr;
     fused.overlapped = overlapped != nullptr;
     fused.timeline = hooks_->timeline();
     fused_ = FusedStep::choose(fused);
     if (!lead_ || !alone_) return;
     spdlog::info("optimizer {}",
-                 fused_ ? std::string("in the fused step")
-                 : overlapped
-                     ? fmt::format("overlapped with backward ({} ranges on a side stream)",
-                                   ddp_ ? ddp_->buckets().size() : spec_.shape.num_layers())
-                     : state_->describe_update(spec_.param_count()));
-    if (!ddp_ && config_.grad_reduce == GradReduce::kBf16)
+                 fused_       ? std::string("in the fused step")
+                 : overlapped ? fmt::format("overlapped with backward ({} ranges on a side stream)",
+                                            store_->ddp() ? store_->ddp()->buckets().size()
+                                                          : spec_.shape.num_layers())
+                              : store_->state().describe_update(spec_.param_count()));
+    if (!store_->ddp() && config_.grad_reduce == GradReduce::kBf16)
       spdlog::warn("--grad-reduce bf16: one process and no --backend, so nothing is reduced");
   }
 
@@ -583,7 +564,6 @@ class GpuRunner final : public StageRunner {
   TrainConfig config_;
   bool alone_;       // the whole model: no neighbours, chunks of steps
   bool split_;       // backward in two halves (zero-bubble schedules)
-  BucketPlan plan_;  // the buckets of the stages' data parallelism: the ring's and the Ddp's
   Stopwatch clock_;  // since the runner was made: its start-up figures
   double model_s_ = 0, world_s_ = 0;
   std::vector<float> loaded_;  // --init-weights (the rank's slices), read while it builds
@@ -599,11 +579,9 @@ class GpuRunner final : public StageRunner {
   bool lead_ = true;
   DeviceSplit eval_;  // the split evaluated: features on the first stage, labels on the last
   const Split* eval_split_ = nullptr;
-  Ddp* ddp_ = nullptr;
-  // Where gradient sync keeps the parameters and optimizer state: whole, or (--zero) sharded
-  // over the replicas; it updates them.
-  std::unique_ptr<DeviceState> state_;
-  DeviceBuffer<uint16_t> bf16_grads_;    // the gradients on the wire with --grad-reduce bf16
+  // The rank's parameters as gradient sync keeps them: the state (whole, or sharded over the
+  // replicas) that updates them, and the Ddp.
+  std::unique_ptr<DeviceParamStore> store_;
   std::unique_ptr<GpuStepHooks> hooks_;  // the layer hook, the schedule's end, busy spans
   std::unique_ptr<StepReplay> replay_;   // the steps: eager, captured, replayed; the watchdog
   bool hooks_ready_ = false;

@@ -298,34 +298,4 @@ double available_host_bytes() {
   return 0;  // unknown: not checked
 }
 
-std::unique_ptr<Ddp> make_stage_ddp(const TrainConfig& config, Communicator& group,
-                                    const RankStages& stages, StageRunner& runner, bool lead,
-                                    Communicator* gathers) {
-  auto ddp = std::make_unique<Ddp>(group, runner.bucket_plan());
-  const DdpOptions defaults;
-  if (lead && config.zero == 3 &&
-      (config.bucket_mb != defaults.bucket_mb ||
-       config.first_bucket_mb != defaults.first_bucket_mb))
-    spdlog::warn(
-        "--zero 3 cuts one bucket a layer (a layer's parameters are gathered and freed together): "
-        "--bucket-mb {} and --first-bucket-mb {} are not used",
-        config.bucket_mb, config.first_bucket_mb);
-  runner.prepare_ddp(*ddp, stages.fingerprint(), "--layers " + stages.shape().to_string());
-  ddp->broadcast_parameters(runner.params(), stages.param_count());
-  runner.params_changed();
-  if (config.zero > 0) {
-    const ShardPlan& plan = runner.shard_optimizer(*ddp, config.zero, gathers);
-    if (lead)
-      spdlog::info(
-          "zero: stage {} over {} data-parallel ranks; rank 0 holds the optimizer state of {} "
-          "of {} parameters{}",
-          config.zero, plan.ranks, plan.owned(), stages.param_count(),
-          config.zero == 1   ? ""
-          : config.zero == 2 ? " and only its pieces of the averaged gradients"
-                             : ", its pieces of the averaged gradients and of the parameters (a "
-                               "layer's gathered for each use)");
-  }
-  return ddp;
-}
-
 }  // namespace ddp

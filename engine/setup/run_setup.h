@@ -1,7 +1,7 @@
 // What a run checks, loads and makes before its trainer starts: the data set and whether the
 // model fits it, the rank layout of dp x pp, whether every output can be written, the memory
-// the flags ask for against what the machine has, the rank groups' communicators (collective)
-// and a stage's Ddp.
+// the flags ask for against what the machine has, and the rank groups' communicators
+// (collective). (A stage's gradient sync: GradSync, engine/sync/grad_sync.h.)
 #pragma once
 
 #include <map>
@@ -101,13 +101,5 @@ void check_model_fits_data(const MlpShape& shape, const TrainConfig& config, con
 // The rank layout of `world` ranks for this rank: stages (--pp, --partition or balanced by
 // FLOPs), replicas (--dp, checked against world / pp). Throws UsageError naming the flags.
 PipelineLayout layout_of(const TrainConfig& config, int world, int rank);
-
-// Data parallelism over `group` for the stages `stages` run by `runner`: the buckets, the
-// model check (collective), rank 0's parameters broadcast and, with --zero, the sharded
-// optimizer (its start-up line from rank 0, `lead`).
-// `gathers`: --zero 3's layer gathers' own communicator over the same group, or null.
-std::unique_ptr<Ddp> make_stage_ddp(const TrainConfig& config, Communicator& group,
-                                    const RankStages& stages, StageRunner& runner, bool lead,
-                                    Communicator* gathers = nullptr);
 
 }  // namespace ddp

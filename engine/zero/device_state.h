@@ -36,6 +36,11 @@ class DeviceState {
   virtual void match_evaluation(int64_t samples, int64_t replicas, int64_t mine, int chunk) = 0;
   // Each layer gather as it is issued (the GPU timeline's).
   virtual void set_on_gather(std::function<void(int layer, Work& gather)> on_gather) = 0;
+  // Whether a layer's parameters are gathered before each use (the runner then calls
+  // use_layer before the stream reads layer `layer` of the rank, `next` being the pass's next
+  // layer or -1); the whole state keeps every layer where it is read.
+  virtual bool gathers_layers() const { return false; }
+  virtual void use_layer(int layer, int next) { (void)layer, (void)next; }
 
   // Host copies (collectives over the group where sharded; the stream synchronised): the whole
   // parameters (`count`, the rank's flat layout) and optimizer state; and both set from whole

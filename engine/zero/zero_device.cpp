@@ -21,19 +21,6 @@ void wait_for(std::unique_ptr<Work>* work, cudaStream_t stream) {
 
 }  // namespace
 
-GradientRing device_gradient_ring(const std::vector<Bucket>& buckets, size_t param_count,
-                                  const RingLayout& layout) {
-  if (!gradient_ring_applies(layout)) return {};
-  const size_t slot = gradient_ring_slot(buckets, layout.replicas, kDeviceShardAlign, param_count);
-  if (slot == 0) return {};
-  GradientRing ring;
-  for (const Bucket& b : buckets)
-    ring.buckets.emplace_back(b.offset, b.count);
-  ring.slot_floats = slot;
-  ring.slots = kGradientRingSlots;
-  return ring;
-}
-
 DeviceZero::DeviceZero(Ddp& ddp, const RingLayout& layout, DeviceParameters& weights,
                        const std::vector<std::pair<size_t, size_t>>& layers,
                        const std::vector<int>& stage_layers, int ahead, Communicator* gathers,

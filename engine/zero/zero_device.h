@@ -29,12 +29,6 @@
 
 namespace ddp {
 
-// --zero 2 and 3's gradient ring (engine/sync/gradient_ring.h) as the device memory of
-// `buckets` (the stage's BucketPlan, which its Ddp reduces; offsets in the stage's flat buffer of
-// `param_count`), or none (a stage's gradients in one buffer).
-GradientRing device_gradient_ring(const std::vector<Bucket>& buckets, size_t param_count,
-                                  const RingLayout& layout);
-
 class DeviceZero final : public DeviceState {
  public:
   // Shards `ddp`'s state at `layout.zero`'s level (--zero 3's gathers on `gathers`, null: the
@@ -57,12 +51,12 @@ class DeviceZero final : public DeviceState {
   int level() const { return level_; }
   const ShardPlan& plan() const { return shards_->plan(); }
   // --zero 3: the parameters are this rank's pieces and two gather slots.
-  bool shards_parameters() const { return level_ == 3; }
+  bool gathers_layers() const override { return level_ == 3; }
 
   // --zero 3, before the stream reads the rank's layer `layer`: its parameters gathered into
   // their slot and, `next` >= 0 being the pass's next layer, the next `ahead` layers of the
   // pass in its stage (on in the same direction) on their way into the others.
-  void use_layer(int layer, int next);
+  void use_layer(int layer, int next) override;
   // Every gather still pending waited for by the stream, what the slots hold forgotten: at a
   // step's start and before its update, so every step, the captured one too, gathers alike.
   void forget_gathers() override;

@@ -141,7 +141,7 @@ TEST(StageBucketPlan, TheFlagsSizesOrALayerABucketAndTheDdpTakesThemAsTheyAre) {
   config.bucket_mb = 1200 * 4 / 1048576.0;  // about 1200 elements a bucket
   config.first_bucket_mb = 0;
   const RankStages stages{{whole_model_spec(config, 1)}};
-  const BucketPlan plan = stage_bucket_plan(stages, config);
+  const BucketPlan plan = stage_bucket_plan(stages, sync_options(config));
   std::vector<ParamSpan> spans;
   for (const auto& [offset, count] : stages.layer_spans())
     spans.push_back({offset, count});
@@ -152,7 +152,7 @@ TEST(StageBucketPlan, TheFlagsSizesOrALayerABucketAndTheDdpTakesThemAsTheyAre) {
     EXPECT_EQ(plan.buckets[b].offset, asked[b].offset) << b;
   EXPECT_EQ(plan.layer_count, static_cast<int>(spans.size()));
   config.zero = 3;
-  const BucketPlan layered = stage_bucket_plan(stages, config);
+  const BucketPlan layered = stage_bucket_plan(stages, sync_options(config));
   ASSERT_EQ(layered.buckets.size(), spans.size());
   for (size_t b = 0; b < spans.size(); ++b)
     EXPECT_EQ(layered.buckets[b].first_layer, layered.buckets[b].last_layer) << b;
