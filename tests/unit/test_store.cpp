@@ -586,8 +586,8 @@ TEST(Listener, ASecondListenOnAPortBothBoundIsThePortInUse) {
     FAIL() << "two sockets listen on port " << first.port;
   } catch (const UsageError& e) {
     EXPECT_EQ(std::string(e.what()),
-              "--master-port " + std::to_string(first.port) + ": 127.0.0.1:" +
-                  std::to_string(first.port) +
+              "--master-port " + std::to_string(first.port) +
+                  ": 127.0.0.1:" + std::to_string(first.port) +
                   " is already in use; choose another port or pass --master-port 0 to pick a "
                   "free one");
   }
