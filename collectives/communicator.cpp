@@ -3,10 +3,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
+#include <memory>
 #include <thread>
+#include <vector>
 
 #include <fmt/format.h>
 
+#include "collectives/host_reduce.h"
 #include "runtime/error.h"
 #include "runtime/store.h"
 
@@ -59,28 +63,83 @@ const char* reduce_name(ReduceOp op) {
   return "?";
 }
 
+namespace {
+
+// float32 values rounded to bf16 into `wire` (divided by `ranks` there for kAverage, as
+// PyTorch's bf16_compress_hook divides its bf16 copy), and the op the bf16 sum then takes.
+ReduceOp to_wire(const float* values, uint16_t* wire, size_t count, ReduceOp op, int ranks) {
+  for (size_t i = 0; i < count; ++i)
+    wire[i] = float_to_bf16(values[i]);
+  if (op != ReduceOp::kAverage) return op;
+  const float divisor = static_cast<float>(ranks);
+  for (size_t i = 0; i < count; ++i)
+    wire[i] = float_to_bf16(bf16_to_float(wire[i]) / divisor);
+  return ReduceOp::kSum;
+}
+
+// A host backend's bf16 reduction: once the bf16 collective is done, its result written back to
+// `out` as float32, once (by whichever of wait, then_on or is_completed sees it first).
+class WidenedWork final : public Work {
+ public:
+  WidenedWork(std::unique_ptr<Work> wire, const uint16_t* result, float* out, size_t count,
+              std::shared_ptr<std::vector<uint16_t>> keep = nullptr)
+      : wire_(std::move(wire)), result_(result), out_(out), count_(count), keep_(std::move(keep)) {}
+  void wait(double timeout_s) override {
+    wire_->wait(timeout_s);
+    widen();
+  }
+  void then_on(void* stream) override {
+    wire_->then_on(stream);
+    widen();
+  }
+  bool is_completed() override {
+    if (!wire_->is_completed()) return false;
+    widen();
+    return true;
+  }
+
+ private:
+  void widen() {
+    if (done_) return;
+    for (size_t i = 0; i < count_; ++i)
+      out_[i] = bf16_to_float(result_[i]);
+    done_ = true;
+  }
+  std::unique_ptr<Work> wire_;
+  const uint16_t* result_;
+  float* out_;
+  size_t count_;
+  std::shared_ptr<std::vector<uint16_t>> keep_;  // the result, where not in the caller's scratch
+  bool done_ = false;
+};
+
+}  // namespace
+
 std::unique_ptr<Work> Communicator::all_reduce_bf16_async(float* buffer, void* scratch,
                                                           size_t count, ReduceOp op) {
-  (void)buffer;
-  (void)scratch;
-  (void)count;
-  (void)op;
-  require_bf16_reduction();
-  return nullptr;  // not reached: only backends that override this can reduce bf16
+  require_bf16_reduction();  // device memory: only NCCL's override converts it
+  auto* wire = static_cast<uint16_t*>(scratch);
+  const ReduceOp sum = to_wire(buffer, wire, count, op, size());
+  return std::make_unique<WidenedWork>(all_reduce_async(wire, count, DataType::kBFloat16, sum),
+                                       wire, buffer, count);
 }
 
 std::unique_ptr<Work> Communicator::reduce_scatter_bf16_async(const float* send, float* recv,
                                                               void* scratch, size_t count,
                                                               ReduceOp op) {
-  (void)send, (void)recv, (void)scratch, (void)count, (void)op;
   require_bf16_reduction();
-  return nullptr;  // not reached, as above
+  auto* wire = static_cast<uint16_t*>(scratch);
+  const ReduceOp sum = to_wire(send, wire, count * static_cast<size_t>(size()), op, size());
+  // The host collectives take no aliased output: this rank's block lands apart.
+  auto block = std::make_shared<std::vector<uint16_t>>(count);
+  auto work = reduce_scatter_async(wire, block->data(), count, DataType::kBFloat16, sum);
+  return std::make_unique<WidenedWork>(std::move(work), block->data(), recv, count, block);
 }
 
 void Communicator::require_bf16_reduction() const {
   DDP_USAGE_CHECK(reduces_bf16(),
-                  "--grad-reduce bf16: the {} backend reduces float32 only; bfloat16 reduction "
-                  "needs NCCL (--device cuda)",
+                  "--grad-reduce bf16: the {} backend cannot reduce bfloat16 in device memory; "
+                  "that needs NCCL",
                   backend());
 }
 

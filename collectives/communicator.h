@@ -127,18 +127,22 @@ class Communicator {
   // In place, float32 data reduced as bfloat16 (half the bytes on the wire, as PyTorch's
   // bf16_compress_hook): buffer[count] is rounded to bf16 into scratch[count], reduced
   // there, and written back as float32. scratch: count bf16 values (2 bytes each) in the
-  // buffers' memory, untouched by the caller until the Work completes. Only backends that
-  // can (NCCL) override it; the others throw UsageError naming the backend.
+  // buffers' memory, untouched by the caller until the Work completes. kAverage divides each
+  // rounded value by the ranks before the bf16 sum (NCCL's average pre-multiplies; PyTorch's
+  // hook divides first). NCCL converts on its stream; the host backends (this default) round
+  // on the caller's thread and write back when the Work is waited for or seen completed.
+  // Device memory without NCCL throws UsageError naming the backend.
   virtual std::unique_ptr<Work> all_reduce_bf16_async(float* buffer, void* scratch, size_t count,
                                                       ReduceOp op);
   // reduce_scatter_async of float32 data reduced as bfloat16: send[size * count] rounded to
   // bf16 into scratch[size * count] (2 bytes each, in the buffers' memory, untouched until
   // the Work completes), reduce-scattered there, and block `rank` written to recv[count] as
-  // float32. The backends of all_reduce_bf16_async (NCCL) only.
+  // float32. The backends of all_reduce_bf16_async, the same way.
   virtual std::unique_ptr<Work> reduce_scatter_bf16_async(const float* send, float* recv,
                                                           void* scratch, size_t count, ReduceOp op);
-  // Whether the bf16 reductions are supported; and the UsageError naming the backend when not.
-  virtual bool reduces_bf16() const { return false; }
+  // Whether the bf16 reductions are supported (host memory, or NCCL); and the UsageError naming
+  // the backend when not.
+  virtual bool reduces_bf16() const { return !device_buffers(); }
   // Throws that UsageError where reduces_bf16() is false.
   void require_bf16_reduction() const;
   // In place: every rank's buffer[count] becomes root's. Every rank calls it; the buffer

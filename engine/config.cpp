@@ -353,7 +353,7 @@ const std::vector<Flag>& flags() {
          "faster"});
     f.push_back(choice_flag<GradReduce>(
         "grad-reduce",
-        "gradients on the wire: fp32, or bf16 (half the bytes, rounded; GPU with NCCL)",
+        "gradients on the wire: fp32, or bf16 (half the bytes, each rounded before the sum)",
         &C::grad_reduce, {{"fp32", GradReduce::kFp32}, {"bf16", GradReduce::kBf16}}));
     f.push_back(number_flag(
         "accumulate", "micro-batches per optimizer step (gradient accumulation)", &C::accumulate));
@@ -553,9 +553,6 @@ void validate(const TrainConfig& c) {
   DDP_USAGE_CHECK(c.device == Device::kCuda || c.precision == Precision::kFp32,
                   "--precision {}: the CPU trains in fp32 only; use --device cuda",
                   precision_name(c.precision));
-  DDP_USAGE_CHECK(c.device == Device::kCuda || c.grad_reduce == GradReduce::kFp32,
-                  "--grad-reduce {}: the CPU reduces gradients in fp32 only; use --device cuda",
-                  grad_reduce_name(c.grad_reduce));
   DDP_USAGE_CHECK(c.init_retries >= 0 && c.init_retries <= 100,
                   "--init-retries {}: expected 0 to 100", c.init_retries);
   DDP_USAGE_CHECK(c.threads >= 0 && c.threads <= 1024, "--threads {}: expected 0 to 1024",

@@ -113,8 +113,9 @@ TorchCommHook allreduce_comm_hook() {
 }
 
 TorchCommHook bf16_compress_comm_hook() {
-  // NCCL: its fused float-to-bf16 all-reduce (the collective of reduce_in_bf16, so the same
-  // weights); the host backends: the cast in LibTorch and a bf16 all-reduce.
+  // A float32 bucket: the communicator's bf16 all-reduce (the collective of reduce_in_bf16, so
+  // the same weights; NCCL's fused cast, the host backends' rounding); another dtype: the cast
+  // in LibTorch and a bf16 all-reduce.
   auto wire = std::make_shared<BucketScratch>();
   TorchCommHook host = compress_hook(torch::kBFloat16, DataType::kBFloat16);
   return [wire, host](Communicator& comm, TorchGradBucket& bucket) {

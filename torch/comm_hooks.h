@@ -49,9 +49,10 @@ using TorchCommHook =
 // The built-in hook of the averaging all-reduce (what the buckets do without a hook).
 TorchCommHook allreduce_comm_hook();
 // The built-in hook of the same average with the gradients on the wire as bfloat16 (PyTorch's
-// bf16_compress_hook): NCCL's fused cast and all-reduce for a float32 bucket; on Gloo and MPI,
-// and for a bucket of another dtype, the cast in LibTorch and a bf16 all-reduce, done when the
-// hook returns.
+// bf16_compress_hook): a float32 bucket through the communicator's bf16 all-reduce (NCCL's
+// fused cast, the host backends' rounding on this thread: each value rounded, divided by the
+// ranks, summed in bf16); a bucket of another dtype cast in LibTorch and all-reduced as bf16,
+// done when the hook returns.
 TorchCommHook bf16_compress_comm_hook();
 // The same with float16 (PyTorch's fp16_compress_hook): each gradient divided by the ranks in
 // half precision (so that the sum does not overflow 65504), summed, cast back to the bucket's

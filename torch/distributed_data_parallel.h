@@ -77,7 +77,8 @@ struct DistributedDataParallelOptions {
   // Rank 0's buffers (running statistics) copied to every rank before each forward
   // (DistributedDataParallel::forward, or sync_buffers() before one's own forward).
   TORCH_ARG(bool, broadcast_buffers) = true;
-  // Gradients travel as bfloat16 (half the bytes; PyTorch's bf16_compress_hook). NCCL only.
+  // Float32 gradients travel as bfloat16 (half the bytes; PyTorch's bf16_compress_hook, and
+  // bitwise ddp's): NCCL, Gloo and MPI.
   TORCH_ARG(bool, reduce_in_bf16) = false;
   // Start each bucket's all-reduce as soon as its gradients are written (else all of them when
   // backward ends; for comparisons).

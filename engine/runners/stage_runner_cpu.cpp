@@ -204,7 +204,9 @@ HostStoreLayout store_layout(const RankStages& stages, const TrainConfig& config
   for (const StageSpec& c : stages.chunks)
     for (int i = c.first; i < c.end; ++i, ++span)
       layout.layers.push_back({i, {spans[span].first, spans[span].second}});
-  layout.plan = stage_bucket_plan(stages, sync_options(config));
+  const SyncOptions sync = sync_options(config);
+  layout.plan = stage_bucket_plan(stages, sync);
+  layout.bf16_grads = sync.bf16_grads;
   layout.stages_on_rank = static_cast<int>(stages.chunks.size());
   layout.micro_batches = stages.chunks.front().micro_batches;
   layout.optimizer = config.optimizer;

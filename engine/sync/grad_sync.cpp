@@ -33,6 +33,11 @@ std::unique_ptr<Ddp> GradSync::make(Communicator& group, ParamStore& store,
         "--bucket-mb {} and --first-bucket-mb {} are not used",
         options.buckets.bucket_mb, options.buckets.first_bucket_mb);
   store.join(*ddp, model.fingerprint, model.description);
+  if (lead && !group.device_buffers())  // the GPU's store says it with its stream's set-up
+    spdlog::info(
+        "data parallel over {} ranks ({}): {} bucket{}, overlap {}, gradients reduced in {}",
+        group.size(), group.backend(), ddp->buckets().size(), ddp->buckets().size() == 1 ? "" : "s",
+        store.bucket_plan().overlap ? "on" : "off", options.bf16_grads ? "bf16" : "fp32");
   ddp->broadcast_parameters(store.params(), store.count());
   store.params_changed();
   if (options.zero > 0) {

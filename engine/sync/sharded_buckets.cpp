@@ -12,8 +12,6 @@ ShardedBuckets::ShardedBuckets(Ddp& ddp, int level, const ShardMemory* memory)
   DDP_USAGE_CHECK(level >= 1 && level <= 3, "--zero {}: expected 0, 1, 2 or 3", level);
   DDP_CHECK(!comm_.device_buffers() || memory != nullptr, "ZeRO over {} needs the device's memory",
             comm_.backend());
-  DDP_USAGE_CHECK(bf16_scratch_ == nullptr || memory != nullptr,
-                  "--zero {} with --grad-reduce bf16: on the GPU (NCCL) only", level);
   const std::vector<Bucket>& buckets = ddp.buckets();
   // Host collectives take any piece size: a bucket that divides evenly is sharded in place,
   // only the others go through a padded copy. NCCL's pieces are kept 256-byte aligned.
@@ -30,7 +28,12 @@ ShardedBuckets::ShardedBuckets(Ddp& ddp, int level, const ShardMemory* memory)
       total = std::max(total, buckets[b].offset + buckets[b].count);
       need = std::max(need, buckets[b].offset + plan_.parts[b].piece * comm_.size());
     }
-    if (need > total) bf16_scratch_ = reinterpret_cast<uint16_t*>(memory_.allocate((need + 1) / 2));
+    if (need > total && memory != nullptr) {
+      bf16_scratch_ = reinterpret_cast<uint16_t*>(memory_.allocate((need + 1) / 2));
+    } else if (need > total) {
+      bf16_host_.assign(need, 0);
+      bf16_scratch_ = bf16_host_.data();
+    }
   }
   bucket_scratch_.assign(buckets.size(), nullptr);
   bucket_host_.assign(buckets.size(), {});

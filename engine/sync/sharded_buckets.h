@@ -112,6 +112,7 @@ class ShardedBuckets final : public BucketReduction {
   ShardPlan plan_;
   ShardMemory memory_;
   uint16_t* bf16_scratch_ = nullptr;  // --grad-reduce bf16: the bf16 values on the wire
+  std::vector<uint16_t> bf16_host_;   // the host's larger one, where the pieces need it
   // A padded bucket's pieces, every rank's (host: in bucket_host_; device: the caller's).
   std::vector<float*> bucket_scratch_;
   std::vector<std::vector<float>> bucket_host_;

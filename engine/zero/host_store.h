@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <utility>
@@ -25,6 +26,7 @@ struct HostStoreLayout {
   int stages_on_rank = 1;
   int micro_batches = 1;
   OptimizerConfig optimizer;
+  bool bf16_grads = false;  // the gradients cross the wire as bf16 (--grad-reduce bf16)
 };
 
 class HostParamStore final : public ParamStore {
@@ -55,6 +57,7 @@ class HostParamStore final : public ParamStore {
   HostStoreLayout layout_;
   std::vector<float> params_;
   std::vector<float> grads_;
+  std::vector<uint16_t> bf16_wire_;  // --grad-reduce bf16: the gradients as they travel
   std::unique_ptr<HostState> state_;
   std::function<void(HostState&)> rewire_;
 };

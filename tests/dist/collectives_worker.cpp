@@ -267,9 +267,10 @@ int run_all(Communicator& comm, bool gpu) {
     for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1001}})
       checker.run(count, type);
   checker.run(3'000'001, DataType::kFloat32);
-  // float32 reduced as bfloat16 (NCCL); refused with UsageError by the host backends. Odd
-  // elements are small integers (exact in bf16), even ones 1 + 2^-10 on every rank, which
-  // bf16 rounds to 1: the sum is then exactly the rank count, not the float32 sum.
+  // float32 reduced as bfloat16 (NCCL on the device, the host backends in host memory; the
+  // one-process GPU communicator refuses it with UsageError). Odd elements are small integers
+  // (exact in bf16), even ones 1 + 2^-10 on every rank, which bf16 rounds to 1: the sum is then
+  // exactly the rank count, not the float32 sum.
   for (size_t count : {size_t{1001}, size_t{3'000'001}}) {
     const int S = comm.size();
     std::vector<char> h(count * 4), scratch_host(count * 2);
@@ -293,6 +294,31 @@ int run_all(Communicator& comm, bool gpu) {
     checker.from_comm(d, h);
     checker.expect("all_reduce_bf16 sum", h, count, DataType::kFloat32, [&](size_t i) {
       return i % 2 ? S * (S + 1) / 2.0 + S * double(i % 7) : double(S);
+    });
+  }
+  if (comm.reduces_bf16()) {
+    // reduce_scatter_bf16_async, averaged: block b of rank r holds S * (r + 1 + b + i % 7)
+    // at odd i (divided by S before the bf16 sum: exact) and S * (1 + 2^-10) at even i (bf16
+    // rounds it to S, so each rank's share is 1 and the average S exactly, where float32's
+    // would be S * (1 + 2^-10)).
+    const int S = comm.size(), R = comm.rank();
+    const size_t count = 1001;
+    std::vector<char> send(count * 4 * S), recv(count * 4), scratch_host(count * 2 * S);
+    for (int block = 0; block < S; ++block)
+      for (size_t i = 0; i < count; ++i)
+        Checker::put(send, block * count + i, DataType::kFloat32,
+                     i % 2 ? S * double(R + 1 + block + i % 7) : S * (1.0 + 1.0 / 1024));
+    void* d_send = checker.to_comm(send);
+    void* d_recv = checker.to_comm(recv);
+    void* scratch = checker.to_comm(scratch_host);
+    comm.reduce_scatter_bf16_async(static_cast<const float*>(d_send), static_cast<float*>(d_recv),
+                                   scratch, count, ReduceOp::kAverage)
+        ->wait(comm.timeout());
+    checker.from_comm(scratch, scratch_host);
+    checker.from_comm(d_send, send);
+    checker.from_comm(d_recv, recv);
+    checker.expect("reduce_scatter_bf16 average", recv, count, DataType::kFloat32, [&](size_t i) {
+      return i % 2 ? S * (S + 1) / 2.0 + S * double(R + i % 7) : double(S);
     });
   }
   {

@@ -61,6 +61,40 @@ TEST_P(DataParallelRanks, GlooMatchesOneProcessAndReplicasStayIdentical) {
 
 INSTANTIATE_TEST_SUITE_P(Ranks, DataParallelRanks, ::testing::Values(2, 3, 4));
 
+// --grad-reduce bf16 on the host backends: each rank's gradients rounded to bfloat16 and divided
+// by the ranks before a bf16 sum, so the weights leave one process's by more than float32's
+// margin (proof that bf16 crossed) but stay within bf16's (5e-2, the GPU test's), the replicas
+// bitwise alike; and --zero 1, 2, 3 reduce-scatter the same bf16 values, bitwise the plain bf16
+// run (the host backends sum every element in rank order, as the fp32 ZeRO tests rely on).
+TEST(DataParallel, GradientsReducedInBf16StayCloseToOneProcessAndZeroKeepsThem) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  ASSERT_EQ(run_command(kTrain + kArgs + " --save-weights " + dir.file("one.st")).exit_code, 0);
+  const std::string dp = kDdprun + " --nproc-per-node 3 -- " + kTrain + kArgs +
+                         " --bucket-mb 0.0005 --first-bucket-mb 0.0002 --grad-reduce bf16";
+  const RunResult r = run_command(dp + " --check-replicas --save-weights " + dir.file("bf16.st"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("data parallel over 3 ranks (gloo): 3 buckets, overlap on, gradients "
+                          "reduced in bf16"),
+            std::string::npos)
+      << r.output;
+  const double error = max_relative_error(load_weights(dir.file("bf16.st"), kLayers),
+                                          load_weights(dir.file("one.st"), kLayers));
+  std::printf("--grad-reduce bf16, 3 ranks: max relative error against one process %.3g\n", error);
+  EXPECT_GT(error, 1e-5);
+  EXPECT_LT(error, 5e-2);
+  for (const int zero : {1, 2, 3}) {
+    const std::string out = dir.file("zero" + std::to_string(zero) + ".st");
+    const RunResult z =
+        run_command(dp + " --zero " + std::to_string(zero) + " --save-weights " + out);
+    ASSERT_EQ(z.exit_code, 0) << z.output;
+    EXPECT_EQ(
+        max_relative_error(load_weights(out, kLayers), load_weights(dir.file("bf16.st"), kLayers)),
+        0.0)
+        << "--zero " << zero;
+  }
+}
+
 // Equivalence over the bucket layouts and both overlap modes: buckets of one layer, a
 // bucket of two layers (12,32,16,4: the last layer alone, then layers 1 and 0 together),
 // and one bucket of every layer. The first step's timeline shows one all-reduce a bucket.

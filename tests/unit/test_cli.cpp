@@ -243,9 +243,6 @@ TEST(DdptrainCli, BadFlagsAndValues) {
     expect_usage_error(std::string("--timeout ") + timeout, "expected 0.1 to 604800 seconds");
   expect_usage_error("--on-nonfinite ignore", "--on-nonfinite ignore: expected stop or skip-step");
   expect_usage_error("--grad-reduce fp16", "--grad-reduce fp16: expected fp32 or bf16");
-  expect_usage_error(
-      "--grad-reduce bf16",
-      "--grad-reduce bf16: the CPU reduces gradients in fp32 only; use --device cuda");
 }
 
 TEST(DdptrainCli, OutputsAreCheckedBeforeTheFirstStep) {
