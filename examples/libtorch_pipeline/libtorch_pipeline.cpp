@@ -92,7 +92,9 @@ torch::nn::Sequential make_model(int width) {
 int main(int argc, char** argv) {
   try {
     const Flags flags = parse(argc, argv);
-    ddp::World world = ddp::init();  // ddp: join the job (ddprun, mpirun, srun or torchrun)
+    ddp::InitOptions init;       // ddp: join the job (ddprun, mpirun, srun or torchrun)
+    init.bind_gpu = flags.cuda;  // the rank's GPU and NCCL for CUDA tensors; else Gloo or MPI
+    ddp::World world = ddp::init(init);
     const torch::Device device = flags.cuda ? torch::Device(torch::kCUDA) : torch::kCPU;
     torch::manual_seed(1);  // the same first weights on every rank
     torch::nn::Sequential model = make_model(flags.width);

@@ -124,7 +124,11 @@ int main(int argc, char** argv) {
     const torch::Device device = args.cuda ? torch::Device(torch::kCUDA) : torch::kCPU;
     // ddp::init binds the GPU before anything else touches CUDA (one process alone: none to bind).
     std::unique_ptr<ddp::World> world;
-    if (!args.reference) world = std::make_unique<ddp::World>(ddp::init());
+    if (!args.reference) {
+      ddp::InitOptions init;
+      init.bind_gpu = args.cuda;  // NCCL for CUDA tensors
+      world = std::make_unique<ddp::World>(ddp::init(init));
+    }
     torch::nn::Sequential model = make_model(args.bad_shape);
     model->to(device);
     const auto loss_fn = [](const torch::Tensor& out, const torch::Tensor& target) {
