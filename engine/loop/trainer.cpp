@@ -84,8 +84,11 @@ Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* c
     ddp_ = GradSync::make(*dp_comm(), runner_->param_store(), sync_options(config),
                           {stages_.fingerprint(), "--layers " + stages_.shape().to_string()},
                           lead(), groups_.gathers.get());
-  } else if (config.zero > 0 && lead()) {
-    spdlog::warn("--zero {}: one replica holds everything; nothing to shard", config.zero);
+  } else if (lead()) {
+    if (config.zero > 0)
+      spdlog::warn("--zero {}: one replica holds everything; nothing to shard", config.zero);
+    if (config.grad_reduce == GradReduce::kBf16)
+      spdlog::warn("--grad-reduce bf16: one replica and no --backend, so nothing is reduced");
   }
   if (config.resume && !config.checkpoint_dir.empty()) {
     resumed_from_ = resume_runner(config, stages_, settings(), *runner_, lead());

@@ -553,8 +553,6 @@ class GpuRunner final : public StageRunner {
                                             store_->ddp() ? store_->ddp()->buckets().size()
                                                           : spec_.shape.num_layers())
                               : store_->state().describe_update(spec_.param_count()));
-    if (!store_->ddp() && config_.grad_reduce == GradReduce::kBf16)
-      spdlog::warn("--grad-reduce bf16: one process and no --backend, so nothing is reduced");
   }
 
   friend class GpuChunk;

@@ -14,7 +14,7 @@ HostParamStore::HostParamStore(HostStoreLayout layout)
 
 void HostParamStore::join(Ddp& ddp, uint64_t fingerprint, const std::string& description) {
   ddp.check_same_layout(fingerprint, description);
-  if (!layout_.bf16_grads || ddp.comm().size() == 1) return;  // one replica reduces nothing
+  if (!layout_.bf16_grads) return;
   bf16_wire_.assign(layout_.count, 0);
   ddp.reduce_in_bf16(bf16_wire_.data());
 }

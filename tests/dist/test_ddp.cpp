@@ -70,6 +70,13 @@ TEST(DataParallel, GradientsReducedInBf16StayCloseToOneProcessAndZeroKeepsThem) 
   if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
   TempDir dir;
   ASSERT_EQ(run_command(kTrain + kArgs + " --save-weights " + dir.file("one.st")).exit_code, 0);
+  // One process reduces nothing: said, not silently ignored.
+  const RunResult alone = run_command(kTrain + kArgs + " --grad-reduce bf16");
+  ASSERT_EQ(alone.exit_code, 0) << alone.output;
+  EXPECT_NE(alone.output.find("--grad-reduce bf16: one replica and no --backend, so nothing is "
+                              "reduced"),
+            std::string::npos)
+      << alone.output;
   const std::string dp = kDdprun + " --nproc-per-node 3 -- " + kTrain + kArgs +
                          " --bucket-mb 0.0005 --first-bucket-mb 0.0002 --grad-reduce bf16";
   const RunResult r = run_command(dp + " --check-replicas --save-weights " + dir.file("bf16.st"));
