@@ -237,7 +237,9 @@ TEST(TorchDdp, CompressionHooksStayWithinTheirPrecision) {
       ASSERT_EQ(r.exit_code, 0) << r.output;
       EXPECT_LT(max_relative_difference(out, single), margin) << hook << " on " << ranks;
       if (hook != "bf16") continue;
-      // reduce_in_bf16 is the same reduction (the communicator's bf16 all-reduce): bitwise.
+      // reduce_in_bf16 takes the communicator's bf16 all-reduce; it equals the hook bitwise, and
+      // so PyTorch's bf16_compress_hook (LibTorch's cast, divide, bf16 sum: the hook's own path
+      // for other dtypes, bitwise the communicator's when forced onto float32 buckets too).
       const std::string option = dir.file("option" + std::to_string(ranks) + ".safetensors");
       const RunResult o = train_ranks(ranks, option, "--bucket-kb 2 --bf16");
       ASSERT_EQ(o.exit_code, 0) << o.output;
