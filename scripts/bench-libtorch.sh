@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# The LibTorch wrapper's cost (issue 44), in one run: a training step of the example's network
-# (cnn, batch 64), of a 50 M-parameter MLP (mlp, batch 512), of ResNet-18 as for CIFAR-10
-# (resnet, batch 128) and of 4 transformer blocks of width 1024 (transformer, batch 16 of 256
-# tokens), each in float32 and in bfloat16 (the model in bf16), plain LibTorch against
+# The LibTorch wrapper's cost (issues 44 and 58), in one run: a training step of the example's
+# network (cnn, batch 64), of a 50 M-parameter MLP (mlp, batch 512), of ResNet-18 as for
+# CIFAR-10 (resnet, batch 128) and of 4 transformer blocks of width 1024 (transformer, batch 16
+# of 256 tokens), each in float32 and in bfloat16 (the model in bf16): plain LibTorch against
 # ddp::DistributedDataParallel on one rank (ddp_torch_bench), and the same in Python, plain
 # PyTorch against PyTorch's DistributedDataParallel on one rank (tests/libtorch/torch_bench.py).
-# Each pair runs --reps times (3), interleaved; the table gives the medians (ms per step) and
-# the plain and wrapped runs' ranges (a launch-bound step moves by several per cent from run to
-# run on a shared machine).
+# Each pair runs in one process (--mode both) with --reps rounds (10) of --steps steps each,
+# plain and wrapped alternating, so that drift (clocks, the machine's other work) hits both
+# alike: the table gives the medians (ms a step), the wrapper's overhead as the median of the
+# rounds' pairs (round k wrapped / round k plain) with the middle half of those pairs, and the
+# plain and wrapped ranges.
 # Usage: scripts/bench-libtorch.sh BUILD_DIR [--cpu] [--steps N] [--reps N] [--models LIST]
 #     [--dtypes LIST]
 #   the GPU by default; LIST: comma-separated (cnn,mlp,resnet,transformer; fp32,bf16: all by
@@ -18,7 +20,7 @@ build="${1:?usage: scripts/bench-libtorch.sh BUILD_DIR [--cpu] [--steps N] [--re
 shift
 cuda=--cuda
 steps=100
-reps=3
+reps=10
 models=cnn,mlp,resnet,transformer
 dtypes=fp32,bf16
 while [ $# -gt 0 ]; do
@@ -41,35 +43,39 @@ results="$(mktemp)"
 trap 'rm -f "$results"' EXIT
 for model in ${models//,/ }; do
   for dtype in ${dtypes//,/ }; do
-    for rep in $(seq "$reps"); do
-      for mode in plain ddp; do
-        "$bench" --model $model --mode $mode $cuda --steps "$steps" --dtype $dtype | tee -a "$results"
-        # PyTorch's Gloo has no bf16 broadcast (1.13): no Python DDP reference on the CPU in bf16.
-        [ -z "$cuda" ] && [ $dtype = bf16 ] && [ $mode = ddp ] && continue
-        MASTER_PORT=$((29500 + RANDOM % 1000)) "$py" tests/libtorch/torch_bench.py --model $model \
-          --mode $mode $cuda --steps "$steps" --dtype $dtype | tee -a "$results"
-      done
-    done
+    "$bench" --model $model --mode both $cuda --steps "$steps" --rounds "$reps" --dtype $dtype |
+      tee -a "$results"
+    # PyTorch's Gloo has no bf16 broadcast (1.13): no Python DDP reference on the CPU in bf16.
+    pymode=both
+    [ -z "$cuda" ] && [ $dtype = bf16 ] && pymode=plain
+    MASTER_PORT=$((29500 + RANDOM % 1000)) "$py" tests/libtorch/torch_bench.py --model $model \
+      --mode $pymode $cuda --steps "$steps" --rounds "$reps" --dtype $dtype | tee -a "$results"
   done
 done
 "$py" - "$results" "$models" "$dtypes" <<'PY'
 import re, statistics, sys
 runs = {}
 for line in open(sys.argv[1]):
-    m = re.match(r"(\w+) (\w+) (\w+)( bf16)?: ms_per_step ([0-9.]+)", line)
+    m = re.match(r"(\w+) (\w+) (\w+)( bf16)?: ms_per_step [0-9.]+ rounds ([0-9. ]+)", line)
     if m:
         key = (m.group(1), m.group(2), m.group(3), "bf16" if m.group(4) else "fp32")
-        runs.setdefault(key, []).append(float(m.group(5)))
-med = {k: statistics.median(v) for k, v in runs.items()}
+        runs[key] = [float(t) for t in m.group(5).split()]
 nan = float("nan")
-print("| model | dtype | LibTorch | ddp::DistributedDataParallel | overhead | PyTorch | PyTorch DDP | ddp C++ vs PyTorch DDP | LibTorch range | wrapped range |")
+med = lambda k: statistics.median(runs[k]) if k in runs else nan
+def pairs(side, model, dtype):
+    """The wrapped run's overhead: the median of the rounds' ratios and their middle half."""
+    plain, wrapped = runs[(side, model, "plain", dtype)], runs[(side, model, "ddp", dtype)]
+    ratios = sorted(100 * (w / p - 1) for p, w in zip(plain, wrapped))
+    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+    return f"{statistics.median(ratios):+.1f} % ({q[0]:+.1f} to {q[2]:+.1f})"
+print("| model | dtype | LibTorch | ddp::DistributedDataParallel | overhead (middle half of the pairs) | PyTorch | PyTorch DDP | ddp C++ vs PyTorch DDP | LibTorch range | wrapped range |")
 print("|---|---|---|---|---|---|---|---|---|---|")
 for model in sys.argv[2].split(","):
     for dtype in sys.argv[3].split(","):
-        lt, dd = med[("libtorch", model, "plain", dtype)], med[("libtorch", model, "ddp", dtype)]
-        pt, pd = med.get(("pytorch", model, "plain", dtype), nan), med.get(("pytorch", model, "ddp", dtype), nan)
+        lt, dd = med(("libtorch", model, "plain", dtype)), med(("libtorch", model, "ddp", dtype))
+        pt, pd = med(("pytorch", model, "plain", dtype)), med(("pytorch", model, "ddp", dtype))
         span = lambda k: f"{min(runs[k]):.4f}-{max(runs[k]):.4f}"
-        print(f"| {model} | {dtype} | {lt:.4f} | {dd:.4f} | {100 * (dd / lt - 1):+.1f} % | {pt:.4f} | "
+        print(f"| {model} | {dtype} | {lt:.4f} | {dd:.4f} | {pairs('libtorch', model, dtype)} | {pt:.4f} | "
               f"{pd:.4f} | {pd / dd:.2f}x faster | {span(('libtorch', model, 'plain', dtype))} | "
               f"{span(('libtorch', model, 'ddp', dtype))} |")
 PY

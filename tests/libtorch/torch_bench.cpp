@@ -5,13 +5,15 @@
 // width 1024, 16 heads, 256 tokens, batch 16, 50 M parameters), plain LibTorch or under
 // ddp::DistributedDataParallel, timed over --steps after --warmup; tests/libtorch/torch_bench.py
 // is the same in Python.
-//   ddp_torch_bench --model cnn|mlp|resnet|transformer --mode plain|ddp [--cuda] [--steps N]
-//       [--warmup N] [--batch B] [--zero LEVEL] [--adamw] [--dtype fp32|bf16]
-// Prints "ms_per_step X" (the median of 5 rounds of N steps, the device synchronised around
-// each round) and, with --mode ddp, what the rank holds after the last step (optimizer state,
-// parameters, gradients: MiB). Under ddprun each rank trains its own batch; alone it is one
-// rank. --zero: ZeRO's level; --adamw: AdamW instead of SGD with momentum; --dtype bf16: the
-// model and its input in bfloat16 (the loss in float32).
+//   ddp_torch_bench --model cnn|mlp|resnet|transformer --mode plain|ddp|both [--cuda]
+//       [--steps N] [--rounds N] [--warmup N] [--batch B] [--zero LEVEL] [--adamw]
+//       [--dtype fp32|bf16]
+// Prints "ms_per_step X rounds ..." (the median of --rounds rounds (5) of N steps, the device
+// synchronised around each round, then every round in order) and, wrapped, what the rank holds
+// after the last step (optimizer state, parameters, gradients: MiB). --mode both: the plain and
+// the wrapped model in one process, their rounds interleaved (a line each). Under ddprun each rank
+// trains its own batch; alone it is one rank. --zero: ZeRO's level; --adamw: AdamW instead of SGD
+// with momentum; --dtype bf16: the model and its input in bfloat16 (the loss in float32).
 #include <ddp/torch.h>
 #include <torch/torch.h>
 
@@ -147,76 +149,109 @@ void synchronize(const torch::Device& device) {
 }
 
 struct Setup {
-  bool ddp_mode = false, cuda = false, adamw = false;
+  bool cuda = false, adamw = false;
+  std::string mode = "plain";  // plain, ddp or both
   torch::Dtype dtype = torch::kFloat32;
-  int zero = 0, steps = 100, warmup = 20;
+  int zero = 0, steps = 100, warmup = 20, rounds = 5;
 };
 
-// A step's input: [batch, sizes...] of `dtype` on `device`.
+// One model as the timed step trains it: plain LibTorch, or under the wrapper when `world` is
+// given, with its own optimizer.
 template <typename Net>
-double run(Net& net, const Setup& setup, const std::vector<int64_t>& input, int classes) {
-  const int64_t batch = input[0];
-  const bool ddp_mode = setup.ddp_mode, cuda = setup.cuda;
-  const int steps = setup.steps, warmup = setup.warmup;
-  const torch::Device device = cuda ? torch::kCUDA : torch::kCPU;
-  std::unique_ptr<ddp::World> world;
-  std::unique_ptr<ddp::DistributedDataParallel> model;
-  if (ddp_mode) {
-    ddp::InitOptions init;
-    init.bind_gpu = cuda;
-    world = std::make_unique<ddp::World>(ddp::init(init));
+struct Trainer {
+  Trainer(const Setup& setup, ddp::World* world, const torch::Device& device) {
+    net->to(device, setup.dtype);
+    if (world)
+      model = std::make_unique<ddp::DistributedDataParallel>(
+          net, *world, ddp::DistributedDataParallelOptions().zero(setup.zero));
+    if (setup.adamw)
+      optimizer = std::make_unique<torch::optim::AdamW>(net->parameters(),
+                                                        torch::optim::AdamWOptions(1e-4));
+    else
+      optimizer = std::make_unique<torch::optim::SGD>(net->parameters(),
+                                                      torch::optim::SGDOptions(0.01).momentum(0.9));
   }
-  net->to(device, setup.dtype);
-  if (world)
-    model = std::make_unique<ddp::DistributedDataParallel>(
-        net, *world, ddp::DistributedDataParallelOptions().zero(setup.zero));
-  std::unique_ptr<torch::optim::Optimizer> made;
-  if (setup.adamw)
-    made =
-        std::make_unique<torch::optim::AdamW>(net->parameters(), torch::optim::AdamWOptions(1e-4));
-  else
-    made = std::make_unique<torch::optim::SGD>(net->parameters(),
-                                               torch::optim::SGDOptions(0.01).momentum(0.9));
-  torch::optim::Optimizer& optimizer = *made;
-  const torch::Tensor x = torch::randn(input, torch::TensorOptions(device).dtype(setup.dtype));
-  const torch::Tensor y =
-      torch::randint(classes, {batch}, torch::TensorOptions(device).dtype(torch::kLong));
-  const auto step = [&] {
-    optimizer.zero_grad();
+  void step(const torch::Tensor& x, const torch::Tensor& y) {
+    optimizer->zero_grad();
     torch::Tensor loss =
         torch::nll_loss((model ? model->forward(x) : net->forward(x)).to(torch::kFloat32), y);
     loss.backward();
-    optimizer.step();
-  };
-  for (int i = 0; i < warmup; ++i)
-    step();
-  std::vector<double> rounds;
-  for (int round = 0; round < 5; ++round) {
-    synchronize(device);
-    const auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < steps; ++i)
-      step();
-    synchronize(device);
-    rounds.push_back(
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-            .count() /
-        steps);
+    optimizer->step();
   }
-  std::sort(rounds.begin(), rounds.end());
-  if (model) {
-    const ddp::ShardedMemory held = model->memory();
+  Net net;  // made before the constructor's body: the caller seeds
+  std::unique_ptr<ddp::DistributedDataParallel> model;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+};
+
+// Times --rounds rounds of --steps steps after --warmup and prints each mode's line: the median
+// round, then every round in order. --mode both: a plain and a wrapped copy of the model in one
+// process, their rounds interleaved (plain first in even rounds, wrapped first in odd ones), so
+// that what drifts over the run (clocks, the machine's other work) hits both alike and round k
+// of one can be set against round k of the other. A step's input: [batch, sizes...].
+template <typename Net>
+void run(const Setup& setup, const std::string& name, const std::vector<int64_t>& input,
+         int classes) {
+  const int64_t batch = input[0];
+  const torch::Device device = setup.cuda ? torch::kCUDA : torch::kCPU;
+  std::unique_ptr<ddp::World> world;
+  if (setup.mode != "plain") {
+    ddp::InitOptions init;
+    init.bind_gpu = setup.cuda;
+    world = std::make_unique<ddp::World>(ddp::init(init));
+  }
+  std::vector<std::pair<std::string, std::unique_ptr<Trainer<Net>>>> trainers;
+  if (setup.mode != "ddp") {
+    torch::manual_seed(0);  // the same weights in every mode
+    trainers.emplace_back("plain", std::make_unique<Trainer<Net>>(setup, nullptr, device));
+  }
+  if (setup.mode != "plain") {
+    torch::manual_seed(0);
+    trainers.emplace_back("ddp", std::make_unique<Trainer<Net>>(setup, world.get(), device));
+  }
+  const torch::Tensor x = torch::randn(input, torch::TensorOptions(device).dtype(setup.dtype));
+  const torch::Tensor y =
+      torch::randint(classes, {batch}, torch::TensorOptions(device).dtype(torch::kLong));
+  for (auto& [mode, trainer] : trainers)
+    for (int i = 0; i < setup.warmup; ++i)
+      trainer->step(x, y);
+  std::vector<std::vector<double>> rounds(trainers.size());
+  for (int round = 0; round < setup.rounds; ++round)
+    for (size_t k = 0; k < trainers.size(); ++k) {
+      const size_t which = round % 2 == 0 ? k : trainers.size() - 1 - k;
+      synchronize(device);
+      const auto start = std::chrono::steady_clock::now();
+      for (int i = 0; i < setup.steps; ++i)
+        trainers[which].second->step(x, y);
+      synchronize(device);
+      rounds[which].push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+              .count() /
+          setup.steps);
+    }
+  for (size_t k = 0; k < trainers.size(); ++k) {
+    std::vector<double> sorted = rounds[k];
+    std::sort(sorted.begin(), sorted.end());
+    std::string each;
+    for (const double ms : rounds[k])
+      each += " " + std::to_string(ms);
+    std::printf(
+        "libtorch %s %s%s%s: ms_per_step %.4f rounds%s\n", name.c_str(), trainers[k].first.c_str(),
+        setup.zero > 0 ? (" zero " + std::to_string(setup.zero)).c_str() : "",
+        setup.dtype == torch::kBFloat16 ? " bf16" : "", sorted[sorted.size() / 2], each.c_str());
+  }
+  for (auto& [mode, trainer] : trainers) {
+    if (!trainer->model) continue;
+    const ddp::ShardedMemory held = trainer->model->memory();
     std::printf(
         "rank %d holds: optimizer state %.1f MiB, parameters %.1f MiB, gradients %.1f MiB\n",
-        world->rank(), ddp::optimizer_state_bytes(optimizer) / 1048576.0,
+        world->rank(), ddp::optimizer_state_bytes(*trainer->optimizer) / 1048576.0,
         held.parameter_bytes / 1048576.0, held.gradient_bytes / 1048576.0);
   }
-  return rounds[2];
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  std::string model = "cnn", mode = "plain", dtype = "fp32";
+// The flags read, the model timed.
+int bench(int argc, char** argv) {
+  std::string model = "cnn", dtype = "fp32";
   Setup setup;
   int64_t batch = 0;  // 0: the model's (64, 512)
   for (int i = 1; i < argc; ++i) {
@@ -228,7 +263,7 @@ int main(int argc, char** argv) {
     if (flag == "--model")
       model = value();
     else if (flag == "--mode")
-      mode = value();
+      setup.mode = value();
     else if (flag == "--cuda")
       setup.cuda = true;
     else if (flag == "--adamw")
@@ -237,6 +272,8 @@ int main(int argc, char** argv) {
       setup.zero = std::stoi(value());
     else if (flag == "--steps")
       setup.steps = std::stoi(value());
+    else if (flag == "--rounds")
+      setup.rounds = std::stoi(value());
     else if (flag == "--warmup")
       setup.warmup = std::stoi(value());
     else if (flag == "--batch")
@@ -244,33 +281,37 @@ int main(int argc, char** argv) {
     else if (flag == "--dtype")
       dtype = value();
     else
-      throw ddp::UsageError("unknown flag " + flag +
-                            " (expected --model, --mode, --cuda, --steps, --warmup, --batch, "
-                            "--zero, --adamw, --dtype)");
+      throw ddp::UsageError(
+          "unknown flag " + flag +
+          " (expected --model, --mode, --cuda, --steps, --rounds, --warmup, --batch, "
+          "--zero, --adamw, --dtype)");
   }
   DDP_USAGE_CHECK(model == "cnn" || model == "mlp" || model == "resnet" || model == "transformer",
                   "--model {}: expected cnn, mlp, resnet or transformer", model);
   DDP_USAGE_CHECK(dtype == "fp32" || dtype == "bf16", "--dtype {}: expected fp32 or bf16", dtype);
   setup.dtype = dtype == "bf16" ? torch::kBFloat16 : torch::kFloat32;
-  DDP_USAGE_CHECK(mode == "plain" || mode == "ddp", "--mode {}: expected plain or ddp", mode);
-  setup.ddp_mode = mode == "ddp";
-  torch::manual_seed(0);
-  double ms = 0;
-  if (model == "cnn") {
-    FashionNet net;
-    ms = run(net, setup, {batch > 0 ? batch : 64, 1, 28, 28}, 10);
-  } else if (model == "mlp") {
-    Mlp net;
-    ms = run(net, setup, {batch > 0 ? batch : 512, 2048}, 2048);
-  } else if (model == "resnet") {
-    ResNet net;
-    ms = run(net, setup, {batch > 0 ? batch : 128, 3, 32, 32}, 10);
-  } else {
-    Transformer net;
-    ms = run(net, setup, {batch > 0 ? batch : 16, 256, 1024}, 1000);
-  }
-  std::printf("libtorch %s %s%s%s: ms_per_step %.4f\n", model.c_str(), mode.c_str(),
-              setup.zero > 0 ? (" zero " + std::to_string(setup.zero)).c_str() : "",
-              dtype == "bf16" ? " bf16" : "", ms);
+  DDP_USAGE_CHECK(setup.mode == "plain" || setup.mode == "ddp" || setup.mode == "both",
+                  "--mode {}: expected plain, ddp or both", setup.mode);
+  DDP_USAGE_CHECK(setup.rounds > 0 && setup.steps > 0,
+                  "--rounds {} --steps {}: expected at least 1 each", setup.rounds, setup.steps);
+  if (model == "cnn")
+    run<FashionNet>(setup, model, {batch > 0 ? batch : 64, 1, 28, 28}, 10);
+  else if (model == "mlp")
+    run<Mlp>(setup, model, {batch > 0 ? batch : 512, 2048}, 2048);
+  else if (model == "resnet")
+    run<ResNet>(setup, model, {batch > 0 ? batch : 128, 3, 32, 32}, 10);
+  else
+    run<Transformer>(setup, model, {batch > 0 ? batch : 16, 256, 1024}, 1000);
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return bench(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ddp_torch_bench: %s\n", e.what());
+    return 2;
+  }
 }

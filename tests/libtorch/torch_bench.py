@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""torch_bench.py --model cnn|mlp|resnet|transformer --mode plain|ddp [--cuda] [--steps N]
-[--warmup N] [--dtype fp32|bf16]: the step ddp_torch_bench times, in Python: the example's
-network (batch 64), the MLP of 50 M parameters (batch 512), ResNet-18 as for CIFAR-10 (batch
-128) or 4 transformer blocks of width 1024 (batch 16 of 256 tokens), plain PyTorch or under PyTorch's DistributedDataParallel on one rank (NCCL on the
-GPU, Gloo on the CPU), the same median of 5 rounds. Prints "ms_per_step X". Under torchrun
-(RANK and WORLD_SIZE set) each rank trains its own batch. --adamw: AdamW (lr 1e-4) instead of
-SGD with momentum; --zero: PyTorch's ZeroRedundancyOptimizer over it (ZeRO 1), whose
+"""torch_bench.py --model cnn|mlp|resnet|transformer --mode plain|ddp|both [--cuda] [--steps N]
+[--rounds N] [--warmup N] [--dtype fp32|bf16]: the step ddp_torch_bench times, in Python: the
+example's network (batch 64), the MLP of 50 M parameters (batch 512), ResNet-18 as for CIFAR-10
+(batch 128) or 4 transformer blocks of width 1024 (batch 16 of 256 tokens), plain PyTorch or
+under PyTorch's DistributedDataParallel on one rank (NCCL on the GPU, Gloo on the CPU), or both
+in one process with their rounds interleaved (--mode both); the same median of --rounds rounds
+(5). Prints "ms_per_step X rounds ..." (then every round in order). Under torchrun (RANK and
+WORLD_SIZE set) each rank trains its own batch. --adamw: AdamW (lr 1e-4) instead of SGD with
+momentum; --zero: PyTorch's ZeroRedundancyOptimizer over it (ZeRO 1, with --mode ddp), whose
 optimizer-state bytes on this rank are printed; --batch: the batch (the model's by default);
 --dtype bf16: the model and its input in bfloat16 (the loss in float32)."""
 import math
@@ -117,69 +119,85 @@ class Transformer(torch.nn.Module):
         return F.log_softmax(self.head(x.mean(1)).float(), 1)
 
 
+def timed_rounds(step_fns, names, steps, rounds, warmup, cuda):
+    """Each named step function run `warmup` times, then `rounds` rounds of `steps` steps, the
+    functions' rounds interleaved (the first first in even rounds, last first in odd ones):
+    ms a step of every round, by name."""
+    for name in names:
+        for _ in range(warmup):
+            step_fns[name]()
+    times = {name: [] for name in names}
+    for r in range(rounds):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            if cuda:
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(steps):
+                step_fns[name]()
+            if cuda:
+                torch.cuda.synchronize()
+            times[name].append((time.perf_counter() - start) * 1000 / steps)
+    return times
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--model", choices=["cnn", "mlp", "resnet", "transformer"], default="cnn")
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
-    p.add_argument("--mode", choices=["plain", "ddp"], default="plain")
+    p.add_argument("--mode", choices=["plain", "ddp", "both"], default="plain")
     p.add_argument("--cuda", action="store_true")
     p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--adamw", action="store_true")
     p.add_argument("--zero", action="store_true")
     p.add_argument("--batch", type=int, default=0)
     a = p.parse_args()
     device = torch.device("cuda" if a.cuda else "cpu")
-    torch.manual_seed(0)
     dtype = torch.bfloat16 if a.dtype == "bf16" else torch.float32
-    net = {"cnn": FashionNet, "mlp": Mlp, "resnet": ResNet, "transformer": Transformer}[a.model]()
-    net = net.to(device, dtype)
-    model = net
-    if a.mode == "ddp":
+    if a.mode != "plain":
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29533")
         dist.init_process_group("nccl" if a.cuda else "gloo",
                                 rank=int(os.environ.get("RANK", 0)),
                                 world_size=int(os.environ.get("WORLD_SIZE", 1)))
-        model = torch.nn.parallel.DistributedDataParallel(net)
     kind, options = ((torch.optim.AdamW, {"lr": 1e-4}) if a.adamw else
                      (torch.optim.SGD, {"lr": 0.01, "momentum": 0.9}))
-    if a.zero:
-        from torch.distributed.optim import ZeroRedundancyOptimizer
-        optimizer = ZeroRedundancyOptimizer(net.parameters(), optimizer_class=kind, **options)
-    else:
-        optimizer = kind(net.parameters(), **options)
     shape, classes = {"cnn": ((a.batch or 64, 1, 28, 28), 10), "mlp": ((a.batch or 512, 2048), 2048),
                       "resnet": ((a.batch or 128, 3, 32, 32), 10),
                       "transformer": ((a.batch or 16, 256, 1024), 1000)}[a.model]
+    names = {"plain": ["plain"], "ddp": ["ddp"], "both": ["plain", "ddp"]}[a.mode]
+    step_fns, optimizers = {}, {}
+    for name in names:
+        torch.manual_seed(0)  # the same weights in every mode
+        net = {"cnn": FashionNet, "mlp": Mlp, "resnet": ResNet, "transformer": Transformer}[a.model]()
+        net = net.to(device, dtype)
+        model = torch.nn.parallel.DistributedDataParallel(net) if name == "ddp" else net
+        if a.zero:
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+            optimizer = ZeroRedundancyOptimizer(net.parameters(), optimizer_class=kind, **options)
+        else:
+            optimizer = kind(net.parameters(), **options)
+        optimizers[name] = optimizer
+
+        def step(model=model, optimizer=optimizer):
+            optimizer.zero_grad()
+            F.nll_loss(model(x).float(), y).backward()
+            optimizer.step()
+        step_fns[name] = step
     x = torch.randn(*shape, device=device, dtype=dtype)
     y = torch.randint(classes, (x.shape[0],), device=device)
-
-    def step():
-        optimizer.zero_grad()
-        F.nll_loss(model(x).float(), y).backward()
-        optimizer.step()
-
-    for _ in range(a.warmup):
-        step()
-    rounds = []
-    for _ in range(5):
-        if a.cuda:
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(a.steps):
-            step()
-        if a.cuda:
-            torch.cuda.synchronize()
-        rounds.append((time.perf_counter() - start) * 1000 / a.steps)
-    print(f"pytorch {a.model} {a.mode}{' zero' if a.zero else ''}{' bf16' if a.dtype == 'bf16' else ''}: ms_per_step "
-          f"{sorted(rounds)[2]:.4f}")
+    times = timed_rounds(step_fns, names, a.steps, a.rounds, a.warmup, a.cuda)
+    for name in names:
+        print(f"pytorch {a.model} {name}{' zero' if a.zero else ''}{' bf16' if a.dtype == 'bf16' else ''}: "
+              f"ms_per_step {sorted(times[name])[len(times[name]) // 2]:.4f} rounds "
+              + " ".join(f"{t:.6f}" for t in times[name]))
     if a.zero:
-        inner = optimizer.optim
+        inner = optimizers[names[-1]].optim
         state = sum(t.numel() * t.element_size() for s in inner.state.values()
                     for t in s.values() if torch.is_tensor(t) and t.dim() > 0)
         print(f"rank {dist.get_rank()} optimizer state {state / 1048576:.1f} MiB")
-    if a.mode == "ddp":
+    if a.mode != "plain":
         dist.destroy_process_group()
 
 
