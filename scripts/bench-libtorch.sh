@@ -5,7 +5,8 @@
 # of 256 tokens), each in float32 and in bfloat16 (the model in bf16): plain LibTorch against
 # ddp::DistributedDataParallel on one rank (ddp_torch_bench), and the same in Python, plain
 # PyTorch against PyTorch's DistributedDataParallel on one rank (tests/libtorch/torch_bench.py).
-# Each pair runs in one process (--mode both) with --reps rounds (10) of --steps steps each,
+# Each pair runs in one process (--mode both) with --reps rounds (10) of --steps steps each
+# (by default about half a second a round on an H100, which the script knows per model),
 # plain and wrapped alternating, so that drift (clocks, the machine's other work) hits both
 # alike: the table gives the medians (ms a step), the wrapper's overhead as the median of the
 # rounds' pairs (round k wrapped / round k plain) with the middle half of those pairs, and the
@@ -19,7 +20,7 @@ cd "$(dirname "$0")/.."
 build="${1:?usage: scripts/bench-libtorch.sh BUILD_DIR [--cpu] [--steps N] [--reps N] [--models LIST] [--dtypes LIST]}"
 shift
 cuda=--cuda
-steps=100
+steps=auto
 reps=10
 models=cnn,mlp,resnet,transformer
 dtypes=fp32,bf16
@@ -43,13 +44,27 @@ results="$(mktemp)"
 trap 'rm -f "$results"' EXIT
 for model in ${models//,/ }; do
   for dtype in ${dtypes//,/ }; do
-    "$bench" --model $model --mode both $cuda --steps "$steps" --rounds "$reps" --dtype $dtype |
+    n="$steps"
+    # auto: a round of about half a second on an H100 (shorter rounds of a launch-bound step
+    # moved by 10-30 % from round to round there); 20 steps on the CPU.
+    if [ "$n" = auto ]; then
+      case "$cuda $model $dtype" in
+        " "*) n=20 ;;
+        *" cnn "*) n=400 ;;
+        *" mlp fp32") n=150 ;;
+        *" mlp bf16") n=400 ;;
+        *" resnet "*) n=60 ;;
+        *" transformer fp32") n=20 ;;
+        *" transformer bf16") n=60 ;;
+      esac
+    fi
+    "$bench" --model $model --mode both $cuda --steps "$n" --rounds "$reps" --dtype $dtype |
       tee -a "$results"
     # PyTorch's Gloo has no bf16 broadcast (1.13): no Python DDP reference on the CPU in bf16.
     pymode=both
     [ -z "$cuda" ] && [ $dtype = bf16 ] && pymode=plain
     MASTER_PORT=$((29500 + RANDOM % 1000)) "$py" tests/libtorch/torch_bench.py --model $model \
-      --mode $pymode $cuda --steps "$steps" --rounds "$reps" --dtype $dtype | tee -a "$results"
+      --mode $pymode $cuda --steps "$n" --rounds "$reps" --dtype $dtype | tee -a "$results"
   done
 done
 "$py" - "$results" "$models" "$dtypes" <<'PY'

@@ -250,7 +250,7 @@ for section in libtorch libtorch-shapes; do
   models=cnn,mlp
   [ "$section" = libtorch-shapes ] && models=resnet,transformer
   if [ -x "$build/bin/ddp_torch_bench" ]; then
-    timeout 500 scripts/bench-libtorch.sh "$build" --reps 10 --steps 50 --models $models > "$out/$section.log" 2>&1 ||
+    timeout 500 scripts/bench-libtorch.sh "$build" --reps 10 --models $models > "$out/$section.log" 2>&1 ||
       fail "$section" "bench-libtorch.sh exited $? ($(tail -1 "$out/$section.log"))"
     grep '^|' "$out/$section.log"
   else
