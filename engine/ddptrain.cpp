@@ -207,8 +207,9 @@ int main(int argc, char** argv) {
     // NCCL starts; a pipeline's stages, and the CPU, are made by the trainer.
     std::unique_ptr<ddp::StageRunner> runner;
     if (cuda && config.pp == 1)
-      runner = ddp::make_gpu_runner(
-          ddp::RankStages{{ddp::whole_model_spec(config, env.world_size)}}, config);
+      runner =
+          ddp::make_gpu_runner(ddp::RankStages{{ddp::whole_model_spec(config, env.world_size)}},
+                               ddp::runner_options(config));
     const ddp::Dataset& data = data_ready();
     if (world->has_comm() && comm == nullptr) started();
     {

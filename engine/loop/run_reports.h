@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "collectives/communicator.h"
+#include "engine/config.h"
 #include "engine/pipeline/executor.h"
 #include "engine/pipeline/schedule.h"
 #include "engine/pipeline/simulate.h"

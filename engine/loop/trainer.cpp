@@ -64,14 +64,15 @@ Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* c
   DDP_CHECK(runner == nullptr || (gpu && layout_.stages == 1 && spec_.slots == 1),
             "a runner made beforehand is the whole model's on the GPU (whole_model_spec)");
   if (gpu) {
-    runner_ = runner ? std::move(runner) : make_gpu_runner(stages_, config);
+    runner_ = runner ? std::move(runner) : make_gpu_runner(stages_, runner_options(config));
     runner_->attach(data, groups_.links(), comm_, groups_.abort_all());
   } else {
-    runner_ = make_cpu_runner(stages_, config, data, groups_.links());
+    runner_ = make_cpu_runner(stages_, runner_options(config), data, groups_.links());
   }
   // Every stage starts from the one-process initialisation and takes its layers.
   if (!runner_->initial_params())
-    runner_->set_params(stages_.take(initial_weights(config, shape).data()).data());
+    runner_->set_params(
+        stages_.take(initial_weights(config.init_weights, config.seed, shape).data()).data());
   total_steps_ =
       config.steps > 0
           ? config.steps

@@ -76,10 +76,10 @@ void FusedStep::run() {
 }
 
 std::unique_ptr<FusedStep> FusedStep::choose(const FusedStepSetting& s) {
-  const TrainConfig& config = *s.config;
-  if (!config.fused_step && !config.autotune) return nullptr;
+  const RunnerOptions& options = *s.options;
+  if (!options.step.fused_step && !options.autotune) return nullptr;
   const StageSpec& spec = *s.spec;
-  const bool asked = config.fused_step;
+  const bool asked = options.step.fused_step;
   const std::string flag = asked ? "--fused-step" : "--autotune: the fused step";
   bool tried = false;
   const auto not_used = [&](const std::string& why) -> std::unique_ptr<FusedStep> {
@@ -92,7 +92,7 @@ std::unique_ptr<FusedStep> FusedStep::choose(const FusedStepSetting& s) {
   if (spec.micro_batches > 1) return not_used("one micro-batch a step only (not --accumulate)");
   if (s.feeder->host_staged()) return not_used("the training split must fit on the GPU");
   if (s.overlapped || s.timeline) return not_used("not with --overlap-optimizer or --timeline");
-  if (!fused_step_fits(spec.shape, spec.batch, config.optimizer, &why))
+  if (!fused_step_fits(spec.shape, spec.batch, options.optimizer, &why))
     return not_used("it does not take " + why);
   tried = true;
   cudaStream_t stream = s.stream;
@@ -100,8 +100,8 @@ std::unique_ptr<FusedStep> FusedStep::choose(const FusedStepSetting& s) {
   DeviceParameters& weights = stage.weights();
   std::unique_ptr<FusedMlpStep> fused;
   const auto make = [&](int blocks) {
-    fused = std::make_unique<FusedMlpStep>(spec.shape, spec.batch, config.precision,
-                                           config.optimizer, blocks);
+    fused = std::make_unique<FusedMlpStep>(spec.shape, spec.batch, options.precision,
+                                           options.optimizer, blocks);
   };
   const int batch = spec.batch;
   const size_t count = weights.count();
@@ -111,7 +111,7 @@ std::unique_ptr<FusedStep> FusedStep::choose(const FusedStepSetting& s) {
     rows[i] = static_cast<int32_t>(i % std::max<int64_t>(1, s.train_rows));
   DeviceBuffer<int32_t> indices(batch, MemoryCategory::kOther);
   copy_to_device(indices.data(), rows.data(), indices.bytes());
-  const OptStep scalars = optimizer_scalars(config.optimizer, config.lr, s.optimizer_steps);
+  const OptStep scalars = optimizer_scalars(options.optimizer, options.lr, s.optimizer_steps);
   DeviceBuffer<OptStep> steps(1, MemoryCategory::kOther);
   copy_to_device(steps.data(), &scalars, sizeof(scalars));
   float* momentum = momentum_buffer(weights);
@@ -154,11 +154,11 @@ std::unique_ptr<FusedStep> FusedStep::choose(const FusedStepSetting& s) {
   };
   // --autotune alone: the choice of an earlier run on this GPU, model and precision (whether
   // to use the fused step, and its grid), if kept.
-  const std::string cache = asked ? std::string() : autotune_cache_path(config.cache_dir);
-  const std::string key = cache_key(spec, config.precision);
+  const std::string cache = asked ? std::string() : autotune_cache_path(options.cache_dir);
+  const std::string key = cache_key(spec, options.precision);
   const std::optional<std::vector<int>> cached =
       cache.empty() ? std::nullopt : load_autotune(cache, key);
-  const std::vector<int> grids = FusedMlpStep::grids(config.precision);
+  const std::vector<int> grids = FusedMlpStep::grids(options.precision);
   const bool from_cache = cached && cached->size() == 2 &&
                           std::find(grids.begin(), grids.end(), (*cached)[1]) != grids.end();
   std::vector<float> want, got;
@@ -202,7 +202,7 @@ std::unique_ptr<FusedStep> FusedStep::choose(const FusedStepSetting& s) {
     norm += double(want[i]) * want[i];
   }
   const double error = std::isfinite(diff) ? std::sqrt(diff / std::max(norm, 1e-30)) : INFINITY;
-  const double tolerance = fused_step_tolerance(config.precision);
+  const double tolerance = fused_step_tolerance(options.precision);
   put_back();
   stage.take_sums(false);  // the trial's loss sums, not training's
   if (!(error <= tolerance))
@@ -225,7 +225,7 @@ std::unique_ptr<FusedStep> FusedStep::choose(const FusedStepSetting& s) {
       spdlog::warn("--autotune: the fused step's choice was not kept: {}", failed);
   }
   // Where slower, the usual step, unless --fused-step=force.
-  if (!faster && !config.fused_step_force)
+  if (!faster && !options.step.fused_step_force)
     return not_used(times + (asked ? "; the usual step (--fused-step=force uses it anyway)"
                                    : "; the usual step"));
   if (s.lead)

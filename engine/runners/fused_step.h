@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "engine/config.h"
+#include "engine/runners/runner_options.h"
 #include "engine/runners/stage_runner.h"
 #include "models/batch_feeder.h"
 #include "models/fused_mlp.h"
@@ -27,7 +27,7 @@ double fused_step_tolerance(Precision precision);
 
 // What the trial reads, runs and puts back: the whole model's one stage, its buffers and feeder.
 struct FusedStepSetting {
-  const TrainConfig* config = nullptr;
+  const RunnerOptions* options = nullptr;
   const StageSpec* spec = nullptr;  // the whole model (stage 0 of 1)
   CudaStage* stage = nullptr;
   BatchFeeder* feeder = nullptr;

@@ -12,24 +12,24 @@ GpuStepHooks::GpuStepHooks(cudaStream_t stream, bool alone, int micro_batches, i
 }
 
 void GpuStepHooks::set_up(const Setting& setting) {
-  const TrainConfig& config = *setting.config;
+  const RunnerOptions& options = *setting.options;
   const StageSpec& spec = *setting.spec;
   ddp_ = setting.ddp;
   // The optimizer overlapped with backward (--overlap-optimizer; else one pass after it):
   // by layer, or with data parallelism by bucket as each one's average is in place (the
   // whole model with --overlap only; a pipeline stage's update would have to wait for each
   // bucket's all-reduce).
-  if (config.overlap_optimizer && ddp_ && !alone_ && spec.stage == 0)
+  if (options.step.overlap_optimizer && ddp_ && !alone_ && spec.stage == 0)
     spdlog::info(
         "--overlap-optimizer: not with data parallelism in a pipeline; one pass after "
         "the gradients are reduced");
   const bool sharded = setting.state->sharded();
-  if (config.overlap_optimizer && sharded && setting.lead)
+  if (options.step.overlap_optimizer && sharded && setting.lead)
     spdlog::info("--overlap-optimizer: not with --zero; one pass over this rank's pieces");
-  if (config.overlap_optimizer && setting.several && !ddp_ && spec.rank == 0)
+  if (options.step.overlap_optimizer && setting.several && !ddp_ && spec.rank == 0)
     spdlog::info("--overlap-optimizer: not with several stages a rank; one pass after backward");
-  if (config.overlap_optimizer && !sharded && !setting.several &&
-      (!ddp_ || (alone_ && config.overlap))) {
+  if (options.step.overlap_optimizer && !sharded && !setting.several &&
+      (!ddp_ || (alone_ && options.sync.buckets.overlap))) {
     std::vector<ParamSpan> spans;  // one range a layer, offsets into the stage's buffers
     for (int i = spec.first; i < spec.end; ++i)
       spans.push_back(
@@ -46,7 +46,7 @@ void GpuStepHooks::set_up(const Setting& setting) {
   }
   // The whole model's timeline: every layer's backward and bucket (a pipeline stage's is
   // its micro-batches' spans).
-  if (!config.timeline.empty() && alone_)
+  if (options.step.timeline && alone_)
     timeline_ = std::make_unique<GpuTimeline>(stream_, spec.shape.num_layers(),
                                               ddp_ ? ddp_->buckets().size() : 0);
   if (timeline_) {

@@ -13,8 +13,8 @@
 #include <memory>
 #include <string>
 
-#include "engine/config.h"
 #include "engine/runners/optimizer_overlap.h"
+#include "engine/runners/runner_options.h"
 #include "engine/runners/stage_runner.h"
 #include "engine/sync/ddp.h"
 #include "engine/telemetry/busy_spans.h"
@@ -38,7 +38,7 @@ class GpuStepHooks {
   // optimizer on ranges, the feeder's scalars) and the whole model's timeline (`ddp`'s buckets,
   // the state's gathers). `several`: several stages on the rank.
   struct Setting {
-    const TrainConfig* config = nullptr;
+    const RunnerOptions* options = nullptr;
     const StageSpec* spec = nullptr;
     CudaStage* stage = nullptr;
     const BatchFeeder* feeder = nullptr;

@@ -93,17 +93,18 @@ RankStages rank_stages(const PipelineLayout& layout, int pipe_rank, const StageS
   return stages;
 }
 
-std::vector<float> initial_weights(const TrainConfig& config, const MlpShape& shape) {
+std::vector<float> initial_weights(const std::string& init_weights, uint64_t seed,
+                                   const MlpShape& shape) {
   std::vector<float> whole(shape.param_count());
-  if (config.init_weights.empty())
-    init_params(shape, config.seed, whole.data());
+  if (init_weights.empty())
+    init_params(shape, seed, whole.data());
   else
-    load_mlp_weights(config.init_weights, shape, whole.data());
+    load_mlp_weights(init_weights, shape, whole.data());
   for (size_t i = 0; i < whole.size(); ++i)
     DDP_USAGE_CHECK(std::isfinite(whole[i]),
                     "--init-weights {}: weight {} at index {} of the flat parameters is not "
                     "finite; expected finite weights",
-                    config.init_weights, whole[i], i);
+                    init_weights, whole[i], i);
   return whole;
 }
 

@@ -17,9 +17,9 @@
 #include <vector>
 
 #include "collectives/communicator.h"
-#include "engine/config.h"
 #include "engine/pipeline/schedule.h"
 #include "engine/pipeline/stage.h"
+#include "engine/runners/runner_options.h"
 #include "engine/sync/ddp.h"
 #include "engine/sync/param_store.h"
 #include "engine/telemetry/compute_costs.h"
@@ -84,9 +84,11 @@ struct RankStages {
 // shape, micro-batches, batch, max_batch and slots; the rest is filled in). Pure.
 RankStages rank_stages(const PipelineLayout& layout, int pipe_rank, const StageSpec& cut);
 
-// The whole model's first weights, as one process makes them: --init-weights, else seeded
-// initialisation; a weight that is not finite is a UsageError naming the file and index.
-std::vector<float> initial_weights(const TrainConfig& config, const MlpShape& shape);
+// The whole model's first weights, as one process makes them: read from `init_weights`
+// (--init-weights) where given, else seeded initialisation; a weight that is not finite is a
+// UsageError naming the file and index.
+std::vector<float> initial_weights(const std::string& init_weights, uint64_t seed,
+                                   const MlpShape& shape);
 
 // The buckets of the rank's stages' data parallelism, planned once from their layers and the
 // sync options (a bucket a layer where layers are gathered): what the runner's gradient ring,
@@ -200,7 +202,7 @@ class StageRunner : public PipelineRank {
   virtual LossSum evaluate(const Split& split, int64_t begin, int64_t end) = 0;
 };
 
-std::unique_ptr<StageRunner> make_cpu_runner(const RankStages& stages, const TrainConfig& config,
+std::unique_ptr<StageRunner> make_cpu_runner(const RankStages& stages, const RunnerOptions& options,
                                              const Dataset& data, StageLinks links);
 // The GPU runner of a rank's stages on this process's GPU, for every layout (without a
 // pipeline the whole model, stage 0 of 1, with chunks of steps, host staging, autotuned plans
@@ -209,8 +211,7 @@ std::unique_ptr<StageRunner> make_cpu_runner(const RankStages& stages, const Tra
 // overlapped with backward when asked. Made before the data and the communicators are ready
 // (the whole model's plans and autotuning run while they load and start); the trainer
 // attaches them. Only with CUDA (else a UsageError that says so).
-std::unique_ptr<StageRunner> make_gpu_runner(const RankStages& stages, const TrainConfig& config);
-// What the GPU runner refuses (flags that run on the CPU path only), as a UsageError.
-void check_gpu_supported(const TrainConfig& config);
+std::unique_ptr<StageRunner> make_gpu_runner(const RankStages& stages,
+                                             const RunnerOptions& options);
 
 }  // namespace ddp

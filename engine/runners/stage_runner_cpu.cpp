@@ -196,7 +196,7 @@ class CpuChunk final : public PipelineStage {
 };
 
 // The store of the rank's stages: their layers (model index and span), buckets and optimizer.
-HostStoreLayout store_layout(const RankStages& stages, const TrainConfig& config) {
+HostStoreLayout store_layout(const RankStages& stages, const RunnerOptions& options) {
   HostStoreLayout layout;
   layout.count = stages.param_count();
   const std::vector<std::pair<size_t, size_t>> spans = stages.layer_spans();
@@ -204,30 +204,26 @@ HostStoreLayout store_layout(const RankStages& stages, const TrainConfig& config
   for (const StageSpec& c : stages.chunks)
     for (int i = c.first; i < c.end; ++i, ++span)
       layout.layers.push_back({i, {spans[span].first, spans[span].second}});
-  const SyncOptions sync = sync_options(config);
-  layout.plan = stage_bucket_plan(stages, sync);
-  layout.bf16_grads = sync.bf16_grads;
+  layout.plan = stage_bucket_plan(stages, options.sync);
+  layout.bf16_grads = options.sync.bf16_grads;
   layout.stages_on_rank = static_cast<int>(stages.chunks.size());
   layout.micro_batches = stages.chunks.front().micro_batches;
-  layout.optimizer = config.optimizer;
+  layout.optimizer = options.optimizer;
   return layout;
 }
 
 class CpuRunner final : public StageRunner {
  public:
-  CpuRunner(const RankStages& stages, const TrainConfig& config, const Dataset& data,
+  CpuRunner(const RankStages& stages, const RunnerOptions& options, const Dataset& data,
             StageLinks links)
-      : config_(config),
-        stages_(stages),
-        rank_{data, links, {}},
-        store_(store_layout(stages, config)) {
+      : stages_(stages), rank_{data, links, {}}, store_(store_layout(stages, options)) {
     const StageSpec& first = stages.chunks.front();
     rank_.indices.resize(static_cast<size_t>(first.micro_batches) * first.batch);
     for (size_t c = 0; c < stages.chunks.size(); ++c) {
       const size_t at = stages.offset_of(static_cast<int>(c));
       chunks_.push_back(std::make_unique<CpuChunk>(stages.chunks[c], rank_,
                                                    &store_.params_buffer()[at],
-                                                   &store_.grads_buffer()[at], config.recompute));
+                                                   &store_.grads_buffer()[at], options.recompute));
     }
     // Once gradient sync has sharded the state, the model writes its gradients and reads its
     // parameters where the state keeps them.
@@ -351,7 +347,6 @@ class CpuRunner final : public StageRunner {
 
  private:
   size_t count() const { return stages_.param_count(); }
-  TrainConfig config_;
   RankStages stages_;
   RankState rank_;
   // The parameters and gradients (every stage's, one after the other) and the state gradient
@@ -363,9 +358,9 @@ class CpuRunner final : public StageRunner {
 
 }  // namespace
 
-std::unique_ptr<StageRunner> make_cpu_runner(const RankStages& stages, const TrainConfig& config,
+std::unique_ptr<StageRunner> make_cpu_runner(const RankStages& stages, const RunnerOptions& options,
                                              const Dataset& data, StageLinks links) {
-  return std::make_unique<CpuRunner>(stages, config, data, links);
+  return std::make_unique<CpuRunner>(stages, options, data, links);
 }
 
 }  // namespace ddp

@@ -47,32 +47,32 @@ namespace ddp {
 namespace {
 
 // `tuned`: --autotune applies (the whole model: its training batch is slot 0's max_batch).
-CudaStageOptions stage_options(const TrainConfig& config, bool tuned) {
+CudaStageOptions stage_options(const RunnerOptions& runner, bool tuned) {
   CudaStageOptions options;
-  options.precision = config.precision;
-  options.fused_epilogues = config.fused_epilogues;
-  options.product_sms = config.product_sms;
-  options.weight_grad_stream = config.weight_grad_stream;
-  options.sync_debug = config.sync_debug;
-  options.autotune = config.autotune && tuned;
-  options.autotune_cache = autotune_cache_path(config.cache_dir);
-  options.split_backward = config.pp > 1 && splits_backward(config.schedule);
-  options.recompute = config.recompute;
+  options.precision = runner.precision;
+  options.fused_epilogues = runner.step.fused_epilogues;
+  options.product_sms = runner.step.product_sms;
+  options.weight_grad_stream = runner.step.weight_grad_stream;
+  options.sync_debug = runner.step.sync_debug;
+  options.autotune = runner.autotune && tuned;
+  options.autotune_cache = autotune_cache_path(runner.cache_dir);
+  options.split_backward = runner.split_backward;
+  options.recompute = runner.recompute;
   return options;
 }
 
 // Whether the stage's gradients go into a ring (gradient sync's decision, from its options).
-RingLayout ring_layout(const StageSpec& spec, const TrainConfig& config, int stages_on_rank) {
-  return sync_ring_layout(sync_options(config), stages_on_rank, spec.micro_batches, spec.replicas);
+RingLayout ring_layout(const StageSpec& spec, const SyncOptions& sync, int stages_on_rank) {
+  return sync_ring_layout(sync, stages_on_rank, spec.micro_batches, spec.replicas);
 }
 
 // The same, with the stage's gradient ring cut from the rank's buckets `plan` (where a ring
 // applies the rank has this one stage, so the rank's buckets are the stage's).
-CudaStageOptions stage_options(const StageSpec& spec, const TrainConfig& config, bool tuned,
+CudaStageOptions stage_options(const StageSpec& spec, const RunnerOptions& runner, bool tuned,
                                int stages_on_rank, const BucketPlan& plan) {
-  CudaStageOptions options = stage_options(config, tuned);
+  CudaStageOptions options = stage_options(runner, tuned);
   options.gradient_ring = device_gradient_ring(plan.buckets, spec.param_count(),
-                                               ring_layout(spec, config, stages_on_rank));
+                                               ring_layout(spec, runner.sync, stages_on_rank));
   return options;
 }
 
@@ -156,17 +156,18 @@ class GpuChunk final : public PipelineStage {
 // Stage `c` of the rank's `stages` on the GPU; with several stages a rank, in the rank's
 // `shared` flat buffers and stream. A pipeline stage evaluates in chunks of max_batch; the
 // whole model (`alone`) in training-size chunks, so that its buffers stay those of training.
-std::unique_ptr<CudaStage> make_stage(const RankStages& stages, size_t c, const TrainConfig& config,
-                                      const BucketPlan& plan, bool alone, DeviceParameters* shared,
+std::unique_ptr<CudaStage> make_stage(const RankStages& stages, size_t c,
+                                      const RunnerOptions& runner, const BucketPlan& plan,
+                                      bool alone, DeviceParameters* shared,
                                       cudaStream_t shared_stream) {
   const StageSpec& chunk = stages.chunks[c];
   CudaStageOptions options =
-      stage_options(chunk, config, alone, static_cast<int>(stages.chunks.size()), plan);
+      stage_options(chunk, runner, alone, static_cast<int>(stages.chunks.size()), plan);
   if (shared != nullptr)
     options.shared = {shared, stages.offset_of(static_cast<int>(c)), shared_stream};
   return std::make_unique<CudaStage>(chunk.shape, chunk.first, chunk.end,
                                      alone ? chunk.batch : chunk.max_batch, chunk.slots,
-                                     config.optimizer, options);
+                                     runner.optimizer, options);
 }
 
 // Each of the rank's stages knows the stages just before and after it on the rank (null:
@@ -183,17 +184,17 @@ void link_neighbours(std::vector<std::unique_ptr<GpuChunk>>& chunks) {
 
 // The training set stays on the host where asked or where it does not fit in half the
 // free device memory (then one micro-batch a step).
-bool use_host_staging(const TrainConfig& config, const Split& train, bool lead) {
+bool use_host_staging(const RunnerOptions& options, const Split& train, bool lead) {
   size_t free_bytes = 0, total_bytes = 0;
   DDP_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
   const size_t data_bytes = train.x.size() * sizeof(float) + train.y.size() * sizeof(int32_t);
-  if (!config.stage_from_host && data_bytes <= free_bytes / 2) return false;
-  DDP_USAGE_CHECK(config.accumulate == 1,
+  if (!options.stage_from_host && data_bytes <= free_bytes / 2) return false;
+  DDP_USAGE_CHECK(options.accumulate == 1,
                   "--accumulate {}: the training set {} on the host{}, and host staging takes one "
                   "batch a step; drop --accumulate (or --stage-from-host) or use --device cpu",
-                  config.accumulate, config.stage_from_host ? "stays" : "must stay",
-                  config.stage_from_host ? " (--stage-from-host)"
-                                         : " (it does not fit in half the free device memory)");
+                  options.accumulate, options.stage_from_host ? "stays" : "must stay",
+                  options.stage_from_host ? " (--stage-from-host)"
+                                          : " (it does not fit in half the free device memory)");
   if (lead)
     spdlog::info(
         "training set ({:.1f} MiB) stays on the host; batches are staged through pinned "
@@ -206,32 +207,33 @@ class GpuRunner final : public StageRunner {
  public:
   // Made before the data and the communicators are ready (the whole model's plans and
   // autotuning run while they load and start); attach() then takes them.
-  GpuRunner(const RankStages& stages, const TrainConfig& config)
+  GpuRunner(const RankStages& stages, const RunnerOptions& options)
       : stages_(stages),
         spec_(stages.chunks.front()),
-        config_(config),
+        options_(options),
         alone_(spec_.stages == 1),
-        split_(stage_options(config, false).split_backward) {
+        split_(options.split_backward) {
     // --init-weights are read (and checked) on another thread while the stages build.
-    if (!config.init_weights.empty())
+    if (!options.init_weights.empty())
       weights_read_ = std::async(std::launch::async, [this] {
-        loaded_ = stages_.take(initial_weights(config_, spec_.shape).data());
+        loaded_ =
+            stages_.take(initial_weights(options_.init_weights, options_.seed, spec_.shape).data());
       });
     // Several stages: one stream and one set of flat buffers for all of them.
     const bool several = stages.chunks.size() > 1;
     if (several) {
       own_stream_.emplace();
       own_weights_ = std::make_unique<DeviceParameters>(stages.param_count(),
-                                                        config.precision == Precision::kBf16,
-                                                        config.optimizer, own_stream_->get());
+                                                        options.precision == Precision::kBf16,
+                                                        options.optimizer, own_stream_->get());
     }
-    const SyncOptions sync = sync_options(config);
+    const SyncOptions& sync = options.sync;
     BucketPlan plan = stage_bucket_plan(stages, sync);  // the ring's and the Ddp's
     for (size_t c = 0; c < stages.chunks.size(); ++c)
-      chunks_.push_back(
-          std::make_unique<GpuChunk>(*this, stages.chunks[c],
-                                     make_stage(stages, c, config, plan, alone_, own_weights_.get(),
-                                                several ? own_stream_->get() : nullptr)));
+      chunks_.push_back(std::make_unique<GpuChunk>(
+          *this, stages.chunks[c],
+          make_stage(stages, c, options, plan, alone_, own_weights_.get(),
+                     several ? own_stream_->get() : nullptr)));
     link_neighbours(chunks_);
     CudaStage& front = chunks_.front()->stage();
     weights_ = several ? own_weights_.get() : &front.weights();
@@ -243,7 +245,7 @@ class GpuRunner final : public StageRunner {
     for (const StageSpec& c : stages.chunks)
       layout.stage_layers.push_back(c.end - c.first);
     layout.plan = std::move(plan);
-    layout.ring = ring_layout(spec_, config, static_cast<int>(stages.chunks.size()));
+    layout.ring = ring_layout(spec_, sync, static_cast<int>(stages.chunks.size()));
     layout.sync = sync;
     store_ = std::make_unique<DeviceParamStore>(
         std::move(layout), *weights_, stream_,
@@ -262,10 +264,10 @@ class GpuRunner final : public StageRunner {
       }
     });
     // Gathered layers move the parameters into gather slots, and the plans are made again there.
-    if (config.autotune && alone_ && !sync.gathers_layers()) front.autotune();
+    if (options.autotune && alone_ && !sync.gathers_layers()) front.autotune();
     epilogues_ = front.epilogue_summary();  // slot 0's plans built
     feeder_ = std::make_unique<BatchFeeder>(spec_.batch, spec_.micro_batches,
-                                            alone_ ? std::min(config.log_every, 512) : 1, stream_);
+                                            alone_ ? std::min(options.log_every, 512) : 1, stream_);
     hooks_ = std::make_unique<GpuStepHooks>(stream_, alone_, spec_.micro_batches,
                                             static_cast<int>(chunks_.size()));
     model_s_ = clock_.seconds();
@@ -298,7 +300,7 @@ class GpuRunner final : public StageRunner {
     world_s_ = clock_.seconds();
     lead_ = world == nullptr || world->rank() == 0;
     store_->set_lead(lead_, alone_);  // the whole model's runner says its data parallelism
-    if (alone_ && use_host_staging(config_, data.train, lead_)) {
+    if (alone_ && use_host_staging(options_, data.train, lead_)) {
       feeder_->set_train_data_host(data.train);
     } else {
       // The stages that read the data hold the training split on the device.
@@ -327,12 +329,13 @@ class GpuRunner final : public StageRunner {
             DDP_CUDA_CHECK(cudaMemcpy(&value, word.data(), sizeof(value), cudaMemcpyDeviceToHost));
             return value;
           },
-          config_.timeout, lead_);
+          options_.timeout, lead_);
     }
     // With peers, every host wait on the stream is bounded: a dead or stopped rank makes the
     // others fail within --timeout with a message naming it, instead of hanging in a sync.
     if (world != nullptr && world->size() > 1)
-      replay_->watch(config_.timeout, abort_on_stall(world, std::move(abort_all), config_.timeout));
+      replay_->watch(options_.timeout,
+                     abort_on_stall(world, std::move(abort_all), options_.timeout));
     if (alone_) {
       spdlog::info("memory at start: {}", memory_report());
       if (lead_) spdlog::info("{}", epilogues_);
@@ -344,7 +347,7 @@ class GpuRunner final : public StageRunner {
                          ? fmt::format(" (pipeline rank {}; {})", spec_.rank, c->describe_links())
                          : "");
       spdlog::info("memory: {}", memory_report());
-      if (config_.autotune && spec_.stage == 0)
+      if (options_.autotune && spec_.stage == 0)
         spdlog::warn(
             "--autotune: tunes the whole model's products (no pipeline) only so far; the "
             "stages use cuBLASLt's first choice");
@@ -360,21 +363,21 @@ class GpuRunner final : public StageRunner {
       loaded_ = {};
     } else {
       for (const auto& c : chunks_)
-        c->stage().init_params_on_device(config_.seed);
+        c->stage().init_params_on_device(options_.seed);
     }
     if (lead_ && alone_) {
-      if (config_.autotune && !chunks_.front()->stage().autotune_save_error().empty())
+      if (options_.autotune && !chunks_.front()->stage().autotune_save_error().empty())
         spdlog::warn("--autotune: the choices were not kept for the next run: {}",
                      chunks_.front()->stage().autotune_save_error());
       spdlog::info(
           "model ready in {:.2f}s (cuBLASLt plans{}), communicator by {:.2f}s, weights {} by "
           "{:.2f}s",
           model_s_,
-          !config_.autotune ? ""
+          !options_.autotune ? ""
           : chunks_.front()->stage().autotune_cached()
-              ? " and autotuning, from " + autotune_cache_path(config_.cache_dir)
+              ? " and autotuning, from " + autotune_cache_path(options_.cache_dir)
               : std::string(" and autotuning"),
-          world_s_, config_.init_weights.empty() ? "initialised on the GPU" : "read and uploaded",
+          world_s_, options_.init_weights.empty() ? "initialised on the GPU" : "read and uploaded",
           clock_.seconds());
     }
     return true;
@@ -409,7 +412,7 @@ class GpuRunner final : public StageRunner {
     // training step (steps skipped before the checkpoint).
     opt_steps_.resize(steps);
     for (int k = 0; k < steps; ++k)
-      opt_steps_[k] = optimizer_scalars(config_.optimizer, lrs[k], optimizer_steps_ + k);
+      opt_steps_[k] = optimizer_scalars(options_.optimizer, lrs[k], optimizer_steps_ + k);
     const size_t per_step = static_cast<size_t>(spec_.micro_batches) * spec_.batch;
     if (feeder_->host_staged()) chunk_indices_.assign(indices, indices + per_step * steps);
     replay_->begin_chunk(first_step, steps);
@@ -458,7 +461,8 @@ class GpuRunner final : public StageRunner {
   StepStrategy step_strategy() const override {
     StepStrategy strategy;
     strategy.fused = fused_ != nullptr;
-    strategy.graph = config_.cuda_graph && !config_.sync_debug && !feeder_->host_staged();
+    strategy.graph =
+        options_.step.cuda_graph && !options_.step.sync_debug && !feeder_->host_staged();
     return strategy;
   }
   void add_device_spans(TimelineRecorder& timeline, int64_t step) override {
@@ -522,7 +526,7 @@ class GpuRunner final : public StageRunner {
   void set_up_hooks() {
     hooks_ready_ = true;
     GpuStepHooks::Setting setting;
-    setting.config = &config_;
+    setting.options = &options_;
     setting.spec = &spec_;
     setting.stage = &chunks_.front()->stage();
     setting.feeder = feeder_.get();
@@ -533,7 +537,7 @@ class GpuRunner final : public StageRunner {
     hooks_->set_up(setting);
     OptimizerOverlap* overlapped = hooks_->overlapped();
     FusedStepSetting fused;
-    fused.config = &config_;
+    fused.options = &options_;
     fused.spec = &spec_;
     fused.stage = &chunks_.front()->stage();
     fused.feeder = feeder_.get();
@@ -559,7 +563,7 @@ class GpuRunner final : public StageRunner {
 
   RankStages stages_;
   StageSpec spec_;  // the first of them
-  TrainConfig config_;
+  RunnerOptions options_;
   bool alone_;       // the whole model: no neighbours, chunks of steps
   bool split_;       // backward in two halves (zero-bubble schedules)
   Stopwatch clock_;  // since the runner was made: its start-up figures
@@ -672,16 +676,9 @@ void GpuChunk::evaluate(const float* x, const int32_t* labels, int n) {
 
 }  // namespace
 
-void check_gpu_supported(const TrainConfig& config) {
-  DDP_USAGE_CHECK(!config.check_replicas, "--check-replicas: runs on the CPU path only so far");
-  DDP_USAGE_CHECK(config.on_nonfinite == OnNonfinite::kStop,
-                  "--on-nonfinite {}: runs on the CPU path only so far (the GPU path stops)",
-                  on_nonfinite_name(config.on_nonfinite));
-}
-
-std::unique_ptr<StageRunner> make_gpu_runner(const RankStages& stages, const TrainConfig& config) {
-  check_gpu_supported(config);
-  return std::make_unique<GpuRunner>(stages, config);
+std::unique_ptr<StageRunner> make_gpu_runner(const RankStages& stages,
+                                             const RunnerOptions& options) {
+  return std::make_unique<GpuRunner>(stages, options);
 }
 
 }  // namespace ddp

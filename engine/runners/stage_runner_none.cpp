@@ -12,11 +12,7 @@ namespace {
 }
 }  // namespace
 
-void check_gpu_supported(const TrainConfig&) {
-  no_cuda();
-}
-
-std::unique_ptr<StageRunner> make_gpu_runner(const RankStages&, const TrainConfig&) {
+std::unique_ptr<StageRunner> make_gpu_runner(const RankStages&, const RunnerOptions&) {
   no_cuda();
 }
 
