@@ -11,12 +11,11 @@
 // (one per logging window, at most 512) at once and the host waits for the device once per
 // chunk; a pipeline stage takes one step at a time and the host waits for each (its
 // micro-batches' spans are timed by events). Every host wait is bounded by --timeout when
-// there are peers.
+// there are peers. Each stage's actions (forward, backward, transfers): GpuChunk, gpu_chunk.h.
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <deque>
 #include <future>
 #include <memory>
 #include <optional>
@@ -24,6 +23,7 @@
 #include <spdlog/spdlog.h>
 
 #include "engine/runners/fused_step.h"
+#include "engine/runners/gpu_chunk.h"
 #include "engine/runners/gpu_step_hooks.h"
 #include "engine/runners/optimizer_overlap.h"
 #include "engine/runners/stage_runner.h"
@@ -76,83 +76,6 @@ CudaStageOptions stage_options(const StageSpec& spec, const RunnerOptions& runne
   return options;
 }
 
-class GpuRunner;
-
-// One stage of the rank: its CudaStage and its transfers (runners/stage_transfers.h: to another
-// rank over the lane of that flow and peer, or to a neighbouring stage of this rank through a
-// hand-over buffer a micro-batch), all in the stream's order.
-class GpuChunk final : public PipelineStage {
- public:
-  GpuChunk(GpuRunner& rank, const StageSpec& spec, std::unique_ptr<CudaStage> stage)
-      : rank_(rank),
-        spec_(spec),
-        stage_(std::move(stage)),
-        transfers_(spec, device_memory(*stage_, handed_)) {}
-  CudaStage& stage() const { return *stage_; }
-  const StageSpec& spec() const { return spec_; }
-  // The stages of this rank just before and after this one (null: another rank's, or none).
-  void set_neighbours(GpuChunk* before, GpuChunk* after) {
-    before_ = before;
-    after_ = after;
-    transfers_.set_neighbours(before ? &before->transfers_ : nullptr,
-                              after ? &after->transfers_ : nullptr);
-  }
-  void attach(const StageLinks& links) { transfers_.attach(links); }
-
-  void recv_activation(int micro, int slot) override;
-  void forward(int micro, int slot) override;
-  void send_activation(int micro, int slot) override;
-  void recv_gradient(int micro, int slot) override;
-  LossSum loss(int micro, int slot, float grad_scale) override;
-  void backward(int micro, int slot, bool accumulate,
-                const std::function<void(int)>& on_layer_done) override;
-  bool splits_backward() const override;
-  void backward_input(int micro, int slot) override;
-  void backward_weight(int micro, int slot, bool accumulate,
-                       const std::function<void(int)>& on_layer_done) override;
-  void send_gradient(int micro, int slot) override;
-  // Where its transfers go: "activations from rank 0 on world0/split6c0, ..., to stage 2
-  // in memory".
-  std::string describe_links() const { return transfers_.describe(); }
-  // The stream waits for every send of the step.
-  void wait_sends() { transfers_.end_step(); }
-  // Evaluation of `n` samples in slot 0: the input from `x` (the first stage), the stage
-  // before on this rank or its rank; the output to the next stage's rank, or (last stage) the
-  // evaluation sums of `labels`.
-  void evaluate(const float* x, const int32_t* labels, int n);
-
- private:
-  // The device's memory for the transfers: hand-over buffers of activations' memory (kept in
-  // `handed`), copies and waits on the stage's stream, in its activations' type.
-  static TransferMemory device_memory(const CudaStage& stage,
-                                      std::deque<DeviceBuffer<char>>& handed) {
-    TransferMemory memory;
-    memory.type = stage.bf16() ? DataType::kBFloat16 : DataType::kFloat32;
-    memory.element_bytes = stage.act_bytes();
-    memory.allocate = [&handed](size_t bytes) -> void* {
-      handed.emplace_back(bytes, MemoryCategory::kActivations);
-      return handed.back().data();
-    };
-    cudaStream_t stream = stage.stream();
-    memory.copy = [stream](void* to, const void* from, size_t bytes) {
-      DDP_CUDA_CHECK(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, stream));
-    };
-    memory.stream = stream;
-    return memory;
-  }
-  void copy(void* to, const void* from, size_t bytes) const {
-    DDP_CUDA_CHECK(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, stage_->stream()));
-  }
-
-  GpuRunner& rank_;
-  StageSpec spec_;
-  std::unique_ptr<CudaStage> stage_;
-  GpuChunk* before_ = nullptr;  // the stages before and after, when this rank's (evaluation)
-  GpuChunk* after_ = nullptr;
-  std::deque<DeviceBuffer<char>> handed_;  // hand-over buffers from this rank's other stages
-  StageTransfers transfers_;
-};
-
 // Stage `c` of the rank's `stages` on the GPU; with several stages a rank, in the rank's
 // `shared` flat buffers and stream. A pipeline stage evaluates in chunks of max_batch; the
 // whole model (`alone`) in training-size chunks, so that its buffers stay those of training.
@@ -168,18 +91,6 @@ std::unique_ptr<CudaStage> make_stage(const RankStages& stages, size_t c,
   return std::make_unique<CudaStage>(chunk.shape, chunk.first, chunk.end,
                                      alone ? chunk.batch : chunk.max_batch, chunk.slots,
                                      runner.optimizer, options);
-}
-
-// Each of the rank's stages knows the stages just before and after it on the rank (null:
-// another rank's, or none).
-void link_neighbours(std::vector<std::unique_ptr<GpuChunk>>& chunks) {
-  for (size_t c = 0; c < chunks.size(); ++c) {
-    const auto neighbour = [&](size_t at, int stage) {
-      return at < chunks.size() && chunks[at]->spec().stage == stage ? chunks[at].get() : nullptr;
-    };
-    chunks[c]->set_neighbours(c > 0 ? neighbour(c - 1, chunks[c]->spec().stage - 1) : nullptr,
-                              neighbour(c + 1, chunks[c]->spec().stage + 1));
-  }
 }
 
 // The training set stays on the host where asked or where it does not fit in half the
@@ -212,7 +123,7 @@ class GpuRunner final : public StageRunner {
         spec_(stages.chunks.front()),
         options_(options),
         alone_(spec_.stages == 1),
-        split_(options.split_backward) {
+        shared_{nullptr, nullptr, options.split_backward} {
     // --init-weights are read (and checked) on another thread while the stages build.
     if (!options.init_weights.empty())
       weights_read_ = std::async(std::launch::async, [this] {
@@ -227,11 +138,11 @@ class GpuRunner final : public StageRunner {
                                                         options.precision == Precision::kBf16,
                                                         options.optimizer, own_stream_->get());
     }
-    const SyncOptions& sync = options.sync;
+    const SyncOptions& sync = options_.sync;
     BucketPlan plan = stage_bucket_plan(stages, sync);  // the ring's and the Ddp's
     for (size_t c = 0; c < stages.chunks.size(); ++c)
       chunks_.push_back(std::make_unique<GpuChunk>(
-          *this, stages.chunks[c],
+          shared_, stages.chunks[c],
           make_stage(stages, c, options, plan, alone_, own_weights_.get(),
                      several ? own_stream_->get() : nullptr)));
     link_neighbours(chunks_);
@@ -270,6 +181,8 @@ class GpuRunner final : public StageRunner {
                                             alone_ ? std::min(options.log_every, 512) : 1, stream_);
     hooks_ = std::make_unique<GpuStepHooks>(stream_, alone_, spec_.micro_batches,
                                             static_cast<int>(chunks_.size()));
+    shared_.hooks = hooks_.get();  // the stages' actions use them from now on
+    shared_.feeder = feeder_.get();
     model_s_ = clock_.seconds();
   }
 
@@ -559,14 +472,12 @@ class GpuRunner final : public StageRunner {
                               : store_->state().describe_update(spec_.param_count()));
   }
 
-  friend class GpuChunk;
-
   RankStages stages_;
   StageSpec spec_;  // the first of them
   RunnerOptions options_;
-  bool alone_;       // the whole model: no neighbours, chunks of steps
-  bool split_;       // backward in two halves (zero-bubble schedules)
-  Stopwatch clock_;  // since the runner was made: its start-up figures
+  bool alone_;             // the whole model: no neighbours, chunks of steps
+  GpuChunkShared shared_;  // the stages' hooks, feeder and backward's split (GpuChunk)
+  Stopwatch clock_;        // since the runner was made: its start-up figures
   double model_s_ = 0, world_s_ = 0;
   std::vector<float> loaded_;  // --init-weights (the rank's slices), read while it builds
   std::future<void> weights_read_;
@@ -595,84 +506,6 @@ class GpuRunner final : public StageRunner {
   std::unique_ptr<FusedStep> fused_;
   int64_t train_rows_ = 0;  // the training split's samples
 };
-
-void GpuChunk::recv_activation(int micro, int slot) {
-  transfers_.wait_sent(true, slot);  // the slot's output may still be on its way out
-  transfers_.receive_activation(stage_->input(slot), spec_.in_width(), micro);
-}
-
-void GpuChunk::forward(int micro, int slot) {
-  transfers_.wait_sent(true, slot);
-  rank_.hooks_->busy_begin(SpanKind::kForward, micro, spec_.stage);
-  if (spec_.is_first() || spec_.is_last()) rank_.feeder_->feed(*stage_, micro, slot);
-  stage_->forward(slot, spec_.batch);
-  rank_.hooks_->busy_end();
-}
-
-void GpuChunk::send_activation(int micro, int slot) {
-  transfers_.send_activation(stage_->output(slot), spec_.out_width(), micro, slot);
-}
-
-void GpuChunk::recv_gradient(int micro, int slot) {
-  transfers_.receive_gradient(stage_->grad_output(slot), spec_.out_width(), micro);
-}
-
-LossSum GpuChunk::loss(int micro, int slot, float grad_scale) {
-  (void)micro;
-  stage_->loss(slot, spec_.batch, grad_scale);
-  rank_.hooks_->forward_done();
-  return {};  // kept on the device until take_loss()
-}
-
-void GpuChunk::backward(int micro, int slot, bool accumulate,
-                        const std::function<void(int)>& on_layer_done) {
-  // grad_input(slot) of an earlier micro-batch is sent
-  transfers_.wait_sent(false, slot);
-  rank_.hooks_->busy_begin(SpanKind::kBackward, micro, spec_.stage);
-  rank_.hooks_->weight_grads(on_layer_done, [&](const std::function<void(int)>& hook) {
-    stage_->backward(slot, spec_.batch, accumulate, hook);
-  });
-  rank_.hooks_->busy_end();
-}
-
-bool GpuChunk::splits_backward() const {
-  return rank_.split_;
-}
-
-void GpuChunk::backward_input(int micro, int slot) {
-  transfers_.wait_sent(false, slot);
-  rank_.hooks_->busy_begin(SpanKind::kBackwardInput, micro, spec_.stage);
-  stage_->backward_input(slot, spec_.batch);
-  rank_.hooks_->busy_end();
-}
-
-void GpuChunk::backward_weight(int micro, int slot, bool accumulate,
-                               const std::function<void(int)>& on_layer_done) {
-  rank_.hooks_->busy_begin(SpanKind::kBackwardWeight, micro, spec_.stage);
-  rank_.hooks_->weight_grads(on_layer_done, [&](const std::function<void(int)>& hook) {
-    stage_->backward_weight(slot, spec_.batch, accumulate, hook);
-  });
-  rank_.hooks_->busy_end();
-}
-
-void GpuChunk::send_gradient(int micro, int slot) {
-  transfers_.send_gradient(stage_->grad_input(slot), spec_.in_width(), micro, slot);
-}
-
-void GpuChunk::evaluate(const float* x, const int32_t* labels, int n) {
-  const size_t in = static_cast<size_t>(n) * spec_.in_width();
-  if (spec_.is_first())
-    stage_->set_input(x, n, 0);
-  else if (before_ != nullptr)  // its output of these samples, just forwarded on this stream
-    copy(stage_->input(0), before_->stage().output(0), in * stage_->act_bytes());
-  else
-    transfers_.evaluation_receive(stage_->input(0), in);
-  stage_->forward(0, n);
-  if (spec_.is_last())
-    stage_->loss(0, n, 0.0f, labels, /*evaluation=*/true);
-  else if (after_ == nullptr)
-    transfers_.evaluation_send(stage_->output(0), static_cast<size_t>(n) * spec_.out_width());
-}
 
 }  // namespace
 
