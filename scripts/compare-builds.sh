@@ -7,7 +7,9 @@
 # this machine's one GPU (ddprun --share-gpu, NCCL over sockets); DEVICE=cpu compares the CPU
 # path (two ranks over Gloo). Prints a Markdown table; exits non-zero when any configuration
 # differs or fails.
-# Usage: [DEVICE=cpu] scripts/compare-builds.sh OLD_BUILD NEW_BUILD [OUT_DIR]
+# Usage: [DEVICE=cpu] [ONLY=REGEX] scripts/compare-builds.sh OLD_BUILD NEW_BUILD [OUT_DIR]
+#   ONLY: run only the configurations whose names match this extended regex (grep -E), in
+#   the table's order (a short device call; the full table is the check).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 old="${1:?usage: scripts/compare-builds.sh OLD_BUILD NEW_BUILD [OUT_DIR]}"
@@ -54,11 +56,14 @@ if [ "$device" = cuda ]; then
   )
 fi
 failed=0
+ran=0
 printf '| configuration | ranks | weights | old s | new s |\n|---|---|---|---|---|\n'
 i=0
 for entry in "${configs[@]}"; do
   IFS='|' read -r name ranks flags <<<"$entry"
   i=$((i + 1))
+  [ -z "${ONLY:-}" ] || grep -qE "$ONLY" <<<"$name" || continue
+  ran=$((ran + 1))
   times=()
   for side in old new; do
     build="$old"; [ "$side" = new ] && build="$new"
@@ -85,5 +90,9 @@ for entry in "${configs[@]}"; do
   fi
   printf '| %s | %s | %s | %s | %s |\n' "$name" "$ranks" "$verdict" "${times[0]}" "${times[1]}"
 done
+if [ -n "${ONLY:-}" ]; then
+  [ "$ran" -gt 0 ] || { echo "compare-builds: ONLY='$ONLY' matches no configuration's name" >&2; exit 2; }
+  echo "(only the configurations matching '$ONLY')"
+fi
 echo "(old: $old, new: $new; each configuration 40 steps of ${base[*]:4:2} on $device, fp32; logs in $out)"
 exit $failed
