@@ -146,6 +146,17 @@ PowerSGDState::PowerSGDState(PowerSGDOptions options) : options_(options) {
                   options_.orthogonalization_epsilon());
 }
 
+// What PowerSGD computes a bucket of `dtype` in: float64 stays float64; bfloat16, float16 and
+// float32 in float32 (P, Q, the error and the exact part), the result rounded once into the
+// bucket, so that a half's few bits neither truncate the products nor lose the error feedback.
+namespace {
+
+torch::ScalarType working_dtype(torch::ScalarType dtype) {
+  return dtype == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+}
+
+}  // namespace
+
 PowerSGDState::BucketState& PowerSGDState::bucket_state(const TorchGradBucket& bucket) {
   std::vector<const void*> members;
   for (const torch::Tensor& p : bucket.parameters)
@@ -158,9 +169,6 @@ PowerSGDState::BucketState& PowerSGDState::bucket_state(const TorchGradBucket& b
   int64_t p_size = 0, q_size = 0, exact_size = 0;
   for (size_t i = 0; i < bucket.gradients.size(); ++i) {
     const torch::Tensor& g = bucket.gradients[i];
-    DDP_USAGE_CHECK(g.scalar_type() == torch::kFloat,
-                    "powersgd_comm_hook: gradient {} of bucket {} is {}, expected float32", i,
-                    bucket.index, std::string(c10::toString(g.scalar_type())));
     if (g.dim() > 1) {
       const int64_t n = g.size(0), m = g.numel() / std::max<int64_t>(n, 1);
       const int64_t r = std::min<int64_t>({n, m, options_.matrix_approximation_rank()});
@@ -177,7 +185,8 @@ PowerSGDState::BucketState& PowerSGDState::bucket_state(const TorchGradBucket& b
     state.exact.push_back(i);
     exact_size += g.numel();
   }
-  const torch::TensorOptions like = bucket.buffer.options();
+  const torch::TensorOptions like =
+      bucket.buffer.options().dtype(working_dtype(bucket.buffer.scalar_type()));
   state.p_memory = torch::empty({p_size}, like);
   state.q_memory = torch::empty({q_size}, like);
   if (!state.compressed.empty()) state.exact_memory = torch::empty({exact_size}, like);
@@ -187,13 +196,15 @@ PowerSGDState::BucketState& PowerSGDState::bucket_state(const TorchGradBucket& b
 void PowerSGDState::reduce(Communicator& comm, TorchGradBucket& bucket) {
   BucketState& state = bucket_state(bucket);
   const size_t count = static_cast<size_t>(bucket.buffer.numel());
+  const DataType type = collective_type(bucket.buffer.scalar_type());
+  const torch::ScalarType work_dtype = working_dtype(bucket.buffer.scalar_type());
+  const DataType work_type = collective_type(work_dtype);
   elements_before_ += static_cast<int64_t>(count);
   // The exact part first, so that it travels while P is computed: the whole buffer where
   // nothing is compressed (the plain all-reduce), else the exact tensors packed.
   std::unique_ptr<Work> exact;
   if (state.compressed.empty()) {
-    exact = comm.all_reduce_async(bucket.buffer.data_ptr(), count, DataType::kFloat32,
-                                  ReduceOp::kAverage);
+    exact = comm.all_reduce_async(bucket.buffer.data_ptr(), count, type, ReduceOp::kAverage);
     elements_after_ += static_cast<int64_t>(count);
   } else if (!state.exact.empty()) {
     int64_t at = 0;
@@ -203,19 +214,21 @@ void PowerSGDState::reduce(Communicator& comm, TorchGradBucket& bucket) {
       at += g.numel();
     }
     exact = comm.all_reduce_async(state.exact_memory.data_ptr(),
-                                  static_cast<size_t>(state.exact_memory.numel()),
-                                  DataType::kFloat32, ReduceOp::kAverage);
+                                  static_cast<size_t>(state.exact_memory.numel()), work_type,
+                                  ReduceOp::kAverage);
     elements_after_ += state.exact_memory.numel();
   }
   if (!state.compressed.empty()) {
-    // Each compressed gradient as a matrix M (the error of the last step added), its P and Q.
-    std::vector<torch::Tensor> ms, ps, qs;
+    // Each compressed gradient as a matrix M (the error of the last step added), its P and Q;
+    // in another dtype than the bucket's, M is a copy, rounded back into the bucket at the end.
+    std::vector<torch::Tensor> views, ms, ps, qs;
     int64_t p_at = 0, q_at = 0;
     const bool fresh_q = !options_.warm_start() || state.errors.empty();
     for (size_t k = 0; k < state.compressed.size(); ++k) {
       const torch::Tensor& g = bucket.gradients[state.compressed[k]];
       const int64_t n = state.rows[k], m = g.numel() / n, r = state.ranks[k];
-      ms.push_back(g.view({n, m}));
+      views.push_back(g.view({n, m}));
+      ms.push_back(g.scalar_type() == work_dtype ? views.back() : views.back().to(work_dtype));
       ps.push_back(state.p_memory.narrow(0, p_at, n * r).view({n, r}));
       qs.push_back(state.q_memory.narrow(0, q_at, m * r).view({m, r}));
       p_at += n * r;
@@ -243,19 +256,20 @@ void PowerSGDState::reduce(Communicator& comm, TorchGradBucket& bucket) {
     for (size_t k = 0; k < ms.size(); ++k)
       torch::matmul_out(ps[k], ms[k], qs[k]);
     auto work = comm.all_reduce_async(state.p_memory.data_ptr(),
-                                      static_cast<size_t>(state.p_memory.numel()),
-                                      DataType::kFloat32, ReduceOp::kSum);
+                                      static_cast<size_t>(state.p_memory.numel()), work_type,
+                                      ReduceOp::kSum);
     finish_in_order(comm, *work, bucket.buffer);
     for (torch::Tensor& p : ps)
       orthogonalize(p, options_.orthogonalization_epsilon());
     for (size_t k = 0; k < ms.size(); ++k)
       torch::matmul_out(qs[k], ms[k].t(), ps[k]);
     work = comm.all_reduce_async(state.q_memory.data_ptr(),
-                                 static_cast<size_t>(state.q_memory.numel()), DataType::kFloat32,
+                                 static_cast<size_t>(state.q_memory.numel()), work_type,
                                  ReduceOp::kAverage);
     finish_in_order(comm, *work, bucket.buffer);
     for (size_t k = 0; k < ms.size(); ++k) {
       torch::matmul_out(ms[k], ps[k], qs[k].t());
+      if (!ms[k].is_same(views[k])) views[k].copy_(ms[k]);  // rounded into the bucket's dtype
       if (options_.use_error_feedback()) state.errors[k].sub_(ms[k]);
     }
     elements_after_ += state.p_memory.numel() + state.q_memory.numel();
@@ -280,9 +294,9 @@ TorchCommHook powersgd_comm_hook(std::shared_ptr<PowerSGDState> state) {
     if (bucket.index == 0 && state->called_) ++state->iteration_;
     state->called_ = true;
     if (state->iteration_ < state->options_.start_powerSGD_iter())
-      return comm.all_reduce_async(bucket.buffer.data_ptr(),
-                                   static_cast<size_t>(bucket.buffer.numel()), DataType::kFloat32,
-                                   ReduceOp::kAverage);
+      return comm.all_reduce_async(
+          bucket.buffer.data_ptr(), static_cast<size_t>(bucket.buffer.numel()),
+          collective_type(bucket.buffer.scalar_type()), ReduceOp::kAverage);
     state->reduce(comm, bucket);
     return nullptr;
   };

@@ -134,8 +134,12 @@ class PowerSGDState {
 // M - P Q^T kept for the next step. Tensors not worth compressing are averaged exactly (in one
 // all-reduce, started first); unlike PyTorch's hook they keep no error (theirs sums to zero
 // over the ranks, so the averages agree; here a bucket with nothing to compress is the plain
-// all-reduce bitwise). Float32 gradients; each call is done when it returns (CPU) or in the
-// current CUDA stream's order (GPU), so it returns null.
+// all-reduce bitwise). Every float dtype: a float64 bucket is computed in float64, a bfloat16,
+// float16 or float32 one in float32 (P, Q, the error M - P Q^T, the exact part on the wire),
+// the result rounded once into the bucket (PyTorch computes in the bucket's dtype; float32
+// keeps a half's error feedback from vanishing below its step).
+// Each call is done when it returns (CPU) or in the current CUDA stream's order (GPU), so it
+// returns null.
 TorchCommHook powersgd_comm_hook(std::shared_ptr<PowerSGDState> state);
 
 }  // namespace ddp
