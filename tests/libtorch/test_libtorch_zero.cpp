@@ -127,15 +127,19 @@ TEST(TorchZeroUse, RankZerosCheckpointLoadsIntoAPlainModule) {
       0.0);
 }
 
-// no_sync accumulation, find_unused_parameters and torch::load after wrapping: each as plain
-// DDP does it, bitwise, at every level.
-TEST(TorchZeroUse, NoSyncUnusedParametersAndTorchLoadWorkUnderEveryLevel) {
+// no_sync accumulation, find_unused_parameters, torch::load after wrapping and communication
+// hooks (bf16 travel, PowerSGD compressing from the first step: the buckets' reduction is the
+// hook's at every level, each owner then taking its share): each as plain DDP does it, bitwise,
+// at every level.
+TEST(TorchZeroUse, NoSyncUnusedParametersTorchLoadAndCommHooksWorkUnderEveryLevel) {
   if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
   TempDir dir;
   const std::string start = dir.file("start.pt");
   ASSERT_EQ(run_command(kWorker + kModel + " --save-start " + start).exit_code, 0);
-  for (const std::string flags : {std::string("--accumulate 3 --adamw"),
-                                  std::string("--unused --find-unused"), "--load " + start}) {
+  for (const std::string flags :
+       {std::string("--accumulate 3 --adamw"), std::string("--unused --find-unused"),
+        "--load " + start, std::string("--hook bf16"),
+        std::string("--hook powersgd --powersgd-start 0 --powersgd-rank 1")}) {
     const RunResult plain = train(2, dir.file("plain.safetensors"), flags);
     ASSERT_EQ(plain.exit_code, 0) << flags << "\n" << plain.output;
     for (const int level : {1, 2, 3}) {
