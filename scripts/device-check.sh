@@ -7,12 +7,13 @@
 # Usage: scripts/device-check.sh [sections...]
 #   sections: build test cuda cuda1 cuda2 run doctor launcher fashion monitor options ddp1 multi bench-warm
 #   bench fused profile bench-ddp collectives levers pipeline torch libtorch libtorch-shapes
+#   libtorch-ranks
 #   (build: only the build; torch: only the LibTorch targets and their GPU tests, TorchDdpCuda.* and TorchPipelineCuda.*,
 #   about 2 minutes from a fresh machine; libtorch and libtorch-shapes: bench-libtorch.sh's cnn and
 #   mlp, then resnet and transformer, fp32 and bf16, a call each; cuda: build and only
 #   the GPU tests, `ctest -L cuda`, when CI has run the rest; cuda1 and cuda2: each half of
 #   them, one a call, as the whole runs past the device's 10 minutes; bench-warm: bench-vs-torch.sh
-#   --warm, the compile caches that let `bench` fit in the next call on a warm machine; default: test run bench; multi, bench-ddp, collectives, levers and pipeline need two or more
+#   --warm, the compile caches that let `bench` fit in the next call on a warm machine; default: test run bench; multi, bench-ddp, collectives, levers, pipeline and libtorch-ranks need two or more
 #   GPUs; collectives needs nccl-tests' source: scripts/device-prepare.sh --nccl-tests DIR)
 # Expects .deps/ (made by scripts/device-prepare.sh here): fashion-mnist/, and zlib/ and
 # json/, prefixes of the headers the device image lacks (on CMAKE_PREFIX_PATH, nothing else).
@@ -77,7 +78,7 @@ if want torch; then
   fi
 fi
 
-if want test || { ! want cuda && ! want cuda1 && ! want cuda2 && ! want torch && ! want libtorch && ! want libtorch-shapes && [ ! -x "$build/bin/ddptrain" ]; }; then
+if want test || { ! want cuda && ! want cuda1 && ! want cuda2 && ! want torch && ! want libtorch && ! want libtorch-shapes && ! want libtorch-ranks && [ ! -x "$build/bin/ddptrain" ]; }; then
   start=$(date +%s)
   if scripts/test.sh -j 8 --timeout 150 > "$out/test.log" 2>&1; then
     note "scripts/test.sh: $(grep -E 'tests passed|tests failed' "$out/test.log" | tail -1) in $(( $(date +%s) - start ))s"
@@ -257,6 +258,18 @@ for section in libtorch libtorch-shapes; do
     fail "$section" "$build/bin/ddp_torch_bench not built (no LibTorch found at configure time; run the torch section first)"
   fi
 done
+
+if want libtorch-ranks; then
+  # LibTorch's DistributedDataParallel one rank a GPU against PyTorch's DDP under torchrun (the
+  # CNN and the MLP): plain, ZeRO 1-3, the bf16 and PowerSGD hooks (after `torch` or `build`).
+  if [ -x "$build/bin/ddp_torch_bench" ]; then
+    timeout 500 scripts/bench-libtorch-ranks.sh "$build" --models cnn,mlp > "$out/libtorch-ranks.log" 2>&1 ||
+      fail libtorch-ranks "bench-libtorch-ranks.sh exited $? ($(tail -1 "$out/libtorch-ranks.log"))"
+    grep -E '^\||^\(' "$out/libtorch-ranks.log"
+  else
+    fail libtorch-ranks "$build/bin/ddp_torch_bench not built (run the torch section first)"
+  fi
+fi
 
 if want pipeline; then
   # pp 2 on large across two GPUs: equality with one GPU, step time against the ideal,

@@ -7,13 +7,16 @@
 // is the same in Python.
 //   ddp_torch_bench --model cnn|mlp|resnet|transformer --mode plain|ddp|both [--cuda]
 //       [--steps N] [--rounds N] [--warmup N] [--batch B] [--zero LEVEL] [--adamw]
-//       [--dtype fp32|bf16]
+//       [--dtype fp32|bf16] [--hook none|bf16|powersgd] [--powersgd-rank R]
 // Prints "ms_per_step X rounds ..." (the median of --rounds rounds (5) of N steps, the device
 // synchronised around each round, then every round in order) and, wrapped, what the rank holds
 // after the last step (optimizer state, parameters, gradients: MiB). --mode both: the plain and
-// the wrapped model in one process, their rounds interleaved (a line each). Under ddprun each rank
-// trains its own batch; alone it is one rank. --zero: ZeRO's level; --adamw: AdamW instead of SGD
-// with momentum; --dtype bf16: the model and its input in bfloat16 (the loss in float32).
+// the wrapped model in one process, their rounds interleaved (a line each). --hook: the wrapped
+// model's communication hook (bf16_compress_comm_hook, or powersgd_comm_hook of rank
+// --powersgd-rank (1) from the 11th step), with PowerSGD the elements it sent of those it took.
+// Under ddprun each rank trains its own batch; alone it is one rank. --zero: ZeRO's level; --adamw:
+// AdamW instead of SGD with momentum; --dtype bf16: the model and its input in bfloat16 (the loss
+// in float32).
 #include <ddp/torch.h>
 #include <torch/torch.h>
 
@@ -151,8 +154,9 @@ void synchronize(const torch::Device& device) {
 struct Setup {
   bool cuda = false, adamw = false;
   std::string mode = "plain";  // plain, ddp or both
+  std::string hook = "none";   // the wrapped model's communication hook: none, bf16, powersgd
   torch::Dtype dtype = torch::kFloat32;
-  int zero = 0, steps = 100, warmup = 20, rounds = 5;
+  int zero = 0, steps = 100, warmup = 20, rounds = 5, powersgd_rank = 1;
 };
 
 // One model as the timed step trains it: plain LibTorch, or under the wrapper when `world` is
@@ -161,9 +165,19 @@ template <typename Net>
 struct Trainer {
   Trainer(const Setup& setup, ddp::World* world, const torch::Device& device) {
     net->to(device, setup.dtype);
-    if (world)
+    if (world) {
       model = std::make_unique<ddp::DistributedDataParallel>(
           net, *world, ddp::DistributedDataParallelOptions().zero(setup.zero));
+      if (setup.hook == "bf16") model->register_comm_hook(ddp::bf16_compress_comm_hook());
+      if (setup.hook == "powersgd") {
+        // As the PyTorch run's (torch_bench.py): rank r, compressed after 10 exact steps.
+        powersgd =
+            std::make_shared<ddp::PowerSGDState>(ddp::PowerSGDOptions()
+                                                     .matrix_approximation_rank(setup.powersgd_rank)
+                                                     .start_powerSGD_iter(10));
+        model->register_comm_hook(ddp::powersgd_comm_hook(powersgd));
+      }
+    }
     if (setup.adamw)
       optimizer = std::make_unique<torch::optim::AdamW>(net->parameters(),
                                                         torch::optim::AdamWOptions(1e-4));
@@ -180,6 +194,7 @@ struct Trainer {
   }
   Net net;  // made before the constructor's body: the caller seeds
   std::unique_ptr<ddp::DistributedDataParallel> model;
+  std::shared_ptr<ddp::PowerSGDState> powersgd;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
 };
 
@@ -234,10 +249,13 @@ void run(const Setup& setup, const std::string& name, const std::vector<int64_t>
     std::string each;
     for (const double ms : rounds[k])
       each += " " + std::to_string(ms);
-    std::printf(
-        "libtorch %s %s%s%s: ms_per_step %.4f rounds%s\n", name.c_str(), trainers[k].first.c_str(),
-        setup.zero > 0 ? (" zero " + std::to_string(setup.zero)).c_str() : "",
-        setup.dtype == torch::kBFloat16 ? " bf16" : "", sorted[sorted.size() / 2], each.c_str());
+    const bool wrapped = trainers[k].second->model != nullptr;
+    std::printf("libtorch %s %s%s%s%s: ms_per_step %.4f rounds%s\n", name.c_str(),
+                trainers[k].first.c_str(),
+                setup.zero > 0 ? (" zero " + std::to_string(setup.zero)).c_str() : "",
+                wrapped && setup.hook != "none" ? (" hook " + setup.hook).c_str() : "",
+                setup.dtype == torch::kBFloat16 ? " bf16" : "", sorted[sorted.size() / 2],
+                each.c_str());
   }
   for (auto& [mode, trainer] : trainers) {
     if (!trainer->model) continue;
@@ -246,6 +264,10 @@ void run(const Setup& setup, const std::string& name, const std::vector<int64_t>
         "rank %d holds: optimizer state %.1f MiB, parameters %.1f MiB, gradients %.1f MiB\n",
         world->rank(), ddp::optimizer_state_bytes(*trainer->optimizer) / 1048576.0,
         held.parameter_bytes / 1048576.0, held.gradient_bytes / 1048576.0);
+    if (trainer->powersgd)
+      std::printf("rank %d powersgd sent %lld of %lld elements\n", world->rank(),
+                  static_cast<long long>(trainer->powersgd->elements_after_compression()),
+                  static_cast<long long>(trainer->powersgd->elements_before_compression()));
   }
 }
 
@@ -272,6 +294,10 @@ int bench(int argc, char** argv) {
       setup.zero = std::stoi(value());
     else if (flag == "--steps")
       setup.steps = std::stoi(value());
+    else if (flag == "--hook")
+      setup.hook = value();
+    else if (flag == "--powersgd-rank")
+      setup.powersgd_rank = std::stoi(value());
     else if (flag == "--rounds")
       setup.rounds = std::stoi(value());
     else if (flag == "--warmup")
@@ -283,7 +309,8 @@ int bench(int argc, char** argv) {
     else
       throw ddp::UsageError(
           "unknown flag " + flag +
-          " (expected --model, --mode, --cuda, --steps, --rounds, --warmup, --batch, "
+          " (expected --model, --mode, --cuda, --steps, --rounds, --warmup, --batch, --hook, "
+          "--powersgd-rank, "
           "--zero, --adamw, --dtype)");
   }
   DDP_USAGE_CHECK(model == "cnn" || model == "mlp" || model == "resnet" || model == "transformer",
@@ -292,6 +319,10 @@ int bench(int argc, char** argv) {
   setup.dtype = dtype == "bf16" ? torch::kBFloat16 : torch::kFloat32;
   DDP_USAGE_CHECK(setup.mode == "plain" || setup.mode == "ddp" || setup.mode == "both",
                   "--mode {}: expected plain, ddp or both", setup.mode);
+  DDP_USAGE_CHECK(setup.hook == "none" || setup.hook == "bf16" || setup.hook == "powersgd",
+                  "--hook {}: expected none, bf16 or powersgd", setup.hook);
+  DDP_USAGE_CHECK(setup.powersgd_rank >= 1, "--powersgd-rank {}: expected at least 1",
+                  setup.powersgd_rank);
   DDP_USAGE_CHECK(setup.rounds > 0 && setup.steps > 0,
                   "--rounds {} --steps {}: expected at least 1 each", setup.rounds, setup.steps);
   if (model == "cnn")

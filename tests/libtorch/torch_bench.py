@@ -9,7 +9,9 @@ in one process with their rounds interleaved (--mode both); the same median of -
 WORLD_SIZE set) each rank trains its own batch. --adamw: AdamW (lr 1e-4) instead of SGD with
 momentum; --zero: PyTorch's ZeroRedundancyOptimizer over it (ZeRO 1, with --mode ddp), whose
 optimizer-state bytes on this rank are printed; --batch: the batch (the model's by default);
---dtype bf16: the model and its input in bfloat16 (the loss in float32)."""
+--dtype bf16: the model and its input in bfloat16 (the loss in float32); --hook bf16 or
+powersgd: PyTorch's bf16_compress_hook or powerSGD_hook (rank --powersgd-rank, from the 11th
+step) on the DDP model. With --cuda under torchrun each process uses its LOCAL_RANK's GPU."""
 import math
 import argparse
 import os
@@ -152,8 +154,13 @@ def main():
     p.add_argument("--adamw", action="store_true")
     p.add_argument("--zero", action="store_true")
     p.add_argument("--batch", type=int, default=0)
+    p.add_argument("--hook", choices=["none", "bf16", "powersgd"], default="none")
+    p.add_argument("--powersgd-rank", type=int, default=1)
     a = p.parse_args()
-    device = torch.device("cuda" if a.cuda else "cpu")
+    # Under torchrun each process takes its local rank's GPU.
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if a.cuda else torch.device("cpu")
+    if a.cuda:
+        torch.cuda.set_device(device)
     dtype = torch.bfloat16 if a.dtype == "bf16" else torch.float32
     if a.mode != "plain":
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -173,6 +180,15 @@ def main():
         net = {"cnn": FashionNet, "mlp": Mlp, "resnet": ResNet, "transformer": Transformer}[a.model]()
         net = net.to(device, dtype)
         model = torch.nn.parallel.DistributedDataParallel(net) if name == "ddp" else net
+        if name == "ddp" and a.hook == "bf16":
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+            model.register_comm_hook(None, default_hooks.bf16_compress_hook)
+        if name == "ddp" and a.hook == "powersgd":  # as ddp_torch_bench's: from the 11th step
+            from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+            powersgd = powerSGD_hook.PowerSGDState(
+                process_group=None, matrix_approximation_rank=a.powersgd_rank,
+                start_powerSGD_iter=10)
+            model.register_comm_hook(powersgd, powerSGD_hook.powerSGD_hook)
         if a.zero:
             from torch.distributed.optim import ZeroRedundancyOptimizer
             optimizer = ZeroRedundancyOptimizer(net.parameters(), optimizer_class=kind, **options)
@@ -189,7 +205,8 @@ def main():
     y = torch.randint(classes, (x.shape[0],), device=device)
     times = timed_rounds(step_fns, names, a.steps, a.rounds, a.warmup, a.cuda)
     for name in names:
-        print(f"pytorch {a.model} {name}{' zero' if a.zero else ''}{' bf16' if a.dtype == 'bf16' else ''}: "
+        hook = f" hook {a.hook}" if name == "ddp" and a.hook != "none" else ""
+        print(f"pytorch {a.model} {name}{' zero' if a.zero else ''}{hook}{' bf16' if a.dtype == 'bf16' else ''}: "
               f"ms_per_step {sorted(times[name])[len(times[name]) // 2]:.4f} rounds "
               + " ".join(f"{t:.6f}" for t in times[name]))
     if a.zero:
