@@ -42,6 +42,7 @@ configs=(
   "dp 2, zero 1|2|--zero 1 --optimizer adamw --bucket-mb 0.2"
   "dp 2, zero 2|2|--zero 2 --optimizer adamw --bucket-mb 0.2"
   "dp 2, zero 3|2|--zero 3 --optimizer adamw"
+  "dp 2, zero 3, chunks cut by eval and checkpoints|2|--zero 3 --optimizer adamw --log-every 7 --eval-every 5 --checkpoint-every 9 --checkpoint-dir CKPT"
   "dp 2, zero 2, gradient ring (many equal layers)|2|--zero 2 --optimizer adamw --layers 64,128,128,128,128,128,128,128,128,10 --bucket-mb 0.02 --first-bucket-mb 0.01"
   "dp 2, zero 2, accumulate 2|2|--zero 2 --accumulate 2 --bucket-mb 0.2"
 )

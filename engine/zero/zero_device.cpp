@@ -25,9 +25,10 @@ DeviceZero::DeviceZero(Ddp& ddp, const RingLayout& layout, DeviceParameters& wei
                        const std::vector<std::pair<size_t, size_t>>& layers,
                        const std::vector<int>& stage_layers, int ahead, Communicator* gathers,
                        cudaStream_t stream, bool lead)
-    : level_(layout.zero), weights_(weights), stream_(stream) {
+    : weights_(weights), stream_(stream) {
+  const int level = layout.zero;
   cudaStream_t s = stream;
-  ShardMemory memory;
+  ShardMemory& memory = memory_;
   memory.allocate = [this](size_t floats) {
     buffers_.emplace_back(floats, MemoryCategory::kGradients);
     return buffers_.back().data();
@@ -55,39 +56,32 @@ DeviceZero::DeviceZero(Ddp& ddp, const RingLayout& layout, DeviceParameters& wei
     memory.bucket_grads = [&weights](size_t bucket) { return weights.bucket_grads(bucket); };
     memory.stream = s;
   }
-  shards_ = std::make_unique<ShardedBuckets>(ddp, level_, &memory);
-  shards_->set_gather_comm(gathers);
-  weights.resize_optimizer(shards_->plan().shard_count);
+  // Level 3: the parameters become this rank's pieces (the padding zero), copied out of the
+  // whole parameters, which the layers' slots then replace.
+  ShardHome& home = *this;  // private: the state is the only one that reaches it
+  state_ = std::make_unique<ShardedState>(ddp, level, home, gathers);
+  ShardedBuckets& shards = state_->buckets();
+  weights.resize_optimizer(state_->plan().shard_count);
   // The gathers' communicator (where apart) starts after the compute stream's work, too.
-  shards_->gather_comm().set_compute_stream(stream);
+  shards.gather_comm().set_compute_stream(stream);
   const size_t param_count = weights.count();
   const auto mib = [](size_t floats) { return floats * sizeof(float) / 1048576.0; };
-  if (level_ == 3) {
+  if (level == 3) {
     // The parameters become this rank's pieces (a bucket a layer) and ahead + 1 gather slots;
     // every use of a layer's parameters gathers them into slot layer % (ahead + 1) on the
     // gathers' communicator's stream, the compute stream waiting for it, and the pass's
     // next `ahead` layers are gathered meanwhile into the others. What a slot holds is known
     // within a step (a layer used twice in a row is gathered once) and forgotten at each step's
     // start.
-    const ShardPlan& plan = shards_->plan();
+    const ShardPlan& plan = state_->plan();
     const std::vector<Bucket>& buckets = ddp.buckets();
     std::vector<ParamSpan> spans;
     for (const auto& [offset, count] : layers)
       spans.push_back({offset, count});
     bucket_of_layer_ = layer_buckets(buckets, spans);
-    // This rank's pieces (the padding zero) copied out of the whole parameters, which the
-    // layers' slots then replace.
-    pieces_ = DeviceBuffer<float>(plan.shard_count, MemoryCategory::kParameters);
-    DDP_CUDA_CHECK(cudaMemsetAsync(pieces_.data(), 0, pieces_.bytes(), stream));
     size_t slot = 0;
-    for (size_t b = 0; b < buckets.size(); ++b) {
-      const ShardPart& p = plan.parts[b];
-      slot = std::max(slot, p.piece * static_cast<size_t>(plan.ranks));
-      DDP_CHECK(p.offset + p.count <= param_count && p.shard_at + p.count <= plan.shard_count,
-                "--zero 3: piece {}+{} -> {} out of range", p.offset, p.count, p.shard_at);
-      DDP_CUDA_CHECK(cudaMemcpyAsync(pieces_.data() + p.shard_at, weights.params() + p.offset,
-                                     p.count * sizeof(float), cudaMemcpyDeviceToDevice, stream));
-    }
+    for (size_t b = 0; b < buckets.size(); ++b)
+      slot = std::max(slot, plan.parts[b].piece * static_cast<size_t>(plan.ranks));
     weights.place_layers(layers, slot, ahead + 1);
     gathering_.resize(layers.size());
     gathers_ = std::make_unique<LayerGathers>(static_cast<int>(layers.size()), ahead);
@@ -103,22 +97,22 @@ DeviceZero::DeviceZero(Ddp& ddp, const RingLayout& layout, DeviceParameters& wei
           "meanwhile{})",
           mib(plan.shard_count), mib(param_count), ahead == 1 ? "two" : std::to_string(ahead + 1),
           mib(slot), ahead == 1 ? std::string("one") : fmt::format("{}", ahead),
-          &shards_->gather_comm() != &ddp.comm()
-              ? fmt::format(", on {}, a communicator of their own", shards_->gather_comm().name())
+          &shards.gather_comm() != &ddp.comm()
+              ? fmt::format(", on {}, a communicator of their own", shards.gather_comm().name())
               : std::string());
   }
-  if (level_ < 2 || !lead) return;
+  if (level < 2 || !lead) return;
   if (weights.ringed())
     spdlog::info(
         "zero {}: the gradients in {} bucket slots of {:.1f} MiB and this rank's averaged "
         "pieces ({:.1f} MiB), not one buffer of {:.1f} MiB",
-        level_, ring.slots, mib(ring.slot_floats), mib(shards_->plan().shard_count),
+        level, ring.slots, mib(ring.slot_floats), mib(state_->plan().shard_count),
         mib(param_count));
   else
     spdlog::info(
         "zero {}: the whole gradient buffer stays, backward's workspace ({}); the buckets are "
         "reduce-scattered in place",
-        level_,
+        level,
         layout.micro_batches > 1 ? "it accumulates over micro-batches"
         : !layout.overlap        ? "--no-overlap"
                                  : "a ring of bucket slots would hold as much");
@@ -147,7 +141,7 @@ void DeviceZero::forget_gathers() {
 }
 
 void DeviceZero::match_evaluation(int64_t samples, int64_t replicas, int64_t mine, int chunk) {
-  if (level_ < 3) return;  // the whole parameters are in place: nothing to gather
+  if (level() < 3) return;  // the whole parameters are in place: nothing to gather
   int64_t most = 0;
   for (int64_t r = 0; r < replicas; ++r) {
     const int64_t n = samples * (r + 1) / replicas - samples * r / replicas;
@@ -167,8 +161,8 @@ void DeviceZero::carry_out(const std::vector<LayerGathers::Action>& actions) {
   for (const LayerGathers::Action& a : actions) {
     std::unique_ptr<Work>& work = gathering_[a.layer];
     if (a.kind == LayerGathers::Kind::kGather) {
-      work = shards_->gather_bucket_async(bucket_of_layer_[a.layer], pieces_.data(),
-                                          weights_.layer_slot(a.layer));
+      work = state_->buckets().gather_bucket_async(bucket_of_layer_[a.layer], state_->pieces(),
+                                                   weights_.layer_slot(a.layer));
       if (on_gather_) on_gather_(a.layer, *work);
       continue;
     }
@@ -179,70 +173,64 @@ void DeviceZero::carry_out(const std::vector<LayerGathers::Action>& actions) {
 }
 
 void DeviceZero::step(const OptStep* steps, const int* counter) {
-  const ShardPlan& plan = shards_->plan();
-  for (size_t b = 0; b < plan.parts.size(); ++b) {
-    const ShardPart& p = plan.parts[b];
-    if (p.count == 0) continue;
-    if (level_ == 3)  // the pieces are the parameters
-      weights_.update_at(pieces_.data() + p.shard_at, shards_->reduced_piece(b), p.shard_at,
-                         p.count, steps, counter, stream_);
+  float* pieces = state_->pieces();  // level 3: the pieces are the parameters
+  for (const OptimizerPiece& p : state_->owned_pieces())
+    if (pieces != nullptr)
+      weights_.update_at(pieces + p.offset, p.grads, p.state_offset, p.count, steps, counter,
+                         stream_);
     else
-      weights_.update_piece(p.offset, shards_->reduced_piece(b), p.shard_at, p.count, steps,
-                            counter, stream_);
-  }
-  if (level_ == 3) return;  // the pieces are the parameters: the next uses gather them
-  shards_->gather_in_place(weights_.params(), stream_);
-  weights_.to_low_precision(stream_);
+      weights_.update_piece(p.offset, p.grads, p.state_offset, p.count, steps, counter, stream_);
+  state_->updated();
 }
 
 std::vector<float> DeviceZero::params(size_t count) {
-  std::vector<float> host(count);
-  if (level_ < 3) {
-    weights_.get(host.data());
-    return host;
-  }
-  // Every rank's pieces gathered (collective over the data-parallel group).
-  forget_gathers();
-  DeviceBuffer<float> whole(count, MemoryCategory::kOther);
-  shards_->gather_shards(pieces_.data(), whole.data(), stream_);
+  return state_->params(count);
+}
+
+void DeviceZero::set_params(const float* host) {
+  state_->set_params(host);
+}
+
+NamedState DeviceZero::optimizer_state(size_t count) {
+  std::vector<std::pair<std::string, const float*>> buffers;
+  for (const auto& [name, pieces] : weights_.optimizer().buffers())
+    buffers.emplace_back(name, pieces);
+  return state_->optimizer_state(count, buffers);
+}
+
+void DeviceZero::set_optimizer_state(const NamedState& state) {
+  weights_.set_optimizer_state(state_->pieces_of(state));
+}
+
+std::shared_ptr<float> DeviceZero::allocate(size_t floats, bool pieces) {
+  const auto memory = std::make_shared<DeviceBuffer<float>>(
+      floats, pieces ? MemoryCategory::kParameters : MemoryCategory::kOther);
+  if (pieces) DDP_CUDA_CHECK(cudaMemsetAsync(memory->data(), 0, memory->bytes(), stream_));
+  return std::shared_ptr<float>(memory, memory->data());
+}
+
+void DeviceZero::copy(float* dst, const float* src, size_t floats) {
+  memory_.copy(dst, src, floats);
+}
+
+std::vector<float> DeviceZero::to_host(const float* src, size_t floats) {
+  std::vector<float> host(floats);
   DDP_CUDA_CHECK(
-      cudaMemcpyAsync(host.data(), whole.data(), whole.bytes(), cudaMemcpyDeviceToHost, stream_));
+      cudaMemcpyAsync(host.data(), src, floats * sizeof(float), cudaMemcpyDeviceToHost, stream_));
   wait();
   return host;
 }
 
-void DeviceZero::set_params(const float* host) {
-  if (level_ < 3) return weights_.set(host);
-  std::vector<float> mine(shards_->plan().shard_count);  // this rank's pieces
-  shards_->take_shard(host, mine.data());
-  forget_gathers();
-  DDP_CUDA_CHECK(cudaMemcpyAsync(pieces_.data(), mine.data(), mine.size() * sizeof(float),
-                                 cudaMemcpyHostToDevice, stream_));
+void DeviceZero::from_host(float* dst, const float* host, size_t floats) {
+  DDP_CUDA_CHECK(
+      cudaMemcpyAsync(dst, host, floats * sizeof(float), cudaMemcpyHostToDevice, stream_));
   DDP_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
-NamedState DeviceZero::optimizer_state(size_t count) {
-  // Every rank's pieces of each state buffer, gathered on the device (collective over the
-  // data-parallel group), then copied out.
-  NamedState state;
-  DeviceBuffer<float> whole(count, MemoryCategory::kOther);
-  for (const auto& [name, shard] : weights_.optimizer().buffers()) {
-    shards_->gather_shards(shard, whole.data(), stream_);
-    state.emplace_back(name, std::vector<float>(whole.count()));
-    DDP_CUDA_CHECK(cudaMemcpyAsync(state.back().second.data(), whole.data(), whole.bytes(),
-                                   cudaMemcpyDeviceToHost, stream_));
-    wait();
-  }
-  return state;
-}
-
-void DeviceZero::set_optimizer_state(const NamedState& state) {
-  NamedState mine;  // this rank's pieces
-  for (const auto& [name, values] : state) {
-    mine.emplace_back(name, std::vector<float>(shards_->plan().shard_count));
-    shards_->take_shard(values.data(), mine.back().second.data());
-  }
-  weights_.set_optimizer_state(mine);
+std::vector<float> DeviceZero::whole_params() {
+  std::vector<float> host(weights_.count());
+  weights_.get(host.data());
+  return host;
 }
 
 std::string DeviceZero::describe_update(size_t count) const {

@@ -1,11 +1,11 @@
-// ZeRO (--zero 1, 2, 3) on the GPU over a Ddp's group, in one place: the device memory of its
-// padded buckets and (2, 3) gradient ring, the sharded optimizer's step over this rank's
-// pieces, the parameters' gather after it (1, 2) or (3) before each use of a layer (the
-// decisions LayerGathers makes, carried out on the gathers' own communicator, Ddp::gather_comm,
-// so that a gather never queues behind a reduce-scatter), and the host
-// copies of the sharded parameters and optimizer state (collectives over the group). The
-// runner supplies the rank's flat buffers and compute stream and calls it where the step
-// reaches these points; models/ only holds the memory.
+// ZeRO (--zero 1, 2, 3) on the GPU over a Ddp's group: the home of the sharded state
+// (ShardedState, engine/zero/sharded_state.h: the pieces, the update's protocol, the host copies)
+// in device memory on the compute stream, with what is the device's own: the memory of its
+// padded buckets and (2, 3) gradient ring, the update's kernels over this rank's pieces, and the
+// gathers of level 3 before each use of a layer (the decisions LayerGathers makes, carried out on
+// the gathers' own communicator, Ddp::gather_comm, so that a gather never queues behind a
+// reduce-scatter). The runner supplies the rank's flat buffers and compute stream and calls it
+// where the step reaches these points; models/ only holds the memory.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -23,13 +23,14 @@
 #include "engine/sync/layer_gathers.h"
 #include "engine/sync/sharded_buckets.h"
 #include "engine/zero/device_state.h"
+#include "engine/zero/sharded_state.h"
 #include "models/device_parameters.h"
 #include "models/optimizer.h"
 #include "runtime/device_buffer.h"
 
 namespace ddp {
 
-class DeviceZero final : public DeviceState {
+class DeviceZero final : public DeviceState, private ShardHome {
  public:
   // Shards `ddp`'s state at `layout.zero`'s level (--zero 3's gathers on `gathers`, null: the
   // Ddp's communicator) over the rank's buffers `weights` (its layers
@@ -48,10 +49,10 @@ class DeviceZero final : public DeviceState {
   // --timeout when there are peers); cudaStreamSynchronize until set.
   void set_wait(std::function<void()> wait) { wait_ = std::move(wait); }
 
-  int level() const { return level_; }
-  const ShardPlan& plan() const { return shards_->plan(); }
+  int level() const { return state_->level(); }
+  const ShardPlan& plan() const { return state_->plan(); }
   // --zero 3: the parameters are this rank's pieces and two gather slots.
-  bool gathers_layers() const override { return level_ == 3; }
+  bool gathers_layers() const override { return level() == 3; }
 
   // --zero 3, before the stream reads the rank's layer `layer`: its parameters gathered into
   // their slot and, `next` >= 0 being the pass's next layer, the next `ahead` layers of the
@@ -82,19 +83,31 @@ class DeviceZero final : public DeviceState {
   void set_optimizer_state(const NamedState& state) override;
 
  private:
+  // ShardHome: the rank's DeviceParameters and device memory on the stream.
+  const ShardMemory* bucket_memory() const override { return &memory_; }
+  float* params() override { return weights_.params(); }
+  void* stream() override { return stream_; }
+  std::shared_ptr<float> allocate(size_t floats, bool pieces) override;
+  void copy(float* dst, const float* src, size_t floats) override;
+  std::vector<float> to_host(const float* src, size_t floats) override;
+  void from_host(float* dst, const float* host, size_t floats) override;
+  std::vector<float> whole_params() override;
+  void set_whole_params(const float* host) override { weights_.set(host); }
+  void settle() override { forget_gathers(); }
+  void params_gathered() override { weights_.to_low_precision(stream_); }
+
   // The gathers of `chunks` more forwards of the rank's stages.
   void gather_as_forwards(int64_t chunks);
   void carry_out(const std::vector<LayerGathers::Action>& actions);
   void wait();
 
-  int level_;
   DeviceParameters& weights_;
   cudaStream_t stream_;
   std::function<void()> wait_;
   std::function<void(int, Work&)> on_gather_;
+  ShardMemory memory_;                            // the buckets' device memory and copies
   std::vector<DeviceBuffer<float>> buffers_;      // its padded buckets' copies
-  DeviceBuffer<float> pieces_;                    // --zero 3: this rank's pieces of the parameters
-  std::unique_ptr<ShardedBuckets> shards_;        // the pieces, reduce-scatters, gathers
+  std::unique_ptr<ShardedState> state_;           // the pieces, their update, the host copies
   std::vector<size_t> bucket_of_layer_;           // --zero 3: the rank's layer i -> its bucket
   std::vector<int> stage_of_layer_;               // and -> its stage among the rank's
   std::vector<std::unique_ptr<Work>> gathering_;  // by layer: its gather, until waited for

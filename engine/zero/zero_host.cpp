@@ -18,18 +18,18 @@ namespace ddp {
 // in the same order, so the gathers match.
 class GatheredLayers final : public LayerParams {
  public:
-  // `bucket_of`: the model layer's bucket; `shard`: the rank's pieces (of `shards`' plan).
-  GatheredLayers(ShardedBuckets& shards, const std::vector<float>& shard,
-                 std::map<int, size_t> bucket_of)
-      : shards_(shards), shard_(shard), bucket_of_(std::move(bucket_of)) {}
+  // `bucket_of`: the model layer's bucket of `state`, whose pieces are the parameters.
+  GatheredLayers(ShardedState& state, std::map<int, size_t> bucket_of)
+      : state_(state), bucket_of_(std::move(bucket_of)) {}
 
   const float* acquire(int layer) override {
     const size_t b = bucket_of_.at(layer);
-    if (materialised_) return whole_.data() + shards_.plan().parts[b].bucket_offset;
+    const ShardPlan& plan = state_.plan();
+    if (materialised_) return whole_.data() + plan.parts[b].bucket_offset;
     std::vector<float>& into = held_[layer];
     DDP_CHECK(into.empty(), "--zero 3: layer {} gathered twice", layer);
-    into.resize(shards_.plan().parts[b].piece * static_cast<size_t>(shards_.plan().ranks));
-    shards_.gather_bucket(b, shard_.data(), into.data());
+    into.resize(plan.parts[b].piece * static_cast<size_t>(plan.ranks));
+    state_.buckets().gather_bucket(b, state_.pieces(), into.data());
     held_floats_ += into.size();
     peak_floats_ = std::max(peak_floats_, held_floats_);
     return into.data();
@@ -42,11 +42,9 @@ class GatheredLayers final : public LayerParams {
     held_.erase(it);
   }
   // Collective: every layer's parameters (`count`, the rank's flat layout), until drop().
-  const std::vector<float>& materialise(size_t count) {
-    whole_.assign(count, 0.0f);
-    shards_.gather_shards(shard_.data(), whole_.data());
+  void materialise(size_t count) {
+    whole_ = state_.params(count);
     materialised_ = true;
-    return whole_;
   }
   void drop() {
     materialised_ = false;
@@ -56,8 +54,7 @@ class GatheredLayers final : public LayerParams {
   size_t peak_floats() const { return peak_floats_; }
 
  private:
-  ShardedBuckets& shards_;
-  const std::vector<float>& shard_;
+  ShardedState& state_;
   std::map<int, size_t> bucket_of_;
   std::map<int, std::vector<float>> held_;  // the layers in use
   size_t held_floats_ = 0, peak_floats_ = 0;
@@ -68,8 +65,8 @@ class GatheredLayers final : public LayerParams {
 HostZero::HostZero(Ddp& ddp, const RingLayout& layout, std::vector<float>& params,
                    std::vector<float>& grads, const std::vector<std::pair<int, ParamSpan>>& layers,
                    Communicator* gathers, const OptimizerConfig& optimizer)
-    : HostState(nullptr), ddp_(ddp), level_(layout.zero), params_(params), grads_(grads) {
-  const int level = level_;
+    : HostState(nullptr), ddp_(ddp), params_(params), grads_(grads) {
+  const int level = layout.zero;
   const size_t count = params.size();
   RingLayout ring = layout;
   ring.replicas = ddp.comm().size();
@@ -92,15 +89,13 @@ HostZero::HostZero(Ddp& ddp, const RingLayout& layout, std::vector<float>& param
     ring_memory_.slot_floats = slot;
     ring_memory_.align = 1;
   }
-  shards_ = std::make_unique<ShardedBuckets>(ddp, level, ringed() ? &ring_memory_ : nullptr);
-  shards_->set_gather_comm(gathers);
-  set_optimizer(make_optimizer(optimizer, shards_->plan().shard_count));  // over the pieces
+  ShardHome& home = *this;  // private: the state is the only one that reaches it
+  state_ = std::make_unique<ShardedState>(ddp, level, home, gathers);
+  set_optimizer(make_optimizer(optimizer, state_->plan().shard_count));  // over the pieces
   if (ringed()) grads_ = {};  // backward writes into the slots; the whole buffer goes
   if (level < 3) return;
-  // The parameters become this rank's pieces, and every layer reads its whole parameters from
+  // The parameters are this rank's pieces now, and every layer reads its whole parameters from
   // them for each use (GatheredLayers).
-  shard_params_.assign(shards_->plan().shard_count, 0.0f);
-  shards_->take_shard(params.data(), shard_params_.data());
   std::vector<ParamSpan> spans;
   for (const auto& [layer, span] : layers)
     spans.push_back(span);
@@ -108,7 +103,7 @@ HostZero::HostZero(Ddp& ddp, const RingLayout& layout, std::vector<float>& param
   std::map<int, size_t> bucket_of;  // the model's layer -> its bucket
   for (size_t i = 0; i < layers.size(); ++i)
     bucket_of[layers[i].first] = bucket_of_span[i];
-  gathered_ = std::make_unique<GatheredLayers>(*shards_, shard_params_, std::move(bucket_of));
+  gathered_ = std::make_unique<GatheredLayers>(*state_, std::move(bucket_of));
   params_ = {};  // every layer reads its whole parameters from the pieces for each use
 }
 
@@ -133,56 +128,66 @@ LayerParams* HostZero::layer_params() {
 }
 
 bool HostZero::kept_grads_nonfinite() const {
-  return level_ >= 2 && any_nonfinite(shards_->reduced_pieces(), shards_->plan().shard_count);
+  return level() >= 2 &&
+         any_nonfinite(state_->buckets().reduced_pieces(), state_->plan().shard_count);
 }
 
 void HostZero::step(float lr) {
   Optimizer& optimizer = *optimizer_;
-  float* params = params_.data();
-  // Level 3: the pieces are the parameters, updated from their averaged gradients (the
-  // padding stays zero); the next uses gather them.
-  if (gathered_) {
-    optimizer.step(shard_params_.data(), shards_->reduced_pieces(), shard_params_.size(), lr);
-    return;
+  if (state_->pieces() != nullptr) {
+    // Level 3: the pieces are the parameters, updated from their averaged gradients (the
+    // padding stays zero).
+    optimizer.step(state_->pieces(), state_->buckets().reduced_pieces(), state_->piece_floats(),
+                   lr);
+  } else {
+    // Else this rank's pieces of the whole parameters, updated in place.
+    optimizer.step_pieces(params_.data(), state_->owned_pieces(), lr);
   }
-  // Else this rank's pieces updated in place from their averaged gradients, then every
-  // rank's pieces gathered into the whole parameters.
-  std::vector<OptimizerPiece> pieces;
-  const ShardPlan& plan = shards_->plan();
-  for (size_t b = 0; b < plan.parts.size(); ++b)
-    if (plan.parts[b].count > 0)
-      pieces.push_back({plan.parts[b].offset, shards_->reduced_piece(b), plan.parts[b].shard_at,
-                        plan.parts[b].count});
-  optimizer.step_pieces(params, pieces, lr);
-  shards_->gather_in_place(params, nullptr);
+  state_->updated();
 }
 
 std::vector<float> HostZero::params(size_t count) {
-  if (gathered_ == nullptr) return params_;  // whole on every replica
-  std::vector<float> whole = gathered_->materialise(count);
-  gathered_->drop();
-  return whole;
+  return state_->params(count);
 }
 
 void HostZero::set_params(const float* host) {
-  if (gathered_ == nullptr) return (void)std::copy_n(host, params_.size(), params_.begin());
-  shards_->take_shard(host, shard_params_.data());
+  state_->set_params(host);
 }
 
 NamedState HostZero::optimizer_state(size_t count) {
-  NamedState state;
-  for (const auto& [name, buffer] : optimizer_->state()) {
-    // Every rank's pieces of it, gathered (collective over the data-parallel group).
-    state.emplace_back(name, std::vector<float>(count));
-    shards_->gather_shards(buffer->data(), state.back().second.data());
-  }
-  return state;
+  std::vector<std::pair<std::string, const float*>> buffers;
+  for (const auto& [name, buffer] : optimizer_->state())
+    buffers.emplace_back(name, buffer->data());
+  return state_->optimizer_state(count, buffers);
 }
 
 void HostZero::set_optimizer_state(const NamedState& state) {
+  const NamedState mine = state_->pieces_of(state);
   for (auto& [name, buffer] : optimizer_->state())
-    for (const auto& [saved_name, values] : state)
-      if (saved_name == name) shards_->take_shard(values.data(), buffer->data());
+    for (const auto& [saved_name, values] : mine)
+      if (saved_name == name) *buffer = values;
+}
+
+std::shared_ptr<float> HostZero::allocate(size_t floats, bool pieces) {
+  (void)pieces;  // zero either way
+  const auto memory = std::make_shared<std::vector<float>>(floats, 0.0f);
+  return std::shared_ptr<float>(memory, memory->data());
+}
+
+void HostZero::copy(float* dst, const float* src, size_t floats) {
+  std::copy_n(src, floats, dst);
+}
+
+std::vector<float> HostZero::to_host(const float* src, size_t floats) {
+  return std::vector<float>(src, src + floats);
+}
+
+void HostZero::from_host(float* dst, const float* host, size_t floats) {
+  std::copy_n(host, floats, dst);
+}
+
+void HostZero::set_whole_params(const float* host) {
+  std::copy_n(host, params_.size(), params_.begin());
 }
 
 void HostZero::begin_evaluation(size_t count) {
@@ -201,23 +206,23 @@ std::string HostZero::memory_report(size_t count,
       "{} parameters; {} of padded bucket copies and averaged pieces{})",
       gathered_ ? fmt::format("{} (this rank's pieces; at most {} of layers gathered at once, "
                               "the whole model while evaluating or copying out)",
-                              size(shard_params_.size()), size(gathered_->peak_floats()))
+                              size(state_->piece_floats()), size(gathered_->peak_floats()))
                 : size(count),
       ring_.empty() ? size(count)
                     : fmt::format("{} ({} bucket slots, written again after each bucket's "
                                   "reduce-scatter)",
                                   size(ring_floats()), ring_.size()),
-      size(state_floats), level_, shards_->plan().ranks, shards_->plan().owned(), count,
-      size(shards_->scratch_floats()),
-      level_ >= 2 ? ", the averaged gradients as this rank's pieces only" : "");
+      size(state_floats), level(), plan().ranks, plan().owned(), count,
+      size(state_->buckets().scratch_floats()),
+      level() >= 2 ? ", the averaged gradients as this rank's pieces only" : "");
 }
 
 size_t HostZero::param_floats() const {
-  return shard_params_.size() + (gathered_ ? gathered_->peak_floats() : 0);
+  return state_->piece_floats() + (gathered_ ? gathered_->peak_floats() : 0);
 }
 
 size_t HostZero::grad_floats() const {
-  return ring_floats() + shards_->scratch_floats();
+  return ring_floats() + state_->buckets().scratch_floats();
 }
 
 }  // namespace ddp

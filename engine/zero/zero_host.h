@@ -1,10 +1,10 @@
-// ZeRO (--zero 1, 2, 3) on the host over a Ddp's group, in one place: the gradient ring of
-// bucket slots (2, 3, where backward runs once a step), the sharded optimizer's update of this
-// rank's pieces and the parameters' gather after it (1, 2) or (3) for each use of a layer
-// (LayerParams: gathered at acquire, dropped at release; while materialised, every layer's once),
-// and the host copies of the sharded parameters and optimizer state (collectives over the
-// group): the sharded strategy of HostState (engine/zero/host_state.h). The CPU runner supplies
-// its flat buffers and wires its model where the state says.
+// ZeRO (--zero 1, 2, 3) on the host over a Ddp's group: the home of the sharded state
+// (ShardedState, engine/zero/sharded_state.h: the pieces, the update's protocol, the host copies)
+// in the CPU's vectors, with what is the host's own: the gradient ring of bucket slots (2, 3,
+// where backward runs once a step), the host optimizer over this rank's pieces, and level 3's
+// layer parameters (LayerParams: gathered at acquire, dropped at release; while materialised,
+// every layer's once). It is the sharded strategy of HostState (engine/zero/host_state.h); the
+// CPU runner supplies its flat buffers and wires its model where the state says.
 #pragma once
 
 #include <cstddef>
@@ -19,6 +19,7 @@
 #include "engine/sync/gradient_ring.h"
 #include "engine/sync/sharded_buckets.h"
 #include "engine/zero/host_state.h"
+#include "engine/zero/sharded_state.h"
 #include "models/linear_cpu.h"
 #include "models/optimizer.h"
 
@@ -26,7 +27,7 @@ namespace ddp {
 
 class GatheredLayers;
 
-class HostZero final : public HostState {
+class HostZero final : public HostState, private ShardHome {
  public:
   // Shards `ddp`'s state at `layout.zero`'s level (its buckets' gathers on `gathers`, null: its
   // own), the gradients in a ring of bucket slots where the ring applies
@@ -39,9 +40,9 @@ class HostZero final : public HostState {
            Communicator* gathers, const OptimizerConfig& optimizer);
   ~HostZero() override;
 
-  int level() const { return level_; }
+  int level() const { return state_->level(); }
   // This rank's pieces of the buckets.
-  const ShardPlan& plan() const { return shards_->plan(); }
+  const ShardPlan& plan() const { return state_->plan(); }
 
   // HostState: with a ring, backward writes into its bucket's slot; level 3's layers read
   // their parameters gathered for each use.
@@ -72,13 +73,23 @@ class HostZero final : public HostState {
   size_t grad_floats() const override;
 
  private:
+  // ShardHome: the runner's buffers and host vectors.
+  const ShardMemory* bucket_memory() const override { return ringed() ? &ring_memory_ : nullptr; }
+  float* params() override { return params_.data(); }
+  void* stream() override { return nullptr; }
+  std::shared_ptr<float> allocate(size_t floats, bool pieces) override;
+  void copy(float* dst, const float* src, size_t floats) override;
+  std::vector<float> to_host(const float* src, size_t floats) override;
+  void from_host(float* dst, const float* host, size_t floats) override;
+  std::vector<float> whole_params() override { return params_; }
+  void set_whole_params(const float* host) override;
+
   bool ringed() const { return !ring_.empty(); }
   // With a ring: where backward writes the gradient of element `offset` of the flat buffer.
   float* grad_at(size_t offset);
   size_t ring_floats() const { return ring_.empty() ? 0 : ring_.size() * ring_[0].size(); }
 
   Ddp& ddp_;
-  int level_;
   std::vector<float>& params_;  // the runner's buffers (level 3: the parameters freed)
   std::vector<float>& grads_;
   // The gradients in kGradientRingSlots bucket slots (bucket b in slot b % slots, each written
@@ -87,8 +98,7 @@ class HostZero final : public HostState {
   std::vector<std::vector<float>> ring_;
   std::vector<std::vector<float>> ring_pieces_;  // what Ddp allocates: the averaged pieces
   ShardMemory ring_memory_;
-  std::unique_ptr<ShardedBuckets> shards_;    // the buckets' pieces, reduce-scatters, gathers
-  std::vector<float> shard_params_;           // level 3: this rank's pieces of the parameters
+  std::unique_ptr<ShardedState> state_;       // the pieces, their update, the host copies
   std::unique_ptr<GatheredLayers> gathered_;  // level 3: the layers' parameters for each use
 };
 

@@ -1,0 +1,97 @@
+// ZeRO's state (--zero 1, 2, 3) over a Ddp's group, written once for the host and the device:
+// this rank's pieces of the buckets (ShardedBuckets), and at level 3 of the parameters; which
+// pieces the optimizer updates and the gather of every rank's pieces after it (1, 2); the whole
+// parameters and optimizer state gathered out to a host copy and cut back into pieces from one
+// (checkpoints, evaluation copies). Where the memory is and how it is copied is the home's
+// (ShardHome): the CPU's vectors (HostZero) or the GPU's memory on its stream (DeviceZero), which
+// also keep their own optimizer (the host's Optimizer, the device's kernels) and the layer
+// gathers of level 3 (the host's for each use, the device's ahead of it on a stream).
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "collectives/communicator.h"
+#include "engine/sync/ddp.h"
+#include "engine/sync/sharded_buckets.h"
+#include "models/optimizer.h"
+
+namespace ddp {
+
+// Where a replica's sharded state lives.
+class ShardHome {
+ public:
+  virtual ~ShardHome() = default;
+
+  // The buckets' memory (their padded copies, the gradient ring; engine/sync/sharded_buckets.h),
+  // or null: the host's own vectors and no ring.
+  virtual const ShardMemory* bucket_memory() const = 0;
+  // The rank's whole flat parameters where the collectives take them (levels 1, 2), and the
+  // stream the collectives and copies are ordered on (null: the host's thread).
+  virtual float* params() = 0;
+  virtual void* stream() = 0;
+  // `floats` of this memory for as long as the result is kept: level 3's pieces of the
+  // parameters (`pieces`, zero), or a whole copy on its way out (any values).
+  virtual std::shared_ptr<float> allocate(size_t floats, bool pieces) = 0;
+  // A copy within this memory, in stream order.
+  virtual void copy(float* dst, const float* src, size_t floats) = 0;
+  // Copies out to the host and in from it, done when they return.
+  virtual std::vector<float> to_host(const float* src, size_t floats) = 0;
+  virtual void from_host(float* dst, const float* host, size_t floats) = 0;
+  // The whole parameters (levels 1, 2) out to the host and in from it, as a replica that keeps
+  // them whole does.
+  virtual std::vector<float> whole_params() = 0;
+  virtual void set_whole_params(const float* host) = 0;
+  // Whatever still reads the parameters' pieces (level 3's layer gathers), finished and
+  // forgotten: before the pieces are read out or replaced.
+  virtual void settle() {}
+  // A gather wrote the whole parameters (the device's low-precision copy follows them).
+  virtual void params_gathered() {}
+};
+
+class ShardedState {
+ public:
+  // `ddp`'s buckets cut into this rank's pieces at `level` (from now on, 2 and 3, the Ddp
+  // reduce-scatters through them) in `home`'s memory; level 3 takes this rank's pieces of the
+  // home's parameters (the home then frees its whole ones), its layer gathers on `gathers`
+  // (null: the Ddp's communicator).
+  ShardedState(Ddp& ddp, int level, ShardHome& home, Communicator* gathers);
+
+  int level() const { return shards_->level(); }
+  const ShardPlan& plan() const { return shards_->plan(); }
+  ShardedBuckets& buckets() { return *shards_; }
+  const ShardedBuckets& buckets() const { return *shards_; }
+  // Level 3: this rank's pieces of the parameters (plan().shard_count, the padding zero); else
+  // null.
+  float* pieces() { return pieces_.get(); }
+  const float* pieces() const { return pieces_.get(); }
+  size_t piece_floats() const { return pieces_ ? plan().shard_count : 0; }
+
+  // What the step's update updates, after Ddp::finish(): each of this rank's non-empty pieces,
+  // its parameters at `offset` (levels 1, 2: of the whole parameters; 3: of pieces()), its
+  // averaged gradients and its place in the optimizer's state (over the pieces).
+  std::vector<OptimizerPiece> owned_pieces() const;
+  // After the update: (1, 2) every rank's pieces gathered into the whole parameters.
+  void updated();
+
+  // Collective over the group: the whole parameters (`count`, the rank's flat layout) on the
+  // host; and this rank's pieces set from a whole host copy (every rank gives the same).
+  std::vector<float> params(size_t count);
+  void set_params(const float* host);
+  // Collective: each of the optimizer's state `buffers` (this rank's pieces, in the home's
+  // memory) gathered whole (`count` each) on the host; and a whole state cut into this rank's
+  // pieces, for the optimizer to take.
+  NamedState optimizer_state(size_t count,
+                             const std::vector<std::pair<std::string, const float*>>& buffers);
+  NamedState pieces_of(const NamedState& whole) const;
+
+ private:
+  ShardHome& home_;
+  std::unique_ptr<ShardedBuckets> shards_;
+  std::shared_ptr<float> pieces_;  // level 3
+};
+
+}  // namespace ddp
