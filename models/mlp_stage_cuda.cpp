@@ -166,6 +166,14 @@ void CudaStage::set_layer_hook(std::function<void(int, int)> acquire) {
     l->clear_plans();
 }
 
+int CudaStage::first_read(bool backward, int slot) const {
+  if (!backward) return first_;
+  // Backward and its input half: the forward again below the last layer (ensure_forwarded),
+  // then the layers' input gradients from the last down (none for the model's first layer).
+  if (options_.recompute && working_slot_ != slot && first_ + 1 < end_) return first_;
+  return end_ - 1 > first_ || !is_first() ? end_ - 1 : -1;
+}
+
 void CudaStage::forward(int slot, int batch) {
   build(slot, batch);
   for (int i = first_; i < end_; ++i) {

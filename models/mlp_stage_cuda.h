@@ -165,6 +165,10 @@ class CudaStage : public StageLayers {
   // (-1: none), so that the caller fills the layer's slot (DeviceParameters::place_layers) and
   // may start on the next; the plans are made again, on the parameters' new place.
   void set_layer_hook(std::function<void(int layer, int next)> acquire);
+  // The layer whose parameters the next forward (`backward` false) or backward, or its input
+  // half, of `slot` reads first (with --recompute, a backward forwards again first), as the hook
+  // will be told; -1: none (the first stage's one layer has no input gradient to compute).
+  int first_read(bool backward, int slot) const;
   // Forwards run again for a backward (--recompute) so far.
   int64_t recomputed() const { return recomputed_; }
   // Loss summed and hits counted since the last call (synchronises the stream).

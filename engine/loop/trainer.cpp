@@ -45,10 +45,12 @@ Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* c
       timeline_(!config.timeline.empty()) {
   stages_ = rank_stages(layout_, layout_.stage, stage_cut(config, layout_.replicas));
   // The whole model (pp = 1) runs a one-stage pipeline: its micro-batches are --accumulate's.
-  executor_ = std::make_unique<ScheduleExecutor>(
+  // --zero 3's gathers start where the list says (kUnshard, kReshard).
+  std::vector<PipelineAction> actions =
       plan_rank_schedule(config.pp > 1 ? config.schedule : PipelineSchedule::kOneForwardOneBackward,
-                         layout_.stage, layout_.stages, layout_.chunks(), micro_batches_),
-      stages_.places());
+                         layout_.stage, layout_.stages, layout_.chunks(), micro_batches_);
+  if (config.zero == 3) actions = add_unshard_reshard(actions);
+  executor_ = std::make_unique<ScheduleExecutor>(std::move(actions), stages_.places());
   for (StageSpec& c : stages_.chunks)
     c.slots = executor_->slots();
   spec_ = stages_.chunks.front();

@@ -48,17 +48,36 @@ ScheduleExecutor::ScheduleExecutor(std::vector<PipelineAction> actions,
   for (int c = 0; c < chunks; ++c) {
     std::vector<PipelineAction> mine;
     std::vector<size_t> at;
-    for (size_t i = 0; i < actions_.size(); ++i)
-      if (actions_[i].stage == stages_[c].stage) {
-        mine.push_back(actions_[i]);
-        at.push_back(i);
-      }
-    const SlotPlan plan = plan_slots(mine, stages_[c].micro_batches, peak_live_activations(mine));
-    for (size_t k = 0; k < at.size(); ++k) {
-      chunk_[at[k]] = c;
-      slot_[at[k]] = plan.slot[k];
+    for (size_t i = 0; i < actions_.size(); ++i) {
+      if (actions_[i].stage != stages_[c].stage) continue;
+      chunk_[i] = c;
+      // ZeRO 3's gathers hold no activations: their slot is their compute action's (below).
+      if (actions_[i].kind == ActionKind::kUnshard || actions_[i].kind == ActionKind::kReshard)
+        continue;
+      mine.push_back(actions_[i]);
+      at.push_back(i);
     }
+    const SlotPlan plan = plan_slots(mine, stages_[c].micro_batches, peak_live_activations(mine));
+    for (size_t k = 0; k < at.size(); ++k)
+      slot_[at[k]] = plan.slot[k];
     slots_ = std::max(slots_, plan.peak);
+  }
+  // Each kUnshard: the kind and slot of the compute action it gathers for, its stage's next
+  // that reads the parameters.
+  unshard_for_.assign(actions_.size(), ActionKind::kForward);
+  for (size_t i = 0; i < actions_.size(); ++i) {
+    if (actions_[i].kind != ActionKind::kUnshard) continue;
+    size_t j = i + 1;
+    while (j < actions_.size() && !(actions_[j].stage == actions_[i].stage &&
+                                    actions_[j].micro_batch == actions_[i].micro_batch &&
+                                    (actions_[j].kind == ActionKind::kForward ||
+                                     actions_[j].kind == ActionKind::kBackward ||
+                                     actions_[j].kind == ActionKind::kBackwardInput)))
+      ++j;
+    DDP_CHECK(j < actions_.size(), "pipeline: unshard of stage {} micro-batch {} before nothing",
+              actions_[i].stage, actions_[i].micro_batch);
+    unshard_for_[i] = actions_[j].kind;
+    slot_[i] = slot_[j];
   }
   for (size_t i = 0; i < actions_.size(); ++i) {
     DDP_CHECK(chunk_[i] >= 0, "pipeline: {} of stage {} is not a stage of this rank",
@@ -140,6 +159,12 @@ void ScheduleExecutor::run(PipelineRank& runner, Ddp* ddp, TimelineRecorder& tim
       case ActionKind::kReduceGrad:
         reduce_next = ddp != nullptr;
         continue;  // no span, no compute
+      case ActionKind::kUnshard:
+        ops.unshard(unshard_for_[i], mb, slot);
+        continue;  // the gather's own span is the stage's to record
+      case ActionKind::kReshard:
+        ops.reshard();
+        continue;
       case ActionKind::kBackward:
         loss(ops, c, mb, slot);
         weight_grad(c, [&](const std::function<void(int)>& on_layer_done) {

@@ -50,9 +50,10 @@ class ScheduleExecutor {
  private:
   std::vector<PipelineAction> actions_;
   std::vector<StagePlace> stages_;
-  std::vector<int> chunk_;       // chunk_[i]: the chunk (of stages_) that runs action i
-  std::vector<int> slot_;        // slot_[i]: its slot in that chunk
-  std::vector<int> layer_base_;  // per chunk: its first layer's index among the rank's
+  std::vector<int> chunk_;               // chunk_[i]: the chunk (of stages_) that runs action i
+  std::vector<int> slot_;                // slot_[i]: its slot in that chunk
+  std::vector<int> layer_base_;          // per chunk: its first layer's index among the rank's
+  std::vector<ActionKind> unshard_for_;  // unshard_for_[i]: the compute kind a kUnshard is for
   int slots_ = 0;
 };
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <functional>
+#include <map>
 #include <numeric>
 #include <tuple>
 
@@ -236,6 +237,10 @@ const char* action_name(ActionKind kind) {
       return "backward_weight";
     case ActionKind::kReduceGrad:
       return "reduce_grad";
+    case ActionKind::kUnshard:
+      return "unshard";
+    case ActionKind::kReshard:
+      return "reshard";
   }
   return "?";
 }
@@ -243,6 +248,11 @@ const char* action_name(ActionKind kind) {
 bool is_compute(ActionKind kind) {
   return kind == ActionKind::kForward || kind == ActionKind::kBackward ||
          kind == ActionKind::kBackwardInput || kind == ActionKind::kBackwardWeight;
+}
+
+bool is_transfer(ActionKind kind) {
+  return kind == ActionKind::kRecvActivation || kind == ActionKind::kSendActivation ||
+         kind == ActionKind::kRecvGradient || kind == ActionKind::kSendGradient;
 }
 
 std::vector<PipelineAction> plan_compute(PipelineSchedule schedule, int stage, int stages,
@@ -395,6 +405,48 @@ std::vector<PipelineAction> lower_schedule(const std::vector<PipelineAction>& co
     if (a.kind == ActionKind::kForward && !last)
       out.push_back({ActionKind::kSendActivation, a.micro_batch, a.stage});
     if (input_grad && !first) out.push_back({ActionKind::kSendGradient, a.micro_batch, a.stage});
+  }
+  return out;
+}
+
+std::vector<PipelineAction> add_unshard_reshard(const std::vector<PipelineAction>& lowered) {
+  const auto reads_params = [](ActionKind kind) {
+    return kind == ActionKind::kForward || kind == ActionKind::kBackward ||
+           kind == ActionKind::kBackwardInput;
+  };
+  std::map<int, size_t> last_read;  // per stage: its last action that reads its parameters
+  for (size_t i = 0; i < lowered.size(); ++i) {
+    const PipelineAction& a = lowered[i];
+    DDP_CHECK(a.kind != ActionKind::kUnshard && a.kind != ActionKind::kReshard,
+              "add_unshard_reshard: the list has its {} already", action_name(a.kind));
+    if (reads_params(a.kind)) last_read[a.stage] = i;
+  }
+  // Where each action's kUnshard goes: before the run of its own stage's receives and
+  // reduction announcements that lead up to it.
+  std::vector<std::vector<PipelineAction>> before(lowered.size());
+  for (size_t i = 0; i < lowered.size(); ++i) {
+    const PipelineAction& a = lowered[i];
+    if (!reads_params(a.kind)) continue;
+    size_t at = i;
+    while (at > 0) {
+      const PipelineAction& p = lowered[at - 1];
+      const bool leads_up =
+          p.stage == a.stage &&
+          (p.kind == ActionKind::kReduceGrad ||
+           ((p.kind == ActionKind::kRecvActivation || p.kind == ActionKind::kRecvGradient) &&
+            p.micro_batch == a.micro_batch));
+      if (!leads_up) break;
+      --at;
+    }
+    before[at].push_back({ActionKind::kUnshard, a.micro_batch, a.stage});
+  }
+  std::vector<PipelineAction> out;
+  for (size_t i = 0; i < lowered.size(); ++i) {
+    out.insert(out.end(), before[i].begin(), before[i].end());  // at most one: the walks stop
+    out.push_back(lowered[i]);                                  // at the other's compute
+    const PipelineAction& a = lowered[i];
+    if (reads_params(a.kind) && last_read.at(a.stage) == i)
+      out.push_back({ActionKind::kReshard, -1, a.stage});
   }
   return out;
 }

@@ -74,10 +74,16 @@ enum class ActionKind {
   kBackwardWeight,  // the weight gradient alone (may fill a bubble later)
   kReduceGrad,      // the next backward completes this stage's gradients: reduce them over
                     // the data-parallel group as it writes them
+  kUnshard,         // --zero 3: the parameters the stage's next forward, backward or input half
+                    // reads first start gathering (before the receive that action waits for)
+  kReshard,         // --zero 3: the stage reads no more parameters this step: what it still
+                    // holds gathered is let go
 };
 const char* action_name(ActionKind kind);
 // Forward, backward and its halves: what a stage computes (the rest is communication).
 bool is_compute(ActionKind kind);
+// The actions that move a micro-batch's activations or gradients between stages.
+bool is_transfer(ActionKind kind);
 
 struct PipelineAction {
   ActionKind kind;
@@ -132,6 +138,14 @@ std::vector<PipelineAction> plan_rank_compute(PipelineSchedule schedule, int ran
 std::vector<PipelineAction> lower_schedule(const std::vector<PipelineAction>& compute, int stages);
 std::vector<PipelineAction> lower_schedule(const std::vector<PipelineAction>& compute,
                                            const std::vector<int>& stage_rank);
+// ZeRO 3's gathers as actions of a lowered list (torch.distributed.pipelining's UNSHARD and
+// RESHARD, at the granularity of the parameters' first use): before each action that reads a
+// stage's parameters (forward, backward, input half; a weight half reads none), kUnshard of that
+// stage and micro-batch, ahead of the receive and the reduction's announcement that lead up to
+// the action, so that the gather runs while the rank waits for the message; after a stage's
+// last such action, kReshard of it. The stage gathers the rest of a pass's layers as it reaches
+// them. Pure.
+std::vector<PipelineAction> add_unshard_reshard(const std::vector<PipelineAction>& lowered);
 // lower_schedule(plan_compute(...)): what a stage's executor runs. Pure.
 std::vector<PipelineAction> plan_schedule(PipelineSchedule schedule, int stage, int stages,
                                           int micro_batches);

@@ -143,7 +143,7 @@ SimResult simulate_schedule(const std::vector<std::vector<PipelineAction>>& list
           me.busy += cost;
           if (a.kind == ActionKind::kForward) me.peak = std::max(me.peak, ++me.live);
           if (a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardWeight) --me.live;
-        } else if (a.kind != ActionKind::kReduceGrad) {
+        } else if (is_transfer(a.kind)) {
           const bool send =
               a.kind == ActionKind::kSendActivation || a.kind == ActionKind::kSendGradient;
           const bool forward_flow = is_activation(a.kind);

@@ -8,6 +8,7 @@
 
 #include <functional>
 
+#include "engine/pipeline/schedule.h"
 #include "runtime/loss_sum.h"
 
 namespace ddp {
@@ -46,6 +47,16 @@ class PipelineStage {
   virtual void backward_weight(int micro, int slot, bool accumulate,
                                const std::function<void(int)>& on_layer_done) = 0;
   virtual void send_gradient(int micro, int slot) = 0;
+  // --zero 3's schedule actions (add_unshard_reshard): the parameters that the stage's coming
+  // `kind` (a forward, backward or input half) of micro-batch `micro` in `slot` reads first
+  // start gathering; and the stage reads no more parameters this step, so what it holds
+  // gathered is let go. A stage whose parameters are always in place, or whose gathers are the
+  // host's own blocking collectives at each use (the CPU's: nothing could run beside them), has
+  // nothing to start early or let go.
+  virtual void unshard(ActionKind kind, int micro, int slot) {
+    (void)kind, (void)micro, (void)slot;
+  }
+  virtual void reshard() {}
 };
 
 // What one pipeline rank gives the executor: its stages (one, or several for the interleaved

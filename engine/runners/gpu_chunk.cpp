@@ -66,6 +66,17 @@ void GpuChunk::send_gradient(int micro, int slot) {
   transfers_.send_gradient(stage_->grad_input(slot), spec_.in_width(), micro, slot);
 }
 
+void GpuChunk::unshard(ActionKind kind, int micro, int slot) {
+  (void)micro;             // the slot says what recomputation needs
+  if (!prefetch_) return;  // the parameters are where they are read
+  const int layer = stage_->first_read(kind != ActionKind::kForward, slot);
+  if (layer >= 0) prefetch_(layer);
+}
+
+void GpuChunk::reshard() {
+  if (release_) release_();
+}
+
 void GpuChunk::evaluate(const float* x, const int32_t* labels, int n) {
   const size_t in = static_cast<size_t>(n) * spec_.in_width();
   if (spec_.is_first())

@@ -61,6 +61,15 @@ class GpuChunk final : public PipelineStage {
   void backward_weight(int micro, int slot, bool accumulate,
                        const std::function<void(int)>& on_layer_done) override;
   void send_gradient(int micro, int slot) override;
+  // --zero 3 (the runner sets them where the state gathers layers): `prefetch(layer)` starts
+  // the gather of the stage's layer `layer` (the stage's numbering) and `release()` lets its
+  // layers go; the schedule's kUnshard and kReshard call them.
+  void set_gathers(std::function<void(int layer)> prefetch, std::function<void()> release) {
+    prefetch_ = std::move(prefetch);
+    release_ = std::move(release);
+  }
+  void unshard(ActionKind kind, int micro, int slot) override;
+  void reshard() override;
   // Where its transfers go: "activations from rank 0 on world0/split6c0, ..., to stage 2
   // in memory".
   std::string describe_links() const { return transfers_.describe(); }
@@ -101,6 +110,8 @@ class GpuChunk final : public PipelineStage {
   GpuChunk* after_ = nullptr;
   std::deque<DeviceBuffer<char>> handed_;  // hand-over buffers from this rank's other stages
   StageTransfers transfers_;
+  std::function<void(int)> prefetch_;  // --zero 3: the schedule's gathers
+  std::function<void()> release_;
 };
 
 // Each of the rank's stages knows the stages just before and after it on the rank (null:

@@ -51,8 +51,9 @@ void GpuStepHooks::set_up(const Setting& setting) {
                                               ddp_ ? ddp_->buckets().size() : 0);
   if (timeline_) {
     GpuTimeline* timeline = timeline_.get();
-    setting.state->set_on_gather(
-        [timeline](int layer, Work& gather) { timeline->gather_issued(layer, gather); });
+    setting.state->set_on_gather([timeline](int layer, bool scheduled, Work& gather) {
+      timeline->gather_issued(layer, scheduled, gather);
+    });
   }
 }
 

@@ -168,10 +168,15 @@ class GpuRunner final : public StageRunner {
       int base = 0;  // the chunk's first layer among the rank's
       for (auto& chunk : chunks_) {
         const int first = chunk->spec().first;
+        const int count = chunk->spec().end - first;
         chunk->stage().set_layer_hook([&state, base, first](int layer, int next) {
           state.use_layer(base + layer - first, next < 0 ? -1 : base + next - first);
         });
-        base += chunk->spec().end - first;
+        // The schedule's kUnshard and kReshard (Trainer: add_unshard_reshard).
+        chunk->set_gathers(
+            [&state, base, first](int layer) { state.prefetch_layer(base + layer - first); },
+            [&state, base, count] { state.release_layers(base, base + count); });
+        base += count;
       }
     });
     // Gathered layers move the parameters into gather slots, and the plans are made again there.

@@ -48,6 +48,30 @@ void LayerGathers::gather(int layer, std::vector<Action>* out) {
   holder = layer;
 }
 
+std::vector<LayerGathers::Action> LayerGathers::prefetch(int layer) {
+  DDP_CHECK(layer >= 0 && layer < static_cast<int>(pending_.size()),
+            "--zero 3: prefetch of layer {} of {}", layer, pending_.size());
+  std::vector<Action> out;
+  if (holder_[slot_of(layer)] != layer) gather(layer, &out);
+  return out;
+}
+
+std::vector<LayerGathers::Action> LayerGathers::release(int first, int end) {
+  DDP_CHECK(first >= 0 && first <= end && end <= static_cast<int>(pending_.size()),
+            "--zero 3: release of layers {} to {} of {}", first, end, pending_.size());
+  std::vector<Action> out;
+  for (int layer = first; layer < end; ++layer) {
+    int& holder = holder_[slot_of(layer)];
+    if (holder != layer) continue;
+    if (pending_[layer]) {
+      out.push_back({Kind::kDrop, layer});
+      pending_[layer] = false;
+    }
+    holder = -1;
+  }
+  return out;
+}
+
 std::vector<LayerGathers::Action> LayerGathers::forget() {
   std::vector<Action> out;
   for (size_t i = 0; i < pending_.size(); ++i)

@@ -31,6 +31,12 @@ class LayerGathers {
   // Before layer `layer`'s parameters are read; `next`: the layers this pass reads next,
   // nearest first (the first `ahead` of them are gathered meanwhile).
   std::vector<Action> use(int layer, const std::vector<int>& next);
+  // Layer `layer`, which a pass will read first, gathered now unless its slot holds it (the
+  // schedule's kUnshard: its use then only waits for it).
+  std::vector<Action> prefetch(int layer);
+  // Layers [first, end) let go (the schedule's kReshard): a gather of theirs still pending waited
+  // for (kDrop), their slots free for others.
+  std::vector<Action> release(int first, int end);
   // Every gather still pending waited for (kDrop), and what the slots hold forgotten.
   std::vector<Action> forget();
   // The layer slot s holds (gathered or on its way), or -1.

@@ -50,7 +50,8 @@ class GpuTimeline {
     for (size_t g = 0; g < gathers_; ++g) {
       const double start = std::max(at(gather_issued_[g]), gathered);
       gathered = at(gather_done_[g]);
-      recorder.add(SpanKind::kGather, step, gather_layer_[g], start, gathered, 2);
+      recorder.add(gather_scheduled_[g] ? SpanKind::kUnshard : SpanKind::kGather, step,
+                   gather_layer_[g], start, gathered, 2);
     }
     const int last = static_cast<int>(layer_.size()) - 1;
     recorder.add(SpanKind::kForward, step, -1, at(start_), at(forward_));
@@ -72,16 +73,18 @@ class GpuTimeline {
   void layer_done(int layer) { record(layer_[layer], stream_); }
   void bucket_issued(size_t bucket) { record(issued_[bucket], stream_); }
   // --zero 3: layer `layer`'s gather, just issued (its communicator starts it after the work
-  // queued so far), its completion timed on a stream of its own that joins the model's stream
-  // with the buckets'.
-  void gather_issued(int layer, Work& gather) {
+  // queued so far; `scheduled`: by the schedule's kUnshard, else at a use), its completion timed
+  // on a stream of its own that joins the model's stream with the buckets'.
+  void gather_issued(int layer, bool scheduled, Work& gather) {
     const size_t g = gathers_this_step_++;
     if (g == gather_issued_.size()) {
       gather_issued_.emplace_back(true);
       gather_done_.emplace_back(true);
       gather_layer_.push_back(layer);
+      gather_scheduled_.push_back(scheduled);
     }
     gather_layer_[g] = layer;
+    gather_scheduled_[g] = scheduled;
     record(gather_issued_[g], stream_);
     gather.then_on(gather_side_.get());
     record(gather_done_[g], gather_side_.get());
@@ -119,6 +122,7 @@ class GpuTimeline {
   // --zero 3's gathers of the step, in the order issued (deque: events do not move).
   std::deque<CudaEvent> gather_issued_, gather_done_;
   std::vector<int> gather_layer_;
+  std::vector<bool> gather_scheduled_;
   size_t gathers_this_step_ = 0, gathers_ = 0;
   bool gathering_ = false;
   CudaEvent gathers_joined_;

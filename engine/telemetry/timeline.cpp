@@ -40,6 +40,8 @@ const char* span_name(SpanKind kind) {
       return "backward weight";
     case SpanKind::kGather:
       return "gather layer";
+    case SpanKind::kUnshard:
+      return "unshard layer";
   }
   return "?";
 }

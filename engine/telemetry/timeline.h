@@ -25,7 +25,8 @@ enum class SpanKind {
   kBucketAllReduce,
   kBackwardInput,   // a backward split in two (zero-bubble schedules): the input half
   kBackwardWeight,  // and the weight half
-  kGather           // --zero 3: a layer's parameters gathered before its use (lane 2)
+  kGather,          // --zero 3: a layer's parameters gathered before its use (lane 2)
+  kUnshard          // --zero 3: the same, started by the schedule's kUnshard (lane 2)
 };
 const char* span_name(SpanKind kind);
 

@@ -34,13 +34,19 @@ class DeviceState {
   // Evaluation: this replica forwarded `mine` chunks of `chunk` of its share of `samples`
   // over `replicas`; the gathers it owes the replica with the most, made.
   virtual void match_evaluation(int64_t samples, int64_t replicas, int64_t mine, int chunk) = 0;
-  // Each layer gather as it is issued (the GPU timeline's).
-  virtual void set_on_gather(std::function<void(int layer, Work& gather)> on_gather) = 0;
+  // Each layer gather as it is issued (the GPU timeline's; `scheduled`: by the schedule's
+  // kUnshard, else at a use).
+  virtual void set_on_gather(
+      std::function<void(int layer, bool scheduled, Work& gather)> on_gather) = 0;
   // Whether a layer's parameters are gathered before each use (the runner then calls
   // use_layer before the stream reads layer `layer` of the rank, `next` being the pass's next
   // layer or -1); the whole state keeps every layer where it is read.
   virtual bool gathers_layers() const { return false; }
   virtual void use_layer(int layer, int next) { (void)layer, (void)next; }
+  // Where layers are gathered: the schedule's kUnshard, layer `layer` (which a pass reads
+  // first) on its way now; and its kReshard, layers [first, end) let go.
+  virtual void prefetch_layer(int layer) { (void)layer; }
+  virtual void release_layers(int first, int end) { (void)first, (void)end; }
 
   // Host copies (collectives over the group where sharded; the stream synchronised): the whole
   // parameters (`count`, the rank's flat layout) and optimizer state; and both set from whole
@@ -65,7 +71,7 @@ class DeviceWhole final : public DeviceState {
   // Every layer is where it is read: nothing to gather.
   void forget_gathers() override {}
   void match_evaluation(int64_t samples, int64_t replicas, int64_t mine, int chunk) override;
-  void set_on_gather(std::function<void(int, Work&)> on_gather) override { (void)on_gather; }
+  void set_on_gather(std::function<void(int, bool, Work&)> on_gather) override { (void)on_gather; }
   std::vector<float> params(size_t count) override;
   void set_params(const float* host) override { weights_.set(host); }
   NamedState optimizer_state(size_t count) override;

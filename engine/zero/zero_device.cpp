@@ -136,6 +136,14 @@ void DeviceZero::use_layer(int layer, int next) {
   carry_out(gathers_->use(layer, ahead));
 }
 
+void DeviceZero::prefetch_layer(int layer) {
+  carry_out(gathers_->prefetch(layer), /*scheduled=*/true);
+}
+
+void DeviceZero::release_layers(int first, int end) {
+  carry_out(gathers_->release(first, end));
+}
+
 void DeviceZero::forget_gathers() {
   if (gathers_) carry_out(gathers_->forget());
 }
@@ -157,13 +165,13 @@ void DeviceZero::gather_as_forwards(int64_t chunks) {
       use_layer(i, i + 1 < layers && stage_of_layer_[i + 1] == stage_of_layer_[i] ? i + 1 : -1);
 }
 
-void DeviceZero::carry_out(const std::vector<LayerGathers::Action>& actions) {
+void DeviceZero::carry_out(const std::vector<LayerGathers::Action>& actions, bool scheduled) {
   for (const LayerGathers::Action& a : actions) {
     std::unique_ptr<Work>& work = gathering_[a.layer];
     if (a.kind == LayerGathers::Kind::kGather) {
       work = state_->buckets().gather_bucket_async(bucket_of_layer_[a.layer], state_->pieces(),
                                                    weights_.layer_slot(a.layer));
-      if (on_gather_) on_gather_(a.layer, *work);
+      if (on_gather_) on_gather_(a.layer, scheduled, *work);
       continue;
     }
     wait_for(&work, stream_);

@@ -42,7 +42,8 @@ class DeviceZero final : public DeviceState, private ShardHome {
              const std::vector<int>& stage_layers, int ahead, Communicator* gathers,
              cudaStream_t stream, bool lead);
   // Each layer gather as it is issued (the GPU timeline's), or none.
-  void set_on_gather(std::function<void(int layer, Work& gather)> on_gather) override {
+  void set_on_gather(
+      std::function<void(int layer, bool scheduled, Work& gather)> on_gather) override {
     on_gather_ = std::move(on_gather);
   }
   // How the host waits for the stream where a copy needs it (the runner's: bounded by
@@ -58,6 +59,9 @@ class DeviceZero final : public DeviceState, private ShardHome {
   // their slot and, `next` >= 0 being the pass's next layer, the next `ahead` layers of the
   // pass in its stage (on in the same direction) on their way into the others.
   void use_layer(int layer, int next) override;
+  // --zero 3, the schedule's kUnshard and kReshard (LayerGathers::prefetch, release).
+  void prefetch_layer(int layer) override;
+  void release_layers(int first, int end) override;
   // Every gather still pending waited for by the stream, what the slots hold forgotten: at a
   // step's start and before its update, so every step, the captured one too, gathers alike.
   void forget_gathers() override;
@@ -98,13 +102,14 @@ class DeviceZero final : public DeviceState, private ShardHome {
 
   // The gathers of `chunks` more forwards of the rank's stages.
   void gather_as_forwards(int64_t chunks);
-  void carry_out(const std::vector<LayerGathers::Action>& actions);
+  // `scheduled`: the schedule's kUnshard asked for them (the timeline says so).
+  void carry_out(const std::vector<LayerGathers::Action>& actions, bool scheduled = false);
   void wait();
 
   DeviceParameters& weights_;
   cudaStream_t stream_;
   std::function<void()> wait_;
-  std::function<void(int, Work&)> on_gather_;
+  std::function<void(int, bool, Work&)> on_gather_;
   ShardMemory memory_;                            // the buckets' device memory and copies
   std::vector<DeviceBuffer<float>> buffers_;      // its padded buckets' copies
   std::unique_ptr<ShardedState> state_;           // the pieces, their update, the host copies

@@ -130,7 +130,9 @@ INSTANTIATE_TEST_SUITE_P(
 // --zero 3's layer gathers run on a communicator of their own (never behind a reduce-scatter)
 // and --timeline shows them on each rank's gathers track: the same gathers every step, the
 // graph's replays too, each overlapping the rank's compute of that step (the pass's next layer
-// is gathered while the one before it computes).
+// is gathered while the one before it computes); the forward's first layer is started by the
+// schedule's kUnshard ("unshard layer 0"), the backward's first read (the last layer) being
+// still held from the forward.
 TEST(SharedGpuZero, LayerGathersRunBesideComputeOnACommunicatorOfTheirOwn) {
   REQUIRE_GPU();
   TempDir dir;
@@ -145,6 +147,7 @@ TEST(SharedGpuZero, LayerGathersRunBesideComputeOnACommunicatorOfTheirOwn) {
   std::map<int, std::string> tracks;
   // (rank, step) -> its compute spans and its gathers, [start, end)
   std::map<std::pair<int, int>, std::vector<std::pair<double, double>>> compute, gathers;
+  std::map<std::pair<int, int>, std::vector<std::string>> unshards;
   for (const auto& e : trace["traceEvents"]) {
     if (e["ph"] == "M" && e["name"] == "thread_name") tracks[e["tid"]] = e["args"]["name"];
     if (e["ph"] != "X") continue;
@@ -153,8 +156,10 @@ TEST(SharedGpuZero, LayerGathersRunBesideComputeOnACommunicatorOfTheirOwn) {
     const double start = e["ts"], end = start + e["dur"].get<double>();
     const std::string name = e["name"];
     if (tid / ranks == 2) {
-      EXPECT_EQ(name.rfind("gather layer ", 0), 0u) << e.dump();
+      const bool scheduled = name.rfind("unshard layer ", 0) == 0;
+      EXPECT_TRUE(scheduled || name.rfind("gather layer ", 0) == 0) << e.dump();
       gathers[key].push_back({start, end});
+      if (scheduled) unshards[key].push_back(name);
     } else if (tid / ranks == 0 && (name == "forward" || name.rfind("backward layer", 0) == 0)) {
       compute[key].push_back({start, end});
     }
@@ -167,6 +172,9 @@ TEST(SharedGpuZero, LayerGathersRunBesideComputeOnACommunicatorOfTheirOwn) {
       const auto& mine = gathers[{rank, step}];
       if (per_step == 0) per_step = mine.size();
       EXPECT_EQ(mine.size(), per_step) << "rank " << rank << " step " << step;
+      const std::vector<std::string>& started = unshards[{rank, step}];
+      EXPECT_EQ(started, std::vector<std::string>{"unshard layer 0"})
+          << "rank " << rank << " step " << step;
       size_t overlapping = 0;
       for (const auto& [gs, ge] : mine)
         for (const auto& [cs, ce] : compute[{rank, step}])

@@ -44,6 +44,12 @@ class RecordingStage final : public PipelineStage {
     EXPECT_FALSE(on_layer_done);
   }
   void send_gradient(int micro, int slot) override { note("send_grad", micro, slot); }
+  void unshard(ActionKind kind, int micro, int slot) override {
+    // Its slot is the action's it gathers for (checked there).
+    log_->push_back(std::to_string(stage_) + ":unshard_" + action_name(kind) + ":" +
+                    std::to_string(micro) + "@" + std::to_string(slot));
+  }
+  void reshard() override { log_->push_back(std::to_string(stage_) + ":reshard"); }
 
  private:
   void note(const char* kind, int micro, int slot) {
@@ -75,10 +81,12 @@ class RecordingRank final : public PipelineRank {
 
 // Runs rank `rank`'s list of `schedule` (ranks pipeline ranks, `chunks` stages each, M
 // micro-batches) over recording stages; returns what they were asked, in order.
+// With `zero3`, the list carries ZeRO 3's kUnshard and kReshard.
 std::vector<std::string> run(PipelineSchedule schedule, int rank, int ranks, int chunks, int m,
-                             StepStats* stats) {
+                             StepStats* stats, bool zero3 = false) {
   std::vector<StagePlace> places;
-  const std::vector<PipelineAction> actions = plan_rank_schedule(schedule, rank, ranks, chunks, m);
+  std::vector<PipelineAction> actions = plan_rank_schedule(schedule, rank, ranks, chunks, m);
+  if (zero3) actions = add_unshard_reshard(actions);
   std::vector<int> stage_of_chunk;  // the rank's stages, in order
   for (const PipelineAction& a : actions)
     if (std::find(stage_of_chunk.begin(), stage_of_chunk.end(), a.stage) == stage_of_chunk.end())
@@ -115,6 +123,49 @@ TEST(ScheduleExecutor, RunsTheListOverStagesThatAreNoModel) {
   EXPECT_EQ(log, want);
   EXPECT_DOUBLE_EQ(stats.loss_sum, 0.5 * (1 + 2 + 3));  // the stage's sums, as it gave them
   EXPECT_EQ(stats.correct, 3);
+}
+
+TEST(ScheduleExecutor, ZeroThreesUnshardGathersForTheNextReadBeforeItsReceive) {
+  // As above, with --zero 3: each forward's gather asked before its input's receive, each
+  // backward's before its loss (in the backward's slot), the stage let go right after its last
+  // read (before that backward's send).
+  StepStats stats;
+  const std::vector<std::string> log =
+      run(PipelineSchedule::kOneForwardOneBackward, 1, 2, 1, 2, &stats, /*zero3=*/true);
+  const std::vector<std::string> want = {"1:unshard_forward:0@0",
+                                         "1:recv_act:0",
+                                         "1:fwd:0",
+                                         "1:unshard_backward:0@0",
+                                         "1:loss:0",
+                                         "1:bwd:0",
+                                         "1:send_grad:0",
+                                         "1:unshard_forward:1@0",
+                                         "1:recv_act:1",
+                                         "1:fwd:1",
+                                         "1:unshard_backward:1@0",
+                                         "1:loss:1",
+                                         "1:bwd+:1",
+                                         "1:reshard",
+                                         "1:send_grad:1"};
+  EXPECT_EQ(log, want);
+  // ZB-H1's first stage: input halves are gathered for, weight halves read no parameters.
+  const std::vector<std::string> zb =
+      run(PipelineSchedule::kZeroBubbleH1, 0, 2, 1, 3, &stats, /*zero3=*/true);
+  int unshards = 0;
+  for (size_t i = 0; i < zb.size(); ++i) {
+    if (zb[i].find(":unshard_") == std::string::npos) continue;
+    ++unshards;
+    EXPECT_EQ(zb[i].find("backward_weight"), std::string::npos) << zb[i];
+    if (zb[i].find("unshard_backward_input") != std::string::npos)
+      EXPECT_EQ(zb[i + 1].substr(0, 12), "0:recv_grad:") << i;
+  }
+  EXPECT_EQ(unshards, 6);  // three forwards and three input halves
+  // Let go after the last input half: only weight halves come after it.
+  const auto reshard = std::find(zb.begin(), zb.end(), "0:reshard");
+  ASSERT_NE(reshard, zb.end());
+  ASSERT_NE(reshard + 1, zb.end());
+  for (auto it = reshard + 1; it != zb.end(); ++it)
+    EXPECT_NE(it->find(":bwd_w"), std::string::npos) << *it;
 }
 
 TEST(ScheduleExecutor, GivesTheLossOnlyOnTheLastStageAndSplitsBackwardForZeroBubble) {

@@ -18,6 +18,28 @@ namespace {
 using Kind = LayerGathers::Kind;
 using Actions = std::vector<LayerGathers::Action>;
 
+TEST(LayerGathers, ThePrefetchOfAPassesFirstLayerLeavesItsUseOnlyTheWaitAndReleaseFreesTheSlots) {
+  LayerGathers g(4);
+  // The schedule's kUnshard before a forward: layer 0 on its way; its use only waits.
+  EXPECT_EQ(g.prefetch(0), (Actions{{Kind::kGather, 0}}));
+  EXPECT_EQ(g.prefetch(0), Actions{});  // held already
+  EXPECT_EQ(g.use(0, {1}), (Actions{{Kind::kUse, 0}, {Kind::kGather, 1}}));
+  EXPECT_EQ(g.use(1, {}), (Actions{{Kind::kUse, 1}}));
+  // Before the backward: the last layer read, 1, is held and used: nothing to gather.
+  EXPECT_EQ(g.prefetch(1), Actions{});
+  // A prefetch into a slot whose gather nobody used waits for it first.
+  EXPECT_EQ(g.prefetch(2), (Actions{{Kind::kGather, 2}}));  // into 0's slot
+  EXPECT_EQ(g.prefetch(0), (Actions{{Kind::kDrop, 2}, {Kind::kGather, 0}}));
+  // kReshard of layers 0 and 1: 0's pending gather waited for, both slots free.
+  EXPECT_EQ(g.release(0, 2), (Actions{{Kind::kDrop, 0}}));
+  EXPECT_EQ(g.holder(0), -1);
+  EXPECT_EQ(g.holder(1), -1);
+  EXPECT_EQ(g.release(0, 4), Actions{});
+  EXPECT_EQ(g.forget(), Actions{});
+  EXPECT_THROW(g.prefetch(4), Error);
+  EXPECT_THROW(g.release(3, 5), Error);
+}
+
 TEST(LayerGathers, AForwardThenABackwardGathersEachUseOnceAndTheNextMeanwhile) {
   LayerGathers g(4);
   // Forward 0..3: each use waits for its layer, gathered (the first) or prefetched before.

@@ -87,6 +87,92 @@ TEST(Simulator, EveryScheduleRunsWithoutDeadlockUnderRendezvousTransfers) {
         }
 }
 
+// ZeRO 3's kUnshard and kReshard (add_unshard_reshard) on every schedule's lists: each action
+// that reads a stage's parameters (forward, backward, input half; never a weight half) has its
+// kUnshard just before the receive and reduction announcement that lead up to it, with nothing
+// of another stage between; each stage's kReshard follows its last such action; taken out, the
+// list is the one given; and the simulator steps through them as through markers.
+TEST(Simulator, ZeroThreesUnshardComesBeforeEachReadsReceiveAndReshardAfterTheLast) {
+  const auto reads = [](ActionKind k) {
+    return k == ActionKind::kForward || k == ActionKind::kBackward ||
+           k == ActionKind::kBackwardInput;
+  };
+  int checked = 0;
+  for (PipelineSchedule schedule : all_schedules())
+    for (int stages = 1; stages <= 4; ++stages)
+      for (int micro = 1; micro <= 8; ++micro) {
+        int chunks = 0;
+        try {
+          chunks = schedule_chunks(schedule, 0, stages, 3 * stages, micro);
+        } catch (const UsageError&) {
+          continue;
+        }
+        const std::vector<std::vector<PipelineAction>> plain =
+            plan_all_ranks(schedule, stages, micro, chunks);
+        std::vector<std::vector<PipelineAction>> zero3;
+        for (const std::vector<PipelineAction>& list : plain) {
+          const std::vector<PipelineAction> out = add_unshard_reshard(list);
+          const std::string where =
+              fmt::format("{} P={} M={}", schedule_name(schedule), stages, micro);
+          std::vector<PipelineAction> without;
+          std::map<int, size_t> resharded;  // stage -> where
+          for (size_t i = 0; i < out.size(); ++i) {
+            const PipelineAction& a = out[i];
+            if (a.kind == ActionKind::kReshard) {
+              EXPECT_TRUE(resharded.emplace(a.stage, i).second) << where;
+              continue;
+            }
+            if (a.kind == ActionKind::kUnshard) continue;
+            without.push_back(a);
+            EXPECT_EQ(resharded.count(a.stage) > 0 && reads(a.kind), false)
+                << where << ": stage " << a.stage << " read after its reshard";
+            if (!reads(a.kind)) continue;
+            // Back from the action: its own receive or announcement, then its kUnshard, with
+            // none of them before it (it heads the run).
+            const auto leads_up = [&](size_t k) {
+              return out[k].stage == a.stage && (out[k].kind == ActionKind::kReduceGrad ||
+                                                 ((out[k].kind == ActionKind::kRecvActivation ||
+                                                   out[k].kind == ActionKind::kRecvGradient) &&
+                                                  out[k].micro_batch == a.micro_batch));
+            };
+            size_t j = i;
+            while (j > 0 && leads_up(j - 1))
+              --j;
+            ASSERT_GT(j, 0u) << where;
+            EXPECT_EQ(out[j - 1], (PipelineAction{ActionKind::kUnshard, a.micro_batch, a.stage}))
+                << where << ": " << action_name(a.kind) << " " << a.micro_batch << " of stage "
+                << a.stage;
+            EXPECT_FALSE(j >= 2 && leads_up(j - 2))
+                << where << ": the kUnshard of " << action_name(a.kind) << " " << a.micro_batch
+                << " of stage " << a.stage << " comes after what leads up to it";
+            ++checked;
+          }
+          EXPECT_EQ(without, list) << where;
+          int unshards = 0, read_count = 0;
+          for (const PipelineAction& a : out) {
+            unshards += a.kind == ActionKind::kUnshard;
+            read_count += reads(a.kind);
+          }
+          EXPECT_EQ(unshards, read_count) << where;
+          zero3.push_back(out);
+        }
+        SimCosts costs = unit_costs();
+        costs.transfer = 0.25;
+        costs.lane_per_direction = costs.lane_per_peer = true;  // every schedule's (above)
+        const std::vector<int> rank_of = stage_ranks(schedule, stages, chunks);
+        const SimResult a = simulate_schedule(plain, rank_of, costs);
+        const SimResult b = simulate_schedule(zero3, rank_of, costs);
+        ASSERT_TRUE(a.ok) << a.error;
+        ASSERT_TRUE(b.ok) << b.error;
+        EXPECT_DOUBLE_EQ(a.step_time, b.step_time);
+      }
+  EXPECT_GT(checked, 1000);
+  // A list given twice is refused.
+  const std::vector<PipelineAction> once =
+      add_unshard_reshard(plan_rank_schedule(PipelineSchedule::kGpipe, 0, 1, 1, 2));
+  EXPECT_THROW(add_unshard_reshard(once), Error);
+}
+
 TEST(Simulator, ListsThatCannotWorkAreNamed) {
   const std::vector<PipelineAction> stage0 = {{ActionKind::kForward, 0, 0},
                                               {ActionKind::kSendActivation, 0, 0},
