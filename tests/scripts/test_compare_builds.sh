@@ -13,10 +13,11 @@ export CUDA_VISIBLE_DEVICES=
 same="$(DEVICE=cpu "$root/scripts/compare-builds.sh" "$build" "$build" "$work/same" 2>&1)"
 check test $? -eq 0
 echo "$same"
-check test "$(grep -c '| bitwise the same |' <<<"$same")" -eq 16
+check test "$(grep -c '| bitwise the same |' <<<"$same")" -eq 17
 check grep -q '| dp 2, accumulate 4 | 2 | bitwise the same |' <<<"$same"
 check grep -q '| pp 2, gpipe | 2 | bitwise the same |' <<<"$same"
 check grep -q '| dp 2, zero 3 | 2 | bitwise the same |' <<<"$same"
+check grep -q '| dp 2, zero 3, chunks cut by eval and checkpoints | 2 | bitwise the same |' <<<"$same"
 check grep -q '| pp 2, zb-v | 2 | bitwise the same |' <<<"$same"
 mkdir -p "$work/other/bin"
 printf '#!/bin/sh\nexec %s/bin/ddptrain "$@" --lr-schedule constant\n' "$build" > "$work/other/bin/ddptrain"
@@ -25,7 +26,7 @@ ln -s "$build/bin/ddprun" "$work/other/bin/ddprun"
 other="$(DEVICE=cpu "$root/scripts/compare-builds.sh" "$build" "$work/other" "$work/other-out" 2>&1)"
 check test $? -eq 1
 echo "$other"
-check test "$(grep -c '| DIFFER |' <<<"$other")" -eq 16
+check test "$(grep -c '| DIFFER |' <<<"$other")" -eq 17
 # A build folder without ddptrain is refused, naming it.
 missing="$("$root/scripts/compare-builds.sh" "$work/nowhere" "$build" 2>&1)"
 check test $? -eq 2
