@@ -422,8 +422,8 @@ std::vector<PipelineAction> add_unshard_reshard(const std::vector<PipelineAction
     if (reads_params(a.kind)) last_read[a.stage] = i;
   }
   // Where each action's kUnshard goes: before the run of its own stage's receives and
-  // reduction announcements that lead up to it.
-  std::vector<std::vector<PipelineAction>> before(lowered.size());
+  // reduction announcements that lead up to it (one a place: a walk stops at any compute).
+  std::vector<std::optional<PipelineAction>> before(lowered.size());
   for (size_t i = 0; i < lowered.size(); ++i) {
     const PipelineAction& a = lowered[i];
     if (!reads_params(a.kind)) continue;
@@ -438,12 +438,12 @@ std::vector<PipelineAction> add_unshard_reshard(const std::vector<PipelineAction
       if (!leads_up) break;
       --at;
     }
-    before[at].push_back({ActionKind::kUnshard, a.micro_batch, a.stage});
+    before[at] = PipelineAction{ActionKind::kUnshard, a.micro_batch, a.stage};
   }
   std::vector<PipelineAction> out;
   for (size_t i = 0; i < lowered.size(); ++i) {
-    out.insert(out.end(), before[i].begin(), before[i].end());  // at most one: the walks stop
-    out.push_back(lowered[i]);                                  // at the other's compute
+    if (before[i]) out.push_back(*before[i]);
+    out.push_back(lowered[i]);
     const PipelineAction& a = lowered[i];
     if (reads_params(a.kind) && last_read.at(a.stage) == i)
       out.push_back({ActionKind::kReshard, -1, a.stage});
