@@ -6,6 +6,7 @@
 #include <functional>
 #include <iostream>
 #include <limits>
+#include <set>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -689,6 +690,32 @@ nlohmann::json config_json(const TrainConfig& c) {
   for (const Flag& flag : flags())
     record[flag.key] = flag.record(c);
   return record;
+}
+
+std::vector<std::string> flags_that_must_match(const TrainConfig& c) {
+  // What one rank may set for itself: how it prints, starts its device or uses its threads, and
+  // the faults and delays a test injects into one rank. A path may differ by node, but whether
+  // it is given may not (writing weights, checkpoints or a timeline gathers from every rank).
+  // Everything else changes the model, the data or the collectives (--log-every: the loss is
+  // averaged over the ranks at each log step).
+  static const std::set<std::string> kPerRank = {
+      "sync-debug",   "autotune",     "stage-from-host", "init-retries",       "threads",
+      "quiet",        "timeout",      "product-sms",     "weight-grad-stream", "profile-steps",
+      "fail-at-step", "step-delay-ms"};
+  static const std::set<std::string> kPaths = {"data-dir", "init-weights",   "save-weights",
+                                               "metrics",  "checkpoint-dir", "timeline"};
+  std::vector<std::string> lines;
+  for (const Flag& flag : flags()) {
+    if (kPerRank.count(flag.name)) continue;
+    const nlohmann::json value = flag.record(c);
+    if (kPaths.count(flag.name))
+      lines.push_back(fmt::format(
+          "--{} {}", flag.name,
+          value.is_string() && value.get<std::string>().empty() ? "not given" : "given"));
+    else
+      lines.push_back(fmt::format("--{} {}", flag.name, value.dump()));
+  }
+  return lines;
 }
 
 std::vector<std::string> describe(const TrainConfig& c) {

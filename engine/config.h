@@ -130,6 +130,12 @@ void validate(const TrainConfig& config);
 // Every setting by its flag name (without the dashes; a "no-" switch by the setting it
 // clears), for the metrics' first record. Made from the same table as the parser.
 nlohmann::json config_json(const TrainConfig& config);
+
+// The flags every rank of a job must be given alike, as "--name value" lines (config_json's
+// values): all but a rank's own diagnostics, threads and injected faults (--threads, --timeout,
+// --fail-at-step, ...); a path (--data-dir, --checkpoint-dir, ...) as given or not. The trainer
+// compares them across ranks at set-up (check_same_settings).
+std::vector<std::string> flags_that_must_match(const TrainConfig& config);
 // Every flag ddptrain takes (without the dashes), in --help's order; not help and version.
 std::vector<std::string> flag_names();
 

@@ -21,6 +21,7 @@
 #include "engine/loop/checkpoint.h"
 #include "engine/loop/resume.h"
 #include "engine/setup/run_setup.h"
+#include "engine/sync/agreement.h"
 #include "engine/sync/grad_sync.h"
 #include "engine/telemetry/progress.h"
 #include "models/gemm.h"
@@ -59,6 +60,12 @@ Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* c
   set_cpu_threads(config.threads);
   const bool gpu = config.device == Device::kCuda;
   groups_ = make_rank_groups(comm_, layout_, gpu, config.zero == 3);
+  // A rank given other flags (another --steps, --zero or --lr) would stop early, reduce other
+  // buckets or train apart: named here, on every rank, before any step.
+  if (comm_ != nullptr)
+    check_same_settings(*groups_.host(), flags_that_must_match(config),
+                        "ddptrain: the ranks' flags differ",
+                        "be started with the same flags (one command line for every rank)");
   if (layout_.stages > 1 && lead())
     spdlog::info("pipeline: dp {} x pp {}, {} micro-batches of {} per replica, {} schedule; {}",
                  layout_.replicas, layout_.stages, micro_batches_, local_batch_,

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "engine/sync/agreement.h"
 #include "runtime/error.h"
 
 namespace ddp {
@@ -47,89 +48,21 @@ void Ddp::index_layers() {
   waiting_.assign(buckets_.size(), 0);
 }
 
-namespace {
-
-// Host memory exchanged over `comm`: directly with a host communicator, through a device
-// scratch and the copies with a device one.
-struct Relay {
-  Communicator& comm;
-  const Ddp::ScratchFn& scratch;
-  Ddp::CopyFn to_device;
-  Ddp::CopyFn to_host;
-
-  // words[count] of rank `root` on every rank.
-  void broadcast(int32_t* words, size_t count, int root) {
-    if (count == 0) return;
-    if (!comm.device_buffers()) return comm.broadcast(words, count, DataType::kInt32, root);
-    void* device = scratch(count * sizeof(int32_t));
-    to_device(device, words, count * sizeof(int32_t));
-    comm.broadcast(device, count, DataType::kInt32, root);
-    to_host(words, device, count * sizeof(int32_t));
-  }
-  // all[size] holds every rank's `mine`, in rank order.
-  void all_gather(int64_t mine, int64_t* all) {
-    if (!comm.device_buffers()) return comm.all_gather(&mine, all, 1, DataType::kInt64);
-    const size_t n = static_cast<size_t>(comm.size());
-    auto* device = static_cast<int64_t*>(scratch((n + 1) * sizeof(int64_t)));
-    to_device(device, &mine, sizeof(int64_t));
-    comm.all_gather(device, device + 1, 1, DataType::kInt64);
-    to_host(all, device + 1, n * sizeof(int64_t));
-  }
-  // `text` of rank `root` on every rank.
-  std::string broadcast_text(const std::string& text, int root) {
-    // The length and the text as 32-bit words (the communicators move numbers), padded.
-    constexpr size_t kWord = sizeof(int32_t);
-    int32_t length = static_cast<int32_t>(text.size());
-    broadcast(&length, 1, root);
-    const size_t words = (static_cast<size_t>(length) + kWord - 1) / kWord;
-    std::string out = comm.rank() == root ? text : std::string();
-    out.resize(words * kWord, '\0');
-    broadcast(reinterpret_cast<int32_t*>(out.data()), words, root);
-    out.resize(static_cast<size_t>(length));
-    return out;
-  }
-};
-
-}  // namespace
-
 void Ddp::check_same_layout(const std::vector<NamedParam>& params) {
   DDP_CHECK(!comm_.device_buffers() ||
                 (device_scratch_ && copy_to_device_ != nullptr && copy_to_host_ != nullptr),
             "check_same_layout(names) over {} needs set_device_copies and set_device_scratch",
             comm_.backend());
-  Relay relay{comm_, device_scratch_, copy_to_device_, copy_to_host_};
-  // Rank 0's description to everyone; each compares and finds where it differs first.
-  std::string mine;
+  std::vector<std::string> lines;
   for (const NamedParam& p : params)
-    mine += p.name + '\n' + std::to_string(p.count) + '\n';
-  const std::string theirs = relay.broadcast_text(mine, 0);
-  std::vector<NamedParam> reference;
-  for (size_t at = 0; at < theirs.size();) {
-    const size_t a = theirs.find('\n', at), b = theirs.find('\n', a + 1);
-    reference.push_back({theirs.substr(at, a - at), std::stoull(theirs.substr(a + 1, b - a - 1))});
-    at = b + 1;
-  }
-  int64_t first = -1;  // the first index that differs here, -1: none
-  for (size_t i = 0; i < std::max(params.size(), reference.size()) && first < 0; ++i)
-    if (i >= params.size() || i >= reference.size() || params[i].name != reference[i].name ||
-        params[i].count != reference[i].count)
-      first = static_cast<int64_t>(i);
-  std::vector<int64_t> all(static_cast<size_t>(comm_.size()));
-  relay.all_gather(first, all.data());
-  // The lowest rank that differs says what it has, so that every rank names both sides.
-  const auto differs = std::find_if(all.begin(), all.end(), [](int64_t at) { return at >= 0; });
-  if (differs == all.end()) return;
-  const int r = static_cast<int>(differs - all.begin());
-  const size_t i = static_cast<size_t>(*differs);
-  const auto describe = [i](const std::vector<NamedParam>& list) {
-    return i < list.size() ? fmt::format("'{}' of {} elements", list[i].name, list[i].count)
-                           : std::string("nothing");
-  };
-  const std::string its = relay.broadcast_text(describe(params), r);
+    lines.push_back(fmt::format("'{}' of {} elements", p.name, p.count));
+  const std::optional<LineDifference> difference =
+      first_difference(comm_, lines, {device_scratch_, copy_to_device_, copy_to_host_});
+  if (!difference) return;
   throw UsageError(
       fmt::format("the model differs between ranks: rank {} has parameter {} {} where rank 0 has "
                   "{}; every rank must build the same model",
-                  r, i, its, describe(reference)));
+                  difference->rank, difference->index, difference->theirs, difference->rank0s));
 }
 
 void Ddp::check_same_layout(uint64_t fingerprint, const std::string& description,
@@ -138,10 +71,10 @@ void Ddp::check_same_layout(uint64_t fingerprint, const std::string& description
   const int n = comm_.size();
   DDP_CHECK(!comm_.device_buffers() || device_scratch != nullptr,
             "check_same_layout over {} needs a device buffer", comm_.backend());
-  const ScratchFn given = [device_scratch](size_t) { return device_scratch; };
-  std::vector<int64_t> all(static_cast<size_t>(n));
-  Relay{comm_, given, copy_to_device_, copy_to_host_}.all_gather(static_cast<int64_t>(fingerprint),
-                                                                 all.data());
+  const DeviceStaging staging{[device_scratch](size_t) { return device_scratch; }, copy_to_device_,
+                              copy_to_host_};
+  const std::vector<int64_t> all =
+      all_gather_value(comm_, static_cast<int64_t>(fingerprint), staging);
   std::string differ;
   for (int r = 0; r < n; ++r)
     if (all[r] != all[0]) differ += (differ.empty() ? "" : ", ") + std::to_string(r);

@@ -361,9 +361,42 @@ TEST(DataParallel, RanksWithDifferentModelsStopAtStart) {
       kDdprun + " --nproc-per-node 2 -- sh -c 'if [ $RANK = 0 ]; then exec " + kTrain + common +
       " --layers 12,8,4; else exec " + kTrain + common + " --layers 12,16,4; fi'");
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("rank(s) 1 hold a different model than rank 0 (this rank: --layers 12,"),
+  EXPECT_NE(r.output.find("ddptrain: the ranks' flags differ: rank 1 has --layers \"12,16,4\" "
+                          "where rank 0 has --layers \"12,8,4\""),
             std::string::npos)
       << r.output;
+}
+
+// Ranks given other flags: another --steps left the longer rank waiting out --timeout in a
+// collective nobody else would join ("every rank reached it (a peer failed inside it?)"),
+// another --zero failed in Gloo's size check. Every rank names the first flag that differs,
+// before any step; flags of a rank's own (threads, timeouts, faults injected into one rank, the
+// value of a path) may differ.
+TEST(DataParallel, RanksGivenOtherFlagsStopAtStartNamingTheFlag) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  const std::string common = " --data synthetic --layers 12,8,4 --batch-size 8 --quiet";
+  const auto job = [&](const std::string& rank0, const std::string& rank1) {
+    return run_command(kDdprun + " --nproc-per-node 2 -- sh -c 'if [ $RANK = 0 ]; then exec " +
+                       kTrain + common + rank0 + "; else exec " + kTrain + common + rank1 +
+                       "; fi'");
+  };
+  const RunResult steps = job(" --steps 2", " --steps 3");
+  EXPECT_EQ(steps.exit_code, 2) << steps.output;
+  for (const int rank : {0, 1})
+    EXPECT_NE(steps.output.find("[rank " + std::to_string(rank) +
+                                "] ddptrain: error: ddptrain: the ranks' flags differ: rank 1 has "
+                                "--steps 3 where rank 0 has --steps 2; every rank must be started "
+                                "with the same flags"),
+              std::string::npos)
+        << steps.output;
+  const RunResult zero = job(" --steps 2 --zero 1", " --steps 2 --zero 2");
+  EXPECT_EQ(zero.exit_code, 2) << zero.output;
+  EXPECT_NE(zero.output.find("rank 1 has --zero 2 where rank 0 has --zero 1"), std::string::npos)
+      << zero.output;
+  const RunResult own = job(" --steps 2 --threads 1 --metrics /dev/null",
+                            " --steps 2 --timeout 50 "
+                            "--metrics /dev/null/../null");
+  EXPECT_EQ(own.exit_code, 0) << own.output;
 }
 
 TEST(Checkpoint, ResumeGivesBitwiseTheUninterruptedWeights) {
