@@ -104,12 +104,31 @@ DataType collective_type(torch::ScalarType dtype) {
   }
 }
 
+namespace {
+
+// A built-in hook: what it runs and the name describe_comm_hook gives it.
+struct BuiltinHook {
+  std::string name;
+  TorchCommHook run;
+  std::unique_ptr<Work> operator()(Communicator& comm, TorchGradBucket& bucket) const {
+    return run(comm, bucket);
+  }
+};
+
+}  // namespace
+
+std::string describe_comm_hook(const TorchCommHook& hook) {
+  if (!hook) return "none";
+  if (const auto* builtin = hook.target<BuiltinHook>()) return builtin->name;
+  return std::string("a hook of one's own (") + hook.target_type().name() + ")";
+}
+
 TorchCommHook allreduce_comm_hook() {
-  return [](Communicator& comm, TorchGradBucket& bucket) {
-    return comm.all_reduce_async(bucket.buffer.data_ptr(),
-                                 static_cast<size_t>(bucket.buffer.numel()),
-                                 collective_type(bucket.buffer.scalar_type()), ReduceOp::kAverage);
-  };
+  return BuiltinHook{"allreduce", [](Communicator& comm, TorchGradBucket& bucket) {
+                       return comm.all_reduce_async(
+                           bucket.buffer.data_ptr(), static_cast<size_t>(bucket.buffer.numel()),
+                           collective_type(bucket.buffer.scalar_type()), ReduceOp::kAverage);
+                     }};
 }
 
 TorchCommHook bf16_compress_comm_hook() {
@@ -118,17 +137,18 @@ TorchCommHook bf16_compress_comm_hook() {
   // in LibTorch and a bf16 all-reduce.
   auto wire = std::make_shared<BucketScratch>();
   TorchCommHook host = compress_hook(torch::kBFloat16, DataType::kBFloat16);
-  return [wire, host](Communicator& comm, TorchGradBucket& bucket) {
-    if (!comm.reduces_bf16() || bucket.buffer.scalar_type() != torch::kFloat32)
-      return host(comm, bucket);
-    return comm.all_reduce_bf16_async(
-        bucket.buffer.data_ptr<float>(), wire->of(bucket, torch::kBFloat16).data_ptr(),
-        static_cast<size_t>(bucket.buffer.numel()), ReduceOp::kAverage);
-  };
+  return BuiltinHook{"bf16_compress", [wire, host](Communicator& comm, TorchGradBucket& bucket) {
+                       if (!comm.reduces_bf16() || bucket.buffer.scalar_type() != torch::kFloat32)
+                         return host(comm, bucket);
+                       return comm.all_reduce_bf16_async(
+                           bucket.buffer.data_ptr<float>(),
+                           wire->of(bucket, torch::kBFloat16).data_ptr(),
+                           static_cast<size_t>(bucket.buffer.numel()), ReduceOp::kAverage);
+                     }};
 }
 
 TorchCommHook fp16_compress_comm_hook() {
-  return compress_hook(torch::kHalf, DataType::kFloat16);
+  return BuiltinHook{"fp16_compress", compress_hook(torch::kHalf, DataType::kFloat16)};
 }
 
 PowerSGDState::PowerSGDState(PowerSGDOptions options) : options_(options) {
@@ -289,17 +309,25 @@ void PowerSGDState::reduce(Communicator& comm, TorchGradBucket& bucket) {
 
 TorchCommHook powersgd_comm_hook(std::shared_ptr<PowerSGDState> state) {
   DDP_USAGE_CHECK(state != nullptr, "powersgd_comm_hook: no PowerSGDState");
-  return [state](Communicator& comm, TorchGradBucket& bucket) -> std::unique_ptr<Work> {
-    // A step begins at bucket 0 (buckets are reduced in index order, every one each step).
-    if (bucket.index == 0 && state->called_) ++state->iteration_;
-    state->called_ = true;
-    if (state->iteration_ < state->options_.start_powerSGD_iter())
-      return comm.all_reduce_async(
-          bucket.buffer.data_ptr(), static_cast<size_t>(bucket.buffer.numel()),
-          collective_type(bucket.buffer.scalar_type()), ReduceOp::kAverage);
-    state->reduce(comm, bucket);
-    return nullptr;
-  };
+  const PowerSGDOptions& o = state->options();
+  std::string name = fmt::format(
+      "powerSGD(matrix_approximation_rank {}, start_powerSGD_iter {}, min_compression_rate {}, "
+      "use_error_feedback {}, warm_start {}, orthogonalization_epsilon {}, random_seed {})",
+      o.matrix_approximation_rank(), o.start_powerSGD_iter(), o.min_compression_rate(),
+      o.use_error_feedback(), o.warm_start(), o.orthogonalization_epsilon(), o.random_seed());
+  return BuiltinHook{std::move(name),
+                     [state](Communicator& comm, TorchGradBucket& bucket) -> std::unique_ptr<Work> {
+                       // A step begins at bucket 0 (buckets are reduced in index order, every one
+                       // each step).
+                       if (bucket.index == 0 && state->called_) ++state->iteration_;
+                       state->called_ = true;
+                       if (state->iteration_ < state->options_.start_powerSGD_iter())
+                         return comm.all_reduce_async(
+                             bucket.buffer.data_ptr(), static_cast<size_t>(bucket.buffer.numel()),
+                             collective_type(bucket.buffer.scalar_type()), ReduceOp::kAverage);
+                       state->reduce(comm, bucket);
+                       return nullptr;
+                     }};
 }
 
 }  // namespace ddp

@@ -16,6 +16,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "collectives/communicator.h"
@@ -45,6 +46,11 @@ struct TorchGradBucket {
 // runs it on the same buckets in the same order.
 using TorchCommHook =
     std::function<std::unique_ptr<Work>(Communicator& comm, TorchGradBucket& bucket)>;
+
+// What `hook` is, for the ranks' comparison at the first backward after register_comm_hook: a
+// built-in's name with its settings ("bf16_compress", "powerSGD(matrix_approximation_rank 2,
+// ...)"), "a hook of one's own (<its type>)" for another callable, "none" for an empty one.
+std::string describe_comm_hook(const TorchCommHook& hook);
 
 // The built-in hook of the averaging all-reduce (what the buckets do without a hook).
 TorchCommHook allreduce_comm_hook();

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/sync/agreement.h"
 #include "runtime/error.h"
 #include "torch/distributed_data_parallel.h"
 #include "torch/param_shards.h"
@@ -87,10 +88,9 @@ struct DistributedDataParallel::Impl {
     torch::Tensor view;  // its part of that buffer, its shape (its .grad())
     std::shared_ptr<torch::autograd::Node> accumulator;
     uintptr_t hook = 0;
-    bool ready = false;  // its gradient is written this backward
-    bool reattached = false;
-    bool early_unused = false;  // marked unused as this backward started  // its hook moved to a
-                                // new accumulator during this backward
+    bool ready = false;         // its gradient is written this backward
+    bool reattached = false;    // its hook moved to a new accumulator during this backward
+    bool early_unused = false;  // marked unused as this backward started
     uint32_t version = 0;       // the tensor's version when the last synchronised backward ended
     const c10::TensorImpl* grad = nullptr;  // and its gradient's tensor (null: none)
     uint32_t grad_version = 0;              // and that one's version
@@ -143,7 +143,12 @@ struct DistributedDataParallel::Impl {
   void point_grad_at_view(Param& param);
   void attach(size_t index);
   void reattach_replaced();
+  bool hooked(const Param& param) const;
+  void watch_for_replacement(size_t index);
+  void watch_hit(size_t index);
   void refuse_a_second_backward(size_t index) const;
+  std::vector<std::string> settings() const;
+  void agree_on_hook();
 
   torch::nn::Module& module;
   Communicator& comm;
@@ -157,6 +162,7 @@ struct DistributedDataParallel::Impl {
       param_of;  // the reducer's layer j is params[param_of[j]] (plan_grouped_buckets)
   std::vector<size_t> layer_of;   // and params[i] its layer layer_of[i]
   TorchCommHook hook;             // register_comm_hook's, or none
+  bool hook_agreed = false;       // the ranks compared their hooks (the first backward)
   torch::Tensor bf16_scratch;     // reduce_in_bf16's (the float32 buffer's gradients as bf16)
   std::vector<size_t> arrival;    // the parameters in the order the first step made them ready
   bool arrival_recorded = false;  // the first synchronised backward has ended
@@ -171,6 +177,10 @@ struct DistributedDataParallel::Impl {
   std::unique_ptr<ParamShards> shards;  // with ZeRO on more than one rank
   torch::Tensor device_scratch;         // the layout check's messages over NCCL
   torch::nn::AnyModule forward;
+  // What the parameters' own hooks (watch_for_replacement) call: watch_hit while this Impl
+  // lives, nothing after (LibTorch has no way to remove a tensor's hook).
+  std::shared_ptr<std::function<void(size_t)>> alive =
+      std::make_shared<std::function<void(size_t)>>([this](size_t i) { watch_hit(i); });
   bool no_sync = false;
   bool in_backward = false;
   bool buffers_synced = false;  // since the last synchronised backward

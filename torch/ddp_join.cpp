@@ -21,6 +21,7 @@ std::vector<int32_t> DistributedDataParallel::Impl::join_all_reduce(int32_t acti
 // reducer (so the same collectives, hooks included, in the same order), and the unused
 // parameters' map where find_unused_parameters.
 void DistributedDataParallel::Impl::shadow_backward() {
+  agree_on_hook();
   rebuild_buckets();
   torch::NoGradGuard no_grad;
   for (GradBuffer& buffer : grad_buffers)

@@ -14,8 +14,10 @@
 #include <sstream>
 #include <unordered_set>
 
+#include "engine/sync/agreement.h"
 #include "runtime/error.h"
 #include "torch/ddp_impl.h"
+#include "torch/device_staging.h"
 #include "torch/sync_batch_norm.h"
 
 #if DDP_TORCH_CUDA
@@ -32,6 +34,15 @@ std::mutex wrapped_mutex;
 std::set<const c10::TensorImpl*>& wrapped() {
   static std::set<const c10::TensorImpl*> held;
   return held;
+}
+
+// Every SyncBatchNorm of `module` (itself included) reduces its statistics over `comm` (null:
+// none). Not module.modules(), which takes the module's shared_ptr and throws for a module made
+// on the stack (`Net model;`, as pytorch/examples' cpp/mnist makes it).
+void set_sync_batch_norm_communicator(torch::nn::Module& module, Communicator* comm) {
+  if (auto* sync = dynamic_cast<SyncBatchNormImpl*>(&module)) sync->set_communicator(comm);
+  for (const auto& m : module.modules(/*include_self=*/false))
+    if (auto* sync = dynamic_cast<SyncBatchNormImpl*>(m.get())) sync->set_communicator(comm);
 }
 
 }  // namespace
@@ -95,8 +106,7 @@ DistributedDataParallel::Impl::Impl(torch::nn::Module& module_, World& world,
                                            [this](size_t i) { moved(i); });
   }
   point_grads_at_buckets();
-  for (const auto& m : module.modules())  // batch statistics over every rank's slice
-    if (auto* sync = dynamic_cast<SyncBatchNormImpl*>(m.get())) sync->set_communicator(&comm);
+  set_sync_batch_norm_communicator(module, &comm);  // batch statistics over every rank's slice
   std::lock_guard<std::mutex> lock(wrapped_mutex);
   for (const Param& p : params)
     wrapped().insert(p.tensor.unsafeGetTensorImpl());
@@ -113,30 +123,15 @@ void DistributedDataParallel::Impl::check_and_copy_rank0s_state(
   for (const auto& [name, tensor] : bufs)
     layout.push_back(
         {"buffer " + name + ' ' + describe(tensor), static_cast<size_t>(tensor.numel())});
+  const DeviceStaging through = torch_staging(device, device_scratch);
   if (comm.device_buffers()) {
-    reducer->set_device_copies(
-        [](void* dst, const void* src, size_t bytes) {
-          auto host = torch::from_blob(const_cast<void*>(src), {static_cast<int64_t>(bytes)},
-                                       torch::kUInt8);
-          torch::from_blob(dst, {static_cast<int64_t>(bytes)},
-                           torch::TensorOptions().dtype(torch::kUInt8).device(torch::kCUDA))
-              .copy_(host);
-        },
-        [](void* dst, const void* src, size_t bytes) {
-          auto device =
-              torch::from_blob(const_cast<void*>(src), {static_cast<int64_t>(bytes)},
-                               torch::TensorOptions().dtype(torch::kUInt8).device(torch::kCUDA));
-          torch::from_blob(dst, {static_cast<int64_t>(bytes)}, torch::kUInt8).copy_(device);
-        });
-    reducer->set_device_scratch([this](size_t bytes) {
-      if (!device_scratch.defined() || device_scratch.numel() < static_cast<int64_t>(bytes))
-        device_scratch = torch::empty({static_cast<int64_t>(bytes)},
-                                      torch::TensorOptions().dtype(torch::kUInt8).device(device));
-      return device_scratch.data_ptr();
-    });
+    reducer->set_device_copies(through.to_device, through.to_host);
+    reducer->set_device_scratch(through.scratch);
   }
   const ComputeStreamGuard on_stream(comm, stream());
   reducer->check_same_layout(layout);
+  check_same_settings(comm, settings(), "ddp::DistributedDataParallel: the ranks' options differ",
+                      "construct it with the same DistributedDataParallelOptions", through);
   device_scratch = torch::Tensor();
   // Rank 0's parameters and buffers, in one collective.
   std::vector<torch::Tensor> state;
@@ -147,11 +142,77 @@ void DistributedDataParallel::Impl::check_and_copy_rank0s_state(
   broadcast(state);
 }
 
+// The options every rank must give alike (each changes which collectives run, in what order
+// or on what bytes), as the lines the construction compares.
+std::vector<std::string> DistributedDataParallel::Impl::settings() const {
+  return {fmt::format("bucket_cap_mb({})", options.bucket_cap_mb()),
+          fmt::format("first_bucket_cap_mb({})", options.first_bucket_cap_mb()),
+          fmt::format("find_unused_parameters({})", options.find_unused_parameters()),
+          fmt::format("static_graph({})", options.static_graph()),
+          fmt::format("broadcast_buffers({})", options.broadcast_buffers()),
+          fmt::format("reduce_in_bf16({})", options.reduce_in_bf16()),
+          fmt::format("zero({})", options.zero())};
+}
+
+// The first synchronised backward (or a joined rank's part in it), on every rank: the ranks'
+// communication hooks compared, so that ranks that registered different ones (bf16 here, fp16
+// there: the same bytes on the wire) stop naming them instead of training apart.
+void DistributedDataParallel::Impl::agree_on_hook() {
+  if (hook_agreed || comm.size() == 1) return;
+  hook_agreed = true;
+  check_same_settings(comm, {"comm hook " + describe_comm_hook(hook)},
+                      "ddp::DistributedDataParallel: the ranks' communication hooks differ",
+                      "register the same one (register_comm_hook) before the first backward",
+                      torch_staging(device, device_scratch));
+  device_scratch = torch::Tensor();
+}
+
 // Each parameter's .grad() a view of its bucket, and a hook on its gradient accumulator that
 // tells when its gradient is written.
 void DistributedDataParallel::Impl::point_grads_at_buckets() {
-  for (size_t i = 0; i < params.size(); ++i)
+  for (size_t i = 0; i < params.size(); ++i) {
     attach(i);
+    watch_for_replacement(i);
+  }
+}
+
+namespace {
+
+// A hook on a parameter's gradient itself (not on its accumulator): LibTorch keeps it in the
+// tensor's autograd metadata, which torch::load's set_ leaves in place, and every gradient
+// accumulator of the tensor, the one made after a load too, calls it before it writes .grad().
+class ReplacementWatch : public torch::autograd::FunctionPreHook {
+ public:
+  ReplacementWatch(std::shared_ptr<std::function<void(size_t)>> owner, size_t index)
+      : owner_(std::move(owner)), index_(index) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
+    if (*owner_) (*owner_)(index_);
+    return grads;
+  }
+
+ private:
+  std::shared_ptr<std::function<void(size_t)>> owner_;
+  size_t index_;
+};
+
+}  // namespace
+
+// The parameter's accumulator can be replaced (torch::load) where nothing of the wrapper runs
+// before the next backward (a forward of one's own, no sync_buffers(): a module without buffers
+// may): its own gradient hook finds the new accumulator as it starts to run. Every parameter's
+// hook moves to its new accumulator then; the running one's post hooks were looked up before it
+// ran (LibTorch's engine), so its gradient is reduced at the end of backward (reattached).
+void DistributedDataParallel::Impl::watch_for_replacement(size_t index) {
+  torch::autograd::impl::add_hook(params[index].tensor,
+                                  std::make_shared<ReplacementWatch>(alive, index));
+}
+
+void DistributedDataParallel::Impl::watch_hit(size_t index) {
+  if (hooked(params[index])) return;
+  if (!in_backward && !no_sync)
+    begin_backward();  // re-attaches, this backward's (reattached), and ends it
+  else
+    reattach_replaced();
 }
 
 // ZeRO re-set parameter `index`'s tensor (a view into its owner's flat tensor, or empty):
@@ -186,10 +247,7 @@ void DistributedDataParallel::Impl::reattach_replaced() {
   std::vector<std::string> moved;
   for (size_t i = 0; i < params.size(); ++i) {
     Param& p = params[i];
-    const auto* meta = torch::autograd::impl::get_autograd_meta(p.tensor);
-    if (meta != nullptr && !meta->grad_accumulator_.owner_before(p.accumulator) &&
-        !p.accumulator.owner_before(meta->grad_accumulator_) && !meta->grad_accumulator_.expired())
-      continue;
+    if (hooked(p)) continue;
     DDP_USAGE_CHECK(p.tensor.sizes() == torch::IntArrayRef(p.sizes) &&
                         p.tensor.scalar_type() == p.dtype && p.tensor.device() == device,
                     "ddp::DistributedDataParallel: parameter '{}' was replaced by a tensor of "
@@ -208,6 +266,13 @@ void DistributedDataParallel::Impl::reattach_replaced() {
                "the wrapper was made (torch::load does this): their gradients are reduced from "
                "now on; every rank must load the same values, as they are not broadcast again\n",
                moved.size(), moved[0].c_str());
+}
+
+// Whether the parameter's gradient accumulator is the one its hook is on.
+bool DistributedDataParallel::Impl::hooked(const Param& p) const {
+  const auto* meta = torch::autograd::impl::get_autograd_meta(p.tensor);
+  return meta != nullptr && !meta->grad_accumulator_.owner_before(p.accumulator) &&
+         !p.accumulator.owner_before(meta->grad_accumulator_) && !meta->grad_accumulator_.expired();
 }
 
 // A backward that starts after a synchronised one with neither a forward through the wrapper
@@ -237,10 +302,10 @@ void DistributedDataParallel::Impl::refuse_a_second_backward(size_t index) const
 }
 
 DistributedDataParallel::Impl::~Impl() {
+  *alive = nullptr;  // the gradients' hooks stay on the tensors and do nothing from now on
   for (Param& p : params)
     if (p.accumulator) p.accumulator->del_post_hook(p.hook);
-  for (const auto& m : module.modules())
-    if (auto* sync = dynamic_cast<SyncBatchNormImpl*>(m.get())) sync->set_communicator(nullptr);
+  set_sync_batch_norm_communicator(module, nullptr);
   std::lock_guard<std::mutex> lock(wrapped_mutex);
   for (const Param& p : params)
     wrapped().erase(p.tensor.unsafeGetTensorImpl());
@@ -352,6 +417,7 @@ void DistributedDataParallel::Impl::begin_backward() {
       "parameters that only their owners had updated; call one of them before each forward",
       options.zero());
   in_backward = true;
+  agree_on_hook();
   for (Param& p : params)
     p.ready = p.early_unused = false;
   reattach_replaced();
@@ -581,6 +647,9 @@ void DistributedDataParallel::register_comm_hook(TorchCommHook hook) {
                   impl.hook ? "registered before" : "reduce_in_bf16's");
   DDP_USAGE_CHECK(!impl.in_backward,
                   "register_comm_hook during backward: register it between steps");
+  DDP_USAGE_CHECK(!impl.hook_agreed,
+                  "register_comm_hook after the first synchronised backward: register it before "
+                  "(the ranks compare their hooks there, as the first backward's buckets go out)");
   impl.hook = std::move(hook);
 }
 
@@ -634,6 +703,24 @@ size_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {
     }
   }
   return bytes;
+}
+
+namespace {
+
+// A Sequential's forward is a template (the caller names its return type), which AnyModule
+// cannot hold: this module runs it as Tensor -> Tensor, the form LibTorch's examples call.
+struct SequentialForwardImpl : torch::nn::Module {
+  explicit SequentialForwardImpl(std::shared_ptr<torch::nn::SequentialImpl> sequential)
+      : sequential(std::move(sequential)) {}
+  torch::Tensor forward(torch::Tensor input) { return sequential->forward(std::move(input)); }
+  std::shared_ptr<torch::nn::SequentialImpl> sequential;
+};
+
+}  // namespace
+
+void DistributedDataParallel::keep_sequential_forward(
+    std::shared_ptr<torch::nn::SequentialImpl> sequential) {
+  set_forward(torch::nn::AnyModule(std::make_shared<SequentialForwardImpl>(std::move(sequential))));
 }
 
 void DistributedDataParallel::set_forward(torch::nn::AnyModule forward) {

@@ -38,6 +38,7 @@
 #include <torch/arg.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/any.h>
+#include <torch/nn/modules/container/sequential.h>
 #include <torch/optim/optimizer.h>
 
 #include <functional>
@@ -106,8 +107,9 @@ class DistributedDataParallel {
   // Any module; forward is the module's own, preceded by sync_buffers(). Collective.
   DistributedDataParallel(torch::nn::Module& module, World& world,
                           const DistributedDataParallelOptions& options = {});
-  // A module holder (torch::nn::Linear, TORCH_MODULE(Net)'s Net) or a shared_ptr of a module:
-  // the same, and forward(args...) calls the module's forward with the buffers synced first.
+  // A module holder (torch::nn::Linear, TORCH_MODULE(Net)'s Net, torch::nn::Sequential) or a
+  // shared_ptr of a module: the same, and forward(args...) calls the module's forward with the
+  // buffers synced first (a Sequential's as Tensor -> Tensor: its forward is a template).
   template <typename Holder, typename = decltype(std::declval<Holder&>().ptr())>
   DistributedDataParallel(Holder& module, World& world,
                           const DistributedDataParallelOptions& options = {})
@@ -209,8 +211,12 @@ class DistributedDataParallel {
   struct Impl;
   template <typename Module>
   void keep_forward(const std::shared_ptr<Module>& module) {
-    if constexpr (has_one_forward<Module>(0)) set_forward(torch::nn::AnyModule(module));
+    if constexpr (std::is_base_of_v<torch::nn::SequentialImpl, Module>)
+      keep_sequential_forward(module);
+    else if constexpr (has_one_forward<Module>(0))
+      set_forward(torch::nn::AnyModule(module));
   }
+  void keep_sequential_forward(std::shared_ptr<torch::nn::SequentialImpl> sequential);
   template <typename Module>
   static constexpr bool has_one_forward(decltype(&Module::forward)) {
     return true;

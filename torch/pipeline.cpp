@@ -11,6 +11,7 @@
 #include <utility>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "engine/pipeline/executor.h"
 #include "engine/pipeline/schedule.h"
@@ -20,6 +21,7 @@
 #include "runtime/log_line.h"
 #include "runtime/timer.h"
 #include "torch/comm_hooks.h"
+#include "torch/device_staging.h"
 #include "torch/pipeline_stage.h"
 #include "torch/pipeline_transfers.h"
 
@@ -92,6 +94,7 @@ class Pipeline::Impl final : public PipelineRank {
     bounds_.push_back(0);
     for (int b : balance)
       bounds_.push_back(bounds_.back() + b);
+    agree(balance);
     stage_rank_ = stage_ranks(schedule_, ranks, chunks_);
     // A communicator a flow, direction and peer (the simulator's lanes), split from the group
     // the same way on every rank.
@@ -124,6 +127,36 @@ class Pipeline::Impl final : public PipelineRank {
     for (auto& s : stages_)
       s->set_slots(executor_->slots());
     if (rank == 0 && replica() == 0) log_info_line(describe());
+  }
+
+  // Collective over the pipeline's ranks and then over the stage's replicas: the choices that
+  // must match (a rank that cut the model elsewhere would run modules another rank runs too,
+  // and the job would train a model nobody built), the first difference named on every rank.
+  void agree(const std::vector<int>& balance) {
+    std::vector<std::string> cut;
+    for (const int b : balance)
+      cut.push_back(std::to_string(b));
+    std::vector<std::string> settings = {
+        fmt::format("schedule({})", options_.schedule()),
+        fmt::format("micro_batches({})", options_.micro_batches()),
+        fmt::format("stages a rank {}", chunks_),
+        fmt::format("balance({{{}}}) (modules a stage)", fmt::join(cut, ", ")),
+        fmt::format("recompute({})", options_.recompute()),
+        fmt::format("data_parallel({})", replicas_ ? replicas_->size() : 1),
+        fmt::format("a Sequential of {} modules", model_->size())};
+    torch::Device device = torch::kCPU;
+    if (group_.device_buffers()) device = torch::Device(torch::kCUDA);
+    for (const auto& p : model_->parameters()) {
+      device = p.device();
+      break;
+    }
+    torch::Tensor scratch;
+    const std::string must = "construct ddp::Pipeline with the same PipelineOptions and model";
+    check_same_settings(group_, settings, "ddp::Pipeline: the pipeline's ranks differ", must,
+                        torch_staging(device, scratch));
+    if (replicas_)
+      check_same_settings(*replicas_, settings, "ddp::Pipeline: the replicas differ", must,
+                          torch_staging(device, scratch));
   }
 
   // PipelineRank

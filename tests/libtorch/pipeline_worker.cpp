@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "models/safetensors.h"
+#include "tests/support/rank_flags.h"
 #include "torch/pipeline.h"
 
 namespace {
@@ -54,6 +55,7 @@ Args parse(int argc, char** argv) {
       a.data_parallel = std::stoi(value());
     else if (f == "--balance") {
       const std::string list = value();
+      a.balance.clear();  // the last --balance given
       for (size_t at = 0; at < list.size();) {
         const size_t comma = list.find(',', at);
         a.balance.push_back(std::stoi(list.substr(at, comma - at)));
@@ -119,8 +121,10 @@ void save(const std::string& path, const torch::nn::Sequential& model,
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::vector<std::string> words;  // --rank1-flags: rank 1's own options
+  std::vector<char*> line = ddp::with_rank1_flags(argc, argv, words);
   try {
-    const Args args = parse(argc, argv);
+    const Args args = parse(static_cast<int>(line.size()), line.data());
     const torch::Device device = args.cuda ? torch::Device(torch::kCUDA) : torch::kCPU;
     // ddp::init binds the GPU before anything else touches CUDA (one process alone: none to bind).
     std::unique_ptr<ddp::World> world;

@@ -13,6 +13,7 @@
 #include <sstream>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "tests/libtorch/torch_compare.h"
@@ -685,6 +686,46 @@ TEST(TorchDdp, TheConstructionBroadcastsBuffers) {
       train_ranks(2, dir.file("w.safetensors"), "--batchnorm --no-broadcast-buffers --steps 1");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(count_of(r.output, "start running_mean 0\n"), 2) << r.output;
+}
+
+// Ranks constructed with different options, or that registered different hooks, reduce other
+// buckets or other bytes: round 6 found them training apart with exit 0 (bf16 against fp16
+// compression: the same bytes on the wire) or failing in Gloo's size check naming neither the
+// rank nor the option. Each is named on every rank before any step.
+TEST(TorchDdp, RanksThatDisagreeInAnOptionOrHookStopNamingIt) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  const std::string options = "the ranks' options differ: ";
+  const std::string hooks = "the ranks' communication hooks differ: ";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--rank1-flags '--zero 1'", options + "rank 1 has zero(1) where rank 0 has zero(0)"},
+      {"--rank1-flags --static-graph",
+       options + "rank 1 has static_graph(true) where rank 0 has static_graph(false)"},
+      {"--rank1-flags --bf16",
+       options + "rank 1 has reduce_in_bf16(true) where rank 0 has reduce_in_bf16(false)"},
+      {"--rank1-flags '--bucket-kb 64'",
+       options + "rank 1 has bucket_cap_mb(0.0625) where rank 0 has bucket_cap_mb(25)"},
+      {"--batchnorm --rank1-flags --no-broadcast-buffers",
+       options + "rank 1 has broadcast_buffers(false) where rank 0 has broadcast_buffers(true)"},
+      {"--hook bf16 --rank1-flags '--hook fp16'",
+       hooks + "rank 1 has comm hook fp16_compress where rank 0 has comm hook bf16_compress"},
+      {"--hook powersgd --rank1-flags '--powersgd-rank 2'",
+       hooks + "rank 1 has comm hook powerSGD(matrix_approximation_rank 2, start_powerSGD_iter 2"},
+      {"--hook powersgd --rank1-flags '--powersgd-start 3'",
+       hooks + "rank 1 has comm hook powerSGD(matrix_approximation_rank 1, start_powerSGD_iter 3"},
+      {"--hook sum --rank1-flags '--hook average'",
+       hooks + "rank 1 has comm hook allreduce where rank 0 has comm hook a hook of one's own"}};
+  for (const auto& [flags, message] : cases) {
+    const RunResult r = train_ranks(2, dir.file("w.safetensors"), flags);
+    EXPECT_NE(r.exit_code, 0) << flags << "\n" << r.output;
+    for (const int rank : {0, 1})
+      EXPECT_NE(r.output.find("[rank " + std::to_string(rank) +
+                              "] error: ddp::DistributedDataParallel: " + message),
+                std::string::npos)
+          << flags << "\n"
+          << r.output;
+    EXPECT_EQ(count_of(r.output, "trained"), 0) << r.output;
+  }
 }
 
 TEST(TorchDdp, BadUseIsOneClearError) {

@@ -7,6 +7,7 @@
 
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tests/libtorch/torch_compare.h"
@@ -163,6 +164,35 @@ TEST(TorchPipelineUse, OptionsThatDoNotFitAreNamed) {
   EXPECT_NE(groups.output.find("PipelineOptions::micro_batches 3: interleaved-1f1b"),
             std::string::npos)
       << groups.output;
+}
+
+// Ranks that cut the model in different places (or schedule it differently) would each run
+// modules the other runs too, and the job would train a model nobody built, exit 0 (round 6:
+// balance 3,6 on one rank and 4,5 on the other trained module 3 on both). The construction
+// compares them and every rank names the first difference.
+TEST(TorchPipelineUse, RanksThatDisagreeStopNamingTheFirstDifference) {
+  TempDir dir;
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--balance 3,6 --rank1-flags '--balance 4,5'",
+       "rank 1 has balance({4, 5}) (modules a stage) where rank 0 has balance({3, 6})"},
+      {"--micro-batches 4 --rank1-flags '--micro-batches 2'",
+       "rank 1 has micro_batches(2) where rank 0 has micro_batches(4)"},
+      {"--rank1-flags '--schedule gpipe'",
+       "rank 1 has schedule(gpipe) where rank 0 has "
+       "schedule(1f1b)"},
+      {"--rank1-flags --recompute",
+       "rank 1 has recompute(true) where rank 0 has recompute(false)"}};
+  for (const auto& [flags, message] : cases) {
+    const RunResult run = pipeline(2, dir.file("out"), flags + " --steps 2");
+    EXPECT_NE(run.exit_code, 0) << flags << "\n" << run.output;
+    for (const int rank : {0, 1})
+      EXPECT_NE(run.output.find(
+                    "[rank " + std::to_string(rank) +
+                    "] pipeline_worker: ddp::Pipeline: the pipeline's ranks differ: " + message),
+                std::string::npos)
+          << flags << "\n"
+          << run.output;
+  }
 }
 
 }  // namespace

@@ -60,6 +60,7 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 #include "models/safetensors.h"
+#include "tests/support/rank_flags.h"
 
 namespace {
 
@@ -297,7 +298,9 @@ void save(const std::string& path,
 }  // namespace
 
 int main(int argc, char** argv) {
-  const Args args = parse(argc, argv);
+  std::vector<std::string> words;  // --rank1-flags: rank 1's own options
+  std::vector<char*> line = ddp::with_rank1_flags(argc, argv, words);
+  const Args args = parse(static_cast<int>(line.size()), line.data());
   if (!args.save_start.empty()) {
     torch::manual_seed(99);
     Net other(32, args.unused, args.batchnorm, args.sparse, args.deep);
