@@ -131,6 +131,21 @@ TEST(TorchPipelineUse, RecomputationIsBitwiseTheRunWithout) {
               0.0);
 }
 
+// A batch that the micro-batches do not split evenly (22 in 4: 6, 6, 5, 5): each micro-batch's
+// mean loss weighs by its share of the batch, so the gradients are the whole batch's mean's
+// (weighted by 1/M, the 5-sample micro-batches would count as much as the 6-sample ones: the
+// weights leave the reference by ~1e-3 after 3 steps).
+TEST(TorchPipelineUse, AnUnevenBatchWeighsEachMicroBatchByItsSamples) {
+  TempDir dir;
+  const std::string flags = " --batch 22 --micro-batches 4 --steps 3";
+  const RunResult ref = run_command(kWorker + " --reference --out " + dir.file("ref") + flags);
+  ASSERT_EQ(ref.exit_code, 0) << ref.output;
+  const RunResult run = pipeline(2, dir.file("out"), flags + " --schedule 1f1b");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  // kAcrossRanksMargin: support/margins.h.
+  EXPECT_LT(against_reference(dir, 2), kAcrossRanksMargin) << run.output;
+}
+
 TEST(TorchPipelineUse, AStageThatRefusesItsInputIsNamedAndTheJobEnds) {
   TempDir dir;
   // Module 3 takes 24 features but module 2 gives 32; with balance 3,6 it is stage 1's first.

@@ -13,7 +13,7 @@
 //       [--powersgd-min-rate X] [--powersgd-no-error-feedback] [--dtypes] [--autocast]
 //       [--grads-out FILE] [--stem K] [--static-graph] [--regularize-spare]
 //       [--spare-from-step S] [--spare-until-step S] [--keep-stream] [--two-forwards]
-//       [--pair-forward]
+//       [--pair-forward] [--parallel-stems] [--reverse-stems-on-rank R] [--step-every S]
 //   torch_worker --single --short-rank R --ranks N   (one process as that job with --join)
 //   torch_worker --check-load FILE --out FILE [--deep K]  (a plain module loads --save-full's)
 //   torch_worker --save-start FILE   (a model of another seed, torch::save'd, for --load)
@@ -32,6 +32,10 @@
 // before wrapping, and whether it is still that one after training printed; --two-forwards:
 // each share in two halves through model.forward, the spare layer (--unused) in the first only;
 // --pair-forward: the wrapper made from a module whose forward returns (logits, a copy);
+// --parallel-stems: the --stem layers side by side on the embeddings (summed in index order);
+// --reverse-stems-on-rank R: and made in reverse order on rank R, so that its gradients arrive
+// in another order than the others'; --step-every S: zero_grad and the optimizer's step every S
+// steps only (synchronised backwards accumulating, as the first step's rebuild moves them);
 // --hook: a communication hook (the built-in average, bf16 or fp16 compression, a hook of one's own
 // that sums and divides and counts its calls, two hooks registered, or PowerSGD with the
 // --powersgd-* options); --data-steps D: D steps' batches run in turn (a data set the model can
@@ -95,8 +99,18 @@ struct NetImpl : torch::nn::Module {
   }
   torch::Tensor forward(torch::Tensor tokens) {
     torch::Tensor x = embed(tokens).to(torch::kFloat32);  // (B, T, 8)
-    for (torch::nn::Linear& stem : stems)
-      x = x + torch::relu(stem(x));
+    if (parallel_stems) {  // side by side, made in `reverse_stems` order, summed in index order
+      std::vector<torch::Tensor> outs(stems.size());
+      for (size_t k = 0; k < stems.size(); ++k) {
+        const size_t i = reverse_stems ? stems.size() - 1 - k : k;
+        outs[i] = torch::relu(stems[i](x));
+      }
+      for (const torch::Tensor& out : outs)
+        x = x + out;
+    } else {
+      for (torch::nn::Linear& stem : stems)
+        x = x + torch::relu(stem(x));
+    }
     x = torch::relu(conv(x.transpose(1, 2))).transpose(1, 2);  // (B, T, 12)
     if (mixed)
       x = torch::layer_norm(x, {12}, norm->weight.to(torch::kFloat32),
@@ -115,6 +129,7 @@ struct NetImpl : torch::nn::Module {
   }
   bool use_spare = false;
   bool mixed = false;
+  bool parallel_stems = false, reverse_stems = false;
   torch::nn::Embedding embed;
   torch::nn::Conv1d conv;
   torch::nn::LayerNorm norm;
@@ -144,6 +159,9 @@ struct Args {
        reference_forward = false, no_sync_buffers = false, no_broadcast_buffers = false,
        wrap_twice = false, adamw = false, memory = false, syncbn = false, dtypes = false,
        autocast = false;
+  bool parallel_stems = false;  // --parallel-stems: the stems side by side
+  int reverse_stems_rank = -1;  // --reverse-stems-on-rank R (so its gradients arrive reversed)
+  int step_every = 1;           // --step-every S: the optimizer steps (and zeroes) every S steps
   int deep = 0, stem = 0, short_rank = -1;  // --short-rank: that rank has two batches fewer
   int ranks = 0;  // --ranks: with --single and --short-rank, the job it emulates
   bool join = false;
@@ -233,6 +251,12 @@ Args parse(int argc, char** argv) {
       a.spare_until_step = std::stoi(value());
     else if (f == "--stem")
       a.stem = std::stoi(value());
+    else if (f == "--parallel-stems")
+      a.parallel_stems = true;
+    else if (f == "--reverse-stems-on-rank")
+      a.reverse_stems_rank = std::stoi(value());
+    else if (f == "--step-every")
+      a.step_every = std::stoi(value());
     else if (f == "--check-load")
       a.check_load = value();
     else if (f == "--memory")
@@ -337,6 +361,8 @@ int main(int argc, char** argv) {
   torch::manual_seed(7 + rank);  // each rank its own start: the broadcast makes them rank 0's
   Net net(args.differ && rank == 1 ? 33 : 32, args.unused, args.batchnorm, args.sparse, args.deep,
           args.syncbn, args.stem);
+  net->parallel_stems = args.parallel_stems || args.reverse_stems_rank >= 0;
+  net->reverse_stems = rank == args.reverse_stems_rank && !args.single;
   if (!args.check_load.empty()) {  // a plain module loads what a ZeRO run saved, then --out
     torch::load(net, args.check_load);
     std::vector<std::pair<std::string, torch::Tensor>> state;
@@ -441,7 +467,7 @@ int main(int argc, char** argv) {
       if (model && args.events && step == 1) model->record_events(true);
       if (step == args.spare_from_step) net->use_spare = true;
       if (args.spare_until_step >= 0) net->use_spare = step < args.spare_until_step;
-      optimizer->zero_grad();
+      if (step % args.step_every == 0) optimizer->zero_grad();
       for (int micro = 0; micro < args.accumulate; ++micro) {
         const int64_t first =
             ((step % data_steps) * args.accumulate + micro) * kGlobalBatch + rank * share;
@@ -506,7 +532,7 @@ int main(int argc, char** argv) {
           grads.emplace_back(p.key(), p.value().grad());
         save(args.grads_out, grads);
       }
-      optimizer->step();
+      if ((step + 1) % args.step_every == 0) optimizer->step();
       if (model && args.events && step == 1) {
         model->record_events(false);
         if (rank == 0) {

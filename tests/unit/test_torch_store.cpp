@@ -165,6 +165,21 @@ TEST(TorchStore, CompareSetOnAHeldKeyAndAWaitOnSeveralKeysAreTorchs) {
   EXPECT_TRUE(c.error().empty()) << c.error();
 }
 
+// check(["c", "d"]) and wait(["c", "d"]) asked while only the last key is set: not ready, and no
+// answer yet (a server that read the last key alone answered both at once).
+TEST(TorchStore, ACheckOrWaitOfSeveralKeysNeedsEveryKey) {
+  TorchStoreKeys kv;
+  TorchStoreConnection c, setter;
+  const std::string keys = hex("0200000000000000") + query(0, {"c", "d"}).substr(1);
+  EXPECT_EQ(setter.feed(set_query("d", "2"), kv), "");
+  EXPECT_EQ(c.feed(std::string(1, '\x04') + keys, kv), hex("01")) << "check: not ready";
+  EXPECT_EQ(c.feed(std::string(1, '\x05') + keys, kv), "") << "wait: answered early";
+  EXPECT_EQ(setter.feed(set_query("c", "1"), kv), "");
+  EXPECT_EQ(c.answer_waits(kv), hex("00"));
+  EXPECT_EQ(c.feed(std::string(1, '\x04') + keys, kv), hex("00")) << "check: ready";
+  EXPECT_TRUE(c.error().empty()) << c.error();
+}
+
 // An add to a key holding text that is no integer, or past int64, drops that connection with
 // a line (it once ended ddprun through an uncaught std::stoll); other keys stay as they were.
 TEST(TorchStore, AnAddToANonIntegerOrPastInt64IsRefused) {

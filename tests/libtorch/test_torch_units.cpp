@@ -1,0 +1,129 @@
+// The LibTorch component's parts in one process (label unit), over a MirrorCommunicator where
+// they reduce over ranks: ZeRO's flat parameters with mixed dtypes, PowerSGD's orthogonalisation
+// and error feedback, SyncBatchNorm's count of values a channel for inputs of 3 to 5 dimensions.
+// Each pins a fault the multi-process suite let through (issue 77's mutants b, d, e, f).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <memory>
+#include <vector>
+
+#include "tests/support/mirror_communicator.h"
+#include "torch/comm_hooks.h"
+#include "torch/param_shards.h"
+#include "torch/sync_batch_norm.h"
+
+namespace ddp {
+namespace {
+
+// Parameters of three dtypes, one owner (a job of one rank): a bfloat16 tensor of an odd count
+// before a float32 and a float64 one. Each must start at a multiple of its element size in the
+// flat bytes, or the float32 tensor's first element overlaps the bfloat16 one's last and
+// copying either into place corrupts the other.
+TEST(TorchParamShards, MixedDtypesGetSlotsAlignedToTheirElementsAndKeepTheirValues) {
+  torch::manual_seed(3);
+  std::vector<torch::Tensor> params = {torch::randn({3}).to(torch::kBFloat16), torch::randn({5}),
+                                       torch::randn({2}).to(torch::kDouble),
+                                       torch::randn({1}).to(torch::kHalf), torch::randn({3})};
+  std::vector<torch::Tensor> before;
+  for (const torch::Tensor& p : params)
+    before.push_back(p.clone());
+  ParamShards shards(params, /*level=*/1, /*rank=*/0, /*ranks=*/1, [](size_t) {});
+  const auto* base = static_cast<const char*>(params[0].data_ptr());
+  int64_t end = 0;  // where the last tensor's bytes ended
+  for (size_t i = 0; i < params.size(); ++i) {
+    const int64_t at = static_cast<const char*>(params[i].data_ptr()) - base;
+    EXPECT_EQ(at % static_cast<int64_t>(params[i].element_size()), 0) << "tensor " << i;
+    EXPECT_GE(at, end) << "tensor " << i << " overlaps the one before";
+    end = at + params[i].numel() * static_cast<int64_t>(params[i].element_size());
+    EXPECT_TRUE(torch::equal(params[i], before[i])) << "tensor " << i;
+  }
+}
+
+// PowerSGD's bucket of one matrix gradient (of `parameter`: the same tensor from step to step,
+// or the hook makes the bucket's state afresh), reduced by `hook` over `comm`.
+torch::Tensor powersgd_once(const TorchCommHook& hook, Communicator& comm,
+                            const torch::Tensor& parameter, const torch::Tensor& gradient) {
+  TorchGradBucket bucket;
+  bucket.buffer = gradient.reshape(-1).clone();
+  bucket.parameters = {parameter};
+  bucket.gradients = {bucket.buffer.view(gradient.sizes())};
+  hook(comm, bucket);
+  return bucket.gradients[0].clone();
+}
+
+// A gradient of rank 2 at matrix_approximation_rank 2 is reproduced exactly: P spans its
+// columns and is orthonormal, so P P^T projects. Gram-Schmidt that left the first column's
+// projection in the second would leave P P^T no projection.
+TEST(TorchPowerSgd, ARankTwoGradientIsExactAtRankTwo) {
+  MirrorCommunicator comm(2);
+  torch::manual_seed(5);
+  const torch::Tensor g = torch::mm(torch::randn({7, 2}), torch::randn({2, 6}));
+  auto state = std::make_shared<PowerSGDState>(
+      PowerSGDOptions().matrix_approximation_rank(2).start_powerSGD_iter(0).min_compression_rate(
+          1));
+  const torch::Tensor out = powersgd_once(powersgd_comm_hook(state), comm, torch::zeros_like(g), g);
+  EXPECT_EQ(state->elements_after_compression(), (7 + 6) * 2) << "compressed";
+  // float32 products of a 7 x 6 matrix: a few ulps of its largest entries.
+  EXPECT_LT((out - g).abs().max().item<float>(), 1e-5 * g.abs().max().item<float>());
+}
+
+// Error feedback: what a step's rank-1 approximation leaves out is added to the next step's
+// gradient, so over K steps of the same gradient the outputs sum to K times it less one
+// bounded error, and their mean tends to the gradient itself. Without it every step sends the
+// same rank-1 part and the mean stays a third of the gradient's norm away (singular values 2
+// and 1: the part left out has norm 1 of sqrt(5)).
+TEST(TorchPowerSgd, ErrorFeedbackMakesTheMeanOfTheStepsTheGradient) {
+  MirrorCommunicator comm(2);
+  const torch::Tensor u = torch::tensor({{1.0f, 0.0f}, {0.0f, 1.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}});
+  const torch::Tensor v =
+      torch::tensor({{0.0f, 2.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 1.0f, 0.0f}});
+  const torch::Tensor g = torch::mm(u, v);  // singular values 2 and 1
+  for (const bool feedback : {true, false}) {
+    auto state = std::make_shared<PowerSGDState>(PowerSGDOptions()
+                                                     .matrix_approximation_rank(1)
+                                                     .start_powerSGD_iter(0)
+                                                     .min_compression_rate(1)
+                                                     .use_error_feedback(feedback));
+    const TorchCommHook hook = powersgd_comm_hook(state);
+    const torch::Tensor parameter = torch::zeros_like(g);
+    torch::Tensor sum = torch::zeros_like(g);
+    constexpr int kSteps = 60;
+    for (int k = 0; k < kSteps; ++k)
+      sum += powersgd_once(hook, comm, parameter, g);
+    const double off = ((sum / kSteps - g).norm() / g.norm()).item<double>();
+    if (feedback)
+      EXPECT_LT(off, 0.1) << "the mean of the steps stays away from the gradient";
+    else
+      EXPECT_GT(off, 0.3) << "without error feedback, the mean is the rank-1 part";
+  }
+}
+
+// SyncBatchNorm over ranks that all hold this input (the mirror) normalises as BatchNorm over
+// the input repeated: the same mean and variance, a count of N x the spatial values a channel
+// (not N) for inputs of 3, 4 and 5 dimensions, and the running variance unbiased by that count.
+TEST(TorchSyncBatchNorm, CountsEveryValueOfAChannelForImageShapedInputs) {
+  MirrorCommunicator comm(2);
+  torch::manual_seed(11);
+  for (const std::vector<int64_t>& shape :
+       {std::vector<int64_t>{4, 3, 5}, {2, 3, 4, 2}, {2, 3, 2, 2, 3}}) {
+    const torch::Tensor x = torch::randn(shape) * 2 + 1;
+    SyncBatchNorm sync(SyncBatchNormOptions(3));
+    sync->set_communicator(&comm);
+    torch::nn::BatchNorm1d plain(3);  // batch_norm itself takes any of these shapes
+    const torch::Tensor ours = sync->forward(x);
+    const torch::Tensor theirs =
+        torch::batch_norm(torch::cat({x, x}), plain->weight, plain->bias, plain->running_mean,
+                          plain->running_var, true, 0.1, 1e-5, false)
+            .narrow(0, 0, shape[0]);
+    // float64 sums against float32's batch_norm: float32 rounding of values near 1.
+    EXPECT_LT((ours - theirs).abs().max().item<float>(), 1e-5) << x.dim() << "-D";
+    EXPECT_LT((sync->running_var - plain->running_var).abs().max().item<float>(), 1e-5)
+        << x.dim() << "-D";
+    EXPECT_LT((sync->running_mean - plain->running_mean).abs().max().item<float>(), 1e-6)
+        << x.dim() << "-D";
+  }
+}
+
+}  // namespace
+}  // namespace ddp
