@@ -693,17 +693,18 @@ nlohmann::json config_json(const TrainConfig& c) {
 }
 
 std::vector<std::string> flags_that_must_match(const TrainConfig& c) {
-  // What one rank may set for itself: how it prints, starts its device or uses its threads, and
-  // the faults and delays a test injects into one rank. A path may differ by node, but whether
-  // it is given may not (writing weights, checkpoints or a timeline gathers from every rank).
-  // Everything else changes the model, the data or the collectives (--log-every: the loss is
-  // averaged over the ranks at each log step).
+  // What one rank may set for itself: how it prints, starts its device or uses its threads, the
+  // faults and delays a test injects into one rank, and the files it reads or writes alone
+  // (srun job scripts give --save-weights and --metrics to rank 0 only). A checkpoint folder or
+  // a timeline may be another path on another node, but whether it is given may not (both
+  // gather from every rank). Everything else changes the model, the data or the collectives
+  // (--log-every: the loss is averaged over the ranks at each log step).
   static const std::set<std::string> kPerRank = {
-      "sync-debug",   "autotune",     "stage-from-host", "init-retries",       "threads",
-      "quiet",        "timeout",      "product-sms",     "weight-grad-stream", "profile-steps",
-      "fail-at-step", "step-delay-ms"};
-  static const std::set<std::string> kPaths = {"data-dir", "init-weights",   "save-weights",
-                                               "metrics",  "checkpoint-dir", "timeline"};
+      "sync-debug",   "autotune",      "stage-from-host", "init-retries",       "threads",
+      "quiet",        "timeout",       "product-sms",     "weight-grad-stream", "profile-steps",
+      "fail-at-step", "step-delay-ms", "data-dir",        "init-weights",       "save-weights",
+      "metrics"};
+  static const std::set<std::string> kPaths = {"checkpoint-dir", "timeline"};
   std::vector<std::string> lines;
   for (const Flag& flag : flags()) {
     if (kPerRank.count(flag.name)) continue;

@@ -201,10 +201,12 @@ class ReplacementWatch : public torch::autograd::FunctionPreHook {
 // before the next backward (a forward of one's own, no sync_buffers(): a module without buffers
 // may): its own gradient hook finds the new accumulator as it starts to run. Every parameter's
 // hook moves to its new accumulator then; the running one's post hooks were looked up before it
-// ran (LibTorch's engine), so its gradient is reduced at the end of backward (reattached).
+// ran in LibTorch 1.13's engine (2.x looks after the tensor's hooks), so there its gradient is
+// reduced at the end of backward (reattached).
 void DistributedDataParallel::Impl::watch_for_replacement(size_t index) {
+  // A unique_ptr: LibTorch 2.x takes one, 1.13 a shared_ptr made from it.
   torch::autograd::impl::add_hook(params[index].tensor,
-                                  std::make_shared<ReplacementWatch>(alive, index));
+                                  std::make_unique<ReplacementWatch>(alive, index));
 }
 
 void DistributedDataParallel::Impl::watch_hit(size_t index) {
