@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -162,13 +163,20 @@ class ShortReplies {
   double before_;
 };
 
-// Records this rank's arrival at `prefix` and names the ranks whose record is missing.
-std::string missing_ranks(StoreClient* store, const std::string& prefix, int rank, int size,
+// The ranks whose recorded call a stuck rank compares with its own.
+constexpr int kCallsCompared = 16;
+
+// Records this rank's arrival at `prefix` (its call, `mine`) and what it is stuck in under
+// `stuck` (read by the ranks that are stuck later in the group); names the ranks whose record is
+// missing, with the call each waits in where it has said, or a call of rank 0's that differs.
+std::string missing_ranks(StoreClient* store, const std::string& prefix, const std::string& stuck,
+                          uint64_t sequence, const std::string& mine, int rank, int size,
                           const std::vector<int>& world_ranks, const std::string& group) {
   if (store == nullptr) return "";
   const ShortReplies short_replies(*store);
   try {
-    store->set(prefix + std::to_string(rank), "1");
+    store->set(prefix + std::to_string(rank), mine);
+    store->set(stuck + std::to_string(rank), fmt::format("#{} {}", sequence, mine));
     std::vector<std::string> keys;
     for (int r = 0; r < size; ++r)
       keys.push_back(prefix + std::to_string(r));
@@ -183,9 +191,29 @@ std::string missing_ranks(StoreClient* store, const std::string& prefix, int ran
     std::vector<int> missing;
     for (const std::string& key : absent)
       missing.push_back(std::stoi(key.substr(prefix.size())));
-    return absent.empty() ? "; every rank reached it (a peer failed inside it?)"
-                          : fmt::format("; rank(s) {} never reached it",
-                                        name_ranks(missing, world_ranks, group));
+    if (missing.empty()) {
+      // The first ranks' calls against this one's (a few reads, not one a rank: in a large
+      // group the ranks that differ from the first ones say so).
+      for (int r = 0; r < std::min(size, kCallsCompared); ++r) {
+        if (r == rank) continue;
+        const std::optional<std::string> theirs = store->get(keys[r]);
+        if (theirs && *theirs != mine)
+          return fmt::format(
+              "; the ranks' calls #{} differ: this rank ({}) called {} where rank {} "
+              "called {}",
+              sequence, name_ranks({rank}, world_ranks, group), mine,
+              name_ranks({r}, world_ranks, group), *theirs);
+      }
+      return "; every rank reached it (a peer failed inside it?)";
+    }
+    std::string waits;  // what the first few missing ranks said they are stuck in
+    for (size_t k = 0; k < missing.size() && k < 4; ++k)
+      if (const auto at = store->get(stuck + std::to_string(missing[k])))
+        waits += fmt::format("{}{} waits in {}", waits.empty() ? " (" : "; ",
+                             name_ranks({missing[k]}, world_ranks, group), *at);
+    if (!waits.empty()) waits += ")";
+    return fmt::format("; rank(s) {} never reached it{}", name_ranks(missing, world_ranks, group),
+                       waits);
   } catch (const std::exception& e) {
     return fmt::format("; the store could not tell which ranks are missing ({})", e.what());
   }
@@ -215,11 +243,17 @@ std::string name_ranks(const std::vector<int>& group_ranks, const std::vector<in
 std::string describe_stuck_operation(StoreClient* store, const std::string& group, int rank,
                                      int size, uint64_t sequence, const char* op, size_t count,
                                      DataType type, const std::string& cause,
-                                     const std::vector<int>& world_ranks) {
+                                     const std::vector<int>& world_ranks,
+                                     const FlightRecorder* flight) {
+  const std::string call = fmt::format("{} of {} x {} ({} bytes)", op, count, dtype_name(type),
+                                       count * dtype_bytes(type));
   const std::string missing = missing_ranks(
-      store, fmt::format("ddp/arrived/{}/{}/", group, sequence), rank, size, world_ranks, group);
-  return fmt::format("{} #{} ({} x {}, {} bytes) in group {} did not complete: {}{}", op, sequence,
-                     count, dtype_name(type), count * dtype_bytes(type), group, cause, missing);
+      store, fmt::format("ddp/arrived/{}/{}/", group, sequence),
+      fmt::format("ddp/stuck/{}/", group), sequence, call, rank, size, world_ranks, group);
+  const std::string before = flight != nullptr ? flight->recent_before(sequence) : "";
+  return fmt::format("{} #{} ({} x {}, {} bytes) in group {} did not complete: {}{}{}", op,
+                     sequence, count, dtype_name(type), count * dtype_bytes(type), group, cause,
+                     missing, before.empty() ? "" : "; this rank's calls before it: " + before);
 }
 
 std::string describe_stuck_p2p(const std::string& group, uint64_t sequence,

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "collectives/backend.h"
+#include "collectives/flight_recorder.h"
 
 namespace ddp {
 
@@ -245,6 +246,9 @@ class Communicator {
   }
   // A communicator from split() that cannot name its members' world ranks.
   void set_not_world() { is_world_ = false; }
+  // Its last collectives, oldest first (the flight recorder: flight_recorder.h); recorded by
+  // Gloo, MPI and NCCL (an NCCL call ends when a wait or a poll sees it end).
+  std::vector<FlightEntry> flight_record() const { return flight_->entries(); }
 
  protected:
   // A backend's group: this rank's index and the group's size.
@@ -264,6 +268,8 @@ class Communicator {
   uint64_t p2p_sequence_ = 0;     // the last point-to-point call's number
   std::vector<int> world_ranks_;  // empty: the world itself, or unknown (is_world_ false)
   bool is_world_ = true;          // the group is the world (its ranks are world ranks)
+  // flight_record()'s ring, shared with the backends' pending work
+  std::shared_ptr<FlightRecorder> flight_ = std::make_shared<FlightRecorder>();
 };
 
 // A device communicator's compute stream set for the guard's life, the previous one given back
@@ -332,10 +338,15 @@ std::string describe_stuck_p2p(const std::string& group, uint64_t sequence,
 // Describes a timed-out or failed operation and asks the store which ranks never reached
 // it: every rank that times out records its arrival under (group, sequence), waits a little
 // for the others', and names the ranks whose record is missing. Used by every backend.
+// Each stuck rank records what it called (the op, elements and type), so that ranks whose calls
+// at one sequence number differ are named with both calls, and what it is stuck in, so that a
+// rank that never reached the call is named with the one it waits in, where it waits in one of
+// this group. `flight` (may be null): this rank's calls before it are named too.
 std::string describe_stuck_operation(StoreClient* store, const std::string& group, int rank,
                                      int size, uint64_t sequence, const char* op, size_t count,
                                      DataType type, const std::string& cause,
-                                     const std::vector<int>& world_ranks = {});
+                                     const std::vector<int>& world_ranks = {},
+                                     const FlightRecorder* flight = nullptr);
 // "3 (rank 1 of group G), 5 (rank 2 of group G)" for group ranks {1, 2} of a group whose
 // members are world ranks `world_ranks`; "1, 2" when `world_ranks` is empty. Pure.
 std::string name_ranks(const std::vector<int>& group_ranks, const std::vector<int>& world_ranks,

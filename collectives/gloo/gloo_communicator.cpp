@@ -58,16 +58,35 @@ std::chrono::milliseconds ms(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
 }
 
-// The unbound buffers of one batch_async, waited for together.
+// The tag of collective call `sequence`: its number and a hash of what it is (the op, elements
+// and type), so that ranks whose calls at one number differ never exchange a byte (Gloo's
+// transport would end the process from its own thread on a message longer than the one posted:
+// "op.preamble.length <= op.nbytes") and both wait to the deadline, where each names its call
+// and the others' (describe_stuck_operation). 20 bits of number, 12 of hash: calls 2^20 apart
+// never run at once (one queue runs them in turn).
+uint32_t call_tag(uint64_t sequence, const char* op, size_t count, DataType type) {
+  uint64_t hash = 1469598103934665603ull;  // FNV-1a
+  const auto mix = [&hash](uint64_t v) {
+    for (int i = 0; i < 8; ++i, v >>= 8)
+      hash = (hash ^ (v & 0xff)) * 1099511628211ull;
+  };
+  for (const char* c = op; *c != '\0'; ++c)
+    mix(static_cast<unsigned char>(*c));
+  mix(count);
+  mix(static_cast<uint64_t>(type));
+  return static_cast<uint32_t>(((sequence & 0xFFFFF) << 12) | (hash & 0xFFF));
+}
+
 // The slot of the n-th message from `sender` to `receiver`: each direction of each pair
 // counts its own messages, so sends and receives match whatever order a rank posts them in
 // (only messages in one direction must keep their order). Apart from the collectives'
-// slots, which are small tags.
+// slots, which are 32-bit tags (call_tag).
 uint64_t message_slot(int sender, int receiver, uint64_t n) {
   return (uint64_t{1} << 62) | (static_cast<uint64_t>(sender) << 42) |
          (static_cast<uint64_t>(receiver) << 22) | (n & 0x3FFFFF);
 }
 
+// The unbound buffers of one batch_async, waited for together.
 class GlooBatchWork final : public Work {
  public:
   explicit GlooBatchWork(std::function<std::string(const std::string&)> describe)
@@ -148,8 +167,10 @@ class GlooCommunicator final : public Communicator {
                                          ReduceOp op) override {
     const uint64_t seq = next_sequence();
     return submit(
-        [this, buffer, count, type, op, seq] { all_reduce_now(buffer, count, type, op, seq); }, seq,
-        "all_reduce", count, type);
+        [this, buffer, count, type, op, seq] {
+          all_reduce_now(buffer, count, type, op, call_tag(seq, "all_reduce", count, type));
+        },
+        seq, "all_reduce", count, type);
   }
 
   std::unique_ptr<Work> broadcast_async(void* buffer, size_t count, DataType type,
@@ -160,7 +181,7 @@ class GlooCommunicator final : public Communicator {
         [=] {
           if (count == 0 || size_ == 1) return;
           gloo::BroadcastOptions opts(context_);
-          opts.setTag(static_cast<uint32_t>(seq));
+          opts.setTag(call_tag(seq, "broadcast", count, type));
           opts.setTimeout(ms(timeout_s_));
           opts.setRoot(root);
           opts.setOutput(static_cast<char*>(buffer), count * dtype_bytes(type));
@@ -181,7 +202,7 @@ class GlooCommunicator final : public Communicator {
             return;
           }
           gloo::AllgatherOptions opts(context_);
-          opts.setTag(static_cast<uint32_t>(seq));
+          opts.setTag(call_tag(seq, "all_gather", count, type));
           opts.setTimeout(ms(timeout_s_));
           opts.setInput(const_cast<char*>(static_cast<const char*>(send)), bytes);
           opts.setOutput(static_cast<char*>(recv), bytes * size_);
@@ -197,8 +218,12 @@ class GlooCommunicator final : public Communicator {
     auto whole = std::make_shared<std::vector<char>>(
         static_cast<const char*>(send), static_cast<const char*>(send) + bytes * size_);
     const uint64_t seq = next_sequence();
-    return submit([=] { reduce_scatter_now(whole->data(), recv, count, type, op, seq); }, seq,
-                  "reduce_scatter", count, type);
+    return submit(
+        [=] {
+          reduce_scatter_now(whole->data(), recv, count, type, op,
+                             call_tag(seq, "reduce_scatter", count, type));
+        },
+        seq, "reduce_scatter", count, type);
   }
 
   void send(const void* buffer, size_t count, DataType type, int peer) override {
@@ -260,7 +285,7 @@ class GlooCommunicator final : public Communicator {
     submit(
         [=] {
           gloo::BarrierOptions opts(context_);
-          opts.setTag(static_cast<uint32_t>(seq));
+          opts.setTag(call_tag(seq, "barrier", 0, DataType::kFloat32));
           opts.setTimeout(ms(timeout_s_));
           gloo::barrier(opts);
         },
@@ -311,7 +336,7 @@ class GlooCommunicator final : public Communicator {
   // Rank r's block i (`count` elements) goes to rank i, which combines the n blocks it
   // receives in rank order into `recv`.
   void reduce_scatter_now(const void* send, void* recv, size_t count, DataType type, ReduceOp op,
-                          uint64_t seq) {
+                          uint32_t tag) {
     const size_t bytes = count * dtype_bytes(type);
     if (bytes == 0) return;
     if (size_ == 1) {
@@ -320,7 +345,7 @@ class GlooCommunicator final : public Communicator {
     }
     char* blocks = scratch(blocks_, bytes * size_);
     gloo::AlltoallOptions opts(context_);
-    opts.setTag(static_cast<uint32_t>(seq));
+    opts.setTag(tag);
     opts.setTimeout(ms(timeout_s_));
     opts.setInput(const_cast<char*>(static_cast<const char*>(send)), bytes * size_);
     opts.setOutput(blocks, bytes * size_);
@@ -329,7 +354,7 @@ class GlooCommunicator final : public Communicator {
   }
 
   // The buffer padded to n equal pieces, reduce-scattered, and the pieces gathered back.
-  void all_reduce_now(void* buffer, size_t count, DataType type, ReduceOp op, uint64_t seq) {
+  void all_reduce_now(void* buffer, size_t count, DataType type, ReduceOp op, uint32_t tag) {
     if (count == 0 || size_ == 1) {
       if (op == ReduceOp::kAverage && size_ > 1) scale_by(buffer, count, type, size_);
       return;
@@ -341,9 +366,9 @@ class GlooCommunicator final : public Communicator {
     std::memcpy(whole, buffer, count * element);
     std::memset(whole + count * element, 0, padded - count * element);
     char* mine = scratch(mine_, piece * element);
-    reduce_scatter_now(whole, mine, piece, type, op, seq);
+    reduce_scatter_now(whole, mine, piece, type, op, tag);
     gloo::AllgatherOptions opts(context_);
-    opts.setTag(static_cast<uint32_t>(seq));
+    opts.setTag(tag);
     opts.setTimeout(ms(timeout_s_));
     opts.setInput(mine, piece * element);
     opts.setOutput(whole, padded);
@@ -363,9 +388,19 @@ class GlooCommunicator final : public Communicator {
                                size_t count, DataType type) {
     auto describe = [this, seq, op, count, type](const std::string& cause) {
       return describe_stuck_operation(store_.get(), prefix_, rank_, size_, seq, op, count, type,
-                                      cause, world_ranks_);
+                                      cause, world_ranks_, flight_.get());
     };
-    return std::make_unique<HostWork>(queue_->submit(std::move(run)), describe);
+    flight_->started(seq, op, count, type);
+    auto recorded = [flight = flight_, seq, run = std::move(run)] {
+      try {
+        run();
+      } catch (...) {
+        flight->ended(seq, false);
+        throw;
+      }
+      flight->ended(seq, true);
+    };
+    return std::make_unique<HostWork>(queue_->submit(std::move(recorded)), describe);
   }
   // Point to point: the description names the peer instead of asking the store.
   std::unique_ptr<Work> submit(std::function<void()> run, uint64_t seq, std::vector<P2pOp> ops) {

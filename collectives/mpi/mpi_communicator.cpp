@@ -172,7 +172,8 @@ class MpiCommunicator final : public Communicator {
                                  mpi_op(type, op), comm_, &request));
     std::function<void()> finish;
     if (op == ReduceOp::kAverage) finish = [=] { scale_by(buffer, count, type, size_); };
-    return std::make_unique<MpiWork>(request, finish, describer(seq, "all_reduce", count, type));
+    return std::make_unique<MpiWork>(request, recorded(seq, finish),
+                                     describer(seq, "all_reduce", count, type));
   }
 
   std::unique_ptr<Work> broadcast_async(void* buffer, size_t count, DataType type,
@@ -180,7 +181,8 @@ class MpiCommunicator final : public Communicator {
     const uint64_t seq = next_sequence();
     MPI_Request request;
     DDP_MPI_CHECK(MPI_Ibcast(buffer, checked_count(count), mpi_type(type), root, comm_, &request));
-    return std::make_unique<MpiWork>(request, nullptr, describer(seq, "broadcast", count, type));
+    return std::make_unique<MpiWork>(request, recorded(seq, nullptr),
+                                     describer(seq, "broadcast", count, type));
   }
 
   std::unique_ptr<Work> all_gather_async(const void* send, void* recv, size_t count,
@@ -189,7 +191,8 @@ class MpiCommunicator final : public Communicator {
     MPI_Request request;
     DDP_MPI_CHECK(MPI_Iallgather(send, checked_count(count), mpi_type(type), recv,
                                  checked_count(count), mpi_type(type), comm_, &request));
-    return std::make_unique<MpiWork>(request, nullptr, describer(seq, "all_gather", count, type));
+    return std::make_unique<MpiWork>(request, recorded(seq, nullptr),
+                                     describer(seq, "all_gather", count, type));
   }
 
   std::unique_ptr<Work> reduce_scatter_async(const void* send, void* recv, size_t count,
@@ -198,12 +201,12 @@ class MpiCommunicator final : public Communicator {
     MPI_Request request;
     DDP_MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, checked_count(count), mpi_type(type),
                                             mpi_op(type, op), comm_, &request));
-    return std::make_unique<MpiWork>(request,
-                                     op == ReduceOp::kAverage ? std::function<void()>([=] {
-                                       scale_by(recv, count, type, size_);
-                                     })
-                                                              : nullptr,
-                                     describer(seq, "reduce_scatter", count, type));
+    return std::make_unique<MpiWork>(
+        request,
+        recorded(seq, op == ReduceOp::kAverage
+                          ? std::function<void()>([=] { scale_by(recv, count, type, size_); })
+                          : nullptr),
+        describer(seq, "reduce_scatter", count, type));
   }
 
   void send(const void* buffer, size_t count, DataType type, int peer) override {
@@ -250,15 +253,17 @@ class MpiCommunicator final : public Communicator {
                             &requests[0]));
     DDP_MPI_CHECK(MPI_Isend(send_buffer, checked_count(count), mpi_type(type), send_peer, 8, comm_,
                             &requests[1]));
-    MpiWork(requests[0], nullptr, describer(seq, "send_recv", count, type)).wait(timeout_s_);
-    MpiWork(requests[1], nullptr, describer(seq, "send_recv", count, type)).wait(timeout_s_);
+    const auto describe = describer(seq, "send_recv", count, type);
+    MpiWork(requests[0], nullptr, describe).wait(timeout_s_);
+    MpiWork(requests[1], recorded(seq, nullptr), describe).wait(timeout_s_);
   }
 
   void barrier() override {
     const uint64_t seq = next_sequence();
     MPI_Request request;
     DDP_MPI_CHECK(MPI_Ibarrier(comm_, &request));
-    MpiWork(request, nullptr, describer(seq, "barrier", 0, DataType::kFloat32)).wait(timeout_s_);
+    MpiWork(request, recorded(seq, nullptr), describer(seq, "barrier", 0, DataType::kFloat32))
+        .wait(timeout_s_);
   }
 
   std::unique_ptr<Communicator> split(int color, int key) override {
@@ -313,15 +318,25 @@ class MpiCommunicator final : public Communicator {
       return describe_stuck_p2p(group_, seq, ops, cause, this);
     };
   }
+  // Called as each collective is issued: it is recorded (flight_record()), and described if it
+  // never completes.
   std::function<std::string(const std::string&)> describer(uint64_t seq, const char* op,
                                                            size_t count, DataType type) {
+    flight_->started(seq, op, count, type);
     return [this, seq, op, count, type](const std::string& cause) {
       if (store_ != nullptr)
         return describe_stuck_operation(store_.get(), group_, rank_, size_, seq, op, count, type,
-                                        cause, world_ranks_);
+                                        cause, world_ranks_, flight_.get());
       return describe_stuck_operation(nullptr, group_, rank_, size_, seq, op, count, type, cause,
-                                      world_ranks_) +
+                                      world_ranks_, flight_.get()) +
              missing_ranks(seq);
+    };
+  }
+  // `finish` (may be null), then the call's end recorded.
+  std::function<void()> recorded(uint64_t seq, std::function<void()> finish) {
+    return [flight = flight_, seq, finish = std::move(finish)] {
+      if (finish) finish();
+      flight->ended(seq, true);
     };
   }
 

@@ -250,12 +250,15 @@ std::shared_ptr<NcclHandle> make_blocking(ncclComm_t bootstrap, int rank,
 
 class NcclWork final : public Work {
  public:
+  // `ended` (may be null): called once, when a wait or a poll first sees the work done.
   NcclWork(std::shared_ptr<NcclHandle> comm, std::shared_ptr<EventPool> events, cudaEvent_t done,
-           std::function<std::string(const std::string&)> describe)
+           std::function<std::string(const std::string&)> describe,
+           std::function<void()> ended = nullptr)
       : comm_(std::move(comm)),
         events_(std::move(events)),
         done_(done),
-        describe_(std::move(describe)) {}
+        describe_(std::move(describe)),
+        ended_(std::move(ended)) {}
   // `events` null: the event belongs to a captured graph and stays with the communicator.
   ~NcclWork() override {
     if (events_ != nullptr) events_->give(done_);
@@ -269,7 +272,7 @@ class NcclWork final : public Work {
         throw Error(describe_("the communicator was aborted while this operation was pending"));
       }
       const cudaError_t state = cudaEventQuery(done_);
-      if (state == cudaSuccess) return;
+      if (state == cudaSuccess) return seen_done();
       DDP_CHECK(state == cudaErrorNotReady, "{}", describe_(cudaGetErrorString(state)));
       ncclResult_t async = ncclSuccess;
       ncclCommGetAsyncError(comm_->get(), &async);
@@ -294,14 +297,24 @@ class NcclWork final : public Work {
   }
   // Done, or failed (wait() then says how).
   bool is_completed() override {
-    return comm_->aborted() || cudaEventQuery(done_) != cudaErrorNotReady;
+    if (comm_->aborted()) return true;
+    const cudaError_t state = cudaEventQuery(done_);
+    if (state == cudaSuccess) seen_done();
+    return state != cudaErrorNotReady;
   }
 
  private:
   std::shared_ptr<NcclHandle> comm_;
   std::shared_ptr<EventPool> events_;
+  void seen_done() {
+    if (!ended_) return;
+    ended_();
+    ended_ = nullptr;
+  }
+
   cudaEvent_t done_;
   std::function<std::string(const std::string&)> describe_;
+  std::function<void()> ended_;  // the flight recorder's end, until called
 };
 
 class NcclCommunicator final : public Communicator {
@@ -527,9 +540,10 @@ class NcclCommunicator final : public Communicator {
     const bool p2p = !ops.empty();
     const uint64_t seq = p2p ? next_p2p_sequence() : next_sequence();
     auto describe = [store = store_, group = group_, rank = rank_, size = size_, seq, op, count,
-                     type, ops](const std::string& cause) {
+                     type, ops, flight = flight_](const std::string& cause) {
       if (!ops.empty()) return describe_stuck_p2p(group, seq, ops, cause);
-      return describe_stuck_operation(store.get(), group, rank, size, seq, op, count, type, cause);
+      return describe_stuck_operation(store.get(), group, rank, size, seq, op, count, type, cause,
+                                      {}, flight.get());
     };
     DDP_CHECK(!comm_->aborted(), "{} #{} on an aborted NCCL communicator (group {})", op, seq,
               group_);
@@ -564,7 +578,10 @@ class NcclCommunicator final : public Communicator {
       done = events_->take();
     }
     DDP_CUDA_CHECK(cudaEventRecord(done, comm_stream_.get()));
-    return std::make_unique<NcclWork>(comm_, captured ? nullptr : events_, done, describe);
+    if (p2p) return std::make_unique<NcclWork>(comm_, captured ? nullptr : events_, done, describe);
+    flight_->started(seq, op, count, type);  // collectives only: point-to-point is numbered apart
+    return std::make_unique<NcclWork>(comm_, captured ? nullptr : events_, done, describe,
+                                      [flight = flight_, seq] { flight->ended(seq, true); });
   }
 
   ncclComm_t raw() const { return comm_->get(); }

@@ -481,7 +481,7 @@ int main(int argc, char** argv) {
     if (!named) throw ddp::UsageError("collectives_worker: unknown backend " + backend);
     config.backend = *named;
     config.gpu = gpu;
-    config.timeout_s = mode == "straggler" ? 3.0 : 120.0;
+    config.timeout_s = mode == "straggler" || mode == "mismatch" ? 3.0 : 120.0;
     comm = ddp::make_communicator(config, env, store);
     if (mode == "straggler") {
       if (comm->rank() == 1) {
@@ -491,6 +491,13 @@ int main(int argc, char** argv) {
       std::vector<float> buffer(10, 1.0f);
       comm->all_reduce(buffer.data(), buffer.size(), ddp::DataType::kFloat32, ddp::ReduceOp::kSum);
       std::printf("straggler: all_reduce returned without rank 1\n");
+      return 3;
+    }
+    if (mode == "mismatch") {  // one all-reduce #2 of 10 floats on rank 0, 20 on the others
+      std::vector<float> buffer(comm->rank() == 0 ? 10 : 20, 1.0f);
+      comm->all_reduce(buffer.data(), 4, ddp::DataType::kFloat32, ddp::ReduceOp::kSum);
+      comm->all_reduce(buffer.data(), buffer.size(), ddp::DataType::kFloat32, ddp::ReduceOp::kSum);
+      std::printf("mismatch: all_reduce returned\n");
       return 3;
     }
     return ddp::run_all(*comm, gpu);

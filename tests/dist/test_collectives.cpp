@@ -57,6 +57,35 @@ TEST(Gloo, RankThatNeverCallsMakesTheOthersFailWithTheTimeoutMessage) {
   EXPECT_EQ(r.output.find("returned without rank 1"), std::string::npos) << r.output;
 }
 
+// Ranks whose calls at one sequence number differ (another count: Gloo's transport ended the
+// process from its own thread, "op.preamble.length <= op.nbytes. 40 vs 20") wait to the
+// deadline, since a call's tag carries what it is, and are named with both calls, from what
+// every stuck rank records in the store; the calls before it on that rank (the flight recorder)
+// are named too.
+TEST(Gloo, RanksWhoseCallsDifferAreNamedWithBothCalls) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  const RunResult r = run_command(kDdprun + " --nproc-per-node 2 --grace-period 5 -- " +
+                                  CHECK_PATH + " gloo mismatch");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_LT(r.seconds, 25.0) << "the job hung";
+  // Whichever rank fails first names both calls (ddprun stops the other before it may speak).
+  const bool zero_first =
+      r.output.find(
+          "the ranks' calls #2 differ: this rank (0) called all_reduce of 10 x float32 "
+          "(40 bytes) where rank 1 called all_reduce of 20 x float32 (80 bytes)") !=
+      std::string::npos;
+  const bool one_first =
+      r.output.find(
+          "the ranks' calls #2 differ: this rank (1) called all_reduce of 20 x float32 "
+          "(80 bytes) where rank 0 called all_reduce of 10 x float32 (40 bytes)") !=
+      std::string::npos;
+  EXPECT_TRUE(zero_first || one_first) << r.output;
+  EXPECT_NE(r.output.find("this rank's calls before it: all_reduce #1 (4 x float32) done "),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("mismatch: all_reduce returned"), std::string::npos) << r.output;
+}
+
 TEST(Ddpbench, EveryOperationReportsNoWrongElements) {
   if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
   for (const char* op : {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "sendrecv"}) {

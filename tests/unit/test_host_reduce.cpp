@@ -116,5 +116,35 @@ TEST(ComputeStreamGuard, GivesTheUsersStreamBack) {
   }
 }
 
+// The flight recorder keeps the last kFlightEntries calls, oldest first, each ended by its
+// sequence number; what came before a stuck call is named newest first, with how it ended.
+TEST(FlightRecorder, KeepsTheLastCallsAndNamesThoseBeforeAStuckOne) {
+  FlightRecorder flight;
+  for (uint64_t seq = 1; seq <= kFlightEntries + 6; ++seq) {
+    flight.started(seq, seq % 2 ? "all_reduce" : "broadcast", seq, DataType::kFloat32);
+    if (seq < kFlightEntries + 4) flight.ended(seq, true);
+  }
+  flight.ended(kFlightEntries + 5, false);
+  const std::vector<FlightEntry> kept = flight.entries();
+  ASSERT_EQ(kept.size(), kFlightEntries);
+  EXPECT_EQ(kept.front().sequence, 7u);
+  EXPECT_EQ(kept.back().sequence, kFlightEntries + 6);
+  EXPECT_TRUE(kept.back().started >= kept.front().started);
+  EXPECT_FALSE(kept.back().done || kept.back().failed) << "the last one is pending";
+  EXPECT_TRUE(kept[kept.size() - 2].failed);
+  const std::string before = flight.recent_before(kFlightEntries + 6);
+  // Before #70: #69 failed, #68 issued and never seen to end, #67 done.
+  EXPECT_EQ(before.find("all_reduce #69 (69 x float32) failed, broadcast #68 (68 x float32) "
+                        "issued "),
+            0u)
+      << before;
+  EXPECT_NE(before.find("s before it, not seen to end, all_reduce #67 (67 x float32) done "),
+            std::string::npos)
+      << before;
+  EXPECT_EQ(flight.recent_before(7), "") << "nothing kept before the oldest";
+  flight.ended(1, true);  // gone from the ring: no effect
+  EXPECT_EQ(flight.entries().front().sequence, 7u);
+}
+
 }  // namespace
 }  // namespace ddp
