@@ -216,15 +216,28 @@ void StoreServer::serve() {
         }
       }
     }
+    uint64_t buffered = 0;  // what every client's unfinished messages hold
+    for (const Connection& c : connections)
+      buffered += c.input.size();
     for (size_t i = 2; i < fds.size(); ++i) {
       if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
       Connection& c = connections[i - 2];
       char buffer[65536];
       const ssize_t n = ::recv(c.fd.get(), buffer, sizeof(buffer), 0);
       if (n <= 0) {
+        buffered -= c.input.size();
         c.fd.reset();
         continue;
       }
+      if (buffered + static_cast<uint64_t>(n) > config_.max_buffered) {
+        refuse(c.peer, fmt::format("over the {} MiB the store buffers for all clients together",
+                                   config_.max_buffered >> 20));
+        buffered -= c.input.size();
+        c.input.clear();
+        c.fd.reset();
+        continue;
+      }
+      const size_t before = c.input.size();
       c.input.append(buffer, static_cast<size_t>(n));
       // Handle every complete frame; a parked wait holds back later requests.
       while (c.fd.valid() && !c.waiting && c.input.size() >= 4) {
@@ -280,15 +293,6 @@ void StoreServer::serve() {
             refuse_hello(c.foreign, reply_of(StoreStatus::kUnauthorized, body));
             break;
           }
-          if (config_.require_munge) {
-            const std::string why = munge_refusal(credential);
-            if (!why.empty()) {
-              MessageWriter body;
-              body.str(why);
-              refuse_hello(why, reply_of(StoreStatus::kUnauthorized, body));
-              break;
-            }
-          }
           if (!same_token(token, config_.token)) {
             MessageWriter body;
             body.str("a wrong token (every node of a job needs the same DDP_STORE_TOKEN)");
@@ -304,6 +308,17 @@ void StoreServer::serve() {
                                      config_.run_id),
                          reply_of(StoreStatus::kOtherRun, body));
             break;
+          }
+          // Last, after the cheap checks: decoding a credential asks munged (on this thread), so
+          // a stranger without the token must not get that far.
+          if (config_.require_munge) {
+            const std::string why = munge_refusal(credential);
+            if (!why.empty()) {
+              MessageWriter body;
+              body.str(why);
+              refuse_hello(why, reply_of(StoreStatus::kUnauthorized, body));
+              break;
+            }
           }
           c.authenticated = true, reply = reply_of(StoreStatus::kOk);
         } else {
@@ -430,6 +445,7 @@ void StoreServer::serve() {
                                        : "sent more than a hello before authenticating");
         c.fd.reset();
       }
+      buffered = buffered - before + c.input.size();
     }
   }
 }

@@ -5,10 +5,11 @@
 // hello frame and within a deadline, or is dropped; unauthenticated connections are capped;
 // a malformed or oversized message drops that connection only, and the server goes on
 // serving. Its bounds: a message of at most kMaxStoreMessageBytes, the keys and values held
-// at most kMaxStoreBytes together (a set past it is refused, the connection kept), at most
-// kMaxStoreClients connections, and a client that reads none of a reply for
-// kStoreStallSeconds is dropped. Each refused peer is reported once (address and reason)
-// through on_refused.
+// at most kMaxStoreBytes together (a set past it is refused, the connection kept), the bytes of
+// unfinished messages at most kMaxStoreBuffered over every client together (the client whose
+// bytes would pass it is dropped), at most kMaxStoreClients connections, and a client that
+// reads none of a reply for kStoreStallSeconds is dropped. Each refused peer is reported once
+// (address and reason) through on_refused.
 #pragma once
 
 #include <atomic>
@@ -29,6 +30,10 @@ constexpr size_t kMaxHelloBytes = 4096;
 // The bytes of every key and value held together (ranks store addresses and NCCL ids:
 // kilobytes); a set past it is refused with kTooLarge.
 constexpr uint64_t kMaxStoreBytes = uint64_t{256} << 20;
+// The bytes of messages received but not yet whole, over every client together (the torch
+// store's bound): each client may leave two frames unfinished, so many clients could otherwise
+// hold the server's memory at many times what it keeps.
+constexpr uint64_t kMaxStoreBuffered = uint64_t{512} << 20;
 // Connections served at once; past it a new one is closed at once (reported).
 constexpr size_t kMaxStoreClients = 4096;
 // A client that reads nothing of a reply for this long is dropped.
@@ -51,6 +56,8 @@ struct StoreServerConfig {
   ListenOrigin origin;
   // The bytes of keys and values held together (a set past it is refused).
   uint64_t max_bytes = kMaxStoreBytes;
+  // The bytes of unfinished messages over every client together (past it, that client goes).
+  uint64_t max_buffered = kMaxStoreBuffered;
   double hello_timeout_s = 10;      // an unauthenticated connection is closed after this
   size_t max_unauthenticated = 64;  // more waiting for their hello are refused at once
   // Called on the server thread, once per (peer address, reason): "1.2.3.4: wrong token".

@@ -4,10 +4,12 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -656,6 +658,67 @@ TEST(StoreBound, WhatTheStoreHoldsIsBounded) {
     c.set("big" + std::to_string(i), big);
 }
 
+// What the store buffers is bounded too (512 MiB over every client by default, the torch
+// store's bound; 8 MiB here): clients that each leave a large set unfinished (round 6: 20 of
+// them, 60 MiB each, held ddprun at 1236 MiB) are dropped once their bytes together would pass
+// it, the one that would pass it named; the others and a new client are served.
+TEST(StoreBound, WhatTheStoreBuffersForUnfinishedMessagesIsBounded) {
+  EXPECT_EQ(StoreServerConfig().max_buffered, uint64_t{512} << 20);
+  StoreServerConfig config{"127.0.0.1", 0, "secret"};
+  config.max_buffered = uint64_t{8} << 20;
+  std::string refused;
+  std::mutex refused_mutex;
+  config.on_refused = [&](const std::string& line) {
+    const std::lock_guard<std::mutex> lock(refused_mutex);
+    refused += line + "\n";
+  };
+  StoreServer server(config);
+  server.start();
+  std::vector<UniqueFd> clients;
+  const std::string part(3u << 20, 'x');  // 3 MiB of a 6 MiB set, never finished
+  for (int i = 0; i < 4; ++i) {
+    UniqueFd raw = tcp_connect("127.0.0.1", server.port(), deadline_in(2.0));
+    MessageWriter hello;
+    hello.u8(static_cast<uint8_t>(StoreOp::kHello))
+        .str("secret")
+        .u32(kStoreProtocolVersion)
+        .str("")   // the run's id: none
+        .str("");  // a MUNGE credential: none
+    const std::string frame = hello.framed();
+    write_all(raw.get(), frame.data(), frame.size());
+    char reply[5];
+    ASSERT_TRUE(read_exact(raw.get(), reply, 5, deadline_in(5.0)));
+    const uint32_t length = 6u << 20;  // the frame's length, then only half of it
+    const unsigned char head[4] = {
+        static_cast<unsigned char>(length), static_cast<unsigned char>(length >> 8),
+        static_cast<unsigned char>(length >> 16), static_cast<unsigned char>(length >> 24)};
+    write_all(raw.get(), head, 4);
+    try {
+      write_all(raw.get(), part.data(), part.size());
+    } catch (const Error&) {  // the server closed this one while it was sending
+    }
+    clients.push_back(std::move(raw));
+  }
+  // Two fit (6 MiB of 8); the third and fourth pass the bound and are closed.
+  int closed = 0;
+  for (UniqueFd& c : clients) {
+    char byte;
+    try {
+      read_exact(c.get(), &byte, 1, deadline_in(1.0));  // false at the deadline: still open
+    } catch (const Error&) {
+      ++closed;  // closed by the server
+    }
+  }
+  StoreClient fresh("127.0.0.1", server.port(), "secret", 5.0);
+  fresh.set("k", "v");
+  EXPECT_EQ(fresh.get("k").value(), "v");
+  server.stop();
+  EXPECT_EQ(closed, 2) << refused;
+  EXPECT_NE(refused.find("over the 8 MiB the store buffers for all clients together"),
+            std::string::npos)
+      << refused;
+}
+
 // The message when the store hangs up names who served it: ddprun's node 0 by default, rank 0
 // under srun (there is no ddprun there).
 TEST(StoreClient, AStoreThatEndsIsNamedByWhoServedIt) {
@@ -719,6 +782,35 @@ TEST_F(OwnMunged, ACredentialSaysWhoMadeItOnce) {
   EXPECT_EQ(who->payload, "slurm-9.0");
   EXPECT_FALSE(munge_decode_credential(made, socket_, &why).has_value());
   EXPECT_NE(why.find("its MUNGE credential: "), std::string::npos) << why;
+}
+
+// A client without the token is refused before its credential is decoded: decoding asks munged
+// on the store's one thread, and a munged that never answers (here a socket nobody serves) held
+// every client about 10 s while a stranger's credential waited on it.
+TEST(StoreMunge, AStrangerIsRefusedBeforeMungedIsAsked) {
+  if (!munge_built()) GTEST_SKIP() << "built without MUNGE (libmunge-dev)";
+  TempDir dir;
+  const std::string path = dir.file("silent-munged");
+  UniqueFd silent(::socket(AF_UNIX, SOCK_STREAM, 0));
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::snprintf(address.sun_path, sizeof(address.sun_path), "%s", path.c_str());
+  ASSERT_EQ(::bind(silent.get(), reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  ASSERT_EQ(::listen(silent.get(), 16), 0);  // accepts, never answers
+  StoreServerConfig config{"127.0.0.1", 0, "slurm-9.0"};
+  config.run_id = "slurm-9.0";
+  config.require_munge = true;
+  config.munge_socket = path;
+  StoreServer server(config);
+  server.start();
+  const Stopwatch clock;
+  try {
+    StoreClient("127.0.0.1", server.port(), "a-guess", 2.0, 5.0, "slurm-9.0", "some-credential");
+    ADD_FAILURE() << "a client without the token was let in";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("wrong token"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(clock.seconds(), 2.0) << "the refusal waited on munged";
 }
 
 // A store under Slurm that demands MUNGE: a client with a credential of the run's id is let
