@@ -74,7 +74,23 @@ std::string ElasticRendezvous::key(int64_t generation, const std::string& what) 
   return fmt::format("ddprun/elastic/{}/{}", generation, what);
 }
 
+// The job's --nnodes is the first node's: a node that gives another is refused before it joins
+// (admitted, it would close generations at its own MIN and MAX, not the job's).
+void ElasticRendezvous::check_same_nnodes() {
+  if (nnodes_checked_) return;
+  const std::string mine = fmt::format("{}:{}", min_nodes_, max_nodes_);
+  if (store_.add("ddprun/elastic/nnodes-first", 1) == 1) store_.set("ddprun/elastic/nnodes", mine);
+  const std::string jobs = store_.wait_get("ddprun/elastic/nnodes", timeout_s_);
+  if (jobs != mine)
+    throw UsageError(
+        fmt::format("--nnodes {}: the job's nodes were started with --nnodes {}; "
+                    "every node of an elastic job must give the same MIN:MAX",
+                    mine, jobs));
+  nnodes_checked_ = true;
+}
+
 bool ElasticRendezvous::join(Membership* m, int64_t after, const std::function<void()>& between) {
+  check_same_nnodes();
   int64_t g = std::max(count("ddprun/elastic/gen"), after + 1);
   while (true) {
     const int rank = static_cast<int>(store_.add(key(g, "joined"), 1) - 1);

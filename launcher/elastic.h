@@ -69,7 +69,8 @@ class ElasticRendezvous {
   // Joins the open generation (at least `after` + 1 when given): returns once one closed with
   // this node in it, waiting through any that closed without it. false: the job finished
   // while this node waited. Throws ddp::Error when fewer than MIN nodes joined in timeout_s,
-  // or when it came late and no generation made room for it in timeout_s.
+  // or when it came late and no generation made room for it in timeout_s; UsageError when the
+  // job's first node gave another MIN:MAX (checked once, at the first join).
   // `between` runs between polls (it may throw: a signal that ends the wait).
   bool join(Membership* membership, int64_t after, const std::function<void()>& between);
   // While `m` runs (called often; it talks to the store at most every 0.2 s): this node's
@@ -94,6 +95,7 @@ class ElasticRendezvous {
  private:
   std::string key(int64_t generation, const std::string& what) const;
   int64_t count(const std::string& key) { return store_.add(key, 0); }
+  void check_same_nnodes();
 
   StoreClient& store_;
   int min_nodes_, max_nodes_;
@@ -103,6 +105,7 @@ class ElasticRendezvous {
   std::vector<int64_t> beats_;       // each member's last heartbeat seen (check)
   std::vector<double> beat_seen_s_;  // when it last moved
   std::string silent_node_;
+  bool nnodes_checked_ = false;
 };
 
 }  // namespace ddp

@@ -47,6 +47,23 @@ class Elastic : public ::testing::Test {
   std::unique_ptr<StoreServer> server_;
 };
 
+// A node started with another --nnodes than the job's first is refused at its first join,
+// naming both (admitted, it closed generations at its own MIN and MAX).
+TEST_F(Elastic, ANodeWithAnotherNnodesIsRefused) {
+  Node a = node(1, 2, 0.2), b = node(1, 3, 0.2);
+  Membership ma, mb;
+  ASSERT_TRUE(join(a, &ma));
+  try {
+    join(b, &mb);
+    ADD_FAILURE() << "a node with --nnodes 1:3 joined a 1:2 job";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("--nnodes 1:3: the job's nodes were started with "
+                                         "--nnodes 1:2"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST_F(Elastic, AGenerationClosesAtMaxAtOnceAndNumbersItsNodesByArrival) {
   Node a = node(1, 2, 60), b = node(1, 2, 60);  // the last call would take a minute
   Membership ma, mb;
