@@ -181,6 +181,7 @@ struct DistributedDataParallel::Impl {
   // lives, nothing after (LibTorch has no way to remove a tensor's hook).
   std::shared_ptr<std::function<void(size_t)>> alive =
       std::make_shared<std::function<void(size_t)>>([this](size_t i) { watch_hit(i); });
+  int sync_batch_norms = 0;  // the module's ddp::SyncBatchNorm layers
   bool no_sync = false;
   bool in_backward = false;
   bool buffers_synced = false;  // since the last synchronised backward

@@ -61,6 +61,11 @@ void DistributedDataParallel::Impl::join(const std::function<void()>& loop) {
                   "miss its own parameters' updates; uneven inputs under ZeRO are not supported",
                   options.zero());
   DDP_USAGE_CHECK(!joining, "ddp::DistributedDataParallel::join inside join");
+  DDP_USAGE_CHECK(sync_batch_norms == 0,
+                  "ddp::DistributedDataParallel::join with ddp::SyncBatchNorm ({} in the module): "
+                  "a rank that has joined has no batch to add to the statistics, which every rank "
+                  "sums in each forward; uneven inputs with SyncBatchNorm are not supported",
+                  sync_batch_norms);
   DDP_USAGE_CHECK(!options.static_graph(),
                   "ddp::DistributedDataParallel::join with static_graph: a rank that has joined "
                   "cannot follow the first step's record; uneven inputs under static_graph are "

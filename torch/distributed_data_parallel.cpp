@@ -37,12 +37,15 @@ std::set<const c10::TensorImpl*>& wrapped() {
 }
 
 // Every SyncBatchNorm of `module` (itself included) reduces its statistics over `comm` (null:
-// none). Not module.modules(), which takes the module's shared_ptr and throws for a module made
-// on the stack (`Net model;`, as pytorch/examples' cpp/mnist makes it).
-void set_sync_batch_norm_communicator(torch::nn::Module& module, Communicator* comm) {
-  if (auto* sync = dynamic_cast<SyncBatchNormImpl*>(&module)) sync->set_communicator(comm);
+// none); returns how many there are. Not module.modules(), which takes the module's shared_ptr
+// and throws for a module made on the stack (`Net model;`, as pytorch/examples' cpp/mnist).
+int set_sync_batch_norm_communicator(torch::nn::Module& module, Communicator* comm) {
+  int count = 0;
+  if (auto* sync = dynamic_cast<SyncBatchNormImpl*>(&module)) sync->set_communicator(comm), ++count;
   for (const auto& m : module.modules(/*include_self=*/false))
-    if (auto* sync = dynamic_cast<SyncBatchNormImpl*>(m.get())) sync->set_communicator(comm);
+    if (auto* sync = dynamic_cast<SyncBatchNormImpl*>(m.get()))
+      sync->set_communicator(comm), ++count;
+  return count;
 }
 
 }  // namespace
@@ -106,7 +109,8 @@ DistributedDataParallel::Impl::Impl(torch::nn::Module& module_, World& world,
                                            [this](size_t i) { moved(i); });
   }
   point_grads_at_buckets();
-  set_sync_batch_norm_communicator(module, &comm);  // batch statistics over every rank's slice
+  // batch statistics over every rank's slice
+  sync_batch_norms = set_sync_batch_norm_communicator(module, &comm);
   std::lock_guard<std::mutex> lock(wrapped_mutex);
   for (const Param& p : params)
     wrapped().insert(p.tensor.unsafeGetTensorImpl());

@@ -774,6 +774,15 @@ TEST(TorchDdp, BadUseIsOneClearError) {
             std::string::npos)
       << twice.output;
   EXPECT_EQ(count_of(twice.output, "trained"), 0) << twice.output;
+  // join() with SyncBatchNorm: a joined rank could not add to the statistics (it died in Gloo's
+  // size check); refused at the call.
+  const RunResult join =
+      train_ranks(2, dir.file("w.safetensors"), "--syncbn --short-rank 1 --join");
+  EXPECT_NE(join.exit_code, 0) << join.output;
+  EXPECT_NE(join.output.find("join with ddp::SyncBatchNorm (1 in the module): a rank that has "
+                             "joined has no batch"),
+            std::string::npos)
+      << join.output;
 }
 
 }  // namespace

@@ -165,6 +165,14 @@ TEST(TorchZeroUse, AForwardThatSkippedTheGatherAndABadLevelAreNamed) {
                               "model.sync_buffers() or model.gather_parameters() before it"),
             std::string::npos)
       << stale.output;
+  // Under zero(3) the other owners' parameters are empty between steps: LibTorch stops the
+  // forward itself at the first layer (the README says so: nothing can refuse a forward of one's
+  // own, LibTorch having no forward hooks).
+  const RunResult empty =
+      train(2, dir.file("w.safetensors"), "--zero 3 --own-forward --no-sync-buffers");
+  EXPECT_NE(empty.exit_code, 0) << empty.output;
+  EXPECT_NE(empty.output.find("'weight' must be 2-D"), std::string::npos) << empty.output;
+  EXPECT_EQ(count_of(empty.output, "trained"), 0) << empty.output;
   const RunResult bad = train(2, dir.file("w.safetensors"), "--zero 4");
   EXPECT_NE(bad.exit_code, 0) << bad.output;
   EXPECT_NE(bad.output.find("DistributedDataParallelOptions().zero(4): expected 0 (plain), 1"),
