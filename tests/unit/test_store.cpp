@@ -27,6 +27,18 @@
 namespace ddp {
 namespace {
 
+// A client's hello, framed, as StoreClient sends it: the token, this protocol's version, no run
+// id and no MUNGE credential.
+std::string hello_frame(const std::string& token) {
+  MessageWriter hello;
+  hello.u8(static_cast<uint8_t>(StoreOp::kHello))
+      .str(token)
+      .u32(kStoreProtocolVersion)
+      .str("")   // the run's id: none
+      .str("");  // a MUNGE credential: none
+  return hello.framed();
+}
+
 int count_lines(const std::string& text, const std::string& needle) {
   int n = 0;
   for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1))
@@ -186,13 +198,7 @@ TEST_F(StoreTest, GarbageAndOversizedInputDropOnlyThatConnection) {
   }
   {
     UniqueFd raw = tcp_connect("127.0.0.1", server_->port(), deadline_in(2.0));
-    MessageWriter hello;
-    hello.u8(static_cast<uint8_t>(StoreOp::kHello))
-        .str("secret")
-        .u32(kStoreProtocolVersion)
-        .str("")   // the run's id: none
-        .str("");  // a MUNGE credential: none
-    const std::string frame = hello.framed();
+    const std::string frame = hello_frame("secret");
     write_all(raw.get(), frame.data(), frame.size());
     char reply[5];
     ASSERT_TRUE(read_exact(raw.get(), reply, 5, deadline_in(5.0)));
@@ -203,15 +209,9 @@ TEST_F(StoreTest, GarbageAndOversizedInputDropOnlyThatConnection) {
   }
   {
     UniqueFd raw = tcp_connect("127.0.0.1", server_->port(), deadline_in(2.0));
-    MessageWriter hello;
-    hello.u8(static_cast<uint8_t>(StoreOp::kHello))
-        .str("secret")
-        .u32(kStoreProtocolVersion)
-        .str("")              // the run's id: none
-        .str("");             // a MUNGE credential: none
     MessageWriter truncated;  // a set whose value length runs past the frame
     truncated.u8(static_cast<uint8_t>(StoreOp::kSet)).str("k").u32(1000);
-    const std::string frames = hello.framed() + truncated.framed();
+    const std::string frames = hello_frame("secret") + truncated.framed();
     write_all(raw.get(), frames.data(), frames.size());
     char reply[5];
     ASSERT_TRUE(read_exact(raw.get(), reply, 5, deadline_in(5.0)));
@@ -678,13 +678,7 @@ TEST(StoreBound, WhatTheStoreBuffersForUnfinishedMessagesIsBounded) {
   const std::string part(3u << 20, 'x');  // 3 MiB of a 6 MiB set, never finished
   for (int i = 0; i < 4; ++i) {
     UniqueFd raw = tcp_connect("127.0.0.1", server.port(), deadline_in(2.0));
-    MessageWriter hello;
-    hello.u8(static_cast<uint8_t>(StoreOp::kHello))
-        .str("secret")
-        .u32(kStoreProtocolVersion)
-        .str("")   // the run's id: none
-        .str("");  // a MUNGE credential: none
-    const std::string frame = hello.framed();
+    const std::string frame = hello_frame("secret");
     write_all(raw.get(), frame.data(), frame.size());
     char reply[5];
     ASSERT_TRUE(read_exact(raw.get(), reply, 5, deadline_in(5.0)));
