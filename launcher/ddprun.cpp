@@ -138,6 +138,9 @@ void report_failure(const ddp::LaunchConfig& config, const ddp::WorkerPlan& plan
     for (const std::string& line : outcome.last_lines)
       std::fprintf(stderr, "  | %s\n", line.c_str());
   }
+  for (const auto& [rank, cause] : outcome.also_failed)
+    std::fprintf(stderr, "ddprun: rank %d also failed before the teardown: %s\n", rank,
+                 cause.c_str());
   // A module the interpreter lacks: which interpreter ran it, and how to choose another.
   bool missing_module = false;
   for (const std::string& line : outcome.last_lines)

@@ -415,11 +415,31 @@ void WorkerGroup::stop_all(int signal) {
   }
 }
 
+namespace {
+
+// How long the others may go on after the first failure before SIGTERM (at most the grace
+// period): what every rank meets at once, each rank's own error, is then heard from each.
+constexpr double kSettleSeconds = 1.0;
+
+// "exit code 3" or "killed by SIGKILL (9)", and the exit code ddprun gives for it.
+std::string describe_exit(int status, int* exit_code) {
+  if (WIFSIGNALED(status)) {
+    const int signal = WTERMSIG(status);
+    *exit_code = 128 + signal;
+    return fmt::format("killed by {} ({})", signal_name(signal), signal);
+  }
+  *exit_code = WEXITSTATUS(status);
+  return fmt::format("exit code {}", WEXITSTATUS(status));
+}
+
+}  // namespace
+
 GroupOutcome WorkerGroup::supervise(const std::function<std::string()>& peer_failed) {
   using Clock = std::chrono::steady_clock;
   GroupOutcome outcome;
   bool stopping = false;
-  Clock::time_point term_at = Clock::time_point::max();  // SIGINT escalates to SIGTERM
+  bool settling = false;  // after the first failure, before the others' SIGTERM
+  Clock::time_point term_at = Clock::time_point::max();  // SIGINT, a failure: then SIGTERM
   Clock::time_point kill_at{};
   const auto after = [](double seconds) {
     return Clock::now() +
@@ -462,6 +482,12 @@ GroupOutcome WorkerGroup::supervise(const std::function<std::string()>& peer_fai
       // A signal while the group is already being stopped after a failure: the root cause,
       // its exit code and the grace period stand; ddprun only notes it and will not restart.
       outcome.signalled_in_teardown = true;
+      if (settling) {  // the user's signal cuts the others' moment short; the grace period stands
+        stop_all(SIGTERM);
+        term_at = Clock::time_point::max();
+        settling = false;
+        kill_at = std::min(kill_at, after(config_.grace_period));
+      }
       console_.line(true, fmt::format("ddprun: {} during the teardown: stopping as before, no "
                                       "restart",
                                       signal_name(g_forward_signal)));
@@ -486,18 +512,24 @@ GroupOutcome WorkerGroup::supervise(const std::function<std::string()>& peer_fai
             WIFSIGNALED(w.status) || (WIFEXITED(w.status) && WEXITSTATUS(w.status) != 0);
         if (!failed) continue;
         outcome.failed_rank = w.rank;
-        if (WIFSIGNALED(w.status)) {
-          const int signal = WTERMSIG(w.status);
-          outcome.cause = fmt::format("killed by {} ({})", signal_name(signal), signal);
-          outcome.exit_code = 128 + signal;
-        } else {
-          outcome.cause = fmt::format("exit code {}", WEXITSTATUS(w.status));
-          outcome.exit_code = WEXITSTATUS(w.status);
-        }
-        stop_all(SIGTERM);
+        outcome.cause = describe_exit(w.status, &outcome.exit_code);
+        // The others get a moment before SIGTERM: ranks that meet the same fault (a
+        // disagreement every rank finds) finish saying why on their own.
         stopping = true;
-        kill_at = after(config_.grace_period);
+        settling = true;
+        const double settle = std::min(kSettleSeconds, config_.grace_period);
+        term_at = after(settle);
+        kill_at = after(settle + config_.grace_period);
         break;
+      }
+    }
+    if (settling) {
+      for (Worker& w : workers_) {
+        const bool failed = w.exited && (WIFSIGNALED(w.status) || WEXITSTATUS(w.status) != 0);
+        if (!failed || w.rank == outcome.failed_rank || w.told_failed) continue;
+        w.told_failed = true;
+        int ignored = 0;
+        outcome.also_failed.push_back({w.rank, describe_exit(w.status, &ignored)});
       }
     }
     if (!stopping && peer_failed) {
@@ -514,6 +546,7 @@ GroupOutcome WorkerGroup::supervise(const std::function<std::string()>& peer_fai
     if (stopping && Clock::now() >= term_at) {
       stop_all(SIGTERM);
       term_at = Clock::time_point::max();
+      settling = false;
     }
     if (stopping && Clock::now() >= kill_at) {
       stop_all(SIGKILL);

@@ -26,9 +26,12 @@ struct GroupOutcome {
   int failed_rank = -1;  // the first rank that failed, or -1
   std::string cause;     // "exit code 3", "signal SIGKILL (9)", "interrupted by SIGINT"
   std::vector<std::string> last_lines;  // the failed rank's last output lines
-  bool interrupted = false;             // ddprun itself got SIGINT/SIGTERM/SIGHUP
-  bool peer_restart = false;            // another node failed: this one stopped its workers
-  bool signalled_in_teardown = false;   // SIGINT/SIGTERM/SIGHUP while stopping after a failure
+  // Other ranks that failed on their own before the teardown's SIGTERM (rank, cause): ranks
+  // that meet the same fault each say why in their own lines.
+  std::vector<std::pair<int, std::string>> also_failed;
+  bool interrupted = false;            // ddprun itself got SIGINT/SIGTERM/SIGHUP
+  bool peer_restart = false;           // another node failed: this one stopped its workers
+  bool signalled_in_teardown = false;  // SIGINT/SIGTERM/SIGHUP while stopping after a failure
 };
 
 // The longest output line ddprun holds before passing it on in pieces.
@@ -73,6 +76,7 @@ class WorkerGroup {
     bool on_console = true;        // --local-ranks-filter, --quiet
     bool exited = false;
     int status = 0;
+    bool told_failed = false;  // listed in GroupOutcome::also_failed
     // Once the worker has exited, what it left in its process group is stopped too
     // (SIGTERM, then SIGKILL after the grace period); true once the group is empty.
     bool group_gone = false;

@@ -389,6 +389,8 @@ TEST(DataParallel, RanksGivenOtherFlagsStopAtStartNamingTheFlag) {
                                 "with the same flags"),
               std::string::npos)
         << steps.output;
+  EXPECT_NE(steps.output.find("also failed before the teardown: exit code 2"), std::string::npos)
+      << steps.output;
   const RunResult zero = job(" --steps 2 --zero 1", " --steps 2 --zero 2");
   EXPECT_EQ(zero.exit_code, 2) << zero.output;
   EXPECT_NE(zero.output.find("rank 1 has --zero 2 where rank 0 has --zero 1"), std::string::npos)

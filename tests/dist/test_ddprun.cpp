@@ -312,6 +312,30 @@ TEST(Ddprun, FirstFailureStopsTheOthersAndSetsTheExitCode) {
   EXPECT_NE(r.output.find("| about to fail"), std::string::npos) << r.output;
 }
 
+// Ranks that fail at about the same time (every rank meets the same disagreement) are each
+// heard: the teardown waits a moment for them before SIGTERM, and names those that ended on their
+// own. Rank 1 fails just after rank 0 (it waits for rank 0's mark), rank 2 would run on.
+TEST(Ddprun, RanksThatFailOnTheirOwnJustAfterTheFirstAreHeard) {
+  TempDir dir;
+  const std::string mark = dir.path() + "/rank0-failed";
+  const RunResult r = run_command(ddprun() +
+                                  " --nproc-per-node 3 --grace-period 5 -- sh -c '"
+                                  "if [ $RANK = 0 ]; then echo rank-0-own-error; touch " +
+                                  mark +
+                                  "; exit 3; fi; "
+                                  "if [ $RANK = 1 ]; then while [ ! -e " +
+                                  mark +
+                                  " ]; do sleep 0.01; done; "
+                                  "sleep 0.1; echo rank-1-own-error; exit 4; fi; exec sleep 60'");
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_LT(r.seconds, 15.0) << "the others were not stopped";
+  EXPECT_NE(r.output.find("rank 0 failed first: exit code 3"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[rank 1] rank-1-own-error"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rank 1 also failed before the teardown: exit code 4"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("rank 2 also failed"), std::string::npos) << r.output;
+}
+
 // Each rank's wrapper script starts one sleep in its own session (setsid) and one in its group;
 // kill -9 of ddprun leaves neither behind (each worker's guard is their subreaper).
 TEST(Ddprun, WorkersBehindAWrapperScriptDieWithAKilledDdprun) {
@@ -772,7 +796,9 @@ TEST(Ddprun, ASignalDuringTheTeardownKeepsTheRootCause) {
   EXPECT_NE(r.output.find("SIGTERM during the teardown"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("restarting the group"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("interrupted by SIGTERM"), std::string::npos) << r.output;
-  EXPECT_LT(r.seconds, 3.5) << "the grace period restarted:\n" << r.output;
+  // Rank 0 ends 2 s after the one SIGTERM it gets, at 1 s: a second SIGTERM (a restarted
+  // teardown) would hold it 2 s more.
+  EXPECT_LT(r.seconds, 4.0) << "the grace period restarted:\n" << r.output;
 }
 
 // A worker's child in a session of its own (setsid) outlived the job before; ddprun, its
