@@ -18,6 +18,31 @@ namespace {
 
 const std::string kWorker = WORKER_PATH;
 const std::string kPipelineWorker = PIPELINE_WORKER_PATH;
+const std::string kUserProgram = USER_PROGRAM_PATH;
+
+// torch::load after wrapping a module on the GPU by reference (a module on the stack and a
+// holder), then the module's own forward and no sync_buffers(): the gradients' own hooks find
+// the accumulators the load made, over NCCL as over Gloo (TorchUsers.TorchLoadAfterWrapping...),
+// and 2 ranks sharing the GPU train as one CUDA process (TF32 off; the ranks' shares are summed
+// in another order than one product over the batch: kAcrossRanksMargin).
+TEST(TorchUsersCuda, TorchLoadAfterWrappingByReferenceStillReducesEveryGradient) {
+  REQUIRE_GPU();
+  TempDir dir;
+  const std::string start = dir.file("start.pt");
+  ASSERT_EQ(run_command(kUserProgram + " --save-start " + start).exit_code, 0);
+  for (const std::string model : {"stack", "holder"}) {
+    const std::string flags = " --cuda --model " + model + " --load " + start;
+    const std::string single = dir.file(model + "-single"), ranks = dir.file(model + "-ranks");
+    const RunResult one = run_command(kGpuEnv + kUserProgram + " --single --out " + single + flags);
+    ASSERT_EQ(one.exit_code, 0) << one.output;
+    const RunResult two = run_command(kSharedGpu + " --nproc-per-node 2 -- " + kUserProgram +
+                                      " --out " + ranks + flags);
+    ASSERT_EQ(two.exit_code, 0) << two.output;
+    EXPECT_NE(two.output.find("got new tensors since the wrapper was made"), std::string::npos)
+        << two.output;
+    EXPECT_LT(max_relative_difference(ranks, single), kAcrossRanksMargin) << model;
+  }
+}
 
 // ddp::Pipeline over NCCL (CUDA tensors, LibTorch's current stream): two pipeline ranks sharing
 // the GPU train as one CUDA process with the whole batch, under 1f1b and zb-v (the CPU's

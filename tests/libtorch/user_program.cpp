@@ -4,13 +4,14 @@
 // batch of each step split over the ranks), rank 0's parameters written to --out (safetensors,
 // float32, the module's names). --single: the same loop in one process, no ddp at all.
 //   user_program --model stack|holder|shared|sequential [--single] [--steps K] [--out FILE]
-//                [--load FILE] [--save-start FILE]
+//                [--load FILE] [--save-start FILE] [--cuda]
 // stack: `Net model;` on main's stack (pytorch/examples' cpp/mnist), wrapped by reference, the
 // module's own forward; holder: TORCH_MODULE's Net, model.forward(x); shared: a
 // std::make_shared<NetImpl>(), model.forward(x); sequential: a torch::nn::Sequential holder,
 // model.forward(x). --load: torch::load of the whole model after the wrapper and the optimizer
 // are made (resume code), then the loop as written (no sync_buffers(): the model has no buffers);
-// --save-start: a model of another seed saved there, for --load.
+// --save-start: a model of another seed saved there, for --load. --cuda: the model and the data
+// on the GPU (moved before the wrapper is made, loaded onto it), as a GPU user writes it.
 #include <torch/torch.h>
 
 #include <cstdio>
@@ -39,8 +40,9 @@ torch::nn::Sequential make_sequential() {
 
 struct Args {
   std::string model = "holder", out, load, save_start;
-  bool single = false;
+  bool single = false, cuda = false;
   int steps = 6;
+  torch::Device device() const { return cuda ? torch::kCUDA : torch::kCPU; }
 };
 
 Args parse(int argc, char** argv) {
@@ -63,6 +65,8 @@ Args parse(int argc, char** argv) {
       a.steps = std::stoi(value());
     else if (f == "--single")
       a.single = true;
+    else if (f == "--cuda")
+      a.cuda = true;
     else
       throw ddp::UsageError("user_program: unknown flag " + f);
   }
@@ -87,12 +91,12 @@ constexpr int64_t kGlobalBatch = 12;
 template <typename Forward>
 void train(torch::nn::Module& module, const Args& args, int rank, int ranks, Forward forward) {
   torch::manual_seed(1234);  // the data: the same on every rank
-  const torch::Tensor x = torch::randn({kGlobalBatch * args.steps, 6});
-  const torch::Tensor y = torch::randn({kGlobalBatch * args.steps, 3});
+  const torch::Tensor x = torch::randn({kGlobalBatch * args.steps, 6}).to(args.device());
+  const torch::Tensor y = torch::randn({kGlobalBatch * args.steps, 3}).to(args.device());
   torch::optim::SGD optimizer(module.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   if (!args.load.empty()) {
     torch::serialize::InputArchive archive;
-    archive.load_from(args.load);
+    archive.load_from(args.load, args.device());
     module.load(archive);  // what torch::load(holder, file) does to the module
   }
   const int64_t share = kGlobalBatch / ranks;
@@ -131,6 +135,7 @@ int main(int argc, char** argv) {
   torch::manual_seed(7 + (world ? world->rank() : 0));  // the wrapper makes them rank 0's
   if (args.model == "stack") {
     NetImpl model;  // as pytorch/examples' cpp/mnist: `Net model;`
+    model.to(args.device());
     if (!world) {
       train(model, args, 0, 1, [&](torch::Tensor x) { return model.forward(x); });
     } else {
@@ -140,12 +145,15 @@ int main(int argc, char** argv) {
     }
   } else if (args.model == "holder") {
     Net net;
+    net->to(args.device());
     run(net, args, world.get(), *net);
   } else if (args.model == "shared") {
     auto net = std::make_shared<NetImpl>();
+    net->to(args.device());
     run(net, args, world.get(), *net);
   } else if (args.model == "sequential") {
     torch::nn::Sequential seq = make_sequential();
+    seq->to(args.device());
     run(seq, args, world.get(), *seq);
   } else {
     throw ddp::UsageError("user_program: --model stack, holder, shared or sequential");
