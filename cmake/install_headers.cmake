@@ -4,7 +4,7 @@
 # that they are found beside it whatever else is on a program's include path.
 foreach(header IN LISTS DDP_INSTALL_HEADERS)
   file(READ "${DDP_SOURCE_DIR}/${header}" text)
-  string(REGEX REPLACE "#include \"((collectives|engine|models|runtime|launcher|torch)/[^\"]+)\""
+  string(REGEX REPLACE "#include \"((collectives|dist|engine|models|runtime|launcher|torch)/[^\"]+)\""
                        "#include <ddp/\\1>" text "${text}")
   string(REGEX REPLACE "^include/ddp/" "" relative "${header}")
   set(destination "$ENV{DESTDIR}${CMAKE_INSTALL_PREFIX}/${DDP_INCLUDEDIR}/ddp/${relative}")

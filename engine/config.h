@@ -11,7 +11,7 @@
 #include "collectives/backend.h"
 #include "engine/pipeline/schedule.h"
 #include "engine/runners/runner_options.h"
-#include "engine/sync/sync_options.h"
+#include "dist/sync_options.h"
 #include "models/mlp.h"
 #include "models/optimizer.h"
 #include "models/precision.h"

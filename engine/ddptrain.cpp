@@ -1,6 +1,6 @@
 // ddptrain: trains an MLP on the CPU or on this process's GPU, alone or as one rank of a
 // data-parallel job started by ddprun, mpirun or srun. It joins the job as every program does,
-// through ddp::init (engine/setup/world.h: the store served under srun, the GPU bound first,
+// through ddp::init (dist/world.h: the store served under srun, the GPU bound first,
 // NCCL started while the model builds), with its own checks of the device; on a fatal error it
 // aborts the communicator so that peers stop waiting, then exits non-zero.
 #include <algorithm>
@@ -20,7 +20,7 @@
 #include "engine/runners/stage_runner.h"
 #include "engine/setup/faults.h"
 #include "engine/setup/run_setup.h"
-#include "engine/setup/world.h"
+#include "dist/world.h"
 #include "engine/telemetry/gpu_monitor.h"
 #include "engine/telemetry/metrics.h"
 #include "models/mlp.h"

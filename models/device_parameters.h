@@ -22,7 +22,7 @@ namespace ddp {
 // gradients of range b (elements [offset, + count) of the flat layout, in the ranges' order)
 // written in slot b % slots. Whoever reads a range must be done with its slot before the range
 // `slots` later is written (the owner's choice; ddp's gradient sync makes it for its buckets:
-// engine/sync/gradient_ring.h).
+// dist/gradient_ring.h).
 struct GradientRing {
   std::vector<std::pair<size_t, size_t>> buckets;  // offset, count
   size_t slot_floats = 0;

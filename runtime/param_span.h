@@ -1,6 +1,6 @@
 // A model's parameters as ranges of one flat buffer: the vocabulary the models describe
 // themselves in (models/mlp.h's param_spans) and the core's buckets and reducer read
-// (engine/sync/buckets.h), so that neither includes the other.
+// (dist/buckets.h), so that neither includes the other.
 #pragma once
 
 #include <cstddef>

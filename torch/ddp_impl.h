@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/sync/agreement.h"
+#include "dist/agreement.h"
 #include "runtime/error.h"
 #include "torch/distributed_data_parallel.h"
 #include "torch/param_shards.h"

@@ -1,10 +1,10 @@
-// How the ranks' comparisons (engine/sync/agreement.h) reach a device communicator from a
+// How the ranks' comparisons (dist/agreement.h) reach a device communicator from a
 // LibTorch program: LibTorch's copies and a scratch tensor on the device. Internal: not installed.
 #pragma once
 
 #include <torch/torch.h>
 
-#include "engine/sync/agreement.h"
+#include "dist/agreement.h"
 
 namespace ddp {
 

@@ -14,7 +14,7 @@
 #include <sstream>
 #include <unordered_set>
 
-#include "engine/sync/agreement.h"
+#include "dist/agreement.h"
 #include "runtime/error.h"
 #include "torch/ddp_impl.h"
 #include "torch/device_staging.h"

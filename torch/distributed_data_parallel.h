@@ -49,8 +49,8 @@
 #include <utility>
 #include <vector>
 
-#include "engine/setup/world.h"
-#include "engine/sync/ddp.h"
+#include "dist/world.h"
+#include "dist/ddp.h"
 #include "torch/comm_hooks.h"
 
 namespace ddp {

@@ -37,7 +37,7 @@
 #include <vector>
 
 #include "collectives/communicator.h"
-#include "engine/setup/world.h"
+#include "dist/world.h"
 
 namespace ddp {
 

@@ -15,7 +15,7 @@
 #include "engine/pipeline/schedule.h"
 #include "engine/pipeline/simulate.h"
 #include "engine/runners/stage_runner.h"
-#include "engine/sync/ddp.h"
+#include "dist/ddp.h"
 #include "engine/telemetry/gpu_monitor.h"
 #include "engine/telemetry/metrics.h"
 #include "engine/telemetry/timeline.h"

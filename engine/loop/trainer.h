@@ -21,7 +21,7 @@
 #include "engine/pipeline/schedule.h"
 #include "engine/runners/stage_runner.h"
 #include "engine/setup/run_setup.h"
-#include "engine/sync/ddp.h"
+#include "dist/ddp.h"
 #include "engine/telemetry/gpu_monitor.h"
 #include "engine/telemetry/metrics.h"
 #include "engine/telemetry/timeline.h"

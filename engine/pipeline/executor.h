@@ -13,7 +13,7 @@
 
 #include "engine/pipeline/schedule.h"
 #include "engine/pipeline/stage.h"
-#include "engine/sync/ddp.h"
+#include "dist/ddp.h"
 #include "engine/telemetry/compute_costs.h"
 #include "engine/telemetry/timeline.h"
 

@@ -16,7 +16,7 @@
 #include "engine/runners/optimizer_overlap.h"
 #include "engine/runners/runner_options.h"
 #include "engine/runners/stage_runner.h"
-#include "engine/sync/ddp.h"
+#include "dist/ddp.h"
 #include "engine/telemetry/busy_spans.h"
 #include "engine/telemetry/compute_costs.h"
 #include "engine/telemetry/gpu_timeline.h"

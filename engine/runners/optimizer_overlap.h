@@ -8,7 +8,7 @@
 #include <functional>
 #include <vector>
 
-#include "engine/sync/ddp.h"
+#include "dist/ddp.h"
 #include "runtime/cuda_check.h"
 #include "runtime/device_buffer.h"
 

@@ -6,7 +6,7 @@
 #include "models/safetensors.h"
 
 #include "engine/runners/stage_runner.h"
-#include "engine/sync/grad_sync.h"
+#include "dist/grad_sync.h"
 #include "runtime/error.h"
 
 namespace ddp {

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <string>
 
-#include "engine/sync/sync_options.h"
+#include "dist/sync_options.h"
 #include "models/mlp.h"
 #include "models/optimizer.h"
 #include "models/precision.h"

@@ -8,8 +8,8 @@
 
 #include "engine/runners/stage_runner.h"
 #include "engine/runners/stage_transfers.h"
-#include "engine/sync/ddp.h"
-#include "engine/sync/gradient_ring.h"
+#include "dist/ddp.h"
+#include "dist/gradient_ring.h"
 #include "engine/zero/host_store.h"
 #include "models/cpu_ops.h"
 #include "models/mlp_cpu.h"

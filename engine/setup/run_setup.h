@@ -1,7 +1,7 @@
 // What a run checks, loads and makes before its trainer starts: the data set and whether the
 // model fits it, the rank layout of dp x pp, whether every output can be written, the memory
 // the flags ask for against what the machine has, and the rank groups' communicators
-// (collective). (A stage's gradient sync: GradSync, engine/sync/grad_sync.h.)
+// (collective). (A stage's gradient sync: GradSync, dist/grad_sync.h.)
 #pragma once
 
 #include <map>
@@ -13,7 +13,7 @@
 #include "engine/config.h"
 #include "engine/pipeline/schedule.h"
 #include "engine/runners/stage_runner.h"
-#include "engine/sync/ddp.h"
+#include "dist/ddp.h"
 #include "models/dataset.h"
 #include "models/mlp.h"
 

@@ -6,7 +6,7 @@
 #include <deque>
 #include <vector>
 
-#include "engine/sync/ddp.h"
+#include "dist/ddp.h"
 #include "engine/telemetry/timeline.h"
 #include "runtime/cuda_check.h"
 #include "runtime/device_buffer.h"

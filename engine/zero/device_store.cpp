@@ -3,7 +3,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "engine/sync/ddp_device.h"
+#include "dist/ddp_device.h"
 #include "engine/zero/zero_device.h"
 
 namespace ddp {

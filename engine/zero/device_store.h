@@ -13,16 +13,16 @@
 #include <utility>
 #include <vector>
 
-#include "engine/sync/gradient_ring.h"
-#include "engine/sync/param_store.h"
-#include "engine/sync/sync_options.h"
+#include "dist/gradient_ring.h"
+#include "dist/param_store.h"
+#include "dist/sync_options.h"
 #include "engine/zero/device_state.h"
 #include "models/device_parameters.h"
 #include "runtime/device_buffer.h"
 
 namespace ddp {
 
-// --zero 2 and 3's gradient ring (engine/sync/gradient_ring.h) as the device memory of
+// --zero 2 and 3's gradient ring (dist/gradient_ring.h) as the device memory of
 // `buckets` (the stage's BucketPlan, which its Ddp reduces; offsets in the stage's flat buffer of
 // `param_count`), or none (a stage's gradients in one buffer).
 GradientRing device_gradient_ring(const std::vector<Bucket>& buckets, size_t param_count,

@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/sync/param_store.h"
+#include "dist/param_store.h"
 #include "engine/zero/host_state.h"
 #include "models/optimizer.h"
 

@@ -9,7 +9,7 @@ ShardedState::ShardedState(Ddp& ddp, int level, ShardHome& home, Communicator* g
     : home_(home), shards_(std::make_unique<ShardedBuckets>(ddp, level, home.bucket_memory())) {
   shards_->set_gather_comm(gathers);
   if (level < 3) return;
-  // The parameters become this rank's pieces (a bucket a layer: engine/sync/zero.h), copied out
+  // The parameters become this rank's pieces (a bucket a layer: dist/zero.h), copied out
   // of the whole ones, which the home then frees.
   const ShardPlan& plan = shards_->plan();
   pieces_ = home.allocate(plan.shard_count, true);

@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "collectives/communicator.h"
-#include "engine/sync/ddp.h"
-#include "engine/sync/sharded_buckets.h"
+#include "dist/ddp.h"
+#include "dist/sharded_buckets.h"
 #include "models/optimizer.h"
 
 namespace ddp {
@@ -26,7 +26,7 @@ class ShardHome {
  public:
   virtual ~ShardHome() = default;
 
-  // The buckets' memory (their padded copies, the gradient ring; engine/sync/sharded_buckets.h),
+  // The buckets' memory (their padded copies, the gradient ring; dist/sharded_buckets.h),
   // or null: the host's own vectors and no ring.
   virtual const ShardMemory* bucket_memory() const = 0;
   // The rank's whole flat parameters where the collectives take them (levels 1, 2), and the

@@ -5,7 +5,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "engine/sync/gradient_ring.h"
+#include "dist/gradient_ring.h"
 #include "runtime/cuda_check.h"
 #include "runtime/error.h"
 

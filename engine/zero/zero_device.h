@@ -18,10 +18,10 @@
 #include <vector>
 
 #include "collectives/communicator.h"
-#include "engine/sync/ddp.h"
-#include "engine/sync/gradient_ring.h"
-#include "engine/sync/layer_gathers.h"
-#include "engine/sync/sharded_buckets.h"
+#include "dist/ddp.h"
+#include "dist/gradient_ring.h"
+#include "dist/layer_gathers.h"
+#include "dist/sharded_buckets.h"
 #include "engine/zero/device_state.h"
 #include "engine/zero/sharded_state.h"
 #include "models/device_parameters.h"

@@ -5,14 +5,14 @@
 
 #include <spdlog/fmt/fmt.h>
 
-#include "engine/sync/gradient_ring.h"
+#include "dist/gradient_ring.h"
 #include "models/cpu_ops.h"
 #include "runtime/error.h"
 
 namespace ddp {
 
 // --zero 3's parameters (models/linear_cpu.h, LayerParams): the rank holds its pieces of every
-// layer (a bucket a layer: engine/sync/zero.h); a layer's whole parameters are all-gathered over
+// layer (a bucket a layer: dist/zero.h); a layer's whole parameters are all-gathered over
 // the data-parallel group for each use and dropped after; while materialised (evaluation, copies
 // out) every layer's are gathered once and read from there. Every replica makes the same uses
 // in the same order, so the gathers match.

@@ -15,9 +15,9 @@
 #include <utility>
 #include <vector>
 
-#include "engine/sync/ddp.h"
-#include "engine/sync/gradient_ring.h"
-#include "engine/sync/sharded_buckets.h"
+#include "dist/ddp.h"
+#include "dist/gradient_ring.h"
+#include "dist/sharded_buckets.h"
 #include "engine/zero/host_state.h"
 #include "engine/zero/sharded_state.h"
 #include "models/linear_cpu.h"
@@ -31,7 +31,7 @@ class HostZero final : public HostState, private ShardHome {
  public:
   // Shards `ddp`'s state at `layout.zero`'s level (its buckets' gathers on `gathers`, null: its
   // own), the gradients in a ring of bucket slots where the ring applies
-  // (engine/sync/gradient_ring.h) and holds less than the whole buffer; the runner's buffers
+  // (dist/gradient_ring.h) and holds less than the whole buffer; the runner's buffers
   // `params` and `grads` (the rank's whole parameters, `layers` being each of its layers' model
   // index and span of them, in order) stay where used, its optimizer keeping this rank's
   // pieces' state only; level 3 takes this rank's pieces of `params`.

@@ -5,7 +5,7 @@
 // ddp::init() and the World it returns, in one include.
 #pragma once
 
-#include "engine/setup/world.h"
+#include "dist/world.h"
 #include "runtime/error.h"
 #include "torch/autocast.h"
 #include "torch/comm_hooks.h"

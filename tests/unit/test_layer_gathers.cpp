@@ -1,4 +1,4 @@
-// --zero 3's gather decisions on the GPU (engine/sync/layer_gathers.h): a forward and a backward
+// --zero 3's gather decisions on the GPU (dist/layer_gathers.h): a forward and a backward
 // pass as the runner meets them, one and two layers ahead (--zero-prefetch), and random passes
 // checked against a model of the slots, for one to three layers ahead: every use reads its own
 // layer, gathered and waited for; no slot is gathered into while its gather is still to be
@@ -8,8 +8,8 @@
 
 #include <random>
 
-#include "engine/sync/gradient_ring.h"
-#include "engine/sync/layer_gathers.h"
+#include "dist/gradient_ring.h"
+#include "dist/layer_gathers.h"
 #include "runtime/error.h"
 
 namespace ddp {

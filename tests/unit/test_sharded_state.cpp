@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "collectives/communicator.h"
-#include "engine/sync/ddp.h"
+#include "dist/ddp.h"
 #include "engine/zero/sharded_state.h"
 #include "runtime/process_env.h"
 

@@ -1,5 +1,5 @@
 // ShardedBuckets: ZeRO's reduce-scatter of each bucket, its memory, and the pieces' gathers.
-#include "engine/sync/sharded_buckets.h"
+#include "dist/sharded_buckets.h"
 
 #include <algorithm>
 

@@ -1,6 +1,6 @@
 // Ranks that must agree: rank 0's lines to every rank, each rank's first difference gathered,
 // the lowest differing rank's line to every rank.
-#include "engine/sync/agreement.h"
+#include "dist/agreement.h"
 
 #include <algorithm>
 

@@ -1,9 +1,9 @@
-// Gradient sync's own options (GradSync, engine/sync/grad_sync.h), translated from ddptrain's
+// Gradient sync's own options (GradSync, dist/grad_sync.h), translated from ddptrain's
 // flags at the edge (sync_options in engine/config.h), so that neither sync nor the runners
 // read the whole TrainConfig for them.
 #pragma once
 
-#include "engine/sync/buckets.h"
+#include "dist/buckets.h"
 
 namespace ddp {
 

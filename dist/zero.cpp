@@ -1,5 +1,5 @@
 // plan_shards: equal padded pieces of every bucket.
-#include "engine/sync/zero.h"
+#include "dist/zero.h"
 
 #include <algorithm>
 

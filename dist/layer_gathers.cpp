@@ -1,5 +1,5 @@
 // LayerGathers: which layer to gather into which slot, and when the stream waits for it.
-#include "engine/sync/layer_gathers.h"
+#include "dist/layer_gathers.h"
 
 #include <algorithm>
 

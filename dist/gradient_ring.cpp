@@ -1,9 +1,9 @@
 // gradient_ring_applies, gradient_ring_slot and layer_buckets.
-#include "engine/sync/gradient_ring.h"
+#include "dist/gradient_ring.h"
 
 #include <algorithm>
 
-#include "engine/sync/zero.h"
+#include "dist/zero.h"
 #include "runtime/error.h"
 
 namespace ddp {

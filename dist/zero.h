@@ -1,6 +1,6 @@
 // Sharded optimizer state and gradients over a data-parallel group (ZeRO stages 1 and 2, as
 // DeepSpeed and PyTorch's ZeroRedundancyOptimizer / FSDP shard them). Each gradient bucket
-// (engine/sync/ddp.h) is cut into D equal pieces, padded to a multiple of `align` elements; rank r
+// (dist/ddp.h) is cut into D equal pieces, padded to a multiple of `align` elements; rank r
 // owns piece r of every bucket, so its shard is about 1/D of every bucket and of the model,
 // and a bucket's reduce-scatter and all-gather move equal pieces (as NCCL's and Gloo's
 // collectives need). A rank keeps the optimizer state of its pieces only and updates only
@@ -10,7 +10,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "engine/sync/buckets.h"
+#include "dist/buckets.h"
 
 namespace ddp {
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "collectives/communicator.h"
-#include "engine/sync/buckets.h"
+#include "dist/buckets.h"
 #include "runtime/checksum.h"
 
 namespace ddp {
@@ -30,7 +30,7 @@ struct NamedParam {
 };
 
 // How a bucket is reduced instead of the averaging all-reduce (as c10d's communication hooks):
-// ZeRO's reduce-scatter into this rank's piece (engine/sync/sharded_buckets.h).
+// ZeRO's reduce-scatter into this rank's piece (dist/sharded_buckets.h).
 class BucketReduction {
  public:
   virtual ~BucketReduction() = default;

@@ -11,11 +11,11 @@
 #include <vector>
 
 #include "collectives/communicator.h"
-#include "engine/sync/buckets.h"
-#include "engine/sync/ddp.h"
-#include "engine/sync/gradient_ring.h"
-#include "engine/sync/param_store.h"
-#include "engine/sync/sync_options.h"
+#include "dist/buckets.h"
+#include "dist/ddp.h"
+#include "dist/gradient_ring.h"
+#include "dist/param_store.h"
+#include "dist/sync_options.h"
 
 namespace ddp {
 

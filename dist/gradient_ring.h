@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "engine/sync/buckets.h"
+#include "dist/buckets.h"
 
 namespace ddp {
 

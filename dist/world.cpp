@@ -1,6 +1,6 @@
 // ddp::init: the environment, the store served (srun), the device, the store client, the
 // communicator, in that order.
-#include "engine/setup/world.h"
+#include "dist/world.h"
 
 #include <unistd.h>
 

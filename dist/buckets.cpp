@@ -1,5 +1,5 @@
 // plan_buckets.
-#include "engine/sync/buckets.h"
+#include "dist/buckets.h"
 
 #include <algorithm>
 #include <cmath>

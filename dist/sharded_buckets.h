@@ -1,5 +1,5 @@
 // ZeRO's buckets over a Ddp's group (--zero 1, 2, 3): this rank's pieces of every bucket
-// (ShardPlan, engine/sync/zero.h), each bucket reduce-scattered into this rank's averaged piece
+// (ShardPlan, dist/zero.h), each bucket reduce-scattered into this rank's averaged piece
 // as the Ddp's bucket reduction (2, 3; 1 keeps the all-reduce), the padded copies of the buckets
 // that do not divide evenly, the gradient ring's slots where backward writes, and the pieces'
 // all-gathers back into whole buffers or one layer's parameters. Host or device memory alike:
@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "collectives/communicator.h"
-#include "engine/sync/ddp.h"
-#include "engine/sync/zero.h"
+#include "dist/ddp.h"
+#include "dist/zero.h"
 
 namespace ddp {
 

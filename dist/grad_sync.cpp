@@ -1,5 +1,5 @@
 // GradSync: gradient sync's set-up, whole or sharded, over any runner's ParamStore.
-#include "engine/sync/grad_sync.h"
+#include "dist/grad_sync.h"
 
 #include <spdlog/spdlog.h>
 

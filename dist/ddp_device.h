@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-#include "engine/sync/ddp.h"
+#include "dist/ddp.h"
 #include "runtime/device_buffer.h"
 
 namespace ddp {

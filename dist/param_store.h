@@ -1,4 +1,4 @@
-// What gradient sync asks of a runner's parameters (GradSync, engine/sync/grad_sync.h): the
+// What gradient sync asks of a runner's parameters (GradSync, dist/grad_sync.h): the
 // buckets they are reduced in, their memory for the replicas' broadcast, the model check over
 // that memory, and the state they are kept in from set-up on, whole or sharded (--zero), which
 // the store makes over its own memory (engine/zero: the CPU's flat vectors, the GPU's
@@ -10,9 +10,9 @@
 #include <string>
 
 #include "collectives/communicator.h"
-#include "engine/sync/buckets.h"
-#include "engine/sync/ddp.h"
-#include "engine/sync/zero.h"
+#include "dist/buckets.h"
+#include "dist/ddp.h"
+#include "dist/zero.h"
 
 namespace ddp {
 

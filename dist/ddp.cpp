@@ -1,9 +1,9 @@
 // Ddp: bucket planning and the backward hooks.
-#include "engine/sync/ddp.h"
+#include "dist/ddp.h"
 
 #include <algorithm>
 
-#include "engine/sync/agreement.h"
+#include "dist/agreement.h"
 #include "runtime/error.h"
 
 namespace ddp {
