@@ -131,7 +131,11 @@ int main(int argc, char** argv) {
     return 0;
   }
   std::unique_ptr<ddp::World> world;
-  if (!args.single) world = std::make_unique<ddp::World>(ddp::init());
+  if (!args.single) {
+    ddp::InitOptions init;
+    init.bind_gpu = args.cuda;  // CUDA tensors: the rank's GPU and NCCL
+    world = std::make_unique<ddp::World>(ddp::init(init));
+  }
   torch::manual_seed(7 + (world ? world->rank() : 0));  // the wrapper makes them rank 0's
   if (args.model == "stack") {
     NetImpl model;  // as pytorch/examples' cpp/mnist: `Net model;`
