@@ -109,7 +109,8 @@ struct DistributedDataParallel::Impl {
     int64_t offset = 0, count = 0;
   };
 
-  Impl(torch::nn::Module& module, World& world, const DistributedDataParallelOptions& options);
+  Impl(torch::nn::Module& module, Communicator& comm,
+       const DistributedDataParallelOptions& options);
   ~Impl();
   void check_and_copy_rank0s_state(
       const std::vector<std::pair<std::string, torch::Tensor>>& all,
@@ -183,6 +184,10 @@ struct DistributedDataParallel::Impl {
       std::make_shared<std::function<void(size_t)>>([this](size_t i) { watch_hit(i); });
   int sync_batch_norms = 0;  // the module's ddp::SyncBatchNorm layers
   bool no_sync = false;
+  // The owner ends each synchronised backward (end_backward()) instead of the autograd engine's
+  // final callback: a pipeline stage, whose weight half is several backward calls and whose
+  // reduction is waited for at the step's end, while the schedule goes on.
+  bool manual_end = false;
   bool in_backward = false;
   bool buffers_synced = false;  // since the last synchronised backward
   bool forward_seen = false;    // forward() or sync_buffers() since the last synchronised backward

@@ -50,9 +50,9 @@ int set_sync_batch_norm_communicator(torch::nn::Module& module, Communicator* co
 
 }  // namespace
 
-DistributedDataParallel::Impl::Impl(torch::nn::Module& module_, World& world,
+DistributedDataParallel::Impl::Impl(torch::nn::Module& module_, Communicator& comm_,
                                     const DistributedDataParallelOptions& options_)
-    : module(module_), comm(world.comm()), options(options_) {
+    : module(module_), comm(comm_), options(options_) {
   const auto named = module.named_parameters(/*recurse=*/true);
   const auto named_buffers = module.named_buffers(/*recurse=*/true);
   DDP_USAGE_CHECK(named.size() > 0,
@@ -307,8 +307,10 @@ void DistributedDataParallel::Impl::begin_backward() {
       params[i].ready = params[i].early_unused = true;
       mark_unused(i);
     }
-  // Called by the autograd engine once backward is over (its final callback).
-  torch::autograd::Engine::get_default_engine().queue_callback([this] { end_backward(); });
+  // Called by the autograd engine once backward is over (its final callback), unless the owner
+  // ends it.
+  if (!manual_end)
+    torch::autograd::Engine::get_default_engine().queue_callback([this] { end_backward(); });
 }
 
 void DistributedDataParallel::Impl::end_backward() {
@@ -486,9 +488,13 @@ void limit_threads_as_torchrun_does(const World& world) {
 
 DistributedDataParallel::DistributedDataParallel(torch::nn::Module& module, World& world,
                                                  const DistributedDataParallelOptions& options)
-    : impl_(std::make_unique<Impl>(module, world, options)) {
+    : impl_(std::make_unique<Impl>(module, world.comm(), options)) {
   limit_threads_as_torchrun_does(world);
 }
+
+DistributedDataParallel::DistributedDataParallel(torch::nn::Module& module, Communicator& group,
+                                                 const DistributedDataParallelOptions& options)
+    : impl_(std::make_unique<Impl>(module, group, options)) {}
 
 DistributedDataParallel::~DistributedDataParallel() = default;
 DistributedDataParallel::DistributedDataParallel(DistributedDataParallel&&) noexcept = default;

@@ -49,8 +49,8 @@
 #include <utility>
 #include <vector>
 
-#include "dist/world.h"
 #include "dist/ddp.h"
+#include "dist/world.h"
 #include "torch/comm_hooks.h"
 
 namespace ddp {
@@ -106,6 +106,11 @@ class DistributedDataParallel {
  public:
   // Any module; forward is the module's own, preceded by sync_buffers(). Collective.
   DistributedDataParallel(torch::nn::Module& module, World& world,
+                          const DistributedDataParallelOptions& options = {});
+  // Over `group`, a communicator of one's own split from the world's (PyTorch's process_group):
+  // the gradients are averaged over its ranks only. Collective over them. ddp::Pipeline wraps
+  // each stage so over the same stage's ranks of every replica.
+  DistributedDataParallel(torch::nn::Module& module, Communicator& group,
                           const DistributedDataParallelOptions& options = {});
   // A module holder (torch::nn::Linear, TORCH_MODULE(Net)'s Net, torch::nn::Sequential) or a
   // shared_ptr of a module: the same, and forward(args...) calls the module's forward with the
@@ -209,6 +214,7 @@ class DistributedDataParallel {
 
  private:
   struct Impl;
+  friend class TorchStage;  // a pipeline stage ends its synchronised backward itself
   template <typename Module>
   void keep_forward(const std::shared_ptr<Module>& module) {
     if constexpr (std::is_base_of_v<torch::nn::SequentialImpl, Module>)

@@ -52,6 +52,10 @@ class Pipeline::Impl final : public PipelineRank {
                     "PipelineOptions::schedule 'pairs': ddptrain's test schedule; expected gpipe, "
                     "1f1b, interleaved-1f1b, zb-h1 or zb-v");
     schedule_ = *schedule;
+    DDP_USAGE_CHECK(options.data_parallel_options().zero() == 0,
+                    "PipelineOptions::data_parallel_options().zero({}): ZeRO inside a pipeline is "
+                    "not supported yet; give zero(0) (ddptrain's --zero takes pipelines)",
+                    options.data_parallel_options().zero());
     const int modules = static_cast<int>(model_->size());
     const int m = options.micro_batches();
     DDP_USAGE_CHECK(m >= 1, "PipelineOptions::micro_batches {}: expected 1 or more", m);
@@ -116,9 +120,9 @@ class Pipeline::Impl final : public PipelineRank {
       std::vector<torch::nn::AnyModule> mine;
       for (int i = bounds_[s]; i < bounds_[s + 1]; ++i)
         mine.push_back(*(model_->begin() + i));
-      stages_.push_back(std::make_unique<TorchStage>(s, stages, bounds_[s], std::move(mine),
-                                                     options.recompute(), *transfers_, data_,
-                                                     replicas_, m));
+      stages_.push_back(std::make_unique<TorchStage>(
+          s, stages, bounds_[s], std::move(mine), options.recompute(), *transfers_, data_,
+          replicas_, m, options.data_parallel_options()));
       places.push_back({s, stages, m, bounds_[s + 1] - bounds_[s]});
       stage_index_.push_back(s);
     }
@@ -190,6 +194,8 @@ class Pipeline::Impl final : public PipelineRank {
       data_.targets = target.tensor_split(m, 0);
       batch = target.size(0);
     }
+    for (auto& s : stages_)
+      s->begin_step();
     StepStats stats;
     Stopwatch clock;
     executor_->run(*this, nullptr, timeline_, steps_ + 1,
@@ -239,6 +245,24 @@ class Pipeline::Impl final : public PipelineRank {
     transfers_->end_step();
     transfers_->set_evaluating(false);
     return has_last() ? torch::cat(outputs) : torch::Tensor();
+  }
+
+  // The rank's stages' data-parallel wrappers, in stage order.
+  std::vector<DistributedDataParallel*> replicated() const {
+    std::vector<DistributedDataParallel*> wrapped;
+    for (const auto& s : stages_)
+      if (s->replicated()) wrapped.push_back(s->replicated());
+    return wrapped;
+  }
+
+  void register_comm_hook(const TorchCommHook& hook) {
+    const std::vector<DistributedDataParallel*> wrapped = replicated();
+    DDP_USAGE_CHECK(wrapped.size() <= 1 || describe_comm_hook(hook).rfind("powerSGD", 0) != 0,
+                    "ddp::Pipeline::register_comm_hook: PowerSGD keeps state a model, and this "
+                    "rank runs {} stages; give it one stage a rank (stages_per_rank(1))",
+                    wrapped.size());
+    for (DistributedDataParallel* ddp : wrapped)
+      ddp->register_comm_hook(hook);
   }
 
   std::vector<torch::Tensor> parameters() const {
@@ -359,6 +383,22 @@ std::vector<torch::Tensor> Pipeline::parameters() const {
 
 std::vector<int> Pipeline::stages() const {
   return impl_->stages();
+}
+
+void Pipeline::record_events(bool on) {
+  for (DistributedDataParallel* ddp : impl_->replicated())
+    ddp->record_events(on);
+}
+
+std::vector<std::vector<DdpEvent>> Pipeline::events() const {
+  std::vector<std::vector<DdpEvent>> all;
+  for (DistributedDataParallel* ddp : impl_->replicated())
+    all.push_back(ddp->events());
+  return all;
+}
+
+void Pipeline::register_comm_hook(TorchCommHook hook) {
+  impl_->register_comm_hook(std::move(hook));
 }
 
 int Pipeline::replica() const {

@@ -38,6 +38,8 @@
 
 #include "collectives/communicator.h"
 #include "dist/world.h"
+#include "torch/comm_hooks.h"
+#include "torch/distributed_data_parallel.h"
 
 namespace ddp {
 
@@ -56,11 +58,18 @@ struct PipelineOptions {
   // again with gradients right before its backward (activation recomputation).
   TORCH_ARG(bool, recompute) = false;
   // Replicas of the whole pipeline (dp x pp, the World's ranks being dp x P): world rank r is
-  // pipeline rank r % P of replica r / P. Each replica steps on its own batch; a stage's
-  // gradients are averaged over its replicas (one all-reduce a dtype, started as the stage's
-  // last backward of the step ends, while the schedule goes on, and waited for at the step's
-  // end), as DistributedDataParallel averages them.
+  // pipeline rank r % P of replica r / P. Each replica steps on its own batch; each stage is
+  // wrapped by a ddp::DistributedDataParallel over its replicas (the same stage's ranks of
+  // every replica), which gives them replica 0's parameters at construction and averages the
+  // gradients: the step's micro-batches accumulate under no_sync, and the last one's backward
+  // sends its buckets out as its gradients are written, while the schedule goes on, waited for
+  // at the step's end.
   TORCH_ARG(int, data_parallel) = 1;
+  // The stages' wrappers' options (bucket caps, reduce_in_bf16, find_unused_parameters,
+  // static_graph; broadcast_buffers is off unless asked, as the pipeline's buffers stay each
+  // replica's). zero() is refused here for now.
+  TORCH_ARG(DistributedDataParallelOptions,
+            data_parallel_options) = DistributedDataParallelOptions().broadcast_buffers(false);
 };
 
 // Pipeline parallelism over a Sequential (the top of this file).
@@ -95,6 +104,14 @@ class Pipeline {
   // user's (model->eval()).
   torch::Tensor forward(const torch::Tensor& input);
 
+  // A communication hook for every stage's data-parallel buckets on this rank (as
+  // DistributedDataParallel::register_comm_hook; before the first step): bf16_compress_comm_hook()
+  // and the others. A stateful hook (PowerSGD) takes one stage a rank. No effect without replicas.
+  void register_comm_hook(TorchCommHook hook);
+  // Records what the stages' data-parallel wrappers do (DistributedDataParallel::record_events).
+  void record_events(bool on);
+  // Each wrapped stage's record on this rank, in stage order (none without replicas).
+  std::vector<std::vector<DdpEvent>> events() const;
   // The parameters of this rank's stages (for its optimizer), in the model's order.
   std::vector<torch::Tensor> parameters() const;
   // The stage indices this rank runs, in order.

@@ -1,13 +1,13 @@
 // ddp::Pipeline's stage (torch/pipeline.h): a run of the user's modules as engine/pipeline's
 // PipelineStage, its micro-batches' tensors in the executor's slots, backward whole or in the
-// zero-bubble schedules' two halves, and the average of its gradients over the replicas.
+// zero-bubble schedules' two halves, and the average of its gradients over the replicas (a
+// ddp::DistributedDataParallel of the stage's modules over them: its buckets, hooks and bf16).
 // Internal to torch/pipeline.cpp.
 #pragma once
 
 #include <torch/torch.h>
 
 #include <functional>
-#include <map>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -17,6 +17,8 @@
 #include "collectives/communicator.h"
 #include "runtime/error.h"
 #include "torch/comm_hooks.h"
+#include "torch/ddp_impl.h"
+#include "torch/distributed_data_parallel.h"
 
 #if DDP_TORCH_CUDA
 #include <c10/cuda/CUDAStream.h>
@@ -30,6 +32,15 @@
 
 namespace ddp {
 
+// A stage's modules as one module, under their names in the whole Sequential ("3.weight"): what
+// its data-parallel wrapper wraps.
+struct StageModulesImpl : torch::nn::Module {
+  StageModulesImpl(int first, const std::vector<torch::nn::AnyModule>& modules) {
+    for (size_t i = 0; i < modules.size(); ++i)
+      register_module(std::to_string(first + static_cast<int>(i)), modules[i].ptr());
+  }
+};
+
 // One stage: its modules (the user's), its slots' tensors, and what the executor asks of it.
 class TorchStage final : public PipelineStage {
  public:
@@ -42,10 +53,13 @@ class TorchStage final : public PipelineStage {
   };
 
   // `replicas`: the stage's data-parallel group (null: none), over which its gradients are
-  // averaged once its `micro_batches` weight gradients of a step are in.
+  // averaged by a DistributedDataParallel of its modules with `data_parallel` (collective over
+  // the replicas: the wrapper gives them replica 0's parameters): the micro-batches' backwards
+  // but the step's last under no_sync, the last one's buckets going out as its gradients are
+  // written, while the schedule goes on, and waited for at the step's end.
   TorchStage(int stage, int stages, int first_module, std::vector<torch::nn::AnyModule> modules,
              bool recompute, PipelineTransfers& transfers, StepData& step, Communicator* replicas,
-             int micro_batches)
+             int micro_batches, const DistributedDataParallelOptions& data_parallel)
       : stage_(stage),
         stages_(stages),
         first_module_(first_module),
@@ -53,26 +67,36 @@ class TorchStage final : public PipelineStage {
         recompute_(recompute),
         transfers_(transfers),
         step_(step),
-        replicas_(replicas),
-        micro_batches_(micro_batches) {}
+        micro_batches_(micro_batches) {
+    bool trains = false;
+    for (const torch::Tensor& p : parameters())
+      trains = trains || p.requires_grad();
+    if (replicas == nullptr || replicas->size() == 1 || !trains) return;
+    stage_module_ = std::make_shared<StageModulesImpl>(first_module_, modules_);
+    replicated_ =
+        std::make_unique<DistributedDataParallel>(*stage_module_, *replicas, data_parallel);
+    replicated_->impl_->manual_end = true;
+  }
 
-  // The step's end: the gradients' averages waited for and put back (CUDA: the current stream
-  // waits for them).
+  // The stage's data-parallel wrapper (null: no replicas, or nothing to train).
+  DistributedDataParallel* replicated() { return replicated_.get(); }
+
+  // A step begins (collective over the replicas): the wrapper's sync_buffers(), as before a
+  // forward of one's own.
+  void begin_step() {
+    if (replicated_) replicated_->sync_buffers();
+  }
+
+  // The step's end: the last backward's reduction ended and waited for (CUDA: the current
+  // stream waits for it), the averages in each parameter's .grad().
   void finish_reduction() {
     weight_passes_ = 0;
-    for (Reduction& r : reducing_) {
-      if (r.flat.is_cuda())
-        r.work->then_on(stream_of(r.flat.device()));
-      else
-        r.work->wait(replicas_->timeout());
-      int64_t at = 0;
-      torch::NoGradGuard no_grad;
-      for (torch::Tensor& g : r.grads) {
-        g.copy_(r.flat.narrow(0, at, g.numel()).view_as(g));
-        at += g.numel();
-      }
-    }
-    reducing_.clear();
+    if (!replicated_) return;
+    DistributedDataParallel::Impl& impl = *replicated_->impl_;
+    impl.no_sync = false;
+    // No parameter got a gradient in the last backward: its end names them.
+    if (!impl.in_backward) impl.begin_backward();
+    impl.end_backward();
   }
 
   int first_module() const { return first_module_; }
@@ -147,6 +171,7 @@ class TorchStage final : public PipelineStage {
     (void)accumulate;  // LibTorch's .grad() adds up, as backward() does
     Slot& s = slots_[slot];
     ready_for_backward(s, micro);
+    reduce_this_pass();
     if (stage_ == stages_ - 1)
       torch::autograd::backward({s.root});
     else
@@ -190,6 +215,7 @@ class TorchStage final : public PipelineStage {
                        const std::function<void(int)>& on_layer_done) override {
     (void)micro, (void)accumulate;
     Slot& s = slots_[slot];
+    reduce_this_pass();
     // Each module's parameters from its output's gradient, last module first; the graph freed
     // as it goes (a module's part is not needed by the ones before it).
     for (int i = module_count() - 1; i >= 0; --i) {
@@ -274,41 +300,22 @@ class TorchStage final : public PipelineStage {
   // One weight gradient of the step's micro-batches written; after the last, the stage's
   // gradients start on their way to their average over the replicas (the rest of the schedule
   // runs meanwhile), one flat copy a dtype.
-  void weight_pass_done() {
-    if (++weight_passes_ < micro_batches_ || replicas_ == nullptr || replicas_->size() == 1) return;
-    std::map<torch::ScalarType, Reduction> by_dtype;
-    for (const torch::Tensor& p : parameters()) {
-      if (!p.requires_grad()) continue;
-      if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);  // unused: its part zero
-      by_dtype[p.scalar_type()].grads.push_back(p.grad());
-    }
-    for (auto& [dtype, r] : by_dtype) {
-      std::vector<torch::Tensor> flat;
-      for (const torch::Tensor& g : r.grads)
-        flat.push_back(g.reshape({-1}));
-      r.flat = torch::cat(flat);
-      const ComputeStreamGuard on_stream(*replicas_, stream_of(r.flat.device()));
-      r.work = replicas_->all_reduce_async(r.flat.data_ptr(), static_cast<size_t>(r.flat.numel()),
-                                           collective_type(dtype), ReduceOp::kAverage);
-      reducing_.push_back(std::move(r));
-    }
+  // The step's weight passes counted: the last one's gradients are reduced (its buckets go out
+  // as its gradients are written), the others accumulate under no_sync.
+  void reduce_this_pass() {
+    if (replicated_) replicated_->impl_->no_sync = weight_passes_ + 1 < micro_batches_;
   }
-
-  struct Reduction {
-    std::vector<torch::Tensor> grads;  // the parameters' .grad(), in order
-    torch::Tensor flat;                // their copy, averaged in place
-    std::unique_ptr<Work> work;
-  };
+  void weight_pass_done() { ++weight_passes_; }
 
   int stage_, stages_, first_module_;
   std::vector<torch::nn::AnyModule> modules_;
   bool recompute_;
   PipelineTransfers& transfers_;
   StepData& step_;
-  Communicator* replicas_;
   int micro_batches_;
-  int weight_passes_ = 0;  // of this step
-  std::vector<Reduction> reducing_;
+  int weight_passes_ = 0;                           // of this step
+  std::shared_ptr<StageModulesImpl> stage_module_;  // what replicated_ wraps (outlives it)
+  std::unique_ptr<DistributedDataParallel> replicated_;
   std::vector<Slot> slots_;
 };
 

@@ -6,7 +6,10 @@
 // --reference: the same steps in one process without a pipeline (the whole batch at once).
 // --data-parallel D: D replicas of the pipeline, each on its share of the global batch (replica 0
 // writes the files). --bad-shape: the fourth module takes 24 features instead of 32 (a stage that
-// refuses its input, mid-step).
+// refuses its input, mid-step). With replicas: --bucket-kb N (the stages' wrappers' bucket cap),
+// --reduce-in-bf16, --zero N, --hook bf16|allreduce (a comm hook on every stage's buckets),
+// --events (each rank prints whether its stages' first bucket went out before their last gradient
+// was written: the reduction overlapping the step's last backward).
 #include <torch/torch.h>
 
 #include <cstdio>
@@ -27,6 +30,10 @@ struct Args {
   std::vector<int> balance;
   bool recompute = false, reference = false, bad_shape = false;
   bool cuda = false;
+  double bucket_kb = 0;  // 0: the options' default
+  bool reduce_in_bf16 = false, events = false;
+  int zero = 0;
+  std::string hook;
 };
 
 Args parse(int argc, char** argv) {
@@ -53,6 +60,16 @@ Args parse(int argc, char** argv) {
       a.batch = std::stoi(value());
     else if (f == "--data-parallel")
       a.data_parallel = std::stoi(value());
+    else if (f == "--bucket-kb")
+      a.bucket_kb = std::stod(value());
+    else if (f == "--reduce-in-bf16")
+      a.reduce_in_bf16 = true;
+    else if (f == "--events")
+      a.events = true;
+    else if (f == "--zero")
+      a.zero = std::stoi(value());
+    else if (f == "--hook")
+      a.hook = value();
     else if (f == "--balance") {
       const std::string list = value();
       a.balance.clear();  // the last --balance given
@@ -164,6 +181,12 @@ int main(int argc, char** argv) {
         save(args.out + ".0", model, model->parameters(), model->forward(evaluation_batch()));
       return 0;
     }
+    ddp::DistributedDataParallelOptions dp_options = ddp::PipelineOptions()
+                                                         .data_parallel_options()
+                                                         .reduce_in_bf16(args.reduce_in_bf16)
+                                                         .zero(args.zero);
+    if (args.bucket_kb > 0)
+      dp_options.bucket_cap_mb(args.bucket_kb / 1024).first_bucket_cap_mb(args.bucket_kb / 1024);
     ddp::Pipeline pipe(model, *world,
                        ddp::PipelineOptions()
                            .schedule(args.schedule)
@@ -171,7 +194,11 @@ int main(int argc, char** argv) {
                            .stages_per_rank(args.stages_per_rank)
                            .balance(args.balance)
                            .recompute(args.recompute)
-                           .data_parallel(args.data_parallel));
+                           .data_parallel(args.data_parallel)
+                           .data_parallel_options(dp_options));
+    if (args.hook == "bf16") pipe.register_comm_hook(ddp::bf16_compress_comm_hook());
+    if (args.hook == "allreduce") pipe.register_comm_hook(ddp::allreduce_comm_hook());
+    if (args.events) pipe.record_events(true);
     auto optimizer = make_optimizer(args.optimizer, pipe.parameters());
     for (int step = 0; step < args.steps; ++step) {
       const auto [x, y] = batch(step);  // the global batch; this replica's share of it
@@ -184,6 +211,24 @@ int main(int argc, char** argv) {
         std::printf("step %d loss %.6f\n", step, loss.item<double>());
     }
     std::printf("rank %d report: %s\n", world->rank(), pipe.report().c_str());
+    if (args.events) {
+      // Per stage: in the last step's events (after the one before's backward_done), a bucket
+      // issued before the last parameter's gradient was written: the buckets went out during
+      // the step's last backward.
+      for (const std::vector<ddp::DdpEvent>& events : pipe.events()) {
+        std::vector<size_t> ends;  // each step's backward_done
+        for (size_t k = 0; k < events.size(); ++k)
+          if (events[k].what == "backward_done") ends.push_back(k);
+        const size_t begin = ends.size() >= 2 ? ends[ends.size() - 2] + 1 : 0;
+        size_t first_issued = events.size(), last_done = 0;
+        for (size_t k = begin; k < events.size(); ++k) {
+          if (events[k].what == "allreduce_issued" && first_issued == events.size())
+            first_issued = k;
+          if (events[k].what == "layer_done") last_done = k;
+        }
+        std::printf("rank %d overlap %s\n", world->rank(), first_issued < last_done ? "yes" : "no");
+      }
+    }
     // The evaluation batch through the pipeline (every replica: collective over its pipeline).
     const torch::Tensor output = pipe.forward(evaluation_batch());
     if (!args.out.empty() && pipe.replica() == 0)  // the replicas hold the same weights

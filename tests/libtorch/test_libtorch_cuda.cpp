@@ -68,6 +68,26 @@ TEST(TorchPipelineCuda, TwoStagesSharingTheGpuTrainAsOneCudaProcess) {
   }
 }
 
+// Two replicas of a one-rank pipeline sharing the GPU: the stage's DistributedDataParallel over
+// NCCL (buckets of 1 KB going out during the last micro-batch's backward on LibTorch's stream,
+// waited for at the step's end) trains as one CUDA process with the whole batch.
+TEST(TorchPipelineCuda, ReplicasAverageThroughTheStagesBucketsOverNccl) {
+  REQUIRE_GPU();
+  TempDir dir;
+  const std::string flags = " --cuda --micro-batches 4 --steps 3";
+  const RunResult one =
+      run_command(kGpuEnv + kPipelineWorker + " --reference --out " + dir.file("ref") + flags);
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  const RunResult r =
+      run_command(kSharedGpu + " --nproc-per-node 2 -- " + kPipelineWorker + " --out " +
+                  dir.file("dp") + " --data-parallel 2 --bucket-kb 1 --events" + flags);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(count_of(r.output, "overlap yes"), 2) << r.output;
+  EXPECT_LT(max_relative_difference_of_ranks({dir.file("dp.0")}, dir.file("ref.0")),
+            kAcrossRanksMargin)
+      << r.output;
+}
+
 TEST(TorchDdpCuda, TwoRanksSharingTheGpuEqualOneCudaProcess) {
   REQUIRE_GPU();
   TempDir dir;
