@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <map>
 #include <numeric>
+#include <set>
 #include <tuple>
 #include <utility>
 
@@ -14,6 +15,7 @@
 #include <fmt/ranges.h>
 
 #include "engine/pipeline/executor.h"
+#include "engine/pipeline/lanes.h"
 #include "engine/pipeline/schedule.h"
 #include "engine/pipeline/simulate.h"
 #include "engine/telemetry/timeline.h"
@@ -60,28 +62,16 @@ class Pipeline::Impl final : public PipelineRank {
     const int m = options.micro_batches();
     DDP_USAGE_CHECK(m >= 1, "PipelineOptions::micro_batches {}: expected 1 or more", m);
     const int asked = options.stages_per_rank();
-    if (schedule_ == PipelineSchedule::kZeroBubbleV)
-      DDP_USAGE_CHECK(asked == 0 || asked == 2,
-                      "PipelineOptions::stages_per_rank {}: zb-v runs exactly 2 stages a rank (its "
-                      "V); give 2 or leave it out",
-                      asked);
-    else if (schedule_ != PipelineSchedule::kInterleaved)
-      DDP_USAGE_CHECK(asked <= 1,
-                      "PipelineOptions::stages_per_rank {}: the {} schedule runs one stage a rank; "
-                      "give schedule interleaved-1f1b or zb-v for more",
-                      asked, options.schedule());
     DDP_USAGE_CHECK(asked >= 0, "PipelineOptions::stages_per_rank {}: expected 0 or more", asked);
-    if (schedule_ == PipelineSchedule::kInterleaved)
-      DDP_USAGE_CHECK(ranks == 1 || m % ranks == 0,
-                      "PipelineOptions::micro_batches {}: interleaved-1f1b takes micro-batches in "
-                      "groups of the {} pipeline ranks; give a multiple of {}",
-                      m, ranks, ranks);
-    chunks_ = schedule_chunks(schedule_, asked, ranks, std::max(modules, ranks * 2), m);
+    ScheduleNames names;
+    names.schedule = "PipelineOptions::schedule";
+    names.ranks = "ranks";
+    names.chunks = "PipelineOptions::stages_per_rank";
+    names.micro_batches = "PipelineOptions::micro_batches";
+    names.layers = "modules";
+    names.model = "the Sequential";
+    chunks_ = schedule_chunks(schedule_, asked, ranks, modules, m, names);
     const int stages = ranks * chunks_;
-    DDP_USAGE_CHECK(modules >= stages,
-                    "ddp::Pipeline: {} stages ({} ranks x {} a rank) but the Sequential has {} "
-                    "modules (each stage holds at least one)",
-                    stages, ranks, chunks_, modules);
     // The stages' modules.
     std::vector<int> balance = options.balance();
     if (balance.empty())
@@ -100,18 +90,10 @@ class Pipeline::Impl final : public PipelineRank {
       bounds_.push_back(bounds_.back() + b);
     agree(balance);
     stage_rank_ = stage_ranks(schedule_, ranks, chunks_);
-    // A communicator a flow, direction and peer (the simulator's lanes), split from the group
-    // the same way on every rank.
-    const std::map<PipelineLane, int> lanes = pipeline_lanes(stage_rank_);
-    int numbers = 0;
-    for (const auto& [lane, number] : lanes)
-      numbers = std::max(numbers, number + 1);
-    for (int k = 0; k < numbers; ++k)
-      lane_comms_.push_back(group.split(0, rank));
-    std::map<std::tuple<bool, int, int>, Communicator*> by_flow;
-    for (const auto& [lane, number] : lanes)
-      by_flow[{lane.activations, lane.from, lane.to}] =
-          lane_comms_[static_cast<size_t>(number)].get();
+    // A communicator a flow, direction and peer (the simulator's lanes), as ddptrain's.
+    PipelineLaneComms lanes = split_lanes(group, 0, rank, stage_rank_);
+    lane_comms_ = std::move(lanes.comms);
+    std::map<std::tuple<bool, int, int>, Communicator*> by_flow = std::move(lanes.by_flow);
     transfers_ = std::make_unique<PipelineTransfers>(std::move(by_flow), stage_rank_, rank);
     // This rank's stages, in order, and the executor over them.
     std::vector<StagePlace> places;
@@ -126,6 +108,7 @@ class Pipeline::Impl final : public PipelineRank {
       places.push_back({s, stages, m, bounds_[s + 1] - bounds_[s]});
       stage_index_.push_back(s);
     }
+    free_other_stages();
     executor_ = std::make_unique<ScheduleExecutor>(
         plan_rank_schedule(schedule_, rank, ranks, chunks_, m), places);
     for (auto& s : stages_)
@@ -247,6 +230,19 @@ class Pipeline::Impl final : public PipelineRank {
     return has_last() ? torch::cat(outputs) : torch::Tensor();
   }
 
+  // The other ranks' stages' parameters freed here (empty tensors; one this rank's stages share
+  // is kept): a rank holds its own stages' only, and a whole-model forward or torch::save on one
+  // rank fails at first use instead of holding the other stages' untrained weights.
+  void free_other_stages() {
+    std::set<const c10::TensorImpl*> kept;
+    for (const auto& s : stages_)
+      for (const torch::Tensor& p : s->parameters())
+        kept.insert(p.unsafeGetTensorImpl());
+    torch::NoGradGuard no_grad;
+    for (torch::Tensor& p : model_->parameters())
+      if (!kept.count(p.unsafeGetTensorImpl())) p.set_data(torch::empty({0}, p.options()));
+  }
+
   // The rank's stages' data-parallel wrappers, in stage order.
   std::vector<DistributedDataParallel*> replicated() const {
     std::vector<DistributedDataParallel*> wrapped;
@@ -351,11 +347,13 @@ Pipeline::Pipeline(torch::nn::Sequential model, World& world, const PipelineOpti
                                    std::vector<std::unique_ptr<Communicator>>{});
     return;
   }
-  // Rank r: pipeline rank r % P of replica r / P (a replica's ranks side by side).
-  const int pipe_ranks = comm.size() / replicas;
+  // ddptrain's order (place_in_job): rank r is pipeline rank r / D of replica r % D, the ranks
+  // of one stage side by side, so that the replicas' all-reduce, the heavier traffic, stays
+  // among neighbouring ranks (a node's GPUs).
+  const PipelineLayout place = place_in_job(comm.size(), comm.rank(), comm.size() / replicas);
   std::vector<std::unique_ptr<Communicator>> owned;
-  owned.push_back(comm.split(comm.rank() / pipe_ranks, comm.rank() % pipe_ranks));
-  owned.push_back(comm.split(comm.rank() % pipe_ranks, comm.rank() / pipe_ranks));
+  owned.push_back(comm.split(place.replica, place.stage));  // this replica's pipeline
+  owned.push_back(comm.split(place.stage, place.replica));  // this place's replicas
   Communicator& group = *owned[0];
   Communicator* dp = owned[1].get();
   impl_ = std::make_unique<Impl>(std::move(model), group, dp, options, std::move(owned));

@@ -13,10 +13,12 @@
 // The model's modules are cut into P x V stages in order (PipelineOptions::balance, else as
 // evenly as their count allows), P being the group's ranks and V the stages a rank (interleaved
 // 1F1B: 2 unless asked; ZB-V: 2, in a V; else 1). Each rank keeps its stages' modules (the user's
-// own, not copies: their parameters are the ones the optimizer steps). step() cuts the batch
-// into micro-batches along dimension 0 (Tensor::tensor_split), runs the rank's action list of
-// the schedule, and leaves in each parameter's .grad() the gradient of the batch's mean loss
-// (loss_fn's mean over a micro-batch weighted by its samples), added to what .grad() held, as
+// own, not copies: their parameters are the ones the optimizer steps); the other stages'
+// parameters are freed there at construction (empty tensors), so that a whole-model forward or
+// torch::save on one rank fails at first use rather than using weights nobody trains. step() cuts
+// the batch into micro-batches along dimension 0 (Tensor::tensor_split), runs the rank's action
+// list of the schedule, and leaves in each parameter's .grad() the gradient of the batch's mean
+// loss (loss_fn's mean over a micro-batch weighted by its samples), added to what .grad() held, as
 // backward() does: zero them between steps as usual. Activations and their gradients travel
 // between ranks over ddp's point-to-point operations (Gloo or MPI for CPU tensors, NCCL for
 // CUDA ones), a communicator a flow, direction and peer; their shapes and dtypes go with the
@@ -58,10 +60,11 @@ struct PipelineOptions {
   // again with gradients right before its backward (activation recomputation).
   TORCH_ARG(bool, recompute) = false;
   // Replicas of the whole pipeline (dp x pp, the World's ranks being dp x P): world rank r is
-  // pipeline rank r % P of replica r / P. Each replica steps on its own batch; each stage is
-  // wrapped by a ddp::DistributedDataParallel over its replicas (the same stage's ranks of
-  // every replica), which gives them replica 0's parameters at construction and averages the
-  // gradients: the step's micro-batches accumulate under no_sync, and the last one's backward
+  // pipeline rank r / D of replica r % D (ddptrain's order: a stage's replicas side by side, so
+  // that their all-reduce stays among neighbouring ranks). Each replica steps on its own batch;
+  // each stage is wrapped by a ddp::DistributedDataParallel over its replicas (the same stage's
+  // ranks of every replica), which gives them replica 0's parameters at construction and averages
+  // the gradients: the step's micro-batches accumulate under no_sync, and the last one's backward
   // sends its buckets out as its gradients are written, while the schedule goes on, waited for
   // at the step's end.
   TORCH_ARG(int, data_parallel) = 1;

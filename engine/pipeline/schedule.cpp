@@ -144,37 +144,37 @@ bool splits_backward(PipelineSchedule schedule) {
   return entry_of(schedule).splits_backward;
 }
 
-int schedule_chunks(PipelineSchedule schedule, int asked, int ranks, int layers,
-                    int micro_batches) {
+int schedule_chunks(PipelineSchedule schedule, int asked, int ranks, int layers, int micro_batches,
+                    const ScheduleNames& names) {
   const ScheduleEntry& e = entry_of(schedule);
   int chunks = 1;
   switch (e.chunks) {
     case Chunks::kOne:
       DDP_USAGE_CHECK(asked <= 1,
-                      "--virtual-stages {}: the {} schedule holds one chunk of layers a rank; "
-                      "give --schedule interleaved-1f1b or zb-v for more",
-                      asked, e.name);
+                      "{} {}: the {} schedule holds one chunk of {} a rank; give {} "
+                      "interleaved-1f1b or zb-v for more",
+                      names.chunks, asked, e.name, names.layers, names.schedule);
       break;
     case Chunks::kAsked:
       chunks = asked == 0 ? 2 : asked;
-      DDP_USAGE_CHECK(chunks >= 1, "--virtual-stages {}: expected 1 or more", asked);
+      DDP_USAGE_CHECK(chunks >= 1, "{} {}: expected 1 or more", names.chunks, asked);
       break;
     case Chunks::kTwo:
       DDP_USAGE_CHECK(asked == 0 || asked == 2,
-                      "--virtual-stages {}: zb-v holds exactly 2 chunks a rank (its V); give 2 "
-                      "or leave it out",
-                      asked);
+                      "{} {}: zb-v holds exactly 2 chunks a rank (its V); give 2 or leave it out",
+                      names.chunks, asked);
       chunks = 2;
       break;
   }
   DDP_USAGE_CHECK(ranks * chunks <= layers,
-                  "--pp {} --virtual-stages {}: {} stages of layers, but the model has {} layers "
-                  "(each stage holds at least one; give fewer stages or more layers)",
-                  ranks, chunks, ranks * chunks, layers);
+                  "{} {} {} {}: {} stages of {}, but {} has {} {} (each stage holds at least "
+                  "one; give fewer stages or more {})",
+                  names.ranks, ranks, names.chunks, chunks, ranks * chunks, names.layers,
+                  names.model, layers, names.layers, names.layers);
   DDP_USAGE_CHECK(!e.groups_of_ranks || ranks == 1 || micro_batches % ranks == 0,
-                  "--micro-batches {}: the {} schedule takes micro-batches in groups of the {} "
+                  "{} {}: the {} schedule takes micro-batches in groups of the {} "
                   "pipeline ranks; give a multiple of {}",
-                  micro_batches, e.name, ranks, ranks);
+                  names.micro_batches, micro_batches, e.name, ranks, ranks);
   return chunks;
 }
 
@@ -614,8 +614,7 @@ SlotPlan plan_slots(const std::vector<PipelineAction>& actions, int micro_batche
   return plan;
 }
 
-PipelineLayout plan_layout(int world, int rank, int stages, std::vector<int> bounds,
-                           std::vector<int> stage_rank) {
+PipelineLayout place_in_job(int world, int rank, int stages) {
   if (stages < 1 || world % stages != 0) {
     const int below = stages >= 1 ? world / stages * stages : 0;
     const std::string fix = below == 0 ? fmt::format("start {} ranks, or a multiple of it", stages)
@@ -625,17 +624,23 @@ PipelineLayout plan_layout(int world, int rank, int stages, std::vector<int> bou
         "{})",
         stages, world, world == 1 ? "" : "s", fix));
   }
+  PipelineLayout layout;
+  layout.stages = stages;
+  layout.replicas = world / stages;
+  layout.stage = rank / layout.replicas;
+  layout.replica = rank % layout.replicas;
+  return layout;
+}
+
+PipelineLayout plan_layout(int world, int rank, int stages, std::vector<int> bounds,
+                           std::vector<int> stage_rank) {
+  PipelineLayout layout = place_in_job(world, rank, stages);
   if (stage_rank.empty())
     for (int s = 0; s < stages; ++s)
       stage_rank.push_back(s);
   DDP_CHECK(bounds.size() == stage_rank.size() + 1 && stage_rank.size() % stages == 0,
             "{} layer bounds for {} stages on {} ranks", bounds.size(), stage_rank.size(), stages);
-  PipelineLayout layout;
   layout.stage_rank = std::move(stage_rank);
-  layout.stages = stages;
-  layout.replicas = world / stages;
-  layout.stage = rank / layout.replicas;
-  layout.replica = rank % layout.replicas;
   layout.bounds = std::move(bounds);
   return layout;
 }

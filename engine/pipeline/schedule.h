@@ -32,13 +32,25 @@ std::vector<PipelineSchedule> all_schedules();
 // Whether the schedule splits backward into its input and weight halves (the runner must too).
 bool splits_backward(PipelineSchedule schedule);
 
+// What a front end calls the schedule's choices, for the errors the schedule library raises in
+// its own words: ddptrain's flags (the defaults) or ddp::Pipeline's options.
+struct ScheduleNames {
+  std::string schedule = "--schedule";            // the schedule's name
+  std::string ranks = "--pp";                     // the pipeline's ranks
+  std::string chunks = "--virtual-stages";        // chunks of layers (stages) a rank
+  std::string micro_batches = "--micro-batches";  // micro-batches a step
+  std::string layers = "layers";                  // what a stage holds
+  std::string model = "the model";                // what holds them
+};
+
 // How many chunks of layers (virtual stages) a rank holds under `schedule` when the user
-// gave --virtual-stages `asked` (0: not given): 1 for the one-chunk schedules, `asked` (2 when
-// not given) for interleaved-1f1b, 2 for zb-v. Throws UsageError naming the flags for a
-// combination that cannot run: --virtual-stages with a one-chunk schedule, zb-v with other
-// than 2, fewer layers than ranks x chunks, micro-batches not a multiple of the ranks where
-// the schedule takes them in groups of P. Pure.
-int schedule_chunks(PipelineSchedule schedule, int asked, int ranks, int layers, int micro_batches);
+// asked for `asked` (0: not given): 1 for the one-chunk schedules, `asked` (2 when not given)
+// for interleaved-1f1b, 2 for zb-v. Throws UsageError naming the choices as `names` does for a
+// combination that cannot run: chunks asked of a one-chunk schedule, zb-v with other than 2,
+// fewer layers than ranks x chunks, micro-batches not a multiple of the ranks where the schedule
+// takes them in groups of P. Pure.
+int schedule_chunks(PipelineSchedule schedule, int asked, int ranks, int layers, int micro_batches,
+                    const ScheduleNames& names = {});
 // Where the P x V stages go: stage s runs on pipeline rank stage_ranks(...)[s]. In a loop
 // (s mod P: every schedule but zb-v) or in a V (zb-v: rank r holds stages r and 2P - 1 - r, so
 // the middle and the ends of the model meet on one rank). Pure.
@@ -203,6 +215,13 @@ struct PipelineLayout {
   // The stages that pipeline rank `pipe_rank` runs, in stage order.
   std::vector<int> stages_of(int pipe_rank) const;
 };
+
+// Where `rank` sits in a job of `world` ranks run as `stages` pipeline ranks times
+// world / stages replicas, in PipelineLayout's order (rank = stage * replicas + replica): its
+// stages, replicas, stage and replica (no bounds, no stage_rank). ddptrain and ddp::Pipeline
+// place ranks alike. Throws UsageError when the world is not a multiple of the stage count,
+// naming --pp and the world size. Pure.
+PipelineLayout place_in_job(int world, int rank, int stages);
 
 // The layout of `rank` in a world of `world` ranks split into `stages` pipeline ranks over the
 // layer bounds `bounds` of the stages placed by `stage_rank` (empty: one stage a rank).

@@ -17,6 +17,7 @@
 #include <spdlog/spdlog.h>
 #include "runtime/checksum.h"
 
+#include "engine/pipeline/lanes.h"
 #include "models/safetensors.h"
 #include "runtime/error.h"
 
@@ -96,14 +97,9 @@ RankGroups make_rank_groups(Communicator* world, const PipelineLayout& layout, b
   if (g.pipe->device_buffers()) g.host_pipe = make_host_staged(*g.pipe);
   // NCCL's queues with several stages a rank: a lane a flow, direction and peer.
   if (gpu && layout.chunks() > 1) {
-    const std::map<PipelineLane, int> lanes = pipeline_lanes(layout.stage_rank);
-    int numbers = 0;
-    for (const auto& [lane, number] : lanes)
-      numbers = std::max(numbers, number + 1);
-    for (int k = 0; k < numbers; ++k)
-      g.lane_comms.push_back(world->split(layout.replica, layout.stage));
-    for (const auto& [lane, number] : lanes)
-      g.lanes[{lane.activations, lane.from, lane.to}] = g.lane_comms[number].get();
+    PipelineLaneComms lanes = split_lanes(*world, layout.replica, layout.stage, layout.stage_rank);
+    g.lane_comms = std::move(lanes.comms);
+    g.lanes = std::move(lanes.by_flow);
   }
   split_gathers();
   return g;

@@ -31,7 +31,7 @@ struct Args {
   bool recompute = false, reference = false, bad_shape = false;
   bool cuda = false;
   double bucket_kb = 0;  // 0: the options' default
-  bool reduce_in_bf16 = false, events = false;
+  bool reduce_in_bf16 = false, events = false, whole_model = false;
   int zero = 0;
   std::string hook;
 };
@@ -66,6 +66,8 @@ Args parse(int argc, char** argv) {
       a.reduce_in_bf16 = true;
     else if (f == "--events")
       a.events = true;
+    else if (f == "--whole-model")
+      a.whole_model = true;
     else if (f == "--zero")
       a.zero = std::stoi(value());
     else if (f == "--hook")
@@ -196,6 +198,21 @@ int main(int argc, char** argv) {
                            .recompute(args.recompute)
                            .data_parallel(args.data_parallel)
                            .data_parallel_options(dp_options));
+    if (args.whole_model) {  // what this rank holds of the model, and its whole forward
+      int held = 0;
+      for (const torch::Tensor& p : model->parameters())
+        held += p.numel() > 0 ? 1 : 0;
+      std::printf("rank %d holds %d parameter tensors of the model's %zu\n", world->rank(), held,
+                  model->parameters().size());
+      try {
+        torch::NoGradGuard no_grad;
+        model->forward(evaluation_batch());
+        std::printf("rank %d whole-model forward ran\n", world->rank());
+      } catch (const c10::Error&) {
+        std::printf("rank %d whole-model forward failed\n", world->rank());
+      }
+      return 0;
+    }
     if (args.hook == "bf16") pipe.register_comm_hook(ddp::bf16_compress_comm_hook());
     if (args.hook == "allreduce") pipe.register_comm_hook(ddp::allreduce_comm_hook());
     if (args.events) pipe.record_events(true);
@@ -231,8 +248,11 @@ int main(int argc, char** argv) {
     }
     // The evaluation batch through the pipeline (every replica: collective over its pipeline).
     const torch::Tensor output = pipe.forward(evaluation_batch());
-    if (!args.out.empty() && pipe.replica() == 0)  // the replicas hold the same weights
-      save(args.out + "." + std::to_string(world->rank()), model, pipe.parameters(), output);
+    // The replicas hold the same weights: replica 0's ranks write, each under its place in the
+    // pipeline (its first stage: stage s < P runs on pipeline rank s under every schedule).
+    if (!args.out.empty() && pipe.replica() == 0)
+      save(args.out + "." + std::to_string(pipe.stages().front()), model, pipe.parameters(),
+           output);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "pipeline_worker: %s\n", e.what());

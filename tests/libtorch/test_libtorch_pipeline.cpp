@@ -127,19 +127,38 @@ TEST(TorchPipelineUse, ReplicasAverageThroughBucketsThatOverlapAndTakeHooksAndBf
       max_relative_difference_of_ranks({dir.file("hook.0"), dir.file("hook.1")}, dir.file("ref.0"));
   EXPECT_GT(bf16, 0.0) << "the gradients did not travel as bf16";
   EXPECT_LT(bf16, 2e-2);
-  // Replicas that disagree in the wrappers' options are named by the wrapper's own check;
-  // ZeRO inside the pipeline is refused at construction.
+  // Replicas that disagree in the wrappers' options are named by the wrapper's own check (world
+  // rank 1 is stage 0's replica 1: the ranks of one stage side by side, as ddptrain's); ZeRO
+  // inside the pipeline is refused at construction.
   const RunResult differ =
       pipeline(4, dir.file("differ"), flags + " --data-parallel 2 --rank1-flags --reduce-in-bf16");
   EXPECT_NE(differ.exit_code, 0);
-  EXPECT_NE(differ.output.find("reduce_in_bf16(false) where rank 0 has reduce_in_bf16(true)"),
-            std::string::npos)
+  EXPECT_NE(
+      differ.output.find("rank 1 has reduce_in_bf16(true) where rank 0 has reduce_in_bf16(false)"),
+      std::string::npos)
       << differ.output;
   const RunResult zero = pipeline(4, dir.file("zero"), flags + " --data-parallel 2 --zero 1");
   EXPECT_NE(zero.exit_code, 0);
   EXPECT_NE(zero.output.find("data_parallel_options().zero(1): ZeRO inside a pipeline"),
             std::string::npos)
       << zero.output;
+}
+
+// A pipeline rank holds its own stages' parameters only (round 6: a whole-model torch::save on
+// a rank silently held the other stages' untrained weights): the model's 12 parameter tensors
+// split 6 and 6 over the two ranks (modules 0-4 and 5-8), and a whole-model forward on either
+// rank fails instead of computing with weights nobody trains.
+TEST(TorchPipelineUse, ARankHoldsOnlyItsOwnStagesParameters) {
+  TempDir dir;
+  const RunResult r = pipeline(2, dir.file("out"), " --whole-model");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const std::string rank : {"0", "1"}) {
+    EXPECT_NE(r.output.find("rank " + rank + " holds 6 parameter tensors of the model's 12"),
+              std::string::npos)
+        << r.output;
+    EXPECT_NE(r.output.find("rank " + rank + " whole-model forward failed"), std::string::npos)
+        << r.output;
+  }
 }
 
 // The same dp 2 x pp 2 started by mpirun (ddp::init joins the job as under ddprun).
@@ -217,9 +236,25 @@ TEST(TorchPipelineUse, OptionsThatDoNotFitAreNamed) {
   const RunResult groups =
       pipeline(2, dir.file("out"), " --schedule interleaved-1f1b --micro-batches 3");
   EXPECT_NE(groups.exit_code, 0);
-  EXPECT_NE(groups.output.find("PipelineOptions::micro_batches 3: interleaved-1f1b"),
+  EXPECT_NE(groups.output.find("PipelineOptions::micro_batches 3: the interleaved-1f1b schedule "
+                               "takes micro-batches in groups of the 2 pipeline ranks"),
             std::string::npos)
       << groups.output;
+  // The schedule library's own checks, in the pipeline's option names.
+  const RunResult chunks = pipeline(2, dir.file("out"), " --schedule zb-h1 --stages-per-rank 2");
+  EXPECT_NE(chunks.exit_code, 0);
+  EXPECT_NE(chunks.output.find("PipelineOptions::stages_per_rank 2: the zb-h1 schedule holds one "
+                               "chunk of modules a rank; give PipelineOptions::schedule "
+                               "interleaved-1f1b or zb-v for more"),
+            std::string::npos)
+      << chunks.output;
+  const RunResult stages =
+      pipeline(2, dir.file("out"), " --schedule interleaved-1f1b --stages-per-rank 5");
+  EXPECT_NE(stages.exit_code, 0);
+  EXPECT_NE(stages.output.find("ranks 2 PipelineOptions::stages_per_rank 5: 10 stages of modules, "
+                               "but the Sequential has 9 modules"),
+            std::string::npos)
+      << stages.output;
 }
 
 // Ranks that cut the model in different places (or schedule it differently) would each run
