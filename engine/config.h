@@ -9,9 +9,9 @@
 #include <nlohmann/json.hpp>
 
 #include "collectives/backend.h"
+#include "dist/sync_options.h"
 #include "engine/pipeline/schedule.h"
 #include "engine/runners/runner_options.h"
-#include "dist/sync_options.h"
 #include "models/mlp.h"
 #include "models/optimizer.h"
 #include "models/precision.h"

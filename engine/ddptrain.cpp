@@ -14,13 +14,13 @@
 #include <spdlog/spdlog.h>
 
 #include "collectives/communicator.h"
+#include "dist/world.h"
 #include "engine/config.h"
 #include "engine/loop/checkpoint.h"
 #include "engine/loop/trainer.h"
 #include "engine/runners/stage_runner.h"
 #include "engine/setup/faults.h"
 #include "engine/setup/run_setup.h"
-#include "dist/world.h"
 #include "engine/telemetry/gpu_monitor.h"
 #include "engine/telemetry/metrics.h"
 #include "models/mlp.h"

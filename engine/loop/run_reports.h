@@ -10,12 +10,12 @@
 #include <vector>
 
 #include "collectives/communicator.h"
+#include "dist/ddp.h"
 #include "engine/config.h"
 #include "engine/pipeline/executor.h"
 #include "engine/pipeline/schedule.h"
 #include "engine/pipeline/simulate.h"
 #include "engine/runners/stage_runner.h"
-#include "dist/ddp.h"
 #include "engine/telemetry/gpu_monitor.h"
 #include "engine/telemetry/metrics.h"
 #include "engine/telemetry/timeline.h"

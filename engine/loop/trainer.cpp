@@ -18,11 +18,11 @@
 
 #include <spdlog/spdlog.h>
 
+#include "dist/agreement.h"
+#include "dist/grad_sync.h"
 #include "engine/loop/checkpoint.h"
 #include "engine/loop/resume.h"
 #include "engine/setup/run_setup.h"
-#include "dist/agreement.h"
-#include "dist/grad_sync.h"
 #include "engine/telemetry/progress.h"
 #include "models/gemm.h"
 #include "models/safetensors.h"

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "collectives/communicator.h"
+#include "dist/ddp.h"
 #include "engine/config.h"
 #include "engine/loop/checkpoint.h"
 #include "engine/loop/resume.h"
@@ -21,7 +22,6 @@
 #include "engine/pipeline/schedule.h"
 #include "engine/runners/stage_runner.h"
 #include "engine/setup/run_setup.h"
-#include "dist/ddp.h"
 #include "engine/telemetry/gpu_monitor.h"
 #include "engine/telemetry/metrics.h"
 #include "engine/telemetry/timeline.h"

@@ -11,9 +11,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "dist/ddp.h"
 #include "engine/pipeline/schedule.h"
 #include "engine/pipeline/stage.h"
-#include "dist/ddp.h"
 #include "engine/telemetry/compute_costs.h"
 #include "engine/telemetry/timeline.h"
 

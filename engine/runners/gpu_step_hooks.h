@@ -13,10 +13,10 @@
 #include <memory>
 #include <string>
 
+#include "dist/ddp.h"
 #include "engine/runners/optimizer_overlap.h"
 #include "engine/runners/runner_options.h"
 #include "engine/runners/stage_runner.h"
-#include "dist/ddp.h"
 #include "engine/telemetry/busy_spans.h"
 #include "engine/telemetry/compute_costs.h"
 #include "engine/telemetry/gpu_timeline.h"

@@ -5,8 +5,8 @@
 
 #include "models/safetensors.h"
 
-#include "engine/runners/stage_runner.h"
 #include "dist/grad_sync.h"
+#include "engine/runners/stage_runner.h"
 #include "runtime/error.h"
 
 namespace ddp {

@@ -17,11 +17,11 @@
 #include <vector>
 
 #include "collectives/communicator.h"
+#include "dist/ddp.h"
+#include "dist/param_store.h"
 #include "engine/pipeline/schedule.h"
 #include "engine/pipeline/stage.h"
 #include "engine/runners/runner_options.h"
-#include "dist/ddp.h"
-#include "dist/param_store.h"
 #include "engine/telemetry/compute_costs.h"
 #include "engine/telemetry/timeline.h"
 #include "models/cpu_ops.h"

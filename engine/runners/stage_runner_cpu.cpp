@@ -6,10 +6,10 @@
 #include <cstring>
 #include <deque>
 
-#include "engine/runners/stage_runner.h"
-#include "engine/runners/stage_transfers.h"
 #include "dist/ddp.h"
 #include "dist/gradient_ring.h"
+#include "engine/runners/stage_runner.h"
+#include "engine/runners/stage_transfers.h"
 #include "engine/zero/host_store.h"
 #include "models/cpu_ops.h"
 #include "models/mlp_cpu.h"

@@ -22,6 +22,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "dist/ddp.h"
+#include "dist/grad_sync.h"
 #include "engine/runners/fused_step.h"
 #include "engine/runners/gpu_chunk.h"
 #include "engine/runners/gpu_step_hooks.h"
@@ -29,8 +31,6 @@
 #include "engine/runners/stage_runner.h"
 #include "engine/runners/stage_transfers.h"
 #include "engine/runners/step_replay.h"
-#include "dist/ddp.h"
-#include "dist/grad_sync.h"
 #include "engine/telemetry/gpu_timeline.h"
 #include "engine/telemetry/timeline.h"
 #include "engine/zero/device_store.h"

@@ -10,10 +10,10 @@
 #include <tuple>
 #include <vector>
 
+#include "dist/ddp.h"
 #include "engine/config.h"
 #include "engine/pipeline/schedule.h"
 #include "engine/runners/stage_runner.h"
-#include "dist/ddp.h"
 #include "models/dataset.h"
 #include "models/mlp.h"
 

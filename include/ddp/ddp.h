@@ -5,6 +5,6 @@
 #pragma once
 
 #include "collectives/communicator.h"
-#include "dist/world.h"
 #include "dist/ddp.h"
+#include "dist/world.h"
 #include "runtime/error.h"

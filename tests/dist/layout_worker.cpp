@@ -4,8 +4,8 @@
 #include <cstdio>
 #include <cstring>
 
-#include "dist/world.h"
 #include "dist/ddp.h"
+#include "dist/world.h"
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "uncaught") == 0) {

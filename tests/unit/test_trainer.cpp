@@ -5,11 +5,11 @@
 #include <memory>
 
 #include "collectives/communicator.h"
+#include "dist/ddp.h"
+#include "dist/zero.h"
 #include "engine/loop/trainer.h"
 #include "engine/runners/stage_runner.h"
 #include "engine/setup/run_setup.h"
-#include "dist/ddp.h"
-#include "dist/zero.h"
 #include "models/safetensors.h"
 #include "runtime/error.h"
 #include "runtime/process_env.h"
