@@ -54,10 +54,6 @@ class Pipeline::Impl final : public PipelineRank {
                     "PipelineOptions::schedule 'pairs': ddptrain's test schedule; expected gpipe, "
                     "1f1b, interleaved-1f1b, zb-h1 or zb-v");
     schedule_ = *schedule;
-    DDP_USAGE_CHECK(options.data_parallel_options().zero() == 0,
-                    "PipelineOptions::data_parallel_options().zero({}): ZeRO inside a pipeline is "
-                    "not supported yet; give zero(0) (ddptrain's --zero takes pipelines)",
-                    options.data_parallel_options().zero());
     const int modules = static_cast<int>(model_->size());
     const int m = options.micro_batches();
     DDP_USAGE_CHECK(m >= 1, "PipelineOptions::micro_batches {}: expected 1 or more", m);
@@ -215,6 +211,8 @@ class Pipeline::Impl final : public PipelineRank {
       group_.all_reduce(n.data_ptr(), 1, DataType::kInt32, ReduceOp::kMax);
       count = n.cpu().item<int32_t>();
     }
+    for (auto& stage : stages_)
+      stage->begin_evaluation();
     // Each micro-batch through this rank's stages in order (a stage waits only for a lower
     // stage of the same micro-batch or an earlier micro-batch: no cycle); sends not waited for.
     transfers_->set_evaluating(true);

@@ -69,8 +69,10 @@ struct PipelineOptions {
   // at the step's end.
   TORCH_ARG(int, data_parallel) = 1;
   // The stages' wrappers' options (bucket caps, reduce_in_bf16, find_unused_parameters,
-  // static_graph; broadcast_buffers is off unless asked, as the pipeline's buffers stay each
-  // replica's). zero() is refused here for now.
+  // static_graph, zero; broadcast_buffers is off unless asked, as the pipeline's buffers stay
+  // each replica's). With zero(N) each stage is sharded over its replicas as DDP's ZeRO does
+  // (bitwise the same weights, the optimizer state a share); the parameters are gathered at
+  // each step's start and before forward(), which is then collective over the replicas too.
   TORCH_ARG(DistributedDataParallelOptions,
             data_parallel_options) = DistributedDataParallelOptions().broadcast_buffers(false);
 };

@@ -87,6 +87,12 @@ class TorchStage final : public PipelineStage {
     if (replicated_) replicated_->sync_buffers();
   }
 
+  // An evaluation begins (collective over the replicas): under ZeRO the owners' parameters
+  // gathered (gather_parameters()), as before a forward of one's own.
+  void begin_evaluation() {
+    if (replicated_) replicated_->gather_parameters();
+  }
+
   // The step's end: the last backward's reduction ended and waited for (CUDA: the current
   // stream waits for it), the averages in each parameter's .grad().
   void finish_reduction() {

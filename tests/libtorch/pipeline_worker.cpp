@@ -7,7 +7,8 @@
 // --data-parallel D: D replicas of the pipeline, each on its share of the global batch (replica 0
 // writes the files). --bad-shape: the fourth module takes 24 features instead of 32 (a stage that
 // refuses its input, mid-step). With replicas: --bucket-kb N (the stages' wrappers' bucket cap),
-// --reduce-in-bf16, --zero N, --hook bf16|allreduce (a comm hook on every stage's buckets),
+// --reduce-in-bf16, --zero N (and --memory: each rank prints its optimizer state and parameter
+// bytes after the last step), --hook bf16|allreduce (a comm hook on every stage's buckets),
 // --events (each rank prints whether its stages' first bucket went out before their last gradient
 // was written: the reduction overlapping the step's last backward).
 #include <torch/torch.h>
@@ -31,7 +32,7 @@ struct Args {
   bool recompute = false, reference = false, bad_shape = false;
   bool cuda = false;
   double bucket_kb = 0;  // 0: the options' default
-  bool reduce_in_bf16 = false, events = false, whole_model = false;
+  bool reduce_in_bf16 = false, events = false, whole_model = false, memory = false;
   int zero = 0;
   std::string hook;
 };
@@ -68,6 +69,8 @@ Args parse(int argc, char** argv) {
       a.events = true;
     else if (f == "--whole-model")
       a.whole_model = true;
+    else if (f == "--memory")
+      a.memory = true;
     else if (f == "--zero")
       a.zero = std::stoi(value());
     else if (f == "--hook")
@@ -228,6 +231,13 @@ int main(int argc, char** argv) {
         std::printf("step %d loss %.6f\n", step, loss.item<double>());
     }
     std::printf("rank %d report: %s\n", world->rank(), pipe.report().c_str());
+    if (args.zero > 0 || args.memory) {  // what this rank keeps between steps
+      size_t held = 0;
+      for (const torch::Tensor& p : pipe.parameters())
+        held += static_cast<size_t>(p.numel()) * p.element_size();
+      std::printf("rank %d keeps optimizer state %zu bytes, parameters %zu bytes\n", world->rank(),
+                  ddp::optimizer_state_bytes(*optimizer), held);
+    }
     if (args.events) {
       // Per stage: in the last step's events (after the one before's backward_done), a bucket
       // issued before the last parameter's gradient was written: the buckets went out during

@@ -70,7 +70,8 @@ TEST(TorchPipelineCuda, TwoStagesSharingTheGpuTrainAsOneCudaProcess) {
 
 // Two replicas of a one-rank pipeline sharing the GPU: the stage's DistributedDataParallel over
 // NCCL (buckets of 1 KB going out during the last micro-batch's backward on LibTorch's stream,
-// waited for at the step's end) trains as one CUDA process with the whole batch.
+// waited for at the step's end) trains as one CUDA process with the whole batch, and under
+// zero(3) bitwise as without.
 TEST(TorchPipelineCuda, ReplicasAverageThroughTheStagesBucketsOverNccl) {
   REQUIRE_GPU();
   TempDir dir;
@@ -86,6 +87,13 @@ TEST(TorchPipelineCuda, ReplicasAverageThroughTheStagesBucketsOverNccl) {
   EXPECT_LT(max_relative_difference_of_ranks({dir.file("dp.0")}, dir.file("ref.0")),
             kAcrossRanksMargin)
       << r.output;
+  // ZeRO 3 inside the pipeline (the stage's parameters gathered over NCCL at each step's start
+  // and before the evaluation): bitwise the run above.
+  const RunResult z =
+      run_command(kSharedGpu + " --nproc-per-node 2 -- " + kPipelineWorker + " --out " +
+                  dir.file("z3") + " --data-parallel 2 --bucket-kb 1 " + "--zero 3" + flags);
+  ASSERT_EQ(z.exit_code, 0) << z.output;
+  EXPECT_EQ(max_relative_difference(dir.file("z3.0"), dir.file("dp.0")), 0.0) << z.output;
 }
 
 TEST(TorchDdpCuda, TwoRanksSharingTheGpuEqualOneCudaProcess) {
