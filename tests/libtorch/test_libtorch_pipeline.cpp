@@ -270,39 +270,24 @@ TEST(TorchPipelineUse, AStageThatRefusesItsInputIsNamedAndTheJobEnds) {
 
 TEST(TorchPipelineUse, OptionsThatDoNotFitAreNamed) {
   TempDir dir;
-  const RunResult schedule = pipeline(2, dir.file("out"), " --schedule 2f2b");
-  EXPECT_NE(schedule.exit_code, 0);
-  EXPECT_NE(schedule.output.find("PipelineOptions::schedule '2f2b': expected gpipe, 1f1b"),
-            std::string::npos)
-      << schedule.output;
-  const RunResult balance = pipeline(2, dir.file("out"), " --balance 4,4");
-  EXPECT_NE(balance.exit_code, 0);
-  EXPECT_NE(balance.output.find("PipelineOptions::balance: 8 modules in all, but the Sequential "
-                                "has 9"),
-            std::string::npos)
-      << balance.output;
-  const RunResult groups =
-      pipeline(2, dir.file("out"), " --schedule interleaved-1f1b --micro-batches 3");
-  EXPECT_NE(groups.exit_code, 0);
-  EXPECT_NE(groups.output.find("PipelineOptions::micro_batches 3: the interleaved-1f1b schedule "
-                               "takes micro-batches in groups of the 2 pipeline ranks"),
-            std::string::npos)
-      << groups.output;
-  // The schedule library's own checks, in the pipeline's option names.
-  const RunResult chunks = pipeline(2, dir.file("out"), " --schedule zb-h1 --stages-per-rank 2");
-  EXPECT_NE(chunks.exit_code, 0);
-  EXPECT_NE(chunks.output.find("PipelineOptions::stages_per_rank 2: the zb-h1 schedule holds one "
-                               "chunk of modules a rank; give PipelineOptions::schedule "
-                               "interleaved-1f1b or zb-v for more"),
-            std::string::npos)
-      << chunks.output;
-  const RunResult stages =
-      pipeline(2, dir.file("out"), " --schedule interleaved-1f1b --stages-per-rank 5");
-  EXPECT_NE(stages.exit_code, 0);
-  EXPECT_NE(stages.output.find("ranks 2 PipelineOptions::stages_per_rank 5: 10 stages of modules, "
-                               "but the Sequential has 9 modules"),
-            std::string::npos)
-      << stages.output;
+  // The last three are the schedule library's own checks, in the pipeline's option names.
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {" --schedule 2f2b", "PipelineOptions::schedule '2f2b': expected gpipe, 1f1b"},
+      {" --balance 4,4", "PipelineOptions::balance: 8 modules in all, but the Sequential has 9"},
+      {" --schedule interleaved-1f1b --micro-batches 3",
+       "PipelineOptions::micro_batches 3: the interleaved-1f1b schedule takes micro-batches in "
+       "groups of the 2 pipeline ranks"},
+      {" --schedule zb-h1 --stages-per-rank 2",
+       "PipelineOptions::stages_per_rank 2: the zb-h1 schedule holds one chunk of modules a rank; "
+       "give PipelineOptions::schedule interleaved-1f1b or zb-v for more"},
+      {" --schedule interleaved-1f1b --stages-per-rank 5",
+       "ranks 2 PipelineOptions::stages_per_rank 5: 10 stages of modules, but the Sequential has "
+       "9 modules"}};
+  for (const auto& [flags, message] : cases) {
+    const RunResult run = pipeline(2, dir.file("out"), flags);
+    EXPECT_NE(run.exit_code, 0) << flags;
+    EXPECT_NE(run.output.find(message), std::string::npos) << flags << "\n" << run.output;
+  }
 }
 
 // Ranks that cut the model in different places (or schedule it differently) would each run
