@@ -84,19 +84,26 @@ GroupedBuckets plan_grouped_buckets(const std::vector<size_t>& counts,
       closed.emplace_back(position[bucket.layers.back()], std::move(bucket.layers));
   std::stable_sort(closed.begin(), closed.end(),
                    [](const auto& a, const auto& b) { return a.first < b.first; });
-  // The reducer's numbering: the last bucket's layers lowest, each bucket's in ascending order.
+  // The reducer's numbering: the last bucket's layers lowest, each bucket's in ascending order;
+  // each kind's buffer holds its layers in that order.
   GroupedBuckets plan;
-  size_t offset = 0;
   for (size_t b = closed.size(); b-- > 0;) {
     std::vector<size_t> layers = closed[b].second;
     std::sort(layers.begin(), layers.end());
-    Bucket bucket{offset, 0, static_cast<int>(plan.order.size()), 0};
+    const int kind = kinds[layers.front()];
+    const auto found = std::find(plan.buffer_kinds.begin(), plan.buffer_kinds.end(), kind);
+    const auto buffer = static_cast<size_t>(found - plan.buffer_kinds.begin());
+    if (found == plan.buffer_kinds.end()) {
+      plan.buffer_kinds.push_back(kind);
+      plan.buffer_sizes.push_back(0);
+    }
+    Bucket bucket{plan.buffer_sizes[buffer], 0, static_cast<int>(plan.order.size()), 0, buffer};
     for (const size_t layer : layers) {
       plan.order.push_back(layer);
       bucket.count += counts[layer];
     }
     bucket.last_layer = static_cast<int>(plan.order.size()) - 1;
-    offset += bucket.count;
+    plan.buffer_sizes[buffer] += bucket.count;
     plan.buckets.insert(plan.buckets.begin(), bucket);
   }
   return plan;

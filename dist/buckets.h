@@ -12,10 +12,11 @@ namespace ddp {
 
 // A range of layers whose gradients are averaged by one collective.
 struct Bucket {
-  size_t offset = 0;    // elements from the start of the flat gradient buffer
+  size_t offset = 0;    // elements from the start of its gradient buffer
   size_t count = 0;     // elements
   int first_layer = 0;  // lowest layer whose gradients it holds
   int last_layer = 0;   // highest
+  size_t buffer = 0;    // its gradient buffer: 0 (one flat buffer), or its kind's (grouped)
 };
 
 // Buckets of about bucket_bytes (the first, holding the last layers, of about
@@ -29,12 +30,15 @@ std::vector<Bucket> plan_buckets(const std::vector<ParamSpan>& layers, size_t bu
 // expected (`arrival`; empty: the last layer first), each kind fills a bucket of its own (its
 // first of about first_bucket_bytes, then about bucket_bytes, in its own element bytes), and the
 // buckets are reduced in the order that walk completes them. A reducer numbers the layers so
-// that each bucket is a contiguous run (`order`); with one kind and no arrival order that is the
-// layers' own order and the buckets are plan_buckets'. Pure.
+// that each bucket is a contiguous run (`order`) of its kind's gradient buffer (a kind's layers
+// in that order, one after the other); with one kind and no arrival order that is the layers'
+// own order and the buckets are plan_buckets'. Pure.
 struct GroupedBuckets {
-  std::vector<size_t> order;    // order[j]: the layer the reducer calls j
-  std::vector<Bucket> buckets;  // over the layers so numbered (offsets in elements, in that
-                                // order), in reduction order (the highest layers first)
+  std::vector<size_t> order;         // order[j]: the layer the reducer calls j
+  std::vector<Bucket> buckets;       // over the layers so numbered, in reduction order (the highest
+                                     // layers first); each a range of buffer `Bucket::buffer`
+  std::vector<int> buffer_kinds;     // buffer b's kind (numbered as `order` first meets them)
+  std::vector<size_t> buffer_sizes;  // and its elements
 };
 
 // GroupedBuckets of layers of `counts[i]` elements of kind `kinds[i]`, `element_bytes[i]`

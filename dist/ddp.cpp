@@ -89,11 +89,25 @@ void Ddp::broadcast_parameters(float* params, size_t count) {
 }
 
 void Ddp::begin_backward(float* grads) {
+  begin_backward(std::vector<GradMemory>{{grads, DataType::kFloat32}});
+}
+
+void Ddp::begin_backward(std::vector<GradMemory> buffers) {
+  size_t needed = 1;
+  for (const Bucket& b : buckets_)
+    needed = std::max(needed, b.buffer + 1);
+  DDP_CHECK(buffers.size() == needed,
+            "Ddp::begin_backward: {} gradient buffers for buckets over {}", buffers.size(), needed);
+  bool missing = false;
+  for (const GradMemory& buffer : buffers)
+    missing = missing || buffer.data == nullptr;
   DDP_USAGE_CHECK(
-      grads != nullptr || user_hook_ || (reduction_ != nullptr && reduction_->keeps_gradients()),
+      !missing || user_hook_ || (reduction_ != nullptr && reduction_->keeps_gradients()),
       "Ddp::begin_backward: no gradient buffer (null)");
+  DDP_CHECK(reduction_ == nullptr || (buffers.size() == 1 && buffers[0].type == DataType::kFloat32),
+            "Ddp::begin_backward: a sharded reduction takes one float32 gradient buffer");
   in_backward_ = true;
-  grads_ = grads;
+  buffers_ = std::move(buffers);
   next_bucket_ = 0;
   pending_.clear();
   std::fill(waiting_.begin(), waiting_.end(), 0);
@@ -102,17 +116,24 @@ void Ddp::begin_backward(float* grads) {
     if (bucket >= 0) ++waiting_[static_cast<size_t>(bucket)];
 }
 
+float* Ddp::grads() const {
+  if (buffers_.size() != 1 || buffers_[0].type != DataType::kFloat32) return nullptr;
+  return static_cast<float*>(buffers_[0].data);
+}
+
 CommHook allreduce_hook() {
   return [](Communicator& comm, const GradBucket& bucket) {
-    return comm.all_reduce_async(bucket.data, bucket.count, DataType::kFloat32, ReduceOp::kAverage);
+    return comm.all_reduce_async(bucket.data, bucket.count, bucket.type, ReduceOp::kAverage);
   };
 }
 
 CommHook bf16_compress_hook(uint16_t* scratch) {
   DDP_CHECK(scratch != nullptr, "bf16_compress_hook: no scratch buffer");
   return [scratch](Communicator& comm, const GradBucket& bucket) {
-    return comm.all_reduce_bf16_async(bucket.data, scratch + bucket.offset, bucket.count,
-                                      ReduceOp::kAverage);
+    if (bucket.type != DataType::kFloat32)
+      return comm.all_reduce_async(bucket.data, bucket.count, bucket.type, ReduceOp::kAverage);
+    return comm.all_reduce_bf16_async(static_cast<float*>(bucket.data), scratch + bucket.offset,
+                                      bucket.count, ReduceOp::kAverage);
   };
 }
 
@@ -150,14 +171,18 @@ void Ddp::set_reduction(BucketReduction* reduction) {
 void Ddp::issue(size_t bucket) {
   const Bucket& b = buckets_[bucket];
   if (reduction_ != nullptr) {
-    pending_.push_back(reduction_->reduce(bucket, grads_));
+    pending_.push_back(reduction_->reduce(bucket, grads()));
     record({reduction_->issued_event(), b.first_layer, static_cast<int>(bucket)});
     return;
   }
-  const GradBucket view{bucket, grads_ != nullptr ? grads_ + b.offset : nullptr, b.count, b.offset};
-  pending_.push_back(hook_ ? hook_(comm_, view)
-                           : comm_.all_reduce_async(view.data, view.count, DataType::kFloat32,
-                                                    ReduceOp::kAverage));
+  const GradMemory& buffer = buffers_[b.buffer];
+  void* data = buffer.data != nullptr
+                   ? static_cast<char*>(buffer.data) + b.offset * dtype_bytes(buffer.type)
+                   : nullptr;
+  const GradBucket view{bucket, data, buffer.type, b.count, b.offset, b.buffer};
+  pending_.push_back(
+      hook_ ? hook_(comm_, view)
+            : comm_.all_reduce_async(view.data, view.count, view.type, ReduceOp::kAverage));
   record({"allreduce_issued", b.first_layer, static_cast<int>(bucket)});
 }
 

@@ -43,14 +43,23 @@ class BucketReduction {
   virtual bool keeps_gradients() const = 0;
 };
 
+// A gradient buffer of backward: its memory (host or device, as the communicator takes) and
+// its element type. A bucket is a range of one (Bucket::buffer).
+struct GradMemory {
+  void* data = nullptr;
+  DataType type = DataType::kFloat32;
+};
+
 // One bucket's gradients as a communication hook sees them (c10d's GradBucket).
 struct GradBucket {
-  size_t index = 0;       // its place in the reduction order (0: the last layers')
-  float* data = nullptr;  // its gradients, `count` floats of the flat buffer (host or device
-                          // memory, as the communicator takes; null where backward was given
-                          // none: the hook knows where they are)
-  size_t count = 0;       // its elements
-  size_t offset = 0;      // where they start in the flat gradient buffer
+  size_t index = 0;      // its place in the reduction order (0: the last layers')
+  void* data = nullptr;  // its gradients, `count` elements of `type` in its buffer (host or
+                         // device memory, as the communicator takes; null where backward was
+                         // given none: the hook knows where they are)
+  DataType type = DataType::kFloat32;
+  size_t count = 0;   // its elements
+  size_t offset = 0;  // where they start in its buffer
+  size_t buffer = 0;  // which of backward's buffers (Bucket::buffer)
 };
 
 // A communication hook (c10d's register_comm_hook): starts the reduction of `bucket` over `comm`
@@ -60,10 +69,12 @@ struct GradBucket {
 // same hook on the same buckets in the same order.
 using CommHook = std::function<std::unique_ptr<Work>(Communicator& comm, const GradBucket& bucket)>;
 
-// Ddp's own reduction as a hook: the averaging all-reduce.
+// Ddp's own reduction as a hook: the averaging all-reduce in the bucket's type (bfloat16 and
+// float16 summed in their own type, as NCCL adds; Gloo and MPI add each pair in float and round).
 CommHook allreduce_hook();
-// The same with the gradients on the wire as bfloat16 through `scratch` (as many bf16 values
-// as the gradient buffer has floats, in the communicator's memory; c10d's bf16_compress_hook).
+// The same with float32 gradients on the wire as bfloat16 through `scratch` (as many bf16
+// values as buffer 0 has elements, in the communicator's memory; c10d's bf16_compress_hook);
+// the buckets of other types reduced as allreduce_hook does.
 CommHook bf16_compress_hook(uint16_t* scratch);
 
 // Each of `works` (collectives over `comm`) waited for on the host, bounded by its timeout, or
@@ -111,8 +122,8 @@ class Ddp {
   using ScratchFn = std::function<void*(size_t bytes)>;
   // The scratch check_same_layout(names) uses with a device communicator.
   void set_device_scratch(ScratchFn scratch) { device_scratch_ = std::move(scratch); }
-  // Reduce gradients as bfloat16 (Communicator::all_reduce_bf16_async) through `scratch`:
-  // as many bf16 values as the gradient buffer has floats, in the communicator's memory
+  // Reduce float32 gradients as bfloat16 (Communicator::all_reduce_bf16_async) through
+  // `scratch`: as many bf16 values as the float32 buffer has floats, in the communicator's memory
   // (bf16_compress_hook registered, and ZeRO's reduce-scatters in bf16 too). UsageError when
   // the backend cannot.
   void reduce_in_bf16(void* scratch);
@@ -129,9 +140,11 @@ class Ddp {
   // Backward hooks, called on the training thread: start of a step's backward, each layer's
   // gradients written (layers arrive last to first), end of backward. layer_done or
   // end_backward without begin_backward, and a layer index out of range, are UsageErrors
-  // that say what to call. `grads` may be null where a registered hook finds each bucket's
-  // gradients itself (GradBucket::data is then null) or a reduction keeps them.
+  // that say what to call. `grads`: the one float32 buffer every bucket is a range of, or
+  // (grouped buckets) a buffer for each Bucket::buffer; null where a registered hook finds each
+  // bucket's gradients itself (GradBucket::data is then null) or a reduction keeps them.
   void begin_backward(float* grads);
+  void begin_backward(std::vector<GradMemory> buffers);
   // Layer `layer`'s gradients are written: the buckets it completes start (with overlap).
   void layer_done(int layer);
   // Layer `layer`'s gradients are written, in whatever order they come (autograd's): a bucket
@@ -166,9 +179,9 @@ class Ddp {
   // A bucket's reduction in place of the averaging all-reduce, from now on (null: the
   // all-reduce again); kept by the caller as long as the Ddp is used.
   void set_reduction(BucketReduction* reduction);
-  // The flat gradient buffer of this step's backward (begin_backward's; null with a reduction
-  // that keeps the gradients itself).
-  float* grads() const { return grads_; }
+  // The flat float32 gradient buffer of this step's backward (begin_backward's; null with a
+  // reduction that keeps the gradients itself, or buffers of other types).
+  float* grads() const;
   // reduce_in_bf16's scratch, or null.
   uint16_t* bf16_scratch() const { return bf16_scratch_; }
 
@@ -186,7 +199,7 @@ class Ddp {
   ScratchFn device_scratch_;
   std::vector<Bucket> buckets_;
   bool overlap_;
-  float* grads_ = nullptr;
+  std::vector<GradMemory> buffers_;   // this backward's gradients (begin_backward)
   uint16_t* bf16_scratch_ = nullptr;  // bf16 gradients on the wire, when asked
   CommHook hook_;                     // registered, or empty (the averaging all-reduce)
   bool user_hook_ = false;            // hook_ came from register_comm_hook

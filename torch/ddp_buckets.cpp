@@ -25,6 +25,7 @@ void DistributedDataParallel::Impl::make_reducer() {
       if (buffer.dtype == torch::kFloat32)
         bf16_scratch = torch::empty({buffer.count},
                                     torch::TensorOptions().dtype(torch::kBFloat16).device(device));
+    if (bf16_scratch.defined()) reducer->reduce_in_bf16(bf16_scratch.data_ptr());
   }
 }
 
@@ -43,33 +44,42 @@ GroupedBuckets DistributedDataParallel::Impl::plan(const std::vector<size_t>& ar
 }
 
 // `planned`'s numbering, each dtype's buffer layout (its parameters in the reducer's order, so
-// that a bucket is a range of it) and a reducer over its buckets. The buffers are not made.
+// that a bucket is a range of it) and a reducer over its buckets, which reduces them itself (the
+// average in each dtype, bf16 travel) or through the user's hook. The buffers are not made.
 void DistributedDataParallel::Impl::use_plan(GroupedBuckets planned) {
   param_of = planned.order;
   layer_of.assign(params.size(), 0);
   for (size_t j = 0; j < param_of.size(); ++j)
     layer_of[param_of[j]] = j;
   grad_buffers.clear();
-  slices.clear();
-  for (const size_t i : param_of) {
-    Param& p = params[i];
-    size_t b = 0;
-    while (b < grad_buffers.size() && grad_buffers[b].dtype != p.dtype)
-      ++b;
-    if (b == grad_buffers.size()) grad_buffers.push_back({p.dtype, 0, {}});
-    p.buffer = b;
-    p.offset = grad_buffers[b].count;
-    grad_buffers[b].count += p.numel();
-  }
+  for (size_t b = 0; b < planned.buffer_kinds.size(); ++b)
+    grad_buffers.push_back({static_cast<torch::ScalarType>(planned.buffer_kinds[b]),
+                            static_cast<int64_t>(planned.buffer_sizes[b]),
+                            {}});
   for (const Bucket& bucket : planned.buckets) {
-    const Param& first = params[param_of[static_cast<size_t>(bucket.first_layer)]];
-    slices.push_back({first.buffer, first.offset, static_cast<int64_t>(bucket.count)});
+    int64_t offset = static_cast<int64_t>(bucket.offset);
+    for (int layer = bucket.first_layer; layer <= bucket.last_layer; ++layer) {
+      Param& p = params[param_of[static_cast<size_t>(layer)]];
+      p.buffer = bucket.buffer;
+      p.offset = offset;
+      offset += p.numel();
+    }
   }
   reducer = std::make_unique<Ddp>(comm, std::move(planned.buckets), static_cast<int>(params.size()),
                                   options.overlap());
   reducer->record_events(recording_events);
-  reducer->register_comm_hook(
-      [this](Communicator&, const GradBucket& bucket) { return reduce_bucket(bucket.index); });
+  if (hook)
+    reducer->register_comm_hook(
+        [this](Communicator&, const GradBucket& bucket) { return run_user_hook(bucket); });
+  if (bf16_scratch.defined()) reducer->reduce_in_bf16(bf16_scratch.data_ptr());
+}
+
+// Each dtype's gradient buffer as the reducer takes it (they must be made).
+std::vector<GradMemory> DistributedDataParallel::Impl::grad_memory() const {
+  std::vector<GradMemory> memory;
+  for (const GradBuffer& buffer : grad_buffers)
+    memory.push_back({buffer.flat.data_ptr(), wire_type(buffer.dtype, params[0].name)});
+  return memory;
 }
 
 // The end of the first synchronised backward: rank 0's order of arrival (each rank may see
@@ -126,31 +136,22 @@ void DistributedDataParallel::Impl::rebuild_buckets() {
   }
 }
 
-// Bucket `bucket`'s average: the user's hook, or the all-reduce in the bucket's dtype (float32
-// through bf16 with reduce_in_bf16). bf16 and fp16 buckets are summed in their own dtype, as
-// PyTorch's DDP does (NCCL adds in that dtype; Gloo and MPI add each pair in float and round).
-std::unique_ptr<Work> DistributedDataParallel::Impl::reduce_bucket(size_t bucket) {
-  const BucketSlice& slice = slices[bucket];
-  GradBuffer& buffer = grad_buffers[slice.buffer];
-  if (hook) {
-    TorchGradBucket view{bucket, buffer.flat.narrow(0, slice.offset, slice.count), {}, {}};
-    const Bucket& planned = reducer->buckets()[bucket];
-    for (int layer = planned.first_layer; layer <= planned.last_layer; ++layer) {
-      const Param& p = params[param_of[static_cast<size_t>(layer)]];
-      view.parameters.push_back(p.tensor);
-      view.gradients.push_back(p.view);
-    }
-    return hook(comm, view);
+// The user's hook (register_comm_hook) on bucket `bucket`: its range of its dtype's buffer,
+// with its parameters and their gradients.
+std::unique_ptr<Work> DistributedDataParallel::Impl::run_user_hook(const GradBucket& bucket) {
+  const GradBuffer& buffer = grad_buffers[bucket.buffer];
+  TorchGradBucket view{bucket.index,
+                       buffer.flat.narrow(0, static_cast<int64_t>(bucket.offset),
+                                          static_cast<int64_t>(bucket.count)),
+                       {},
+                       {}};
+  const Bucket& planned = reducer->buckets()[bucket.index];
+  for (int layer = planned.first_layer; layer <= planned.last_layer; ++layer) {
+    const Param& p = params[param_of[static_cast<size_t>(layer)]];
+    view.parameters.push_back(p.tensor);
+    view.gradients.push_back(p.view);
   }
-  void* data = static_cast<char*>(buffer.flat.data_ptr()) +
-               slice.offset * static_cast<int64_t>(buffer.flat.element_size());
-  const auto count = static_cast<size_t>(slice.count);
-  if (bf16_scratch.defined() && buffer.dtype == torch::kFloat32)
-    return comm.all_reduce_bf16_async(
-        static_cast<float*>(data), static_cast<uint16_t*>(bf16_scratch.data_ptr()) + slice.offset,
-        count, ReduceOp::kAverage);
-  return comm.all_reduce_async(data, count, wire_type(buffer.dtype, params[0].name),
-                               ReduceOp::kAverage);
+  return hook(comm, view);
 }
 
 // Each dtype's gradient buffer (uninitialised), and the parameters' views of it.

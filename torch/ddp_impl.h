@@ -103,11 +103,6 @@ struct DistributedDataParallel::Impl {
     int64_t count = 0;   // its elements
     torch::Tensor flat;  // (ZeRO 2, 3: during backward only)
   };
-  // A bucket's range of its buffer.
-  struct BucketSlice {
-    size_t buffer = 0;
-    int64_t offset = 0, count = 0;
-  };
 
   Impl(torch::nn::Module& module, Communicator& comm,
        const DistributedDataParallelOptions& options);
@@ -120,7 +115,8 @@ struct DistributedDataParallel::Impl {
   void use_plan(GroupedBuckets planned);
   void plan_rebuild();
   void rebuild_buckets();
-  std::unique_ptr<Work> reduce_bucket(size_t bucket);
+  std::unique_ptr<Work> run_user_hook(const GradBucket& bucket);
+  std::vector<GradMemory> grad_memory() const;
   void make_grad_buffers();
   void point_grads_at_buckets();
   void make_views();
@@ -158,7 +154,6 @@ struct DistributedDataParallel::Impl {
   std::vector<Param> params;  // those that get gradients, in registration order
   std::vector<torch::Tensor> buffers;
   std::vector<GradBuffer> grad_buffers;  // one a dtype
-  std::vector<BucketSlice> slices;       // each bucket's
   std::vector<size_t>
       param_of;  // the reducer's layer j is params[param_of[j]] (plan_grouped_buckets)
   std::vector<size_t> layer_of;   // and params[i] its layer layer_of[i]

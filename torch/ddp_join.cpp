@@ -27,7 +27,7 @@ void DistributedDataParallel::Impl::shadow_backward() {
   for (GradBuffer& buffer : grad_buffers)
     buffer.flat.zero_();
   const ComputeStreamGuard on_stream(comm, stream());
-  reducer->begin_backward(nullptr);  // reduce_bucket knows the buffers
+  reducer->begin_backward(grad_memory());
   for (size_t layer = 0; layer < params.size(); ++layer)
     reducer->layer_ready(static_cast<int>(layer));
   reducer->end_backward();

@@ -296,7 +296,7 @@ void DistributedDataParallel::Impl::begin_backward() {
   // is reduced (a gradient copied in as it is ready, an unused parameter's zeroed at the end of
   // backward).
   if (!grad_buffers[0].flat.defined()) make_grad_buffers();
-  reducer->begin_backward(nullptr);  // reduce_bucket knows the buffers
+  reducer->begin_backward(grad_memory());
   used.assign(params.size(), 1);
   // The parameters known unused already (forward's graph walk, or static_graph's first step):
   // their buckets need not wait for them.
@@ -527,6 +527,8 @@ void DistributedDataParallel::register_comm_hook(TorchCommHook hook) {
                   "register_comm_hook after the first synchronised backward: register it before "
                   "(the ranks compare their hooks there, as the first backward's buckets go out)");
   impl.hook = std::move(hook);
+  impl.reducer->register_comm_hook(
+      [&impl](Communicator&, const GradBucket& bucket) { return impl.run_user_hook(bucket); });
 }
 
 std::vector<std::string> DistributedDataParallel::owned_parameter_names() const {

@@ -241,13 +241,23 @@ TEST(PlanGroupedBuckets, OneKindABucketOrderedByWhenBackwardCompletesThem) {
     EXPECT_EQ(b.count, count);
   }
   EXPECT_EQ(layers, (std::vector<std::vector<size_t>>{{5}, {4}, {3}, {1}, {0, 2}}));
-  // The buckets tile the reducer's layers from the top down, offsets in its order.
+  // The buckets tile the reducer's layers from the top down; each is the next range of its
+  // kind's buffer (the buffers numbered as the reducer's order meets the kinds: float32 {0, 2},
+  // bf16 {1}, {3}, float32 {4}, float64 {5}).
   ASSERT_EQ(plan.buckets.back().first_layer, 0);
-  EXPECT_EQ(plan.buckets.back().offset, 0u);
-  for (size_t b = 0; b + 1 < plan.buckets.size(); ++b) {
+  for (size_t b = 0; b + 1 < plan.buckets.size(); ++b)
     EXPECT_EQ(plan.buckets[b].first_layer, plan.buckets[b + 1].last_layer + 1);
-    EXPECT_EQ(plan.buckets[b].offset, plan.buckets[b + 1].offset + plan.buckets[b + 1].count);
+  EXPECT_EQ(plan.buffer_kinds, (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(plan.buffer_sizes, (std::vector<size_t>{140, 100, 5}));
+  std::vector<size_t> filled(plan.buffer_kinds.size(), 0);
+  for (size_t b = plan.buckets.size(); b-- > 0;) {
+    const Bucket& bucket = plan.buckets[b];
+    EXPECT_EQ(plan.buffer_kinds[bucket.buffer],
+              kinds[plan.order[static_cast<size_t>(bucket.first_layer)]]);
+    EXPECT_EQ(bucket.offset, filled[bucket.buffer]) << b;
+    filled[bucket.buffer] += bucket.count;
   }
+  EXPECT_EQ(filled, plan.buffer_sizes);
   // One kind: plan_buckets' buckets over the layers in their own order.
   const std::vector<size_t> same = {100, 50, 10, 300};
   const GroupedBuckets one =
@@ -378,6 +388,61 @@ TEST(DdpBucketReduction, RunsInPlaceOfTheAllReduceForEachBucketInOrder) {
   doubling.keeps = true;
   ddp.set_reduction(&doubling);
   EXPECT_NO_THROW(ddp.begin_backward(nullptr));
+}
+
+// Gradients of several element types (a LibTorch model's float32, bfloat16 and float64
+// parameters): a buffer a type, each bucket a range of its type's buffer, reduced in its own
+// type; a hook sees each bucket's memory, type and place.
+TEST(DdpTypedBuffers, EachBucketIsReducedInItsBuffersTypeWhereItLies) {
+  ProcessEnv env;
+  CommConfig config;
+  std::unique_ptr<Communicator> comm = make_communicator(config, env, nullptr);
+  // Layers 0..4: float32, bf16, float32, float64, bf16, a bucket each.
+  const std::vector<size_t> counts = {6, 4, 3, 2, 5};
+  const std::vector<int> kinds = {
+      static_cast<int>(DataType::kFloat32), static_cast<int>(DataType::kBFloat16),
+      static_cast<int>(DataType::kFloat32), static_cast<int>(DataType::kFloat64),
+      static_cast<int>(DataType::kBFloat16)};
+  const GroupedBuckets plan = plan_grouped_buckets(counts, kinds, {4, 2, 4, 8, 2}, 1, 1);
+  ASSERT_EQ(plan.buckets.size(), 5u);
+  std::vector<float> f32(plan.buffer_sizes[0], 1.0f);
+  std::vector<uint16_t> bf16(plan.buffer_sizes[1], 0x3f80);
+  std::vector<double> f64(plan.buffer_sizes[2], 1.0);
+  std::vector<GradMemory> memory = {{f32.data(), DataType::kFloat32},
+                                    {bf16.data(), DataType::kBFloat16},
+                                    {f64.data(), DataType::kFloat64}};
+  ASSERT_EQ(plan.buffer_kinds, (std::vector<int>{kinds[0], kinds[1], kinds[3]}));
+  Ddp ddp(*comm, plan.buckets, 5, true);
+  const auto step = [&] {
+    ddp.begin_backward(memory);
+    for (int layer = 4; layer >= 0; --layer)
+      ddp.layer_ready(layer);
+    ddp.end_backward();
+    ddp.finish(nullptr);
+  };
+  step();  // the averaging all-reduce in each type: one rank leaves them be
+  EXPECT_EQ(f64, std::vector<double>(f64.size(), 1.0));
+  EXPECT_EQ(bf16, std::vector<uint16_t>(bf16.size(), 0x3f80));
+  std::vector<GradBucket> seen;
+  ddp.register_comm_hook([&seen](Communicator&, const GradBucket& bucket) {
+    seen.push_back(bucket);
+    return std::unique_ptr<Work>();
+  });
+  step();
+  ASSERT_EQ(seen.size(), 5u);
+  for (size_t b = 0; b < seen.size(); ++b) {
+    const Bucket& planned = plan.buckets[b];
+    const GradMemory& buffer = memory[planned.buffer];
+    EXPECT_EQ(seen[b].index, b);
+    EXPECT_EQ(seen[b].type, buffer.type) << b;
+    EXPECT_EQ(seen[b].buffer, planned.buffer);
+    EXPECT_EQ(seen[b].count, planned.count);
+    EXPECT_EQ(seen[b].data,
+              static_cast<char*>(buffer.data) + planned.offset * dtype_bytes(buffer.type))
+        << b;
+  }
+  EXPECT_EQ(ddp.grads(), nullptr);                      // no single float32 buffer
+  EXPECT_THROW(ddp.begin_backward(f32.data()), Error);  // one buffer for buckets over three
 }
 
 }  // namespace
