@@ -25,6 +25,15 @@ struct Relay {
     comm.broadcast(device, count, DataType::kInt32, root);
     staging.to_host(words, device, count * sizeof(int32_t));
   }
+  // words[count] reduced by `op` over the ranks, on every rank.
+  void all_reduce(int32_t* words, size_t count, ReduceOp op) {
+    if (count == 0) return;
+    if (!comm.device_buffers()) return comm.all_reduce(words, count, DataType::kInt32, op);
+    void* device = staging.scratch(count * sizeof(int32_t));
+    staging.to_device(device, words, count * sizeof(int32_t));
+    comm.all_reduce(device, count, DataType::kInt32, op);
+    staging.to_host(words, device, count * sizeof(int32_t));
+  }
   // all[size] holds every rank's `mine`, in rank order.
   void all_gather(int64_t mine, int64_t* all) {
     if (!comm.device_buffers()) return comm.all_gather(&mine, all, 1, DataType::kInt64);
@@ -110,6 +119,15 @@ std::vector<int64_t> all_gather_value(Communicator& comm, int64_t mine,
   std::vector<int64_t> all(static_cast<size_t>(comm.size()));
   Relay{comm, staging}.all_gather(mine, all.data());
   return all;
+}
+
+std::vector<int32_t> all_reduce_values(Communicator& comm, std::vector<int32_t> values, ReduceOp op,
+                                       const DeviceStaging& staging) {
+  check_staging(comm, staging);
+  DDP_CHECK(op == ReduceOp::kSum || op == ReduceOp::kMax,
+            "all_reduce_values: counts and flags are summed or take the largest");
+  Relay{comm, staging}.all_reduce(values.data(), values.size(), op);
+  return values;
 }
 
 }  // namespace ddp

@@ -51,4 +51,10 @@ void check_same_settings(Communicator& comm, const std::vector<std::string>& set
 std::vector<int64_t> all_gather_value(Communicator& comm, int64_t mine,
                                       const DeviceStaging& staging = {});
 
+// Collective: every rank's `values` (the same count on each: flags, counts, a map of what each
+// rank used) summed, or their largest, on every rank (through `staging` on a device
+// communicator).
+std::vector<int32_t> all_reduce_values(Communicator& comm, std::vector<int32_t> values, ReduceOp op,
+                                       const DeviceStaging& staging = {});
+
 }  // namespace ddp

@@ -126,6 +126,7 @@ struct DistributedDataParallel::Impl {
   void broadcast(const std::vector<torch::Tensor>& tensors, int root = 0);
   void join(const std::function<void()>& loop);
   std::vector<int32_t> join_all_reduce(int32_t active, int32_t sync);
+  std::vector<int32_t> agree(std::vector<int32_t> values, ReduceOp op);
   void shadow_backward();
   void take_last_joiners_model();
   void sync_buffers();

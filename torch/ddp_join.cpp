@@ -2,19 +2,18 @@
 // the others' collectives until every rank's loop has returned.
 #include <torch/torch.h>
 
+#include <algorithm>
+
 #include "runtime/error.h"
 #include "torch/ddp_impl.h"
+#include "torch/device_staging.h"
 
 namespace ddp {
 
 // join(): every rank's {training, synchronising} flags summed (a small all-reduce each forward
 // of a rank still training, and each round of a rank that has joined).
 std::vector<int32_t> DistributedDataParallel::Impl::join_all_reduce(int32_t active, int32_t sync) {
-  torch::Tensor flags = torch::tensor({active, sync}, torch::kInt32).to(device);
-  const ComputeStreamGuard on_stream(comm, stream());
-  comm.all_reduce(flags.data_ptr(), 2, DataType::kInt32, ReduceOp::kSum);
-  flags = flags.cpu();
-  return {flags[0].item<int32_t>(), flags[1].item<int32_t>()};
+  return agree({active, sync}, ReduceOp::kSum);
 }
 
 // A joined rank's part in the others' backward: the buckets reduced from zeros by the same
@@ -32,21 +31,20 @@ void DistributedDataParallel::Impl::shadow_backward() {
     reducer->layer_ready(static_cast<int>(layer));
   reducer->end_backward();
   reducer->finish(stream());
-  if (options.find_unused_parameters()) {
-    torch::Tensor map =
-        torch::zeros({static_cast<int64_t>(params.size())}, torch::kInt32).to(device);
-    comm.all_reduce(map.data_ptr(), params.size(), DataType::kInt32, ReduceOp::kMax);
-  }
+  if (options.find_unused_parameters())
+    agree(std::vector<int32_t>(params.size(), 0), ReduceOp::kMax);
 }
 
 // Once every rank has joined: the parameters and buffers of the rank that trained the most
 // steps (the lowest such rank) on every rank, so that the replicas end equal (PyTorch's Join).
 void DistributedDataParallel::Impl::take_last_joiners_model() {
-  torch::Tensor steps = torch::tensor({steps_joined}, torch::kInt64).to(device);
-  torch::Tensor all = torch::empty({comm.size()}, steps.options());
-  const ComputeStreamGuard on_stream(comm, stream());
-  comm.all_gather(steps.data_ptr(), all.data_ptr(), 1, DataType::kInt64);
-  const int root = static_cast<int>(all.cpu().argmax().item<int64_t>());
+  std::vector<int64_t> all;
+  {
+    const ComputeStreamGuard on_stream(comm, stream());
+    all = all_gather_value(comm, steps_joined, torch_staging(device, device_scratch));
+  }
+  // The lowest rank of the most steps (as torch's argmax takes the first).
+  const int root = static_cast<int>(std::max_element(all.begin(), all.end()) - all.begin());
   std::vector<torch::Tensor> state;
   for (const auto& p : module.parameters())
     state.push_back(p);

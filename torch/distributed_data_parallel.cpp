@@ -190,6 +190,14 @@ void* DistributedDataParallel::Impl::stream() const {
   return nullptr;
 }
 
+// Collective: every rank's small `values` (flags, a map of the parameters used) reduced by `op`
+// on every rank (dist/agreement.h), in the compute stream's order on the GPU.
+std::vector<int32_t> DistributedDataParallel::Impl::agree(std::vector<int32_t> values,
+                                                          ReduceOp op) {
+  const ComputeStreamGuard on_stream(comm, stream());
+  return all_reduce_values(comm, std::move(values), op, torch_staging(device, device_scratch));
+}
+
 void DistributedDataParallel::Impl::broadcast(const std::vector<torch::Tensor>& tensors, int root) {
   if (comm.size() == 1 || tensors.empty()) return;
   torch::NoGradGuard no_grad;
@@ -381,13 +389,8 @@ void DistributedDataParallel::Impl::reduce_at_end() {
     // A parameter no rank used keeps no gradient (as PyTorch's); one another rank used gets
     // the average. static_graph: what the first step's all-reduce found.
     if (!static_recorded) {
-      torch::Tensor map = torch::tensor(used, torch::kInt32).to(device);
-      const ComputeStreamGuard on_stream(comm, stream());
-      comm.all_reduce(map.data_ptr(), used.size(), DataType::kInt32, ReduceOp::kMax);
-      map = map.cpu();
-      used_anywhere.assign(params.size(), 0);
-      for (size_t i = 0; i < params.size(); ++i)
-        used_anywhere[i] = static_cast<char>(map[static_cast<int64_t>(i)].item<int32_t>());
+      const std::vector<int32_t> anywhere = agree(used, ReduceOp::kMax);
+      used_anywhere.assign(anywhere.begin(), anywhere.end());
     }
     if (options.static_graph() && !static_recorded) {
       static_recorded = true;

@@ -203,14 +203,9 @@ class Pipeline::Impl final : public PipelineRank {
     // The micro-batch count, from the first stage's rank (its input's samples may be fewer
     // than micro_batches).
     const int chunks = has_first() ? static_cast<int>(inputs.size()) : 0;
-    int count = chunks;
-    {
-      torch::Tensor n = torch::tensor({static_cast<int32_t>(count)}, torch::kInt32);
-      const bool device = group_.device_buffers();
-      if (device) n = n.to(stages_.front()->device());
-      group_.all_reduce(n.data_ptr(), 1, DataType::kInt32, ReduceOp::kMax);
-      count = n.cpu().item<int32_t>();
-    }
+    torch::Tensor scratch;
+    const int count = all_reduce_values(group_, {chunks}, ReduceOp::kMax,
+                                        torch_staging(stages_.front()->device(), scratch))[0];
     for (auto& stage : stages_)
       stage->begin_evaluation();
     // Each micro-batch through this rank's stages in order (a stage waits only for a lower
