@@ -46,8 +46,8 @@ class BucketReduction {
 // A gradient buffer of backward: its memory (host or device, as the communicator takes) and
 // its element type. A bucket is a range of one (Bucket::buffer).
 struct GradMemory {
-  void* data = nullptr;
-  DataType type = DataType::kFloat32;
+  void* data = nullptr;                // its elements (null: see begin_backward)
+  DataType type = DataType::kFloat32;  // their type
 };
 
 // One bucket's gradients as a communication hook sees them (c10d's GradBucket).
@@ -56,10 +56,10 @@ struct GradBucket {
   void* data = nullptr;  // its gradients, `count` elements of `type` in its buffer (host or
                          // device memory, as the communicator takes; null where backward was
                          // given none: the hook knows where they are)
-  DataType type = DataType::kFloat32;
-  size_t count = 0;   // its elements
-  size_t offset = 0;  // where they start in its buffer
-  size_t buffer = 0;  // which of backward's buffers (Bucket::buffer)
+  DataType type = DataType::kFloat32;  // their element type (their buffer's)
+  size_t count = 0;                    // its elements
+  size_t offset = 0;                   // where they start in its buffer
+  size_t buffer = 0;                   // which of backward's buffers (Bucket::buffer)
 };
 
 // A communication hook (c10d's register_comm_hook): starts the reduction of `bucket` over `comm`
@@ -144,6 +144,7 @@ class Ddp {
   // (grouped buckets) a buffer for each Bucket::buffer; null where a registered hook finds each
   // bucket's gradients itself (GradBucket::data is then null) or a reduction keeps them.
   void begin_backward(float* grads);
+  // The same with a buffer for each Bucket::buffer, each of its own element type.
   void begin_backward(std::vector<GradMemory> buffers);
   // Layer `layer`'s gradients are written: the buckets it completes start (with overlap).
   void layer_done(int layer);

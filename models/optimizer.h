@@ -9,10 +9,9 @@
 #include <utility>
 #include <vector>
 
-namespace ddp {
+#include "dist/state_pieces.h"  // NamedState, OptimizerPiece (Optimizer::step_pieces)
 
-// Optimizer state (or any named buffers) as host copies: each buffer's name and values.
-using NamedState = std::vector<std::pair<std::string, std::vector<float>>>;
+namespace ddp {
 
 enum class OptimizerKind { kSgd, kAdamW };
 
@@ -41,16 +40,6 @@ struct OptStep {
 // learning rate lr: every GPU runner's, from the optimizer's own count (after a resume it
 // may differ from the training step, where steps were skipped).
 OptStep optimizer_scalars(const OptimizerConfig& config, float lr, int64_t step);
-
-// A piece of a flat buffer for Optimizer::step_pieces: `count` parameters from element
-// `offset` of the parameters, their gradients at `grads`, their state from the state's
-// element `state_offset`.
-struct OptimizerPiece {
-  size_t offset = 0;             // into the parameters
-  const float* grads = nullptr;  // the piece's gradients
-  size_t state_offset = 0;       // into the state
-  size_t count = 0;              // its elements
-};
 
 // Optimizer state for `count` parameters; step() updates params in place from grads.
 class Optimizer {

@@ -1,5 +1,5 @@
 // ZeRO (--zero 1, 2, 3) on the GPU over a Ddp's group: the home of the sharded state
-// (ShardedState, engine/zero/sharded_state.h: the pieces, the update's protocol, the host copies)
+// (ShardedState, dist/sharded_state.h: the pieces, the update's protocol, the host copies)
 // in device memory on the compute stream, with what is the device's own: the memory of its
 // padded buckets and (2, 3) gradient ring, the update's kernels over this rank's pieces, and the
 // gathers of level 3 before each use of a layer (the decisions LayerGathers makes, carried out on
@@ -23,7 +23,7 @@
 #include "dist/layer_gathers.h"
 #include "dist/sharded_buckets.h"
 #include "engine/zero/device_state.h"
-#include "engine/zero/sharded_state.h"
+#include "dist/sharded_state.h"
 #include "models/device_parameters.h"
 #include "models/optimizer.h"
 #include "runtime/device_buffer.h"

@@ -1,5 +1,5 @@
 // ZeRO (--zero 1, 2, 3) on the host over a Ddp's group: the home of the sharded state
-// (ShardedState, engine/zero/sharded_state.h: the pieces, the update's protocol, the host copies)
+// (ShardedState, dist/sharded_state.h: the pieces, the update's protocol, the host copies)
 // in the CPU's vectors, with what is the host's own: the gradient ring of bucket slots (2, 3,
 // where backward runs once a step), the host optimizer over this rank's pieces, and level 3's
 // layer parameters (LayerParams: gathered at acquire, dropped at release; while materialised,
@@ -19,7 +19,7 @@
 #include "dist/gradient_ring.h"
 #include "dist/sharded_buckets.h"
 #include "engine/zero/host_state.h"
-#include "engine/zero/sharded_state.h"
+#include "dist/sharded_state.h"
 #include "models/linear_cpu.h"
 #include "models/optimizer.h"
 

@@ -1,4 +1,4 @@
-// ZeRO's sharded state written once (engine/zero/sharded_state.h) over a home that records
+// ZeRO's sharded state written once (dist/sharded_state.h) over a home that records
 // what it is asked: which memory it gives, what it copies where and in what order. One process
 // (a group of one rank, whose pieces are the whole buckets in the plan's order: the last layers
 // first), so that each piece's place is known; the multi-rank values are the ZeRO suites'
@@ -12,7 +12,7 @@
 
 #include "collectives/communicator.h"
 #include "dist/ddp.h"
-#include "engine/zero/sharded_state.h"
+#include "dist/sharded_state.h"
 #include "runtime/process_env.h"
 
 namespace ddp {

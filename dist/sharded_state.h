@@ -17,7 +17,7 @@
 #include "collectives/communicator.h"
 #include "dist/ddp.h"
 #include "dist/sharded_buckets.h"
-#include "models/optimizer.h"
+#include "dist/state_pieces.h"
 
 namespace ddp {
 

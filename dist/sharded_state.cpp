@@ -1,5 +1,5 @@
 // ShardedState: ZeRO's pieces, update protocol and host copies, over the home's memory.
-#include "engine/zero/sharded_state.h"
+#include "dist/sharded_state.h"
 
 #include "runtime/error.h"
 
