@@ -11,7 +11,6 @@
 #include "collectives/backend.h"
 #include "dist/sync_options.h"
 #include "engine/pipeline/schedule.h"
-#include "engine/runners/runner_options.h"
 #include "models/mlp.h"
 #include "models/optimizer.h"
 #include "models/precision.h"
@@ -110,8 +109,6 @@ struct TrainConfig {
 // Gradient sync's options out of the flags (--zero, --bucket-mb, --first-bucket-mb, --overlap,
 // --grad-reduce, --zero-prefetch).
 SyncOptions sync_options(const TrainConfig& config);
-// The runners' options out of the flags (sync_options() and the step's and runner's own).
-RunnerOptions runner_options(const TrainConfig& config);
 
 // Parses argv into a config. Returns false when --help or --version was printed (the
 // caller exits 0). Throws UsageError naming the flag on unknown flags or bad values.

@@ -43,14 +43,15 @@ Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* c
       local_batch_(local_batch_of(config, micro_batches_, layout_.replicas)),
 
       sampler_(data.train.n, config.seed, config.shuffle),
-      timeline_(!config.timeline.empty()) {
+      timeline_(!config.timeline.empty()),
+      options_(runner_options(config)),
+      schedule_(config.pp > 1 ? config.schedule : PipelineSchedule::kOneForwardOneBackward) {
   stages_ = rank_stages(layout_, layout_.stage, stage_cut(config, layout_.replicas));
   // The whole model (pp = 1) runs a one-stage pipeline: its micro-batches are --accumulate's.
   // --zero 3's gathers start where the list says (kUnshard, kReshard).
-  std::vector<PipelineAction> actions =
-      plan_rank_schedule(config.pp > 1 ? config.schedule : PipelineSchedule::kOneForwardOneBackward,
-                         layout_.stage, layout_.stages, layout_.chunks(), micro_batches_);
-  if (config.zero == 3) actions = add_unshard_reshard(actions);
+  std::vector<PipelineAction> actions = plan_rank_schedule(schedule_, layout_.stage, layout_.stages,
+                                                           layout_.chunks(), micro_batches_);
+  if (options_.sync.gathers_layers()) actions = add_unshard_reshard(actions);
   executor_ = std::make_unique<ScheduleExecutor>(std::move(actions), stages_.places());
   for (StageSpec& c : stages_.chunks)
     c.slots = executor_->slots();
@@ -59,7 +60,7 @@ Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* c
   check_model_fits_data(shape, config, data);
   set_cpu_threads(config.threads);
   const bool gpu = config.device == Device::kCuda;
-  groups_ = make_rank_groups(comm_, layout_, gpu, config.zero == 3);
+  groups_ = make_rank_groups(comm_, layout_, gpu, options_.sync.gathers_layers());
   // A rank given other flags (another --steps, --zero or --lr) would stop early, reduce other
   // buckets or train apart: named here, on every rank, before any step.
   if (comm_ != nullptr)
@@ -69,14 +70,14 @@ Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* c
   if (layout_.stages > 1 && lead())
     spdlog::info("pipeline: dp {} x pp {}, {} micro-batches of {} per replica, {} schedule; {}",
                  layout_.replicas, layout_.stages, micro_batches_, local_batch_,
-                 schedule_name(config.schedule), describe_layout(layout_));
+                 schedule_name(schedule_), describe_layout(layout_));
   DDP_CHECK(runner == nullptr || (gpu && layout_.stages == 1 && spec_.slots == 1),
             "a runner made beforehand is the whole model's on the GPU (whole_model_spec)");
   if (gpu) {
-    runner_ = runner ? std::move(runner) : make_gpu_runner(stages_, runner_options(config));
+    runner_ = runner ? std::move(runner) : make_gpu_runner(stages_, options_);
     runner_->attach(data, groups_.links(), comm_, groups_.abort_all());
   } else {
-    runner_ = make_cpu_runner(stages_, runner_options(config), data, groups_.links());
+    runner_ = make_cpu_runner(stages_, options_, data, groups_.links());
   }
   // Every stage starts from the one-process initialisation and takes its layers.
   if (!runner_->initial_params())
@@ -91,12 +92,12 @@ Trainer::Trainer(const TrainConfig& config, const Dataset& data, Communicator* c
   // A data-parallel group of one (a backend named for one process) still runs the
   // data-parallel path, so that it can be checked against the plain one.
   if (layout_.replicas > 1 || (layout_.stages == 1 && comm_ != nullptr)) {
-    ddp_ = GradSync::make(*dp_comm(), runner_->param_store(), sync_options(config),
+    ddp_ = GradSync::make(*dp_comm(), runner_->param_store(), options_.sync,
                           {stages_.fingerprint(), "--layers " + stages_.shape().to_string()},
                           lead(), groups_.gathers.get());
   } else if (lead()) {
-    if (config.zero > 0)
-      spdlog::warn("--zero {}: one replica holds everything; nothing to shard", config.zero);
+    if (options_.sync.zero > 0)
+      spdlog::warn("--zero {}: one replica holds everything; nothing to shard", options_.sync.zero);
     if (config.grad_reduce == GradReduce::kBf16)
       spdlog::warn("--grad-reduce bf16: one replica and no --backend, so nothing is reduced");
   }
@@ -149,7 +150,7 @@ void Trainer::run_schedule(StepStats* stats) {
 bool Trainer::any_rank(bool mine) {
   // Replicas hold the same values and all decide alike, but with --zero 2 each checks its
   // own gradient pieces.
-  if (layout_.stages == 1 && config_.zero < 2) return mine;
+  if (layout_.stages == 1 && options_.sync.zero < 2) return mine;
   double flag = mine ? 1 : 0;
   sum_over_ranks(host_comm(), &flag, 1);
   return flag > 0;
@@ -301,7 +302,9 @@ TrainResult Trainer::run_loop(MetricsWriter* metrics_in, GpuMonitor* monitor) {
                                   : MetricsWriter(config_.metrics);
   MetricsWriter& metrics = metrics_in != nullptr ? *metrics_in : own_metrics;
   TrainResult result;
-  ProgressReporter progress(config_, total_steps_, data_.train.n, &metrics);
+  ProgressReporter progress({config_.batch_size, config_.lr, config_.lr_schedule,
+                             config_.warmup_steps, config_.quiet, config_.start_time_ms},
+                            total_steps_, data_.train.n, &metrics);
   if (resumed_from_ >= 0) metrics.write({{"event", "resumed"}, {"step", resumed_from_}});
   double window[3] = {0, 0, 0};   // loss sum, hits, samples
   double busy_s = 0, step_s = 0;  // this rank's, over the window
@@ -383,7 +386,7 @@ TrainResult Trainer::run_loop(MetricsWriter* metrics_in, GpuMonitor* monitor) {
       progress.window(step_, window[0], static_cast<int64_t>(window[1]),
                       static_cast<int64_t>(window[2]), &result, gpu.fields, gpu.note);
       if (layout_.stages > 1)
-        write_pipeline_record(metrics, host_comm(), layout_, micro_batches_, config_.schedule,
+        write_pipeline_record(metrics, host_comm(), layout_, micro_batches_, schedule_,
                               config_.recompute, lead(), config_.quiet, step_, window_steps, busy_s,
                               step_s, costs);
       costs = ComputeCosts();

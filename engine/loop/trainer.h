@@ -128,6 +128,10 @@ class Trainer {
   int64_t resumed_from_ = -1;
   int peak_live_ = 0;
   TimelineRecorder timeline_;
+  // The flags as the parts read them, decided once: the runners' and gradient sync's options
+  // (--zero among them), and the schedule a step runs (1F1B's one stage without --pp).
+  RunnerOptions options_;
+  PipelineSchedule schedule_;
   std::vector<int32_t> batch_indices_;  // this replica's samples of the planned steps
   std::vector<float> lrs_;              // and their learning rates
   int64_t planned_end_ = 0;             // steps before it are handed to the runner

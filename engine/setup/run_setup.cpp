@@ -23,6 +23,34 @@
 
 namespace ddp {
 
+RunnerOptions runner_options(const TrainConfig& config) {
+  RunnerOptions options;
+  options.sync = sync_options(config);
+  options.step.cuda_graph = config.cuda_graph;
+  options.step.sync_debug = config.sync_debug;
+  options.step.fused_step = config.fused_step;
+  options.step.fused_step_force = config.fused_step_force;
+  options.step.fused_epilogues = config.fused_epilogues;
+  options.step.product_sms = config.product_sms;
+  options.step.weight_grad_stream = config.weight_grad_stream;
+  options.step.overlap_optimizer = config.overlap_optimizer;
+  options.step.timeline = !config.timeline.empty();
+  options.optimizer = config.optimizer;
+  options.lr = config.lr;
+  options.precision = config.precision;
+  options.recompute = config.recompute;
+  options.split_backward = config.pp > 1 && splits_backward(config.schedule);
+  options.accumulate = config.accumulate;
+  options.seed = config.seed;
+  options.init_weights = config.init_weights;
+  options.autotune = config.autotune;
+  options.cache_dir = config.cache_dir;
+  options.stage_from_host = config.stage_from_host;
+  options.log_every = config.log_every;
+  options.timeout = config.timeout;
+  return options;
+}
+
 Dataset load_dataset(const TrainConfig& config) {
   if (config.data == DataSource::kFashion) return load_fashion_mnist(config.data_dir);
   if (config.data == DataSource::kNpy) return load_npy_dataset(config.data_dir);

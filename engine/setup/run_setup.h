@@ -19,6 +19,10 @@
 
 namespace ddp {
 
+// The runners' options out of the flags (sync_options() and the step's and runner's own), once:
+// here rather than in engine/config.h, which stays below the runners it configures.
+RunnerOptions runner_options(const TrainConfig& config);
+
 // Checks before any training that every output this rank will write can be written:
 // --save-weights and --metrics (their folder exists and takes a new file; an existing file
 // is not touched), --checkpoint-dir (created if missing, and writable). Throws UsageError

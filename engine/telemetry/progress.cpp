@@ -9,7 +9,7 @@
 
 namespace ddp {
 
-ProgressReporter::ProgressReporter(const TrainConfig& config, int64_t total_steps,
+ProgressReporter::ProgressReporter(const ProgressOptions& config, int64_t total_steps,
                                    int64_t samples_per_epoch, MetricsWriter* metrics)
     : config_(config),
       total_steps_(total_steps),

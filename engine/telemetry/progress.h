@@ -4,16 +4,27 @@
 
 #include <cstdint>
 
-#include "engine/config.h"
 #include "engine/telemetry/metrics.h"
 #include "engine/telemetry/train_result.h"
+#include "models/optimizer.h"  // LrSchedule
 #include "runtime/timer.h"
 
 namespace ddp {
 
+// What the reports need of a run's settings (the loop takes them from its flags), so that
+// telemetry reads no flag table.
+struct ProgressOptions {
+  int batch_size = 0;  // samples a step (the epoch count in each line)
+  float lr = 0;        // the base learning rate, its schedule and warm-up (each line's lr)
+  LrSchedule lr_schedule = LrSchedule::kConstant;
+  int64_t warmup_steps = 0;
+  bool quiet = false;        // no log lines (the records are still written)
+  double start_time_ms = 0;  // the launch's wall clock (ms) for the first step's line, or 0
+};
+
 class ProgressReporter {
  public:
-  ProgressReporter(const TrainConfig& config, int64_t total_steps, int64_t samples_per_epoch,
+  ProgressReporter(const ProgressOptions& options, int64_t total_steps, int64_t samples_per_epoch,
                    MetricsWriter* metrics);
   // A window of steps ended at `step` (1-based count of steps done): its summed loss, hits and
   // samples. Updates result's train loss/accuracy.
@@ -31,7 +42,7 @@ class ProgressReporter {
   double seconds() const { return clock_.seconds(); }
 
  private:
-  const TrainConfig& config_;
+  ProgressOptions config_;
   int64_t total_steps_;
   int64_t samples_per_epoch_;
   MetricsWriter* metrics_;
