@@ -16,23 +16,24 @@ struct Relay {
   Communicator& comm;
   const DeviceStaging& staging;
 
-  // words[count] of rank `root` on every rank.
-  void broadcast(int32_t* words, size_t count, int root) {
+  // `collective` on words[count]: in place over a host communicator, through the device
+  // scratch (copied there and back) over a device one.
+  template <typename Collective>
+  void on_words(int32_t* words, size_t count, Collective collective) {
     if (count == 0) return;
-    if (!comm.device_buffers()) return comm.broadcast(words, count, DataType::kInt32, root);
+    if (!comm.device_buffers()) return collective(words);
     void* device = staging.scratch(count * sizeof(int32_t));
     staging.to_device(device, words, count * sizeof(int32_t));
-    comm.broadcast(device, count, DataType::kInt32, root);
+    collective(device);
     staging.to_host(words, device, count * sizeof(int32_t));
+  }
+  // words[count] of rank `root` on every rank.
+  void broadcast(int32_t* words, size_t count, int root) {
+    on_words(words, count, [&](void* at) { comm.broadcast(at, count, DataType::kInt32, root); });
   }
   // words[count] reduced by `op` over the ranks, on every rank.
   void all_reduce(int32_t* words, size_t count, ReduceOp op) {
-    if (count == 0) return;
-    if (!comm.device_buffers()) return comm.all_reduce(words, count, DataType::kInt32, op);
-    void* device = staging.scratch(count * sizeof(int32_t));
-    staging.to_device(device, words, count * sizeof(int32_t));
-    comm.all_reduce(device, count, DataType::kInt32, op);
-    staging.to_host(words, device, count * sizeof(int32_t));
+    on_words(words, count, [&](void* at) { comm.all_reduce(at, count, DataType::kInt32, op); });
   }
   // all[size] holds every rank's `mine`, in rank order.
   void all_gather(int64_t mine, int64_t* all) {

@@ -106,7 +106,7 @@ std::unique_ptr<Work> ShardedBuckets::reduce(size_t bucket, float* grads) {
     // From its slot, the tail past the bucket zeroed, into the averaged pieces; the bucket
     // ring_slots later waits for it before backward writes the slot again.
     float* slot = memory_.bucket_grads(bucket);
-    memory_.zero(slot + b.count, p.piece * comm_.size() - b.count);
+    memory_.clear(slot + b.count, p.piece * comm_.size() - b.count);
     std::unique_ptr<Work> work = reduce_scatter(slot, reduced_device_ + p.shard_at, bucket);
     const size_t next = bucket + 1, slots = static_cast<size_t>(memory_.ring_slots);
     if (next < ddp_.buckets().size() && next >= slots) {
@@ -124,7 +124,7 @@ std::unique_ptr<Work> ShardedBuckets::reduce(size_t bucket, float* grads) {
     copy(scratch, grads + b.offset, b.count);
     const size_t tail = p.piece * comm_.size() - b.count;
     if (comm_.device_buffers())
-      memory_.zero(scratch + b.count, tail);
+      memory_.clear(scratch + b.count, tail);
     else
       std::fill_n(scratch + b.count, tail, 0.0f);
     send = scratch;

@@ -36,7 +36,7 @@ DeviceZero::DeviceZero(Ddp& ddp, const RingLayout& layout, DeviceParameters& wei
   memory.copy = [s](float* dst, const float* src, size_t floats) {
     DDP_CUDA_CHECK(cudaMemcpyAsync(dst, src, floats * sizeof(float), cudaMemcpyDeviceToDevice, s));
   };
-  memory.zero = [s](float* dst, size_t floats) {
+  memory.clear = [s](float* dst, size_t floats) {
     DDP_CUDA_CHECK(cudaMemsetAsync(dst, 0, floats * sizeof(float), s));
   };
   const GradientRing& ring = weights.ring();

@@ -83,7 +83,7 @@ HostZero::HostZero(Ddp& ddp, const RingLayout& layout, std::vector<float>& param
     ring_memory_.copy = [](float* dst, const float* src, size_t floats) {
       std::copy_n(src, floats, dst);
     };
-    ring_memory_.zero = [](float* dst, size_t floats) { std::fill_n(dst, floats, 0.0f); };
+    ring_memory_.clear = [](float* dst, size_t floats) { std::fill_n(dst, floats, 0.0f); };
     ring_memory_.ring_slots = kRing;
     ring_memory_.bucket_grads = [this](size_t bucket) { return ring_[bucket % kRing].data(); };
     ring_memory_.slot_floats = slot;
