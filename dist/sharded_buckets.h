@@ -34,10 +34,10 @@ struct ShardMemory {
   std::function<float*(size_t floats)> allocate;  // kept as long as the buckets are used
   std::function<void(float* dst, const float* src, size_t floats)> copy;  // stream order
   std::function<void(float* dst, size_t floats)> clear;  // dst[floats] = 0, stream order
-  int ring_slots = 0;                                   // 0: the gradients in one buffer
-  std::function<float*(size_t bucket)> bucket_grads;    // a bucket's slot (ring)
-  size_t slot_floats = 0;                               // a slot's size (ring)
-  void* stream = nullptr;                               // the compute stream
+  int ring_slots = 0;                                    // 0: the gradients in one buffer
+  std::function<float*(size_t bucket)> bucket_grads;     // a bucket's slot (ring)
+  size_t slot_floats = 0;                                // a slot's size (ring)
+  void* stream = nullptr;                                // the compute stream
   size_t align = 0;  // the pieces' alignment (elements; 0: kDeviceShardAlign)
 };
 

@@ -18,8 +18,8 @@
 #include "dist/ddp.h"
 #include "dist/gradient_ring.h"
 #include "dist/sharded_buckets.h"
-#include "engine/zero/host_state.h"
 #include "dist/sharded_state.h"
+#include "engine/zero/host_state.h"
 #include "models/linear_cpu.h"
 #include "models/optimizer.h"
 
