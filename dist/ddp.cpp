@@ -46,6 +46,9 @@ void Ddp::index_layers() {
     for (int layer = buckets_[b].first_layer; layer <= buckets_[b].last_layer; ++layer)
       bucket_of_[static_cast<size_t>(layer)] = static_cast<int>(b);
   waiting_.assign(buckets_.size(), 0);
+  buffer_count_ = 1;
+  for (const Bucket& b : buckets_)
+    buffer_count_ = std::max(buffer_count_, b.buffer + 1);
 }
 
 void Ddp::check_same_layout(const std::vector<NamedParam>& params) {
@@ -93,11 +96,9 @@ void Ddp::begin_backward(float* grads) {
 }
 
 void Ddp::begin_backward(std::vector<GradMemory> buffers) {
-  size_t needed = 1;
-  for (const Bucket& b : buckets_)
-    needed = std::max(needed, b.buffer + 1);
-  DDP_CHECK(buffers.size() == needed,
-            "Ddp::begin_backward: {} gradient buffers for buckets over {}", buffers.size(), needed);
+  DDP_CHECK(buffers.size() == buffer_count_,
+            "Ddp::begin_backward: {} gradient buffers for buckets over {}", buffers.size(),
+            buffer_count_);
   bool missing = false;
   for (const GradMemory& buffer : buffers)
     missing = missing || buffer.data == nullptr;

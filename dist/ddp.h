@@ -209,6 +209,7 @@ class Ddp {
   std::vector<DdpEvent> events_;
   bool recording_ = false;
   int layer_count_ = 0;
+  size_t buffer_count_ = 1;     // the gradient buffers the buckets lie in (begin_backward's)
   std::vector<int> bucket_of_;  // each layer's bucket (layer_ready)
   std::vector<int> waiting_;    // each bucket's layers not yet ready this step (layer_ready)
   std::vector<char> ready_;     // each layer: ready this step (layer_ready)
