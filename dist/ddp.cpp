@@ -105,8 +105,6 @@ void Ddp::begin_backward(std::vector<GradMemory> buffers) {
   DDP_USAGE_CHECK(
       !missing || user_hook_ || (reduction_ != nullptr && reduction_->keeps_gradients()),
       "Ddp::begin_backward: no gradient buffer (null)");
-  DDP_CHECK(reduction_ == nullptr || (buffers.size() == 1 && buffers[0].type == DataType::kFloat32),
-            "Ddp::begin_backward: a sharded reduction takes one float32 gradient buffer");
   in_backward_ = true;
   buffers_ = std::move(buffers);
   next_bucket_ = 0;
@@ -172,7 +170,7 @@ void Ddp::set_reduction(BucketReduction* reduction) {
 void Ddp::issue(size_t bucket) {
   const Bucket& b = buckets_[bucket];
   if (reduction_ != nullptr) {
-    pending_.push_back(reduction_->reduce(bucket, grads()));
+    pending_.push_back(reduction_->reduce(bucket, buffers_[b.buffer]));
     record({reduction_->issued_event(), b.first_layer, static_cast<int>(bucket)});
     return;
   }

@@ -29,25 +29,26 @@ struct NamedParam {
   size_t count = 0;  // its elements
 };
 
+// A gradient buffer of backward: its memory (host or device, as the communicator takes) and
+// its element type. A bucket is a range of one (Bucket::buffer).
+struct GradMemory {
+  void* data = nullptr;                // its elements (null: see begin_backward)
+  DataType type = DataType::kFloat32;  // their type
+};
+
 // How a bucket is reduced instead of the averaging all-reduce (as c10d's communication hooks):
 // ZeRO's reduce-scatter into this rank's piece (dist/sharded_buckets.h).
 class BucketReduction {
  public:
   virtual ~BucketReduction() = default;
   // Starts bucket `bucket`'s reduction of the step's gradients (`grads`: begin_backward's
-  // flat buffer, or null where the reduction keeps them); Ddp::finish waits for its Work.
-  virtual std::unique_ptr<Work> reduce(size_t bucket, float* grads) = 0;
+  // buffer of the bucket, its data null where the reduction keeps them); Ddp::finish waits for
+  // its Work.
+  virtual std::unique_ptr<Work> reduce(size_t bucket, const GradMemory& grads) = 0;
   // What the engine's record calls its start ("reduce_scatter_issued").
   virtual const char* issued_event() const = 0;
   // Whether backward may give no flat gradient buffer (the gradients are in its own memory).
   virtual bool keeps_gradients() const = 0;
-};
-
-// A gradient buffer of backward: its memory (host or device, as the communicator takes) and
-// its element type. A bucket is a range of one (Bucket::buffer).
-struct GradMemory {
-  void* data = nullptr;                // its elements (null: see begin_backward)
-  DataType type = DataType::kFloat32;  // their type
 };
 
 // One bucket's gradients as a communication hook sees them (c10d's GradBucket).
@@ -183,6 +184,8 @@ class Ddp {
   // The flat float32 gradient buffer of this step's backward (begin_backward's; null with a
   // reduction that keeps the gradients itself, or buffers of other types).
   float* grads() const;
+  // This backward's gradient buffers (begin_backward's).
+  const std::vector<GradMemory>& buffers() const { return buffers_; }
   // reduce_in_bf16's scratch, or null.
   uint16_t* bf16_scratch() const { return bf16_scratch_; }
 

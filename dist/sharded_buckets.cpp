@@ -2,112 +2,162 @@
 #include "dist/sharded_buckets.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "runtime/error.h"
 
 namespace ddp {
 
-ShardedBuckets::ShardedBuckets(Ddp& ddp, int level, const ShardMemory* memory)
-    : ddp_(ddp), comm_(ddp.comm()), level_(level), bf16_scratch_(ddp.bf16_scratch()) {
+ShardedBuckets::ShardedBuckets(Ddp& ddp, int level, const ShardMemory* memory, ShardCut cut)
+    : ddp_(ddp),
+      comm_(ddp.comm()),
+      level_(level),
+      types_(cut.types.empty() ? std::vector<DataType>{DataType::kFloat32} : std::move(cut.types)),
+      bf16_scratch_(ddp.bf16_scratch()) {
   DDP_USAGE_CHECK(level >= 1 && level <= 3, "--zero {}: expected 0, 1, 2 or 3", level);
   DDP_CHECK(!comm_.device_buffers() || memory != nullptr, "ZeRO over {} needs the device's memory",
             comm_.backend());
   const std::vector<Bucket>& buckets = ddp.buckets();
+  for (const Bucket& b : buckets)
+    DDP_CHECK(b.buffer < types_.size(), "ZeRO: a bucket of buffer {} where {} types are given",
+              b.buffer, types_.size());
   // Host collectives take any piece size: a bucket that divides evenly is sharded in place,
   // only the others go through a padded copy. NCCL's pieces are kept 256-byte aligned.
-  plan_ = plan_shards(buckets, comm_.size(), comm_.rank(),
-                      memory == nullptr   ? 1
-                      : memory->align > 0 ? memory->align
-                                          : kDeviceShardAlign);
-  if (memory != nullptr) memory_ = *memory;
+  const size_t align = memory == nullptr   ? 1
+                       : memory->align > 0 ? memory->align
+                                           : kDeviceShardAlign;
+  plan_ = cut.owners.empty() ? plan_shards(buckets, comm_.size(), comm_.rank(), align)
+                             : plan_owned_shards(buckets, cut.counts, cut.owners, comm_.size(),
+                                                 comm_.rank(), align);
+  if (memory != nullptr) {
+    memory_ = *memory;
+    given_memory_ = true;
+  }
   if (bf16_scratch_ != nullptr) {
-    // A bucket's bf16 copy spans its padded pieces (from its offset): where the last one
-    // would overrun the gradients' scratch, a larger one (bf16 values, two a float).
+    // A float32 bucket's bf16 copy spans its padded pieces (from its offset): where the last
+    // one would overrun the gradients' scratch, a larger one.
     size_t total = 0, need = 0;
     for (size_t b = 0; b < buckets.size(); ++b) {
+      if (types_[buckets[b].buffer] != DataType::kFloat32) continue;
       total = std::max(total, buckets[b].offset + buckets[b].count);
       need = std::max(need, buckets[b].offset + plan_.parts[b].piece * comm_.size());
     }
-    if (need > total && memory != nullptr) {
-      bf16_scratch_ = reinterpret_cast<uint16_t*>(memory_.allocate((need + 1) / 2));
-    } else if (need > total) {
-      bf16_host_.assign(need, 0);
-      bf16_scratch_ = bf16_host_.data();
-    }
+    if (need > total) bf16_scratch_ = static_cast<uint16_t*>(allocate(need * sizeof(uint16_t)));
   }
   bucket_scratch_.assign(buckets.size(), nullptr);
-  bucket_host_.assign(buckets.size(), {});
+  reduced_.assign(types_.size(), nullptr);
   if (level >= 2) ddp.set_reduction(this);
   if (ringed()) {
     DDP_CHECK(level >= 2 && ddp.overlaps(), "a gradient ring needs --zero 2 or 3 and overlap");
+    DDP_CHECK(types_.size() == 1 && types_[0] == DataType::kFloat32,
+              "a gradient ring takes one float32 buffer");
     for (size_t b = 0; b < buckets.size(); ++b) {
-      DDP_CHECK(plan_.parts[b].piece * comm_.size() <= memory_.slot_floats,
-                "gradient ring: bucket {}'s pieces ({} x {}) overrun its slot of {}", b,
-                plan_.parts[b].piece, comm_.size(), memory_.slot_floats);
-      bucket_scratch_[b] = memory_.bucket_grads(b);  // the slot is also the padded copy
+      DDP_CHECK(
+          plan_.parts[b].piece * comm_.size() <= memory_.slot_floats && plan_.parts[b].strided(),
+          "gradient ring: bucket {}'s pieces ({} x {}) overrun its slot of {}", b,
+          plan_.parts[b].piece, comm_.size(), memory_.slot_floats);
+      bucket_scratch_[b] = reinterpret_cast<char*>(memory_.bucket_grads(b));  // also the copy
     }
-    reduced_device_ = memory_.allocate(plan_.shard_count);
-    scratch_floats_ = plan_.shard_count;  // the slots are the gradients' own memory
+    reduced_[0] = static_cast<char*>(memory_.allocate(plan_.shard_count * sizeof(float)));
+    scratch_bytes_ = plan_.shard_count * sizeof(float);  // the slots are the gradients' own
     return;
   }
   for (size_t b = 0; b < buckets.size(); ++b) {
     if (!padded(b)) continue;
-    const size_t floats = plan_.parts[b].piece * comm_.size();
-    if (memory != nullptr) {
-      bucket_scratch_[b] = memory_.allocate(floats);
-    } else {
-      bucket_host_[b].assign(floats, 0.0f);
-      bucket_scratch_[b] = bucket_host_[b].data();
+    const size_t bytes = plan_.parts[b].piece * comm_.size() * element_bytes(buckets[b].buffer);
+    bucket_scratch_[b] = static_cast<char*>(allocate(bytes));
+    scratch_bytes_ += bytes;
+  }
+  // Host collectives reduce-scatter into a buffer of their own (MPI's may not alias its input).
+  if (level >= 2 && !comm_.device_buffers())
+    for (size_t k = 0; k < types_.size(); ++k) {
+      const size_t bytes =
+          (k < plan_.shard_counts.size() ? plan_.shard_counts[k] : 0) * element_bytes(k);
+      reduced_[k] = static_cast<char*>(allocate(bytes));
+      scratch_bytes_ += bytes;
     }
-    scratch_floats_ += floats;
-  }
-  if (level >= 2 && memory == nullptr) {
-    reduced_shard_.assign(plan_.shard_count, 0.0f);
-    scratch_floats_ += plan_.shard_count;
-  }
 }
 
-bool ShardedBuckets::padded(size_t b) const {
-  return plan_.parts[b].piece * static_cast<size_t>(comm_.size()) != ddp_.buckets()[b].count;
+void* ShardedBuckets::allocate(size_t bytes) {
+  if (given_memory_) return memory_.allocate(bytes);
+  host_.emplace_back(bytes, 0);
+  return host_.back().data();
 }
 
-const float* ShardedBuckets::reduced_piece(size_t bucket) const {
+const void* ShardedBuckets::reduced_piece(size_t bucket) const {
   const ShardPart& p = plan_.parts.at(bucket);
-  if (level_ == 1) return ddp_.grads() + p.offset;
-  if (!reduced_shard_.empty()) return reduced_shard_.data() + p.shard_at;
-  if (ringed()) return reduced_device_ + p.shard_at;
+  const size_t size = element_bytes(p.buffer);
+  // The gradients' own place (null before the first backward gave the buffers).
+  const std::vector<GradMemory>& buffers = ddp_.buffers();
+  const char* own = p.buffer < buffers.size() && buffers[p.buffer].data != nullptr
+                        ? static_cast<const char*>(buffers[p.buffer].data) + p.offset * size
+                        : nullptr;
+  if (level_ == 1) return own;
+  if (reduced_[p.buffer] != nullptr) return reduced_[p.buffer] + p.shard_at * size;
   // In place: the piece's own place in the bucket, or in its padded copy.
-  return padded(bucket) ? bucket_scratch_[bucket] + p.piece * plan_.rank : ddp_.grads() + p.offset;
+  return padded(bucket) ? bucket_scratch_[bucket] + p.piece * plan_.rank * size : own;
 }
 
 const float* ShardedBuckets::reduced_pieces() const {
-  return ringed() ? reduced_device_ : reduced_shard_.data();
+  return reinterpret_cast<const float*>(reduced_[0]);
 }
 
 void ShardedBuckets::take_shard(const float* full, float* shard) const {
   std::fill(shard, shard + plan_.shard_count, 0.0f);
   for (const ShardPart& p : plan_.parts)
-    std::copy_n(full + p.offset, p.count, shard + p.shard_at);
+    for (const ShardRun& run : p.runs[static_cast<size_t>(plan_.rank)])
+      std::copy_n(full + run.offset, run.count, shard + p.shard_at + run.at);
 }
 
-void ShardedBuckets::copy(float* dst, const float* src, size_t floats) {
+void ShardedBuckets::copy(void* dst, const void* src, size_t bytes) {
   if (comm_.device_buffers())
-    memory_.copy(dst, src, floats);
+    memory_.copy(dst, src, bytes);
   else
-    std::copy_n(src, floats, dst);
+    std::memcpy(dst, src, bytes);
 }
 
-std::unique_ptr<Work> ShardedBuckets::reduce(size_t bucket, float* grads) {
+void ShardedBuckets::clear(void* dst, size_t bytes) {
+  if (comm_.device_buffers())
+    memory_.clear(dst, bytes);
+  else
+    std::memset(dst, 0, bytes);
+}
+
+void ShardedBuckets::lay_out(size_t b, const void* full, void* pieces, int rank) {
+  const ShardPart& p = plan_.parts[b];
+  const size_t size = element_bytes(p.buffer);
+  const char* from = static_cast<const char*>(full);
+  char* to = static_cast<char*>(pieces);
+  const size_t ranks = p.runs.size();
+  if (rank < 0 && p.strided()) {  // one block, the tail zero
+    copy(to, from + p.bucket_offset * size, p.bucket_count * size);
+    clear(to + p.bucket_count * size, (p.piece * ranks - p.bucket_count) * size);
+    return;
+  }
+  for (size_t r = 0; r < ranks; ++r) {
+    if (rank >= 0 && static_cast<size_t>(rank) != r) continue;
+    size_t filled = 0;
+    for (const ShardRun& run : p.runs[r]) {
+      copy(to + (p.piece * r + run.at) * size, from + run.offset * size, run.count * size);
+      filled = run.at + run.count;
+    }
+    // The padding between pieces zero (a rank's own piece alone: its padding is never read).
+    if (rank < 0) clear(to + (p.piece * r + filled) * size, (p.piece - filled) * size);
+  }
+}
+
+std::unique_ptr<Work> ShardedBuckets::reduce(size_t bucket, const GradMemory& grads) {
   const Bucket& b = ddp_.buckets()[bucket];
   // The bucket (or its padded copy) reduce-scattered into this rank's averaged piece: on
   // the host into the pieces' own buffer, on the device in place.
   const ShardPart& p = plan_.parts[bucket];
+  const size_t size = element_bytes(b.buffer);
   if (ringed()) {
     // From its slot, the tail past the bucket zeroed, into the averaged pieces; the bucket
     // ring_slots later waits for it before backward writes the slot again.
     float* slot = memory_.bucket_grads(bucket);
-    memory_.clear(slot + b.count, p.piece * comm_.size() - b.count);
-    std::unique_ptr<Work> work = reduce_scatter(slot, reduced_device_ + p.shard_at, bucket);
+    memory_.clear(slot + b.count, (p.piece * comm_.size() - b.count) * sizeof(float));
+    std::unique_ptr<Work> work = reduce_scatter(slot, reduced_[0] + p.shard_at * size, bucket);
     const size_t next = bucket + 1, slots = static_cast<size_t>(memory_.ring_slots);
     if (next < ddp_.buckets().size() && next >= slots) {
       Work& before = next - slots == bucket ? *work : ddp_.pending(next - slots);
@@ -118,86 +168,101 @@ std::unique_ptr<Work> ShardedBuckets::reduce(size_t bucket, float* grads) {
     }
     return work;
   }
-  float* send = grads + b.offset;
+  DDP_CHECK(grads.data != nullptr && grads.type == types_[b.buffer],
+            "ZeRO: bucket {}'s gradients are not in a buffer of its type", bucket);
+  char* send = static_cast<char*>(grads.data) + b.offset * size;
   if (padded(bucket)) {
-    float* scratch = bucket_scratch_[bucket];
-    copy(scratch, grads + b.offset, b.count);
-    const size_t tail = p.piece * comm_.size() - b.count;
-    if (comm_.device_buffers())
-      memory_.clear(scratch + b.count, tail);
-    else
-      std::fill_n(scratch + b.count, tail, 0.0f);
-    send = scratch;
+    lay_out(bucket, grads.data, bucket_scratch_[bucket]);
+    send = bucket_scratch_[bucket];
   }
-  float* recv =
-      reduced_shard_.empty() ? send + p.piece * plan_.rank : reduced_shard_.data() + p.shard_at;
+  char* recv = reduced_[b.buffer] != nullptr ? reduced_[b.buffer] + p.shard_at * size
+                                             : send + p.piece * plan_.rank * size;
   return reduce_scatter(send, recv, bucket);
 }
 
-std::unique_ptr<Work> ShardedBuckets::reduce_scatter(const float* send, float* recv,
-                                                     size_t bucket) {
+std::unique_ptr<Work> ShardedBuckets::reduce_scatter(const void* send, void* recv, size_t bucket) {
   const size_t piece = plan_.parts[bucket].piece;
-  if (bf16_scratch_ != nullptr)
+  const DataType type = types_[ddp_.buckets()[bucket].buffer];
+  if (bf16_scratch_ != nullptr && type == DataType::kFloat32)
     return comm_.reduce_scatter_bf16_async(
-        send, recv, bf16_scratch_ + ddp_.buckets()[bucket].offset, piece, ReduceOp::kAverage);
-  return comm_.reduce_scatter_async(send, recv, piece, DataType::kFloat32, ReduceOp::kAverage);
+        static_cast<const float*>(send), static_cast<float*>(recv),
+        bf16_scratch_ + ddp_.buckets()[bucket].offset, piece, ReduceOp::kAverage);
+  return comm_.reduce_scatter_async(send, recv, piece, type, ReduceOp::kAverage);
 }
 
-void ShardedBuckets::gather_shards(const float* shard, float* full, void* stream) {
+void ShardedBuckets::gather_shards(const std::vector<const void*>& shards,
+                                   const std::vector<void*>& full, void* stream) {
   std::vector<std::unique_ptr<Work>> gathers;
   for (size_t b = 0; b < plan_.parts.size(); ++b) {
     const ShardPart& p = plan_.parts[b];
-    float* into = padded(b) ? bucket_scratch_[b] : full + p.bucket_offset;
+    const size_t size = element_bytes(p.buffer);
+    void* into = padded(b) ? bucket_scratch_[b]
+                           : static_cast<char*>(full.at(p.buffer)) + p.bucket_offset * size;
     gathers.push_back(
-        comm_.all_gather_async(shard + p.shard_at, into, p.piece, DataType::kFloat32));
-    if (ringed() && padded(b)) copy_back(b, full, gathers, stream);  // its slot is shared
+        comm_.all_gather_async(static_cast<const char*>(shards.at(p.buffer)) + p.shard_at * size,
+                               into, p.piece, types_[p.buffer]));
+    if (ringed() && padded(b)) copy_back(b, full[p.buffer], gathers, stream);  // a shared slot
   }
   wait_all(gathers, comm_, stream);
   if (!ringed())
     for (size_t b = 0; b < plan_.parts.size(); ++b)
-      if (padded(b)) copy_back(b, full, gathers, stream);
+      if (padded(b)) copy_back(b, full[plan_.parts[b].buffer], gathers, stream);
 }
 
-void ShardedBuckets::gather_in_place(float* full, void* stream) {
+void ShardedBuckets::gather_in_place(const std::vector<void*>& full, void* stream) {
   // Host collectives send from a copy of the rank's piece (their all-gather does not take an
   // aliased input); NCCL's is in place.
   const bool host = !comm_.device_buffers();
-  std::vector<std::vector<float>> mine(host ? plan_.parts.size() : 0);
+  std::vector<std::vector<char>> mine(host ? plan_.parts.size() : 0);
   std::vector<std::unique_ptr<Work>> gathers;
   for (size_t b = 0; b < plan_.parts.size(); ++b) {
     const ShardPart& p = plan_.parts[b];
-    float* into = padded(b) ? bucket_scratch_[b] : full + p.bucket_offset;
-    const float* send = into + p.piece * plan_.rank;
+    const size_t size = element_bytes(p.buffer);
+    char* whole = static_cast<char*>(full.at(p.buffer));
+    char* into = padded(b) ? bucket_scratch_[b] : whole + p.bucket_offset * size;
+    const char* send = into + p.piece * plan_.rank * size;
     if (host) {
-      mine[b].assign(p.piece, 0.0f);
-      std::copy_n(full + p.offset, p.count, mine[b].data());
+      mine[b].assign(p.piece * size, 0);
+      for (const ShardRun& run : p.runs[static_cast<size_t>(plan_.rank)])
+        std::memcpy(mine[b].data() + run.at * size, whole + run.offset * size, run.count * size);
       send = mine[b].data();
     } else if (padded(b) && p.count > 0) {
-      copy(into + p.piece * plan_.rank, full + p.offset, p.count);
+      lay_out(b, whole, into, plan_.rank);
     }
-    gathers.push_back(comm_.all_gather_async(send, into, p.piece, DataType::kFloat32));
-    if (ringed() && padded(b)) copy_back(b, full, gathers, stream);  // its slot is shared
+    gathers.push_back(comm_.all_gather_async(send, into, p.piece, types_[p.buffer]));
+    if (ringed() && padded(b)) copy_back(b, whole, gathers, stream);  // its slot is shared
   }
   wait_all(gathers, comm_, stream);
   if (!ringed())
     for (size_t b = 0; b < plan_.parts.size(); ++b)
-      if (padded(b)) copy_back(b, full, gathers, stream);
+      if (padded(b)) copy_back(b, full[plan_.parts[b].buffer], gathers, stream);
 }
 
-void ShardedBuckets::gather_bucket(size_t b, const float* shard, float* into) {
+void ShardedBuckets::gather_bucket(size_t b, const void* shard, void* into) {
   gather_bucket_async(b, shard, into)->wait(gather_comm().timeout());
 }
 
-std::unique_ptr<Work> ShardedBuckets::gather_bucket_async(size_t b, const float* shard,
-                                                          float* into) {
+std::unique_ptr<Work> ShardedBuckets::gather_bucket_async(size_t b, const void* shard, void* into) {
   const ShardPart& p = plan_.parts.at(b);
-  return gather_comm().all_gather_async(shard + p.shard_at, into, p.piece, DataType::kFloat32);
+  return gather_comm().all_gather_async(
+      static_cast<const char*>(shard) + p.shard_at * element_bytes(p.buffer), into, p.piece,
+      types_[p.buffer]);
 }
 
-void ShardedBuckets::copy_back(size_t b, float* full, std::vector<std::unique_ptr<Work>>& gathers,
+void ShardedBuckets::copy_back(size_t b, void* full, std::vector<std::unique_ptr<Work>>& gathers,
                                void* stream) {
   wait_all(gathers, comm_, stream);
-  copy(full + plan_.parts[b].bucket_offset, bucket_scratch_[b], plan_.parts[b].bucket_count);
+  const ShardPart& p = plan_.parts[b];
+  const size_t size = element_bytes(p.buffer);
+  char* to = static_cast<char*>(full);
+  if (p.strided()) {
+    copy(to + p.bucket_offset * size, bucket_scratch_[b], p.bucket_count * size);
+    return;
+  }
+  for (size_t r = 0; r < p.runs.size(); ++r)
+    for (const ShardRun& run : p.runs[r])
+      copy(to + run.offset * size, bucket_scratch_[b] + (p.piece * r + run.at) * size,
+           run.count * size);
 }
 
 }  // namespace ddp

@@ -1,9 +1,10 @@
-// ZeRO's buckets over a Ddp's group (--zero 1, 2, 3): this rank's pieces of every bucket
-// (ShardPlan, dist/zero.h), each bucket reduce-scattered into this rank's averaged piece
-// as the Ddp's bucket reduction (2, 3; 1 keeps the all-reduce), the padded copies of the buckets
-// that do not divide evenly, the gradient ring's slots where backward writes, and the pieces'
-// all-gathers back into whole buffers or one layer's parameters. Host or device memory alike:
-// the caller gives the memory and the copies (ShardMemory). HostZero and DeviceZero build on it.
+// ZeRO's buckets over a Ddp's group (--zero 1, 2, 3; LibTorch's zero(N)): this rank's pieces of
+// every bucket (ShardPlan, dist/zero.h: equal pieces or whole layers), each bucket reduce-
+// scattered into this rank's averaged piece in its buffer's type as the Ddp's bucket reduction
+// (2, 3; 1 keeps the all-reduce), the padded copies of the buckets whose pieces are not the
+// bucket itself, the gradient ring's slots where backward writes, and the pieces' all-gathers
+// back into whole buffers or one layer's parameters. Host or device memory alike: the caller
+// gives the memory and the copies (ShardMemory). ShardedState builds on it.
 #pragma once
 
 #include <cstddef>
@@ -18,74 +19,91 @@
 
 namespace ddp {
 
-// The memory ZeRO's buckets use. Host communicators: any piece size, the averaged pieces in a
-// buffer of their own, nothing to give (or a ring's host memory, `align` 1). Device
-// communicators: the memory of the padded buckets' copies and the copies on the compute stream;
-// pieces are multiples of 64 elements and the reduce-scatter is in place, so a bucket that
-// divides evenly needs no memory of its own.
+// The memory ZeRO's buckets use, in bytes. Host communicators: any piece size, nothing to give
+// (the host's own vectors; or a ring's host memory, `align` 1). Device communicators: the
+// memory of the padded buckets' copies and the copies on the compute stream; pieces are
+// multiples of 64 elements and the reduce-scatter is in place, so a bucket that divides evenly
+// needs no memory of its own.
 //
-// With `ring_slots` (models/device_parameters.h, GradientRing; level 2 or 3): backward writes
+// With `ring_slots` (dist/gradient_ring.h; one float32 buffer; level 2 or 3): backward writes
 // bucket b's gradients into bucket_grads(b), a slot shared with every ring_slots-th bucket
 // and large enough for its padded pieces; each bucket is reduce-scattered from its slot into
 // a shard of the averaged pieces, and `stream` waits for that (host communicators: the
 // caller's thread, in layer_done) before the bucket ring_slots later is written (so the
 // buckets need overlap); the slots serve as the padded copies.
 struct ShardMemory {
-  std::function<float*(size_t floats)> allocate;  // kept as long as the buckets are used
-  std::function<void(float* dst, const float* src, size_t floats)> copy;  // stream order
-  std::function<void(float* dst, size_t floats)> clear;  // dst[floats] = 0, stream order
-  int ring_slots = 0;                                    // 0: the gradients in one buffer
-  std::function<float*(size_t bucket)> bucket_grads;     // a bucket's slot (ring)
-  size_t slot_floats = 0;                                // a slot's size (ring)
-  void* stream = nullptr;                                // the compute stream
+  std::function<void*(size_t bytes)> allocate;  // kept as long as the buckets are used
+  std::function<void(void* dst, const void* src, size_t bytes)> copy;  // stream order
+  std::function<void(void* dst, size_t bytes)> clear;  // dst[bytes] = 0, stream order
+  int ring_slots = 0;                                  // 0: the gradients in their buffers
+  std::function<float*(size_t bucket)> bucket_grads;   // a bucket's slot (ring)
+  size_t slot_floats = 0;                              // a slot's size (ring)
+  void* stream = nullptr;                              // the compute stream
   size_t align = 0;  // the pieces' alignment (elements; 0: kDeviceShardAlign)
+};
+
+// How the buckets are cut: each gradient buffer's element type (Bucket::buffer; empty: one
+// float32 buffer) and, for whole layers to owners (plan_owned_shards), each layer's elements
+// and owner (empty: equal pieces, plan_shards).
+struct ShardCut {
+  std::vector<DataType> types;  // each buffer's
+  std::vector<size_t> counts;   // each layer's elements (with owners)
+  std::vector<int> owners;      // each layer's owner rank
 };
 
 class ShardedBuckets final : public BucketReduction {
  public:
   // `ddp`'s buckets cut into its group's pieces at `level` (1, 2 or 3; 3: the gradients as 2,
-  // the caller shards the parameters through gather_bucket); from now on (2, 3) the Ddp
-  // reduce-scatters through it. `memory`: needed with a device communicator or a ring.
+  // the caller shards the parameters through gather_bucket) as `cut` says; from now on (2, 3)
+  // the Ddp reduce-scatters through it. `memory`: needed with a device communicator or a ring.
   // Kept as long as the Ddp reduces (which may outlive it unused).
-  ShardedBuckets(Ddp& ddp, int level, const ShardMemory* memory = nullptr);
+  ShardedBuckets(Ddp& ddp, int level, const ShardMemory* memory = nullptr, ShardCut cut = {});
   ShardedBuckets(const ShardedBuckets&) = delete;
   ShardedBuckets& operator=(const ShardedBuckets&) = delete;
 
   // BucketReduction: the bucket (or its padded copy, or its slot) reduce-scattered into this
   // rank's averaged piece.
-  std::unique_ptr<Work> reduce(size_t bucket, float* grads) override;
+  std::unique_ptr<Work> reduce(size_t bucket, const GradMemory& grads) override;
   const char* issued_event() const override { return "reduce_scatter_issued"; }
   bool keeps_gradients() const override { return ringed(); }
 
   int level() const { return level_; }
   // This rank's pieces of the buckets.
   const ShardPlan& plan() const { return plan_; }
-  // After Ddp::finish(): where this rank's averaged piece of bucket b is (plan().parts[b].count
-  // elements, or none past the bucket's end): the gradients' own place with level 1, the
-  // reduced pieces with level 2.
-  const float* reduced_piece(size_t bucket) const;
-  // Level 2 or 3: every averaged piece, as one shard, wherever it is kept (host: a buffer of its
-  // own, or with a ring its own).
+  // Buffer b's element type, and its bytes.
+  DataType type(size_t buffer) const { return types_.at(buffer); }
+  size_t element_bytes(size_t buffer) const { return dtype_bytes(types_.at(buffer)); }
+  // After Ddp::finish(): where this rank's averaged piece of bucket b is (its runs packed,
+  // plan().parts[b].count elements, none past the bucket's end): the reduced pieces with level
+  // 2 and 3; with level 1 the gradients' own place (the piece only where the part is strided).
+  const void* reduced_piece(size_t bucket) const;
+  // Level 2 or 3 with one float32 buffer (ddptrain's): every averaged piece, as one shard,
+  // wherever it is kept (host: a buffer of its own, or with a ring its own).
   const float* reduced_pieces() const;
-  // This rank's pieces of the flat buffer `full` into `shard` (shard_count, padding zero).
-  // Host memory.
+  // This rank's pieces of the flat float32 buffer `full` into `shard` (shard_count, padding
+  // zero). Host memory; one float32 buffer.
   void take_shard(const float* full, float* shard) const;
-  // The floats of the padded buckets' copies (the buckets that do not divide evenly) and of
+  // The bytes of the padded buckets' copies (the buckets that do not divide evenly) and of
   // the averaged pieces kept apart (host, level 2).
-  size_t scratch_floats() const { return scratch_floats_; }
+  size_t scratch_bytes() const { return scratch_bytes_; }
 
-  // Collective: every rank's pieces (`shard`, its own) into the whole flat buffer `full`
-  // (device communicators: device buffers, `stream` made to wait).
-  void gather_shards(const float* shard, float* full, void* stream = nullptr);
-  // Collective: every rank's pieces of `full`, each rank's own being current in place, into
-  // every rank's `full` (device communicators: `stream` made to wait).
-  void gather_in_place(float* full, void* stream);
-  // Collective: bucket b's pieces of every rank (`shard`, its own) into
-  // `into` (plan().parts[b].piece x ranks floats: the bucket, then the padding).
-  void gather_bucket(size_t b, const float* shard, float* into);
+  // Collective: every rank's pieces (`shards`, its own, one a buffer) into the whole flat
+  // buffers `full` (device communicators: device buffers, `stream` made to wait).
+  void gather_shards(const std::vector<const void*>& shards, const std::vector<void*>& full,
+                     void* stream = nullptr);
+  // The same for one buffer.
+  void gather_shards(const void* shard, void* full, void* stream = nullptr) {
+    gather_shards(std::vector<const void*>{shard}, std::vector<void*>{full}, stream);
+  }
+  // Collective: every rank's pieces of `full` (one a buffer), each rank's own being current in
+  // place, into every rank's `full` (device communicators: `stream` made to wait).
+  void gather_in_place(const std::vector<void*>& full, void* stream);
+  // Collective: bucket b's pieces of every rank (`shard`, its own, of the bucket's buffer) into
+  // `into` (plan().parts[b].piece x ranks elements: the bucket, then the padding).
+  void gather_bucket(size_t b, const void* shard, void* into);
   // The same, not waited for (device communicators: the Work makes a stream wait), on the
   // gathers' communicator.
-  std::unique_ptr<Work> gather_bucket_async(size_t b, const float* shard, float* into);
+  std::unique_ptr<Work> gather_bucket_async(size_t b, const void* shard, void* into);
   // --zero 3's gathers of a layer before its use (gather_bucket, gather_bucket_async) on a
   // communicator of their own over the same ranks (in the same order: a split of the Ddp's),
   // so that on the GPU a gather runs on its own stream and never queues behind the reduce-
@@ -95,30 +113,38 @@ class ShardedBuckets final : public BucketReduction {
   Communicator& gather_comm() { return gather_comm_ != nullptr ? *gather_comm_ : comm_; }
 
  private:
-  // Whether bucket b's pieces overrun it (then they go through bucket_scratch_[b]).
-  bool padded(size_t b) const;
+  // Whether bucket b's pieces are not the bucket itself (then they go through
+  // bucket_scratch_[b]).
+  bool padded(size_t b) const { return !plan_.parts[b].in_place(); }
   bool ringed() const { return memory_.ring_slots > 0; }
   // Bucket `bucket`'s padded pieces at `send` reduce-scattered (averaged) into this rank's
-  // piece at `recv`: as float32, or (--grad-reduce bf16) as bfloat16 through the scratch.
-  std::unique_ptr<Work> reduce_scatter(const float* send, float* recv, size_t bucket);
-  void copy(float* dst, const float* src, size_t floats);  // host, or the device's (in order)
-  // `gathers` waited for, then padded bucket b's gathered copy into `full`.
-  void copy_back(size_t b, float* full, std::vector<std::unique_ptr<Work>>& gathers, void* stream);
+  // piece at `recv`: in the bucket's type, or (reduce_in_bf16, float32) as bfloat16.
+  std::unique_ptr<Work> reduce_scatter(const void* send, void* recv, size_t bucket);
+  void copy(void* dst, const void* src, size_t bytes);  // host, or the device's (in order)
+  void clear(void* dst, size_t bytes);                  // the same, zeros
+  void* allocate(size_t bytes);  // the memory's, or a host vector of this object's
+  // Bucket b's runs of every rank from its buffer `full` into their places in `pieces` (the
+  // padded copy, zeros between), or of rank `rank` only.
+  // Bucket b's runs of every rank from its buffer `full` into their places in `pieces`
+  // (the padded copy, zeros between), or of this rank only (`rank`).
+  void lay_out(size_t b, const void* full, void* pieces, int rank = -1);
+  // `gathers` waited for, then padded bucket b's gathered copy into `full` (its buffer).
+  void copy_back(size_t b, void* full, std::vector<std::unique_ptr<Work>>& gathers, void* stream);
 
   Ddp& ddp_;
   Communicator& comm_;
   Communicator* gather_comm_ = nullptr;  // --zero 3's layer gathers, where apart
   int level_;
+  std::vector<DataType> types_;  // each buffer's
   ShardPlan plan_;
   ShardMemory memory_;
-  uint16_t* bf16_scratch_ = nullptr;  // --grad-reduce bf16: the bf16 values on the wire
-  std::vector<uint16_t> bf16_host_;   // the host's larger one, where the pieces need it
-  // A padded bucket's pieces, every rank's (host: in bucket_host_; device: the caller's).
-  std::vector<float*> bucket_scratch_;
-  std::vector<std::vector<float>> bucket_host_;
-  std::vector<float> reduced_shard_;  // host, level 2: the averaged pieces
-  float* reduced_device_ = nullptr;   // ring: the averaged pieces
-  size_t scratch_floats_ = 0;
+  bool given_memory_ = false;         // memory_ is the caller's
+  uint16_t* bf16_scratch_ = nullptr;  // reduce_in_bf16: the bf16 values on the wire
+  // A padded bucket's pieces, every rank's (host: in host_; device: the caller's).
+  std::vector<char*> bucket_scratch_;
+  std::vector<char*> reduced_;  // level 2, 3 on the host or with a ring: each buffer's pieces
+  std::vector<std::vector<char>> host_;  // what allocate() gave without memory
+  size_t scratch_bytes_ = 0;
 };
 
 }  // namespace ddp

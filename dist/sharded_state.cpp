@@ -5,19 +5,28 @@
 
 namespace ddp {
 
-ShardedState::ShardedState(Ddp& ddp, int level, ShardHome& home, Communicator* gathers)
-    : home_(home), shards_(std::make_unique<ShardedBuckets>(ddp, level, home.bucket_memory())) {
+ShardedState::ShardedState(Ddp& ddp, int level, ShardHome& home, Communicator* gathers,
+                           ShardCut cut)
+    : home_(home),
+      shards_(std::make_unique<ShardedBuckets>(ddp, level, home.bucket_memory(), std::move(cut))) {
   shards_->set_gather_comm(gathers);
   if (level < 3) return;
-  // The parameters become this rank's pieces (a bucket a layer: dist/zero.h), copied out
-  // of the whole ones, which the home then frees.
+  // The parameters become this rank's pieces (each of its runs of a bucket, packed), copied
+  // out of the whole ones, which the home then frees.
   const ShardPlan& plan = shards_->plan();
-  pieces_ = home.allocate(plan.shard_count, true);
-  float* whole = home.params();
+  const std::vector<GradMemory> whole = home.param_memory();
+  for (size_t k = 0; k < whole.size(); ++k) {
+    const size_t count = k < plan.shard_counts.size() ? plan.shard_counts[k] : 0;
+    pieces_.push_back(home.allocate(count * shards_->element_bytes(k), true));
+  }
   for (const ShardPart& p : plan.parts) {
-    DDP_CHECK(p.shard_at + p.count <= plan.shard_count, "--zero 3: piece {}+{} -> {} out of range",
-              p.offset, p.count, p.shard_at);
-    home.copy(pieces_.get() + p.shard_at, whole + p.offset, p.count);
+    DDP_CHECK(p.shard_at + p.count <= plan.shard_counts[p.buffer],
+              "--zero 3: piece {}+{} -> {} out of range", p.offset, p.count, p.shard_at);
+    const size_t size = shards_->element_bytes(p.buffer);
+    char* mine = static_cast<char*>(pieces_[p.buffer].get()) + p.shard_at * size;
+    const char* from = static_cast<const char*>(whole[p.buffer].data);
+    for (const ShardRun& run : p.runs[static_cast<size_t>(plan.rank)])
+      home.copy(mine + run.at * size, from + run.offset * size, run.count * size);
   }
 }
 
@@ -27,41 +36,54 @@ std::vector<OptimizerPiece> ShardedState::owned_pieces() const {
   for (size_t b = 0; b < plan.parts.size(); ++b) {
     const ShardPart& p = plan.parts[b];
     if (p.count == 0) continue;
-    pieces.push_back(
-        {pieces_ ? p.shard_at : p.offset, shards_->reduced_piece(b), p.shard_at, p.count});
+    DDP_CHECK(p.strided() && p.buffer == 0 && shards_->type(0) == DataType::kFloat32,
+              "owned_pieces: one float32 buffer in equal pieces");
+    pieces.push_back({pieces_.empty() ? p.offset : p.shard_at,
+                      static_cast<const float*>(shards_->reduced_piece(b)), p.shard_at, p.count});
   }
   return pieces;
 }
 
 void ShardedState::updated() {
-  if (pieces_) return;  // the pieces are the parameters: the next uses gather them
-  shards_->gather_in_place(home_.params(), home_.stream());
+  if (!pieces_.empty()) return;  // the pieces are the parameters: the next uses gather them
+  std::vector<void*> whole;
+  for (const GradMemory& buffer : home_.param_memory())
+    whole.push_back(buffer.data);
+  shards_->gather_in_place(whole, home_.stream());
   home_.params_gathered();
 }
 
+void ShardedState::gather_params(const std::vector<void*>& whole) {
+  DDP_CHECK(!pieces_.empty(), "gather_params: the parameters are whole (level {})", level());
+  std::vector<const void*> mine;
+  for (const std::shared_ptr<void>& piece : pieces_)
+    mine.push_back(piece.get());
+  shards_->gather_shards(mine, whole, home_.stream());
+}
+
 std::vector<float> ShardedState::params(size_t count) {
-  if (!pieces_) return home_.whole_params();  // whole on every replica
+  if (pieces_.empty()) return home_.whole_params();  // whole on every replica
   home_.settle();
-  const std::shared_ptr<float> whole = home_.allocate(count, false);
-  shards_->gather_shards(pieces_.get(), whole.get(), home_.stream());
-  return home_.to_host(whole.get(), count);
+  const std::shared_ptr<void> whole = home_.allocate(count * sizeof(float), false);
+  shards_->gather_shards(pieces_[0].get(), whole.get(), home_.stream());
+  return home_.to_host(static_cast<const float*>(whole.get()), count);
 }
 
 void ShardedState::set_params(const float* host) {
-  if (!pieces_) return home_.set_whole_params(host);
+  if (pieces_.empty()) return home_.set_whole_params(host);
   std::vector<float> mine(plan().shard_count);  // this rank's pieces, the padding zero
   shards_->take_shard(host, mine.data());
   home_.settle();
-  home_.from_host(pieces_.get(), mine.data(), mine.size());
+  home_.from_host(pieces(), mine.data(), mine.size());
 }
 
 NamedState ShardedState::optimizer_state(
     size_t count, const std::vector<std::pair<std::string, const float*>>& buffers) {
   NamedState state;
-  const std::shared_ptr<float> whole = home_.allocate(count, false);
+  const std::shared_ptr<void> whole = home_.allocate(count * sizeof(float), false);
   for (const auto& [name, pieces] : buffers) {
     shards_->gather_shards(pieces, whole.get(), home_.stream());
-    state.emplace_back(name, home_.to_host(whole.get(), count));
+    state.emplace_back(name, home_.to_host(static_cast<const float*>(whole.get()), count));
   }
   return state;
 }

@@ -21,7 +21,7 @@
 
 namespace ddp {
 
-// Where a replica's sharded state lives.
+// Where a replica's sharded state lives: its memory, host or device, in bytes.
 class ShardHome {
  public:
   virtual ~ShardHome() = default;
@@ -29,20 +29,21 @@ class ShardHome {
   // The buckets' memory (their padded copies, the gradient ring; dist/sharded_buckets.h),
   // or null: the host's own vectors and no ring.
   virtual const ShardMemory* bucket_memory() const = 0;
-  // The rank's whole flat parameters where the collectives take them (levels 1, 2), and the
-  // stream the collectives and copies are ordered on (null: the host's thread).
-  virtual float* params() = 0;
+  // The rank's whole flat parameters where the collectives take them (levels 1, 2; level 3:
+  // at construction), one a gradient buffer of the same layout and type, and the stream the
+  // collectives and copies are ordered on (null: the host's thread).
+  virtual std::vector<GradMemory> param_memory() = 0;
   virtual void* stream() = 0;
-  // `floats` of this memory for as long as the result is kept: level 3's pieces of the
+  // `bytes` of this memory for as long as the result is kept: level 3's pieces of the
   // parameters (`pieces`, zero), or a whole copy on its way out (any values).
-  virtual std::shared_ptr<float> allocate(size_t floats, bool pieces) = 0;
+  virtual std::shared_ptr<void> allocate(size_t bytes, bool pieces) = 0;
   // A copy within this memory, in stream order.
-  virtual void copy(float* dst, const float* src, size_t floats) = 0;
-  // Copies out to the host and in from it, done when they return.
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+  // Copies of float32 values out to the host and in from it, done when they return.
   virtual std::vector<float> to_host(const float* src, size_t floats) = 0;
   virtual void from_host(float* dst, const float* host, size_t floats) = 0;
-  // The whole parameters (levels 1, 2) out to the host and in from it, as a replica that keeps
-  // them whole does.
+  // The whole float32 parameters (levels 1, 2) out to the host and in from it, as a replica
+  // that keeps them whole does.
   virtual std::vector<float> whole_params() = 0;
   virtual void set_whole_params(const float* host) = 0;
   // Whatever still reads the parameters' pieces (level 3's layer gathers), finished and
@@ -54,36 +55,46 @@ class ShardHome {
 
 class ShardedState {
  public:
-  // `ddp`'s buckets cut into this rank's pieces at `level` (from now on, 2 and 3, the Ddp
-  // reduce-scatters through them) in `home`'s memory; level 3 takes this rank's pieces of the
-  // home's parameters (the home then frees its whole ones), its layer gathers on `gathers`
-  // (null: the Ddp's communicator).
-  ShardedState(Ddp& ddp, int level, ShardHome& home, Communicator* gathers);
+  // `ddp`'s buckets cut into this rank's pieces at `level` as `cut` says (from now on, 2 and
+  // 3, the Ddp reduce-scatters through them) in `home`'s memory; level 3 takes this rank's
+  // pieces of the home's parameters (the home then frees its whole ones), its layer gathers on
+  // `gathers` (null: the Ddp's communicator).
+  ShardedState(Ddp& ddp, int level, ShardHome& home, Communicator* gathers, ShardCut cut = {});
 
   int level() const { return shards_->level(); }
   const ShardPlan& plan() const { return shards_->plan(); }
   ShardedBuckets& buckets() { return *shards_; }
   const ShardedBuckets& buckets() const { return *shards_; }
-  // Level 3: this rank's pieces of the parameters (plan().shard_count, the padding zero); else
-  // null.
-  float* pieces() { return pieces_.get(); }
-  const float* pieces() const { return pieces_.get(); }
-  size_t piece_floats() const { return pieces_ ? plan().shard_count : 0; }
+  // Level 3: this rank's pieces of the parameters of one float32 buffer (ddptrain's;
+  // plan().shard_count, the padding zero); else null.
+  float* pieces() { return static_cast<float*>(piece_memory(0)); }
+  const float* pieces() const {
+    return static_cast<const float*>(pieces_.empty() ? nullptr : pieces_[0].get());
+  }
+  size_t piece_floats() const { return pieces_.empty() ? 0 : plan().shard_count; }
+  // Level 3: this rank's pieces of buffer b's parameters (plan().shard_counts[b] elements,
+  // the padding zero); else null.
+  void* piece_memory(size_t buffer) { return pieces_.empty() ? nullptr : pieces_.at(buffer).get(); }
 
-  // What the step's update updates, after Ddp::finish(): each of this rank's non-empty pieces,
-  // its parameters at `offset` (levels 1, 2: of the whole parameters; 3: of pieces()), its
-  // averaged gradients and its place in the optimizer's state (over the pieces).
+  // What the step's update updates, after Ddp::finish() (one float32 buffer, equal pieces):
+  // each of this rank's non-empty pieces, its parameters at `offset` (levels 1, 2: of the
+  // whole parameters; 3: of pieces()), its averaged gradients and its place in the optimizer's
+  // state (over the pieces).
   std::vector<OptimizerPiece> owned_pieces() const;
   // After the update: (1, 2) every rank's pieces gathered into the whole parameters.
   void updated();
+  // Level 3, collective: every rank's pieces gathered into `whole` (one a buffer, the home's
+  // memory), as the parameters are before a forward that uses them whole.
+  void gather_params(const std::vector<void*>& whole);
 
   // Collective over the group: the whole parameters (`count`, the rank's flat layout) on the
-  // host; and this rank's pieces set from a whole host copy (every rank gives the same).
+  // host; and this rank's pieces set from a whole host copy (every rank gives the same). One
+  // float32 buffer.
   std::vector<float> params(size_t count);
   void set_params(const float* host);
   // Collective: each of the optimizer's state `buffers` (this rank's pieces, in the home's
   // memory) gathered whole (`count` each) on the host; and a whole state cut into this rank's
-  // pieces, for the optimizer to take.
+  // pieces, for the optimizer to take. One float32 buffer.
   NamedState optimizer_state(size_t count,
                              const std::vector<std::pair<std::string, const float*>>& buffers);
   NamedState pieces_of(const NamedState& whole) const;
@@ -91,7 +102,7 @@ class ShardedState {
  private:
   ShardHome& home_;
   std::unique_ptr<ShardedBuckets> shards_;
-  std::shared_ptr<float> pieces_;  // level 3
+  std::vector<std::shared_ptr<void>> pieces_;  // level 3: each buffer's
 };
 
 }  // namespace ddp

@@ -1,4 +1,4 @@
-// plan_shards: equal padded pieces of every bucket.
+// plan_shards: equal padded pieces of every bucket; plan_owned_shards: whole layers to owners.
 #include "dist/zero.h"
 
 #include <algorithm>
@@ -6,6 +6,47 @@
 #include "runtime/error.h"
 
 namespace ddp {
+
+namespace {
+
+size_t round_up(size_t n, size_t align) {
+  return (n + align - 1) / align * align;
+}
+
+// Rank `rank`'s part of `p`, with p.runs and p.piece set, placed at the end of its buffer's
+// shard in `plan`.
+void add_part(ShardPlan& plan, ShardPart p) {
+  const std::vector<ShardRun>& mine = p.runs[static_cast<size_t>(plan.rank)];
+  p.offset = mine.empty() ? p.bucket_offset + p.bucket_count : mine.front().offset;
+  p.count = 0;
+  for (const ShardRun& run : mine)
+    p.count += run.count;
+  if (plan.shard_counts.size() <= p.buffer) plan.shard_counts.resize(p.buffer + 1, 0);
+  p.shard_at = plan.shard_counts[p.buffer];
+  plan.shard_counts[p.buffer] += p.piece;
+  plan.shard_count += p.piece;
+  plan.parts.push_back(std::move(p));
+}
+
+void check_ranks(int ranks, int rank, size_t align) {
+  DDP_CHECK(ranks >= 1 && rank >= 0 && rank < ranks && align >= 1, "shards: rank {} of {}", rank,
+            ranks);
+}
+
+}  // namespace
+
+bool ShardPart::strided() const {
+  for (size_t r = 0; r < runs.size(); ++r) {
+    const size_t expected = std::min(bucket_count, piece * r);
+    if (runs[r].size() > 1) return false;
+    if (runs[r].size() == 1 && runs[r][0].offset != bucket_offset + expected) return false;
+  }
+  return true;
+}
+
+bool ShardPart::in_place() const {
+  return piece * runs.size() == bucket_count && strided();
+}
 
 size_t ShardPlan::owned() const {
   size_t n = 0;
@@ -15,24 +56,82 @@ size_t ShardPlan::owned() const {
 }
 
 ShardPlan plan_shards(const std::vector<Bucket>& buckets, int ranks, int rank, size_t align) {
-  DDP_CHECK(ranks >= 1 && rank >= 0 && rank < ranks && align >= 1, "shards: rank {} of {}", rank,
-            ranks);
+  check_ranks(ranks, rank, align);
   ShardPlan plan;
   plan.ranks = ranks;
   plan.rank = rank;
   for (const Bucket& b : buckets) {
     ShardPart p;
+    p.buffer = b.buffer;
     p.bucket_offset = b.offset;
     p.bucket_count = b.count;
-    const size_t per_rank = (b.count + ranks - 1) / ranks;
-    p.piece = (per_rank + align - 1) / align * align;
-    const size_t begin = std::min(b.count, p.piece * rank);
-    const size_t end = std::min(b.count, p.piece * (rank + 1));
-    p.offset = b.offset + begin;
-    p.count = end - begin;
-    p.shard_at = plan.shard_count;
-    plan.shard_count += p.piece;
-    plan.parts.push_back(p);
+    p.piece = round_up((b.count + ranks - 1) / ranks, align);
+    p.runs.resize(static_cast<size_t>(ranks));
+    for (size_t r = 0; r < p.runs.size(); ++r) {
+      const size_t begin = std::min(b.count, p.piece * r);
+      const size_t end = std::min(b.count, p.piece * (r + 1));
+      if (end > begin) p.runs[r].push_back({b.offset + begin, end - begin, 0});
+    }
+    add_part(plan, std::move(p));
+  }
+  return plan;
+}
+
+std::vector<int> balanced_owners(const std::vector<Bucket>& buckets,
+                                 const std::vector<size_t>& counts, int ranks) {
+  DDP_CHECK(ranks >= 1, "owners over {} ranks", ranks);
+  std::vector<int> owners(counts.size(), 0);
+  for (const Bucket& b : buckets) {
+    size_t at = 0;
+    int last = 0;
+    for (int layer = b.first_layer; layer <= b.last_layer; ++layer) {
+      const size_t n = counts.at(static_cast<size_t>(layer));
+      const size_t middle = at + n / 2;
+      const int o = static_cast<int>(
+          std::min<size_t>(static_cast<size_t>(ranks - 1),
+                           middle * static_cast<size_t>(ranks) / std::max<size_t>(b.count, 1)));
+      last = std::max(last, o);
+      owners[static_cast<size_t>(layer)] = last;
+      at += n;
+    }
+  }
+  return owners;
+}
+
+ShardPlan plan_owned_shards(const std::vector<Bucket>& buckets, const std::vector<size_t>& counts,
+                            const std::vector<int>& owners, int ranks, int rank, size_t align) {
+  check_ranks(ranks, rank, align);
+  DDP_CHECK(owners.size() == counts.size(), "owned shards: {} owners for {} layers", owners.size(),
+            counts.size());
+  ShardPlan plan;
+  plan.ranks = ranks;
+  plan.rank = rank;
+  for (const Bucket& b : buckets) {
+    ShardPart p;
+    p.buffer = b.buffer;
+    p.bucket_offset = b.offset;
+    p.bucket_count = b.count;
+    p.runs.resize(static_cast<size_t>(ranks));
+    std::vector<size_t> share(static_cast<size_t>(ranks), 0);
+    size_t offset = b.offset;
+    for (int layer = b.first_layer; layer <= b.last_layer; ++layer) {
+      const auto j = static_cast<size_t>(layer);
+      const int o = owners.at(j);
+      DDP_CHECK(o >= 0 && o < ranks, "owned shards: layer {} owned by rank {} of {}", j, o, ranks);
+      std::vector<ShardRun>& runs = p.runs[static_cast<size_t>(o)];
+      const size_t at = share[static_cast<size_t>(o)];
+      if (!runs.empty() && runs.back().offset + runs.back().count == offset)
+        runs.back().count += counts[j];  // the rank's previous layer: one run
+      else
+        runs.push_back({offset, counts[j], at});
+      share[static_cast<size_t>(o)] += counts[j];
+      offset += counts[j];
+    }
+    DDP_CHECK(offset == b.offset + b.count,
+              "owned shards: bucket {}+{} holds {} elements of layers", b.offset, b.count,
+              offset - b.offset);
+    p.piece = round_up(std::max<size_t>(1, *std::max_element(share.begin(), share.end())), align);
+    add_part(plan, std::move(p));
   }
   return plan;
 }

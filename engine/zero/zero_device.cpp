@@ -29,15 +29,15 @@ DeviceZero::DeviceZero(Ddp& ddp, const RingLayout& layout, DeviceParameters& wei
   const int level = layout.zero;
   cudaStream_t s = stream;
   ShardMemory& memory = memory_;
-  memory.allocate = [this](size_t floats) {
-    buffers_.emplace_back(floats, MemoryCategory::kGradients);
+  memory.allocate = [this](size_t bytes) -> void* {
+    buffers_.emplace_back((bytes + sizeof(float) - 1) / sizeof(float), MemoryCategory::kGradients);
     return buffers_.back().data();
   };
-  memory.copy = [s](float* dst, const float* src, size_t floats) {
-    DDP_CUDA_CHECK(cudaMemcpyAsync(dst, src, floats * sizeof(float), cudaMemcpyDeviceToDevice, s));
+  memory.copy = [s](void* dst, const void* src, size_t bytes) {
+    DDP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s));
   };
-  memory.clear = [s](float* dst, size_t floats) {
-    DDP_CUDA_CHECK(cudaMemsetAsync(dst, 0, floats * sizeof(float), s));
+  memory.clear = [s](void* dst, size_t bytes) {
+    DDP_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, s));
   };
   const GradientRing& ring = weights.ring();
   if (weights.ringed()) {
@@ -210,15 +210,16 @@ void DeviceZero::set_optimizer_state(const NamedState& state) {
   weights_.set_optimizer_state(state_->pieces_of(state));
 }
 
-std::shared_ptr<float> DeviceZero::allocate(size_t floats, bool pieces) {
+std::shared_ptr<void> DeviceZero::allocate(size_t bytes, bool pieces) {
   const auto memory = std::make_shared<DeviceBuffer<float>>(
-      floats, pieces ? MemoryCategory::kParameters : MemoryCategory::kOther);
+      (bytes + sizeof(float) - 1) / sizeof(float),
+      pieces ? MemoryCategory::kParameters : MemoryCategory::kOther);
   if (pieces) DDP_CUDA_CHECK(cudaMemsetAsync(memory->data(), 0, memory->bytes(), stream_));
-  return std::shared_ptr<float>(memory, memory->data());
+  return std::shared_ptr<void>(memory, memory->data());
 }
 
-void DeviceZero::copy(float* dst, const float* src, size_t floats) {
-  memory_.copy(dst, src, floats);
+void DeviceZero::copy(void* dst, const void* src, size_t bytes) {
+  memory_.copy(dst, src, bytes);
 }
 
 std::vector<float> DeviceZero::to_host(const float* src, size_t floats) {

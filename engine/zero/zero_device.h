@@ -89,10 +89,12 @@ class DeviceZero final : public DeviceState, private ShardHome {
  private:
   // ShardHome: the rank's DeviceParameters and device memory on the stream.
   const ShardMemory* bucket_memory() const override { return &memory_; }
-  float* params() override { return weights_.params(); }
+  std::vector<GradMemory> param_memory() override {
+    return {{weights_.params(), DataType::kFloat32}};
+  }
   void* stream() override { return stream_; }
-  std::shared_ptr<float> allocate(size_t floats, bool pieces) override;
-  void copy(float* dst, const float* src, size_t floats) override;
+  std::shared_ptr<void> allocate(size_t bytes, bool pieces) override;
+  void copy(void* dst, const void* src, size_t bytes) override;
   std::vector<float> to_host(const float* src, size_t floats) override;
   void from_host(float* dst, const float* host, size_t floats) override;
   std::vector<float> whole_params() override;

@@ -2,6 +2,7 @@
 #include "engine/zero/zero_host.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include <spdlog/fmt/fmt.h>
 
@@ -76,14 +77,14 @@ HostZero::HostZero(Ddp& ddp, const RingLayout& layout, std::vector<float>& param
   if (slot > 0) {
     constexpr int kRing = kGradientRingSlots;
     ring_.assign(kRing, std::vector<float>(slot, 0.0f));
-    ring_memory_.allocate = [this](size_t floats) {
-      ring_pieces_.emplace_back(floats, 0.0f);
+    ring_memory_.allocate = [this](size_t bytes) -> void* {
+      ring_pieces_.emplace_back((bytes + sizeof(float) - 1) / sizeof(float), 0.0f);
       return ring_pieces_.back().data();
     };
-    ring_memory_.copy = [](float* dst, const float* src, size_t floats) {
-      std::copy_n(src, floats, dst);
+    ring_memory_.copy = [](void* dst, const void* src, size_t bytes) {
+      std::memcpy(dst, src, bytes);
     };
-    ring_memory_.clear = [](float* dst, size_t floats) { std::fill_n(dst, floats, 0.0f); };
+    ring_memory_.clear = [](void* dst, size_t bytes) { std::memset(dst, 0, bytes); };
     ring_memory_.ring_slots = kRing;
     ring_memory_.bucket_grads = [this](size_t bucket) { return ring_[bucket % kRing].data(); };
     ring_memory_.slot_floats = slot;
@@ -168,14 +169,15 @@ void HostZero::set_optimizer_state(const NamedState& state) {
       if (saved_name == name) *buffer = values;
 }
 
-std::shared_ptr<float> HostZero::allocate(size_t floats, bool pieces) {
+std::shared_ptr<void> HostZero::allocate(size_t bytes, bool pieces) {
   (void)pieces;  // zero either way
-  const auto memory = std::make_shared<std::vector<float>>(floats, 0.0f);
-  return std::shared_ptr<float>(memory, memory->data());
+  const auto memory =
+      std::make_shared<std::vector<float>>((bytes + sizeof(float) - 1) / sizeof(float), 0.0f);
+  return std::shared_ptr<void>(memory, memory->data());
 }
 
-void HostZero::copy(float* dst, const float* src, size_t floats) {
-  std::copy_n(src, floats, dst);
+void HostZero::copy(void* dst, const void* src, size_t bytes) {
+  std::memcpy(dst, src, bytes);
 }
 
 std::vector<float> HostZero::to_host(const float* src, size_t floats) {
@@ -213,7 +215,7 @@ std::string HostZero::memory_report(size_t count,
                                   "reduce-scatter)",
                                   size(ring_floats()), ring_.size()),
       size(state_floats), level(), plan().ranks, plan().owned(), count,
-      size(state_->buckets().scratch_floats()),
+      size(state_->buckets().scratch_bytes() / sizeof(float)),
       level() >= 2 ? ", the averaged gradients as this rank's pieces only" : "");
 }
 
@@ -222,7 +224,7 @@ size_t HostZero::param_floats() const {
 }
 
 size_t HostZero::grad_floats() const {
-  return ring_floats() + state_->buckets().scratch_floats();
+  return ring_floats() + state_->buckets().scratch_bytes() / sizeof(float);
 }
 
 }  // namespace ddp

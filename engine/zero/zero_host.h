@@ -75,10 +75,10 @@ class HostZero final : public HostState, private ShardHome {
  private:
   // ShardHome: the runner's buffers and host vectors.
   const ShardMemory* bucket_memory() const override { return ringed() ? &ring_memory_ : nullptr; }
-  float* params() override { return params_.data(); }
+  std::vector<GradMemory> param_memory() override { return {{params_.data(), DataType::kFloat32}}; }
   void* stream() override { return nullptr; }
-  std::shared_ptr<float> allocate(size_t floats, bool pieces) override;
-  void copy(float* dst, const float* src, size_t floats) override;
+  std::shared_ptr<void> allocate(size_t bytes, bool pieces) override;
+  void copy(void* dst, const void* src, size_t bytes) override;
   std::vector<float> to_host(const float* src, size_t floats) override;
   void from_host(float* dst, const float* host, size_t floats) override;
   std::vector<float> whole_params() override { return params_; }

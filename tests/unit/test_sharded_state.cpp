@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,17 +25,17 @@ class RecordingHome final : public ShardHome {
   explicit RecordingHome(std::vector<float> params) : params_(std::move(params)) {}
 
   const ShardMemory* bucket_memory() const override { return nullptr; }
-  float* params() override { return params_.data(); }
+  std::vector<GradMemory> param_memory() override { return {{params_.data(), DataType::kFloat32}}; }
   void* stream() override { return nullptr; }
-  std::shared_ptr<float> allocate(size_t floats, bool pieces) override {
-    calls.push_back(pieces ? "allocate pieces " + std::to_string(floats)
-                           : "allocate copy " + std::to_string(floats));
-    const auto memory = std::make_shared<std::vector<float>>(floats, pieces ? 0.0f : -1.0f);
-    return std::shared_ptr<float>(memory, memory->data());
+  std::shared_ptr<void> allocate(size_t bytes, bool pieces) override {
+    calls.push_back(pieces ? "allocate pieces " + std::to_string(bytes)
+                           : "allocate copy " + std::to_string(bytes));
+    const auto memory = std::make_shared<std::vector<float>>(bytes / 4, pieces ? 0.0f : -1.0f);
+    return std::shared_ptr<void>(memory, memory->data());
   }
-  void copy(float* dst, const float* src, size_t floats) override {
-    calls.push_back("copy " + std::to_string(floats));
-    std::copy_n(src, floats, dst);
+  void copy(void* dst, const void* src, size_t bytes) override {
+    calls.push_back("copy " + std::to_string(bytes));
+    std::memcpy(dst, src, bytes);
   }
   std::vector<float> to_host(const float* src, size_t floats) override {
     calls.push_back("to_host " + std::to_string(floats));
@@ -82,8 +83,8 @@ TEST(ShardedState, LevelThreeKeepsThePiecesInTheHomeAndSettlesItBeforeTheyAreRea
   Ddp ddp = two_buckets(*comm);
   RecordingHome home(counting(10, 1.0f));
   ShardedState state(ddp, 3, home, nullptr);
-  // The pieces, in the home's memory, copied bucket by bucket in the plan's order.
-  EXPECT_EQ(home.calls, (std::vector<std::string>{"allocate pieces 10", "copy 6", "copy 4"}));
+  // The pieces, in the home's memory, copied bucket by bucket in the plan's order (bytes).
+  EXPECT_EQ(home.calls, (std::vector<std::string>{"allocate pieces 40", "copy 24", "copy 16"}));
   ASSERT_EQ(state.piece_floats(), 10u);
   EXPECT_EQ(std::vector<float>(state.pieces(), state.pieces() + 10),
             (std::vector<float>{5, 6, 7, 8, 9, 10, 1, 2, 3, 4}));
@@ -104,7 +105,7 @@ TEST(ShardedState, LevelThreeKeepsThePiecesInTheHomeAndSettlesItBeforeTheyAreRea
   EXPECT_EQ(state.pieces()[0], 104.0f);
   home.calls.clear();
   EXPECT_EQ(state.params(10), loaded);
-  EXPECT_EQ(home.calls, (std::vector<std::string>{"settle", "allocate copy 10", "to_host 10"}));
+  EXPECT_EQ(home.calls, (std::vector<std::string>{"settle", "allocate copy 40", "to_host 10"}));
   EXPECT_EQ(home.params_, counting(10, 1.0f));  // the home's whole parameters untouched
 }
 
@@ -146,7 +147,7 @@ TEST(ShardedState, OptimizerStateGoesOutWholeAndComesBackAsThisRanksPieces) {
   ASSERT_EQ(whole.size(), 2u);
   EXPECT_EQ(whole[0].first, "m");
   EXPECT_EQ(whole[0].second, (std::vector<float>{16, 17, 18, 19, 10, 11, 12, 13, 14, 15}));
-  EXPECT_EQ(home.calls, (std::vector<std::string>{"allocate copy 10", "to_host 10", "to_host 10"}));
+  EXPECT_EQ(home.calls, (std::vector<std::string>{"allocate copy 40", "to_host 10", "to_host 10"}));
   const NamedState mine = state.pieces_of(whole);
   ASSERT_EQ(mine.size(), 2u);
   EXPECT_EQ(mine[1].first, "v");

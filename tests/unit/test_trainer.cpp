@@ -350,8 +350,9 @@ TEST(DdpBucketReduction, RunsInPlaceOfTheAllReduceForEachBucketInOrder) {
     std::vector<size_t> asked;
     bool keeps = false;
     Doubling(Communicator& c, const Ddp& d) : comm(c), ddp(d) {}
-    std::unique_ptr<Work> reduce(size_t bucket, float* grads) override {
+    std::unique_ptr<Work> reduce(size_t bucket, const GradMemory& memory) override {
       asked.push_back(bucket);
+      float* grads = static_cast<float*>(memory.data);
       const Bucket& b = ddp.buckets()[bucket];
       for (size_t i = 0; i < b.count; ++i)
         grads[b.offset + i] *= 2;
@@ -481,6 +482,61 @@ TEST(ShardPlan, PiecesTileEveryBucketAndOwnAboutAShare) {
   EXPECT_EQ(plan_shards(buckets, 4, 1, 1).parts[1].piece, 25u);   // 100 = 4 x 25: in place
   EXPECT_EQ(plan_shards(buckets, 3, 1, 1).parts[1].piece, 34u);   // 3 x 34 > 100: padded
   EXPECT_EQ(plan_shards(buckets, 4, 1, 16).parts[1].piece, 32u);  // aligned
+}
+
+// Whole layers to owners (LibTorch's partitioner: the user's optimizer steps whole tensors):
+// each bucket's layers split into runs of about equal elements; a rank's layers in a bucket
+// are its runs there, packed into its piece, which is the largest rank's share; every element
+// of a bucket is in exactly one rank's runs; equal shares that fall at piece x rank stay one
+// copy of the bucket (strided), as ddptrain's equal pieces are.
+TEST(ShardPlan, WholeLayersGoToOwnersAndEachRanksLayersArePackedIntoItsPiece) {
+  // Layers 0-4 of 10, 30, 20, 20, 20 elements; bucket 0 (reduced first) holds layers 3-4,
+  // bucket 1 layers 0-2, each from its offset in ascending layer order.
+  const std::vector<size_t> counts = {10, 30, 20, 20, 20};
+  const std::vector<Bucket> buckets = {{60, 40, 3, 4}, {0, 60, 0, 2}};
+  const std::vector<int> owners = balanced_owners(buckets, counts, 2);
+  EXPECT_EQ(owners, (std::vector<int>{0, 0, 1, 0, 1}));  // middles 5, 25, 50 of 60; 10, 30 of 40
+  const ShardPlan plan = plan_owned_shards(buckets, counts, owners, 2, 1);
+  ASSERT_EQ(plan.parts.size(), 2u);
+  const ShardPart& second = plan.parts[0];  // layers 3 (rank 0) and 4 (rank 1): 20 each
+  EXPECT_EQ(second.piece, 20u);
+  EXPECT_TRUE(second.strided());
+  EXPECT_TRUE(second.in_place());
+  EXPECT_EQ(second.offset, 80u);
+  EXPECT_EQ(second.count, 20u);
+  const ShardPart& first = plan.parts[1];  // layers 0-1 (rank 0: 40) and 2 (rank 1: 20)
+  EXPECT_EQ(first.piece, 40u);
+  EXPECT_FALSE(first.in_place());  // 2 x 40 > 60: a padded copy
+  ASSERT_EQ(first.runs[0].size(), 1u);
+  EXPECT_EQ(first.runs[0][0].offset, 0u);
+  EXPECT_EQ(first.runs[0][0].count, 40u);
+  ASSERT_EQ(first.runs[1].size(), 1u);
+  EXPECT_EQ(first.runs[1][0].offset, 40u);
+  EXPECT_EQ(first.runs[1][0].at, 0u);
+  EXPECT_EQ(first.count, 20u);
+  EXPECT_EQ(first.shard_at, 20u);
+  EXPECT_EQ(plan.shard_count, 60u);
+  EXPECT_EQ(plan.owned(), 40u);
+  // Owners that interleave in a bucket (a bucket rebuilt from the order gradients arrived in):
+  // a rank's layers there are several runs, packed one after the other.
+  const ShardPlan mixed = plan_owned_shards({{0, 60, 0, 2}}, {10, 30, 20}, {1, 0, 1}, 2, 1);
+  const ShardPart& p = mixed.parts[0];
+  EXPECT_EQ(p.piece, 30u);
+  EXPECT_FALSE(p.strided());
+  ASSERT_EQ(p.runs[1].size(), 2u);
+  EXPECT_EQ(p.runs[1][0].offset, 0u);
+  EXPECT_EQ(p.runs[1][0].at, 0u);
+  EXPECT_EQ(p.runs[1][1].offset, 40u);
+  EXPECT_EQ(p.runs[1][1].at, 10u);
+  EXPECT_EQ(p.count, 30u);
+  size_t covered = 0;
+  for (const auto& runs : p.runs)
+    for (const ShardRun& run : runs)
+      covered += run.count;
+  EXPECT_EQ(covered, 60u);
+  // Aligned pieces, and an owner out of range named.
+  EXPECT_EQ(plan_owned_shards(buckets, counts, owners, 2, 0, 64).parts[1].piece, 64u);
+  EXPECT_THROW(plan_owned_shards(buckets, counts, {0, 0, 2, 0, 1}, 2, 0), Error);
 }
 
 }  // namespace
