@@ -137,6 +137,20 @@ std::unique_ptr<Work> Communicator::reduce_scatter_bf16_async(const float* send,
   return std::make_unique<WidenedWork>(std::move(work), block->data(), recv, count, block);
 }
 
+uint64_t Communicator::bus_bytes() const {
+  const auto n = static_cast<uint64_t>(size());
+  uint64_t bytes = 0;
+  for (const auto& [op, total] : traffic()) {
+    if (op == "all_reduce")
+      bytes += total.bytes * 2 * (n - 1) / n;
+    else if (op == "all_gather" || op == "reduce_scatter")
+      bytes += total.bytes * (n - 1);
+    else if (op == "broadcast")
+      bytes += total.bytes;
+  }
+  return bytes;
+}
+
 void Communicator::require_bf16_reduction() const {
   DDP_USAGE_CHECK(reduces_bf16(),
                   "--grad-reduce bf16: the {} backend cannot reduce bfloat16 in device memory; "

@@ -249,6 +249,12 @@ class Communicator {
   // Its last collectives, oldest first (the flight recorder: flight_recorder.h); recorded by
   // Gloo, MPI and NCCL (an NCCL call ends when a wait or a poll sees it end).
   std::vector<FlightEntry> flight_record() const { return flight_->entries(); }
+  // Every collective since it was made, by kind (recorded as flight_record()'s).
+  std::map<std::string, OpTraffic> traffic() const { return flight_->totals(); }
+  // The bytes its collectives so far put on each rank's links, as nccl-tests counts a ring's
+  // (bus bytes): all_reduce 2(n-1)/n of the buffer, all_gather and reduce_scatter (n-1) pieces,
+  // broadcast the buffer.
+  uint64_t bus_bytes() const;
 
  protected:
   // A backend's group: this rank's index and the group's size.

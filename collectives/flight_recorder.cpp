@@ -15,6 +15,9 @@ void FlightRecorder::started(uint64_t sequence, const char* op, size_t count, Da
   entry.type = type;
   entry.started = std::chrono::steady_clock::now();
   const std::lock_guard<std::mutex> lock(mutex_);
+  OpTraffic& total = totals_[op];
+  ++total.calls;
+  total.bytes += count * dtype_bytes(type);
   ring_.push_back(std::move(entry));
   if (ring_.size() > kFlightEntries) ring_.pop_front();
 }
@@ -34,6 +37,11 @@ void FlightRecorder::ended(uint64_t sequence, bool ok) {
 std::vector<FlightEntry> FlightRecorder::entries() const {
   const std::lock_guard<std::mutex> lock(mutex_);
   return {ring_.begin(), ring_.end()};
+}
+
+std::map<std::string, OpTraffic> FlightRecorder::totals() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return totals_;
 }
 
 std::string FlightRecorder::recent_before(uint64_t sequence, size_t most) const {

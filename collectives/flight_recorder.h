@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -33,7 +34,15 @@ struct FlightEntry {
   bool failed = false;                            // it ended with an error
 };
 
-// A ring of the last kFlightEntries calls; every method may be called from any thread.
+// What the calls of one kind handed the backend since the communicator was made.
+struct OpTraffic {
+  uint64_t calls = 0;
+  uint64_t bytes = 0;  // each call's elements x their size (all_gather's and reduce_scatter's:
+                       // one rank's piece; all_reduce's and broadcast's: the buffer)
+};
+
+// A ring of the last kFlightEntries calls, and every call's totals by kind; every method may
+// be called from any thread.
 class FlightRecorder {
  public:
   // Call `sequence` was issued now.
@@ -42,6 +51,8 @@ class FlightRecorder {
   void ended(uint64_t sequence, bool ok);
   // The calls kept, oldest first.
   std::vector<FlightEntry> entries() const;
+  // Every call since the start, by kind ("all_reduce", ...).
+  std::map<std::string, OpTraffic> totals() const;
   // "broadcast #16 (4 x int32) done 0.2 s before it, all_reduce #15 (...) done 0.3 s before
   // it": up to `most` calls issued before `sequence`, newest first ("" where none).
   std::string recent_before(uint64_t sequence, size_t most = 3) const;
@@ -49,6 +60,7 @@ class FlightRecorder {
  private:
   mutable std::mutex mutex_;
   std::deque<FlightEntry> ring_;
+  std::map<std::string, OpTraffic> totals_;
 };
 
 }  // namespace ddp

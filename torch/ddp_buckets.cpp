@@ -89,7 +89,8 @@ std::vector<GradMemory> DistributedDataParallel::Impl::grad_memory() const {
 void DistributedDataParallel::Impl::plan_rebuild() {
   const bool first = !arrival_recorded;
   arrival_recorded = true;
-  if (!first || comm.size() == 1 || joining || arrival.size() != params.size()) return;
+  // ZeRO keeps the first buckets: its owners and pieces are cut from them.
+  if (!first || comm.size() == 1 || joining || shards || arrival.size() != params.size()) return;
   std::vector<int32_t> order(arrival.begin(), arrival.end());
   torch::Tensor rank0s = torch::tensor(order, torch::kInt32).to(device);
   broadcast({rank0s});

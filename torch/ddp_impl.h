@@ -15,7 +15,7 @@
 #include "dist/agreement.h"
 #include "runtime/error.h"
 #include "torch/distributed_data_parallel.h"
-#include "torch/param_shards.h"
+#include "torch/torch_params.h"
 
 namespace ddp {
 
@@ -171,7 +171,7 @@ struct DistributedDataParallel::Impl {
   bool static_recorded = false;     // static_graph: the first step is over
   std::vector<char> static_unused;  // and the parameters it left without gradient here
   std::unique_ptr<Ddp> reducer;
-  std::unique_ptr<ParamShards> shards;  // with ZeRO on more than one rank
+  std::unique_ptr<TorchParams> shards;  // with ZeRO on more than one rank
   torch::Tensor device_scratch;         // the layout check's messages over NCCL
   torch::nn::AnyModule forward;
   // What the parameters' own hooks (watch_for_replacement) call: watch_hit while this Impl

@@ -102,11 +102,23 @@ DistributedDataParallel::Impl::Impl(torch::nn::Module& module_, Communicator& co
   make_reducer();
   check_and_copy_rank0s_state(all, bufs);
   if (options.zero() > 0 && comm.size() > 1) {
+    // The parameters laid out as their gradients, sharded by dist/'s state over the reducer.
     std::vector<torch::Tensor> tensors;
-    for (const Param& p : params)
+    std::vector<TorchParams::Slot> slots;
+    for (const Param& p : params) {
       tensors.push_back(p.tensor);
-    shards = std::make_unique<ParamShards>(tensors, options.zero(), comm.rank(), comm.size(),
-                                           [this](size_t i) { moved(i); });
+      slots.push_back({p.buffer, p.offset, p.sizes});
+    }
+    std::vector<torch::ScalarType> dtypes;
+    std::vector<int64_t> counts;
+    for (const GradBuffer& buffer : grad_buffers) {
+      dtypes.push_back(buffer.dtype);
+      counts.push_back(buffer.count);
+    }
+    const ComputeStreamGuard on_stream(comm, stream());
+    shards = std::make_unique<TorchParams>(
+        tensors, slots, dtypes, counts, *reducer, param_of, options.zero(),
+        [this](size_t i) { moved(i); }, [this] { return stream(); });
   }
   point_grads_at_buckets();
   // batch statistics over every rank's slice
@@ -216,7 +228,7 @@ void DistributedDataParallel::Impl::gather_parameters() {
   reattach_replaced();
   if (!shards) return;
   const ComputeStreamGuard on_stream(comm, stream());
-  shards->gather(comm, stream());
+  shards->gather();
 }
 
 void DistributedDataParallel::Impl::sync_buffers() {
@@ -459,6 +471,8 @@ void DistributedDataParallel::Impl::keep_own_gradients() {
     torch::Tensor& grad = params[i].tensor.mutable_grad();
     if (!shards->owns(i))
       grad = torch::Tensor();
+    else if (shards->shards_gradients() && grad.defined())
+      grad = shards->own_gradient(i);  // its averaged piece (the buffer holds the sums' inputs)
     else if (options.zero() >= 2 && grad.defined())
       grad = grad.clone();
   }
@@ -530,6 +544,8 @@ void DistributedDataParallel::register_comm_hook(TorchCommHook hook) {
                   "register_comm_hook after the first synchronised backward: register it before "
                   "(the ranks compare their hooks there, as the first backward's buckets go out)");
   impl.hook = std::move(hook);
+  // ZeRO: the hook reduces each bucket whole (as plain DDP's), the owners take their share.
+  if (impl.shards) impl.shards->keep_all_reduce();
   impl.reducer->register_comm_hook(
       [&impl](Communicator&, const GradBucket& bucket) { return impl.run_user_hook(bucket); });
 }

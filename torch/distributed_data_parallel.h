@@ -23,16 +23,18 @@
 // only check that every parameter got its gradient, which stays where LibTorch wrote it.
 //
 // ZeRO (DistributedDataParallelOptions().zero(1), 2 or 3; PyTorch's ZeroRedundancyOptimizer and
-// FSDP's SHARD_GRAD_OP and FULL_SHARD in effect): each parameter is owned by one rank (whole
-// tensors, contiguous runs of the registration order balanced by size). After the reduction a
-// rank keeps the gradients of its own parameters only, so the user's unchanged LibTorch optimizer
-// steps those alone and keeps state for about 1/N of the model (LibTorch's optimizers skip a
-// parameter without a gradient); the owners' new values reach every rank by a broadcast from
-// each owner before the next forward (forward(), sync_buffers() or gather_parameters()).
-// ZeRO 2 also frees the full gradient buffer between steps (a rank's own gradients are kept);
-// ZeRO 3 also frees the parameters a rank does not own between steps (they are empty tensors
-// until the next gather). The gradients are averaged by the same all-reduce as plain data
-// parallelism, so every level trains bitwise as plain DistributedDataParallel on as many ranks.
+// FSDP's SHARD_GRAD_OP and FULL_SHARD in their memory of state, gradients and parameters between
+// steps) on dist/'s sharded state (torch/torch_params.h): each parameter is owned by one rank
+// (whole tensors; each bucket's split into runs of about equal size). After the reduction a rank
+// keeps the averaged gradients of its own parameters only, so the user's unchanged LibTorch
+// optimizer steps those alone and keeps state for about 1/N of the model (LibTorch's optimizers
+// skip a parameter without a gradient); the owners' new values reach every rank by one all-gather
+// a bucket before the next forward (forward(), sync_buffers() or gather_parameters()). ZeRO 1
+// averages each bucket by the all-reduce; ZeRO 2 and 3 reduce-scatter it (a communication hook
+// keeps the all-reduce) and free the full gradient buffer between steps; ZeRO 3 also keeps only
+// this rank's pieces of the parameters between steps (the others are empty tensors until the
+// next gather). Every element is summed in the same order as by plain data parallelism, so every
+// level trains bitwise as plain DistributedDataParallel on as many ranks.
 #pragma once
 
 #include <torch/arg.h>

@@ -8,35 +8,70 @@
 #include <memory>
 #include <vector>
 
+#include "dist/buckets.h"
+#include "dist/ddp.h"
 #include "tests/support/mirror_communicator.h"
 #include "torch/comm_hooks.h"
-#include "torch/param_shards.h"
 #include "torch/sync_batch_norm.h"
+#include "torch/torch_params.h"
 
 namespace ddp {
 namespace {
 
-// Parameters of three dtypes, one owner (a job of one rank): a bfloat16 tensor of an odd count
-// before a float32 and a float64 one. Each must start at a multiple of its element size in the
-// flat bytes, or the float32 tensor's first element overlaps the bfloat16 one's last and
-// copying either into place corrupts the other.
-TEST(TorchParamShards, MixedDtypesGetSlotsAlignedToTheirElementsAndKeepTheirValues) {
+// ZeRO's parameter store for LibTorch modules: parameters of several dtypes (a bfloat16 one
+// before float32, float64 and float16 ones) become views into their dtype's flat buffer, each
+// at its gradient's slot (the reducer's layout), keeping their values; under level 3 a rank's
+// own parameters view its pieces between steps and come back into the flat buffers at gather.
+TEST(TorchParams, MixedDtypesBecomeViewsOfTheirDtypesBufferAtTheirGradientsSlots) {
   torch::manual_seed(3);
-  std::vector<torch::Tensor> params = {torch::randn({3}).to(torch::kBFloat16), torch::randn({5}),
-                                       torch::randn({2}).to(torch::kDouble),
-                                       torch::randn({1}).to(torch::kHalf), torch::randn({3})};
-  std::vector<torch::Tensor> before;
-  for (const torch::Tensor& p : params)
-    before.push_back(p.clone());
-  ParamShards shards(params, /*level=*/1, /*rank=*/0, /*ranks=*/1, [](size_t) {});
-  const auto* base = static_cast<const char*>(params[0].data_ptr());
-  int64_t end = 0;  // where the last tensor's bytes ended
-  for (size_t i = 0; i < params.size(); ++i) {
-    const int64_t at = static_cast<const char*>(params[i].data_ptr()) - base;
-    EXPECT_EQ(at % static_cast<int64_t>(params[i].element_size()), 0) << "tensor " << i;
-    EXPECT_GE(at, end) << "tensor " << i << " overlaps the one before";
-    end = at + params[i].numel() * static_cast<int64_t>(params[i].element_size());
-    EXPECT_TRUE(torch::equal(params[i], before[i])) << "tensor " << i;
+  for (const int level : {1, 3}) {
+    std::vector<torch::Tensor> params = {torch::randn({3}).to(torch::kBFloat16), torch::randn({5}),
+                                         torch::randn({2}).to(torch::kDouble),
+                                         torch::randn({1}).to(torch::kHalf), torch::randn({3})};
+    std::vector<torch::Tensor> before;
+    std::vector<size_t> counts, element_bytes;
+    std::vector<int> kinds;
+    for (const torch::Tensor& p : params) {
+      before.push_back(p.clone());
+      counts.push_back(static_cast<size_t>(p.numel()));
+      kinds.push_back(static_cast<int>(p.scalar_type()));
+      element_bytes.push_back(p.element_size());
+    }
+    const GroupedBuckets plan = plan_grouped_buckets(counts, kinds, element_bytes, 1 << 20, 8);
+    std::vector<TorchParams::Slot> slots(params.size());
+    for (const Bucket& b : plan.buckets) {
+      int64_t offset = static_cast<int64_t>(b.offset);
+      for (int layer = b.first_layer; layer <= b.last_layer; ++layer) {
+        const size_t i = plan.order[static_cast<size_t>(layer)];
+        slots[i] = {b.buffer, offset, params[i].sizes().vec()};
+        offset += params[i].numel();
+      }
+    }
+    std::vector<torch::ScalarType> dtypes;
+    std::vector<int64_t> sizes;
+    for (size_t k = 0; k < plan.buffer_kinds.size(); ++k) {
+      dtypes.push_back(static_cast<torch::ScalarType>(plan.buffer_kinds[k]));
+      sizes.push_back(static_cast<int64_t>(plan.buffer_sizes[k]));
+    }
+    MirrorCommunicator comm(1);
+    Ddp ddp(comm, plan.buckets, static_cast<int>(params.size()), true);
+    int moves = 0;
+    TorchParams store(
+        params, slots, dtypes, sizes, ddp, plan.order, level, [&moves](size_t) { ++moves; },
+        [] { return nullptr; });
+    EXPECT_TRUE(store.current());  // one rank: every parameter is its own
+    store.stale();
+    store.gather();
+    for (size_t i = 0; i < params.size(); ++i) {
+      EXPECT_TRUE(store.owns(i));
+      EXPECT_TRUE(torch::equal(params[i], before[i])) << "level " << level << " tensor " << i;
+      // The same storage as every other parameter of its dtype, at its gradient's slot.
+      for (size_t j = 0; j < params.size(); ++j)
+        if (slots[j].buffer == slots[i].buffer)
+          EXPECT_TRUE(params[i].storage().is_alias_of(params[j].storage())) << i << " " << j;
+      EXPECT_EQ(params[i].storage_offset(), slots[i].offset) << "tensor " << i;
+    }
+    EXPECT_GE(moves, static_cast<int>(params.size()));
   }
 }
 

@@ -554,6 +554,9 @@ int main(int argc, char** argv) {
     std::printf("rank %d memory optimizer %zu parameters %zu gradients %zu owned %zu\n", rank,
                 ddp::optimizer_state_bytes(*optimizer), held.parameter_bytes, held.gradient_bytes,
                 model->owned_parameter_names().size());
+    // What this rank's collectives put on its links (bus bytes, nccl-tests' count).
+    std::printf("rank %d traffic %llu\n", rank,
+                static_cast<unsigned long long>(world->comm().bus_bytes()));
   }
   if (model) model->gather_parameters();  // ZeRO: the owners' last updates on every rank
   if (!args.save_full.empty() && rank == 0) torch::save(net, args.save_full);

@@ -1,0 +1,245 @@
+// TorchParams: the parameters as views into flat buffers, dist/'s sharded state over them.
+#include "torch/torch_params.h"
+
+#include <torch/torch.h>
+
+#include "dist/zero.h"
+#include "runtime/error.h"
+#include "torch/comm_hooks.h"
+
+namespace ddp {
+
+namespace {
+
+// The strides of a contiguous tensor of `sizes`.
+std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& sizes) {
+  std::vector<int64_t> strides(sizes.size(), 1);
+  for (size_t i = sizes.size(); i-- > 1;)
+    strides[i - 1] = strides[i] * std::max<int64_t>(sizes[i], 1);
+  return strides;
+}
+
+int64_t elements(const std::vector<int64_t>& sizes) {
+  int64_t n = 1;
+  for (const int64_t size : sizes)
+    n *= size;
+  return n;
+}
+
+}  // namespace
+
+TorchParams::TorchParams(std::vector<torch::Tensor> params, std::vector<Slot> slots,
+                         std::vector<torch::ScalarType> buffer_dtypes,
+                         std::vector<int64_t> buffer_counts, Ddp& ddp,
+                         const std::vector<size_t>& param_of, int level,
+                         std::function<void(size_t)> moved, std::function<void*()> stream)
+    : params_(std::move(params)),
+      slots_(std::move(slots)),
+      dtypes_(std::move(buffer_dtypes)),
+      counts_(std::move(buffer_counts)),
+      options_(params_.at(0).options().dtype(torch::kUInt8)),
+      owner_(params_.size(), 0),
+      bucket_of_(params_.size(), 0),
+      piece_at_(params_.size(), -1),
+      ddp_(ddp),
+      level_(level),
+      rank_(ddp.comm().rank()),
+      moved_(std::move(moved)),
+      stream_(std::move(stream)) {
+  DDP_CHECK(level >= 1 && level <= 3, "ZeRO level {} (expected 1, 2 or 3)", level);
+  DDP_CHECK(param_of.size() == params_.size() && slots_.size() == params_.size(),
+            "TorchParams: {} parameters, {} slots, {} layers", params_.size(), slots_.size(),
+            param_of.size());
+  // Owners: each bucket's layers (the reducer's order) split into runs of about equal elements.
+  std::vector<size_t> layer_counts;
+  for (const size_t i : param_of)
+    layer_counts.push_back(static_cast<size_t>(elements(slots_[i].sizes)));
+  const std::vector<Bucket>& buckets = ddp.buckets();
+  const std::vector<int> layer_owner = balanced_owners(buckets, layer_counts, ddp.comm().size());
+  for (size_t j = 0; j < param_of.size(); ++j)
+    owner_[param_of[j]] = layer_owner[j];
+  for (size_t b = 0; b < buckets.size(); ++b)
+    for (int layer = buckets[b].first_layer; layer <= buckets[b].last_layer; ++layer)
+      bucket_of_[param_of[static_cast<size_t>(layer)]] = b;
+  // The buckets' memory: LibTorch tensors on the parameters' device, copies in stream order.
+  memory_.allocate = [this](size_t bytes) -> void* {
+    kept_.push_back(torch::empty({static_cast<int64_t>(bytes)}, options_));
+    return kept_.back().data_ptr();
+  };
+  memory_.copy = [this](void* dst, const void* src, size_t bytes) { copy(dst, src, bytes); };
+  memory_.clear = [this](void* dst, size_t bytes) {
+    if (bytes > 0) bytes_at(dst, bytes).zero_();
+  };
+  memory_.align = options_.device().is_cuda() ? kDeviceShardAlign : 1;
+  torch::NoGradGuard no_grad;
+  make_flats();
+  for (size_t i = 0; i < params_.size(); ++i)
+    view(i, flats_[slots_[i].buffer], slots_[i].offset).copy_(params_[i]);
+  view_flats();
+  ShardCut cut;
+  for (const torch::ScalarType dtype : dtypes_)
+    cut.types.push_back(collective_type(dtype));
+  cut.counts = layer_counts;
+  cut.owners = layer_owner;
+  ShardHome& home = *this;  // private: the state is the only one that reaches it
+  state_ = std::make_unique<ShardedState>(ddp, level, home, nullptr, std::move(cut));
+  shards_gradients_ = level >= 2;
+  // Each owned parameter's place in its buffer's pieces: in its run, packed after the ones
+  // before it.
+  const ShardPlan& plan = state_->plan();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!owns(i)) continue;
+    const ShardPart& part = plan.parts[bucket_of_[i]];
+    const auto offset = static_cast<size_t>(slots_[i].offset);
+    for (const ShardRun& run : part.runs[static_cast<size_t>(rank_)])
+      if (offset >= run.offset && offset < run.offset + run.count)
+        piece_at_[i] = static_cast<int64_t>(part.shard_at + run.at + (offset - run.offset));
+    DDP_CHECK(piece_at_[i] >= 0 || elements(slots_[i].sizes) == 0,
+              "TorchParams: parameter {} is in none of its owner's runs", i);
+    piece_at_[i] = std::max<int64_t>(piece_at_[i], 0);
+  }
+  if (level == 3) {
+    release();
+    current_ = ddp.comm().size() == 1;  // the others' parameters come at gather
+  }
+}
+
+TorchParams::~TorchParams() = default;
+
+void TorchParams::keep_all_reduce() {
+  ddp_.set_reduction(nullptr);
+  shards_gradients_ = false;
+}
+
+torch::Tensor TorchParams::own_gradient(size_t i) const {
+  DDP_CHECK(shards_gradients_ && owns(i), "own_gradient({}): not this rank's averaged piece", i);
+  const size_t b = bucket_of_[i];
+  const ShardPart& part = state_->plan().parts[b];
+  const int64_t at = piece_at_[i] - static_cast<int64_t>(part.shard_at);
+  const torch::ScalarType dtype = dtypes_[slots_[i].buffer];
+  auto* piece = static_cast<char*>(const_cast<void*>(state_->buckets().reduced_piece(b)));
+  return torch::from_blob(piece + at * static_cast<int64_t>(c10::elementSize(dtype)),
+                          slots_[i].sizes, options_.dtype(dtype))
+      .clone();
+}
+
+void TorchParams::stale() {
+  current_ = false;
+  if (level_ < 3) return;
+  torch::NoGradGuard no_grad;
+  release();
+}
+
+void TorchParams::gather() {
+  if (current_) return;
+  torch::NoGradGuard no_grad;
+  if (level_ < 3) {
+    state_->updated();  // every rank's pieces, in place in the flat buffers
+  } else {
+    make_flats();
+    std::vector<void*> whole;
+    for (const torch::Tensor& flat : flats_)
+      whole.push_back(flat.data_ptr());
+    state_->gather_params(whole);
+    view_flats();
+  }
+  current_ = true;
+}
+
+void TorchParams::take_back(size_t i) {
+  torch::NoGradGuard no_grad;
+  const torch::Tensor loaded = params_[i].detach();
+  const Slot& slot = slots_[i];
+  torch::Tensor into;
+  if (level_ == 3 && owns(i)) {  // its piece, kept over the step
+    torch::Tensor piece = view(i, pieces_[slot.buffer], piece_at_[i]);
+    piece.copy_(loaded);
+    into = piece;
+  }
+  if (!flats_.empty() && flats_[slot.buffer].defined()) {
+    torch::Tensor whole = view(i, flats_[slot.buffer], slot.offset);
+    whole.copy_(loaded);
+    into = whole;
+  }
+  point(i, into.defined() ? into : torch::empty({0}, params_[i].options()));
+  current_ = false;  // the owner's loaded values reach everyone at the next gather
+}
+
+std::vector<GradMemory> TorchParams::param_memory() {
+  std::vector<GradMemory> memory;
+  for (size_t k = 0; k < dtypes_.size(); ++k)
+    memory.push_back(
+        {flats_.at(k).defined() ? flats_[k].data_ptr() : nullptr, collective_type(dtypes_[k])});
+  return memory;
+}
+
+std::shared_ptr<void> TorchParams::allocate(size_t bytes, bool pieces) {
+  const auto size = static_cast<int64_t>(bytes);
+  const auto held = std::make_shared<torch::Tensor>(pieces ? torch::zeros({size}, options_)
+                                                           : torch::empty({size}, options_));
+  if (pieces) pieces_.push_back(*held);
+  return std::shared_ptr<void>(held, held->data_ptr());
+}
+
+torch::Tensor TorchParams::bytes_at(void* data, size_t bytes) const {
+  return torch::from_blob(data, {static_cast<int64_t>(bytes)}, options_);
+}
+
+void TorchParams::copy(void* dst, const void* src, size_t bytes) {
+  if (bytes > 0) bytes_at(dst, bytes).copy_(bytes_at(const_cast<void*>(src), bytes));
+}
+
+std::vector<float> TorchParams::to_host(const float* src, size_t floats) {
+  const torch::Tensor host =
+      torch::from_blob(const_cast<float*>(src), {static_cast<int64_t>(floats)},
+                       options_.dtype(torch::kFloat32))
+          .cpu();
+  return std::vector<float>(host.data_ptr<float>(), host.data_ptr<float>() + floats);
+}
+
+void TorchParams::from_host(float* dst, const float* host, size_t floats) {
+  torch::from_blob(dst, {static_cast<int64_t>(floats)}, options_.dtype(torch::kFloat32))
+      .copy_(torch::from_blob(const_cast<float*>(host), {static_cast<int64_t>(floats)}));
+}
+
+std::vector<float> TorchParams::whole_params() {
+  DDP_CHECK(dtypes_.size() == 1 && dtypes_[0] == torch::kFloat32 && flats_.at(0).defined(),
+            "TorchParams: whole parameters out as float32 need one float32 buffer");
+  return to_host(flats_[0].data_ptr<float>(), static_cast<size_t>(counts_[0]));
+}
+
+void TorchParams::set_whole_params(const float* host) {
+  DDP_CHECK(dtypes_.size() == 1 && dtypes_[0] == torch::kFloat32 && flats_.at(0).defined(),
+            "TorchParams: whole parameters in as float32 need one float32 buffer");
+  from_host(flats_[0].data_ptr<float>(), host, static_cast<size_t>(counts_[0]));
+}
+
+torch::Tensor TorchParams::view(size_t i, const torch::Tensor& storage, int64_t offset) const {
+  return torch::empty({0}, params_[i].options())
+      .set_(storage.storage(), offset, slots_[i].sizes, contiguous_strides(slots_[i].sizes));
+}
+
+void TorchParams::make_flats() {
+  flats_.clear();
+  for (size_t k = 0; k < dtypes_.size(); ++k)
+    flats_.push_back(torch::empty({counts_[k]}, options_.dtype(dtypes_[k])));
+}
+
+void TorchParams::view_flats() {
+  for (size_t i = 0; i < params_.size(); ++i)
+    point(i, view(i, flats_[slots_[i].buffer], slots_[i].offset));
+}
+
+void TorchParams::release() {
+  for (size_t i = 0; i < params_.size(); ++i)
+    point(i, owns(i) ? view(i, pieces_[slots_[i].buffer], piece_at_[i])
+                     : torch::empty({0}, params_[i].options()));
+  flats_.clear();
+}
+
+void TorchParams::point(size_t i, const torch::Tensor& to) {
+  params_[i].set_(to);
+  moved_(i);
+}
+
+}  // namespace ddp
