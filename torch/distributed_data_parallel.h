@@ -33,8 +33,9 @@
 // averages each bucket by the all-reduce; ZeRO 2 and 3 reduce-scatter it (a communication hook
 // keeps the all-reduce) and free the full gradient buffer between steps; ZeRO 3 also keeps only
 // this rank's pieces of the parameters between steps (the others are empty tensors until the
-// next gather). Every element is summed in the same order as by plain data parallelism, so every
-// level trains bitwise as plain DistributedDataParallel on as many ranks.
+// next gather). Every level trains bitwise as plain DistributedDataParallel on as many ranks over
+// the host backends (each element summed in rank order) and over NCCL with two ranks; with more,
+// NCCL's reduce-scatter sums in another order than its all-reduce.
 #pragma once
 
 #include <torch/arg.h>

@@ -264,7 +264,7 @@ TEST(TorchDdpCuda, TheWorldCommunicatorKeepsTheProgramsStream) {
   EXPECT_EQ(max_relative_difference(fixed, found), 0.0);
 }
 
-TEST(TorchDdpCuda, ZeroEveryLevelTrainsBitwiseAsPlainDdp) {
+TEST(TorchDdpCuda, ZeroEveryLevelTrainsAsPlainDdp) {
   REQUIRE_GPU();
   TempDir dir;
   for (const int ranks : {2, 3}) {
@@ -277,7 +277,15 @@ TEST(TorchDdpCuda, ZeroEveryLevelTrainsBitwiseAsPlainDdp) {
       const std::string out = dir.file("zero.safetensors");
       const RunResult r = run_command(common + out + " --zero " + std::to_string(level));
       ASSERT_EQ(r.exit_code, 0) << r.output;
-      EXPECT_EQ(max_relative_difference(out, plain), 0.0) << ranks << " ranks, zero " << level;
+      // Bitwise where each element is summed in the all-reduce's order: two ranks (a + b either
+      // way), and zero(1), which keeps the all-reduce. zero(2) and zero(3) reduce-scatter: over
+      // NCCL with three ranks an element's three terms meet in another order than in NCCL's
+      // all-reduce (5.3e-8 on an H100, 2026-12-06), within the margin of another order.
+      const double difference = max_relative_difference(out, plain);
+      if (ranks == 2 || level == 1)
+        EXPECT_EQ(difference, 0.0) << ranks << " ranks, zero " << level;
+      else
+        EXPECT_LT(difference, kAcrossRanksMargin) << ranks << " ranks, zero " << level;
       EXPECT_NE(r.output.find("owned"), std::string::npos) << r.output;
     }
   }
