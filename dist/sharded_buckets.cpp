@@ -8,7 +8,8 @@
 
 namespace ddp {
 
-ShardedBuckets::ShardedBuckets(Ddp& ddp, int level, const ShardMemory* memory, ShardCut cut)
+ShardedBuckets::ShardedBuckets(Ddp& ddp, int level, const MemoryPort* memory, ShardCut cut,
+                               const RingSlots* ring)
     : ddp_(ddp),
       comm_(ddp.comm()),
       level_(level),
@@ -23,16 +24,12 @@ ShardedBuckets::ShardedBuckets(Ddp& ddp, int level, const ShardMemory* memory, S
               b.buffer, types_.size());
   // Host collectives take any piece size: a bucket that divides evenly is sharded in place,
   // only the others go through a padded copy. NCCL's pieces are kept 256-byte aligned.
-  const size_t align = memory == nullptr   ? 1
-                       : memory->align > 0 ? memory->align
-                                           : kDeviceShardAlign;
+  const size_t align = cut.align > 0 ? cut.align : comm_.device_buffers() ? kDeviceShardAlign : 1;
   plan_ = cut.owners.empty() ? plan_shards(buckets, comm_.size(), comm_.rank(), align)
                              : plan_owned_shards(buckets, cut.counts, cut.owners, comm_.size(),
                                                  comm_.rank(), align);
-  if (memory != nullptr) {
-    memory_ = *memory;
-    given_memory_ = true;
-  }
+  memory_ = memory != nullptr ? *memory : host_memory_port();
+  if (ring != nullptr) ring_ = *ring;
   if (bf16_scratch_ != nullptr) {
     // A float32 bucket's bf16 copy spans its padded pieces (from its offset): where the last
     // one would overrun the gradients' scratch, a larger one.
@@ -53,12 +50,12 @@ ShardedBuckets::ShardedBuckets(Ddp& ddp, int level, const ShardMemory* memory, S
               "a gradient ring takes one float32 buffer");
     for (size_t b = 0; b < buckets.size(); ++b) {
       DDP_CHECK(
-          plan_.parts[b].piece * comm_.size() <= memory_.slot_floats && plan_.parts[b].strided(),
+          plan_.parts[b].piece * comm_.size() <= ring_.slot_floats && plan_.parts[b].strided(),
           "gradient ring: bucket {}'s pieces ({} x {}) overrun its slot of {}", b,
-          plan_.parts[b].piece, comm_.size(), memory_.slot_floats);
-      bucket_scratch_[b] = reinterpret_cast<char*>(memory_.bucket_grads(b));  // also the copy
+          plan_.parts[b].piece, comm_.size(), ring_.slot_floats);
+      bucket_scratch_[b] = reinterpret_cast<char*>(ring_.bucket_grads(b));  // also the copy
     }
-    reduced_[0] = static_cast<char*>(memory_.allocate(plan_.shard_count * sizeof(float)));
+    reduced_[0] = static_cast<char*>(allocate(plan_.shard_count * sizeof(float)));
     scratch_bytes_ = plan_.shard_count * sizeof(float);  // the slots are the gradients' own
     return;
   }
@@ -79,9 +76,8 @@ ShardedBuckets::ShardedBuckets(Ddp& ddp, int level, const ShardMemory* memory, S
 }
 
 void* ShardedBuckets::allocate(size_t bytes) {
-  if (given_memory_) return memory_.allocate(bytes);
-  host_.emplace_back(bytes, 0);
-  return host_.back().data();
+  held_.push_back(memory_.allocate(bytes));
+  return held_.back().get();
 }
 
 const void* ShardedBuckets::reduced_piece(size_t bucket) const {
@@ -92,10 +88,22 @@ const void* ShardedBuckets::reduced_piece(size_t bucket) const {
   const char* own = p.buffer < buffers.size() && buffers[p.buffer].data != nullptr
                         ? static_cast<const char*>(buffers[p.buffer].data) + p.offset * size
                         : nullptr;
-  if (level_ == 1) return own;
+  if (level_ == 1 || p.whole) return own;
   if (reduced_[p.buffer] != nullptr) return reduced_[p.buffer] + p.shard_at * size;
   // In place: the piece's own place in the bucket, or in its padded copy.
   return padded(bucket) ? bucket_scratch_[bucket] + p.piece * plan_.rank * size : own;
+}
+
+const void* ShardedBuckets::averaged_at(size_t bucket, size_t offset) const {
+  const ShardPart& p = plan_.parts.at(bucket);
+  const size_t size = element_bytes(p.buffer);
+  const auto* piece = static_cast<const char*>(reduced_piece(bucket));
+  if (level_ == 1 || p.whole) return piece + (offset - p.offset) * size;
+  for (const ShardRun& run : p.runs[static_cast<size_t>(plan_.rank)])
+    if (offset >= run.offset && offset < run.offset + run.count)
+      return piece + (run.at + offset - run.offset) * size;
+  DDP_CHECK(false, "ZeRO: element {} of bucket {} is not this rank's", offset, bucket);
+  return nullptr;
 }
 
 const float* ShardedBuckets::reduced_pieces() const {
@@ -110,17 +118,11 @@ void ShardedBuckets::take_shard(const float* full, float* shard) const {
 }
 
 void ShardedBuckets::copy(void* dst, const void* src, size_t bytes) {
-  if (comm_.device_buffers())
-    memory_.copy(dst, src, bytes);
-  else
-    std::memcpy(dst, src, bytes);
+  memory_.copy(dst, src, bytes);
 }
 
 void ShardedBuckets::clear(void* dst, size_t bytes) {
-  if (comm_.device_buffers())
-    memory_.clear(dst, bytes);
-  else
-    std::memset(dst, 0, bytes);
+  memory_.clear(dst, bytes);
 }
 
 void ShardedBuckets::lay_out(size_t b, const void* full, void* pieces, int rank) {
@@ -155,10 +157,10 @@ std::unique_ptr<Work> ShardedBuckets::reduce(size_t bucket, const GradMemory& gr
   if (ringed()) {
     // From its slot, the tail past the bucket zeroed, into the averaged pieces; the bucket
     // ring_slots later waits for it before backward writes the slot again.
-    float* slot = memory_.bucket_grads(bucket);
+    float* slot = ring_.bucket_grads(bucket);
     memory_.clear(slot + b.count, (p.piece * comm_.size() - b.count) * sizeof(float));
     std::unique_ptr<Work> work = reduce_scatter(slot, reduced_[0] + p.shard_at * size, bucket);
-    const size_t next = bucket + 1, slots = static_cast<size_t>(memory_.ring_slots);
+    const size_t next = bucket + 1, slots = static_cast<size_t>(ring_.slots);
     if (next < ddp_.buckets().size() && next >= slots) {
       Work& before = next - slots == bucket ? *work : ddp_.pending(next - slots);
       if (comm_.device_buffers())
@@ -171,6 +173,12 @@ std::unique_ptr<Work> ShardedBuckets::reduce(size_t bucket, const GradMemory& gr
   DDP_CHECK(grads.data != nullptr && grads.type == types_[b.buffer],
             "ZeRO: bucket {}'s gradients are not in a buffer of its type", bucket);
   char* send = static_cast<char*>(grads.data) + b.offset * size;
+  if (p.whole) {  // the all-reduce, as plain data parallelism's
+    if (bf16_scratch_ != nullptr && grads.type == DataType::kFloat32)
+      return comm_.all_reduce_bf16_async(reinterpret_cast<float*>(send), bf16_scratch_ + b.offset,
+                                         b.count, ReduceOp::kAverage);
+    return comm_.all_reduce_async(send, b.count, grads.type, ReduceOp::kAverage);
+  }
   if (padded(bucket)) {
     lay_out(bucket, grads.data, bucket_scratch_[bucket]);
     send = bucket_scratch_[bucket];
@@ -196,6 +204,14 @@ void ShardedBuckets::gather_shards(const std::vector<const void*>& shards,
   for (size_t b = 0; b < plan_.parts.size(); ++b) {
     const ShardPart& p = plan_.parts[b];
     const size_t size = element_bytes(p.buffer);
+    if (p.whole) {  // this rank's runs into place, then each owner's sent from there
+      char* whole = static_cast<char*>(full.at(p.buffer));
+      const char* mine = static_cast<const char*>(shards.at(p.buffer)) + p.shard_at * size;
+      for (const ShardRun& run : p.runs[static_cast<size_t>(plan_.rank)])
+        copy(whole + run.offset * size, mine + run.at * size, run.count * size);
+      broadcast_runs(b, whole, gathers);
+      continue;
+    }
     void* into = padded(b) ? bucket_scratch_[b]
                            : static_cast<char*>(full.at(p.buffer)) + p.bucket_offset * size;
     gathers.push_back(
@@ -219,6 +235,10 @@ void ShardedBuckets::gather_in_place(const std::vector<void*>& full, void* strea
     const ShardPart& p = plan_.parts[b];
     const size_t size = element_bytes(p.buffer);
     char* whole = static_cast<char*>(full.at(p.buffer));
+    if (p.whole) {
+      broadcast_runs(b, whole, gathers);
+      continue;
+    }
     char* into = padded(b) ? bucket_scratch_[b] : whole + p.bucket_offset * size;
     const char* send = into + p.piece * plan_.rank * size;
     if (host) {
@@ -242,8 +262,19 @@ void ShardedBuckets::gather_bucket(size_t b, const void* shard, void* into) {
   gather_bucket_async(b, shard, into)->wait(gather_comm().timeout());
 }
 
+void ShardedBuckets::broadcast_runs(size_t b, void* full,
+                                    std::vector<std::unique_ptr<Work>>& works) {
+  const ShardPart& p = plan_.parts[b];
+  const size_t size = element_bytes(p.buffer);
+  for (size_t r = 0; r < p.runs.size(); ++r)
+    for (const ShardRun& run : p.runs[r])
+      works.push_back(comm_.broadcast_async(static_cast<char*>(full) + run.offset * size, run.count,
+                                            types_[p.buffer], static_cast<int>(r)));
+}
+
 std::unique_ptr<Work> ShardedBuckets::gather_bucket_async(size_t b, const void* shard, void* into) {
   const ShardPart& p = plan_.parts.at(b);
+  DDP_CHECK(!p.whole, "gather_bucket: bucket {} is not in equal pieces", b);
   return gather_comm().all_gather_async(
       static_cast<const char*>(shard) + p.shard_at * element_bytes(p.buffer), into, p.piece,
       types_[p.buffer]);

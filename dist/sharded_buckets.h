@@ -16,48 +16,45 @@
 #include "collectives/communicator.h"
 #include "dist/ddp.h"
 #include "dist/zero.h"
+#include "runtime/memory_port.h"
 
 namespace ddp {
 
-// The memory ZeRO's buckets use, in bytes. Host communicators: any piece size, nothing to give
-// (the host's own vectors; or a ring's host memory, `align` 1). Device communicators: the
-// memory of the padded buckets' copies and the copies on the compute stream; pieces are
-// multiples of 64 elements and the reduce-scatter is in place, so a bucket that divides evenly
-// needs no memory of its own.
-//
-// With `ring_slots` (dist/gradient_ring.h; one float32 buffer; level 2 or 3): backward writes
-// bucket b's gradients into bucket_grads(b), a slot shared with every ring_slots-th bucket
-// and large enough for its padded pieces; each bucket is reduce-scattered from its slot into
-// a shard of the averaged pieces, and `stream` waits for that (host communicators: the
-// caller's thread, in layer_done) before the bucket ring_slots later is written (so the
-// buckets need overlap); the slots serve as the padded copies.
-struct ShardMemory {
-  std::function<void*(size_t bytes)> allocate;  // kept as long as the buckets are used
-  std::function<void(void* dst, const void* src, size_t bytes)> copy;  // stream order
-  std::function<void(void* dst, size_t bytes)> clear;  // dst[bytes] = 0, stream order
-  int ring_slots = 0;                                  // 0: the gradients in their buffers
-  std::function<float*(size_t bucket)> bucket_grads;   // a bucket's slot (ring)
-  size_t slot_floats = 0;                              // a slot's size (ring)
-  void* stream = nullptr;                              // the compute stream
-  size_t align = 0;  // the pieces' alignment (elements; 0: kDeviceShardAlign)
+// The gradient ring (dist/gradient_ring.h; one float32 buffer; level 2 or 3): backward writes
+// bucket b's gradients into bucket_grads(b), a slot shared with every slots-th bucket and large
+// enough for its padded pieces; each bucket is reduce-scattered from its slot into a shard of
+// the averaged pieces, and the memory's stream waits for that (host communicators: the caller's
+// thread, in layer_done) before the bucket `slots` later is written (so the buckets need
+// overlap); the slots serve as the padded copies.
+struct RingSlots {
+  int slots = 0;                                      // 0: no ring
+  std::function<float*(size_t bucket)> bucket_grads;  // a bucket's slot
+  size_t slot_floats = 0;                             // a slot's size
 };
 
 // How the buckets are cut: each gradient buffer's element type (Bucket::buffer; empty: one
-// float32 buffer) and, for whole layers to owners (plan_owned_shards), each layer's elements
-// and owner (empty: equal pieces, plan_shards).
+// float32 buffer); for whole layers to owners (plan_owned_shards), each layer's elements and
+// owner (empty: equal pieces, plan_shards); the pieces' alignment in elements (0: none over a
+// host communicator, kDeviceShardAlign over a device one, as NCCL moves such pieces best).
 struct ShardCut {
   std::vector<DataType> types;  // each buffer's
   std::vector<size_t> counts;   // each layer's elements (with owners)
   std::vector<int> owners;      // each layer's owner rank
+  size_t align = 0;
 };
 
 class ShardedBuckets final : public BucketReduction {
  public:
   // `ddp`'s buckets cut into its group's pieces at `level` (1, 2 or 3; 3: the gradients as 2,
   // the caller shards the parameters through gather_bucket) as `cut` says; from now on (2, 3)
-  // the Ddp reduce-scatters through it. `memory`: needed with a device communicator or a ring.
-  // Kept as long as the Ddp reduces (which may outlive it unused).
-  ShardedBuckets(Ddp& ddp, int level, const ShardMemory* memory = nullptr, ShardCut cut = {});
+  // the Ddp reduce-scatters through it. `memory`: where its padded copies and averaged pieces
+  // go (needed with a device communicator; null: the host's); `ring`: the gradient ring's
+  // slots, or null. Kept as long as the Ddp reduces (which may outlive it unused). Host
+  // communicators: any piece size, so that a bucket that divides evenly needs no memory of its
+  // own; device ones: pieces of a multiple of kDeviceShardAlign elements, reduce-scattered in
+  // place.
+  ShardedBuckets(Ddp& ddp, int level, const MemoryPort* memory = nullptr, ShardCut cut = {},
+                 const RingSlots* ring = nullptr);
   ShardedBuckets(const ShardedBuckets&) = delete;
   ShardedBuckets& operator=(const ShardedBuckets&) = delete;
 
@@ -76,7 +73,11 @@ class ShardedBuckets final : public BucketReduction {
   // After Ddp::finish(): where this rank's averaged piece of bucket b is (its runs packed,
   // plan().parts[b].count elements, none past the bucket's end): the reduced pieces with level
   // 2 and 3; with level 1 the gradients' own place (the piece only where the part is strided).
+  // A whole bucket's (ShardPart::whole): the gradients' own place, its runs where they lie.
   const void* reduced_piece(size_t bucket) const;
+  // After Ddp::finish(): the averaged gradient of element `offset` of bucket b's buffer, which
+  // this rank owns (in its piece, or where it lies in a whole bucket).
+  const void* averaged_at(size_t bucket, size_t offset) const;
   // Level 2 or 3 with one float32 buffer (ddptrain's): every averaged piece, as one shard,
   // wherever it is kept (host: a buffer of its own, or with a ring its own).
   const float* reduced_pieces() const;
@@ -115,14 +116,16 @@ class ShardedBuckets final : public BucketReduction {
  private:
   // Whether bucket b's pieces are not the bucket itself (then they go through
   // bucket_scratch_[b]).
-  bool padded(size_t b) const { return !plan_.parts[b].in_place(); }
-  bool ringed() const { return memory_.ring_slots > 0; }
+  bool padded(size_t b) const { return !plan_.parts[b].whole && !plan_.parts[b].in_place(); }
+  // Bucket b's (whole) runs sent from each owner: from its place in `full`, in place.
+  void broadcast_runs(size_t b, void* full, std::vector<std::unique_ptr<Work>>& works);
+  bool ringed() const { return ring_.slots > 0; }
   // Bucket `bucket`'s padded pieces at `send` reduce-scattered (averaged) into this rank's
   // piece at `recv`: in the bucket's type, or (reduce_in_bf16, float32) as bfloat16.
   std::unique_ptr<Work> reduce_scatter(const void* send, void* recv, size_t bucket);
   void copy(void* dst, const void* src, size_t bytes);  // host, or the device's (in order)
   void clear(void* dst, size_t bytes);                  // the same, zeros
-  void* allocate(size_t bytes);  // the memory's, or a host vector of this object's
+  void* allocate(size_t bytes);                         // the memory's, held as long as this object
   // Bucket b's runs of every rank from its buffer `full` into their places in `pieces` (the
   // padded copy, zeros between), or of rank `rank` only.
   // Bucket b's runs of every rank from its buffer `full` into their places in `pieces`
@@ -137,13 +140,12 @@ class ShardedBuckets final : public BucketReduction {
   int level_;
   std::vector<DataType> types_;  // each buffer's
   ShardPlan plan_;
-  ShardMemory memory_;
-  bool given_memory_ = false;         // memory_ is the caller's
-  uint16_t* bf16_scratch_ = nullptr;  // reduce_in_bf16: the bf16 values on the wire
-  // A padded bucket's pieces, every rank's (host: in host_; device: the caller's).
-  std::vector<char*> bucket_scratch_;
+  MemoryPort memory_;                  // the caller's, or the host's
+  RingSlots ring_;                     // the gradient ring's, or none
+  uint16_t* bf16_scratch_ = nullptr;   // reduce_in_bf16: the bf16 values on the wire
+  std::vector<char*> bucket_scratch_;  // a padded bucket's pieces, every rank's
   std::vector<char*> reduced_;  // level 2, 3 on the host or with a ring: each buffer's pieces
-  std::vector<std::vector<char>> host_;  // what allocate() gave without memory
+  std::vector<std::shared_ptr<void>> held_;  // what allocate() gave
   size_t scratch_bytes_ = 0;
 };
 

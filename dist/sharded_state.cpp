@@ -8,7 +8,9 @@ namespace ddp {
 ShardedState::ShardedState(Ddp& ddp, int level, ShardHome& home, Communicator* gathers,
                            ShardCut cut)
     : home_(home),
-      shards_(std::make_unique<ShardedBuckets>(ddp, level, home.bucket_memory(), std::move(cut))) {
+      memory_(home.memory() != nullptr ? *home.memory() : host_memory_port()),
+      shards_(std::make_unique<ShardedBuckets>(ddp, level, home.memory(), std::move(cut),
+                                               home.ring())) {
   shards_->set_gather_comm(gathers);
   if (level < 3) return;
   // The parameters become this rank's pieces (each of its runs of a bucket, packed), copied
@@ -26,7 +28,7 @@ ShardedState::ShardedState(Ddp& ddp, int level, ShardHome& home, Communicator* g
     char* mine = static_cast<char*>(pieces_[p.buffer].get()) + p.shard_at * size;
     const char* from = static_cast<const char*>(whole[p.buffer].data);
     for (const ShardRun& run : p.runs[static_cast<size_t>(plan.rank)])
-      home.copy(mine + run.at * size, from + run.offset * size, run.count * size);
+      memory_.copy(mine + run.at * size, from + run.offset * size, run.count * size);
   }
 }
 

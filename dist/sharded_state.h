@@ -26,19 +26,19 @@ class ShardHome {
  public:
   virtual ~ShardHome() = default;
 
-  // The buckets' memory (their padded copies, the gradient ring; dist/sharded_buckets.h),
-  // or null: the host's own vectors and no ring.
-  virtual const ShardMemory* bucket_memory() const = 0;
+  // The memory the buckets' padded copies and averaged pieces go in and the state's copies
+  // run in (null: the host's), and the gradient ring's slots (null: none).
+  virtual const MemoryPort* memory() const = 0;
+  virtual const RingSlots* ring() const { return nullptr; }
   // The rank's whole flat parameters where the collectives take them (levels 1, 2; level 3:
   // at construction), one a gradient buffer of the same layout and type, and the stream the
   // collectives and copies are ordered on (null: the host's thread).
   virtual std::vector<GradMemory> param_memory() = 0;
   virtual void* stream() = 0;
   // `bytes` of this memory for as long as the result is kept: level 3's pieces of the
-  // parameters (`pieces`, zero), or a whole copy on its way out (any values).
+  // parameters (`pieces`, zero), or a whole copy on its way out (any values). Apart from
+  // memory()'s allocations, as the device counts the parameters apart.
   virtual std::shared_ptr<void> allocate(size_t bytes, bool pieces) = 0;
-  // A copy within this memory, in stream order.
-  virtual void copy(void* dst, const void* src, size_t bytes) = 0;
   // Copies of float32 values out to the host and in from it, done when they return.
   virtual std::vector<float> to_host(const float* src, size_t floats) = 0;
   virtual void from_host(float* dst, const float* host, size_t floats) = 0;
@@ -101,6 +101,7 @@ class ShardedState {
 
  private:
   ShardHome& home_;
+  MemoryPort memory_;  // the home's, or the host's
   std::unique_ptr<ShardedBuckets> shards_;
   std::vector<std::shared_ptr<void>> pieces_;  // level 3: each buffer's
 };

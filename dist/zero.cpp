@@ -78,21 +78,25 @@ ShardPlan plan_shards(const std::vector<Bucket>& buckets, int ranks, int rank, s
 }
 
 std::vector<int> balanced_owners(const std::vector<Bucket>& buckets,
-                                 const std::vector<size_t>& counts, int ranks) {
+                                 const std::vector<size_t>& sizes, int ranks) {
   DDP_CHECK(ranks >= 1, "owners over {} ranks", ranks);
-  std::vector<int> owners(counts.size(), 0);
+  std::vector<int> owners(sizes.size(), 0);
+  std::vector<size_t> model(static_cast<size_t>(ranks), 0);  // each rank's bytes so far
   for (const Bucket& b : buckets) {
-    size_t at = 0;
-    int last = 0;
-    for (int layer = b.first_layer; layer <= b.last_layer; ++layer) {
-      const size_t n = counts.at(static_cast<size_t>(layer));
-      const size_t middle = at + n / 2;
-      const int o = static_cast<int>(
-          std::min<size_t>(static_cast<size_t>(ranks - 1),
-                           middle * static_cast<size_t>(ranks) / std::max<size_t>(b.count, 1)));
-      last = std::max(last, o);
-      owners[static_cast<size_t>(layer)] = last;
-      at += n;
+    std::vector<size_t> layers;
+    for (int layer = b.first_layer; layer <= b.last_layer; ++layer)
+      layers.push_back(static_cast<size_t>(layer));
+    std::stable_sort(layers.begin(), layers.end(),
+                     [&sizes](size_t x, size_t y) { return sizes.at(x) > sizes.at(y); });
+    std::vector<size_t> bucket(static_cast<size_t>(ranks), 0);  // each rank's share of it
+    for (const size_t j : layers) {
+      size_t best = 0;
+      for (size_t r = 1; r < bucket.size(); ++r)
+        if (bucket[r] < bucket[best] || (bucket[r] == bucket[best] && model[r] < model[best]))
+          best = r;
+      owners[j] = static_cast<int>(best);
+      bucket[best] += sizes[j];
+      model[best] += sizes[j];
     }
   }
   return owners;
@@ -130,7 +134,9 @@ ShardPlan plan_owned_shards(const std::vector<Bucket>& buckets, const std::vecto
     DDP_CHECK(offset == b.offset + b.count,
               "owned shards: bucket {}+{} holds {} elements of layers", b.offset, b.count,
               offset - b.offset);
-    p.piece = round_up(std::max<size_t>(1, *std::max_element(share.begin(), share.end())), align);
+    const size_t largest = *std::max_element(share.begin(), share.end());
+    p.piece = round_up(std::max<size_t>(1, largest), align);
+    p.whole = largest * static_cast<size_t>(ranks) * 2 > b.count * 3;
     add_part(plan, std::move(p));
   }
   return plan;

@@ -40,6 +40,10 @@ struct ShardPart {
   size_t count = 0;          // what this rank owns of it (< piece at the bucket's end, 0 past)
   size_t shard_at = 0;       // where its piece starts in the rank's shard of the buffer
   std::vector<std::vector<ShardRun>> runs;  // each rank's runs, in the buffer's order
+  // Averaged by the all-reduce and sent from each owner by broadcasts, not in equal pieces:
+  // whole layers whose owners' shares of the bucket are too uneven (one layer alone, say)
+  // for pieces padded to the largest share to cost less on the wire.
+  bool whole = false;
   // Whether each rank's runs are one run at piece x rank of the bucket (clamped to it), so
   // that one copy of the bucket lays every piece out (equal pieces always are).
   bool strided() const;
@@ -61,16 +65,18 @@ struct ShardPlan {
 // elements. Pure.
 ShardPlan plan_shards(const std::vector<Bucket>& buckets, int ranks, int rank, size_t align = 16);
 
-// Owners for whole layers of `counts[j]` elements (the reducer's numbering; a bucket's layers
-// lie in ascending order from its offset): each bucket's layers split into `ranks` runs of
-// about equal elements (a layer goes to the rank whose equal share holds its middle element).
-// Pure.
+// Owners for whole layers of `sizes[j]` bytes (the reducer's numbering): each bucket's layers,
+// the largest first, each to the rank that holds the least of that bucket so far (ties: the
+// least of the model), so that a bucket of several layers is split about evenly and buckets of
+// one layer each take turns; every rank's share of the model comes within the largest layer of
+// an even one. Pure.
 std::vector<int> balanced_owners(const std::vector<Bucket>& buckets,
-                                 const std::vector<size_t>& counts, int ranks);
+                                 const std::vector<size_t>& sizes, int ranks);
 
 // The pieces of `buckets` for rank `rank` of `ranks` where layer j (of counts[j] elements) is
 // owned whole by owners[j]: a rank's piece of a bucket is its layers there, packed; the piece
-// is the largest rank's, rounded up to `align`. Pure.
+// is the largest rank's, rounded up to `align`; a bucket where that piece times the ranks
+// passes 1.5 times the bucket is `whole`. Pure.
 ShardPlan plan_owned_shards(const std::vector<Bucket>& buckets, const std::vector<size_t>& counts,
                             const std::vector<int>& owners, int ranks, int rank, size_t align = 1);
 

@@ -50,27 +50,31 @@ TorchParams::TorchParams(std::vector<torch::Tensor> params, std::vector<Slot> sl
   DDP_CHECK(param_of.size() == params_.size() && slots_.size() == params_.size(),
             "TorchParams: {} parameters, {} slots, {} layers", params_.size(), slots_.size(),
             param_of.size());
-  // Owners: each bucket's layers (the reducer's order) split into runs of about equal elements.
-  std::vector<size_t> layer_counts;
-  for (const size_t i : param_of)
+  // Owners: each bucket's layers (the reducer's order) split about evenly by bytes, buckets of
+  // one layer taking turns.
+  std::vector<size_t> layer_counts, layer_bytes;
+  for (const size_t i : param_of) {
     layer_counts.push_back(static_cast<size_t>(elements(slots_[i].sizes)));
+    layer_bytes.push_back(layer_counts.back() * params_[i].element_size());
+  }
   const std::vector<Bucket>& buckets = ddp.buckets();
-  const std::vector<int> layer_owner = balanced_owners(buckets, layer_counts, ddp.comm().size());
+  const std::vector<int> layer_owner = balanced_owners(buckets, layer_bytes, ddp.comm().size());
   for (size_t j = 0; j < param_of.size(); ++j)
     owner_[param_of[j]] = layer_owner[j];
   for (size_t b = 0; b < buckets.size(); ++b)
     for (int layer = buckets[b].first_layer; layer <= buckets[b].last_layer; ++layer)
       bucket_of_[param_of[static_cast<size_t>(layer)]] = b;
   // The buckets' memory: LibTorch tensors on the parameters' device, copies in stream order.
-  memory_.allocate = [this](size_t bytes) -> void* {
-    kept_.push_back(torch::empty({static_cast<int64_t>(bytes)}, options_));
-    return kept_.back().data_ptr();
+  memory_.allocate = [this](size_t bytes) -> std::shared_ptr<void> {
+    const auto held =
+        std::make_shared<torch::Tensor>(torch::empty({static_cast<int64_t>(bytes)}, options_));
+    return std::shared_ptr<void>(held, held->data_ptr());
   };
   memory_.copy = [this](void* dst, const void* src, size_t bytes) { copy(dst, src, bytes); };
   memory_.clear = [this](void* dst, size_t bytes) {
     if (bytes > 0) bytes_at(dst, bytes).zero_();
   };
-  memory_.align = options_.device().is_cuda() ? kDeviceShardAlign : 1;
+
   torch::NoGradGuard no_grad;
   make_flats();
   for (size_t i = 0; i < params_.size(); ++i)
@@ -81,6 +85,7 @@ TorchParams::TorchParams(std::vector<torch::Tensor> params, std::vector<Slot> sl
     cut.types.push_back(collective_type(dtype));
   cut.counts = layer_counts;
   cut.owners = layer_owner;
+  cut.align = options_.device().is_cuda() ? kDeviceShardAlign : 1;  // any piece on the host
   ShardHome& home = *this;  // private: the state is the only one that reaches it
   state_ = std::make_unique<ShardedState>(ddp, level, home, nullptr, std::move(cut));
   shards_gradients_ = level >= 2;
@@ -113,13 +118,10 @@ void TorchParams::keep_all_reduce() {
 
 torch::Tensor TorchParams::own_gradient(size_t i) const {
   DDP_CHECK(shards_gradients_ && owns(i), "own_gradient({}): not this rank's averaged piece", i);
-  const size_t b = bucket_of_[i];
-  const ShardPart& part = state_->plan().parts[b];
-  const int64_t at = piece_at_[i] - static_cast<int64_t>(part.shard_at);
   const torch::ScalarType dtype = dtypes_[slots_[i].buffer];
-  auto* piece = static_cast<char*>(const_cast<void*>(state_->buckets().reduced_piece(b)));
-  return torch::from_blob(piece + at * static_cast<int64_t>(c10::elementSize(dtype)),
-                          slots_[i].sizes, options_.dtype(dtype))
+  const void* averaged =
+      state_->buckets().averaged_at(bucket_of_[i], static_cast<size_t>(slots_[i].offset));
+  return torch::from_blob(const_cast<void*>(averaged), slots_[i].sizes, options_.dtype(dtype))
       .clone();
 }
 

@@ -74,17 +74,17 @@ class TorchParams final : private ShardHome {
 
  private:
   // ShardHome: the flat buffers and LibTorch tensors on the parameters' device.
-  const ShardMemory* bucket_memory() const override { return &memory_; }
+  const MemoryPort* memory() const override { return &memory_; }
   std::vector<GradMemory> param_memory() override;
   void* stream() override { return stream_(); }
   std::shared_ptr<void> allocate(size_t bytes, bool pieces) override;
-  void copy(void* dst, const void* src, size_t bytes) override;
   std::vector<float> to_host(const float* src, size_t floats) override;
   void from_host(float* dst, const float* host, size_t floats) override;
   std::vector<float> whole_params() override;
   void set_whole_params(const float* host) override;
 
   torch::Tensor bytes_at(void* data, size_t bytes) const;  // a uint8 tensor over that memory
+  void copy(void* dst, const void* src, size_t bytes);     // memory_'s copy
   // Parameter i's place in `storage` at `offset` elements, of its shape.
   torch::Tensor view(size_t i, const torch::Tensor& storage, int64_t offset) const;
   void make_flats();  // each dtype's flat buffer (not filled)
@@ -102,8 +102,7 @@ class TorchParams final : private ShardHome {
   std::vector<int64_t> piece_at_;      // an owned parameter's place in its buffer's pieces
   std::vector<torch::Tensor> flats_;   // each dtype's (level 3: during a step only)
   std::vector<torch::Tensor> pieces_;  // level 3: each dtype's pieces (ShardedState's)
-  std::vector<torch::Tensor> kept_;    // the buckets' memory (padded copies, averaged pieces)
-  ShardMemory memory_;
+  MemoryPort memory_;  // LibTorch tensors on the parameters' device, copies in stream order
   std::unique_ptr<ShardedState> state_;
   Ddp& ddp_;
   int level_, rank_;

@@ -37,7 +37,8 @@ class GpuChunk final : public PipelineStage {
       : rank_(rank),
         spec_(spec),
         stage_(std::move(stage)),
-        transfers_(spec, device_memory(*stage_, handed_)) {}
+        transfers_(spec, device_memory(*stage_),
+                   stage_->bf16() ? DataType::kBFloat16 : DataType::kFloat32) {}
   CudaStage& stage() const { return *stage_; }
   const StageSpec& spec() const { return spec_; }
   // The stages of this rank just before and after this one (null: another rank's, or none).
@@ -81,20 +82,20 @@ class GpuChunk final : public PipelineStage {
   void evaluate(const float* x, const int32_t* labels, int n);
 
  private:
-  // The device's memory for the transfers: hand-over buffers of activations' memory (kept in
-  // `handed`), copies and waits on the stage's stream, in its activations' type.
-  static TransferMemory device_memory(const CudaStage& stage,
-                                      std::deque<DeviceBuffer<char>>& handed) {
-    TransferMemory memory;
-    memory.type = stage.bf16() ? DataType::kBFloat16 : DataType::kFloat32;
-    memory.element_bytes = stage.act_bytes();
-    memory.allocate = [&handed](size_t bytes) -> void* {
-      handed.emplace_back(bytes, MemoryCategory::kActivations);
-      return handed.back().data();
+  // The device's memory for the transfers: hand-over buffers of activations' memory, copies
+  // and waits on the stage's stream.
+  static MemoryPort device_memory(const CudaStage& stage) {
+    MemoryPort memory;
+    memory.allocate = [](size_t bytes) -> std::shared_ptr<void> {
+      const auto buffer = std::make_shared<DeviceBuffer<char>>(bytes, MemoryCategory::kActivations);
+      return std::shared_ptr<void>(buffer, buffer->data());
     };
     cudaStream_t stream = stage.stream();
     memory.copy = [stream](void* to, const void* from, size_t bytes) {
       DDP_CUDA_CHECK(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, stream));
+    };
+    memory.clear = [stream](void* dst, size_t bytes) {
+      DDP_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, stream));
     };
     memory.stream = stream;
     return memory;
@@ -108,7 +109,6 @@ class GpuChunk final : public PipelineStage {
   std::unique_ptr<CudaStage> stage_;
   GpuChunk* before_ = nullptr;  // the stages before and after, when this rank's (evaluation)
   GpuChunk* after_ = nullptr;
-  std::deque<DeviceBuffer<char>> handed_;  // hand-over buffers from this rank's other stages
   StageTransfers transfers_;
   std::function<void(int)> prefetch_;  // --zero 3: the schedule's gathers
   std::function<void()> release_;

@@ -48,7 +48,7 @@ class CpuChunk final : public PipelineStage {
         rank_(rank),
         stage_(spec.shape, spec.first, spec.end, spec.max_batch, spec.slots, params, grads,
                recompute),
-        transfers_(spec, host_memory()) {
+        transfers_(spec, host_memory_port(), DataType::kFloat32) {
     int64_t outputs = 0;  // one micro-batch's layer outputs
     for (int i = spec.first; i < spec.end; ++i)
       outputs += int64_t{spec.batch} * spec.shape.layer(i).out * int64_t{sizeof(float)};
@@ -167,21 +167,9 @@ class CpuChunk final : public PipelineStage {
       batch_y_[at] = rank_.data.train.y[index];
     }
   }
-  // The host's memory for the transfers: hand-over buffers of its own, copies at once.
-  TransferMemory host_memory() {
-    TransferMemory memory;
-    memory.allocate = [this](size_t bytes) -> void* {
-      handed_.emplace_back((bytes + sizeof(float) - 1) / sizeof(float), 0.0f);
-      return handed_.back().data();
-    };
-    memory.copy = [](void* to, const void* from, size_t bytes) { std::memcpy(to, from, bytes); };
-    return memory;
-  }
-
   StageSpec spec_;
   RankState& rank_;
   CpuStage stage_;
-  std::deque<std::vector<float>> handed_;  // hand-over buffers from this rank's other stages
   StageTransfers transfers_;
   std::vector<float> batch_x_;      // [micro_batches * batch, input width] (first stage)
   std::vector<int32_t> batch_y_;    // [micro_batches * batch]

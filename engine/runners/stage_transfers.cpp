@@ -9,9 +9,10 @@
 
 namespace ddp {
 
-StageTransfers::StageTransfers(const StageSpec& spec, TransferMemory memory)
+StageTransfers::StageTransfers(const StageSpec& spec, MemoryPort memory, DataType type)
     : spec_(spec),
       memory_(std::move(memory)),
+      type_(type),
       act_sent_(static_cast<size_t>(spec.slots)),
       grad_sent_(static_cast<size_t>(spec.slots)) {}
 
@@ -19,8 +20,10 @@ void StageTransfers::set_neighbours(StageTransfers* before, StageTransfers* afte
   before_ = before;
   after_ = after;
   const auto buffers = [&](std::vector<void*>* into, std::vector<char>* flags, int width) {
-    for (int m = 0; m < spec_.micro_batches; ++m)
-      into->push_back(memory_.allocate(bytes(width)));
+    for (int m = 0; m < spec_.micro_batches; ++m) {
+      held_.push_back(memory_.allocate(bytes(width)));
+      into->push_back(held_.back().get());
+    }
     flags->assign(static_cast<size_t>(spec_.micro_batches), 0);
   };
   if (before_ != nullptr) buffers(&handed_act_, &act_handed_, spec_.in_width());
@@ -69,7 +72,7 @@ void StageTransfers::send(const void* data, int width, void* handed, char* hande
   }
   DDP_CHECK(lane != nullptr, "pipeline: stage {} sends to rank {} without a link", spec_.stage,
             peer);
-  sent->push_back(lane->isend(data, count(width), memory_.type, peer));
+  sent->push_back(lane->isend(data, count(width), type_, peer));
 }
 
 void StageTransfers::receive(void* into, int width, void* handed, char* handed_flag,
@@ -85,7 +88,7 @@ void StageTransfers::receive(void* into, int width, void* handed, char* handed_f
   }
   DDP_CHECK(lane != nullptr, "pipeline: stage {} receives from rank {} without a link", spec_.stage,
             peer);
-  done(lane->irecv(into, count(width), memory_.type, peer), lane);
+  done(lane->irecv(into, count(width), type_, peer), lane);
 }
 
 void StageTransfers::done(std::unique_ptr<Work> work, Communicator* lane) {
@@ -117,11 +120,11 @@ void StageTransfers::end_step() {
 }
 
 void StageTransfers::evaluation_receive(void* into, size_t count) {
-  done(act_in_->irecv(into, count, memory_.type, spec_.prev_rank), act_in_);
+  done(act_in_->irecv(into, count, type_, spec_.prev_rank), act_in_);
 }
 
 void StageTransfers::evaluation_send(const void* data, size_t count) {
-  done(act_out_->isend(data, count, memory_.type, spec_.next_rank), act_out_);
+  done(act_out_->isend(data, count, type_, spec_.next_rank), act_out_);
 }
 
 std::string StageTransfers::describe() const {

@@ -16,26 +16,18 @@
 
 #include "collectives/communicator.h"
 #include "engine/runners/stage_runner.h"
+#include "runtime/memory_port.h"
 
 namespace ddp {
 
-// How a runner's memory carries the transfers.
-struct TransferMemory {
-  DataType type = DataType::kFloat32;  // a message's elements
-  size_t element_bytes = sizeof(float);
-  // A hand-over buffer of `bytes`, kept as long as the transfers are.
-  std::function<void*(size_t bytes)> allocate;
-  // `bytes` from `from` to `to`: at once on the host, in stream order on the device.
-  std::function<void(void* to, const void* from, size_t bytes)> copy;
-  // The device's compute stream, which waits for every transfer; null: the host waits.
-  void* stream = nullptr;
-};
-
 class StageTransfers {
  public:
-  // The transfers of stage `spec` (micro-batches of spec.batch samples), whose sends are kept
-  // by the activation slot they were sent from until waited for.
-  StageTransfers(const StageSpec& spec, TransferMemory memory);
+  // The transfers of stage `spec` (micro-batches of spec.batch samples of `type`), whose sends
+  // are kept by the activation slot they were sent from until waited for. `memory` holds the
+  // hand-over buffers and copies into them: the host's (a receive blocks, bounded by the
+  // link's timeout; sends are waited for at the step's end) or the device's (its stream waits
+  // for every transfer, never the host).
+  StageTransfers(const StageSpec& spec, MemoryPort memory, DataType type);
 
   // The stages of this rank just before and after this one (null: another rank's, or none):
   // their messages go through hand-over buffers, this stage's own for what it receives.
@@ -69,7 +61,7 @@ class StageTransfers {
 
  private:
   size_t count(int width) const { return static_cast<size_t>(spec_.batch) * width; }
-  size_t bytes(int width) const { return count(width) * memory_.element_bytes; }
+  size_t bytes(int width) const { return count(width) * dtype_bytes(type_); }
   // One message to the neighbouring stage: into `handed` (its buffer there, of this rank),
   // or over `lane` to rank `peer`, kept with the slot's sends; and from it into `into`.
   void send(const void* data, int width, void* handed, char* handed_flag, Communicator* lane,
@@ -79,7 +71,9 @@ class StageTransfers {
   void done(std::unique_ptr<Work> work, Communicator* lane);  // waited for, or the stream waits
 
   StageSpec spec_;
-  TransferMemory memory_;
+  MemoryPort memory_;
+  DataType type_;                            // a message's elements
+  std::vector<std::shared_ptr<void>> held_;  // the hand-over buffers' memory
   StageTransfers* before_ = nullptr;
   StageTransfers* after_ = nullptr;
   Communicator* act_in_ = nullptr;  // the lanes to the neighbouring stages' ranks

@@ -28,10 +28,11 @@ DeviceZero::DeviceZero(Ddp& ddp, const RingLayout& layout, DeviceParameters& wei
     : weights_(weights), stream_(stream) {
   const int level = layout.zero;
   cudaStream_t s = stream;
-  ShardMemory& memory = memory_;
-  memory.allocate = [this](size_t bytes) -> void* {
-    buffers_.emplace_back((bytes + sizeof(float) - 1) / sizeof(float), MemoryCategory::kGradients);
-    return buffers_.back().data();
+  MemoryPort& memory = memory_;
+  memory.allocate = [](size_t bytes) -> std::shared_ptr<void> {
+    const auto buffer = std::make_shared<DeviceBuffer<float>>(
+        (bytes + sizeof(float) - 1) / sizeof(float), MemoryCategory::kGradients);
+    return std::shared_ptr<void>(buffer, buffer->data());
   };
   memory.copy = [s](void* dst, const void* src, size_t bytes) {
     DDP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s));
@@ -39,6 +40,7 @@ DeviceZero::DeviceZero(Ddp& ddp, const RingLayout& layout, DeviceParameters& wei
   memory.clear = [s](void* dst, size_t bytes) {
     DDP_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, s));
   };
+  memory.stream = s;
   const GradientRing& ring = weights.ring();
   if (weights.ringed()) {
     // The ring's slots and the Ddp's buckets are cut from the stage's one BucketPlan.
@@ -51,10 +53,9 @@ DeviceZero::DeviceZero(Ddp& ddp, const RingLayout& layout, DeviceParameters& wei
                 "gradient ring: bucket {} is {}+{} where the Ddp's is {}+{}", b,
                 ring.buckets[b].first, ring.buckets[b].second, ddp.buckets()[b].offset,
                 ddp.buckets()[b].count);
-    memory.ring_slots = ring.slots;
-    memory.slot_floats = ring.slot_floats;
-    memory.bucket_grads = [&weights](size_t bucket) { return weights.bucket_grads(bucket); };
-    memory.stream = s;
+    ring_.slots = ring.slots;
+    ring_.slot_floats = ring.slot_floats;
+    ring_.bucket_grads = [&weights](size_t bucket) { return weights.bucket_grads(bucket); };
   }
   // Level 3: the parameters become this rank's pieces (the padding zero), copied out of the
   // whole parameters, which the layers' slots then replace.
@@ -216,10 +217,6 @@ std::shared_ptr<void> DeviceZero::allocate(size_t bytes, bool pieces) {
       pieces ? MemoryCategory::kParameters : MemoryCategory::kOther);
   if (pieces) DDP_CUDA_CHECK(cudaMemsetAsync(memory->data(), 0, memory->bytes(), stream_));
   return std::shared_ptr<void>(memory, memory->data());
-}
-
-void DeviceZero::copy(void* dst, const void* src, size_t bytes) {
-  memory_.copy(dst, src, bytes);
 }
 
 std::vector<float> DeviceZero::to_host(const float* src, size_t floats) {

@@ -88,13 +88,13 @@ class DeviceZero final : public DeviceState, private ShardHome {
 
  private:
   // ShardHome: the rank's DeviceParameters and device memory on the stream.
-  const ShardMemory* bucket_memory() const override { return &memory_; }
+  const MemoryPort* memory() const override { return &memory_; }
+  const RingSlots* ring() const override { return ring_.slots > 0 ? &ring_ : nullptr; }
   std::vector<GradMemory> param_memory() override {
     return {{weights_.params(), DataType::kFloat32}};
   }
   void* stream() override { return stream_; }
   std::shared_ptr<void> allocate(size_t bytes, bool pieces) override;
-  void copy(void* dst, const void* src, size_t bytes) override;
   std::vector<float> to_host(const float* src, size_t floats) override;
   void from_host(float* dst, const float* host, size_t floats) override;
   std::vector<float> whole_params() override;
@@ -112,8 +112,8 @@ class DeviceZero final : public DeviceState, private ShardHome {
   cudaStream_t stream_;
   std::function<void()> wait_;
   std::function<void(int, bool, Work&)> on_gather_;
-  ShardMemory memory_;                            // the buckets' device memory and copies
-  std::vector<DeviceBuffer<float>> buffers_;      // its padded buckets' copies
+  MemoryPort memory_;  // the buckets' device memory (padded copies, pieces) and copies
+  RingSlots ring_;     // the gradient ring's slots, or none
   std::unique_ptr<ShardedState> state_;           // the pieces, their update, the host copies
   std::vector<size_t> bucket_of_layer_;           // --zero 3: the rank's layer i -> its bucket
   std::vector<int> stage_of_layer_;               // and -> its stage among the rank's

@@ -77,18 +77,9 @@ HostZero::HostZero(Ddp& ddp, const RingLayout& layout, std::vector<float>& param
   if (slot > 0) {
     constexpr int kRing = kGradientRingSlots;
     ring_.assign(kRing, std::vector<float>(slot, 0.0f));
-    ring_memory_.allocate = [this](size_t bytes) -> void* {
-      ring_pieces_.emplace_back((bytes + sizeof(float) - 1) / sizeof(float), 0.0f);
-      return ring_pieces_.back().data();
-    };
-    ring_memory_.copy = [](void* dst, const void* src, size_t bytes) {
-      std::memcpy(dst, src, bytes);
-    };
-    ring_memory_.clear = [](void* dst, size_t bytes) { std::memset(dst, 0, bytes); };
-    ring_memory_.ring_slots = kRing;
-    ring_memory_.bucket_grads = [this](size_t bucket) { return ring_[bucket % kRing].data(); };
-    ring_memory_.slot_floats = slot;
-    ring_memory_.align = 1;
+    ring_slots_.slots = kRing;
+    ring_slots_.bucket_grads = [this](size_t bucket) { return ring_[bucket % kRing].data(); };
+    ring_slots_.slot_floats = slot;
   }
   ShardHome& home = *this;  // private: the state is the only one that reaches it
   state_ = std::make_unique<ShardedState>(ddp, level, home, gathers);
@@ -174,10 +165,6 @@ std::shared_ptr<void> HostZero::allocate(size_t bytes, bool pieces) {
   const auto memory =
       std::make_shared<std::vector<float>>((bytes + sizeof(float) - 1) / sizeof(float), 0.0f);
   return std::shared_ptr<void>(memory, memory->data());
-}
-
-void HostZero::copy(void* dst, const void* src, size_t bytes) {
-  std::memcpy(dst, src, bytes);
 }
 
 std::vector<float> HostZero::to_host(const float* src, size_t floats) {

@@ -74,11 +74,11 @@ class HostZero final : public HostState, private ShardHome {
 
  private:
   // ShardHome: the runner's buffers and host vectors.
-  const ShardMemory* bucket_memory() const override { return ringed() ? &ring_memory_ : nullptr; }
+  const MemoryPort* memory() const override { return nullptr; }
+  const RingSlots* ring() const override { return ringed() ? &ring_slots_ : nullptr; }
   std::vector<GradMemory> param_memory() override { return {{params_.data(), DataType::kFloat32}}; }
   void* stream() override { return nullptr; }
   std::shared_ptr<void> allocate(size_t bytes, bool pieces) override;
-  void copy(void* dst, const void* src, size_t bytes) override;
   std::vector<float> to_host(const float* src, size_t floats) override;
   void from_host(float* dst, const float* host, size_t floats) override;
   std::vector<float> whole_params() override { return params_; }
@@ -96,8 +96,7 @@ class HostZero final : public HostState, private ShardHome {
   // again only after its reduce-scatter, which layer_done waits for) and the averaged pieces,
   // as on the GPU.
   std::vector<std::vector<float>> ring_;
-  std::vector<std::vector<float>> ring_pieces_;  // what Ddp allocates: the averaged pieces
-  ShardMemory ring_memory_;
+  RingSlots ring_slots_;
   std::unique_ptr<ShardedState> state_;       // the pieces, their update, the host copies
   std::unique_ptr<GatheredLayers> gathered_;  // level 3: the layers' parameters for each use
 };

@@ -24,7 +24,8 @@ class RecordingHome final : public ShardHome {
  public:
   explicit RecordingHome(std::vector<float> params) : params_(std::move(params)) {}
 
-  const ShardMemory* bucket_memory() const override { return nullptr; }
+  // Host memory whose copies are recorded.
+  const MemoryPort* memory() const override { return &memory_; }
   std::vector<GradMemory> param_memory() override { return {{params_.data(), DataType::kFloat32}}; }
   void* stream() override { return nullptr; }
   std::shared_ptr<void> allocate(size_t bytes, bool pieces) override {
@@ -32,10 +33,6 @@ class RecordingHome final : public ShardHome {
                            : "allocate copy " + std::to_string(bytes));
     const auto memory = std::make_shared<std::vector<float>>(bytes / 4, pieces ? 0.0f : -1.0f);
     return std::shared_ptr<void>(memory, memory->data());
-  }
-  void copy(void* dst, const void* src, size_t bytes) override {
-    calls.push_back("copy " + std::to_string(bytes));
-    std::memcpy(dst, src, bytes);
   }
   std::vector<float> to_host(const float* src, size_t floats) override {
     calls.push_back("to_host " + std::to_string(floats));
@@ -58,6 +55,14 @@ class RecordingHome final : public ShardHome {
 
   std::vector<std::string> calls;
   std::vector<float> params_;
+  MemoryPort memory_ = [this] {
+    MemoryPort port = host_memory_port();
+    port.copy = [this](void* dst, const void* src, size_t bytes) {
+      calls.push_back("copy " + std::to_string(bytes));
+      std::memcpy(dst, src, bytes);
+    };
+    return port;
+  }();
 };
 
 std::unique_ptr<Communicator> one_rank() {

@@ -485,38 +485,52 @@ TEST(ShardPlan, PiecesTileEveryBucketAndOwnAboutAShare) {
 }
 
 // Whole layers to owners (LibTorch's partitioner: the user's optimizer steps whole tensors):
-// each bucket's layers split into runs of about equal elements; a rank's layers in a bucket
-// are its runs there, packed into its piece, which is the largest rank's share; every element
-// of a bucket is in exactly one rank's runs; equal shares that fall at piece x rank stay one
-// copy of the bucket (strided), as ddptrain's equal pieces are.
+// each bucket's layers split about evenly, the largest first, to the rank holding the least of
+// the bucket (ties: of the model); a rank's layers in a bucket are its runs there, packed into
+// its piece, which is the largest rank's share; every element of a bucket is in exactly one
+// rank's runs; equal shares that fall at piece x rank stay one copy of the bucket (strided),
+// as ddptrain's equal pieces are; a bucket too uneven for equal pieces is `whole`.
 TEST(ShardPlan, WholeLayersGoToOwnersAndEachRanksLayersArePackedIntoItsPiece) {
   // Layers 0-4 of 10, 30, 20, 20, 20 elements; bucket 0 (reduced first) holds layers 3-4,
   // bucket 1 layers 0-2, each from its offset in ascending layer order.
   const std::vector<size_t> counts = {10, 30, 20, 20, 20};
   const std::vector<Bucket> buckets = {{60, 40, 3, 4}, {0, 60, 0, 2}};
   const std::vector<int> owners = balanced_owners(buckets, counts, 2);
-  EXPECT_EQ(owners, (std::vector<int>{0, 0, 1, 0, 1}));  // middles 5, 25, 50 of 60; 10, 30 of 40
+  // Bucket 0: 20 each; bucket 1: layer 1 (30) to rank 0, then layers 2 and 0 to rank 1.
+  EXPECT_EQ(owners, (std::vector<int>{1, 0, 1, 0, 1}));
   const ShardPlan plan = plan_owned_shards(buckets, counts, owners, 2, 1);
   ASSERT_EQ(plan.parts.size(), 2u);
   const ShardPart& second = plan.parts[0];  // layers 3 (rank 0) and 4 (rank 1): 20 each
   EXPECT_EQ(second.piece, 20u);
   EXPECT_TRUE(second.strided());
   EXPECT_TRUE(second.in_place());
+  EXPECT_FALSE(second.whole);
   EXPECT_EQ(second.offset, 80u);
   EXPECT_EQ(second.count, 20u);
-  const ShardPart& first = plan.parts[1];  // layers 0-1 (rank 0: 40) and 2 (rank 1: 20)
-  EXPECT_EQ(first.piece, 40u);
-  EXPECT_FALSE(first.in_place());  // 2 x 40 > 60: a padded copy
+  const ShardPart& first = plan.parts[1];  // layer 1 (rank 0: 30), layers 0 and 2 (rank 1: 30)
+  EXPECT_EQ(first.piece, 30u);
+  EXPECT_FALSE(first.strided());  // rank 1's two runs, packed
+  EXPECT_FALSE(first.whole);
   ASSERT_EQ(first.runs[0].size(), 1u);
-  EXPECT_EQ(first.runs[0][0].offset, 0u);
-  EXPECT_EQ(first.runs[0][0].count, 40u);
-  ASSERT_EQ(first.runs[1].size(), 1u);
-  EXPECT_EQ(first.runs[1][0].offset, 40u);
+  EXPECT_EQ(first.runs[0][0].offset, 10u);
+  EXPECT_EQ(first.runs[0][0].count, 30u);
+  ASSERT_EQ(first.runs[1].size(), 2u);
+  EXPECT_EQ(first.runs[1][0].offset, 0u);
   EXPECT_EQ(first.runs[1][0].at, 0u);
-  EXPECT_EQ(first.count, 20u);
+  EXPECT_EQ(first.runs[1][1].offset, 40u);
+  EXPECT_EQ(first.runs[1][1].at, 10u);
+  EXPECT_EQ(first.count, 30u);
   EXPECT_EQ(first.shard_at, 20u);
-  EXPECT_EQ(plan.shard_count, 60u);
-  EXPECT_EQ(plan.owned(), 40u);
+  EXPECT_EQ(plan.shard_count, 50u);
+  EXPECT_EQ(plan.owned(), 50u);
+  // Buckets of one layer each (large layers, as an MLP's weights) take turns, so that the
+  // ranks' shares of the model stay even; each such bucket is whole (all-reduced, broadcast).
+  const std::vector<Bucket> single = {{40, 8, 3, 3}, {24, 16, 2, 2}, {8, 16, 1, 1}, {0, 8, 0, 0}};
+  EXPECT_EQ(balanced_owners(single, {8, 16, 16, 8}, 2), (std::vector<int>{1, 0, 1, 0}));
+  const ShardPlan turns = plan_owned_shards(single, {8, 16, 16, 8}, {1, 0, 1, 0}, 2, 0);
+  for (const ShardPart& p : turns.parts)
+    EXPECT_TRUE(p.whole);
+  EXPECT_EQ(turns.owned(), 24u);
   // Owners that interleave in a bucket (a bucket rebuilt from the order gradients arrived in):
   // a rank's layers there are several runs, packed one after the other.
   const ShardPlan mixed = plan_owned_shards({{0, 60, 0, 2}}, {10, 30, 20}, {1, 0, 1}, 2, 1);
