@@ -140,10 +140,10 @@ set(DDP_PC_NAME ddp)
 set(DDP_PC_DESCRIPTION "every part, with the backends this build has")
 configure_file(${PROJECT_SOURCE_DIR}/cmake/ddp.pc.in ${CMAKE_BINARY_DIR}/ddp.pc.configured @ONLY)
 file(GENERATE OUTPUT ${CMAKE_BINARY_DIR}/ddp.pc INPUT ${CMAKE_BINARY_DIR}/ddp.pc.configured)
-# ddp-cpu: what ddp::ddp without components links (ddp::init, World, Ddp, the collectives over
+# ddp-cpu: what ddp::ddp without components links (ddp::init, World, Reducer, the collectives over
 # Gloo, the models on the CPU), for a CPU-only program: no CUDA, NCCL or MPI in its flags.
 set(DDP_PC_NAME ddp-cpu)
-set(DDP_PC_DESCRIPTION "a CPU-only program's part (ddp::init, Ddp, Gloo), as ddp::ddp")
+set(DDP_PC_DESCRIPTION "a CPU-only program's part (ddp::init, Reducer, Gloo), as ddp::ddp")
 set(DDP_PC_OWN_LIBS " -lddp_pipeline -lddp_core -lddp_models -lddp_checksum -lddp_collectives_core -lddp_device_none -lddp_runtime")
 if(BUILD_SHARED_LIBS)
   string(APPEND DDP_PC_OWN_LIBS " -Wl,-rpath,\${libdir}")

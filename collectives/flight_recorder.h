@@ -36,7 +36,7 @@ struct FlightEntry {
 
 // What the calls of one kind handed the backend since the communicator was made.
 struct OpTraffic {
-  uint64_t calls = 0;
+  uint64_t calls = 0;  // how many were issued
   uint64_t bytes = 0;  // each call's elements x their size (all_gather's and reduce_scatter's:
                        // one rank's piece; all_reduce's and broadcast's: the buffer)
 };

@@ -1,5 +1,5 @@
 // Gradient buckets: a model's layers as spans of one flat buffer (ParamSpan), cut into buckets
-// (contiguous ranges, last layers first) that one collective each averages. Pure; what Ddp
+// (contiguous ranges, last layers first) that one collective each averages. Pure; what Reducer
 // reduces and ZeRO shards. Knows no model.
 #pragma once
 
@@ -50,17 +50,17 @@ GroupedBuckets plan_grouped_buckets(const std::vector<size_t>& counts,
                                     size_t first_bucket_bytes,
                                     const std::vector<size_t>& arrival = {});
 
-// How Ddp buckets and overlaps, in ddptrain's flags' units.
+// How Reducer buckets and overlaps, in ddptrain's flags' units.
 struct DdpOptions {
   double bucket_mb = 25;       // --bucket-mb: a bucket's size (MiB)
   double first_bucket_mb = 1;  // --first-bucket-mb: the first (last layers) one's
   bool overlap = true;         // start each bucket's all-reduce as soon as its layers are done
 };
 
-// plan_buckets with the flags' sizes (as Ddp cuts them).
+// plan_buckets with the flags' sizes (as Reducer cuts them).
 std::vector<Bucket> plan_buckets(const std::vector<ParamSpan>& layers, const DdpOptions& options);
 
-// A stage's buckets, decided once from its layers and the options: the reducer (Ddp), the
+// A stage's buckets, decided once from its layers and the options: the reducer (Reducer), the
 // gradient ring and ZeRO's pieces are all cut from this one value, never planned again.
 struct BucketPlan {
   std::vector<Bucket> buckets;  // in reduction order (the last layers first)

@@ -1,4 +1,4 @@
-// Ddp: bucket planning and the backward hooks.
+// Reducer: bucket planning and the backward hooks.
 #include "dist/ddp.h"
 
 #include <algorithm>
@@ -8,8 +8,8 @@
 
 namespace ddp {
 
-Ddp::Ddp(Communicator& comm, const std::vector<ParamSpan>& layers, size_t bucket_bytes,
-         size_t first_bucket_bytes, bool overlap)
+Reducer::Reducer(Communicator& comm, const std::vector<ParamSpan>& layers, size_t bucket_bytes,
+                 size_t first_bucket_bytes, bool overlap)
     : comm_(comm),
       buckets_(plan_buckets(layers, bucket_bytes, first_bucket_bytes)),
       overlap_(overlap),
@@ -17,7 +17,8 @@ Ddp::Ddp(Communicator& comm, const std::vector<ParamSpan>& layers, size_t bucket
   index_layers();
 }
 
-Ddp::Ddp(Communicator& comm, const std::vector<ParamSpan>& layers, const DdpOptions& options)
+Reducer::Reducer(Communicator& comm, const std::vector<ParamSpan>& layers,
+                 const DdpOptions& options)
     : comm_(comm),
       buckets_(plan_buckets(layers, options)),
       overlap_(options.overlap),
@@ -25,22 +26,22 @@ Ddp::Ddp(Communicator& comm, const std::vector<ParamSpan>& layers, const DdpOpti
   index_layers();
 }
 
-Ddp::Ddp(Communicator& comm, std::vector<Bucket> buckets, int layer_count, bool overlap)
+Reducer::Reducer(Communicator& comm, std::vector<Bucket> buckets, int layer_count, bool overlap)
     : comm_(comm), buckets_(std::move(buckets)), overlap_(overlap), layer_count_(layer_count) {
   int next = layer_count;  // the buckets tile the layers downwards, with no gap
   for (size_t b = 0; b < buckets_.size(); ++b) {
     DDP_CHECK(
         buckets_[b].last_layer == next - 1 && buckets_[b].first_layer <= buckets_[b].last_layer,
-        "Ddp: bucket {} holds layers {} to {} where layer {} was expected to end it (buckets "
+        "Reducer: bucket {} holds layers {} to {} where layer {} was expected to end it (buckets "
         "tile the {} layers, the highest first)",
         b, buckets_[b].first_layer, buckets_[b].last_layer, next - 1, layer_count);
     next = buckets_[b].first_layer;
   }
-  DDP_CHECK(next == 0, "Ddp: the buckets leave layers 0 to {} out", next - 1);
+  DDP_CHECK(next == 0, "Reducer: the buckets leave layers 0 to {} out", next - 1);
   index_layers();
 }
 
-void Ddp::index_layers() {
+void Reducer::index_layers() {
   bucket_of_.assign(static_cast<size_t>(layer_count_), -1);
   for (size_t b = 0; b < buckets_.size(); ++b)
     for (int layer = buckets_[b].first_layer; layer <= buckets_[b].last_layer; ++layer)
@@ -51,7 +52,7 @@ void Ddp::index_layers() {
     buffer_count_ = std::max(buffer_count_, b.buffer + 1);
 }
 
-void Ddp::check_same_layout(const std::vector<NamedParam>& params) {
+void Reducer::check_same_layout(const std::vector<NamedParam>& params) {
   DDP_CHECK(!comm_.device_buffers() ||
                 (device_scratch_ && copy_to_device_ != nullptr && copy_to_host_ != nullptr),
             "check_same_layout(names) over {} needs set_device_copies and set_device_scratch",
@@ -68,8 +69,8 @@ void Ddp::check_same_layout(const std::vector<NamedParam>& params) {
                   difference->rank, difference->index, difference->theirs, difference->rank0s));
 }
 
-void Ddp::check_same_layout(uint64_t fingerprint, const std::string& description,
-                            void* device_scratch) {
+void Reducer::check_same_layout(uint64_t fingerprint, const std::string& description,
+                                void* device_scratch) {
   // The device scratch holds size() + 1 int64: this rank's, then everyone's (Relay's layout).
   const int n = comm_.size();
   DDP_CHECK(!comm_.device_buffers() || device_scratch != nullptr,
@@ -87,24 +88,24 @@ void Ddp::check_same_layout(uint64_t fingerprint, const std::string& description
                   differ, description);
 }
 
-void Ddp::broadcast_parameters(float* params, size_t count) {
+void Reducer::broadcast_parameters(float* params, size_t count) {
   comm_.broadcast(params, count, DataType::kFloat32, 0);
 }
 
-void Ddp::begin_backward(float* grads) {
+void Reducer::begin_backward(float* grads) {
   begin_backward(std::vector<GradMemory>{{grads, DataType::kFloat32}});
 }
 
-void Ddp::begin_backward(std::vector<GradMemory> buffers) {
+void Reducer::begin_backward(std::vector<GradMemory> buffers) {
   DDP_CHECK(buffers.size() == buffer_count_,
-            "Ddp::begin_backward: {} gradient buffers for buckets over {}", buffers.size(),
+            "Reducer::begin_backward: {} gradient buffers for buckets over {}", buffers.size(),
             buffer_count_);
   bool missing = false;
   for (const GradMemory& buffer : buffers)
     missing = missing || buffer.data == nullptr;
   DDP_USAGE_CHECK(
       !missing || user_hook_ || (reduction_ != nullptr && reduction_->keeps_gradients()),
-      "Ddp::begin_backward: no gradient buffer (null)");
+      "Reducer::begin_backward: no gradient buffer (null)");
   in_backward_ = true;
   buffers_ = std::move(buffers);
   next_bucket_ = 0;
@@ -115,7 +116,7 @@ void Ddp::begin_backward(std::vector<GradMemory> buffers) {
     if (bucket >= 0) ++waiting_[static_cast<size_t>(bucket)];
 }
 
-float* Ddp::grads() const {
+float* Reducer::grads() const {
   if (buffers_.size() != 1 || buffers_[0].type != DataType::kFloat32) return nullptr;
   return static_cast<float*>(buffers_[0].data);
 }
@@ -136,7 +137,7 @@ CommHook bf16_compress_hook(uint16_t* scratch) {
   };
 }
 
-void Ddp::reduce_in_bf16(void* scratch) {
+void Reducer::reduce_in_bf16(void* scratch) {
   comm_.require_bf16_reduction();  // before training, not at the first step
   DDP_CHECK(scratch != nullptr, "reduce_in_bf16: no scratch buffer");
   DDP_USAGE_CHECK(!user_hook_,
@@ -146,7 +147,7 @@ void Ddp::reduce_in_bf16(void* scratch) {
   hook_ = bf16_compress_hook(bf16_scratch_);
 }
 
-void Ddp::register_comm_hook(CommHook hook) {
+void Reducer::register_comm_hook(CommHook hook) {
   DDP_USAGE_CHECK(hook != nullptr, "register_comm_hook: an empty hook");
   DDP_USAGE_CHECK(!user_hook_ && bf16_scratch_ == nullptr,
                   "register_comm_hook: the buckets have a hook already ({}); one hook a model, as "
@@ -161,13 +162,13 @@ void Ddp::register_comm_hook(CommHook hook) {
   user_hook_ = true;
 }
 
-void Ddp::set_reduction(BucketReduction* reduction) {
+void Reducer::set_reduction(BucketReduction* reduction) {
   DDP_USAGE_CHECK(reduction == nullptr || !user_hook_,
                   "a communication hook is registered: ZeRO's sharded reduction cannot replace it");
   reduction_ = reduction;
 }
 
-void Ddp::issue(size_t bucket) {
+void Reducer::issue(size_t bucket) {
   const Bucket& b = buckets_[bucket];
   if (reduction_ != nullptr) {
     pending_.push_back(reduction_->reduce(bucket, buffers_[b.buffer]));
@@ -185,17 +186,17 @@ void Ddp::issue(size_t bucket) {
   record({"allreduce_issued", b.first_layer, static_cast<int>(bucket)});
 }
 
-void Ddp::check_layer(const char* what, int layer) const {
+void Reducer::check_layer(const char* what, int layer) const {
   DDP_USAGE_CHECK(in_backward_,
-                  "Ddp::{}({}) before begin_backward: call begin_backward(grads) when a step's "
+                  "Reducer::{}({}) before begin_backward: call begin_backward(grads) when a step's "
                   "backward starts",
                   what, layer);
   DDP_USAGE_CHECK(layer >= 0 && layer < layer_count_,
-                  "Ddp::{}({}): the model has layers 0 to {} (as given to Ddp)", what, layer,
-                  layer_count_ - 1);
+                  "Reducer::{}({}): the model has layers 0 to {} (as given to Reducer)", what,
+                  layer, layer_count_ - 1);
 }
 
-void Ddp::layer_done(int layer) {
+void Reducer::layer_done(int layer) {
   check_layer("layer_done", layer);
   record({"layer_done", layer, -1});
   if (!overlap_) return;
@@ -204,11 +205,12 @@ void Ddp::layer_done(int layer) {
     issue(next_bucket_++);
 }
 
-void Ddp::layer_ready(int layer) {
+void Reducer::layer_ready(int layer) {
   check_layer("layer_ready", layer);
   const int bucket = bucket_of_[static_cast<size_t>(layer)];
   DDP_USAGE_CHECK(!ready_[static_cast<size_t>(layer)],
-                  "Ddp::layer_ready({}): layer {} was already ready in this step", layer, layer);
+                  "Reducer::layer_ready({}): layer {} was already ready in this step", layer,
+                  layer);
   ready_[static_cast<size_t>(layer)] = 1;
   --waiting_[static_cast<size_t>(bucket)];
   record({"layer_done", layer, -1});
@@ -217,9 +219,9 @@ void Ddp::layer_ready(int layer) {
     issue(next_bucket_++);
 }
 
-void Ddp::end_backward() {
+void Reducer::end_backward() {
   DDP_USAGE_CHECK(in_backward_,
-                  "Ddp::end_backward before begin_backward: call begin_backward(grads) when a "
+                  "Reducer::end_backward before begin_backward: call begin_backward(grads) when a "
                   "step's backward starts");
   in_backward_ = false;
   record({"backward_done", -1, -1});
@@ -238,7 +240,7 @@ void wait_all(std::vector<std::unique_ptr<Work>>& works, Communicator& comm, voi
   works.clear();
 }
 
-void Ddp::finish(void* stream) {
+void Reducer::finish(void* stream) {
   wait_all(pending_, comm_, stream);
   record({"allreduce_waited", -1, -1});
 }

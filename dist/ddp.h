@@ -42,7 +42,7 @@ class BucketReduction {
  public:
   virtual ~BucketReduction() = default;
   // Starts bucket `bucket`'s reduction of the step's gradients (`grads`: begin_backward's
-  // buffer of the bucket, its data null where the reduction keeps them); Ddp::finish waits for
+  // buffer of the bucket, its data null where the reduction keeps them); Reducer::finish waits for
   // its Work.
   virtual std::unique_ptr<Work> reduce(size_t bucket, const GradMemory& grads) = 0;
   // What the engine's record calls its start ("reduce_scatter_issued").
@@ -65,12 +65,12 @@ struct GradBucket {
 
 // A communication hook (c10d's register_comm_hook): starts the reduction of `bucket` over `comm`
 // so that `bucket.data` holds the average over the ranks once the returned Work is done (host
-// communicators: Ddp::finish waits for it; device ones: the compute stream is made to wait), or
+// communicators: Reducer::finish waits for it; device ones: the compute stream is made to wait), or
 // returns null where it is done already (in the compute stream's order). Every rank runs the
 // same hook on the same buckets in the same order.
 using CommHook = std::function<std::unique_ptr<Work>(Communicator& comm, const GradBucket& bucket)>;
 
-// Ddp's own reduction as a hook: the averaging all-reduce in the bucket's type (bfloat16 and
+// Reducer's own reduction as a hook: the averaging all-reduce in the bucket's type (bfloat16 and
 // float16 summed in their own type, as NCCL adds; Gloo and MPI add each pair in float and round).
 CommHook allreduce_hook();
 // The same with float32 gradients on the wire as bfloat16 through `scratch` (as many bf16
@@ -82,22 +82,23 @@ CommHook bf16_compress_hook(uint16_t* scratch);
 // (device communicators) made `stream` wait; then none left.
 void wait_all(std::vector<std::unique_ptr<Work>>& works, Communicator& comm, void* stream);
 
-// Data parallelism over a communicator (the top of this file): one per model replica group.
-class Ddp {
+// Data parallelism over a communicator (the top of this file): one per model replica group. The
+// bucketed reducer (c10d's Reducer): it sees buffers and bucket indices, never a model.
+class Reducer {
  public:
   // Any model: its layers as spans of one flat buffer (see ParamSpan; param_spans(shape)
   // for the MLP); layer_done(i) refers to layers[i]. overlap: start each bucket's
   // all-reduce as soon as its layers are done; otherwise all of them after backward.
-  Ddp(Communicator& comm, const std::vector<ParamSpan>& layers, size_t bucket_bytes,
-      size_t first_bucket_bytes, bool overlap);
+  Reducer(Communicator& comm, const std::vector<ParamSpan>& layers, size_t bucket_bytes,
+          size_t first_bucket_bytes, bool overlap);
   // The same with the flags' units (DdpOptions: MiB); bad options are a UsageError.
-  Ddp(Communicator& comm, const std::vector<ParamSpan>& layers, const DdpOptions& options = {});
+  Reducer(Communicator& comm, const std::vector<ParamSpan>& layers, const DdpOptions& options = {});
   // Buckets planned by the caller (plan_grouped_buckets) over `layer_count` layers: they must
   // tile the layers, the highest first (else a Error naming the first that does not).
-  Ddp(Communicator& comm, std::vector<Bucket> buckets, int layer_count, bool overlap);
+  Reducer(Communicator& comm, std::vector<Bucket> buckets, int layer_count, bool overlap);
   // The buckets of a plan decided once for the stage (make_bucket_plan), checked as above.
-  Ddp(Communicator& comm, const BucketPlan& plan)
-      : Ddp(comm, plan.buckets, plan.layer_count, plan.overlap) {}
+  Reducer(Communicator& comm, const BucketPlan& plan)
+      : Reducer(comm, plan.buckets, plan.layer_count, plan.overlap) {}
 
   // Collective: every rank describes its model the same way, or the first difference is a
   // UsageError on every rank naming it ("rank 1 has parameter 3 'fc2.weight' of 512 elements
@@ -129,7 +130,7 @@ class Ddp {
   // the backend cannot.
   void reduce_in_bf16(void* scratch);
   // Each bucket reduced by `hook` instead of the averaging all-reduce, from the next backward
-  // (one hook a Ddp, as PyTorch's; a UsageError for a second, during backward, or beside a
+  // (one hook a Reducer, as PyTorch's; a UsageError for a second, during backward, or beside a
   // sharded reduction).
   void register_comm_hook(CommHook hook);
   // Whether reduce_in_bf16 was called.
@@ -179,7 +180,7 @@ class Ddp {
   bool overlaps() const { return overlap_; }
 
   // A bucket's reduction in place of the averaging all-reduce, from now on (null: the
-  // all-reduce again); kept by the caller as long as the Ddp is used.
+  // all-reduce again); kept by the caller as long as the Reducer is used.
   void set_reduction(BucketReduction* reduction);
   // The flat float32 gradient buffer of this step's backward (begin_backward's; null with a
   // reduction that keeps the gradients itself, or buffers of other types).
@@ -219,5 +220,8 @@ class Ddp {
   bool in_backward_ = false;    // between begin_backward and end_backward
   BucketReduction* reduction_ = nullptr;
 };
+
+// The reducer's first name, kept for programs written against it.
+using Ddp = Reducer;
 
 }  // namespace ddp

@@ -1,4 +1,4 @@
-// Data parallelism for a GPU runner: the part of Ddp's set-up that is the same for the whole
+// Data parallelism for a GPU runner: the part of Reducer's set-up that is the same for the whole
 // model and for a pipeline stage. Only built with CUDA.
 #pragma once
 
@@ -10,11 +10,11 @@
 
 namespace ddp {
 
-// Makes the group's communicator wait for `stream` and gives Ddp the device copies; checks
+// Makes the group's communicator wait for `stream` and gives Reducer the device copies; checks
 // (collective) that every rank holds the same model; with `bf16_grads` (--grad-reduce bf16)
 // returns the buffer the gradients cross in (`count` bf16 values; empty otherwise), which must
 // live as long as `ddp` reduces.
-inline DeviceBuffer<uint16_t> prepare_device_ddp(Ddp& ddp, cudaStream_t stream,
+inline DeviceBuffer<uint16_t> prepare_device_ddp(Reducer& ddp, cudaStream_t stream,
                                                  uint64_t fingerprint,
                                                  const std::string& description, bool bf16_grads,
                                                  size_t count) {

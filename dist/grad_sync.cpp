@@ -20,10 +20,10 @@ RingLayout sync_ring_layout(const SyncOptions& options, int stages_on_rank, int 
   return layout;
 }
 
-std::unique_ptr<Ddp> GradSync::make(Communicator& group, ParamStore& store,
-                                    const SyncOptions& options, const ModelIdentity& model,
-                                    bool lead, Communicator* gathers) {
-  auto ddp = std::make_unique<Ddp>(group, store.bucket_plan());
+std::unique_ptr<Reducer> GradSync::make(Communicator& group, ParamStore& store,
+                                        const SyncOptions& options, const ModelIdentity& model,
+                                        bool lead, Communicator* gathers) {
+  auto ddp = std::make_unique<Reducer>(group, store.bucket_plan());
   const DdpOptions defaults;
   if (lead && options.gathers_layers() &&
       (options.buckets.bucket_mb != defaults.bucket_mb ||

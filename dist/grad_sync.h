@@ -1,6 +1,6 @@
 // Gradient sync of a rank's stages over their replicas, set up in one place from its own
 // options (SyncOptions, translated from ddptrain's flags at the edge): the buckets (one
-// BucketPlan, --zero 3's bucket a layer said once where it overrides the flags), the Ddp over
+// BucketPlan, --zero 3's bucket a layer said once where it overrides the flags), the Reducer over
 // them, the model check, rank 0's parameters broadcast, and the state the parameters are kept
 // in, whole or sharded, made by the runner's ParamStore. Knows no model.
 #pragma once
@@ -35,13 +35,13 @@ struct ModelIdentity {
 };
 
 struct GradSync {
-  // Data parallelism over `group` for the parameters in `store`: the Ddp over its buckets, the
+  // Data parallelism over `group` for the parameters in `store`: the Reducer over its buckets, the
   // model check (collective), rank 0's parameters broadcast and, with --zero, the sharded
   // state (its start-up line, and the override of the bucket sizes, from `lead`).
   // `gathers`: level 3's layer gathers' own communicator over the same group, or null.
-  static std::unique_ptr<Ddp> make(Communicator& group, ParamStore& store,
-                                   const SyncOptions& options, const ModelIdentity& model,
-                                   bool lead, Communicator* gathers = nullptr);
+  static std::unique_ptr<Reducer> make(Communicator& group, ParamStore& store,
+                                       const SyncOptions& options, const ModelIdentity& model,
+                                       bool lead, Communicator* gathers = nullptr);
 };
 
 }  // namespace ddp

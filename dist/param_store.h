@@ -20,7 +20,7 @@ class ParamStore {
  public:
   virtual ~ParamStore() = default;
 
-  // The buckets of the rank's stages (planned once, when the store was made): the Ddp's.
+  // The buckets of the rank's stages (planned once, when the store was made): the Reducer's.
   virtual const BucketPlan& bucket_plan() const = 0;
   // The flat parameters where the group's communicator takes them (host or device memory)
   // and how many; params_changed() after something wrote them there (a broadcast).
@@ -30,11 +30,11 @@ class ParamStore {
   // Makes `ddp` reach this memory (the GPU: its stream, the device copies, --grad-reduce
   // bf16's wire) and checks, collectively, that every replica holds the same model:
   // `fingerprint` identifies it, `description` names it in the error ("--layers 12,8,4").
-  virtual void join(Ddp& ddp, uint64_t fingerprint, const std::string& description) = 0;
+  virtual void join(Reducer& ddp, uint64_t fingerprint, const std::string& description) = 0;
   // From now on the optimizer state (1), the averaged gradients (2) and the parameters (3) are
   // kept as this rank's pieces of `ddp`'s buckets (the gathers of level 3 on `gathers`, null:
-  // the Ddp's communicator). Returns the pieces.
-  virtual const ShardPlan& shard(Ddp& ddp, int level, Communicator* gathers) = 0;
+  // the Reducer's communicator). Returns the pieces.
+  virtual const ShardPlan& shard(Reducer& ddp, int level, Communicator* gathers) = 0;
 };
 
 }  // namespace ddp

@@ -8,7 +8,7 @@
 
 namespace ddp {
 
-ShardedBuckets::ShardedBuckets(Ddp& ddp, int level, const MemoryPort* memory, ShardCut cut,
+ShardedBuckets::ShardedBuckets(Reducer& ddp, int level, const MemoryPort* memory, ShardCut cut,
                                const RingSlots* ring)
     : ddp_(ddp),
       comm_(ddp.comm()),

@@ -1,6 +1,6 @@
-// ZeRO's buckets over a Ddp's group (--zero 1, 2, 3; LibTorch's zero(N)): this rank's pieces of
+// ZeRO's buckets over a Reducer's group (--zero 1, 2, 3; LibTorch's zero(N)): this rank's pieces of
 // every bucket (ShardPlan, dist/zero.h: equal pieces or whole layers), each bucket reduce-
-// scattered into this rank's averaged piece in its buffer's type as the Ddp's bucket reduction
+// scattered into this rank's averaged piece in its buffer's type as the Reducer's bucket reduction
 // (2, 3; 1 keeps the all-reduce), the padded copies of the buckets whose pieces are not the
 // bucket itself, the gradient ring's slots where backward writes, and the pieces' all-gathers
 // back into whole buffers or one layer's parameters. Host or device memory alike: the caller
@@ -47,13 +47,13 @@ class ShardedBuckets final : public BucketReduction {
  public:
   // `ddp`'s buckets cut into its group's pieces at `level` (1, 2 or 3; 3: the gradients as 2,
   // the caller shards the parameters through gather_bucket) as `cut` says; from now on (2, 3)
-  // the Ddp reduce-scatters through it. `memory`: where its padded copies and averaged pieces
+  // the Reducer reduce-scatters through it. `memory`: where its padded copies and averaged pieces
   // go (needed with a device communicator; null: the host's); `ring`: the gradient ring's
-  // slots, or null. Kept as long as the Ddp reduces (which may outlive it unused). Host
+  // slots, or null. Kept as long as the Reducer reduces (which may outlive it unused). Host
   // communicators: any piece size, so that a bucket that divides evenly needs no memory of its
   // own; device ones: pieces of a multiple of kDeviceShardAlign elements, reduce-scattered in
   // place.
-  ShardedBuckets(Ddp& ddp, int level, const MemoryPort* memory = nullptr, ShardCut cut = {},
+  ShardedBuckets(Reducer& ddp, int level, const MemoryPort* memory = nullptr, ShardCut cut = {},
                  const RingSlots* ring = nullptr);
   ShardedBuckets(const ShardedBuckets&) = delete;
   ShardedBuckets& operator=(const ShardedBuckets&) = delete;
@@ -70,12 +70,12 @@ class ShardedBuckets final : public BucketReduction {
   // Buffer b's element type, and its bytes.
   DataType type(size_t buffer) const { return types_.at(buffer); }
   size_t element_bytes(size_t buffer) const { return dtype_bytes(types_.at(buffer)); }
-  // After Ddp::finish(): where this rank's averaged piece of bucket b is (its runs packed,
+  // After Reducer::finish(): where this rank's averaged piece of bucket b is (its runs packed,
   // plan().parts[b].count elements, none past the bucket's end): the reduced pieces with level
   // 2 and 3; with level 1 the gradients' own place (the piece only where the part is strided).
   // A whole bucket's (ShardPart::whole): the gradients' own place, its runs where they lie.
   const void* reduced_piece(size_t bucket) const;
-  // After Ddp::finish(): the averaged gradient of element `offset` of bucket b's buffer, which
+  // After Reducer::finish(): the averaged gradient of element `offset` of bucket b's buffer, which
   // this rank owns (in its piece, or where it lies in a whole bucket).
   const void* averaged_at(size_t bucket, size_t offset) const;
   // Level 2 or 3 with one float32 buffer (ddptrain's): every averaged piece, as one shard,
@@ -106,11 +106,11 @@ class ShardedBuckets final : public BucketReduction {
   // gathers' communicator.
   std::unique_ptr<Work> gather_bucket_async(size_t b, const void* shard, void* into);
   // --zero 3's gathers of a layer before its use (gather_bucket, gather_bucket_async) on a
-  // communicator of their own over the same ranks (in the same order: a split of the Ddp's),
+  // communicator of their own over the same ranks (in the same order: a split of the Reducer's),
   // so that on the GPU a gather runs on its own stream and never queues behind the reduce-
-  // scatters issued before it; null: on the Ddp's.
+  // scatters issued before it; null: on the Reducer's.
   void set_gather_comm(Communicator* comm) { gather_comm_ = comm; }
-  // The communicator of --zero 3's layer gathers: set_gather_comm's, else the Ddp's.
+  // The communicator of --zero 3's layer gathers: set_gather_comm's, else the Reducer's.
   Communicator& gather_comm() { return gather_comm_ != nullptr ? *gather_comm_ : comm_; }
 
  private:
@@ -134,7 +134,7 @@ class ShardedBuckets final : public BucketReduction {
   // `gathers` waited for, then padded bucket b's gathered copy into `full` (its buffer).
   void copy_back(size_t b, void* full, std::vector<std::unique_ptr<Work>>& gathers, void* stream);
 
-  Ddp& ddp_;
+  Reducer& ddp_;
   Communicator& comm_;
   Communicator* gather_comm_ = nullptr;  // --zero 3's layer gathers, where apart
   int level_;

@@ -5,7 +5,7 @@
 
 namespace ddp {
 
-ShardedState::ShardedState(Ddp& ddp, int level, ShardHome& home, Communicator* gathers,
+ShardedState::ShardedState(Reducer& ddp, int level, ShardHome& home, Communicator* gathers,
                            ShardCut cut)
     : home_(home),
       memory_(home.memory() != nullptr ? *home.memory() : host_memory_port()),

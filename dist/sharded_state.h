@@ -1,4 +1,4 @@
-// ZeRO's state (--zero 1, 2, 3) over a Ddp's group, written once for the host and the device:
+// ZeRO's state (--zero 1, 2, 3) over a Reducer's group, written once for the host and the device:
 // this rank's pieces of the buckets (ShardedBuckets), and at level 3 of the parameters; which
 // pieces the optimizer updates and the gather of every rank's pieces after it (1, 2); the whole
 // parameters and optimizer state gathered out to a host copy and cut back into pieces from one
@@ -56,10 +56,10 @@ class ShardHome {
 class ShardedState {
  public:
   // `ddp`'s buckets cut into this rank's pieces at `level` as `cut` says (from now on, 2 and
-  // 3, the Ddp reduce-scatters through them) in `home`'s memory; level 3 takes this rank's
+  // 3, the Reducer reduce-scatters through them) in `home`'s memory; level 3 takes this rank's
   // pieces of the home's parameters (the home then frees its whole ones), its layer gathers on
-  // `gathers` (null: the Ddp's communicator).
-  ShardedState(Ddp& ddp, int level, ShardHome& home, Communicator* gathers, ShardCut cut = {});
+  // `gathers` (null: the Reducer's communicator).
+  ShardedState(Reducer& ddp, int level, ShardHome& home, Communicator* gathers, ShardCut cut = {});
 
   int level() const { return shards_->level(); }
   const ShardPlan& plan() const { return shards_->plan(); }
@@ -76,7 +76,7 @@ class ShardedState {
   // the padding zero); else null.
   void* piece_memory(size_t buffer) { return pieces_.empty() ? nullptr : pieces_.at(buffer).get(); }
 
-  // What the step's update updates, after Ddp::finish() (one float32 buffer, equal pieces):
+  // What the step's update updates, after Reducer::finish() (one float32 buffer, equal pieces):
   // each of this rank's non-empty pieces, its parameters at `offset` (levels 1, 2: of the
   // whole parameters; 3: of pieces()), its averaged gradients and its place in the optimizer's
   // state (over the pieces).

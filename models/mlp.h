@@ -115,7 +115,7 @@ bool backward_products_leave_sms_idle(const MlpShape& shape, int first, int end,
                                       int sms);
 
 // The MLP's layers (weight then bias of layer i) as spans of its flat buffer (the core's
-// buckets and Ddp take them).
+// buckets and Reducer take them).
 std::vector<ParamSpan> param_spans(const MlpShape& shape);
 
 }  // namespace ddp

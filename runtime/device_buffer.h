@@ -16,7 +16,7 @@
 
 namespace ddp {
 
-// Synchronous host <-> device copies (what Ddp::set_device_copies takes).
+// Synchronous host <-> device copies (what Reducer::set_device_copies takes).
 inline void copy_to_device(void* dst, const void* src, size_t bytes) {
   DDP_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
 }

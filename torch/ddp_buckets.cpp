@@ -65,8 +65,8 @@ void DistributedDataParallel::Impl::use_plan(GroupedBuckets planned) {
       offset += p.numel();
     }
   }
-  reducer = std::make_unique<Ddp>(comm, std::move(planned.buckets), static_cast<int>(params.size()),
-                                  options.overlap());
+  reducer = std::make_unique<Reducer>(comm, std::move(planned.buckets),
+                                      static_cast<int>(params.size()), options.overlap());
   reducer->record_events(recording_events);
   if (hook)
     reducer->register_comm_hook(

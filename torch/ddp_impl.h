@@ -170,7 +170,7 @@ struct DistributedDataParallel::Impl {
   std::vector<char> used_anywhere;  // the last all-reduce of `used`: some rank had a gradient
   bool static_recorded = false;     // static_graph: the first step is over
   std::vector<char> static_unused;  // and the parameters it left without gradient here
-  std::unique_ptr<Ddp> reducer;
+  std::unique_ptr<Reducer> reducer;
   std::unique_ptr<TorchParams> shards;  // with ZeRO on more than one rank
   torch::Tensor device_scratch;         // the layout check's messages over NCCL
   torch::nn::AnyModule forward;

@@ -30,7 +30,7 @@ int64_t elements(const std::vector<int64_t>& sizes) {
 
 TorchParams::TorchParams(std::vector<torch::Tensor> params, std::vector<Slot> slots,
                          std::vector<torch::ScalarType> buffer_dtypes,
-                         std::vector<int64_t> buffer_counts, Ddp& ddp,
+                         std::vector<int64_t> buffer_counts, Reducer& ddp,
                          const std::vector<size_t>& param_of, int level,
                          std::function<void(size_t)> moved, std::function<void*()> stream)
     : params_(std::move(params)),

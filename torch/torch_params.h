@@ -41,7 +41,7 @@ class TorchParams final : private ShardHome {
   // compute stream the collectives and copies are ordered on (null: the CPU).
   TorchParams(std::vector<torch::Tensor> params, std::vector<Slot> slots,
               std::vector<torch::ScalarType> buffer_dtypes, std::vector<int64_t> buffer_counts,
-              Ddp& ddp, const std::vector<size_t>& param_of, int level,
+              Reducer& ddp, const std::vector<size_t>& param_of, int level,
               std::function<void(size_t)> moved, std::function<void*()> stream);
   ~TorchParams() override;
 
@@ -104,7 +104,7 @@ class TorchParams final : private ShardHome {
   std::vector<torch::Tensor> pieces_;  // level 3: each dtype's pieces (ShardedState's)
   MemoryPort memory_;  // LibTorch tensors on the parameters' device, copies in stream order
   std::unique_ptr<ShardedState> state_;
-  Ddp& ddp_;
+  Reducer& ddp_;
   int level_, rank_;
   bool current_ = true;
   bool shards_gradients_ = false;

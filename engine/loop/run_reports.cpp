@@ -143,7 +143,7 @@ void write_pipeline_record(MetricsWriter& metrics, Communicator* world,
   metrics.write(record);
 }
 
-void write_ddp_timeline(MetricsWriter& metrics, const Ddp& ddp, int64_t step) {
+void write_ddp_timeline(MetricsWriter& metrics, const Reducer& ddp, int64_t step) {
   if (!metrics.enabled()) return;
   nlohmann::json events = nlohmann::json::array();
   for (const DdpEvent& e : ddp.events())

@@ -48,7 +48,7 @@ double simulated_bubble(PipelineSchedule schedule, const PipelineLayout& layout,
 
 // The first step's data-parallel events (buckets issued and reduced, layer by layer), as the
 // `ddp_timeline` record.
-void write_ddp_timeline(MetricsWriter& metrics, const Ddp& ddp, int64_t step);
+void write_ddp_timeline(MetricsWriter& metrics, const Reducer& ddp, int64_t step);
 
 // Every rank's spans in one Chrome trace at `path`, written by rank 0.
 void write_timeline(const TimelineRecorder& timeline, Communicator* world,

@@ -70,7 +70,7 @@ class Trainer {
   const float* params() const { return runner_->param_store().params(); }
   float* params() { return runner_->param_store().params(); }
   std::vector<float> stage_params() { return runner_->get_params(); }
-  const Ddp* ddp() const { return ddp_.get(); }
+  const Reducer* ddp() const { return ddp_.get(); }
   int64_t resumed_from() const { return resumed_from_; }
   const PipelineLayout& layout() const { return layout_; }
   // The most micro-batches whose activations this stage held at once in any step so far.
@@ -119,7 +119,7 @@ class Trainer {
   RankStages stages_;  // what this rank runs: its stages (several with interleaving)
   StageSpec spec_;     // its first stage (the only one on the GPU)
   std::unique_ptr<StageRunner> runner_;
-  std::unique_ptr<Ddp> ddp_;
+  std::unique_ptr<Reducer> ddp_;
   Sampler sampler_;
   int64_t total_steps_ = 0;
   bool profiling_ = false;  // inside --profile-steps' capture range

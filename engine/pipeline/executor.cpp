@@ -91,8 +91,8 @@ ScheduleExecutor::ScheduleExecutor(std::vector<PipelineAction> actions,
   }
 }
 
-void ScheduleExecutor::run(PipelineRank& runner, Ddp* ddp, TimelineRecorder& timeline, int64_t step,
-                           float scale, StepStats* stats) const {
+void ScheduleExecutor::run(PipelineRank& runner, Reducer* ddp, TimelineRecorder& timeline,
+                           int64_t step, float scale, StepStats* stats) const {
   // The host's clock times the CPU's work; the GPU's spans come from its events (the host
   // only enqueues here, or not at all when the step is replayed from its graph).
   const bool gpu = runner.on_gpu();

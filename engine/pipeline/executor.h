@@ -44,8 +44,8 @@ class ScheduleExecutor {
   // weight of one sample (1 / this replica's samples in the step). `ddp` may be null (no
   // data parallelism). The CPU's spans go to `timeline` (the GPU times its own). Adds to
   // `stats` the loss, hits and compute time of the step.
-  void run(PipelineRank& runner, Ddp* ddp, TimelineRecorder& timeline, int64_t step, float scale,
-           StepStats* stats) const;
+  void run(PipelineRank& runner, Reducer* ddp, TimelineRecorder& timeline, int64_t step,
+           float scale, StepStats* stats) const;
 
  private:
   std::vector<PipelineAction> actions_;

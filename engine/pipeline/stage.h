@@ -18,7 +18,7 @@ struct StagePlace {
   int stage = 0;          // its index in the pipeline
   int stages = 1;         // how many stages the pipeline has
   int micro_batches = 1;  // per step
-  int layers = 1;         // the data-parallel buckets' layers it holds (Ddp::layer_done's)
+  int layers = 1;         // the data-parallel buckets' layers it holds (Reducer::layer_done's)
   bool is_last() const { return stage == stages - 1; }
 };
 

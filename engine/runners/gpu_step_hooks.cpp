@@ -86,7 +86,7 @@ void GpuStepHooks::weight_grads(
 void GpuStepHooks::end_schedule() {
   mark_buckets();
   if (timeline_ && ddp_) timeline_->buckets_issued(*ddp_);
-  // The updates joined into the stream; Ddp::finish then has nothing left to wait for.
+  // The updates joined into the stream; Reducer::finish then has nothing left to wait for.
   if (overlapped_ && ddp_) overlapped_->end_backward();
 }
 

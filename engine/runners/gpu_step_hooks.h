@@ -42,7 +42,7 @@ class GpuStepHooks {
     const StageSpec* spec = nullptr;
     CudaStage* stage = nullptr;
     const BatchFeeder* feeder = nullptr;
-    Ddp* ddp = nullptr;
+    Reducer* ddp = nullptr;
     DeviceState* state = nullptr;  // gradient sync's: whole or sharded
     bool several = false;
     bool lead = false;
@@ -74,7 +74,7 @@ class GpuStepHooks {
   void forward_done() {
     if (timeline_) timeline_->forward_done();
   }
-  // After Ddp::end_backward (the executor's): the rest of the buckets issued and marked; the
+  // After Reducer::end_backward (the executor's): the rest of the buckets issued and marked; the
   // overlapped updates joined into the stream.
   void end_schedule();
   // Around one compute span of a pipeline stage (in stream order).
@@ -98,7 +98,7 @@ class GpuStepHooks {
   cudaStream_t stream_;
   bool alone_;
   int backwards_a_step_;  // the step's backwards; the last gets the hooks
-  Ddp* ddp_ = nullptr;
+  Reducer* ddp_ = nullptr;
   std::unique_ptr<OptimizerOverlap> overlapped_;
   std::unique_ptr<GpuTimeline> timeline_;  // the whole model's --timeline
   std::unique_ptr<DeviceBusySpans> busy_;  // a pipeline stage's forwards and backwards

@@ -33,7 +33,7 @@ class OptimizerOverlap {
   using Update = std::function<void(size_t offset, size_t count, cudaStream_t stream)>;
   // `ranges` in the order backward finishes them (last layers first); with `ddp`, its
   // buckets in its order. `compute`: the stream backward runs on.
-  OptimizerOverlap(cudaStream_t compute, Update update, std::vector<Range> ranges, Ddp* ddp)
+  OptimizerOverlap(cudaStream_t compute, Update update, std::vector<Range> ranges, Reducer* ddp)
       : compute_(compute),
         update_(std::move(update)),
         ranges_(std::move(ranges)),
@@ -55,13 +55,13 @@ class OptimizerOverlap {
   }
 
   void begin_step() { next_ = 0; }
-  // From the layer hook (after Ddp::layer_done): layers above `layer` are done.
+  // From the layer hook (after Reducer::layer_done): layers above `layer` are done.
   void layer_done(int layer) {
     while (next_ < ranges_.size() && ranges_[next_].first_layer > layer &&
            (ddp_ == nullptr || next_ < ddp_->issued()))
       apply(next_++);
   }
-  // After backward (and Ddp::end_backward): the rest, then the side stream joins the compute
+  // After backward (and Reducer::end_backward): the rest, then the side stream joins the compute
   // stream (apply_rest, then join; a pipeline stage joins later, at its optimizer step, so
   // that its last gradient's send does not wait for the updates).
   void end_backward() {
@@ -89,7 +89,7 @@ class OptimizerOverlap {
   cudaStream_t compute_;
   Update update_;
   std::vector<Range> ranges_;
-  Ddp* ddp_;
+  Reducer* ddp_;
   std::vector<CudaEvent> ready_;  // one per range: backward is done with it
   CudaEvent joined_;
   CudaStream side_;

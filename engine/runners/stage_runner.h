@@ -32,7 +32,7 @@
 
 namespace ddp {
 
-class Ddp;
+class Reducer;
 
 // Which layers a stage runs and how a step is cut.
 struct StageSpec {
@@ -92,7 +92,7 @@ std::vector<float> initial_weights(const std::string& init_weights, uint64_t see
 
 // The buckets of the rank's stages' data parallelism, planned once from their layers and the
 // sync options (a bucket a layer where layers are gathered): what the runner's gradient ring,
-// the stages' Ddp and the sharded state's pieces are all cut from (ParamStore::bucket_plan()).
+// the stages' Reducer and the sharded state's pieces are all cut from (ParamStore::bucket_plan()).
 BucketPlan stage_bucket_plan(const RankStages& stages, const SyncOptions& sync);
 
 // The neighbours a stage talks to: activations go forward on `activations`, gradients back

@@ -139,7 +139,7 @@ class GpuRunner final : public StageRunner {
                                                         options.optimizer, own_stream_->get());
     }
     const SyncOptions& sync = options_.sync;
-    BucketPlan plan = stage_bucket_plan(stages, sync);  // the ring's and the Ddp's
+    BucketPlan plan = stage_bucket_plan(stages, sync);  // the ring's and the Reducer's
     for (size_t c = 0; c < stages.chunks.size(); ++c)
       chunks_.push_back(std::make_unique<GpuChunk>(
           shared_, stages.chunks[c],
@@ -342,7 +342,7 @@ class GpuRunner final : public StageRunner {
   void end_schedule() override {
     for (auto& chunk : chunks_)
       chunk->wait_sends();
-    hooks_->end_schedule();  // after Ddp::end_backward (the executor's)
+    hooks_->end_schedule();  // after Reducer::end_backward (the executor's)
   }
   bool grads_nonfinite() override { return false; }  // the GPU stops on the loss instead
   void optimizer_step() override {
@@ -498,7 +498,7 @@ class GpuRunner final : public StageRunner {
   DeviceSplit eval_;  // the split evaluated: features on the first stage, labels on the last
   const Split* eval_split_ = nullptr;
   // The rank's parameters as gradient sync keeps them: the state (whole, or sharded over the
-  // replicas) that updates them, and the Ddp.
+  // replicas) that updates them, and the Reducer.
   std::unique_ptr<DeviceParamStore> store_;
   std::unique_ptr<GpuStepHooks> hooks_;  // the layer hook, the schedule's end, busy spans
   std::unique_ptr<StepReplay> replay_;   // the steps: eager, captured, replayed; the watchdog

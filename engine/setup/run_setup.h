@@ -58,7 +58,7 @@ struct RankGroups {
   std::unique_ptr<Communicator> grad;  // the same ranks again, for gradients (GPU, chunks > 1)
   std::unique_ptr<Communicator> dp;    // this stage's replicas (pp > 1, dp > 1)
   // The same replicas again for --zero 3's layer gathers on the GPU (dp > 1), so that they
-  // never queue behind the reduce-scatters on NCCL's stream (Ddp::set_gather_comm).
+  // never queue behind the reduce-scatters on NCCL's stream (Reducer::set_gather_comm).
   std::unique_ptr<Communicator> gathers;
   std::unique_ptr<Communicator> host_world, host_pipe;  // where the others are NCCL's
   // Several stages a rank on the GPU: the pipeline's lanes (pipeline_lanes), those of one

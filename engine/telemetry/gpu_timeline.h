@@ -92,7 +92,7 @@ class GpuTimeline {
   }
   // After every bucket is issued: each one's completion, timed on a side stream that joins
   // the model's stream again.
-  void buckets_issued(Ddp& ddp) {
+  void buckets_issued(Reducer& ddp) {
     for (size_t b = 0; b < reduced_.size(); ++b) {
       ddp.pending(b).then_on(side_.get());
       record(reduced_[b], side_.get());

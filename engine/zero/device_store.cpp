@@ -28,7 +28,7 @@ DeviceParamStore::DeviceParamStore(DeviceStoreLayout layout, DeviceParameters& w
       stream_(stream),
       state_(std::make_unique<DeviceWhole>(weights, std::move(update))) {}
 
-void DeviceParamStore::join(Ddp& ddp, uint64_t fingerprint, const std::string& description) {
+void DeviceParamStore::join(Reducer& ddp, uint64_t fingerprint, const std::string& description) {
   ddp_ = &ddp;
   bf16_wire_ = prepare_device_ddp(ddp, stream_, fingerprint, description, layout_.sync.bf16_grads,
                                   layout_.count);
@@ -38,7 +38,7 @@ void DeviceParamStore::join(Ddp& ddp, uint64_t fingerprint, const std::string& d
                  layout_.plan.overlap ? "on" : "off", layout_.sync.bf16_grads ? "bf16" : "fp32");
 }
 
-const ShardPlan& DeviceParamStore::shard(Ddp& ddp, int level, Communicator* gathers) {
+const ShardPlan& DeviceParamStore::shard(Reducer& ddp, int level, Communicator* gathers) {
   RingLayout ring = layout_.ring;
   ring.zero = level;
   auto zero =

@@ -1,7 +1,7 @@
 // The GPU runner's parameters as gradient sync keeps them (ParamStore): the rank's flat
 // DeviceParameters on its compute stream, and the state over them (DeviceState: DeviceWhole,
 // the runner's own update, until shard() makes it DeviceZero). The runner reads the state and
-// the Ddp from here and, after shard(), wires its layers where the state says (its `rewire`).
+// the Reducer from here and, after shard(), wires its layers where the state says (its `rewire`).
 // Only built with CUDA.
 #pragma once
 
@@ -23,8 +23,8 @@
 namespace ddp {
 
 // --zero 2 and 3's gradient ring (dist/gradient_ring.h) as the device memory of
-// `buckets` (the stage's BucketPlan, which its Ddp reduces; offsets in the stage's flat buffer of
-// `param_count`), or none (a stage's gradients in one buffer).
+// `buckets` (the stage's BucketPlan, which its Reducer reduces; offsets in the stage's flat buffer
+// of `param_count`), or none (a stage's gradients in one buffer).
 GradientRing device_gradient_ring(const std::vector<Bucket>& buckets, size_t param_count,
                                   const RingLayout& layout);
 
@@ -47,8 +47,8 @@ class DeviceParamStore final : public ParamStore {
                    DeviceWhole::Update update);
 
   DeviceState& state() { return *state_; }
-  // The Ddp that join() was given (null: no data parallelism).
-  Ddp* ddp() const { return ddp_; }
+  // The Reducer that join() was given (null: no data parallelism).
+  Reducer* ddp() const { return ddp_; }
   // Whether this rank logs what it sets up (rank 0, known once the world is), and the data
   // parallelism's line too (the whole model's runner says it).
   void set_lead(bool lead, bool announce) {
@@ -65,15 +65,15 @@ class DeviceParamStore final : public ParamStore {
   float* params() override { return weights_.params(); }
   size_t count() const override { return layout_.count; }
   void params_changed() override { weights_.refresh_low_precision(); }
-  void join(Ddp& ddp, uint64_t fingerprint, const std::string& description) override;
-  const ShardPlan& shard(Ddp& ddp, int level, Communicator* gathers) override;
+  void join(Reducer& ddp, uint64_t fingerprint, const std::string& description) override;
+  const ShardPlan& shard(Reducer& ddp, int level, Communicator* gathers) override;
 
  private:
   DeviceStoreLayout layout_;
   DeviceParameters& weights_;
   cudaStream_t stream_;
   std::unique_ptr<DeviceState> state_;
-  Ddp* ddp_ = nullptr;
+  Reducer* ddp_ = nullptr;
   DeviceBuffer<uint16_t> bf16_wire_;  // the gradients on the wire with --grad-reduce bf16
   bool lead_ = true;
   bool announce_ = false;

@@ -12,14 +12,14 @@ HostParamStore::HostParamStore(HostStoreLayout layout)
       state_(std::make_unique<HostWhole>(params_, grads_,
                                          make_optimizer(layout_.optimizer, layout_.count))) {}
 
-void HostParamStore::join(Ddp& ddp, uint64_t fingerprint, const std::string& description) {
+void HostParamStore::join(Reducer& ddp, uint64_t fingerprint, const std::string& description) {
   ddp.check_same_layout(fingerprint, description);
   if (!layout_.bf16_grads) return;
   bf16_wire_.assign(layout_.count, 0);
   ddp.reduce_in_bf16(bf16_wire_.data());
 }
 
-const ShardPlan& HostParamStore::shard(Ddp& ddp, int level, Communicator* gathers) {
+const ShardPlan& HostParamStore::shard(Reducer& ddp, int level, Communicator* gathers) {
   RingLayout ring;
   ring.zero = level;
   ring.overlap = layout_.plan.overlap;

@@ -50,8 +50,8 @@ class HostParamStore final : public ParamStore {
   float* params() override { return params_.data(); }
   size_t count() const override { return layout_.count; }
   void params_changed() override {}  // the parameters are read where they are written
-  void join(Ddp& ddp, uint64_t fingerprint, const std::string& description) override;
-  const ShardPlan& shard(Ddp& ddp, int level, Communicator* gathers) override;
+  void join(Reducer& ddp, uint64_t fingerprint, const std::string& description) override;
+  const ShardPlan& shard(Reducer& ddp, int level, Communicator* gathers) override;
 
  private:
   HostStoreLayout layout_;

@@ -21,7 +21,7 @@ void wait_for(std::unique_ptr<Work>* work, cudaStream_t stream) {
 
 }  // namespace
 
-DeviceZero::DeviceZero(Ddp& ddp, const RingLayout& layout, DeviceParameters& weights,
+DeviceZero::DeviceZero(Reducer& ddp, const RingLayout& layout, DeviceParameters& weights,
                        const std::vector<std::pair<size_t, size_t>>& layers,
                        const std::vector<int>& stage_layers, int ahead, Communicator* gathers,
                        cudaStream_t stream, bool lead)
@@ -43,14 +43,14 @@ DeviceZero::DeviceZero(Ddp& ddp, const RingLayout& layout, DeviceParameters& wei
   memory.stream = s;
   const GradientRing& ring = weights.ring();
   if (weights.ringed()) {
-    // The ring's slots and the Ddp's buckets are cut from the stage's one BucketPlan.
+    // The ring's slots and the Reducer's buckets are cut from the stage's one BucketPlan.
     DDP_CHECK(ring.buckets.size() == ddp.buckets().size(),
-              "gradient ring: {} buckets where the Ddp has {}", ring.buckets.size(),
+              "gradient ring: {} buckets where the Reducer has {}", ring.buckets.size(),
               ddp.buckets().size());
     for (size_t b = 0; b < ring.buckets.size(); ++b)
       DDP_CHECK(ring.buckets[b].first == ddp.buckets()[b].offset &&
                     ring.buckets[b].second == ddp.buckets()[b].count,
-                "gradient ring: bucket {} is {}+{} where the Ddp's is {}+{}", b,
+                "gradient ring: bucket {} is {}+{} where the Reducer's is {}+{}", b,
                 ring.buckets[b].first, ring.buckets[b].second, ddp.buckets()[b].offset,
                 ddp.buckets()[b].count);
     ring_.slots = ring.slots;

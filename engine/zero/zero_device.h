@@ -1,9 +1,9 @@
-// ZeRO (--zero 1, 2, 3) on the GPU over a Ddp's group: the home of the sharded state
+// ZeRO (--zero 1, 2, 3) on the GPU over a Reducer's group: the home of the sharded state
 // (ShardedState, dist/sharded_state.h: the pieces, the update's protocol, the host copies)
 // in device memory on the compute stream, with what is the device's own: the memory of its
 // padded buckets and (2, 3) gradient ring, the update's kernels over this rank's pieces, and the
 // gathers of level 3 before each use of a layer (the decisions LayerGathers makes, carried out on
-// the gathers' own communicator, Ddp::gather_comm, so that a gather never queues behind a
+// the gathers' own communicator, Reducer::gather_comm, so that a gather never queues behind a
 // reduce-scatter). The runner supplies the rank's flat buffers and compute stream and calls it
 // where the step reaches these points; models/ only holds the memory.
 #pragma once
@@ -33,11 +33,11 @@ namespace ddp {
 class DeviceZero final : public DeviceState, private ShardHome {
  public:
   // Shards `ddp`'s state at `layout.zero`'s level (--zero 3's gathers on `gathers`, null: the
-  // Ddp's communicator) over the rank's buffers `weights` (its layers
+  // Reducer's communicator) over the rank's buffers `weights` (its layers
   // as spans `layers` of them, in order, `stage_layers` of them a stage of the rank; its ring
   // made from `layout`) on `stream`; level 3 gathers up to `ahead` layers ahead of the one in
   // use (--zero-prefetch). `lead` logs what it holds.
-  DeviceZero(Ddp& ddp, const RingLayout& layout, DeviceParameters& weights,
+  DeviceZero(Reducer& ddp, const RingLayout& layout, DeviceParameters& weights,
              const std::vector<std::pair<size_t, size_t>>& layers,
              const std::vector<int>& stage_layers, int ahead, Communicator* gathers,
              cudaStream_t stream, bool lead);

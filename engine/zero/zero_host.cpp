@@ -63,7 +63,7 @@ class GatheredLayers final : public LayerParams {
   std::vector<float> whole_;
 };
 
-HostZero::HostZero(Ddp& ddp, const RingLayout& layout, std::vector<float>& params,
+HostZero::HostZero(Reducer& ddp, const RingLayout& layout, std::vector<float>& params,
                    std::vector<float>& grads, const std::vector<std::pair<int, ParamSpan>>& layers,
                    Communicator* gathers, const OptimizerConfig& optimizer)
     : HostState(nullptr), ddp_(ddp), params_(params), grads_(grads) {

@@ -1,4 +1,4 @@
-// ZeRO (--zero 1, 2, 3) on the host over a Ddp's group: the home of the sharded state
+// ZeRO (--zero 1, 2, 3) on the host over a Reducer's group: the home of the sharded state
 // (ShardedState, dist/sharded_state.h: the pieces, the update's protocol, the host copies)
 // in the CPU's vectors, with what is the host's own: the gradient ring of bucket slots (2, 3,
 // where backward runs once a step), the host optimizer over this rank's pieces, and level 3's
@@ -35,7 +35,7 @@ class HostZero final : public HostState, private ShardHome {
   // `params` and `grads` (the rank's whole parameters, `layers` being each of its layers' model
   // index and span of them, in order) stay where used, its optimizer keeping this rank's
   // pieces' state only; level 3 takes this rank's pieces of `params`.
-  HostZero(Ddp& ddp, const RingLayout& layout, std::vector<float>& params,
+  HostZero(Reducer& ddp, const RingLayout& layout, std::vector<float>& params,
            std::vector<float>& grads, const std::vector<std::pair<int, ParamSpan>>& layers,
            Communicator* gathers, const OptimizerConfig& optimizer);
   ~HostZero() override;
@@ -89,7 +89,7 @@ class HostZero final : public HostState, private ShardHome {
   float* grad_at(size_t offset);
   size_t ring_floats() const { return ring_.empty() ? 0 : ring_.size() * ring_[0].size(); }
 
-  Ddp& ddp_;
+  Reducer& ddp_;
   std::vector<float>& params_;  // the runner's buffers (level 3: the parameters freed)
   std::vector<float>& grads_;
   // The gradients in kGradientRingSlots bucket slots (bucket b in slot b % slots, each written

@@ -1,5 +1,5 @@
 // An 8-32-3 classifier trained data-parallel in the fewest lines: ddp::init joins the job,
-// ddp::Ddp averages the gradients. Run: ddprun --nproc-per-node 2 -- ./classifier
+// ddp::Reducer averages the gradients. Run: ddprun --nproc-per-node 2 -- ./classifier
 #include <cmath>
 #include <cstdio>
 
@@ -12,7 +12,7 @@ int main() {
   const ddp::MlpShape shape({8, 32, 3});
   ddp::CpuMlp model(shape, batch);
   ddp::init_params(shape, /*seed=*/1, model.params());
-  ddp::Ddp ddp(world.comm(), ddp::param_spans(shape));
+  ddp::Reducer ddp(world.comm(), ddp::param_spans(shape));
   ddp.check_same_layout({{"hidden", shape.layer(0).count()}, {"out", shape.layer(1).count()}});
   ddp.broadcast_parameters(model.params(), shape.param_count());
   std::vector<float> x(batch * 8);

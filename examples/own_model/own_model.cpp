@@ -1,6 +1,6 @@
-// A user's own model trained data-parallel with ddp::Ddp: a two-layer network written here
+// A user's own model trained data-parallel with ddp::Reducer: a two-layer network written here
 // (not ddp's MLP): y = W2 tanh(W1 x + b1) + b2, fitted to a fixed target function by SGD on
-// the CPU. Its parameters live in one flat buffer; Ddp gets the layers as spans of it,
+// the CPU. Its parameters live in one flat buffer; Reducer gets the layers as spans of it,
 // averages the gradients in buckets during backward, and every rank ends with the weights
 // one process would have. Run: ddprun --nproc-per-node 2 -- ./own_model
 #include <cmath>
@@ -43,8 +43,8 @@ int main() {
   std::normal_distribution<float> normal(0.0f, 0.5f);
   for (float& p : params)
     p = normal(init);
-  ddp::Ddp ddp(comm, {{kW1, kW2 - kW1}, {kW2, kCount - kW2}}, 1 << 20, 64,
-               /*overlap=*/true);
+  ddp::Reducer ddp(comm, {{kW1, kW2 - kW1}, {kW2, kCount - kW2}}, 1 << 20, 64,
+                   /*overlap=*/true);
   ddp.check_same_layout(kCount, "own_model 4-16-1");
   ddp.broadcast_parameters(params.data(), kCount);
 
@@ -77,7 +77,7 @@ int main() {
           grads[kW1 + j * kIn + k] += dh[j] * x[k];
       }
     }
-    // Backward is done layer by layer (last first): Ddp starts each bucket's average.
+    // Backward is done layer by layer (last first): Reducer starts each bucket's average.
     ddp.layer_done(1);
     ddp.layer_done(0);
     ddp.end_backward();

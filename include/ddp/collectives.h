@@ -2,7 +2,7 @@
 // place in the job (ProcessEnv::detect(): ddprun, torchrun, mpirun, srun or alone), the
 // launcher's store (StoreClient), binding this rank's GPU (bind_device), and the world
 // communicator over NCCL, Gloo or MPI (make_communicator, Communicator). Each header states
-// its contract; this one only gathers them. <ddp/ddp.h> adds ddp::init, World and Ddp.
+// its contract; this one only gathers them. <ddp/ddp.h> adds ddp::init, World and Reducer.
 #pragma once
 
 #include "collectives/backend.h"

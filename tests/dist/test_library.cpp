@@ -1,4 +1,4 @@
-// ddp as a library: the README's short example (ddp::init, Ddp) equals one process with 2
+// ddp as a library: the README's short example (ddp::init, Reducer) equals one process with 2
 // and 3 ranks, under ddprun, under srun without it and under torchrun; a layout check of one's own
 // model names the first difference on every rank. Ranks against one process: within
 // kAcrossRanksMargin, relative to 1 + |w| (why not bitwise: tests/support/margins.h).

@@ -54,7 +54,7 @@ TEST(TorchParams, MixedDtypesBecomeViewsOfTheirDtypesBufferAtTheirGradientsSlots
       sizes.push_back(static_cast<int64_t>(plan.buffer_sizes[k]));
     }
     MirrorCommunicator comm(1);
-    Ddp ddp(comm, plan.buckets, static_cast<int>(params.size()), true);
+    Reducer ddp(comm, plan.buckets, static_cast<int>(params.size()), true);
     int moves = 0;
     TorchParams store(
         params, slots, dtypes, sizes, ddp, plan.order, level, [&moves](size_t) { ++moves; },

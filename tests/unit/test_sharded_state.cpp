@@ -72,8 +72,8 @@ std::unique_ptr<Communicator> one_rank() {
 }
 
 // Two layers of 4 and 6 parameters, a bucket each, the last layer's first.
-Ddp two_buckets(Communicator& comm) {
-  return Ddp(comm, std::vector<Bucket>{{4, 6, 1, 1}, {0, 4, 0, 0}}, 2, true);
+Reducer two_buckets(Communicator& comm) {
+  return Reducer(comm, std::vector<Bucket>{{4, 6, 1, 1}, {0, 4, 0, 0}}, 2, true);
 }
 
 std::vector<float> counting(size_t n, float from) {
@@ -85,7 +85,7 @@ std::vector<float> counting(size_t n, float from) {
 
 TEST(ShardedState, LevelThreeKeepsThePiecesInTheHomeAndSettlesItBeforeTheyAreReadOrReplaced) {
   const std::unique_ptr<Communicator> comm = one_rank();
-  Ddp ddp = two_buckets(*comm);
+  Reducer ddp = two_buckets(*comm);
   RecordingHome home(counting(10, 1.0f));
   ShardedState state(ddp, 3, home, nullptr);
   // The pieces, in the home's memory, copied bucket by bucket in the plan's order (bytes).
@@ -117,7 +117,7 @@ TEST(ShardedState, LevelThreeKeepsThePiecesInTheHomeAndSettlesItBeforeTheyAreRea
 TEST(ShardedState, LevelsOneAndTwoKeepTheWholeParametersAndGatherThemAfterTheUpdate) {
   for (int level : {1, 2}) {
     const std::unique_ptr<Communicator> comm = one_rank();
-    Ddp ddp = two_buckets(*comm);
+    Reducer ddp = two_buckets(*comm);
     RecordingHome home(counting(10, 1.0f));
     ShardedState state(ddp, level, home, nullptr);
     EXPECT_TRUE(home.calls.empty()) << level;
@@ -143,7 +143,7 @@ TEST(ShardedState, LevelsOneAndTwoKeepTheWholeParametersAndGatherThemAfterTheUpd
 
 TEST(ShardedState, OptimizerStateGoesOutWholeAndComesBackAsThisRanksPieces) {
   const std::unique_ptr<Communicator> comm = one_rank();
-  Ddp ddp = two_buckets(*comm);
+  Reducer ddp = two_buckets(*comm);
   RecordingHome home(counting(10, 1.0f));
   ShardedState state(ddp, 2, home, nullptr);
   // Two buffers over the pieces (the last layer's first).

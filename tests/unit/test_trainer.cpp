@@ -133,7 +133,7 @@ TEST(PlanBuckets, AnyModelsLayersLastFirstNeverSplit) {
 }
 
 // A stage's buckets are planned once (stage_bucket_plan): the flags' sizes, or --zero 3's bucket
-// a layer (its gathers take a layer at a time); the Ddp made from the plan reduces those very
+// a layer (its gathers take a layer at a time); the Reducer made from the plan reduces those very
 // buckets, and a runner's gradient ring is cut from the same value.
 TEST(StageBucketPlan, TheFlagsSizesOrALayerABucketAndTheDdpTakesThemAsTheyAre) {
   TrainConfig config = synthetic_config();
@@ -159,7 +159,7 @@ TEST(StageBucketPlan, TheFlagsSizesOrALayerABucketAndTheDdpTakesThemAsTheyAre) {
   ProcessEnv env;
   CommConfig comm_config;
   std::unique_ptr<Communicator> comm = make_communicator(comm_config, env, nullptr);
-  const Ddp ddp(*comm, layered);
+  const Reducer ddp(*comm, layered);
   ASSERT_EQ(ddp.buckets().size(), layered.buckets.size());
   for (size_t b = 0; b < layered.buckets.size(); ++b)
     EXPECT_EQ(ddp.buckets()[b].offset, layered.buckets[b].offset) << b;
@@ -171,7 +171,7 @@ TEST(StageBucketPlan, TheFlagsSizesOrALayerABucketAndTheDdpTakesThemAsTheyAre) {
 namespace ddp {
 namespace {
 
-// Ddp's misuse as a library user meets it: a UsageError that says what to call, not a crash
+// Reducer's misuse as a library user meets it: a UsageError that says what to call, not a crash
 // inside the backend. One process (a communicator of one rank).
 TEST(DdpMisuse, HooksOutOfOrderOrOutOfRangeSayWhatToCall) {
   ProcessEnv env;
@@ -179,7 +179,7 @@ TEST(DdpMisuse, HooksOutOfOrderOrOutOfRangeSayWhatToCall) {
   config.backend = Backend::kAuto;
   std::unique_ptr<Communicator> comm = make_communicator(config, env, nullptr);
   std::vector<float> grads(12, 1.0f);
-  Ddp ddp(*comm, {{0, 8}, {8, 4}}, DdpOptions{});
+  Reducer ddp(*comm, {{0, 8}, {8, 4}}, DdpOptions{});
   const auto message = [](const std::function<void()>& call) {
     try {
       call();
@@ -190,14 +190,15 @@ TEST(DdpMisuse, HooksOutOfOrderOrOutOfRangeSayWhatToCall) {
   };
   EXPECT_NE(message([&] {
               ddp.layer_done(1);
-            }).find("Ddp::layer_done(1) before begin_backward: call begin_backward(grads)"),
+            }).find("Reducer::layer_done(1) before begin_backward: call begin_backward(grads)"),
             std::string::npos);
-  EXPECT_NE(message([&] { ddp.end_backward(); }).find("Ddp::end_backward before begin_backward"),
-            std::string::npos);
+  EXPECT_NE(
+      message([&] { ddp.end_backward(); }).find("Reducer::end_backward before begin_backward"),
+      std::string::npos);
   ddp.begin_backward(grads.data());
   EXPECT_NE(message([&] {
               ddp.layer_done(2);
-            }).find("Ddp::layer_done(2): the model has layers 0 to 1 (as given to Ddp)"),
+            }).find("Reducer::layer_done(2): the model has layers 0 to 1 (as given to Reducer)"),
             std::string::npos);
   ddp.layer_done(1);
   ddp.layer_done(0);
@@ -210,7 +211,7 @@ TEST(DdpMisuse, HooksOutOfOrderOrOutOfRangeSayWhatToCall) {
               std::unique_ptr<Communicator> one = make_communicator(c, e, nullptr);
               DdpOptions bad;
               bad.bucket_mb = 0;
-              Ddp d(*one, {{0, 4}}, bad);
+              Reducer d(*one, {{0, 4}}, bad);
             }).find("DdpOptions: bucket_mb 0"),
             std::string::npos);
 }
@@ -280,13 +281,13 @@ TEST(PlanGroupedBuckets, OneKindABucketOrderedByWhenBackwardCompletesThem) {
   EXPECT_EQ(rebuilt.buckets[0].first_layer, 2);  // the reducer's layers 2, 3: layers 1 and 3
   EXPECT_THROW(plan_grouped_buckets({1, 1}, {0, 0}, {4, 4}, 8, 8, {1, 1}), Error);
   EXPECT_THROW(plan_grouped_buckets({1, 1}, {0, 0}, {4, 4}, 8, 8, {1}), Error);
-  // A Ddp over a plan of the caller's: one that leaves a layer out is refused.
+  // A Reducer over a plan of the caller's: one that leaves a layer out is refused.
   ProcessEnv env;
   CommConfig config;
   std::unique_ptr<Communicator> comm = make_communicator(config, env, nullptr);
-  Ddp ddp(*comm, plan.buckets, 6, true);
+  Reducer ddp(*comm, plan.buckets, 6, true);
   EXPECT_EQ(ddp.buckets().size(), 5u);
-  EXPECT_THROW(Ddp(*comm, {{0, 10, 1, 2}}, 3, true), Error);
+  EXPECT_THROW(Reducer(*comm, {{0, 10, 1, 2}}, 3, true), Error);
 }
 
 // Gradients in autograd's order (LibTorch's hooks): layer_ready takes layers in any order, and a
@@ -297,7 +298,7 @@ TEST(DdpLayerReady, AnyOrderStartsEachBucketWhenItsLayersAreAllReady) {
   CommConfig config;
   std::unique_ptr<Communicator> comm = make_communicator(config, env, nullptr);
   // Four layers of 4 elements (16 bytes each), buckets of 32 bytes: {3, 2} then {1, 0}.
-  Ddp ddp(*comm, {{0, 4}, {4, 4}, {8, 4}, {12, 4}}, 32, 32, true);
+  Reducer ddp(*comm, {{0, 4}, {4, 4}, {8, 4}, {12, 4}}, 32, 32, true);
   ASSERT_EQ(ddp.buckets().size(), 2u);
   ASSERT_EQ(ddp.buckets()[0].first_layer, 2);
   std::vector<float> grads(16, 1.0f);
@@ -334,7 +335,7 @@ TEST(DdpLayerReady, AnyOrderStartsEachBucketWhenItsLayersAreAllReady) {
 }
 
 // A bucket reduction of one's own in place of the averaging all-reduce (as c10d's
-// communication hooks): Ddp starts it for each bucket as backward completes it, in order, waits
+// communication hooks): Reducer starts it for each bucket as backward completes it, in order, waits
 // for its Work in finish(), and names it in its record; null gives the all-reduce back. A
 // reduction that keeps the gradients itself lets backward pass no flat buffer.
 TEST(DdpBucketReduction, RunsInPlaceOfTheAllReduceForEachBucketInOrder) {
@@ -342,14 +343,14 @@ TEST(DdpBucketReduction, RunsInPlaceOfTheAllReduceForEachBucketInOrder) {
   CommConfig config;
   std::unique_ptr<Communicator> comm = make_communicator(config, env, nullptr);
   // Three layers of 4, 2 and 3 elements, a bucket each (last layers first).
-  Ddp ddp(*comm, {{0, 4}, {4, 2}, {6, 3}}, 1, 1, true);
+  Reducer ddp(*comm, {{0, 4}, {4, 2}, {6, 3}}, 1, 1, true);
   ASSERT_EQ(ddp.buckets().size(), 3u);
   struct Doubling final : BucketReduction {
     Communicator& comm;
-    const Ddp& ddp;
+    const Reducer& ddp;
     std::vector<size_t> asked;
     bool keeps = false;
-    Doubling(Communicator& c, const Ddp& d) : comm(c), ddp(d) {}
+    Doubling(Communicator& c, const Reducer& d) : comm(c), ddp(d) {}
     std::unique_ptr<Work> reduce(size_t bucket, const GradMemory& memory) override {
       asked.push_back(bucket);
       float* grads = static_cast<float*>(memory.data);
@@ -413,7 +414,7 @@ TEST(DdpTypedBuffers, EachBucketIsReducedInItsBuffersTypeWhereItLies) {
                                     {bf16.data(), DataType::kBFloat16},
                                     {f64.data(), DataType::kFloat64}};
   ASSERT_EQ(plan.buffer_kinds, (std::vector<int>{kinds[0], kinds[1], kinds[3]}));
-  Ddp ddp(*comm, plan.buckets, 5, true);
+  Reducer ddp(*comm, plan.buckets, 5, true);
   const auto step = [&] {
     ddp.begin_backward(memory);
     for (int layer = 4; layer >= 0; --layer)
