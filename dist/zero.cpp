@@ -28,9 +28,24 @@ void add_part(ShardPlan& plan, ShardPart p) {
   plan.parts.push_back(std::move(p));
 }
 
-void check_ranks(int ranks, int rank, size_t align) {
+// A plan for rank `rank` of `ranks` with no part yet.
+ShardPlan empty_plan(int ranks, int rank, size_t align) {
   DDP_CHECK(ranks >= 1 && rank >= 0 && rank < ranks && align >= 1, "shards: rank {} of {}", rank,
             ranks);
+  ShardPlan plan;
+  plan.ranks = ranks;
+  plan.rank = rank;
+  return plan;
+}
+
+// Bucket `b`'s part with no run yet.
+ShardPart part_of(const Bucket& b, int ranks) {
+  ShardPart p;
+  p.buffer = b.buffer;
+  p.bucket_offset = b.offset;
+  p.bucket_count = b.count;
+  p.runs.resize(static_cast<size_t>(ranks));
+  return p;
 }
 
 }  // namespace
@@ -56,17 +71,10 @@ size_t ShardPlan::owned() const {
 }
 
 ShardPlan plan_shards(const std::vector<Bucket>& buckets, int ranks, int rank, size_t align) {
-  check_ranks(ranks, rank, align);
-  ShardPlan plan;
-  plan.ranks = ranks;
-  plan.rank = rank;
+  ShardPlan plan = empty_plan(ranks, rank, align);
   for (const Bucket& b : buckets) {
-    ShardPart p;
-    p.buffer = b.buffer;
-    p.bucket_offset = b.offset;
-    p.bucket_count = b.count;
+    ShardPart p = part_of(b, ranks);
     p.piece = round_up((b.count + ranks - 1) / ranks, align);
-    p.runs.resize(static_cast<size_t>(ranks));
     for (size_t r = 0; r < p.runs.size(); ++r) {
       const size_t begin = std::min(b.count, p.piece * r);
       const size_t end = std::min(b.count, p.piece * (r + 1));
@@ -104,18 +112,11 @@ std::vector<int> balanced_owners(const std::vector<Bucket>& buckets,
 
 ShardPlan plan_owned_shards(const std::vector<Bucket>& buckets, const std::vector<size_t>& counts,
                             const std::vector<int>& owners, int ranks, int rank, size_t align) {
-  check_ranks(ranks, rank, align);
   DDP_CHECK(owners.size() == counts.size(), "owned shards: {} owners for {} layers", owners.size(),
             counts.size());
-  ShardPlan plan;
-  plan.ranks = ranks;
-  plan.rank = rank;
+  ShardPlan plan = empty_plan(ranks, rank, align);
   for (const Bucket& b : buckets) {
-    ShardPart p;
-    p.buffer = b.buffer;
-    p.bucket_offset = b.offset;
-    p.bucket_count = b.count;
-    p.runs.resize(static_cast<size_t>(ranks));
+    ShardPart p = part_of(b, ranks);
     std::vector<size_t> share(static_cast<size_t>(ranks), 0);
     size_t offset = b.offset;
     for (int layer = b.first_layer; layer <= b.last_layer; ++layer) {
