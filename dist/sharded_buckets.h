@@ -4,7 +4,7 @@
 // (2, 3; 1 keeps the all-reduce), the padded copies of the buckets whose pieces are not the
 // bucket itself, the gradient ring's slots where backward writes, and the pieces' all-gathers
 // back into whole buffers or one layer's parameters. Host or device memory alike: the caller
-// gives the memory and the copies (ShardMemory). ShardedState builds on it.
+// gives the memory and the copies (MemoryPort). ShardedState builds on it.
 #pragma once
 
 #include <cstddef>
