@@ -1,4 +1,4 @@
-// GradSync: gradient sync's set-up, whole or sharded, over any runner's ParamStore.
+// GradSync: gradient sync's set-up, whole or sharded, over any runner's ReplicaStore.
 #include "dist/grad_sync.h"
 
 #include <spdlog/spdlog.h>
@@ -20,7 +20,7 @@ RingLayout sync_ring_layout(const SyncOptions& options, int stages_on_rank, int 
   return layout;
 }
 
-std::unique_ptr<Reducer> GradSync::make(Communicator& group, ParamStore& store,
+std::unique_ptr<Reducer> GradSync::make(Communicator& group, ReplicaStore& store,
                                         const SyncOptions& options, const ModelIdentity& model,
                                         bool lead, Communicator* gathers) {
   auto ddp = std::make_unique<Reducer>(group, store.bucket_plan());

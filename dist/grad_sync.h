@@ -2,7 +2,7 @@
 // options (SyncOptions, translated from ddptrain's flags at the edge): the buckets (one
 // BucketPlan, --zero 3's bucket a layer said once where it overrides the flags), the Reducer over
 // them, the model check, rank 0's parameters broadcast, and the state the parameters are kept
-// in, whole or sharded, made by the runner's ParamStore. Knows no model.
+// in, whole or sharded, made by the runner's ReplicaStore. Knows no model.
 #pragma once
 
 #include <cstdint>
@@ -28,7 +28,7 @@ BucketPlan plan_sync_buckets(const std::vector<ParamSpan>& layers, const SyncOpt
 RingLayout sync_ring_layout(const SyncOptions& options, int stages_on_rank, int micro_batches,
                             int replicas);
 
-// The model that every replica must hold alike (ParamStore::join).
+// The model that every replica must hold alike (ReplicaStore::join).
 struct ModelIdentity {
   uint64_t fingerprint = 0;
   std::string description;  // how the error names it: "--layers 12,8,4"
@@ -39,7 +39,7 @@ struct GradSync {
   // model check (collective), rank 0's parameters broadcast and, with --zero, the sharded
   // state (its start-up line, and the override of the bucket sizes, from `lead`).
   // `gathers`: level 3's layer gathers' own communicator over the same group, or null.
-  static std::unique_ptr<Reducer> make(Communicator& group, ParamStore& store,
+  static std::unique_ptr<Reducer> make(Communicator& group, ReplicaStore& store,
                                        const SyncOptions& options, const ModelIdentity& model,
                                        bool lead, Communicator* gathers = nullptr);
 };

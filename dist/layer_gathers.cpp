@@ -9,7 +9,7 @@ namespace ddp {
 
 LayerGathers::LayerGathers(int layers, int ahead)
     : pending_(static_cast<size_t>(layers), false), holder_(static_cast<size_t>(ahead) + 1, -1) {
-  DDP_CHECK(layers >= 0 && ahead >= 1, "--zero 3: {} layers gathered {} ahead", layers, ahead);
+  DDP_CHECK(layers >= 0 && ahead >= 0, "--zero 3: {} layers gathered {} ahead", layers, ahead);
 }
 
 std::vector<LayerGathers::Action> LayerGathers::use(int layer, const std::vector<int>& next) {

@@ -1,10 +1,11 @@
-// --zero 3's gathers on the GPU as decisions, apart from the device (DeviceZero carries them
-// out): a rank's layers are gathered into ahead + 1 slots, layer i into slot i % (ahead + 1),
-// before each use of its parameters; the pass's next `ahead` layers (--zero-prefetch, 1 by
-// default) are gathered meanwhile into the other slots; a slot that holds the layer already is
-// not gathered again; every gather is waited for by the compute stream once, before its
-// layer's first use or, unused, before its slot is gathered into again or everything is
-// forgotten (a step's end, evaluation's end). Pure.
+// --zero 3's gathers as decisions, apart from the memory (ReplicaState, dist/replica_state.h,
+// carries them out, on the host or on a stream): a rank's layers are gathered into ahead + 1
+// slots, layer i into slot i % (ahead + 1), before each use of its parameters; the pass's next
+// `ahead` layers (--zero-prefetch on the GPU, 1 by default; the CPU's layers gather at their
+// use, 0) are gathered meanwhile into the other slots; a slot that holds the layer already is
+// not gathered again; every gather is waited for once, before its layer's first use or,
+// unused, before its slot is gathered into again or everything is forgotten (a step's end,
+// evaluation's end). Pure.
 #pragma once
 
 #include <cstddef>
@@ -25,7 +26,7 @@ class LayerGathers {
     bool operator==(const Action& o) const { return kind == o.kind && layer == o.layer; }
   };
 
-  // `layers` layers, gathered up to `ahead` (>= 1) layers ahead of the one in use.
+  // `layers` layers, gathered up to `ahead` (>= 0) layers ahead of the one in use.
   explicit LayerGathers(int layers, int ahead = 1);
 
   // Before layer `layer`'s parameters are read; `next`: the layers this pass reads next,

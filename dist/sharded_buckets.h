@@ -112,6 +112,9 @@ class ShardedBuckets final : public BucketReduction {
   void set_gather_comm(Communicator* comm) { gather_comm_ = comm; }
   // The communicator of --zero 3's layer gathers: set_gather_comm's, else the Reducer's.
   Communicator& gather_comm() { return gather_comm_ != nullptr ? *gather_comm_ : comm_; }
+  const Communicator& gather_comm() const {
+    return gather_comm_ != nullptr ? *gather_comm_ : comm_;
+  }
 
  private:
   // Whether bucket b's pieces are not the bucket itself (then they go through

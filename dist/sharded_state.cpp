@@ -1,25 +1,25 @@
-// ShardedState: ZeRO's pieces, update protocol and host copies, over the home's memory.
+// ShardedState: ZeRO's pieces, update protocol and host copies, over the store's memory.
 #include "dist/sharded_state.h"
 
 #include "runtime/error.h"
 
 namespace ddp {
 
-ShardedState::ShardedState(Reducer& ddp, int level, ShardHome& home, Communicator* gathers,
+ShardedState::ShardedState(Reducer& ddp, int level, ParamStore& store, Communicator* gathers,
                            ShardCut cut)
-    : home_(home),
-      memory_(home.memory() != nullptr ? *home.memory() : host_memory_port()),
-      shards_(std::make_unique<ShardedBuckets>(ddp, level, home.memory(), std::move(cut),
-                                               home.ring())) {
+    : store_(store),
+      memory_(store.memory() != nullptr ? *store.memory() : host_memory_port()),
+      shards_(std::make_unique<ShardedBuckets>(ddp, level, store.memory(), std::move(cut),
+                                               store.ring())) {
   shards_->set_gather_comm(gathers);
   if (level < 3) return;
   // The parameters become this rank's pieces (each of its runs of a bucket, packed), copied
-  // out of the whole ones, which the home then frees.
+  // out of the whole ones, which the store then frees.
   const ShardPlan& plan = shards_->plan();
-  const std::vector<GradMemory> whole = home.param_memory();
+  const std::vector<GradMemory> whole = store.param_memory();
   for (size_t k = 0; k < whole.size(); ++k) {
     const size_t count = k < plan.shard_counts.size() ? plan.shard_counts[k] : 0;
-    pieces_.push_back(home.allocate(count * shards_->element_bytes(k), true));
+    pieces_.push_back(store.allocate(count * shards_->element_bytes(k), true));
   }
   for (const ShardPart& p : plan.parts) {
     DDP_CHECK(p.shard_at + p.count <= plan.shard_counts[p.buffer],
@@ -49,10 +49,10 @@ std::vector<OptimizerPiece> ShardedState::owned_pieces() const {
 void ShardedState::updated() {
   if (!pieces_.empty()) return;  // the pieces are the parameters: the next uses gather them
   std::vector<void*> whole;
-  for (const GradMemory& buffer : home_.param_memory())
+  for (const GradMemory& buffer : store_.param_memory())
     whole.push_back(buffer.data);
-  shards_->gather_in_place(whole, home_.stream());
-  home_.params_gathered();
+  shards_->gather_in_place(whole, store_.stream());
+  store_.params_gathered();
 }
 
 void ShardedState::gather_params(const std::vector<void*>& whole) {
@@ -60,32 +60,30 @@ void ShardedState::gather_params(const std::vector<void*>& whole) {
   std::vector<const void*> mine;
   for (const std::shared_ptr<void>& piece : pieces_)
     mine.push_back(piece.get());
-  shards_->gather_shards(mine, whole, home_.stream());
+  shards_->gather_shards(mine, whole, store_.stream());
 }
 
 std::vector<float> ShardedState::params(size_t count) {
-  if (pieces_.empty()) return home_.whole_params();  // whole on every replica
-  home_.settle();
-  const std::shared_ptr<void> whole = home_.allocate(count * sizeof(float), false);
-  shards_->gather_shards(pieces_[0].get(), whole.get(), home_.stream());
-  return home_.to_host(static_cast<const float*>(whole.get()), count);
+  if (pieces_.empty()) return store_.whole_params();  // whole on every replica
+  const std::shared_ptr<void> whole = store_.allocate(count * sizeof(float), false);
+  shards_->gather_shards(pieces_[0].get(), whole.get(), store_.stream());
+  return store_.to_host(static_cast<const float*>(whole.get()), count);
 }
 
 void ShardedState::set_params(const float* host) {
-  if (pieces_.empty()) return home_.set_whole_params(host);
+  if (pieces_.empty()) return store_.set_whole_params(host);
   std::vector<float> mine(plan().shard_count);  // this rank's pieces, the padding zero
   shards_->take_shard(host, mine.data());
-  home_.settle();
-  home_.from_host(pieces(), mine.data(), mine.size());
+  store_.from_host(pieces(), mine.data(), mine.size());
 }
 
 NamedState ShardedState::optimizer_state(
     size_t count, const std::vector<std::pair<std::string, const float*>>& buffers) {
   NamedState state;
-  const std::shared_ptr<void> whole = home_.allocate(count * sizeof(float), false);
+  const std::shared_ptr<void> whole = store_.allocate(count * sizeof(float), false);
   for (const auto& [name, pieces] : buffers) {
-    shards_->gather_shards(pieces, whole.get(), home_.stream());
-    state.emplace_back(name, home_.to_host(static_cast<const float*>(whole.get()), count));
+    shards_->gather_shards(pieces, whole.get(), store_.stream());
+    state.emplace_back(name, store_.to_host(static_cast<const float*>(whole.get()), count));
   }
   return state;
 }

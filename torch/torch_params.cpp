@@ -86,8 +86,7 @@ TorchParams::TorchParams(std::vector<torch::Tensor> params, std::vector<Slot> sl
   cut.counts = layer_counts;
   cut.owners = layer_owner;
   cut.align = options_.device().is_cuda() ? kDeviceShardAlign : 1;  // any piece on the host
-  ShardHome& home = *this;  // private: the state is the only one that reaches it
-  state_ = std::make_unique<ShardedState>(ddp, level, home, nullptr, std::move(cut));
+  state_ = std::make_unique<ShardedState>(ddp, level, *this, nullptr, std::move(cut));
   shards_gradients_ = level >= 2;
   // Each owned parameter's place in its buffer's pieces: in its run, packed after the ones
   // before it.

@@ -1,6 +1,7 @@
-// ZeRO for LibTorch modules, the parameters' side: the parameters of each dtype as views into
-// one flat tensor, laid out as their gradients are (each dtype's buffer, in the reducer's
-// order, so that a bucket is a range of both), and dist/'s sharded state over them
+// ZeRO for LibTorch modules, the parameters' side: a ParamStore (dist/param_store.h) whose
+// parameters of each dtype are views into one flat tensor, laid out as their gradients are
+// (each dtype's buffer, in the reducer's order, so that a bucket is a range of both), and
+// dist/'s sharded state over it
 // (ShardedState: the same reduce-scatters, all-gathers and pieces as ddptrain's ZeRO). A
 // parameter is owned whole (the user's LibTorch optimizer steps whole tensors): each bucket's
 // parameters are split into runs of about equal elements among the ranks (balanced_owners),
@@ -19,11 +20,12 @@
 #include <vector>
 
 #include "dist/ddp.h"
+#include "dist/param_store.h"
 #include "dist/sharded_state.h"
 
 namespace ddp {
 
-class TorchParams final : private ShardHome {
+class TorchParams final : public ParamStore {
  public:
   // Where a parameter lies: its dtype's buffer, its offset there (elements) and its shape.
   struct Slot {
@@ -71,9 +73,12 @@ class TorchParams final : private ShardHome {
   // where this rank holds one (every rank loads the same values; the owner's win at the next
   // gather) and the tensor is the view again.
   void take_back(size_t i);
+  // The sharded state over this store (ShardedState, dist/sharded_state.h).
+  const ShardedState& state() const { return *state_; }
+  ShardedState& state() { return *state_; }
 
- private:
-  // ShardHome: the flat buffers and LibTorch tensors on the parameters' device.
+  // ParamStore: the flat buffers and LibTorch tensors on the parameters' device. The whole
+  // parameters out and in as float32 need one float32 buffer.
   const MemoryPort* memory() const override { return &memory_; }
   std::vector<GradMemory> param_memory() override;
   void* stream() override { return stream_(); }
@@ -83,6 +88,7 @@ class TorchParams final : private ShardHome {
   std::vector<float> whole_params() override;
   void set_whole_params(const float* host) override;
 
+ private:
   torch::Tensor bytes_at(void* data, size_t bytes) const;  // a uint8 tensor over that memory
   void copy(void* dst, const void* src, size_t bytes);     // memory_'s copy
   // Parameter i's place in `storage` at `offset` elements, of its shape.

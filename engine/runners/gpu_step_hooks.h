@@ -14,6 +14,7 @@
 #include <string>
 
 #include "dist/ddp.h"
+#include "dist/replica_state.h"
 #include "engine/runners/optimizer_overlap.h"
 #include "engine/runners/runner_options.h"
 #include "engine/runners/stage_runner.h"
@@ -21,7 +22,6 @@
 #include "engine/telemetry/compute_costs.h"
 #include "engine/telemetry/gpu_timeline.h"
 #include "engine/telemetry/timeline.h"
-#include "engine/zero/device_state.h"
 #include "models/batch_feeder.h"
 #include "models/mlp_stage_cuda.h"
 
@@ -43,7 +43,7 @@ class GpuStepHooks {
     CudaStage* stage = nullptr;
     const BatchFeeder* feeder = nullptr;
     Reducer* ddp = nullptr;
-    DeviceState* state = nullptr;  // gradient sync's: whole or sharded
+    ReplicaState* state = nullptr;  // gradient sync's: whole or sharded
     bool several = false;
     bool lead = false;
   };

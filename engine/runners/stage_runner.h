@@ -92,7 +92,8 @@ std::vector<float> initial_weights(const std::string& init_weights, uint64_t see
 
 // The buckets of the rank's stages' data parallelism, planned once from their layers and the
 // sync options (a bucket a layer where layers are gathered): what the runner's gradient ring,
-// the stages' Reducer and the sharded state's pieces are all cut from (ParamStore::bucket_plan()).
+// the stages' Reducer and the sharded state's pieces are all cut from
+// (ReplicaStore::bucket_plan()).
 BucketPlan stage_bucket_plan(const RankStages& stages, const SyncOptions& sync);
 
 // The neighbours a stage talks to: activations go forward on `activations`, gradients back
@@ -135,7 +136,7 @@ class StageRunner : public PipelineRank {
   // The stages' parameters as gradient sync sets them up and keeps them (GradSync): their
   // buckets, memory, model check and state, whole or sharded. Its gradients:
   // PipelineRank::grads().
-  virtual ParamStore& param_store() = 0;
+  virtual ReplicaStore& param_store() = 0;
   // Host copies of the stage's parameters and optimizer state (its slice of the model).
   virtual std::vector<float> get_params() = 0;
   virtual void set_params(const float* host) = 0;

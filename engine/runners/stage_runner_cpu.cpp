@@ -189,9 +189,11 @@ HostStoreLayout store_layout(const RankStages& stages, const RunnerOptions& opti
   layout.count = stages.param_count();
   const std::vector<std::pair<size_t, size_t>> spans = stages.layer_spans();
   size_t span = 0;
-  for (const StageSpec& c : stages.chunks)
+  for (const StageSpec& c : stages.chunks) {
     for (int i = c.first; i < c.end; ++i, ++span)
       layout.layers.push_back({i, {spans[span].first, spans[span].second}});
+    layout.stage_layers.push_back(c.end - c.first);
+  }
   layout.plan = stage_bucket_plan(stages, options.sync);
   layout.bf16_grads = options.sync.bf16_grads;
   layout.stages_on_rank = static_cast<int>(stages.chunks.size());
@@ -215,12 +217,11 @@ class CpuRunner final : public StageRunner {
     }
     // Once gradient sync has sharded the state, the model writes its gradients and reads its
     // parameters where the state keeps them.
-    store_.set_rewire([this](HostState& state) {
-      if (std::function<float*(size_t)> home = state.gradient_home())
-        chunks_.front()->stage().set_grads(home);
-      if (LayerParams* source = state.layer_params())
+    store_.set_rewire([this](std::function<float*(size_t)> grads, LayerParams* params) {
+      if (grads) chunks_.front()->stage().set_grads(grads);
+      if (params != nullptr)
         for (auto& chunk : chunks_)
-          chunk->stage().set_params_source(source);
+          chunk->stage().set_params_source(params);
     });
     // Two neighbouring stages of this rank hand over in memory; the others use the links.
     for (size_t c = 0; c < chunks_.size(); ++c) {
@@ -236,7 +237,7 @@ class CpuRunner final : public StageRunner {
   }
 
   bool on_gpu() const override { return false; }
-  ParamStore& param_store() override { return store_; }
+  ReplicaStore& param_store() override { return store_; }
   float* grads() override { return store_.grads_buffer().data(); }
   void* stream() override { return nullptr; }
   // Made with the data and the links; it makes no weights of its own (the trainer's).
@@ -256,9 +257,9 @@ class CpuRunner final : public StageRunner {
   NamedState optimizer_state() override { return store_.state().optimizer_state(count()); }
   void set_optimizer_state(const NamedState& state, int64_t steps) override {
     store_.state().set_optimizer_state(state);
-    store_.state().optimizer().set_steps(steps);
+    store_.optimizer().set_steps(steps);
   }
-  int64_t optimizer_steps() const override { return store_.state().optimizer().steps(); }
+  int64_t optimizer_steps() const override { return store_.optimizer().steps(); }
 
   int steps_ahead() const override { return 1; }
 
@@ -292,16 +293,19 @@ class CpuRunner final : public StageRunner {
   }
   bool grads_nonfinite() override {
     const std::vector<float>& grads = store_.grads_buffer();
-    return any_nonfinite(grads.data(), grads.size()) || store_.state().kept_grads_nonfinite();
+    return any_nonfinite(grads.data(), grads.size()) || store_.kept_grads_nonfinite();
   }
-  void optimizer_step() override { store_.state().step(lr_); }
+  void optimizer_step() override {
+    store_.set_lr(lr_);
+    store_.state().step();
+  }
   std::string memory_report() const override {
     const auto size = [](size_t floats) {
       const double bytes = static_cast<double>(floats) * sizeof(float);
       return bytes < 1048576 ? fmt::format("{:.1f} KiB", bytes / 1024)
                              : fmt::format("{:.1f} MiB", bytes / 1048576);
     };
-    return store_.state().memory_report(count(), size);
+    return store_.memory_report(size);
   }
   int64_t held_bytes() const override {
     int64_t total = 0;
@@ -311,15 +315,11 @@ class CpuRunner final : public StageRunner {
   }
   std::vector<std::pair<std::string, int64_t>> held_by_kind() const override {
     const auto bytes = [](size_t floats) { return static_cast<int64_t>(floats * sizeof(float)); };
-    const HostState& state = store_.state();
-    return {{"parameters", bytes(store_.params_buffer().size() + state.param_floats())},
-            {"gradients", bytes(store_.grads_buffer().size() + state.grad_floats())},
-            {"optimizer state", bytes(state.optimizer().state_floats())}};
+    return {{"parameters", bytes(store_.params_buffer().size() + store_.param_floats())},
+            {"gradients", bytes(store_.grads_buffer().size() + store_.grad_floats())},
+            {"optimizer state", bytes(store_.optimizer().state_floats())}};
   }
   LossSum evaluate(const Split& split, int64_t begin, int64_t end) override {
-    // --zero 3: the replicas' shares of the split may differ in length, so their uses could
-    // not match: the whole model is gathered once, for the evaluation.
-    store_.state().begin_evaluation(count());
     LossSum total{};
     const int chunk = stages_.chunks.front().max_batch;
     for (int64_t at = begin; at < end; at += chunk) {
@@ -329,7 +329,9 @@ class CpuRunner final : public StageRunner {
         handed = c->evaluate(&split.x[static_cast<size_t>(at) * split.dim], handed, count,
                              &split.y[at], &total);
     }
-    store_.state().end_evaluation();
+    // --zero 3: the replicas' shares of the split may differ by a chunk, so that their layer
+    // gathers would not match: the replica with fewer makes the gathers of the ones it lacks.
+    store_.state().match_evaluation(split.n, (end - begin + chunk - 1) / chunk, chunk);
     return total;
   }
 

@@ -163,7 +163,7 @@ class GpuRunner final : public StageRunner {
         [this](const OptStep* steps, const int* counter) { whole_update(steps, counter); });
     store_->set_wait([this] { wait_stream(); });
     // Where the state gathers a layer's parameters for each use, each stage asks it first.
-    store_->set_rewire([this](DeviceState& state) {
+    store_->set_rewire([this](ReplicaState& state) {
       if (!state.gathers_layers()) return;
       int base = 0;  // the chunk's first layer among the rank's
       for (auto& chunk : chunks_) {
@@ -184,6 +184,7 @@ class GpuRunner final : public StageRunner {
     epilogues_ = front.epilogue_summary();  // slot 0's plans built
     feeder_ = std::make_unique<BatchFeeder>(spec_.batch, spec_.micro_batches,
                                             alone_ ? std::min(options.log_every, 512) : 1, stream_);
+    store_->set_step_scalars(feeder_->steps(), feeder_->counter());
     hooks_ = std::make_unique<GpuStepHooks>(stream_, alone_, spec_.micro_batches,
                                             static_cast<int>(chunks_.size()));
     shared_.hooks = hooks_.get();  // the stages' actions use them from now on
@@ -209,7 +210,7 @@ class GpuRunner final : public StageRunner {
               chunks_.size(), c + 1);
     return *chunks_[c];
   }
-  ParamStore& param_store() override { return *store_; }
+  ReplicaStore& param_store() override { return *store_; }
   float* grads() override { return weights_->grads(); }
   void* stream() override { return stream_; }
 
@@ -349,7 +350,7 @@ class GpuRunner final : public StageRunner {
     // --zero 3: a gather still reading the pieces (a prefetch nobody used) is done before the
     // update writes them, and none is left past the step (nor past its capture).
     store_->state().forget_gathers();
-    store_->state().step(feeder_->steps(), feeder_->counter());
+    store_->state().step();
     feeder_->next_step();
   }
 
@@ -409,10 +410,8 @@ class GpuRunner final : public StageRunner {
             stages_.has_first() ? eval_.x.data() + static_cast<size_t>(at) * split.dim : nullptr,
             stages_.has_last() ? eval_.y.data() + at : nullptr, n);
     }
-    store_->state().match_evaluation(split.n, spec_.replicas, (end - begin + chunk - 1) / chunk,
-                                     chunk);
+    store_->state().match_evaluation(split.n, (end - begin + chunk - 1) / chunk, chunk);
     wait_stream();
-    store_->state().forget_gathers();
     return chunks_.back()->stage().take_sums(true);
   }
   std::string memory_report() const override { return chunks_.front()->stage().memory_report(); }
@@ -426,8 +425,8 @@ class GpuRunner final : public StageRunner {
   }
 
  private:
-  // The whole state's update (DeviceWhole): one pass over the rank's buffers, or the updates
-  // overlapped with the last backward joined.
+  // The whole state's update (the store's update_whole): one pass over the rank's buffers, or the
+  // updates overlapped with the last backward joined.
   void whole_update(const OptStep* steps, const int* counter) {
     OptimizerOverlap* overlapped = hooks_->overlapped();
     if (own_weights_ && !overlapped)

@@ -77,7 +77,18 @@ TEST(LayerGathers, TwoAheadGathersTheNextTwoLayersMeanwhile) {
   EXPECT_EQ(g.forget(), (Actions{{Kind::kDrop, 0}}));
   // Two next layers in one slot (five layers apart in three slots is not a pass) are refused.
   EXPECT_THROW(g.use(0, {3}), Error);
-  EXPECT_THROW(LayerGathers(4, 0), Error);
+  EXPECT_THROW(LayerGathers(4, -1), Error);
+}
+
+TEST(LayerGathers, NoneAheadIsOneSlotGatheredAtEachUseOfAnotherLayer) {
+  LayerGathers g(3, 0);  // the CPU's: each layer gathered as it is used
+  EXPECT_EQ(g.slots(), 1);
+  EXPECT_EQ(g.use(0, {1}), (Actions{{Kind::kGather, 0}, {Kind::kUse, 0}}));  // nothing ahead
+  EXPECT_EQ(g.use(1, {}), (Actions{{Kind::kGather, 1}, {Kind::kUse, 1}}));
+  EXPECT_EQ(g.use(1, {}), Actions{});  // still in the slot
+  EXPECT_EQ(g.use(0, {}), (Actions{{Kind::kGather, 0}, {Kind::kUse, 0}}));
+  EXPECT_EQ(g.forget(), Actions{});
+  EXPECT_EQ(g.use(0, {}), (Actions{{Kind::kGather, 0}, {Kind::kUse, 0}}));  // forgotten
 }
 
 TEST(LayerGathers, APrefetchNobodyUsedIsWaitedForBeforeItsSlotIsGatheredAgain) {

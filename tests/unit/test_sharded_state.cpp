@@ -20,7 +20,7 @@ namespace ddp {
 namespace {
 
 // Host vectors, every call recorded by name.
-class RecordingHome final : public ShardHome {
+class RecordingHome final : public ParamStore {
  public:
   explicit RecordingHome(std::vector<float> params) : params_(std::move(params)) {}
 
@@ -50,7 +50,6 @@ class RecordingHome final : public ShardHome {
     calls.push_back("set_whole_params");
     std::copy_n(host, params_.size(), params_.begin());
   }
-  void settle() override { calls.push_back("settle"); }
   void params_gathered() override { calls.push_back("params_gathered"); }
 
   std::vector<std::string> calls;
@@ -83,7 +82,7 @@ std::vector<float> counting(size_t n, float from) {
   return v;
 }
 
-TEST(ShardedState, LevelThreeKeepsThePiecesInTheHomeAndSettlesItBeforeTheyAreReadOrReplaced) {
+TEST(ShardedState, LevelThreeKeepsThePiecesInTheStoresMemoryAndCopiesThroughIt) {
   const std::unique_ptr<Communicator> comm = one_rank();
   Reducer ddp = two_buckets(*comm);
   RecordingHome home(counting(10, 1.0f));
@@ -103,14 +102,14 @@ TEST(ShardedState, LevelThreeKeepsThePiecesInTheHomeAndSettlesItBeforeTheyAreRea
   home.calls.clear();
   state.updated();  // the pieces are the parameters: nothing gathered into the whole ones
   EXPECT_TRUE(home.calls.empty());
-  // In and out: the home settled before the pieces are replaced or read, the copies its own.
+  // In and out: the copies the store's own.
   const std::vector<float> loaded = counting(10, 100.0f);
   state.set_params(loaded.data());
-  EXPECT_EQ(home.calls, (std::vector<std::string>{"settle", "from_host 10"}));
+  EXPECT_EQ(home.calls, (std::vector<std::string>{"from_host 10"}));
   EXPECT_EQ(state.pieces()[0], 104.0f);
   home.calls.clear();
   EXPECT_EQ(state.params(10), loaded);
-  EXPECT_EQ(home.calls, (std::vector<std::string>{"settle", "allocate copy 40", "to_host 10"}));
+  EXPECT_EQ(home.calls, (std::vector<std::string>{"allocate copy 40", "to_host 10"}));
   EXPECT_EQ(home.params_, counting(10, 1.0f));  // the home's whole parameters untouched
 }
 
