@@ -14,8 +14,10 @@ size_t round_up(size_t n, size_t align) {
 }
 
 // Rank `rank`'s part of `p`, with p.runs and p.piece set, placed at the end of its buffer's
-// shard in `plan`.
-void add_part(ShardPlan& plan, ShardPart p) {
+// shard in `plan`: a piece of p.piece elements, or of a whole part only this rank's runs (its
+// owners send them from the whole buffer; nothing is gathered into a piece), rounded up to
+// `align`.
+void add_part(ShardPlan& plan, ShardPart p, size_t align) {
   const std::vector<ShardRun>& mine = p.runs[static_cast<size_t>(plan.rank)];
   p.offset = mine.empty() ? p.bucket_offset + p.bucket_count : mine.front().offset;
   p.count = 0;
@@ -23,8 +25,9 @@ void add_part(ShardPlan& plan, ShardPart p) {
     p.count += run.count;
   if (plan.shard_counts.size() <= p.buffer) plan.shard_counts.resize(p.buffer + 1, 0);
   p.shard_at = plan.shard_counts[p.buffer];
-  plan.shard_counts[p.buffer] += p.piece;
-  plan.shard_count += p.piece;
+  const size_t space = p.whole ? round_up(p.count, align) : p.piece;
+  plan.shard_counts[p.buffer] += space;
+  plan.shard_count += space;
   plan.parts.push_back(std::move(p));
 }
 
@@ -80,7 +83,7 @@ ShardPlan plan_shards(const std::vector<Bucket>& buckets, int ranks, int rank, s
       const size_t end = std::min(b.count, p.piece * (r + 1));
       if (end > begin) p.runs[r].push_back({b.offset + begin, end - begin, 0});
     }
-    add_part(plan, std::move(p));
+    add_part(plan, std::move(p), align);
   }
   return plan;
 }
@@ -138,7 +141,7 @@ ShardPlan plan_owned_shards(const std::vector<Bucket>& buckets, const std::vecto
     const size_t largest = *std::max_element(share.begin(), share.end());
     p.piece = round_up(std::max<size_t>(1, largest), align);
     p.whole = largest * static_cast<size_t>(ranks) * 2 > b.count * 3;
-    add_part(plan, std::move(p));
+    add_part(plan, std::move(p), align);
   }
   return plan;
 }

@@ -56,7 +56,8 @@ struct ShardPlan {
   int ranks = 1;                     // D, the data-parallel ranks
   int rank = 0;                      // this rank's index among them
   std::vector<ShardPart> parts;      // one a bucket, in the buckets' order
-  std::vector<size_t> shard_counts;  // each buffer's shard (its pieces' total, padded)
+  std::vector<size_t> shard_counts;  // each buffer's shard (its pieces' total, padded; a
+                                     // whole part's space is this rank's runs only)
   size_t shard_count = 0;            // the pieces' total over every buffer (elements)
   size_t owned() const;              // the elements this rank owns
 };

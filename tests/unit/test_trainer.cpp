@@ -532,6 +532,14 @@ TEST(ShardPlan, WholeLayersGoToOwnersAndEachRanksLayersArePackedIntoItsPiece) {
   for (const ShardPart& p : turns.parts)
     EXPECT_TRUE(p.whole);
   EXPECT_EQ(turns.owned(), 24u);
+  // A whole bucket's space in the rank's shard is its own runs only (rank 0 owns layers 3 and
+  // 1, 24 elements): its owners send them from the whole buffer, nobody gathers into a piece,
+  // so the shard is this rank's share of the model, not every bucket's largest share.
+  EXPECT_EQ(turns.shard_count, 24u);
+  EXPECT_EQ(turns.parts[0].shard_at, 0u);  // layer 3's 8, then layer 1's 16
+  EXPECT_EQ(turns.parts[2].shard_at, 8u);
+  EXPECT_EQ(turns.parts[3].shard_at, 24u);  // nothing of layer 0
+  EXPECT_EQ(plan_owned_shards(single, {8, 16, 16, 8}, {1, 0, 1, 0}, 2, 1, 64).shard_count, 128u);
   // Every element of a bucket in exactly one rank's runs.
   size_t covered = 0;
   for (const auto& runs : first.runs)
