@@ -462,18 +462,22 @@ void DistributedDataParallel::Impl::prepare_for_backward(
 }
 
 // ZeRO, once the gradients are averaged: a parameter of another rank keeps no gradient (so the
-// optimizer steps and keeps state for this rank's own only); with ZeRO 2 and 3 this rank's own
-// gradients leave the flat buffer, which is freed until the next backward. The owners are
-// about to step: the next forward gathers.
+// optimizer steps and keeps state for this rank's own only); this rank's own take their
+// averaged pieces (reduce-scattered): with ZeRO 2 and 3 as tensors of their own, the flat
+// buffer freed until the next backward; with ZeRO 1 copied into their place in the buffer,
+// which is kept. The owners are about to step: the next forward gathers.
 void DistributedDataParallel::Impl::keep_own_gradients() {
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < params.size(); ++i) {
     torch::Tensor& grad = params[i].tensor.mutable_grad();
     if (!shards->owns(i))
       grad = torch::Tensor();
-    else if (shards->shards_gradients() && grad.defined())
-      grad = shards->own_gradient(i);  // its averaged piece (the buffer holds the sums' inputs)
-    else if (options.zero() >= 2 && grad.defined())
+    else if (shards->shards_gradients() && grad.defined() && options.zero() >= 2)
+      grad = shards->own_gradient(i).clone();  // the buffer holds the sums' inputs
+    else if (shards->shards_gradients() && grad.defined()) {
+      const torch::Tensor averaged = shards->own_gradient(i);
+      if (averaged.data_ptr() != grad.data_ptr()) grad.copy_(averaged);  // into its place
+    } else if (options.zero() >= 2 && grad.defined())
       grad = grad.clone();
   }
   if (options.zero() >= 2) {

@@ -29,13 +29,13 @@
 // keeps the averaged gradients of its own parameters only, so the user's unchanged LibTorch
 // optimizer steps those alone and keeps state for about 1/N of the model (LibTorch's optimizers
 // skip a parameter without a gradient); the owners' new values reach every rank by one all-gather
-// a bucket before the next forward (forward(), sync_buffers() or gather_parameters()). ZeRO 1
-// averages each bucket by the all-reduce; ZeRO 2 and 3 reduce-scatter it (a communication hook
-// keeps the all-reduce) and free the full gradient buffer between steps; ZeRO 3 also keeps only
-// this rank's pieces of the parameters between steps (the others are empty tensors until the
-// next gather). Every level trains bitwise as plain DistributedDataParallel on as many ranks over
-// the host backends (each element summed in rank order) and over NCCL with two ranks; with more,
-// NCCL's reduce-scatter sums in another order than its all-reduce.
+// a bucket before the next forward (forward(), sync_buffers() or gather_parameters()). Every
+// level reduce-scatters each bucket (a communication hook keeps the all-reduce), about plain
+// DDP's bytes on the wire; ZeRO 2 and 3 free the full gradient buffer between steps; ZeRO 3 also
+// keeps only this rank's pieces of the parameters between steps (the others are empty tensors until
+// the next gather). Every level trains bitwise as plain DistributedDataParallel on as many ranks
+// over the host backends (each element summed in rank order) and over NCCL with two ranks; with
+// more, NCCL's reduce-scatter sums in another order than its all-reduce.
 #pragma once
 
 #include <torch/arg.h>

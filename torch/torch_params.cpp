@@ -3,6 +3,8 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
+
 #include "dist/zero.h"
 #include "runtime/error.h"
 #include "torch/comm_hooks.h"
@@ -86,8 +88,11 @@ TorchParams::TorchParams(std::vector<torch::Tensor> params, std::vector<Slot> sl
   cut.counts = layer_counts;
   cut.owners = layer_owner;
   cut.align = options_.device().is_cuda() ? kDeviceShardAlign : 1;  // any piece on the host
-  state_ = std::make_unique<ShardedState>(ddp, level, *this, nullptr, std::move(cut));
-  shards_gradients_ = level >= 2;
+  // Levels 1 and 2 alike on the wire: the buckets reduce-scattered, the owners' pieces
+  // all-gathered after their step (level 1 keeping the all-reduce would send 1.5x plain DDP's
+  // bytes, as ZeroRedundancyOptimizer beside DDP does).
+  state_ = std::make_unique<ShardedState>(ddp, std::max(level, 2), *this, nullptr, std::move(cut));
+  shards_gradients_ = true;
   // Each owned parameter's place in its buffer's pieces: in its run, packed after the ones
   // before it.
   const ShardPlan& plan = state_->plan();
@@ -120,8 +125,7 @@ torch::Tensor TorchParams::own_gradient(size_t i) const {
   const torch::ScalarType dtype = dtypes_[slots_[i].buffer];
   const void* averaged =
       state_->buckets().averaged_at(bucket_of_[i], static_cast<size_t>(slots_[i].offset));
-  return torch::from_blob(const_cast<void*>(averaged), slots_[i].sizes, options_.dtype(dtype))
-      .clone();
+  return torch::from_blob(const_cast<void*>(averaged), slots_[i].sizes, options_.dtype(dtype));
 }
 
 void TorchParams::stale() {

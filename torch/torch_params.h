@@ -53,14 +53,16 @@ class TorchParams final : public ParamStore {
   bool owns(size_t i) const { return owner_[i] == rank_; }
   // Whether every rank's parameters are the owners' values (after gather, until stale()).
   bool current() const { return current_; }
-  // Whether the buckets are reduce-scattered (levels 2, 3 with no communication hook): then
-  // an owner's averaged gradient is own_gradient(i), not its place in the gradient buffer.
+  // Whether the buckets are reduce-scattered (every level, unless a communication hook
+  // reduces them): then an owner's averaged gradient is own_gradient(i), not its place in the
+  // gradient buffer. Level 1 differs from 2 only in what the wrapper keeps between steps (the
+  // whole gradient buffer), so that no level sends more than plain DDP's all-reduce.
   bool shards_gradients() const { return shards_gradients_; }
   // A communication hook reduces the buckets (register_comm_hook): they are all-reduced as
   // plain DDP's and the owners take their share from the gradient buffer.
   void keep_all_reduce();
-  // After the reduction (shards_gradients()): owned parameter i's averaged gradient, a tensor
-  // of its own.
+  // After the reduction (shards_gradients()): owned parameter i's averaged gradient, where the
+  // reduction left it (valid until the next backward).
   torch::Tensor own_gradient(size_t i) const;
   // The owners are about to change their parameters (their optimizer steps): the next gather
   // brings them to every rank; level 3 frees the others' now.

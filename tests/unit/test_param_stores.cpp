@@ -241,7 +241,9 @@ TEST_P(OneShardedState, TakesTheParametersOutAndInAndTheModelReadsWhatWasSet) {
   const int level = GetParam().level;
   ShardedState& state = subject->state();
   ParamStore& store = subject->store();
-  ASSERT_EQ(state.level(), level);
+  // LibTorch's zero(1) reduce-scatters as zero(2) does (its wrapper keeps the whole gradient
+  // buffer apart from that), so that no level sends more than plain DDP's all-reduce.
+  ASSERT_EQ(state.level(), GetParam().store == Store::kTorch ? std::max(level, 2) : level);
   EXPECT_EQ(state.plan().owned(), kCount);  // one rank owns every parameter
   // Out: the whole parameters as they were before sharding.
   EXPECT_EQ(state.params(kCount), counting(kCount, 1.0f));
