@@ -20,52 +20,17 @@
 #include "dist/sharded_state.h"
 #include "engine/zero/host_store.h"
 #include "runtime/process_env.h"
+#include "tests/unit/param_store_subject.h"
 
 #if DDP_STORE_CUDA
 #include <cuda_runtime.h>
 
 #include "engine/zero/device_store.h"
 #endif
-#if DDP_STORE_TORCH
-#include <torch/torch.h>
-
-#include "torch/torch_params.h"
-#endif
 
 namespace ddp {
+namespace store_test {
 namespace {
-
-constexpr size_t kCount = 8;
-const std::vector<ParamSpan> kLayers = {{0, 6}, {6, 2}};
-
-std::vector<float> counting(size_t n, float from) {
-  std::vector<float> v(n);
-  for (size_t i = 0; i < n; ++i)
-    v[i] = from + static_cast<float>(i);
-  return v;
-}
-
-// A bucket a layer, the last first.
-BucketPlan two_buckets() {
-  return {{{6, 2, 1, 1}, {0, 6, 0, 0}}, 2, true};
-}
-
-std::unique_ptr<Communicator> one_rank(bool gpu) {
-  ProcessEnv env;
-  CommConfig config;
-  config.gpu = gpu;
-  return make_communicator(config, env, nullptr);
-}
-
-// A store sharded at a level: its sharded state, its memory, and the parameters as its model
-// reads them now (the flat layout).
-class Subject {
- public:
-  virtual ~Subject() = default;
-  virtual ShardedState& state() = 0;
-  virtual ParamStore& store() = 0;
-  virtual std::vector<float> model_reads() = 0;
-};
 
 class HostSubject final : public Subject {
  public:
@@ -150,40 +115,6 @@ class DeviceSubject final : public Subject {
 };
 #endif
 
-#if DDP_STORE_TORCH
-class TorchSubject final : public Subject {
- public:
-  explicit TorchSubject(int level) : comm_(one_rank(false)), linear_(3, 2) {
-    {
-      torch::NoGradGuard no_grad;
-      linear_->weight.copy_(torch::arange(1, 7, torch::kFloat32).view({2, 3}));
-      linear_->bias.copy_(torch::arange(7, 9, torch::kFloat32));
-    }
-    ddp_ = std::make_unique<Reducer>(*comm_, two_buckets());
-    params_ = std::make_unique<TorchParams>(
-        std::vector<torch::Tensor>{linear_->weight, linear_->bias},
-        std::vector<TorchParams::Slot>{{0, 0, {2, 3}}, {0, 6, {2}}},
-        std::vector<torch::ScalarType>{torch::kFloat32}, std::vector<int64_t>{kCount}, *ddp_,
-        std::vector<size_t>{0, 1}, level, [](size_t) {}, [] { return nullptr; });
-  }
-  ShardedState& state() override { return params_->state(); }
-  ParamStore& store() override { return *params_; }
-  std::vector<float> model_reads() override {
-    params_->stale();  // as after the optimizer's step: the next forward gathers
-    params_->gather();
-    const torch::Tensor flat =
-        torch::cat({linear_->weight.detach().flatten(), linear_->bias.detach().flatten()});
-    return std::vector<float>(flat.data_ptr<float>(), flat.data_ptr<float>() + flat.numel());
-  }
-
- private:
-  std::unique_ptr<Communicator> comm_;
-  torch::nn::Linear linear_;
-  std::unique_ptr<Reducer> ddp_;
-  std::unique_ptr<TorchParams> params_;
-};
-#endif
-
 enum class Store { kHost, kDevice, kTorch };
 struct StoreCase {
   Store store;
@@ -224,7 +155,7 @@ class OneShardedState : public ::testing::TestWithParam<StoreCase> {
       }
       case Store::kTorch:
 #if DDP_STORE_TORCH
-        return std::make_unique<TorchSubject>(c.level);
+        return make_torch_subject(c.level);
 #else
         *skip = "built without LibTorch";
         return nullptr;
@@ -285,4 +216,5 @@ INSTANTIATE_TEST_SUITE_P(Stores, OneShardedState,
                          case_name);
 
 }  // namespace
+}  // namespace store_test
 }  // namespace ddp
