@@ -347,9 +347,8 @@ class GpuRunner final : public StageRunner {
   }
   bool grads_nonfinite() override { return false; }  // the GPU stops on the loss instead
   void optimizer_step() override {
-    // --zero 3: a gather still reading the pieces (a prefetch nobody used) is done before the
-    // update writes them, and none is left past the step (nor past its capture).
-    store_->state().forget_gathers();
+    // --zero 3: the step forgets every gather first (a prefetch nobody used is done before the
+    // update writes the pieces), so none is left past the step (nor past its capture).
     store_->state().step();
     feeder_->next_step();
   }
