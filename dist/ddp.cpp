@@ -103,9 +103,9 @@ void Reducer::begin_backward(std::vector<GradMemory> buffers) {
   bool missing = false;
   for (const GradMemory& buffer : buffers)
     missing = missing || buffer.data == nullptr;
-  DDP_USAGE_CHECK(
-      !missing || user_hook_ || (reduction_ != nullptr && reduction_->keeps_gradients()),
-      "Reducer::begin_backward: no gradient buffer (null)");
+  DDP_USAGE_CHECK(!missing || user_hook_ || late_buffers_ ||
+                      (reduction_ != nullptr && reduction_->keeps_gradients()),
+                  "Reducer::begin_backward: no gradient buffer (null)");
   in_backward_ = true;
   buffers_ = std::move(buffers);
   next_bucket_ = 0;
@@ -114,6 +114,14 @@ void Reducer::begin_backward(std::vector<GradMemory> buffers) {
   ready_.assign(bucket_of_.size(), 0);
   for (const int bucket : bucket_of_)
     if (bucket >= 0) ++waiting_[static_cast<size_t>(bucket)];
+}
+
+void Reducer::set_buffer(size_t buffer, const GradMemory& memory) {
+  DDP_CHECK(late_buffers_ && in_backward_ && buffer < buffers_.size(),
+            "Reducer::set_buffer({}): buffers are given late only during backward, after "
+            "give_buffers_late()",
+            buffer);
+  buffers_[buffer] = memory;
 }
 
 float* Reducer::grads() const {

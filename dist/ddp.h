@@ -148,6 +148,12 @@ class Reducer {
   void begin_backward(float* grads);
   // The same with a buffer for each Bucket::buffer, each of its own element type.
   void begin_backward(std::vector<GradMemory> buffers);
+  // From now on begin_backward may be given null buffers that set_buffer gives later, before
+  // their buckets' layers are ready (LibTorch's shard units: a unit's gradients are allocated as
+  // its backward starts and freed once its buckets are reduced).
+  void give_buffers_late() { late_buffers_ = true; }
+  // During backward: buffer `buffer`'s memory for this backward (give_buffers_late).
+  void set_buffer(size_t buffer, const GradMemory& memory);
   // Layer `layer`'s gradients are written: the buckets it completes start (with overlap).
   void layer_done(int layer);
   // Layer `layer`'s gradients are written, in whatever order they come (autograd's): a bucket
@@ -218,6 +224,7 @@ class Reducer {
   std::vector<int> waiting_;    // each bucket's layers not yet ready this step (layer_ready)
   std::vector<char> ready_;     // each layer: ready this step (layer_ready)
   bool in_backward_ = false;    // between begin_backward and end_backward
+  bool late_buffers_ = false;   // give_buffers_late()
   BucketReduction* reduction_ = nullptr;
 };
 

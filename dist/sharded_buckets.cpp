@@ -65,8 +65,9 @@ ShardedBuckets::ShardedBuckets(Reducer& ddp, int level, const MemoryPort* memory
     bucket_scratch_[b] = static_cast<char*>(allocate(bytes));
     scratch_bytes_ += bytes;
   }
-  // Host collectives reduce-scatter into a buffer of their own (MPI's may not alias its input).
-  if (level >= 2 && !comm_.device_buffers())
+  // Host collectives reduce-scatter into a buffer of their own (MPI's may not alias its input);
+  // device ones where the gradient buffers are freed before the pieces are read.
+  if (level >= 2 && (!comm_.device_buffers() || cut.pieces_apart))
     for (size_t k = 0; k < types_.size(); ++k) {
       const size_t bytes =
           (k < plan_.shard_counts.size() ? plan_.shard_counts[k] : 0) * element_bytes(k);

@@ -41,6 +41,10 @@ struct ShardCut {
   std::vector<size_t> counts;   // each layer's elements (with owners)
   std::vector<int> owners;      // each layer's owner rank
   size_t align = 0;
+  // Level 2, 3: the averaged pieces in a buffer of their own also over a device communicator
+  // (else reduce-scattered in place there), so that the gradient buffers may be freed once
+  // their buckets are reduced (LibTorch's shard units).
+  bool pieces_apart = false;
 };
 
 class ShardedBuckets final : public BucketReduction {

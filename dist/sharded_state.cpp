@@ -63,6 +63,16 @@ void ShardedState::gather_params(const std::vector<void*>& whole) {
   shards_->gather_shards(mine, whole, store_.stream());
 }
 
+std::unique_ptr<Work> ShardedState::gather_bucket(size_t b, void* whole) {
+  DDP_CHECK(!pieces_.empty(), "gather_bucket: the parameters are whole (level {})", level());
+  const ShardPart& p = plan().parts.at(b);
+  DDP_CHECK(p.in_place(), "gather_bucket: bucket {}'s pieces ({} x {}) are not the bucket ({})", b,
+            p.piece, plan().ranks, p.bucket_count);
+  return shards_->gather_bucket_async(
+      b, pieces_.at(p.buffer).get(),
+      static_cast<char*>(whole) + p.bucket_offset * shards_->element_bytes(p.buffer));
+}
+
 std::vector<float> ShardedState::params(size_t count) {
   if (pieces_.empty()) return store_.whole_params();  // whole on every replica
   const std::shared_ptr<void> whole = store_.allocate(count * sizeof(float), false);

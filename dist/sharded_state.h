@@ -57,6 +57,11 @@ class ShardedState {
   // Level 3, collective: every rank's pieces gathered into `whole` (one a buffer, the store's
   // memory), as the parameters are before a forward that uses them whole.
   void gather_params(const std::vector<void*>& whole);
+  // Level 3, collective: bucket b's pieces of every rank gathered into its place in `whole`
+  // (its buffer's memory), not waited for (device communicators: the Work makes a stream wait):
+  // one unit's gather before its use, the next one's started meanwhile. The bucket's pieces must
+  // be the bucket itself (equal pieces whose total is its size).
+  std::unique_ptr<Work> gather_bucket(size_t b, void* whole);
 
   // Collective over the group: the whole parameters (`count`, the rank's flat layout) on the
   // host; and this rank's pieces set from a whole host copy (every rank gives the same). One

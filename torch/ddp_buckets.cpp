@@ -3,6 +3,9 @@
 // of the buckets from the order the first step's gradients arrived in.
 #include <torch/torch.h>
 
+#include <algorithm>
+
+#include "dist/zero.h"
 #include "runtime/error.h"
 #include "torch/ddp_impl.h"
 
@@ -35,12 +38,16 @@ GroupedBuckets DistributedDataParallel::Impl::plan(const std::vector<size_t>& ar
   std::vector<int> kinds;
   for (const Param& p : params) {
     counts.push_back(static_cast<size_t>(p.numel()));
-    kinds.push_back(static_cast<int>(p.dtype));
+    // With units a buffer a unit and dtype, so that a unit's gradients and gathered parameters
+    // are memory of their own.
+    kinds.push_back(static_cast<int>(p.unit) * kUnitKinds + static_cast<int>(p.dtype));
     element_bytes.push_back(dtype_bytes(wire_type(p.dtype, p.name)));
   }
-  return plan_grouped_buckets(
-      counts, kinds, element_bytes, static_cast<size_t>(options.bucket_cap_mb() * 1048576),
-      static_cast<size_t>(options.first_bucket_cap_mb() * 1048576), arrival);
+  // Units: each unit's backward is its reduction's start, no smaller first bucket a unit.
+  const double first = units.empty() ? options.first_bucket_cap_mb() : options.bucket_cap_mb();
+  return plan_grouped_buckets(counts, kinds, element_bytes,
+                              static_cast<size_t>(options.bucket_cap_mb() * 1048576),
+                              static_cast<size_t>(first * 1048576), arrival);
 }
 
 // `planned`'s numbering, each dtype's buffer layout (its parameters in the reducer's order, so
@@ -51,9 +58,11 @@ void DistributedDataParallel::Impl::use_plan(GroupedBuckets planned) {
   layer_of.assign(params.size(), 0);
   for (size_t j = 0; j < param_of.size(); ++j)
     layer_of[param_of[j]] = j;
+  if (!units.empty()) pad_buckets(planned);
   grad_buffers.clear();
   for (size_t b = 0; b < planned.buffer_kinds.size(); ++b)
-    grad_buffers.push_back({static_cast<torch::ScalarType>(planned.buffer_kinds[b]),
+    grad_buffers.push_back({static_cast<torch::ScalarType>(planned.buffer_kinds[b] % kUnitKinds),
+                            static_cast<size_t>(planned.buffer_kinds[b] / kUnitKinds),
                             static_cast<int64_t>(planned.buffer_sizes[b]),
                             {}});
   for (const Bucket& bucket : planned.buckets) {
@@ -74,11 +83,41 @@ void DistributedDataParallel::Impl::use_plan(GroupedBuckets planned) {
   if (bf16_scratch.defined()) reducer->reduce_in_bf16(bf16_scratch.data_ptr());
 }
 
-// Each dtype's gradient buffer as the reducer takes it (they must be made).
+// zero(3)'s equal pieces are the buckets themselves (no padded copies, gathered in place): each
+// bucket's count rounded up to a multiple of the ranks (of kDeviceShardAlign elements each on the
+// GPU), its tail never written by a gradient; `pads` records the tails.
+void DistributedDataParallel::Impl::pad_buckets(GroupedBuckets& planned) {
+  const size_t multiple =
+      static_cast<size_t>(comm.size()) * (device.is_cuda() ? kDeviceShardAlign : 1);
+  pads.clear();
+  for (size_t k = 0; k < planned.buffer_sizes.size(); ++k) {
+    std::vector<size_t> in_buffer;  // its buckets, in the buffer's order
+    for (size_t b = 0; b < planned.buckets.size(); ++b)
+      if (planned.buckets[b].buffer == k) in_buffer.push_back(b);
+    std::sort(in_buffer.begin(), in_buffer.end(), [&planned](size_t a, size_t b) {
+      return planned.buckets[a].offset < planned.buckets[b].offset;
+    });
+    size_t at = 0;
+    for (const size_t b : in_buffer) {
+      Bucket& bucket = planned.buckets[b];
+      const size_t padded = (bucket.count + multiple - 1) / multiple * multiple;
+      if (padded > bucket.count)
+        pads.push_back({static_cast<int64_t>(k), static_cast<int64_t>(at + bucket.count),
+                        static_cast<int64_t>(padded - bucket.count)});
+      bucket.offset = at;
+      bucket.count = padded;
+      at += padded;
+    }
+    planned.buffer_sizes[k] = at;
+  }
+}
+
+// Each dtype's gradient buffer as the reducer takes it (null where a unit's is not allocated).
 std::vector<GradMemory> DistributedDataParallel::Impl::grad_memory() const {
   std::vector<GradMemory> memory;
   for (const GradBuffer& buffer : grad_buffers)
-    memory.push_back({buffer.flat.data_ptr(), wire_type(buffer.dtype, params[0].name)});
+    memory.push_back({buffer.flat.defined() ? buffer.flat.data_ptr() : nullptr,
+                      wire_type(buffer.dtype, params[0].name)});
   return memory;
 }
 
@@ -165,14 +204,57 @@ void DistributedDataParallel::Impl::make_grad_buffers() {
 
 // Each parameter's slot of its dtype's gradient buffer, a tensor of its shape.
 void DistributedDataParallel::Impl::make_views() {
+  for (Param& p : params)
+    make_view(p);
+}
+
+void DistributedDataParallel::Impl::make_view(Param& p) {
   torch::NoGradGuard no_grad;
-  for (Param& p : params) {
-    // The buffer's memory, but not an autograd view of it: LibTorch's Optimizer::zero_grad()
-    // detaches gradients in place, which views refuse.
-    const torch::Tensor& flat = grad_buffers[p.buffer].flat;
-    p.view = torch::empty({0}, flat.options())
-                 .set_(flat.storage(), p.offset, p.sizes, dense_strides(p.sizes));
+  // The buffer's memory, but not an autograd view of it: LibTorch's Optimizer::zero_grad()
+  // detaches gradients in place, which views refuse.
+  const torch::Tensor& flat = grad_buffers[p.buffer].flat;
+  p.view = torch::empty({0}, flat.options())
+               .set_(flat.storage(), p.offset, p.sizes, dense_strides(p.sizes));
+}
+
+// Unit u's gradient buffers allocated (their tails zero) and its parameters' views of them;
+// the reducer takes them where its backward has begun.
+void DistributedDataParallel::Impl::unit_grads(size_t u) {
+  Unit& unit = units[u];
+  if (unit.has_grads) return;
+  torch::NoGradGuard no_grad;
+  for (size_t k = 0; k < grad_buffers.size(); ++k) {
+    GradBuffer& buffer = grad_buffers[k];
+    if (buffer.unit != u) continue;
+    buffer.flat =
+        torch::empty({buffer.count}, torch::TensorOptions().dtype(buffer.dtype).device(device));
+    for (const auto& [of, at, count] : pads)
+      if (static_cast<size_t>(of) == k) buffer.flat.narrow(0, at, count).zero_();
+    if (in_backward)
+      reducer->set_buffer(k, {buffer.flat.data_ptr(), wire_type(buffer.dtype, params[0].name)});
   }
+  for (const size_t i : unit.params)
+    make_view(params[i]);
+  unit.has_grads = true;
+}
+
+// Unit u's gradient buffers freed (its reduction is over), with its parameters' views of them.
+void DistributedDataParallel::Impl::free_unit_grads(size_t u) {
+  Unit& unit = units[u];
+  if (!unit.has_grads) return;
+  for (size_t k = 0; k < grad_buffers.size(); ++k) {
+    GradBuffer& buffer = grad_buffers[k];
+    if (buffer.unit != u) continue;
+    buffer.flat = torch::Tensor();
+    if (in_backward) reducer->set_buffer(k, {nullptr, wire_type(buffer.dtype, params[0].name)});
+  }
+  for (const size_t i : unit.params) {
+    Param& p = params[i];
+    torch::Tensor& grad = p.tensor.mutable_grad();
+    if (grad.defined() && p.view.defined() && grad.is_same(p.view)) grad = torch::Tensor();
+    p.view = torch::Tensor();
+  }
+  unit.has_grads = false;
 }
 
 }  // namespace ddp

@@ -7,6 +7,7 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/torch.h>
 
+#include <array>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -15,6 +16,7 @@
 #include "dist/agreement.h"
 #include "runtime/error.h"
 #include "torch/distributed_data_parallel.h"
+#include "torch/shard_unit.h"
 #include "torch/torch_params.h"
 
 namespace ddp {
@@ -69,7 +71,9 @@ inline DataType wire_type(torch::ScalarType dtype, const std::string& name) {
   }
 }
 
-struct DistributedDataParallel::Impl {
+struct DistributedDataParallel::Impl final : UnitRunner {
+  // Buffer kinds: a unit's number times this, plus the dtype (ScalarType).
+  static constexpr int kUnitKinds = 256;
   // A parameter that gets gradients: its slot in its dtype's gradient buffer and its hook.
   struct Param {
     std::string name;
@@ -83,7 +87,8 @@ struct DistributedDataParallel::Impl {
       return n;
     }
     torch::ScalarType dtype = torch::kFloat32;
-    size_t buffer = 0;   // its dtype's GradBuffer
+    size_t buffer = 0;   // its dtype's (and unit's) GradBuffer
+    size_t unit = 0;     // zero(3) over several ranks: its shard unit
     int64_t offset = 0;  // where its gradient starts there (elements)
     torch::Tensor view;  // its part of that buffer, its shape (its .grad())
     std::shared_ptr<torch::autograd::Node> accumulator;
@@ -100,13 +105,34 @@ struct DistributedDataParallel::Impl {
   // a bucket (one dtype) is a range of it.
   struct GradBuffer {
     torch::ScalarType dtype = torch::kFloat32;
+    size_t unit = 0;     // the shard unit whose parameters' gradients it holds
     int64_t count = 0;   // its elements
     torch::Tensor flat;  // (ZeRO 2, 3: during backward only)
   };
 
+  // A shard unit (zero(3) over several ranks; torch/shard_unit.h): its parameters, each
+  // dtype's buffer of them, its gathers and its gradients' life in a step.
+  struct Unit {
+    std::vector<size_t> params;
+    std::vector<std::unique_ptr<Work>> gathering;  // its gather in flight (prefetched)
+    size_t waiting = 0;                            // its parameters not yet ready this backward
+    bool reducing = false;   // every one is: its buckets go out, its gradients are freed after
+    bool has_grads = false;  // its gradient buffers are allocated
+  };
+
   Impl(torch::nn::Module& module, Communicator& comm,
        const DistributedDataParallelOptions& options);
-  ~Impl();
+  ~Impl() override;
+  torch::Tensor run_unit(size_t unit, const std::function<torch::Tensor()>& forward) override;
+  void assign_units();
+  void gather_unit(size_t unit, bool wait);
+  void before_backward_of(size_t unit);
+  void unit_grads(size_t unit);
+  void free_unit_grads(size_t unit);
+  void free_reduced_grads(size_t keep_from);
+  void unit_ready(size_t unit);
+  void gather_for_forward();
+  void sample_memory();
   void check_and_copy_rank0s_state(
       const std::vector<std::pair<std::string, torch::Tensor>>& all,
       const std::vector<std::pair<std::string, torch::Tensor>>& buffers);
@@ -120,6 +146,8 @@ struct DistributedDataParallel::Impl {
   void make_grad_buffers();
   void point_grads_at_buckets();
   void make_views();
+  void make_view(Param& param);
+  void pad_buckets(GroupedBuckets& planned);
   void moved(size_t index);
   void gather_parameters();
   void keep_own_gradients();
@@ -172,7 +200,18 @@ struct DistributedDataParallel::Impl {
   std::vector<char> static_unused;  // and the parameters it left without gradient here
   std::unique_ptr<Reducer> reducer;
   std::unique_ptr<TorchParams> shards;  // with ZeRO on more than one rank
-  torch::Tensor device_scratch;         // the layout check's messages over NCCL
+  // zero(3) over several ranks: the ShardUnits', then auto_wrap_min_params' groups of the
+  // Sequential's children, then the root (what no unit holds), each numbered as the buffers
+  // are (kind unit x kUnitKinds + dtype); empty otherwise.
+  std::vector<Unit> units;
+  std::vector<ShardUnitImpl*> unit_modules;  // each ShardUnit, set to run through this Impl
+  std::vector<int> child_unit;  // auto-wrap: each child of the Sequential's unit (-1: none)
+  size_t root_unit = static_cast<size_t>(-1);  // the root's unit (none: every parameter in one)
+  std::vector<std::array<int64_t, 3>> pads;    // each bucket's tail (buffer, offset, count)
+  bool keep_gathered = false;    // gather_parameters(): every unit kept until backward ends
+  ShardedMemory peak;            // this step's so far (sample_memory)
+  ShardedMemory last_peak;       // the last step's
+  torch::Tensor device_scratch;  // the layout check's messages over NCCL
   torch::nn::AnyModule forward;
   // What the parameters' own hooks (watch_for_replacement) call: watch_hit while this Impl
   // lives, nothing after (LibTorch has no way to remove a tensor's hook).

@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <map>
 #include <mutex>
 #include <set>
 #include <sstream>
@@ -99,6 +100,12 @@ DistributedDataParallel::Impl::Impl(torch::nn::Module& module_, Communicator& co
                   "ddp::DistributedDataParallel: no parameter of the module requires a gradient");
   for (const auto& b : bufs)
     buffers.push_back(b.second);
+  DDP_USAGE_CHECK(options.auto_wrap_min_params() >= 0 &&
+                      (options.auto_wrap_min_params() == 0 || options.zero() == 3),
+                  "ddp::DistributedDataParallelOptions().auto_wrap_min_params({}): expected 0, or "
+                  "a count above 0 with zero(3) (shard units shard the parameters)",
+                  options.auto_wrap_min_params());
+  if (options.zero() == 3 && comm.size() > 1) assign_units();
   make_reducer();
   check_and_copy_rank0s_state(all, bufs);
   if (options.zero() > 0 && comm.size() > 1) {
@@ -115,17 +122,95 @@ DistributedDataParallel::Impl::Impl(torch::nn::Module& module_, Communicator& co
       dtypes.push_back(buffer.dtype);
       counts.push_back(buffer.count);
     }
+    std::vector<size_t> buffer_units;
+    for (const GradBuffer& buffer : grad_buffers)
+      buffer_units.push_back(buffer.unit);
     const ComputeStreamGuard on_stream(comm, stream());
     shards = std::make_unique<TorchParams>(
         tensors, slots, dtypes, counts, *reducer, param_of, options.zero(),
-        [this](size_t i) { moved(i); }, [this] { return stream(); });
+        [this](size_t i) { moved(i); }, [this] { return stream(); }, buffer_units);
   }
   point_grads_at_buckets();
+  if (!units.empty()) {
+    // Hooked while whole (their accumulators take their shape); now their pieces, the
+    // gradients allocated a unit at a time from the first backward on.
+    reducer->give_buffers_late();
+    for (size_t u = 0; u < units.size(); ++u)
+      free_unit_grads(u);
+    shards->stale();
+  }
   // batch statistics over every rank's slice
   sync_batch_norms = set_sync_batch_norm_communicator(module, &comm);
   std::lock_guard<std::mutex> lock(wrapped_mutex);
   for (const Param& p : params)
     wrapped().insert(p.tensor.unsafeGetTensorImpl());
+}
+
+// zero(3) over several ranks: each parameter's unit. The ShardUnits of the module (outer ones
+// first, so that an inner unit's parameters are its own), then auto_wrap_min_params' groups of
+// a Sequential's children, then the root: the parameters of none.
+void DistributedDataParallel::Impl::assign_units() {
+  std::vector<std::vector<torch::Tensor>> groups;
+  std::vector<ShardUnitImpl*> modules;
+  for (const auto& m : module.modules(/*include_self=*/false))
+    if (auto* unit = dynamic_cast<ShardUnitImpl*>(m.get())) {
+      modules.push_back(unit);
+      groups.push_back(unit->parameters());
+    }
+  const int64_t min_params = options.auto_wrap_min_params();
+  if (min_params > 0) {
+    auto* sequential = dynamic_cast<torch::nn::SequentialImpl*>(&module);
+    DDP_USAGE_CHECK(sequential != nullptr,
+                    "ddp::DistributedDataParallelOptions().auto_wrap_min_params({}): the wrapped "
+                    "module is not a torch::nn::Sequential, whose children it groups; declare "
+                    "ddp::ShardUnit modules in the model instead",
+                    min_params);
+    std::vector<torch::Tensor> group;
+    int64_t elements = 0;
+    for (const auto& child : sequential->children()) {
+      for (const torch::Tensor& t : child->parameters())
+        if (t.requires_grad()) group.push_back(t), elements += t.numel();
+      child_unit.push_back(group.empty() ? -1 : static_cast<int>(groups.size()));
+      if (elements >= min_params) {
+        groups.push_back(std::move(group));
+        group.clear();
+        elements = 0;
+      }
+    }
+    if (!group.empty()) groups.push_back(std::move(group));
+  }
+  std::map<const c10::TensorImpl*, size_t> unit_of;
+  for (size_t g = 0; g < groups.size(); ++g)
+    for (const torch::Tensor& t : groups[g])
+      unit_of[t.unsafeGetTensorImpl()] = g;
+  // Numbered densely in that order (a unit without trainable parameters is none), the root last.
+  std::map<size_t, size_t> number;
+  for (const Param& p : params) {
+    const auto found = unit_of.find(p.tensor.unsafeGetTensorImpl());
+    if (found != unit_of.end()) number.emplace(found->second, 0);
+  }
+  size_t next = 0;
+  for (auto& [group, n] : number)
+    n = next++;
+  units.resize(next);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto found = unit_of.find(params[i].tensor.unsafeGetTensorImpl());
+    if (found == unit_of.end() && root_unit == static_cast<size_t>(-1)) {
+      root_unit = units.size();
+      units.emplace_back();
+    }
+    params[i].unit = found != unit_of.end() ? number[found->second] : root_unit;
+    units[params[i].unit].params.push_back(i);
+  }
+  for (int& unit : child_unit) {
+    const auto found = number.find(static_cast<size_t>(unit));
+    unit = unit >= 0 && found != number.end() ? static_cast<int>(found->second) : -1;
+  }
+  for (size_t m = 0; m < modules.size(); ++m)
+    if (number.count(m)) {
+      modules[m]->set_runner(this, number[m]);
+      unit_modules.push_back(modules[m]);
+    }
 }
 
 void DistributedDataParallel::Impl::check_and_copy_rank0s_state(
@@ -184,6 +269,8 @@ void DistributedDataParallel::Impl::agree_on_hook() {
 }
 
 DistributedDataParallel::Impl::~Impl() {
+  for (ShardUnitImpl* unit : unit_modules)
+    unit->set_runner(nullptr, 0);
   *alive = nullptr;  // the gradients' hooks stay on the tensors and do nothing from now on
   for (Param& p : params)
     if (p.accumulator) p.accumulator->del_post_hook(p.hook);
@@ -228,7 +315,127 @@ void DistributedDataParallel::Impl::gather_parameters() {
   reattach_replaced();
   if (!shards) return;
   const ComputeStreamGuard on_stream(comm, stream());
+  if (!units.empty()) {
+    for (Unit& unit : units)  // a prefetch in flight
+      wait_all(unit.gathering, shards->state().buckets().gather_comm(), stream());
+    keep_gathered = true;  // until the next synchronised backward ends
+  }
   shards->gather();
+}
+
+// Before a forward through the wrapper: with units, every parameter a view of its shape (the
+// units gathered at their use) and the root unit gathered; else gather_parameters().
+void DistributedDataParallel::Impl::gather_for_forward() {
+  peak = {};
+  if (units.empty()) return gather_parameters();
+  reattach_replaced();
+  const ComputeStreamGuard on_stream(comm, stream());
+  shards->begin_step();
+  // The last step's averaged pieces are not the shape of this step's gradients: dropped (every
+  // level from 2 replaces the gradients at each synchronised backward), so that autograd
+  // writes them anew. A no_sync() backward's gradients have the shape and stay.
+  for (Param& p : params) {
+    torch::Tensor& grad = p.tensor.mutable_grad();
+    if (grad.defined() && grad.sizes() != torch::IntArrayRef(p.sizes)) grad = torch::Tensor();
+  }
+  if (root_unit < units.size()) gather_unit(root_unit, true);
+  sample_memory();
+}
+
+// Unit u's parameters gathered (its gather started now, or before as a prefetch), waited for
+// where asked.
+void DistributedDataParallel::Impl::gather_unit(size_t u, bool wait) {
+  Unit& unit = units[u];
+  if (!shards->unit_gathered(u)) shards->gather_unit(u, unit.gathering);
+  if (wait) wait_all(unit.gathering, shards->state().buckets().gather_comm(), stream());
+}
+
+torch::Tensor DistributedDataParallel::Impl::run_unit(size_t u,
+                                                      const std::function<torch::Tensor()>& run) {
+  if (units.empty()) return run();
+  DDP_USAGE_CHECK(shards->current(),
+                  "ddp::DistributedDataParallel with zero(3): a shard unit's forward ran without "
+                  "model.forward(...), model.sync_buffers() or model.gather_parameters() before it "
+                  "in this step; call one of them before each forward");
+  {
+    const ComputeStreamGuard on_stream(comm, stream());
+    gather_unit(u, true);
+    if (u + 1 < units.size()) gather_unit(u + 1, false);  // the next unit's, meanwhile
+    sample_memory();
+  }
+  torch::Tensor out = run();
+  if (options.reshard_after_forward() && !keep_gathered) shards->free_unit(u);
+  if (torch::GradMode::is_enabled() && out.requires_grad())
+    out.register_hook([this, u](const torch::Tensor&) { before_backward_of(u); });
+  return out;
+}
+
+// The gradient of unit u's output is ready: its backward is next. Its parameters gathered
+// again (and the unit before it meanwhile), its gradient buffers allocated; the gradients of the
+// units whose backward ended before the last one's freed once reduced.
+void DistributedDataParallel::Impl::before_backward_of(size_t u) {
+  const ComputeStreamGuard on_stream(comm, stream());
+  gather_unit(u, true);
+  if (u > 0) gather_unit(u - 1, false);
+  if (comm.size() > 1 && !no_sync) unit_grads(u);
+  free_reduced_grads(u + 2);
+  sample_memory();
+}
+
+// Unit u's parameters are all ready this backward: its buckets go out (in order), its gathered
+// parameters are not needed again this step.
+void DistributedDataParallel::Impl::unit_ready(size_t u) {
+  Unit& unit = units[u];
+  if (unit.waiting > 0) --unit.waiting;
+  if (unit.waiting > 0) return;
+  unit.reducing = true;
+  if (!keep_gathered && u != root_unit) shards->free_unit(u);
+  free_reduced_grads(units.size());
+}
+
+// The gradients of the units being reduced freed where their buckets' reductions are done, and
+// those of units `keep_from` and above (their backward ended two units ago) waited for first.
+// Not with a communication hook: the averages stay in the buffers until the end of backward.
+void DistributedDataParallel::Impl::free_reduced_grads(size_t keep_from) {
+  if (!shards->shards_gradients() || !in_backward) return;
+  const std::vector<Bucket>& buckets = reducer->buckets();
+  for (size_t v = 0; v < units.size(); ++v) {
+    Unit& unit = units[v];
+    if (!unit.reducing || !unit.has_grads) continue;
+    std::vector<size_t> mine;
+    bool issued = true, done = true;
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      if (grad_buffers[buckets[b].buffer].unit != v) continue;
+      mine.push_back(b);
+      issued = issued && b < reducer->issued();
+      done = done && issued && reducer->pending(b).is_completed();
+    }
+    if (!issued || (!done && v < keep_from)) continue;
+    for (const size_t b : mine)  // device: the stream waits, the memory is reused after it
+      if (comm.device_buffers())
+        reducer->pending(b).then_on(stream());
+      else
+        reducer->pending(b).wait(comm.timeout());
+    free_unit_grads(v);
+  }
+}
+
+// This step's peak so far of the parameters' and gradients' memory ddp holds.
+void DistributedDataParallel::Impl::sample_memory() {
+  size_t held = 0, grads = 0;
+  if (shards) {
+    held = shards->held_bytes();
+    grads = shards->state().buckets().scratch_bytes();
+  } else {
+    std::set<const void*> seen;
+    for (const Param& p : params)
+      if (p.tensor.has_storage() && seen.insert(p.tensor.storage().data()).second)
+        held += p.tensor.storage().nbytes();
+  }
+  for (const GradBuffer& buffer : grad_buffers)
+    if (buffer.flat.defined()) grads += buffer.flat.storage().nbytes();
+  peak.peak_parameter_bytes = std::max(peak.peak_parameter_bytes, held);
+  peak.peak_gradient_bytes = std::max(peak.peak_gradient_bytes, grads);
 }
 
 void DistributedDataParallel::Impl::sync_buffers() {
@@ -238,7 +445,7 @@ void DistributedDataParallel::Impl::sync_buffers() {
     ++steps_joined;
     join_notified = true;
   }
-  gather_parameters();
+  gather_for_forward();
   if (options.broadcast_buffers()) broadcast(buffers);
   buffers_synced = true;
   forward_seen = true;
@@ -280,12 +487,14 @@ void DistributedDataParallel::Impl::on_gradient(size_t index) {
   p.ready = true;
   if (comm.size() == 1) return;  // one process: nothing to reduce, the gradient stays put
   if (!arrival_recorded) arrival.push_back(index);
+  if (!units.empty()) unit_grads(p.unit);
   {
     torch::NoGradGuard no_grad;
     point_grad_at_view(p);
   }
   const ComputeStreamGuard on_stream(comm, stream());
   reducer->layer_ready(static_cast<int>(layer_of[index]));
+  if (!units.empty()) unit_ready(p.unit);
 }
 
 void DistributedDataParallel::Impl::begin_backward() {
@@ -315,8 +524,13 @@ void DistributedDataParallel::Impl::begin_backward() {
   // ZeRO 2 and 3 free them between steps. Not zeroed: every slot is written before its bucket
   // is reduced (a gradient copied in as it is ready, an unused parameter's zeroed at the end of
   // backward).
-  if (!grad_buffers[0].flat.defined()) make_grad_buffers();
+  if (units.empty() && !grad_buffers[0].flat.defined()) make_grad_buffers();
+  for (Unit& unit : units) {
+    unit.waiting = unit.params.size();
+    unit.reducing = false;
+  }
   reducer->begin_backward(grad_memory());
+  sample_memory();
   used.assign(params.size(), 1);
   // The parameters known unused already (forward's graph walk, or static_graph's first step):
   // their buckets need not wait for them.
@@ -338,6 +552,8 @@ void DistributedDataParallel::Impl::end_backward() {
   buffers_synced = false;
   forward_seen = false;
   reduce_at_end();
+  sample_memory();
+  last_peak = peak;
   plan_rebuild();
   mark_step_end();
 }
@@ -365,10 +581,12 @@ void DistributedDataParallel::Impl::reduce_at_end() {
       p.ready = true;
       if (comm.size() > 1) {
         if (!arrival_recorded) arrival.push_back(i);
+        if (!units.empty()) unit_grads(p.unit);
         torch::NoGradGuard no_grad;
         point_grad_at_view(p);
         const ComputeStreamGuard on_stream(comm, stream());
         reducer->layer_ready(static_cast<int>(layer_of[i]));
+        if (!units.empty()) unit_ready(p.unit);
       }
     }
     p.reattached = false;
@@ -423,6 +641,7 @@ void DistributedDataParallel::Impl::reduce_at_end() {
 void DistributedDataParallel::Impl::mark_unused(size_t i) {
   Param& p = params[i];
   if (!arrival_recorded) arrival.push_back(i);
+  if (!units.empty()) unit_grads(p.unit);
   {
     torch::NoGradGuard no_grad;
     if (!p.tensor.grad().defined()) {
@@ -434,6 +653,7 @@ void DistributedDataParallel::Impl::mark_unused(size_t i) {
   }
   const ComputeStreamGuard on_stream(comm, stream());
   reducer->layer_ready(static_cast<int>(layer_of[i]));
+  if (!units.empty()) unit_ready(p.unit);
 }
 
 // The parameters none of `outputs` depends on: a walk of the autograd graph from their
@@ -468,6 +688,28 @@ void DistributedDataParallel::Impl::prepare_for_backward(
 // which is kept. The owners are about to step: the next forward gathers.
 void DistributedDataParallel::Impl::keep_own_gradients() {
   torch::NoGradGuard no_grad;
+  sample_memory();  // before the units' memory is freed
+  if (!units.empty()) {
+    // zero(3): an owned parameter's gradient is its averaged piece (1-D, as the parameter is
+    // between steps), kept where the reduce-scatter left it; a hook's all-reduce leaves the
+    // averages in the buffers, whose piece is copied out. Every unit's memory freed.
+    for (size_t i = 0; i < params.size(); ++i) {
+      Param& p = params[i];
+      torch::Tensor& grad = p.tensor.mutable_grad();
+      const bool got = used[i] != 0 || (i < used_anywhere.size() && used_anywhere[i]);
+      if (!shards->owns(i) || !got)
+        grad = torch::Tensor();
+      else if (shards->shards_gradients())
+        grad = shards->own_gradient(i);
+      else
+        grad = shards->piece_of(i, p.view).clone();
+    }
+    for (size_t u = 0; u < units.size(); ++u)
+      free_unit_grads(u);
+    keep_gathered = false;
+    shards->stale();
+    return;
+  }
   for (size_t i = 0; i < params.size(); ++i) {
     torch::Tensor& grad = params[i].tensor.mutable_grad();
     if (!shards->owns(i))
@@ -562,7 +804,7 @@ std::vector<std::string> DistributedDataParallel::owned_parameter_names() const 
 }
 
 ShardedMemory DistributedDataParallel::memory() const {
-  ShardedMemory memory;
+  ShardedMemory memory = impl_->last_peak;
   std::set<const void*> seen;
   const auto count = [&seen](const torch::Tensor& t) -> size_t {
     if (!t.defined() || !t.has_storage() || !seen.insert(t.storage().data()).second) return 0;
@@ -609,19 +851,43 @@ size_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {
 namespace {
 
 // A Sequential's forward is a template (the caller names its return type), which AnyModule
-// cannot hold: this module runs it as Tensor -> Tensor, the form LibTorch's examples call.
+// cannot hold: this module runs it as Tensor -> Tensor, the form LibTorch's examples call; with
+// auto-wrapped units each unit's children run through the wrapper's runner.
 struct SequentialForwardImpl : torch::nn::Module {
-  explicit SequentialForwardImpl(std::shared_ptr<torch::nn::SequentialImpl> sequential)
-      : sequential(std::move(sequential)) {}
-  torch::Tensor forward(torch::Tensor input) { return sequential->forward(std::move(input)); }
+  SequentialForwardImpl(std::shared_ptr<torch::nn::SequentialImpl> sequential, UnitRunner* runner,
+                        std::vector<int> child_unit)
+      : sequential(std::move(sequential)), runner(runner), child_unit(std::move(child_unit)) {}
+  torch::Tensor forward(torch::Tensor input) {
+    if (child_unit.empty()) return sequential->forward(std::move(input));
+    torch::Tensor x = std::move(input);
+    const size_t n = sequential->size();
+    for (size_t i = 0; i < n;) {
+      size_t end = i + 1;  // the children of child i's unit, run together
+      while (child_unit[i] >= 0 && end < n && child_unit[end] == child_unit[i])
+        ++end;
+      const auto children = [this, i, end, &x] {
+        torch::Tensor y = x;
+        for (size_t c = i; c < end; ++c)
+          y = sequential->begin()[static_cast<std::ptrdiff_t>(c)].forward(y);
+        return y;
+      };
+      x = child_unit[i] >= 0 ? runner->run_unit(static_cast<size_t>(child_unit[i]), children)
+                             : children();
+      i = end;
+    }
+    return x;
+  }
   std::shared_ptr<torch::nn::SequentialImpl> sequential;
+  UnitRunner* runner;
+  std::vector<int> child_unit;
 };
 
 }  // namespace
 
 void DistributedDataParallel::keep_sequential_forward(
     std::shared_ptr<torch::nn::SequentialImpl> sequential) {
-  set_forward(torch::nn::AnyModule(std::make_shared<SequentialForwardImpl>(std::move(sequential))));
+  set_forward(torch::nn::AnyModule(std::make_shared<SequentialForwardImpl>(
+      std::move(sequential), impl_.get(), impl_->child_unit)));
 }
 
 void DistributedDataParallel::set_forward(torch::nn::AnyModule forward) {

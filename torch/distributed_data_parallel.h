@@ -24,18 +24,22 @@
 //
 // ZeRO (DistributedDataParallelOptions().zero(1), 2 or 3; PyTorch's ZeroRedundancyOptimizer and
 // FSDP's SHARD_GRAD_OP and FULL_SHARD in their memory of state, gradients and parameters between
-// steps) on dist/'s sharded state (torch/torch_params.h): each parameter is owned by one rank
-// (whole tensors; each bucket's split into runs of about equal size). After the reduction a rank
-// keeps the averaged gradients of its own parameters only, so the user's unchanged LibTorch
-// optimizer steps those alone and keeps state for about 1/N of the model (LibTorch's optimizers
-// skip a parameter without a gradient); the owners' new values reach every rank by one all-gather
-// a bucket before the next forward (forward(), sync_buffers() or gather_parameters()). Every
-// level reduce-scatters each bucket (a communication hook keeps the all-reduce), about plain
-// DDP's bytes on the wire; ZeRO 2 and 3 free the full gradient buffer between steps; ZeRO 3 also
-// keeps only this rank's pieces of the parameters between steps (the others are empty tensors until
-// the next gather). Every level trains bitwise as plain DistributedDataParallel on as many ranks
-// over the host backends (each element summed in rank order) and over NCCL with two ranks; with
-// more, NCCL's reduce-scatter sums in another order than its all-reduce.
+// steps) on dist/'s sharded state (torch/torch_params.h): at levels 1 and 2 each parameter is owned
+// by one rank (whole tensors; each bucket's split into runs of about equal size). After the
+// reduction a rank keeps the averaged gradients of its own parameters only, so the user's unchanged
+// LibTorch optimizer steps those alone and keeps state for about 1/N of the model (LibTorch's
+// optimizers skip a parameter without a gradient); the owners' new values reach every rank by one
+// all-gather a bucket before the next forward (forward(), sync_buffers() or gather_parameters()).
+// Every level reduce-scatters each bucket (a communication hook keeps the all-reduce), about plain
+// DDP's bytes on the wire; ZeRO 2 and 3 free the full gradient buffer between steps. ZeRO 3
+// (FSDP's FULL_SHARD) cuts each bucket into equal pieces instead: between steps a parameter is
+// this rank's piece of it (1-D, maybe empty) and its gradient the averaged piece, which the
+// optimizer steps element-wise; with shard units (torch/shard_unit.h, auto_wrap_min_params) a
+// unit at a time is gathered for its forward and again for its backward, and its gradients are
+// reduce-scattered and freed as its backward ends, so that the peak is the share and a few units.
+// Every level trains bitwise as plain DistributedDataParallel on as many ranks over the host
+// backends (each element summed in rank order) and over NCCL with two ranks; with more, NCCL's
+// reduce-scatter sums in another order than its all-reduce.
 #pragma once
 
 #include <torch/arg.h>
@@ -90,6 +94,15 @@ struct DistributedDataParallelOptions {
   // ZeRO (the top of this file): 0 plain, 1 optimizer state sharded, 2 and gradients, 3 and
   // parameters. No effect on a job of one process.
   TORCH_ARG(int, zero) = 0;
+  // zero(3), a wrapper made from a Sequential: its children grouped in order into shard units
+  // (torch/shard_unit.h) of at least this many parameter elements each (PyTorch FSDP's
+  // size_based_auto_wrap_policy; 1: each child with parameters a unit); 0: none but the
+  // ddp::ShardUnit modules declared in the model.
+  TORCH_ARG(int64_t, auto_wrap_min_params) = 0;
+  // zero(3) with units: a unit's gathered parameters freed after its forward and gathered again
+  // for its backward (FSDP2's reshard_after_forward); false keeps them from its forward to the
+  // end of its backward (one gather a step, more memory).
+  TORCH_ARG(bool, reshard_after_forward) = true;
 };
 
 // What the module's parameters and gradients keep alive on this rank now, in bytes (each
@@ -97,6 +110,11 @@ struct DistributedDataParallelOptions {
 struct ShardedMemory {
   size_t parameter_bytes = 0;  // the parameters' storages
   size_t gradient_bytes = 0;   // the gradients' storages (.grad())
+  // The last synchronised step's peak (from its forward to the end of its backward) of the
+  // parameters' and the gradients' memory ddp holds: with zero(3) this rank's pieces and the
+  // units gathered, the gradient buffers allocated and the averaged pieces.
+  size_t peak_parameter_bytes = 0;
+  size_t peak_gradient_bytes = 0;
 };
 
 // The bytes of an optimizer's per-parameter state (SGD's momentum, Adam's and AdamW's moments,

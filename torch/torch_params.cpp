@@ -34,7 +34,8 @@ TorchParams::TorchParams(std::vector<torch::Tensor> params, std::vector<Slot> sl
                          std::vector<torch::ScalarType> buffer_dtypes,
                          std::vector<int64_t> buffer_counts, Reducer& ddp,
                          const std::vector<size_t>& param_of, int level,
-                         std::function<void(size_t)> moved, std::function<void*()> stream)
+                         std::function<void(size_t)> moved, std::function<void*()> stream,
+                         std::vector<size_t> buffer_units)
     : params_(std::move(params)),
       slots_(std::move(slots)),
       dtypes_(std::move(buffer_dtypes)),
@@ -43,6 +44,8 @@ TorchParams::TorchParams(std::vector<torch::Tensor> params, std::vector<Slot> sl
       owner_(params_.size(), 0),
       bucket_of_(params_.size(), 0),
       piece_at_(params_.size(), -1),
+      local_at_(params_.size(), 0),
+      local_count_(params_.size(), 0),
       ddp_(ddp),
       level_(level),
       rank_(ddp.comm().rank()),
@@ -68,8 +71,8 @@ TorchParams::TorchParams(std::vector<torch::Tensor> params, std::vector<Slot> sl
       bucket_of_[param_of[static_cast<size_t>(layer)]] = b;
   // The buckets' memory: LibTorch tensors on the parameters' device, copies in stream order.
   memory_.allocate = [this](size_t bytes) -> std::shared_ptr<void> {
-    const auto held =
-        std::make_shared<torch::Tensor>(torch::empty({static_cast<int64_t>(bytes)}, options_));
+    allocated_.push_back(torch::empty({static_cast<int64_t>(bytes)}, options_));
+    const auto held = std::make_shared<torch::Tensor>(allocated_.back());
     return std::shared_ptr<void>(held, held->data_ptr());
   };
   memory_.copy = [this](void* dst, const void* src, size_t bytes) { copy(dst, src, bytes); };
@@ -85,21 +88,41 @@ TorchParams::TorchParams(std::vector<torch::Tensor> params, std::vector<Slot> sl
   ShardCut cut;
   for (const torch::ScalarType dtype : dtypes_)
     cut.types.push_back(collective_type(dtype));
-  cut.counts = layer_counts;
-  cut.owners = layer_owner;
   cut.align = options_.device().is_cuda() ? kDeviceShardAlign : 1;  // any piece on the host
-  // Levels 1 and 2 alike on the wire: the buckets reduce-scattered, the owners' pieces
-  // all-gathered after their step (level 1 keeping the all-reduce would send 1.5x plain DDP's
-  // bytes, as ZeroRedundancyOptimizer beside DDP does).
+  if (level < 3) {
+    // Whole tensors to owners. Levels 1 and 2 alike on the wire: the buckets reduce-scattered,
+    // the owners' pieces all-gathered after their step (level 1 keeping the all-reduce would
+    // send 1.5x plain DDP's bytes, as ZeroRedundancyOptimizer beside DDP does).
+    cut.counts = layer_counts;
+    cut.owners = layer_owner;
+  } else {
+    // Equal pieces, kept apart from the gradient buffers, which units free during backward.
+    cut.pieces_apart = true;
+    buffer_units.resize(dtypes_.size(), 0);
+    for (size_t k = 0; k < buffer_units.size(); ++k) {
+      if (buffer_units[k] >= unit_buffers_.size()) unit_buffers_.resize(buffer_units[k] + 1);
+      unit_buffers_[buffer_units[k]].push_back(k);
+    }
+  }
   state_ = std::make_unique<ShardedState>(ddp, std::max(level, 2), *this, nullptr, std::move(cut));
   shards_gradients_ = true;
-  // Each owned parameter's place in its buffer's pieces: in its run, packed after the ones
-  // before it.
+  // Each owned parameter's place in its buffer's pieces: levels 1, 2 in its run, packed after
+  // the ones before it; 3 the part of it in this rank's piece of its bucket.
   const ShardPlan& plan = state_->plan();
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (!owns(i)) continue;
     const ShardPart& part = plan.parts[bucket_of_[i]];
     const auto offset = static_cast<size_t>(slots_[i].offset);
+    if (level == 3) {
+      DDP_CHECK(part.strided(), "TorchParams: bucket {} is not in equal pieces", bucket_of_[i]);
+      const size_t end = offset + static_cast<size_t>(elements(slots_[i].sizes));
+      const size_t from = std::max(offset, part.offset);
+      const size_t to = std::min(end, part.offset + part.count);
+      local_at_[i] = static_cast<int64_t>(from);
+      local_count_[i] = to > from ? static_cast<int64_t>(to - from) : 0;
+      piece_at_[i] = static_cast<int64_t>(part.shard_at + (from - part.offset));
+      continue;
+    }
+    if (!owns(i)) continue;
     for (const ShardRun& run : part.runs[static_cast<size_t>(rank_)])
       if (offset >= run.offset && offset < run.offset + run.count)
         piece_at_[i] = static_cast<int64_t>(part.shard_at + run.at + (offset - run.offset));
@@ -107,10 +130,8 @@ TorchParams::TorchParams(std::vector<torch::Tensor> params, std::vector<Slot> sl
               "TorchParams: parameter {} is in none of its owner's runs", i);
     piece_at_[i] = std::max<int64_t>(piece_at_[i], 0);
   }
-  if (level == 3) {
-    release();
-    current_ = ddp.comm().size() == 1;  // the others' parameters come at gather
-  }
+  // Level 3 keeps the parameters whole until the first stale(): the caller hooks their gradient
+  // accumulators while they have their shape.
 }
 
 TorchParams::~TorchParams() = default;
@@ -123,16 +144,26 @@ void TorchParams::keep_all_reduce() {
 torch::Tensor TorchParams::own_gradient(size_t i) const {
   DDP_CHECK(shards_gradients_ && owns(i), "own_gradient({}): not this rank's averaged piece", i);
   const torch::ScalarType dtype = dtypes_[slots_[i].buffer];
+  if (level_ == 3)  // a piece of its own, kept until the next backward's reduction
+    return tensor_at(
+        state_->buckets().averaged_at(bucket_of_[i], static_cast<size_t>(local_at_[i])), dtype,
+        {local_count_[i]});
   const void* averaged =
       state_->buckets().averaged_at(bucket_of_[i], static_cast<size_t>(slots_[i].offset));
   return torch::from_blob(const_cast<void*>(averaged), slots_[i].sizes, options_.dtype(dtype));
 }
 
+torch::Tensor TorchParams::piece_of(size_t i, const torch::Tensor& whole) const {
+  return whole.reshape(-1).narrow(0, local_at_[i] - slots_[i].offset, local_count_[i]);
+}
+
 void TorchParams::stale() {
   current_ = false;
   if (level_ < 3) return;
-  torch::NoGradGuard no_grad;
-  release();
+  for (size_t i = 0; i < params_.size(); ++i)
+    point_at_pieces(i);
+  for (size_t u = 0; u < units(); ++u)
+    free_unit(u);
 }
 
 void TorchParams::gather() {
@@ -141,26 +172,77 @@ void TorchParams::gather() {
   if (level_ < 3) {
     state_->updated();  // every rank's pieces, in place in the flat buffers
   } else {
-    make_flats();
-    std::vector<void*> whole;
-    for (const torch::Tensor& flat : flats_)
-      whole.push_back(flat.data_ptr());
-    state_->gather_params(whole);
-    view_flats();
+    begin_step();
+    std::vector<std::unique_ptr<Work>> works;
+    for (size_t u = 0; u < units(); ++u)
+      gather_unit(u, works);
+    wait_all(works, state_->buckets().gather_comm(), stream_());
   }
   current_ = true;
+}
+
+void TorchParams::begin_step() {
+  current_ = true;
+  if (level_ < 3) return;
+  for (size_t i = 0; i < params_.size(); ++i)
+    repoint(i, flats_[slots_[i].buffer], slots_[i].offset, slots_[i].sizes);
+}
+
+void TorchParams::gather_unit(size_t u, std::vector<std::unique_ptr<Work>>& works) {
+  DDP_CHECK(level_ == 3 && u < units(), "gather_unit({}): level {} has {} units", u, level_,
+            units());
+  if (unit_gathered(u)) return;
+  const std::vector<Bucket>& buckets = ddp_.buckets();
+  for (const size_t k : unit_buffers_[u]) {
+    c10::StorageImpl* storage = flats_[k].storage().unsafeGetStorageImpl();
+    const size_t bytes = static_cast<size_t>(counts_[k]) * flats_[k].element_size();
+    storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
+    storage->set_nbytes(bytes);
+    for (size_t b = 0; b < buckets.size(); ++b)
+      if (buckets[b].buffer == k) works.push_back(state_->gather_bucket(b, flats_[k].data_ptr()));
+  }
+}
+
+void TorchParams::free_unit(size_t u) {
+  for (const size_t k : unit_buffers_.at(u)) {
+    c10::StorageImpl* storage = flats_[k].storage().unsafeGetStorageImpl();
+    storage->set_data_ptr_noswap(at::DataPtr(nullptr, flats_[k].device()));
+    storage->set_nbytes(0);
+  }
+}
+
+bool TorchParams::unit_gathered(size_t u) const {
+  const size_t k = unit_buffers_.at(u).at(0);
+  return flats_[k].storage().nbytes() > 0;
+}
+
+size_t TorchParams::held_bytes() const {
+  size_t bytes = 0;
+  for (const torch::Tensor& flat : flats_)
+    bytes += flat.storage().nbytes();
+  for (const torch::Tensor& piece : pieces_)
+    bytes += piece.storage().nbytes();
+  return bytes;
 }
 
 void TorchParams::take_back(size_t i) {
   torch::NoGradGuard no_grad;
   const torch::Tensor loaded = params_[i].detach();
   const Slot& slot = slots_[i];
-  torch::Tensor into;
-  if (level_ == 3 && owns(i)) {  // its piece, kept over the step
-    torch::Tensor piece = view(i, pieces_[slot.buffer], piece_at_[i]);
-    piece.copy_(loaded);
-    into = piece;
+  if (level_ == 3) {  // its piece, and its place in its unit where gathered
+    if (local_count_[i] > 0)
+      torch::empty({0}, params_[i].options())
+          .set_(pieces_[slot.buffer].storage(), piece_at_[i], {local_count_[i]}, {1})
+          .copy_(loaded.reshape(-1).narrow(0, local_at_[i] - slot.offset, local_count_[i]));
+    if (flats_[slot.buffer].storage().nbytes() > 0)
+      view(i, flats_[slot.buffer], slot.offset).copy_(loaded);
+    if (current_)
+      repoint(i, flats_[slot.buffer], slot.offset, slot.sizes);
+    else
+      point_at_pieces(i);
+    return;
   }
+  torch::Tensor into;
   if (!flats_.empty() && flats_[slot.buffer].defined()) {
     torch::Tensor whole = view(i, flats_[slot.buffer], slot.offset);
     whole.copy_(loaded);
@@ -183,6 +265,7 @@ std::shared_ptr<void> TorchParams::allocate(size_t bytes, bool pieces) {
   const auto held = std::make_shared<torch::Tensor>(pieces ? torch::zeros({size}, options_)
                                                            : torch::empty({size}, options_));
   if (pieces) pieces_.push_back(*held);
+  allocated_.push_back(*held);
   return std::shared_ptr<void>(held, held->data_ptr());
 }
 
@@ -226,8 +309,8 @@ torch::Tensor TorchParams::view(size_t i, const torch::Tensor& storage, int64_t 
 
 void TorchParams::make_flats() {
   flats_.clear();
-  for (size_t k = 0; k < dtypes_.size(); ++k)
-    flats_.push_back(torch::empty({counts_[k]}, options_.dtype(dtypes_[k])));
+  for (size_t k = 0; k < dtypes_.size(); ++k)  // zeros: a padded bucket's tail is never written
+    flats_.push_back(torch::zeros({counts_[k]}, options_.dtype(dtypes_[k])));
 }
 
 void TorchParams::view_flats() {
@@ -235,11 +318,31 @@ void TorchParams::view_flats() {
     point(i, view(i, flats_[slots_[i].buffer], slots_[i].offset));
 }
 
-void TorchParams::release() {
-  for (size_t i = 0; i < params_.size(); ++i)
-    point(i, owns(i) ? view(i, pieces_[slots_[i].buffer], piece_at_[i])
-                     : torch::empty({0}, params_[i].options()));
-  flats_.clear();
+void TorchParams::repoint(size_t i, const torch::Tensor& storage, int64_t offset,
+                          const std::vector<int64_t>& sizes) {
+  c10::TensorImpl* impl = params_[i].unsafeGetTensorImpl();
+  impl->set_storage_keep_dtype(storage.storage());
+  impl->set_storage_offset(offset);
+  impl->set_sizes_and_strides(sizes, contiguous_strides(sizes));
+}
+
+void TorchParams::point_at_pieces(size_t i) {
+  const int64_t count = local_count_[i];
+  repoint(i, pieces_[slots_[i].buffer], count > 0 ? piece_at_[i] : 0, {count});
+}
+
+torch::Tensor TorchParams::tensor_at(const void* data, torch::ScalarType dtype,
+                                     const std::vector<int64_t>& sizes) const {
+  const auto* at = static_cast<const char*>(data);
+  for (const torch::Tensor& held : allocated_) {
+    const auto* base = static_cast<const char*>(held.data_ptr());
+    if (at < base || at >= base + held.numel()) continue;
+    const auto element = static_cast<int64_t>(c10::elementSize(dtype));
+    return torch::empty({0}, options_.dtype(dtype))
+        .set_(held.storage(), (at - base) / element, sizes, contiguous_strides(sizes));
+  }
+  DDP_CHECK(false, "TorchParams: no memory of its own holds that piece");
+  return {};
 }
 
 void TorchParams::point(size_t i, const torch::Tensor& to) {

@@ -1,15 +1,24 @@
 // ZeRO for LibTorch modules, the parameters' side: a ParamStore (dist/param_store.h) whose
-// parameters of each dtype are views into one flat tensor, laid out as their gradients are
-// (each dtype's buffer, in the reducer's order, so that a bucket is a range of both), and
-// dist/'s sharded state over it
-// (ShardedState: the same reduce-scatters, all-gathers and pieces as ddptrain's ZeRO). A
-// parameter is owned whole (the user's LibTorch optimizer steps whole tensors): each bucket's
-// parameters are split into runs of about equal elements among the ranks (balanced_owners),
-// so that a rank's optimizer keeps state for about 1/N of the model: the parameters it does
-// not own get no gradient (DistributedDataParallel drops them after the reduction), and
-// LibTorch's optimizers skip a parameter without one. Level 2 and 3 reduce-scatter each bucket
-// (its owners' averaged gradients only); level 3 keeps only this rank's pieces between steps,
-// its own parameters viewing them, the others' empty until the next gather.
+// parameters of each buffer are views into one flat tensor, laid out as their gradients are
+// (each buffer in the reducer's order, so that a bucket is a range of both), and dist/'s sharded
+// state over it (ShardedState: the same reduce-scatters, all-gathers and pieces as ddptrain's
+// ZeRO).
+// - Levels 1 and 2: a parameter is owned whole (the user's LibTorch optimizer steps whole
+//   tensors): each bucket's parameters are split into runs of about equal elements among the
+//   ranks (balanced_owners); a rank's optimizer keeps state for about 1/N of the model (the
+//   parameters it does not own get no gradient, and LibTorch's optimizers skip those). Each
+//   bucket is reduce-scattered (its owners' averaged gradients only) and the owners' updates
+//   all-gathered in place.
+// - Level 3 (FSDP's FULL_SHARD): each bucket in equal pieces (plan_shards, ddptrain's
+//   partitioner; DistributedDataParallel pads each bucket to a multiple of the ranks so that the
+//   pieces are the bucket itself), so that every rank holds about 1/N of every parameter:
+//   between steps each parameter *is* this rank's piece of it (a 1-D tensor of its elements in
+//   the piece, none where it has none), which the user's optimizer steps element-wise, and its
+//   gradient the averaged piece. During a step the parameters are views of their shape into
+//   their buffer's flat tensor, whose memory is allocated and gathered before a unit's use and
+//   freed after it (its storage emptied in place, FSDP's trick: autograd's saved tensors share
+//   it and see it again when backward gathers it anew), a unit being the buffers of one shard
+//   unit (torch/shard_unit.h; the module's remaining parameters are one more).
 #pragma once
 
 #include <torch/types.h>
@@ -36,21 +45,21 @@ class TorchParams final : public ParamStore {
 
   // `params` (registration order, one device, each with its own values: rank 0's after the
   // construction's broadcast) at `slots` of buffers of `buffer_counts` elements each of
-  // `buffer_dtypes`, the reducer `ddp` over them (layer j of it is params[param_of[j]]) at
-  // `level` (1, 2, 3): the parameters become views into their buffer (level 3: this rank's
-  // into its pieces, the others' empty until gather). `moved(i)` runs after parameter i's
-  // tensor is re-set (LibTorch gives it a new gradient accumulator then); `stream()` is the
+  // `buffer_dtypes` (level 3: buffer k of unit buffer_units[k]), the reducer `ddp` over them
+  // (layer j of it is params[param_of[j]]) at `level` (1, 2, 3): the parameters become views
+  // into their buffer (level 3: whole until the first stale()). `moved(i)` runs after parameter
+  // i's tensor is re-set (LibTorch gives it a new gradient accumulator then); `stream()` is the
   // compute stream the collectives and copies are ordered on (null: the CPU).
   TorchParams(std::vector<torch::Tensor> params, std::vector<Slot> slots,
               std::vector<torch::ScalarType> buffer_dtypes, std::vector<int64_t> buffer_counts,
               Reducer& ddp, const std::vector<size_t>& param_of, int level,
-              std::function<void(size_t)> moved, std::function<void*()> stream);
+              std::function<void(size_t)> moved, std::function<void*()> stream,
+              std::vector<size_t> buffer_units = {});
   ~TorchParams() override;
 
-  // The rank that owns parameter i (its optimizer state and its update).
-  int owner(size_t i) const { return owner_[i]; }
-  // Whether this rank owns parameter i.
-  bool owns(size_t i) const { return owner_[i] == rank_; }
+  // Whether this rank owns parameter i (levels 1, 2: the whole tensor; 3: a piece of it), its
+  // optimizer state and its update.
+  bool owns(size_t i) const { return level_ == 3 ? local_count_[i] > 0 : owner_[i] == rank_; }
   // Whether every rank's parameters are the owners' values (after gather, until stale()).
   bool current() const { return current_; }
   // Whether the buckets are reduce-scattered (every level, unless a communication hook
@@ -64,13 +73,30 @@ class TorchParams final : public ParamStore {
   // After the reduction (shards_gradients()): owned parameter i's averaged gradient, where the
   // reduction left it (valid until the next backward).
   torch::Tensor own_gradient(size_t i) const;
+  // Level 3: this rank's piece of parameter i out of `whole` (a tensor of its shape), 1-D.
+  torch::Tensor piece_of(size_t i, const torch::Tensor& whole) const;
   // The owners are about to change their parameters (their optimizer steps): the next gather
   // brings them to every rank; level 3 frees the others' now.
   void stale();
-  // Collective: every rank's parameters become their owners' (level 3: the flat buffers made
-  // again and every parameter a view into them), on the compute stream with a device
-  // communicator. Nothing to do while current().
+  // Collective: every rank's parameters become their owners' (level 3: every unit gathered, every
+  // parameter a view of its shape), on the compute stream with a device communicator. Nothing
+  // to do while current().
   void gather();
+
+  // Level 3's units (the buffers of one unit each), numbered as buffer_units.
+  size_t units() const { return unit_buffers_.size(); }
+  // Every parameter a view of its shape into its buffer (gathered or not): a step begins.
+  void begin_step();
+  // Collective: unit u's memory allocated and its buckets' gathers started (`works`, waited for
+  // by the caller before its parameters are read); nothing where it is gathered.
+  void gather_unit(size_t u, std::vector<std::unique_ptr<Work>>& works);
+  // Unit u's gathered memory freed (its parameters keep their shape, their storage empty).
+  void free_unit(size_t u);
+  // Whether unit u's memory holds its parameters (gathered or being gathered).
+  bool unit_gathered(size_t u) const;
+  // The bytes of the parameters this rank holds now: its pieces and the gathered units (level
+  // 3), or every buffer.
+  size_t held_bytes() const;
   // Parameter i's tensor was replaced from outside (torch::load): its values go into its slot
   // where this rank holds one (every rank loads the same values; the owner's win at the next
   // gather) and the tensor is the view again.
@@ -92,12 +118,20 @@ class TorchParams final : public ParamStore {
 
  private:
   torch::Tensor bytes_at(void* data, size_t bytes) const;  // a uint8 tensor over that memory
-  void copy(void* dst, const void* src, size_t bytes);     // memory_'s copy
+  // Parameter i's metadata set (no new tensor, no version bump: autograd's saved tensors and
+  // its gradient accumulator stay valid) to `sizes` at `offset` of `storage`.
+  void repoint(size_t i, const torch::Tensor& storage, int64_t offset,
+               const std::vector<int64_t>& sizes);
+  void point_at_pieces(size_t i);  // level 3: parameter i its piece (1-D, maybe empty)
+  // A tensor of `sizes` and `dtype` over `data`, which lies in memory this store allocated
+  // (keeping it alive, not an autograd view).
+  torch::Tensor tensor_at(const void* data, torch::ScalarType dtype,
+                          const std::vector<int64_t>& sizes) const;
+  void copy(void* dst, const void* src, size_t bytes);  // memory_'s copy
   // Parameter i's place in `storage` at `offset` elements, of its shape.
   torch::Tensor view(size_t i, const torch::Tensor& storage, int64_t offset) const;
-  void make_flats();  // each dtype's flat buffer (not filled)
-  void view_flats();  // every parameter a view into its flat buffer
-  void release();     // level 3: own parameters into the pieces, the others empty
+  void make_flats();                              // each dtype's flat buffer (not filled)
+  void view_flats();                              // every parameter a view into its flat buffer
   void point(size_t i, const torch::Tensor& to);  // parameter i set to `to`
 
   std::vector<torch::Tensor> params_;
@@ -106,10 +140,14 @@ class TorchParams final : public ParamStore {
   std::vector<int64_t> counts_;
   torch::TensorOptions options_;  // the parameters' device, uint8
   std::vector<int> owner_;
-  std::vector<size_t> bucket_of_;      // each parameter's bucket
-  std::vector<int64_t> piece_at_;      // an owned parameter's place in its buffer's pieces
-  std::vector<torch::Tensor> flats_;   // each dtype's (level 3: during a step only)
-  std::vector<torch::Tensor> pieces_;  // level 3: each dtype's pieces (ShardedState's)
+  std::vector<size_t> bucket_of_;     // each parameter's bucket
+  std::vector<int64_t> piece_at_;     // an owned parameter's place in its buffer's pieces
+  std::vector<int64_t> local_at_;     // level 3: where its piece starts in its buffer
+  std::vector<int64_t> local_count_;  // level 3: and its elements
+  std::vector<std::vector<size_t>> unit_buffers_;  // level 3: each unit's buffers
+  std::vector<torch::Tensor> allocated_;           // what memory_ and allocate() gave
+  std::vector<torch::Tensor> flats_;               // each dtype's (level 3: during a step only)
+  std::vector<torch::Tensor> pieces_;              // level 3: each dtype's pieces (ShardedState's)
   MemoryPort memory_;  // LibTorch tensors on the parameters' device, copies in stream order
   std::unique_ptr<ShardedState> state_;
   Reducer& ddp_;

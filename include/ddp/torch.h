@@ -11,4 +11,5 @@
 #include "torch/comm_hooks.h"
 #include "torch/distributed_data_parallel.h"
 #include "torch/pipeline.h"
+#include "torch/shard_unit.h"
 #include "torch/sync_batch_norm.h"

@@ -1,0 +1,129 @@
+// Shard units (zero(3) a unit at a time; torch/shard_unit.h) on the CPU (Gloo under ddprun),
+// run by unit_worker: a Sequential of an embedding, a convolution, residual blocks of layer norm
+// and linear, and a linear head.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <regex>
+#include <string>
+
+#include "tests/libtorch/torch_compare.h"
+#include "tests/support/test_support.h"
+
+namespace ddp {
+namespace {
+
+const std::string kDdprun = std::string("CUDA_VISIBLE_DEVICES= ") + DDPRUN_PATH;
+const std::string kWorker = UNIT_WORKER_PATH;
+
+RunResult train(int ranks, const std::string& flags) {
+  return run_command(kDdprun + " --nproc-per-node " + std::to_string(ranks) + " -- " + kWorker +
+                     " " + flags);
+}
+
+struct Case {
+  int ranks;
+  const char* optimizer;  // "" (SGD with momentum) or "--adamw"
+};
+
+class TorchUnits : public ::testing::TestWithParam<Case> {};
+
+// Declared units (ddp::ShardUnit in place of each block), the Sequential's children wrapped by
+// auto_wrap_min_params, and units kept from forward to backward: each trains bitwise as plain
+// DistributedDataParallel on as many ranks (Gloo's reduce-scatter and all-reduce add each
+// element in rank order; only where the sums lie differs) and, with SGD, as one process with the
+// whole batch within kAcrossRanksMargin (the batch's mean taken in shares).
+TEST_P(TorchUnits, TrainAsPlainDdpAndAsOneProcess) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  const Case c = GetParam();
+  TempDir dir;
+  const std::string base = std::string(c.optimizer) + " --out ";
+  const RunResult plain = train(c.ranks, base + dir.file("plain.safetensors"));
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  if (std::string(c.optimizer).empty()) {
+    const RunResult one = run_command(kWorker + " --single --out " + dir.file("one.safetensors"));
+    ASSERT_EQ(one.exit_code, 0) << one.output;
+    EXPECT_LT(max_relative_difference(dir.file("plain.safetensors"), dir.file("one.safetensors")),
+              kAcrossRanksMargin);
+  }
+  for (const std::string flags :
+       {std::string("--zero 3 --units"), std::string("--zero 3 --auto-wrap 1"),
+        std::string("--zero 3 --auto-wrap 600"),
+        std::string("--zero 3 --units --keep-after-forward")}) {
+    const RunResult r = train(c.ranks, base + dir.file("units.safetensors") + " " + flags);
+    ASSERT_EQ(r.exit_code, 0) << flags << "\n" << r.output;
+    EXPECT_EQ(max_relative_difference(dir.file("units.safetensors"), dir.file("plain.safetensors")),
+              0.0)
+        << flags;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, TorchUnits,
+                         ::testing::Values(Case{2, ""}, Case{2, "--adamw"}, Case{3, ""},
+                                           Case{3, "--adamw"}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return std::to_string(info.param.ranks) + "ranks" +
+                                  (std::string(info.param.optimizer).empty() ? "Sgd" : "AdamW");
+                         });
+
+// Every rank's "rank R window W held H ledger L model M block B optimizer O" (--peak).
+struct Peak {
+  double window = 0, held = 0, ledger = 0, model = 0, block = 0, optimizer = 0;
+};
+std::map<int, Peak> peaks(const std::string& output) {
+  std::map<int, Peak> found;
+  const std::regex line(
+      R"(rank (\d+) window (\d+) held (\d+) ledger (\d+) model (\d+) block (\d+) optimizer (\d+))");
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), line);
+       it != std::sregex_iterator(); ++it)
+    found[std::stoi((*it)[1])] = {std::stod((*it)[2]), std::stod((*it)[3]), std::stod((*it)[4]),
+                                  std::stod((*it)[5]), std::stod((*it)[6]), std::stod((*it)[7])};
+  return found;
+}
+
+// The memory at the peak, counted by the CPU allocator itself (every allocation of the process)
+// on a model of 24 equal blocks (Linear(256, 256) and LayerNorm) with a batch of one sample a
+// rank, at 2 and 4 ranks. The model's bytes are its parameters' and their gradients' (what
+// plain DDP holds), a unit's likewise. A rank's parameter and gradient bytes at the peak of a
+// step are what ddp held when the step began (its pieces and averaged pieces) plus the most the
+// allocator held above that during forward and backward, less plain DDP's own such rise on as
+// many ranks (the activations and autograd's temporaries, the same in both). With units that is
+// at most the model's bytes / N plus three units'; zero(3) without units (the whole model
+// gathered for the step) is far above it, which shows the count sees the gathers. Optimizer
+// state (AdamW) is 1/N of plain DDP's, within one element a bucket.
+TEST(TorchUnitsMemory, PeakIsTheShareAndThreeUnits) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  for (const int ranks : {2, 4}) {
+    const std::string model =
+        "--adamw --blocks 24 --dim 256 --steps 3 --peak --batch " + std::to_string(ranks);
+    std::map<std::string, std::map<int, Peak>> runs;
+    for (const std::string flags :
+         {std::string(""), std::string("--zero 3"), std::string("--zero 3 --units"),
+          std::string("--zero 3 --auto-wrap 1")}) {
+      const RunResult r = train(ranks, model + " " + flags);
+      ASSERT_EQ(r.exit_code, 0) << flags << "\n" << r.output;
+      runs[flags] = peaks(r.output);
+      ASSERT_EQ(runs[flags].size(), static_cast<size_t>(ranks)) << flags << "\n" << r.output;
+    }
+    for (int rank = 0; rank < ranks; ++rank) {
+      const Peak& plain = runs[""].at(rank);
+      const double model_bytes = 2 * plain.model, unit_bytes = 2 * plain.block;
+      const double bound = model_bytes / ranks + 3 * unit_bytes;
+      const auto at_peak = [&plain](const Peak& p) { return p.held + p.window - plain.window; };
+      const std::string where = std::to_string(ranks) + " ranks, rank " + std::to_string(rank);
+      for (const std::string flags : {"--zero 3 --units", "--zero 3 --auto-wrap 1"}) {
+        const Peak& units = runs[flags].at(rank);
+        EXPECT_LE(at_peak(units), bound) << flags << ", " << where;
+        // memory()'s own record of the step's peak: the same bound, and what it held at least.
+        EXPECT_LE(units.ledger, bound) << flags << ", " << where;
+        EXPECT_GE(units.ledger, units.held) << flags << ", " << where;
+        EXPECT_NEAR(units.optimizer, plain.optimizer / ranks, 16.0 * 2 * sizeof(float))
+            << flags << ", " << where;
+      }
+      EXPECT_GT(at_peak(runs["--zero 3"].at(rank)), 2 * bound) << where;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ddp

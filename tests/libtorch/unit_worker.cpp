@@ -1,0 +1,247 @@
+// A LibTorch program for the shard units' tests (test_libtorch_units.cpp): a Sequential of an
+// embedding, a (depthwise) convolution block and K equal residual blocks (layer norm, linear), a
+// pooling and a linear head, trained S steps on a fixed data set, the global batch split over the
+// ranks or taken whole by one process.
+//   unit_worker --single [--blocks K] [--dim D] [--steps S] [--adamw] [--out FILE]
+//   ddprun ... unit_worker [--zero L] [--units | --auto-wrap N] [--keep-after-forward] [...]
+// --units: the blocks declared as ddp::ShardUnit(Block) in the Sequential; --auto-wrap N:
+// DistributedDataParallelOptions().auto_wrap_min_params(N); --keep-after-forward:
+// reshard_after_forward(false); --peak: each rank prints, over steps 2 on, the most the CPU
+// allocator (counted here) held above what it held when the step's forward began, what ddp held
+// then (model.memory()), the model's and one block's parameter bytes and its optimizer state;
+// --batch B: the global batch. Rank 0 writes the trained parameters (after gather_parameters(),
+// safetensors as float32) to --out.
+#include <c10/core/CPUAllocator.h>
+#include <torch/torch.h>
+#include <torch/version.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <ddp/torch.h>
+#include "models/safetensors.h"
+
+namespace {
+
+constexpr int64_t kVocabulary = 16, kTokens = 4, kClasses = 4;
+
+// Every CPU allocation counted (current and peak bytes), the default allocator underneath
+// (whose context is its data, so that raw_allocate, which LibTorch's kernels call, works too).
+class CountingAllocator final : public c10::Allocator {
+ public:
+  static CountingAllocator& install() {
+    static CountingAllocator counting(c10::GetCPUAllocator());
+    c10::SetCPUAllocator(&counting, /*priority=*/100);
+    return counting;
+  }
+  c10::DataPtr allocate(size_t bytes) const override {
+    c10::DataPtr inner = base_->allocate(bytes);
+    void* data = inner.get();
+    const c10::Device device = inner.device();
+    if (data == nullptr) return inner;
+    TORCH_CHECK(inner.get_context() == data && inner.get_deleter() == base_->raw_deleter(),
+                "CountingAllocator: the default allocator's pointers are not their context");
+    inner.release_context();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      sizes_[data] = bytes;
+    }
+    const size_t now = current_ += bytes;
+    size_t seen = peak_.load();
+    while (now > seen && !peak_.compare_exchange_weak(seen, now)) {
+    }
+    return {data, data, &release, device};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
+#if TORCH_VERSION_MAJOR >= 2
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+#endif
+  size_t current() const {
+    return current_;
+  }
+  size_t peak() const {
+    return peak_;
+  }
+  void reset_peak() {
+    peak_ = current_.load();
+  }
+
+ private:
+  explicit CountingAllocator(c10::Allocator* base) : base_(base) {
+    base_deleter_ = base->raw_deleter();
+  }
+  static void release(void* data) {
+    size_t bytes = 0;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      const auto found = sizes_.find(data);
+      if (found != sizes_.end()) bytes = found->second, sizes_.erase(found);
+    }
+    current_ -= bytes;
+    base_deleter_(data);
+  }
+  c10::Allocator* base_;
+  static inline c10::DeleterFnPtr base_deleter_ = nullptr;
+  static inline std::mutex mutex_;
+  static inline std::unordered_map<void*, size_t> sizes_;
+  static inline std::atomic<size_t> current_{0}, peak_{0};
+};
+
+struct ConvBlockImpl : torch::nn::Module {
+  explicit ConvBlockImpl(int64_t dim)
+      : conv(register_module(
+            "conv",
+            torch::nn::Conv1d(torch::nn::Conv1dOptions(dim, dim, 3).padding(1).groups(dim)))) {}
+  torch::Tensor forward(torch::Tensor x) {  // (B, T, D)
+    return x + torch::relu(conv(x.transpose(1, 2))).transpose(1, 2);
+  }
+  torch::nn::Conv1d conv;
+};
+TORCH_MODULE(ConvBlock);
+
+struct BlockImpl : torch::nn::Module {
+  explicit BlockImpl(int64_t dim)
+      : norm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})))),
+        fc(register_module("fc", torch::nn::Linear(dim, dim))) {}
+  torch::Tensor forward(torch::Tensor x) { return x + torch::tanh(fc(norm(x))); }
+  torch::nn::LayerNorm norm;
+  torch::nn::Linear fc;
+};
+TORCH_MODULE(Block);
+
+struct PoolImpl : torch::nn::Module {
+  torch::Tensor forward(torch::Tensor x) { return x.mean(1); }
+};
+TORCH_MODULE(Pool);
+
+struct Args {
+  bool single = false, units = false, adamw = false, peak = false, keep = false;
+  int zero = 0, steps = 4, blocks = 6;
+  int64_t dim = 16, batch = 12, auto_wrap = 0;
+  std::string out;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CountingAllocator& counting = CountingAllocator::install();
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string f = argv[i];
+    const auto value = [&] { return std::string(i + 1 < argc ? argv[++i] : ""); };
+    if (f == "--single")
+      a.single = true;
+    else if (f == "--units")
+      a.units = true;
+    else if (f == "--adamw")
+      a.adamw = true;
+    else if (f == "--peak")
+      a.peak = true;
+    else if (f == "--keep-after-forward")
+      a.keep = true;
+    else if (f == "--zero")
+      a.zero = std::stoi(value());
+    else if (f == "--steps")
+      a.steps = std::stoi(value());
+    else if (f == "--blocks")
+      a.blocks = std::stoi(value());
+    else if (f == "--dim")
+      a.dim = std::stoll(value());
+    else if (f == "--batch")
+      a.batch = std::stoll(value());
+    else if (f == "--auto-wrap")
+      a.auto_wrap = std::stoll(value());
+    else if (f == "--out")
+      a.out = value();
+    else {
+      std::fprintf(stderr, "unit_worker: unknown flag %s\n", f.c_str());
+      return 2;
+    }
+  }
+  std::unique_ptr<ddp::World> world;
+  int rank = 0, ranks = 1;
+  if (!a.single) {
+    world = std::make_unique<ddp::World>(ddp::init());
+    rank = world->rank();
+    ranks = world->size();
+  }
+  torch::manual_seed(1234 + rank);  // each rank its own: the construction's broadcast must work
+  torch::nn::Sequential net;
+  net->push_back(torch::nn::Embedding(kVocabulary, a.dim));
+  net->push_back(ConvBlock(a.dim));
+  for (int b = 0; b < a.blocks; ++b)
+    if (a.units)
+      net->push_back(ddp::ShardUnit(Block(a.dim)));
+    else
+      net->push_back(Block(a.dim));
+  net->push_back(Pool());
+  net->push_back(torch::nn::Linear(a.dim, kClasses));
+  // The parameters' bytes, whole (before the wrapper shards them), and one block's.
+  size_t model_bytes = 0, block_bytes = 0;
+  for (const torch::Tensor& p : net->parameters())
+    model_bytes += static_cast<size_t>(p.numel()) * p.element_size();
+  for (const torch::Tensor& p : net[2]->parameters())
+    block_bytes += static_cast<size_t>(p.numel()) * p.element_size();
+  torch::manual_seed(99);  // the data: every rank alike
+  const torch::Tensor tokens = torch::randint(kVocabulary, {a.batch, kTokens});
+  const torch::Tensor labels = torch::randint(kClasses, {a.batch});
+  std::unique_ptr<ddp::DistributedDataParallel> model;
+  if (world) {
+    ddp::DistributedDataParallelOptions options;
+    options.zero(a.zero).auto_wrap_min_params(a.auto_wrap).reshard_after_forward(!a.keep);
+    model = std::make_unique<ddp::DistributedDataParallel>(net, *world, options);
+  }
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  if (a.adamw)
+    optimizer = std::make_unique<torch::optim::AdamW>(
+        net->parameters(), torch::optim::AdamWOptions(0.01).weight_decay(0.01));
+  else
+    optimizer = std::make_unique<torch::optim::SGD>(net->parameters(),
+                                                    torch::optim::SGDOptions(0.05).momentum(0.9));
+  const int64_t share = a.batch / ranks;
+  const torch::Tensor x = tokens.narrow(0, share * rank, share);
+  const torch::Tensor y = labels.narrow(0, share * rank, share);
+  size_t window = 0, held = 0, ledger = 0;
+  for (int step = 0; step < a.steps; ++step) {
+    optimizer->zero_grad();
+    const size_t start = counting.current();
+    if (step > 0 && model) {
+      const ddp::ShardedMemory now = model->memory();
+      held = std::max(held, now.parameter_bytes + now.gradient_bytes);
+    }
+    counting.reset_peak();
+    const torch::Tensor out = model ? model->forward(x) : net->forward(x);
+    torch::nn::functional::cross_entropy(out, y).backward();
+    if (step > 0) window = std::max(window, counting.peak() - start);
+    if (step > 0 && model) {
+      const ddp::ShardedMemory now = model->memory();
+      ledger = std::max(ledger, now.peak_parameter_bytes + now.peak_gradient_bytes);
+    }
+    optimizer->step();
+  }
+  if (a.peak)
+    std::printf("rank %d window %zu held %zu ledger %zu model %zu block %zu optimizer %zu\n", rank,
+                window, held, ledger, model_bytes, block_bytes,
+                ddp::optimizer_state_bytes(*optimizer));
+  if (model) model->gather_parameters();
+  if (!a.out.empty() && rank == 0) {
+    std::vector<torch::Tensor> keep;
+    std::vector<ddp::TensorRef> refs;
+    for (const auto& p : net->named_parameters()) {
+      keep.push_back(p.value().detach().to(torch::kFloat32).contiguous());
+      const torch::Tensor& t = keep.back();
+      refs.push_back({p.key(), "F32", std::vector<int64_t>(t.sizes().begin(), t.sizes().end()),
+                      t.data_ptr(), static_cast<size_t>(t.numel()) * t.element_size()});
+    }
+    ddp::write_safetensors(a.out, refs);
+  }
+  std::printf("rank %d of %d trained %d steps\n", rank, ranks, a.steps);
+  return 0;
+}
