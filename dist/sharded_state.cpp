@@ -65,12 +65,19 @@ void ShardedState::gather_params(const std::vector<void*>& whole) {
 
 std::unique_ptr<Work> ShardedState::gather_bucket(size_t b, void* whole) {
   DDP_CHECK(!pieces_.empty(), "gather_bucket: the parameters are whole (level {})", level());
+  const size_t buffer = plan().parts.at(b).buffer;
+  return gather_bucket(b, whole, pieces_.at(buffer).get(), shards_->type(buffer));
+}
+
+std::unique_ptr<Work> ShardedState::gather_bucket(size_t b, void* whole, const void* pieces,
+                                                  DataType type) {
   const ShardPart& p = plan().parts.at(b);
   DDP_CHECK(p.in_place(), "gather_bucket: bucket {}'s pieces ({} x {}) are not the bucket ({})", b,
             p.piece, plan().ranks, p.bucket_count);
-  return shards_->gather_bucket_async(
-      b, pieces_.at(p.buffer).get(),
-      static_cast<char*>(whole) + p.bucket_offset * shards_->element_bytes(p.buffer));
+  const size_t size = dtype_bytes(type);
+  return shards_->gather_comm().all_gather_async(
+      static_cast<const char*>(pieces) + p.shard_at * size,
+      static_cast<char*>(whole) + p.bucket_offset * size, p.piece, type);
 }
 
 std::vector<float> ShardedState::params(size_t count) {

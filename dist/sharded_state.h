@@ -62,6 +62,9 @@ class ShardedState {
   // one unit's gather before its use, the next one's started meanwhile. The bucket's pieces must
   // be the bucket itself (equal pieces whose total is its size).
   std::unique_ptr<Work> gather_bucket(size_t b, void* whole);
+  // The same from `pieces` (this rank's pieces of the bucket's buffer as elements of `type`,
+  // laid out as its own): parameters gathered in another dtype than their master pieces'.
+  std::unique_ptr<Work> gather_bucket(size_t b, void* whole, const void* pieces, DataType type);
 
   // Collective over the group: the whole parameters (`count`, the rank's flat layout) on the
   // host; and this rank's pieces set from a whole host copy (every rank gives the same). One

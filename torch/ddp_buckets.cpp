@@ -23,6 +23,13 @@ void DistributedDataParallel::Impl::make_reducer() {
   for (GradBuffer& buffer : grad_buffers)
     buffer.flat.zero_();
   if (options.reduce_in_bf16() && comm.size() > 1) {  // one process reduces nothing
+    // The bf16 scratch spans one float32 buffer; shard units give each unit its own.
+    DDP_USAGE_CHECK(
+        std::count_if(grad_buffers.begin(), grad_buffers.end(),
+                      [](const GradBuffer& b) { return b.dtype == torch::kFloat32; }) <= 1,
+        "ddp::DistributedDataParallelOptions().reduce_in_bf16(true) with shard units "
+        "(ddp::ShardUnit or auto_wrap_min_params): not supported yet; reduce in "
+        "float32 (param_dtype(torch::kBFloat16) still gathers in bfloat16)");
     comm.require_bf16_reduction();
     for (const GradBuffer& buffer : grad_buffers)
       if (buffer.dtype == torch::kFloat32)

@@ -105,6 +105,13 @@ DistributedDataParallel::Impl::Impl(torch::nn::Module& module_, Communicator& co
                   "ddp::DistributedDataParallelOptions().auto_wrap_min_params({}): expected 0, or "
                   "a count above 0 with zero(3) (shard units shard the parameters)",
                   options.auto_wrap_min_params());
+  DDP_USAGE_CHECK(!options.param_dtype() ||
+                      (options.zero() == 3 && (*options.param_dtype() == torch::kBFloat16 ||
+                                               *options.param_dtype() == torch::kHalf)),
+                  "ddp::DistributedDataParallelOptions().param_dtype({}): expected "
+                  "torch::kBFloat16 or torch::kHalf, with zero(3) (the float32 pieces are the "
+                  "master)",
+                  options.param_dtype() ? c10::toString(*options.param_dtype()) : "none");
   if (options.zero() == 3 && comm.size() > 1) assign_units();
   make_reducer();
   check_and_copy_rank0s_state(all, bufs);
@@ -137,6 +144,7 @@ DistributedDataParallel::Impl::Impl(torch::nn::Module& module_, Communicator& co
     reducer->give_buffers_late();
     for (size_t u = 0; u < units.size(); ++u)
       free_unit_grads(u);
+    if (options.param_dtype()) shards->set_param_dtype(*options.param_dtype());
     shards->stale();
   }
   // batch statistics over every rank's slice
@@ -252,7 +260,11 @@ std::vector<std::string> DistributedDataParallel::Impl::settings() const {
           fmt::format("static_graph({})", options.static_graph()),
           fmt::format("broadcast_buffers({})", options.broadcast_buffers()),
           fmt::format("reduce_in_bf16({})", options.reduce_in_bf16()),
-          fmt::format("zero({})", options.zero())};
+          fmt::format("zero({})", options.zero()),
+          fmt::format("auto_wrap_min_params({})", options.auto_wrap_min_params()),
+          fmt::format("reshard_after_forward({})", options.reshard_after_forward()),
+          fmt::format("param_dtype({})",
+                      options.param_dtype() ? c10::toString(*options.param_dtype()) : "none")};
 }
 
 // The first synchronised backward (or a joined rank's part in it), on every rank: the ranks'
@@ -374,6 +386,7 @@ torch::Tensor DistributedDataParallel::Impl::run_unit(size_t u,
 // again (and the unit before it meanwhile), its gradient buffers allocated; the gradients of the
 // units whose backward ended before the last one's freed once reduced.
 void DistributedDataParallel::Impl::before_backward_of(size_t u) {
+  units[u].waiting = units[u].params.size();  // this backward's (no_sync()'s too)
   const ComputeStreamGuard on_stream(comm, stream());
   gather_unit(u, true);
   if (u > 0) gather_unit(u - 1, false);
@@ -382,14 +395,15 @@ void DistributedDataParallel::Impl::before_backward_of(size_t u) {
   sample_memory();
 }
 
-// Unit u's parameters are all ready this backward: its buckets go out (in order), its gathered
-// parameters are not needed again this step.
+// Unit u's parameters are all ready this backward: its gathered parameters are not needed
+// again by it, and (outside no_sync()) its buckets go out, in order.
 void DistributedDataParallel::Impl::unit_ready(size_t u) {
   Unit& unit = units[u];
   if (unit.waiting > 0) --unit.waiting;
   if (unit.waiting > 0) return;
-  unit.reducing = true;
   if (!keep_gathered && u != root_unit) shards->free_unit(u);
+  if (no_sync) return;  // its gradients accumulate in .grad(), nothing to reduce
+  unit.reducing = true;
   free_reduced_grads(units.size());
 }
 
@@ -464,7 +478,10 @@ void DistributedDataParallel::Impl::point_grad_at_view(Param& param) {
 }
 
 void DistributedDataParallel::Impl::on_gradient(size_t index) {
-  if (no_sync) return;  // accumulated here, reduced by the next backward outside no_sync()
+  if (no_sync) {  // accumulated here, reduced by the next backward outside no_sync()
+    if (!units.empty()) unit_ready(params[index].unit);  // its unit may be freed
+    return;
+  }
   if (!in_backward) {
     refuse_a_second_backward(index);
     begin_backward();

@@ -103,6 +103,12 @@ struct DistributedDataParallelOptions {
   // for its backward (FSDP2's reshard_after_forward); false keeps them from its forward to the
   // end of its backward (one gather a step, more memory).
   TORCH_ARG(bool, reshard_after_forward) = true;
+  // zero(3): the float32 parameters gathered as this dtype (torch::kBFloat16 or torch::kHalf)
+  // for forward and backward, all-gathered in it (half the bytes), their float32 pieces the
+  // master the optimizer steps; the gradients reach them as float32 (FSDP2's
+  // MixedPrecisionPolicy(param_dtype); its reduce_dtype bfloat16 is reduce_in_bf16(true)).
+  // Unset: as they are. No effect on a job of one process, as zero.
+  TORCH_ARG(c10::optional<torch::ScalarType>, param_dtype) = c10::nullopt;
 };
 
 // What the module's parameters and gradients keep alive on this rank now, in bytes (each

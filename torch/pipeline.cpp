@@ -372,6 +372,24 @@ std::vector<torch::Tensor> Pipeline::parameters() const {
   return impl_->parameters();
 }
 
+ShardedMemory Pipeline::memory() const {
+  ShardedMemory sum;
+  const std::vector<DistributedDataParallel*> wrapped = impl_->replicated();
+  for (const DistributedDataParallel* ddp : wrapped) {
+    const ShardedMemory m = ddp->memory();
+    sum.parameter_bytes += m.parameter_bytes, sum.gradient_bytes += m.gradient_bytes;
+    sum.peak_parameter_bytes += m.peak_parameter_bytes;
+    sum.peak_gradient_bytes += m.peak_gradient_bytes;
+  }
+  if (wrapped.empty())
+    for (const torch::Tensor& p : parameters()) {
+      const size_t bytes = static_cast<size_t>(p.numel()) * p.element_size();
+      sum.parameter_bytes += bytes, sum.peak_parameter_bytes += bytes;
+      if (p.grad().defined()) sum.gradient_bytes += bytes, sum.peak_gradient_bytes += bytes;
+    }
+  return sum;
+}
+
 std::vector<int> Pipeline::stages() const {
   return impl_->stages();
 }

@@ -119,6 +119,9 @@ class Pipeline {
   std::vector<std::vector<DdpEvent>> events() const;
   // The parameters of this rank's stages (for its optimizer), in the model's order.
   std::vector<torch::Tensor> parameters() const;
+  // What this rank's stages keep alive (DistributedDataParallel::memory() summed over its
+  // wrapped stages; an unwrapped stage's parameter bytes), the last step's peak included.
+  ShardedMemory memory() const;
   // The stage indices this rank runs, in order.
   std::vector<int> stages() const;
   // Whether this rank runs the first stage (it reads step()'s input).

@@ -160,18 +160,42 @@ torch::Tensor TorchParams::piece_of(size_t i, const torch::Tensor& whole) const 
 void TorchParams::stale() {
   current_ = false;
   if (level_ < 3) return;
+  masters_ = false;
   for (size_t i = 0; i < params_.size(); ++i)
     point_at_pieces(i);
   for (size_t u = 0; u < units(); ++u)
     free_unit(u);
 }
 
+void TorchParams::set_param_dtype(torch::ScalarType dtype) {
+  DDP_CHECK(level_ == 3 && (dtype == torch::kBFloat16 || dtype == torch::kHalf),
+            "set_param_dtype: level 3 and bfloat16 or float16");
+  cast_flats_.assign(dtypes_.size(), torch::Tensor());
+  cast_pieces_.assign(dtypes_.size(), torch::Tensor());
+  for (size_t k = 0; k < dtypes_.size(); ++k) {
+    if (dtypes_[k] != torch::kFloat32) continue;
+    cast_flats_[k] = torch::empty({counts_[k]}, options_.dtype(dtype));
+    cast_pieces_[k] =
+        torch::empty({static_cast<int64_t>(state_->plan().shard_counts[k])}, options_.dtype(dtype));
+  }
+}
+
+const torch::Tensor& TorchParams::step_flat(size_t k) const {
+  return !masters_ && k < cast_flats_.size() && cast_flats_[k].defined() ? cast_flats_[k]
+                                                                         : flats_[k];
+}
+
 void TorchParams::gather() {
-  if (current_) return;
+  if (current_ && level_ < 3) return;
   torch::NoGradGuard no_grad;
   if (level_ < 3) {
     state_->updated();  // every rank's pieces, in place in the flat buffers
   } else {
+    if (!masters_) {  // the units gathered in another dtype give way to the masters
+      for (size_t u = 0; u < units() && !cast_flats_.empty(); ++u)
+        free_unit(u);
+      masters_ = true;
+    }
     begin_step();
     std::vector<std::unique_ptr<Work>> works;
     for (size_t u = 0; u < units(); ++u)
@@ -184,8 +208,16 @@ void TorchParams::gather() {
 void TorchParams::begin_step() {
   current_ = true;
   if (level_ < 3) return;
-  for (size_t i = 0; i < params_.size(); ++i)
-    repoint(i, flats_[slots_[i].buffer], slots_[i].offset, slots_[i].sizes);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const torch::Tensor& flat = step_flat(slots_[i].buffer);
+    repoint(i, flat, slots_[i].offset, slots_[i].sizes, flat.scalar_type());
+  }
+  if (masters_) return;
+  torch::NoGradGuard no_grad;
+  for (size_t k = 0; k < cast_pieces_.size(); ++k)  // this step's gathers send these
+    if (cast_pieces_[k].defined())
+      cast_pieces_[k].copy_(torch::empty({0}, options_.dtype(dtypes_[k]))
+                                .set_(pieces_[k].storage(), 0, {cast_pieces_[k].numel()}, {1}));
 }
 
 void TorchParams::gather_unit(size_t u, std::vector<std::unique_ptr<Work>>& works) {
@@ -194,34 +226,40 @@ void TorchParams::gather_unit(size_t u, std::vector<std::unique_ptr<Work>>& work
   if (unit_gathered(u)) return;
   const std::vector<Bucket>& buckets = ddp_.buckets();
   for (const size_t k : unit_buffers_[u]) {
-    c10::StorageImpl* storage = flats_[k].storage().unsafeGetStorageImpl();
-    const size_t bytes = static_cast<size_t>(counts_[k]) * flats_[k].element_size();
+    const torch::Tensor& flat = step_flat(k);
+    c10::StorageImpl* storage = flat.storage().unsafeGetStorageImpl();
+    const size_t bytes = static_cast<size_t>(counts_[k]) * flat.element_size();
     storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
     storage->set_nbytes(bytes);
+    const bool cast = !flat.is_same(flats_[k]);
     for (size_t b = 0; b < buckets.size(); ++b)
-      if (buckets[b].buffer == k) works.push_back(state_->gather_bucket(b, flats_[k].data_ptr()));
+      if (buckets[b].buffer == k)
+        works.push_back(cast ? state_->gather_bucket(b, flat.data_ptr(), cast_pieces_[k].data_ptr(),
+                                                     collective_type(flat.scalar_type()))
+                             : state_->gather_bucket(b, flat.data_ptr()));
   }
 }
 
 void TorchParams::free_unit(size_t u) {
-  for (const size_t k : unit_buffers_.at(u)) {
-    c10::StorageImpl* storage = flats_[k].storage().unsafeGetStorageImpl();
-    storage->set_data_ptr_noswap(at::DataPtr(nullptr, flats_[k].device()));
-    storage->set_nbytes(0);
-  }
+  for (const size_t k : unit_buffers_.at(u))
+    for (const torch::Tensor* flat :
+         {&flats_[k], k < cast_flats_.size() ? &cast_flats_[k] : nullptr}) {
+      if (flat == nullptr || !flat->defined()) continue;
+      c10::StorageImpl* storage = flat->storage().unsafeGetStorageImpl();
+      storage->set_data_ptr_noswap(at::DataPtr(nullptr, flat->device()));
+      storage->set_nbytes(0);
+    }
 }
 
 bool TorchParams::unit_gathered(size_t u) const {
-  const size_t k = unit_buffers_.at(u).at(0);
-  return flats_[k].storage().nbytes() > 0;
+  return step_flat(unit_buffers_.at(u).at(0)).storage().nbytes() > 0;
 }
 
 size_t TorchParams::held_bytes() const {
   size_t bytes = 0;
-  for (const torch::Tensor& flat : flats_)
-    bytes += flat.storage().nbytes();
-  for (const torch::Tensor& piece : pieces_)
-    bytes += piece.storage().nbytes();
+  for (const std::vector<torch::Tensor>* tensors : {&flats_, &pieces_, &cast_flats_, &cast_pieces_})
+    for (const torch::Tensor& t : *tensors)
+      if (t.defined()) bytes += t.storage().nbytes();
   return bytes;
 }
 
@@ -234,10 +272,16 @@ void TorchParams::take_back(size_t i) {
       torch::empty({0}, params_[i].options())
           .set_(pieces_[slot.buffer].storage(), piece_at_[i], {local_count_[i]}, {1})
           .copy_(loaded.reshape(-1).narrow(0, local_at_[i] - slot.offset, local_count_[i]));
-    if (flats_[slot.buffer].storage().nbytes() > 0)
-      view(i, flats_[slot.buffer], slot.offset).copy_(loaded);
+    for (const torch::Tensor* flat :
+         {&flats_[slot.buffer],
+          slot.buffer < cast_flats_.size() ? &cast_flats_[slot.buffer] : nullptr})
+      if (flat != nullptr && flat->defined() && flat->storage().nbytes() > 0)
+        torch::empty({0}, flat->options())
+            .set_(flat->storage(), slot.offset, slot.sizes, contiguous_strides(slot.sizes))
+            .copy_(loaded);
+    const torch::Tensor& flat = step_flat(slot.buffer);
     if (current_)
-      repoint(i, flats_[slot.buffer], slot.offset, slot.sizes);
+      repoint(i, flat, slot.offset, slot.sizes, flat.scalar_type());
     else
       point_at_pieces(i);
     return;
@@ -319,16 +363,17 @@ void TorchParams::view_flats() {
 }
 
 void TorchParams::repoint(size_t i, const torch::Tensor& storage, int64_t offset,
-                          const std::vector<int64_t>& sizes) {
+                          const std::vector<int64_t>& sizes, torch::ScalarType dtype) {
   c10::TensorImpl* impl = params_[i].unsafeGetTensorImpl();
-  impl->set_storage_keep_dtype(storage.storage());
+  impl->set_storage_and_dtype(storage.storage(), c10::scalarTypeToTypeMeta(dtype));
   impl->set_storage_offset(offset);
   impl->set_sizes_and_strides(sizes, contiguous_strides(sizes));
 }
 
 void TorchParams::point_at_pieces(size_t i) {
   const int64_t count = local_count_[i];
-  repoint(i, pieces_[slots_[i].buffer], count > 0 ? piece_at_[i] : 0, {count});
+  repoint(i, pieces_[slots_[i].buffer], count > 0 ? piece_at_[i] : 0, {count},
+          dtypes_[slots_[i].buffer]);
 }
 
 torch::Tensor TorchParams::tensor_at(const void* data, torch::ScalarType dtype,

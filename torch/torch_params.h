@@ -83,6 +83,11 @@ class TorchParams final : public ParamStore {
   // to do while current().
   void gather();
 
+  // Level 3, before the first stale(): the parameters of float32 buffers gathered as `dtype`
+  // (bfloat16 or float16: all-gathered in it from this rank's pieces cast, half the bytes) for a
+  // step's forward and backward, their float32 pieces the master the optimizer steps (FSDP2's
+  // MixedPrecisionPolicy(param_dtype)). gather() gives the float32 masters.
+  void set_param_dtype(torch::ScalarType dtype);
   // Level 3's units (the buffers of one unit each), numbered as buffer_units.
   size_t units() const { return unit_buffers_.size(); }
   // Every parameter a view of its shape into its buffer (gathered or not): a step begins.
@@ -121,7 +126,10 @@ class TorchParams final : public ParamStore {
   // Parameter i's metadata set (no new tensor, no version bump: autograd's saved tensors and
   // its gradient accumulator stay valid) to `sizes` at `offset` of `storage`.
   void repoint(size_t i, const torch::Tensor& storage, int64_t offset,
-               const std::vector<int64_t>& sizes);
+               const std::vector<int64_t>& sizes, torch::ScalarType dtype);
+  // The flat tensor a step's parameters of buffer k view: the cast one (set_param_dtype) unless
+  // gather() asked for the masters.
+  const torch::Tensor& step_flat(size_t k) const;
   void point_at_pieces(size_t i);  // level 3: parameter i its piece (1-D, maybe empty)
   // A tensor of `sizes` and `dtype` over `data`, which lies in memory this store allocated
   // (keeping it alive, not an autograd view).
@@ -146,6 +154,9 @@ class TorchParams final : public ParamStore {
   std::vector<int64_t> local_count_;  // level 3: and its elements
   std::vector<std::vector<size_t>> unit_buffers_;  // level 3: each unit's buffers
   std::vector<torch::Tensor> allocated_;           // what memory_ and allocate() gave
+  std::vector<torch::Tensor> cast_flats_;          // set_param_dtype: each float32 buffer's, cast
+  std::vector<torch::Tensor> cast_pieces_;         // and this rank's pieces of it cast (each step)
+  bool masters_ = false;                           // gather(): the step views the float32 masters
   std::vector<torch::Tensor> flats_;               // each dtype's (level 3: during a step only)
   std::vector<torch::Tensor> pieces_;              // level 3: each dtype's pieces (ShardedState's)
   MemoryPort memory_;  // LibTorch tensors on the parameters' device, copies in stream order

@@ -7,8 +7,9 @@
 // --data-parallel D: D replicas of the pipeline, each on its share of the global batch (replica 0
 // writes the files). --bad-shape: the fourth module takes 24 features instead of 32 (a stage that
 // refuses its input, mid-step). With replicas: --bucket-kb N (the stages' wrappers' bucket cap),
-// --reduce-in-bf16, --zero N (and --memory: each rank prints its optimizer state and parameter
-// bytes after the last step), --hook bf16|allreduce (a comm hook on every stage's buckets),
+// --reduce-in-bf16, --zero N [--units: each Linear a ddp::ShardUnit] (and --memory: each rank
+// prints its optimizer state and parameter bytes after the last step), --hook bf16|allreduce (a
+// comm hook on every stage's buckets),
 // --events (each rank prints whether its stages' first bucket went out before their last gradient
 // was written: the reduction overlapping the step's last backward).
 #include <torch/torch.h>
@@ -22,6 +23,7 @@
 #include "models/safetensors.h"
 #include "tests/support/rank_flags.h"
 #include "torch/pipeline.h"
+#include "torch/shard_unit.h"
 
 namespace {
 
@@ -34,6 +36,7 @@ struct Args {
   double bucket_kb = 0;  // 0: the options' default
   bool reduce_in_bf16 = false, events = false, whole_model = false, memory = false;
   int zero = 0;
+  bool units = false;  // --units: each Linear a ddp::ShardUnit
   std::string hook;
 };
 
@@ -73,6 +76,8 @@ Args parse(int argc, char** argv) {
       a.memory = true;
     else if (f == "--zero")
       a.zero = std::stoi(value());
+    else if (f == "--units")
+      a.units = true;
     else if (f == "--hook")
       a.hook = value();
     else if (f == "--balance") {
@@ -97,13 +102,24 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-torch::nn::Sequential make_model(bool bad_shape) {
+torch::nn::Sequential make_model(bool bad_shape, bool units) {
   torch::manual_seed(7);
-  return torch::nn::Sequential(
-      torch::nn::Linear(16, 32), torch::nn::LayerNorm(torch::nn::LayerNormOptions({32})),
-      torch::nn::GELU(), torch::nn::Linear(bad_shape ? 24 : 32, 32), torch::nn::Tanh(),
-      torch::nn::Linear(32, 32), torch::nn::LayerNorm(torch::nn::LayerNormOptions({32})),
-      torch::nn::GELU(), torch::nn::Linear(32, 8));
+  // --units: each Linear a shard unit (ddp::ShardUnit in its place, the same names).
+  const auto linear = [units](int64_t in, int64_t out) {
+    torch::nn::Linear made(in, out);
+    return units ? torch::nn::AnyModule(ddp::ShardUnit(made)) : torch::nn::AnyModule(made);
+  };
+  torch::nn::Sequential model;
+  model->push_back(linear(16, 32));
+  model->push_back(torch::nn::LayerNorm(torch::nn::LayerNormOptions({32})));
+  model->push_back(torch::nn::GELU());
+  model->push_back(linear(bad_shape ? 24 : 32, 32));
+  model->push_back(torch::nn::Tanh());
+  model->push_back(linear(32, 32));
+  model->push_back(torch::nn::LayerNorm(torch::nn::LayerNormOptions({32})));
+  model->push_back(torch::nn::GELU());
+  model->push_back(linear(32, 8));
+  return model;
 }
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& name,
@@ -155,7 +171,7 @@ int main(int argc, char** argv) {
       init.bind_gpu = args.cuda;  // NCCL for CUDA tensors
       world = std::make_unique<ddp::World>(ddp::init(init));
     }
-    torch::nn::Sequential model = make_model(args.bad_shape);
+    torch::nn::Sequential model = make_model(args.bad_shape, args.units);
     model->to(device);
     const auto loss_fn = [](const torch::Tensor& out, const torch::Tensor& target) {
       return torch::nn::functional::cross_entropy(out, target);
@@ -235,6 +251,8 @@ int main(int argc, char** argv) {
       size_t held = 0;
       for (const torch::Tensor& p : pipe.parameters())
         held += static_cast<size_t>(p.numel()) * p.element_size();
+      std::printf("rank %d peak parameters %zu bytes\n", world->rank(),
+                  pipe.memory().peak_parameter_bytes);
       std::printf("rank %d keeps optimizer state %zu bytes, parameters %zu bytes\n", world->rank(),
                   ddp::optimizer_state_bytes(*optimizer), held);
     }

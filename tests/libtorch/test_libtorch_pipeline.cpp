@@ -192,6 +192,41 @@ TEST(TorchPipelineUse, ZeroInsideThePipelineIsBitwisePlainWithAShareOfTheState) 
   }
 }
 
+// Shard units inside the pipeline (dp 2 x pp 2, each Linear a ddp::ShardUnit, zero(3)): each
+// unit gathered for each micro-batch's forward and backward over its stage's replicas, freed
+// between: the step trains bitwise as zero(0) under the zero-bubble, 1F1B and GPipe schedules
+// (the gradients cross the same sums), the evaluation output too. A stage of three units and a
+// LayerNorm (GPipe, --balance 6,3) holds at its peak its pieces, the LayerNorm and two units
+// (the one in use, the next prefetched: 14,144 bytes), where zero(3) without units gathers the
+// whole stage (16,320).
+TEST(TorchPipelineUse, ShardUnitsInsideThePipelineAreBitwisePlain) {
+  TempDir dir;
+  for (const std::string schedule : {"zb-v", "1f1b", "gpipe"}) {
+    const std::string flags = " --micro-batches 4 --steps 3 --data-parallel 2 --optimizer adamw " +
+                              std::string("--schedule ") + schedule;
+    const RunResult plain = pipeline(4, dir.file("z0"), flags);
+    ASSERT_EQ(plain.exit_code, 0) << schedule << "\n" << plain.output;
+    const RunResult units = pipeline(4, dir.file("u3"), flags + " --zero 3 --units");
+    ASSERT_EQ(units.exit_code, 0) << schedule << "\n" << units.output;
+    for (const std::string rank : {"0", "1"})
+      EXPECT_EQ(max_relative_difference(dir.file("u3." + rank), dir.file("z0." + rank)), 0.0)
+          << schedule << " rank " << rank;
+  }
+  const std::string flags =
+      " --micro-batches 4 --steps 3 --schedule gpipe --balance 6,3 "
+      "--data-parallel 2 --optimizer adamw --memory --zero 3";
+  const RunResult whole = pipeline(4, dir.file("w3"), flags);
+  ASSERT_EQ(whole.exit_code, 0) << whole.output;
+  const RunResult units = pipeline(4, dir.file("w3u"), flags + " --units");
+  ASSERT_EQ(units.exit_code, 0) << units.output;
+  const std::regex line(R"(rank 0 peak parameters (\d+) bytes)");
+  std::smatch gathered, unit;
+  ASSERT_TRUE(std::regex_search(whole.output, gathered, line)) << whole.output;
+  ASSERT_TRUE(std::regex_search(units.output, unit, line)) << units.output;
+  EXPECT_EQ(std::stod(gathered[1]), 16320.0);
+  EXPECT_EQ(std::stod(unit[1]), 14144.0);
+}
+
 // A pipeline rank holds its own stages' parameters only (round 6: a whole-model torch::save on
 // a rank silently held the other stages' untrained weights): the model's 12 parameter tensors
 // split 6 and 6 over the two ranks (modules 0-4 and 5-8), and a whole-model forward on either

@@ -9,7 +9,8 @@
 // reshard_after_forward(false); --peak: each rank prints, over steps 2 on, the most the CPU
 // allocator (counted here) held above what it held when the step's forward began, what ddp held
 // then (model.memory()), the model's and one block's parameter bytes and its optimizer state;
-// --batch B: the global batch. Rank 0 writes the trained parameters (after gather_parameters(),
+// --batch B: the global batch; --bf16-params: param_dtype(torch::kBFloat16); --bf16-reduce:
+// reduce_in_bf16(true). Rank 0 writes the trained parameters (after gather_parameters(),
 // safetensors as float32) to --out.
 #include <c10/core/CPUAllocator.h>
 #include <torch/torch.h>
@@ -123,6 +124,7 @@ TORCH_MODULE(Pool);
 
 struct Args {
   bool single = false, units = false, adamw = false, peak = false, keep = false;
+  bool bf16_params = false, bf16_reduce = false;
   int zero = 0, steps = 4, blocks = 6;
   int64_t dim = 16, batch = 12, auto_wrap = 0;
   std::string out;
@@ -146,6 +148,10 @@ int main(int argc, char** argv) {
       a.peak = true;
     else if (f == "--keep-after-forward")
       a.keep = true;
+    else if (f == "--bf16-params")
+      a.bf16_params = true;
+    else if (f == "--bf16-reduce")
+      a.bf16_reduce = true;
     else if (f == "--zero")
       a.zero = std::stoi(value());
     else if (f == "--steps")
@@ -196,6 +202,8 @@ int main(int argc, char** argv) {
   if (world) {
     ddp::DistributedDataParallelOptions options;
     options.zero(a.zero).auto_wrap_min_params(a.auto_wrap).reshard_after_forward(!a.keep);
+    if (a.bf16_params) options.param_dtype(torch::kBFloat16);
+    options.reduce_in_bf16(a.bf16_reduce);
     model = std::make_unique<ddp::DistributedDataParallel>(net, *world, options);
   }
   std::unique_ptr<torch::optim::Optimizer> optimizer;
@@ -218,7 +226,7 @@ int main(int argc, char** argv) {
     }
     counting.reset_peak();
     const torch::Tensor out = model ? model->forward(x) : net->forward(x);
-    torch::nn::functional::cross_entropy(out, y).backward();
+    torch::nn::functional::cross_entropy(out.to(torch::kFloat32), y).backward();
     if (step > 0) window = std::max(window, counting.peak() - start);
     if (step > 0 && model) {
       const ddp::ShardedMemory now = model->memory();
@@ -230,6 +238,10 @@ int main(int argc, char** argv) {
     std::printf("rank %d window %zu held %zu ledger %zu model %zu block %zu optimizer %zu\n", rank,
                 window, held, ledger, model_bytes, block_bytes,
                 ddp::optimizer_state_bytes(*optimizer));
+  // What this rank's collectives put on its links (bus bytes, nccl-tests' count).
+  if (world)
+    std::printf("rank %d traffic %llu\n", rank,
+                static_cast<unsigned long long>(world->comm().bus_bytes()));
   if (model) model->gather_parameters();
   if (!a.out.empty() && rank == 0) {
     std::vector<torch::Tensor> keep;
