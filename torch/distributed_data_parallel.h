@@ -120,7 +120,7 @@ struct ShardedMemory {
   // parameters' and the gradients' memory ddp holds: with zero(3) this rank's pieces and the
   // units gathered, the gradient buffers allocated and the averaged pieces.
   size_t peak_parameter_bytes = 0;
-  size_t peak_gradient_bytes = 0;
+  size_t peak_gradient_bytes = 0;  // (the gradients' part of that peak)
 };
 
 // The bytes of an optimizer's per-parameter state (SGD's momentum, Adam's and AdamW's moments,

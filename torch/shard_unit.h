@@ -40,6 +40,7 @@ class UnitRunner {
   virtual torch::Tensor run_unit(size_t unit, const std::function<torch::Tensor()>& forward) = 0;
 };
 
+// The module (the top of this file).
 class ShardUnitImpl : public torch::nn::Module {
  public:
   // Wraps `module` (a holder: torch::nn::Linear, TORCH_MODULE(Block)'s Block, a Sequential).
@@ -82,6 +83,7 @@ class ShardUnitImpl : public torch::nn::Module {
   size_t unit_ = 0;
 };
 
+// The module holder (as torch::nn::Linear for LinearImpl).
 TORCH_MODULE(ShardUnit);
 
 }  // namespace ddp
