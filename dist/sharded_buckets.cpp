@@ -41,6 +41,7 @@ ShardedBuckets::ShardedBuckets(Reducer& ddp, int level, const MemoryPort* memory
     }
     if (need > total) bf16_scratch_ = static_cast<uint16_t*>(allocate(need * sizeof(uint16_t)));
   }
+  bf16_of_.assign(types_.size(), bf16_scratch_);
   bucket_scratch_.assign(buckets.size(), nullptr);
   reduced_.assign(types_.size(), nullptr);
   if (level >= 2) ddp.set_reduction(this);
@@ -118,6 +119,19 @@ void ShardedBuckets::take_shard(const float* full, float* shard) const {
       std::copy_n(full + run.offset, run.count, shard + p.shard_at + run.at);
 }
 
+void ShardedBuckets::set_bf16_scratch(size_t buffer, uint16_t* scratch) {
+  DDP_CHECK(bf16_scratch_ != nullptr && buffer < bf16_of_.size(),
+            "set_bf16_scratch: buffer {} of {}, reduce_in_bf16 {}", buffer, bf16_of_.size(),
+            bf16_scratch_ != nullptr);
+  bf16_of_[buffer] = scratch;
+}
+
+uint16_t* ShardedBuckets::bf16_scratch(size_t buffer) const {
+  DDP_CHECK(bf16_of_.at(buffer) != nullptr,
+            "reduce_in_bf16: buffer {} was given no bf16 scratch before its reduction", buffer);
+  return bf16_of_[buffer];
+}
+
 void ShardedBuckets::copy(void* dst, const void* src, size_t bytes) {
   memory_.copy(dst, src, bytes);
 }
@@ -176,8 +190,9 @@ std::unique_ptr<Work> ShardedBuckets::reduce(size_t bucket, const GradMemory& gr
   char* send = static_cast<char*>(grads.data) + b.offset * size;
   if (p.whole) {  // the all-reduce, as plain data parallelism's
     if (bf16_scratch_ != nullptr && grads.type == DataType::kFloat32)
-      return comm_.all_reduce_bf16_async(reinterpret_cast<float*>(send), bf16_scratch_ + b.offset,
-                                         b.count, ReduceOp::kAverage);
+      return comm_.all_reduce_bf16_async(reinterpret_cast<float*>(send),
+                                         bf16_scratch(b.buffer) + b.offset, b.count,
+                                         ReduceOp::kAverage);
     return comm_.all_reduce_async(send, b.count, grads.type, ReduceOp::kAverage);
   }
   if (padded(bucket)) {
@@ -192,10 +207,11 @@ std::unique_ptr<Work> ShardedBuckets::reduce(size_t bucket, const GradMemory& gr
 std::unique_ptr<Work> ShardedBuckets::reduce_scatter(const void* send, void* recv, size_t bucket) {
   const size_t piece = plan_.parts[bucket].piece;
   const DataType type = types_[ddp_.buckets()[bucket].buffer];
+  const Bucket& b = ddp_.buckets()[bucket];
   if (bf16_scratch_ != nullptr && type == DataType::kFloat32)
     return comm_.reduce_scatter_bf16_async(
         static_cast<const float*>(send), static_cast<float*>(recv),
-        bf16_scratch_ + ddp_.buckets()[bucket].offset, piece, ReduceOp::kAverage);
+        bf16_scratch(b.buffer) + b.offset, piece, ReduceOp::kAverage);
   return comm_.reduce_scatter_async(send, recv, piece, type, ReduceOp::kAverage);
 }
 

@@ -88,6 +88,11 @@ class ShardedBuckets final : public BucketReduction {
   // This rank's pieces of the flat float32 buffer `full` into `shard` (shard_count, padding
   // zero). Host memory; one float32 buffer.
   void take_shard(const float* full, float* shard) const;
+  // reduce_in_bf16: buffer b's float32 buckets go on the wire through `scratch` (as many bf16
+  // values as the buffer has elements) from now on, instead of the Reducer's scratch (null: none
+  // may be reduced until one is given, which is an error). LibTorch's shard units give each
+  // unit's buffer a scratch of its own, allocated and freed with its gradients.
+  void set_bf16_scratch(size_t buffer, uint16_t* scratch);
   // The bytes of the padded buckets' copies (the buckets that do not divide evenly) and of
   // the averaged pieces kept apart (host, level 2).
   size_t scratch_bytes() const { return scratch_bytes_; }
@@ -127,6 +132,7 @@ class ShardedBuckets final : public BucketReduction {
   // Bucket b's (whole) runs sent from each owner: from its place in `full`, in place.
   void broadcast_runs(size_t b, void* full, std::vector<std::unique_ptr<Work>>& works);
   bool ringed() const { return ring_.slots > 0; }
+  uint16_t* bf16_scratch(size_t buffer) const;  // buffer's bf16 scratch (reduce_in_bf16)
   // Bucket `bucket`'s padded pieces at `send` reduce-scattered (averaged) into this rank's
   // piece at `recv`: in the bucket's type, or (reduce_in_bf16, float32) as bfloat16.
   std::unique_ptr<Work> reduce_scatter(const void* send, void* recv, size_t bucket);
@@ -150,6 +156,7 @@ class ShardedBuckets final : public BucketReduction {
   MemoryPort memory_;                  // the caller's, or the host's
   RingSlots ring_;                     // the gradient ring's, or none
   uint16_t* bf16_scratch_ = nullptr;   // reduce_in_bf16: the bf16 values on the wire
+  std::vector<uint16_t*> bf16_of_;     // and each buffer's (set_bf16_scratch; else that one)
   std::vector<char*> bucket_scratch_;  // a padded bucket's pieces, every rank's
   std::vector<char*> reduced_;  // level 2, 3 on the host or with a ring: each buffer's pieces
   std::vector<std::shared_ptr<void>> held_;  // what allocate() gave

@@ -23,17 +23,12 @@ void DistributedDataParallel::Impl::make_reducer() {
   for (GradBuffer& buffer : grad_buffers)
     buffer.flat.zero_();
   if (options.reduce_in_bf16() && comm.size() > 1) {  // one process reduces nothing
-    // The bf16 scratch spans one float32 buffer; shard units give each unit its own.
-    DDP_USAGE_CHECK(
-        std::count_if(grad_buffers.begin(), grad_buffers.end(),
-                      [](const GradBuffer& b) { return b.dtype == torch::kFloat32; }) <= 1,
-        "ddp::DistributedDataParallelOptions().reduce_in_bf16(true) with shard units "
-        "(ddp::ShardUnit or auto_wrap_min_params): not supported yet; reduce in "
-        "float32 (param_dtype(torch::kBFloat16) still gathers in bfloat16)");
     comm.require_bf16_reduction();
+    // One float32 buffer's scratch; with units each unit's float32 buffer gets one of its own
+    // with its gradients (unit_grads), this one only stands for them.
     for (const GradBuffer& buffer : grad_buffers)
       if (buffer.dtype == torch::kFloat32)
-        bf16_scratch = torch::empty({buffer.count},
+        bf16_scratch = torch::empty({units.empty() ? buffer.count : 1},
                                     torch::TensorOptions().dtype(torch::kBFloat16).device(device));
     if (bf16_scratch.defined()) reducer->reduce_in_bf16(bf16_scratch.data_ptr());
   }
@@ -237,6 +232,11 @@ void DistributedDataParallel::Impl::unit_grads(size_t u) {
         torch::empty({buffer.count}, torch::TensorOptions().dtype(buffer.dtype).device(device));
     for (const auto& [of, at, count] : pads)
       if (static_cast<size_t>(of) == k) buffer.flat.narrow(0, at, count).zero_();
+    if (bf16_scratch.defined() && buffer.dtype == torch::kFloat32) {  // its gradients' wire
+      buffer.bf16 = torch::empty({buffer.count},
+                                 torch::TensorOptions().dtype(torch::kBFloat16).device(device));
+      shards->state().buckets().set_bf16_scratch(k, static_cast<uint16_t*>(buffer.bf16.data_ptr()));
+    }
     if (in_backward)
       reducer->set_buffer(k, {buffer.flat.data_ptr(), wire_type(buffer.dtype, params[0].name)});
   }
@@ -254,6 +254,10 @@ void DistributedDataParallel::Impl::free_unit_grads(size_t u) {
     if (buffer.unit != u) continue;
     buffer.flat = torch::Tensor();
     if (in_backward) reducer->set_buffer(k, {nullptr, wire_type(buffer.dtype, params[0].name)});
+    if (buffer.bf16.defined()) {
+      buffer.bf16 = torch::Tensor();
+      shards->state().buckets().set_bf16_scratch(k, nullptr);
+    }
   }
   for (const size_t i : unit.params) {
     Param& p = params[i];

@@ -108,6 +108,7 @@ struct DistributedDataParallel::Impl final : UnitRunner {
     size_t unit = 0;     // the shard unit whose parameters' gradients it holds
     int64_t count = 0;   // its elements
     torch::Tensor flat;  // (ZeRO 2, 3: during backward only)
+    torch::Tensor bf16;  // units with reduce_in_bf16: its gradients on the wire, with them
   };
 
   // A shard unit (zero(3) over several ranks; torch/shard_unit.h): its parameters, each

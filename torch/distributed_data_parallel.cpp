@@ -144,6 +144,9 @@ DistributedDataParallel::Impl::Impl(torch::nn::Module& module_, Communicator& co
     reducer->give_buffers_late();
     for (size_t u = 0; u < units.size(); ++u)
       free_unit_grads(u);
+    for (size_t k = 0; k < grad_buffers.size() && bf16_scratch.defined(); ++k)
+      if (grad_buffers[k].dtype == torch::kFloat32)  // each unit's with its gradients
+        shards->state().buckets().set_bf16_scratch(k, nullptr);
     if (options.param_dtype()) shards->set_param_dtype(*options.param_dtype());
     shards->stale();
   }

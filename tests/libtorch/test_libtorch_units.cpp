@@ -86,25 +86,25 @@ INSTANTIATE_TEST_SUITE_P(Ranks, TorchUnits,
 // casts, products and float32 gradients, summed in rank order either way); against plain
 // float32 DDP it differs by bfloat16's rounding of the forward and backward (2.0e-2 and 1.9e-2
 // at 2 and 3 ranks after 4 steps of AdamW; bounded at 0.1, five times that, and above 0, which
-// a run not computed in bfloat16 would not be), and sends
-// less than float32 units do (the gathers in bfloat16). reduce_in_bf16 with units is refused by
-// name.
+// a run not computed in bfloat16 would not be), and sends less than float32 units do (the
+// gathers in bfloat16). With the gradients reduced in bfloat16 too (reduce_in_bf16, FSDP2's
+// reduce_dtype; each unit's wire buffer allocated with its gradients) units train bitwise as the
+// same policy without units, and send less again.
 TEST(TorchUnitsPolicy, Bf16ParametersWithFloat32Masters) {
   if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
   TempDir dir;
   const std::string model = "--adamw --steps 4 --out ";
   for (const int ranks : {2, 3}) {
     const std::string where = std::to_string(ranks) + " ranks";
-    const RunResult plain = train(ranks, model + dir.file("plain.safetensors"));
-    ASSERT_EQ(plain.exit_code, 0) << plain.output;
-    const RunResult whole =
-        train(ranks, model + dir.file("whole.safetensors") + " --zero 3 --bf16-params");
-    ASSERT_EQ(whole.exit_code, 0) << whole.output;
-    const RunResult fp32 = train(ranks, model + dir.file("fp32.safetensors") + " --zero 3 --units");
-    ASSERT_EQ(fp32.exit_code, 0) << fp32.output;
-    const RunResult units =
-        train(ranks, model + dir.file("units.safetensors") + " --zero 3 --units --bf16-params");
-    ASSERT_EQ(units.exit_code, 0) << units.output;
+    const auto run = [&](const std::string& name, const std::string& flags) {
+      const RunResult r = train(ranks, model + dir.file(name + ".safetensors") + " " + flags);
+      EXPECT_EQ(r.exit_code, 0) << flags << "\n" << r.output;
+      return r;
+    };
+    run("plain", "");
+    run("whole", "--zero 3 --bf16-params");
+    const RunResult fp32 = run("fp32", "--zero 3 --units");
+    const RunResult units = run("units", "--zero 3 --units --bf16-params");
     EXPECT_EQ(max_relative_difference(dir.file("units.safetensors"), dir.file("whole.safetensors")),
               0.0)
         << where;
@@ -115,11 +115,18 @@ TEST(TorchUnitsPolicy, Bf16ParametersWithFloat32Masters) {
     EXPECT_LT(apart, 0.1) << where;
     EXPECT_LT(traffic(units.output), 0.85 * traffic(fp32.output)) << where;
     EXPECT_GT(traffic(units.output), 0.0) << units.output;
+    run("whole-reduce", "--zero 3 --bf16-params --bf16-reduce");
+    const RunResult reduced = run("units-reduce", "--zero 3 --units --bf16-params --bf16-reduce");
+    EXPECT_EQ(max_relative_difference(dir.file("units-reduce.safetensors"),
+                                      dir.file("whole-reduce.safetensors")),
+              0.0)
+        << where;
+    EXPECT_LT(max_relative_difference(dir.file("units-reduce.safetensors"),
+                                      dir.file("plain.safetensors")),
+              0.1)
+        << where;
+    EXPECT_LT(traffic(reduced.output), 0.85 * traffic(units.output)) << where;
   }
-  const RunResult refused = train(2, "--zero 3 --units --bf16-reduce");
-  EXPECT_NE(refused.exit_code, 0);
-  EXPECT_NE(refused.output.find("reduce_in_bf16(true) with shard units"), std::string::npos)
-      << refused.output;
 }
 
 // Every rank's "rank R window W held H ledger L model M block B optimizer O" (--peak).
