@@ -1,7 +1,8 @@
 // The state of a ddp::DistributedDataParallel (its Impl) and the helpers its parts share:
 // distributed_data_parallel.cpp (construction, the autograd hooks, the end of backward),
 // ddp_buckets.cpp (the buckets, their buffers and reduction, and their rebuild from the order
-// gradients arrive in) and ddp_join.cpp (uneven inputs). Internal: not installed.
+// gradients arrive in), ddp_units.cpp (zero(3)'s shard units) and ddp_join.cpp (uneven inputs).
+// Internal: not installed.
 #pragma once
 
 #include <torch/csrc/autograd/function.h>
@@ -115,6 +116,7 @@ struct DistributedDataParallel::Impl final : UnitRunner {
   // dtype's buffer of them, its gathers and its gradients' life in a step.
   struct Unit {
     std::vector<size_t> params;
+    std::vector<size_t> buckets;                   // its buckets (its buffers')
     std::vector<std::unique_ptr<Work>> gathering;  // its gather in flight (prefetched)
     size_t waiting = 0;                            // its parameters not yet ready this backward
     bool reducing = false;   // every one is: its buckets go out, its gradients are freed after
@@ -211,6 +213,7 @@ struct DistributedDataParallel::Impl final : UnitRunner {
   std::vector<std::array<int64_t, 3>> pads;    // each bucket's tail (buffer, offset, count)
   bool keep_gathered = false;    // gather_parameters(): every unit kept until backward ends
   ShardedMemory peak;            // this step's so far (sample_memory)
+  size_t param_bytes = 0;        // the parameters' bytes, whole
   ShardedMemory last_peak;       // the last step's
   torch::Tensor device_scratch;  // the layout check's messages over NCCL
   torch::nn::AnyModule forward;

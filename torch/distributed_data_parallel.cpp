@@ -114,6 +114,10 @@ DistributedDataParallel::Impl::Impl(torch::nn::Module& module_, Communicator& co
                   options.param_dtype() ? c10::toString(*options.param_dtype()) : "none");
   if (options.zero() == 3 && comm.size() > 1) assign_units();
   make_reducer();
+  for (const Param& p : params)
+    param_bytes += static_cast<size_t>(p.numel()) * c10::elementSize(p.dtype);
+  for (size_t b = 0; b < reducer->buckets().size() && !units.empty(); ++b)
+    units[grad_buffers[reducer->buckets()[b].buffer].unit].buckets.push_back(b);
   check_and_copy_rank0s_state(all, bufs);
   if (options.zero() > 0 && comm.size() > 1) {
     // The parameters laid out as their gradients, sharded by dist/'s state over the reducer.
@@ -155,73 +159,6 @@ DistributedDataParallel::Impl::Impl(torch::nn::Module& module_, Communicator& co
   std::lock_guard<std::mutex> lock(wrapped_mutex);
   for (const Param& p : params)
     wrapped().insert(p.tensor.unsafeGetTensorImpl());
-}
-
-// zero(3) over several ranks: each parameter's unit. The ShardUnits of the module (outer ones
-// first, so that an inner unit's parameters are its own), then auto_wrap_min_params' groups of
-// a Sequential's children, then the root: the parameters of none.
-void DistributedDataParallel::Impl::assign_units() {
-  std::vector<std::vector<torch::Tensor>> groups;
-  std::vector<ShardUnitImpl*> modules;
-  for (const auto& m : module.modules(/*include_self=*/false))
-    if (auto* unit = dynamic_cast<ShardUnitImpl*>(m.get())) {
-      modules.push_back(unit);
-      groups.push_back(unit->parameters());
-    }
-  const int64_t min_params = options.auto_wrap_min_params();
-  if (min_params > 0) {
-    auto* sequential = dynamic_cast<torch::nn::SequentialImpl*>(&module);
-    DDP_USAGE_CHECK(sequential != nullptr,
-                    "ddp::DistributedDataParallelOptions().auto_wrap_min_params({}): the wrapped "
-                    "module is not a torch::nn::Sequential, whose children it groups; declare "
-                    "ddp::ShardUnit modules in the model instead",
-                    min_params);
-    std::vector<torch::Tensor> group;
-    int64_t elements = 0;
-    for (const auto& child : sequential->children()) {
-      for (const torch::Tensor& t : child->parameters())
-        if (t.requires_grad()) group.push_back(t), elements += t.numel();
-      child_unit.push_back(group.empty() ? -1 : static_cast<int>(groups.size()));
-      if (elements >= min_params) {
-        groups.push_back(std::move(group));
-        group.clear();
-        elements = 0;
-      }
-    }
-    if (!group.empty()) groups.push_back(std::move(group));
-  }
-  std::map<const c10::TensorImpl*, size_t> unit_of;
-  for (size_t g = 0; g < groups.size(); ++g)
-    for (const torch::Tensor& t : groups[g])
-      unit_of[t.unsafeGetTensorImpl()] = g;
-  // Numbered densely in that order (a unit without trainable parameters is none), the root last.
-  std::map<size_t, size_t> number;
-  for (const Param& p : params) {
-    const auto found = unit_of.find(p.tensor.unsafeGetTensorImpl());
-    if (found != unit_of.end()) number.emplace(found->second, 0);
-  }
-  size_t next = 0;
-  for (auto& [group, n] : number)
-    n = next++;
-  units.resize(next);
-  for (size_t i = 0; i < params.size(); ++i) {
-    const auto found = unit_of.find(params[i].tensor.unsafeGetTensorImpl());
-    if (found == unit_of.end() && root_unit == static_cast<size_t>(-1)) {
-      root_unit = units.size();
-      units.emplace_back();
-    }
-    params[i].unit = found != unit_of.end() ? number[found->second] : root_unit;
-    units[params[i].unit].params.push_back(i);
-  }
-  for (int& unit : child_unit) {
-    const auto found = number.find(static_cast<size_t>(unit));
-    unit = unit >= 0 && found != number.end() ? static_cast<int>(found->second) : -1;
-  }
-  for (size_t m = 0; m < modules.size(); ++m)
-    if (number.count(m)) {
-      modules[m]->set_runner(this, number[m]);
-      unit_modules.push_back(modules[m]);
-    }
 }
 
 void DistributedDataParallel::Impl::check_and_copy_rank0s_state(
@@ -336,123 +273,6 @@ void DistributedDataParallel::Impl::gather_parameters() {
     keep_gathered = true;  // until the next synchronised backward ends
   }
   shards->gather();
-}
-
-// Before a forward through the wrapper: with units, every parameter a view of its shape (the
-// units gathered at their use) and the root unit gathered; else gather_parameters().
-void DistributedDataParallel::Impl::gather_for_forward() {
-  peak = {};
-  if (units.empty()) return gather_parameters();
-  reattach_replaced();
-  const ComputeStreamGuard on_stream(comm, stream());
-  shards->begin_step();
-  // The last step's averaged pieces are not the shape of this step's gradients: dropped (every
-  // level from 2 replaces the gradients at each synchronised backward), so that autograd
-  // writes them anew. A no_sync() backward's gradients have the shape and stay.
-  for (Param& p : params) {
-    torch::Tensor& grad = p.tensor.mutable_grad();
-    if (grad.defined() && grad.sizes() != torch::IntArrayRef(p.sizes)) grad = torch::Tensor();
-  }
-  if (root_unit < units.size()) gather_unit(root_unit, true);
-  sample_memory();
-}
-
-// Unit u's parameters gathered (its gather started now, or before as a prefetch), waited for
-// where asked.
-void DistributedDataParallel::Impl::gather_unit(size_t u, bool wait) {
-  Unit& unit = units[u];
-  if (!shards->unit_gathered(u)) shards->gather_unit(u, unit.gathering);
-  if (wait) wait_all(unit.gathering, shards->state().buckets().gather_comm(), stream());
-}
-
-torch::Tensor DistributedDataParallel::Impl::run_unit(size_t u,
-                                                      const std::function<torch::Tensor()>& run) {
-  if (units.empty()) return run();
-  DDP_USAGE_CHECK(shards->current(),
-                  "ddp::DistributedDataParallel with zero(3): a shard unit's forward ran without "
-                  "model.forward(...), model.sync_buffers() or model.gather_parameters() before it "
-                  "in this step; call one of them before each forward");
-  {
-    const ComputeStreamGuard on_stream(comm, stream());
-    gather_unit(u, true);
-    if (u + 1 < units.size()) gather_unit(u + 1, false);  // the next unit's, meanwhile
-    sample_memory();
-  }
-  torch::Tensor out = run();
-  if (options.reshard_after_forward() && !keep_gathered) shards->free_unit(u);
-  if (torch::GradMode::is_enabled() && out.requires_grad())
-    out.register_hook([this, u](const torch::Tensor&) { before_backward_of(u); });
-  return out;
-}
-
-// The gradient of unit u's output is ready: its backward is next. Its parameters gathered
-// again (and the unit before it meanwhile), its gradient buffers allocated; the gradients of the
-// units whose backward ended before the last one's freed once reduced.
-void DistributedDataParallel::Impl::before_backward_of(size_t u) {
-  units[u].waiting = units[u].params.size();  // this backward's (no_sync()'s too)
-  const ComputeStreamGuard on_stream(comm, stream());
-  gather_unit(u, true);
-  if (u > 0) gather_unit(u - 1, false);
-  if (comm.size() > 1 && !no_sync) unit_grads(u);
-  free_reduced_grads(u + 2);
-  sample_memory();
-}
-
-// Unit u's parameters are all ready this backward: its gathered parameters are not needed
-// again by it, and (outside no_sync()) its buckets go out, in order.
-void DistributedDataParallel::Impl::unit_ready(size_t u) {
-  Unit& unit = units[u];
-  if (unit.waiting > 0) --unit.waiting;
-  if (unit.waiting > 0) return;
-  if (!keep_gathered && u != root_unit) shards->free_unit(u);
-  if (no_sync) return;  // its gradients accumulate in .grad(), nothing to reduce
-  unit.reducing = true;
-  free_reduced_grads(units.size());
-}
-
-// The gradients of the units being reduced freed where their buckets' reductions are done, and
-// those of units `keep_from` and above (their backward ended two units ago) waited for first.
-// Not with a communication hook: the averages stay in the buffers until the end of backward.
-void DistributedDataParallel::Impl::free_reduced_grads(size_t keep_from) {
-  if (!shards->shards_gradients() || !in_backward) return;
-  const std::vector<Bucket>& buckets = reducer->buckets();
-  for (size_t v = 0; v < units.size(); ++v) {
-    Unit& unit = units[v];
-    if (!unit.reducing || !unit.has_grads) continue;
-    std::vector<size_t> mine;
-    bool issued = true, done = true;
-    for (size_t b = 0; b < buckets.size(); ++b) {
-      if (grad_buffers[buckets[b].buffer].unit != v) continue;
-      mine.push_back(b);
-      issued = issued && b < reducer->issued();
-      done = done && issued && reducer->pending(b).is_completed();
-    }
-    if (!issued || (!done && v < keep_from)) continue;
-    for (const size_t b : mine)  // device: the stream waits, the memory is reused after it
-      if (comm.device_buffers())
-        reducer->pending(b).then_on(stream());
-      else
-        reducer->pending(b).wait(comm.timeout());
-    free_unit_grads(v);
-  }
-}
-
-// This step's peak so far of the parameters' and gradients' memory ddp holds.
-void DistributedDataParallel::Impl::sample_memory() {
-  size_t held = 0, grads = 0;
-  if (shards) {
-    held = shards->held_bytes();
-    grads = shards->state().buckets().scratch_bytes();
-  } else {
-    std::set<const void*> seen;
-    for (const Param& p : params)
-      if (p.tensor.has_storage() && seen.insert(p.tensor.storage().data()).second)
-        held += p.tensor.storage().nbytes();
-  }
-  for (const GradBuffer& buffer : grad_buffers)
-    if (buffer.flat.defined()) grads += buffer.flat.storage().nbytes();
-  peak.peak_parameter_bytes = std::max(peak.peak_parameter_bytes, held);
-  peak.peak_gradient_bytes = std::max(peak.peak_gradient_bytes, grads);
 }
 
 void DistributedDataParallel::Impl::sync_buffers() {
