@@ -4,7 +4,8 @@
 // ranks or taken whole by one process.
 //   unit_worker --single [--blocks K] [--dim D] [--steps S] [--adamw] [--out FILE]
 //   ddprun ... unit_worker [--zero L] [--units | --auto-wrap N] [--keep-after-forward] [...]
-// --units: the blocks declared as ddp::ShardUnit(Block) in the Sequential; --auto-wrap N:
+// --units: the blocks declared as ddp::ShardUnit(Block) in the Sequential (every other one
+// from a shared_ptr of BlockImpl); --auto-wrap N:
 // DistributedDataParallelOptions().auto_wrap_min_params(N); --keep-after-forward:
 // reshard_after_forward(false); --peak: each rank prints, over steps 2 on, the most the CPU
 // allocator (counted here) held above what it held when the step's forward began, what ddp held
@@ -183,8 +184,10 @@ int main(int argc, char** argv) {
   net->push_back(torch::nn::Embedding(kVocabulary, a.dim));
   net->push_back(ConvBlock(a.dim));
   for (int b = 0; b < a.blocks; ++b)
-    if (a.units)
+    if (a.units && b % 2 == 0)  // a holder, and a shared_ptr of the module: both as users write
       net->push_back(ddp::ShardUnit(Block(a.dim)));
+    else if (a.units)
+      net->push_back(ddp::ShardUnit(std::make_shared<BlockImpl>(a.dim)));
     else
       net->push_back(Block(a.dim));
   net->push_back(Pool());
