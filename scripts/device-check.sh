@@ -8,7 +8,7 @@
 #   sections: build test cuda cuda1 cuda2 run doctor launcher fashion monitor options ddp1 multi bench-warm
 #   bench fused profile bench-ddp collectives levers pipeline torch libtorch libtorch-shapes
 #   libtorch-ranks
-#   (build: only the build; torch: only the LibTorch targets and their GPU tests, TorchDdpCuda.*, TorchPipelineCuda.* and TorchUsersCuda.*,
+#   (build: only the build; torch: only the LibTorch targets and their GPU tests, TorchDdpCuda.*, TorchPipelineCuda.*, TorchUsersCuda.* and TorchUnitsCuda.*,
 #   about 2 minutes from a fresh machine; libtorch and libtorch-shapes: bench-libtorch.sh's cnn and
 #   mlp, then resnet and transformer, fp32 and bf16, a call each; cuda: build and only
 #   the GPU tests, `ctest -L cuda`, when CI has run the rest; cuda1 and cuda2: each half of
@@ -68,9 +68,9 @@ if want torch; then
   # The LibTorch component alone (the wheel's LibTorch): its targets built, its GPU tests run.
   start=$(date +%s)
   if (source scripts/deps.sh && ddp_configure) > "$out/build.log" 2>&1 &&
-    cmake --build "$build" -j "$(nproc)" --target ddp_torch_cuda_tests ddp_torch_worker ddprun \
+    cmake --build "$build" -j "$(nproc)" --target ddp_torch_cuda_tests ddp_torch_worker ddp_torch_unit_worker ddprun \
       ddp_torch_bench >> "$out/build.log" 2>&1 &&
-    (cd "$build" && ctest -R 'TorchDdpCuda|TorchPipelineCuda|TorchUsersCuda' -j 8 --timeout 250 --output-on-failure) > "$out/torch.log" 2>&1; then
+    (cd "$build" && ctest -R 'TorchDdpCuda|TorchPipelineCuda|TorchUsersCuda|TorchUnitsCuda' -j 8 --timeout 250 --output-on-failure) > "$out/torch.log" 2>&1; then
     note "torch: $(grep -E 'tests passed|tests failed' "$out/torch.log" | tail -1) in $(( $(date +%s) - start ))s with the build"
   else
     grep -E 'error:|\(Failed|\(Timeout|Expected|Which is|actual' "$out/build.log" "$out/torch.log" 2>/dev/null | head -20

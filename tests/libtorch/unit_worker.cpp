@@ -11,11 +11,15 @@
 // allocator (counted here) held above what it held when the step's forward began, what ddp held
 // then (model.memory()), the model's and one block's parameter bytes and its optimizer state;
 // --batch B: the global batch; --bf16-params: param_dtype(torch::kBFloat16); --bf16-reduce:
-// reduce_in_bf16(true). Rank 0 writes the trained parameters (after gather_parameters(),
-// safetensors as float32) to --out.
+// reduce_in_bf16(true); --cuda: the model and data on the GPU (NCCL; --peak then reads the CUDA
+// caching allocator's counters of this process). Rank 0 writes the trained parameters (after
+// gather_parameters(), safetensors as float32) to --out.
 #include <c10/core/CPUAllocator.h>
 #include <torch/torch.h>
 #include <torch/version.h>
+#if UNIT_TORCH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -96,6 +100,30 @@ class CountingAllocator final : public c10::Allocator {
   static inline std::atomic<size_t> current_{0}, peak_{0};
 };
 
+// The bytes the CUDA caching allocator hands out now and at most since the last reset (the
+// aggregate of its pools: what `torch.cuda.max_memory_allocated()` reports).
+struct CudaCounters {
+  static size_t current() { return stat().current; }
+  static size_t peak() { return stat().peak; }
+  static void reset_peak() {
+#if UNIT_TORCH_CUDA
+    c10::cuda::CUDACachingAllocator::resetPeakStats(0);
+#endif
+  }
+  struct Stat {
+    size_t current = 0, peak = 0;
+  };
+  static Stat stat() {
+#if UNIT_TORCH_CUDA
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(0);
+    const auto& all = stats.allocated_bytes[0];  // index 0: StatType::AGGREGATE
+    return {static_cast<size_t>(all.current), static_cast<size_t>(all.peak)};
+#else
+    return {};
+#endif
+  }
+};
+
 struct ConvBlockImpl : torch::nn::Module {
   explicit ConvBlockImpl(int64_t dim)
       : conv(register_module(
@@ -125,7 +153,7 @@ TORCH_MODULE(Pool);
 
 struct Args {
   bool single = false, units = false, adamw = false, peak = false, keep = false;
-  bool bf16_params = false, bf16_reduce = false;
+  bool bf16_params = false, bf16_reduce = false, cuda = false;
   int zero = 0, steps = 4, blocks = 6;
   int64_t dim = 16, batch = 12, auto_wrap = 0;
   std::string out;
@@ -153,6 +181,8 @@ int main(int argc, char** argv) {
       a.bf16_params = true;
     else if (f == "--bf16-reduce")
       a.bf16_reduce = true;
+    else if (f == "--cuda")
+      a.cuda = true;
     else if (f == "--zero")
       a.zero = std::stoi(value());
     else if (f == "--steps")
@@ -172,10 +202,16 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  if (a.cuda && !UNIT_TORCH_CUDA) {
+    std::fprintf(stderr, "unit_worker: --cuda: this LibTorch has no CUDA\n");
+    return 2;
+  }
   std::unique_ptr<ddp::World> world;
   int rank = 0, ranks = 1;
   if (!a.single) {
-    world = std::make_unique<ddp::World>(ddp::init());
+    ddp::InitOptions init;
+    init.bind_gpu = a.cuda;
+    world = std::make_unique<ddp::World>(ddp::init(init));
     rank = world->rank();
     ranks = world->size();
   }
@@ -198,9 +234,11 @@ int main(int argc, char** argv) {
     model_bytes += static_cast<size_t>(p.numel()) * p.element_size();
   for (const torch::Tensor& p : net[2]->parameters())
     block_bytes += static_cast<size_t>(p.numel()) * p.element_size();
+  const torch::Device device = a.cuda ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
+  net->to(device);
   torch::manual_seed(99);  // the data: every rank alike
-  const torch::Tensor tokens = torch::randint(kVocabulary, {a.batch, kTokens});
-  const torch::Tensor labels = torch::randint(kClasses, {a.batch});
+  const torch::Tensor tokens = torch::randint(kVocabulary, {a.batch, kTokens}).to(device);
+  const torch::Tensor labels = torch::randint(kClasses, {a.batch}).to(device);
   std::unique_ptr<ddp::DistributedDataParallel> model;
   if (world) {
     ddp::DistributedDataParallelOptions options;
@@ -219,28 +257,34 @@ int main(int argc, char** argv) {
   const int64_t share = a.batch / ranks;
   const torch::Tensor x = tokens.narrow(0, share * rank, share);
   const torch::Tensor y = labels.narrow(0, share * rank, share);
-  size_t window = 0, held = 0, ledger = 0;
+  // The CPU's counting allocator, or the CUDA caching allocator's counters with --cuda.
+  const auto current = [&] { return a.cuda ? CudaCounters::current() : counting.current(); };
+  const auto peak = [&] { return a.cuda ? CudaCounters::peak() : counting.peak(); };
+  const auto reset_peak = [&] { a.cuda ? CudaCounters::reset_peak() : counting.reset_peak(); };
+  size_t window = 0, held = 0, ledger = 0, most = 0;
   for (int step = 0; step < a.steps; ++step) {
     optimizer->zero_grad();
-    const size_t start = counting.current();
+    const size_t start = current();
     if (step > 0 && model) {
       const ddp::ShardedMemory now = model->memory();
       held = std::max(held, now.parameter_bytes + now.gradient_bytes);
     }
-    counting.reset_peak();
+    reset_peak();
     const torch::Tensor out = model ? model->forward(x) : net->forward(x);
     torch::nn::functional::cross_entropy(out.to(torch::kFloat32), y).backward();
-    if (step > 0) window = std::max(window, counting.peak() - start);
+    if (step > 0) window = std::max(window, peak() - start);
     if (step > 0 && model) {
       const ddp::ShardedMemory now = model->memory();
       ledger = std::max(ledger, now.peak_parameter_bytes + now.peak_gradient_bytes);
     }
     optimizer->step();
+    if (step > 0) most = std::max(most, peak());  // the optimizer's step included
   }
   if (a.peak)
-    std::printf("rank %d window %zu held %zu ledger %zu model %zu block %zu optimizer %zu\n", rank,
-                window, held, ledger, model_bytes, block_bytes,
-                ddp::optimizer_state_bytes(*optimizer));
+    std::printf(
+        "rank %d window %zu held %zu ledger %zu model %zu block %zu optimizer %zu process %zu\n",
+        rank, window, held, ledger, model_bytes, block_bytes,
+        ddp::optimizer_state_bytes(*optimizer), most);
   // What this rank's collectives put on its links (bus bytes, nccl-tests' count).
   if (world)
     std::printf("rank %d traffic %llu\n", rank,
