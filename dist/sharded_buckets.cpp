@@ -60,15 +60,41 @@ ShardedBuckets::ShardedBuckets(Reducer& ddp, int level, const MemoryPort* memory
     scratch_bytes_ = plan_.shard_count * sizeof(float);  // the slots are the gradients' own
     return;
   }
-  for (size_t b = 0; b < buckets.size(); ++b) {
-    if (!padded(b)) continue;
-    const size_t bytes = plan_.parts[b].piece * comm_.size() * element_bytes(buckets[b].buffer);
-    bucket_scratch_[b] = static_cast<char*>(allocate(bytes));
-    scratch_bytes_ += bytes;
-  }
+  const auto copy_bytes = [&](size_t b) {
+    return plan_.parts[b].piece * comm_.size() * element_bytes(buckets[b].buffer);
+  };
   // Host collectives reduce-scatter into a buffer of their own (MPI's may not alias its input);
   // device ones where the gradient buffers are freed before the pieces are read.
-  if (level >= 2 && (!comm_.device_buffers() || cut.pieces_apart))
+  const bool apart = !comm_.device_buffers() || cut.pieces_apart;
+  std::vector<size_t> padded_buckets;
+  size_t largest = 0, all_copies = 0;
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    if (!padded(b)) continue;
+    padded_buckets.push_back(b);
+    largest = std::max(largest, copy_bytes(b));
+    all_copies += copy_bytes(b);
+  }
+  const auto slots = static_cast<size_t>(std::max(cut.copy_slots, 0));
+  // Slots only where they hold less than a copy for each padded bucket would.
+  if (slots > 0 && slots * largest < all_copies) {
+    DDP_CHECK(level >= 2 && apart, "ZeRO: copy slots need the averaged pieces apart");
+    std::vector<char*> slot(slots);
+    for (char*& s : slot)
+      s = static_cast<char*>(allocate(largest));
+    scratch_bytes_ += slots * largest;
+    slot_before_.resize(buckets.size());
+    for (size_t i = 0; i < padded_buckets.size(); ++i) {
+      const size_t b = padded_buckets[i];
+      bucket_scratch_[b] = slot[i % slots];
+      slot_before_[b] = i >= slots ? padded_buckets[i - slots] : b;
+    }
+  } else {
+    for (const size_t b : padded_buckets) {
+      bucket_scratch_[b] = static_cast<char*>(allocate(copy_bytes(b)));
+      scratch_bytes_ += copy_bytes(b);
+    }
+  }
+  if (level >= 2 && apart)
     for (size_t k = 0; k < types_.size(); ++k) {
       const size_t bytes =
           (k < plan_.shard_counts.size() ? plan_.shard_counts[k] : 0) * element_bytes(k);
@@ -196,6 +222,13 @@ std::unique_ptr<Work> ShardedBuckets::reduce(size_t bucket, const GradMemory& gr
     return comm_.all_reduce_async(send, b.count, grads.type, ReduceOp::kAverage);
   }
   if (padded(bucket)) {
+    if (slotted() && slot_before_[bucket] != bucket) {  // its slot free: the one before done
+      Work& before = ddp_.pending(slot_before_[bucket]);
+      if (comm_.device_buffers())
+        before.then_on(memory_.stream);
+      else
+        before.wait(comm_.timeout());
+    }
     lay_out(bucket, grads.data, bucket_scratch_[bucket]);
     send = bucket_scratch_[bucket];
   }
@@ -234,10 +267,10 @@ void ShardedBuckets::gather_shards(const std::vector<const void*>& shards,
     gathers.push_back(
         comm_.all_gather_async(static_cast<const char*>(shards.at(p.buffer)) + p.shard_at * size,
                                into, p.piece, types_[p.buffer]));
-    if (ringed() && padded(b)) copy_back(b, full[p.buffer], gathers, stream);  // a shared slot
+    if (shared_copies() && padded(b)) copy_back(b, full[p.buffer], gathers, stream);
   }
   wait_all(gathers, comm_, stream);
-  if (!ringed())
+  if (!shared_copies())
     for (size_t b = 0; b < plan_.parts.size(); ++b)
       if (padded(b)) copy_back(b, full[plan_.parts[b].buffer], gathers, stream);
 }
@@ -267,10 +300,10 @@ void ShardedBuckets::gather_in_place(const std::vector<void*>& full, void* strea
       lay_out(b, whole, into, plan_.rank);
     }
     gathers.push_back(comm_.all_gather_async(send, into, p.piece, types_[p.buffer]));
-    if (ringed() && padded(b)) copy_back(b, whole, gathers, stream);  // its slot is shared
+    if (shared_copies() && padded(b)) copy_back(b, whole, gathers, stream);
   }
   wait_all(gathers, comm_, stream);
-  if (!ringed())
+  if (!shared_copies())
     for (size_t b = 0; b < plan_.parts.size(); ++b)
       if (padded(b)) copy_back(b, full[plan_.parts[b].buffer], gathers, stream);
 }

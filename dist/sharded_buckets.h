@@ -45,6 +45,14 @@ struct ShardCut {
   // (else reduce-scattered in place there), so that the gradient buffers may be freed once
   // their buckets are reduced (LibTorch's shard units).
   bool pieces_apart = false;
+  // The padded buckets' copies (the buckets whose pieces are not the bucket itself, laid out
+  // before their reduce-scatter and gathered into after the step): 0, one of its own for each
+  // such bucket, kept as long as this object; K > 0, K slots of the largest one's size, a
+  // padded bucket taking the one the K-th padded bucket before it used once that one's
+  // collective is done (LibTorch's whole-tensor owners: the copies' memory is then K buckets',
+  // not the model's). Needs the averaged pieces in a buffer of their own (a host communicator,
+  // or pieces_apart); not with a gradient ring.
+  int copy_slots = 0;
 };
 
 class ShardedBuckets final : public BucketReduction {
@@ -132,6 +140,10 @@ class ShardedBuckets final : public BucketReduction {
   // Bucket b's (whole) runs sent from each owner: from its place in `full`, in place.
   void broadcast_runs(size_t b, void* full, std::vector<std::unique_ptr<Work>>& works);
   bool ringed() const { return ring_.slots > 0; }
+  bool slotted() const { return !slot_before_.empty(); }  // ShardCut::copy_slots
+  // Whether a padded bucket's copy is shared with others (a ring's slot or a copy slot): it is
+  // copied back as soon as it is gathered, before the next bucket's gather may reuse it.
+  bool shared_copies() const { return ringed() || slotted(); }
   uint16_t* bf16_scratch(size_t buffer) const;  // buffer's bf16 scratch (reduce_in_bf16)
   // Bucket `bucket`'s padded pieces at `send` reduce-scattered (averaged) into this rank's
   // piece at `recv`: in the bucket's type, or (reduce_in_bf16, float32) as bfloat16.
@@ -158,6 +170,8 @@ class ShardedBuckets final : public BucketReduction {
   uint16_t* bf16_scratch_ = nullptr;   // reduce_in_bf16: the bf16 values on the wire
   std::vector<uint16_t*> bf16_of_;     // and each buffer's (set_bf16_scratch; else that one)
   std::vector<char*> bucket_scratch_;  // a padded bucket's pieces, every rank's
+  // ShardCut::copy_slots: the padded bucket that used bucket b's slot before it (or b itself).
+  std::vector<size_t> slot_before_;
   std::vector<char*> reduced_;  // level 2, 3 on the host or with a ring: each buffer's pieces
   std::vector<std::shared_ptr<void>> held_;  // what allocate() gave
   size_t scratch_bytes_ = 0;

@@ -550,13 +550,23 @@ void DistributedDataParallel::Impl::keep_own_gradients() {
     shards->stale();
     return;
   }
+  // Whether `t` lies in parameter i's flat gradient buffer (freed below with ZeRO 2).
+  const auto in_flat = [this](size_t i, const torch::Tensor& t) {
+    const torch::Tensor& flat = grad_buffers[params[i].buffer].flat;
+    const auto* at = static_cast<const char*>(t.data_ptr());
+    const auto* begin = static_cast<const char*>(flat.data_ptr());
+    return flat.defined() && at >= begin && at < begin + flat.nbytes();
+  };
   for (size_t i = 0; i < params.size(); ++i) {
     torch::Tensor& grad = params[i].tensor.mutable_grad();
-    if (!shards->owns(i))
+    if (!shards->owns(i)) {
       grad = torch::Tensor();
-    else if (shards->shards_gradients() && grad.defined() && options.zero() >= 2)
-      grad = shards->own_gradient(i).clone();  // the buffer holds the sums' inputs
-    else if (shards->shards_gradients() && grad.defined()) {
+    } else if (shards->shards_gradients() && grad.defined() && options.zero() >= 2) {
+      // The averaged piece where the reduce-scatter left it (apart, kept until the next
+      // backward's reduction), or copied out of a whole bucket's place in the flat buffer.
+      const torch::Tensor averaged = shards->own_gradient(i);
+      grad = in_flat(i, averaged) ? averaged.clone() : averaged;
+    } else if (shards->shards_gradients() && grad.defined()) {
       const torch::Tensor averaged = shards->own_gradient(i);
       if (averaged.data_ptr() != grad.data_ptr()) grad.copy_(averaged);  // into its place
     } else if (options.zero() >= 2 && grad.defined())

@@ -95,6 +95,11 @@ TorchParams::TorchParams(std::vector<torch::Tensor> params, std::vector<Slot> sl
     // send 1.5x plain DDP's bytes, as ZeroRedundancyOptimizer beside DDP does).
     cut.counts = layer_counts;
     cut.owners = layer_owner;
+    // The owners' runs of a bucket are laid out in equal pieces in a copy: two copies, taken
+    // in turn (a bucket waits for the reduce-scatter two before it), so that the copies hold two
+    // buckets' bytes at the peak, not the model's; the averaged pieces apart from them.
+    cut.copy_slots = 2;
+    cut.pieces_apart = true;
   } else {
     // Equal pieces, kept apart from the gradient buffers, which units free during backward.
     cut.pieces_apart = true;

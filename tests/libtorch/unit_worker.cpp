@@ -11,9 +11,9 @@
 // allocator (counted here) held above what it held when the step's forward began, what ddp held
 // then (model.memory()), the model's and one block's parameter bytes and its optimizer state;
 // --batch B: the global batch; --bf16-params: param_dtype(torch::kBFloat16); --bf16-reduce:
-// reduce_in_bf16(true); --cuda: the model and data on the GPU (NCCL; --peak then reads the CUDA
-// caching allocator's counters of this process). Rank 0 writes the trained parameters (after
-// gather_parameters(), safetensors as float32) to --out.
+// reduce_in_bf16(true); --bucket-mb M: bucket_cap_mb(M); --cuda: the model and data on the GPU
+// (NCCL; --peak then reads the CUDA caching allocator's counters of this process). Rank 0 writes
+// the trained parameters (after gather_parameters(), safetensors as float32) to --out.
 #include <c10/core/CPUAllocator.h>
 #include <torch/torch.h>
 #include <torch/version.h>
@@ -156,6 +156,7 @@ struct Args {
   bool bf16_params = false, bf16_reduce = false, cuda = false;
   int zero = 0, steps = 4, blocks = 6;
   int64_t dim = 16, batch = 12, auto_wrap = 0;
+  double bucket_mb = 0;  // 0: the options' default
   std::string out;
 };
 
@@ -193,6 +194,8 @@ int main(int argc, char** argv) {
       a.dim = std::stoll(value());
     else if (f == "--batch")
       a.batch = std::stoll(value());
+    else if (f == "--bucket-mb")
+      a.bucket_mb = std::stod(value());
     else if (f == "--auto-wrap")
       a.auto_wrap = std::stoll(value());
     else if (f == "--out")
@@ -244,6 +247,7 @@ int main(int argc, char** argv) {
     ddp::DistributedDataParallelOptions options;
     options.zero(a.zero).auto_wrap_min_params(a.auto_wrap).reshard_after_forward(!a.keep);
     if (a.bf16_params) options.param_dtype(torch::kBFloat16);
+    if (a.bucket_mb > 0) options.bucket_cap_mb(a.bucket_mb);
     options.reduce_in_bf16(a.bf16_reduce);
     model = std::make_unique<ddp::DistributedDataParallel>(net, *world, options);
   }
