@@ -18,9 +18,12 @@ namespace ddp {
 
 // One entry of the engine's own record of a step: what happened, in order.
 struct DdpEvent {
-  std::string what;  // "layer_done", "allreduce_issued", "backward_done", "allreduce_waited"
-  int layer = -1;    // the layer it concerns, or -1
-  int bucket = -1;   // the bucket it concerns, or -1
+  // "layer_done", "allreduce_issued", "backward_done", "allreduce_waited"; shard units':
+  // "unit_gather_issued", "unit_gather_ready" (complete when its unit was reached: the prefetch
+  // hid it), "unit_gather_waited" (waited for), "unit_forward", "unit_backward" (layer: the unit)
+  std::string what;
+  int layer = -1;   // the layer it concerns, or -1
+  int bucket = -1;  // the bucket it concerns, or -1
 };
 
 // A tensor of one's own model for the layout check: its name and element count.
@@ -180,6 +183,10 @@ class Reducer {
   }
   // The record kept while record_events(true).
   const std::vector<DdpEvent>& events() const { return events_; }
+  // Whether events are recorded, and an event of the caller's (LibTorch's shard units: their
+  // gathers and computations) in the same record, in order with the buckets'.
+  bool recording() const { return recording_; }
+  void note(DdpEvent event) { record(std::move(event)); }
   // The communicator it reduces over.
   Communicator& comm() { return comm_; }
   // Whether buckets start as soon as their layers are done (else all after backward).

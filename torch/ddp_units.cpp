@@ -102,8 +102,21 @@ void DistributedDataParallel::Impl::gather_for_forward() {
 // where asked.
 void DistributedDataParallel::Impl::gather_unit(size_t u, bool wait) {
   Unit& unit = units[u];
-  if (!shards->unit_gathered(u)) shards->gather_unit(u, unit.gathering);
-  if (wait) wait_all(unit.gathering, shards->state().buckets().gather_comm(), stream());
+  if (!shards->unit_gathered(u)) {
+    shards->gather_unit(u, unit.gathering);
+    note("unit_gather_issued", u);
+  }
+  if (!wait || unit.gathering.empty()) return;
+  if (reducer->recording()) {
+    const bool ready = std::all_of(unit.gathering.begin(), unit.gathering.end(),
+                                   [](const auto& work) { return work->is_completed(); });
+    note(ready ? "unit_gather_ready" : "unit_gather_waited", u);
+  }
+  wait_all(unit.gathering, shards->state().buckets().gather_comm(), stream());
+}
+
+void DistributedDataParallel::Impl::note(const char* what, size_t u) {
+  if (reducer->recording()) reducer->note({what, static_cast<int>(u), -1});
 }
 
 torch::Tensor DistributedDataParallel::Impl::run_unit(size_t u,
@@ -119,6 +132,7 @@ torch::Tensor DistributedDataParallel::Impl::run_unit(size_t u,
     if (u + 1 < units.size()) gather_unit(u + 1, false);  // the next unit's, meanwhile
     sample_memory();
   }
+  note("unit_forward", u);
   torch::Tensor out = run();
   if (options.reshard_after_forward() && !keep_gathered) shards->free_unit(u);
   if (torch::GradMode::is_enabled() && out.requires_grad())
@@ -137,6 +151,7 @@ void DistributedDataParallel::Impl::before_backward_of(size_t u) {
   if (comm.size() > 1 && !no_sync) unit_grads(u);
   free_reduced_grads(u + 2);
   sample_memory();
+  note("unit_backward", u);
 }
 
 // Unit u's parameters are all ready this backward: its gathered parameters are not needed

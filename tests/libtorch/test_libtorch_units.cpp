@@ -3,10 +3,13 @@
 // and linear, and a linear head.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <regex>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "tests/libtorch/torch_compare.h"
 #include "tests/support/test_support.h"
@@ -223,6 +226,51 @@ TEST(TorchUnitsMemory, ZeroOneAndTwoHoldLessThanPlainAtTheStepsPeak) {
       EXPECT_LE(zero.ledger, bound) << where;
       EXPECT_LT(zero.process, plain.process) << where;
       EXPECT_NEAR(zero.optimizer, plain.optimizer / ranks, plain.block) << where;
+    }
+  }
+}
+
+// The units' timeline, as rank 0 recorded its last step (record_events; six declared units
+// 0-5 and the root, unit 6: the embedding, the convolution and the head). Forward: each unit's
+// gather is issued before the unit before it computes (the prefetch), so that it travels while
+// that one runs; backward (the units were freed after their forward): each unit is gathered
+// again, its gather issued before the unit after it (whose backward comes first) computes.
+// Every unit is gathered twice a step, the root once; with reshard_after_forward(false) once.
+TEST(TorchUnitsTimeline, EachGatherIsIssuedBeforeThePreviousUnitComputes) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  for (const std::string keep : {"", " --keep-after-forward"}) {
+    const RunResult r = train(2, "--zero 3 --units --events --steps 3" + keep);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    std::smatch found;
+    ASSERT_TRUE(std::regex_search(r.output, found, std::regex("rank 0 unit events([^\\n]*)")))
+        << r.output;
+    std::vector<std::string> events;
+    std::istringstream words(found[1].str());
+    for (std::string word; words >> word;)
+      events.push_back(word);
+    const auto first = [&](const std::string& event, size_t from = 0) {
+      return std::find(events.begin() + static_cast<std::ptrdiff_t>(from), events.end(), event) -
+             events.begin();
+    };
+    const auto count = [&](const std::string& event) {
+      return std::count(events.begin(), events.end(), event);
+    };
+    const std::string where = keep + ": " + found[1].str();
+    const int blocks = 6, root = 6;
+    EXPECT_EQ(count("gather_issued:" + std::to_string(root)), 1) << where;
+    for (int u = 0; u < blocks; ++u) {
+      const std::string unit = ":" + std::to_string(u);
+      EXPECT_EQ(count("forward" + unit), 1) << where;
+      EXPECT_EQ(count("backward" + unit), 1) << where;
+      EXPECT_EQ(count("gather_issued" + unit), keep.empty() ? 2 : 1) << where;
+      if (u > 0)  // prefetched in forward
+        EXPECT_LT(first("gather_issued" + unit), first("forward:" + std::to_string(u - 1)))
+            << u << where;
+      if (keep.empty() && u + 1 < blocks) {  // gathered again before the backward after it
+        const auto second = first("gather_issued" + unit, first("gather_issued" + unit) + 1);
+        EXPECT_LT(second, first("backward:" + std::to_string(u + 1))) << u << where;
+        EXPECT_GT(second, first("forward:" + std::to_string(blocks - 1))) << u << where;
+      }
     }
   }
 }

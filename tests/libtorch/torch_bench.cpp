@@ -7,7 +7,7 @@
 // is the same in Python.
 //   ddp_torch_bench --model cnn|mlp|resnet|transformer --mode plain|ddp|both [--cuda]
 //       [--steps N] [--rounds N] [--warmup N] [--batch B] [--zero LEVEL] [--adamw]
-//       [--dtype fp32|bf16] [--hook none|bf16|powersgd] [--powersgd-rank R]
+//       [--dtype fp32|bf16] [--hook none|bf16|powersgd] [--powersgd-rank R] [--units]
 // Prints "ms_per_step X rounds ..." (the median of --rounds rounds (5) of N steps, the device
 // synchronised around each round, then every round in order) and, wrapped, what the rank holds
 // after the last step (optimizer state, parameters, gradients: MiB). --mode both: the plain and
@@ -16,7 +16,8 @@
 // --powersgd-rank (1) from the 11th step), with PowerSGD the elements it sent of those it took.
 // Under ddprun each rank trains its own batch; alone it is one rank. --zero: ZeRO's level; --adamw:
 // AdamW instead of SGD with momentum; --dtype bf16: the model and its input in bfloat16 (the loss
-// in float32).
+// in float32); --units: the wrapped model's layers (mlp) or blocks (transformer) each a
+// ddp::ShardUnit (with --zero 3 on several ranks, sharded a unit at a time).
 #include <ddp/torch.h>
 #include <torch/torch.h>
 
@@ -30,19 +31,37 @@
 
 namespace {
 
+// --units: the wrapped model's layers (mlp) or blocks (transformer) declared as ddp::ShardUnit,
+// as a user makes them shard units; set while that model is made (the plain one has none).
+bool declare_units = false;
+
+// A layer or block called directly, or through its ddp::ShardUnit (--units).
+template <typename Holder>
+struct Part {
+  Holder module;
+  ddp::ShardUnit unit{nullptr};
+  torch::Tensor operator()(const torch::Tensor& x) { return unit.is_empty() ? module(x) : unit(x); }
+};
+
+template <typename Holder>
+Part<Holder> add_part(torch::nn::Module& parent, const std::string& name, Holder module) {
+  if (declare_units) return {module, parent.register_module(name, ddp::ShardUnit(module))};
+  return {parent.register_module(name, module)};
+}
+
 struct MlpImpl : torch::nn::Module {
   MlpImpl() {
     const std::vector<int64_t> widths = {2048, 4096, 4096, 4096, 2048};
     for (size_t i = 0; i + 1 < widths.size(); ++i)
-      layers.push_back(register_module("fc" + std::to_string(i + 1),
-                                       torch::nn::Linear(widths[i], widths[i + 1])));
+      layers.push_back(add_part(*this, "fc" + std::to_string(i + 1),
+                                torch::nn::Linear(widths[i], widths[i + 1])));
   }
   torch::Tensor forward(torch::Tensor x) {
     for (size_t i = 0; i < layers.size(); ++i)
-      x = i + 1 < layers.size() ? torch::relu(layers[i]->forward(x)) : layers[i]->forward(x);
+      x = i + 1 < layers.size() ? torch::relu(layers[i](x)) : layers[i](x);
     return torch::log_softmax(x, 1);
   }
-  std::vector<torch::nn::Linear> layers;
+  std::vector<Part<torch::nn::Linear>> layers;
 };
 TORCH_MODULE(Mlp);
 
@@ -135,15 +154,15 @@ TORCH_MODULE(Block);
 struct TransformerImpl : torch::nn::Module {
   TransformerImpl() : head(register_module("head", torch::nn::Linear(1024, 1000))) {
     for (int i = 0; i < 4; ++i)
-      blocks.push_back(register_module("block" + std::to_string(i), Block(1024)));
+      blocks.push_back(add_part(*this, "block" + std::to_string(i), Block(1024)));
   }
   torch::Tensor forward(torch::Tensor x) {
-    for (Block& block : blocks)
+    for (Part<Block>& block : blocks)
       x = block(x);
     return torch::log_softmax(head(x.mean(1)).to(torch::kFloat32), 1);
   }
   torch::nn::Linear head;
-  std::vector<Block> blocks;
+  std::vector<Part<Block>> blocks;
 };
 TORCH_MODULE(Transformer);
 
@@ -152,7 +171,7 @@ void synchronize(const torch::Device& device) {
 }
 
 struct Setup {
-  bool cuda = false, adamw = false;
+  bool cuda = false, adamw = false, units = false;
   std::string mode = "plain";  // plain, ddp or both
   std::string hook = "none";   // the wrapped model's communication hook: none, bf16, powersgd
   torch::Dtype dtype = torch::kFloat32;
@@ -221,7 +240,9 @@ void run(const Setup& setup, const std::string& name, const std::vector<int64_t>
   }
   if (setup.mode != "plain") {
     torch::manual_seed(0);
+    declare_units = setup.units;
     trainers.emplace_back("ddp", std::make_unique<Trainer<Net>>(setup, world.get(), device));
+    declare_units = false;
   }
   const torch::Tensor x = torch::randn(input, torch::TensorOptions(device).dtype(setup.dtype));
   const torch::Tensor y =
@@ -250,9 +271,10 @@ void run(const Setup& setup, const std::string& name, const std::vector<int64_t>
     for (const double ms : rounds[k])
       each += " " + std::to_string(ms);
     const bool wrapped = trainers[k].second->model != nullptr;
-    std::printf("libtorch %s %s%s%s%s: ms_per_step %.4f rounds%s\n", name.c_str(),
+    std::printf("libtorch %s %s%s%s%s%s: ms_per_step %.4f rounds%s\n", name.c_str(),
                 trainers[k].first.c_str(),
                 setup.zero > 0 ? (" zero " + std::to_string(setup.zero)).c_str() : "",
+                wrapped && setup.units ? " units" : "",
                 wrapped && setup.hook != "none" ? (" hook " + setup.hook).c_str() : "",
                 setup.dtype == torch::kBFloat16 ? " bf16" : "", sorted[sorted.size() / 2],
                 each.c_str());
@@ -290,6 +312,8 @@ int bench(int argc, char** argv) {
       setup.cuda = true;
     else if (flag == "--adamw")
       setup.adamw = true;
+    else if (flag == "--units")
+      setup.units = true;
     else if (flag == "--zero")
       setup.zero = std::stoi(value());
     else if (flag == "--steps")
@@ -311,10 +335,13 @@ int bench(int argc, char** argv) {
           "unknown flag " + flag +
           " (expected --model, --mode, --cuda, --steps, --rounds, --warmup, --batch, --hook, "
           "--powersgd-rank, "
-          "--zero, --adamw, --dtype)");
+          "--zero, --adamw, --dtype, --units)");
   }
   DDP_USAGE_CHECK(model == "cnn" || model == "mlp" || model == "resnet" || model == "transformer",
                   "--model {}: expected cnn, mlp, resnet or transformer", model);
+  DDP_USAGE_CHECK(!setup.units || model == "mlp" || model == "transformer",
+                  "--units --model {}: expected mlp or transformer (their layers or blocks)",
+                  model);
   DDP_USAGE_CHECK(dtype == "fp32" || dtype == "bf16", "--dtype {}: expected fp32 or bf16", dtype);
   setup.dtype = dtype == "bf16" ? torch::kBFloat16 : torch::kFloat32;
   DDP_USAGE_CHECK(setup.mode == "plain" || setup.mode == "ddp" || setup.mode == "both",

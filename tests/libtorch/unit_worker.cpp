@@ -11,9 +11,11 @@
 // allocator (counted here) held above what it held when the step's forward began, what ddp held
 // then (model.memory()), the model's and one block's parameter bytes and its optimizer state;
 // --batch B: the global batch; --bf16-params: param_dtype(torch::kBFloat16); --bf16-reduce:
-// reduce_in_bf16(true); --bucket-mb M: bucket_cap_mb(M); --cuda: the model and data on the GPU
-// (NCCL; --peak then reads the CUDA caching allocator's counters of this process). Rank 0 writes
-// the trained parameters (after gather_parameters(), safetensors as float32) to --out.
+// reduce_in_bf16(true); --events: each rank prints its units' events of the last step in order
+// ("rank R unit events gather_issued:U forward:U ..."); --bucket-mb M: bucket_cap_mb(M); --cuda:
+// the model and data on the GPU (NCCL; --peak then reads the CUDA caching allocator's counters of
+// this process). Rank 0 writes the trained parameters (after gather_parameters(), safetensors as
+// float32) to --out.
 #include <c10/core/CPUAllocator.h>
 #include <torch/torch.h>
 #include <torch/version.h>
@@ -153,7 +155,7 @@ TORCH_MODULE(Pool);
 
 struct Args {
   bool single = false, units = false, adamw = false, peak = false, keep = false;
-  bool bf16_params = false, bf16_reduce = false, cuda = false;
+  bool bf16_params = false, bf16_reduce = false, cuda = false, events = false;
   int zero = 0, steps = 4, blocks = 6;
   int64_t dim = 16, batch = 12, auto_wrap = 0;
   double bucket_mb = 0;  // 0: the options' default
@@ -184,6 +186,8 @@ int main(int argc, char** argv) {
       a.bf16_reduce = true;
     else if (f == "--cuda")
       a.cuda = true;
+    else if (f == "--events")
+      a.events = true;
     else if (f == "--zero")
       a.zero = std::stoi(value());
     else if (f == "--steps")
@@ -273,6 +277,7 @@ int main(int argc, char** argv) {
       const ddp::ShardedMemory now = model->memory();
       held = std::max(held, now.parameter_bytes + now.gradient_bytes);
     }
+    if (a.events && model && step + 1 == a.steps) model->record_events(true);  // the last step
     reset_peak();
     const torch::Tensor out = model ? model->forward(x) : net->forward(x);
     torch::nn::functional::cross_entropy(out.to(torch::kFloat32), y).backward();
@@ -289,6 +294,13 @@ int main(int argc, char** argv) {
         "rank %d window %zu held %zu ledger %zu model %zu block %zu optimizer %zu process %zu\n",
         rank, window, held, ledger, model_bytes, block_bytes,
         ddp::optimizer_state_bytes(*optimizer), most);
+  if (a.events && model) {  // the units' events of the last step, in order
+    std::string line;
+    for (const ddp::DdpEvent& e : model->events())
+      if (e.what.rfind("unit_", 0) == 0)
+        line += " " + e.what.substr(5) + ":" + std::to_string(e.layer);
+    std::printf("rank %d unit events%s\n", rank, line.c_str());
+  }
   // What this rank's collectives put on its links (bus bytes, nccl-tests' count).
   if (world)
     std::printf("rank %d traffic %llu\n", rank,
