@@ -129,6 +129,8 @@ struct DistributedDataParallel::Impl final : UnitRunner {
   torch::Tensor run_unit(size_t unit, const std::function<torch::Tensor()>& forward) override;
   void assign_units();
   void gather_unit(size_t unit, bool wait);
+  void unshard();  // DistributedDataParallel::unshard and reshard
+  void reshard();
   void note(const char* what, size_t unit);  // an event of unit `unit`, where recorded
   void before_backward_of(size_t unit);
   void unit_grads(size_t unit);

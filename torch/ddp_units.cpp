@@ -115,6 +115,28 @@ void DistributedDataParallel::Impl::gather_unit(size_t u, bool wait) {
   wait_all(unit.gathering, shards->state().buckets().gather_comm(), stream());
 }
 
+void DistributedDataParallel::Impl::unshard() {
+  if (units.empty()) return;
+  DDP_USAGE_CHECK(shards->current(),
+                  "ddp::DistributedDataParallel::unshard() before this step's sync_buffers() or "
+                  "forward(): call it after one of them");
+  const ComputeStreamGuard on_stream(comm, stream());
+  for (size_t u = 0; u < units.size(); ++u)
+    gather_unit(u, false);
+  keep_gathered = true;
+}
+
+void DistributedDataParallel::Impl::reshard() {
+  if (units.empty()) return;
+  const ComputeStreamGuard on_stream(comm, stream());
+  for (size_t u = 0; u < units.size(); ++u) {
+    wait_all(units[u].gathering, shards->state().buckets().gather_comm(), stream());
+    shards->free_unit(u);
+  }
+  keep_gathered = false;
+  sample_memory();
+}
+
 void DistributedDataParallel::Impl::note(const char* what, size_t u) {
   if (reducer->recording()) reducer->note({what, static_cast<int>(u), -1});
 }

@@ -785,6 +785,14 @@ void DistributedDataParallel::record_events(bool on) {
   impl_->reducer->record_events(on);
 }
 
+void DistributedDataParallel::unshard() {
+  impl_->unshard();
+}
+
+void DistributedDataParallel::reshard() {
+  impl_->reshard();
+}
+
 const std::vector<DdpEvent>& DistributedDataParallel::events() const {
   return impl_->reducer->events();
 }

@@ -188,6 +188,17 @@ class DistributedDataParallel {
   // updated them (ZeRO 3 until the next synchronised backward ends); before torch::save on
   // rank 0, or an evaluation that does not go through forward(). Without ZeRO nothing to do.
   void gather_parameters();
+  // Collective, with shard units (zero(3) over several ranks), after sync_buffers() or
+  // forward()'s start of a step (FSDP2's unshard(async_op=True)): every unit's gather issued now
+  // (each waited for at the unit's use) and the units kept gathered until reshard() or the end
+  // of the next synchronised backward, so that the forwards and backwards in between (a
+  // pipeline stage's micro-batches, gradient accumulation) gather each unit once.
+  // ddp::Pipeline calls it at the schedule's UNSHARD of a stage. Without units nothing to do.
+  void unshard();
+  // With shard units (FSDP2's reshard()): every unit's gathered parameters freed (waited for
+  // first where a gather is in flight), each gathered again at its next use. ddp::Pipeline
+  // calls it at the schedule's RESHARD, after the stage's last use of its parameters in a step.
+  void reshard();
 
   // While the returned guard lives, backward passes accumulate gradients locally (no
   // communication); the first backward after it reduces the sum (gradient accumulation, as

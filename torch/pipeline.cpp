@@ -105,8 +105,12 @@ class Pipeline::Impl final : public PipelineRank {
       stage_index_.push_back(s);
     }
     free_other_stages();
-    executor_ = std::make_unique<ScheduleExecutor>(
-        plan_rank_schedule(schedule_, rank, ranks, chunks_, m), places);
+    // zero(3) over replicas: the stages' shard units gathered and freed by the schedule.
+    std::vector<PipelineAction> actions = plan_rank_schedule(schedule_, rank, ranks, chunks_, m);
+    if (replicas_ != nullptr && replicas_->size() > 1 &&
+        options.data_parallel_options().zero() == 3)
+      actions = add_unshard_reshard(actions, /*weight_half_reads=*/true);
+    executor_ = std::make_unique<ScheduleExecutor>(std::move(actions), places);
     for (auto& s : stages_)
       s->set_slots(executor_->slots());
     if (rank == 0 && replica() == 0) log_info_line(describe());

@@ -116,6 +116,17 @@ class TorchStage final : public PipelineStage {
     return all;
   }
 
+  // The schedule's UNSHARD and RESHARD (add_unshard_reshard, where the stage's wrapper has
+  // shard units): the stage's units gathered once for the step's micro-batches, freed after the
+  // stage's last use of its parameters (as torchtitan's FSDP under pipelining, which keeps them
+  // between micro-batches: gathering at each use would send each unit 2 x micro-batches times).
+  void unshard(ActionKind, int, int) override {
+    if (replicated_) replicated_->unshard();
+  }
+  void reshard() override {
+    if (replicated_) replicated_->reshard();
+  }
+
   void recv_activation(int micro, int slot) override {
     slots_[slot].input = transfers_.receive(true, stage_ - 1, stage_, micro, device());
   }

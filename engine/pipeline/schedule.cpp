@@ -409,17 +409,21 @@ std::vector<PipelineAction> lower_schedule(const std::vector<PipelineAction>& co
   return out;
 }
 
-std::vector<PipelineAction> add_unshard_reshard(const std::vector<PipelineAction>& lowered) {
+std::vector<PipelineAction> add_unshard_reshard(const std::vector<PipelineAction>& lowered,
+                                                bool weight_half_reads) {
   const auto reads_params = [](ActionKind kind) {
     return kind == ActionKind::kForward || kind == ActionKind::kBackward ||
            kind == ActionKind::kBackwardInput;
+  };
+  const auto last_use = [&](ActionKind kind) {
+    return reads_params(kind) || (weight_half_reads && kind == ActionKind::kBackwardWeight);
   };
   std::map<int, size_t> last_read;  // per stage: its last action that reads its parameters
   for (size_t i = 0; i < lowered.size(); ++i) {
     const PipelineAction& a = lowered[i];
     DDP_CHECK(a.kind != ActionKind::kUnshard && a.kind != ActionKind::kReshard,
               "add_unshard_reshard: the list has its {} already", action_name(a.kind));
-    if (reads_params(a.kind)) last_read[a.stage] = i;
+    if (last_use(a.kind)) last_read[a.stage] = i;
   }
   // Where each action's kUnshard goes: before the run of its own stage's receives and
   // reduction announcements that lead up to it (one a place: a walk stops at any compute).
@@ -445,7 +449,7 @@ std::vector<PipelineAction> add_unshard_reshard(const std::vector<PipelineAction
     if (before[i]) out.push_back(*before[i]);
     out.push_back(lowered[i]);
     const PipelineAction& a = lowered[i];
-    if (reads_params(a.kind) && last_read.at(a.stage) == i)
+    if (last_use(a.kind) && last_read.at(a.stage) == i)
       out.push_back({ActionKind::kReshard, -1, a.stage});
   }
   return out;

@@ -156,8 +156,11 @@ std::vector<PipelineAction> lower_schedule(const std::vector<PipelineAction>& co
 // stage and micro-batch, ahead of the receive and the reduction's announcement that lead up to
 // the action, so that the gather runs while the rank waits for the message; after a stage's
 // last such action, kReshard of it. The stage gathers the rest of a pass's layers as it reaches
-// them. Pure.
-std::vector<PipelineAction> add_unshard_reshard(const std::vector<PipelineAction>& lowered);
+// them. `weight_half_reads`: a weight half reads the parameters too (LibTorch's, whose autograd
+// nodes, layer norm's among them, may read a weight computing another's gradient), so the
+// kReshard follows the stage's last weight half where that comes later. Pure.
+std::vector<PipelineAction> add_unshard_reshard(const std::vector<PipelineAction>& lowered,
+                                                bool weight_half_reads = false);
 // lower_schedule(plan_compute(...)): what a stage's executor runs. Pure.
 std::vector<PipelineAction> plan_schedule(PipelineSchedule schedule, int stage, int stages,
                                           int micro_batches);

@@ -11,11 +11,13 @@
 // prints its optimizer state and parameter bytes after the last step), --hook bf16|allreduce (a
 // comm hook on every stage's buckets),
 // --events (each rank prints whether its stages' first bucket went out before their last gradient
+// and, with shard units, how often a unit's gather was issued a step
 // was written: the reduction overlapping the step's last backward).
 #include <torch/torch.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -272,6 +274,18 @@ int main(int argc, char** argv) {
           if (events[k].what == "layer_done") last_done = k;
         }
         std::printf("rank %d overlap %s\n", world->rank(), first_issued < last_done ? "yes" : "no");
+        // Shard units: how often each unit's gather was issued over the steps, the most and the
+        // fewest a step.
+        std::map<int, int> gathers;
+        for (const ddp::DdpEvent& e : events)
+          if (e.what == "unit_gather_issued") ++gathers[e.layer];
+        if (gathers.empty()) continue;
+        int most = 0, fewest = 1 << 30;
+        for (const auto& [unit, n] : gathers)
+          most = std::max(most, n), fewest = std::min(fewest, n);
+        std::printf("rank %d unit gathers a step: most %g fewest %g\n", world->rank(),
+                    static_cast<double>(most) / args.steps,
+                    static_cast<double>(fewest) / args.steps);
       }
     }
     // The evaluation batch through the pipeline (every replica: collective over its pipeline).

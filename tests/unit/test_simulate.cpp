@@ -173,6 +173,47 @@ TEST(Simulator, ZeroThreesUnshardComesBeforeEachReadsReceiveAndReshardAfterTheLa
   EXPECT_THROW(add_unshard_reshard(once), Error);
 }
 
+// LibTorch's weight halves may read the parameters (weight_half_reads): then each stage's
+// kReshard follows its last action of any compute kind, weight halves included, and nothing else
+// moves; without it, the zero-bubble schedules reshard some stage before its last weight half.
+TEST(Simulator, ReshardFollowsTheLastWeightHalfWhereWeightHalvesRead) {
+  int earlier = 0;
+  for (PipelineSchedule schedule : all_schedules())
+    for (int stages = 2; stages <= 4; ++stages) {
+      const int micro = 2 * stages;
+      int chunks = 0;
+      try {
+        chunks = schedule_chunks(schedule, 0, stages, 3 * stages, micro);
+      } catch (const UsageError&) {
+        continue;
+      }
+      for (const std::vector<PipelineAction>& list :
+           plan_all_ranks(schedule, stages, micro, chunks)) {
+        const std::string where = fmt::format("{} P={}", schedule_name(schedule), stages);
+        const std::vector<PipelineAction> out = add_unshard_reshard(list, true);
+        const std::vector<PipelineAction> usual = add_unshard_reshard(list);
+        std::map<int, size_t> last_compute, reshard;
+        for (size_t i = 0; i < out.size(); ++i) {
+          const ActionKind k = out[i].kind;
+          if (k == ActionKind::kForward || k == ActionKind::kBackward ||
+              k == ActionKind::kBackwardInput || k == ActionKind::kBackwardWeight)
+            last_compute[out[i].stage] = i;
+          if (k == ActionKind::kReshard) reshard[out[i].stage] = i;
+        }
+        for (const auto& [stage, at] : last_compute)
+          EXPECT_EQ(reshard.at(stage), at + 1) << where << " stage " << stage;
+        std::vector<PipelineAction> a, b;  // the two without their kReshards
+        for (const PipelineAction& x : out)
+          if (x.kind != ActionKind::kReshard) a.push_back(x);
+        for (const PipelineAction& x : usual)
+          if (x.kind != ActionKind::kReshard) b.push_back(x);
+        EXPECT_EQ(a, b) << where;
+        earlier += out != usual;
+      }
+    }
+  EXPECT_GT(earlier, 0);
+}
+
 TEST(Simulator, ListsThatCannotWorkAreNamed) {
   const std::vector<PipelineAction> stage0 = {{ActionKind::kForward, 0, 0},
                                               {ActionKind::kSendActivation, 0, 0},
