@@ -38,6 +38,13 @@ namespace {
 
 constexpr int64_t kVocabulary = 16, kTokens = 4, kClasses = 4;
 
+// c10::Allocator::allocate is const up to LibTorch 2.2, not from 2.3 on.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+#define kAllocateConst
+#else
+#define kAllocateConst const
+#endif
+
 // Every CPU allocation counted (current and peak bytes), the default allocator underneath
 // (whose context is its data, so that raw_allocate, which LibTorch's kernels call, works too).
 class CountingAllocator final : public c10::Allocator {
@@ -47,7 +54,7 @@ class CountingAllocator final : public c10::Allocator {
     c10::SetCPUAllocator(&counting, /*priority=*/100);
     return counting;
   }
-  c10::DataPtr allocate(size_t bytes) const override {
+  c10::DataPtr allocate(size_t bytes) kAllocateConst override {
     c10::DataPtr inner = base_->allocate(bytes);
     void* data = inner.get();
     const c10::Device device = inner.device();
@@ -310,7 +317,7 @@ int main(int argc, char** argv) {
     std::vector<torch::Tensor> keep;
     std::vector<ddp::TensorRef> refs;
     for (const auto& p : net->named_parameters()) {
-      keep.push_back(p.value().detach().to(torch::kFloat32).contiguous());
+      keep.push_back(p.value().detach().to(torch::kCPU, torch::kFloat32).contiguous());
       const torch::Tensor& t = keep.back();
       refs.push_back({p.key(), "F32", std::vector<int64_t>(t.sizes().begin(), t.sizes().end()),
                       t.data_ptr(), static_cast<size_t>(t.numel()) * t.element_size()});

@@ -140,7 +140,11 @@ class DeviceSubject final : public Subject {
   std::vector<float> model_reads() override {
     ReplicaState& state = store_->state();
     if (!state.gathers_layers()) return store_->whole_params();
-    std::vector<float> read;  // each layer as the stage reads it: gathered into its slot
+    // Each layer as a step's first forward reads it: what the slots held is forgotten (as at
+    // every step's start; the test sets the pieces through ShardedState, beneath
+    // ReplicaState::set_params, which forgets them itself), and each is gathered into its slot.
+    state.forget_gathers();
+    std::vector<float> read;
     for (int layer = 0; layer < 2; ++layer) {
       state.use_layer(layer, -1);
       const std::vector<float> slot =
