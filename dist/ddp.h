@@ -183,9 +183,10 @@ class Reducer {
   }
   // The record kept while record_events(true).
   const std::vector<DdpEvent>& events() const { return events_; }
-  // Whether events are recorded, and an event of the caller's (LibTorch's shard units: their
-  // gathers and computations) in the same record, in order with the buckets'.
+  // Whether events are recorded.
   bool recording() const { return recording_; }
+  // An event of the caller's (LibTorch's shard units: their gathers and computations) in the
+  // same record, in order with the buckets', while recording.
   void note(DdpEvent event) { record(std::move(event)); }
   // The communicator it reduces over.
   Communicator& comm() { return comm_; }

@@ -37,6 +37,14 @@
 // optimizer steps element-wise; with shard units (torch/shard_unit.h, auto_wrap_min_params) a
 // unit at a time is gathered for its forward and again for its backward, and its gradients are
 // reduce-scattered and freed as its backward ends, so that the peak is the share and a few units.
+// What each level saves at a step's peak (not only between steps): 1 about half the optimizer
+// state at 2 ranks (the gradients stay whole); 2 that, the gradients only between steps (the
+// buffer is reallocated for each backward); 3 that, the parameters only between steps (the
+// whole model is gathered for the step); 3 with units the parameters and gradients during the
+// step too. A 1 B-parameter model with AdamW at 2 ranks on an H100: 0.88x, 0.99x, 1.00x and
+// 0.52x plain DDP's peak (docs/PERFORMANCE.md). Optimizers that step element-wise only (SGD,
+// Adam, AdamW, Adagrad, RMSprop): LBFGS's search over the whole flattened gradient would see a
+// rank's share (level 3) and is not supported.
 // Every level trains bitwise as plain DistributedDataParallel on as many ranks over the host
 // backends (each element summed in rank order) and over NCCL with two ranks; with more, NCCL's
 // reduce-scatter sums in another order than its all-reduce.
