@@ -18,22 +18,23 @@ struct Relay {
 
   // `collective` on words[count]: in place over a host communicator, through the device
   // scratch (copied there and back) over a device one.
-  template <typename Collective>
-  void on_words(int32_t* words, size_t count, Collective collective) {
+  template <typename T, typename Collective>
+  void on_words(T* words, size_t count, Collective collective) {
     if (count == 0) return;
     if (!comm.device_buffers()) return collective(words);
-    void* device = staging.scratch(count * sizeof(int32_t));
-    staging.to_device(device, words, count * sizeof(int32_t));
+    void* device = staging.scratch(count * sizeof(T));
+    staging.to_device(device, words, count * sizeof(T));
     collective(device);
-    staging.to_host(words, device, count * sizeof(int32_t));
+    staging.to_host(words, device, count * sizeof(T));
   }
   // words[count] of rank `root` on every rank.
   void broadcast(int32_t* words, size_t count, int root) {
     on_words(words, count, [&](void* at) { comm.broadcast(at, count, DataType::kInt32, root); });
   }
   // words[count] reduced by `op` over the ranks, on every rank.
-  void all_reduce(int32_t* words, size_t count, ReduceOp op) {
-    on_words(words, count, [&](void* at) { comm.all_reduce(at, count, DataType::kInt32, op); });
+  template <typename T>
+  void all_reduce(T* words, size_t count, ReduceOp op) {
+    on_words(words, count, [&](void* at) { comm.all_reduce(at, count, data_type_of<T>(), op); });
   }
   // all[size] holds every rank's `mine`, in rank order.
   void all_gather(int64_t mine, int64_t* all) {
@@ -127,6 +128,15 @@ std::vector<int32_t> all_reduce_values(Communicator& comm, std::vector<int32_t> 
   check_staging(comm, staging);
   DDP_CHECK(op == ReduceOp::kSum || op == ReduceOp::kMax,
             "all_reduce_values: counts and flags are summed or take the largest");
+  Relay{comm, staging}.all_reduce(values.data(), values.size(), op);
+  return values;
+}
+
+std::vector<double> all_reduce_doubles(Communicator& comm, std::vector<double> values, ReduceOp op,
+                                       const DeviceStaging& staging) {
+  check_staging(comm, staging);
+  DDP_CHECK(op == ReduceOp::kSum || op == ReduceOp::kMax,
+            "all_reduce_doubles: parts of a norm are summed or take the largest");
   Relay{comm, staging}.all_reduce(values.data(), values.size(), op);
   return values;
 }

@@ -56,5 +56,8 @@ std::vector<int64_t> all_gather_value(Communicator& comm, int64_t mine,
 // communicator).
 std::vector<int32_t> all_reduce_values(Communicator& comm, std::vector<int32_t> values, ReduceOp op,
                                        const DeviceStaging& staging = {});
+// The same for float64 values (the parts of a gradient norm that each rank holds).
+std::vector<double> all_reduce_doubles(Communicator& comm, std::vector<double> values, ReduceOp op,
+                                       const DeviceStaging& staging = {});
 
 }  // namespace ddp

@@ -129,6 +129,8 @@ struct DistributedDataParallel::Impl final : UnitRunner {
   torch::Tensor run_unit(size_t unit, const std::function<torch::Tensor()>& forward) override;
   void assign_units();
   void gather_unit(size_t unit, bool wait);
+  // Collective: the ranks' parts of a gradient norm combined (summed, or the largest).
+  double norm_parts(double part, double norm_type);
   void unshard();  // DistributedDataParallel::unshard and reshard
   void reshard();
   void note(const char* what, size_t unit);  // an event of unit `unit`, where recorded

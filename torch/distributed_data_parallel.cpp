@@ -8,6 +8,7 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <mutex>
@@ -17,6 +18,7 @@
 
 #include "dist/agreement.h"
 #include "runtime/error.h"
+#include "torch/clip_grad.h"
 #include "torch/ddp_impl.h"
 #include "torch/device_staging.h"
 #include "torch/sync_batch_norm.h"
@@ -247,6 +249,13 @@ std::vector<int32_t> DistributedDataParallel::Impl::agree(std::vector<int32_t> v
                                                           ReduceOp op) {
   const ComputeStreamGuard on_stream(comm, stream());
   return all_reduce_values(comm, std::move(values), op, torch_staging(device, device_scratch));
+}
+
+double DistributedDataParallel::Impl::norm_parts(double part, double norm_type) {
+  const ComputeStreamGuard on_stream(comm, stream());
+  return all_reduce_doubles(comm, {part}, std::isinf(norm_type) ? ReduceOp::kMax : ReduceOp::kSum,
+                            torch_staging(device, device_scratch))
+      .at(0);
 }
 
 void DistributedDataParallel::Impl::broadcast(const std::vector<torch::Tensor>& tensors, int root) {
@@ -783,6 +792,18 @@ void DistributedDataParallel::prepare_for_backward(const std::vector<torch::Tens
 void DistributedDataParallel::record_events(bool on) {
   impl_->recording_events = on;
   impl_->reducer->record_events(on);
+}
+
+double DistributedDataParallel::clip_grad_norm_(double max_norm, double norm_type) {
+  std::vector<torch::Tensor> grads;
+  for (const torch::Tensor& p : impl_->module.parameters())
+    grads.push_back(p.grad());
+  double part = gradient_norm_part(grads, norm_type);
+  // Plain DDP: every rank holds the same averaged gradients. ZeRO: each its own share of them.
+  if (impl_->shards && impl_->comm.size() > 1) part = impl_->norm_parts(part, norm_type);
+  const double total = norm_of_part(part, norm_type);
+  clip_gradients(grads, max_norm, total);
+  return total;
 }
 
 void DistributedDataParallel::unshard() {

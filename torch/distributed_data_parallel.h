@@ -203,6 +203,15 @@ class DistributedDataParallel {
   // pipeline stage's micro-batches, gradient accumulation) gather each unit once.
   // ddp::Pipeline calls it at the schedule's UNSHARD of a stage. Without units nothing to do.
   void unshard();
+  // After a synchronised backward (the gradients averaged), before the optimizer's step: the
+  // norm of the whole model's gradient (norm_type p > 0, or INFINITY for the largest element)
+  // and every gradient scaled by max_norm / (norm + 1e-6) where that is below 1, as
+  // torch::nn::utils::clip_grad_norm_ (PyTorch's semantics) in one process with the whole
+  // model. Returns the norm. With ZeRO a rank holds its own parameters' gradients (or its pieces)
+  // only: the parts are combined by one small all-reduce (collective then), so that every rank
+  // clips by the same factor. LibTorch's own clip_grad_norm_ on the module would take this
+  // rank's part for the whole and each rank would clip by its own factor.
+  double clip_grad_norm_(double max_norm, double norm_type = 2.0);
   // With shard units (FSDP2's reshard()): every unit's gathered parameters freed (waited for
   // first where a gather is in flight), each gathered again at its next use. ddp::Pipeline
   // calls it at the schedule's RESHARD, after the stage's last use of its parameters in a step.

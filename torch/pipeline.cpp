@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <numeric>
 #include <set>
@@ -22,6 +23,7 @@
 #include "runtime/error.h"
 #include "runtime/log_line.h"
 #include "runtime/timer.h"
+#include "torch/clip_grad.h"
 #include "torch/comm_hooks.h"
 #include "torch/device_staging.h"
 #include "torch/pipeline_stage.h"
@@ -265,6 +267,27 @@ class Pipeline::Impl final : public PipelineRank {
         all.push_back(p);
     return all;
   }
+  // The whole model's gradient norm, each stage's part once (its replicas' shares combined
+  // where sharded), combined over the pipeline's ranks; every stage's gradients clipped by it.
+  double clip_grad_norm(double max_norm, double norm_type) {
+    double part = 0.0;
+    std::vector<torch::Tensor> grads;
+    for (const auto& s : stages_) {
+      part = add_norm_parts(part, s->norm_part(norm_type), norm_type);
+      for (const torch::Tensor& p : s->parameters())
+        grads.push_back(p.grad());
+    }
+    if (group_.size() > 1) {
+      torch::Tensor scratch;
+      part = all_reduce_doubles(group_, {part},
+                                std::isinf(norm_type) ? ReduceOp::kMax : ReduceOp::kSum,
+                                torch_staging(stages_.front()->device(), scratch))[0];
+    }
+    const double total = norm_of_part(part, norm_type);
+    clip_gradients(grads, max_norm, total);
+    return total;
+  }
+
   const std::vector<int>& stages() const { return stage_index_; }
   int replica() const { return replicas_ ? replicas_->rank() : 0; }
   int replicas() const { return replicas_ ? replicas_->size() : 1; }
@@ -370,6 +393,10 @@ torch::Tensor Pipeline::step(const torch::Tensor& input, const torch::Tensor& ta
 
 torch::Tensor Pipeline::forward(const torch::Tensor& input) {
   return impl_->forward(input);
+}
+
+double Pipeline::clip_grad_norm_(double max_norm, double norm_type) {
+  return impl_->clip_grad_norm(max_norm, norm_type);
 }
 
 std::vector<torch::Tensor> Pipeline::parameters() const {

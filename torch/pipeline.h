@@ -117,6 +117,13 @@ class Pipeline {
   void record_events(bool on);
   // Each wrapped stage's record on this rank, in stage order (none without replicas).
   std::vector<std::vector<DdpEvent>> events() const;
+  // After step(), before the optimizer's: the norm of the whole model's gradient (every stage
+  // counted once, its replicas' ZeRO shares combined) and every stage's gradients scaled by
+  // max_norm / (norm + 1e-6) where that is below 1, as torch::nn::utils::clip_grad_norm_ on the
+  // whole model in one process (collective over the pipeline and its replicas). Returns the
+  // norm on every rank. LibTorch's own on parameters() would take this rank's stages for the
+  // model.
+  double clip_grad_norm_(double max_norm, double norm_type = 2.0);
   // The parameters of this rank's stages (for its optimizer), in the model's order.
   std::vector<torch::Tensor> parameters() const;
   // What this rank's stages keep alive (DistributedDataParallel::memory() summed over its

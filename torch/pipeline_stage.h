@@ -16,6 +16,7 @@
 
 #include "collectives/communicator.h"
 #include "runtime/error.h"
+#include "torch/clip_grad.h"
 #include "torch/comm_hooks.h"
 #include "torch/ddp_impl.h"
 #include "torch/distributed_data_parallel.h"
@@ -103,6 +104,18 @@ class TorchStage final : public PipelineStage {
     // No parameter got a gradient in the last backward: its end names them.
     if (!impl.in_backward) impl.begin_backward();
     impl.end_backward();
+  }
+
+  // This stage's part of the gradient norm (Pipeline::clip_grad_norm_): its parameters'
+  // gradients, combined over its replicas where ZeRO shards them among the replicas
+  // (collective over the replicas then; each replica of a plain stage holds them all).
+  double norm_part(double norm_type) const {
+    std::vector<torch::Tensor> grads;
+    for (const torch::Tensor& p : parameters())
+      grads.push_back(p.grad());
+    const double part = gradient_norm_part(grads, norm_type);
+    if (!replicated_ || !replicated_->impl_->shards) return part;
+    return replicated_->impl_->norm_parts(part, norm_type);
   }
 
   int first_module() const { return first_module_; }

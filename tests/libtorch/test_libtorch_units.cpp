@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <regex>
@@ -273,6 +274,64 @@ TEST(TorchUnitsTimeline, EachGatherIsIssuedBeforeThePreviousUnitComputes) {
       }
     }
   }
+}
+
+// Every "rank R step S norm N" line: rank -> the norms, in step order.
+std::map<int, std::vector<double>> norms(const std::string& output) {
+  std::map<int, std::vector<double>> found;
+  const std::regex line(R"(rank (\d+) step \d+ norm ([-+0-9.eE]+|inf|nan))");
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), line);
+       it != std::sregex_iterator(); ++it)
+    found[std::stoi((*it)[1])].push_back(std::stod((*it)[2]));
+  return found;
+}
+
+// clip_grad_norm_ on the wrapper, clipping every step (max norm 0.05 against norms about 1.2:
+// every step clips) under plain DDP, each ZeRO level and units, at 2 and 3 ranks, for the
+// 2-norm and the largest element: every rank returns one process's norm of the whole model's
+// gradient (LibTorch's own clip_grad_norm_ there) within 1e-6 relative (the same gradients,
+// their squares summed in another grouping: each rank's part, then the ranks' parts, in
+// float64), and the weights trained with SGD equal one process's with the whole batch within
+// kAcrossRanksMargin. LibTorch's own clip_grad_norm_ under ZeRO takes a rank's part for the
+// whole: its norms differ from one process's, and the ranks' from each other (the README's
+// trap).
+TEST(TorchClip, TheWrappersNormIsOneProcesssUnderEveryLevel) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  for (const std::string norm_type : {"2", "inf"}) {
+    const std::string clip = " --clip 0.05 --steps 3 --norm-type " + norm_type + " --out ";
+    const RunResult one = run_command(kWorker + " --single" + clip + dir.file("one"));
+    ASSERT_EQ(one.exit_code, 0) << one.output;
+    const std::vector<double> reference = norms(one.output).at(0);
+    ASSERT_EQ(reference.size(), 3u) << one.output;
+    for (const double n : reference)
+      ASSERT_GT(n, 0.05 * 4) << one.output;  // clipped, by a factor far from 1
+    for (const int ranks : {2, 3})
+      for (const std::string flags : {"", "--zero 1", "--zero 2", "--zero 3", "--zero 3 --units"}) {
+        const std::string where = norm_type + ", " + std::to_string(ranks) + " ranks " + flags;
+        const RunResult r = train(ranks, flags + clip + dir.file("ranks"));
+        ASSERT_EQ(r.exit_code, 0) << where << "\n" << r.output;
+        const std::map<int, std::vector<double>> got = norms(r.output);
+        ASSERT_EQ(got.size(), static_cast<size_t>(ranks)) << where << "\n" << r.output;
+        for (const auto& [rank, steps] : got) {
+          ASSERT_EQ(steps.size(), reference.size()) << where;
+          for (size_t k = 0; k < steps.size(); ++k)
+            EXPECT_NEAR(steps[k], reference[k], 1e-6 * reference[k])
+                << where << ", rank " << rank << ", step " << k;
+        }
+        EXPECT_LT(max_relative_difference(dir.file("ranks"), dir.file("one")), kAcrossRanksMargin)
+            << where;
+      }
+  }
+  const RunResult own = train(2, "--zero 1 --libtorch-clip --clip 0.05 --steps 1");
+  ASSERT_EQ(own.exit_code, 0) << own.output;
+  const std::map<int, std::vector<double>> parts = norms(own.output);
+  const RunResult one = run_command(kWorker + " --single --clip 0.05 --steps 1");
+  const double whole = norms(one.output).at(0).at(0);
+  ASSERT_EQ(parts.size(), 2u) << own.output;
+  EXPECT_LT(parts.at(0).at(0), 0.9 * whole) << own.output;
+  EXPECT_LT(parts.at(1).at(0), 0.9 * whole) << own.output;
+  EXPECT_GT(std::abs(parts.at(0).at(0) - parts.at(1).at(0)), 1e-3 * whole) << own.output;
 }
 
 }  // namespace

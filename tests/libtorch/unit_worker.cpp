@@ -12,10 +12,12 @@
 // then (model.memory()), the model's and one block's parameter bytes and its optimizer state;
 // --batch B: the global batch; --bf16-params: param_dtype(torch::kBFloat16); --bf16-reduce:
 // reduce_in_bf16(true); --events: each rank prints its units' events of the last step in order
-// ("rank R unit events gather_issued:U forward:U ..."); --bucket-mb M: bucket_cap_mb(M); --cuda:
-// the model and data on the GPU (NCCL; --peak then reads the CUDA caching allocator's counters of
-// this process). Rank 0 writes the trained parameters (after gather_parameters(), safetensors as
-// float32) to --out.
+// ("rank R unit events gather_issued:U forward:U ..."); --clip MAX [--norm-type P|inf]: each
+// step's gradients clipped (model.clip_grad_norm_, alone LibTorch's own; --libtorch-clip:
+// LibTorch's own under the wrapper too), "rank R step S norm N" printed; --bucket-mb M:
+// bucket_cap_mb(M); --cuda: the model and data on the GPU (NCCL; --peak then reads the CUDA caching
+// allocator's counters of this process). Rank 0 writes the trained parameters (after
+// gather_parameters(), safetensors as float32) to --out.
 #include <c10/core/CPUAllocator.h>
 #include <torch/torch.h>
 #include <torch/version.h>
@@ -165,7 +167,9 @@ struct Args {
   bool bf16_params = false, bf16_reduce = false, cuda = false, events = false;
   int zero = 0, steps = 4, blocks = 6;
   int64_t dim = 16, batch = 12, auto_wrap = 0;
-  double bucket_mb = 0;  // 0: the options' default
+  double bucket_mb = 0;            // 0: the options' default
+  double clip = 0, norm_type = 2;  // --clip MAX [--norm-type P|inf]
+  bool libtorch_clip = false;
   std::string out;
 };
 
@@ -205,6 +209,12 @@ int main(int argc, char** argv) {
       a.dim = std::stoll(value());
     else if (f == "--batch")
       a.batch = std::stoll(value());
+    else if (f == "--clip")
+      a.clip = std::stod(value());
+    else if (f == "--norm-type")
+      a.norm_type = std::stod(value());  // "inf" reads as infinity
+    else if (f == "--libtorch-clip")
+      a.libtorch_clip = true;
     else if (f == "--bucket-mb")
       a.bucket_mb = std::stod(value());
     else if (f == "--auto-wrap")
@@ -288,6 +298,12 @@ int main(int argc, char** argv) {
     reset_peak();
     const torch::Tensor out = model ? model->forward(x) : net->forward(x);
     torch::nn::functional::cross_entropy(out.to(torch::kFloat32), y).backward();
+    if (a.clip > 0) {
+      const double norm = model && !a.libtorch_clip ? model->clip_grad_norm_(a.clip, a.norm_type)
+                                                    : torch::nn::utils::clip_grad_norm_(
+                                                          net->parameters(), a.clip, a.norm_type);
+      std::printf("rank %d step %d norm %.12g\n", rank, step, norm);
+    }
     if (step > 0) window = std::max(window, peak() - start);
     if (step > 0 && model) {
       const ddp::ShardedMemory now = model->memory();
