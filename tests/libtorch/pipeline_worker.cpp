@@ -4,6 +4,8 @@
 // seeded data, then each rank's parameters (named as in the Sequential) to --out.RANK (the
 // safetensors the tests compare), and the mean loss of every step printed by the last stage.
 // --reference: the same steps in one process without a pipeline (the whole batch at once).
+// --clip MAX [--norm-type P|inf]: each step's gradients clipped (pipe.clip_grad_norm_, with
+// --reference LibTorch's own), "rank R step S norm N" printed.
 // --data-parallel D: D replicas of the pipeline, each on its share of the global batch (replica 0
 // writes the files). --bad-shape: the fourth module takes 24 features instead of 32 (a stage that
 // refuses its input, mid-step). With replicas: --bucket-kb N (the stages' wrappers' bucket cap),
@@ -40,6 +42,7 @@ struct Args {
   int zero = 0;
   bool units = false;  // --units: each Linear a ddp::ShardUnit
   std::string hook;
+  double clip = 0, norm_type = 2;  // --clip MAX [--norm-type P|inf]
 };
 
 Args parse(int argc, char** argv) {
@@ -94,6 +97,10 @@ Args parse(int argc, char** argv) {
       a.recompute = true;
     else if (f == "--reference")
       a.reference = true;
+    else if (f == "--clip")
+      a.clip = std::stod(value());
+    else if (f == "--norm-type")
+      a.norm_type = std::stod(value());
     else if (f == "--bad-shape")
       a.bad_shape = true;
     else if (f == "--cuda")
@@ -196,6 +203,10 @@ int main(int argc, char** argv) {
         optimizer->zero_grad();
         const torch::Tensor loss = loss_fn(model->forward(x), y);
         loss.backward();
+        if (args.clip > 0)
+          std::printf(
+              "rank 0 step %d norm %.12g\n", step,
+              torch::nn::utils::clip_grad_norm_(model->parameters(), args.clip, args.norm_type));
         optimizer->step();
         std::printf("step %d loss %.6f\n", step, loss.item<double>());
       }
@@ -244,6 +255,9 @@ int main(int argc, char** argv) {
       const torch::Tensor loss =
           pipe.step(x.tensor_split(pipe.replicas())[pipe.replica()],
                     y.tensor_split(pipe.replicas())[pipe.replica()], loss_fn);
+      if (args.clip > 0)
+        std::printf("rank %d step %d norm %.12g\n", world->rank(), step,
+                    pipe.clip_grad_norm_(args.clip, args.norm_type));
       optimizer->step();
       if (pipe.has_last() && pipe.replica() == 0)
         std::printf("step %d loss %.6f\n", step, loss.item<double>());

@@ -360,5 +360,46 @@ TEST(TorchPipelineUse, RanksThatDisagreeStopNamingTheFirstDifference) {
   }
 }
 
+// Pipeline::clip_grad_norm_ clipping every step (max norm 0.05 against norms about 1.2) on
+// pp 2, pp 3 and dp 2 x pp 2 (plain, zero(1), zero(3), zero(3) with units), for the 2-norm and
+// the largest element: every rank returns the one process's norm of the whole model's gradient
+// (LibTorch's own clip_grad_norm_ there) within 1e-6 relative (each stage's part once, its
+// replicas' shares combined, in float64), and the weights trained with SGD equal that process's
+// within kAcrossRanksMargin.
+TEST(TorchPipelineUse, ClipGradNormIsTheWholeModelsOverStagesAndReplicas) {
+  TempDir dir;
+  for (const std::string norm_type : {"2", "inf"}) {
+    const std::string flags = " --micro-batches 4 --steps 3 --clip 0.05 --norm-type " + norm_type;
+    const RunResult ref = run_command(kWorker + " --reference --out " + dir.file("ref") + flags);
+    ASSERT_EQ(ref.exit_code, 0) << ref.output;
+    std::vector<double> reference;
+    const std::regex line(R"(rank (\d+) step (\d+) norm ([-+0-9.eE]+|inf))");
+    for (auto it = std::sregex_iterator(ref.output.begin(), ref.output.end(), line);
+         it != std::sregex_iterator(); ++it)
+      reference.push_back(std::stod((*it)[3]));
+    ASSERT_EQ(reference.size(), 3u) << ref.output;
+    struct Layout {
+      int ranks, stages;
+      std::string flags;
+    };
+    for (const Layout& l :
+         {Layout{2, 2, ""}, Layout{3, 3, ""}, Layout{4, 2, "--data-parallel 2"},
+          Layout{4, 2, "--data-parallel 2 --zero 1"}, Layout{4, 2, "--data-parallel 2 --zero 3"},
+          Layout{4, 2, "--data-parallel 2 --zero 3 --units"}}) {
+      const std::string where = norm_type + ", " + std::to_string(l.ranks) + " ranks " + l.flags;
+      const RunResult r = pipeline(l.ranks, dir.file("out"), l.flags + flags);
+      ASSERT_EQ(r.exit_code, 0) << where << "\n" << r.output;
+      int lines = 0;
+      for (auto it = std::sregex_iterator(r.output.begin(), r.output.end(), line);
+           it != std::sregex_iterator(); ++it, ++lines) {
+        const double want = reference.at(std::stoul((*it)[2]));
+        EXPECT_NEAR(std::stod((*it)[3]), want, 1e-6 * want) << where << ": " << it->str();
+      }
+      EXPECT_EQ(lines, 3 * l.ranks) << where << "\n" << r.output;
+      EXPECT_LT(against_reference(dir, l.stages), kAcrossRanksMargin) << where;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ddp
