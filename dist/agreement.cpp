@@ -3,6 +3,7 @@
 #include "dist/agreement.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "runtime/error.h"
 
@@ -123,22 +124,29 @@ std::vector<int64_t> all_gather_value(Communicator& comm, int64_t mine,
   return all;
 }
 
-std::vector<int32_t> all_reduce_values(Communicator& comm, std::vector<int32_t> values, ReduceOp op,
-                                       const DeviceStaging& staging) {
+namespace {
+
+// `values` summed or their largest over the ranks (the two reductions' one body).
+template <typename T>
+std::vector<T> all_reduce_small(Communicator& comm, std::vector<T> values, ReduceOp op,
+                                const DeviceStaging& staging) {
   check_staging(comm, staging);
   DDP_CHECK(op == ReduceOp::kSum || op == ReduceOp::kMax,
-            "all_reduce_values: counts and flags are summed or take the largest");
+            "all_reduce_values: counts, flags and norms' parts are summed or take the largest");
   Relay{comm, staging}.all_reduce(values.data(), values.size(), op);
   return values;
 }
 
+}  // namespace
+
+std::vector<int32_t> all_reduce_values(Communicator& comm, std::vector<int32_t> values, ReduceOp op,
+                                       const DeviceStaging& staging) {
+  return all_reduce_small(comm, std::move(values), op, staging);
+}
+
 std::vector<double> all_reduce_doubles(Communicator& comm, std::vector<double> values, ReduceOp op,
                                        const DeviceStaging& staging) {
-  check_staging(comm, staging);
-  DDP_CHECK(op == ReduceOp::kSum || op == ReduceOp::kMax,
-            "all_reduce_doubles: parts of a norm are summed or take the largest");
-  Relay{comm, staging}.all_reduce(values.data(), values.size(), op);
-  return values;
+  return all_reduce_small(comm, std::move(values), op, staging);
 }
 
 }  // namespace ddp

@@ -10,6 +10,7 @@
 #include "torch/autocast.h"
 #include "torch/comm_hooks.h"
 #include "torch/distributed_data_parallel.h"
+#include "torch/grad_scaler.h"
 #include "torch/pipeline.h"
 #include "torch/shard_unit.h"
 #include "torch/sync_batch_norm.h"

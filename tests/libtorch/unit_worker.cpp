@@ -14,7 +14,12 @@
 // reduce_in_bf16(true); --events: each rank prints its units' events of the last step in order
 // ("rank R unit events gather_issued:U forward:U ..."); --clip MAX [--norm-type P|inf]: each
 // step's gradients clipped (model.clip_grad_norm_, alone LibTorch's own; --libtorch-clip:
-// LibTorch's own under the wrapper too), "rank R step S norm N" printed; --bucket-mb M:
+// LibTorch's own under the wrapper too), "rank R step S norm N" printed; --scaler: the loss
+// scaled by a ddp::GradScaler (init_scale 1024, growth_interval 2; over the world's ranks),
+// "rank R step S scale X stepped 0|1" printed after each update, --overflow S,S,...: an inf
+// written into rank --overflow-rank's (0) first gradient after those steps' backward,
+// --first-step K: the steps numbered from K, --save-scaler / --load-scaler FILE: its state;
+// --bucket-mb M:
 // bucket_cap_mb(M); --cuda: the model and data on the GPU (NCCL; --peak then reads the CUDA caching
 // allocator's counters of this process). Rank 0 writes the trained parameters (after
 // gather_parameters(), safetensors as float32) to --out.
@@ -28,7 +33,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <limits>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -170,6 +177,10 @@ struct Args {
   double bucket_mb = 0;            // 0: the options' default
   double clip = 0, norm_type = 2;  // --clip MAX [--norm-type P|inf]
   bool libtorch_clip = false;
+  bool scaler = false;        // --scaler: a ddp::GradScaler (init_scale 1024, growth_interval 2)
+  std::vector<int> overflow;  // --overflow S,S,...: steps whose gradients get an inf
+  int overflow_rank = 0, first_step = 0;
+  std::string save_scaler, load_scaler;
   std::string out;
 };
 
@@ -215,6 +226,20 @@ int main(int argc, char** argv) {
       a.norm_type = std::stod(value());  // "inf" reads as infinity
     else if (f == "--libtorch-clip")
       a.libtorch_clip = true;
+    else if (f == "--scaler")
+      a.scaler = true;
+    else if (f == "--overflow") {
+      std::stringstream steps(value());
+      for (std::string step; std::getline(steps, step, ',');)
+        a.overflow.push_back(std::stoi(step));
+    } else if (f == "--overflow-rank")
+      a.overflow_rank = std::stoi(value());
+    else if (f == "--first-step")
+      a.first_step = std::stoi(value());
+    else if (f == "--save-scaler")
+      a.save_scaler = value();
+    else if (f == "--load-scaler")
+      a.load_scaler = value();
     else if (f == "--bucket-mb")
       a.bucket_mb = std::stod(value());
     else if (f == "--auto-wrap")
@@ -282,6 +307,13 @@ int main(int argc, char** argv) {
   const int64_t share = a.batch / ranks;
   const torch::Tensor x = tokens.narrow(0, share * rank, share);
   const torch::Tensor y = labels.narrow(0, share * rank, share);
+  std::unique_ptr<ddp::GradScaler> scaler;
+  if (a.scaler) {
+    const auto options = ddp::GradScalerOptions().init_scale(1024).growth_interval(2);
+    scaler = world ? std::make_unique<ddp::GradScaler>(world->comm(), options)
+                   : std::make_unique<ddp::GradScaler>(options);
+    if (!a.load_scaler.empty()) torch::load(*scaler, a.load_scaler);
+  }
   // The CPU's counting allocator, or the CUDA caching allocator's counters with --cuda.
   const auto current = [&] { return a.cuda ? CudaCounters::current() : counting.current(); };
   const auto peak = [&] { return a.cuda ? CudaCounters::peak() : counting.peak(); };
@@ -297,7 +329,17 @@ int main(int argc, char** argv) {
     if (a.events && model && step + 1 == a.steps) model->record_events(true);  // the last step
     reset_peak();
     const torch::Tensor out = model ? model->forward(x) : net->forward(x);
-    torch::nn::functional::cross_entropy(out.to(torch::kFloat32), y).backward();
+    const torch::Tensor loss = torch::nn::functional::cross_entropy(out.to(torch::kFloat32), y);
+    (scaler ? scaler->scale(loss) : loss).backward();
+    const int at = a.first_step + step;
+    if (std::count(a.overflow.begin(), a.overflow.end(), at) > 0 && rank == a.overflow_rank) {
+      torch::NoGradGuard no_grad;  // this rank alone overflows: an inf in its own gradients
+      for (const torch::Tensor& p : net->parameters())
+        if (p.grad().defined() && p.grad().numel() > 0) {
+          p.grad().view(-1)[0] = std::numeric_limits<float>::infinity();
+          break;
+        }
+    }
     if (a.clip > 0) {
       const double norm = model && !a.libtorch_clip ? model->clip_grad_norm_(a.clip, a.norm_type)
                                                     : torch::nn::utils::clip_grad_norm_(
@@ -309,9 +351,17 @@ int main(int argc, char** argv) {
       const ddp::ShardedMemory now = model->memory();
       ledger = std::max(ledger, now.peak_parameter_bytes + now.peak_gradient_bytes);
     }
-    optimizer->step();
+    if (scaler) {
+      const bool stepped = scaler->step(*optimizer);
+      scaler->update();
+      std::printf("rank %d step %d scale %g stepped %d\n", rank, at, scaler->get_scale(),
+                  stepped ? 1 : 0);
+    } else {
+      optimizer->step();
+    }
     if (step > 0) most = std::max(most, peak());  // the optimizer's step included
   }
+  if (scaler && !a.save_scaler.empty()) torch::save(*scaler, a.save_scaler);
   if (a.peak)
     std::printf(
         "rank %d window %zu held %zu ledger %zu model %zu block %zu optimizer %zu process %zu\n",
