@@ -43,6 +43,7 @@ struct GradScalerOptions {
   TORCH_ARG(bool, enabled) = true;
 };
 
+// The scaler (the top of this file).
 class GradScaler {
  public:
   // One process: the inf/NaN check is this process's.
@@ -68,14 +69,20 @@ class GradScaler {
   // The scale set to `new_scale` instead.
   void update(double new_scale);
 
+  // The current scale (1.0 when disabled).
   double get_scale() const;
+  // The steps in a row without inf/NaN since the scale last changed.
   int64_t growth_tracker() const { return growth_tracker_; }
+  // Whether it scales (GradScalerOptions::enabled).
   bool is_enabled() const { return options_.enabled(); }
+  // Its options (the loaded ones after load_state_dict).
   const GradScalerOptions& options() const { return options_; }
 
   // Python's state_dict(): "scale", "growth_factor", "backoff_factor", "growth_interval",
-  // "_growth_tracker"; load_state_dict() takes them back (a missing key is an error naming it).
+  // "_growth_tracker" (empty when disabled).
   std::map<std::string, double> state_dict() const;
+  // Python's load_state_dict(): the state_dict()'s values taken back (a missing key is an error
+  // naming it).
   void load_state_dict(const std::map<std::string, double>& state);
 
  private:
@@ -90,9 +97,10 @@ class GradScaler {
   std::map<const torch::optim::Optimizer*, PerOptimizer> this_step_;
 };
 
-// torch::save(scaler, path) / torch::load(scaler, path).
+// torch::save(scaler, path): its state_dict() into the archive.
 torch::serialize::OutputArchive& operator<<(torch::serialize::OutputArchive& archive,
                                             const GradScaler& scaler);
+// torch::load(scaler, path): its state from the archive (a key missing: an error naming it).
 torch::serialize::InputArchive& operator>>(torch::serialize::InputArchive& archive,
                                            GradScaler& scaler);
 
