@@ -19,8 +19,9 @@ double gradient_norm_part(const std::vector<torch::Tensor>& grads, double norm_t
   std::vector<torch::Tensor> parts;
   for (const torch::Tensor& g : grads) {
     if (!g.defined() || g.numel() == 0) continue;
-    // Each tensor's p-norm in float64 (LibTorch reduces in a wider accumulator), raised to p.
-    const torch::Tensor norm = g.detach().to(torch::kFloat64).norm(norm_type);
+    // Each tensor's p-norm reduced in float64 (no float64 copy of the gradient), raised to p.
+    const torch::Tensor norm = torch::linalg_vector_norm(g.detach(), norm_type, c10::nullopt,
+                                                         /*keepdim=*/false, torch::kFloat64);
     parts.push_back(inf ? norm : norm.pow(norm_type));
   }
   if (parts.empty()) return 0.0;
