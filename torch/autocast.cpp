@@ -53,6 +53,20 @@ Autocast::Autocast(c10::DeviceType device, c10::ScalarType dtype)
   set(device, true, dtype);
 }
 
+AutocastState AutocastState::now() {
+  AutocastState state;
+  state.cpu = enabled(c10::DeviceType::CPU);
+  state.cuda = enabled(c10::DeviceType::CUDA);
+  state.cpu_dtype = dtype_of(c10::DeviceType::CPU);
+  state.cuda_dtype = dtype_of(c10::DeviceType::CUDA);
+  return state;
+}
+
+void AutocastState::apply() const {
+  set(c10::DeviceType::CPU, cpu, cpu_dtype);
+  set(c10::DeviceType::CUDA, cuda, cuda_dtype);
+}
+
 Autocast::~Autocast() {
   set(device_, was_enabled_, was_dtype_);
   if (!was_enabled_) at::autocast::clear_cache();

@@ -31,4 +31,17 @@ class Autocast {
   c10::ScalarType was_dtype_;
 };
 
+// Autocast's state on the CPU and CUDA (whether on, and to which dtype), taken and put back as
+// a whole: ddp::checkpoint's recompute runs under the state its forward ran under.
+struct AutocastState {
+  bool cpu = false;                            // autocast on for the CPU
+  bool cuda = false;                           // autocast on for CUDA
+  c10::ScalarType cpu_dtype = c10::kBFloat16;  // the CPU's lower precision
+  c10::ScalarType cuda_dtype = c10::kHalf;     // CUDA's lower precision
+  // The state now.
+  static AutocastState now();
+  // Makes it the state now.
+  void apply() const;
+};
+
 }  // namespace ddp

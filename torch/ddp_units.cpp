@@ -8,6 +8,7 @@
 #include <map>
 
 #include "runtime/error.h"
+#include "torch/checkpoint.h"
 #include "torch/ddp_impl.h"
 
 namespace ddp {
@@ -151,12 +152,16 @@ torch::Tensor DistributedDataParallel::Impl::run_unit(size_t u,
   {
     const ComputeStreamGuard on_stream(comm, stream());
     gather_unit(u, true);
-    if (u + 1 < units.size()) gather_unit(u + 1, false);  // the next unit's, meanwhile
+    // The next unit's, meanwhile; not in ddp::checkpoint's recompute (a backward: the next
+    // unit's backward is over).
+    if (u + 1 < units.size() && !detail::recomputing()) gather_unit(u + 1, false);
     sample_memory();
   }
   note("unit_forward", u);
   torch::Tensor out = run();
-  if (options.reshard_after_forward() && !keep_gathered) shards->free_unit(u);
+  // Inside ddp::checkpoint's recompute the unit's backward follows at once: kept gathered.
+  if (options.reshard_after_forward() && !keep_gathered && !detail::recomputing())
+    shards->free_unit(u);
   if (torch::GradMode::is_enabled() && out.requires_grad())
     out.register_hook([this, u](const torch::Tensor&) { before_backward_of(u); });
   return out;

@@ -30,6 +30,8 @@
 #include <memory>
 #include <utility>
 
+#include "torch/wrapped_module.h"
+
 namespace ddp {
 
 // What runs a unit's forward with its gathers and frees around it (DistributedDataParallel's).
@@ -41,24 +43,19 @@ class UnitRunner {
 };
 
 // The module (the top of this file).
-class ShardUnitImpl : public torch::nn::Module {
+class ShardUnitImpl : public WrappedModule {
  public:
   // Wraps `module` (a holder: torch::nn::Linear, TORCH_MODULE(Block)'s Block, a Sequential).
   template <typename Holder, typename = decltype(std::declval<Holder&>().ptr())>
-  explicit ShardUnitImpl(Holder module) : ShardUnitImpl(module.ptr(), wrap(module.ptr())) {}
+  explicit ShardUnitImpl(Holder module) : WrappedModule(module.ptr(), wrap(module.ptr())) {}
   // Wraps a shared_ptr of a module.
   template <typename Module,
             typename = std::enable_if_t<std::is_base_of_v<torch::nn::Module, Module>>>
-  explicit ShardUnitImpl(std::shared_ptr<Module> module) : ShardUnitImpl(module, wrap(module)) {}
+  explicit ShardUnitImpl(std::shared_ptr<Module> module) : WrappedModule(module, wrap(module)) {}
 
   // The wrapped module's forward, with the unit's gathers and frees around it under a wrapper
   // with zero(3).
   torch::Tensor forward(torch::Tensor input);
-  // The wrapped module.
-  std::shared_ptr<torch::nn::Module> module() const { return module_; }
-  // Training or evaluation mode, for the wrapped module too (its own flag, not only its
-  // children's).
-  void train(bool on = true) override;
   // Set by DistributedDataParallel (null: plain forward) with this unit's number.
   void set_runner(UnitRunner* runner, size_t unit) {
     runner_ = runner;
@@ -66,19 +63,6 @@ class ShardUnitImpl : public torch::nn::Module {
   }
 
  private:
-  ShardUnitImpl(std::shared_ptr<torch::nn::Module> module, torch::nn::AnyModule forward);
-  template <typename Module>
-  static torch::nn::AnyModule wrap(const std::shared_ptr<Module>& module) {
-    if constexpr (std::is_base_of_v<torch::nn::SequentialImpl, Module>)
-      return sequential_forward(module);
-    else
-      return torch::nn::AnyModule(module);
-  }
-  static torch::nn::AnyModule sequential_forward(
-      std::shared_ptr<torch::nn::SequentialImpl> sequential);
-
-  std::shared_ptr<torch::nn::Module> module_;
-  torch::nn::AnyModule forward_;
   UnitRunner* runner_ = nullptr;
   size_t unit_ = 0;
 };

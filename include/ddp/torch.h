@@ -8,6 +8,7 @@
 #include "dist/world.h"
 #include "runtime/error.h"
 #include "torch/autocast.h"
+#include "torch/checkpoint.h"
 #include "torch/comm_hooks.h"
 #include "torch/distributed_data_parallel.h"
 #include "torch/grad_scaler.h"

@@ -1,7 +1,8 @@
 // The LibTorch component's parts in one process (label unit), over a MirrorCommunicator where
-// they reduce over ranks: ZeRO's flat parameters with mixed dtypes, PowerSGD's orthogonalisation
-// and error feedback, SyncBatchNorm's count of values a channel for inputs of 3 to 5 dimensions.
-// Each pins a fault the multi-process suite let through (issue 77's mutants b, d, e, f).
+// they reduce over ranks; ddp::checkpoint's recompute against the same blocks without it; ZeRO's
+// flat parameters with mixed dtypes, PowerSGD's orthogonalisation and error feedback,
+// SyncBatchNorm's count of values a channel for inputs of 3 to 5 dimensions. Each pins a fault the
+// multi-process suite let through (issue 77's mutants b, d, e, f).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -10,8 +11,12 @@
 
 #include "dist/buckets.h"
 #include "dist/ddp.h"
+#include "runtime/error.h"
 #include "tests/support/mirror_communicator.h"
+#include "torch/autocast.h"
+#include "torch/checkpoint.h"
 #include "torch/comm_hooks.h"
+#include "torch/shard_unit.h"
 #include "torch/sync_batch_norm.h"
 #include "torch/torch_params.h"
 
@@ -158,6 +163,128 @@ TEST(TorchSyncBatchNorm, CountsEveryValueOfAChannelForImageShapedInputs) {
     EXPECT_LT((sync->running_mean - plain->running_mean).abs().max().item<float>(), 1e-6)
         << x.dim() << "-D";
   }
+}
+
+// A block as users write one: linear, GELU, dropout, linear.
+struct DropBlockImpl : torch::nn::Module {
+  DropBlockImpl()
+      : up(register_module("up", torch::nn::Linear(8, 16))),
+        drop(register_module("drop", torch::nn::Dropout(0.3))),
+        down(register_module("down", torch::nn::Linear(16, 8))) {}
+  torch::Tensor forward(torch::Tensor x) { return down(drop(torch::gelu(up(x)))); }
+  torch::nn::Linear up;
+  torch::nn::Dropout drop;
+  torch::nn::Linear down;
+};
+TORCH_MODULE(DropBlock);
+
+// Every parameter's gradient and the input's, in order.
+std::vector<torch::Tensor> gradients(const torch::nn::Module& net, const torch::Tensor& x) {
+  std::vector<torch::Tensor> out{x.grad().clone()};
+  for (const torch::Tensor& p : net.parameters())
+    out.push_back(p.grad().clone());
+  return out;
+}
+
+// Three blocks with dropout, the middle one checkpointed in each of ddp::checkpoint's forms
+// (the module form, ddp::CheckpointWrapper, the general form with a second input that needs no
+// gradient (ones, times which the output is itself), and a checkpoint nested in another), against
+// the same blocks and seeds without it: the same loss and every gradient bitwise (the same kernels
+// on the same values: the recompute draws the same dropout masks from the generator put back, and
+// runs under the forward's autocast, here the CPU's bfloat16), for two steps whose gradients
+// accumulate. Without the generator put back (preserve_rng_state(false)) the masks and gradients
+// differ.
+TEST(TorchCheckpoint, GradientsAreThoseWithoutItBitwiseWithDropoutAndAutocast) {
+  for (const bool autocast : {false, true}) {
+    for (const int form : {0, 1, 2, 3, 4}) {
+      torch::manual_seed(5);
+      torch::nn::Sequential plain{DropBlock(), DropBlock(), DropBlock()};
+      torch::manual_seed(5);
+      DropBlock first, middle, last;
+      torch::nn::Sequential wrapped(first, CheckpointWrapper(middle), last);
+      const torch::Tensor ones = torch::ones({8});  // no gradient: an input all the same
+      const auto run = [&](const torch::Tensor& x, bool checkpointed) {
+        if (!checkpointed) return plain->forward(x);
+        if (form == 1) return wrapped->forward(x);
+        torch::Tensor h = first->forward(x);
+        if (form == 0) {
+          h = checkpoint(middle, h);
+        } else if (form == 4) {  // not preserved: expected to differ
+          h = checkpoint(
+              [&](const torch::autograd::variable_list& in) {
+                return torch::autograd::variable_list{middle->forward(in[0])};
+              },
+              {h}, middle->parameters(), CheckpointOptions().preserve_rng_state(false))[0];
+        } else {
+          h = checkpoint(
+              [&](const torch::autograd::variable_list& in) {
+                torch::Tensor inner =
+                    form == 3 ? checkpoint(middle, in[0]) : middle->forward(in[0]);
+                return torch::autograd::variable_list{inner * in[1]};  // exact: times one
+              },
+              {h, ones}, middle->parameters())[0];
+        }
+        return last->forward(h);
+      };
+      std::vector<torch::Tensor> want, got;
+      for (const bool checkpointed : {false, true}) {
+        torch::manual_seed(9);
+        const torch::Tensor x = torch::randn({6, 8}).requires_grad_();
+        for (int step = 0; step < 2; ++step) {
+          torch::Tensor loss;
+          if (autocast) {
+            Autocast on(torch::kCPU, torch::kBFloat16);
+            loss = run(x, checkpointed).to(torch::kFloat32).pow(2).mean();
+          } else {
+            loss = run(x, checkpointed).pow(2).mean();
+          }
+          loss.backward();
+        }
+        (checkpointed ? got : want) = gradients(checkpointed ? *wrapped : *plain, x);
+      }
+      ASSERT_EQ(got.size(), want.size());
+      bool same = true;
+      for (size_t i = 0; i < got.size(); ++i)
+        same = same && torch::equal(got[i], want[i]);
+      EXPECT_EQ(same, form != 4) << "form " << form << (autocast ? ", autocast" : "");
+    }
+  }
+}
+
+// Where it cannot give a gradient it refuses by name: a parameter read by the function but not
+// given, a tensor computed outside with a gradient read without being an input (both at the
+// backward, which would lose their gradients), a ddp::CheckpointWrapper around a ddp::ShardUnit
+// (the unit would not be found); under no_grad it is the function alone.
+TEST(TorchCheckpoint, RefusesWhatWouldLoseAGradient) {
+  torch::nn::Linear a(4, 4), b(4, 4);
+  const torch::Tensor x = torch::randn({2, 4}, torch::requires_grad());
+  const auto two = [&](const torch::autograd::variable_list& in) {
+    return torch::autograd::variable_list{b(a(in[0]))};
+  };
+  torch::Tensor out = checkpoint(two, {x}, a->parameters())[0];
+  try {
+    out.sum().backward();
+    ADD_FAILURE() << "a parameter not given was not refused";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("neither among its inputs nor its parameters"),
+              std::string::npos)
+        << e.what();
+  }
+  const torch::Tensor outside = a(x);
+  out = checkpoint(
+      [&](const torch::autograd::variable_list& in) {
+        return torch::autograd::variable_list{b(in[0]) + outside};
+      },
+      {x}, b->parameters())[0];
+  try {
+    out.sum().backward();
+    ADD_FAILURE() << "a tensor computed outside was not refused";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("computed outside it"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(CheckpointWrapper(ShardUnit(a)), UsageError);
+  torch::NoGradGuard no_grad;
+  EXPECT_TRUE(torch::equal(checkpoint(a, x), a(x)));
 }
 
 }  // namespace

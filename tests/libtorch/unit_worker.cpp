@@ -19,7 +19,9 @@
 // "rank R step S scale X stepped 0|1" printed after each update, --overflow S,S,...: an inf
 // written into rank --overflow-rank's (0) first gradient after those steps' backward,
 // --first-step K: the steps numbered from K, --save-scaler / --load-scaler FILE: its state;
-// --bucket-mb M:
+// --checkpoint: every block's forward through ddp::checkpoint (three ways in turn: the loop that
+// builds the Sequential); --dropout P:
+// a dropout in each block; --bucket-mb M:
 // bucket_cap_mb(M); --cuda: the model and data on the GPU (NCCL; --peak then reads the CUDA caching
 // allocator's counters of this process). Rank 0 writes the trained parameters (after
 // gather_parameters(), safetensors as float32) to --out.
@@ -33,6 +35,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <deque>
 #include <limits>
 #include <mutex>
 #include <sstream>
@@ -154,15 +157,43 @@ struct ConvBlockImpl : torch::nn::Module {
 };
 TORCH_MODULE(ConvBlock);
 
+// --dropout P: a dropout after the tanh; checkpointed: its body through ddp::checkpoint (the
+// general form, its parameters named), as a user writes it inside a module's forward.
 struct BlockImpl : torch::nn::Module {
-  explicit BlockImpl(int64_t dim)
+  explicit BlockImpl(int64_t dim, double dropout = 0, bool checkpointed = false)
       : norm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})))),
-        fc(register_module("fc", torch::nn::Linear(dim, dim))) {}
-  torch::Tensor forward(torch::Tensor x) { return x + torch::tanh(fc(norm(x))); }
+        fc(register_module("fc", torch::nn::Linear(dim, dim))),
+        drop(register_module("drop", torch::nn::Dropout(dropout))),
+        checkpointed(checkpointed) {}
+  torch::Tensor forward(torch::Tensor x) {
+    if (!checkpointed) return body(x);
+    return ddp::checkpoint(
+        [this](const torch::autograd::variable_list& in) {
+          return torch::autograd::variable_list{body(in[0])};
+        },
+        {x}, parameters())[0];
+  }
+  torch::Tensor body(const torch::Tensor& x) { return x + drop(torch::tanh(fc(norm(x)))); }
   torch::nn::LayerNorm norm;
   torch::nn::Linear fc;
+  torch::nn::Dropout drop;
+  bool checkpointed;
 };
 TORCH_MODULE(Block);
+
+// A module whose forward is ddp::checkpoint(inner, x) (the module form), in a Sequential: a
+// Block, or a ddp::ShardUnit (then the recompute runs the unit's forward, gathering it again).
+// Its child is named "ckpt", left out of the names written to --out.
+template <typename Inner>
+struct CheckpointedImpl : torch::nn::Module {
+  explicit CheckpointedImpl(Inner inner) : inner(register_module("ckpt", std::move(inner))) {}
+  torch::Tensor forward(torch::Tensor x) { return ddp::checkpoint(inner, x); }
+  Inner inner;
+};
+template <typename Inner>
+std::shared_ptr<CheckpointedImpl<Inner>> checkpointed(Inner inner) {
+  return std::make_shared<CheckpointedImpl<Inner>>(std::move(inner));
+}
 
 struct PoolImpl : torch::nn::Module {
   torch::Tensor forward(torch::Tensor x) { return x.mean(1); }
@@ -177,6 +208,8 @@ struct Args {
   double bucket_mb = 0;            // 0: the options' default
   double clip = 0, norm_type = 2;  // --clip MAX [--norm-type P|inf]
   bool libtorch_clip = false;
+  bool checkpoint = false;    // --checkpoint: each block through ddp::checkpoint
+  double dropout = 0;         // --dropout P: in each block
   bool scaler = false;        // --scaler: a ddp::GradScaler (init_scale 1024, growth_interval 2)
   std::vector<int> overflow;  // --overflow S,S,...: steps whose gradients get an inf
   int overflow_rank = 0, first_step = 0;
@@ -226,6 +259,10 @@ int main(int argc, char** argv) {
       a.norm_type = std::stod(value());  // "inf" reads as infinity
     else if (f == "--libtorch-clip")
       a.libtorch_clip = true;
+    else if (f == "--checkpoint")
+      a.checkpoint = true;
+    else if (f == "--dropout")
+      a.dropout = std::stod(value());
     else if (f == "--scaler")
       a.scaler = true;
     else if (f == "--overflow") {
@@ -268,13 +305,27 @@ int main(int argc, char** argv) {
   torch::nn::Sequential net;
   net->push_back(torch::nn::Embedding(kVocabulary, a.dim));
   net->push_back(ConvBlock(a.dim));
-  for (int b = 0; b < a.blocks; ++b)
-    if (a.units && b % 2 == 0)  // a holder, and a shared_ptr of the module: both as users write
-      net->push_back(ddp::ShardUnit(Block(a.dim)));
-    else if (a.units)
-      net->push_back(ddp::ShardUnit(std::make_shared<BlockImpl>(a.dim)));
+  for (int b = 0; b < a.blocks; ++b) {
+    // --checkpoint: ddp::checkpoint in three ways in turn: from inside the block's forward, the
+    // block declared as a ddp::CheckpointWrapper (inside its unit with --units), and the module
+    // form from a module around it (around its unit with --units).
+    const int kind = a.checkpoint ? b % 3 : -1;
+    Block block(a.dim, a.dropout, kind == 0);
+    if (!a.units && kind == 1)
+      net->push_back(ddp::CheckpointWrapper(block));
+    else if (!a.units && kind == 2)
+      net->push_back(checkpointed(block));
+    else if (!a.units)
+      net->push_back(block);
+    else if (kind == 1)
+      net->push_back(ddp::ShardUnit(ddp::CheckpointWrapper(block)));
+    else if (kind == 2)
+      net->push_back(checkpointed(ddp::ShardUnit(block)));
+    else if (b % 2 == 0)  // a holder, and a shared_ptr of the module: both as users write
+      net->push_back(ddp::ShardUnit(block));
     else
-      net->push_back(Block(a.dim));
+      net->push_back(ddp::ShardUnit(block.ptr()));
+  }
   net->push_back(Pool());
   net->push_back(torch::nn::Linear(a.dim, kClasses));
   // The parameters' bytes, whole (before the wrapper shards them), and one block's.
@@ -382,10 +433,15 @@ int main(int argc, char** argv) {
   if (!a.out.empty() && rank == 0) {
     std::vector<torch::Tensor> keep;
     std::vector<ddp::TensorRef> refs;
+    std::deque<std::string> names;
     for (const auto& p : net->named_parameters()) {
       keep.push_back(p.value().detach().to(torch::kCPU, torch::kFloat32).contiguous());
       const torch::Tensor& t = keep.back();
-      refs.push_back({p.key(), "F32", std::vector<int64_t>(t.sizes().begin(), t.sizes().end()),
+      std::string name = p.key();  // --checkpoint's wrappers left out
+      for (size_t at = name.find(".ckpt."); at != std::string::npos; at = name.find(".ckpt."))
+        name.erase(at, 5);
+      names.push_back(name);
+      refs.push_back({names.back(), "F32", std::vector<int64_t>(t.sizes().begin(), t.sizes().end()),
                       t.data_ptr(), static_cast<size_t>(t.numel()) * t.element_size()});
     }
     ddp::write_safetensors(a.out, refs);
