@@ -4,6 +4,12 @@
 // seeded data, then each rank's parameters (named as in the Sequential) to --out.RANK (the
 // safetensors the tests compare), and the mean loss of every step printed by the last stage.
 // --reference: the same steps in one process without a pipeline (the whole batch at once).
+// --checkpoint: each Linear through ddp::checkpoint (a ddp::CheckpointWrapper in its place).
+// --scaler: the loss scaled by a ddp::GradScaler (init_scale 1024, growth_interval 2; over every
+// rank of the world, one process's own with --reference) through the loss function, "rank R
+// step S scale X stepped 0|1" printed after each update; --overflow S,S,...: an inf written into
+// the first gradient this rank holds after those steps' backward, on rank --overflow-rank's
+// alone (0; with --reference the process's).
 // --clip MAX [--norm-type P|inf]: each step's gradients clipped (pipe.clip_grad_norm_, with
 // --reference LibTorch's own), "rank R step S norm N" printed.
 // --data-parallel D: D replicas of the pipeline, each on its share of the global batch (replica 0
@@ -17,15 +23,20 @@
 // was written: the reduction overlapping the step's last backward).
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "models/safetensors.h"
 #include "tests/support/rank_flags.h"
+#include "torch/checkpoint.h"
+#include "torch/grad_scaler.h"
 #include "torch/pipeline.h"
 #include "torch/shard_unit.h"
 
@@ -35,7 +46,10 @@ struct Args {
   std::string schedule = "1f1b", optimizer = "sgd", out;
   int micro_batches = 4, stages_per_rank = 0, steps = 3, batch = 24, data_parallel = 1;
   std::vector<int> balance;
-  bool recompute = false, reference = false, bad_shape = false;
+  bool recompute = false, reference = false, bad_shape = false, checkpoint = false;
+  bool scaler = false;        // --scaler: a ddp::GradScaler (init_scale 1024, growth_interval 2)
+  std::vector<int> overflow;  // --overflow S,S,...: steps whose gradients get an inf
+  int overflow_rank = 0;      // --overflow-rank R: whose (the last rank's with -1)
   bool cuda = false;
   double bucket_kb = 0;  // 0: the options' default
   bool reduce_in_bf16 = false, events = false, whole_model = false, memory = false;
@@ -95,6 +109,16 @@ Args parse(int argc, char** argv) {
       }
     } else if (f == "--recompute")
       a.recompute = true;
+    else if (f == "--checkpoint")
+      a.checkpoint = true;
+    else if (f == "--scaler")
+      a.scaler = true;
+    else if (f == "--overflow") {
+      std::stringstream list(value());
+      for (std::string step; std::getline(list, step, ',');)
+        a.overflow.push_back(std::stoi(step));
+    } else if (f == "--overflow-rank")
+      a.overflow_rank = std::stoi(value());
     else if (f == "--reference")
       a.reference = true;
     else if (f == "--clip")
@@ -111,11 +135,15 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-torch::nn::Sequential make_model(bool bad_shape, bool units) {
+torch::nn::Sequential make_model(bool bad_shape, bool units, bool checkpoint) {
   torch::manual_seed(7);
-  // --units: each Linear a shard unit (ddp::ShardUnit in its place, the same names).
-  const auto linear = [units](int64_t in, int64_t out) {
+  // --units: each Linear a shard unit (ddp::ShardUnit in its place, the same names);
+  // --checkpoint: each Linear a ddp::CheckpointWrapper (inside its unit with --units).
+  const auto linear = [units, checkpoint](int64_t in, int64_t out) {
     torch::nn::Linear made(in, out);
+    if (checkpoint && units)
+      return torch::nn::AnyModule(ddp::ShardUnit(ddp::CheckpointWrapper(made)));
+    if (checkpoint) return torch::nn::AnyModule(ddp::CheckpointWrapper(made));
     return units ? torch::nn::AnyModule(ddp::ShardUnit(made)) : torch::nn::AnyModule(made);
   };
   torch::nn::Sequential model;
@@ -180,10 +208,43 @@ int main(int argc, char** argv) {
       init.bind_gpu = args.cuda;  // NCCL for CUDA tensors
       world = std::make_unique<ddp::World>(ddp::init(init));
     }
-    torch::nn::Sequential model = make_model(args.bad_shape, args.units);
+    torch::nn::Sequential model = make_model(args.bad_shape, args.units, args.checkpoint);
     model->to(device);
-    const auto loss_fn = [](const torch::Tensor& out, const torch::Tensor& target) {
-      return torch::nn::functional::cross_entropy(out, target);
+    std::unique_ptr<ddp::GradScaler> scaler;
+    if (args.scaler) {
+      const auto options = ddp::GradScalerOptions().init_scale(1024).growth_interval(2);
+      scaler = world ? std::make_unique<ddp::GradScaler>(world->comm(), options)
+                     : std::make_unique<ddp::GradScaler>(options);
+    }
+    // With a scaler, as a user writes it: the loss scaled in the loss function (the pipeline
+    // runs the backward of each micro-batch's loss itself).
+    const auto loss_fn = [&scaler](const torch::Tensor& out, const torch::Tensor& target) {
+      const torch::Tensor loss = torch::nn::functional::cross_entropy(out, target);
+      return scaler ? scaler->scale(loss) : loss;
+    };
+    const int rank = world ? world->rank() : 0;
+    // --overflow: an inf in this rank's first gradient after the steps named.
+    const auto overflow = [&](int step, const std::vector<torch::Tensor>& params) {
+      if (std::count(args.overflow.begin(), args.overflow.end(), step) == 0 ||
+          rank != args.overflow_rank)
+        return;
+      torch::NoGradGuard no_grad;
+      for (const torch::Tensor& p : params)
+        if (p.grad().defined() && p.grad().numel() > 0) {
+          p.grad().view(-1)[0] = std::numeric_limits<float>::infinity();
+          return;
+        }
+    };
+    // The optimizer's step, through the scaler where there is one.
+    const auto optimizer_step = [&](torch::optim::Optimizer& optimizer, int step) {
+      if (!scaler) {
+        optimizer.step();
+        return;
+      }
+      const bool stepped = scaler->step(optimizer);
+      scaler->update();
+      std::printf("rank %d step %d scale %g stepped %d\n", rank, step, scaler->get_scale(),
+                  stepped ? 1 : 0);
     };
     // Every step's batch, the same on every rank.
     auto batch = [&](int step) {
@@ -203,11 +264,12 @@ int main(int argc, char** argv) {
         optimizer->zero_grad();
         const torch::Tensor loss = loss_fn(model->forward(x), y);
         loss.backward();
+        overflow(step, model->parameters());
         if (args.clip > 0)
           std::printf(
               "rank 0 step %d norm %.12g\n", step,
               torch::nn::utils::clip_grad_norm_(model->parameters(), args.clip, args.norm_type));
-        optimizer->step();
+        optimizer_step(*optimizer, step);
         std::printf("step %d loss %.6f\n", step, loss.item<double>());
       }
       torch::NoGradGuard no_grad;
@@ -255,10 +317,11 @@ int main(int argc, char** argv) {
       const torch::Tensor loss =
           pipe.step(x.tensor_split(pipe.replicas())[pipe.replica()],
                     y.tensor_split(pipe.replicas())[pipe.replica()], loss_fn);
+      overflow(step, pipe.parameters());
       if (args.clip > 0)
         std::printf("rank %d step %d norm %.12g\n", world->rank(), step,
                     pipe.clip_grad_norm_(args.clip, args.norm_type));
-      optimizer->step();
+      optimizer_step(*optimizer, step);
       if (pipe.has_last() && pipe.replica() == 0)
         std::printf("step %d loss %.6f\n", step, loss.item<double>());
     }

@@ -5,6 +5,8 @@
 // its input mid-step is named, with the shape and where it came from, and the job ends.
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include <map>
 #include <ostream>
 #include <regex>
@@ -398,6 +400,84 @@ TEST(TorchPipelineUse, ClipGradNormIsTheWholeModelsOverStagesAndReplicas) {
       EXPECT_EQ(lines, 3 * l.ranks) << where << "\n" << r.output;
       EXPECT_LT(against_reference(dir, l.stages), kAcrossRanksMargin) << where;
     }
+  }
+}
+
+// ddp::checkpoint inside a pipeline's stages (pipeline_worker --checkpoint: each Linear a
+// ddp::CheckpointWrapper, inside its unit with --units): each rank's weights after 3 steps are
+// bitwise the same pipeline's without it, under 1F1B, GPipe and the zero-bubble ZB-V (whose
+// split backward asks the checkpoint for its input's gradient and its parameters' in two passes,
+// each from its own recompute), and with replicas under zero(3) units (dp 2 x pp 2).
+TEST(TorchPipelineUse, CheckpointedLayersTrainBitwiseAsWithoutUnderEverySchedule) {
+  TempDir dir;
+  struct Layout {
+    int ranks, stages;
+    std::string flags;
+  };
+  for (const Layout& l : {Layout{2, 2, "--schedule 1f1b"}, Layout{2, 2, "--schedule gpipe"},
+                          Layout{2, 4, "--schedule zb-v"},
+                          Layout{4, 4, "--schedule zb-v --data-parallel 2 --zero 3 --units"}}) {
+    const std::string flags = " --micro-batches 4 --steps 3 " + l.flags;
+    const RunResult plain = pipeline(l.ranks, dir.file("plain"), flags);
+    ASSERT_EQ(plain.exit_code, 0) << l.flags << "\n" << plain.output;
+    const RunResult checkpointed = pipeline(l.ranks, dir.file("ckpt"), flags + " --checkpoint");
+    ASSERT_EQ(checkpointed.exit_code, 0) << l.flags << "\n" << checkpointed.output;
+    int compared = 0;
+    for (int r = 0; r < l.ranks; ++r) {
+      const std::string rank = "." + std::to_string(r);
+      if (!std::ifstream(dir.file("plain" + rank))) continue;  // a replica that writes none
+      EXPECT_EQ(max_relative_difference(dir.file("ckpt" + rank), dir.file("plain" + rank)), 0.0)
+          << l.flags << ", rank " << r;
+      ++compared;
+    }
+    EXPECT_GE(compared, 2) << l.flags;
+  }
+}
+
+// Each rank's "rank R step S scale X stepped B" lines, as "S:X:B" in order.
+std::map<int, std::vector<std::string>> scale_lines(const std::string& output) {
+  std::map<int, std::vector<std::string>> found;
+  const std::regex line(R"(rank (\d+) step (\d+) scale ([0-9.e+]+) stepped (\d))");
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), line);
+       it != std::sregex_iterator(); ++it)
+    found[std::stoi((*it)[1])].push_back((*it)[2].str() + ":" + (*it)[3].str() + ":" +
+                                         (*it)[4].str());
+  return found;
+}
+
+// ddp::GradScaler with ddp::Pipeline as a user writes it (the loss scaled in the loss function,
+// the scaler over the world's ranks), where the last rank alone (the last stage's, of the
+// second replica where there are two) finds an inf in its gradients at steps 1 and 4: every rank
+// of every stage and replica skips those steps with the scale one process's GradScaler gives
+// with the same skips (1024, 512, 512, 1024, 512, 512), and the weights equal that process's
+// within kAcrossRanksMargin (the scales are powers of two: scaling and unscaling are exact), on
+// pp 2, pp 3 and dp 2 x pp 2 (zero(1), and zero(3) with units).
+TEST(TorchPipelineUse, GradScalerSkipsTheSameStepsOnEveryStageAndReplica) {
+  TempDir dir;
+  const std::string flags = " --micro-batches 4 --steps 6 --scaler --overflow 1,4";
+  const RunResult ref = run_command(kWorker + " --reference --out " + dir.file("ref") + flags);
+  ASSERT_EQ(ref.exit_code, 0) << ref.output;
+  const std::vector<std::string> expected = scale_lines(ref.output)[0];
+  ASSERT_EQ(expected, (std::vector<std::string>{"0:1024:1", "1:512:0", "2:512:1", "3:1024:1",
+                                                "4:512:0", "5:512:1"}))
+      << ref.output;
+  struct Layout {
+    int ranks, stages;
+    std::string flags;
+  };
+  for (const Layout& l :
+       {Layout{2, 2, ""}, Layout{3, 3, ""}, Layout{4, 2, "--data-parallel 2 --zero 1"},
+        Layout{4, 2, "--data-parallel 2 --zero 3 --units"}}) {
+    const std::string where = std::to_string(l.ranks) + " ranks " + l.flags;
+    const RunResult r =
+        pipeline(l.ranks, dir.file("out"),
+                 l.flags + flags + " --overflow-rank " + std::to_string(l.ranks - 1));
+    ASSERT_EQ(r.exit_code, 0) << where << "\n" << r.output;
+    const std::map<int, std::vector<std::string>> got = scale_lines(r.output);
+    ASSERT_EQ(got.size(), static_cast<size_t>(l.ranks)) << where << "\n" << r.output;
+    for (const auto& [rank, sequence] : got)
+      EXPECT_EQ(sequence, expected) << where << ", rank " << rank;
+    EXPECT_LT(against_reference(dir, l.stages), kAcrossRanksMargin) << where;
   }
 }
 
