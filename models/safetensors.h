@@ -1,6 +1,5 @@
-// Safetensors files (https://huggingface.co/docs/safetensors): an 8-byte little-endian
-// header length, a JSON header naming each tensor's dtype, shape and byte range, then the
-// data. Readable by PyTorch (safetensors.torch.load_file) and Hugging Face tools.
+// The MLP's weights as a safetensors file (runtime/safetensors.h: the format's reader and
+// writer).
 #pragma once
 
 #include <cstdint>
@@ -9,36 +8,9 @@
 #include <vector>
 
 #include "models/mlp.h"
+#include "runtime/safetensors.h"
 
 namespace ddp {
-
-struct TensorRef {  // a tensor to write, not owned
-  std::string name;
-  std::string dtype;  // "F32", "I64", ...
-  std::vector<int64_t> shape;
-  const void* data = nullptr;
-  size_t bytes = 0;
-};
-
-struct Tensor {  // a tensor read from a file
-  std::string dtype;
-  std::vector<int64_t> shape;
-  std::vector<char> data;
-};
-
-struct SafetensorsFile {
-  std::map<std::string, Tensor> tensors;
-  std::map<std::string, std::string> metadata;
-};
-
-// Writes to `path` + ".tmp", flushes, then renames over `path`, so that a crash never
-// leaves a half-written file under the final name.
-void write_safetensors(const std::string& path, const std::vector<TensorRef>& tensors,
-                       const std::map<std::string, std::string>& metadata = {});
-
-// Reads and validates the whole file; throws UsageError naming the file and the problem.
-// `metadata_only`: reads the header alone and returns its metadata (no tensors).
-SafetensorsFile read_safetensors(const std::string& path, bool metadata_only = false);
 
 // The MLP's tensors: layers.{i}.weight [out, in] and layers.{i}.bias [out], F32.
 std::vector<TensorRef> mlp_tensor_refs(const MlpShape& shape, const float* params);
