@@ -26,6 +26,10 @@ World::~World() {
   served_.reset();  // the others' store: last
 }
 
+std::unique_ptr<StoreClient> World::connect_store() const {
+  return connect_ ? connect_() : nullptr;
+}
+
 Communicator& World::comm() {
   if (starting_) {
     CommunicatorStart start = std::move(starting_);
@@ -137,12 +141,23 @@ World init(const InitOptions& options, ProcessEnv env) {
                   "line), or torchrun's static rendezvous");
   if (e.torch_store && e.master_port > 0)
     // torchrun's agent store, PyTorch's TCPStore; this attempt's keys apart from the agent's.
-    world.store_ = std::make_shared<StoreClient>(
-        StoreProtocol::kTorch, e.master_addr, e.master_port,
-        fmt::format("ddp/attempt_{}/", e.restart_count), e.torch2_store);
+    world.connect_ = [e] {
+      return std::make_unique<StoreClient>(StoreProtocol::kTorch, e.master_addr, e.master_port,
+                                           fmt::format("ddp/attempt_{}/", e.restart_count),
+                                           e.torch2_store);
+    };
   else if (!e.master_addr.empty() && e.master_port > 0)
-    world.store_ = std::make_shared<StoreClient>(e.master_addr, e.master_port, e.store_token, 30.0,
-                                                 40.0, e.run_id, credential);
+    world.connect_ = [e, first = credential]() mutable {
+      // A MUNGE credential is good for one hello (munged refuses a replay): a new one for each
+      // connection after the first.
+      std::string credential = std::move(first), why_not;
+      if (credential.empty() && e.launcher == Launcher::kSrun && e.world_size > 1 && e.store_munge)
+        if (auto made = munge_credential(e.run_id, e.munge_socket, &why_not)) credential = *made;
+      first.clear();
+      return std::make_unique<StoreClient>(e.master_addr, e.master_port, e.store_token, 30.0, 40.0,
+                                           e.run_id, credential);
+    };
+  if (world.connect_) world.store_ = world.connect_();
   if (world.store_ && e.launcher == Launcher::kSrun)
     world.store_->set_server_description("rank 0's process, which serves it,");
   if (world.store_ && world.device_) check_unique_gpus(*world.store_, e, *world.device_, 60.0);

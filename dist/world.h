@@ -63,6 +63,10 @@ class World {
   // The world communicator (the first call waits for a start in the background); a
   // ddp::Error without one.
   Communicator& comm();
+  // A new connection to the job's rendezvous store, for a thread of one's own (the one
+  // ddp::init made is the main thread's; ddp::Checkpointer's writer takes its own); null where
+  // the job has none (one process alone).
+  std::unique_ptr<StoreClient> connect_store() const;
   // Seconds from the communicator's start to its being ready (after comm()).
   double comm_seconds() const { return comm_s_; }
   // Stops every pending collective so that the other ranks stop waiting (on a fatal error);
@@ -85,6 +89,7 @@ class World {
   std::unique_ptr<StoreServer> served_;  // rank 0 under srun without ddprun
   std::unique_ptr<DeviceInfo> device_;
   std::shared_ptr<StoreClient> store_;
+  std::function<std::unique_ptr<StoreClient>()> connect_;  // how store_ was connected
   CommunicatorStart starting_;  // a start in the background, until comm()
   std::unique_ptr<Communicator> comm_;
   std::chrono::steady_clock::time_point comm_started_;
