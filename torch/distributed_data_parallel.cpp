@@ -662,6 +662,30 @@ std::vector<std::string> DistributedDataParallel::owned_parameter_names() const 
   return names;
 }
 
+std::vector<ParameterShard> DistributedDataParallel::parameter_shards() const {
+  std::vector<ParameterShard> shards;
+  const TorchParams* zero = impl_->shards.get();
+  for (size_t i = 0; i < impl_->params.size(); ++i) {
+    const Impl::Param& p = impl_->params[i];
+    ParameterShard shard{p.name, p.sizes, p.dtype, 0, {}, p.tensor, true, !zero, p.sizes};
+    if (zero && zero->level() == 3) {
+      shard.offset = zero->piece_offset(i);
+      shard.values = zero->own_piece(i);
+      shard.steps = shard.values.numel() > 0;
+      shard.state_shape = {shard.values.numel()};
+    } else {
+      shard.values = p.tensor.detach().view(-1);
+      shard.steps = !zero || zero->owns(i);
+    }
+    shards.push_back(std::move(shard));
+  }
+  return shards;
+}
+
+void DistributedDataParallel::shards_written() {
+  if (impl_->shards && impl_->shards->level() == 3) impl_->shards->stale();
+}
+
 ShardedMemory DistributedDataParallel::memory() const {
   ShardedMemory memory = impl_->last_peak;
   std::set<const void*> seen;

@@ -119,6 +119,19 @@ struct DistributedDataParallelOptions {
   TORCH_ARG(c10::optional<torch::ScalarType>, param_dtype) = c10::nullopt;
 };
 
+// A parameter's part this rank holds between steps (what ddp::Checkpointer saves and loads).
+struct ParameterShard {
+  std::string name;                         // the module's name for the parameter
+  std::vector<int64_t> shape;               // the whole parameter's
+  torch::ScalarType dtype = torch::kFloat;  // its dtype
+  int64_t offset = 0;                       // the first element here, in the flattened whole
+  torch::Tensor values;     // this rank's elements (1-D), its own memory: a load writes them
+  torch::Tensor parameter;  // the module's tensor (the key of its optimizer state)
+  bool steps = true;        // this rank's optimizer steps these elements (keeps their state)
+  bool shared = false;      // every rank holds and steps the same values (no ZeRO)
+  std::vector<int64_t> state_shape;  // the shape the optimizer steps (and its state has)
+};
+
 // What the module's parameters and gradients keep alive on this rank now, in bytes (each
 // storage once: a bucket's gradients count as the whole flat buffer they are views of).
 struct ShardedMemory {
@@ -261,6 +274,13 @@ class DistributedDataParallel {
   std::vector<std::string> owned_parameter_names() const;
   // What the parameters and gradients hold on this rank now (ShardedMemory).
   ShardedMemory memory() const;
+  // Each parameter that gets gradients as this rank holds it between steps (after the
+  // optimizer's step): whole without ZeRO and at levels 1 and 2 (there the owner alone steps
+  // it), this rank's piece at level 3 (each element on one rank).
+  std::vector<ParameterShard> parameter_shards() const;
+  // After a load wrote the values of parameter_shards(): the next step's forward starts from
+  // them on every rank (level 3 gathers them from the pieces).
+  void shards_written();
   // The record of what happened during the steps while asked for (DdpEvent: "layer_done" as each
   // parameter's gradient is ready, "allreduce_issued", "backward_done", "allreduce_waited").
   void record_events(bool on);

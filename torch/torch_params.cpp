@@ -162,6 +162,13 @@ torch::Tensor TorchParams::piece_of(size_t i, const torch::Tensor& whole) const 
   return whole.reshape(-1).narrow(0, local_at_[i] - slots_[i].offset, local_count_[i]);
 }
 
+torch::Tensor TorchParams::own_piece(size_t i) const {
+  const int64_t count = local_count_[i];
+  const size_t k = slots_[i].buffer;
+  return torch::empty({0}, options_.dtype(dtypes_[k]))
+      .set_(pieces_.at(k).storage(), count > 0 ? piece_at_[i] : 0, {count}, {1});
+}
+
 void TorchParams::stale() {
   current_ = false;
   if (level_ < 3) return;

@@ -73,6 +73,14 @@ class TorchParams final : public ParamStore {
   // After the reduction (shards_gradients()): owned parameter i's averaged gradient, where the
   // reduction left it (valid until the next backward).
   torch::Tensor own_gradient(size_t i) const;
+  // The ZeRO level (1, 2, 3).
+  int level() const { return level_; }
+  // Level 3: where this rank's piece of parameter i starts among its elements (flattened).
+  int64_t piece_offset(size_t i) const { return local_at_[i] - slots_[i].offset; }
+  // Level 3: this rank's piece of parameter i, 1-D (maybe empty): its own memory, the master its
+  // optimizer steps between steps, whatever the parameter views now. Written, the next gather
+  // (after stale()) brings the values to every rank.
+  torch::Tensor own_piece(size_t i) const;
   // Level 3: this rank's piece of parameter i out of `whole` (a tensor of its shape), 1-D.
   torch::Tensor piece_of(size_t i, const torch::Tensor& whole) const;
   // The owners are about to change their parameters (their optimizer steps): the next gather

@@ -208,7 +208,10 @@ struct Args {
   double bucket_mb = 0;            // 0: the options' default
   double clip = 0, norm_type = 2;  // --clip MAX [--norm-type P|inf]
   bool libtorch_clip = false;
-  bool checkpoint = false;    // --checkpoint: each block through ddp::checkpoint
+  bool checkpoint = false;     // --checkpoint: each block through ddp::checkpoint
+  std::string checkpoint_dir;  // --checkpoint-dir DIR: ddp::Checkpointer's folder
+  std::vector<int> save_at;    // --save-at S,S,...: saved after those steps
+  bool async_save = false, resume = false, save_logits = false;
   double dropout = 0;         // --dropout P: in each block
   bool scaler = false;        // --scaler: a ddp::GradScaler (init_scale 1024, growth_interval 2)
   std::vector<int> overflow;  // --overflow S,S,...: steps whose gradients get an inf
@@ -261,6 +264,18 @@ int main(int argc, char** argv) {
       a.libtorch_clip = true;
     else if (f == "--checkpoint")
       a.checkpoint = true;
+    else if (f == "--checkpoint-dir")
+      a.checkpoint_dir = value();
+    else if (f == "--save-at") {
+      std::stringstream list(value());
+      for (std::string step; std::getline(list, step, ',');)
+        a.save_at.push_back(std::stoi(step));
+    } else if (f == "--async-save")
+      a.async_save = true;
+    else if (f == "--resume")
+      a.resume = true;
+    else if (f == "--save-logits")
+      a.save_logits = true;
     else if (f == "--dropout")
       a.dropout = std::stod(value());
     else if (f == "--scaler")
@@ -370,7 +385,20 @@ int main(int argc, char** argv) {
   const auto peak = [&] { return a.cuda ? CudaCounters::peak() : counting.peak(); };
   const auto reset_peak = [&] { a.cuda ? CudaCounters::reset_peak() : counting.reset_peak(); };
   size_t window = 0, held = 0, ledger = 0, most = 0;
-  for (int step = 0; step < a.steps; ++step) {
+  // --checkpoint-dir: the program's checkpoints (a world of one process with --single).
+  std::unique_ptr<ddp::World> alone;
+  if (!a.checkpoint_dir.empty() && !world) alone = std::make_unique<ddp::World>(ddp::init());
+  std::unique_ptr<ddp::Checkpointer> checkpoints;
+  if (!a.checkpoint_dir.empty())
+    checkpoints = std::make_unique<ddp::Checkpointer>(world ? *world : *alone, a.checkpoint_dir);
+  int first = 0;
+  if (checkpoints && a.resume) {
+    const auto loaded =
+        model ? checkpoints->load(*model, *optimizer) : checkpoints->load(*net, *optimizer);
+    if (loaded) first = static_cast<int>(loaded->step) + 1;
+    std::printf("rank %d resumed at step %d\n", rank, first);
+  }
+  for (int step = first; step < a.steps; ++step) {
     optimizer->zero_grad();
     const size_t start = current();
     if (step > 0 && model) {
@@ -411,7 +439,25 @@ int main(int argc, char** argv) {
       optimizer->step();
     }
     if (step > 0) most = std::max(most, peak());  // the optimizer's step included
+    if (checkpoints && std::count(a.save_at.begin(), a.save_at.end(), step) > 0) {
+      ddp::CheckpointExtras extras;
+      extras.values["trained_by"] = "unit_worker";
+      if (a.save_logits) {  // the model's output on the batch, for a reader's own forward
+        torch::NoGradGuard no_grad;
+        extras.tensors["tokens"] = tokens.cpu();
+        extras.tensors["logits"] = net->forward(tokens).cpu();
+      }
+      if (a.async_save)
+        model ? checkpoints->async_save(step, *model, *optimizer, extras)
+              : checkpoints->async_save(step, *net, *optimizer, extras);
+      else
+        model ? checkpoints->save(step, *model, *optimizer, extras)
+              : checkpoints->save(step, *net, *optimizer, extras);
+      std::printf("rank %d saved step %d (blocked %.3f s)\n", rank, step,
+                  checkpoints->last_blocked_s());
+    }
   }
+  if (checkpoints) checkpoints->wait();
   if (scaler && !a.save_scaler.empty()) torch::save(*scaler, a.save_scaler);
   if (a.peak)
     std::printf(
