@@ -21,7 +21,6 @@
 #include <utility>
 #include <vector>
 
-#include <spdlog/spdlog.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
@@ -95,6 +94,11 @@ int64_t elements(const std::vector<int64_t>& shape) {
   for (const int64_t d : shape)
     n *= d;
   return n;
+}
+
+// A line to stderr (ddp::torch has no logger of its own: LibTorch's fmt shadows spdlog's).
+void say(const std::string& line) {
+  std::fprintf(stderr, "%s\n", line.c_str());
 }
 
 std::string step_folder(int64_t step) {
@@ -412,8 +416,8 @@ std::string newest_checkpoint(const std::string& dir) {
     }
   std::sort(complete.begin(), complete.end());
   if (!complete.empty() && !name.empty())
-    spdlog::warn("ddp::Checkpointer: {}/latest names {}, which is not complete: loading {}", dir,
-                 name, complete.back());
+    say(fmt::format("ddp::Checkpointer: {}/latest names {}, which is not complete: loading {}", dir,
+                    name, complete.back()));
   return complete.empty() ? std::string() : complete.back();
 }
 
@@ -500,8 +504,8 @@ struct Checkpointer::Impl {
     const Clock::time_point start = Clock::now();
     writer.join();
     if (seconds_since(start) > 0.1)
-      spdlog::info("ddp::Checkpointer: waited {:.2f} s for the save of step {} to finish",
-                   seconds_since(start), in_flight_step);
+      say(fmt::format("ddp::Checkpointer: waited {:.2f} s for the save of step {} to finish",
+                      seconds_since(start), in_flight_step));
     in_flight_step = -1;
     if (!error.empty()) {
       const std::string e = std::move(error);
@@ -519,8 +523,8 @@ struct Checkpointer::Impl {
       for (const fs::directory_entry& e : fs::directory_iterator(dir)) {
         const std::string n = e.path().filename().string();
         if (n.rfind(".step-", 0) == 0 && n.size() > 4 && n.substr(n.size() - 4) == ".tmp") {
-          spdlog::info("ddp::Checkpointer: removing {}, a save that did not finish",
-                       e.path().string());
+          say(fmt::format("ddp::Checkpointer: removing {}, a save that did not finish",
+                          e.path().string()));
           fs::remove_all(e.path());
         }
       }
@@ -590,8 +594,9 @@ struct Checkpointer::Impl {
       }
       written_s = seconds_since(start);
       if (error.empty() && snapshot.rank == 0)
-        spdlog::info("ddp::Checkpointer: step {} saved in {} ({:.2f} s blocked, {:.2f} s written)",
-                     snapshot.step, dir, blocked_s, written_s);
+        say(fmt::format(
+            "ddp::Checkpointer: step {} saved in {} ({:.2f} s blocked, {:.2f} s written)",
+            snapshot.step, dir, blocked_s, written_s));
     });
     if (!async) wait();
   }
@@ -712,7 +717,7 @@ struct Checkpointer::Impl {
       loaded.extras.tensors[name.substr(6)] = host;
     }
     if (world.rank() == 0)
-      spdlog::info("ddp::Checkpointer: loaded step {} from {}", loaded.step, folder);
+      say(fmt::format("ddp::Checkpointer: loaded step {} from {}", loaded.step, folder));
     return loaded;
   }
 };
@@ -724,7 +729,7 @@ Checkpointer::~Checkpointer() {
   try {
     impl_->wait();
   } catch (const std::exception& e) {
-    spdlog::error("{}", e.what());
+    say(fmt::format("{}", e.what()));
   }
 }
 
