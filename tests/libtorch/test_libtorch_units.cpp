@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <regex>
 #include <sstream>
@@ -444,6 +446,95 @@ TEST(TorchCheckpoint, ActivationsAtThePeakAreUnderHalf) {
   EXPECT_LT(single[" --checkpoint"].window, 0.5 * single[""].window);
   EXPECT_LT(units[" --checkpoint"].window, 0.5 * units[""].window);
   EXPECT_EQ(units[" --checkpoint"].ledger, units[""].ledger);
+}
+
+// ddp::Checkpointer saved on 2 ranks under zero(3) with shard units (each tensor and its AdamW
+// moments in pieces over the ranks), after 2 of 4 steps, and loaded into other layouts, which
+// train the last 2 steps: 3 ranks with zero(1), zero(3) and units, 2 ranks plain and zero(2),
+// and one process without the wrapper each end as the uninterrupted run (within
+// kAcrossRanksMargin: the same sums in other orders). The other way round, one process's
+// checkpoint resumes on 2 ranks with units; and an asynchronous save gives the same checkpoint
+// as a synchronous one (the weights resumed from it bitwise).
+TEST(TorchCheckpointer, SavedOnRanksLoadsIntoAnyLayoutAndTrainingGoesOnAsUninterrupted) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  const std::string model = " --adamw --batch 6 --steps 4 ";
+  const auto run = [&](int ranks, const std::string& flags) {
+    const RunResult r = ranks == 1 ? run_command(kWorker + " --single" + model + flags)
+                                   : train(ranks, model + flags);
+    EXPECT_EQ(r.exit_code, 0) << ranks << " ranks " << flags << "\n" << r.output;
+    return r;
+  };
+  run(2, "--zero 3 --units --checkpoint-dir " + dir.file("units") + " --save-at 1 --out " +
+             dir.file("uninterrupted"));
+  struct Layout {
+    int ranks;
+    std::string flags;
+  };
+  for (const Layout& l :
+       {Layout{3, "--zero 1"}, Layout{3, "--zero 3"}, Layout{3, "--zero 3 --units"}, Layout{2, ""},
+        Layout{2, "--zero 2"}, Layout{1, ""}}) {
+    const std::string where = std::to_string(l.ranks) + " ranks " + l.flags;
+    const RunResult r = run(l.ranks, l.flags + " --resume --checkpoint-dir " + dir.file("units") +
+                                         " --out " + dir.file("resumed"));
+    EXPECT_NE(r.output.find("rank 0 resumed at step 2"), std::string::npos) << where << r.output;
+    EXPECT_LT(max_relative_difference(dir.file("resumed"), dir.file("uninterrupted")),
+              kAcrossRanksMargin)
+        << where;
+  }
+  run(1, "--checkpoint-dir " + dir.file("one") + " --save-at 1 --out " + dir.file("one-whole"));
+  run(2, "--zero 3 --units --resume --checkpoint-dir " + dir.file("one") + " --out " +
+             dir.file("from-one"));
+  EXPECT_LT(max_relative_difference(dir.file("from-one"), dir.file("one-whole")),
+            kAcrossRanksMargin);
+  run(2, "--zero 3 --units --async-save --checkpoint-dir " + dir.file("async") +
+             " --save-at 1 --out " + dir.file("async-whole"));
+  EXPECT_EQ(max_relative_difference(dir.file("async-whole"), dir.file("uninterrupted")), 0.0);
+  for (const std::string& saved : {"units", "async"}) {
+    run(2, "--zero 3 --units --resume --checkpoint-dir " + dir.file(saved) + " --out " +
+               dir.file("resumed-" + saved));
+  }
+  EXPECT_EQ(max_relative_difference(dir.file("resumed-async"), dir.file("resumed-units")), 0.0);
+}
+
+// A save that cannot complete leaves the previous checkpoint to load and says what happened: a
+// rank killed (SIGKILL) while the others save step 2 (the job torn down, a partial folder left,
+// which the next save removes), and a disk that fills up during the save of step 2 (a 160 KiB
+// tmpfs in a mount namespace of the test's own: every rank's error names the file and the full
+// disk). Each time the next run resumes from step 1.
+TEST(TorchCheckpointer, AKilledRankOrAFullDiskLeavesThePreviousCheckpoint) {
+  if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  const std::string model = " --adamw --zero 3 --units --batch 6 --steps 4 --checkpoint-dir ";
+  const std::string killed = dir.file("killed");
+  const RunResult died = train(2, model + killed + " --save-at 1,2 --die-at-save 2");
+  EXPECT_NE(died.exit_code, 0) << died.output;
+  const auto partial = [&killed] {
+    int count = 0;
+    for (const auto& e : std::filesystem::directory_iterator(killed))
+      count += e.path().filename().string().rfind(".step-000000002.", 0) == 0 ? 1 : 0;
+    return count;
+  };
+  EXPECT_EQ(partial(), 1) << died.output;
+  const RunResult resumed = train(2, model + killed + " --resume --save-at 3");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("rank 0 resumed at step 2"), std::string::npos) << resumed.output;
+  EXPECT_EQ(partial(), 0) << "the partial save's folder is left after the next save";
+  EXPECT_TRUE(std::filesystem::exists(killed + "/step-000000003/index.json"));
+
+  if (std::system("unshare -rm true > /dev/null 2>&1") != 0)
+    GTEST_SKIP() << "no mount namespace (unshare -rm) for a small tmpfs";
+  const std::string full = dir.file("full");
+  std::filesystem::create_directories(full);
+  const std::string mount = "unshare -rm sh -c 'mount -t tmpfs -o size=160k tmpfs " + full + " && ";
+  const std::string command = kDdprun + " --nproc-per-node 2 -- " + kWorker + model + full;
+  const RunResult filled =
+      run_command(mount + command + " --save-at 1,2; echo exit $?; " + command + " --resume'");
+  EXPECT_NE(filled.output.find("exit 1"), std::string::npos) << filled.output;
+  EXPECT_NE(filled.output.find("the save of step 2 into " + full + " failed"), std::string::npos)
+      << filled.output;
+  EXPECT_NE(filled.output.find("No space left on device"), std::string::npos) << filled.output;
+  EXPECT_NE(filled.output.find("rank 0 resumed at step 2"), std::string::npos) << filled.output;
 }
 
 }  // namespace

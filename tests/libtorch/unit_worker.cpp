@@ -34,6 +34,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <csignal>
 #include <cstdio>
 #include <deque>
 #include <limits>
@@ -212,7 +213,8 @@ struct Args {
   std::string checkpoint_dir;  // --checkpoint-dir DIR: ddp::Checkpointer's folder
   std::vector<int> save_at;    // --save-at S,S,...: saved after those steps
   bool async_save = false, resume = false, save_logits = false;
-  double dropout = 0;         // --dropout P: in each block
+  int die_at_save = -1, die_rank = 1;  // --die-at-save S [--die-rank R]: killed instead of saving
+  double dropout = 0;                  // --dropout P: in each block
   bool scaler = false;        // --scaler: a ddp::GradScaler (init_scale 1024, growth_interval 2)
   std::vector<int> overflow;  // --overflow S,S,...: steps whose gradients get an inf
   int overflow_rank = 0, first_step = 0;
@@ -274,6 +276,10 @@ int main(int argc, char** argv) {
       a.async_save = true;
     else if (f == "--resume")
       a.resume = true;
+    else if (f == "--die-at-save")
+      a.die_at_save = std::stoi(value());
+    else if (f == "--die-rank")
+      a.die_rank = std::stoi(value());
     else if (f == "--save-logits")
       a.save_logits = true;
     else if (f == "--dropout")
@@ -439,6 +445,7 @@ int main(int argc, char** argv) {
       optimizer->step();
     }
     if (step > 0) most = std::max(most, peak());  // the optimizer's step included
+    if (step == a.die_at_save && rank == a.die_rank) std::raise(SIGKILL);  // a rank dies mid-save
     if (checkpoints && std::count(a.save_at.begin(), a.save_at.end(), step) > 0) {
       ddp::CheckpointExtras extras;
       extras.values["trained_by"] = "unit_worker";
