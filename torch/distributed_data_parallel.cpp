@@ -665,9 +665,11 @@ std::vector<std::string> DistributedDataParallel::owned_parameter_names() const 
 std::vector<ParameterShard> DistributedDataParallel::parameter_shards() const {
   std::vector<ParameterShard> shards;
   const TorchParams* zero = impl_->shards.get();
+  // Without ZeRO every rank holds every parameter: one writes each, spread by bytes.
+  std::vector<size_t> load(static_cast<size_t>(impl_->comm.size()), 0);
   for (size_t i = 0; i < impl_->params.size(); ++i) {
     const Impl::Param& p = impl_->params[i];
-    ParameterShard shard{p.name, p.sizes, p.dtype, 0, {}, p.tensor, true, !zero, p.sizes};
+    ParameterShard shard{p.name, p.sizes, p.dtype, 0, {}, p.tensor, true, true, p.sizes};
     if (zero && zero->level() == 3) {
       shard.offset = zero->piece_offset(i);
       shard.values = zero->own_piece(i);
@@ -676,6 +678,13 @@ std::vector<ParameterShard> DistributedDataParallel::parameter_shards() const {
     } else {
       shard.values = p.tensor.detach().view(-1);
       shard.steps = !zero || zero->owns(i);
+    }
+    if (zero) {
+      shard.writes = shard.steps;
+    } else {
+      const auto least = std::min_element(load.begin(), load.end());
+      *least += static_cast<size_t>(p.numel()) * c10::elementSize(p.dtype);
+      shard.writes = least - load.begin() == impl_->comm.rank();
     }
     shards.push_back(std::move(shard));
   }

@@ -128,7 +128,7 @@ struct ParameterShard {
   torch::Tensor values;     // this rank's elements (1-D), its own memory: a load writes them
   torch::Tensor parameter;  // the module's tensor (the key of its optimizer state)
   bool steps = true;        // this rank's optimizer steps these elements (keeps their state)
-  bool shared = false;      // every rank holds and steps the same values (no ZeRO)
+  bool writes = true;       // this rank writes them to a checkpoint (one of those holding them)
   std::vector<int64_t> state_shape;  // the shape the optimizer steps (and its state has)
 };
 

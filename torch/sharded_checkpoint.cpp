@@ -190,14 +190,18 @@ void set_state(torch::optim::Optimizer& optimizer, const std::string& kind, cons
   }
 }
 
-// The parameters' shards of a module trained without the wrapper: whole, every rank the same.
-std::vector<ParameterShard> whole_shards(torch::nn::Module& module) {
+// The parameters' shards of a module trained without the wrapper: whole, every rank the same,
+// one of `ranks` writing each (spread by bytes).
+std::vector<ParameterShard> whole_shards(torch::nn::Module& module, int rank, int ranks) {
   std::vector<ParameterShard> shards;
+  std::vector<size_t> load(static_cast<size_t>(ranks), 0);
   for (const auto& item : module.named_parameters()) {
     const torch::Tensor& p = item.value();
     if (!p.requires_grad()) continue;
-    shards.push_back({item.key(), p.sizes().vec(), p.scalar_type(), 0, p.detach().view(-1), p, true,
-                      true, p.sizes().vec()});
+    const auto least = std::min_element(load.begin(), load.end());
+    *least += static_cast<size_t>(p.numel()) * p.element_size();
+    shards.push_back({item.key(), p.sizes().vec(), p.scalar_type(), 0, p.detach().view(-1), p,
+                      true, least - load.begin() == rank, p.sizes().vec()});
   }
   return shards;
 }
@@ -614,21 +618,8 @@ struct Checkpointer::Impl {
     s.ranks = world.size();
     s.optimizer = optimizer_kind(optimizer);
     s.values = extras.values;
-    // The tensors every rank holds alike are written by one each, spread by bytes.
-    std::vector<size_t> load(static_cast<size_t>(s.ranks), 0);
-    const auto writer_of_shared = [&load](size_t bytes) {
-      const size_t r =
-          static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
-      load[r] += bytes;
-      return static_cast<int>(r);
-    };
     for (const ParameterShard& shard : shards) {
-      const int64_t n = shard.values.numel();
-      const bool writes =
-          shard.shared
-              ? writer_of_shared(static_cast<size_t>(n) * shard.values.element_size()) == s.rank
-              : shard.steps && n > 0;
-      if (!writes) continue;
+      if (!shard.writes || shard.values.numel() == 0) continue;
       s.parts.push_back(
           {shard.name, shard.shape, shard.dtype, shard.offset, host_copy(shard.values)});
       for (const auto& [what, t] : state_of(optimizer, shard.parameter)) {
@@ -743,7 +734,7 @@ void Checkpointer::save(int64_t step, DistributedDataParallel& model,
 void Checkpointer::save(int64_t step, torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                         const CheckpointExtras& extras) {
   impl_->wait();
-  impl_->start(impl_->snapshot(step, whole_shards(module), module, optimizer, extras), false);
+  impl_->start(impl_->snapshot(step, whole_shards(module, impl_->world.rank(), impl_->world.size()), module, optimizer, extras), false);
 }
 
 void Checkpointer::async_save(int64_t step, DistributedDataParallel& model,
@@ -756,7 +747,7 @@ void Checkpointer::async_save(int64_t step, DistributedDataParallel& model,
 void Checkpointer::async_save(int64_t step, torch::nn::Module& module,
                               torch::optim::Optimizer& optimizer, const CheckpointExtras& extras) {
   impl_->wait();
-  impl_->start(impl_->snapshot(step, whole_shards(module), module, optimizer, extras), true);
+  impl_->start(impl_->snapshot(step, whole_shards(module, impl_->world.rank(), impl_->world.size()), module, optimizer, extras), true);
 }
 
 void Checkpointer::wait() {
@@ -773,7 +764,7 @@ std::optional<LoadedCheckpoint> Checkpointer::load(DistributedDataParallel& mode
 
 std::optional<LoadedCheckpoint> Checkpointer::load(torch::nn::Module& module,
                                                    torch::optim::Optimizer& optimizer) {
-  return impl_->load(whole_shards(module), module, optimizer);
+  return impl_->load(whole_shards(module, impl_->world.rank(), impl_->world.size()), module, optimizer);
 }
 
 double Checkpointer::last_blocked_s() const {
