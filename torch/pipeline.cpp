@@ -243,6 +243,7 @@ class Pipeline::Impl final : public PipelineRank {
   }
 
   // The rank's stages' data-parallel wrappers, in stage order.
+  const std::vector<std::unique_ptr<TorchStage>>& stage_list() const { return stages_; }
   std::vector<DistributedDataParallel*> replicated() const {
     std::vector<DistributedDataParallel*> wrapped;
     for (const auto& s : stages_)
@@ -401,6 +402,43 @@ double Pipeline::clip_grad_norm_(double max_norm, double norm_type) {
 
 std::vector<torch::Tensor> Pipeline::parameters() const {
   return impl_->parameters();
+}
+
+std::vector<ParameterShard> Pipeline::parameter_shards() const {
+  std::vector<ParameterShard> shards;
+  for (const auto& s : impl_->stage_list()) {
+    if (DistributedDataParallel* wrapper = s->replicated()) {
+      for (ParameterShard& shard : wrapper->parameter_shards())
+        shards.push_back(std::move(shard));
+      continue;
+    }
+    for (int i = 0; i < s->module_count(); ++i)
+      for (const auto& item : s->module(i).named_parameters()) {
+        const torch::Tensor& p = item.value();
+        if (!p.requires_grad()) continue;
+        shards.push_back({std::to_string(s->first_module() + i) + "." + item.key(), p.sizes().vec(),
+                          p.scalar_type(), 0, p.detach().view(-1), p, true, true, p.sizes().vec()});
+      }
+  }
+  return shards;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> Pipeline::other_tensors() const {
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  for (const auto& s : impl_->stage_list())
+    for (int i = 0; i < s->module_count(); ++i) {
+      const std::string prefix = std::to_string(s->first_module() + i) + ".";
+      for (const auto& item : s->module(i).named_parameters())
+        if (!item.value().requires_grad()) tensors.emplace_back(prefix + item.key(), item.value());
+      for (const auto& item : s->module(i).named_buffers())
+        tensors.emplace_back(prefix + item.key(), item.value());
+    }
+  return tensors;
+}
+
+void Pipeline::shards_written() {
+  for (DistributedDataParallel* wrapper : impl_->replicated())
+    wrapper->shards_written();
 }
 
 ShardedMemory Pipeline::memory() const {

@@ -126,6 +126,16 @@ class Pipeline {
   double clip_grad_norm_(double max_norm, double norm_type = 2.0);
   // The parameters of this rank's stages (for its optimizer), in the model's order.
   std::vector<torch::Tensor> parameters() const;
+  // Each parameter of this rank's stages that gets gradients as it holds it between steps
+  // (ddp::Checkpointer saves and loads these), under the whole model's names: as a replicated
+  // stage's wrapper holds it (DistributedDataParallel::parameter_shards()), else whole.
+  std::vector<ParameterShard> parameter_shards() const;
+  // The other tensors of this rank's stages (buffers, parameters without gradients) under the
+  // whole model's names.
+  std::vector<std::pair<std::string, torch::Tensor>> other_tensors() const;
+  // After a load wrote the values of parameter_shards(): each replicated stage's next step
+  // starts from them (DistributedDataParallel::shards_written()).
+  void shards_written();
   // What this rank's stages keep alive (DistributedDataParallel::memory() summed over its
   // wrapped stages; an unwrapped stage's parameter bytes), the last step's peak included.
   ShardedMemory memory() const;

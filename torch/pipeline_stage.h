@@ -120,6 +120,8 @@ class TorchStage final : public PipelineStage {
 
   int first_module() const { return first_module_; }
   int module_count() const { return static_cast<int>(modules_.size()); }
+  // Module i's own module (of the model's module first_module() + i).
+  torch::nn::Module& module(int i) const { return *modules_[static_cast<size_t>(i)].ptr(); }
   void set_slots(int slots) { slots_.assign(static_cast<size_t>(slots), Slot{}); }
   std::vector<torch::Tensor> parameters() const {
     std::vector<torch::Tensor> all;

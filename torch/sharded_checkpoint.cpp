@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <thread>
 #include <utility>
@@ -30,6 +31,7 @@
 #include "runtime/error.h"
 #include "runtime/safetensors.h"
 #include "torch/distributed_data_parallel.h"
+#include "torch/pipeline.h"
 
 // LibTorch's own CRC-32 (zlib's polynomial; header-only, used here alone): ddp::torch links no
 // zlib. Last, as it defines byte-order macros.
@@ -200,13 +202,13 @@ std::vector<ParameterShard> whole_shards(torch::nn::Module& module, int rank, in
     if (!p.requires_grad()) continue;
     const auto least = std::min_element(load.begin(), load.end());
     *least += static_cast<size_t>(p.numel()) * p.element_size();
-    shards.push_back({item.key(), p.sizes().vec(), p.scalar_type(), 0, p.detach().view(-1), p,
-                      true, least - load.begin() == rank, p.sizes().vec()});
+    shards.push_back({item.key(), p.sizes().vec(), p.scalar_type(), 0, p.detach().view(-1), p, true,
+                      least - load.begin() == rank, p.sizes().vec()});
   }
   return shards;
 }
 
-// The module's tensors outside `shards` (buffers, frozen parameters): rank 0's, whole.
+// The module's tensors outside `shards` (buffers, frozen parameters), whole.
 std::vector<Part> other_tensors(torch::nn::Module& module,
                                 const std::vector<ParameterShard>& shards) {
   std::set<std::string> sharded;
@@ -220,6 +222,13 @@ std::vector<Part> other_tensors(torch::nn::Module& module,
   for (const auto& item : module.named_buffers())
     parts.push_back({item.key(), item.value().sizes().vec(), item.value().scalar_type(), 0,
                      item.value().detach().reshape(-1)});
+  return parts;
+}
+
+std::vector<Part> parts_of(const std::vector<std::pair<std::string, torch::Tensor>>& tensors) {
+  std::vector<Part> parts;
+  for (const auto& [name, t] : tensors)
+    parts.push_back({name, t.sizes().vec(), t.scalar_type(), 0, t.detach().reshape(-1)});
   return parts;
 }
 
@@ -608,7 +617,7 @@ struct Checkpointer::Impl {
   // This rank's parts of the parameters (`shards`), their optimizer state and the module's
   // other tensors and the extras, copied to the host.
   Snapshot snapshot(int64_t step, const std::vector<ParameterShard>& shards,
-                    torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                    std::vector<Part> others, bool write_others, torch::optim::Optimizer& optimizer,
                     const CheckpointExtras& extras) {
     const Clock::time_point start = Clock::now();
     torch::NoGradGuard no_grad;
@@ -631,11 +640,12 @@ struct Checkpointer::Impl {
         }
       }
     }
-    if (s.rank == 0) {
-      for (Part& part : other_tensors(module, shards)) {
+    if (write_others)
+      for (Part& part : others) {
         part.values = host_copy(part.values);
         s.parts.push_back(std::move(part));
       }
+    if (s.rank == 0) {
       for (const auto& [name, t] : extras.tensors)
         s.parts.push_back({"extra." + name, t.sizes().vec(), t.scalar_type(), 0, host_copy(t)});
     }
@@ -644,7 +654,7 @@ struct Checkpointer::Impl {
   }
 
   std::optional<LoadedCheckpoint> load(const std::vector<ParameterShard>& shards,
-                                       torch::nn::Module& module,
+                                       const std::vector<Part>& others,
                                        torch::optim::Optimizer& optimizer) {
     wait();
     const std::string folder = newest_checkpoint(dir);
@@ -692,7 +702,7 @@ struct Checkpointer::Impl {
       }
       set_state(optimizer, kind, shard.parameter, std::move(state));
     }
-    for (const Part& part : other_tensors(module, shards))
+    for (const Part& part : others)
       fill(part.name, part.shape, part.dtype, 0, part.values);
     LoadedCheckpoint loaded;
     loaded.step = index.at("step").get<int64_t>();
@@ -727,27 +737,55 @@ Checkpointer::~Checkpointer() {
 void Checkpointer::save(int64_t step, DistributedDataParallel& model,
                         torch::optim::Optimizer& optimizer, const CheckpointExtras& extras) {
   impl_->wait();
-  impl_->start(impl_->snapshot(step, model.parameter_shards(), model.module(), optimizer, extras),
+  const std::vector<ParameterShard> shards = model.parameter_shards();
+  impl_->start(impl_->snapshot(step, shards, other_tensors(model.module(), shards),
+                               impl_->world.rank() == 0, optimizer, extras),
                false);
 }
 
 void Checkpointer::save(int64_t step, torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                         const CheckpointExtras& extras) {
   impl_->wait();
-  impl_->start(impl_->snapshot(step, whole_shards(module, impl_->world.rank(), impl_->world.size()), module, optimizer, extras), false);
+  const std::vector<ParameterShard> shards =
+      whole_shards(module, impl_->world.rank(), impl_->world.size());
+  impl_->start(impl_->snapshot(step, shards, other_tensors(module, shards),
+                               impl_->world.rank() == 0, optimizer, extras),
+               false);
+}
+
+void Checkpointer::save(int64_t step, Pipeline& pipe, torch::optim::Optimizer& optimizer,
+                        const CheckpointExtras& extras) {
+  impl_->wait();
+  impl_->start(impl_->snapshot(step, pipe.parameter_shards(), parts_of(pipe.other_tensors()),
+                               pipe.replica() == 0, optimizer, extras),
+               false);
 }
 
 void Checkpointer::async_save(int64_t step, DistributedDataParallel& model,
                               torch::optim::Optimizer& optimizer, const CheckpointExtras& extras) {
   impl_->wait();
-  impl_->start(impl_->snapshot(step, model.parameter_shards(), model.module(), optimizer, extras),
+  const std::vector<ParameterShard> shards = model.parameter_shards();
+  impl_->start(impl_->snapshot(step, shards, other_tensors(model.module(), shards),
+                               impl_->world.rank() == 0, optimizer, extras),
                true);
 }
 
 void Checkpointer::async_save(int64_t step, torch::nn::Module& module,
                               torch::optim::Optimizer& optimizer, const CheckpointExtras& extras) {
   impl_->wait();
-  impl_->start(impl_->snapshot(step, whole_shards(module, impl_->world.rank(), impl_->world.size()), module, optimizer, extras), true);
+  const std::vector<ParameterShard> shards =
+      whole_shards(module, impl_->world.rank(), impl_->world.size());
+  impl_->start(impl_->snapshot(step, shards, other_tensors(module, shards),
+                               impl_->world.rank() == 0, optimizer, extras),
+               true);
+}
+
+void Checkpointer::async_save(int64_t step, Pipeline& pipe, torch::optim::Optimizer& optimizer,
+                              const CheckpointExtras& extras) {
+  impl_->wait();
+  impl_->start(impl_->snapshot(step, pipe.parameter_shards(), parts_of(pipe.other_tensors()),
+                               pipe.replica() == 0, optimizer, extras),
+               true);
 }
 
 void Checkpointer::wait() {
@@ -757,14 +795,25 @@ void Checkpointer::wait() {
 std::optional<LoadedCheckpoint> Checkpointer::load(DistributedDataParallel& model,
                                                    torch::optim::Optimizer& optimizer) {
   const std::vector<ParameterShard> shards = model.parameter_shards();
-  std::optional<LoadedCheckpoint> loaded = impl_->load(shards, model.module(), optimizer);
+  std::optional<LoadedCheckpoint> loaded =
+      impl_->load(shards, other_tensors(model.module(), shards), optimizer);
   if (loaded) model.shards_written();
   return loaded;
 }
 
 std::optional<LoadedCheckpoint> Checkpointer::load(torch::nn::Module& module,
                                                    torch::optim::Optimizer& optimizer) {
-  return impl_->load(whole_shards(module, impl_->world.rank(), impl_->world.size()), module, optimizer);
+  const std::vector<ParameterShard> shards =
+      whole_shards(module, impl_->world.rank(), impl_->world.size());
+  return impl_->load(shards, other_tensors(module, shards), optimizer);
+}
+
+std::optional<LoadedCheckpoint> Checkpointer::load(Pipeline& pipe,
+                                                   torch::optim::Optimizer& optimizer) {
+  std::optional<LoadedCheckpoint> loaded =
+      impl_->load(pipe.parameter_shards(), parts_of(pipe.other_tensors()), optimizer);
+  if (loaded) pipe.shards_written();
+  return loaded;
 }
 
 double Checkpointer::last_blocked_s() const {

@@ -45,6 +45,7 @@
 namespace ddp {
 
 class DistributedDataParallel;
+class Pipeline;
 class World;
 
 // The checkpointer's options.
@@ -87,6 +88,11 @@ class Checkpointer {
   // values): its tensors split among the ranks to write.
   void save(int64_t step, torch::nn::Module& module, torch::optim::Optimizer& optimizer,
             const CheckpointExtras& extras = {});
+  // The same for a ddp::Pipeline: each rank its stages' parameters (as their replicas' wrappers
+  // hold them), under the whole model's names, so that a pipeline's checkpoint loads into
+  // DistributedDataParallel or one process and back.
+  void save(int64_t step, Pipeline& pipe, torch::optim::Optimizer& optimizer,
+            const CheckpointExtras& extras = {});
   // Collective: as save(), returning once the state is copied to host memory (pinned for GPU
   // tensors); a thread of this process writes the files and commits them meanwhile. A save
   // still in flight is waited for first (at most one in flight).
@@ -94,6 +100,9 @@ class Checkpointer {
                   const CheckpointExtras& extras = {});
   // async_save() for a module trained without the wrapper.
   void async_save(int64_t step, torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                  const CheckpointExtras& extras = {});
+  // async_save() for a ddp::Pipeline.
+  void async_save(int64_t step, Pipeline& pipe, torch::optim::Optimizer& optimizer,
                   const CheckpointExtras& extras = {});
   // Waits for the save in flight, if any; a ddp::Error naming what failed.
   void wait();
@@ -107,6 +116,9 @@ class Checkpointer {
   // load() into a module trained without the wrapper.
   std::optional<LoadedCheckpoint> load(torch::nn::Module& module,
                                        torch::optim::Optimizer& optimizer);
+
+  // load() into a ddp::Pipeline (its optimizer over pipe.parameters()).
+  std::optional<LoadedCheckpoint> load(Pipeline& pipe, torch::optim::Optimizer& optimizer);
 
   // The last save's seconds: training blocked (the copy), and written (the files to commit).
   double last_blocked_s() const;

@@ -10,6 +10,8 @@
 // step S scale X stepped 0|1" printed after each update; --overflow S,S,...: an inf written into
 // the first gradient this rank holds after those steps' backward, on rank --overflow-rank's
 // alone (0; with --reference the process's).
+// --checkpoint-dir DIR [--save-at S] [--resume]: a ddp::Checkpointer's save after step S, its
+// newest checkpoint loaded first (with --reference: the model without a pipeline).
 // --clip MAX [--norm-type P|inf]: each step's gradients clipped (pipe.clip_grad_norm_, with
 // --reference LibTorch's own), "rank R step S norm N" printed.
 // --data-parallel D: D replicas of the pipeline, each on its share of the global batch (replica 0
@@ -39,6 +41,7 @@
 #include "torch/grad_scaler.h"
 #include "torch/pipeline.h"
 #include "torch/shard_unit.h"
+#include "torch/sharded_checkpoint.h"
 
 namespace {
 
@@ -47,9 +50,12 @@ struct Args {
   int micro_batches = 4, stages_per_rank = 0, steps = 3, batch = 24, data_parallel = 1;
   std::vector<int> balance;
   bool recompute = false, reference = false, bad_shape = false, checkpoint = false;
-  bool scaler = false;        // --scaler: a ddp::GradScaler (init_scale 1024, growth_interval 2)
-  std::vector<int> overflow;  // --overflow S,S,...: steps whose gradients get an inf
-  int overflow_rank = 0;      // --overflow-rank R: whose (the last rank's with -1)
+  bool scaler = false;         // --scaler: a ddp::GradScaler (init_scale 1024, growth_interval 2)
+  std::vector<int> overflow;   // --overflow S,S,...: steps whose gradients get an inf
+  int overflow_rank = 0;       // --overflow-rank R: whose (the last rank's with -1)
+  std::string checkpoint_dir;  // --checkpoint-dir DIR: a ddp::Checkpointer's folder
+  int save_at = -1;            // --save-at S: saved after step S
+  bool resume = false;         // --resume: its newest checkpoint loaded first
   bool cuda = false;
   double bucket_kb = 0;  // 0: the options' default
   bool reduce_in_bf16 = false, events = false, whole_model = false, memory = false;
@@ -111,6 +117,12 @@ Args parse(int argc, char** argv) {
       a.recompute = true;
     else if (f == "--checkpoint")
       a.checkpoint = true;
+    else if (f == "--checkpoint-dir")
+      a.checkpoint_dir = value();
+    else if (f == "--save-at")
+      a.save_at = std::stoi(value());
+    else if (f == "--resume")
+      a.resume = true;
     else if (f == "--scaler")
       a.scaler = true;
     else if (f == "--overflow") {
@@ -257,9 +269,25 @@ int main(int argc, char** argv) {
       torch::manual_seed(99);
       return torch::randn({10, 16}).to(device);
     };
+    // --checkpoint-dir: the program's checkpoints (a world of one process with --reference).
+    if (!world && !args.checkpoint_dir.empty()) world = std::make_unique<ddp::World>(ddp::init());
+    std::unique_ptr<ddp::Checkpointer> checkpoints;
+    if (!args.checkpoint_dir.empty())
+      checkpoints = std::make_unique<ddp::Checkpointer>(*world, args.checkpoint_dir);
+    // Loads (--resume) or saves (--save-at) through `checkpoints` (pipe or model): the first
+    // step to run.
+    const auto resume = [&](auto& what, torch::optim::Optimizer& optimizer) {
+      if (!checkpoints || !args.resume) return 0;
+      const auto loaded = checkpoints->load(what, optimizer);
+      std::printf("rank %d resumed at step %d\n", rank, loaded ? int(loaded->step) + 1 : 0);
+      return loaded ? static_cast<int>(loaded->step) + 1 : 0;
+    };
+    const auto maybe_save = [&](auto& what, torch::optim::Optimizer& optimizer, int step) {
+      if (checkpoints && step == args.save_at) checkpoints->save(step, what, optimizer);
+    };
     if (args.reference) {
       auto optimizer = make_optimizer(args.optimizer, model->parameters());
-      for (int step = 0; step < args.steps; ++step) {
+      for (int step = resume(*model, *optimizer); step < args.steps; ++step) {
         const auto [x, y] = batch(step);
         optimizer->zero_grad();
         const torch::Tensor loss = loss_fn(model->forward(x), y);
@@ -270,6 +298,7 @@ int main(int argc, char** argv) {
               "rank 0 step %d norm %.12g\n", step,
               torch::nn::utils::clip_grad_norm_(model->parameters(), args.clip, args.norm_type));
         optimizer_step(*optimizer, step);
+        maybe_save(*model, *optimizer, step);
         std::printf("step %d loss %.6f\n", step, loss.item<double>());
       }
       torch::NoGradGuard no_grad;
@@ -311,7 +340,7 @@ int main(int argc, char** argv) {
     if (args.hook == "allreduce") pipe.register_comm_hook(ddp::allreduce_comm_hook());
     if (args.events) pipe.record_events(true);
     auto optimizer = make_optimizer(args.optimizer, pipe.parameters());
-    for (int step = 0; step < args.steps; ++step) {
+    for (int step = resume(pipe, *optimizer); step < args.steps; ++step) {
       const auto [x, y] = batch(step);  // the global batch; this replica's share of it
       optimizer->zero_grad();
       const torch::Tensor loss =
@@ -322,6 +351,7 @@ int main(int argc, char** argv) {
         std::printf("rank %d step %d norm %.12g\n", world->rank(), step,
                     pipe.clip_grad_norm_(args.clip, args.norm_type));
       optimizer_step(*optimizer, step);
+      maybe_save(pipe, *optimizer, step);
       if (pipe.has_last() && pipe.replica() == 0)
         std::printf("step %d loss %.6f\n", step, loss.item<double>());
     }

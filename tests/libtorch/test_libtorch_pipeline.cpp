@@ -481,5 +481,40 @@ TEST(TorchPipelineUse, GradScalerSkipsTheSameStepsOnEveryStageAndReplica) {
   }
 }
 
+// A ddp::Checkpointer checkpoint of a pipeline (pp 2, AdamW, saved after 2 of 4 steps: each rank
+// its stages' parameters and moments under the whole model's names) resumes in one process
+// without a pipeline, as pp 3 and as dp 2 x pp 2 with zero(3) units (each stage's DDP wrapper
+// taking its pieces), and one process's checkpoint resumes as pp 2: each ends as the
+// uninterrupted one process's run within kAcrossRanksMargin.
+TEST(TorchPipelineUse, CheckpointsMoveBetweenPipelineCutsReplicasAndOneProcess) {
+  TempDir dir;
+  const std::string flags = " --micro-batches 4 --steps 4 --optimizer adamw ";
+  const RunResult ref = run_command(kWorker + " --reference --out " + dir.file("ref") + flags);
+  ASSERT_EQ(ref.exit_code, 0) << ref.output;
+  const std::string saved = " --checkpoint-dir " + dir.file("pp");
+  const RunResult save = pipeline(2, dir.file("out"), flags + saved + " --save-at 1");
+  ASSERT_EQ(save.exit_code, 0) << save.output;
+  const RunResult one =
+      run_command(kWorker + " --reference --out " + dir.file("one") + flags + saved + " --resume");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  EXPECT_NE(one.output.find("rank 0 resumed at step 2"), std::string::npos) << one.output;
+  EXPECT_LT(max_relative_difference(dir.file("one.0"), dir.file("ref.0")), kAcrossRanksMargin);
+  struct Layout {
+    int ranks, stages;
+    std::string flags;
+  };
+  for (const Layout& l : {Layout{3, 3, ""}, Layout{4, 2, "--data-parallel 2 --zero 3 --units"}}) {
+    const RunResult r = pipeline(l.ranks, dir.file("out"), flags + l.flags + saved + " --resume");
+    ASSERT_EQ(r.exit_code, 0) << l.flags << "\n" << r.output;
+    EXPECT_NE(r.output.find("rank 0 resumed at step 2"), std::string::npos) << r.output;
+    EXPECT_LT(against_reference(dir, l.stages), kAcrossRanksMargin) << l.ranks << " " << l.flags;
+  }
+  const std::string from_one = " --checkpoint-dir " + dir.file("one-ckpt");
+  ASSERT_EQ(run_command(kWorker + " --reference" + flags + from_one + " --save-at 1").exit_code, 0);
+  const RunResult back = pipeline(2, dir.file("out"), flags + from_one + " --resume");
+  ASSERT_EQ(back.exit_code, 0) << back.output;
+  EXPECT_LT(against_reference(dir, 2), kAcrossRanksMargin);
+}
+
 }  // namespace
 }  // namespace ddp
