@@ -562,7 +562,7 @@ struct Checkpointer::Impl {
     const double timeout = options.timeout_s();
     std::shared_ptr<StoreClient> own = world.connect_store();
     writer = std::thread([this, snapshot = std::move(snapshot), folder, prefix, ranks, keep,
-                          timeout, own]() mutable {
+                          timeout, own, async]() mutable {
       const Clock::time_point start = Clock::now();
       try {
         std::string mine = "ok";
@@ -606,6 +606,7 @@ struct Checkpointer::Impl {
             snapshot.step, dir, e.what());
       }
       written_s = seconds_since(start);
+      if (!async) blocked_s += written_s;  // a save() blocks training until it is committed
       if (error.empty() && snapshot.rank == 0)
         say(fmt::format(
             "ddp::Checkpointer: step {} saved in {} ({:.2f} s blocked, {:.2f} s written)",

@@ -120,7 +120,8 @@ class Checkpointer {
   // load() into a ddp::Pipeline (its optimizer over pipe.parameters()).
   std::optional<LoadedCheckpoint> load(Pipeline& pipe, torch::optim::Optimizer& optimizer);
 
-  // The last save's seconds: training blocked (the copy), and written (the files to commit).
+  // The last save's seconds: training blocked (async_save(): the copy to host memory; save():
+  // all of it), and written (from the copy to the commit).
   double last_blocked_s() const;
   // See last_blocked_s().
   double last_written_s() const;
