@@ -654,6 +654,16 @@ struct Checkpointer::Impl {
     return s;
   }
 
+  // A save of `shards` and the other tensors: `module`'s outside them, or `others`; those
+  // written by this rank where `write_others`.
+  void save(int64_t step, const std::vector<ParameterShard>& shards, torch::nn::Module* module,
+            std::vector<Part> others, bool write_others, torch::optim::Optimizer& optimizer,
+            const CheckpointExtras& extras, bool async) {
+    wait();
+    if (module) others = other_tensors(*module, shards);
+    start(snapshot(step, shards, std::move(others), write_others, optimizer, extras), async);
+  }
+
   std::optional<LoadedCheckpoint> load(const std::vector<ParameterShard>& shards,
                                        const std::vector<Part>& others,
                                        torch::optim::Optimizer& optimizer) {
@@ -737,56 +747,38 @@ Checkpointer::~Checkpointer() {
 
 void Checkpointer::save(int64_t step, DistributedDataParallel& model,
                         torch::optim::Optimizer& optimizer, const CheckpointExtras& extras) {
-  impl_->wait();
-  const std::vector<ParameterShard> shards = model.parameter_shards();
-  impl_->start(impl_->snapshot(step, shards, other_tensors(model.module(), shards),
-                               impl_->world.rank() == 0, optimizer, extras),
-               false);
+  impl_->save(step, model.parameter_shards(), &model.module(), {}, impl_->world.rank() == 0,
+              optimizer, extras, false);
 }
 
 void Checkpointer::save(int64_t step, torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                         const CheckpointExtras& extras) {
-  impl_->wait();
-  const std::vector<ParameterShard> shards =
-      whole_shards(module, impl_->world.rank(), impl_->world.size());
-  impl_->start(impl_->snapshot(step, shards, other_tensors(module, shards),
-                               impl_->world.rank() == 0, optimizer, extras),
-               false);
+  impl_->save(step, whole_shards(module, impl_->world.rank(), impl_->world.size()), &module, {},
+              impl_->world.rank() == 0, optimizer, extras, false);
 }
 
 void Checkpointer::save(int64_t step, Pipeline& pipe, torch::optim::Optimizer& optimizer,
                         const CheckpointExtras& extras) {
-  impl_->wait();
-  impl_->start(impl_->snapshot(step, pipe.parameter_shards(), parts_of(pipe.other_tensors()),
-                               pipe.replica() == 0, optimizer, extras),
-               false);
+  impl_->save(step, pipe.parameter_shards(), nullptr, parts_of(pipe.other_tensors()),
+              pipe.replica() == 0, optimizer, extras, false);
 }
 
 void Checkpointer::async_save(int64_t step, DistributedDataParallel& model,
                               torch::optim::Optimizer& optimizer, const CheckpointExtras& extras) {
-  impl_->wait();
-  const std::vector<ParameterShard> shards = model.parameter_shards();
-  impl_->start(impl_->snapshot(step, shards, other_tensors(model.module(), shards),
-                               impl_->world.rank() == 0, optimizer, extras),
-               true);
+  impl_->save(step, model.parameter_shards(), &model.module(), {}, impl_->world.rank() == 0,
+              optimizer, extras, true);
 }
 
 void Checkpointer::async_save(int64_t step, torch::nn::Module& module,
                               torch::optim::Optimizer& optimizer, const CheckpointExtras& extras) {
-  impl_->wait();
-  const std::vector<ParameterShard> shards =
-      whole_shards(module, impl_->world.rank(), impl_->world.size());
-  impl_->start(impl_->snapshot(step, shards, other_tensors(module, shards),
-                               impl_->world.rank() == 0, optimizer, extras),
-               true);
+  impl_->save(step, whole_shards(module, impl_->world.rank(), impl_->world.size()), &module, {},
+              impl_->world.rank() == 0, optimizer, extras, true);
 }
 
 void Checkpointer::async_save(int64_t step, Pipeline& pipe, torch::optim::Optimizer& optimizer,
                               const CheckpointExtras& extras) {
-  impl_->wait();
-  impl_->start(impl_->snapshot(step, pipe.parameter_shards(), parts_of(pipe.other_tensors()),
-                               pipe.replica() == 0, optimizer, extras),
-               true);
+  impl_->save(step, pipe.parameter_shards(), nullptr, parts_of(pipe.other_tensors()),
+              pipe.replica() == 0, optimizer, extras, true);
 }
 
 void Checkpointer::wait() {

@@ -434,17 +434,6 @@ TEST(TorchPipelineUse, CheckpointedLayersTrainBitwiseAsWithoutUnderEverySchedule
   }
 }
 
-// Each rank's "rank R step S scale X stepped B" lines, as "S:X:B" in order.
-std::map<int, std::vector<std::string>> scale_lines(const std::string& output) {
-  std::map<int, std::vector<std::string>> found;
-  const std::regex line(R"(rank (\d+) step (\d+) scale ([0-9.e+]+) stepped (\d))");
-  for (auto it = std::sregex_iterator(output.begin(), output.end(), line);
-       it != std::sregex_iterator(); ++it)
-    found[std::stoi((*it)[1])].push_back((*it)[2].str() + ":" + (*it)[3].str() + ":" +
-                                         (*it)[4].str());
-  return found;
-}
-
 // ddp::GradScaler with ddp::Pipeline as a user writes it (the loss scaled in the loss function,
 // the scaler over the world's ranks), where the last rank alone (the last stage's, of the
 // second replica where there are two) finds an inf in its gradients at steps 1 and 4: every rank

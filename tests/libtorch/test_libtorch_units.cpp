@@ -336,17 +336,6 @@ TEST(TorchClip, TheWrappersNormIsOneProcesssUnderEveryLevel) {
   EXPECT_GT(std::abs(parts.at(0).at(0) - parts.at(1).at(0)), 1e-3 * whole) << own.output;
 }
 
-// Every "rank R step S scale X stepped Y" line: rank -> "S:X:Y" in order.
-std::map<int, std::vector<std::string>> scales(const std::string& output) {
-  std::map<int, std::vector<std::string>> found;
-  const std::regex line(R"(rank (\d+) step (\d+) scale ([0-9.e+]+) stepped (\d))");
-  for (auto it = std::sregex_iterator(output.begin(), output.end(), line);
-       it != std::sregex_iterator(); ++it)
-    found[std::stoi((*it)[1])].push_back((*it)[2].str() + ":" + (*it)[3].str() + ":" +
-                                         (*it)[4].str());
-  return found;
-}
-
 // ddp::GradScaler (init_scale 1024, growth_interval 2) where one rank alone finds an inf in its
 // gradients at steps 1 and 4 (the last rank, under ZeRO holding only its own share): every rank
 // skips those steps and keeps the same scale, the sequence torch.amp.GradScaler's update rule
@@ -362,14 +351,14 @@ TEST(TorchGradScaler, ARankThatOverflowsAloneMakesEveryRankSkip) {
   const std::string scaled = " --scaler --overflow 1,4 --steps 6 --out ";
   const RunResult one = run_command(kWorker + " --single" + scaled + dir.file("one"));
   ASSERT_EQ(one.exit_code, 0) << one.output;
-  EXPECT_EQ(scales(one.output)[0], expected) << one.output;
+  EXPECT_EQ(scale_lines(one.output)[0], expected) << one.output;
   for (const int ranks : {2, 3})
     for (const std::string flags : {"", "--zero 2", "--zero 3 --units"}) {
       const std::string where = std::to_string(ranks) + " ranks " + flags;
       const RunResult r = train(ranks, flags + " --overflow-rank " + std::to_string(ranks - 1) +
                                            scaled + dir.file("ranks"));
       ASSERT_EQ(r.exit_code, 0) << where << "\n" << r.output;
-      const std::map<int, std::vector<std::string>> got = scales(r.output);
+      const std::map<int, std::vector<std::string>> got = scale_lines(r.output);
       ASSERT_EQ(got.size(), static_cast<size_t>(ranks)) << where << "\n" << r.output;
       for (const auto& [rank, sequence] : got)
         EXPECT_EQ(sequence, expected) << where << ", rank " << rank;
@@ -382,7 +371,7 @@ TEST(TorchGradScaler, ARankThatOverflowsAloneMakesEveryRankSkip) {
   const RunResult resumed =
       train(2, "--scaler --overflow 1,4 --steps 3 --first-step 3 --load-scaler " + state);
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
-  EXPECT_EQ(scales(resumed.output)[0],
+  EXPECT_EQ(scale_lines(resumed.output)[0],
             std::vector<std::string>(expected.begin() + 3, expected.end()))
       << resumed.output;
   const RunResult bad = train(2, "--scaler --load-scaler " + dir.file("one"));

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -105,6 +106,18 @@ inline std::string batchnorm_line(const std::string& output, int rank) {
     return "";
   }
   return output.substr(at + tag.size(), output.find('\n', at) - at - tag.size());
+}
+
+// Each rank's "rank R step S scale X stepped B" lines (a ddp::GradScaler's updates, printed by
+// the workers' --scaler), as "S:X:B" in order.
+inline std::map<int, std::vector<std::string>> scale_lines(const std::string& output) {
+  std::map<int, std::vector<std::string>> found;
+  const std::regex line(R"(rank (\d+) step (\d+) scale ([0-9.e+]+) stepped (\d))");
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), line);
+       it != std::sregex_iterator(); ++it)
+    found[std::stoi((*it)[1])].push_back((*it)[2].str() + ":" + (*it)[3].str() + ":" +
+                                         (*it)[4].str());
+  return found;
 }
 
 }  // namespace ddp
