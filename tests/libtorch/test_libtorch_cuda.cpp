@@ -325,7 +325,7 @@ TEST(TorchUnitsCuda, TrainAsPlainDdpAndAsOneCudaProcess) {
     run("units", flags);
     EXPECT_EQ(apart("units", "plain"), 0.0) << flags;
   }
-  const std::string adamw = "--adamw --blocks 24 --dim 64 ";
+  const std::string adamw = "--adamw --blocks 24 --dim 1024 ";
   const RunResult plain = run("plain-adamw", adamw);
   const RunResult units = run("units-adamw", adamw + "--zero 3 --units");
   EXPECT_EQ(apart("units-adamw", "plain-adamw"), 0.0);
