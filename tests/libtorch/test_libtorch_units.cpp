@@ -487,16 +487,16 @@ TEST(TorchCheckpointer, SavedOnRanksLoadsIntoAnyLayoutAndTrainingGoesOnAsUninter
 }
 
 // A save that cannot complete leaves the previous checkpoint to load and says what happened: a
-// rank killed (SIGKILL) while the others save step 2 (the job torn down, a partial folder left,
-// which the next save removes), and a disk that fills up during the save of step 2 (a 160 KiB
-// tmpfs in a mount namespace of the test's own: every rank's error names the file and the full
-// disk). Each time the next run resumes from step 1.
+// rank killed (SIGKILL) while the other's asynchronous save of step 2 is in flight (the job torn
+// down, a partial folder left, which the next save removes), and a disk that fills up during the
+// save of step 2 (a 160 KiB tmpfs in a mount namespace of the test's own: every rank's error names
+// the file and the full disk). Each time the next run resumes from step 1.
 TEST(TorchCheckpointer, AKilledRankOrAFullDiskLeavesThePreviousCheckpoint) {
   if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
   TempDir dir;
   const std::string model = " --adamw --zero 3 --units --batch 6 --steps 4 --checkpoint-dir ";
   const std::string killed = dir.file("killed");
-  const RunResult died = train(2, model + killed + " --save-at 1,2 --die-at-save 2");
+  const RunResult died = train(2, model + killed + " --save-at 1,2 --async-save --die-at-save 2");
   EXPECT_NE(died.exit_code, 0) << died.output;
   const auto partial = [&killed] {
     int count = 0;
