@@ -8,6 +8,8 @@
 #include <sys/stat.h>
 
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +18,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -482,6 +485,40 @@ class PieceReader {
 
 }  // namespace
 
+// A save in flight when SIGTERM or SIGINT comes (ddprun's teardown, a scheduler's preemption,
+// Ctrl-C): the handler says so and waits for it to be committed, then ends the process as the
+// signal's previous disposition would. Only async-signal-safe calls in the handler.
+std::atomic<bool> saving{false};
+struct sigaction previous_action[2];
+constexpr int kWaitingSignals[2] = {SIGTERM, SIGINT};
+
+void wait_then_end(int signal) {
+  if (saving.load()) {
+    static const char line[] =
+        "ddp::Checkpointer: a signal came while a checkpoint was being saved: waiting for the "
+        "save to finish before ending\n";
+    (void)!::write(2, line, sizeof(line) - 1);
+    while (saving.load()) {
+      const struct timespec pause = {0, 10 * 1000 * 1000};
+      ::nanosleep(&pause, nullptr);
+    }
+  }
+  ::sigaction(signal, &previous_action[signal == SIGTERM ? 0 : 1], nullptr);
+  ::raise(signal);
+}
+
+void install_signal_wait() {
+  static std::once_flag installed;
+  std::call_once(installed, [] {
+    for (int k = 0; k < 2; ++k) {
+      struct sigaction action {};
+      action.sa_handler = wait_then_end;
+      sigemptyset(&action.sa_mask);
+      ::sigaction(kWaitingSignals[k], &action, &previous_action[k]);
+    }
+  });
+}
+
 struct Checkpointer::Impl {
   World& world;
   std::string dir;
@@ -561,8 +598,17 @@ struct Checkpointer::Impl {
     const int keep = options.keep();
     const double timeout = options.timeout_s();
     std::shared_ptr<StoreClient> own = world.connect_store();
+    install_signal_wait();
+    saving = true;
     writer = std::thread([this, snapshot = std::move(snapshot), folder, prefix, ranks, keep,
                           timeout, own, async]() mutable {
+      {  // the signals are the main thread's to take (their handler waits for this thread)
+        sigset_t signals;
+        sigemptyset(&signals);
+        for (const int signal : kWaitingSignals)
+          sigaddset(&signals, signal);
+        pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+      }
       const Clock::time_point start = Clock::now();
       try {
         std::string mine = "ok";
@@ -607,6 +653,7 @@ struct Checkpointer::Impl {
       }
       written_s = seconds_since(start);
       if (!async) blocked_s += written_s;  // a save() blocks training until it is committed
+      saving = false;
       if (error.empty() && snapshot.rank == 0)
         say(fmt::format(
             "ddp::Checkpointer: step {} saved in {} ({:.2f} s blocked, {:.2f} s written)",

@@ -19,7 +19,9 @@
 // files are written into .step-000000100.tmp/, every rank's checked by rank 0 (each piece's
 // CRC-32 in the index), then the folder renamed and `latest` replaced by a rename; the previous
 // stays until then, `keep` of them stay after. A partial one (a rank killed, a disk full) is
-// never loaded, and the next save removes it. Whole tensors are stored under their own names
+// never loaded, and the next save removes it. A save in flight is waited for by the next save,
+// by wait() and the destructor, and by SIGTERM or SIGINT (its handler says so, waits, then lets
+// the signal end the process as before). Whole tensors are stored under their own names
 // and listed in the index's "weight_map" (Hugging Face's model.safetensors.index.json), so that
 // a checkpoint saved without ZeRO level 3 loads into Python with the safetensors package;
 // scripts/consolidate-checkpoint.py joins the pieces into one model.safetensors in any case.

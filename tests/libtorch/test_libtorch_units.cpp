@@ -526,5 +526,25 @@ TEST(TorchCheckpointer, AKilledRankOrAFullDiskLeavesThePreviousCheckpoint) {
   EXPECT_NE(filled.output.find("rank 0 resumed at step 2"), std::string::npos) << filled.output;
 }
 
+// SIGTERM (a scheduler's preemption, ddprun's teardown) right after async_save() returns: the
+// handler says it waits, the save is committed before the process ends by the signal, and the
+// next run resumes from it (24 blocks of 512 features, 75 MB to write: far longer than the
+// signal takes to arrive).
+TEST(TorchCheckpointer, ASignalWaitsForTheSaveInFlight) {
+  TempDir dir;
+  const std::string ckpt = " --checkpoint-dir " + dir.file("ckpt");
+  const std::string model = " --single --adamw --blocks 24 --dim 512 --steps 2";
+  const RunResult stopped =
+      run_command(kWorker + model + ckpt + " --save-at 0 --async-save --sigterm-after-save");
+  EXPECT_NE(stopped.exit_code, 0) << stopped.output;
+  EXPECT_NE(stopped.output.find("waiting for the save to finish"), std::string::npos)
+      << stopped.output;
+  EXPECT_TRUE(std::filesystem::exists(dir.file("ckpt") + "/step-000000000/index.json"))
+      << stopped.output;
+  const RunResult resumed = run_command(kWorker + model + ckpt + " --resume");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("rank 0 resumed at step 1"), std::string::npos) << resumed.output;
+}
+
 }  // namespace
 }  // namespace ddp

@@ -214,6 +214,7 @@ struct Args {
   std::vector<int> save_at;    // --save-at S,S,...: saved after those steps
   bool async_save = false, resume = false, save_logits = false;
   int die_at_save = -1, die_rank = 1;  // --die-at-save S [--die-rank R]: killed instead of saving
+  bool sigterm_after_save = false;     // --sigterm-after-save: SIGTERM to itself after a save
   double dropout = 0;                  // --dropout P: in each block
   bool scaler = false;        // --scaler: a ddp::GradScaler (init_scale 1024, growth_interval 2)
   std::vector<int> overflow;  // --overflow S,S,...: steps whose gradients get an inf
@@ -278,6 +279,8 @@ int main(int argc, char** argv) {
       a.resume = true;
     else if (f == "--die-at-save")
       a.die_at_save = std::stoi(value());
+    else if (f == "--sigterm-after-save")
+      a.sigterm_after_save = true;
     else if (f == "--die-rank")
       a.die_rank = std::stoi(value());
     else if (f == "--save-logits")
@@ -462,6 +465,8 @@ int main(int argc, char** argv) {
               : checkpoints->save(step, *net, *optimizer, extras);
       std::printf("rank %d saved step %d (blocked %.3f s)\n", rank, step,
                   checkpoints->last_blocked_s());
+      std::fflush(stdout);
+      if (a.sigterm_after_save) std::raise(SIGTERM);  // as a scheduler's preemption would
     }
   }
   if (checkpoints) checkpoints->wait();
