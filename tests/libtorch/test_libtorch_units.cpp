@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <regex>
 #include <sstream>
@@ -544,6 +545,36 @@ TEST(TorchCheckpointer, ASignalWaitsForTheSaveInFlight) {
   const RunResult resumed = run_command(kWorker + model + ckpt + " --resume");
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_NE(resumed.output.find("rank 0 resumed at step 1"), std::string::npos) << resumed.output;
+}
+
+// What a load cannot trust is refused by name and nothing is loaded: a checkpoint of another
+// model (16 features saved, 8 asked for: the tensor, both shapes), another optimizer (AdamW saved,
+// SGD asked for), and a rank file with one byte changed (its piece's CRC-32).
+TEST(TorchCheckpointer, AForeignOrDamagedCheckpointIsRefusedByName) {
+  TempDir dir;
+  const std::string ckpt = " --checkpoint-dir " + dir.file("ckpt");
+  ASSERT_EQ(run_command(kWorker + " --single --adamw --steps 2 --save-at 0" + ckpt).exit_code, 0);
+  const RunResult other = run_command(kWorker + " --single --adamw --dim 8 --resume" + ckpt);
+  EXPECT_NE(other.exit_code, 0);
+  EXPECT_NE(other.output.find("is F32 [16, 16] there, F32 [16, 8] here"), std::string::npos)
+      << other.output;
+  const RunResult sgd = run_command(kWorker + " --single --resume" + ckpt);
+  EXPECT_NE(sgd.exit_code, 0);
+  EXPECT_NE(sgd.output.find("a checkpoint of optimizer AdamW, loaded into a SGD"),
+            std::string::npos)
+      << sgd.output;
+  const std::string file = dir.file("ckpt") + "/step-000000000/rank-00000-of-00001.safetensors";
+  {
+    std::fstream bytes(file, std::ios::in | std::ios::out | std::ios::binary);
+    bytes.seekg(-5, std::ios::end);
+    const char was = static_cast<char>(bytes.get());
+    bytes.seekp(-5, std::ios::end);
+    bytes.put(static_cast<char>(was ^ 0x40));
+  }
+  const RunResult damaged = run_command(kWorker + " --single --adamw --resume" + ckpt);
+  EXPECT_NE(damaged.exit_code, 0);
+  EXPECT_NE(damaged.output.find("do not match their checksum"), std::string::npos)
+      << damaged.output;
 }
 
 }  // namespace
