@@ -1,7 +1,9 @@
 // ddp for LibTorch programs (the package component `torch`, target ddp::torch):
 // ddp::DistributedDataParallel over a torch::nn::Module (torch/distributed_data_parallel.h),
 // its communication hooks, PowerSGD among them (torch/comm_hooks.h), ddp::SyncBatchNorm
-// (torch/sync_batch_norm.h), ddp::Pipeline over a Sequential (torch/pipeline.h), with
+// (torch/sync_batch_norm.h), ddp::Pipeline over a Sequential (torch/pipeline.h), shard units
+// (torch/shard_unit.h), ddp::GradScaler (torch/grad_scaler.h), activation checkpointing
+// (torch/checkpoint.h), sharded checkpoints (ddp::Checkpointer, torch/sharded_checkpoint.h), with
 // ddp::init() and the World it returns, in one include.
 #pragma once
 
