@@ -4,7 +4,8 @@
 # async_save(), REPEAT times each into DIR (default a temporary folder): the seconds training
 # was blocked and the seconds written (the worker's Checkpointer line), the checkpoint's size,
 # and the disk's own write rate (dd of as many bytes with fsync) beside it. On the GPU (CUDA=1)
-# the model lives there and the copy goes to pinned host memory.
+# the model lives there and the copy goes to pinned host memory. The last row: async_save()'s
+# second save in one run with CheckpointerOptions::keep_staging (the host copies reused).
 # Usage: [BLOCKS=24] [DIM=1024] [REPEAT=2] [CUDA=0] [DIR=...] scripts/bench-checkpoint.sh BUILD_DIR
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -29,6 +30,11 @@ for ((i = 0; i < ${REPEAT:-2}; ++i)); do
     echo "| $mode | $(sed -E 's/\(([0-9.]+) s blocked, ([0-9.]+) s written\)/\1 | \2/' <<<"$line") | $(awk -v b="$size" 'BEGIN { printf "%.2f GB", b / 1e9 }') |"
   done
 done
+rm -rf "$dir/ckpt"
+lines="$("$worker" "${flags[@]}" --save-at 0,1 --steps 3 --async-save --keep-staging \
+  --checkpoint-dir "$dir/ckpt" 2>&1 | grep -oE '\(([0-9.]+) s blocked, ([0-9.]+) s written\)' | tail -1)" ||
+  { echo "bench-checkpoint: the keep_staging run failed" >&2; exit 1; }
+echo "| async_save, staging kept (2nd save) | $(sed -E 's/\(([0-9.]+) s blocked, ([0-9.]+) s written\)/\1 | \2/' <<<"$lines") | $(awk -v b="$size" 'BEGIN { printf "%.2f GB", b / 1e9 }') |"
 rm -rf "$dir/ckpt"
 count=$(( (size + 67108863) / 67108864 ))
 rate="$(dd if=/dev/zero of="$dir/dd.bin" bs=64M count="$count" conv=fsync 2>&1 | tail -1)"

@@ -235,13 +235,21 @@ std::vector<Part> parts_of(const std::vector<std::pair<std::string, torch::Tenso
   return parts;
 }
 
-// The host copy of a piece (pinned for a GPU tensor), contiguous and 1-D.
-torch::Tensor host_copy(const torch::Tensor& values) {
+// The host copy of a piece (pinned for a GPU tensor), contiguous and 1-D: into `reuse` where it
+// is one of the same size and kind (the staging kept from the last save), else new (and kept
+// there where `reuse` is given).
+torch::Tensor host_copy(const torch::Tensor& values, torch::Tensor* reuse) {
   const torch::Tensor flat = values.detach().reshape(-1);
-  if (!flat.is_cuda()) return flat.clone();
+  const bool pinned = flat.is_cuda();
+  if (reuse && reuse->defined() && reuse->numel() == flat.numel() &&
+      reuse->scalar_type() == flat.scalar_type() && reuse->is_pinned() == pinned) {
+    reuse->copy_(flat);
+    return *reuse;
+  }
   torch::Tensor host =
-      torch::empty({flat.numel()}, flat.options().device(torch::kCPU).pinned_memory(true));
+      torch::empty({flat.numel()}, flat.options().device(torch::kCPU).pinned_memory(pinned));
   host.copy_(flat);
+  if (reuse) *reuse = host;
   return host;
 }
 
@@ -527,7 +535,8 @@ struct Checkpointer::Impl {
   int instance = 0;
   int saves = 0;
   std::thread writer;
-  std::string error;  // the writer's failure
+  std::vector<torch::Tensor> staging;  // keep_staging: the last save's host copies
+  std::string error;                   // the writer's failure
   int64_t in_flight_step = -1;
   double blocked_s = 0, written_s = 0;
 
@@ -669,6 +678,12 @@ struct Checkpointer::Impl {
                     const CheckpointExtras& extras) {
     const Clock::time_point start = Clock::now();
     torch::NoGradGuard no_grad;
+    size_t staged = 0;  // the host copies in order, each into its place of `staging`
+    const auto stage = [this, &staged](const torch::Tensor& values) {
+      if (!options.keep_staging()) return host_copy(values, nullptr);
+      if (staged == staging.size()) staging.emplace_back();
+      return host_copy(values, &staging[staged++]);
+    };
     Snapshot s;
     s.step = step;
     s.rank = world.rank();
@@ -677,25 +692,24 @@ struct Checkpointer::Impl {
     s.values = extras.values;
     for (const ParameterShard& shard : shards) {
       if (!shard.writes || shard.values.numel() == 0) continue;
-      s.parts.push_back(
-          {shard.name, shard.shape, shard.dtype, shard.offset, host_copy(shard.values)});
+      s.parts.push_back({shard.name, shard.shape, shard.dtype, shard.offset, stage(shard.values)});
       for (const auto& [what, t] : state_of(optimizer, shard.parameter)) {
         const std::string name = "optimizer." + shard.name + "." + what;
         if (what == "step") {
-          if (shard.offset == 0) s.parts.push_back({name, {}, torch::kLong, 0, host_copy(t)});
+          if (shard.offset == 0) s.parts.push_back({name, {}, torch::kLong, 0, stage(t)});
         } else {
-          s.parts.push_back({name, shard.shape, t.scalar_type(), shard.offset, host_copy(t)});
+          s.parts.push_back({name, shard.shape, t.scalar_type(), shard.offset, stage(t)});
         }
       }
     }
     if (write_others)
       for (Part& part : others) {
-        part.values = host_copy(part.values);
+        part.values = stage(part.values);
         s.parts.push_back(std::move(part));
       }
     if (s.rank == 0) {
       for (const auto& [name, t] : extras.tensors)
-        s.parts.push_back({"extra." + name, t.sizes().vec(), t.scalar_type(), 0, host_copy(t)});
+        s.parts.push_back({"extra." + name, t.sizes().vec(), t.scalar_type(), 0, stage(t)});
     }
     blocked_s = seconds_since(start);
     return s;

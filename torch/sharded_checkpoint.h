@@ -56,6 +56,10 @@ struct CheckpointerOptions {
   TORCH_ARG(int, keep) = 2;
   // How long rank 0 waits for every rank's files before it gives the save up (seconds).
   TORCH_ARG(double, timeout_s) = 600;
+  // The host copies (pinned for GPU tensors) kept from one save to the next and copied into
+  // again (PyTorch DCP's cache_staged_state_dict): a save then allocates nothing, at the cost
+  // of a host copy of this rank's state held between saves.
+  TORCH_ARG(bool, keep_staging) = false;
 };
 
 // A program's own state saved with the model: tensors (rank 0's, whole) and values.

@@ -443,8 +443,9 @@ TEST(TorchCheckpoint, ActivationsAtThePeakAreUnderHalf) {
 // train the last 2 steps: 3 ranks with zero(1), zero(3) and units, 2 ranks plain and zero(2),
 // and one process without the wrapper each end as the uninterrupted run (within
 // kAcrossRanksMargin: the same sums in other orders). The other way round, one process's
-// checkpoint resumes on 2 ranks with units; and an asynchronous save gives the same checkpoint
-// as a synchronous one (the weights resumed from it bitwise).
+// checkpoint resumes on 2 ranks with units; and asynchronous saves (the second into the host
+// copies kept from the first, keep_staging) give the same checkpoint as a synchronous one (the
+// weights resumed from it bitwise).
 TEST(TorchCheckpointer, SavedOnRanksLoadsIntoAnyLayoutAndTrainingGoesOnAsUninterrupted) {
   if (!HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
   TempDir dir;
@@ -477,8 +478,8 @@ TEST(TorchCheckpointer, SavedOnRanksLoadsIntoAnyLayoutAndTrainingGoesOnAsUninter
              dir.file("from-one"));
   EXPECT_LT(max_relative_difference(dir.file("from-one"), dir.file("one-whole")),
             kAcrossRanksMargin);
-  run(2, "--zero 3 --units --async-save --checkpoint-dir " + dir.file("async") +
-             " --save-at 1 --out " + dir.file("async-whole"));
+  run(2, "--zero 3 --units --async-save --keep-staging --checkpoint-dir " + dir.file("async") +
+             " --save-at 0,1 --out " + dir.file("async-whole"));
   EXPECT_EQ(max_relative_difference(dir.file("async-whole"), dir.file("uninterrupted")), 0.0);
   for (const std::string& saved : {"units", "async"}) {
     run(2, "--zero 3 --units --resume --checkpoint-dir " + dir.file(saved) + " --out " +

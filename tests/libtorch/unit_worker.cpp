@@ -215,6 +215,7 @@ struct Args {
   bool async_save = false, resume = false, save_logits = false;
   int die_at_save = -1, die_rank = 1;  // --die-at-save S [--die-rank R]: killed instead of saving
   bool sigterm_after_save = false;     // --sigterm-after-save: SIGTERM to itself after a save
+  bool keep_staging = false;           // --keep-staging: CheckpointerOptions::keep_staging
   double dropout = 0;                  // --dropout P: in each block
   bool scaler = false;        // --scaler: a ddp::GradScaler (init_scale 1024, growth_interval 2)
   std::vector<int> overflow;  // --overflow S,S,...: steps whose gradients get an inf
@@ -279,6 +280,8 @@ int main(int argc, char** argv) {
       a.resume = true;
     else if (f == "--die-at-save")
       a.die_at_save = std::stoi(value());
+    else if (f == "--keep-staging")
+      a.keep_staging = true;
     else if (f == "--sigterm-after-save")
       a.sigterm_after_save = true;
     else if (f == "--die-rank")
@@ -399,7 +402,9 @@ int main(int argc, char** argv) {
   if (!a.checkpoint_dir.empty() && !world) alone = std::make_unique<ddp::World>(ddp::init());
   std::unique_ptr<ddp::Checkpointer> checkpoints;
   if (!a.checkpoint_dir.empty())
-    checkpoints = std::make_unique<ddp::Checkpointer>(world ? *world : *alone, a.checkpoint_dir);
+    checkpoints = std::make_unique<ddp::Checkpointer>(
+        world ? *world : *alone, a.checkpoint_dir,
+        ddp::CheckpointerOptions().keep_staging(a.keep_staging));
   int first = 0;
   if (checkpoints && a.resume) {
     const auto loaded =
