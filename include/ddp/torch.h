@@ -15,6 +15,6 @@
 #include "torch/distributed_data_parallel.h"
 #include "torch/grad_scaler.h"
 #include "torch/pipeline.h"
-#include "torch/sharded_checkpoint.h"
 #include "torch/shard_unit.h"
+#include "torch/sharded_checkpoint.h"
 #include "torch/sync_batch_norm.h"
