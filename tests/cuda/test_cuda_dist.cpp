@@ -174,7 +174,10 @@ TEST(SharedGpu, StoppedRankDuringGraphReplayMakesTheOthersFailWithinTheTimeout) 
       "step 40/", 2, "STOP");
   EXPECT_NE(r.output.find("training step #"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("no progress on this GPU"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("rank(s) 2 never reached it"), std::string::npos) << r.output;
+  // Rank 2 is named; rank 1 may be named beside it: its host can still be waiting on a step
+  // whose collectives rank 2 never joined, so it has not reached this one either (seen once).
+  EXPECT_TRUE(std::regex_search(r.output, std::regex(R"(rank\(s\) (1, )?2 never reached it)")))
+      << r.output;
   EXPECT_NE(r.output.find("ddprun exit 1"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("LEFT BEHIND"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("core dumped"), std::string::npos) << r.output;

@@ -34,10 +34,11 @@ for run in one units; do  # the model alone (as the README says), and everything
     python3 "$root/scripts/consolidate-checkpoint.py" "$work/$run" "$work/$run-all.safetensors" \
       --all || exit 1
 done
-# The README's lines, between its marker and the end of their code block.
-awk '/<!-- checkpoint-python -->/ { on = 1; next } on && /^ *```python/ { next }
-     on && /^ *```/ { exit } on { sub(/^  /, ""); print }' "$root/README.md" > "$work/snippet.py"
-grep -q "load_state_dict" "$work/snippet.py" || { echo "README's checkpoint-python lines not found"; exit 1; }
+# The docs' lines (docs/libtorch.md), between their marker and the end of their code block.
+cat "$root/README.md" "$root"/docs/*.md |
+  awk '/<!-- checkpoint-python -->/ { on = 1; next } on && /^ *```python/ { next }
+       on && /^ *```/ { exit } on { sub(/^  /, ""); print }' > "$work/snippet.py"
+grep -q "load_state_dict" "$work/snippet.py" || { echo "the docs' checkpoint-python lines not found"; exit 1; }
 cd "$work"
 "$py" - <<'PY'
 import shutil

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# The README's command lines as a user copies them, the ones a CPU machine runs: every command
-# of its ```sh blocks that starts with build/bin/ddptrain or build/bin/ddprun (or mpirun, where
-# there is one) and needs no GPU, no second machine, no program of one's own (train.py,
-# my_worker), no placeholder (DIR) and no folder outside its own, run as written in order from
-# a work folder whose build/ is this build; each must exit 0, or (a launcher's long run: SECONDS,
-# default 30, is the most it may take; one process runs to its end) have trained its first
-# step when stopped. Without
+# The docs' command lines as a user copies them (README.md, then every page of docs/), the ones
+# a CPU machine runs: every command of their ```sh blocks that starts with build/bin/ddptrain or
+# build/bin/ddprun (or mpirun, where there is one) and needs no GPU, no second machine, no
+# program of one's own (train.py, my_worker), no placeholder (DIR) and no folder outside its
+# own, run as written in order from a work folder whose build/ is this build; each must exit 0,
+# or (a launcher's long run: SECONDS, default 30, is the most it may take; one process runs to
+# its end) have trained its first step when stopped. Every other line is listed with why it is
+# left out (an installed prefix, an example's build, a script with a test of its own). Without
 # Fashion-MNIST the lines that train on it are left out (said so).
 # Usage: test_readme_snippets.sh BUILD_DIR [SECONDS]
 set -uo pipefail
@@ -20,17 +21,36 @@ export CUDA_VISIBLE_DEVICES= OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CON
 # Fashion-MNIST where ddptrain looks for it by default?
 fashion=1
 build/bin/ddptrain --steps 1 --quiet > "$work/probe.log" 2>&1 || fashion=0
-# The commands: ```sh blocks, continuation lines joined, comments dropped.
-mapfile -t commands < <(awk '/^```sh/{f=1; next} /^```/{f=0} f' "$root/README.md" |
-  sed -e 's/[[:space:]]#[^"]*$//' | awk '{ if (sub(/\\$/, "")) { line = line $0 } else { print line $0; line = "" } }')
+# The pages in the order a reader meets them: the README, the pages it sends one to first, the rest.
+pages=("$root/README.md")
+for page in ddptrain data-parallel pipeline launcher library libtorch; do pages+=("$root/docs/$page.md"); done
+for page in "$root"/docs/*.md; do [[ " ${pages[*]} " == *" $page "* ]] || pages+=("$page"); done
+# The commands: ```sh blocks, continuation lines joined, comments dropped, each after its page.
+mapfile -t commands < <(for page in "${pages[@]}"; do
+  echo "#page ${page#"$root"/}"
+  awk '/^```sh/{f=1; next} /^```/{f=0} f' "$page" |
+    sed -e 's/[[:space:]]#[^"]*$//' | awk '{ if (sub(/\\$/, "")) { line = line $0 } else { print line $0; line = "" } }'
+done)
 ran=0 left=0 failed=0
 unfinished=" "  # weights files whose writer was stopped before its end (it writes them last)
 for command in "${commands[@]}"; do
   command="$(sed -e 's/[[:space:]]\+/ /g' -e 's/^ //' -e 's/ $//' <<<"$command")"
   case "$command" in
+    "#page "*) page="${command#"#page "}"; echo "== $page"; continue ;;
+    "" | "#!"*) continue ;;
     build/bin/ddptrain*|build/bin/ddprun*|mpirun*) ;;
     export\ DDP_STORE_TOKEN=*) eval "$command"; continue ;;
-    *) continue ;;
+    *)
+      case "$command" in
+        scripts/test.sh* | scripts/run.sh*) why="the two commands (CI runs scripts/test.sh; DepsScript.Decisions tests what they install)" ;;
+        *'$HOME/ddp'* | cmake\ --install* | cmake\ -S\ examples* | g++*) why="an installed prefix (Examples.InstalledPackageBuildsAndRuns installs and builds as written)" ;;
+        scripts/*) why="a script with a test or a benchmark of its own" ;;
+        ddprun*) why="another node or a program of one's own (the multinode tests)" ;;
+        *) why="not a ddptrain, ddprun or mpirun line" ;;
+      esac
+      echo "left out ($why): $command"
+      left=$((left + 1))
+      continue ;;
   esac
   why=""
   case "$command" in
@@ -75,6 +95,6 @@ for command in "${commands[@]}"; do
     failed=1
   fi
 done
-echo "README commands: $ran ran, $left left out"
-[ $ran -gt 0 ] || { echo "FAILED: no README command was found to run"; exit 1; }
+echo "the docs' commands: $ran ran, $left left out"
+[ $ran -gt 0 ] || { echo "FAILED: no command of the docs was found to run"; exit 1; }
 exit $failed

@@ -20,10 +20,11 @@ trap 'rm -rf "$work"' EXIT
 log="$("$ddptrain" --data-dir "$data" --epochs 1 --quiet --threads 1 \
   --save-weights "$work/w.safetensors" 2>&1)" || { echo "$log"; exit 1; }
 ours="$(grep -oE 'test accuracy [0-9.]+' <<<"$log" | awk '{print $3}')"
-# The snippet between the README's marker and the end of its code block.
-awk '/<!-- torch-snippet -->/ { on = 1; next } on && /^```python/ { next } on && /^```/ { exit } on' \
-  "$root/README.md" > "$work/snippet.py"
-grep -q "load_state_dict" "$work/snippet.py" || { echo "README snippet not found"; exit 1; }
+# The snippet between the docs' marker (docs/ddptrain.md) and the end of its code block.
+cat "$root/README.md" "$root"/docs/*.md |
+  awk '/<!-- torch-snippet -->/ { on = 1; next } on && /^```python/ { next } on && /^```/ { exit } on' \
+  > "$work/snippet.py"
+grep -q "load_state_dict" "$work/snippet.py" || { echo "the docs' torch-snippet not found"; exit 1; }
 cd "$work"
 theirs="$("$py" - "$data" <<'PY'
 import gzip, sys

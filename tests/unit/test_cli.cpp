@@ -118,13 +118,16 @@ TEST(DdptrainCli, FusedStepIsForcedOnlyWhenAskedTo) {
   EXPECT_EQ(config_json(one)["weight-grad-stream"], "off");
 }
 
-// The README's flag table against --help: every default the table states is the one the
+// ddptrain's page, where its flags are documented.
+constexpr const char* kFlagsPage = DOCS_DIR "/ddptrain.md";
+
+// docs/ddptrain.md's flag table against --help: every default the table states is the one the
 // parser has (a value in --help's "(default: X)").
-// Every flag --help lists is in the README (the ones for tests say so there).
-TEST(DdptrainCli, EveryFlagOfHelpIsInTheReadme) {
-  std::ifstream in(README_PATH);
-  ASSERT_TRUE(in.good()) << README_PATH;
-  const std::string readme((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+// Every flag --help lists is on the page (the ones for tests say so there).
+TEST(DdptrainCli, EveryFlagOfHelpIsOnItsPage) {
+  std::ifstream in(kFlagsPage);
+  ASSERT_TRUE(in.good()) << kFlagsPage;
+  const std::string page((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const std::regex option("^ +(-[a-z], )?--([a-z0-9-]+)");
   std::istringstream help(run_ddptrain("--help").output);
   int flags = 0;
@@ -134,15 +137,15 @@ TEST(DdptrainCli, EveryFlagOfHelpIsInTheReadme) {
     const std::string flag = m[2];
     if (flag == "help" || flag == "version") continue;
     ++flags;
-    EXPECT_NE(readme.find("`--" + flag), std::string::npos)
-        << "--" << flag << " is not in the README";
+    EXPECT_NE(page.find("`--" + flag), std::string::npos)
+        << "--" << flag << " is not in docs/ddptrain.md";
   }
   EXPECT_GE(flags, 40);
 }
 
-TEST(DdptrainCli, ReadmeDefaultsMatchHelp) {
-  std::ifstream in(README_PATH);
-  ASSERT_TRUE(in.good()) << README_PATH;
+TEST(DdptrainCli, ThePagesDefaultsMatchHelp) {
+  std::ifstream in(kFlagsPage);
+  ASSERT_TRUE(in.good()) << kFlagsPage;
   std::string help = run_ddptrain("--help").output;
   std::string flat;  // --help with its line wraps undone
   for (size_t i = 0; i < help.size(); ++i) {
@@ -169,18 +172,18 @@ TEST(DdptrainCli, ReadmeDefaultsMatchHelp) {
       value = value.substr(0, value.find(' '));  // "0 (adamw: 0.01)" -> "0"
       if (value == "—" || value == "off" || value.empty()) continue;
       const size_t at = flat.find(flag + " arg ");
-      ASSERT_NE(at, std::string::npos) << flag << " is in the README but not in --help";
+      ASSERT_NE(at, std::string::npos) << flag << " is in docs/ddptrain.md but not in --help";
       const size_t end = flat.find(" --", at + flag.size());
       const std::string entry = flat.substr(at, end == std::string::npos ? end : end - at);
       const size_t d = entry.find("(default: ");
       if (d == std::string::npos) continue;  // a default the parser does not state
       const std::string stated = entry.substr(d + 10, entry.find(')', d) - d - 10);
       EXPECT_EQ(stated.substr(0, stated.find(' ')), value)
-          << flag << ": README says " << value << ", --help says " << stated;
+          << flag << ": docs/ddptrain.md says " << value << ", --help says " << stated;
       ++checked;
     }
   }
-  EXPECT_GE(checked, 15) << "the README table was not found or not parsed";
+  EXPECT_GE(checked, 15) << "docs/ddptrain.md's flag table was not found or not parsed";
 }
 
 TEST(DdptrainCli, MetricsStartWithTheRunsContextAndEveryRecordIsTimed) {

@@ -497,7 +497,7 @@ TEST(Simulator, RecomputeForwardsAgainWhatTheWorkingSetDoesNotHold) {
 namespace ddp {
 namespace {
 
-// The README's table of schedules is the simulator's: P = 4 ranks, M = 8 micro-batches, equal
+// docs/pipeline.md's table of schedules is the simulator's: P = 4 ranks, M = 8 micro-batches, equal
 // stages, F = B = W = 1 (a whole backward 2), free transfers, Gloo's lanes; activations in
 // units of one stage's micro-batch (a chunk's is 1 / V of it); transfers: what rank 0 sends
 // to other ranks in a step.
@@ -587,14 +587,15 @@ TEST(Simulator, GatheringTwoAheadHidesWhatOneAheadCannot) {
       }
 }
 
-TEST(ScheduleTable, TheReadmeHoldsTheSimulatorsFigures) {
-  std::ifstream in(README_PATH);
-  ASSERT_TRUE(in.good()) << README_PATH;
+TEST(ScheduleTable, ThePipelinePageHoldsTheSimulatorsFigures) {
+  const char* page = DOCS_DIR "/pipeline.md";
+  std::ifstream in(page);
+  ASSERT_TRUE(in.good()) << page;
   std::stringstream text;
   text << in.rdbuf();
   for (PipelineSchedule schedule : all_schedules()) {
     const std::string row = schedule_row(schedule);
-    EXPECT_NE(text.str().find(row), std::string::npos) << "README lacks the row\n" << row;
+    EXPECT_NE(text.str().find(row), std::string::npos) << "docs/pipeline.md lacks the row\n" << row;
   }
 }
 
