@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -121,6 +122,35 @@ void save_checkpoint(const std::string& dir, const MlpShape& shape, const Checkp
                   "--checkpoint-dir {}: cannot point latest.safetensors at {}: {}", dir, name,
                   std::strerror(errno));
   prune_checkpoints(dir, c.step, keep);
+}
+
+CheckpointWriter::~CheckpointWriter() {
+  if (thread_.joinable()) thread_.join();  // a failure was said when it happened
+}
+
+void CheckpointWriter::write(const std::string& dir, const MlpShape& shape, Checkpoint checkpoint,
+                             int keep, double blocked_s) {
+  wait();
+  thread_ = std::thread([this, dir, shape, keep, blocked_s, c = std::move(checkpoint)] {
+    try {
+      const auto start = std::chrono::steady_clock::now();
+      save_checkpoint(dir, shape, c, keep);
+      const double written =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      spdlog::info("checkpoint at step {} written to {} ({:.2f} s blocked, {:.2f} s written)",
+                   c.step, checkpoint_path(dir), blocked_s, written);
+    } catch (const std::exception& e) {
+      // Said at once (training goes on meanwhile); the run stops at the next wait.
+      spdlog::warn("the checkpoint of step {} could not be written (the previous one is kept): {}",
+                   c.step, e.what());
+      error_ = std::current_exception();
+    }
+  });
+}
+
+void CheckpointWriter::wait() {
+  if (thread_.joinable()) thread_.join();
+  if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
 }
 
 std::optional<int64_t> step_of_checkpoint_file(const std::string& file) {

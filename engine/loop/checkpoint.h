@@ -6,8 +6,10 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -54,6 +56,31 @@ std::string checkpoint_path(const std::string& dir);  // DIR/latest.safetensors
 // atomically once the file is complete) and `keep` step files stay (prune_checkpoints).
 void save_checkpoint(const std::string& dir, const MlpShape& shape, const Checkpoint& checkpoint,
                      int keep = 0);
+
+// Writes checkpoints with save_checkpoint on a thread of its own, one at a time (rank 0's):
+// training waits for the model's gather, not for the disk. The next write(), wait() and the
+// destructor wait for the one in flight. The file is replaced only once complete, as
+// save_checkpoint does, so a process killed meanwhile leaves the previous checkpoint.
+class CheckpointWriter {
+ public:
+  CheckpointWriter() = default;
+  ~CheckpointWriter();  // waits; a failed write is logged
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+
+  // Waits for the write in flight (throwing its failure), then writes `checkpoint` on the
+  // thread. `blocked_s`, the time training waited for this checkpoint (its gather), is logged
+  // with the write's own: "checkpoint at step N written to PATH (B s blocked, W s written)".
+  void write(const std::string& dir, const MlpShape& shape, Checkpoint checkpoint, int keep,
+             double blocked_s);
+  // Waits for the write in flight; throws what it threw (the failure is reported once).
+  void wait();
+  bool busy() const { return thread_.joinable(); }
+
+ private:
+  std::thread thread_;
+  std::exception_ptr error_;
+};
 
 // The step of a "step-N.safetensors" name (any number of digits), or nullopt.
 std::optional<int64_t> step_of_checkpoint_file(const std::string& file);

@@ -251,8 +251,11 @@ void Trainer::gather_model(std::vector<float>* params, NamedState* state) {
 
 void Trainer::take_checkpoint() {
   check_finite_params("writing the checkpoint (the previous one is kept)");
+  const auto start = std::chrono::steady_clock::now();
   pending_ = PendingCheckpoint();
   gather_model(&pending_.checkpoint.params, &pending_.checkpoint.optimizer_state);
+  pending_.gather_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   pending_.step = step_;
   Checkpoint& c = pending_.checkpoint;
   c.step = step_;
@@ -262,17 +265,19 @@ void Trainer::take_checkpoint() {
   c.settings = settings();
 }
 
-void Trainer::write_pending_checkpoint(bool barrier) {
-  const int64_t step = pending_.step;
+void Trainer::write_pending_checkpoint(Write how) {
   if (lead()) {
-    save_checkpoint(config_.checkpoint_dir, spec_.shape, pending_.checkpoint,
-                    config_.keep_checkpoints);
-    spdlog::info("checkpoint at step {} written to {}", step,
-                 checkpoint_path(config_.checkpoint_dir));
+    const auto start = std::chrono::steady_clock::now();
+    writer_.wait();  // the one before, if still being written; its failure stops the run here
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    writer_.write(config_.checkpoint_dir, spec_.shape, std::move(pending_.checkpoint),
+                  config_.keep_checkpoints, pending_.gather_s + waited);
+    if (how != Write::kBackground) writer_.wait();
   }
   pending_ = PendingCheckpoint();
-  // Nobody moves on (and may crash and restart) before the checkpoint is complete.
-  if (barrier && comm_ != nullptr && ranks_ > 1) comm_->barrier();
+  // At the end, nobody exits before the last checkpoint is complete.
+  if (how == Write::kNowThenBarrier && comm_ != nullptr && ranks_ > 1) comm_->barrier();
 }
 
 TrainResult Trainer::run(MetricsWriter* metrics, GpuMonitor* monitor) {
@@ -284,12 +289,16 @@ TrainResult Trainer::run(MetricsWriter* metrics, GpuMonitor* monitor) {
     // Any other failure (a peer gone, --fail-at-step, a signal's exception): the pending
     // checkpoint's weights were checked when it was taken, so it is written, here alone
     // (the other ranks may be gone: no collective).
+    if (lead()) {
+      try {
+        writer_.wait();  // the one in flight is finished (a failure was said as it happened)
+      } catch (const std::exception&) {
+      }
+    }
     if (pending_.step >= 0 && lead()) {
       try {
-        write_pending_checkpoint(/*barrier=*/false);
-      } catch (const std::exception& write_error) {
-        spdlog::warn("the checkpoint of step {} could not be written: {}", pending_.step,
-                     write_error.what());
+        write_pending_checkpoint(Write::kNowAlone);
+      } catch (const std::exception&) {  // the writer said why, naming the step
       }
     }
     throw;
@@ -364,7 +373,7 @@ TrainResult Trainer::run_loop(MetricsWriter* metrics_in, GpuMonitor* monitor) {
             "step {}: non-finite loss; the checkpoint of step {} was not written (the one "
             "before it is kept; lower --lr or check the data)",
             step_, pending_.step));
-      write_pending_checkpoint(/*barrier=*/true);
+      write_pending_checkpoint(Write::kBackground);
     }
     busy_s += stats.busy_s;
     step_s += stats.step_s;
@@ -419,7 +428,7 @@ TrainResult Trainer::run_loop(MetricsWriter* metrics_in, GpuMonitor* monitor) {
           "before it is kept; lower --lr or check the data)",
           step_));
     if (pending_.step != step_) take_checkpoint();
-    write_pending_checkpoint(/*barrier=*/true);
+    write_pending_checkpoint(Write::kNowThenBarrier);
   }
   if (!config_.save_weights.empty()) {
     check_finite_params("writing --save-weights");

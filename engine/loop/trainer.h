@@ -98,7 +98,11 @@ class Trainer {
   // Takes the checkpoint of the current step (its weights checked finite) as pending: it is
   // written by write_pending_checkpoint once the next step's loss is finite (collective).
   void take_checkpoint();
-  void write_pending_checkpoint(bool barrier);
+  // How the pending checkpoint is written: on rank 0's writer thread while training goes on
+  // (at most one in flight), or now, then a barrier (the end of training: nobody exits before
+  // it is complete), or now and alone (a failure: the other ranks may be gone).
+  enum class Write { kBackground, kNowThenBarrier, kNowAlone };
+  void write_pending_checkpoint(Write how);
   // What a checkpoint records besides the model.
   RunSettings settings() const { return run_settings(config_, total_steps_, ranks_); }
   // Throws (exit 1) when a weight is NaN or Inf, naming the step; `before` says what is
@@ -138,8 +142,10 @@ class Trainer {
   struct PendingCheckpoint {
     int64_t step = -1;      // -1: none
     Checkpoint checkpoint;  // the whole model on rank 0
+    double gather_s = 0;    // what training waited for it
   };
   PendingCheckpoint pending_;
+  CheckpointWriter writer_;  // rank 0's
   StepHook before_step_;
 };
 

@@ -284,6 +284,38 @@ TEST(Divergence, AFailureThatIsNotNonFiniteStillWritesTheLastGoodCheckpoint) {
   EXPECT_EQ(last["step"], 10);
 }
 
+// Rank 0 writes checkpoints on a thread of its own while training goes on. A write that fails
+// there (a full disk: a tmpfs holding one checkpoint but not a second beside it) is said at
+// once, stops the run at its next checkpoint, and leaves the previous checkpoint, which resumes.
+TEST(CheckpointDir, ABackgroundWriteThatFailsIsSaidStopsTheRunAndKeepsThePreviousOne) {
+  if (std::system("unshare -rm true > /dev/null 2>&1") != 0)
+    GTEST_SKIP() << "no mount namespace (unshare -rm) for a small tmpfs";
+  TempDir dir;
+  const std::string full = dir.file("full");
+  std::filesystem::create_directories(full);
+  // A checkpoint of this model (6,922 parameters and their momentum) takes 14 pages of 4 KiB.
+  const std::string run = std::string(DDPTRAIN_PATH) + kSmall +
+                          " --steps 20 --checkpoint-every 5 --checkpoint-dir " + full + "/D";
+  const RunResult r =
+      run_command("unshare -rm sh -c 'mount -t tmpfs -o size=80k tmpfs " + full + " && " + run +
+                  "; echo exit $?; cp -r " + full + "/D " + dir.file("kept") + "'");
+  EXPECT_NE(r.output.find("exit 2"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("the checkpoint of step 10 could not be written (the previous one is "
+                          "kept)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("No space left on device"), std::string::npos) << r.output;
+  EXPECT_EQ(metadata_of(dir.file("kept/latest.safetensors"), "step"), "5") << r.output;
+  EXPECT_FALSE(std::filesystem::exists(dir.file("kept/latest.safetensors.tmp")));
+  const RunResult resumed = run_command(std::string(DDPTRAIN_PATH) +
+                                        " --data synthetic --layers "
+                                        "32,64,64,10 --synthetic-samples 2000 --batch-size 64 "
+                                        "--threads 1 --steps 20 --resume --checkpoint-dir " +
+                                        dir.file("kept"));
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("at step 5"), std::string::npos) << resumed.output;
+}
+
 TEST(Divergence, SkippingMoreStepsThanAllowedStopsWithoutWritingWeights) {
   TempDir dir;
   const RunResult r =
