@@ -3,7 +3,9 @@
 # three quickstarts, the feature table, the map of the docs, help); every page under docs/
 # starts with its purpose (a paragraph "For ..." under its title); no page speaks of the
 # sessions the work was done in; docs/PERFORMANCE.md's headline table has one row for every
-# workload of scripts/workloads.sh and every model and dtype of scripts/bench-libtorch.sh.
+# workload of scripts/workloads.sh and every model and dtype of scripts/bench-libtorch.sh; the
+# README's C++ quickstart is the lines of the example it names (the LibTorch one is built and run
+# as written: Readme.LibTorchQuickstartRunsAsWritten).
 # Usage: test_docs_pages.sh (from anywhere).
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -22,6 +24,20 @@ for page in docs/*.md; do
   grep -q "](${page})" README.md || [ "$page" = docs/performance-history.md ] ||
     fail "README.md's map does not link $page"
 done
+
+# A block marked <!-- quickstart-cpp: FILE --> is FILE's own lines: each of its code lines
+# (comments dropped, spaces squeezed) is a line of FILE, a program the tests build and run.
+normalise() { sed -E 's#[[:space:]]*//.*$##; s/[[:space:]]+/ /g; s/^ //; s/ $//' | grep -v '^$'; }
+while IFS= read -r marker; do
+  source_file="$(sed -E 's/.*quickstart-cpp: ([^ ]+) -->.*/\1/' <<<"$marker")"
+  [ -f "$source_file" ] || { fail "README.md's quickstart names $source_file, which is not there"; continue; }
+  block="$(awk -v m="$marker" '$0 == m { on = 1; next } on && /^```cpp/ { next } on && /^```/ { exit } on' README.md | normalise)"
+  [ -n "$block" ] || fail "README.md: no code block after '$marker'"
+  lines_of_file="$(normalise < "$source_file")"
+  while IFS= read -r line; do
+    grep -qxF -- "$line" <<<"$lines_of_file" || fail "README.md's quickstart line is not $source_file's: $line"
+  done <<<"$block"
+done < <(grep -E '^<!-- quickstart-cpp: ' README.md)
 
 for page in docs/*.md; do
   head -1 "$page" | grep -q '^# ' || fail "$page does not start with its title ('# ...')"
