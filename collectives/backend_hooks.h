@@ -18,6 +18,8 @@ struct NcclBackend {
                              const std::string& group, double timeout_s, Communicator* bootstrap);
   std::unique_ptr<Communicator> (*host_staged)(Communicator& device);
   std::string (*version)();
+  // ncclMemAlloc's memory for windows; null where this NCCL has none (before 2.27).
+  const DeviceAllocator* window_memory;
 };
 
 struct MpiBackend {

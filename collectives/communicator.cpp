@@ -151,6 +151,14 @@ uint64_t Communicator::bus_bytes() const {
   return bytes;
 }
 
+std::unique_ptr<Communicator::Window> Communicator::register_window(void* buffer, size_t bytes) {
+  (void)buffer;
+  (void)bytes;
+  throw UsageError(fmt::format(
+      "--nccl-symmetric: the {} backend registers no memory windows; that needs NCCL on GPUs",
+      backend()));
+}
+
 void Communicator::require_bf16_reduction() const {
   DDP_USAGE_CHECK(reduces_bf16(),
                   "--grad-reduce bf16: the {} backend cannot reduce bfloat16 in device memory; "

@@ -22,6 +22,7 @@
 
 #include "collectives/backend.h"
 #include "collectives/flight_recorder.h"
+#include "runtime/device_allocator.h"
 
 namespace ddp {
 
@@ -146,6 +147,21 @@ class Communicator {
   virtual bool reduces_bf16() const { return !device_buffers(); }
   // Throws that UsageError where reduces_bf16() is false.
   void require_bf16_reduction() const;
+
+  // A registration of device memory with the communicator (NCCL's window), undone when
+  // destroyed; it keeps the communicator's resources until then.
+  class Window {
+   public:
+    virtual ~Window() = default;
+  };
+  // Collective (every rank, the same size): `bytes` at `buffer`, memory of
+  // nccl_window_memory(), registered as a symmetric window, so that collectives over ranges at
+  // the same offset on every rank may run NCCL's symmetric kernels (ranks of one host that
+  // reach each other over NVLink; elsewhere NCCL registers it for its zero-copy paths only).
+  // Those kernels only sum, so an average over a range of a window is a sum then a scaling by
+  // 1 / size() (bitwise the average where size() is a power of two). A UsageError where the
+  // backend has no windows.
+  virtual std::unique_ptr<Window> register_window(void* buffer, size_t bytes);
   // In place: every rank's buffer[count] becomes root's. Every rank calls it; the buffer
   // must stay valid (and, off the root, unread) until the Work completes.
   virtual std::unique_ptr<Work> broadcast_async(void* buffer, size_t count, DataType type,
@@ -330,6 +346,9 @@ std::unique_ptr<Communicator> make_host_staged(Communicator& device_comm);
 std::string built_backends();
 // The NCCL library's version ("2.28.3"), or "" without NCCL.
 std::string nccl_version();
+// NCCL's allocator (ncclMemAlloc: memory that Communicator::register_window takes); a UsageError
+// naming `what` (a flag) without NCCL or with an NCCL older than 2.27 (no windows).
+const DeviceAllocator& nccl_window_memory(const char* what);
 
 // Describes a point-to-point operation that did not complete, naming what it moved and the
 // peers: "recv of 48 x float32 (192 bytes) from rank 1 (point-to-point #12 in group G) did

@@ -35,6 +35,7 @@ struct BenchConfig {
   int iters = 20;
   int warmup = 5;
   bool json = false;
+  bool symmetric = false;  // NCCL: both buffers registered as symmetric windows
 };
 
 // nccl-tests' bus bandwidth factors.
@@ -46,8 +47,15 @@ double bus_factor(const std::string& op, int n) {
 
 class Buffers {
  public:
-  Buffers(size_t bytes, bool gpu) : bytes_(std::max<size_t>(bytes, 4)), gpu_(gpu) {
+  // `window` (GPU only): where both buffers come from (null: cudaMalloc).
+  Buffers(size_t bytes, bool gpu, const DeviceAllocator* window = nullptr)
+      : bytes_(std::max<size_t>(bytes, 4)), gpu_(gpu), window_(window) {
 #if DDP_HAVE_CUDA
+    if (gpu_ && window_ != nullptr) {
+      send_ = window_->allocate(bytes_);
+      recv_ = window_->allocate(bytes_);
+      return;
+    }
     if (gpu_) {
       DDP_CHECK(
           cudaMalloc(&send_, bytes_) == cudaSuccess && cudaMalloc(&recv_, bytes_) == cudaSuccess,
@@ -62,7 +70,10 @@ class Buffers {
   }
   ~Buffers() {
 #if DDP_HAVE_CUDA
-    if (gpu_) {
+    if (gpu_ && window_ != nullptr) {
+      window_->release(send_);
+      window_->release(recv_);
+    } else if (gpu_) {
       cudaFree(send_);
       cudaFree(recv_);
     }
@@ -94,6 +105,9 @@ class Buffers {
   bool gpu() const {
     return gpu_;
   }
+  size_t bytes() const {
+    return bytes_;
+  }
   void* recv() const {
     return recv_;
   }
@@ -101,6 +115,7 @@ class Buffers {
  private:
   size_t bytes_;
   bool gpu_;
+  const DeviceAllocator* window_;
   void* send_ = nullptr;
   void* recv_ = nullptr;
   std::vector<char> host_send_, host_recv_;
@@ -257,12 +272,14 @@ int bench(const BenchConfig& c, int argc, char** argv) {
   config.timeout_s = 120;
   auto comm = make_communicator(config, env, store);
   const int n = comm->size();
+  const DeviceAllocator* window = c.symmetric ? &nccl_window_memory("--symmetric") : nullptr;
   nlohmann::json rows = nlohmann::json::array();
   if (comm->rank() == 0 && !c.json) {
     std::printf(
         "# ddpbench collectives: %s, backend %s, %d ranks, float32, %d iterations after %d "
-        "warm-up\n",
-        c.op.c_str(), comm->backend(), n, c.iters, c.warmup);
+        "warm-up%s\n",
+        c.op.c_str(), comm->backend(), n, c.iters, c.warmup,
+        c.symmetric ? ", buffers in NCCL symmetric windows" : "");
     std::printf(
         "# time: %d operations queued back to back, then one wait (as nccl-tests times them);\n"
         "# device: the same on the GPU, by events; call: each operation waited before the next\n"
@@ -276,7 +293,12 @@ int bench(const BenchConfig& c, int argc, char** argv) {
     if (c.op == "all_gather" || c.op == "reduce_scatter")
       total = std::max<size_t>(total / n * n, size_t(n));
     total = std::max<size_t>(total, 1);
-    Buffers buffers(total * 4, gpu);
+    Buffers buffers(total * 4, gpu, window);
+    // Registered after the buffers, so undone before they are freed.
+    std::vector<std::unique_ptr<Communicator::Window>> windows;
+    if (window != nullptr)
+      for (void* buffer : {buffers.send(), buffers.recv()})
+        windows.push_back(comm->register_window(buffer, buffers.bytes()));
     const int64_t wrong = check_op(*comm, c.op, buffers, total);
     for (int i = 0; i < c.warmup; ++i)
       run_op(*comm, c.op, buffers, total);
@@ -299,7 +321,8 @@ int bench(const BenchConfig& c, int argc, char** argv) {
              {"call_us", t.call_us},
              {"algbw_gbs", alone ? nlohmann::json(nullptr) : nlohmann::json(algbw)},
              {"busbw_gbs", alone ? nlohmann::json(nullptr) : nlohmann::json(busbw)},
-             {"wrong", wrong}});
+             {"wrong", wrong},
+             {"symmetric", c.symmetric}});
       else
         std::printf("  %12zu %12zu %10.1f %10s %10.1f %10s %10s %8lld\n", total * 4, total, us,
                     t.device_us > 0 ? fmt::format("{:.1f}", t.device_us).c_str() : "-", t.call_us,
@@ -348,6 +371,7 @@ int main(int argc, char** argv) {
       ("iters", "timed iterations per size", cxxopts::value<int>()->default_value(std::to_string(c.iters)))
       ("warmup", "untimed iterations per size", cxxopts::value<int>()->default_value(std::to_string(c.warmup)))
       ("json", "print one JSON array instead of the table")
+      ("symmetric", "cuda, nccl: both buffers from ncclMemAlloc, registered as symmetric windows (as nccl-tests -R 2), where NCCL may run its symmetric kernels")
       ("h,help", "print this help");
     // clang-format on
     auto result = options.parse(argc - 1, argv + 1);
@@ -368,12 +392,17 @@ int main(int argc, char** argv) {
     c.iters = result["iters"].as<int>();
     c.warmup = result["warmup"].as<int>();
     c.json = result.count("json") > 0;
+    c.symmetric = result.count("symmetric") > 0;
     DDP_USAGE_CHECK(
         c.op == "all_reduce" || c.op == "all_gather" || c.op == "reduce_scatter" ||
             c.op == "broadcast" || c.op == "sendrecv",
         "--op {}: expected all_reduce, all_gather, reduce_scatter, broadcast or sendrecv", c.op);
     DDP_USAGE_CHECK(c.device == "cpu" || c.device == "cuda", "--device {}: expected cpu or cuda",
                     c.device);
+    DDP_USAGE_CHECK(!c.symmetric || (c.device == "cuda" && c.backend != ddp::Backend::kGloo &&
+                                     c.backend != ddp::Backend::kMpi),
+                    "--symmetric: NCCL's windows are GPU memory; use --device cuda with --backend "
+                    "nccl (or auto)");
     DDP_USAGE_CHECK(c.factor > 1, "--factor {}: expected more than 1", c.factor);
     DDP_USAGE_CHECK(c.min_bytes >= 4 && c.min_bytes <= c.max_bytes,
                     "--min-bytes {}: expected 4 to --max-bytes {}", c.min_bytes, c.max_bytes);

@@ -124,6 +124,14 @@ std::string nccl_version() {
   return DDP_HAVE_NCCL && ddp_nccl_backend != nullptr ? ddp_nccl_backend()->version() : "";
 }
 
+const DeviceAllocator& nccl_window_memory(const char* what) {
+  const NcclBackend& backend = nccl(what);
+  DDP_USAGE_CHECK(backend.window_memory != nullptr,
+                  "{}: NCCL {} has no memory windows (ncclCommWindowRegister came with NCCL 2.27)",
+                  what, backend.version());
+  return *backend.window_memory;
+}
+
 namespace {
 CommunicatorStart ready(std::unique_ptr<Communicator> comm) {
   auto held = std::make_shared<std::unique_ptr<Communicator>>(std::move(comm));

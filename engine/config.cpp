@@ -67,6 +67,7 @@ SyncOptions sync_options(const TrainConfig& config) {
   options.zero = config.zero;
   options.buckets = DdpOptions{config.bucket_mb, config.first_bucket_mb, config.overlap};
   options.bf16_grads = config.grad_reduce == GradReduce::kBf16;
+  options.symmetric_memory = config.nccl_symmetric;
   options.zero_prefetch = config.zero_prefetch;
   return options;
 }
@@ -356,6 +357,12 @@ const std::vector<Flag>& flags() {
         "grad-reduce",
         "gradients on the wire: fp32, or bf16 (half the bytes, each rounded before the sum)",
         &C::grad_reduce, {{"fp32", GradReduce::kFp32}, {"bf16", GradReduce::kBf16}}));
+    f.push_back(switch_flag(
+        "nccl-symmetric",
+        "cuda: the gradients (and --grad-reduce bf16's wire copy) in NCCL memory registered as a "
+        "symmetric window, so that NCCL may reduce them with its symmetric kernels (GPUs of one "
+        "host over NVLink; each average a sum, then scaled)",
+        &C::nccl_symmetric, true, "nccl-symmetric"));
     f.push_back(number_flag(
         "accumulate", "micro-batches per optimizer step (gradient accumulation)", &C::accumulate));
     f.push_back(number_flag("pp",
@@ -607,6 +614,14 @@ void validate(const TrainConfig& c) {
   DDP_USAGE_CHECK(c.zero >= 0 && c.zero <= 3,
                   "--zero {}: expected 0 (off), 1 (optimizer state sharded), 2 (gradients too) or "
                   "3 (parameters too)",
+                  c.zero);
+  DDP_USAGE_CHECK(!c.nccl_symmetric || (c.device == Device::kCuda && c.backend != Backend::kGloo &&
+                                        c.backend != Backend::kMpi),
+                  "--nccl-symmetric: NCCL's windows hold GPU gradients; use --device cuda with "
+                  "--backend nccl (or auto)");
+  DDP_USAGE_CHECK(!c.nccl_symmetric || c.zero == 0,
+                  "--nccl-symmetric with --zero {}: ZeRO reduce-scatters into pieces outside the "
+                  "window (its sum would not be averaged); drop one of them",
                   c.zero);
   DDP_USAGE_CHECK(c.zero_prefetch >= 1 && c.zero_prefetch <= 8,
                   "--zero-prefetch {}: expected 1 to 8 layers ahead", c.zero_prefetch);

@@ -69,6 +69,7 @@ struct TrainConfig {
   double first_bucket_mb = 1;
   bool overlap = true;
   GradReduce grad_reduce = GradReduce::kFp32;
+  bool nccl_symmetric = false;     // GPU: gradients in NCCL memory registered as a window
   std::string cache_dir;           // from the environment (ProcessEnv::cache_dir), not a flag
   bool overlap_optimizer = false;  // GPU: each parameter range updated as backward finishes it
   int product_sms = 0;             // GPU: the SMs each matrix product may use (0: all)

@@ -7,12 +7,13 @@
 namespace ddp {
 
 DeviceParameters::DeviceParameters(size_t count, bool bf16, const OptimizerConfig& optimizer,
-                                   cudaStream_t stream, GradientRing ring)
+                                   cudaStream_t stream, GradientRing ring,
+                                   const DeviceAllocator* grads_memory)
     : stream_(stream),
       count_(count),
       bf16_(bf16),
       params_(count, MemoryCategory::kParameters),
-      grads_(ring.slots > 0 ? 0 : count, MemoryCategory::kGradients),
+      grads_(ring.slots > 0 ? 0 : count, MemoryCategory::kGradients, grads_memory),
       ring_(std::move(ring)),
       optimizer_(std::make_unique<DeviceOptimizer>(optimizer, count, stream)) {
   if (bf16) params16_ = DeviceBuffer<uint16_t>(count, MemoryCategory::kParameters);

@@ -31,13 +31,17 @@ struct GradientRing {
 
 class DeviceParameters {
  public:
+  // `grads_memory`: where the whole gradient buffer comes from (null: cudaMalloc; NCCL's
+  // window memory for --nccl-symmetric).
   DeviceParameters(size_t count, bool bf16, const OptimizerConfig& optimizer, cudaStream_t stream,
-                   GradientRing ring = {});
+                   GradientRing ring = {}, const DeviceAllocator* grads_memory = nullptr);
 
   size_t count() const { return count_; }
   // The whole float32 parameters (null once place_layers() freed them).
   float* params() const { return params_.data(); }
   float* grads() const { return grads_.data(); }  // null with a gradient ring
+  // Where the whole gradient buffer came from (null: cudaMalloc).
+  const DeviceAllocator* grads_memory() const { return grads_.allocator(); }
   // Where the gradient of element `offset` is written (the whole buffer, or its range's slot).
   float* grad_at(size_t offset) const;
   bool ringed() const { return ring_.slots > 0; }

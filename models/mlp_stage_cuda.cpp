@@ -39,7 +39,7 @@ CudaStage::CudaStage(MlpShape shape, int first, int end, int max_batch, int slot
   DDP_CHECK(slots >= 1 && max_batch >= 1, "stage with {} slots of {} samples", slots, max_batch);
   if (options.shared.weights == nullptr)
     own_weights_ = std::make_unique<DeviceParameters>(param_count(), bf16(), optimizer, stream(),
-                                                      options.gradient_ring);
+                                                      options.gradient_ring, options.grads_memory);
   weights_ = own_weights_ ? own_weights_.get() : options.shared.weights;
   DDP_CHECK(options.shared.offset + param_count() <= weights_->count(),
             "stage of {} parameters from {} of a buffer of {}", param_count(),

@@ -58,6 +58,8 @@ struct CudaStageOptions {
   bool split_backward = false;
   // The gradients in a ring of slots instead of one buffer (GradientRing; the owner decides).
   GradientRing gradient_ring;
+  // Where the stage's own whole gradient buffer comes from (null: cudaMalloc).
+  const DeviceAllocator* grads_memory = nullptr;
   // --recompute (activation checkpointing): the layers' outputs but the stage's last live in
   // one working set, of the slot forwarded last; backward (or a half) of another slot first
   // forwards it again from its input, bitwise as before. A slot keeps its input, its output

@@ -207,6 +207,12 @@ void check_nccl() {
   report("ok", "NCCL",
          fmt::format("{}.{}.{} (NCCL_NVLS_ENABLE={})", v / 10000, v / 100 % 100, v % 100,
                      std::getenv("NCCL_NVLS_ENABLE") ? std::getenv("NCCL_NVLS_ENABLE") : "unset"));
+  // --nccl-symmetric registers the gradients with ncclCommWindowRegister (NCCL 2.27 and later).
+  const bool windows = ::dlsym(lib, "ncclCommWindowRegister") != nullptr;
+  report(windows ? "ok" : "warn", "NCCL windows",
+         windows ? std::string("ncclCommWindowRegister found (ddptrain --nccl-symmetric)")
+                 : std::string("this NCCL has no ncclCommWindowRegister (2.27 and later): "
+                               "ddptrain --nccl-symmetric is refused"));
 }
 
 void check_launchers(const ddp::ProcessEnv& env) {

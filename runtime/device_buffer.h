@@ -13,6 +13,7 @@
 #include <spdlog/spdlog.h>
 
 #include "runtime/cuda_check.h"
+#include "runtime/device_allocator.h"
 
 namespace ddp {
 
@@ -45,15 +46,20 @@ struct MemoryLedger {
 };
 MemoryLedger& memory_ledger();
 
-// Device memory for `count` elements of T, allocated once; freed on destruction (a failure
-// to free is logged, never thrown).
+// Device memory for `count` elements of T, allocated once (by cudaMalloc, or by `allocator`
+// where one is given); freed on destruction (a failure to free is logged, never thrown).
 template <typename T>
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
-  DeviceBuffer(size_t count, MemoryCategory category) : count_(count), category_(category) {
+  DeviceBuffer(size_t count, MemoryCategory category) : DeviceBuffer(count, category, nullptr) {}
+  DeviceBuffer(size_t count, MemoryCategory category, const DeviceAllocator* allocator)
+      : count_(count), category_(category), allocator_(allocator) {
     if (count == 0) return;
-    DDP_CUDA_CHECK(cudaMalloc(&data_, count * sizeof(T)));
+    if (allocator == nullptr)
+      DDP_CUDA_CHECK(cudaMalloc(&data_, count * sizeof(T)));
+    else
+      data_ = static_cast<T*>(allocator->allocate(count * sizeof(T)));
     memory_ledger().bytes[static_cast<size_t>(category)] += bytes();
   }
   ~DeviceBuffer() { release(); }
@@ -64,6 +70,7 @@ class DeviceBuffer {
       data_ = std::exchange(other.data_, nullptr);
       count_ = std::exchange(other.count_, 0);
       category_ = other.category_;
+      allocator_ = std::exchange(other.allocator_, nullptr);
     }
     return *this;
   }
@@ -73,18 +80,25 @@ class DeviceBuffer {
   T* data() const { return data_; }
   size_t count() const { return count_; }
   size_t bytes() const { return count_ * sizeof(T); }
+  // Where it came from (null: cudaMalloc).
+  const DeviceAllocator* allocator() const { return allocator_; }
 
  private:
   void release() noexcept {
     if (data_ == nullptr) return;
-    const cudaError_t error = cudaFree(data_);
-    if (error != cudaSuccess) spdlog::error("cudaFree failed: {}", cudaGetErrorString(error));
+    if (allocator_ != nullptr) {
+      allocator_->release(data_);
+    } else {
+      const cudaError_t error = cudaFree(data_);
+      if (error != cudaSuccess) spdlog::error("cudaFree failed: {}", cudaGetErrorString(error));
+    }
     memory_ledger().bytes[static_cast<size_t>(category_)] -= bytes();
     data_ = nullptr;
   }
   T* data_ = nullptr;
   size_t count_ = 0;
   MemoryCategory category_ = MemoryCategory::kOther;
+  const DeviceAllocator* allocator_ = nullptr;
 };
 
 // Pinned host memory (for asynchronous copies).

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Our collectives against nccl-tests, side by side in one run on every GPU of the machine:
-# all_reduce and send/recv from 8 B to 512 MB. nccl-tests is built here from the source
+# all_reduce (also in NCCL symmetric windows) and send/recv from 8 B to 512 MB. nccl-tests is built here from the source
 # that scripts/device-prepare.sh --nccl-tests copied into .deps/nccl-tests (the device has
 # no network); it runs one process driving every GPU (-g), ddpbench one process per GPU
 # under ddprun. Prints a Markdown table per operation: nccl-tests' in-place time and busbw,
@@ -23,14 +23,30 @@ if [ ! -x "$tests/build/all_reduce_perf" ]; then
     { tail -20 "$tmp/make.log" >&2; echo "nccl-tests did not build" >&2; exit 1; }
 fi
 status=0
-for op in all_reduce sendrecv; do
-  "$tests/build/${op}_perf" -b 8 -e "$max" -f 4 -g "$gpus" -w 5 -n 20 > "$tmp/ref.txt" 2>&1 ||
+# all_reduce also with both sides' buffers in NCCL symmetric windows (nccl-tests -R 2, ddpbench
+# --symmetric: NCCL's symmetric kernels), where this nccl-tests has -R.
+runs=(all_reduce sendrecv)
+if "$tests/build/all_reduce_perf" -h 2>&1 | grep -q -- '--local_register'; then
+  runs=(all_reduce all_reduce:symmetric sendrecv)
+else
+  echo "(this nccl-tests has no -R: the symmetric-window run is left out)"
+fi
+for run in "${runs[@]}"; do
+  op="${run%%:*}"
+  ref_flags=()
+  our_flags=()
+  if [ "$run" = all_reduce:symmetric ]; then
+    ref_flags=(-R 2)
+    our_flags=(--symmetric)
+  fi
+  "$tests/build/${op}_perf" -b 8 -e "$max" -f 4 -g "$gpus" -w 5 -n 20 "${ref_flags[@]}" > "$tmp/ref.txt" 2>&1 ||
     { tail -5 "$tmp/ref.txt" >&2; status=1; continue; }
   "$build/bin/ddprun" --nproc-per-node gpu --quiet -- "$build/bin/ddpbench" collectives --device cuda \
-    --op "$op" --min-bytes 8 --max-bytes "$max" --factor 4 --iters 20 --warmup 5 --json > "$tmp/ours.txt" 2> "$tmp/ours.err" ||
+    --op "$op" --min-bytes 8 --max-bytes "$max" --factor 4 --iters 20 --warmup 5 --json "${our_flags[@]}" \
+    > "$tmp/ours.txt" 2> "$tmp/ours.err" ||
     { tail -5 "$tmp/ours.err" >&2; status=1; continue; }
   echo
-  echo "$op, $gpus GPUs ($(grep -m1 -oE 'nccl-library=[0-9]+' "$tmp/ref.txt"), nccl-tests $(grep -m1 -oE 'nccl-tests version [0-9.]+' "$tmp/ref.txt" | awk '{print $3}'))"
+  echo "$op${our_flags[*]:+ (symmetric windows: nccl-tests -R 2, ddpbench --symmetric)}, $gpus GPUs ($(grep -m1 -oE 'nccl-library=[0-9]+' "$tmp/ref.txt"), nccl-tests $(grep -m1 -oE 'nccl-tests version [0-9.]+' "$tmp/ref.txt" | awk '{print $3}'))"
   "${PYTHON:-python3}" - "$tmp/ref.txt" "$tmp/ours.txt" <<'PY' || status=1
 import json, re, sys
 ref = {}

@@ -288,27 +288,49 @@ fi
 
 if want levers; then
   # Speed levers one at a time on every GPU, in this one run: medium and large, the defaults
-  # against NCCL's stream at normal priority and against --grad-reduce bf16; steady samples/s
-  # and launch to first step (with the start-up lines of the default run).
+  # against the overlapped optimizer, --grad-reduce bf16, fewer NCCL channels, NCCL's
+  # symmetric windows (--nccl-symmetric, alone and with bf16), NCCL's efficiency CTA policy
+  # (fewer SMs for its kernels) and the products leaving 16 SMs free; steady samples/s and
+  # launch to first step (with the start-up lines of the default run). --nccl-symmetric's
+  # weights must be the defaults' bit for bit (a power-of-two world: its sum then scaling is
+  # the average), and the bf16 pair's likewise.
   source scripts/workloads.sh
   gpus="$(nvidia-smi -L | wc -l)"
+  sms="$(python3 -c 'import torch; print(torch.cuda.get_device_properties(0).multi_processor_count)' 2>/dev/null || echo 0)"
   for run in medium:tf32 large:tf32 medium:bf16; do
     ddp_workload "${run%%:*}"
     prec="${run##*:}"
-    for variant in default overlap-optimizer grad-bf16 nccl-8-channels; do
+    for variant in default overlap-optimizer grad-bf16 nccl-8-channels nccl-symmetric \
+      nccl-symmetric-grad-bf16 nccl-cta-efficiency product-sms; do
       vars=()
       flags=()
       [ "$variant" = overlap-optimizer ] && flags=(--overlap-optimizer)
       [ "$variant" = grad-bf16 ] && flags=(--grad-reduce bf16)
       [ "$variant" = nccl-8-channels ] && vars=(NCCL_MAX_NCHANNELS=8)
+      [ "$variant" = nccl-symmetric ] && flags=(--nccl-symmetric)
+      [ "$variant" = nccl-symmetric-grad-bf16 ] && flags=(--nccl-symmetric --grad-reduce bf16)
+      [ "$variant" = nccl-cta-efficiency ] && vars=(NCCL_CTA_POLICY=1)
+      if [ "$variant" = product-sms ]; then
+        [ "$sms" -gt 16 ] || { note "lever $run product-sms: skipped (the SM count is unknown)"; continue; }
+        flags=(--product-sms $((sms - 16)))
+      fi
       rm -f "$out/lever.jsonl"
       env "${vars[@]}" timeout 200 "$build/bin/ddprun" --nproc-per-node gpu -- "$build/bin/ddptrain" --device cuda \
         --precision "$prec" --data synthetic --layers "$layers" --steps "$steps" --log-every $((steps / 6)) \
         --lr-schedule constant --lr 0.01 --autotune --batch-size $((batch * gpus)) \
         --synthetic-samples $((batch * gpus * 4)) --metrics "$out/lever.jsonl" "${flags[@]}" \
+        --save-weights "$out/lever-weights-$variant.bin" \
         > "$out/lever-${run/:/-}-$variant.log" 2>&1 || fail levers "$run $variant exited $?"
       note "lever $run $variant: $(ddp_json "$out/lever.jsonl" steady_samples_per_s 2>/dev/null | cut -d. -f1) samples/s, first step $(ddp_json "$out/lever.jsonl" since_launch_s 2>/dev/null | cut -c1-5) s"
     done
+    for pair in default:nccl-symmetric grad-bf16:nccl-symmetric-grad-bf16; do
+      if cmp -s "$out/lever-weights-${pair%%:*}.bin" "$out/lever-weights-${pair##*:}.bin"; then
+        note "lever $run ${pair##*:}: the weights of ${pair%%:*} bit for bit"
+      else
+        fail levers "$run ${pair##*:}: the weights differ from ${pair%%:*}'s"
+      fi
+    done
+    grep -h 'symmetric windows' "$out/lever-${run/:/-}-nccl-symmetric.log" | head -1 | sed 's/.*info: /  /'
     grep -E 'driver init|ready .* after its start|loaded |model ready|first step finished' "$out/lever-${run/:/-}-default.log" |
       grep -v 'rank 1\]' | sed 's/.*info: /  /'
     # Where the time goes: one GPU alone, and one GPU while the other trains the same at once

@@ -317,6 +317,73 @@ class NcclWork final : public Work {
   std::function<void()> ended_;  // the flight recorder's end, until called
 };
 
+// The ranges of device memory registered as this communicator's windows (register_window),
+// shared with each registration, which takes its range out when it is undone.
+class WindowRanges {
+ public:
+  void add(const void* begin, size_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ranges_.emplace_back(reinterpret_cast<uintptr_t>(begin), bytes);
+  }
+  void remove(const void* begin) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto at = reinterpret_cast<uintptr_t>(begin);
+    ranges_.erase(std::remove_if(ranges_.begin(), ranges_.end(),
+                                 [at](const auto& range) { return range.first == at; }),
+                  ranges_.end());
+  }
+  // Whether [data, data + bytes) lies in one window.
+  bool holds(const void* data, size_t bytes) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto at = reinterpret_cast<uintptr_t>(data);
+    return std::any_of(ranges_.begin(), ranges_.end(), [&](const auto& range) {
+      return at >= range.first && at + bytes <= range.first + range.second;
+    });
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<std::pair<uintptr_t, size_t>> ranges_;
+};
+
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+// One ncclCommWindowRegister, deregistered when destroyed (unless the communicator was aborted:
+// then NCCL has dropped it), the communicator kept until then.
+class NcclWindow final : public Communicator::Window {
+ public:
+  NcclWindow(std::shared_ptr<NcclHandle> comm, ncclWindow_t window,
+             std::shared_ptr<WindowRanges> ranges, const void* begin)
+      : comm_(std::move(comm)), window_(window), ranges_(std::move(ranges)), begin_(begin) {}
+  ~NcclWindow() override {
+    ranges_->remove(begin_);
+    if (comm_->aborted()) return;
+    const ncclResult_t r = ncclCommWindowDeregister(comm_->get(), window_);
+    if (r != ncclSuccess)
+      spdlog::error("NCCL could not deregister a memory window: {}", ncclGetErrorString(r));
+  }
+
+ private:
+  std::shared_ptr<NcclHandle> comm_;
+  ncclWindow_t window_;
+  std::shared_ptr<WindowRanges> ranges_;
+  const void* begin_;
+};
+
+void* allocate_window_memory(size_t bytes) {
+  void* data = nullptr;
+  const ncclResult_t r = ncclMemAlloc(&data, bytes);
+  if (r != ncclSuccess)
+    throw Error(fmt::format("ncclMemAlloc of {:.1f} MiB (--nccl-symmetric) failed: {} ({})",
+                            bytes / 1048576.0, ncclGetErrorString(r), ncclGetLastError(nullptr)));
+  return data;
+}
+void release_window_memory(void* data) {
+  const ncclResult_t r = ncclMemFree(data);
+  if (r != ncclSuccess) spdlog::error("ncclMemFree failed: {}", ncclGetErrorString(r));
+}
+const DeviceAllocator kWindowMemory{"ncclMemAlloc", allocate_window_memory, release_window_memory};
+#endif
+
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(int rank, int size, std::shared_ptr<NcclHandle> comm,
@@ -352,9 +419,19 @@ class NcclCommunicator final : public Communicator {
 
   std::unique_ptr<Work> all_reduce_async(void* buffer, size_t count, DataType type,
                                          ReduceOp op) override {
+    // In a window NCCL's symmetric kernels may run, which only sum: the average is then the
+    // sum scaled by 1 / size (bitwise ncclAvg's pre-scaled sum for 2, 4, 8 ranks).
+    const bool scaled = op == ReduceOp::kAverage &&
+                        (type == DataType::kFloat32 || type == DataType::kBFloat16) &&
+                        windows_->holds(buffer, count * dtype_bytes(type));
     return enqueue("all_reduce", count, type, [&] {
-      return ncclAllReduce(buffer, buffer, count, nccl_type(type), nccl_op(op), raw(),
-                           comm_stream_.get());
+      const ncclResult_t r =
+          ncclAllReduce(buffer, buffer, count, nccl_type(type), scaled ? ncclSum : nccl_op(op),
+                        raw(), comm_stream_.get());
+      if (r == ncclSuccess && scaled)
+        launch_scale(buffer, type == DataType::kBFloat16, count, 1.0f / static_cast<float>(size_),
+                     comm_stream_.get());
+      return r;
     });
   }
   bool reduces_bf16() const override { return true; }
@@ -362,11 +439,16 @@ class NcclCommunicator final : public Communicator {
                                               ReduceOp op) override {
     // All three on the communication stream, so that the conversions overlap the compute
     // stream's work as the reduction does.
+    // A scratch in a window: summed, the average's scaling in the conversion back (as above).
+    const bool scaled = op == ReduceOp::kAverage && windows_->holds(scratch, count * 2);
     return enqueue("all_reduce_bf16", count, DataType::kBFloat16, [&] {
       launch_float_to_bf16(buffer, scratch, count, comm_stream_.get());
-      const ncclResult_t r = ncclAllReduce(scratch, scratch, count, ncclBfloat16, nccl_op(op),
-                                           raw(), comm_stream_.get());
-      if (r == ncclSuccess) launch_bf16_to_float(scratch, buffer, count, comm_stream_.get());
+      const ncclResult_t r =
+          ncclAllReduce(scratch, scratch, count, ncclBfloat16, scaled ? ncclSum : nccl_op(op),
+                        raw(), comm_stream_.get());
+      if (r == ncclSuccess)
+        launch_bf16_to_float(scratch, buffer, count, comm_stream_.get(),
+                             scaled ? 1.0f / static_cast<float>(size_) : 1.0f);
       return r;
     });
   }
@@ -447,6 +529,29 @@ class NcclCommunicator final : public Communicator {
         },
         ops);
   }
+  std::unique_ptr<Window> register_window(void* buffer, size_t bytes) override {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+    DDP_CHECK(!comm_->aborted(), "register_window on an aborted NCCL communicator (group {})",
+              group_);
+    ncclWindow_t window = nullptr;
+    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                             std::chrono::duration<double>(timeout_s_));
+    const ncclResult_t r = comm_->guarded(deadline, [&] {
+      return ncclCommWindowRegister(raw(), buffer, bytes, &window, NCCL_WIN_COLL_SYMMETRIC);
+    });
+    if (r != ncclSuccess)
+      throw Error(fmt::format("NCCL could not register {:.1f} MiB as a window of group {}: {} ({})",
+                              bytes / 1048576.0, group_, ncclGetErrorString(r),
+                              ncclGetLastError(raw())));
+    DDP_USAGE_CHECK(window != nullptr,
+                    "--nccl-symmetric: NCCL registered no window (its registration is off: "
+                    "NCCL_WIN_ENABLE=0, or NCCL_LOCAL_REGISTER=0 where the ranks lack NVLink)");
+    windows_->add(buffer, bytes);
+    return std::make_unique<NcclWindow>(comm_, window, windows_, buffer);
+#else
+    return Communicator::register_window(buffer, bytes);
+#endif
+  }
   void barrier() override {
     enqueue("barrier", 1, DataType::kFloat32, [&] {
       return ncclAllReduce(scratch_.data(), scratch_.data(), 1, ncclFloat32, ncclSum, raw(),
@@ -481,8 +586,12 @@ class NcclCommunicator final : public Communicator {
     made->set_not_world();  // NCCL does not say which world ranks the members are
     return made;
   }
-  void abort() override { comm_->abort(); }
-  std::string name() const override { return group_; }
+  void abort() override {
+    comm_->abort();
+  }
+  std::string name() const override {
+    return group_;
+  }
   std::string describe_stuck(const std::string& what, uint64_t sequence,
                              const std::string& cause) override {
     return describe_stuck_step(store_.get(), group_, rank_, size_, what, sequence, cause);
@@ -584,7 +693,9 @@ class NcclCommunicator final : public Communicator {
                                       [flight = flight_, seq] { flight->ended(seq, true); });
   }
 
-  ncclComm_t raw() const { return comm_->get(); }
+  ncclComm_t raw() const {
+    return comm_->get();
+  }
 
   std::shared_ptr<NcclHandle> comm_;
   std::shared_ptr<EventPool> events_ = std::make_shared<EventPool>();
@@ -595,6 +706,7 @@ class NcclCommunicator final : public Communicator {
   CudaStream comm_stream_;                                      // NCCL's work
   CudaEvent ready_;                                             // the compute stream's mark
   DeviceBuffer<float> scratch_{1, MemoryCategory::kWorkspace};  // the barrier's float
+  std::shared_ptr<WindowRanges> windows_ = std::make_shared<WindowRanges>();
 };
 
 }  // namespace
@@ -602,8 +714,13 @@ class NcclCommunicator final : public Communicator {
 }  // namespace ddp
 
 extern "C" const ddp::NcclBackend* ddp_nccl_backend() {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+  const ddp::DeviceAllocator* window_memory = &ddp::kWindowMemory;
+#else
+  const ddp::DeviceAllocator* window_memory = nullptr;
+#endif
   static const ddp::NcclBackend backend{ddp::start_nccl_communicator, ddp::make_host_staged_nccl,
-                                        ddp::nccl_library_version};
+                                        ddp::nccl_library_version, window_memory};
   return &backend;
 }
 

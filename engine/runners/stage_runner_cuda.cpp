@@ -66,6 +66,13 @@ RingLayout ring_layout(const StageSpec& spec, const SyncOptions& sync, int stage
   return sync_ring_layout(sync, stages_on_rank, spec.micro_batches, spec.replicas);
 }
 
+// --nccl-symmetric: NCCL's window memory for the gradients, where replicas reduce them (null:
+// cudaMalloc's).
+const DeviceAllocator* grads_memory(const SyncOptions& sync, const StageSpec& spec) {
+  return sync.symmetric_memory && spec.replicas > 1 ? &nccl_window_memory("--nccl-symmetric")
+                                                    : nullptr;
+}
+
 // The same, with the stage's gradient ring cut from the rank's buckets `plan` (where a ring
 // applies the rank has this one stage, so the rank's buckets are the stage's).
 CudaStageOptions stage_options(const StageSpec& spec, const RunnerOptions& runner, bool tuned,
@@ -73,6 +80,7 @@ CudaStageOptions stage_options(const StageSpec& spec, const RunnerOptions& runne
   CudaStageOptions options = stage_options(runner, tuned);
   options.gradient_ring = device_gradient_ring(plan.buckets, spec.param_count(),
                                                ring_layout(spec, runner.sync, stages_on_rank));
+  options.grads_memory = grads_memory(runner.sync, spec);
   return options;
 }
 
@@ -134,9 +142,9 @@ class GpuRunner final : public StageRunner {
     const bool several = stages.chunks.size() > 1;
     if (several) {
       own_stream_.emplace();
-      own_weights_ = std::make_unique<DeviceParameters>(stages.param_count(),
-                                                        options.precision == Precision::kBf16,
-                                                        options.optimizer, own_stream_->get());
+      own_weights_ = std::make_unique<DeviceParameters>(
+          stages.param_count(), options.precision == Precision::kBf16, options.optimizer,
+          own_stream_->get(), GradientRing{}, grads_memory(options.sync, spec_));
     }
     const SyncOptions& sync = options_.sync;
     BucketPlan plan = stage_bucket_plan(stages, sync);  // the ring's and the Reducer's
@@ -219,6 +227,10 @@ class GpuRunner final : public StageRunner {
     world_s_ = clock_.seconds();
     lead_ = world == nullptr || world->rank() == 0;
     store_->set_lead(lead_, alone_);  // the whole model's runner says its data parallelism
+    if (lead_ && options_.sync.symmetric_memory && spec_.replicas == 1)
+      spdlog::warn(
+          "--nccl-symmetric: one replica of each stage (no data parallelism), so no gradients are "
+          "reduced and no window is registered");
     if (alone_ && use_host_staging(options_, data.train, lead_)) {
       feeder_->set_train_data_host(data.train);
     } else {

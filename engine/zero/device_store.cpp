@@ -44,12 +44,26 @@ DeviceParamStore::~DeviceParamStore() = default;
 
 void DeviceParamStore::join(Reducer& ddp, uint64_t fingerprint, const std::string& description) {
   ddp_ = &ddp;
+  // --nccl-symmetric: the gradients were allocated in NCCL's window memory (where replicas
+  // reduce them); the wire copy is too, and both are registered as windows (collective).
+  const DeviceAllocator* window = weights_.grads_memory();
   bf16_wire_ = prepare_device_ddp(ddp, stream_, fingerprint, description, layout_.sync.bf16_grads,
-                                  layout_.count);
+                                  layout_.count, window);
+  if (window != nullptr) {
+    windows_.push_back(
+        ddp.comm().register_window(weights_.grads(), weights_.count() * sizeof(float)));
+    if (bf16_wire_.count() > 0)
+      windows_.push_back(ddp.comm().register_window(bf16_wire_.data(), bf16_wire_.bytes()));
+  }
   if (lead_ && announce_)
-    spdlog::info("data parallel over {} GPUs ({}): {} buckets, overlap {}, gradients reduced in {}",
-                 ddp.comm().size(), ddp.comm().backend(), ddp.buckets().size(),
-                 layout_.plan.overlap ? "on" : "off", layout_.sync.bf16_grads ? "bf16" : "fp32");
+    spdlog::info(
+        "data parallel over {} GPUs ({}): {} buckets, overlap {}, gradients reduced in {}{}",
+        ddp.comm().size(), ddp.comm().backend(), ddp.buckets().size(),
+        layout_.plan.overlap ? "on" : "off", layout_.sync.bf16_grads ? "bf16" : "fp32",
+        window == nullptr ? ""
+                          : fmt::format(" from NCCL symmetric windows ({:.1f} MiB{})",
+                                        weights_.count() * sizeof(float) / 1048576.0,
+                                        bf16_wire_.count() > 0 ? " and the bf16 copy" : ""));
 }
 
 std::vector<ParamSpan> DeviceParamStore::layer_spans() const {

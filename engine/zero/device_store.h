@@ -128,6 +128,9 @@ class DeviceParamStore final : public ReplicaStore {
   RingSlots ring_;     // the gradient ring's slots, or none
   Reducer* ddp_ = nullptr;
   DeviceBuffer<uint16_t> bf16_wire_;  // the gradients on the wire with --grad-reduce bf16
+  // --nccl-symmetric: the gradients and the wire copy registered with the Reducer's communicator
+  // (after the buffers: undone before they are freed).
+  std::vector<std::unique_ptr<Communicator::Window>> windows_;
   bool lead_ = true;
   bool announce_ = false;
   std::function<void()> wait_;

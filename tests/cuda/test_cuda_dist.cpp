@@ -131,6 +131,45 @@ TEST(SharedGpuDataParallel, GradientsReducedInBf16StayCloseToOneRank) {
   }
 }
 
+// --nccl-symmetric: the gradients (and bf16's wire copy) in NCCL's window memory, registered
+// with the data-parallel communicator; each average a sum then a scaling by 1 / ranks. On 2
+// ranks (a power of two) that is the plain average bit for bit, with and without the CUDA
+// graph, fp32 and bf16 on the wire; on 3 the last bits may differ (sum then divide against
+// NCCL's pre-divided sum), so within float rounding. A missing or doubled scaling would move
+// the weights by far more. (Sharing one GPU, NCCL keeps the windows for its zero-copy paths; its
+// symmetric kernels need GPUs over NVLink: scripts/device-check.sh levers compares the weights
+// there.)
+TEST(SharedGpuDataParallel, SymmetricWindowsGiveThePlainAverage) {
+  REQUIRE_GPU();
+  TempDir dir;
+  for (const std::string variant : {"", " --no-cuda-graph", " --grad-reduce bf16"}) {
+    for (const int ranks : {2, 3}) {
+      if (ranks == 3 && variant != "") continue;
+      const std::string run = kShared + " --nproc-per-node " + std::to_string(ranks) + " -- " +
+                              kTrain + kArgs + variant + " --save-weights ";
+      const RunResult plain = run_command(run + dir.file("plain.safetensors"));
+      ASSERT_EQ(plain.exit_code, 0) << plain.output;
+      const RunResult windows =
+          run_command(run + dir.file("windows.safetensors") + " --nccl-symmetric");
+      ASSERT_EQ(windows.exit_code, 0) << windows.output;
+      EXPECT_NE(windows.output.find("from NCCL symmetric windows"), std::string::npos)
+          << windows.output;
+      const std::vector<float> got = load_weights(dir.file("windows.safetensors"), kLayers);
+      const std::vector<float> want = load_weights(dir.file("plain.safetensors"), kLayers);
+      if (ranks == 2)
+        EXPECT_TRUE(got == want) << variant << ": max relative error "
+                                 << max_relative_error(got, want);
+      else
+        EXPECT_LT(max_relative_error(got, want), 1e-5) << variant;
+    }
+  }
+  // One process reduces nothing: said, not silently ignored.
+  const RunResult alone = run_command(kEnv + kTrain + kArgs + " --nccl-symmetric");
+  EXPECT_EQ(alone.exit_code, 0) << alone.output;
+  EXPECT_NE(alone.output.find("--nccl-symmetric: one replica of each stage"), std::string::npos)
+      << alone.output;
+}
+
 TEST(SharedGpu, CheckpointResumeIsBitwise) {
   REQUIRE_GPU();
   TempDir dir;

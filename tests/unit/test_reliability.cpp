@@ -447,6 +447,13 @@ TEST(BadInput, FlagsThatAreNotFiniteOrRoundAwayAreRefused) {
             "--weight-grad-stream: the GPU's backward only; use --device cuda"},
            {"--device cuda --weight-grad-stream 2",
             "--weight-grad-stream 2: expected auto, on or off"},
+           {"--nccl-symmetric",
+            "--nccl-symmetric: NCCL's windows hold GPU gradients; use --device cuda"},
+           {"--device cuda --backend gloo --nccl-symmetric",
+            "--nccl-symmetric: NCCL's windows hold GPU gradients; use --device cuda with "
+            "--backend nccl"},
+           {"--device cuda --nccl-symmetric --zero 1",
+            "--nccl-symmetric with --zero 1: ZeRO reduce-scatters into pieces outside the window"},
            {"--fused-step", "--fused-step: the GPU's step only; use --device cuda"},
            {"--fused-step=force", "--fused-step: the GPU's step only; use --device cuda"},
            {"--device cuda --fused-step=fast", "--fused-step=fast: expected force, or no value"},
