@@ -52,12 +52,10 @@ void gather_whole_model(StageRunner& runner, const PipelineLayout& layout, const
   }
 }
 
-double simulated_bubble(PipelineSchedule schedule, const PipelineLayout& layout, int micro_batches,
-                        const std::vector<SimCosts>& costs) {
-  const SimResult r =
-      simulate_schedule(plan_all_ranks(schedule, layout.stages, micro_batches, layout.chunks()),
-                        layout.stage_rank, costs);
-  return r.ok ? r.bubble : -1;
+SimResult simulate_layout(PipelineSchedule schedule, const PipelineLayout& layout,
+                          int micro_batches, const std::vector<SimCosts>& costs) {
+  return simulate_schedule(plan_all_ranks(schedule, layout.stages, micro_batches, layout.chunks()),
+                           layout.stage_rank, costs);
 }
 
 void write_pipeline_record(MetricsWriter& metrics, Communicator* world,
@@ -117,10 +115,14 @@ void write_pipeline_record(MetricsWriter& metrics, Communicator* world,
   unit.backward = 2;
   unit.lane_per_direction = unit.lane_per_peer = true;
   unit.recompute = recompute;  // the measured costs hold the forwards run again already
-  const double ideal =
-      simulated_bubble(schedule, layout, micro_batches, std::vector<SimCosts>(layout.stages, unit));
-  const double simulated =
-      all_measured ? simulated_bubble(schedule, layout, micro_batches, measured) : -1;
+  const SimResult equal =
+      simulate_layout(schedule, layout, micro_batches, std::vector<SimCosts>(layout.stages, unit));
+  const double ideal = equal.ok ? equal.bubble : -1;
+  // From the window's measured costs: the bubble, and the step time the schedule would take
+  // with free transfers (what a step on fast links should come within a few percent of).
+  SimResult from_costs;
+  if (all_measured) from_costs = simulate_layout(schedule, layout, micro_batches, measured);
+  const double simulated = from_costs.ok ? from_costs.bubble : -1;
   if (!quiet)
     spdlog::info("pipeline: bubble {:.1f}% ({}ideal {:.1f}%), stages busy {}", 100 * bubble,
                  simulated >= 0
@@ -139,7 +141,10 @@ void write_pipeline_record(MetricsWriter& metrics, Communicator* world,
                            {"ideal_bubble", ideal},
                            {"steps", steps},
                            {"step_s", steps > 0 ? longest / static_cast<double>(steps) : 0.0}};
-  if (simulated >= 0) record["simulated_bubble"] = simulated;
+  if (simulated >= 0) {
+    record["simulated_bubble"] = simulated;
+    record["simulated_step_s"] = from_costs.step_time;
+  }
   metrics.write(record);
 }
 

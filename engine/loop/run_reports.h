@@ -41,10 +41,11 @@ void write_pipeline_record(MetricsWriter& metrics, Communicator* world,
                            int64_t step, int64_t steps, double busy_s, double step_s,
                            const ComputeCosts& costs);
 
-// The simulator's bubble for `schedule` on `layout` with every rank's costs (per pipeline
-// rank), free transfers; -1 when it cannot run them. Pure.
-double simulated_bubble(PipelineSchedule schedule, const PipelineLayout& layout, int micro_batches,
-                        const std::vector<SimCosts>& costs);
+// The simulator's run of one step of `schedule` on `layout` with every rank's costs (per
+// pipeline rank), free transfers: its bubble and step time (ok false when it cannot run them).
+// Pure.
+SimResult simulate_layout(PipelineSchedule schedule, const PipelineLayout& layout,
+                          int micro_batches, const std::vector<SimCosts>& costs);
 
 // The first step's data-parallel events (buckets issued and reduced, layer by layer), as the
 // `ddp_timeline` record.

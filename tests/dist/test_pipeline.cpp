@@ -7,6 +7,7 @@
 // order than one batch does (tests/support/margins.h).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -98,6 +99,14 @@ TEST_P(PipelineStages, GlooMatchesOneProcessWithinTheActivationBound) {
     ASSERT_TRUE(w.contains("simulated_bubble")) << w.dump();
     EXPECT_GE(w["simulated_bubble"].get<double>(), 0.0);
     EXPECT_LT(w["simulated_bubble"].get<double>(), 1.0);
+    // The simulated step from the same costs: never shorter than the busiest stage's compute
+    // a step (the simulation runs exactly those costs, one after another on each stage).
+    ASSERT_TRUE(w.contains("simulated_step_s")) << w.dump();
+    double busiest = 0;
+    for (const auto& busy : w["busy_s"])
+      busiest = std::max(busiest, busy.get<double>() / w["steps"].get<double>());
+    EXPECT_GT(busiest, 0.0) << w.dump();
+    EXPECT_GE(w["simulated_step_s"].get<double>(), busiest * (1 - 1e-9)) << w.dump();
   }
 }
 
