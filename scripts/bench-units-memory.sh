@@ -9,8 +9,12 @@
 # allocator's counters of each process, the ranks sharing one GPU (ddprun --share-gpu: NCCL over
 # sockets; memory is per process either way, so this is a memory figure, never a speed one);
 # DEVICE=cpu counts the CPU allocator (Gloo).
+# The rows fsdp2 and fsdp2-bf16 are PyTorch's FSDP2 on the same model (scripts/torch_units.py:
+# `fully_shard` on each block and the root, bf16 parameters through its MixedPrecisionPolicy),
+# with the Python that has torch 2.6 or later (DDP_PYTHON, else python3). Each row's mean step
+# time is a speed figure only with SHARE=0 on a machine of as many GPUs as ranks (a rank a GPU).
 # Prints a Markdown table. Usage:
-#   [DEVICE=cpu] [BLOCKS=60] [DIM=4096] [RANKS="2 4"] [ROWS=...] [UNIT=MB] scripts/bench-units-memory.sh BUILD_DIR
+#   [DEVICE=cpu] [BLOCKS=60] [DIM=4096] [RANKS="2 4"] [ROWS=...] [UNIT=MB] [SHARE=0] scripts/bench-units-memory.sh BUILD_DIR
 # The defaults are a model of 1.007 B parameters (4.03 GB in float32). ROWS: the rows' names to
 # run (plain zero1 zero2 zero3 units units-bf16); a rank count above 2 runs only the units rows
 # (plain DDP's AdamW at 4 ranks of a 1 B model would not fit 4 processes in one H100).
@@ -25,31 +29,38 @@ device="${DEVICE:-cuda}"
 blocks="${BLOCKS:-60}"
 dim="${DIM:-4096}"
 ranks_list="${RANKS:-2 4}"
-rows="${ROWS:-plain zero1 zero2 zero3 units units-bf16}"
+rows="${ROWS:-plain zero1 zero2 zero3 units units-bf16 fsdp2 fsdp2-bf16}"
+py="${DDP_PYTHON:-python3}"
 launch=("$build/bin/ddprun")
-flags=(--peak --adamw --steps 3 --batch 8 --blocks "$blocks" --dim "$dim")
+common=(--steps 3 --batch 8 --blocks "$blocks" --dim "$dim")
+flags=(--peak --adamw)
 if [ "$device" = cpu ]; then
   export CUDA_VISIBLE_DEVICES=
 else
-  launch+=(--share-gpu)
-  flags+=(--cuda)
+  [ "${SHARE:-1}" = 1 ] && launch+=(--share-gpu)
+  common+=(--cuda)
 fi
 declare -A row_flags=([plain]="" [zero1]="--zero 1" [zero2]="--zero 2" [zero3]="--zero 3"
-  [units]="--zero 3 --units" [units-bf16]="--zero 3 --units --bf16-params")
+  [units]="--zero 3 --units" [units-bf16]="--zero 3 --units --bf16-params" [fsdp2]=""
+  [fsdp2-bf16]="--bf16-params")
 unit="${UNIT:-GB}"  # or MB, for small models
 divisor=1e9; [ "$unit" = MB ] && divisor=1e6
 gb() { awk -v b="$1" -v d="$divisor" 'BEGIN { printf "%.2f", b / d }'; }
 u="$unit"
-echo "| run | ranks | model $u | a step's peak $u | growth in forward + backward $u | held between steps $u | optimizer state $u | peak / plain's |"
-echo "|---|---|---|---|---|---|---|---|"
+echo "| run | ranks | model $u | a step's peak $u | growth in forward + backward $u | held between steps $u | optimizer state $u | peak / plain's | ms a step |"
+echo "|---|---|---|---|---|---|---|---|---|"
 status=0
 for ranks in $ranks_list; do
   plain_peak=""
   for row in $rows; do
-    case "$row" in units*) ;; *) [ "$ranks" -gt 2 ] && continue ;; esac
+    case "$row" in units*|fsdp2*) ;; *) [ "$ranks" -gt 2 ] && continue ;; esac
     log="$(mktemp)"
     # shellcheck disable=SC2086
-    if ! "${launch[@]}" --nproc-per-node "$ranks" -- "$worker" "${flags[@]}" ${row_flags[$row]} > "$log" 2>&1; then
+    case "$row" in
+      fsdp2*) program=("$py" scripts/torch_units.py) ;;
+      *) program=("$worker" "${flags[@]}") ;;
+    esac
+    if ! "${launch[@]}" --nproc-per-node "$ranks" -- "${program[@]}" "${common[@]}" ${row_flags[$row]} > "$log" 2>&1; then
       echo "| $row | $ranks | failed: $(grep -m1 -iE 'error|out of memory' "$log" | cut -c1-120) |"
       status=1
       rm -f "$log"
@@ -57,11 +68,12 @@ for ranks in $ranks_list; do
     fi
     line="$(grep -m1 -oE 'rank 0 window .*' "$log")"
     rm -f "$log"
-    read -r _ _ _ window _ held _ ledger _ model _ block _ optimizer _ peak <<< "$line"
+    read -r _ _ _ window _ held _ ledger _ model _ block _ optimizer _ peak _ step_ms <<< "$line"
     [ "$row" = plain ] && plain_peak="$peak"
     ratio="-"
     [ -n "$plain_peak" ] && ratio="$(awk -v a="$peak" -v b="$plain_peak" 'BEGIN { printf "%.2fx", a / b }')"
-    echo "| $row | $ranks | $(gb "$model") | $(gb "$peak") | $(gb "$window") | $(gb "$held") | $(gb "$optimizer") | $ratio |"
+    echo "| $row | $ranks | $(gb "$model") | $(gb "$peak") | $(gb "$window") | $(gb "$held") | $(gb "$optimizer") | $ratio | $step_ms |"
   done
 done
+echo "(commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown); $device$([ "$device" = cuda ] && [ "${SHARE:-1}" = 1 ] && echo ', ranks sharing one GPU: ms a step is not a speed figure'))"
 exit $status

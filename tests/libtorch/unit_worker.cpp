@@ -34,6 +34,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <deque>
@@ -412,7 +413,16 @@ int main(int argc, char** argv) {
     if (loaded) first = static_cast<int>(loaded->step) + 1;
     std::printf("rank %d resumed at step %d\n", rank, first);
   }
+  // Each step's time from its start to its optimizer's end (the device synchronised), over the
+  // steps after the first: with --peak, their mean.
+  double timed_s = 0;
+  int timed = 0;
+  const auto sync = [&] {
+    if (a.cuda) torch::cuda::synchronize();
+  };
   for (int step = first; step < a.steps; ++step) {
+    sync();
+    const auto began = std::chrono::steady_clock::now();
     optimizer->zero_grad();
     const size_t start = current();
     if (step > 0 && model) {
@@ -453,6 +463,11 @@ int main(int argc, char** argv) {
       optimizer->step();
     }
     if (step > 0) most = std::max(most, peak());  // the optimizer's step included
+    sync();
+    if (step > 0) {
+      timed_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+      ++timed;
+    }
     if (step == a.die_at_save && rank == a.die_rank) std::raise(SIGKILL);  // a rank dies mid-save
     if (checkpoints && std::count(a.save_at.begin(), a.save_at.end(), step) > 0) {
       ddp::CheckpointExtras extras;
@@ -478,9 +493,10 @@ int main(int argc, char** argv) {
   if (scaler && !a.save_scaler.empty()) torch::save(*scaler, a.save_scaler);
   if (a.peak)
     std::printf(
-        "rank %d window %zu held %zu ledger %zu model %zu block %zu optimizer %zu process %zu\n",
+        "rank %d window %zu held %zu ledger %zu model %zu block %zu optimizer %zu process %zu "
+        "step_ms %.3f\n",
         rank, window, held, ledger, model_bytes, block_bytes,
-        ddp::optimizer_state_bytes(*optimizer), most);
+        ddp::optimizer_state_bytes(*optimizer), most, timed > 0 ? 1e3 * timed_s / timed : 0.0);
   if (a.events && model) {  // the units' events of the last step, in order
     std::string line;
     for (const ddp::DdpEvent& e : model->events())
