@@ -113,6 +113,9 @@ def main():
         began = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
         start = current()
+        if step > 0:  # where the unit worker counts it: after zero_grad, at the step's start
+            held = max(held, tensor_bytes(net.parameters()) +
+                       tensor_bytes(p.grad for p in net.parameters()))
         if args.cuda:
             torch.cuda.reset_peak_memory_stats(device)
         loss = torch.nn.functional.cross_entropy(net(x).float(), y)
@@ -124,9 +127,6 @@ def main():
         if step > 0:
             most = max(most, peak())
             timed += time.perf_counter() - began
-            # Between steps: this rank's shards of the parameters and of the gradients.
-            grads = tensor_bytes(p.grad for p in net.parameters())
-            held = max(held, tensor_bytes(net.parameters()) + grads)
     state = tensor_bytes(v for s in optimizer.state.values() for v in s.values()
                          if torch.is_tensor(v) and v.dim() > 0)
     if rank == 0:
