@@ -6,14 +6,14 @@
 # and the exit status is non-zero when any check failed, the failing sections named last.
 # Usage: scripts/device-check.sh [sections...]
 #   sections: build test cuda cuda1 cuda2 run doctor launcher fashion monitor options ddp1 multi bench-warm
-#   bench fused profile bench-ddp collectives levers pipeline torch libtorch libtorch-shapes
+#   bench fused profile bench-ddp collectives levers pipeline zero torch libtorch libtorch-shapes
 #   libtorch-ranks
 #   (build: only the build; torch: only the LibTorch targets and their GPU tests, TorchDdpCuda.*, TorchPipelineCuda.*, TorchUsersCuda.* and TorchUnitsCuda.*,
 #   about 2 minutes from a fresh machine; libtorch and libtorch-shapes: bench-libtorch.sh's cnn and
 #   mlp, then resnet and transformer, fp32 and bf16, a call each; cuda: build and only
 #   the GPU tests, `ctest -L cuda`, when CI has run the rest; cuda1 and cuda2: each half of
 #   them, one a call, as the whole runs past the device's 10 minutes; bench-warm: bench-vs-torch.sh
-#   --warm, the compile caches that let `bench` fit in the next call on a warm machine; default: test run bench; multi, bench-ddp, collectives, levers, pipeline and libtorch-ranks need two or more
+#   --warm, the compile caches that let `bench` fit in the next call on a warm machine; default: test run bench; multi, bench-ddp, collectives, levers, pipeline, zero and libtorch-ranks need two or more
 #   GPUs; collectives needs nccl-tests' source: scripts/device-prepare.sh --nccl-tests DIR)
 # Expects .deps/ (made by scripts/device-prepare.sh here): fashion-mnist/, and zlib/ and
 # json/, prefixes of the headers the device image lacks (on CMAKE_PREFIX_PATH, nothing else).
@@ -266,6 +266,10 @@ if want libtorch-ranks; then
     timeout 500 scripts/bench-libtorch-ranks.sh "$build" --models cnn,mlp > "$out/libtorch-ranks.log" 2>&1 ||
       fail libtorch-ranks "bench-libtorch-ranks.sh exited $? ($(tail -1 "$out/libtorch-ranks.log"))"
     grep -E '^\||^\(' "$out/libtorch-ranks.log"
+    # The shard units against FSDP2 on the 1 B-parameter model, a rank a GPU: peak and step time.
+    SHARE=0 RANKS="$(nvidia-smi -L | wc -l)" ROWS="plain units units-bf16 fsdp2 fsdp2-bf16" timeout 200 \
+      scripts/bench-units-memory.sh "$build" > "$out/units.md" 2>&1 || fail libtorch-ranks "bench-units-memory.sh exited $?"
+    cat "$out/units.md"
   else
     fail libtorch-ranks "$build/bin/ddp_torch_bench not built (run the torch section first)"
   fi
@@ -273,10 +277,22 @@ fi
 
 if want pipeline; then
   # pp 2 on large across two GPUs: equality with one GPU, step time against the ideal,
-  # timelines (kept in $OUT for scripts/plot_timeline.py). About 3.5 minutes.
+  # timelines (kept in $OUT for scripts/plot_timeline.py). About 3.5 minutes. Then every
+  # schedule's step against the simulator's from the measured costs (about 1.5 minutes).
   timeout 300 scripts/bench-pipeline.sh "$build" "$dest" > "$out/pipeline.md" 2> "$out/pipeline.err" ||
     fail pipeline "bench-pipeline.sh exited $? ($(tail -1 "$out/pipeline.err"))"
   cat "$out/pipeline.md"
+  DEVICE=cuda timeout 200 scripts/bench-schedules.sh "$build" 3 > "$out/schedules.md" 2> "$out/schedules.err" ||
+    fail pipeline "bench-schedules.sh exited $? ($(tail -1 "$out/schedules.err"))"
+  cat "$out/schedules.md"
+fi
+
+if want zero; then
+  # ZeRO 0-3 at dp = every GPU on large with AdamW: memory by kind and steady samples/s against
+  # --zero 0's (issue 76: within 3 % for levels 1-2, 10 % for 3).
+  STEPS=30 timeout 400 scripts/bench-zero-memory.sh "$build" "$(nvidia-smi -L | wc -l)" > "$out/zero.md" 2> "$out/zero.err" ||
+    fail zero "bench-zero-memory.sh exited $? ($(tail -1 "$out/zero.err"))"
+  cat "$out/zero.md"
 fi
 
 if want collectives; then
