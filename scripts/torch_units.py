@@ -47,6 +47,14 @@ class Pool(torch.nn.Module):
         return x.mean(1)
 
 
+def make_model(blocks, dim):
+    """unit_worker's Sequential, with its module names: (the model, its residual blocks)."""
+    body = [Block(dim) for _ in range(blocks)]
+    net = torch.nn.Sequential(torch.nn.Embedding(VOCABULARY, dim), ConvBlock(dim), *body, Pool(),
+                              torch.nn.Linear(dim, CLASSES))
+    return net, body
+
+
 def tensor_bytes(tensors):
     total = 0
     for t in tensors:
@@ -78,9 +86,7 @@ def main():
     if args.cuda:
         torch.cuda.set_device(device)
     torch.manual_seed(1234)
-    blocks = [Block(args.dim) for _ in range(args.blocks)]
-    net = torch.nn.Sequential(torch.nn.Embedding(VOCABULARY, args.dim), ConvBlock(args.dim),
-                              *blocks, Pool(), torch.nn.Linear(args.dim, CLASSES))
+    net, blocks = make_model(args.blocks, args.dim)
     model_bytes = tensor_bytes(net.parameters())
     block_bytes = tensor_bytes(blocks[0].parameters())
     net.to(device)

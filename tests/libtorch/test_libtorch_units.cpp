@@ -136,7 +136,8 @@ TEST(TorchUnitsPolicy, Bf16ParametersWithFloat32Masters) {
   }
 }
 
-// Every rank's "rank R window W held H ledger L model M block B optimizer O process P step_ms S" (--peak).
+// Every rank's "rank R window W held H ledger L model M block B optimizer O process P step_ms S"
+// (--peak).
 struct Peak {
   double window = 0, held = 0, ledger = 0, model = 0, block = 0, optimizer = 0, process = 0;
 };

@@ -40,37 +40,18 @@ cat "$root/README.md" "$root"/docs/*.md |
        on && /^ *```/ { exit } on { sub(/^  /, ""); print }' > "$work/snippet.py"
 grep -q "load_state_dict" "$work/snippet.py" || { echo "the docs' checkpoint-python lines not found"; exit 1; }
 cd "$work"
-"$py" - <<'PY'
+DDP_ROOT="$root" "$py" - <<'PY'
+import os
 import shutil
+import sys
 import torch
 from safetensors.torch import load_file
 
-class ConvBlock(torch.nn.Module):
-    def __init__(self, dim):
-        super().__init__()
-        self.conv = torch.nn.Conv1d(dim, dim, 3, padding=1, groups=dim)
-    def forward(self, x):
-        return x + torch.relu(self.conv(x.transpose(1, 2))).transpose(1, 2)
-
-class Block(torch.nn.Module):
-    def __init__(self, dim):
-        super().__init__()
-        self.norm = torch.nn.LayerNorm(dim)
-        self.fc = torch.nn.Linear(dim, dim)
-        self.drop = torch.nn.Dropout(0.0)
-    def forward(self, x):
-        return x + self.drop(torch.tanh(self.fc(self.norm(x))))
-
-class Pool(torch.nn.Module):
-    def forward(self, x):
-        return x.mean(1)
-
-def make_model():
-    return torch.nn.Sequential(torch.nn.Embedding(16, 16), ConvBlock(16),
-                               *[Block(16) for _ in range(4)], Pool(), torch.nn.Linear(16, 4))
+sys.path.insert(0, os.path.join(os.environ["DDP_ROOT"], "scripts"))
+from torch_units import make_model  # unit_worker's model written in PyTorch
 
 for run in ("one", "units"):
-    model = make_model()
+    model, _ = make_model(4, 16)
     shutil.copy(f"{run}.safetensors", "model.safetensors")
     exec(open("snippet.py").read())  # the README's lines: model.load_state_dict(...)
     extras = load_file(f"{run}-all.safetensors")
